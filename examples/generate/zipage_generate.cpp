@@ -1,0 +1,163 @@
+// zipage-generate: text generation with a GGUF Llama-family model on the CPU reference backend.
+//   zipage-generate --prompt "Once upon a time" -n 64
+//   zipage-generate --prompts prompts.txt -n 256 --temperature 0.8 --seed 1
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "zipage/engine/engine.hpp"
+#include "zipage/gguf/gguf.hpp"
+#include "zipage/models/llama.hpp"
+#include "zipage/tokenizer/detokenizer.hpp"
+
+namespace {
+
+struct options {
+  std::string model;
+  std::string prompt;
+  std::string prompts_file;
+  zipage::sampling_params sampling;
+  zipage::engine_config engine;
+  double kv_cache_mib = 64.0;
+  bool quiet = false;
+};
+
+std::string default_model_path() {
+  for (const char* candidate : {ZIPAGE_DEFAULT_MODEL, ZIPAGE_INSTALLED_MODEL})
+    if (std::filesystem::is_regular_file(candidate)) return candidate;
+  zipage::fail("no --model given and the bundled model is missing (looked for ", ZIPAGE_DEFAULT_MODEL, " and ",
+               ZIPAGE_INSTALLED_MODEL, ")");
+}
+
+std::vector<std::string> read_prompts(const std::string& path) {
+  std::ifstream in(path);
+  zipage::check(in.good(), "cannot read prompts file '", path, "'");
+  std::vector<std::string> prompts;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) prompts.push_back(line);
+  zipage::check(!prompts.empty(), "prompts file '", path, "' has no prompt (one per line)");
+  return prompts;
+}
+
+void add_flags(CLI::App& app, options& o) {
+  app.add_option("--model,-m", o.model, "GGUF model file (default: the bundled stories260K)");
+  auto* single = app.add_option("--prompt,-p", o.prompt, "prompt text (streamed)");
+  auto* many = app.add_option("--prompts", o.prompts_file, "file with one prompt per line, run as one batch");
+  single->excludes(many);
+  auto& s = o.sampling;
+  s.temperature = 0.0f;
+  s.max_tokens = 128;
+  app.add_option("-n,--max-tokens", s.max_tokens, "tokens to generate per request")->check(CLI::PositiveNumber);
+  app.add_option("--temperature,-t", s.temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", s.top_p, "nucleus sampling mass (1 = off)")->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--min-p", s.min_p, "drop tokens below min-p times the top probability")->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--repetition-penalty", s.repetition_penalty, "1 = off")->check(CLI::PositiveNumber);
+  app.add_option("--seed", s.seed, "per-request seed (request i uses seed + i)");
+  app.add_option("--stop", s.stop, "stop string (repeatable)");
+  app.add_flag("--ignore-eos", s.ignore_eos, "keep generating past EOS");
+  auto& e = o.engine;
+  app.add_option("--block-size", e.block_size, "tokens per KV block")->check(CLI::PositiveNumber);
+  app.add_option("--num-blocks", e.num_blocks, "KV pool size in blocks (default: from --kv-cache-mib)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV pool size in MiB")->check(CLI::PositiveNumber);
+  app.add_option("--max-num-seqs", e.max_num_seqs, "running requests at most")->check(CLI::PositiveNumber);
+  app.add_option("--max-batched-tokens", e.max_batched_tokens, "tokens per step at most")->check(CLI::PositiveNumber);
+  app.add_flag("--quiet,-q", o.quiet, "print only the generated text");
+}
+
+void progress(std::size_t done, std::size_t total, std::int64_t tokens, double seconds) {
+  constexpr int width = 30;
+  const int filled = total ? static_cast<int>(width * done / total) : width;
+  std::fprintf(stderr, "\r[%-*s] %zu/%zu requests  %lld tokens  %.0f tok/s", width, std::string(filled, '=').c_str(),
+               done, total, static_cast<long long>(tokens), seconds > 0 ? tokens / seconds : 0.0);
+  std::fflush(stderr);
+}
+
+template <class Engine>
+void print_summary(const Engine& eng, std::size_t requests, double seconds) {
+  const auto st = eng.stats();
+  std::fprintf(stderr,
+               "requests: %zu  generated tokens: %lld  time: %.2f s  throughput: %.1f tok/s\n"
+               "peak KV blocks used: %d of %d (block size %d)  preemptions: %lld  steps: %lld\n",
+               requests, static_cast<long long>(st.generated_tokens), seconds,
+               seconds > 0 ? st.generated_tokens / seconds : 0.0, st.peak_blocks_used, st.num_blocks,
+               eng.settings().block_size, static_cast<long long>(st.preemptions), static_cast<long long>(st.steps));
+}
+
+int run(options& o) {
+  if (o.model.empty()) o.model = default_model_path();
+  const auto file = zipage::gguf::file::open(o.model);
+  const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
+  auto model = zipage::load_llama_gguf<zipage::cpu_backend>(file);
+
+  o.sampling.validate();
+  o.engine.kv_cache_bytes = static_cast<std::size_t>(o.kv_cache_mib * 1024.0 * 1024.0);
+  o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
+  zipage::engine<zipage::llama_model<zipage::cpu_backend>> eng(std::move(model), o.engine);
+
+  const bool batch = !o.prompts_file.empty();
+  const std::vector<std::string> texts = batch ? read_prompts(o.prompts_file) : std::vector<std::string>{o.prompt};
+  std::vector<zipage::request_id> ids;
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    auto params = o.sampling;
+    params.seed += i;
+    ids.push_back(eng.add_request(tokenizer.encode(texts[i], true), params));
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  std::size_t finished = 0;
+  std::int64_t tokens = 0;
+  if (!batch) std::cout << texts[0] << std::flush;
+  while (eng.has_unfinished()) {
+    for (const auto& ev : eng.step()) {
+      ++tokens;
+      if (!batch) std::cout << ev.text << std::flush;
+      finished += ev.finished;
+    }
+    if (batch && !o.quiet) progress(finished, texts.size(), tokens, elapsed());
+  }
+  const double seconds = elapsed();
+  if (batch && !o.quiet) std::fprintf(stderr, "\n");
+
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const auto out = eng.take_output(ids[i]);
+    if (out.reason == zipage::finish_reason::error)
+      std::fprintf(stderr, "request %zu failed: %s\n", i, out.error_message.c_str());
+    if (batch) std::cout << "[" << i << "] " << texts[i] << out.text << "\n";
+    else std::cout << "\n";
+  }
+  if (!o.quiet) print_summary(eng, texts.size(), seconds);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zipage-generate: generate text with a GGUF model (Compressed PagedAttention engine)"};
+  options o;
+  add_flags(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "zipage-generate: %s (see --help)\n", e.what());
+    return 2;
+  }
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zipage-generate: error: %s\n", e.what());
+    return 1;
+  }
+}

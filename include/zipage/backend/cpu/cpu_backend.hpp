@@ -1,0 +1,215 @@
+#pragma once
+// The CPU reference backend: exact fp32, single-threaded, written for clarity and for results that do
+// not depend on how requests are batched (every row of every op is computed the same way whatever
+// else is in the batch), so a request gives the same tokens alone or in a crowd, before or after a
+// preemption. Every CUDA kernel is tested against these functions.
+#include <Eigen/Core>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "zipage/core/error.hpp"
+#include "zipage/core/types.hpp"
+#include "zipage/kv/paged_kv.hpp"
+#include "zipage/model/model_config.hpp"
+
+namespace zipage {
+
+namespace cpu {
+using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using vector = Eigen::VectorXf;
+}  // namespace cpu
+
+// K and V for every layer: [layers][blocks][block_size][kv_heads][head_dim] each.
+struct cpu_kv_storage {
+  kv_cache_shape shape;
+  std::vector<float> k;
+  std::vector<float> v;
+
+  explicit cpu_kv_storage(const kv_cache_shape& s)
+      : shape(s),
+        k(static_cast<std::size_t>(s.elements_per_side()), 0.0f),
+        v(static_cast<std::size_t>(s.elements_per_side()), 0.0f) {}
+
+  [[nodiscard]] paged_kv_layer<float> layer(int l) {
+    const auto off = static_cast<std::size_t>(shape.layer_stride() * l);
+    return {k.data() + off, v.data() + off, shape.block_size, shape.num_kv_heads, shape.head_dim};
+  }
+  [[nodiscard]] std::size_t bytes() const { return (k.size() + v.size()) * sizeof(float); }
+};
+
+namespace cpu {
+
+// out[t] = table[ids[t]]
+inline void embedding(const matrix& table, std::span<const token_id> ids, matrix& out) {
+  out.resize(static_cast<Eigen::Index>(ids.size()), table.cols());
+  for (std::size_t t = 0; t < ids.size(); ++t) {
+    check(ids[t] >= 0 && ids[t] < table.rows(), "embedding: token id ", ids[t],
+          " outside the vocabulary of ", table.rows());
+    out.row(static_cast<Eigen::Index>(t)) = table.row(ids[t]);
+  }
+}
+
+// Row-wise RMSNorm: out = x / sqrt(mean(x²) + eps) * weight. Used on whole rows (hidden states) and,
+// with weight.cols() == head_dim, on each head of a row (Qwen3's q/k norm).
+inline void rms_norm(const matrix& x, const matrix& weight, float eps, matrix& out) {
+  const Eigen::Index width = weight.cols();
+  check(width > 0 && x.cols() % width == 0, "rms_norm: row of ", x.cols(), " is not a multiple of the weight width ", width);
+  out.resize(x.rows(), x.cols());
+  for (Eigen::Index r = 0; r < x.rows(); ++r) {
+    for (Eigen::Index c0 = 0; c0 < x.cols(); c0 += width) {
+      double sum_sq = 0.0;
+      for (Eigen::Index c = 0; c < width; ++c) sum_sq += double(x(r, c0 + c)) * x(r, c0 + c);
+      const float inv = 1.0f / std::sqrt(static_cast<float>(sum_sq / double(width)) + eps);
+      for (Eigen::Index c = 0; c < width; ++c) out(r, c0 + c) = x(r, c0 + c) * inv * weight(0, c);
+    }
+  }
+}
+
+// out = x · wᵀ with w stored [out_features][in_features]. Each row is computed on its own through an
+// aligned copy so its result bits do not depend on the batch it came in.
+inline void linear(const matrix& x, const matrix& w, matrix& out) {
+  check(x.cols() == w.cols(), "linear: input width ", x.cols(), " does not match weight input width ", w.cols());
+  out.resize(x.rows(), w.rows());
+  vector row(x.cols());
+  vector result(w.rows());
+  for (Eigen::Index r = 0; r < x.rows(); ++r) {
+    row = x.row(r).transpose();
+    result.noalias() = w * row;
+    out.row(r) = result.transpose();
+  }
+}
+
+inline void add_bias(matrix& x, const matrix& bias) {
+  for (Eigen::Index r = 0; r < x.rows(); ++r) x.row(r) += bias.row(0);
+}
+
+// Rotates every head of every row by its token's logical position.
+inline void rope(matrix& x, std::span<const std::int32_t> positions, int head_dim, float theta, rope_style style) {
+  check(static_cast<std::size_t>(x.rows()) == positions.size(), "rope: ", x.rows(), " rows but ",
+        positions.size(), " positions");
+  const int half = head_dim / 2;
+  std::vector<double> inv_freq(static_cast<std::size_t>(half));
+  for (int i = 0; i < half; ++i) inv_freq[static_cast<std::size_t>(i)] = std::pow(double(theta), -2.0 * i / head_dim);
+  const auto heads = x.cols() / head_dim;
+  for (Eigen::Index r = 0; r < x.rows(); ++r) {
+    for (Eigen::Index h = 0; h < heads; ++h) {
+      float* v = x.row(r).data() + h * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const double angle = positions[static_cast<std::size_t>(r)] * inv_freq[static_cast<std::size_t>(i)];
+        const auto c = static_cast<float>(std::cos(angle));
+        const auto s = static_cast<float>(std::sin(angle));
+        const int a = style == rope_style::interleaved ? 2 * i : i;
+        const int b = style == rope_style::interleaved ? 2 * i + 1 : i + half;
+        const float x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
+      }
+    }
+  }
+}
+
+// out = silu(gate) * up
+inline void silu_mul(const matrix& gate, const matrix& up, matrix& out) {
+  out.resize(gate.rows(), gate.cols());
+  for (Eigen::Index r = 0; r < gate.rows(); ++r)
+    for (Eigen::Index c = 0; c < gate.cols(); ++c) {
+      const float g = gate(r, c);
+      out(r, c) = g / (1.0f + std::exp(-g)) * up(r, c);
+    }
+}
+
+inline void gather_rows(const matrix& x, std::span<const std::int32_t> rows, matrix& out) {
+  out.resize(static_cast<Eigen::Index>(rows.size()), x.cols());
+  for (std::size_t i = 0; i < rows.size(); ++i) out.row(static_cast<Eigen::Index>(i)) = x.row(rows[i]);
+}
+
+// Writes each new token's K/V into its slot. k, v: [num_tokens][kv_heads * head_dim].
+inline void append_kv(paged_kv_layer<float> kv, std::span<const std::int64_t> slots, const matrix& k, const matrix& v) {
+  const std::int64_t width = std::int64_t{kv.num_kv_heads} * kv.head_dim;
+  for (std::size_t t = 0; t < slots.size(); ++t) {
+    const auto r = static_cast<Eigen::Index>(t);
+    std::copy_n(k.row(r).data(), width, kv.k + slots[t] * width);
+    std::copy_n(v.row(r).data(), width, kv.v + slots[t] * width);
+  }
+}
+
+// Causal GQA attention over the paged cache. q, out: [num_tokens][q_heads * head_dim].
+// Token t of sequence s attends to physical slots [0, token_kv_len[t]) of s's page table.
+inline void paged_attention(paged_kv_layer<const float> kv, const attention_metadata& meta, const matrix& q,
+                            int num_q_heads, float scale, matrix& out) {
+  const int d = kv.head_dim;
+  const int group = num_q_heads / kv.num_kv_heads;
+  out.resize(q.rows(), q.cols());
+  std::vector<float> scores;
+  for (int t = 0; t < meta.num_tokens(); ++t) {
+    const int s = meta.token_seq[static_cast<std::size_t>(t)];
+    const int len = meta.token_kv_len[static_cast<std::size_t>(t)];
+    const std::int32_t* pages = meta.page_indices.data() + meta.page_indptr[static_cast<std::size_t>(s)];
+    scores.resize(static_cast<std::size_t>(len));
+    for (int h = 0; h < num_q_heads; ++h) {
+      const float* qh = q.row(t).data() + h * d;
+      const int kvh = h / group;
+      float max_score = -INFINITY;
+      for (int j = 0; j < len; ++j) {
+        const std::int64_t slot = std::int64_t{pages[j / kv.block_size]} * kv.block_size + j % kv.block_size;
+        const float* kj = kv.k + kv.offset(slot, kvh);
+        float dot = 0.0f;
+        for (int i = 0; i < d; ++i) dot += qh[i] * kj[i];
+        scores[static_cast<std::size_t>(j)] = dot * scale;
+        max_score = std::max(max_score, scores[static_cast<std::size_t>(j)]);
+      }
+      float denom = 0.0f;
+      for (float& sc : scores) denom += (sc = std::exp(sc - max_score));
+      float* oh = out.row(t).data() + h * d;
+      std::fill_n(oh, d, 0.0f);
+      for (int j = 0; j < len; ++j) {
+        const std::int64_t slot = std::int64_t{pages[j / kv.block_size]} * kv.block_size + j % kv.block_size;
+        const float* vj = kv.v + kv.offset(slot, kvh);
+        const float p = scores[static_cast<std::size_t>(j)] / denom;
+        for (int i = 0; i < d; ++i) oh[i] += p * vj[i];
+      }
+    }
+  }
+}
+
+}  // namespace cpu
+
+// The backend type the engine is instantiated with: its tensor type, its KV storage and its ops.
+struct cpu_backend {
+  using tensor = cpu::matrix;  // [rows][cols] row-major fp32
+  using kv_storage = cpu_kv_storage;
+  static constexpr const char* name = "cpu";
+
+  [[nodiscard]] static tensor from_host(std::span<const float> values, int rows, int cols) {
+    check(values.size() == static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols),
+          "cpu_backend: ", values.size(), " values do not fill a ", rows, "x", cols, " tensor");
+    return Eigen::Map<const tensor>(values.data(), rows, cols);
+  }
+  [[nodiscard]] static std::vector<float> to_host(const tensor& t) {
+    return {t.data(), t.data() + t.size()};
+  }
+  [[nodiscard]] static kv_storage allocate_kv(const kv_cache_shape& shape) { return kv_storage(shape); }
+
+  static void embedding(const tensor& table, std::span<const token_id> ids, tensor& out) { cpu::embedding(table, ids, out); }
+  static void rms_norm(const tensor& x, const tensor& w, float eps, tensor& out) { cpu::rms_norm(x, w, eps, out); }
+  static void linear(const tensor& x, const tensor& w, tensor& out) { cpu::linear(x, w, out); }
+  static void add_bias(tensor& x, const tensor& bias) { cpu::add_bias(x, bias); }
+  static void rope(tensor& x, std::span<const std::int32_t> pos, int head_dim, float theta, rope_style style) {
+    cpu::rope(x, pos, head_dim, theta, style);
+  }
+  static void silu_mul(const tensor& gate, const tensor& up, tensor& out) { cpu::silu_mul(gate, up, out); }
+  static void add(tensor& x, const tensor& y) { x += y; }
+  static void gather_rows(const tensor& x, std::span<const std::int32_t> rows, tensor& out) { cpu::gather_rows(x, rows, out); }
+
+  static void attention(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k,
+                        const tensor& v, int num_q_heads, tensor& out) {
+    auto view = kv.layer(layer);
+    cpu::append_kv(view, meta.slot_mapping, k, v);
+    const paged_kv_layer<const float> read{view.k, view.v, view.block_size, view.num_kv_heads, view.head_dim};
+    cpu::paged_attention(read, meta, q, num_q_heads, 1.0f / std::sqrt(float(view.head_dim)), out);
+  }
+};
+
+}  // namespace zipage

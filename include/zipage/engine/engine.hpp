@@ -1,0 +1,375 @@
+#pragma once
+// zipage::engine<Model, EvictionPolicy, Scheduler, Backend>: the pieces composed at compile time.
+// The engine owns the KV pool and the requests; each step() asks the scheduler for a plan, lays the
+// planned tokens out as one batch, runs the model once, samples one token per request and retires
+// finished requests.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "zipage/backend/cpu/cpu_backend.hpp"
+#include "zipage/block/block_pool.hpp"
+#include "zipage/core/error.hpp"
+#include "zipage/model/concepts.hpp"
+#include "zipage/policy/eviction_policy.hpp"
+#include "zipage/request/sequence.hpp"
+#include "zipage/sampling/sampler.hpp"
+#include "zipage/scheduler/scheduler.hpp"
+
+namespace zipage {
+
+struct engine_config {
+  int block_size = 16;
+  int num_blocks = 0;                        // KV pool size; 0 = derive from kv_cache_bytes
+  std::size_t kv_cache_bytes = 64ull << 20;  // used when num_blocks == 0
+  int max_num_seqs = 256;
+  int max_batched_tokens = 8192;
+  // Makes a fresh streaming detokenizer per request, given its prompt (so the first generated piece is
+  // spaced as it follows the prompt); when empty, no text is produced and stop strings cannot match.
+  std::function<streaming_detokenizer(std::span<const token_id> prompt)> make_detokenizer;
+};
+
+// One token produced for one request in a step (what a streaming client sees).
+struct step_event {
+  request_id id = 0;
+  token_id token = 0;
+  std::string text;  // text this token completed (may be empty mid-character)
+  bool finished = false;
+  finish_reason reason = finish_reason::none;
+};
+
+struct request_output {
+  request_id id = 0;
+  std::vector<token_id> prompt;
+  std::vector<token_id> output;
+  std::string text;
+  finish_reason reason = finish_reason::none;
+  std::string error_message;
+  int num_preemptions = 0;
+};
+
+struct engine_stats {
+  std::int64_t steps = 0;
+  std::int64_t prefill_steps = 0;
+  std::int64_t decode_steps = 0;
+  std::int64_t prompt_tokens = 0;     // tokens fed in prefill steps (recomputation included)
+  std::int64_t generated_tokens = 0;
+  std::int64_t preemptions = 0;
+  int num_blocks = 0;
+  int peak_blocks_used = 0;
+  int blocks_in_use = 0;
+  int peak_running = 0;
+  int running = 0;
+  int waiting = 0;
+};
+
+namespace detail {
+struct no_backend {};
+template <class M>
+struct model_backend { using type = no_backend; };
+template <class M>
+  requires requires { typename M::backend_type; }
+struct model_backend<M> { using type = typename M::backend_type; };
+}  // namespace detail
+
+template <class Model, class EvictionPolicy = full_kv, class Scheduler = fcfs_scheduler,
+          class Backend = typename detail::model_backend<Model>::type>
+class engine {
+  static_assert(!std::same_as<Backend, detail::no_backend>,
+                "zipage::engine: the Model type must name its backend: add `using backend_type = "
+                "zipage::cpu_backend;` (or another backend) to it");
+  static_assert(model<Model>,
+                "zipage::engine: Model must satisfy zipage::model: `const model_config& config() const` and "
+                "`backend_type::tensor forward(forward_context<backend_type>&)` returning logits [rows][vocab]");
+  static_assert(backend<Backend>,
+                "zipage::engine: Backend must satisfy zipage::backend (a tensor type, kv_storage, and the ops "
+                "listed in zipage/model/concepts.hpp); use zipage::cpu_backend or derive from it");
+  static_assert(std::same_as<Backend, typename detail::model_backend<Model>::type>,
+                "zipage::engine: the model was built for another backend; instantiate the model with the same "
+                "Backend (e.g. llama_model<cpu_backend>) or leave the engine's Backend parameter defaulted");
+  static_assert(eviction_policy<EvictionPolicy>,
+                "zipage::engine: EvictionPolicy must satisfy zipage::eviction_policy (name() and a static "
+                "constexpr bool evicts); use zipage::full_kv for no eviction");
+  static_assert(scheduler_policy<Scheduler>,
+                "zipage::engine: Scheduler must satisfy zipage::scheduler_policy (constructible from "
+                "(scheduler_config, block_pool&) with add/schedule/finish/remove); see fcfs_scheduler");
+
+ public:
+  using model_type = Model;
+  using backend_type = Backend;
+  using tensor = typename Backend::tensor;
+
+  explicit engine(Model model, engine_config cfg = {}, EvictionPolicy policy = {})
+      : cfg_(std::move(cfg)),
+        model_(std::move(model)),
+        policy_(std::move(policy)),
+        pool_(pool_size(model_.config(), cfg_)),
+        scheduler_(scheduler_config{cfg_.max_num_seqs, cfg_.max_batched_tokens, cfg_.block_size}, pool_),
+        kv_(Backend::allocate_kv(kv_shape(model_.config(), cfg_.block_size, pool_.num_blocks()))) {}
+
+  [[nodiscard]] const model_config& config() const { return model_.config(); }
+  [[nodiscard]] const engine_config& settings() const { return cfg_; }
+  [[nodiscard]] const EvictionPolicy& policy() const { return policy_; }
+
+  // Queues a request. Throws zipage::error (and changes nothing) for a request that can never run.
+  request_id add_request(std::vector<token_id> prompt, sampling_params params = {}) {
+    params.validate();
+    check(!prompt.empty(), "request: the prompt is empty (add BOS at least)");
+    for (token_id t : prompt)
+      check(t >= 0 && t < config().vocab_size, "request: prompt token ", t, " is outside the vocabulary of ",
+            config().vocab_size);
+    auto s = std::make_unique<sequence>();
+    s->id = next_id_++;
+    s->prompt_len = static_cast<int>(prompt.size());
+    s->tokens = std::move(prompt);
+    s->params = std::move(params);
+    check(scheduler_.admissible(*s), "request: a prompt of ", s->num_tokens(), " tokens needs ",
+          blocks_for_tokens(s->num_tokens(), cfg_.block_size), " KV blocks and one step; the pool has ",
+          pool_.num_blocks(), " blocks and a step takes at most ", cfg_.max_batched_tokens, " tokens");
+    if (cfg_.make_detokenizer) s->detokenizer = cfg_.make_detokenizer(s->tokens);
+    sequence* raw = s.get();
+    requests_.emplace(raw->id, std::move(s));
+    scheduler_.add(raw);
+    return raw->id;
+  }
+
+  // Stops a request now; everything it held is freed at once. Returns false for an unknown or finished id.
+  bool cancel(request_id id) {
+    sequence* s = find(id);
+    if (s == nullptr || s->is_finished()) return false;
+    scheduler_.remove(s);
+    s->status = request_status::finished;
+    s->reason = finish_reason::cancelled;
+    return true;
+  }
+
+  [[nodiscard]] bool has_unfinished() const { return scheduler_.num_waiting() + scheduler_.num_running() > 0; }
+
+  // Runs one step; returns the tokens it produced.
+  std::vector<step_event> step() {
+    std::vector<step_event> events;
+    step_plan plan = scheduler_.schedule();
+    for (sequence* s : plan.rejected) reject(*s, events);
+    stats_.preemptions += static_cast<std::int64_t>(plan.preempted.size());
+    if (plan.phase == step_phase::idle) return events;
+
+    build_batch(plan);
+    forward_context<Backend> ctx(backend_, kv_, batch_, config().num_q_heads);
+    const tensor logits = model_.forward(ctx);
+    const std::vector<float> host_logits = Backend::to_host(logits);
+    const auto vocab = static_cast<std::size_t>(config().vocab_size);
+    check(host_logits.size() == vocab * plan.seqs.size(), "engine: the model returned ", host_logits.size(),
+          " logits for ", plan.seqs.size(), " requests of vocabulary ", vocab);
+
+    for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+      sequence& s = *plan.seqs[i];
+      s.kv_len += s.num_pending();
+      s.num_computed = s.num_tokens();
+      const std::span<const float> row(host_logits.data() + i * vocab, vocab);
+      const token_id tok = sampler_.sample(row, s.params, s.tokens, static_cast<std::uint64_t>(s.num_generated()));
+      s.tokens.push_back(tok);
+      events.push_back(on_token(s, tok));
+    }
+    record_step(plan);
+    return events;
+  }
+
+  // Runs until every queued request is done.
+  void run_to_completion(const std::function<void(const step_event&)>& on_event = {}) {
+    while (has_unfinished()) {
+      for (const auto& e : step())
+        if (on_event) on_event(e);
+    }
+  }
+
+  // Convenience: queue the prompts, run them as one continuous batch, return outputs in prompt order.
+  std::vector<request_output> generate(const std::vector<std::vector<token_id>>& prompts, const sampling_params& params) {
+    std::vector<request_id> ids;
+    ids.reserve(prompts.size());
+    for (const auto& p : prompts) ids.push_back(add_request(p, params));
+    run_to_completion();
+    std::vector<request_output> out;
+    out.reserve(ids.size());
+    for (request_id id : ids) out.push_back(take_output(id));
+    return out;
+  }
+
+  [[nodiscard]] const sequence& request(request_id id) const {
+    const auto it = requests_.find(id);
+    check(it != requests_.end(), "engine: unknown request id ", id);
+    return *it->second;
+  }
+
+  // Hands a finished request's result over and forgets the request.
+  request_output take_output(request_id id) {
+    const sequence& s = request(id);
+    check(s.is_finished(), "engine: request ", id, " has not finished");
+    request_output out;
+    out.id = id;
+    out.prompt.assign(s.tokens.begin(), s.tokens.begin() + s.prompt_len);
+    out.output.assign(s.tokens.begin() + s.prompt_len, s.tokens.end());
+    out.text = s.output_text;
+    out.reason = s.reason;
+    out.error_message = s.error_message;
+    out.num_preemptions = s.num_preemptions;
+    requests_.erase(id);
+    return out;
+  }
+
+  [[nodiscard]] engine_stats stats() const {
+    engine_stats st = stats_;
+    st.num_blocks = pool_.num_blocks();
+    st.peak_blocks_used = pool_.peak_used();
+    st.blocks_in_use = pool_.num_used();
+    st.running = scheduler_.num_running();
+    st.waiting = scheduler_.num_waiting();
+    return st;
+  }
+
+  [[nodiscard]] const block_pool& pool() const { return pool_; }
+
+ private:
+  static int pool_size(const model_config& c, const engine_config& cfg) {
+    c.validate();
+    check(cfg.block_size > 0, "engine: block_size must be positive, got ", cfg.block_size);
+    if (cfg.num_blocks > 0) return cfg.num_blocks;
+    const std::size_t block_bytes = 2ull * sizeof(float) * static_cast<std::size_t>(c.num_layers) *
+                                    static_cast<std::size_t>(cfg.block_size) * static_cast<std::size_t>(c.kv_size());
+    const auto blocks = static_cast<int>(std::min<std::size_t>(cfg.kv_cache_bytes / block_bytes, 1u << 30));
+    check(blocks > 0, "engine: kv_cache_bytes = ", cfg.kv_cache_bytes, " holds no block of ", block_bytes, " bytes");
+    return blocks;
+  }
+
+  static kv_cache_shape kv_shape(const model_config& c, int block_size, int num_blocks) {
+    return {c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim};
+  }
+
+  sequence* find(request_id id) {
+    const auto it = requests_.find(id);
+    return it == requests_.end() ? nullptr : it->second.get();
+  }
+
+  // Lays the plan's pending tokens out back to back with their positions, slots and page tables.
+  void build_batch(const step_plan& plan) {
+    tokens_.clear();
+    positions_.clear();
+    slots_.clear();
+    token_seq_.clear();
+    token_kv_len_.clear();
+    logits_rows_.clear();
+    page_indptr_.assign(1, 0);
+    page_indices_.clear();
+    const int bs = cfg_.block_size;
+    for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+      const sequence& s = *plan.seqs[i];
+      for (int j = 0; j < s.num_pending(); ++j) {
+        const int logical = s.num_computed + j;
+        const int physical = s.kv_len + j;
+        tokens_.push_back(s.tokens[static_cast<std::size_t>(logical)]);
+        positions_.push_back(logical);
+        slots_.push_back(s.table.slot(physical, bs));
+        token_seq_.push_back(static_cast<std::int32_t>(i));
+        token_kv_len_.push_back(physical + 1);
+      }
+      logits_rows_.push_back(static_cast<std::int32_t>(tokens_.size()) - 1);
+      page_indices_.insert(page_indices_.end(), s.table.blocks().begin(), s.table.blocks().end());
+      page_indptr_.push_back(static_cast<std::int32_t>(page_indices_.size()));
+    }
+    batch_.tokens = tokens_;
+    batch_.positions = positions_;
+    batch_.logits_rows = logits_rows_;
+    batch_.attention = {slots_, token_seq_, token_kv_len_, page_indptr_, page_indices_};
+  }
+
+  step_event on_token(sequence& s, token_id tok) {
+    step_event e{s.id, tok, {}, false, finish_reason::none};
+    const auto& p = s.params;
+    const bool is_eos = !p.ignore_eos && tok == config().eos;
+    if (s.detokenizer && !is_eos) e.text = s.detokenizer(tok);
+    const std::size_t old_size = s.output_text.size();
+    s.output_text += e.text;
+
+    finish_reason reason = finish_reason::none;
+    if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end())
+      reason = finish_reason::stop_token;
+    else if (is_eos)
+      reason = finish_reason::eos;
+    else if (truncate_at_stop_string(s, old_size, e.text))
+      reason = finish_reason::stop_string;
+    else if (s.num_generated() >= p.max_tokens)
+      reason = finish_reason::length;
+
+    if (reason != finish_reason::none) {
+      s.reason = reason;
+      scheduler_.finish(&s);
+      e.finished = true;
+      e.reason = reason;
+    }
+    return e;
+  }
+
+  // Looks for a stop string that ends in the newly added text; cuts the output (and the event's text)
+  // just before it, as vLLM does.
+  static bool truncate_at_stop_string(sequence& s, std::size_t old_size, std::string& event_text) {
+    for (const std::string& stop : s.params.stop) {
+      if (stop.empty()) continue;
+      const std::size_t from = old_size >= stop.size() ? old_size - stop.size() + 1 : 0;
+      const std::size_t at = s.output_text.find(stop, from);
+      if (at == std::string::npos) continue;
+      s.output_text.resize(at);
+      event_text = at >= old_size ? s.output_text.substr(old_size) : std::string();
+      return true;
+    }
+    return false;
+  }
+
+  void reject(sequence& s, std::vector<step_event>& events) {
+    scheduler_.remove(&s);
+    s.status = request_status::finished;
+    s.reason = finish_reason::error;
+    s.error_message = detail::concat("request ", s.id, " needs ", blocks_for_tokens(s.num_tokens(), cfg_.block_size),
+                                     " KV blocks for its ", s.num_tokens(), " tokens; the pool has ",
+                                     pool_.num_blocks());
+    events.push_back({s.id, 0, {}, true, finish_reason::error});
+  }
+
+  void record_step(const step_plan& plan) {
+    ++stats_.steps;
+    if (plan.phase == step_phase::prefill) {
+      ++stats_.prefill_steps;
+      stats_.prompt_tokens += static_cast<std::int64_t>(tokens_.size());
+    } else {
+      ++stats_.decode_steps;
+    }
+    stats_.generated_tokens += static_cast<std::int64_t>(plan.seqs.size());
+    stats_.peak_running = std::max(stats_.peak_running, scheduler_.num_running() + static_cast<int>(
+                                                            std::count_if(plan.seqs.begin(), plan.seqs.end(),
+                                                                          [](const sequence* s) { return s->is_finished(); })));
+  }
+
+  engine_config cfg_;
+  Model model_;
+  EvictionPolicy policy_;
+  Backend backend_;
+  block_pool pool_;
+  Scheduler scheduler_;
+  typename Backend::kv_storage kv_;
+  sampler sampler_;
+  std::unordered_map<request_id, std::unique_ptr<sequence>> requests_;
+  request_id next_id_ = 0;
+  engine_stats stats_;
+
+  // Per-step batch buffers, kept to avoid reallocating every step.
+  std::vector<token_id> tokens_;
+  std::vector<std::int32_t> positions_, token_seq_, token_kv_len_, logits_rows_, page_indptr_, page_indices_;
+  std::vector<std::int64_t> slots_;
+  forward_batch batch_;
+};
+
+}  // namespace zipage

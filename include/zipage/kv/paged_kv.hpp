@@ -1,0 +1,51 @@
+#pragma once
+// What an attention kernel needs to read and write the paged cache of one layer, as small copyable
+// views (FlashInfer's paged_kv_t idea): raw pointers, the shape, and per-token / per-sequence
+// metadata in CSR form. The same structs describe host and device memory.
+#include <cstdint>
+#include <span>
+
+namespace zipage {
+
+struct kv_cache_shape {
+  int num_layers = 0;
+  int num_blocks = 0;
+  int block_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+
+  [[nodiscard]] std::int64_t token_stride() const { return std::int64_t{num_kv_heads} * head_dim; }
+  [[nodiscard]] std::int64_t layer_stride() const {
+    return std::int64_t{num_blocks} * block_size * token_stride();
+  }
+  // Elements of K (or V) for all layers: [layers][blocks][block_size][kv_heads][head_dim].
+  [[nodiscard]] std::int64_t elements_per_side() const { return layer_stride() * num_layers; }
+};
+
+// K and V of one layer: [num_blocks][block_size][kv_heads][head_dim] each.
+template <class T>
+struct paged_kv_layer {
+  T* k = nullptr;
+  T* v = nullptr;
+  int block_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+
+  [[nodiscard]] std::int64_t offset(std::int64_t slot, int head) const {
+    return (slot * num_kv_heads + head) * head_dim;
+  }
+};
+
+// Per-step attention metadata for a batch of sequences whose new tokens are laid out back to back.
+struct attention_metadata {
+  std::span<const std::int64_t> slot_mapping;  // [num_tokens] pool slot (block * block_size + offset) for the new K/V
+  std::span<const std::int32_t> token_seq;     // [num_tokens] index of the token's sequence in the batch
+  std::span<const std::int32_t> token_kv_len;  // [num_tokens] physical KV length the token attends to (causal, incl. itself)
+  std::span<const std::int32_t> page_indptr;   // [num_seqs + 1] CSR offsets into page_indices
+  std::span<const std::int32_t> page_indices;  // block ids of each sequence's page table, in order
+
+  [[nodiscard]] int num_tokens() const { return static_cast<int>(slot_mapping.size()); }
+  [[nodiscard]] int num_seqs() const { return static_cast<int>(page_indptr.size()) - 1; }
+};
+
+}  // namespace zipage

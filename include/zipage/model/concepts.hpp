@@ -1,0 +1,45 @@
+#pragma once
+// Concepts for the engine's template parameters. Each is checked with a static_assert in the engine
+// whose message says what to add when a type falls short.
+#include <concepts>
+#include <cstdint>
+#include <span>
+
+#include "zipage/core/types.hpp"
+#include "zipage/kv/paged_kv.hpp"
+#include "zipage/model/forward_context.hpp"
+#include "zipage/model/model_config.hpp"
+
+namespace zipage {
+
+// A backend: a tensor type, KV storage, and the ops a transformer needs.
+template <class B>
+concept backend = requires(B& b, typename B::tensor& t, const typename B::tensor& ct,
+                           typename B::kv_storage& kv, const attention_metadata& meta,
+                           std::span<const float> host, std::span<const token_id> ids,
+                           std::span<const std::int32_t> rows, const kv_cache_shape& shape) {
+  typename B::tensor;
+  typename B::kv_storage;
+  { B::from_host(host, 1, 1) } -> std::same_as<typename B::tensor>;
+  { B::to_host(ct) } -> std::same_as<std::vector<float>>;
+  { B::allocate_kv(shape) } -> std::same_as<typename B::kv_storage>;
+  B::embedding(ct, ids, t);
+  B::rms_norm(ct, ct, 1e-5f, t);
+  B::linear(ct, ct, t);
+  B::rope(t, rows, 2, 10000.0f, rope_style::half);
+  B::silu_mul(ct, ct, t);
+  B::add(t, ct);
+  B::gather_rows(ct, rows, t);
+  B::attention(kv, 0, meta, ct, ct, ct, 1, t);
+};
+
+// A model: its config, the backend it runs on, and a forward pass that returns logits
+// [logits_rows][vocab] and calls ctx.attention(layer, q, k, v, out) once per layer.
+template <class M>
+concept model = requires(M& m, const M& cm, forward_context<typename M::backend_type>& ctx) {
+  typename M::backend_type;
+  { cm.config() } -> std::convertible_to<const model_config&>;
+  { m.forward(ctx) } -> std::same_as<typename M::backend_type::tensor>;
+};
+
+}  // namespace zipage

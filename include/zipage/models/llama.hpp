@@ -1,0 +1,181 @@
+#pragma once
+// The Llama family as an engine model type: RMSNorm → GQA attention with RoPE → SwiGLU MLP, tied or
+// untied embeddings, with the optional pieces of its descendants (q/k/v bias as in Qwen2, per-head q/k
+// RMSNorm as in Qwen3) so one implementation serves them all. Generic over the backend.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "zipage/backend/cpu/cpu_backend.hpp"
+#include "zipage/core/error.hpp"
+#include "zipage/gguf/gguf.hpp"
+#include "zipage/model/concepts.hpp"
+#include "zipage/model/forward_context.hpp"
+#include "zipage/model/model_config.hpp"
+
+namespace zipage {
+
+template <class Backend>
+struct llama_layer_weights {
+  using tensor = typename Backend::tensor;
+  tensor attn_norm;             // [1][hidden]
+  tensor wq, wk, wv, wo;        // [out][in]
+  std::optional<tensor> bq, bk, bv;          // [1][out] (Qwen2)
+  std::optional<tensor> q_norm, k_norm;      // [1][head_dim] (Qwen3)
+  tensor ffn_norm;              // [1][hidden]
+  tensor w_gate, w_up, w_down;  // [out][in]
+};
+
+template <class Backend>
+struct llama_weights {
+  using tensor = typename Backend::tensor;
+  tensor embedding;                 // [vocab][hidden]
+  std::vector<llama_layer_weights<Backend>> layers;
+  tensor final_norm;                // [1][hidden]
+  std::optional<tensor> lm_head;    // [vocab][hidden]; empty when tied to the embedding
+};
+
+template <class Backend = cpu_backend>
+class llama_model {
+ public:
+  using backend_type = Backend;
+  using tensor = typename Backend::tensor;
+
+  llama_model(model_config config, llama_weights<Backend> weights)
+      : config_(std::move(config)), w_(std::move(weights)) {
+    config_.validate();
+    check(static_cast<int>(w_.layers.size()) == config_.num_layers, "llama: ", w_.layers.size(),
+          " layers of weights for a config of ", config_.num_layers);
+  }
+
+  [[nodiscard]] const model_config& config() const { return config_; }
+
+  // logits [logits_rows][vocab]
+  tensor forward(forward_context<Backend>& ctx) {
+    const auto& c = config_;
+    Backend::embedding(w_.embedding, ctx.tokens(), x_);
+    for (int l = 0; l < c.num_layers; ++l) {
+      const auto& lw = w_.layers[static_cast<std::size_t>(l)];
+      Backend::rms_norm(x_, lw.attn_norm, c.rms_eps, h_);
+      project(h_, lw.wq, lw.bq, q_);
+      project(h_, lw.wk, lw.bk, k_);
+      project(h_, lw.wv, lw.bv, v_);
+      if (lw.q_norm) Backend::rms_norm(q_, *lw.q_norm, c.rms_eps, q_);
+      if (lw.k_norm) Backend::rms_norm(k_, *lw.k_norm, c.rms_eps, k_);
+      Backend::rope(q_, ctx.positions(), c.head_dim, c.rope_theta, c.rope);
+      Backend::rope(k_, ctx.positions(), c.head_dim, c.rope_theta, c.rope);
+      ctx.attention(l, q_, k_, v_, attn_);
+      Backend::linear(attn_, lw.wo, h_);
+      Backend::add(x_, h_);
+
+      Backend::rms_norm(x_, lw.ffn_norm, c.rms_eps, h_);
+      Backend::linear(h_, lw.w_gate, gate_);
+      Backend::linear(h_, lw.w_up, up_);
+      Backend::silu_mul(gate_, up_, gate_);
+      Backend::linear(gate_, lw.w_down, h_);
+      Backend::add(x_, h_);
+    }
+    // Only the rows the engine samples from go through the final norm and the vocabulary projection.
+    Backend::gather_rows(x_, ctx.logits_rows(), h_);
+    Backend::rms_norm(h_, w_.final_norm, c.rms_eps, h_);
+    tensor logits;
+    Backend::linear(h_, w_.lm_head ? *w_.lm_head : w_.embedding, logits);
+    return logits;
+  }
+
+ private:
+  static void project(const tensor& x, const tensor& w, const std::optional<tensor>& bias, tensor& out) {
+    Backend::linear(x, w, out);
+    if (bias) Backend::add_bias(out, *bias);
+  }
+
+  model_config config_;
+  llama_weights<Backend> w_;
+  tensor x_, h_, q_, k_, v_, attn_, gate_, up_;  // activations reused across steps
+};
+
+namespace detail {
+
+inline std::string shape_string(const gguf::tensor_info& t) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < t.dims.size(); ++i) s += (i ? ", " : "") + std::to_string(t.dims[i]);
+  return s + "]";
+}
+
+inline int gguf_int(const gguf::file& f, const std::string& key) {
+  const auto v = f.get_int(key);
+  check(v > 0 && v < (1LL << 31), f.name(), ": metadata ", key, " = ", v, " is out of range");
+  return static_cast<int>(v);
+}
+
+// A GGUF tensor as a row-major [rows][cols] backend tensor, checking its shape. GGUF lists dims
+// fastest first, so a [out][in] matrix has dims {in, out}.
+template <class Backend>
+typename Backend::tensor gguf_matrix(const gguf::file& f, const std::string& name, int rows, int cols) {
+  const auto& t = f.tensor(name);
+  const bool is_vector = rows == 1 && t.dims.size() == 1 && t.dims[0] == cols;
+  const bool is_matrix = t.dims.size() == 2 && t.dims[0] == cols && t.dims[1] == rows;
+  check(is_vector || is_matrix, f.name(), ": tensor '", name, "' has shape ", detail::shape_string(t),
+        ", expected [", cols, ", ", rows, "]");
+  const auto values = f.to_f32(t);
+  return Backend::from_host(values, rows, cols);
+}
+
+}  // namespace detail
+
+// Reads a `llama`-architecture GGUF model (as written by llama.cpp's converter: Q and K rows permuted so
+// RoPE rotates adjacent pairs).
+inline model_config llama_config_from_gguf(const gguf::file& f) {
+  const auto arch = f.get_string("general.architecture");
+  check(arch == "llama", f.name(), ": architecture '", arch, "' is not supported (expected 'llama')");
+  model_config c;
+  c.architecture = arch;
+  c.hidden_size = detail::gguf_int(f, "llama.embedding_length");
+  c.num_layers = detail::gguf_int(f, "llama.block_count");
+  c.num_q_heads = detail::gguf_int(f, "llama.attention.head_count");
+  c.num_kv_heads = f.has("llama.attention.head_count_kv") ? detail::gguf_int(f, "llama.attention.head_count_kv")
+                                                           : c.num_q_heads;
+  c.ffn_size = detail::gguf_int(f, "llama.feed_forward_length");
+  c.max_context = static_cast<int>(f.get_int("llama.context_length", 0));
+  check(c.hidden_size % c.num_q_heads == 0, f.name(), ": embedding_length ", c.hidden_size,
+        " is not divisible by head_count ", c.num_q_heads);
+  c.head_dim = c.hidden_size / c.num_q_heads;
+  c.rope_theta = static_cast<float>(f.get_float("llama.rope.freq_base", 10000.0));
+  c.rms_eps = static_cast<float>(f.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5));
+  c.rope = rope_style::interleaved;
+  const auto& embd = f.tensor("token_embd.weight");
+  check(embd.dims.size() == 2, f.name(), ": token_embd.weight must be 2-D, has shape ", detail::shape_string(embd));
+  c.vocab_size = static_cast<int>(embd.dims[1]);
+  c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
+  c.bos = static_cast<token_id>(f.get_int("tokenizer.ggml.bos_token_id", 1));
+  c.eos = static_cast<token_id>(f.get_int("tokenizer.ggml.eos_token_id", 2));
+  c.validate();
+  return c;
+}
+
+template <class Backend = cpu_backend>
+llama_model<Backend> load_llama_gguf(const gguf::file& f) {
+  const auto c = llama_config_from_gguf(f);
+  auto m = [&](const std::string& name, int rows, int cols) { return detail::gguf_matrix<Backend>(f, name, rows, cols); };
+  llama_weights<Backend> w;
+  w.embedding = m("token_embd.weight", c.vocab_size, c.hidden_size);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    llama_layer_weights<Backend> lw;
+    lw.attn_norm = m(p + "attn_norm.weight", 1, c.hidden_size);
+    lw.wq = m(p + "attn_q.weight", c.q_size(), c.hidden_size);
+    lw.wk = m(p + "attn_k.weight", c.kv_size(), c.hidden_size);
+    lw.wv = m(p + "attn_v.weight", c.kv_size(), c.hidden_size);
+    lw.wo = m(p + "attn_output.weight", c.hidden_size, c.q_size());
+    lw.ffn_norm = m(p + "ffn_norm.weight", 1, c.hidden_size);
+    lw.w_gate = m(p + "ffn_gate.weight", c.ffn_size, c.hidden_size);
+    lw.w_up = m(p + "ffn_up.weight", c.ffn_size, c.hidden_size);
+    lw.w_down = m(p + "ffn_down.weight", c.hidden_size, c.ffn_size);
+    w.layers.push_back(std::move(lw));
+  }
+  w.final_norm = m("output_norm.weight", 1, c.hidden_size);
+  if (!c.tied_embeddings) w.lm_head = m("output.weight", c.vocab_size, c.hidden_size);
+  return llama_model<Backend>(c, std::move(w));
+}
+
+}  // namespace zipage

@@ -1,0 +1,61 @@
+#pragma once
+// One request as the engine tracks it: its tokens (prompt + generated), its page table, and how far
+// its KV has been computed. Logical positions (token indices, used for RoPE) are kept apart from
+// physical KV slots so that eviction can shrink the cache without renumbering the tokens.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "zipage/core/types.hpp"
+#include "zipage/kv/block_table.hpp"
+#include "zipage/sampling/sampling_params.hpp"
+
+namespace zipage {
+
+enum class request_status { waiting, running, finished };
+
+enum class finish_reason { none, eos, length, stop_string, stop_token, cancelled, error };
+
+[[nodiscard]] constexpr const char* to_string(finish_reason r) {
+  switch (r) {
+    case finish_reason::none: return "none";
+    case finish_reason::eos: return "eos";
+    case finish_reason::length: return "length";
+    case finish_reason::stop_string: return "stop_string";
+    case finish_reason::stop_token: return "stop_token";
+    case finish_reason::cancelled: return "cancelled";
+    case finish_reason::error: return "error";
+  }
+  return "unknown";
+}
+
+// Turns generated tokens into text one token at a time (stateful: holds partial UTF-8 characters).
+using streaming_detokenizer = std::function<std::string(token_id)>;
+
+struct sequence {
+  request_id id = 0;
+  std::vector<token_id> tokens;  // prompt followed by generated tokens; index = logical position
+  int prompt_len = 0;
+  sampling_params params;
+
+  request_status status = request_status::waiting;
+  finish_reason reason = finish_reason::none;
+  std::string error_message;  // set when reason == error
+
+  block_table table;
+  int num_computed = 0;  // logical tokens whose K/V went through the model
+  int kv_len = 0;        // physical slots in use; equals num_computed until eviction drops tokens
+
+  int num_preemptions = 0;
+  std::string output_text;              // detokenized generated text (for stop strings and results)
+  streaming_detokenizer detokenizer;    // may be empty when the engine has no tokenizer
+
+  [[nodiscard]] int num_tokens() const { return static_cast<int>(tokens.size()); }
+  [[nodiscard]] int num_generated() const { return num_tokens() - prompt_len; }
+  [[nodiscard]] token_id last_token() const { return tokens.back(); }
+  // Tokens the next forward pass must feed: all uncomputed ones (prefill / recompute) or the last one.
+  [[nodiscard]] int num_pending() const { return num_tokens() - num_computed; }
+  [[nodiscard]] bool is_finished() const { return status == request_status::finished; }
+};
+
+}  // namespace zipage

@@ -1,0 +1,83 @@
+#pragma once
+// Per-request sampling parameters, and the counter-based random numbers that every backend draws with.
+//
+// The random number for a token depends only on (seed, step), never on a generator's hidden state, so a
+// request's output is the same whatever else shares its batch, after preemption and recomputation, and on
+// any backend that evaluates sampling_uniform() with the same integer arithmetic.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zipage/core/error.hpp"
+#include "zipage/core/types.hpp"
+
+// Lets a CUDA translation unit call sampling_uniform() in a kernel without this header including CUDA.
+#ifndef ZIPAGE_HOST_DEVICE
+#if defined(__CUDACC__)
+#define ZIPAGE_HOST_DEVICE __host__ __device__
+#else
+#define ZIPAGE_HOST_DEVICE
+#endif
+#endif
+
+namespace zipage {
+
+struct sampling_params {
+  float temperature = 1.0f;         // 0 => greedy
+  int top_k = 0;                    // 0 => off; k >= vocabulary size also keeps everything
+  float top_p = 1.0f;               // 1 => off
+  float min_p = 0.0f;               // 0 => off
+  float repetition_penalty = 1.0f;  // 1 => off; over prompt + output tokens, positive logits divided, negative multiplied
+  std::uint64_t seed = 0;           // per-request seed
+  int max_tokens = 256;
+  bool ignore_eos = false;
+  std::vector<std::string> stop;          // stop strings
+  std::vector<token_id> stop_token_ids;
+
+  // Throws zipage::error naming the first bad field and its value. Checks are written as "in range"
+  // so that NaN, which fails every comparison, is rejected too.
+  void validate() const {
+    check(std::isfinite(temperature) && temperature >= 0.0f,
+          "sampling: temperature must be finite and >= 0 (0 = greedy), got ", temperature);
+    check(top_k >= 0, "sampling: top_k must be >= 0 (0 = off), got ", top_k);
+    check(top_p > 0.0f && top_p <= 1.0f, "sampling: top_p must be in (0, 1], got ", top_p);
+    check(min_p >= 0.0f && min_p <= 1.0f, "sampling: min_p must be in [0, 1], got ", min_p);
+    check(std::isfinite(repetition_penalty) && repetition_penalty > 0.0f,
+          "sampling: repetition_penalty must be finite and > 0 (1 = off), got ", repetition_penalty);
+    check(max_tokens >= 1, "sampling: max_tokens must be >= 1, got ", max_tokens);
+    // An empty stop string would match at every position and end every request at once.
+    for (std::size_t i = 0; i < stop.size(); ++i)
+      check(!stop[i].empty(), "sampling: stop[", i, "] must not be empty");
+    for (std::size_t i = 0; i < stop_token_ids.size(); ++i)
+      check(stop_token_ids[i] >= 0, "sampling: stop_token_ids[", i, "] must be >= 0, got ", stop_token_ids[i]);
+  }
+
+  [[nodiscard]] bool greedy() const { return temperature == 0.0f; }
+};
+
+namespace detail {
+// splitmix64's finaliser: a bijective 64-bit mix in which every input bit affects every output bit.
+ZIPAGE_HOST_DEVICE constexpr std::uint64_t mix64(std::uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBULL;
+  x ^= x >> 31;
+  return x;
+}
+}  // namespace detail
+
+// Uniform float in [0, 1) with 24 random bits: output number `step` of a splitmix64 stream whose starting
+// state is the mixed seed. Mixing the seed first puts nearby seeds (0, 1, 2, ...) at unrelated points of the
+// Weyl sequence, so their streams do not overlap in practice. Unsigned overflow wraps by definition, so a
+// GPU backend gets bit-identical values. Changing this formula changes every seeded output.
+ZIPAGE_HOST_DEVICE constexpr float sampling_uniform(std::uint64_t seed, std::uint64_t step) {
+  const std::uint64_t gamma = 0x9E3779B97F4A7C15ULL;  // 2^64 / golden ratio, splitmix64's increment
+  const std::uint64_t bits = detail::mix64(detail::mix64(seed) + (step + 1) * gamma);
+  // The top 24 bits fit a float's mantissa exactly, so the result can never round up to 1.
+  return static_cast<float>(bits >> 40) * 0x1p-24f;
+}
+
+}  // namespace zipage

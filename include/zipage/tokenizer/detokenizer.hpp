@@ -1,0 +1,22 @@
+#pragma once
+// Glue between a tokenizer and the engine's per-request text streaming.
+#include <memory>
+#include <span>
+
+#include "zipage/request/sequence.hpp"
+#include "zipage/tokenizer/spm_tokenizer.hpp"
+
+namespace zipage {
+
+// A factory for engine_config::make_detokenizer. Each request gets its own stream_decoder, primed with
+// the prompt so the first generated piece is spaced as it follows the prompt. The tokenizer must
+// outlive the engine.
+inline auto detokenizer_factory(const spm_tokenizer& tokenizer) {
+  return [&tokenizer](std::span<const token_id> prompt) -> streaming_detokenizer {
+    auto decoder = std::make_shared<stream_decoder>(tokenizer);
+    for (token_id t : prompt) (void)decoder->push(t);
+    return [decoder](token_id t) { return decoder->push(t); };
+  };
+}
+
+}  // namespace zipage

@@ -1,0 +1,253 @@
+// The whole engine on the real stories260K model (CPU reference backend).
+#include <doctest/doctest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zipage/engine/engine.hpp"
+#include "zipage/gguf/gguf.hpp"
+#include "zipage/models/llama.hpp"
+#include "zipage/tokenizer/detokenizer.hpp"
+
+using namespace zipage;
+
+namespace {
+
+using llama_engine = engine<llama_model<cpu_backend>>;
+
+// The model file is read once; every test builds its own engine from it.
+struct shared_model {
+  gguf::file file = gguf::file::open(ZIPAGE_TEST_MODEL);
+  spm_tokenizer tokenizer = spm_tokenizer::from_gguf(file);
+};
+
+shared_model& stories() {
+  static shared_model m;
+  return m;
+}
+
+llama_engine make_engine(engine_config cfg = {}) {
+  auto& m = stories();
+  cfg.make_detokenizer = detokenizer_factory(m.tokenizer);
+  return llama_engine(load_llama_gguf<cpu_backend>(m.file), cfg);
+}
+
+sampling_params greedy(int max_tokens) {
+  sampling_params p;
+  p.temperature = 0.0f;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+// Known-good greedy continuation of stories260K (from its publisher's reference run): prompt
+// "Once upon a time" is the first four ids, the rest are generated.
+const std::vector<token_id> golden = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317,
+                                      426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282,
+                                      295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352};
+
+std::vector<std::vector<token_id>> story_prompts(int n) {
+  const char* subjects[] = {"a little girl", "a big dog", "the old man", "a happy cat",
+                            "Tom", "a small bird", "the princess", "a red car"};
+  const char* actions[] = {"went to the park", "found a box", "wanted to play", "was very sad",
+                           "saw a tree", "liked to sing", "had a ball", "ran home"};
+  std::vector<std::vector<token_id>> prompts;
+  for (int i = 0; i < n; ++i) {
+    const std::string text = std::string("Once upon a time, ") + subjects[i % 8] + " " + actions[(i / 8 + i) % 8] + ".";
+    prompts.push_back(stories().tokenizer.encode(text, true));
+  }
+  return prompts;
+}
+
+// Emits token (t + 1) mod vocab after token t, attending over its cache on the way: EOS (7) is reached
+// on a known step, which stories260K (trained to end stories with BOS) never does.
+struct counting_model {
+  using backend_type = cpu_backend;
+  using tensor = cpu_backend::tensor;
+  model_config cfg = [] {
+    model_config c;
+    c.vocab_size = 8;
+    c.hidden_size = 8;
+    c.num_layers = 1;
+    c.num_q_heads = 2;
+    c.num_kv_heads = 1;
+    c.head_dim = 4;
+    c.ffn_size = 8;
+    c.bos = 0;
+    c.eos = 7;
+    return c;
+  }();
+  const model_config& config() const { return cfg; }
+  tensor forward(forward_context<cpu_backend>& ctx) {
+    tensor x, attn, last;
+    cpu_backend::embedding(tensor::Identity(8, 8), ctx.tokens(), x);
+    ctx.attention(0, x, x.leftCols(4), x.leftCols(4), attn);
+    cpu_backend::gather_rows(x, ctx.logits_rows(), last);
+    tensor logits = tensor::Zero(last.rows(), 8);
+    for (Eigen::Index r = 0; r < last.rows(); ++r) {
+      Eigen::Index t = 0;
+      last.row(r).maxCoeff(&t);
+      logits(r, (t + 1) % 8) = 10.0f;
+    }
+    return logits;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("EOS ends a request unless ignore_eos") {
+  engine<counting_model> eng(counting_model{}, {.block_size = 4, .num_blocks = 16});
+  auto p = greedy(20);
+  auto out = eng.generate({{0, 3}}, p)[0];
+  CHECK(out.output == std::vector<token_id>{4, 5, 6, 7});
+  CHECK(out.reason == finish_reason::eos);
+  p.ignore_eos = true;
+  out = eng.generate({{0, 3}}, p)[0];
+  CHECK(out.output.size() == 20);
+  CHECK(out.output[4] == 0);  // past EOS it wraps around
+  CHECK(out.reason == finish_reason::length);
+}
+
+TEST_CASE("golden: greedy stories260K reproduces its known output") {
+  auto eng = make_engine();
+  const auto& tok = stories().tokenizer;
+
+  SUBCASE("from the prompt 'Once upon a time'") {
+    const auto prompt = tok.encode("Once upon a time", true);
+    REQUIRE(prompt == std::vector<token_id>{1, 403, 407, 261, 378});
+    const auto out = eng.generate({prompt}, greedy(static_cast<int>(golden.size()) - 4))[0];
+    const std::vector<token_id> expected(golden.begin() + 4, golden.end());
+    CHECK(out.output == expected);
+    CHECK(out.reason == finish_reason::length);
+  }
+  SUBCASE("from BOS alone") {
+    const auto out = eng.generate({{1}}, greedy(static_cast<int>(golden.size())))[0];
+    CHECK(out.output == golden);
+    CHECK(out.text.rfind("Once upon a time, there was a little girl named Lily. She loved to play outside in the park.", 0) == 0);
+  }
+}
+
+TEST_CASE("64 prompts through a KV pool too small for all of them give what each gives alone") {
+  const auto prompts = story_prompts(64);
+  sampling_params sampled;  // sampling too: per-request seeds make the draws independent of batching
+  sampled.temperature = 0.8f;
+  sampled.top_p = 0.95f;
+  sampled.max_tokens = 40;
+  sampled.ignore_eos = true;
+
+  for (const auto& params : {greedy(40), sampled}) {
+    CAPTURE(params.temperature);
+    std::vector<std::vector<token_id>> alone;
+    {
+      auto eng = make_engine({.block_size = 16, .num_blocks = 16});
+      for (std::size_t i = 0; i < prompts.size(); ++i) {
+        auto p = params;
+        p.seed = 1000 + i;
+        alone.push_back(eng.generate({prompts[i]}, p)[0].output);
+      }
+    }
+    // 64 requests of ~55 tokens need ~256 blocks of 16 at once; give the pool 48.
+    auto eng = make_engine({.block_size = 16, .num_blocks = 48, .max_num_seqs = 64});
+    std::vector<request_id> ids;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      auto p = params;
+      p.seed = 1000 + i;
+      ids.push_back(eng.add_request(prompts[i], p));
+    }
+    eng.run_to_completion();
+    const auto st = eng.stats();
+    CHECK(st.preemptions > 0);  // the pool really was too small
+    CHECK(st.peak_blocks_used <= 48);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      CAPTURE(i);
+      const auto out = eng.take_output(ids[i]);
+      CHECK(out.output == alone[i]);
+    }
+    CHECK(eng.pool().num_used() == 0);
+    CHECK(eng.pool().total_references() == 0);
+  }
+}
+
+TEST_CASE("a preempted request resumes with exactly the tokens of an unpreempted run") {
+  const auto prompts = story_prompts(2);
+  auto reference = make_engine({.block_size = 8, .num_blocks = 64});
+  const auto expected = reference.generate(prompts, greedy(60));
+
+  // Two requests that each need 9 blocks of 8 by the end; 12 blocks force the newer one out.
+  auto eng = make_engine({.block_size = 8, .num_blocks = 12});
+  const auto got = eng.generate(prompts, greedy(60));
+  CHECK(eng.stats().preemptions > 0);
+  CHECK(got[1].num_preemptions > 0);
+  for (std::size_t i = 0; i < prompts.size(); ++i) CHECK(got[i].output == expected[i].output);
+}
+
+TEST_CASE("stop conditions: max tokens, stop strings, stop token ids") {
+  auto eng = make_engine();
+  const auto prompt = stories().tokenizer.encode("Once upon a time", true);
+
+  auto p = greedy(500);
+  p.stop = {"Lily"};
+  auto out = eng.generate({prompt}, p)[0];
+  CHECK(out.reason == finish_reason::stop_string);
+  CHECK(out.text == ", there was a little girl named ");
+
+  p = greedy(100);
+  p.stop_token_ids = {golden[6]};  // the third generated token
+  out = eng.generate({prompt}, p)[0];
+  CHECK(out.reason == finish_reason::stop_token);
+  CHECK(out.output.size() == 3);
+
+  p = greedy(7);
+  out = eng.generate({prompt}, p)[0];
+  CHECK(out.reason == finish_reason::length);
+  CHECK(out.output.size() == 7);
+}
+
+TEST_CASE("streaming text adds up to the final text") {
+  auto eng = make_engine();
+  const auto id = eng.add_request(stories().tokenizer.encode("Once upon a time", true), greedy(30));
+  std::string streamed;
+  eng.run_to_completion([&](const step_event& e) {
+    if (e.id == id) streamed += e.text;
+  });
+  CHECK(streamed == eng.take_output(id).text);
+  CHECK(streamed.size() > 50);
+}
+
+TEST_CASE("cancellation frees everything at once; other requests carry on") {
+  auto eng = make_engine({.block_size = 8, .num_blocks = 64});
+  const auto prompts = story_prompts(3);
+  const auto expected = make_engine().generate({prompts[2]}, greedy(30))[0].output;
+  const auto a = eng.add_request(prompts[0], greedy(30));
+  const auto b = eng.add_request(prompts[1], greedy(30));
+  const auto c = eng.add_request(prompts[2], greedy(30));
+  for (int i = 0; i < 5; ++i) eng.step();
+  const int used_before = eng.pool().num_used();
+  CHECK(eng.cancel(b));
+  CHECK_FALSE(eng.cancel(b));  // already gone
+  CHECK(eng.pool().num_used() < used_before);
+  eng.run_to_completion();
+  CHECK(eng.take_output(b).reason == finish_reason::cancelled);
+  CHECK(eng.take_output(a).output.size() == 30);
+  CHECK(eng.take_output(c).output == expected);
+  CHECK(eng.pool().num_used() == 0);
+}
+
+TEST_CASE("bad requests get a clear error and leave the engine working") {
+  auto eng = make_engine({.block_size = 8, .num_blocks = 4, .max_batched_tokens = 64});
+  CHECK_THROWS_WITH_AS(eng.add_request({}, greedy(4)), "request: the prompt is empty (add BOS at least)", zipage::error);
+  CHECK_THROWS_AS(eng.add_request({1, 99999}, greedy(4)), zipage::error);
+  CHECK_THROWS_AS(eng.add_request(std::vector<token_id>(40, 5), greedy(4)), zipage::error);  // needs 5 blocks of 4
+  auto bad = greedy(4);
+  bad.top_p = 2.0f;
+  CHECK_THROWS_AS(eng.add_request({1}, bad), zipage::error);
+  // A request that outgrows the pool while generating finishes with an error; it does not hang.
+  const auto big = eng.add_request({1, 403}, greedy(100));
+  const auto ok = eng.add_request({1, 403}, greedy(3));
+  eng.run_to_completion();
+  const auto big_out = eng.take_output(big);
+  CHECK(big_out.reason == finish_reason::error);
+  CHECK(big_out.error_message.find("KV blocks") != std::string::npos);
+  CHECK(eng.take_output(ok).output.size() == 3);
+  CHECK(eng.pool().num_used() == 0);
+}

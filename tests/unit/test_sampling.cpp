@@ -1,0 +1,521 @@
+// Sampling parameters, counter-based random numbers and the CPU reference sampler.
+//
+// Statistical checks use fixed seeds, so they are deterministic: a pass is permanent, and a change to the
+// pipeline that skews the distribution shows up as a large chi-square. Bounds are the chi-square critical
+// values at p = 0.001 for the test's degrees of freedom.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <new>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "zipage/sampling/sampler.hpp"
+#include "zipage/sampling/sampling_params.hpp"
+
+// Counts heap allocations in this executable, to check that sample() reuses its scratch buffers.
+namespace {
+std::atomic<std::size_t> g_allocations{0};
+// Out of line so GCC does not inline free() into callers and misreport a new/free mismatch.
+[[gnu::noinline]] void release(void* p) noexcept { std::free(p); }
+}  // namespace
+
+void* operator new(std::size_t size) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { release(p); }
+void operator delete(void* p, std::size_t) noexcept { release(p); }
+
+namespace {
+
+using zipage::sampler;
+using zipage::sampling_params;
+using zipage::token_id;
+
+constexpr float inf_f = std::numeric_limits<float>::infinity();
+constexpr float nan_f = std::numeric_limits<float>::quiet_NaN();
+constexpr int draws = 20000;
+
+// Chi-square critical values at p = 0.001, indexed by degrees of freedom.
+constexpr double chi2_critical[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12, 27.88};
+
+std::vector<float> logits_from_probs(const std::vector<double>& probs) {
+  std::vector<float> logits;
+  for (double p : probs) logits.push_back(p > 0 ? static_cast<float>(std::log(p)) : -inf_f);
+  return logits;
+}
+
+std::vector<double> softmax(const std::vector<float>& logits, double temperature = 1.0) {
+  const double m = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p;
+  for (float l : logits) p.push_back(std::exp((l - m) / temperature));
+  const double z = std::accumulate(p.begin(), p.end(), 0.0);
+  for (double& x : p) x /= z;
+  return p;
+}
+
+// Empirical token frequencies over `draws` requests with seeds 0..draws-1, all at step 0.
+std::vector<double> frequencies(const std::vector<float>& logits, sampling_params p,
+                                const std::vector<token_id>& context = {}) {
+  sampler s;
+  std::vector<double> freq(logits.size(), 0.0);
+  for (int i = 0; i < draws; ++i) {
+    p.seed = static_cast<std::uint64_t>(i);
+    freq[static_cast<std::size_t>(s.sample(logits, p, context, 0))] += 1.0;
+  }
+  for (double& f : freq) f /= draws;  // counts are exact, so a token drawn every time has frequency exactly 1
+  return freq;
+}
+
+// Asserts the frequencies fit `expected`: tokens with probability 0 are never drawn, the chi-square over the
+// rest is below the p = 0.001 critical value, and no frequency is off by more than 0.015 (> 5 standard
+// errors, since the standard error is at most 0.5 / sqrt(20000) = 0.0035).
+void check_distribution(const std::vector<double>& freq, const std::vector<double>& expected) {
+  REQUIRE(freq.size() == expected.size());
+  double chi2 = 0.0;
+  int support = 0;
+  for (std::size_t i = 0; i < freq.size(); ++i) {
+    CAPTURE(i);
+    CHECK(std::abs(freq[i] - expected[i]) < 0.015);
+    if (expected[i] == 0.0) {
+      CHECK(freq[i] == 0.0);
+      continue;
+    }
+    const double diff = (freq[i] - expected[i]) * draws;
+    chi2 += diff * diff / (expected[i] * draws);
+    ++support;
+  }
+  REQUIRE(support >= 1);
+  if (support >= 2) CHECK(chi2 < chi2_critical[support - 1]);
+}
+
+std::vector<double> renormalised(std::vector<double> probs, const std::set<std::size_t>& keep) {
+  double z = 0.0;
+  for (std::size_t i = 0; i < probs.size(); ++i) {
+    if (!keep.count(i)) probs[i] = 0.0;
+    z += probs[i];
+  }
+  for (double& p : probs) p /= z;
+  return probs;
+}
+
+sampling_params with(float temperature, int top_k = 0, float top_p = 1.0f, float min_p = 0.0f) {
+  sampling_params p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  return p;
+}
+
+std::string validation_error(const sampling_params& p) {
+  try {
+    p.validate();
+  } catch (const zipage::error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Straightforward full-sort version of the pipeline, to cross-check the lazy partial sorting.
+token_id reference_sample(const std::vector<float>& logits, const sampling_params& p, std::uint64_t step) {
+  const float m = *std::max_element(logits.begin(), logits.end());
+  std::vector<std::pair<float, token_id>> c;
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    c.push_back({std::exp((logits[i] - m) / p.temperature), static_cast<token_id>(i)});
+  std::sort(c.begin(), c.end(), [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  if (p.top_k > 0 && static_cast<std::size_t>(p.top_k) < c.size()) c.resize(static_cast<std::size_t>(p.top_k));
+  double mass = 0.0;
+  for (auto& x : c) mass += x.first;
+  std::size_t keep = 0;
+  double cum = 0.0;
+  while (keep < c.size() && (keep == 0 || cum < p.top_p * mass)) cum += c[keep++].first;
+  if (p.top_p < 1.0f) c.resize(keep);
+  std::erase_if(c, [&](auto& x) { return x.first < p.min_p; });
+  double kept = 0.0;
+  for (auto& x : c) kept += x.first;
+  const double target = zipage::sampling_uniform(p.seed, step) * kept;
+  cum = 0.0;
+  for (auto& x : c)
+    if ((cum += x.first) > target) return x.second;
+  return c.back().second;
+}
+
+}  // namespace
+
+TEST_SUITE("sampling") {
+
+TEST_CASE("sampling_uniform is in [0, 1), 24-bit, uniform and pinned") {
+  static_assert(zipage::sampling_uniform(0, 0) >= 0.0f && zipage::sampling_uniform(0, 0) < 1.0f);
+  constexpr std::uint64_t extremes[] = {0, 1, 2, 0xFFFFFFFFull, std::numeric_limits<std::uint64_t>::max()};
+  for (std::uint64_t seed : extremes)
+    for (std::uint64_t step : extremes) {
+      const float u = zipage::sampling_uniform(seed, step);
+      CHECK(u >= 0.0f);
+      CHECK(u < 1.0f);
+      CHECK(u * 16777216.0f == std::floor(u * 16777216.0f));  // a multiple of 2^-24
+    }
+
+  // Mean 0.5 and variance 1/12 over 100k draws (standard error of the mean ~0.0009); 16 equal buckets
+  // pass a chi-square test with 15 degrees of freedom (critical value 37.70 at p = 0.001).
+  const int n = 100000;
+  double sum = 0.0, sum_sq = 0.0;
+  int out_of_range = 0;
+  std::vector<double> buckets(16, 0.0);
+  for (int i = 0; i < n; ++i) {
+    const double u = zipage::sampling_uniform(static_cast<std::uint64_t>(i % 100), static_cast<std::uint64_t>(i / 100));
+    if (!(u >= 0.0 && u < 1.0)) {
+      ++out_of_range;
+      continue;
+    }
+    sum += u;
+    sum_sq += u * u;
+    buckets[static_cast<std::size_t>(u * 16)] += 1.0;
+  }
+  REQUIRE(out_of_range == 0);
+  const double mean = sum / n;
+  CHECK(mean == doctest::Approx(0.5).epsilon(0.01));
+  CHECK(sum_sq / n - mean * mean == doctest::Approx(1.0 / 12).epsilon(0.03));
+  double chi2 = 0.0;
+  for (double b : buckets) chi2 += (b - n / 16.0) * (b - n / 16.0) / (n / 16.0);
+  CHECK(chi2 < 37.70);
+
+  // Pinned so that an accidental change of formula, which would change every seeded output and break
+  // parity with GPU backends, fails here. Values are k * 2^-24 for the stated k.
+  CHECK(zipage::sampling_uniform(0, 0) * 16777216.0f == 14819496.0f);
+  CHECK(zipage::sampling_uniform(42, 7) * 16777216.0f == 2565124.0f);
+}
+
+TEST_CASE("greedy is argmax with ties to the lowest id, whatever the seed") {
+  sampler s;
+  sampling_params p = with(0.0f);
+  CHECK(p.greedy());
+  const std::vector<float> logits = {0.5f, 3.0f, -1.0f, 2.9f};
+  const std::vector<float> tied = {1.0f, 4.0f, 2.0f, 4.0f, 4.0f};
+  for (std::uint64_t seed = 0; seed < 50; ++seed) {
+    p.seed = seed;
+    CHECK(s.sample(logits, p, {}, seed * 3) == 1);
+    CHECK(s.sample(tied, p, {}, seed) == 1);
+  }
+  // Greedy ignores the truncation knobs.
+  CHECK(s.sample(tied, with(0.0f, 1, 0.1f, 0.9f), {}, 0) == 1);
+}
+
+TEST_CASE("same (seed, step) gives the same token; other seeds give other sequences") {
+  const std::vector<float> logits = {0.1f, 0.3f, 0.0f, 0.2f, 0.25f, 0.05f, 0.15f, 0.3f};
+  const std::vector<float> other = {5.0f, -2.0f, 1.0f, 0.0f, 3.0f, 2.0f, 1.0f, 0.5f};
+  sampling_params p = with(1.0f);
+  const int steps = 64;
+
+  std::set<std::vector<token_id>> sequences;
+  for (std::uint64_t seed = 0; seed < 20; ++seed) {
+    p.seed = seed;
+    sampler a, b;
+    std::vector<token_id> seq;
+    for (int step = 0; step < steps; ++step) {
+      const token_id t = a.sample(logits, p, {}, static_cast<std::uint64_t>(step));
+      // Another sampler that has just worked on a different row (another request in the batch, with a
+      // different vocabulary size) must agree: no state leaks through the scratch buffers.
+      sampling_params q = with(0.7f, 3, 0.8f);
+      b.sample(std::span(other).first(static_cast<std::size_t>(step % 8 + 1)), q, {}, 99);
+      CHECK(b.sample(logits, p, {}, static_cast<std::uint64_t>(step)) == t);
+      seq.push_back(t);
+    }
+    CHECK(std::set<token_id>(seq.begin(), seq.end()).size() > 3);  // varies with the step
+    sequences.insert(seq);
+  }
+  CHECK(sequences.size() == 20);  // every seed's 64-token sequence is different
+
+  // Recomputing the same step later (e.g. after preemption) reproduces the token.
+  sampler s;
+  p.seed = 1234;
+  const token_id first = s.sample(logits, p, {}, 17);
+  for (int i = 0; i < 10; ++i) s.sample(logits, p, {}, static_cast<std::uint64_t>(i));
+  CHECK(s.sample(logits, p, {}, 17) == first);
+}
+
+TEST_CASE("the draw is the inverse CDF over tokens in descending probability order") {
+  // probs 0.1, 0.2, 0.3, 0.4: walking ids 3, 2, 1, 0, the CDF steps are 0.4, 0.7, 0.9, 1.0.
+  const std::vector<float> logits = logits_from_probs({0.1, 0.2, 0.3, 0.4});
+  const double steps[] = {0.4, 0.7, 0.9};
+  sampler s;
+  sampling_params p = with(1.0f);
+  int checked = 0;
+  for (std::uint64_t seed = 0; seed < 2000; ++seed) {
+    p.seed = seed;
+    const double u = zipage::sampling_uniform(seed, 5);
+    if (std::any_of(std::begin(steps), std::end(steps), [u](double c) { return std::abs(u - c) < 1e-5; })) continue;
+    const token_id expected = u < 0.4 ? 3 : u < 0.7 ? 2 : u < 0.9 ? 1 : 0;
+    CHECK(s.sample(logits, p, {}, 5) == expected);
+    ++checked;
+  }
+  CHECK(checked > 1990);
+
+  // Equal probabilities: ties walk in id order, so the token is floor(4u).
+  const std::vector<float> flat(4, 0.25f);
+  for (std::uint64_t seed = 0; seed < 500; ++seed) {
+    p.seed = seed;
+    const float u = zipage::sampling_uniform(seed, 0);
+    CHECK(s.sample(flat, p, {}, 0) == static_cast<token_id>(u * 4));
+  }
+}
+
+TEST_CASE("frequencies match the softmax") {
+  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f, 1.5f};
+  check_distribution(frequencies(logits, with(1.0f)), softmax(logits));
+}
+
+TEST_CASE("temperature scales the logits") {
+  const std::vector<float> logits = {2.0f, 1.0f, 0.0f, 1.5f};
+  SUBCASE("T = 2 matches softmax(logits / 2)") {
+    check_distribution(frequencies(logits, with(2.0f)), softmax(logits, 2.0));
+  }
+  SUBCASE("T -> 0+ approaches greedy") {
+    const auto freq = frequencies(logits, with(1e-3f));
+    CHECK(freq[0] == 1.0);
+  }
+  SUBCASE("high temperature flattens towards uniform") {
+    check_distribution(frequencies(logits, with(1e4f)), std::vector<double>(4, 0.25));
+  }
+  SUBCASE("the top token's share falls as temperature rises") {
+    double previous = 1.1;
+    for (float t : {0.25f, 0.5f, 1.0f, 2.0f, 8.0f}) {
+      const double share = frequencies(logits, with(t))[0];
+      CAPTURE(t);
+      CHECK(share < previous);
+      previous = share;
+    }
+  }
+}
+
+TEST_CASE("top-k keeps only the k most likely, renormalised") {
+  const std::vector<float> logits = {0.3f, 2.0f, -0.5f, 1.2f, 1.8f, 0.9f};
+  const auto probs = softmax(logits);
+  check_distribution(frequencies(logits, with(1.0f, 3)), renormalised(probs, {1, 3, 4}));
+
+  // k >= vocabulary size is the same as off, token for token; k = 1 is greedy.
+  CHECK(frequencies(logits, with(1.0f, 6)) == frequencies(logits, with(1.0f, 0)));
+  CHECK(frequencies(logits, with(1.0f, 100)) == frequencies(logits, with(1.0f, 0)));
+  CHECK(frequencies(logits, with(1.0f, 1))[1] == 1.0);
+
+  // A tie at the boundary goes to the lower id.
+  const std::vector<float> tie = {2.0f, 1.0f, 1.0f, 0.0f};
+  const auto freq = frequencies(tie, with(1.0f, 2));
+  CHECK(freq[2] == 0.0);
+  CHECK(freq[3] == 0.0);
+  CHECK(freq[1] > 0.0);
+}
+
+TEST_CASE("top-p keeps the smallest nucleus") {
+  // Sorted probs 0.5, 0.3, 0.15, 0.05: cumulative 0.5, 0.8, 0.95, 1.0.
+  const std::vector<double> probs = {0.15, 0.5, 0.05, 0.3};
+  const auto logits = logits_from_probs(probs);
+  SUBCASE("p = 0.7 keeps {0.5, 0.3}") {
+    check_distribution(frequencies(logits, with(1.0f, 0, 0.7f)), renormalised(probs, {1, 3}));
+  }
+  SUBCASE("p = 0.85 keeps {0.5, 0.3, 0.15}") {
+    check_distribution(frequencies(logits, with(1.0f, 0, 0.85f)), renormalised(probs, {0, 1, 3}));
+  }
+  SUBCASE("p = 0.4 keeps only the top token") {
+    CHECK(frequencies(logits, with(1.0f, 0, 0.4f))[1] == 1.0);
+  }
+  SUBCASE("tiny p is argmax, ties to the lowest id") {
+    CHECK(frequencies(logits, with(1.0f, 0, 1e-6f))[1] == 1.0);
+    CHECK(frequencies({0.0f, 1.0f, 1.0f}, with(1.0f, 0, 1e-6f))[1] == 1.0);
+  }
+  SUBCASE("after top-k, top-p measures mass in the renormalised top-k distribution") {
+    // probs 0.4, 0.3, 0.2, 0.1; top-2 renormalised is 0.571, 0.429, so p = 0.5 keeps only the top token.
+    // (Measured against the full distribution, 0.4 < 0.5 would have kept two.)
+    const auto l = logits_from_probs({0.4, 0.3, 0.2, 0.1});
+    CHECK(frequencies(l, with(1.0f, 2, 0.5f))[0] == 1.0);
+    // p = 0.6 needs both of the top 2, and never a third.
+    check_distribution(frequencies(l, with(1.0f, 2, 0.6f)), {4.0 / 7, 3.0 / 7, 0, 0});
+  }
+}
+
+TEST_CASE("min-p drops tokens below min_p times the top probability") {
+  // probs 0.5, 0.3, 0.15, 0.05
+  const std::vector<double> probs = {0.5, 0.3, 0.15, 0.05};
+  const auto logits = logits_from_probs(probs);
+  SUBCASE("min_p = 0.2: threshold 0.1 drops 0.05") {
+    check_distribution(frequencies(logits, with(1.0f, 0, 1.0f, 0.2f)), renormalised(probs, {0, 1, 2}));
+  }
+  SUBCASE("min_p = 0.5: threshold 0.25 keeps 0.5 and 0.3") {
+    check_distribution(frequencies(logits, with(1.0f, 0, 1.0f, 0.5f)), renormalised(probs, {0, 1}));
+  }
+  SUBCASE("min_p = 1 keeps only the top token") {
+    CHECK(frequencies(logits, with(1.0f, 0, 1.0f, 1.0f))[0] == 1.0);
+  }
+  SUBCASE("combined with top-p the smaller set wins") {
+    // top-p 0.85 keeps three tokens, min-p 0.5 keeps two.
+    check_distribution(frequencies(logits, with(1.0f, 0, 0.85f, 0.5f)), renormalised(probs, {0, 1}));
+    // top-p 0.7 keeps two tokens, min-p 0.2 keeps three.
+    check_distribution(frequencies(logits, with(1.0f, 0, 0.7f, 0.2f)), renormalised(probs, {0, 1}));
+  }
+}
+
+TEST_CASE("repetition penalty divides positive and multiplies negative logits") {
+  CHECK(zipage::apply_repetition_penalty(2.0f, 2.0f) == 1.0f);
+  CHECK(zipage::apply_repetition_penalty(-1.0f, 2.0f) == -2.0f);
+  CHECK(zipage::apply_repetition_penalty(0.0f, 2.0f) == 0.0f);
+  CHECK(zipage::apply_repetition_penalty(1.5f, 0.5f) == 3.0f);
+
+  sampler s;
+  sampling_params p = with(0.0f);
+  p.repetition_penalty = 2.0f;
+  // [2.0, 1.5, -1.0, -0.5] with tokens 0 and 2 seen -> [1.0, 1.5, -2.0, -0.5]: the greedy choice moves to 1.
+  const std::vector<float> logits = {2.0f, 1.5f, -1.0f, -0.5f};
+  CHECK(s.sample(logits, with(0.0f), std::vector<token_id>{0, 2}, 0) == 0);
+  CHECK(s.sample(logits, p, std::vector<token_id>{0, 2}, 0) == 1);
+
+  // Negative logits are multiplied: -1.0 -> -2.0 falls below -1.5. (Dividing would give -0.5 and keep 0.)
+  CHECK(s.sample(std::vector<float>{-1.0f, -1.5f}, p, std::vector<token_id>{0}, 0) == 1);
+
+  // A token repeated in the context is penalised once: 2.0 -> 1.0 still beats 0.9 (twice would be 0.5).
+  CHECK(s.sample(std::vector<float>{2.0f, 0.9f}, p, std::vector<token_id>{0, 0, 0}, 0) == 0);
+
+  // A penalty below 1 favours seen tokens: 1.0 -> 2.0 beats 1.5.
+  p.repetition_penalty = 0.5f;
+  CHECK(s.sample(std::vector<float>{1.5f, 1.0f}, p, std::vector<token_id>{1}, 0) == 1);
+
+  // When sampling, the distribution is the softmax of the penalised logits.
+  sampling_params q = with(1.0f);
+  q.repetition_penalty = 2.0f;
+  check_distribution(frequencies(logits, q, {0, 2}), softmax({1.0f, 1.5f, -2.0f, -0.5f}));
+
+  // A context token outside the vocabulary is an error, not a write out of bounds.
+  CHECK_THROWS_AS(s.sample(logits, q, std::vector<token_id>{4}, 0), zipage::error);
+  CHECK_THROWS_AS(s.sample(logits, q, std::vector<token_id>{-1}, 0), zipage::error);
+}
+
+TEST_CASE("non-finite logits do not crash") {
+  sampler s;
+  const sampling_params p = with(1.0f);
+  SUBCASE("NaN is never drawn") {
+    const auto freq = frequencies({1.0f, nan_f, 1.0f, nan_f}, p);
+    CHECK(freq[1] == 0.0);
+    CHECK(freq[3] == 0.0);
+    CHECK(freq[0] == doctest::Approx(0.5).epsilon(0.05));
+    CHECK(s.sample(std::vector<float>{nan_f, 0.0f, nan_f}, with(0.0f), {}, 0) == 1);
+  }
+  SUBCASE("all -inf or NaN gives token 0") {
+    for (std::uint64_t seed = 0; seed < 20; ++seed) {
+      sampling_params q = with(1.0f, 2, 0.5f, 0.1f);
+      q.seed = seed;
+      CHECK(s.sample(std::vector<float>{-inf_f, -inf_f, -inf_f}, q, {}, seed) == 0);
+      CHECK(s.sample(std::vector<float>{nan_f, nan_f}, q, {}, seed) == 0);
+      CHECK(s.sample(std::vector<float>{nan_f, -inf_f}, with(0.0f), {}, seed) == 0);
+    }
+  }
+  SUBCASE("+inf wins; several +inf share the mass") {
+    CHECK(frequencies({0.0f, inf_f, 3.0f}, p)[1] == 1.0);
+    const auto freq = frequencies({inf_f, 0.0f, inf_f}, p);
+    CHECK(freq[1] == 0.0);
+    CHECK(freq[0] == doctest::Approx(0.5).epsilon(0.05));
+    CHECK(s.sample(std::vector<float>{1.0f, inf_f, inf_f}, with(0.0f), {}, 0) == 1);
+    // A penalty below 1 on +inf must not turn into inf - inf = NaN.
+    sampling_params q = with(1.0f);
+    q.repetition_penalty = 0.5f;
+    CHECK(s.sample(std::vector<float>{0.0f, inf_f}, q, std::vector<token_id>{1}, 0) == 1);
+    // Boosted +inf is still the largest float, so it keeps tying with the other +inf.
+    const auto boosted = frequencies({inf_f, inf_f, 0.0f}, q, {0});
+    CHECK(boosted[0] == doctest::Approx(0.5).epsilon(0.05));
+    CHECK(boosted[2] == 0.0);
+  }
+  SUBCASE("an empty row is an error") {
+    CHECK_THROWS_AS(s.sample(std::span<const float>{}, p, {}, 0), zipage::error);
+  }
+}
+
+TEST_CASE("lazy partial sorting agrees with a full-sort reference on a large vocabulary") {
+  // 5000 logits from the counter RNG (deterministic), spread over ~12 nats so the tail is long.
+  std::vector<float> logits(5000);
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = 12.0f * zipage::sampling_uniform(777, i);
+  logits[123] = logits[4000];  // an exact tie
+  sampler s;
+  const sampling_params configs[] = {with(1.0f), with(0.7f, 40), with(1.3f, 0, 0.9f), with(1.0f, 200, 0.95f, 0.01f),
+                                     with(2.0f, 0, 0.999f), with(1.0f, 0, 1.0f, 0.05f), with(0.5f, 1000, 0.5f)};
+  for (const sampling_params& base : configs) {
+    for (std::uint64_t seed = 0; seed < 40; ++seed) {
+      sampling_params p = base;
+      p.seed = seed;
+      CAPTURE(seed);
+      CHECK(s.sample(logits, p, {}, seed + 1) == reference_sample(logits, p, seed + 1));
+    }
+  }
+}
+
+TEST_CASE("sample does not allocate once its buffers have grown") {
+  std::vector<float> logits(1000);
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = 5.0f * zipage::sampling_uniform(3, i);
+  const std::vector<token_id> context = {1, 5, 9, 5, 700};
+  sampling_params p = with(0.8f, 50, 0.9f, 0.05f);
+  p.repetition_penalty = 1.3f;
+  sampler s;
+  s.sample(logits, with(1.0f), context, 0);  // grows the buffers to the vocabulary size
+  const std::size_t before = g_allocations.load();
+  token_id sink = 0;
+  for (std::uint64_t step = 0; step < 50; ++step) {
+    sink += s.sample(logits, p, context, step);
+    sink += s.sample(logits, with(1.0f), context, step);
+    sink += s.sample(logits, with(0.0f), context, step);
+  }
+  CHECK(g_allocations.load() == before);
+  CHECK(sink >= 0);
+}
+
+TEST_CASE("validate rejects bad fields, naming the field and value") {
+  CHECK_NOTHROW(sampling_params{}.validate());
+  sampling_params edge = with(0.0f, 0, 1.0f, 1.0f);
+  edge.repetition_penalty = 0.01f;
+  edge.max_tokens = 1;
+  edge.stop = {"\n\n"};
+  edge.stop_token_ids = {0, 2};
+  CHECK_NOTHROW(edge.validate());
+  CHECK_NOTHROW(with(5.0f, 3, 1e-6f, 0.0f).validate());
+
+  struct bad_case {
+    sampling_params p;
+    std::string message;
+  };
+  auto make = [](auto edit) {
+    sampling_params p;
+    edit(p);
+    return p;
+  };
+  const bad_case cases[] = {
+      {make([](auto& p) { p.temperature = -0.5f; }), "sampling: temperature must be finite and >= 0 (0 = greedy), got -0.5"},
+      {make([](auto& p) { p.temperature = nan_f; }), "temperature"},
+      {make([](auto& p) { p.temperature = inf_f; }), "temperature"},
+      {make([](auto& p) { p.top_k = -1; }), "sampling: top_k must be >= 0 (0 = off), got -1"},
+      {make([](auto& p) { p.top_p = 1.5f; }), "sampling: top_p must be in (0, 1], got 1.5"},
+      {make([](auto& p) { p.top_p = 0.0f; }), "sampling: top_p must be in (0, 1], got 0"},
+      {make([](auto& p) { p.top_p = nan_f; }), "sampling: top_p must be in (0, 1], got nan"},
+      {make([](auto& p) { p.min_p = -0.1f; }), "sampling: min_p must be in [0, 1], got -0.1"},
+      {make([](auto& p) { p.min_p = 1.5f; }), "sampling: min_p must be in [0, 1], got 1.5"},
+      {make([](auto& p) { p.min_p = nan_f; }), "min_p"},
+      {make([](auto& p) { p.repetition_penalty = 0.0f; }), "sampling: repetition_penalty must be finite and > 0 (1 = off), got 0"},
+      {make([](auto& p) { p.repetition_penalty = -1.0f; }), "repetition_penalty"},
+      {make([](auto& p) { p.repetition_penalty = nan_f; }), "repetition_penalty"},
+      {make([](auto& p) { p.max_tokens = 0; }), "sampling: max_tokens must be >= 1, got 0"},
+      {make([](auto& p) { p.stop = {"ok", ""}; }), "sampling: stop[1] must not be empty"},
+      {make([](auto& p) { p.stop_token_ids = {3, -2}; }), "sampling: stop_token_ids[1] must be >= 0, got -2"},
+  };
+  for (const bad_case& c : cases) {
+    const std::string message = validation_error(c.p);
+    CAPTURE(message);
+    CHECK(message.find(c.message) != std::string::npos);
+    CHECK(message.rfind("sampling: ", 0) == 0);
+  }
+}
+
+}  // TEST_SUITE
