@@ -45,20 +45,20 @@ class tiny_attention_model {
 
   // Returns logits [ctx.logits_rows().size()][vocab].
   tensor forward(zipage::forward_context<backend_type>& ctx) {
-    using ops = backend_type;
+    auto& ops = ctx.backend();
     tensor x, q, k, v, attn, out, last;
-    ops::embedding(embedding_, ctx.tokens(), x);
-    ops::linear(x, wq_, q);
-    ops::linear(x, wk_, k);
-    ops::linear(x, wv_, v);
-    ops::rope(q, ctx.positions(), cfg_.head_dim, cfg_.rope_theta, zipage::rope_style::half);
-    ops::rope(k, ctx.positions(), cfg_.head_dim, cfg_.rope_theta, zipage::rope_style::half);
+    ops.embedding(embedding_, ctx.tokens(), x);
+    ops.linear(x, wq_, q);
+    ops.linear(x, wk_, k);
+    ops.linear(x, wv_, v);
+    ops.rope(q, ctx.positions(), cfg_.head_dim, cfg_.rope_theta, zipage::rope_style::half);
+    ops.rope(k, ctx.positions(), cfg_.head_dim, cfg_.rope_theta, zipage::rope_style::half);
     ctx.attention(0, q, k, v, attn);
-    ops::linear(attn, wo_, out);
-    ops::add(x, out);
-    ops::gather_rows(x, ctx.logits_rows(), last);
+    ops.linear(attn, wo_, out);
+    ops.add(x, out);
+    ops.gather_rows(x, ctx.logits_rows(), last);
     tensor logits;
-    ops::linear(last, embedding_, logits);  // tied output projection
+    ops.linear(last, embedding_, logits);  // tied output projection
     return logits;
   }
 

@@ -80,9 +80,9 @@ struct counting_model {
   const model_config& config() const { return cfg; }
   tensor forward(forward_context<cpu_backend>& ctx) {
     tensor x, attn, last;
-    cpu_backend::embedding(tensor::Identity(8, 8), ctx.tokens(), x);
+    ctx.backend().embedding(tensor::Identity(8, 8), ctx.tokens(), x);
     ctx.attention(0, x, x.leftCols(4), x.leftCols(4), attn);
-    cpu_backend::gather_rows(x, ctx.logits_rows(), last);
+    ctx.backend().gather_rows(x, ctx.logits_rows(), last);
     tensor logits = tensor::Zero(last.rows(), 8);
     for (Eigen::Index r = 0; r < last.rows(); ++r) {
       Eigen::Index t = 0;

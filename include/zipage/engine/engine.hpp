@@ -105,13 +105,14 @@ class engine {
   using backend_type = Backend;
   using tensor = typename Backend::tensor;
 
-  explicit engine(Model model, engine_config cfg = {}, EvictionPolicy policy = {})
+  explicit engine(Model model, engine_config cfg = {}, EvictionPolicy policy = {}, Backend backend = {})
       : cfg_(std::move(cfg)),
         model_(std::move(model)),
         policy_(std::move(policy)),
+        backend_(std::move(backend)),
         pool_(pool_size(model_.config(), cfg_)),
         scheduler_(scheduler_config{cfg_.max_num_seqs, cfg_.max_batched_tokens, cfg_.block_size}, pool_),
-        kv_(Backend::allocate_kv(kv_shape(model_.config(), cfg_.block_size, pool_.num_blocks()))) {}
+        kv_(backend_.allocate_kv(kv_shape(model_.config(), cfg_.block_size, pool_.num_blocks()))) {}
 
   [[nodiscard]] const model_config& config() const { return model_.config(); }
   [[nodiscard]] const engine_config& settings() const { return cfg_; }
@@ -162,7 +163,7 @@ class engine {
     build_batch(plan);
     forward_context<Backend> ctx(backend_, kv_, batch_, config().num_q_heads);
     const tensor logits = model_.forward(ctx);
-    const std::vector<float> host_logits = Backend::to_host(logits);
+    const std::vector<float> host_logits = backend_.to_host(logits);
     const auto vocab = static_cast<std::size_t>(config().vocab_size);
     check(host_logits.size() == vocab * plan.seqs.size(), "engine: the model returned ", host_logits.size(),
           " logits for ", plan.seqs.size(), " requests of vocabulary ", vocab);

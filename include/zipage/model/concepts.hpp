@@ -12,7 +12,8 @@
 
 namespace zipage {
 
-// A backend: a tensor type, KV storage, and the ops a transformer needs.
+// A backend: a tensor type, KV storage, and the ops a transformer needs. Ops are members so a device
+// backend can carry its stream and library handles.
 template <class B>
 concept backend = requires(B& b, typename B::tensor& t, const typename B::tensor& ct,
                            typename B::kv_storage& kv, const attention_metadata& meta,
@@ -20,17 +21,18 @@ concept backend = requires(B& b, typename B::tensor& t, const typename B::tensor
                            std::span<const std::int32_t> rows, const kv_cache_shape& shape) {
   typename B::tensor;
   typename B::kv_storage;
-  { B::from_host(host, 1, 1) } -> std::same_as<typename B::tensor>;
-  { B::to_host(ct) } -> std::same_as<std::vector<float>>;
-  { B::allocate_kv(shape) } -> std::same_as<typename B::kv_storage>;
-  B::embedding(ct, ids, t);
-  B::rms_norm(ct, ct, 1e-5f, t);
-  B::linear(ct, ct, t);
-  B::rope(t, rows, 2, 10000.0f, rope_style::half);
-  B::silu_mul(ct, ct, t);
-  B::add(t, ct);
-  B::gather_rows(ct, rows, t);
-  B::attention(kv, 0, meta, ct, ct, ct, 1, t);
+  { b.from_host(host, 1, 1) } -> std::same_as<typename B::tensor>;
+  { b.to_host(ct) } -> std::same_as<std::vector<float>>;
+  { b.allocate_kv(shape) } -> std::same_as<typename B::kv_storage>;
+  b.embedding(ct, ids, t);
+  b.rms_norm(ct, ct, 1e-5f, t);
+  b.linear(ct, ct, t);
+  b.add_bias(t, ct);
+  b.rope(t, rows, 2, 10000.0f, rope_style::half);
+  b.silu_mul(ct, ct, t);
+  b.add(t, ct);
+  b.gather_rows(ct, rows, t);
+  b.attention(kv, 0, meta, ct, ct, ct, 1, t);
 };
 
 // A model: its config, the backend it runs on, and a forward pass that returns logits

@@ -34,7 +34,7 @@ class forward_context {
   // Appends this step's K/V of `layer` to the paged cache and attends. q, out: [tokens][q_heads*head_dim];
   // k, v: [tokens][kv_heads*head_dim], already rotated.
   void attention(int layer, const tensor& q, const tensor& k, const tensor& v, tensor& out) const {
-    Backend::attention(*kv_, layer, batch_->attention, q, k, v, num_q_heads_, out);
+    backend_->attention(*kv_, layer, batch_->attention, q, k, v, num_q_heads_, out);
   }
 
  private:

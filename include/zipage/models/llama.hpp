@@ -53,40 +53,41 @@ class llama_model {
   // logits [logits_rows][vocab]
   tensor forward(forward_context<Backend>& ctx) {
     const auto& c = config_;
-    Backend::embedding(w_.embedding, ctx.tokens(), x_);
+    Backend& ops = ctx.backend();
+    ops.embedding(w_.embedding, ctx.tokens(), x_);
     for (int l = 0; l < c.num_layers; ++l) {
       const auto& lw = w_.layers[static_cast<std::size_t>(l)];
-      Backend::rms_norm(x_, lw.attn_norm, c.rms_eps, h_);
-      project(h_, lw.wq, lw.bq, q_);
-      project(h_, lw.wk, lw.bk, k_);
-      project(h_, lw.wv, lw.bv, v_);
-      if (lw.q_norm) Backend::rms_norm(q_, *lw.q_norm, c.rms_eps, q_);
-      if (lw.k_norm) Backend::rms_norm(k_, *lw.k_norm, c.rms_eps, k_);
-      Backend::rope(q_, ctx.positions(), c.head_dim, c.rope_theta, c.rope);
-      Backend::rope(k_, ctx.positions(), c.head_dim, c.rope_theta, c.rope);
+      ops.rms_norm(x_, lw.attn_norm, c.rms_eps, h_);
+      project(ops, h_, lw.wq, lw.bq, q_);
+      project(ops, h_, lw.wk, lw.bk, k_);
+      project(ops, h_, lw.wv, lw.bv, v_);
+      if (lw.q_norm) ops.rms_norm(q_, *lw.q_norm, c.rms_eps, q_);
+      if (lw.k_norm) ops.rms_norm(k_, *lw.k_norm, c.rms_eps, k_);
+      ops.rope(q_, ctx.positions(), c.head_dim, c.rope_theta, c.rope);
+      ops.rope(k_, ctx.positions(), c.head_dim, c.rope_theta, c.rope);
       ctx.attention(l, q_, k_, v_, attn_);
-      Backend::linear(attn_, lw.wo, h_);
-      Backend::add(x_, h_);
+      ops.linear(attn_, lw.wo, h_);
+      ops.add(x_, h_);
 
-      Backend::rms_norm(x_, lw.ffn_norm, c.rms_eps, h_);
-      Backend::linear(h_, lw.w_gate, gate_);
-      Backend::linear(h_, lw.w_up, up_);
-      Backend::silu_mul(gate_, up_, gate_);
-      Backend::linear(gate_, lw.w_down, h_);
-      Backend::add(x_, h_);
+      ops.rms_norm(x_, lw.ffn_norm, c.rms_eps, h_);
+      ops.linear(h_, lw.w_gate, gate_);
+      ops.linear(h_, lw.w_up, up_);
+      ops.silu_mul(gate_, up_, gate_);
+      ops.linear(gate_, lw.w_down, h_);
+      ops.add(x_, h_);
     }
     // Only the rows the engine samples from go through the final norm and the vocabulary projection.
-    Backend::gather_rows(x_, ctx.logits_rows(), h_);
-    Backend::rms_norm(h_, w_.final_norm, c.rms_eps, h_);
+    ops.gather_rows(x_, ctx.logits_rows(), h_);
+    ops.rms_norm(h_, w_.final_norm, c.rms_eps, h_);
     tensor logits;
-    Backend::linear(h_, w_.lm_head ? *w_.lm_head : w_.embedding, logits);
+    ops.linear(h_, w_.lm_head ? *w_.lm_head : w_.embedding, logits);
     return logits;
   }
 
  private:
-  static void project(const tensor& x, const tensor& w, const std::optional<tensor>& bias, tensor& out) {
-    Backend::linear(x, w, out);
-    if (bias) Backend::add_bias(out, *bias);
+  static void project(Backend& ops, const tensor& x, const tensor& w, const std::optional<tensor>& bias, tensor& out) {
+    ops.linear(x, w, out);
+    if (bias) ops.add_bias(out, *bias);
   }
 
   model_config config_;
@@ -111,14 +112,15 @@ inline int gguf_int(const gguf::file& f, const std::string& key) {
 // A GGUF tensor as a row-major [rows][cols] backend tensor, checking its shape. GGUF lists dims
 // fastest first, so a [out][in] matrix has dims {in, out}.
 template <class Backend>
-typename Backend::tensor gguf_matrix(const gguf::file& f, const std::string& name, int rows, int cols) {
+typename Backend::tensor gguf_matrix(const Backend& backend, const gguf::file& f, const std::string& name, int rows,
+                                     int cols) {
   const auto& t = f.tensor(name);
   const bool is_vector = rows == 1 && t.dims.size() == 1 && t.dims[0] == cols;
   const bool is_matrix = t.dims.size() == 2 && t.dims[0] == cols && t.dims[1] == rows;
   check(is_vector || is_matrix, f.name(), ": tensor '", name, "' has shape ", detail::shape_string(t),
         ", expected [", cols, ", ", rows, "]");
   const auto values = f.to_f32(t);
-  return Backend::from_host(values, rows, cols);
+  return backend.from_host(values, rows, cols);
 }
 
 }  // namespace detail
@@ -154,9 +156,9 @@ inline model_config llama_config_from_gguf(const gguf::file& f) {
 }
 
 template <class Backend = cpu_backend>
-llama_model<Backend> load_llama_gguf(const gguf::file& f) {
+llama_model<Backend> load_llama_gguf(const gguf::file& f, const Backend& backend = {}) {
   const auto c = llama_config_from_gguf(f);
-  auto m = [&](const std::string& name, int rows, int cols) { return detail::gguf_matrix<Backend>(f, name, rows, cols); };
+  auto m = [&](const std::string& name, int rows, int cols) { return detail::gguf_matrix(backend, f, name, rows, cols); };
   llama_weights<Backend> w;
   w.embedding = m("token_embd.weight", c.vocab_size, c.hidden_size);
   for (int l = 0; l < c.num_layers; ++l) {

@@ -29,9 +29,9 @@ struct echo_model {
   // Attends over the cache and maps the hidden state of token t to logits favouring t + 1.
   tensor forward(zipage::forward_context<backend_type>& ctx) {
     tensor x, attn, last, logits;
-    backend_type::embedding(embedding, ctx.tokens(), x);
+    ctx.backend().embedding(embedding, ctx.tokens(), x);
     ctx.attention(0, x, x.leftCols(4), x.leftCols(4), attn);
-    backend_type::gather_rows(x, ctx.logits_rows(), last);
+    ctx.backend().gather_rows(x, ctx.logits_rows(), last);
     logits = tensor::Zero(last.rows(), 8);
     for (Eigen::Index r = 0; r < last.rows(); ++r) {
       Eigen::Index best;

@@ -182,29 +182,29 @@ struct cpu_backend {
   using kv_storage = cpu_kv_storage;
   static constexpr const char* name = "cpu";
 
-  [[nodiscard]] static tensor from_host(std::span<const float> values, int rows, int cols) {
+  [[nodiscard]] tensor from_host(std::span<const float> values, int rows, int cols) const {
     check(values.size() == static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols),
           "cpu_backend: ", values.size(), " values do not fill a ", rows, "x", cols, " tensor");
     return Eigen::Map<const tensor>(values.data(), rows, cols);
   }
-  [[nodiscard]] static std::vector<float> to_host(const tensor& t) {
+  [[nodiscard]] std::vector<float> to_host(const tensor& t) const {
     return {t.data(), t.data() + t.size()};
   }
-  [[nodiscard]] static kv_storage allocate_kv(const kv_cache_shape& shape) { return kv_storage(shape); }
+  [[nodiscard]] kv_storage allocate_kv(const kv_cache_shape& shape) const { return kv_storage(shape); }
 
-  static void embedding(const tensor& table, std::span<const token_id> ids, tensor& out) { cpu::embedding(table, ids, out); }
-  static void rms_norm(const tensor& x, const tensor& w, float eps, tensor& out) { cpu::rms_norm(x, w, eps, out); }
-  static void linear(const tensor& x, const tensor& w, tensor& out) { cpu::linear(x, w, out); }
-  static void add_bias(tensor& x, const tensor& bias) { cpu::add_bias(x, bias); }
-  static void rope(tensor& x, std::span<const std::int32_t> pos, int head_dim, float theta, rope_style style) {
+  void embedding(const tensor& table, std::span<const token_id> ids, tensor& out) const { cpu::embedding(table, ids, out); }
+  void rms_norm(const tensor& x, const tensor& w, float eps, tensor& out) const { cpu::rms_norm(x, w, eps, out); }
+  void linear(const tensor& x, const tensor& w, tensor& out) const { cpu::linear(x, w, out); }
+  void add_bias(tensor& x, const tensor& bias) const { cpu::add_bias(x, bias); }
+  void rope(tensor& x, std::span<const std::int32_t> pos, int head_dim, float theta, rope_style style) const {
     cpu::rope(x, pos, head_dim, theta, style);
   }
-  static void silu_mul(const tensor& gate, const tensor& up, tensor& out) { cpu::silu_mul(gate, up, out); }
-  static void add(tensor& x, const tensor& y) { x += y; }
-  static void gather_rows(const tensor& x, std::span<const std::int32_t> rows, tensor& out) { cpu::gather_rows(x, rows, out); }
+  void silu_mul(const tensor& gate, const tensor& up, tensor& out) const { cpu::silu_mul(gate, up, out); }
+  void add(tensor& x, const tensor& y) const { x += y; }
+  void gather_rows(const tensor& x, std::span<const std::int32_t> rows, tensor& out) const { cpu::gather_rows(x, rows, out); }
 
-  static void attention(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k,
-                        const tensor& v, int num_q_heads, tensor& out) {
+  void attention(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k,
+                        const tensor& v, int num_q_heads, tensor& out) const {
     auto view = kv.layer(layer);
     cpu::append_kv(view, meta.slot_mapping, k, v);
     const paged_kv_layer<const float> read{view.k, view.v, view.block_size, view.num_kv_heads, view.head_dim};
