@@ -5,6 +5,8 @@
 // finished requests.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -15,6 +17,7 @@
 
 #include "zipage/backend/cpu/cpu_backend.hpp"
 #include "zipage/block/block_pool.hpp"
+#include "zipage/compression/compressor.hpp"
 #include "zipage/core/error.hpp"
 #include "zipage/model/concepts.hpp"
 #include "zipage/policy/eviction_policy.hpp"
@@ -30,6 +33,10 @@ struct engine_config {
   std::size_t kv_cache_bytes = 64ull << 20;  // used when num_blocks == 0
   int max_num_seqs = 256;
   int max_batched_tokens = 8192;
+  // Compressed PagedAttention (used when the eviction policy evicts): each request keeps
+  // budget_blocks · block_size tokens, compressing at block boundaries; window = W recent queries.
+  int budget_blocks = 8;
+  int window = 16;
   // Makes a fresh streaming detokenizer per request, given its prompt (so the first generated piece is
   // spaced as it follows the prompt); when empty, no text is produced and stop strings cannot match.
   std::function<streaming_detokenizer(std::span<const token_id> prompt)> make_detokenizer;
@@ -52,6 +59,8 @@ struct request_output {
   finish_reason reason = finish_reason::none;
   std::string error_message;
   int num_preemptions = 0;
+  int num_compressions = 0;
+  std::vector<float> logprobs;  // when sampling_params::logprobs
 };
 
 struct engine_stats {
@@ -61,6 +70,9 @@ struct engine_stats {
   std::int64_t prompt_tokens = 0;     // tokens fed in prefill steps (recomputation included)
   std::int64_t generated_tokens = 0;
   std::int64_t preemptions = 0;
+  std::int64_t lossy_preemptions = 0;  // compressed requests recomputed (their evicted tokens were gone)
+  std::int64_t compressions = 0;
+  std::int64_t tokens_evicted = 0;
   int num_blocks = 0;
   int peak_blocks_used = 0;
   int blocks_in_use = 0;
@@ -112,7 +124,11 @@ class engine {
         backend_(std::move(backend)),
         pool_(pool_size(model_.config(), cfg_)),
         scheduler_(scheduler_config{cfg_.max_num_seqs, cfg_.max_batched_tokens, cfg_.block_size}, pool_),
-        kv_(backend_.allocate_kv(kv_shape(model_.config(), cfg_.block_size, pool_.num_blocks()))) {}
+        kv_(backend_.allocate_kv(kv_shape(model_.config(), cfg_, pool_.num_blocks()))),
+        compressor_(policy_, compression_params{cfg_.block_size, cfg_.budget_blocks, cfg_.window}, model_.config()) {
+    if constexpr (EvictionPolicy::evicts)
+      for (int slot = 0; slot < cfg_.max_num_seqs; ++slot) free_slots_.push_back(slot);
+  }
 
   [[nodiscard]] const model_config& config() const { return model_.config(); }
   [[nodiscard]] const engine_config& settings() const { return cfg_; }
@@ -140,11 +156,26 @@ class engine {
     return raw->id;
   }
 
+  // Teacher forcing (evaluation): the request emits `forced` token by token instead of sampling, so its
+  // logprobs score that continuation under this engine's (possibly compressed) cache.
+  request_id add_forced_request(std::vector<token_id> prompt, std::vector<token_id> forced, sampling_params params = {}) {
+    check(!forced.empty(), "request: the forced continuation is empty");
+    params.max_tokens = static_cast<int>(forced.size());
+    params.ignore_eos = true;
+    params.stop.clear();
+    params.stop_token_ids.clear();
+    params.logprobs = true;
+    const request_id id = add_request(std::move(prompt), std::move(params));
+    requests_.at(id)->forced_tokens = std::move(forced);
+    return id;
+  }
+
   // Stops a request now; everything it held is freed at once. Returns false for an unknown or finished id.
   bool cancel(request_id id) {
     sequence* s = find(id);
     if (s == nullptr || s->is_finished()) return false;
     scheduler_.remove(s);
+    release_slot(*s);
     s->status = request_status::finished;
     s->reason = finish_reason::cancelled;
     return true;
@@ -157,9 +188,11 @@ class engine {
     std::vector<step_event> events;
     step_plan plan = scheduler_.schedule();
     for (sequence* s : plan.rejected) reject(*s, events);
+    for (sequence* s : plan.preempted) release_slot(*s);
     stats_.preemptions += static_cast<std::int64_t>(plan.preempted.size());
     if (plan.phase == step_phase::idle) return events;
 
+    for (sequence* s : plan.seqs) take_slot(*s);
     build_batch(plan);
     forward_context<Backend> ctx(backend_, kv_, batch_, config().num_q_heads);
     const tensor logits = model_.forward(ctx);
@@ -173,9 +206,10 @@ class engine {
       s.kv_len += s.num_pending();
       s.num_computed = s.num_tokens();
       const std::span<const float> row(host_logits.data() + i * vocab, vocab);
-      const token_id tok = sampler_.sample(row, s.params, s.tokens, static_cast<std::uint64_t>(s.num_generated()));
+      const token_id tok = next_token(s, row);
       s.tokens.push_back(tok);
       events.push_back(on_token(s, tok));
+      if (!s.is_finished() && compressor_.should_compress(s)) compress(s);
     }
     record_step(plan);
     return events;
@@ -219,6 +253,8 @@ class engine {
     out.reason = s.reason;
     out.error_message = s.error_message;
     out.num_preemptions = s.num_preemptions;
+    out.num_compressions = s.num_compressions;
+    out.logprobs = s.logprobs;
     requests_.erase(id);
     return out;
   }
@@ -228,6 +264,7 @@ class engine {
     st.num_blocks = pool_.num_blocks();
     st.peak_blocks_used = pool_.peak_used();
     st.blocks_in_use = pool_.num_used();
+    st.lossy_preemptions = scheduler_.num_lossy_preemptions();
     st.running = scheduler_.num_running();
     st.waiting = scheduler_.num_waiting();
     return st;
@@ -247,8 +284,15 @@ class engine {
     return blocks;
   }
 
-  static kv_cache_shape kv_shape(const model_config& c, int block_size, int num_blocks) {
-    return {c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim};
+  static kv_cache_shape kv_shape(const model_config& c, const engine_config& cfg, int num_blocks) {
+    kv_cache_shape shape{c.num_layers, num_blocks, cfg.block_size, c.num_kv_heads, c.head_dim};
+    if constexpr (EvictionPolicy::evicts) {
+      shape.num_q_heads = c.num_q_heads;
+      shape.window = cfg.window;
+      shape.num_query_slots = cfg.max_num_seqs;  // every running request holds a slot
+      shape.score_cache = EvictionPolicy::uses_score_cache;
+    }
+    return shape;
   }
 
   sequence* find(request_id id) {
@@ -266,6 +310,7 @@ class engine {
     logits_rows_.clear();
     page_indptr_.assign(1, 0);
     page_indices_.clear();
+    window_rows_.clear();
     const int bs = cfg_.block_size;
     for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
       const sequence& s = *plan.seqs[i];
@@ -277,6 +322,7 @@ class engine {
         slots_.push_back(s.table.slot(physical, bs));
         token_seq_.push_back(static_cast<std::int32_t>(i));
         token_kv_len_.push_back(physical + 1);
+        if constexpr (EvictionPolicy::evicts) window_rows_.push_back(window_row(s, physical));
       }
       logits_rows_.push_back(static_cast<std::int32_t>(tokens_.size()) - 1);
       page_indices_.insert(page_indices_.end(), s.table.blocks().begin(), s.table.blocks().end());
@@ -285,7 +331,60 @@ class engine {
     batch_.tokens = tokens_;
     batch_.positions = positions_;
     batch_.logits_rows = logits_rows_;
-    batch_.attention = {slots_, token_seq_, token_kv_len_, page_indptr_, page_indices_};
+    batch_.attention = {slots_, token_seq_, token_kv_len_, page_indptr_, page_indices_, window_rows_};
+  }
+
+  // Queries are recorded while the write position is in the last W slots of a block, so at a block
+  // boundary the window holds the last W queries of the block that just filled.
+  [[nodiscard]] std::int32_t window_row(const sequence& s, int physical) const {
+    const int offset = physical % cfg_.block_size - (cfg_.block_size - cfg_.window);
+    return offset >= 0 ? s.query_slot * cfg_.window + offset : -1;
+  }
+
+  token_id next_token(sequence& s, std::span<const float> row) {
+    const auto step = static_cast<std::size_t>(s.num_generated());
+    const token_id tok = step < s.forced_tokens.size()
+                             ? s.forced_tokens[step]
+                             : sampler_.sample(row, s.params, s.tokens, static_cast<std::uint64_t>(step));
+    if (s.params.logprobs) s.logprobs.push_back(log_softmax_at(row, tok));
+    return tok;
+  }
+
+  static float log_softmax_at(std::span<const float> row, token_id tok) {
+    const float max = *std::max_element(row.begin(), row.end());
+    double sum = 0.0;
+    for (float x : row) sum += std::exp(static_cast<double>(x - max));
+    return static_cast<float>(row[static_cast<std::size_t>(tok)] - max - std::log(sum));
+  }
+
+  // Plan, then apply: score and select, move the kept tokens to the front, give the tail blocks back.
+  void compress(sequence& s) {
+    const compaction_plan plan = compressor_.plan(backend_, kv_, s, s.query_slot);
+    backend_.apply_compaction(kv_, plan);
+    std::vector<block_id> blocks = s.table.take();
+    const auto kept_blocks = static_cast<std::size_t>(blocks_for_tokens(plan.new_len, cfg_.block_size));
+    for (std::size_t b = kept_blocks; b < blocks.size(); ++b) pool_.release(blocks[b]);
+    blocks.resize(kept_blocks);
+    s.table.assign(std::move(blocks));
+    stats_.tokens_evicted += s.kv_len - plan.new_len;
+    s.kv_len = plan.new_len;
+    ++s.num_compressions;
+    ++stats_.compressions;
+  }
+
+  void take_slot(sequence& s) {
+    if constexpr (EvictionPolicy::evicts) {
+      if (s.query_slot >= 0) return;
+      check(!free_slots_.empty(), "engine: no free query slot for request ", s.id);
+      s.query_slot = free_slots_.front();
+      free_slots_.pop_front();
+    }
+  }
+
+  void release_slot(sequence& s) {
+    if (s.query_slot < 0) return;
+    free_slots_.push_back(s.query_slot);
+    s.query_slot = -1;
   }
 
   step_event on_token(sequence& s, token_id tok) {
@@ -309,6 +408,7 @@ class engine {
     if (reason != finish_reason::none) {
       s.reason = reason;
       scheduler_.finish(&s);
+      release_slot(s);
       e.finished = true;
       e.reason = reason;
     }
@@ -332,6 +432,7 @@ class engine {
 
   void reject(sequence& s, std::vector<step_event>& events) {
     scheduler_.remove(&s);
+    release_slot(s);
     s.status = request_status::finished;
     s.reason = finish_reason::error;
     s.error_message = detail::concat("request ", s.id, " needs ", blocks_for_tokens(s.num_tokens(), cfg_.block_size),
@@ -361,6 +462,8 @@ class engine {
   block_pool pool_;
   Scheduler scheduler_;
   typename Backend::kv_storage kv_;
+  compressor<EvictionPolicy, Backend> compressor_;
+  std::deque<int> free_slots_;
   sampler sampler_;
   std::unordered_map<request_id, std::unique_ptr<sequence>> requests_;
   request_id next_id_ = 0;
@@ -370,6 +473,7 @@ class engine {
   std::vector<token_id> tokens_;
   std::vector<std::int32_t> positions_, token_seq_, token_kv_len_, logits_rows_, page_indptr_, page_indices_;
   std::vector<std::int64_t> slots_;
+  std::vector<std::int32_t> window_rows_;
   forward_batch batch_;
 };
 

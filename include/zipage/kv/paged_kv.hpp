@@ -13,6 +13,19 @@ struct kv_cache_shape {
   int block_size = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
+  // Compression state, allocated only when a policy evicts:
+  int num_q_heads = 0;
+  int window = 0;            // W queries recorded per query slot: [layers][slots][W][q_heads][head_dim]
+  int num_query_slots = 0;
+  bool score_cache = false;  // one score per cached token per KV head per layer: [layers][blocks][block_size][kv_heads]
+
+  [[nodiscard]] std::int64_t score_elements() const {
+    return score_cache ? std::int64_t{num_layers} * num_blocks * block_size * num_kv_heads : 0;
+  }
+  [[nodiscard]] std::int64_t query_row_stride() const { return std::int64_t{num_q_heads} * head_dim; }
+  [[nodiscard]] std::int64_t query_layer_stride() const {
+    return std::int64_t{num_query_slots} * window * query_row_stride();
+  }
 
   [[nodiscard]] std::int64_t token_stride() const { return std::int64_t{num_kv_heads} * head_dim; }
   [[nodiscard]] std::int64_t layer_stride() const {
@@ -43,6 +56,9 @@ struct attention_metadata {
   std::span<const std::int32_t> token_kv_len;  // [num_tokens] physical KV length the token attends to (causal, incl. itself)
   std::span<const std::int32_t> page_indptr;   // [num_seqs + 1] CSR offsets into page_indices
   std::span<const std::int32_t> page_indices;  // block ids of each sequence's page table, in order
+  // [num_tokens] row (slot * W + w) of the query-window cache this token's query is recorded in, or -1.
+  // Empty when nothing is recorded.
+  std::span<const std::int32_t> token_window_row;
 
   [[nodiscard]] int num_tokens() const { return static_cast<int>(slot_mapping.size()); }
   [[nodiscard]] int num_seqs() const { return static_cast<int>(page_indptr.size()) - 1; }

@@ -47,6 +47,11 @@ struct sequence {
   int kv_len = 0;        // physical slots in use; equals num_computed until eviction drops tokens
 
   int num_preemptions = 0;
+  int query_slot = -1;        // row block of the query-window cache, while running under an evicting policy
+  int num_compressions = 0;
+
+  std::vector<token_id> forced_tokens;  // teacher forcing: emit these instead of sampling (evaluation)
+  std::vector<float> logprobs;          // log-probability of each emitted token, when params.logprobs
   std::string output_text;              // detokenized generated text (for stop strings and results)
   streaming_detokenizer detokenizer;    // may be empty when the engine has no tokenizer
 
@@ -56,6 +61,7 @@ struct sequence {
   // Tokens the next forward pass must feed: all uncomputed ones (prefill / recompute) or the last one.
   [[nodiscard]] int num_pending() const { return num_tokens() - num_computed; }
   [[nodiscard]] bool is_finished() const { return status == request_status::finished; }
+  [[nodiscard]] bool is_compressed() const { return num_compressions > 0; }
 };
 
 }  // namespace zipage

@@ -35,6 +35,7 @@ struct sampling_params {
   bool ignore_eos = false;
   std::vector<std::string> stop;          // stop strings
   std::vector<token_id> stop_token_ids;
+  bool logprobs = false;  // record the log-probability (under the model, before sampling filters) of each emitted token
 
   // Throws zipage::error naming the first bad field and its value. Checks are written as "in range"
   // so that NaN, which fails every comparison, is rejected too.

@@ -68,6 +68,7 @@ class fcfs_scheduler {
   [[nodiscard]] int num_waiting() const { return static_cast<int>(waiting_.size()); }
   [[nodiscard]] int num_running() const { return static_cast<int>(running_.size()); }
   [[nodiscard]] std::int64_t num_preemptions() const { return preemptions_; }
+  [[nodiscard]] std::int64_t num_lossy_preemptions() const { return lossy_preemptions_; }
   [[nodiscard]] bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
   [[nodiscard]] block_manager& blocks() { return blocks_; }
 
@@ -138,7 +139,7 @@ class fcfs_scheduler {
       sequence* s = running_[i];
       bool preempted_self = false;
       while (!blocks_.can_append(*s)) {
-        sequence* victim = running_.back();
+        sequence* victim = pick_victim(i);
         preempt(victim, plan);
         if (victim == s) {
           preempted_self = true;
@@ -153,11 +154,22 @@ class fcfs_scheduler {
     return plan;
   }
 
+  // The newest request not yet planned (index > i), or request i itself. A compressed request cannot
+  // be rebuilt by recomputation (its evicted tokens are gone), so uncompressed ones give way first; only
+  // when none is left is a compressed one recomputed (counted as lossy).
+  sequence* pick_victim(std::size_t i) {
+    for (std::size_t k = running_.size(); k-- > i;)
+      if (!running_[k]->is_compressed()) return running_[k];
+    ++lossy_preemptions_;
+    return running_.back();
+  }
+
   void preempt(sequence* s, step_plan& plan) {
-    running_.pop_back();
+    erase(running_, s);
     blocks_.deallocate(*s);
     s->num_computed = 0;
     s->kv_len = 0;
+    s->num_compressions = 0;
     s->status = request_status::waiting;
     ++s->num_preemptions;
     ++preemptions_;
@@ -175,6 +187,7 @@ class fcfs_scheduler {
   std::deque<sequence*> waiting_;
   std::deque<sequence*> running_;
   std::int64_t preemptions_ = 0;
+  std::int64_t lossy_preemptions_ = 0;
 };
 
 }  // namespace zipage

@@ -11,33 +11,12 @@
 
 #include "zipage/core/error.hpp"
 #include "zipage/core/types.hpp"
+#include "zipage/backend/cpu/compaction.hpp"
+#include "zipage/backend/cpu/kv_storage.hpp"
 #include "zipage/kv/paged_kv.hpp"
 #include "zipage/model/model_config.hpp"
 
 namespace zipage {
-
-namespace cpu {
-using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using vector = Eigen::VectorXf;
-}  // namespace cpu
-
-// K and V for every layer: [layers][blocks][block_size][kv_heads][head_dim] each.
-struct cpu_kv_storage {
-  kv_cache_shape shape;
-  std::vector<float> k;
-  std::vector<float> v;
-
-  explicit cpu_kv_storage(const kv_cache_shape& s)
-      : shape(s),
-        k(static_cast<std::size_t>(s.elements_per_side()), 0.0f),
-        v(static_cast<std::size_t>(s.elements_per_side()), 0.0f) {}
-
-  [[nodiscard]] paged_kv_layer<float> layer(int l) {
-    const auto off = static_cast<std::size_t>(shape.layer_stride() * l);
-    return {k.data() + off, v.data() + off, shape.block_size, shape.num_kv_heads, shape.head_dim};
-  }
-  [[nodiscard]] std::size_t bytes() const { return (k.size() + v.size()) * sizeof(float); }
-};
 
 namespace cpu {
 
@@ -135,6 +114,13 @@ inline void append_kv(paged_kv_layer<float> kv, std::span<const std::int64_t> sl
   }
 }
 
+// Copies the queries of tokens inside a block's last W positions into the query-window cache.
+inline void record_queries(float* rows, std::span<const std::int32_t> token_row, const matrix& q) {
+  for (std::size_t t = 0; t < token_row.size(); ++t)
+    if (token_row[t] >= 0)
+      std::copy_n(q.row(static_cast<Eigen::Index>(t)).data(), q.cols(), rows + std::int64_t{token_row[t]} * q.cols());
+}
+
 // Causal GQA attention over the paged cache. q, out: [num_tokens][q_heads * head_dim].
 // Token t of sequence s attends to physical slots [0, token_kv_len[t]) of s's page table.
 inline void paged_attention(paged_kv_layer<const float> kv, const attention_metadata& meta, const matrix& q,
@@ -203,10 +189,24 @@ struct cpu_backend {
   void add(tensor& x, const tensor& y) const { x += y; }
   void gather_rows(const tensor& x, std::span<const std::int32_t> rows, tensor& out) const { cpu::gather_rows(x, rows, out); }
 
+  // Compression data movement (see backend/cpu/compaction.hpp).
+  void gather_keys(kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len, std::vector<float>& out) const {
+    cpu::gather_keys(kv, layer, pages, kv_len, out);
+  }
+  void gather_scores(kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len, std::vector<float>& out) const {
+    cpu::gather_scores(kv, layer, pages, kv_len, out);
+  }
+  void gather_window_queries(kv_storage& kv, int layer, int slot, std::vector<float>& out) const {
+    const auto rows = cpu::window_queries(kv, layer, slot);
+    out.assign(rows.begin(), rows.end());
+  }
+  void apply_compaction(kv_storage& kv, const compaction_plan& plan) const { cpu::apply_compaction(kv, plan); }
+
   void attention(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k,
                         const tensor& v, int num_q_heads, tensor& out) const {
     auto view = kv.layer(layer);
     cpu::append_kv(view, meta.slot_mapping, k, v);
+    if (!meta.token_window_row.empty()) cpu::record_queries(kv.query_rows(layer), meta.token_window_row, q);
     const paged_kv_layer<const float> read{view.k, view.v, view.block_size, view.num_kv_heads, view.head_dim};
     cpu::paged_attention(read, meta, q, num_q_heads, 1.0f / std::sqrt(float(view.head_dim)), out);
   }

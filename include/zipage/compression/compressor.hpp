@@ -1,0 +1,97 @@
+#pragma once
+// Turns a policy's scores into a compaction plan for one request: for each layer, gather the keys,
+// window queries and score cache; let the policy score; force the W window tokens to stay; keep the
+// top keep_tokens() per KV head, in their original order.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include "zipage/compression/compaction_plan.hpp"
+#include "zipage/model/model_config.hpp"
+#include "zipage/policy/eviction_policy.hpp"
+#include "zipage/request/sequence.hpp"
+
+namespace zipage {
+
+// Indices of the k highest scores (ties to the older token; NaN counts as -inf), ascending.
+inline void select_top_k(std::span<const float> scores, int k, std::vector<std::int32_t>& order,
+                         std::span<std::int32_t> out) {
+  order.resize(scores.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto value = [&](std::int32_t i) {
+    const float v = scores[static_cast<std::size_t>(i)];
+    return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v;
+  };
+  auto better = [&](std::int32_t a, std::int32_t b) { return value(a) > value(b) || (value(a) == value(b) && a < b); };
+  std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), better);
+  std::copy_n(order.begin(), k, out.begin());
+  std::sort(out.begin(), out.end());
+}
+
+template <class Policy, class Backend>
+class compressor {
+ public:
+  compressor(const Policy& policy, compression_params params, const model_config& model)
+      : policy_(&policy), params_(params), model_(model) {
+    if constexpr (Policy::evicts) params_.validate();
+  }
+
+  [[nodiscard]] const compression_params& params() const { return params_; }
+  [[nodiscard]] bool should_compress(const sequence& s) const { return policy_->should_compress(s.kv_len, params_); }
+
+  compaction_plan plan(Backend& backend, typename Backend::kv_storage& kv, const sequence& s, int slot) {
+    const int kv_len = s.kv_len;
+    const int keep = std::min(policy_->keep_tokens(params_), kv_len);
+    check(keep >= params_.window, "compression: keeping ", keep, " tokens cannot hold the window of ", params_.window);
+    compaction_plan p;
+    p.request = s.id;
+    p.old_len = kv_len;
+    p.new_len = keep;
+    p.num_layers = model_.num_layers;
+    p.num_kv_heads = model_.num_kv_heads;
+    p.pages = s.table.blocks();
+    const auto per_head = static_cast<std::size_t>(kv_len);
+    const auto heads = static_cast<std::size_t>(model_.num_kv_heads);
+    p.keep.resize(static_cast<std::size_t>(p.num_layers) * heads * static_cast<std::size_t>(keep));
+    if (Policy::uses_score_cache) p.kept_scores.resize(p.keep.size());
+    keep_score_.resize(heads * per_head);
+    cache_out_.resize(heads * per_head);
+
+    for (int l = 0; l < p.num_layers; ++l) {
+      backend.gather_keys(kv, l, p.pages, kv_len, keys_);
+      backend.gather_window_queries(kv, l, slot, queries_);
+      if (Policy::uses_score_cache) backend.gather_scores(kv, l, p.pages, kv_len, prev_);
+      else prev_.assign(heads * per_head, 0.0f);
+      const score_context ctx{kv_len, model_.num_kv_heads, model_.num_q_heads, model_.head_dim, params_.block_size,
+                              params_.window, s.num_compressions == 0, keys_, queries_, prev_};
+      std::fill(cache_out_.begin(), cache_out_.end(), 0.0f);
+      policy_->score(ctx, keep_score_, cache_out_);
+      for (std::size_t h = 0; h < heads; ++h) {
+        const std::span<float> row(keep_score_.data() + h * per_head, per_head);
+        // The newest W tokens always stay: their queries are the ones that just scored everyone else.
+        std::fill(row.end() - params_.window, row.end(), std::numeric_limits<float>::infinity());
+        const auto out_offset = p.offset(l, static_cast<int>(h));
+        const std::span<std::int32_t> kept(p.keep.data() + out_offset, static_cast<std::size_t>(keep));
+        select_top_k(row, keep, order_, kept);
+        if (Policy::uses_score_cache)
+          for (int i = 0; i < keep; ++i)
+            p.kept_scores[out_offset + static_cast<std::size_t>(i)] =
+                cache_out_[h * per_head + static_cast<std::size_t>(kept[static_cast<std::size_t>(i)])];
+      }
+    }
+    return p;
+  }
+
+ private:
+  const Policy* policy_;
+  compression_params params_;
+  model_config model_;
+  std::vector<float> keys_, queries_, prev_, keep_score_, cache_out_;
+  std::vector<std::int32_t> order_;
+};
+
+}  // namespace zipage
