@@ -271,6 +271,13 @@ class engine {
   }
 
   [[nodiscard]] const block_pool& pool() const { return pool_; }
+  [[nodiscard]] const typename Backend::kv_storage& kv_cache() const { return kv_; }
+  // Requests not yet handed over with take_output (for inspection and tests).
+  [[nodiscard]] std::vector<const sequence*> requests() const {
+    std::vector<const sequence*> out;
+    for (const auto& [id, s] : requests_) out.push_back(s.get());
+    return out;
+  }
 
  private:
   static int pool_size(const model_config& c, const engine_config& cfg) {

@@ -1,0 +1,214 @@
+// Compressed PagedAttention invariants over randomised runs, with a probe model whose keys record the
+// logical position of their token, so the cache itself shows what was kept and where.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "zipage/backend/cpu/compaction.hpp"
+#include "zipage/compression/compressor.hpp"
+#include "zipage/engine/engine.hpp"
+
+using namespace zipage;
+
+namespace {
+
+constexpr int kLayers = 2, kQHeads = 4, kKvHeads = 2, kHeadDim = 4, kVocab = 16;
+
+// k[head] = (logical position, head, 1, 0); q and v vary with the token so attention is not uniform.
+struct probe_model {
+  using backend_type = cpu_backend;
+  using tensor = cpu_backend::tensor;
+  model_config cfg = [] {
+    model_config c;
+    c.vocab_size = kVocab;
+    c.hidden_size = kQHeads * kHeadDim;
+    c.num_layers = kLayers;
+    c.num_q_heads = kQHeads;
+    c.num_kv_heads = kKvHeads;
+    c.head_dim = kHeadDim;
+    c.ffn_size = 4;
+    c.bos = 0;
+    c.eos = kVocab - 1;
+    return c;
+  }();
+  const model_config& config() const { return cfg; }
+
+  tensor forward(forward_context<cpu_backend>& ctx) {
+    const int n = ctx.num_tokens();
+    tensor q(n, kQHeads * kHeadDim), k(n, kKvHeads * kHeadDim), v(n, kKvHeads * kHeadDim), out;
+    for (int t = 0; t < n; ++t) {
+      const float pos = static_cast<float>(ctx.positions()[static_cast<std::size_t>(t)]);
+      const float tok = static_cast<float>(ctx.tokens()[static_cast<std::size_t>(t)]);
+      for (int i = 0; i < q.cols(); ++i) q(t, i) = 0.01f * std::sin(tok + 1.3f * i);
+      for (int h = 0; h < kKvHeads; ++h) {
+        const float row[kHeadDim] = {pos, static_cast<float>(h), 1.0f, 0.0f};
+        for (int d = 0; d < kHeadDim; ++d) {
+          k(t, h * kHeadDim + d) = row[d];
+          v(t, h * kHeadDim + d) = std::cos(tok * (d + 1) + h);
+        }
+      }
+    }
+    tensor logits = tensor::Zero(static_cast<Eigen::Index>(ctx.logits_rows().size()), kVocab);
+    for (int l = 0; l < kLayers; ++l) ctx.attention(l, q, k, v, out);
+    for (Eigen::Index r = 0; r < logits.rows(); ++r)
+      for (int i = 0; i < kVocab; ++i) logits(r, i) = out(ctx.logits_rows()[static_cast<std::size_t>(r)], i % out.cols()) * (i + 1);
+    return logits;
+  }
+};
+
+// Pseudo-random scores that differ per head, so heads keep different tokens.
+struct hashed_policy : policy_base {
+  static constexpr bool uses_score_cache = true;
+  std::string_view name() const { return "hashed"; }
+  void score(const score_context& ctx, std::span<float> keep, std::span<float> cache_out) const {
+    for (int h = 0; h < ctx.num_kv_heads; ++h)
+      for (int j = 0; j < ctx.kv_len; ++j) {
+        const float pos = ctx.key(h, j)[0];
+        const float x = std::sin(pos * 12.9898f + static_cast<float>(h) * 78.233f) * 43758.547f;
+        keep[static_cast<std::size_t>(h * ctx.kv_len + j)] = x - std::floor(x);
+        cache_out[static_cast<std::size_t>(h * ctx.kv_len + j)] = pos;  // lets the test follow the score cache
+      }
+  }
+};
+
+// Logical position stored in the key of slot j of (layer, head) of a request.
+float key_position(const cpu_kv_storage& kv, const sequence& s, int layer, int head, int j) {
+  const auto& sh = kv.shape;
+  const std::int64_t slot = std::int64_t{s.table.blocks()[static_cast<std::size_t>(j / sh.block_size)]} * sh.block_size +
+                            j % sh.block_size;
+  return kv.k[static_cast<std::size_t>(sh.layer_stride() * layer + (slot * sh.num_kv_heads + head) * sh.head_dim)];
+}
+
+float cached_score(const cpu_kv_storage& kv, const sequence& s, int layer, int head, int j) {
+  const auto& sh = kv.shape;
+  const std::int64_t slot = std::int64_t{s.table.blocks()[static_cast<std::size_t>(j / sh.block_size)]} * sh.block_size +
+                            j % sh.block_size;
+  return kv.scores[static_cast<std::size_t>(std::int64_t{sh.num_blocks} * sh.block_size * sh.num_kv_heads * layer +
+                                            slot * sh.num_kv_heads + head)];
+}
+
+template <class Engine>
+void check_invariants(const Engine& eng, const engine_config& cfg) {
+  const auto& kv = eng.kv_cache();
+  const int bs = cfg.block_size, budget = cfg.budget_blocks * bs;
+  for (const sequence* s : eng.requests()) {
+    if (s->status != request_status::running) continue;
+    CAPTURE(s->id);
+    // The cache never exceeds B+1 blocks once compressed, and compression lands exactly on the budget.
+    if (s->is_compressed()) {
+      CHECK(s->kv_len >= budget);
+      CHECK(s->kv_len < budget + bs);
+      CHECK(s->table.num_blocks() <= cfg.budget_blocks + 1);
+    } else {
+      CHECK(s->kv_len == s->num_computed);
+    }
+    CHECK(s->num_computed == s->num_tokens() - 1);
+    for (int l = 0; l < kLayers; ++l)
+      for (int h = 0; h < kKvHeads; ++h) {
+        float prev = -1.0f;
+        for (int j = 0; j < s->kv_len; ++j) {
+          const float pos = key_position(kv, *s, l, h, j);
+          CHECK(pos > prev);  // kept tokens stay in their original order
+          CHECK(pos < static_cast<float>(s->num_computed));
+          if (s->is_compressed() && j < budget) CHECK(cached_score(kv, *s, l, h, j) == pos);  // scores moved with their tokens
+          prev = pos;
+        }
+        // The newest W tokens always survive, at the end, with their own positions.
+        const int window = std::min(cfg.window, s->kv_len);
+        for (int w = 0; w < window; ++w)
+          CHECK(key_position(kv, *s, l, h, s->kv_len - window + w) == static_cast<float>(s->num_computed - window + w));
+      }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("randomised runs keep every compression invariant") {
+  std::mt19937 rng(7);
+  std::int64_t preemptions = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    engine_config cfg;
+    cfg.block_size = std::uniform_int_distribution<int>(1, 3)(rng) * 4;  // 4, 8, 12
+    cfg.budget_blocks = std::uniform_int_distribution<int>(1, 4)(rng);
+    cfg.window = std::uniform_int_distribution<int>(1, cfg.block_size)(rng);
+    cfg.num_blocks = std::uniform_int_distribution<int>(3, 8)(rng) * (cfg.budget_blocks + 1);
+    cfg.max_num_seqs = 16;
+    CAPTURE(trial);
+    CAPTURE(cfg.block_size);
+    CAPTURE(cfg.budget_blocks);
+    CAPTURE(cfg.window);
+    CAPTURE(cfg.num_blocks);
+    engine<probe_model, hashed_policy> eng(probe_model{}, cfg);
+    const int requests = std::uniform_int_distribution<int>(4, 12)(rng);
+    for (int r = 0; r < requests; ++r) {
+      std::vector<token_id> prompt(static_cast<std::size_t>(std::uniform_int_distribution<int>(1, 3 * cfg.block_size)(rng)));
+      for (auto& t : prompt) t = std::uniform_int_distribution<int>(0, kVocab - 2)(rng);
+      sampling_params p;
+      p.seed = static_cast<std::uint64_t>(r);
+      p.ignore_eos = true;
+      p.max_tokens = std::uniform_int_distribution<int>(1, 12 * cfg.block_size)(rng);
+      eng.add_request(prompt, p);
+    }
+    while (eng.has_unfinished()) {
+      eng.step();
+      check_invariants(eng, cfg);
+      CHECK(eng.pool().num_used() <= cfg.num_blocks);
+    }
+    CHECK(eng.stats().compressions > 0);
+    preemptions += eng.stats().preemptions;
+    CHECK(eng.pool().num_used() == 0);           // no block leaks
+    CHECK(eng.pool().total_references() == 0);   // reference counts balance
+  }
+  CHECK(preemptions > 0);  // the pools were tight enough to exercise preemption under compression
+}
+
+TEST_CASE("compaction plan keeps exactly k per head, in order, window included; apply moves K, V and scores") {
+  kv_cache_shape shape{1, 4, 4, 2, 2};
+  shape.score_cache = true;
+  cpu_kv_storage kv(shape);
+  const std::vector<block_id> pages = {2, 0, 3};  // 12 tokens over scattered blocks
+  auto slot = [&](int j) { return std::int64_t{pages[static_cast<std::size_t>(j / 4)]} * 4 + j % 4; };
+  for (int j = 0; j < 12; ++j)
+    for (int h = 0; h < 2; ++h) {
+      kv.k[static_cast<std::size_t>((slot(j) * 2 + h) * 2)] = static_cast<float>(100 * h + j);
+      kv.v[static_cast<std::size_t>((slot(j) * 2 + h) * 2)] = static_cast<float>(-(100 * h + j));
+    }
+  compaction_plan plan;
+  plan.new_len = 5;
+  plan.old_len = 12;
+  plan.num_layers = 1;
+  plan.num_kv_heads = 2;
+  plan.pages = pages;
+  plan.keep = {0, 3, 4, 9, 11, /* head 1 */ 1, 2, 7, 8, 11};
+  plan.kept_scores = {10, 13, 14, 19, 21, 31, 32, 37, 38, 41};
+  cpu::apply_compaction(kv, plan);
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 5; ++i) {
+      const int src = plan.keep[static_cast<std::size_t>(h * 5 + i)];
+      CHECK(kv.k[static_cast<std::size_t>((slot(i) * 2 + h) * 2)] == static_cast<float>(100 * h + src));
+      CHECK(kv.v[static_cast<std::size_t>((slot(i) * 2 + h) * 2)] == static_cast<float>(-(100 * h + src)));
+      CHECK(kv.scores[static_cast<std::size_t>(slot(i) * 2 + h)] == plan.kept_scores[static_cast<std::size_t>(h * 5 + i)]);
+    }
+}
+
+TEST_CASE("top-k selection: highest scores, ties to the older token, NaN last, ascending output") {
+  std::vector<std::int32_t> order, out(3);
+  const std::vector<float> scores = {0.5f, NAN, 0.9f, 0.5f, 0.1f, 0.5f};
+  select_top_k(scores, 3, order, out);
+  CHECK(out == std::vector<std::int32_t>{0, 2, 3});
+  const std::vector<float> nans = {NAN, NAN, -INFINITY};
+  select_top_k(nans, 3, order, out);
+  CHECK(out == std::vector<std::int32_t>{0, 1, 2});
+}
+
+TEST_CASE("compression settings are validated") {
+  CHECK_THROWS_AS((compression_params{16, 4, 17}.validate()), zipage::error);
+  CHECK_THROWS_AS((compression_params{16, 0, 8}.validate()), zipage::error);
+  CHECK_NOTHROW((compression_params{16, 4, 16}.validate()));
+  CHECK(compression_params{16, 4, 8}.should_compress(80));
+  CHECK_FALSE(compression_params{16, 4, 8}.should_compress(64));
+  CHECK_FALSE(compression_params{16, 4, 8}.should_compress(81));
+  CHECK(compression_params{16, 4, 8}.should_compress(160));  // after a long prompt
+}
