@@ -33,8 +33,10 @@ struct streaming_llm : policy_base {
   [[nodiscard]] std::string_view name() const { return "streaming_llm"; }
   void score(const score_context& ctx, std::span<float> keep_score, std::span<float> /*cache_out*/) const {
     scoring::detail::check_scores(ctx, keep_score.size(), "keep_score");
+    // Score = physical position: the newest tokens rank highest (exact in float up to 2^24 tokens).
     for (int h = 0; h < ctx.num_kv_heads; ++h) {
-      for (int j = 0; j < ctx.kv_len; ++j) keep_score[static_cast<std::size_t>(h) * ctx.kv_len + j] = static_cast<float>(j);
+      const auto row = keep_score.subspan(static_cast<std::size_t>(h) * ctx.kv_len);
+      for (int j = 0; j < ctx.kv_len; ++j) row[j] = static_cast<float>(j);
     }
     scoring::force_keep_sinks(ctx, sinks, keep_score);
   }

@@ -83,7 +83,7 @@ inline void window_query_group_max(const score_context& ctx, int h, int w, std::
   for (int g = h * ctx.group(); g < (h + 1) * ctx.group(); ++g) {
     for (int j = 0; j <= p; ++j) row[j] = dot(ctx.query(w, g), ctx.key(h, j), ctx.head_dim) * scale;
     softmax_in_place(row);
-    for (int j = 0; j <= p; ++j) group_max[j] += row[j] / ctx.group();
+    for (int j = 0; j <= p; ++j) group_max[j] = std::max(group_max[j], row[j]);
   }
 }
 

@@ -1,0 +1,244 @@
+// zipage-eval fidelity: how closely each eviction policy follows full KV on a real model.
+//
+// For every prompt, full KV generates a greedy continuation. Then, for each policy and budget:
+//  - agreement: the policy's own greedy continuation against full KV's (matching prefix length and
+//    the share of positions with the same token);
+//  - perplexity: full KV's continuation scored by teacher forcing with the compressed cache, as a
+//    ratio to full KV's own perplexity (1.00 = no loss).
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "zipage/engine/engine.hpp"
+#include "zipage/gguf/gguf.hpp"
+#include "zipage/models/llama.hpp"
+#include "zipage/policy/policies.hpp"
+#include "zipage/tokenizer/spm_tokenizer.hpp"
+
+namespace {
+
+using model_type = zipage::llama_model<zipage::cpu_backend>;
+using tokens = std::vector<zipage::token_id>;
+
+struct options {
+  std::string model;
+  std::string prompts_file;
+  int num_prompts = 16;
+  int max_tokens = 480;
+  int block_size = 16;
+  int window = 8;
+  std::vector<int> budgets = {64, 128, 256};
+  std::vector<std::string> policies;
+};
+
+struct reference {
+  std::vector<tokens> prompts;
+  std::vector<tokens> outputs;   // full KV greedy continuations
+  std::vector<double> nll;       // their mean negative log-likelihood under full KV
+  std::vector<tokens> sampled;   // full KV continuations sampled at temperature 1 (natural text, no loops)
+  std::vector<double> sampled_nll;
+};
+
+struct fidelity {
+  double mean_prefix = 0;     // mean length of the prefix identical to full KV
+  double identical = 0;       // share of positions with the same token
+  double ppl_ratio = 0;       // exp(mean NLL compressed - mean NLL full), greedy continuation
+  double sampled_ppl_ratio = 0;  // the same on the sampled continuation
+  double compressions = 0;    // per request
+};
+
+std::vector<std::string> builtin_prompts() {
+  const char* starts[] = {"Once upon a time, there was a little girl named Lily.",
+                          "Tom and his dog went to the park.",
+                          "One day, a big bear found a red ball in the forest.",
+                          "The sun was shining and the birds were singing.",
+                          "Sara wanted to bake a cake for her mom.",
+                          "Ben had a toy car that he loved very much.",
+                          "There was a small fish who lived in a big pond.",
+                          "Mia and Max were best friends.",
+                          "A little bunny was hopping in the garden.",
+                          "The old man had a magic hat.",
+                          "Anna saw a shiny rock on the ground.",
+                          "It was a rainy day and Tim was bored.",
+                          "The princess lived in a tall castle.",
+                          "Lucy found a lost kitten under a tree.",
+                          "Jack wanted to fly like a bird.",
+                          "Once upon a time, there was a happy frog."};
+  return {std::begin(starts), std::end(starts)};
+}
+
+template <class Policy>
+zipage::engine<model_type, Policy> make_engine(const zipage::gguf::file& file, const options& o, int budget) {
+  zipage::engine_config cfg;
+  cfg.block_size = o.block_size;
+  cfg.window = o.window;
+  cfg.budget_blocks = budget / o.block_size;
+  cfg.num_blocks = static_cast<int>(o.prompts_file.empty() ? o.num_prompts : 64) *
+                   (zipage::blocks_for_tokens(o.max_tokens + 64, o.block_size) + 1);
+  cfg.max_num_seqs = 64;
+  return zipage::engine<model_type, Policy>(zipage::load_llama_gguf(file), cfg);
+}
+
+zipage::sampling_params greedy(int max_tokens, float temperature = 0.0f) {
+  zipage::sampling_params p;
+  p.temperature = temperature;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  p.logprobs = true;
+  return p;
+}
+
+double mean_nll(const std::vector<float>& logprobs) {
+  return -std::accumulate(logprobs.begin(), logprobs.end(), 0.0) / static_cast<double>(logprobs.size());
+}
+
+template <class Engine>
+std::vector<zipage::request_output> run_all(Engine& eng, const std::vector<tokens>& prompts, const std::vector<tokens>* forced,
+                                            int max_tokens, float temperature = 0.0f) {
+  std::vector<zipage::request_id> ids;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    auto params = greedy(max_tokens, temperature);
+    params.seed = i;
+    ids.push_back(forced ? eng.add_forced_request(prompts[i], (*forced)[i]) : eng.add_request(prompts[i], params));
+  }
+  eng.run_to_completion();
+  std::vector<zipage::request_output> out;
+  for (auto id : ids) out.push_back(eng.take_output(id));
+  return out;
+}
+
+reference full_kv_reference(const zipage::gguf::file& file, const options& o, std::vector<tokens> prompts) {
+  auto eng = make_engine<zipage::full_kv>(file, o, 64);
+  reference ref;
+  ref.prompts = std::move(prompts);
+  for (auto& out : run_all(eng, ref.prompts, nullptr, o.max_tokens)) {
+    ref.nll.push_back(mean_nll(out.logprobs));
+    ref.outputs.push_back(std::move(out.output));
+  }
+  for (auto& out : run_all(eng, ref.prompts, nullptr, o.max_tokens, 1.0f)) {
+    ref.sampled_nll.push_back(mean_nll(out.logprobs));
+    ref.sampled.push_back(std::move(out.output));
+  }
+  return ref;
+}
+
+template <class Policy>
+fidelity measure(const zipage::gguf::file& file, const options& o, const reference& ref, int budget) {
+  fidelity f;
+  auto eng = make_engine<Policy>(file, o, budget);
+  const auto own = run_all(eng, ref.prompts, nullptr, o.max_tokens);
+  const auto forced = run_all(eng, ref.prompts, &ref.outputs, o.max_tokens);
+  const auto forced_sampled = run_all(eng, ref.prompts, &ref.sampled, o.max_tokens);
+  const auto n = static_cast<double>(ref.prompts.size());
+  double nll_delta = 0, sampled_delta = 0;
+  for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
+    const auto& a = own[i].output;
+    const auto& b = ref.outputs[i];
+    std::size_t prefix = 0;
+    while (prefix < a.size() && prefix < b.size() && a[prefix] == b[prefix]) ++prefix;
+    std::size_t same = 0;
+    for (std::size_t j = 0; j < std::min(a.size(), b.size()); ++j) same += a[j] == b[j];
+    f.mean_prefix += static_cast<double>(prefix) / n;
+    f.identical += static_cast<double>(same) / static_cast<double>(b.size()) / n;
+    nll_delta += (mean_nll(forced[i].logprobs) - ref.nll[i]) / n;
+    sampled_delta += (mean_nll(forced_sampled[i].logprobs) - ref.sampled_nll[i]) / n;
+    f.compressions += own[i].num_compressions / n;
+  }
+  f.ppl_ratio = std::exp(nll_delta);
+  f.sampled_ppl_ratio = std::exp(sampled_delta);
+  return f;
+}
+
+template <class Policy>
+void report(const zipage::gguf::file& file, const options& o, const reference& ref, Policy policy) {
+  const std::string name(policy.name());
+  if (!o.policies.empty() && std::find(o.policies.begin(), o.policies.end(), name) == o.policies.end()) return;
+  for (int budget : o.budgets) {
+    const auto f = measure<Policy>(file, o, ref, budget);
+    std::printf("| %-13s | %6d | %11.1f | %8.1f%% | %16.3f | %17.3f | %12.1f |\n", name.c_str(), budget,
+                f.mean_prefix, 100.0 * f.identical, f.ppl_ratio, f.sampled_ppl_ratio, f.compressions);
+    std::fflush(stdout);
+  }
+}
+
+int fidelity_command(const options& o) {
+  const auto file = zipage::gguf::file::open(o.model);
+  const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
+  for (int b : o.budgets)
+    zipage::check(b > 0 && b % o.block_size == 0, "--budgets: ", b, " is not a positive multiple of --block-size ",
+                  o.block_size);
+  std::vector<std::string> texts = builtin_prompts();
+  if (!o.prompts_file.empty()) {
+    std::ifstream in(o.prompts_file);
+    zipage::check(in.good(), "cannot read prompts file '", o.prompts_file, "'");
+    texts.clear();
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) texts.push_back(line);
+  }
+  texts.resize(std::min<std::size_t>(texts.size(), static_cast<std::size_t>(o.num_prompts)));
+  zipage::check(!texts.empty(), "no prompts");
+  std::vector<tokens> prompts;
+  for (const auto& t : texts) prompts.push_back(tokenizer.encode(t, true));
+
+  const auto start = std::chrono::steady_clock::now();
+  const reference ref = full_kv_reference(file, o, prompts);
+  auto mean_ppl = [](const std::vector<double>& nll) {
+    double sum = 0;
+    for (double x : nll) sum += x;
+    return std::exp(sum / static_cast<double>(nll.size()));
+  };
+  std::printf("prompts: %zu, tokens per prompt: %d, block %d, window %d; full-KV perplexity of its greedy "
+              "continuation %.3f, of its sampled (T=1) continuation %.3f\n\n",
+              prompts.size(), o.max_tokens, o.block_size, o.window, mean_ppl(ref.nll), mean_ppl(ref.sampled_nll));
+  std::printf("| policy        | budget | mean prefix | identical | PPL ratio greedy | PPL ratio sampled | compressions |\n");
+  std::printf("|---------------|-------:|------------:|----------:|-----------------:|------------------:|-------------:|\n");
+  report(file, o, ref, zipage::streaming_llm{});
+  report(file, o, ref, zipage::h2o{});
+  report(file, o, ref, zipage::snapkv{});
+  report(file, o, ref, zipage::rkv{});
+  report(file, o, ref, zipage::gkv{});
+  report(file, o, ref, zipage::zipage_policy{});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "zipage-eval: done in %.1f s\n", seconds);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zipage-eval: evaluation tools"};
+  app.require_subcommand(1);
+  options o;
+  auto* fid = app.add_subcommand("fidelity", "agreement and perplexity of each eviction policy against full KV");
+  fid->add_option("--model,-m", o.model, "GGUF model (default: the bundled stories260K)");
+  fid->add_option("--prompts", o.prompts_file, "one prompt per line (default: 16 built-in story openings)");
+  fid->add_option("--num-prompts", o.num_prompts, "prompts to use")->check(CLI::PositiveNumber);
+  fid->add_option("-n,--max-tokens", o.max_tokens, "greedy tokens per prompt")->check(CLI::PositiveNumber);
+  fid->add_option("--block-size", o.block_size, "KV block size")->check(CLI::PositiveNumber);
+  fid->add_option("--window", o.window, "query window W")->check(CLI::PositiveNumber);
+  fid->add_option("--budgets", o.budgets, "token budgets (multiples of the block size)")->delimiter(',');
+  fid->add_option("--policies", o.policies, "subset of policies")->delimiter(',');
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "zipage-eval: %s (see --help)\n", e.what());
+    return 2;
+  }
+  try {
+    if (o.model.empty()) o.model = ZIPAGE_DEFAULT_MODEL;
+    return fidelity_command(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zipage-eval: error: %s\n", e.what());
+    return 1;
+  }
+}

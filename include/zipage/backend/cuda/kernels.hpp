@@ -1,0 +1,137 @@
+#pragma once
+// Host-callable CUDA kernels of the zipage::cuda library: paged attention (decode and prefill) and the
+// elementwise ops of a Llama-style forward pass, all on bf16 data with fp32 arithmetic.
+//
+// This header includes no CUDA header: device memory is passed as plain pointers (bf16 tensors as
+// `void*`, 16-bit raw bf16 values), streams as `cuda_stream` (a `cudaStream_t`; nullptr = the legacy
+// default stream). Every function launches asynchronously on `stream` and throws zipage::error when a
+// CUDA call or launch fails or when its arguments are out of range. Each kernel computes the same
+// function as its zipage::cpu reference (backend/cpu/cpu_backend.hpp) up to bf16 rounding.
+//
+// Layouts (row-major, elements):
+//   KV cache of one layer   K, V: [num_blocks][block_size][num_kv_heads][head_dim]   (paged_kv_layer)
+//   queries / outputs       [tokens][num_q_heads][head_dim]; query head h uses KV head h / (q/kv ratio)
+//   page tables             CSR: page_indptr[num_seqs + 1] offsets into page_indices (block ids, in order)
+#include <cstddef>
+#include <cstdint>
+
+#include "zipage/model/model_config.hpp"  // rope_style
+
+struct CUstream_st;
+
+namespace zipage::cuda {
+
+using cuda_stream = CUstream_st*;
+
+// ---------------------------------------------------------------------------------------------------
+// Paged decode attention: one query token per sequence.
+//
+// Sequence s attends to physical slots [0, kv_len[s]) of its page table (its own K/V must already be
+// appended). One CTA handles one (sequence, KV head, KV split) and all query heads of that KV group
+// (up to 16 at a time), so K/V are read once per group; long contexts are split over several CTAs
+// (split-KV) and merged by a second pass (log-sum-exp). head_dim: 64 or 128. block_size: a power of
+// two >= 2. q_heads / kv_heads: any integer ratio.
+struct decode_params {
+  const void* q = nullptr;        // bf16 [num_seqs][num_q_heads][head_dim]
+  void* out = nullptr;            // bf16 [num_seqs][num_q_heads][head_dim]
+  const void* k_cache = nullptr;  // bf16 [num_blocks][block_size][num_kv_heads][head_dim]
+  const void* v_cache = nullptr;
+  const std::int32_t* page_indptr = nullptr;   // [num_seqs + 1]
+  const std::int32_t* page_indices = nullptr;  // [page_indptr[num_seqs]]
+  const std::int32_t* kv_len = nullptr;        // [num_seqs], each in [0, max_kv_len]
+  int num_seqs = 0;
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 0;
+  int max_kv_len = 0;  // host-side upper bound of kv_len (sizes the split-KV plan)
+  float scale = 0.0f;  // softmax scale, usually 1/sqrt(head_dim)
+};
+
+// How the KV range of each sequence is split: split i covers tokens [i*chunk_tokens, (i+1)*chunk_tokens).
+// A sequence shorter than max_kv_len uses only the splits its length reaches.
+struct decode_plan {
+  int num_splits = 1;
+  int chunk_tokens = 0;  // multiple of 64
+};
+
+// Picks the split count from the batch shape and the device's multiprocessor count (0 = automatic);
+// `force_splits` > 0 asks for that many (tests). Host-only, no synchronisation.
+decode_plan plan_decode(const decode_params& p, int force_splits = 0);
+
+// Device workspace the plan needs (0 when num_splits == 1): fp32 partial outputs and log-sum-exps.
+std::size_t decode_workspace_bytes(const decode_params& p, const decode_plan& plan);
+
+// Launches the decode kernel (and, when split, the merge kernel). `workspace` must hold
+// decode_workspace_bytes(p, plan) bytes of device memory.
+void paged_decode_attention(const decode_params& p, const decode_plan& plan, void* workspace,
+                            std::size_t workspace_bytes, cuda_stream stream);
+
+// ---------------------------------------------------------------------------------------------------
+// Paged prefill attention: causal GQA attention for a batch of sequences whose new tokens lie back to
+// back in q/out. Sequence s owns the query rows [q_indptr[s], q_indptr[s+1]); token t attends to the
+// physical slots [0, token_kv_len[t]) of its sequence's page table (as attention_metadata::token_kv_len:
+// the new tokens' K/V must already be appended, so a chunk appended to an existing cache works, and so
+// does a whole prompt). Tiles of query rows pack the tokens x query heads of one KV group, so one K/V
+// tile serves the whole group. head_dim: 64 or 128; q_heads / kv_heads <= 64; block_size: power of two.
+struct prefill_params {
+  const void* q = nullptr;        // bf16 [num_tokens][num_q_heads][head_dim]
+  void* out = nullptr;            // bf16 [num_tokens][num_q_heads][head_dim]
+  const void* k_cache = nullptr;  // bf16 [num_blocks][block_size][num_kv_heads][head_dim]
+  const void* v_cache = nullptr;
+  const std::int32_t* q_indptr = nullptr;      // [num_seqs + 1], q_indptr[0] = 0, q_indptr[num_seqs] = num_tokens
+  const std::int32_t* token_kv_len = nullptr;  // [num_tokens]
+  const std::int32_t* page_indptr = nullptr;   // [num_seqs + 1]
+  const std::int32_t* page_indices = nullptr;
+  int num_tokens = 0;
+  int num_seqs = 0;
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 0;
+  float scale = 0.0f;
+};
+
+void paged_prefill_attention(const prefill_params& p, cuda_stream stream);
+
+// ---------------------------------------------------------------------------------------------------
+// Elementwise ops. Row strides are in elements; 0 means "contiguous" (the row's own width).
+
+// Writes token t's K/V rows ([num_kv_heads * head_dim] bf16 each) into pool slot slot_mapping[t]
+// (block * block_size + offset) of the layer's cache; a negative slot skips the token (padding).
+// kv_heads * head_dim must be a multiple of 8.
+void append_kv(void* k_cache, void* v_cache, const void* k, const void* v, const std::int64_t* slot_mapping,
+               int num_tokens, int num_kv_heads, int head_dim, std::int64_t k_row_stride,
+               std::int64_t v_row_stride, cuda_stream stream);
+
+enum class weight_dtype { bf16, f32 };
+
+// out = x / sqrt(mean(x^2) + eps) * weight over each `width`-wide segment of every row (width == cols:
+// row-wise RMSNorm; width == head_dim: per-head q/k norm). x, out: bf16 [rows][cols] (out may be x);
+// weight: [width] in bf16 or fp32. width must divide cols and be a multiple of 8.
+void rms_norm(const void* x, const void* weight, weight_dtype wdtype, void* out, std::int64_t rows, int cols,
+              int width, float eps, cuda_stream stream);
+
+// Rotates, in place, every head of every row by positions[row]; heads start at x + row*row_stride
+// + h*head_dim (row_stride 0 = num_heads*head_dim). Style as zipage::rope_style / cpu::rope.
+void rope(void* x, const std::int32_t* positions, std::int64_t rows, int num_heads, int head_dim,
+          std::int64_t row_stride, float theta, rope_style style, cuda_stream stream);
+
+// out[r][c] = silu(gate[r][c]) * up[r][c]; gate/up rows at stride in_row_stride (0 = cols), so a fused
+// [rows][2*cols] gate|up buffer works with up = gate + cols, in_row_stride = 2*cols. out: [rows][cols].
+void silu_mul(const void* gate, const void* up, void* out, std::int64_t rows, int cols, std::int64_t in_row_stride,
+              cuda_stream stream);
+
+// out[t] = table[ids[t]] for bf16 rows of `cols` elements (embedding lookup, gather_rows).
+// An id outside [0, num_rows) yields a row of zeros.
+void gather_rows(const void* table, std::int64_t num_rows, int cols, const std::int32_t* ids, int num_ids, void* out,
+                 cuda_stream stream);
+inline void embedding(const void* table, std::int64_t vocab, int hidden, const std::int32_t* ids, int num_ids,
+                      void* out, cuda_stream stream) {
+  gather_rows(table, vocab, hidden, ids, num_ids, out, stream);
+}
+
+// out = a + b (bf16, fp32 add); out may alias a or b (residual add).
+void add(const void* a, const void* b, void* out, std::int64_t n, cuda_stream stream);
+
+}  // namespace zipage::cuda

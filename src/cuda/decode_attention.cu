@@ -1,0 +1,169 @@
+// Paged decode attention: split-KV planning, the decode kernel for head_dim 64 and 128, and the merge.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+#include "zipage/backend/cuda/attention.cuh"
+#include "zipage/backend/cuda/kernels.hpp"
+
+namespace zipage::cuda {
+
+namespace {
+
+using detail::decode_args;
+using detail::decode_config;
+
+int log2_exact(int x) {
+  int s = 0;
+  while ((1 << s) < x) ++s;
+  return (1 << s) == x ? s : -1;
+}
+
+void validate(const decode_params& p) {
+  check(p.head_dim == 64 || p.head_dim == 128, "paged_decode_attention: head_dim ", p.head_dim,
+        " is not supported (64 or 128)");
+  check(p.num_kv_heads > 0 && p.num_q_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
+        "paged_decode_attention: ", p.num_q_heads, " query heads are not a multiple of ", p.num_kv_heads, " KV heads");
+  const int shift = log2_exact(p.block_size);
+  check(shift >= 1, "paged_decode_attention: block_size ", p.block_size, " is not a power of two >= 2");
+  check(p.num_seqs >= 0 && p.num_seqs <= 65535, "paged_decode_attention: ", p.num_seqs, " sequences (at most 65535)");
+  check(p.max_kv_len >= 0, "paged_decode_attention: negative max_kv_len");
+}
+
+// Shared memory above 48 KB needs an opt-in per kernel and device; done once per device.
+template <int D>
+void prepare_kernel() {
+  static std::atomic<std::uint64_t> done{0};
+  int dev = 0;
+  ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::uint64_t bit = std::uint64_t{1} << (dev & 63);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(detail::paged_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         decode_config<D>::kSmemBytes));
+  done.fetch_or(bit, std::memory_order_release);
+}
+
+// Resident decode CTAs per multiprocessor times multiprocessors, per head_dim, for the current device.
+int decode_slots(int head_dim) {
+  static std::mutex mu;
+  static std::array<std::array<int, 2>, 64> cache{};
+  int dev = 0;
+  ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
+  const int which = head_dim == 128 ? 1 : 0;
+  std::lock_guard lock(mu);
+  if (dev < 64 && cache[dev][which] > 0) return cache[dev][which];
+  int per_sm = 0;
+  if (head_dim == 128) {
+    prepare_kernel<128>();
+    ZIPAGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, detail::paged_decode_kernel<128>,
+                                                                    decode_config<128>::kThreads,
+                                                                    decode_config<128>::kSmemBytes));
+  } else {
+    prepare_kernel<64>();
+    ZIPAGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, detail::paged_decode_kernel<64>,
+                                                                    decode_config<64>::kThreads,
+                                                                    decode_config<64>::kSmemBytes));
+  }
+  const int slots = std::max(1, per_sm) * detail::device_multiprocessors();
+  if (dev < 64) cache[dev][which] = slots;
+  return slots;
+}
+
+int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+template <int D>
+void launch(const decode_params& p, const decode_plan& plan, void* workspace, cuda_stream stream) {
+  prepare_kernel<D>();
+  const int group = p.num_q_heads / p.num_kv_heads;
+  decode_args a{};
+  a.q = static_cast<const detail::bf16*>(p.q);
+  a.out = static_cast<detail::bf16*>(p.out);
+  a.k = static_cast<const detail::bf16*>(p.k_cache);
+  a.v = static_cast<const detail::bf16*>(p.v_cache);
+  a.page_indptr = p.page_indptr;
+  a.page_indices = p.page_indices;
+  a.kv_len = p.kv_len;
+  a.num_q_heads = p.num_q_heads;
+  a.num_kv_heads = p.num_kv_heads;
+  a.group = group;
+  a.head_chunks = (group + 15) / 16;
+  a.bs_shift = log2_exact(p.block_size);
+  a.chunk = plan.chunk_tokens;
+  a.num_splits = plan.num_splits;
+  a.scale_log2 = p.scale * detail::kLog2e;
+  if (plan.num_splits > 1) {
+    a.ws_o = static_cast<float*>(workspace);
+    a.ws_lse = a.ws_o + std::size_t(p.num_seqs) * p.num_q_heads * plan.num_splits * D;
+  }
+  const dim3 grid(plan.num_splits, p.num_kv_heads * a.head_chunks, p.num_seqs);
+  detail::paged_decode_kernel<D><<<grid, decode_config<D>::kThreads, decode_config<D>::kSmemBytes, stream>>>(a);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+  if (plan.num_splits > 1) {
+    const int warps = p.num_seqs * p.num_q_heads;
+    detail::decode_merge_kernel<D><<<(warps + 7) / 8, 256, 0, stream>>>(a, p.num_seqs);
+    ZIPAGE_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+decode_plan plan_decode(const decode_params& p, int force_splits) {
+  validate(p);
+  const int len = std::max(1, p.max_kv_len);
+  const int max_splits = std::min(256, (len + detail::kKvTile - 1) / detail::kKvTile);
+  auto make = [&](int splits) {
+    decode_plan plan;
+    plan.chunk_tokens = round_up((len + splits - 1) / splits, detail::kKvTile);
+    plan.num_splits = (len + plan.chunk_tokens - 1) / plan.chunk_tokens;
+    return plan;
+  };
+  if (force_splits > 0) return make(std::min(force_splits, max_splits));
+
+  // Estimated time ~ waves x (tokens per CTA + start-up cost), plus a merge pass when split.
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const long long ctas_per_split = static_cast<long long>(p.num_seqs) * p.num_kv_heads * ((group + 15) / 16);
+  if (ctas_per_split == 0) return make(1);
+  const long long slots = decode_slots(p.head_dim);
+  constexpr long long kStartupTokens = 96;  // a CTA's fixed cost in tokens streamed
+  constexpr long long kMergeTokens = 64;
+  decode_plan best = make(1);
+  long long best_cost = -1;
+  for (int s = 1; s <= std::min(max_splits, 128); ++s) {
+    const decode_plan plan = make(s);
+    if (plan.num_splits != s) continue;
+    const long long waves = (ctas_per_split * plan.num_splits + slots - 1) / slots;
+    const long long cost = waves * (plan.chunk_tokens + kStartupTokens) + (plan.num_splits > 1 ? kMergeTokens : 0);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      best = plan;
+    }
+  }
+  return best;
+}
+
+std::size_t decode_workspace_bytes(const decode_params& p, const decode_plan& plan) {
+  if (plan.num_splits <= 1) return 0;
+  return std::size_t(p.num_seqs) * p.num_q_heads * plan.num_splits * (p.head_dim + 1) * sizeof(float);
+}
+
+void paged_decode_attention(const decode_params& p, const decode_plan& plan, void* workspace,
+                            std::size_t workspace_bytes, cuda_stream stream) {
+  validate(p);
+  check(plan.num_splits >= 1 && plan.chunk_tokens > 0 && plan.chunk_tokens % detail::kKvTile == 0 &&
+            std::int64_t{plan.num_splits} * plan.chunk_tokens >= p.max_kv_len,
+        "paged_decode_attention: plan (", plan.num_splits, " splits of ", plan.chunk_tokens,
+        " tokens) does not cover max_kv_len ", p.max_kv_len);
+  check(plan.num_splits <= 65535, "paged_decode_attention: too many splits");
+  check(workspace_bytes >= decode_workspace_bytes(p, plan) && (plan.num_splits == 1 || workspace != nullptr),
+        "paged_decode_attention: workspace of ", workspace_bytes, " bytes, the plan needs ",
+        decode_workspace_bytes(p, plan));
+  if (p.num_seqs == 0) return;
+  if (p.head_dim == 128)
+    launch<128>(p, plan, workspace, stream);
+  else
+    launch<64>(p, plan, workspace, stream);
+}
+
+}  // namespace zipage::cuda
