@@ -251,3 +251,54 @@ TEST_CASE("bad requests get a clear error and leave the engine working") {
   CHECK(eng.take_output(ok).output.size() == 3);
   CHECK(eng.pool().num_used() == 0);
 }
+
+#include "zipage/policy/policies.hpp"
+
+namespace {
+
+template <class Policy>
+void check_large_budget_matches_full_kv(const std::vector<std::vector<token_id>>& prompts,
+                                        const std::vector<request_output>& full) {
+  auto& m = stories();
+  // Budget 64 blocks of 8 = 512 tokens: no sequence below reaches it, so nothing is ever evicted.
+  engine<llama_model<cpu_backend>, Policy> eng(load_llama_gguf(m.file),
+                                               {.block_size = 8, .num_blocks = 256, .budget_blocks = 64, .window = 4});
+  const auto out = eng.generate(prompts, greedy(120));
+  CHECK(eng.stats().compressions == 0);
+  for (std::size_t i = 0; i < prompts.size(); ++i) CHECK(out[i].output == full[i].output);
+}
+
+template <class Policy>
+void check_compresses_and_stays_close(const std::vector<std::vector<token_id>>& prompts,
+                                      const std::vector<request_output>& full) {
+  auto& m = stories();
+  engine<llama_model<cpu_backend>, Policy> eng(load_llama_gguf(m.file),
+                                               {.block_size = 8, .num_blocks = 256, .budget_blocks = 8, .window = 4});
+  const auto out = eng.generate(prompts, greedy(120));
+  CHECK(eng.stats().compressions > 0);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    CHECK(out[i].output.size() == full[i].output.size());
+    // Compression starts at 72 cached tokens; up to there the outputs must agree exactly.
+    const auto n = static_cast<std::size_t>(72 - static_cast<int>(prompts[i].size()));
+    CHECK(std::equal(out[i].output.begin(), out[i].output.begin() + static_cast<std::ptrdiff_t>(n), full[i].output.begin()));
+  }
+  CHECK(eng.pool().num_used() == 0);
+}
+
+}  // namespace
+
+TEST_CASE("with a budget larger than every sequence, every policy is token-for-token full KV") {
+  const auto prompts = story_prompts(4);
+  auto reference = make_engine({.block_size = 8, .num_blocks = 256});
+  const auto full = reference.generate(prompts, greedy(120));
+  check_large_budget_matches_full_kv<streaming_llm>(prompts, full);
+  check_large_budget_matches_full_kv<h2o>(prompts, full);
+  check_large_budget_matches_full_kv<snapkv>(prompts, full);
+  check_large_budget_matches_full_kv<rkv>(prompts, full);
+  check_large_budget_matches_full_kv<gkv>(prompts, full);
+  check_large_budget_matches_full_kv<zipage_policy>(prompts, full);
+
+  // And with a real budget they compress, agree up to the first compression, and return every block.
+  check_compresses_and_stays_close<zipage_policy>(prompts, full);
+  check_compresses_and_stays_close<streaming_llm>(prompts, full);
+}

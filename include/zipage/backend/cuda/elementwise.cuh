@@ -1,0 +1,208 @@
+#pragma once
+// Elementwise / row-wise kernels on bf16 data with fp32 arithmetic: KV append by slot, RMSNorm (rows or
+// heads), RoPE (interleaved and half-split), SwiGLU silu_mul, row gather (embedding), add. Memory-bound:
+// 16-byte vector accesses where the shapes allow (widths multiple of 8 elements).
+#include "zipage/backend/cuda/common.cuh"
+
+namespace zipage::cuda::detail {
+
+// ---- append_kv: one thread per 16-byte chunk of a token's K (and V) row.
+__global__ void append_kv_kernel(bf16* __restrict__ kc, bf16* __restrict__ vc, const bf16* __restrict__ k,
+                                 const bf16* __restrict__ v, const std::int64_t* __restrict__ slots, int num_tokens,
+                                 int width, std::int64_t k_stride, std::int64_t v_stride) {
+  const int chunks = width / 8;
+  const std::int64_t total = std::int64_t{num_tokens} * chunks;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const int t = static_cast<int>(i / chunks);
+    const int c = static_cast<int>(i % chunks);
+    const std::int64_t slot = slots[t];
+    if (slot < 0) continue;
+    const uint4 kx = *reinterpret_cast<const uint4*>(k + t * k_stride + c * 8);
+    const uint4 vx = *reinterpret_cast<const uint4*>(v + t * v_stride + c * 8);
+    *reinterpret_cast<uint4*>(kc + slot * width + c * 8) = kx;
+    *reinterpret_cast<uint4*>(vc + slot * width + c * 8) = vx;
+  }
+}
+
+// ---- RMSNorm
+template <class W>
+__device__ __forceinline__ void load_weight8(const W* w, float (&f)[8]);
+template <>
+__device__ __forceinline__ void load_weight8<bf16>(const bf16* w, float (&f)[8]) {
+  bf16x8_to_float(*reinterpret_cast<const uint4*>(w), f);
+}
+template <>
+__device__ __forceinline__ void load_weight8<float>(const float* w, float (&f)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(w);
+  const float4 b = *reinterpret_cast<const float4*>(w + 4);
+  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+template <class W>
+__device__ __forceinline__ void rms_norm_apply(const bf16* xs, const W* w, bf16* os, int width, float inv, int first,
+                                               int step) {
+  for (int c = first; c < width; c += step) {
+    float f[8], wf[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(xs + c), f);
+    load_weight8<W>(w + c, wf);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = f[e] * inv * wf[e];
+    *reinterpret_cast<uint4*>(os + c) = float_to_bf16x8(f);
+  }
+}
+
+__device__ __forceinline__ float sum_squares8(const bf16* p) {
+  float f[8];
+  bf16x8_to_float(*reinterpret_cast<const uint4*>(p), f);
+  float s = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) s += f[e] * f[e];
+  return s;
+}
+
+// One warp per segment (width <= 1024).
+template <class W>
+__global__ void rms_norm_warp_kernel(const bf16* x, const W* __restrict__ w, bf16* out, std::int64_t num_segments,
+                                     int width, float eps) {
+  const std::int64_t seg = std::int64_t{blockIdx.x} * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (seg >= num_segments) return;
+  const int lane = threadIdx.x & 31;
+  const bf16* xs = x + seg * width;
+  float ss = 0.0f;
+  for (int c = lane * 8; c < width; c += 256) ss += sum_squares8(xs + c);
+  ss = warp_sum(ss);
+  const float inv = rsqrtf(ss / static_cast<float>(width) + eps);
+  rms_norm_apply<W>(xs, w, out + seg * width, width, inv, lane * 8, 256);
+}
+
+// One 256-thread block per segment (wide rows).
+template <class W>
+__global__ void __launch_bounds__(256) rms_norm_block_kernel(const bf16* x, const W* __restrict__ w, bf16* out,
+                                                             int width, float eps) {
+  __shared__ float partial[8];
+  const std::int64_t seg = blockIdx.x;
+  const bf16* xs = x + seg * width;
+  float ss = 0.0f;
+  for (int c = threadIdx.x * 8; c < width; c += 256 * 8) ss += sum_squares8(xs + c);
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) total += partial[i];
+  const float inv = rsqrtf(total / static_cast<float>(width) + eps);
+  rms_norm_apply<W>(xs, w, out + seg * width, width, inv, threadIdx.x * 8, 256 * 8);
+}
+
+// ---- RoPE: one block per row; the row's cos/sin table (double-precision angles, as cpu::rope) first.
+__global__ void rope_kernel(bf16* x, const std::int32_t* __restrict__ positions, int num_heads, int head_dim,
+                            std::int64_t row_stride, double theta, bool interleaved) {
+  __shared__ float cs[256];
+  __shared__ float sn[256];
+  const std::int64_t row = blockIdx.x;
+  const int half = head_dim / 2;
+  const double pos = positions[row];
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const double angle = pos * pow(theta, -2.0 * i / head_dim);
+    double s, c;
+    sincos(angle, &s, &c);
+    cs[i] = static_cast<float>(c);
+    sn[i] = static_cast<float>(s);
+  }
+  __syncthreads();
+  bf16* xr = x + row * row_stride;
+  if (interleaved) {
+    for (int idx = threadIdx.x; idx < num_heads * half; idx += blockDim.x) {
+      const int h = idx / half, i = idx % half;
+      __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(xr + h * head_dim + 2 * i);
+      const float2 v = __bfloat1622float2(*p);
+      *p = __floats2bfloat162_rn(v.x * cs[i] - v.y * sn[i], v.x * sn[i] + v.y * cs[i]);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < num_heads * half; idx += blockDim.x) {
+      const int h = idx / half, i = idx % half;
+      bf16* p = xr + h * head_dim + i;
+      const float x0 = __bfloat162float(p[0]), x1 = __bfloat162float(p[half]);
+      p[0] = __float2bfloat16_rn(x0 * cs[i] - x1 * sn[i]);
+      p[half] = __float2bfloat16_rn(x0 * sn[i] + x1 * cs[i]);
+    }
+  }
+}
+
+// ---- silu_mul
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
+
+__global__ void silu_mul_vec_kernel(const bf16* __restrict__ gate, const bf16* __restrict__ up, bf16* __restrict__ out,
+                                    std::int64_t rows, int cols, std::int64_t in_stride) {
+  const int chunks = cols / 8;
+  const std::int64_t total = rows * chunks;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t r = i / chunks;
+    const int c = static_cast<int>(i % chunks) * 8;
+    float g[8], u[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(gate + r * in_stride + c), g);
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(up + r * in_stride + c), u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) g[e] = silu_times(g[e], u[e]);
+    *reinterpret_cast<uint4*>(out + r * cols + c) = float_to_bf16x8(g);
+  }
+}
+
+__global__ void silu_mul_scalar_kernel(const bf16* __restrict__ gate, const bf16* __restrict__ up,
+                                       bf16* __restrict__ out, std::int64_t rows, int cols, std::int64_t in_stride) {
+  const std::int64_t total = rows * cols;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t r = i / cols;
+    const int c = static_cast<int>(i % cols);
+    out[i] = __float2bfloat16_rn(
+        silu_times(__bfloat162float(gate[r * in_stride + c]), __bfloat162float(up[r * in_stride + c])));
+  }
+}
+
+// ---- gather rows (embedding): one thread per 16-byte chunk (vec) or element.
+template <bool kVec>
+__global__ void gather_rows_kernel(const bf16* __restrict__ table, std::int64_t num_rows, int cols,
+                                   const std::int32_t* __restrict__ ids, int num_ids, bf16* __restrict__ out) {
+  const int per = kVec ? 8 : 1;
+  const int chunks = cols / per;
+  const std::int64_t total = std::int64_t{num_ids} * chunks;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t t = i / chunks;
+    const int c = static_cast<int>(i % chunks) * per;
+    const std::int32_t id = ids[t];
+    const bool ok = id >= 0 && id < num_rows;
+    if constexpr (kVec) {
+      const uint4 val = ok ? *reinterpret_cast<const uint4*>(table + std::int64_t{id} * cols + c) : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(out + t * cols + c) = val;
+    } else {
+      out[t * cols + c] = ok ? table[std::int64_t{id} * cols + c] : __float2bfloat16_rn(0.0f);
+    }
+  }
+}
+
+// ---- add
+__global__ void add_kernel(const bf16* a, const bf16* b, bf16* out, std::int64_t n, bool vec) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  const std::int64_t first = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  std::int64_t done = 0;
+  if (vec) {
+    const std::int64_t chunks = n / 8;
+    for (std::int64_t i = first; i < chunks; i += stride) {
+      float x[8], y[8];
+      bf16x8_to_float(reinterpret_cast<const uint4*>(a)[i], x);
+      bf16x8_to_float(reinterpret_cast<const uint4*>(b)[i], y);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] += y[e];
+      reinterpret_cast<uint4*>(out)[i] = float_to_bf16x8(x);
+    }
+    done = chunks * 8;
+  }
+  for (std::int64_t i = done + first; i < n; i += stride)
+    out[i] = __float2bfloat16_rn(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+}
+
+}  // namespace zipage::cuda::detail

@@ -1,0 +1,127 @@
+// Launchers of the elementwise kernels (the kernels live in backend/cuda/elementwise.cuh, which only
+// this translation unit includes: its non-template kernels are defined there).
+#include <algorithm>
+#include <cstdint>
+
+#include "zipage/backend/cuda/elementwise.cuh"
+#include "zipage/backend/cuda/kernels.hpp"
+
+namespace zipage::cuda {
+
+namespace {
+
+using detail::bf16;
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+// Grid for a grid-stride loop over `items` threads' worth of work.
+unsigned grid_for(std::int64_t items, int threads) {
+  static const int sms = detail::device_multiprocessors();
+  const std::int64_t blocks = (items + threads - 1) / threads;
+  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(blocks, std::int64_t{sms} * 32)));
+}
+
+}  // namespace
+
+void append_kv(void* k_cache, void* v_cache, const void* k, const void* v, const std::int64_t* slot_mapping,
+               int num_tokens, int num_kv_heads, int head_dim, std::int64_t k_row_stride, std::int64_t v_row_stride,
+               cuda_stream stream) {
+  const int width = num_kv_heads * head_dim;
+  if (k_row_stride == 0) k_row_stride = width;
+  if (v_row_stride == 0) v_row_stride = width;
+  check(width % 8 == 0 && k_row_stride % 8 == 0 && v_row_stride % 8 == 0, "append_kv: row width ", width,
+        " and strides must be multiples of 8 elements");
+  check(aligned16(k_cache) && aligned16(v_cache) && aligned16(k) && aligned16(v), "append_kv: pointers must be 16-byte aligned");
+  if (num_tokens <= 0) return;
+  const std::int64_t items = std::int64_t{num_tokens} * (width / 8);
+  detail::append_kv_kernel<<<grid_for(items, 256), 256, 0, stream>>>(
+      static_cast<bf16*>(k_cache), static_cast<bf16*>(v_cache), static_cast<const bf16*>(k),
+      static_cast<const bf16*>(v), slot_mapping, num_tokens, width, k_row_stride, v_row_stride);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm(const void* x, const void* weight, weight_dtype wdtype, void* out, std::int64_t rows, int cols,
+              int width, float eps, cuda_stream stream) {
+  check(width > 0 && width % 8 == 0 && cols % width == 0, "rms_norm: width ", width,
+        " must be a multiple of 8 dividing the row of ", cols);
+  check(aligned16(x) && aligned16(weight) && aligned16(out), "rms_norm: pointers must be 16-byte aligned");
+  if (rows <= 0) return;
+  const std::int64_t segments = rows * (cols / width);
+  const auto* xb = static_cast<const bf16*>(x);
+  auto* ob = static_cast<bf16*>(out);
+  if (width <= 1024) {
+    constexpr int kWarps = 8;
+    const std::int64_t blocks = (segments + kWarps - 1) / kWarps;
+    check(blocks < (1ll << 31), "rms_norm: too many rows");
+    if (wdtype == weight_dtype::bf16)
+      detail::rms_norm_warp_kernel<bf16><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
+          xb, static_cast<const bf16*>(weight), ob, segments, width, eps);
+    else
+      detail::rms_norm_warp_kernel<float><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
+          xb, static_cast<const float*>(weight), ob, segments, width, eps);
+  } else {
+    check(segments < (1ll << 31), "rms_norm: too many rows");
+    if (wdtype == weight_dtype::bf16)
+      detail::rms_norm_block_kernel<bf16><<<static_cast<unsigned>(segments), 256, 0, stream>>>(
+          xb, static_cast<const bf16*>(weight), ob, width, eps);
+    else
+      detail::rms_norm_block_kernel<float><<<static_cast<unsigned>(segments), 256, 0, stream>>>(
+          xb, static_cast<const float*>(weight), ob, width, eps);
+  }
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void rope(void* x, const std::int32_t* positions, std::int64_t rows, int num_heads, int head_dim,
+          std::int64_t row_stride, float theta, rope_style style, cuda_stream stream) {
+  check(head_dim > 0 && head_dim % 2 == 0 && head_dim <= 512, "rope: head_dim ", head_dim, " must be even and <= 512");
+  if (row_stride == 0) row_stride = std::int64_t{num_heads} * head_dim;
+  check(style == rope_style::half || (reinterpret_cast<std::uintptr_t>(x) % 4 == 0 && row_stride % 2 == 0),
+        "rope: interleaved style needs 4-byte aligned pairs");
+  check(rows < (1ll << 31), "rope: too many rows");
+  if (rows <= 0 || num_heads <= 0) return;
+  const int threads = std::clamp(num_heads * head_dim / 2, 32, 256);
+  detail::rope_kernel<<<static_cast<unsigned>(rows), (threads + 31) / 32 * 32, 0, stream>>>(
+      static_cast<bf16*>(x), positions, num_heads, head_dim, row_stride, static_cast<double>(theta),
+      style == rope_style::interleaved);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void silu_mul(const void* gate, const void* up, void* out, std::int64_t rows, int cols, std::int64_t in_row_stride,
+              cuda_stream stream) {
+  if (in_row_stride == 0) in_row_stride = cols;
+  if (rows <= 0 || cols <= 0) return;
+  const auto* g = static_cast<const bf16*>(gate);
+  const auto* u = static_cast<const bf16*>(up);
+  auto* o = static_cast<bf16*>(out);
+  if (cols % 8 == 0 && in_row_stride % 8 == 0 && aligned16(gate) && aligned16(up) && aligned16(out)) {
+    detail::silu_mul_vec_kernel<<<grid_for(rows * (cols / 8), 256), 256, 0, stream>>>(g, u, o, rows, cols, in_row_stride);
+  } else {
+    detail::silu_mul_scalar_kernel<<<grid_for(rows * cols, 256), 256, 0, stream>>>(g, u, o, rows, cols, in_row_stride);
+  }
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void gather_rows(const void* table, std::int64_t num_rows, int cols, const std::int32_t* ids, int num_ids, void* out,
+                 cuda_stream stream) {
+  if (num_ids <= 0 || cols <= 0) return;
+  const auto* t = static_cast<const bf16*>(table);
+  auto* o = static_cast<bf16*>(out);
+  if (cols % 8 == 0 && aligned16(table) && aligned16(out)) {
+    detail::gather_rows_kernel<true><<<grid_for(std::int64_t{num_ids} * (cols / 8), 256), 256, 0, stream>>>(
+        t, num_rows, cols, ids, num_ids, o);
+  } else {
+    detail::gather_rows_kernel<false><<<grid_for(std::int64_t{num_ids} * cols, 256), 256, 0, stream>>>(
+        t, num_rows, cols, ids, num_ids, o);
+  }
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void add(const void* a, const void* b, void* out, std::int64_t n, cuda_stream stream) {
+  if (n <= 0) return;
+  const bool vec = aligned16(a) && aligned16(b) && aligned16(out);
+  detail::add_kernel<<<grid_for(vec ? (n + 7) / 8 : n, 256), 256, 0, stream>>>(
+      static_cast<const bf16*>(a), static_cast<const bf16*>(b), static_cast<bf16*>(out), n, vec);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace zipage::cuda

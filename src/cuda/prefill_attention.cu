@@ -1,0 +1,76 @@
+// Paged prefill attention (causal, GQA) for head_dim 64 and 128.
+#include <atomic>
+#include <cstdint>
+
+#include "zipage/backend/cuda/attention.cuh"
+#include "zipage/backend/cuda/kernels.hpp"
+
+namespace zipage::cuda {
+
+namespace {
+
+using detail::prefill_config;
+
+template <int D>
+void prepare_kernel() {
+  static std::atomic<std::uint64_t> done{0};
+  int dev = 0;
+  ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::uint64_t bit = std::uint64_t{1} << (dev & 63);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(detail::paged_prefill_kernel<D>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, prefill_config<D>::kSmemBytes));
+  done.fetch_or(bit, std::memory_order_release);
+}
+
+template <int D>
+void launch(const detail::prefill_args& a, int num_tokens, cuda_stream stream) {
+  prepare_kernel<D>();
+  // Upper bound on the query tiles: sum over sequences of ceil(n_s / tq) <= num_tokens / tq + num_seqs.
+  const long long tiles = static_cast<long long>(num_tokens) / a.tokens_per_tile + a.num_seqs;
+  check(tiles < (1ll << 31), "paged_prefill_attention: too many query tiles");
+  const dim3 grid(static_cast<unsigned>(tiles), a.num_kv_heads);
+  detail::paged_prefill_kernel<D><<<grid, prefill_config<D>::kThreads, prefill_config<D>::kSmemBytes, stream>>>(a);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
+  check(p.head_dim == 64 || p.head_dim == 128, "paged_prefill_attention: head_dim ", p.head_dim,
+        " is not supported (64 or 128)");
+  check(p.num_kv_heads > 0 && p.num_q_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
+        "paged_prefill_attention: ", p.num_q_heads, " query heads are not a multiple of ", p.num_kv_heads, " KV heads");
+  const int group = p.num_q_heads / p.num_kv_heads;
+  check(group <= prefill_config<128>::kRows, "paged_prefill_attention: ", group,
+        " query heads per KV head (at most 64)");
+  check(p.num_kv_heads <= 65535, "paged_prefill_attention: too many KV heads");
+  int shift = 0;
+  while ((1 << shift) < p.block_size) ++shift;
+  check(p.block_size >= 2 && (1 << shift) == p.block_size, "paged_prefill_attention: block_size ", p.block_size,
+        " is not a power of two >= 2");
+  if (p.num_tokens == 0 || p.num_seqs == 0) return;
+
+  detail::prefill_args a{};
+  a.q = static_cast<const detail::bf16*>(p.q);
+  a.out = static_cast<detail::bf16*>(p.out);
+  a.k = static_cast<const detail::bf16*>(p.k_cache);
+  a.v = static_cast<const detail::bf16*>(p.v_cache);
+  a.q_indptr = p.q_indptr;
+  a.token_kv_len = p.token_kv_len;
+  a.page_indptr = p.page_indptr;
+  a.page_indices = p.page_indices;
+  a.num_seqs = p.num_seqs;
+  a.num_q_heads = p.num_q_heads;
+  a.num_kv_heads = p.num_kv_heads;
+  a.group = group;
+  a.tokens_per_tile = prefill_config<128>::kRows / group;
+  a.bs_shift = shift;
+  a.scale_log2 = p.scale * detail::kLog2e;
+  if (p.head_dim == 128)
+    launch<128>(a, p.num_tokens, stream);
+  else
+    launch<64>(a, p.num_tokens, stream);
+}
+
+}  // namespace zipage::cuda
