@@ -94,7 +94,8 @@ void check_invariants(const Engine& eng, const engine_config& cfg) {
   const auto& kv = eng.kv_cache();
   const int bs = cfg.block_size, budget = cfg.budget_blocks * bs;
   for (const sequence* s : eng.requests()) {
-    if (s->status != request_status::running) continue;
+    // Mid-compaction (the worker owns its blocks) or waiting to be compressed next step: skip.
+    if (s->status != request_status::running || s->compressing || s->needs_compression) continue;
     CAPTURE(s->id);
     // The cache never exceeds B+1 blocks once compressed, and compression lands exactly on the budget.
     if (s->is_compressed()) {
@@ -104,7 +105,7 @@ void check_invariants(const Engine& eng, const engine_config& cfg) {
     } else {
       CHECK(s->kv_len == s->num_computed);
     }
-    CHECK(s->num_computed == s->num_tokens() - 1);
+    CHECK(s->num_computed < s->num_tokens());  // mid-prefill chunks leave more than one pending
     for (int l = 0; l < kLayers; ++l)
       for (int h = 0; h < kKvHeads; ++h) {
         float prev = -1.0f;
@@ -135,7 +136,11 @@ TEST_CASE("randomised runs keep every compression invariant") {
     cfg.window = std::uniform_int_distribution<int>(1, cfg.block_size)(rng);
     cfg.num_blocks = std::uniform_int_distribution<int>(3, 8)(rng) * (cfg.budget_blocks + 1);
     cfg.max_num_seqs = 16;
+    cfg.async_compression = trial % 2 == 1;
+    cfg.prefix_caching = trial % 3 != 0;
     CAPTURE(trial);
+    CAPTURE(cfg.async_compression);
+    CAPTURE(cfg.prefix_caching);
     CAPTURE(cfg.block_size);
     CAPTURE(cfg.budget_blocks);
     CAPTURE(cfg.window);

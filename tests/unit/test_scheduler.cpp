@@ -5,37 +5,58 @@
 #include <vector>
 
 #include "zipage/scheduler/scheduler.hpp"
+#include "zipage/scheduler/zipage_scheduler.hpp"
 
 using namespace zipage;
 
 namespace {
 
-struct fixture {
+template <class Scheduler>
+struct basic_fixture {
   block_pool pool;
-  fcfs_scheduler sched;
+  Scheduler sched;
   std::vector<std::unique_ptr<sequence>> seqs;
 
-  fixture(int blocks, scheduler_config cfg) : pool(blocks), sched(cfg, pool) {}
+  basic_fixture(int blocks, scheduler_config cfg) : pool(blocks), sched(cfg, pool) {}
 
-  sequence* add(int prompt_len) {
+  sequence* add(int prompt_len, token_id fill = 7) {
     auto s = std::make_unique<sequence>();
     s->id = static_cast<request_id>(seqs.size());
-    s->tokens.assign(static_cast<std::size_t>(prompt_len), 7);
+    s->tokens.assign(static_cast<std::size_t>(prompt_len), fill);
     s->prompt_len = prompt_len;
     sched.add(s.get());
     seqs.push_back(std::move(s));
     return seqs.back().get();
   }
 
-  // What the engine does after running a plan: every pending token is computed, one token appended.
-  static void advance(const step_plan& plan) {
-    for (sequence* s : plan.seqs) {
-      s->kv_len += s->num_pending();
-      s->num_computed = s->num_tokens();
-      s->tokens.push_back(9);
+  // What the engine does after running a plan: the scheduled tokens are computed, and a sequence whose
+  // chunk reached the end of its pending tokens gets a new token; compressions land at once.
+  void advance(const step_plan& plan) {
+    for (const auto& job : plan.compress) {
+      sequence* s = job.seq;
+      s->compressing = false;
+      ++s->num_compressions;
+      std::vector<block_id> blocks = s->table.take();
+      s->kv_len = sched.config().budget_blocks * sched.config().block_size;
+      for (std::size_t b = static_cast<std::size_t>(sched.config().budget_blocks); b < blocks.size(); ++b) pool.release(blocks[b]);
+      blocks.resize(static_cast<std::size_t>(sched.config().budget_blocks));
+      s->table.assign(std::move(blocks));
     }
+    for (const auto& e : plan.batch) {
+      sequence* s = e.seq;
+      const bool samples = e.samples();
+      s->kv_len += e.tokens;
+      s->num_computed += e.tokens;
+      if (samples) s->tokens.push_back(9);
+      const auto& c = sched.config();
+      if (samples && c.compresses() && s->kv_len >= (c.budget_blocks + 1) * c.block_size && s->kv_len % c.block_size == 0)
+        s->needs_compression = true;
+    }
+    sched.commit(plan);
   }
 };
+using fixture = basic_fixture<fcfs_scheduler>;
+using zfixture = basic_fixture<zipage_scheduler>;
 
 }  // namespace
 
@@ -45,19 +66,19 @@ TEST_CASE("admission is FCFS and limited by the step token budget") {
   sequence* b = f.add(5);
   sequence* c = f.add(3);
   auto plan = f.sched.schedule();
-  CHECK(plan.phase == step_phase::prefill);
-  REQUIRE(plan.seqs.size() == 2);  // 4 + 5 fit, + 3 would be 12 > 10
-  CHECK(plan.seqs[0] == a);
-  CHECK(plan.seqs[1] == b);
+  CHECK(plan.batch[0].tokens > 1);
+  REQUIRE(plan.batch.size() == 2);  // 4 + 5 fit, + 3 would be 12 > 10
+  CHECK(plan.batch[0].seq == a);
+  CHECK(plan.batch[1].seq == b);
   CHECK(plan.num_tokens() == 9);
-  fixture::advance(plan);
+  f.advance(plan);
   plan = f.sched.schedule();  // c is admitted before anyone decodes: prefill first
-  REQUIRE(plan.seqs.size() == 1);
-  CHECK(plan.seqs[0] == c);
-  fixture::advance(plan);
+  REQUIRE(plan.batch.size() == 1);
+  CHECK(plan.batch[0].seq == c);
+  f.advance(plan);
   plan = f.sched.schedule();
-  CHECK(plan.phase == step_phase::decode);
-  CHECK(plan.seqs.size() == 3);
+  CHECK(plan.batch.at(0).tokens == 1);
+  CHECK(plan.batch.size() == 3);
 }
 
 TEST_CASE("admission waits for free blocks and for a free running slot") {
@@ -65,14 +86,14 @@ TEST_CASE("admission waits for free blocks and for a free running slot") {
   f.add(8);  // 2 blocks
   sequence* b = f.add(8);  // 2 more: does not fit in the 1 left
   auto plan = f.sched.schedule();
-  REQUIRE(plan.seqs.size() == 1);
+  REQUIRE(plan.batch.size() == 1);
   CHECK(f.sched.num_waiting() == 1);
   CHECK(b->status == request_status::waiting);
 
   fixture g(100, {.max_num_seqs = 1, .max_batched_tokens = 100, .block_size = 4});
   g.add(2);
   g.add(2);
-  CHECK(g.sched.schedule().seqs.size() == 1);
+  CHECK(g.sched.schedule().batch.size() == 1);
 }
 
 TEST_CASE("decode preempts the newest request when blocks run out, and it resumes later") {
@@ -80,25 +101,25 @@ TEST_CASE("decode preempts the newest request when blocks run out, and it resume
   sequence* old_seq = f.add(4);
   sequence* new_seq = f.add(4);
   auto plan = f.sched.schedule();
-  REQUIRE(plan.seqs.size() == 2);
-  fixture::advance(plan);  // both hold 1 full block and one pending token each
+  REQUIRE(plan.batch.size() == 2);
+  f.advance(plan);  // both hold 1 full block and one pending token each
   plan = f.sched.schedule();  // each needs a second block: 2 of 2 free
-  CHECK(plan.phase == step_phase::decode);
-  CHECK(plan.seqs.size() == 2);
+  CHECK(plan.batch.at(0).tokens == 1);
+  CHECK(plan.batch.size() == 2);
   CHECK(f.pool.num_free() == 0);
-  fixture::advance(plan);
+  f.advance(plan);
   for (int i = 0; i < 3; ++i) {  // fill the second blocks
     plan = f.sched.schedule();
-    CHECK(plan.seqs.size() == 2);
+    CHECK(plan.batch.size() == 2);
     CHECK(plan.preempted.empty());
-    fixture::advance(plan);
+    f.advance(plan);
   }
   // Both now need a third block and none is free: the newest gives way, the oldest continues.
   plan = f.sched.schedule();
   REQUIRE(plan.preempted.size() == 1);
   CHECK(plan.preempted[0] == new_seq);
-  REQUIRE(plan.seqs.size() == 1);
-  CHECK(plan.seqs[0] == old_seq);
+  REQUIRE(plan.batch.size() == 1);
+  CHECK(plan.batch[0].seq == old_seq);
   CHECK(new_seq->status == request_status::waiting);
   CHECK(new_seq->num_computed == 0);
   CHECK(new_seq->kv_len == 0);
@@ -109,9 +130,9 @@ TEST_CASE("decode preempts the newest request when blocks run out, and it resume
   // When the old request finishes, the preempted one is prefilled again with all its tokens.
   f.sched.finish(old_seq);
   plan = f.sched.schedule();
-  CHECK(plan.phase == step_phase::prefill);
-  REQUIRE(plan.seqs.size() == 1);
-  CHECK(plan.seqs[0] == new_seq);
+  CHECK(plan.batch[0].tokens > 1);
+  REQUIRE(plan.batch.size() == 1);
+  CHECK(plan.batch[0].seq == new_seq);
   CHECK(plan.num_tokens() == new_seq->num_tokens());
 }
 
@@ -119,9 +140,9 @@ TEST_CASE("a lone request that outgrows the pool is rejected instead of looping"
   fixture f(2, {.max_num_seqs = 8, .max_batched_tokens = 100, .block_size = 4});
   sequence* s = f.add(8);
   auto plan = f.sched.schedule();
-  fixture::advance(plan);
+  f.advance(plan);
   plan = f.sched.schedule();  // needs a third block: preempts itself
-  CHECK(plan.phase == step_phase::idle);
+  CHECK(plan.batch.empty());
   CHECK(plan.preempted.size() == 1);
   plan = f.sched.schedule();  // 9 tokens need 3 blocks > 2 in the pool: can never run
   REQUIRE(plan.rejected.size() == 1);
@@ -133,7 +154,7 @@ TEST_CASE("a lone request that outgrows the pool is rejected instead of looping"
 TEST_CASE("removing a running request frees its blocks at once") {
   fixture f(8, {.max_num_seqs = 8, .max_batched_tokens = 100, .block_size = 4});
   sequence* s = f.add(10);
-  fixture::advance(f.sched.schedule());
+  f.advance(f.sched.schedule());
   CHECK(f.pool.num_used() == 3);
   f.sched.remove(s);
   CHECK(f.pool.num_used() == 0);
@@ -145,4 +166,158 @@ TEST_CASE("scheduler config is validated") {
   block_pool pool(4);
   CHECK_THROWS_AS(fcfs_scheduler({.max_num_seqs = 0}, pool), zipage::error);
   CHECK_THROWS_AS(fcfs_scheduler({.max_batched_tokens = -1}, pool), zipage::error);
+}
+
+// ---- zipage_scheduler ----
+
+TEST_CASE("chunked prefill shares a step with decodes under one token budget") {
+  zfixture f(100, {.max_num_seqs = 8, .max_batched_tokens = 8, .block_size = 4});
+  sequence* a = f.add(3);
+  auto plan = f.sched.schedule();
+  REQUIRE(plan.batch.size() == 1);
+  f.advance(plan);
+  sequence* b = f.add(20);  // a long prompt arrives while a decodes
+  plan = f.sched.schedule();
+  REQUIRE(plan.batch.size() == 2);
+  CHECK(plan.batch[0].seq == a);
+  CHECK(plan.batch[0].tokens == 1);
+  CHECK(plan.batch[1].seq == b);
+  CHECK(plan.batch[1].tokens == 7);  // the rest of the budget
+  CHECK_FALSE(plan.batch[1].samples());
+  CHECK(plan.num_tokens() == 8);
+  f.advance(plan);
+  int steps = 1;
+  while (b->num_generated() == 0) {
+    plan = f.sched.schedule();
+    CHECK(plan.batch.at(0).seq == a);  // a keeps decoding every step
+    CHECK(plan.num_tokens() <= 8);
+    f.advance(plan);
+    ++steps;
+  }
+  CHECK(steps == 3);  // 20 prompt tokens at 7 per step
+  CHECK(b->num_computed == 20);
+}
+
+TEST_CASE("query slots go FIFO; in hybrid mode a request without one runs until it must record its window") {
+  // B = 2 blocks of 4, W = 2: the window of block 2 (positions 10, 11) is what the first compression reads.
+  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .budget_blocks = 2,
+                             .window = 2, .num_query_slots = 1, .hybrid = true};
+  zfixture f(100, cfg);
+  sequence* a = f.add(3);
+  sequence* b = f.add(3);
+  auto plan = f.sched.schedule();
+  CHECK(plan.batch.size() == 2);
+  CHECK(a->query_slot == 0);
+  CHECK(b->query_slot == -1);  // admitted without a slot
+  CHECK(f.sched.tokens_before_slot_needed(*b, 100) == 10 - b->kv_len);
+  f.advance(plan);
+  for (int i = 0; i < 12; ++i) f.advance(f.sched.schedule());
+  // b stopped right before position 10; a went on.
+  CHECK(b->kv_len == 10);
+  CHECK(a->is_compressed());  // a, with its slot, went on through its first compression
+  plan = f.sched.schedule();
+  for (const auto& e : plan.batch) CHECK(e.seq != b);
+  // When a finishes, its slot goes to b (FIFO over running requests) and b resumes.
+  f.sched.finish(a);
+  plan = f.sched.schedule();
+  CHECK(b->query_slot == 0);
+  REQUIRE(plan.batch.size() == 1);
+  CHECK(plan.batch[0].seq == b);
+}
+
+TEST_CASE("without hybrid mode a request waits for a query slot before it starts") {
+  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .budget_blocks = 2,
+                             .window = 2, .num_query_slots = 1, .hybrid = false};
+  zfixture f(100, cfg);
+  f.add(3);
+  sequence* b = f.add(3);
+  const auto plan = f.sched.schedule();
+  CHECK(plan.batch.size() == 1);
+  CHECK(b->status == request_status::waiting);
+}
+
+TEST_CASE("a compressed request that must give way is swapped out, then swapped back before new admissions") {
+  // B = 1 block of 4: a compressed request holds 1 to 2 blocks. The pool has 3.
+  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .budget_blocks = 1,
+                             .window = 2, .num_query_slots = 4};
+  zfixture f(3, cfg);
+  sequence* x = f.add(2);  // older, uncompressed for a while
+  sequence* c = f.add(7);  // newer, compressed after its first decode
+  int swapped_out = 0;
+  for (int i = 0; i < 50 && swapped_out == 0; ++i) {
+    const auto plan = f.sched.schedule();
+    for (const auto& job : plan.swap_out) {
+      ++swapped_out;
+      CHECK(job.seq == c);
+      CHECK(job.seq->is_compressed());  // never recomputed: its evicted tokens are gone
+      CHECK(job.pages.size() <= 2);     // at most B + 1 blocks travel
+      CHECK(job.slot >= 0);             // and its window queries
+      CHECK(job.seq->table.empty());
+      CHECK(job.seq->query_slot == -1);
+      CHECK(job.seq->status == request_status::swapped);
+    }
+    f.advance(plan);
+  }
+  REQUIRE(swapped_out == 1);
+  CHECK(f.sched.num_swapped() == 1);
+  CHECK(f.sched.num_swaps() == 1);
+  // A new arrival must not overtake the swapped request.
+  sequence* late = f.add(2);
+  auto plan = f.sched.schedule();
+  CHECK(late->status == request_status::waiting);
+  f.advance(plan);
+  f.sched.finish(x);
+  plan = f.sched.schedule();
+  REQUIRE(plan.swap_in.size() == 1);
+  CHECK(plan.swap_in[0] == c);
+  CHECK(c->status == request_status::running);
+  CHECK(c->query_slot >= 0);
+  CHECK(c->table.num_blocks() == blocks_for_tokens(c->kv_len + 1, 4));
+  CHECK(late->status == request_status::running);  // admitted once nobody is left outside
+}
+
+TEST_CASE("prefix caching: a later request reuses full prompt blocks, never the one holding its last token") {
+  zfixture f(32, {.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .prefix_caching = true});
+  sequence* a = f.add(10, 3);
+  f.advance(f.sched.schedule());  // a's two full blocks are registered
+  sequence* b = f.add(10, 3);
+  auto plan = f.sched.schedule();
+  CHECK(b->num_prefix_hit_tokens == 8);
+  CHECK(b->table.blocks()[0] == a->table.blocks()[0]);
+  CHECK(b->table.blocks()[1] == a->table.blocks()[1]);
+  CHECK(b->table.blocks()[2] != a->table.blocks()[2]);
+  CHECK(f.pool.ref_count(a->table.blocks()[0]) == 2);
+  bool b_prefilled = false;
+  for (const auto& e : plan.batch)
+    if (e.seq == b) b_prefilled = e.tokens == 2;  // only the last 2 prompt tokens are computed
+  CHECK(b_prefilled);
+  sequence* c = f.add(8, 3);  // all full blocks, but the last token's block is computed anyway
+  f.advance(plan);
+  f.sched.schedule();
+  CHECK(c->num_prefix_hit_tokens == 4);
+}
+
+TEST_CASE("first compression of a request sharing its prefix copies the shared blocks first") {
+  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .budget_blocks = 2,
+                             .window = 2, .num_query_slots = 4, .prefix_caching = true};
+  zfixture f(40, cfg);
+  sequence* a = f.add(9, 5);
+  f.advance(f.sched.schedule());
+  sequence* b = f.add(9, 5);
+  step_plan plan;
+  while (plan.compress.empty()) {
+    plan = f.sched.schedule();
+    if (plan.compress.empty()) f.advance(plan);
+  }
+  const auto& job = plan.compress[0];
+  CHECK(job.seq == a);  // a reached 12 tokens first
+  REQUIRE(job.copies.size() == 2);  // its two prompt blocks are shared with b
+  for (const auto& c : job.copies) {
+    CHECK(f.pool.ref_count(c.from) == 1);  // only b holds the originals now
+    CHECK(f.pool.ref_count(c.to) == 1);
+    CHECK(std::find(b->table.blocks().begin(), b->table.blocks().end(), c.from) != b->table.blocks().end());
+  }
+  for (block_id blk : a->table.blocks()) CHECK_FALSE(f.pool.is_registered(blk));  // compaction will rewrite them
+  CHECK(a->compressing);
+  for (const auto& e : plan.batch) CHECK(e.seq != a);
 }

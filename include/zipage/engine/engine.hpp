@@ -17,26 +17,32 @@
 
 #include "zipage/backend/cpu/cpu_backend.hpp"
 #include "zipage/block/block_pool.hpp"
-#include "zipage/compression/compressor.hpp"
+#include "zipage/compression/compression_worker.hpp"
+#include "zipage/engine/memory_plan.hpp"
 #include "zipage/core/error.hpp"
 #include "zipage/model/concepts.hpp"
 #include "zipage/policy/eviction_policy.hpp"
 #include "zipage/request/sequence.hpp"
 #include "zipage/sampling/sampler.hpp"
 #include "zipage/scheduler/scheduler.hpp"
+#include "zipage/scheduler/zipage_scheduler.hpp"
 
 namespace zipage {
 
 struct engine_config {
   int block_size = 16;
-  int num_blocks = 0;                        // KV pool size; 0 = derive from kv_cache_bytes
-  std::size_t kv_cache_bytes = 64ull << 20;  // used when num_blocks == 0
-  int max_num_seqs = 256;
-  int max_batched_tokens = 8192;
+  int num_blocks = 0;                        // KV pool size; 0 = plan it from kv_cache_bytes
+  std::size_t kv_cache_bytes = 64ull << 20;  // memory for blocks and query slots when num_blocks == 0
+  int max_num_seqs = 256;                    // running requests at most
+  int max_batched_tokens = 8192;             // tokens per step (decodes and prefill chunks together)
   // Compressed PagedAttention (used when the eviction policy evicts): each request keeps
   // budget_blocks · block_size tokens, compressing at block boundaries; window = W recent queries.
   int budget_blocks = 8;
   int window = 16;
+  int num_query_slots = 0;        // 0 = the memory plan's max concurrency, capped at max_num_seqs
+  bool hybrid = true;             // requests without a query slot run with full KV until they need one
+  bool prefix_caching = true;     // share full prompt blocks between requests (zipage_scheduler)
+  bool async_compression = true;  // compress on a worker thread while other requests decode
   // Makes a fresh streaming detokenizer per request, given its prompt (so the first generated piece is
   // spaced as it follows the prompt); when empty, no text is produced and stop strings cannot match.
   std::function<streaming_detokenizer(std::span<const token_id> prompt)> make_detokenizer;
@@ -69,16 +75,28 @@ struct engine_stats {
   std::int64_t decode_steps = 0;
   std::int64_t prompt_tokens = 0;     // tokens fed in prefill steps (recomputation included)
   std::int64_t generated_tokens = 0;
-  std::int64_t preemptions = 0;
-  std::int64_t lossy_preemptions = 0;  // compressed requests recomputed (their evicted tokens were gone)
+  std::int64_t preemptions = 0;       // by recomputation
+  std::int64_t swaps = 0;             // compressed requests moved to host memory
   std::int64_t compressions = 0;
   std::int64_t tokens_evicted = 0;
+  std::int64_t prefix_hit_tokens = 0; // prompt tokens whose KV came from the prefix cache
+  std::int64_t prefix_lookups = 0, prefix_hits = 0;  // full-block lookups
   int num_blocks = 0;
   int peak_blocks_used = 0;
   int blocks_in_use = 0;
   int peak_running = 0;
   int running = 0;
   int waiting = 0;
+  int swapped = 0;
+  int compressing = 0;
+  int slots_in_use = 0;
+  int num_query_slots = 0;
+
+  [[nodiscard]] double prefix_hit_rate() const {
+    return prompt_tokens + prefix_hit_tokens > 0
+               ? static_cast<double>(prefix_hit_tokens) / static_cast<double>(prompt_tokens + prefix_hit_tokens)
+               : 0.0;
+  }
 };
 
 namespace detail {
@@ -90,7 +108,7 @@ template <class M>
 struct model_backend<M> { using type = typename M::backend_type; };
 }  // namespace detail
 
-template <class Model, class EvictionPolicy = full_kv, class Scheduler = fcfs_scheduler,
+template <class Model, class EvictionPolicy = full_kv, class Scheduler = zipage_scheduler,
           class Backend = typename detail::model_backend<Model>::type>
 class engine {
   static_assert(!std::same_as<Backend, detail::no_backend>,
@@ -106,11 +124,11 @@ class engine {
                 "zipage::engine: the model was built for another backend; instantiate the model with the same "
                 "Backend (e.g. llama_model<cpu_backend>) or leave the engine's Backend parameter defaulted");
   static_assert(eviction_policy<EvictionPolicy>,
-                "zipage::engine: EvictionPolicy must satisfy zipage::eviction_policy (name() and a static "
-                "constexpr bool evicts); use zipage::full_kv for no eviction");
+                "zipage::engine: EvictionPolicy must satisfy zipage::eviction_policy: derive from "
+                "zipage::policy_base and define name() and score(ctx, keep, cache_out); zipage::full_kv evicts nothing");
   static_assert(scheduler_policy<Scheduler>,
                 "zipage::engine: Scheduler must satisfy zipage::scheduler_policy (constructible from "
-                "(scheduler_config, block_pool&) with add/schedule/finish/remove); see fcfs_scheduler");
+                "(scheduler_config, block_pool&) with add/schedule/commit/finish/remove); see zipage_scheduler");
 
  public:
   using model_type = Model;
@@ -122,17 +140,17 @@ class engine {
         model_(std::move(model)),
         policy_(std::move(policy)),
         backend_(std::move(backend)),
-        pool_(pool_size(model_.config(), cfg_)),
-        scheduler_(scheduler_config{cfg_.max_num_seqs, cfg_.max_batched_tokens, cfg_.block_size}, pool_),
-        kv_(backend_.allocate_kv(kv_shape(model_.config(), cfg_, pool_.num_blocks()))),
-        compressor_(policy_, compression_params{cfg_.block_size, cfg_.budget_blocks, cfg_.window}, model_.config()) {
-    if constexpr (EvictionPolicy::evicts)
-      for (int slot = 0; slot < cfg_.max_num_seqs; ++slot) free_slots_.push_back(slot);
-  }
+        memory_(plan_memory(model_.config(), memory_request_for(cfg_))),
+        pool_(memory_.num_blocks),
+        scheduler_(scheduler_settings(), pool_),
+        kv_(backend_.allocate_kv(kv_shape())),
+        worker_(backend_, kv_, policy_, compression_params{cfg_.block_size, cfg_.budget_blocks, cfg_.window},
+                model_.config(), EvictionPolicy::evicts && cfg_.async_compression) {}
 
   [[nodiscard]] const model_config& config() const { return model_.config(); }
   [[nodiscard]] const engine_config& settings() const { return cfg_; }
   [[nodiscard]] const EvictionPolicy& policy() const { return policy_; }
+  [[nodiscard]] const memory_plan& memory() const { return memory_; }
 
   // Queues a request. Throws zipage::error (and changes nothing) for a request that can never run.
   request_id add_request(std::vector<token_id> prompt, sampling_params params = {}) {
@@ -147,8 +165,8 @@ class engine {
     s->tokens = std::move(prompt);
     s->params = std::move(params);
     check(scheduler_.admissible(*s), "request: a prompt of ", s->num_tokens(), " tokens needs ",
-          blocks_for_tokens(s->num_tokens(), cfg_.block_size), " KV blocks and one step; the pool has ",
-          pool_.num_blocks(), " blocks and a step takes at most ", cfg_.max_batched_tokens, " tokens");
+          blocks_for_tokens(s->num_tokens(), cfg_.block_size), " KV blocks; the pool has ", pool_.num_blocks(),
+          " blocks", " and a step takes at most ", cfg_.max_batched_tokens, " tokens");
     if (cfg_.make_detokenizer) s->detokenizer = cfg_.make_detokenizer(s->tokens);
     sequence* raw = s.get();
     requests_.emplace(raw->id, std::move(s));
@@ -170,47 +188,62 @@ class engine {
     return id;
   }
 
-  // Stops a request now; everything it held is freed at once. Returns false for an unknown or finished id.
+  // Stops a request now; everything it held (blocks, query slot, host copy) is freed at once. Returns
+  // false for an unknown or finished id.
   bool cancel(request_id id) {
     sequence* s = find(id);
     if (s == nullptr || s->is_finished()) return false;
+    if (s->compressing) {
+      worker_.wait_idle(s);  // the worker must not write into blocks that are about to be reused
+      land_compressions(worker_.take_finished());
+    }
     scheduler_.remove(s);
-    release_slot(*s);
+    swapped_state_.erase(s->id);
     s->status = request_status::finished;
     s->reason = finish_reason::cancelled;
     return true;
   }
 
-  [[nodiscard]] bool has_unfinished() const { return scheduler_.num_waiting() + scheduler_.num_running() > 0; }
+  [[nodiscard]] bool has_unfinished() const {
+    return scheduler_.num_waiting() + scheduler_.num_running() + scheduler_.num_swapped() > 0;
+  }
 
   // Runs one step; returns the tokens it produced.
   std::vector<step_event> step() {
     std::vector<step_event> events;
+    land_compressions(worker_.take_finished());
     step_plan plan = scheduler_.schedule();
     for (sequence* s : plan.rejected) reject(*s, events);
-    for (sequence* s : plan.preempted) release_slot(*s);
     stats_.preemptions += static_cast<std::int64_t>(plan.preempted.size());
-    if (plan.phase == step_phase::idle) return events;
+    move_state(plan);
+    if (plan.batch.empty()) {
+      // Nothing can run until a compression lands (its request holds the blocks others wait for).
+      if (worker_.in_flight() > 0) land_compressions(worker_.wait_finished());
+      return events;
+    }
 
-    for (sequence* s : plan.seqs) take_slot(*s);
     build_batch(plan);
     forward_context<Backend> ctx(backend_, kv_, batch_, config().num_q_heads);
     const tensor logits = model_.forward(ctx);
     const std::vector<float> host_logits = backend_.to_host(logits);
     const auto vocab = static_cast<std::size_t>(config().vocab_size);
-    check(host_logits.size() == vocab * plan.seqs.size(), "engine: the model returned ", host_logits.size(),
-          " logits for ", plan.seqs.size(), " requests of vocabulary ", vocab);
+    check(host_logits.size() == vocab * logits_rows_.size(), "engine: the model returned ", host_logits.size(),
+          " logits for ", logits_rows_.size(), " requests of vocabulary ", vocab);
 
-    for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
-      sequence& s = *plan.seqs[i];
-      s.kv_len += s.num_pending();
-      s.num_computed = s.num_tokens();
-      const std::span<const float> row(host_logits.data() + i * vocab, vocab);
-      const token_id tok = next_token(s, row);
+    std::size_t row = 0;
+    for (const scheduled_seq& e : plan.batch) {
+      sequence& s = *e.seq;
+      const bool samples = e.samples();
+      s.kv_len += e.tokens;
+      s.num_computed += e.tokens;
+      if (!samples) continue;  // a prefill chunk short of the prompt's end
+      const std::span<const float> logits_row(host_logits.data() + row++ * vocab, vocab);
+      const token_id tok = next_token(s, logits_row);
       s.tokens.push_back(tok);
       events.push_back(on_token(s, tok));
-      if (!s.is_finished() && compressor_.should_compress(s)) compress(s);
+      if (!s.is_finished() && worker_.planner().should_compress(s)) s.needs_compression = true;
     }
+    scheduler_.commit(plan);
     record_step(plan);
     return events;
   }
@@ -264,9 +297,15 @@ class engine {
     st.num_blocks = pool_.num_blocks();
     st.peak_blocks_used = pool_.peak_used();
     st.blocks_in_use = pool_.num_used();
-    st.lossy_preemptions = scheduler_.num_lossy_preemptions();
     st.running = scheduler_.num_running();
     st.waiting = scheduler_.num_waiting();
+    st.swapped = scheduler_.num_swapped();
+    st.swaps = scheduler_.num_swaps();
+    st.compressing = worker_.in_flight();
+    st.slots_in_use = scheduler_.num_slots_in_use();
+    st.num_query_slots = memory_.num_query_slots;
+    st.prefix_lookups = pool_.prefix_lookups();
+    st.prefix_hits = pool_.prefix_hits();
     return st;
   }
 
@@ -280,23 +319,46 @@ class engine {
   }
 
  private:
-  static int pool_size(const model_config& c, const engine_config& cfg) {
-    c.validate();
-    check(cfg.block_size > 0, "engine: block_size must be positive, got ", cfg.block_size);
-    if (cfg.num_blocks > 0) return cfg.num_blocks;
-    const std::size_t block_bytes = 2ull * sizeof(float) * static_cast<std::size_t>(c.num_layers) *
-                                    static_cast<std::size_t>(cfg.block_size) * static_cast<std::size_t>(c.kv_size());
-    const auto blocks = static_cast<int>(std::min<std::size_t>(cfg.kv_cache_bytes / block_bytes, 1u << 30));
-    check(blocks > 0, "engine: kv_cache_bytes = ", cfg.kv_cache_bytes, " holds no block of ", block_bytes, " bytes");
-    return blocks;
+  [[nodiscard]] static memory_request memory_request_for(const engine_config& cfg) {
+    memory_request r;
+    r.budget_bytes = cfg.kv_cache_bytes;
+    r.num_blocks = cfg.num_blocks;
+    r.num_query_slots = cfg.num_query_slots;
+    r.max_running = cfg.max_num_seqs;
+    r.block_size = cfg.block_size;
+    if constexpr (EvictionPolicy::evicts) {
+      r.budget_blocks = cfg.budget_blocks;
+      r.window = cfg.window;
+      r.score_cache = EvictionPolicy::uses_score_cache;
+      // A scheduler without hybrid slots gives every running request one.
+      if constexpr (requires { Scheduler::slot_per_running_request; })
+        if (r.num_query_slots == 0) r.num_query_slots = cfg.max_num_seqs;
+    }
+    return r;
   }
 
-  static kv_cache_shape kv_shape(const model_config& c, const engine_config& cfg, int num_blocks) {
-    kv_cache_shape shape{c.num_layers, num_blocks, cfg.block_size, c.num_kv_heads, c.head_dim};
+  [[nodiscard]] scheduler_config scheduler_settings() const {
+    scheduler_config sc;
+    sc.max_num_seqs = cfg_.max_num_seqs;
+    sc.max_batched_tokens = cfg_.max_batched_tokens;
+    sc.block_size = cfg_.block_size;
+    sc.prefix_caching = cfg_.prefix_caching;
+    sc.hybrid = cfg_.hybrid;
+    if constexpr (EvictionPolicy::evicts) {
+      sc.budget_blocks = cfg_.budget_blocks;
+      sc.window = cfg_.window;
+      sc.num_query_slots = memory_.num_query_slots;
+    }
+    return sc;
+  }
+
+  [[nodiscard]] kv_cache_shape kv_shape() const {
+    const auto& c = config();
+    kv_cache_shape shape{c.num_layers, memory_.num_blocks, cfg_.block_size, c.num_kv_heads, c.head_dim};
     if constexpr (EvictionPolicy::evicts) {
       shape.num_q_heads = c.num_q_heads;
-      shape.window = cfg.window;
-      shape.num_query_slots = cfg.max_num_seqs;  // every running request holds a slot
+      shape.window = cfg_.window;
+      shape.num_query_slots = memory_.num_query_slots;
       shape.score_cache = EvictionPolicy::uses_score_cache;
     }
     return shape;
@@ -307,7 +369,44 @@ class engine {
     return it == requests_.end() ? nullptr : it->second.get();
   }
 
-  // Lays the plan's pending tokens out back to back with their positions, slots and page tables.
+  // Data movement the plan asks for, in an order that keeps every source intact until it is read:
+  // swap-outs read blocks the plan may already have handed to others, then copy-on-write copies, then
+  // compressions, then swap-ins write into their fresh blocks.
+  void move_state(const step_plan& plan) {
+    for (const swap_out_job& job : plan.swap_out) swapped_state_.emplace(job.seq->id, backend_.swap_out(kv_, job.pages, job.slot));
+    for (const compression_job& job : plan.compress)
+      for (const block_copy& c : job.copies) backend_.copy_block(kv_, c.from, c.to);
+    for (const compression_job& job : plan.compress) worker_.submit(job.seq);
+    for (sequence* s : plan.swap_in) {
+      auto it = swapped_state_.find(s->id);
+      check(it != swapped_state_.end(), "engine: request ", s->id, " was swapped in without a saved state");
+      backend_.swap_in(kv_, s->table.blocks(), s->query_slot, it->second);
+      swapped_state_.erase(it);
+    }
+  }
+
+  // A compaction landed: the tail blocks go back to the pool and the request may run again.
+  void land_compressions(std::vector<finished_compression> done) {
+    for (auto& d : done) {
+      sequence& s = *d.seq;
+      s.compressing = false;
+      if (!d.error.empty()) {
+        fail_request(s, "compression failed: " + d.error);
+        continue;
+      }
+      std::vector<block_id> blocks = s.table.take();
+      const auto kept = static_cast<std::size_t>(blocks_for_tokens(d.new_len, cfg_.block_size));
+      for (std::size_t b = kept; b < blocks.size(); ++b) pool_.release(blocks[b]);
+      blocks.resize(kept);
+      s.table.assign(std::move(blocks));
+      stats_.tokens_evicted += s.kv_len - d.new_len;
+      s.kv_len = d.new_len;
+      ++s.num_compressions;
+      ++stats_.compressions;
+    }
+  }
+
+  // Lays the planned tokens out back to back with their positions, slots and page tables.
   void build_batch(const step_plan& plan) {
     tokens_.clear();
     positions_.clear();
@@ -319,9 +418,10 @@ class engine {
     page_indices_.clear();
     window_rows_.clear();
     const int bs = cfg_.block_size;
-    for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
-      const sequence& s = *plan.seqs[i];
-      for (int j = 0; j < s.num_pending(); ++j) {
+    for (std::size_t i = 0; i < plan.batch.size(); ++i) {
+      const scheduled_seq& e = plan.batch[i];
+      const sequence& s = *e.seq;
+      for (int j = 0; j < e.tokens; ++j) {
         const int logical = s.num_computed + j;
         const int physical = s.kv_len + j;
         tokens_.push_back(s.tokens[static_cast<std::size_t>(logical)]);
@@ -331,7 +431,7 @@ class engine {
         token_kv_len_.push_back(physical + 1);
         if constexpr (EvictionPolicy::evicts) window_rows_.push_back(window_row(s, physical));
       }
-      logits_rows_.push_back(static_cast<std::int32_t>(tokens_.size()) - 1);
+      if (e.samples()) logits_rows_.push_back(static_cast<std::int32_t>(tokens_.size()) - 1);
       page_indices_.insert(page_indices_.end(), s.table.blocks().begin(), s.table.blocks().end());
       page_indptr_.push_back(static_cast<std::int32_t>(page_indices_.size()));
     }
@@ -345,7 +445,7 @@ class engine {
   // boundary the window holds the last W queries of the block that just filled.
   [[nodiscard]] std::int32_t window_row(const sequence& s, int physical) const {
     const int offset = physical % cfg_.block_size - (cfg_.block_size - cfg_.window);
-    return offset >= 0 ? s.query_slot * cfg_.window + offset : -1;
+    return offset >= 0 && s.query_slot >= 0 ? s.query_slot * cfg_.window + offset : -1;
   }
 
   token_id next_token(sequence& s, std::span<const float> row) {
@@ -362,36 +462,6 @@ class engine {
     double sum = 0.0;
     for (float x : row) sum += std::exp(static_cast<double>(x - max));
     return static_cast<float>(row[static_cast<std::size_t>(tok)] - max - std::log(sum));
-  }
-
-  // Plan, then apply: score and select, move the kept tokens to the front, give the tail blocks back.
-  void compress(sequence& s) {
-    const compaction_plan plan = compressor_.plan(backend_, kv_, s, s.query_slot);
-    backend_.apply_compaction(kv_, plan);
-    std::vector<block_id> blocks = s.table.take();
-    const auto kept_blocks = static_cast<std::size_t>(blocks_for_tokens(plan.new_len, cfg_.block_size));
-    for (std::size_t b = kept_blocks; b < blocks.size(); ++b) pool_.release(blocks[b]);
-    blocks.resize(kept_blocks);
-    s.table.assign(std::move(blocks));
-    stats_.tokens_evicted += s.kv_len - plan.new_len;
-    s.kv_len = plan.new_len;
-    ++s.num_compressions;
-    ++stats_.compressions;
-  }
-
-  void take_slot(sequence& s) {
-    if constexpr (EvictionPolicy::evicts) {
-      if (s.query_slot >= 0) return;
-      check(!free_slots_.empty(), "engine: no free query slot for request ", s.id);
-      s.query_slot = free_slots_.front();
-      free_slots_.pop_front();
-    }
-  }
-
-  void release_slot(sequence& s) {
-    if (s.query_slot < 0) return;
-    free_slots_.push_back(s.query_slot);
-    s.query_slot = -1;
   }
 
   step_event on_token(sequence& s, token_id tok) {
@@ -415,7 +485,6 @@ class engine {
     if (reason != finish_reason::none) {
       s.reason = reason;
       scheduler_.finish(&s);
-      release_slot(s);
       e.finished = true;
       e.reason = reason;
     }
@@ -437,42 +506,49 @@ class engine {
     return false;
   }
 
-  void reject(sequence& s, std::vector<step_event>& events) {
+  void fail_request(sequence& s, std::string message) {
     scheduler_.remove(&s);
-    release_slot(s);
     s.status = request_status::finished;
     s.reason = finish_reason::error;
-    s.error_message = detail::concat("request ", s.id, " needs ", blocks_for_tokens(s.num_tokens(), cfg_.block_size),
-                                     " KV blocks for its ", s.num_tokens(), " tokens; the pool has ",
-                                     pool_.num_blocks());
+    s.error_message = std::move(message);
+  }
+
+  void reject(sequence& s, std::vector<step_event>& events) {
+    fail_request(s, detail::concat("request ", s.id, " needs ", blocks_for_tokens(s.num_tokens(), cfg_.block_size),
+                                   " KV blocks for its ", s.num_tokens(), " tokens; the pool has ", pool_.num_blocks()));
     events.push_back({s.id, 0, {}, true, finish_reason::error});
   }
 
   void record_step(const step_plan& plan) {
     ++stats_.steps;
-    if (plan.phase == step_phase::prefill) {
-      ++stats_.prefill_steps;
-      stats_.prompt_tokens += static_cast<std::int64_t>(tokens_.size());
-    } else {
-      ++stats_.decode_steps;
+    bool any_prefill = false;
+    for (const auto& e : plan.batch) {
+      if (e.seq->num_generated() == 0 || !e.samples() || e.tokens > 1) {
+        any_prefill = true;
+        stats_.prompt_tokens += e.tokens;
+      }
+      if (e.samples()) ++stats_.generated_tokens;
     }
-    stats_.generated_tokens += static_cast<std::int64_t>(plan.seqs.size());
-    stats_.peak_running = std::max(stats_.peak_running, scheduler_.num_running() + static_cast<int>(
-                                                            std::count_if(plan.seqs.begin(), plan.seqs.end(),
-                                                                          [](const sequence* s) { return s->is_finished(); })));
+    any_prefill ? ++stats_.prefill_steps : ++stats_.decode_steps;
+    int finished = 0;
+    for (const auto& e : plan.batch) finished += e.seq->is_finished();
+    stats_.peak_running = std::max(stats_.peak_running, scheduler_.num_running() + finished);
+    stats_.prefix_hit_tokens = 0;
+    for (const auto& [id, s] : requests_) stats_.prefix_hit_tokens += s->num_prefix_hit_tokens;
   }
 
   engine_config cfg_;
   Model model_;
   EvictionPolicy policy_;
   Backend backend_;
+  memory_plan memory_;
   block_pool pool_;
   Scheduler scheduler_;
   typename Backend::kv_storage kv_;
-  compressor<EvictionPolicy, Backend> compressor_;
-  std::deque<int> free_slots_;
+  compression_worker<EvictionPolicy, Backend> worker_;  // last: its thread stops before the rest goes
   sampler sampler_;
   std::unordered_map<request_id, std::unique_ptr<sequence>> requests_;
+  std::unordered_map<request_id, typename Backend::swap_blob> swapped_state_;
   request_id next_id_ = 0;
   engine_stats stats_;
 

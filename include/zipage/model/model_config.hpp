@@ -1,5 +1,7 @@
 #pragma once
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "zipage/core/error.hpp"
 #include "zipage/core/types.hpp"
@@ -9,6 +11,45 @@ namespace zipage {
 // How RoPE pairs the dimensions of a head: GGUF llama checkpoints rotate adjacent pairs (x[2i], x[2i+1]);
 // Hugging Face checkpoints rotate the two halves (x[i], x[i + d/2]).
 enum class rope_style { interleaved, half };
+
+// RoPE frequency scaling. `llama3` is Llama 3.1's: with wavelength λ = 2π/f of a rotation frequency f,
+// λ < original_max_position / high_freq_factor keeps f, λ > original_max_position / low_freq_factor
+// uses f / factor, and wavelengths in between interpolate smoothly between the two.
+enum class rope_scaling_type { none, llama3 };
+
+struct rope_scaling_config {
+  rope_scaling_type type = rope_scaling_type::none;
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int original_max_position = 8192;
+
+  [[nodiscard]] bool enabled() const noexcept { return type != rope_scaling_type::none; }
+
+  // The scaled inverse frequency (radians per position) for an unscaled one.
+  [[nodiscard]] double apply(double inv_freq) const noexcept {
+    if (type != rope_scaling_type::llama3) return inv_freq;
+    const double pi = 3.14159265358979323846;
+    const double wavelen = 2.0 * pi / inv_freq;
+    const double old_len = original_max_position;
+    if (wavelen < old_len / high_freq_factor) return inv_freq;
+    if (wavelen > old_len / low_freq_factor) return inv_freq / factor;
+    const double smooth = (old_len / wavelen - low_freq_factor) / (double(high_freq_factor) - low_freq_factor);
+    return (1.0 - smooth) * inv_freq / factor + smooth * inv_freq;
+  }
+
+  void validate() const {
+    if (type == rope_scaling_type::none) return;
+    check(std::isfinite(factor) && factor >= 1.0f, "model config: rope scaling factor must be >= 1, got ", factor);
+    check(std::isfinite(low_freq_factor) && low_freq_factor > 0.0f,
+          "model config: rope scaling low_freq_factor must be positive, got ", low_freq_factor);
+    check(std::isfinite(high_freq_factor) && high_freq_factor > low_freq_factor,
+          "model config: rope scaling high_freq_factor (", high_freq_factor, ") must exceed low_freq_factor (",
+          low_freq_factor, ")");
+    check(original_max_position > 0, "model config: rope scaling original_max_position_embeddings must be positive, got ",
+          original_max_position);
+  }
+};
 
 struct model_config {
   std::string architecture = "llama";
@@ -26,6 +67,11 @@ struct model_config {
   bool tied_embeddings = true;
   token_id bos = -1;
   token_id eos = -1;
+  // Added for Hugging Face checkpoints; the defaults keep GGUF models as they were.
+  rope_scaling_config rope_scaling;   // RoPE frequency scaling (Llama 3.1)
+  bool qkv_bias = false;              // q/k/v projections carry a bias (Qwen2)
+  bool qk_norm = false;               // per-head RMSNorm of q and k before RoPE (Qwen3)
+  std::vector<token_id> extra_eos;    // further end-of-sequence ids besides `eos` (e.g. <|endoftext|>)
 
   [[nodiscard]] int q_size() const { return num_q_heads * head_dim; }
   [[nodiscard]] int kv_size() const { return num_kv_heads * head_dim; }
@@ -49,6 +95,9 @@ struct model_config {
     check(rms_eps > 0.0f, "model config: rms_eps must be positive, got ", rms_eps);
     check(bos < vocab_size && eos < vocab_size, "model config: bos/eos (", bos, "/", eos,
           ") outside the vocabulary of ", vocab_size);
+    for (token_id id : extra_eos)
+      check(id >= 0 && id < vocab_size, "model config: extra eos id ", id, " outside the vocabulary of ", vocab_size);
+    rope_scaling.validate();
   }
 };
 

@@ -46,6 +46,8 @@ class llama_model {
     config_.validate();
     check(static_cast<int>(w_.layers.size()) == config_.num_layers, "llama: ", w_.layers.size(),
           " layers of weights for a config of ", config_.num_layers);
+    check(!config_.rope_scaling.enabled() || backend_scales_rope,
+          "llama: the config asks for RoPE frequency scaling, which this backend does not implement");
   }
 
   [[nodiscard]] const model_config& config() const { return config_; }
@@ -63,8 +65,8 @@ class llama_model {
       project(ops, h_, lw.wv, lw.bv, v_);
       if (lw.q_norm) ops.rms_norm(q_, *lw.q_norm, c.rms_eps, q_);
       if (lw.k_norm) ops.rms_norm(k_, *lw.k_norm, c.rms_eps, k_);
-      ops.rope(q_, ctx.positions(), c.head_dim, c.rope_theta, c.rope);
-      ops.rope(k_, ctx.positions(), c.head_dim, c.rope_theta, c.rope);
+      rope(ops, q_, ctx.positions());
+      rope(ops, k_, ctx.positions());
       ctx.attention(l, q_, k_, v_, attn_);
       ops.linear(attn_, lw.wo, h_);
       ops.add(x_, h_);
@@ -85,6 +87,23 @@ class llama_model {
   }
 
  private:
+  // Backends that take a rope_scaling_config get it; the others only see unscaled configs (checked above).
+  static constexpr bool backend_scales_rope =
+      requires(Backend& b, tensor& x, std::span<const std::int32_t> p, const rope_scaling_config& s) {
+        b.rope(x, p, 2, 1.0f, rope_style::half, s);
+      };
+
+  void rope(Backend& ops, tensor& x, std::span<const std::int32_t> positions) const {
+    const auto& c = config_;
+    if constexpr (backend_scales_rope) {
+      if (c.rope_scaling.enabled()) {
+        ops.rope(x, positions, c.head_dim, c.rope_theta, c.rope, c.rope_scaling);
+        return;
+      }
+    }
+    ops.rope(x, positions, c.head_dim, c.rope_theta, c.rope);
+  }
+
   static void project(Backend& ops, const tensor& x, const tensor& w, const std::optional<tensor>& bias, tensor& out) {
     ops.linear(x, w, out);
     if (bias) ops.add_bias(out, *bias);

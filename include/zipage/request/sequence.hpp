@@ -2,6 +2,7 @@
 // One request as the engine tracks it: its tokens (prompt + generated), its page table, and how far
 // its KV has been computed. Logical positions (token indices, used for RoPE) are kept apart from
 // physical KV slots so that eviction can shrink the cache without renumbering the tokens.
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -12,7 +13,7 @@
 
 namespace zipage {
 
-enum class request_status { waiting, running, finished };
+enum class request_status { waiting, running, swapped, finished };
 
 enum class finish_reason { none, eos, length, stop_string, stop_token, cancelled, error };
 
@@ -49,6 +50,14 @@ struct sequence {
   int num_preemptions = 0;
   int query_slot = -1;        // row block of the query-window cache, while running under an evicting policy
   int num_compressions = 0;
+  bool needs_compression = false;  // reached a compression point; the scheduler plans it next step
+  bool compressing = false;        // a compaction is in flight: left out of every batch until it lands
+
+  // Prefix cache bookkeeping: how many leading full blocks are registered, and the chained hash of the
+  // last of them.
+  int num_hashed_blocks = 0;
+  std::uint64_t prefix_hash = 0;
+  int num_prefix_hit_tokens = 0;
 
   std::vector<token_id> forced_tokens;  // teacher forcing: emit these instead of sampling (evaluation)
   std::vector<float> logprobs;          // log-probability of each emitted token, when params.logprobs

@@ -2,80 +2,39 @@
 // Continuous batching, planned on the host: which requests run this step, and who gives way when the
 // KV pool runs out. Pure host code over sequences and the block manager, testable without a model.
 #include <algorithm>
-#include <concepts>
 #include <cstdint>
 #include <deque>
 #include <vector>
 
 #include "zipage/kv/block_manager.hpp"
 #include "zipage/request/sequence.hpp"
+#include "zipage/scheduler/step_plan.hpp"
 
 namespace zipage {
 
-struct scheduler_config {
-  int max_num_seqs = 256;         // running requests at most
-  int max_batched_tokens = 8192;  // tokens fed to the model in one step at most
-  int block_size = 16;
-
-  void validate() const {
-    check(max_num_seqs > 0, "scheduler: max_num_seqs must be positive, got ", max_num_seqs);
-    check(max_batched_tokens > 0, "scheduler: max_batched_tokens must be positive, got ", max_batched_tokens);
-    check(block_size > 0, "scheduler: block_size must be positive, got ", block_size);
-  }
-};
-
-enum class step_phase { idle, prefill, decode };
-
-// The plan for one step. Sequences in `seqs` have blocks for all their pending tokens.
-struct step_plan {
-  step_phase phase = step_phase::idle;
-  std::vector<sequence*> seqs;
-  std::vector<sequence*> preempted;  // sent back to the queue while planning this step
-  std::vector<sequence*> rejected;   // can never run (need more than the whole pool or step budget)
-
-  [[nodiscard]] int num_tokens() const {
-    int n = 0;
-    for (const sequence* s : seqs) n += s->num_pending();
-    return n;
-  }
-};
-
-// What the engine needs of a scheduler.
-template <class S>
-concept scheduler_policy = std::constructible_from<S, scheduler_config, block_pool&> &&
-    requires(S& s, const S& cs, sequence* seq) {
-      s.add(seq);
-      { s.schedule() } -> std::same_as<step_plan>;
-      s.finish(seq);
-      s.remove(seq);
-      { cs.num_waiting() } -> std::convertible_to<int>;
-      { cs.num_running() } -> std::convertible_to<int>;
-      { cs.num_preemptions() } -> std::convertible_to<std::int64_t>;
-      { cs.block_size() } -> std::convertible_to<int>;
-    };
-
-// First come, first served. A step is either a prefill of waiting requests (admitted in arrival order
-// while the token budget and free blocks allow) or a decode of every running request. When a decode
-// cannot get a block, the newest running request is preempted by recomputation: its blocks are freed
-// and it goes back to the front of the queue, to be prefilled again (prompt and generated tokens).
-class fcfs_scheduler {
+// Queues, query slots, and the ways a request gives way, shared by the built-in schedulers.
+class scheduler_base {
  public:
-  fcfs_scheduler(scheduler_config cfg, block_pool& pool) : cfg_(cfg), blocks_(pool, cfg.block_size) {
+  scheduler_base(scheduler_config cfg, block_pool& pool) : cfg_(cfg), blocks_(pool, cfg.block_size) {
     cfg_.validate();
+    for (int slot = 0; slot < cfg_.num_query_slots; ++slot) free_slots_.push_back(slot);
   }
 
+  [[nodiscard]] const scheduler_config& config() const { return cfg_; }
   [[nodiscard]] int block_size() const { return cfg_.block_size; }
   [[nodiscard]] int num_waiting() const { return static_cast<int>(waiting_.size()); }
   [[nodiscard]] int num_running() const { return static_cast<int>(running_.size()); }
+  [[nodiscard]] int num_swapped() const { return static_cast<int>(swapped_.size()); }
+  [[nodiscard]] int num_slots_in_use() const { return cfg_.num_query_slots - static_cast<int>(free_slots_.size()); }
   [[nodiscard]] std::int64_t num_preemptions() const { return preemptions_; }
-  [[nodiscard]] std::int64_t num_lossy_preemptions() const { return lossy_preemptions_; }
-  [[nodiscard]] bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
+  [[nodiscard]] std::int64_t num_swaps() const { return swaps_; }
+  [[nodiscard]] bool has_unfinished() const { return !waiting_.empty() || !running_.empty() || !swapped_.empty(); }
   [[nodiscard]] block_manager& blocks() { return blocks_; }
+  [[nodiscard]] const std::deque<sequence*>& running() const { return running_; }
 
-  // Whether a request could ever be admitted: its prompt fits the pool and the step token budget.
+  // Whether a request could ever run: all its tokens fit the pool.
   [[nodiscard]] bool admissible(const sequence& s) const {
-    return s.num_pending() <= cfg_.max_batched_tokens &&
-           blocks_for_tokens(s.num_tokens(), cfg_.block_size) <= blocks_.pool().num_blocks();
+    return blocks_for_tokens(s.num_tokens(), cfg_.block_size) <= blocks_.pool().num_blocks();
   }
 
   void add(sequence* s) {
@@ -83,20 +42,17 @@ class fcfs_scheduler {
     waiting_.push_back(s);
   }
 
-  step_plan schedule() {
-    step_plan plan = schedule_prefill();
-    if (plan.seqs.empty()) {
-      step_plan decode = schedule_decode();
-      decode.rejected = std::move(plan.rejected);
-      plan = std::move(decode);
-    }
-    return plan;
+  // After the step ran: completed prompt blocks become findable by later requests.
+  void commit(const step_plan& plan) {
+    if (!cfg_.prefix_caching) return;
+    for (const auto& e : plan.batch) blocks_.register_full_blocks(*e.seq);
   }
 
-  // A finished request leaves the running set and gives its blocks back.
+  // A finished request leaves the running set and gives its blocks and slot back.
   void finish(sequence* s) {
     erase(running_, s);
     blocks_.deallocate(*s);
+    release_slot(*s);
     s->status = request_status::finished;
   }
 
@@ -104,77 +60,123 @@ class fcfs_scheduler {
   void remove(sequence* s) {
     erase(waiting_, s);
     erase(running_, s);
+    erase(swapped_, s);
     blocks_.deallocate(*s);
+    release_slot(*s);
   }
 
- private:
-  step_plan schedule_prefill() {
-    step_plan plan;
-    int tokens = 0;
-    while (!waiting_.empty() && num_running() < cfg_.max_num_seqs) {
-      sequence* s = waiting_.front();
-      if (!admissible(*s)) {
-        // Waiting would never help: a request that outgrew the pool (or budget) is dropped, not retried.
-        waiting_.pop_front();
-        s->status = request_status::finished;
-        plan.rejected.push_back(s);
-        continue;
-      }
-      if (tokens + s->num_pending() > cfg_.max_batched_tokens || !blocks_.can_allocate(*s)) break;
-      waiting_.pop_front();
-      blocks_.allocate(*s);
-      s->status = request_status::running;
-      running_.push_back(s);
-      tokens += s->num_pending();
-      plan.seqs.push_back(s);
+ protected:
+  bool take_slot(sequence& s) {
+    if (s.query_slot >= 0) return true;
+    if (free_slots_.empty()) return false;
+    s.query_slot = free_slots_.front();
+    free_slots_.pop_front();
+    return true;
+  }
+  void release_slot(sequence& s) {
+    if (s.query_slot < 0) return;
+    free_slots_.push_back(s.query_slot);
+    s.query_slot = -1;
+  }
+  [[nodiscard]] bool has_free_slot() const { return !free_slots_.empty(); }
+
+  // Frees `needed` blocks for running_[i] by evicting newer requests that are not in this step's batch
+  // yet (index > i): an uncompressed one by recomputation first (nothing is lost but compute), then a
+  // compressed one by swapping it to host memory (its evicted tokens cannot be recomputed), and last
+  // request i itself. Returns false when request i was the one evicted.
+  bool make_room(std::size_t i, int needed, step_plan& plan) {
+    sequence* self = running_[i];
+    while (!blocks_.pool().can_allocate(needed)) {
+      sequence* victim = newest_evictable(i, /*compressed=*/false);
+      if (victim == nullptr) victim = newest_evictable(i, /*compressed=*/true);
+      if (victim == nullptr) victim = self;
+      evict(victim, plan);
+      if (victim == self) return false;
     }
-    if (!plan.seqs.empty()) plan.phase = step_phase::prefill;
-    return plan;
+    return true;
   }
 
-  step_plan schedule_decode() {
-    step_plan plan;
-    // Oldest first, so the newest requests are the ones that give way.
-    for (std::size_t i = 0; i < running_.size(); ++i) {
-      sequence* s = running_[i];
-      bool preempted_self = false;
-      while (!blocks_.can_append(*s)) {
-        sequence* victim = pick_victim(i);
-        preempt(victim, plan);
-        if (victim == s) {
-          preempted_self = true;
-          break;
-        }
-      }
-      if (preempted_self) break;
-      blocks_.may_append(*s);
-      plan.seqs.push_back(s);
-    }
-    if (!plan.seqs.empty()) plan.phase = step_phase::decode;
-    return plan;
+  void evict(sequence* s, step_plan& plan) {
+    if (s->is_compressed()) swap_out(s, plan);
+    else preempt(s, plan);
   }
 
-  // The newest request not yet planned (index > i), or request i itself. A compressed request cannot
-  // be rebuilt by recomputation (its evicted tokens are gone), so uncompressed ones give way first; only
-  // when none is left is a compressed one recomputed (counted as lossy).
-  sequence* pick_victim(std::size_t i) {
-    for (std::size_t k = running_.size(); k-- > i;)
-      if (!running_[k]->is_compressed()) return running_[k];
-    ++lossy_preemptions_;
-    return running_.back();
-  }
-
+  // Recomputation: blocks freed, back to the front of the queue to be prefilled again.
   void preempt(sequence* s, step_plan& plan) {
     erase(running_, s);
     blocks_.deallocate(*s);
+    release_slot(*s);
     s->num_computed = 0;
     s->kv_len = 0;
     s->num_compressions = 0;
+    s->needs_compression = false;
     s->status = request_status::waiting;
     ++s->num_preemptions;
     ++preemptions_;
     waiting_.push_front(s);
     plan.preempted.push_back(s);
+  }
+
+  // Swap-out: the engine copies the request's blocks, scores and window queries to host memory before
+  // anything reuses them; here its blocks and slot go back to the pool at once.
+  void swap_out(sequence* s, step_plan& plan) {
+    erase(running_, s);
+    plan.swap_out.push_back({s, s->table.blocks(), s->query_slot});
+    blocks_.deallocate(*s);
+    release_slot(*s);
+    s->status = request_status::swapped;
+    ++swaps_;
+    swapped_.push_back(s);
+  }
+
+  // Brings swapped requests back, oldest first, while blocks (for their cache and next token) and a
+  // slot are free. Returns false while any stays out.
+  bool swap_in(step_plan& plan) {
+    while (!swapped_.empty()) {
+      sequence* s = swapped_.front();
+      const int blocks = blocks_for_tokens(s->kv_len + 1, cfg_.block_size);
+      if (!blocks_.pool().can_allocate(blocks) || !has_free_slot()) return false;
+      swapped_.pop_front();
+      take_slot(*s);
+      for (int b = 0; b < blocks; ++b) s->table.push_back(blocks_.pool().allocate());
+      s->status = request_status::running;
+      insert_by_age(s);
+      plan.swap_in.push_back(s);
+    }
+    return true;
+  }
+
+  // A request at a compression point: copy-on-write for blocks it shares (a prefix), then the plan
+  // carries it to the engine. Shared blocks must not be compacted in place; if no block is free for the
+  // copies, preemption rules apply. Returns false when the request itself had to give way.
+  bool plan_compression(std::size_t i, step_plan& plan) {
+    sequence* s = running_[i];
+    auto& pool = blocks_.pool();
+    int shared = 0;
+    for (block_id b : s->table.blocks()) shared += pool.ref_count(b) > 1;
+    if (!make_room(i, shared, plan)) return false;
+    compression_job job{s, {}};
+    std::vector<block_id> table = s->table.take();
+    for (block_id& b : table) {
+      if (pool.ref_count(b) > 1) {
+        const block_id fresh = pool.allocate();
+        job.copies.push_back({b, fresh});
+        pool.release(b);  // others still hold it, so its contents stay until the copy
+        b = fresh;
+      }
+      pool.forget(b);  // compaction rewrites it: it no longer holds a hashable prefix
+    }
+    s->table.assign(std::move(table));
+    s->num_hashed_blocks = 0;
+    s->needs_compression = false;
+    s->compressing = true;
+    plan.compress.push_back(std::move(job));
+    return true;
+  }
+
+  void reject(sequence* s, step_plan& plan) {
+    s->status = request_status::finished;
+    plan.rejected.push_back(s);
   }
 
   template <class Container>
@@ -185,9 +187,90 @@ class fcfs_scheduler {
   scheduler_config cfg_;
   block_manager blocks_;
   std::deque<sequence*> waiting_;
-  std::deque<sequence*> running_;
+  std::deque<sequence*> running_;  // in arrival order: index 0 is the oldest
+  std::deque<sequence*> swapped_;
+  std::deque<int> free_slots_;
   std::int64_t preemptions_ = 0;
-  std::int64_t lossy_preemptions_ = 0;
+  std::int64_t swaps_ = 0;
+
+ private:
+  sequence* newest_evictable(std::size_t i, bool compressed) const {
+    for (std::size_t k = running_.size(); k-- > i + 1;) {
+      sequence* s = running_[k];
+      if (!s->compressing && s->is_compressed() == compressed) return s;
+    }
+    return nullptr;
+  }
+
+  void insert_by_age(sequence* s) {
+    const auto at = std::find_if(running_.begin(), running_.end(), [&](const sequence* r) { return r->id > s->id; });
+    running_.insert(at, s);
+  }
+};
+
+// First come, first served, like nano-vllm: a step is either a prefill of waiting requests (whole
+// prompts, admitted in arrival order while the token budget and free blocks allow) or a decode of every
+// running request. When a decode cannot get a block, the newest request gives way (make_room).
+class fcfs_scheduler : public scheduler_base {
+ public:
+  static constexpr bool slot_per_running_request = true;
+
+  fcfs_scheduler(scheduler_config cfg, block_pool& pool) : scheduler_base(cfg, pool) {
+    check(!cfg_.compresses() || cfg_.num_query_slots >= cfg_.max_num_seqs,
+          "fcfs_scheduler: with compression every running request needs a query slot (num_query_slots >= "
+          "max_num_seqs); use zipage_scheduler for hybrid slots");
+  }
+
+  // Whole prompts only: a prompt must also fit one step.
+  [[nodiscard]] bool admissible(const sequence& s) const {
+    return scheduler_base::admissible(s) && s.num_pending() <= cfg_.max_batched_tokens;
+  }
+
+  step_plan schedule() {
+    step_plan plan;
+    if (swapped_.empty() || swap_in(plan)) schedule_prefill(plan);
+    if (plan.batch.empty()) schedule_decode(plan);
+    return plan;
+  }
+
+ private:
+  void schedule_prefill(step_plan& plan) {
+    int tokens = 0;
+    while (!waiting_.empty() && num_running() < cfg_.max_num_seqs) {
+      sequence* s = waiting_.front();
+      if (!admissible(*s)) {
+        // Waiting would never help: a request that outgrew the pool is dropped, not retried.
+        waiting_.pop_front();
+        reject(s, plan);
+        continue;
+      }
+      if (tokens + s->num_pending() > cfg_.max_batched_tokens || !blocks_.can_allocate(*s)) break;
+      waiting_.pop_front();
+      if (cfg_.compresses()) take_slot(*s);
+      blocks_.allocate(*s);
+      s->status = request_status::running;
+      running_.push_back(s);
+      tokens += s->num_pending();
+      plan.batch.push_back({s, s->num_pending()});
+    }
+  }
+
+  void schedule_decode(step_plan& plan) {
+    for (std::size_t i = 0; i < running_.size();) {
+      sequence* s = running_[i];
+      if (s->compressing) {
+        ++i;
+        continue;
+      }
+      const bool stays = s->needs_compression ? plan_compression(i, plan) : make_room(i, blocks_.blocks_needed(*s, 1), plan);
+      if (!stays) continue;  // running_[i] is now the next request
+      if (!s->compressing) {
+        blocks_.may_append(*s);
+        plan.batch.push_back({s, 1});
+      }
+      ++i;
+    }
+  }
 };
 
 }  // namespace zipage

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "zipage/backend/cpu/kv_storage.hpp"
+#include "zipage/core/error.hpp"
 #include "zipage/core/types.hpp"
 #include "zipage/compression/compaction_plan.hpp"
 
@@ -69,6 +70,78 @@ inline void apply_compaction(cpu_kv_storage& kv, const compaction_plan& plan) {
       }
     }
   }
+}
+
+}  // namespace zipage::cpu
+
+namespace zipage::cpu {
+
+// A request's state in host memory while it is swapped out: its blocks' K, V and scores, and its
+// query-window rows.
+struct swap_blob {
+  std::size_t num_pages = 0;
+  std::vector<float> k, v, scores, queries;
+};
+
+inline void copy_block(cpu_kv_storage& kv, block_id from, block_id to) {
+  const auto& s = kv.shape;
+  const auto block_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.token_stride());
+  const auto score_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.num_kv_heads);
+  for (int l = 0; l < s.num_layers; ++l) {
+    const auto view = kv.layer(l);
+    std::copy_n(view.k + block_elems * static_cast<std::size_t>(from), block_elems, view.k + block_elems * static_cast<std::size_t>(to));
+    std::copy_n(view.v + block_elems * static_cast<std::size_t>(from), block_elems, view.v + block_elems * static_cast<std::size_t>(to));
+    if (s.score_cache)
+      std::copy_n(kv.layer_scores(l) + score_elems * static_cast<std::size_t>(from), score_elems,
+                  kv.layer_scores(l) + score_elems * static_cast<std::size_t>(to));
+  }
+}
+
+namespace detail {
+// Walks every piece of a request's state (per layer: each page's K, V, scores; the slot's window rows)
+// and hands `move(cache_pointer, host_pointer, count)` each one, so saving and restoring share one walk.
+template <class Move>
+void for_each_state_piece(cpu_kv_storage& kv, std::span<const block_id> pages, int slot, swap_blob& blob, Move move) {
+  const auto& s = kv.shape;
+  const auto block_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.token_stride());
+  const auto score_elems = static_cast<std::size_t>(s.score_cache ? std::int64_t{s.block_size} * s.num_kv_heads : 0);
+  const auto slot_elems = static_cast<std::size_t>(std::int64_t{s.window} * s.query_row_stride());
+  std::size_t i = 0;
+  for (int l = 0; l < s.num_layers; ++l) {
+    const auto view = kv.layer(l);
+    for (block_id b : pages) {
+      const auto at = block_elems * static_cast<std::size_t>(b);
+      move(view.k + at, blob.k.data() + i * block_elems, block_elems);
+      move(view.v + at, blob.v.data() + i * block_elems, block_elems);
+      if (score_elems)
+        move(kv.layer_scores(l) + score_elems * static_cast<std::size_t>(b), blob.scores.data() + i * score_elems, score_elems);
+      ++i;
+    }
+    if (slot >= 0 && !blob.queries.empty())
+      move(kv.query_rows(l) + slot_elems * static_cast<std::size_t>(slot), blob.queries.data() + slot_elems * static_cast<std::size_t>(l),
+           slot_elems);
+  }
+}
+}  // namespace detail
+
+inline swap_blob save_request_state(cpu_kv_storage& kv, std::span<const block_id> pages, int slot) {
+  const auto& s = kv.shape;
+  const std::size_t n = pages.size() * static_cast<std::size_t>(s.num_layers);
+  swap_blob blob;
+  blob.num_pages = pages.size();
+  blob.k.resize(n * static_cast<std::size_t>(s.block_size * s.token_stride()));
+  blob.v.resize(blob.k.size());
+  blob.scores.resize(s.score_cache ? n * static_cast<std::size_t>(s.block_size * s.num_kv_heads) : 0);
+  blob.queries.resize(slot >= 0 ? static_cast<std::size_t>(s.num_layers * s.window * s.query_row_stride()) : 0);
+  detail::for_each_state_piece(kv, pages, slot, blob, [](const float* cache, float* host, std::size_t n_) { std::copy_n(cache, n_, host); });
+  return blob;
+}
+
+// Restores into the first blob.num_pages of `pages` (the rest are fresh room for new tokens) and `slot`.
+inline void restore_request_state(cpu_kv_storage& kv, std::span<const block_id> pages, int slot, swap_blob& blob) {
+  check(pages.size() >= blob.num_pages, "swap-in: ", pages.size(), " pages for ", blob.num_pages, " saved");
+  detail::for_each_state_piece(kv, pages.first(blob.num_pages), slot, blob,
+                               [](float* cache, const float* host, std::size_t n_) { std::copy_n(host, n_, cache); });
 }
 
 }  // namespace zipage::cpu

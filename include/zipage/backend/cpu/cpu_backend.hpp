@@ -64,13 +64,16 @@ inline void add_bias(matrix& x, const matrix& bias) {
   for (Eigen::Index r = 0; r < x.rows(); ++r) x.row(r) += bias.row(0);
 }
 
-// Rotates every head of every row by its token's logical position.
-inline void rope(matrix& x, std::span<const std::int32_t> positions, int head_dim, float theta, rope_style style) {
+// Rotates every head of every row by its token's logical position; `scaling` rescales the frequencies
+// (Llama 3.1's llama3 scaling, see rope_scaling_config::apply).
+inline void rope(matrix& x, std::span<const std::int32_t> positions, int head_dim, float theta, rope_style style,
+                 const rope_scaling_config& scaling = {}) {
   check(static_cast<std::size_t>(x.rows()) == positions.size(), "rope: ", x.rows(), " rows but ",
         positions.size(), " positions");
   const int half = head_dim / 2;
   std::vector<double> inv_freq(static_cast<std::size_t>(half));
-  for (int i = 0; i < half; ++i) inv_freq[static_cast<std::size_t>(i)] = std::pow(double(theta), -2.0 * i / head_dim);
+  for (int i = 0; i < half; ++i)
+    inv_freq[static_cast<std::size_t>(i)] = scaling.apply(std::pow(double(theta), -2.0 * i / head_dim));
   const auto heads = x.cols() / head_dim;
   for (Eigen::Index r = 0; r < x.rows(); ++r) {
     for (Eigen::Index h = 0; h < heads; ++h) {
@@ -185,6 +188,10 @@ struct cpu_backend {
   void rope(tensor& x, std::span<const std::int32_t> pos, int head_dim, float theta, rope_style style) const {
     cpu::rope(x, pos, head_dim, theta, style);
   }
+  void rope(tensor& x, std::span<const std::int32_t> pos, int head_dim, float theta, rope_style style,
+            const rope_scaling_config& scaling) const {
+    cpu::rope(x, pos, head_dim, theta, style, scaling);
+  }
   void silu_mul(const tensor& gate, const tensor& up, tensor& out) const { cpu::silu_mul(gate, up, out); }
   void add(tensor& x, const tensor& y) const { x += y; }
   void gather_rows(const tensor& x, std::span<const std::int32_t> rows, tensor& out) const { cpu::gather_rows(x, rows, out); }
@@ -201,6 +208,15 @@ struct cpu_backend {
     out.assign(rows.begin(), rows.end());
   }
   void apply_compaction(kv_storage& kv, const compaction_plan& plan) const { cpu::apply_compaction(kv, plan); }
+  void copy_block(kv_storage& kv, block_id from, block_id to) const { cpu::copy_block(kv, from, to); }
+
+  using swap_blob = cpu::swap_blob;
+  [[nodiscard]] swap_blob swap_out(kv_storage& kv, std::span<const block_id> pages, int slot) const {
+    return cpu::save_request_state(kv, pages, slot);
+  }
+  void swap_in(kv_storage& kv, std::span<const block_id> pages, int slot, swap_blob& blob) const {
+    cpu::restore_request_state(kv, pages, slot, blob);
+  }
 
   void attention(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k,
                         const tensor& v, int num_q_heads, tensor& out) const {

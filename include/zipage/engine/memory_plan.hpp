@@ -1,0 +1,87 @@
+#pragma once
+// Start-up sizing of the KV memory. With an evicting policy each request with a query slot holds at
+// most B + 1 blocks, so max_concurrency = bytes / (block_bytes · (B + 1) + query_slot_bytes); that many
+// query slots are made (up to the running cap) and the rest of the memory becomes blocks.
+#include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <string>
+
+#include "zipage/core/error.hpp"
+#include "zipage/model/model_config.hpp"
+
+namespace zipage {
+
+struct memory_plan {
+  std::size_t budget_bytes = 0;      // memory given to the KV cache
+  std::size_t block_bytes = 0;       // K + V (+ scores) of one block, all layers
+  std::size_t query_slot_bytes = 0;  // one slot of the query-window cache, all layers
+  int num_blocks = 0;
+  int num_query_slots = 0;
+  int max_concurrency = 0;           // requests whose bounded caches fit at once (0 = unbounded, full KV)
+  int blocks_per_request = 0;        // B + 1 when compressing, else 0 (unbounded)
+
+  [[nodiscard]] std::size_t total_bytes() const {
+    return block_bytes * static_cast<std::size_t>(num_blocks) + query_slot_bytes * static_cast<std::size_t>(num_query_slots);
+  }
+
+  [[nodiscard]] std::string describe() const {
+    char buf[320];
+    if (blocks_per_request > 0)
+      std::snprintf(buf, sizeof buf,
+                    "KV memory plan: %d blocks x %.1f KiB + %d query slots x %.1f KiB = %.1f MiB; each request holds at "
+                    "most %d blocks; max concurrency %d",
+                    num_blocks, block_bytes / 1024.0, num_query_slots, query_slot_bytes / 1024.0,
+                    total_bytes() / 1048576.0, blocks_per_request, max_concurrency);
+    else
+      std::snprintf(buf, sizeof buf, "KV memory plan: %d blocks x %.1f KiB = %.1f MiB (full KV, no per-request bound)",
+                    num_blocks, block_bytes / 1024.0, total_bytes() / 1048576.0);
+    return buf;
+  }
+};
+
+struct memory_request {
+  std::size_t budget_bytes = 0;   // used when num_blocks == 0
+  int num_blocks = 0;             // fixed pool size, or 0
+  int num_query_slots = 0;        // fixed slot count, or 0 = derive
+  int max_running = 0;            // slots beyond the running cap would sit idle
+  int block_size = 0;
+  int budget_blocks = 0;          // 0 = no eviction
+  int window = 0;
+  bool score_cache = false;
+  std::size_t element_bytes = sizeof(float);
+};
+
+[[nodiscard]] inline memory_plan plan_memory(const model_config& c, const memory_request& r) {
+  check(r.block_size > 0, "memory plan: block_size must be positive, got ", r.block_size);
+  memory_plan p;
+  const auto layers = static_cast<std::size_t>(c.num_layers);
+  p.block_bytes = 2 * layers * static_cast<std::size_t>(r.block_size) * static_cast<std::size_t>(c.kv_size()) * r.element_bytes;
+  if (r.score_cache) p.block_bytes += layers * static_cast<std::size_t>(r.block_size) * static_cast<std::size_t>(c.num_kv_heads) * sizeof(float);
+  const bool compress = r.budget_blocks > 0;
+  if (compress) {
+    p.blocks_per_request = r.budget_blocks + 1;
+    p.query_slot_bytes = layers * static_cast<std::size_t>(r.window) * static_cast<std::size_t>(c.q_size()) * r.element_bytes;
+  }
+  const std::size_t per_request = p.block_bytes * static_cast<std::size_t>(p.blocks_per_request) + p.query_slot_bytes;
+  if (r.num_blocks > 0) {
+    p.num_blocks = r.num_blocks;
+    if (compress) p.max_concurrency = std::max(1, r.num_blocks / p.blocks_per_request);
+  } else {
+    p.budget_bytes = r.budget_bytes;
+    if (compress) p.max_concurrency = static_cast<int>(std::min<std::size_t>(r.budget_bytes / per_request, 1u << 20));
+  }
+  if (compress) {
+    p.num_query_slots = r.num_query_slots > 0 ? r.num_query_slots : std::clamp(p.max_concurrency, 1, std::max(1, r.max_running));
+  }
+  if (r.num_blocks == 0) {
+    const std::size_t slot_total = p.query_slot_bytes * static_cast<std::size_t>(p.num_query_slots);
+    check(r.budget_bytes > slot_total, "memory plan: ", r.budget_bytes, " bytes cannot hold the query slots (",
+          slot_total, " bytes)");
+    p.num_blocks = static_cast<int>(std::min<std::size_t>((r.budget_bytes - slot_total) / p.block_bytes, 1u << 30));
+  }
+  check(p.num_blocks > 0, "memory plan: ", r.budget_bytes, " bytes hold no KV block of ", p.block_bytes, " bytes");
+  return p;
+}
+
+}  // namespace zipage

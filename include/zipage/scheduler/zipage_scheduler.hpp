@@ -1,0 +1,108 @@
+#pragma once
+// The Zipage scheduler: the policies that let one engine hold hundreds of long-thinking requests.
+//  - Query slots are handed FIFO to running requests at the start of every step. In hybrid mode a
+//    request without a slot still runs, with full KV in leftover blocks, until it would have to record
+//    the window queries of the block at which it will be compressed; then it waits for a slot.
+//  - Each step first serves running requests oldest first (a decode token, or the next chunk of a
+//    prompt), then admits waiting ones FIFO, all under one token budget: prefill chunks and decodes
+//    share a step, so a long prompt never stalls decoding.
+//  - Compressions are planned here (copy-on-write of shared prefix blocks first).
+//  - When blocks run out, newer requests give way: uncompressed ones by recomputation, compressed ones
+//    by swapping to host memory; swapped requests come back before any new admission.
+#include <algorithm>
+
+#include "zipage/scheduler/scheduler.hpp"
+
+namespace zipage {
+
+class zipage_scheduler : public scheduler_base {
+ public:
+  using scheduler_base::scheduler_base;
+
+  step_plan schedule() {
+    step_plan plan;
+    hand_out_slots();
+    const bool all_back = swap_in(plan);
+    int budget = cfg_.max_batched_tokens;
+    serve_running(plan, budget);
+    if (all_back) admit_waiting(plan, budget);
+    return plan;
+  }
+
+  // Tokens of s, from its next one, that can run before one needs a query slot it does not have.
+  [[nodiscard]] int tokens_before_slot_needed(const sequence& s, int tokens) const {
+    if (!cfg_.compresses() || s.query_slot >= 0) return tokens;
+    const int bs = cfg_.block_size;
+    const int start = s.kv_len;
+    // Window queries matter only for the block at which the request will be compressed: the first
+    // block at or past the budget that also holds (or follows) its last pending token.
+    const int block = std::max({cfg_.budget_blocks, (s.num_tokens() - 1) / bs, start / bs});
+    const int first = std::max(start, block * bs + bs - cfg_.window);
+    return std::min(tokens, first - start);
+  }
+
+ private:
+  void hand_out_slots() {
+    if (!cfg_.compresses()) return;
+    for (sequence* s : running_)
+      if (s->query_slot < 0 && !take_slot(*s)) return;
+  }
+
+  void serve_running(step_plan& plan, int& budget) {
+    for (std::size_t i = 0; i < running_.size();) {
+      sequence* s = running_[i];
+      if (s->compressing) {
+        ++i;
+        continue;
+      }
+      if (s->needs_compression) {
+        if (plan_compression(i, plan)) ++i;
+        continue;
+      }
+      const int tokens = tokens_before_slot_needed(*s, std::min(s->num_pending(), budget));
+      if (tokens == 0) {  // out of budget, or waiting for a query slot
+        ++i;
+        continue;
+      }
+      if (!make_room(i, blocks_.blocks_needed(*s, tokens), plan)) continue;  // running_[i] is the next request now
+      blocks_.allocate(*s, tokens);
+      plan.batch.push_back({s, tokens});
+      budget -= tokens;
+      ++i;
+    }
+  }
+
+  void admit_waiting(step_plan& plan, int& budget) {
+    while (!waiting_.empty() && budget > 0 && num_running() < cfg_.max_num_seqs) {
+      sequence* s = waiting_.front();
+      if (!admissible(*s)) {
+        waiting_.pop_front();
+        reject(s, plan);
+        continue;
+      }
+      if (cfg_.compresses() && !take_slot(*s) && !cfg_.hybrid) return;
+      if (cfg_.prefix_caching) blocks_.match_prefix(*s);
+      const int tokens = tokens_before_slot_needed(*s, std::min(s->num_pending(), budget));
+      if (tokens == 0 || !blocks_.can_allocate(*s, tokens)) {
+        undo_admission(*s);
+        return;
+      }
+      waiting_.pop_front();
+      blocks_.allocate(*s, tokens);
+      s->status = request_status::running;
+      running_.push_back(s);
+      plan.batch.push_back({s, tokens});
+      budget -= tokens;
+    }
+  }
+
+  // A request that could not start after all keeps nothing: matched prefix blocks and slot go back.
+  void undo_admission(sequence& s) {
+    blocks_.deallocate(s);
+    s.num_prefix_hit_tokens -= s.kv_len;
+    s.num_computed = s.kv_len = 0;
+    release_slot(s);
+  }
+};
+
+}  // namespace zipage
