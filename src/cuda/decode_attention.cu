@@ -33,49 +33,60 @@ void validate(const decode_params& p) {
 }
 
 // Shared memory above 48 KB needs an opt-in per kernel and device; done once per device.
-template <int D>
+template <int D, int S>
 void prepare_kernel() {
   static std::atomic<std::uint64_t> done{0};
   int dev = 0;
   ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
   const std::uint64_t bit = std::uint64_t{1} << (dev & 63);
   if (done.load(std::memory_order_acquire) & bit) return;
-  ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(detail::paged_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         decode_config<D>::kSmemBytes));
+  ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(detail::paged_decode_kernel<D, S>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, decode_config<D, S>::kSmemBytes));
   done.fetch_or(bit, std::memory_order_release);
 }
 
-// Resident decode CTAs per multiprocessor times multiprocessors, per head_dim, for the current device.
-int decode_slots(int head_dim) {
+int default_stages(int head_dim) {
+  return head_dim == 128 ? detail::kDecodeDefaultStages<128> : detail::kDecodeDefaultStages<64>;
+}
+
+// Calls f.template operator()<D, S>() for the runtime (head_dim, stages).
+template <class F>
+void dispatch(int head_dim, int stages, F&& f) {
+  if (head_dim == 128) {
+    if (stages == 2) return f.template operator()<128, 2>();
+    if (stages == 3) return f.template operator()<128, 3>();
+    return f.template operator()<128, 4>();
+  }
+  if (stages == 2) return f.template operator()<64, 2>();
+  if (stages == 3) return f.template operator()<64, 3>();
+  return f.template operator()<64, 4>();
+}
+
+// Resident decode CTAs per multiprocessor times multiprocessors for the current device.
+int decode_slots(int head_dim, int stages) {
   static std::mutex mu;
-  static std::array<std::array<int, 2>, 64> cache{};
+  static std::array<std::array<int, 6>, 64> cache{};
   int dev = 0;
   ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
-  const int which = head_dim == 128 ? 1 : 0;
+  const int which = (head_dim == 128 ? 3 : 0) + (stages - 2);
   std::lock_guard lock(mu);
-  if (dev < 64 && cache[dev][which] > 0) return cache[dev][which];
+  if (dev < 64 && cache[std::size_t(dev)][std::size_t(which)] > 0) return cache[std::size_t(dev)][std::size_t(which)];
   int per_sm = 0;
-  if (head_dim == 128) {
-    prepare_kernel<128>();
-    ZIPAGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, detail::paged_decode_kernel<128>,
-                                                                    decode_config<128>::kThreads,
-                                                                    decode_config<128>::kSmemBytes));
-  } else {
-    prepare_kernel<64>();
-    ZIPAGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, detail::paged_decode_kernel<64>,
-                                                                    decode_config<64>::kThreads,
-                                                                    decode_config<64>::kSmemBytes));
-  }
+  dispatch(head_dim, stages, [&]<int D, int S>() {
+    prepare_kernel<D, S>();
+    ZIPAGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, detail::paged_decode_kernel<D, S>, decode_config<D, S>::kThreads, decode_config<D, S>::kSmemBytes));
+  });
   const int slots = std::max(1, per_sm) * detail::device_multiprocessors();
-  if (dev < 64) cache[dev][which] = slots;
+  if (dev < 64) cache[std::size_t(dev)][std::size_t(which)] = slots;
   return slots;
 }
 
 int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
-template <int D>
+template <int D, int S>
 void launch(const decode_params& p, const decode_plan& plan, void* workspace, cuda_stream stream) {
-  prepare_kernel<D>();
+  prepare_kernel<D, S>();
   const int group = p.num_q_heads / p.num_kv_heads;
   decode_args a{};
   a.q = static_cast<const detail::bf16*>(p.q);
@@ -98,25 +109,39 @@ void launch(const decode_params& p, const decode_plan& plan, void* workspace, cu
     a.ws_lse = a.ws_o + std::size_t(p.num_seqs) * p.num_q_heads * plan.num_splits * D;
   }
   const dim3 grid(plan.num_splits, p.num_kv_heads * a.head_chunks, p.num_seqs);
-  detail::paged_decode_kernel<D><<<grid, decode_config<D>::kThreads, decode_config<D>::kSmemBytes, stream>>>(a);
+  detail::paged_decode_kernel<D, S><<<grid, decode_config<D, S>::kThreads, decode_config<D, S>::kSmemBytes, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
   if (plan.num_splits > 1) {
-    const int warps = p.num_seqs * p.num_q_heads;
-    detail::decode_merge_kernel<D><<<(warps + 7) / 8, 256, 0, stream>>>(a, p.num_seqs);
+    // Programmatic dependent launch: the merge grid is launched while the decode grid runs and waits
+    // for its completion on the device (griddepcontrol.wait), which hides one launch latency.
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(p.num_seqs) * static_cast<unsigned>(p.num_q_heads));
+    config.blockDim = dim3(256);
+    config.dynamicSmemBytes = 0;
+    config.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    ZIPAGE_CUDA_CHECK(cudaLaunchKernelEx(&config, detail::decode_merge_kernel<D>, a));
     ZIPAGE_CUDA_CHECK_LAUNCH();
   }
 }
 
 }  // namespace
 
-decode_plan plan_decode(const decode_params& p, int force_splits) {
+decode_plan plan_decode(const decode_params& p, int force_splits, int stages) {
   validate(p);
+  check(stages == 0 || (stages >= 2 && stages <= 4), "plan_decode: stages ", stages, " (2..4, or 0 for the default)");
+  if (stages == 0) stages = default_stages(p.head_dim);
   const int len = std::max(1, p.max_kv_len);
-  const int max_splits = std::min(256, (len + detail::kKvTile - 1) / detail::kKvTile);
+  const int max_splits = std::min(detail::kMaxDecodeSplits, (len + detail::kKvTile - 1) / detail::kKvTile);
   auto make = [&](int splits) {
     decode_plan plan;
     plan.chunk_tokens = round_up((len + splits - 1) / splits, detail::kKvTile);
     plan.num_splits = (len + plan.chunk_tokens - 1) / plan.chunk_tokens;
+    plan.stages = stages;
     return plan;
   };
   if (force_splits > 0) return make(std::min(force_splits, max_splits));
@@ -125,7 +150,7 @@ decode_plan plan_decode(const decode_params& p, int force_splits) {
   const int group = p.num_q_heads / p.num_kv_heads;
   const long long ctas_per_split = static_cast<long long>(p.num_seqs) * p.num_kv_heads * ((group + 15) / 16);
   if (ctas_per_split == 0) return make(1);
-  const long long slots = decode_slots(p.head_dim);
+  const long long slots = decode_slots(p.head_dim, stages);
   constexpr long long kStartupTokens = 96;  // a CTA's fixed cost in tokens streamed
   constexpr long long kMergeTokens = 64;
   decode_plan best = make(1);
@@ -155,15 +180,15 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
             std::int64_t{plan.num_splits} * plan.chunk_tokens >= p.max_kv_len,
         "paged_decode_attention: plan (", plan.num_splits, " splits of ", plan.chunk_tokens,
         " tokens) does not cover max_kv_len ", p.max_kv_len);
-  check(plan.num_splits <= 65535, "paged_decode_attention: too many splits");
+  check(plan.num_splits <= detail::kMaxDecodeSplits, "paged_decode_attention: ", plan.num_splits, " splits (at most ",
+        detail::kMaxDecodeSplits, ")");
   check(workspace_bytes >= decode_workspace_bytes(p, plan) && (plan.num_splits == 1 || workspace != nullptr),
         "paged_decode_attention: workspace of ", workspace_bytes, " bytes, the plan needs ",
         decode_workspace_bytes(p, plan));
+  check(plan.stages == 0 || (plan.stages >= 2 && plan.stages <= 4), "paged_decode_attention: plan.stages ", plan.stages);
   if (p.num_seqs == 0) return;
-  if (p.head_dim == 128)
-    launch<128>(p, plan, workspace, stream);
-  else
-    launch<64>(p, plan, workspace, stream);
+  const int stages = plan.stages == 0 ? default_stages(p.head_dim) : plan.stages;
+  dispatch(p.head_dim, stages, [&]<int D, int S>() { launch<D, S>(p, plan, workspace, stream); });
 }
 
 }  // namespace zipage::cuda

@@ -61,7 +61,10 @@ class block_pool {
 
   void release(block_id b) {
     check_live(b, "release");
-    if (--ref_counts_[index(b)] == 0) push_free(b);
+    if (--ref_counts_[index(b)] == 0) {
+      if (!cached_[index(b)].ready) forget(b);  // its contents will never be computed now
+      push_free(b);
+    }
   }
 
   void release(std::span<const block_id> blocks) {
@@ -82,13 +85,18 @@ class block_pool {
 
   // ---- prefix cache ----
 
-  // Makes a full, computed block findable by the chained hash of its tokens. A hash already taken by
-  // another block keeps its first owner.
-  void register_block(block_id b, std::uint64_t hash, std::span<const token_id> tokens) {
+  // Makes a full block findable by the chained hash of its tokens. A block registered before the step
+  // that computes it is `pending` until mark_ready: a request that finds it then waits a step instead
+  // of computing the same prefix again. A hash already taken keeps its first owner.
+  void register_block(block_id b, std::uint64_t hash, std::span<const token_id> tokens, bool ready) {
     check_live(b, "register");
     if (by_hash_.contains(hash) || cached_[index(b)].registered) return;
-    cached_[index(b)] = {true, hash, {tokens.begin(), tokens.end()}};
+    cached_[index(b)] = {true, ready, hash, {tokens.begin(), tokens.end()}};
     by_hash_.emplace(hash, b);
+  }
+
+  void mark_ready(block_id b) {
+    if (cached_[index(b)].registered) cached_[index(b)].ready = true;
   }
 
   // Drops a block's hash (its contents are about to change, e.g. compaction).
@@ -101,22 +109,28 @@ class block_pool {
 
   [[nodiscard]] bool is_registered(block_id b) const { return cached_[index(b)].registered; }
 
-  // The cached block holding exactly `tokens` under `hash`, now referenced once more (taken off the
-  // free list if it was there), or nothing. The token comparison guards against hash collisions.
-  [[nodiscard]] std::optional<block_id> lookup(std::uint64_t hash, std::span<const token_id> tokens) {
+  struct prefix_match {
+    block_id block = invalid_block;  // referenced once more for the caller, when found and ready
+    bool pending = false;            // found, but its step has not run yet
+  };
+
+  // The cached block holding exactly `tokens` under `hash` (taken off the free list if it was there).
+  // The token comparison guards against hash collisions.
+  [[nodiscard]] prefix_match lookup(std::uint64_t hash, std::span<const token_id> tokens) {
     ++lookups_;
     const auto it = by_hash_.find(hash);
-    if (it == by_hash_.end()) return std::nullopt;
+    if (it == by_hash_.end()) return {};
     const block_id b = it->second;
-    const auto& stored = cached_[index(b)].tokens;
-    if (!std::equal(stored.begin(), stored.end(), tokens.begin(), tokens.end())) return std::nullopt;
+    const auto& entry = cached_[index(b)];
+    if (!std::equal(entry.tokens.begin(), entry.tokens.end(), tokens.begin(), tokens.end())) return {};
+    if (!entry.ready) return {invalid_block, true};
     if (ref_counts_[index(b)] == 0) {
       unlink_free(b);
       note_use();
     }
     ++ref_counts_[index(b)];
     ++hits_;
-    return b;
+    return {b, false};
   }
 
   [[nodiscard]] std::int64_t prefix_lookups() const { return lookups_; }
@@ -125,6 +139,7 @@ class block_pool {
  private:
   struct cache_entry {
     bool registered = false;
+    bool ready = true;
     std::uint64_t hash = 0;
     std::vector<token_id> tokens;
   };

@@ -58,20 +58,27 @@ class block_manager {
     s.prefix_hash = 0;
   }
 
+  struct prefix_result {
+    int reused_tokens = 0;
+    bool pending = false;  // the next block of this prefix is being computed this step: wait for it
+  };
+
   // At admission of a request with an empty table: takes cached blocks for its leading full blocks —
   // never the block holding its last token, which must be computed to give logits (and, for a request
-  // that will be compressed, to record its window queries). Returns the tokens reused.
-  int match_prefix(sequence& s) {
-    if (!s.table.empty() || s.kv_len != 0) return 0;
+  // that will be compressed, to record its window queries).
+  prefix_result match_prefix(sequence& s) {
+    if (!s.table.empty() || s.kv_len != 0) return {};
     const int candidates = (s.num_tokens() - 1) / block_size_;
     std::uint64_t hash = 0;
     int matched = 0;
+    bool pending = false;
     for (; matched < candidates; ++matched) {
       const auto tokens = block_tokens(s, matched);
       const std::uint64_t h = chain_hash(hash, tokens);
-      const auto b = pool_->lookup(h, tokens);
-      if (!b) break;
-      s.table.push_back(*b);
+      const auto m = pool_->lookup(h, tokens);
+      pending = m.pending;
+      if (m.block == invalid_block) break;
+      s.table.push_back(m.block);
       hash = h;
     }
     const int reused = matched * block_size_;
@@ -79,21 +86,32 @@ class block_manager {
     s.num_hashed_blocks = matched;
     s.prefix_hash = hash;
     s.num_prefix_hit_tokens += reused;
-    return reused;
+    return {reused, pending};
   }
 
-  // After a step: makes every newly completed block of an uncompressed request findable.
+  // At allocation for a step that will compute `tokens` more: blocks this step completes become
+  // findable at once, as pending, so requests admitted right after wait for them instead of computing
+  // the same prefix in parallel.
+  void register_planned_blocks(sequence& s, int tokens) { register_blocks(s, s.num_computed + tokens, false); }
+
+  // After a step: every completed block of an uncompressed request is findable and ready.
   void register_full_blocks(sequence& s) {
-    if (s.is_finished() || s.is_compressed() || s.kv_len != s.num_computed) return;
-    const int full = std::min(s.num_computed / block_size_, s.table.num_blocks());
-    for (; s.num_hashed_blocks < full; ++s.num_hashed_blocks) {
-      const auto tokens = block_tokens(s, s.num_hashed_blocks);
-      s.prefix_hash = chain_hash(s.prefix_hash, tokens);
-      pool_->register_block(s.table.blocks()[static_cast<std::size_t>(s.num_hashed_blocks)], s.prefix_hash, tokens);
-    }
+    if (s.is_finished()) return;
+    register_blocks(s, s.num_computed, true);
+    for (int b = 0; b < s.num_hashed_blocks; ++b) pool_->mark_ready(s.table.blocks()[static_cast<std::size_t>(b)]);
   }
 
  private:
+  void register_blocks(sequence& s, int computed_tokens, bool ready) {
+    if (s.is_compressed() || s.kv_len != s.num_computed) return;
+    const int full = std::min(computed_tokens / block_size_, s.table.num_blocks());
+    for (; s.num_hashed_blocks < full; ++s.num_hashed_blocks) {
+      const auto tokens = block_tokens(s, s.num_hashed_blocks);
+      s.prefix_hash = chain_hash(s.prefix_hash, tokens);
+      pool_->register_block(s.table.blocks()[static_cast<std::size_t>(s.num_hashed_blocks)], s.prefix_hash, tokens, ready);
+    }
+  }
+
   [[nodiscard]] std::span<const token_id> block_tokens(const sequence& s, int block) const {
     return {s.tokens.data() + static_cast<std::size_t>(block) * static_cast<std::size_t>(block_size_),
             static_cast<std::size_t>(block_size_)};

@@ -80,20 +80,26 @@ class scheduler_base {
   }
   [[nodiscard]] bool has_free_slot() const { return !free_slots_.empty(); }
 
-  // Frees `needed` blocks for running_[i] by evicting newer requests that are not in this step's batch
-  // yet (index > i): an uncompressed one by recomputation first (nothing is lost but compute), then a
-  // compressed one by swapping it to host memory (its evicted tokens cannot be recomputed), and last
-  // request i itself. Returns false when request i was the one evicted.
-  bool make_room(std::size_t i, int needed, step_plan& plan) {
+  enum class room { made, wait, evicted_self };
+
+  // Frees `needed` blocks for running_[i] by evicting the newest requests not in this step's batch yet
+  // (index > i), and last request i itself: an uncompressed request by recomputation (only compute is
+  // lost), a compressed one by swapping it to host memory (its evicted tokens cannot be recomputed).
+  // When only a compaction in flight stands in the way, request i waits a step for the blocks it frees.
+  room make_room(std::size_t i, int needed, step_plan& plan) {
     sequence* self = running_[i];
     while (!blocks_.pool().can_allocate(needed)) {
-      sequence* victim = newest_evictable(i, /*compressed=*/false);
-      if (victim == nullptr) victim = newest_evictable(i, /*compressed=*/true);
+      sequence* victim = newest_evictable(i, plan);
+      if (victim == nullptr && compaction_in_flight()) return room::wait;
       if (victim == nullptr) victim = self;
       evict(victim, plan);
-      if (victim == self) return false;
+      if (victim == self) return room::evicted_self;
     }
-    return true;
+    return room::made;
+  }
+
+  [[nodiscard]] bool compaction_in_flight() const {
+    return std::any_of(running_.begin(), running_.end(), [](const sequence* s) { return s->compressing; });
   }
 
   void evict(sequence* s, step_plan& plan) {
@@ -154,7 +160,9 @@ class scheduler_base {
     auto& pool = blocks_.pool();
     int shared = 0;
     for (block_id b : s->table.blocks()) shared += pool.ref_count(b) > 1;
-    if (!make_room(i, shared, plan)) return false;
+    const room r = make_room(i, shared, plan);
+    if (r == room::evicted_self) return false;
+    if (r == room::wait) return true;  // stays at its compression point; tried again next step
     compression_job job{s, {}};
     std::vector<block_id> table = s->table.take();
     for (block_id& b : table) {
@@ -194,10 +202,12 @@ class scheduler_base {
   std::int64_t swaps_ = 0;
 
  private:
-  sequence* newest_evictable(std::size_t i, bool compressed) const {
+  // A request mid-compaction cannot move (the worker owns its blocks), nor one swapped in by this very
+  // plan (its state is not back in its blocks yet).
+  sequence* newest_evictable(std::size_t i, const step_plan& plan) const {
     for (std::size_t k = running_.size(); k-- > i + 1;) {
       sequence* s = running_[k];
-      if (!s->compressing && s->is_compressed() == compressed) return s;
+      if (!s->compressing && std::find(plan.swap_in.begin(), plan.swap_in.end(), s) == plan.swap_in.end()) return s;
     }
     return nullptr;
   }
@@ -262,9 +272,13 @@ class fcfs_scheduler : public scheduler_base {
         ++i;
         continue;
       }
-      const bool stays = s->needs_compression ? plan_compression(i, plan) : make_room(i, blocks_.blocks_needed(*s, 1), plan);
-      if (!stays) continue;  // running_[i] is now the next request
-      if (!s->compressing) {
+      if (s->needs_compression) {
+        if (plan_compression(i, plan)) ++i;  // else running_[i] is now the next request
+        continue;
+      }
+      const room r = make_room(i, blocks_.blocks_needed(*s, 1), plan);
+      if (r == room::evicted_self) continue;
+      if (r == room::made) {
         blocks_.may_append(*s);
         plan.batch.push_back({s, 1});
       }

@@ -26,6 +26,7 @@ class zipage_scheduler : public scheduler_base {
     int budget = cfg_.max_batched_tokens;
     serve_running(plan, budget);
     if (all_back) admit_waiting(plan, budget);
+    if (plan.idle()) break_stall(plan);
     return plan;
   }
 
@@ -42,16 +43,29 @@ class zipage_scheduler : public scheduler_base {
   }
 
  private:
+  // Nothing could run although requests hold blocks (say, prompts mid-prefill filled the pool): the
+  // newest one that can move gives way, so the others can go on.
+  void break_stall(step_plan& plan) {
+    for (auto it = running_.rbegin(); it != running_.rend(); ++it)
+      if (!(*it)->compressing && (*it)->status == request_status::running) {
+        evict(*it, plan);
+        return;
+      }
+  }
+
   void hand_out_slots() {
     if (!cfg_.compresses()) return;
     for (sequence* s : running_)
       if (s->query_slot < 0 && !take_slot(*s)) return;
   }
 
+  // Decodes (and compressions) first, oldest first: they may make newer requests give way. Then the
+  // next chunks of prompts being prefilled, which take only what is left of the budget and of the
+  // free blocks, so a long prompt never holds decoding back.
   void serve_running(step_plan& plan, int& budget) {
     for (std::size_t i = 0; i < running_.size();) {
       sequence* s = running_[i];
-      if (s->compressing) {
+      if (s->compressing || s->num_pending() > 1) {
         ++i;
         continue;
       }
@@ -59,17 +73,34 @@ class zipage_scheduler : public scheduler_base {
         if (plan_compression(i, plan)) ++i;
         continue;
       }
-      const int tokens = tokens_before_slot_needed(*s, std::min(s->num_pending(), budget));
-      if (tokens == 0) {  // out of budget, or waiting for a query slot
+      if (budget == 0 || tokens_before_slot_needed(*s, 1) == 0) {  // out of budget, or waiting for a query slot
         ++i;
         continue;
       }
-      if (!make_room(i, blocks_.blocks_needed(*s, tokens), plan)) continue;  // running_[i] is the next request now
-      blocks_.allocate(*s, tokens);
-      plan.batch.push_back({s, tokens});
-      budget -= tokens;
+      const room r = make_room(i, blocks_.blocks_needed(*s, 1), plan);
+      if (r == room::evicted_self) continue;  // running_[i] is the next request now
+      if (r == room::made) schedule(*s, 1, plan, budget);
       ++i;
     }
+    for (sequence* s : running_) {
+      if (s->compressing || s->num_pending() <= 1) continue;
+      const int tokens = affordable_chunk(*s, budget);
+      if (tokens > 0) schedule(*s, tokens, plan, budget);
+    }
+  }
+
+  // The longest next chunk of s that fits the budget, the free blocks and its query slot.
+  [[nodiscard]] int affordable_chunk(const sequence& s, int budget) const {
+    int tokens = tokens_before_slot_needed(s, std::min(s.num_pending(), budget));
+    const int room = (s.table.num_blocks() + blocks_.pool().num_free()) * cfg_.block_size - s.kv_len;
+    return std::max(0, std::min(tokens, room));
+  }
+
+  void schedule(sequence& s, int tokens, step_plan& plan, int& budget) {
+    blocks_.allocate(s, tokens);
+    if (cfg_.prefix_caching) blocks_.register_planned_blocks(s, tokens);
+    plan.batch.push_back({&s, tokens});
+    budget -= tokens;
   }
 
   void admit_waiting(step_plan& plan, int& budget) {
@@ -81,18 +112,19 @@ class zipage_scheduler : public scheduler_base {
         continue;
       }
       if (cfg_.compresses() && !take_slot(*s) && !cfg_.hybrid) return;
-      if (cfg_.prefix_caching) blocks_.match_prefix(*s);
-      const int tokens = tokens_before_slot_needed(*s, std::min(s->num_pending(), budget));
-      if (tokens == 0 || !blocks_.can_allocate(*s, tokens)) {
+      if (cfg_.prefix_caching && blocks_.match_prefix(*s).pending) {
+        undo_admission(*s);  // its prefix is being computed this step: reuse it next step
+        return;
+      }
+      const int tokens = affordable_chunk(*s, budget);
+      if (tokens == 0) {
         undo_admission(*s);
         return;
       }
       waiting_.pop_front();
-      blocks_.allocate(*s, tokens);
       s->status = request_status::running;
       running_.push_back(s);
-      plan.batch.push_back({s, tokens});
-      budget -= tokens;
+      schedule(*s, tokens, plan, budget);
     }
   }
 

@@ -182,11 +182,15 @@ struct decode_args {
   float scale_log2;
 };
 
+// Default pipeline depth (64-token K/V tiles in flight per CTA, incl. the one being consumed).
 template <int D>
+inline constexpr int kDecodeDefaultStages = D == 128 ? 3 : 4;
+
+template <int D, int STAGES>
 struct decode_config {
   static constexpr int kThreads = 128;  // 4 warps, each takes 16 tokens of every 64-token tile
   static constexpr int kWarps = kThreads / 32;
-  static constexpr int kStages = D == 128 ? 3 : 4;
+  static constexpr int kStages = STAGES;
   static constexpr int kTileBytes = kKvTile * D * 2;
   static constexpr int kQBytes = 16 * D * 2;
   static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes;
@@ -196,18 +200,22 @@ struct decode_config {
 
 // grid (num_splits, kv_heads * head_chunks, num_seqs). CTA: one KV split of one (sequence, KV head)
 // for up to 16 query heads of its group.
-template <int D>
-__global__ void __launch_bounds__(decode_config<D>::kThreads) paged_decode_kernel(const decode_args a) {
-  using cfg = decode_config<D>;
+template <int D, int STAGES>
+__global__ void __launch_bounds__(decode_config<D, STAGES>::kThreads) paged_decode_kernel(const decode_args a) {
+  using cfg = decode_config<D, STAGES>;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float s_m[cfg::kWarps][16];
   __shared__ float s_l[cfg::kWarps][16];
 
+  // Let the merge kernel (launched with programmatic stream serialisation) start its launch now; it
+  // waits for this grid's completion in griddepcontrol.wait before reading anything.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int split = blockIdx.x;
   const int kvh = blockIdx.y / a.head_chunks;
   const int g0 = (blockIdx.y % a.head_chunks) * 16;
   const int seq = blockIdx.z;
   const int len = a.kv_len[seq];
+  const std::int32_t page_base = a.page_indptr[seq];  // issued together with kv_len (one round trip)
   const int seq_splits = max(1, (len + a.chunk - 1) / a.chunk);
   if (split >= seq_splits) return;
   const int start = split * a.chunk;
@@ -222,8 +230,8 @@ __global__ void __launch_bounds__(decode_config<D>::kThreads) paged_decode_kerne
   const std::uint32_t sq = smem_addr(smem);
   const std::uint32_t skv = sq + cfg::kQBytes;
 
-  kv_tile_loader<D, cfg::kThreads> loader(a.k, a.v, a.page_indices + a.page_indptr[seq], a.num_kv_heads, kvh,
-                                          a.bs_shift, tid);
+  kv_tile_loader<D, cfg::kThreads> loader(a.k, a.v, a.page_indices + page_base, a.num_kv_heads, kvh, a.bs_shift,
+                                          tid);
   loader.prefetch(start, end);
 
   // Q rows (zero beyond the group) join the first copy group.
@@ -338,43 +346,72 @@ __global__ void __launch_bounds__(decode_config<D>::kThreads) paged_decode_kerne
   }
 }
 
-// One warp per (sequence, query head): merges the splits of sequences that used more than one.
+inline constexpr int kMaxDecodeSplits = 256;
+
+// One 256-thread CTA per (sequence, query head): merges the splits of sequences that used more than
+// one. Threads spread over (split group, float4 of the row) so the partial rows are read in parallel.
 template <int D>
-__global__ void __launch_bounds__(256) decode_merge_kernel(const decode_args a, int num_seqs) {
-  constexpr int kPer = D / 32;  // elements per lane
-  const int warp_global = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (warp_global >= num_seqs * a.num_q_heads) return;
-  const int seq = warp_global / a.num_q_heads;
+__global__ void __launch_bounds__(256) decode_merge_kernel(const decode_args a) {
+  // Launched with programmatic stream serialisation: wait until the decode grid has completed and its
+  // writes are visible (a no-op for a normal launch).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  constexpr int kThreads = 256;
+  constexpr int kVecs = D / 4;               // float4 vectors per row
+  constexpr int kGroups = kThreads / kVecs;  // splits processed side by side
+  __shared__ float s_w[kMaxDecodeSplits];
+  __shared__ float4 s_acc[kGroups][kVecs];
+  __shared__ float s_red[2][kThreads / 32];
+
+  const std::int64_t row = blockIdx.x;  // sequence * q_heads + head
+  const int seq = static_cast<int>(row / a.num_q_heads);
   const int len = a.kv_len[seq];
   const int seq_splits = max(1, (len + a.chunk - 1) / a.chunk);
   if (seq_splits == 1) return;  // written directly by the decode kernel
-  const std::int64_t row = warp_global;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
   const float* lse = a.ws_lse + row * a.num_splits;
   float mx = -INFINITY;
-  for (int i = lane; i < seq_splits; i += 32) mx = fmaxf(mx, lse[i]);
+  for (int i = tid; i < seq_splits; i += kThreads) mx = fmaxf(mx, lse[i]);
   mx = warp_max(mx);
+  if (lane == 0) s_red[0][warp] = mx;
+  __syncthreads();
+  mx = s_red[0][0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) mx = fmaxf(mx, s_red[0][w]);
   const float base = mx == -INFINITY ? 0.0f : mx;
-  float acc[kPer] = {};
   float den = 0.0f;
-  const float* po = a.ws_o + row * a.num_splits * D + lane * kPer;
-  for (int i = 0; i < seq_splits; ++i) {
-    const float wt = fast_exp2(lse[i] - base);
-    den += wt;
-    if constexpr (kPer == 4) {
-      const float4 x = *reinterpret_cast<const float4*>(po + std::int64_t{i} * D);
-      acc[0] += wt * x.x, acc[1] += wt * x.y, acc[2] += wt * x.z, acc[3] += wt * x.w;
-    } else {
-      const float2 x = *reinterpret_cast<const float2*>(po + std::int64_t{i} * D);
-      acc[0] += wt * x.x, acc[1] += wt * x.y;
-    }
+  for (int i = tid; i < seq_splits; i += kThreads) {
+    const float w = fast_exp2(lse[i] - base);
+    s_w[i] = w;
+    den += w;
   }
-  const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-  bf16* dst = a.out + row * D + lane * kPer;
-  if constexpr (kPer == 4) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16(acc[0] * inv, acc[1] * inv), pack_bf16(acc[2] * inv, acc[3] * inv));
-  } else {
-    *reinterpret_cast<std::uint32_t*>(dst) = pack_bf16(acc[0] * inv, acc[1] * inv);
+  den = warp_sum(den);
+  if (lane == 0) s_red[1][warp] = den;
+  __syncthreads();
+  den = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) den += s_red[1][w];
+
+  const int c = tid % kVecs, grp = tid / kVecs;
+  const float* po = a.ws_o + row * a.num_splits * D + c * 4;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+  for (int i = grp; i < seq_splits; i += kGroups) {
+    const float w = s_w[i];
+    const float4 x = *reinterpret_cast<const float4*>(po + std::int64_t{i} * D);
+    acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+  }
+  s_acc[grp][c] = acc;
+  __syncthreads();
+  if (grp == 0) {
+#pragma unroll
+    for (int g = 1; g < kGroups; ++g) {
+      const float4 y = s_acc[g][c];
+      acc.x += y.x, acc.y += y.y, acc.z += y.z, acc.w += y.w;
+    }
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+    *reinterpret_cast<uint2*>(a.out + row * D + c * 4) =
+        make_uint2(pack_bf16(acc.x * inv, acc.y * inv), pack_bf16(acc.z * inv, acc.w * inv));
   }
 }
 

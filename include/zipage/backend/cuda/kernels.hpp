@@ -51,19 +51,22 @@ struct decode_params {
 // How the KV range of each sequence is split: split i covers tokens [i*chunk_tokens, (i+1)*chunk_tokens).
 // A sequence shorter than max_kv_len uses only the splits its length reaches.
 struct decode_plan {
-  int num_splits = 1;
+  int num_splits = 1;    // 1..256
   int chunk_tokens = 0;  // multiple of 64
+  int stages = 0;        // K/V pipeline depth in 64-token tiles, 2..4; 0 = the default for head_dim (tuning knob)
 };
 
-// Picks the split count from the batch shape and the device's multiprocessor count (0 = automatic);
-// `force_splits` > 0 asks for that many (tests). Host-only, no synchronisation.
-decode_plan plan_decode(const decode_params& p, int force_splits = 0);
+// Picks the split count from the batch shape, the device's multiprocessor count and the kernel's
+// occupancy; `force_splits` > 0 asks for that many (tests), `stages` > 0 a pipeline depth (tuning).
+// Host-only, no synchronisation.
+decode_plan plan_decode(const decode_params& p, int force_splits = 0, int stages = 0);
 
 // Device workspace the plan needs (0 when num_splits == 1): fp32 partial outputs and log-sum-exps.
 std::size_t decode_workspace_bytes(const decode_params& p, const decode_plan& plan);
 
-// Launches the decode kernel (and, when split, the merge kernel). `workspace` must hold
-// decode_workspace_bytes(p, plan) bytes of device memory.
+// Launches the decode kernel and, when split, the merge kernel (with programmatic dependent launch,
+// so its launch overlaps the decode grid). `workspace` must hold decode_workspace_bytes(p, plan) bytes
+// of device memory; it is only scratch (no initialisation needed). Stream-capturable.
 void paged_decode_attention(const decode_params& p, const decode_plan& plan, void* workspace,
                             std::size_t workspace_bytes, cuda_stream stream);
 

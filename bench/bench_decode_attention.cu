@@ -1,0 +1,463 @@
+// Paged decode (and prefill) attention on the GPU, against the device's copy bandwidth.
+//
+// Decode cases: batch x context x (q_heads, kv_heads), head_dim 128, block sizes 256 and 16, shuffled
+// page tables, bf16 K/V with random values. Each case's time is the device time of one kernel pass
+// (decode kernel + split merge), measured with CUDA events around a CUDA graph of R back-to-back
+// passes (manual time). Small cases rotate over several disjoint KV sets so that they are not served
+// from L2. Counters: KV bytes read per second (K and V of every attended token, read once) and its
+// fraction of the device-to-device copy bandwidth (cudaMemcpy of 2 GiB, bytes read + written),
+// measured first in the same program, and of a read-only streaming kernel's bandwidth (8 GiB). Prefill cases report TFLOP/s (causal: 4 * q_heads * head_dim
+// flops per (query, key) pair attended).
+//
+//   bench_decode_attention [--benchmark_filter=...] [--benchmark_out=file.json --benchmark_out_format=json]
+// prints a Markdown summary table at the end.
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "zipage/backend/cuda/common.cuh"
+#include "zipage/backend/cuda/kernels.hpp"
+#include "zipage/cuda/device.hpp"
+
+namespace {
+
+namespace zc = zipage::cuda;
+#define CK(expr) ZIPAGE_CUDA_CHECK(expr)
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kMaxCaseBytes = 60.0 * kGiB;  // K + V of one case
+constexpr int kHeadDim = 128;
+
+double g_copy_bytes_per_s = 0.0;
+double g_read_bytes_per_s = 0.0;  // read-only stream (a second, tighter ceiling for decode)
+
+// One pool of random bf16 K and V, shared by all cases (a case reinterprets its first blocks).
+struct kv_pool {
+  void* k = nullptr;
+  void* v = nullptr;
+  std::size_t bytes_per_side = 0;
+} g_pool;
+
+__global__ void fill_random_bf16(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed ^ static_cast<std::uint32_t>(i >> 32) * 40503u;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    const float f = (x & 0xffffff) / float(0x1000000) * 2.0f - 1.0f;  // [-1, 1)
+    p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  }
+}
+
+void fill_random(void* p, std::size_t elements, std::uint32_t seed) {
+  fill_random_bf16<<<4096, 256>>>(static_cast<std::uint16_t*>(p), elements, seed);
+  CK(cudaGetLastError());
+}
+
+template <class T>
+struct dbuf {
+  T* p = nullptr;
+  explicit dbuf(std::size_t n) { CK(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(T))); }
+  explicit dbuf(const std::vector<T>& h) : dbuf(h.size()) {
+    CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~dbuf() { cudaFree(p); }
+  dbuf(const dbuf&) = delete;
+  dbuf& operator=(const dbuf&) = delete;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Device-to-device copy bandwidth: 2 GiB, bytes read + written, median of 15.
+double measure_copy_bandwidth() {
+  const std::size_t bytes = std::size_t(2) << 30;
+  dbuf<std::uint8_t> a(bytes), b(bytes);
+  fill_random(a.p, bytes / 2, 7);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<double> times;
+  for (int i = 0; i < 18; ++i) {
+    CK(cudaEventRecord(e0));
+    CK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= 3) times.push_back(ms * 1e-3);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return 2.0 * bytes / median(times);
+}
+
+// Reads n 16-byte vectors, 4 independent loads in flight per thread; writes only if a sum is impossible.
+__global__ void read_stream_kernel(const uint4* __restrict__ p, std::size_t n, unsigned* sink) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
+  unsigned acc = 0;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride),
+                d = __ldcs(p + i + 3 * stride);
+    acc ^= a.x ^ b.y ^ c.z ^ d.w;
+  }
+  for (; i < n; i += stride) acc ^= __ldcs(p + i).x;
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// Read-only bandwidth over `bytes` of the pool: median of 15.
+double measure_read_bandwidth(const void* src, std::size_t bytes) {
+  dbuf<unsigned> sink(1);
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<double> times;
+  for (int i = 0; i < 18; ++i) {
+    CK(cudaEventRecord(e0));
+    read_stream_kernel<<<sms * 8, 256>>>(static_cast<const uint4*>(src), bytes / 16, sink.p);
+    CK(cudaGetLastError());
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= 3) times.push_back(ms * 1e-3);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return bytes / median(times);
+}
+
+// Times `graph` (R passes) `state.iterations()` times; returns the median seconds of one pass.
+double time_graph(benchmark::State& state, cudaGraphExec_t graph, cudaStream_t stream, int passes) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaGraphLaunch(graph, stream));  // warm-up
+  CK(cudaStreamSynchronize(stream));
+  std::vector<double> per_pass;
+  for (auto _ : state) {
+    CK(cudaEventRecord(e0, stream));
+    CK(cudaGraphLaunch(graph, stream));
+    CK(cudaEventRecord(e1, stream));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    const double s = ms * 1e-3 / passes;
+    per_pass.push_back(s);
+    state.SetIterationTime(s);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return median(per_pass);
+}
+
+struct summary_row {
+  std::string kind;
+  int batch, ctx, qh, kvh, bs, splits, stages;
+  double seconds, bytes, flops;
+};
+std::map<std::string, summary_row> g_rows;
+
+// ---- decode
+// lens: the KV length of each sequence (ragged allowed).
+void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, int bs, std::string key, int ctx_label,
+               int stages = 0, int force_splits = 0) {
+  const int batch = static_cast<int>(lens.size());
+  const std::size_t token_bytes = std::size_t(kvh) * kHeadDim * 2;  // one side
+  std::vector<std::int32_t> indptr{0};
+  for (int l : lens) indptr.push_back(indptr.back() + (l + bs - 1) / bs);
+  const std::size_t case_blocks = static_cast<std::size_t>(indptr.back());
+  double kv_bytes = 0;
+  for (int l : lens) kv_bytes += 2.0 * l * token_bytes;
+  const std::size_t pool_blocks = g_pool.bytes_per_side / (token_bytes * bs);
+  if (case_blocks > pool_blocks) {
+    state.SkipWithError("KV does not fit the pool");
+    return;
+  }
+  // Rotate over disjoint KV sets until ~1 GiB is touched (defeats the 60 MB L2 for small cases).
+  const int rot = static_cast<int>(std::clamp<double>(std::ceil(kGiB / kv_bytes), 1.0,
+                                                      std::min<double>(32.0, double(pool_blocks / std::max<std::size_t>(case_blocks, 1)))));
+  std::mt19937_64 rng(1234 + case_blocks);
+  std::vector<std::int32_t> indices(case_blocks * rot);
+  for (int r = 0; r < rot; ++r) {
+    // Blocks of rotation r: a random subset of the pool (shuffled page table).
+    std::vector<std::int32_t> ids(rot == 1 ? pool_blocks : case_blocks);
+    std::iota(ids.begin(), ids.end(), static_cast<std::int32_t>(rot == 1 ? 0 : r * case_blocks));
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::copy_n(ids.begin(), case_blocks, indices.begin() + r * case_blocks);
+  }
+  dbuf<std::int32_t> d_indptr(indptr), d_indices(indices), d_len(std::vector<std::int32_t>(lens.begin(), lens.end()));
+  dbuf<std::uint16_t> q(std::size_t(batch) * qh * kHeadDim), out(std::size_t(batch) * qh * kHeadDim);
+  fill_random(q.p, std::size_t(batch) * qh * kHeadDim, 99);
+
+  zc::decode_params p;
+  p.q = q.p;
+  p.out = out.p;
+  p.k_cache = g_pool.k;
+  p.v_cache = g_pool.v;
+  p.page_indptr = d_indptr.p;
+  p.kv_len = d_len.p;
+  p.num_seqs = batch;
+  p.num_q_heads = qh;
+  p.num_kv_heads = kvh;
+  p.head_dim = kHeadDim;
+  p.block_size = bs;
+  p.max_kv_len = *std::max_element(lens.begin(), lens.end());
+  p.scale = 1.0f / std::sqrt(float(kHeadDim));
+  const zc::decode_plan plan = zc::plan_decode(p, force_splits, stages);
+  const std::size_t ws_bytes = zc::decode_workspace_bytes(p, plan);
+  dbuf<std::uint8_t> ws(ws_bytes);
+
+  cudaStream_t stream;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  p.page_indices = d_indices.p;
+  zc::paged_decode_attention(p, plan, ws.p, ws_bytes, stream);  // sets kernel attributes before capture
+  CK(cudaStreamSynchronize(stream));
+
+  // R passes per graph: enough for ~2 ms of work (estimate at 4 TB/s), a multiple of the rotation.
+  const double est = kv_bytes / 4.0e12;
+  int passes = static_cast<int>(std::clamp(std::ceil(2e-3 / est), 1.0, 2000.0));
+  passes = (passes + rot - 1) / rot * rot;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < passes; ++i) {
+    p.page_indices = d_indices.p + (i % rot) * case_blocks;
+    zc::paged_decode_attention(p, plan, ws.p, ws_bytes, stream);
+  }
+  CK(cudaStreamEndCapture(stream, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  const double s = time_graph(state, exec, stream, passes);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaStreamDestroy(stream));
+
+  state.counters["KV_GBps"] = kv_bytes / s / 1e9;
+  state.counters["frac_copy"] = kv_bytes / s / g_copy_bytes_per_s;
+  state.counters["frac_read"] = kv_bytes / s / g_read_bytes_per_s;
+  state.counters["splits"] = plan.num_splits;
+  state.counters["passes"] = passes;
+  state.counters["stages"] = plan.stages;
+  g_rows[key] = {force_splits ? "splits" : stages ? "sweep" : "decode", batch, ctx_label, qh, kvh, bs, plan.num_splits, plan.stages, s, kv_bytes, 0.0};
+}
+
+// ---- prefill: `seqs` fresh prompts of `n` tokens each (causal), or chunks of n after `cached` tokens.
+void bm_prefill(benchmark::State& state, int seqs, int n, int cached, int qh, int kvh, int bs, std::string key) {
+  const int len = cached + n;
+  const std::size_t token_bytes = std::size_t(kvh) * kHeadDim * 2;
+  const int pages_per_seq = (len + bs - 1) / bs;
+  const std::size_t pool_blocks = g_pool.bytes_per_side / (token_bytes * bs);
+  std::vector<std::int32_t> ids(pool_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::mt19937_64 rng(77);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  ids.resize(std::size_t(seqs) * pages_per_seq);
+  std::vector<std::int32_t> page_indptr{0}, q_indptr{0}, token_len;
+  for (int s = 0; s < seqs; ++s) {
+    page_indptr.push_back(page_indptr.back() + pages_per_seq);
+    q_indptr.push_back(q_indptr.back() + n);
+    for (int i = 0; i < n; ++i) token_len.push_back(cached + i + 1);
+  }
+  const int tokens = seqs * n;
+  dbuf<std::int32_t> d_pi(page_indptr), d_idx(ids), d_qi(q_indptr), d_tl(token_len);
+  dbuf<std::uint16_t> q(std::size_t(tokens) * qh * kHeadDim), out(std::size_t(tokens) * qh * kHeadDim);
+  fill_random(q.p, std::size_t(tokens) * qh * kHeadDim, 5);
+  zc::prefill_params p;
+  p.q = q.p;
+  p.out = out.p;
+  p.k_cache = g_pool.k;
+  p.v_cache = g_pool.v;
+  p.q_indptr = d_qi.p;
+  p.token_kv_len = d_tl.p;
+  p.page_indptr = d_pi.p;
+  p.page_indices = d_idx.p;
+  p.num_tokens = tokens;
+  p.num_seqs = seqs;
+  p.num_q_heads = qh;
+  p.num_kv_heads = kvh;
+  p.head_dim = kHeadDim;
+  p.block_size = bs;
+  p.scale = 1.0f / std::sqrt(float(kHeadDim));
+  double pairs = 0;
+  for (int l : token_len) pairs += l;
+  const double flops = 4.0 * pairs * qh * kHeadDim;
+
+  cudaStream_t stream;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  zc::paged_prefill_attention(p, stream);
+  CK(cudaStreamSynchronize(stream));
+  const int passes = 3;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < passes; ++i) zc::paged_prefill_attention(p, stream);
+  CK(cudaStreamEndCapture(stream, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  const double s = time_graph(state, exec, stream, passes);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaStreamDestroy(stream));
+  state.counters["TFLOPs"] = flops / s / 1e12;
+  g_rows[key] = {"prefill", seqs, len, qh, kvh, bs, n, 0, s, 0.0, flops};
+}
+
+void bm_copy(benchmark::State& state) {
+  for (auto _ : state) state.SetIterationTime(1.0);
+  state.counters["copy_GBps"] = g_copy_bytes_per_s / 1e9;
+  state.counters["read_GBps"] = g_read_bytes_per_s / 1e9;
+}
+
+void print_summary() {
+  std::printf("\n## decode (head_dim %d, bf16 KV; copy bandwidth %.0f GB/s read+write, read-only %.0f GB/s)\n\n",
+              kHeadDim, g_copy_bytes_per_s / 1e9, g_read_bytes_per_s / 1e9);
+  std::printf("| batch | context | q/kv heads | block | splits | time (us) | KV GB/s | of copy bw | of read bw |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const auto& [key, r] : g_rows)
+    if (r.kind == "decode")
+      std::printf("| %d | %s | %d/%d | %d | %d | %.1f | %.0f | %.1f%% | %.1f%% |\n", r.batch,
+                  r.ctx < 0 ? "ragged" : std::to_string(r.ctx).c_str(), r.qh, r.kvh, r.bs, r.splits, r.seconds * 1e6,
+                  r.bytes / r.seconds / 1e9, 100.0 * r.bytes / r.seconds / g_copy_bytes_per_s,
+                  100.0 * r.bytes / r.seconds / g_read_bytes_per_s);
+  std::printf("\n## decode pipeline depth sweep\n\n| batch | context | q/kv heads | block | stages | splits | time (us) | KV GB/s | of copy bw |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const auto& [key, r] : g_rows)
+    if (r.kind == "sweep")
+      std::printf("| %d | %d | %d/%d | %d | %d | %d | %.1f | %.0f | %.1f%% |\n", r.batch, r.ctx, r.qh, r.kvh, r.bs, r.stages,
+                  r.splits, r.seconds * 1e6, r.bytes / r.seconds / 1e9, 100.0 * r.bytes / r.seconds / g_copy_bytes_per_s);
+  std::printf("\n## decode split-count sweep (the automatic plan's choice is in the first table)\n\n");
+  std::printf("| batch | context | q/kv heads | block | splits | time (us) | KV GB/s | of copy bw |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const auto& [key, r] : g_rows)
+    if (r.kind == "splits")
+      std::printf("| %d | %d | %d/%d | %d | %d | %.1f | %.0f | %.1f%% |\n", r.batch, r.ctx, r.qh, r.kvh, r.bs, r.splits,
+                  r.seconds * 1e6, r.bytes / r.seconds / 1e9, 100.0 * r.bytes / r.seconds / g_copy_bytes_per_s);
+  std::printf("\n## prefill (head_dim %d, causal)\n\n", kHeadDim);
+  std::printf("| seqs | kv len | new tokens/seq | q/kv heads | block | time (ms) | TFLOP/s |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const auto& [key, r] : g_rows)
+    if (r.kind == "prefill")
+      std::printf("| %d | %d | %d | %d/%d | %d | %.3f | %.1f |\n", r.batch, r.ctx, r.splits, r.qh, r.kvh, r.bs,
+                  r.seconds * 1e3, r.flops / r.seconds / 1e12);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (zc::device_count() == 0) {
+    std::printf("SKIPPED: no CUDA device (%s)\n", zc::describe_device().c_str());
+    return 0;
+  }
+  std::printf("device: %s\n", zc::describe_device(0).c_str());
+  try {
+    g_copy_bytes_per_s = measure_copy_bandwidth();
+    std::printf("device-to-device copy: %.1f GB/s (bytes read + written, 2 GiB cudaMemcpy, median of 15)\n",
+                g_copy_bytes_per_s / 1e9);
+
+    g_pool.bytes_per_side = static_cast<std::size_t>(kMaxCaseBytes / 2) + (std::size_t(64) << 20);
+    CK(cudaMalloc(&g_pool.k, g_pool.bytes_per_side));
+    CK(cudaMalloc(&g_pool.v, g_pool.bytes_per_side));
+    fill_random(g_pool.k, g_pool.bytes_per_side / 2, 1);
+    fill_random(g_pool.v, g_pool.bytes_per_side / 2, 2);
+    CK(cudaDeviceSynchronize());
+    g_read_bytes_per_s = measure_read_bandwidth(g_pool.k, std::size_t(8) << 30);
+    std::printf("read-only stream: %.1f GB/s (8 GiB, 16-byte loads, median of 15)\n", g_read_bytes_per_s / 1e9);
+
+    benchmark::RegisterBenchmark("copy_bandwidth", bm_copy)->UseManualTime()->Iterations(1);
+    const std::pair<int, int> heads[] = {{16, 8}, {32, 8}, {28, 4}, {12, 2}};
+    int order = 0;
+    for (int bs : {256, 16})
+      for (auto [qh, kvh] : heads)
+        for (int batch : {1, 16, 64, 256, 512})
+          for (int ctx : {512, 2048, 2304, 8192, 16384, 32768}) {
+            const double bytes = 2.0 * batch * double(ctx) * kvh * kHeadDim * 2;
+            if (bytes > kMaxCaseBytes) continue;
+            char name[128], key[32];
+            std::snprintf(name, sizeof name, "decode/bs%d/q%d_kv%d/batch%d/ctx%d", bs, qh, kvh, batch, ctx);
+            std::snprintf(key, sizeof key, "d%05d", order++);
+            benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+              bm_decode(st, std::vector<int>(std::size_t(batch), ctx), qh, kvh, bs, key, ctx);
+            })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+          }
+    // Ragged batches: lengths uniform in [1, 2 * mean].
+    for (int bs : {256, 16})
+      for (int batch : {64, 256}) {
+        std::mt19937_64 rng(batch + bs);
+        std::vector<int> lens(static_cast<std::size_t>(batch));
+        for (auto& l : lens) l = std::uniform_int_distribution<int>(1, 16384)(rng);
+        char name[128], key[32];
+        std::snprintf(name, sizeof name, "decode/bs%d/q32_kv8/batch%d/ragged1-16384", bs, batch);
+        std::snprintf(key, sizeof key, "r%05d", order++);
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) { bm_decode(st, lens, 32, 8, bs, key, -1); })
+            ->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+      }
+    // Pipeline depth sweep on a few shapes.
+    struct sweep_case {
+      int batch, ctx, qh, kvh, bs;
+    };
+    const sweep_case sweeps[] = {{64, 8192, 32, 8, 256},  {64, 8192, 32, 8, 16},  {256, 16384, 16, 8, 16},
+                                 {1, 32768, 32, 8, 16},   {16, 2048, 28, 4, 256}, {512, 2048, 12, 2, 16}};
+    for (const auto& c : sweeps)
+      for (int stages : {2, 3, 4}) {
+        char name[128], key[32];
+        std::snprintf(name, sizeof name, "decode_stages%d/bs%d/q%d_kv%d/batch%d/ctx%d", stages, c.bs, c.qh, c.kvh,
+                      c.batch, c.ctx);
+        std::snprintf(key, sizeof key, "s%05d", order++);
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+          bm_decode(st, std::vector<int>(static_cast<std::size_t>(c.batch), c.ctx), c.qh, c.kvh, c.bs, key, c.ctx, stages);
+        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+      }
+    // Split-count sweep on small batches (latency-bound; informs plan_decode's cost model).
+    const sweep_case split_cases[] = {{1, 8192, 12, 2, 16},  {1, 32768, 32, 8, 16}, {16, 2048, 28, 4, 256},
+                                      {16, 512, 16, 8, 256}, {4, 16384, 32, 8, 16}};
+    for (const auto& c : split_cases)
+      for (int splits : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
+        if (splits * 64 > c.ctx) continue;
+        char name[128], key[32];
+        std::snprintf(name, sizeof name, "decode_splits%d/bs%d/q%d_kv%d/batch%d/ctx%d", splits, c.bs, c.qh, c.kvh,
+                      c.batch, c.ctx);
+        std::snprintf(key, sizeof key, "t%05d", order++);
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+          bm_decode(st, std::vector<int>(static_cast<std::size_t>(c.batch), c.ctx), c.qh, c.kvh, c.bs, key, c.ctx, 0,
+                    splits);
+        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+      }
+    struct prefill_case {
+      int seqs, n, cached, qh, kvh, bs;
+    };
+    const prefill_case pcs[] = {{1, 4096, 0, 32, 8, 16},  {1, 8192, 0, 32, 8, 16},  {1, 16384, 0, 32, 8, 16},
+                                {4, 4096, 0, 32, 8, 16},  {1, 8192, 0, 32, 8, 256}, {1, 8192, 0, 16, 8, 16},
+                                {1, 8192, 0, 28, 4, 16},  {2, 2048, 8192, 32, 8, 16}};
+    for (const auto& c : pcs) {
+      char name[128], key[32];
+      std::snprintf(name, sizeof name, "prefill/bs%d/q%d_kv%d/seqs%d/new%d/cached%d", c.bs, c.qh, c.kvh, c.seqs, c.n,
+                    c.cached);
+      std::snprintf(key, sizeof key, "p%05d", order++);
+      benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+        bm_prefill(st, c.seqs, c.n, c.cached, c.qh, c.kvh, c.bs, key);
+      })->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+    }
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    print_summary();
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,621 @@
+// Checks every CUDA kernel of zipage::cuda (backend/cuda/kernels.hpp) against its CPU reference
+// (zipage::cpu::*) run on fp32 copies of the same bf16-rounded inputs, on fresh random inputs over a
+// grid of shapes: head_dim 64/128, GQA ratios 1..8 (and 6, 7, 32), block sizes 16/256, ragged lengths
+// from 0 to several thousand, shuffled page tables. Outputs are poisoned (bf16 NaN) before each run, so
+// an element the kernel did not write fails. Prints max abs error and relative error ||out-ref||/||ref||
+// per case; exits 1 on any failure, 77 (skipped) where there is no CUDA device.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "zipage/backend/cpu/cpu_backend.hpp"
+#include "zipage/backend/cuda/kernels.hpp"
+#include "zipage/cuda/device.hpp"
+
+namespace {
+
+namespace zc = zipage::cuda;
+using zipage::cpu::matrix;
+
+int g_failures = 0;
+int g_checks = 0;
+
+#define CUDA_OK(expr)                                                                                   \
+  do {                                                                                                  \
+    const cudaError_t e_ = (expr);                                                                      \
+    if (e_ != cudaSuccess) {                                                                            \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #expr); \
+      std::exit(1);                                                                                     \
+    }                                                                                                   \
+  } while (0)
+
+// ---- bf16 on the host
+std::uint16_t to_bf16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+float from_bf16(std::uint16_t h) {
+  const std::uint32_t u = std::uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+constexpr std::uint16_t kBf16NaN = 0x7fc0;
+
+std::mt19937_64 g_rng(20251117);
+
+// Random bf16 values in [lo, hi) and their fp32 copies.
+void random_bf16(std::size_t n, float lo, float hi, std::vector<std::uint16_t>& bits, std::vector<float>& vals) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  bits.resize(n);
+  vals.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    bits[i] = to_bf16(d(g_rng));
+    vals[i] = from_bf16(bits[i]);
+  }
+}
+
+// ---- device buffers
+template <class T>
+struct dbuf {
+  T* p = nullptr;
+  std::size_t n = 0;
+  dbuf() = default;
+  explicit dbuf(std::size_t count) : n(count) { CUDA_OK(cudaMalloc(&p, std::max<std::size_t>(1, n) * sizeof(T))); }
+  explicit dbuf(const std::vector<T>& h) : dbuf(h.size()) {
+    if (n) CUDA_OK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  dbuf(const dbuf&) = delete;
+  dbuf& operator=(const dbuf&) = delete;
+  ~dbuf() {
+    if (p) cudaFree(p);
+  }
+  void poison() { CUDA_OK(cudaMemset(p, 0xff, std::max<std::size_t>(1, n) * sizeof(T))); }  // bf16 0xffff = NaN
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    CUDA_OK(cudaDeviceSynchronize());
+    if (n) CUDA_OK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+// ---- comparison
+struct error_stats {
+  double max_abs = 0.0;
+  double rel = 0.0;
+  std::size_t bad = 0;  // NaN/Inf in the output
+};
+
+error_stats compare(const std::vector<std::uint16_t>& out, const std::vector<float>& ref) {
+  error_stats s;
+  double num = 0.0, den = 0.0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double o = from_bf16(out[i]);
+    if (!std::isfinite(o)) {
+      ++s.bad;
+      continue;
+    }
+    const double d = o - ref[i];
+    s.max_abs = std::max(s.max_abs, std::abs(d));
+    num += d * d;
+    den += double(ref[i]) * ref[i];
+  }
+  s.rel = den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+  return s;
+}
+
+void report(const std::string& name, const error_stats& s, double tol) {
+  ++g_checks;
+  const bool ok = s.bad == 0 && s.rel <= tol;
+  if (!ok) ++g_failures;
+  std::printf("[%s] %-72s max_abs=%.3e rel=%.3e (tol %.0e)%s\n", ok ? "PASS" : "FAIL", name.c_str(), s.max_abs, s.rel,
+              tol, s.bad ? (" non-finite=" + std::to_string(s.bad)).c_str() : "");
+}
+
+void report_exact(const std::string& name, std::size_t mismatches) {
+  ++g_checks;
+  if (mismatches) ++g_failures;
+  std::printf("[%s] %-72s mismatches=%zu (exact)\n", mismatches ? "FAIL" : "PASS", name.c_str(), mismatches);
+}
+
+void expect_throw(const std::string& name, auto&& f) {
+  ++g_checks;
+  bool threw = false;
+  try {
+    f();
+  } catch (const zipage::error&) {
+    threw = true;
+  }
+  if (!threw) ++g_failures;
+  std::printf("[%s] %-72s %s\n", threw ? "PASS" : "FAIL", name.c_str(), threw ? "rejected" : "NOT rejected");
+}
+
+matrix as_matrix(const std::vector<float>& v, Eigen::Index rows, Eigen::Index cols) {
+  return Eigen::Map<const matrix>(v.data(), rows, cols);
+}
+std::vector<float> as_vector(const matrix& m) { return {m.data(), m.data() + m.size()}; }
+
+// ---- paged KV cache fixture
+struct paged_cache {
+  int head_dim, kv_heads, block_size, num_blocks;
+  std::vector<int> kv_len;
+  std::vector<std::int32_t> page_indptr, page_indices;
+  std::vector<std::uint16_t> k, v;  // bf16 [blocks][block_size][kv_heads][head_dim]; NaN where no token lives
+  std::vector<float> kf, vf;
+};
+
+// Each sequence gets ceil(len / block_size) blocks drawn from a shuffled pool with spare blocks.
+paged_cache make_cache(int head_dim, int kv_heads, int block_size, const std::vector<int>& kv_len) {
+  paged_cache c{head_dim, kv_heads, block_size, 0, kv_len, {}, {}, {}, {}, {}, {}};
+  int pages = 0;
+  c.page_indptr.push_back(0);
+  for (int len : kv_len) {
+    pages += (len + block_size - 1) / block_size;
+    c.page_indptr.push_back(pages);
+  }
+  c.num_blocks = pages + 5;
+  std::vector<std::int32_t> pool(static_cast<std::size_t>(c.num_blocks));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), g_rng);
+  c.page_indices.assign(pool.begin(), pool.begin() + pages);
+  const std::size_t row = std::size_t(kv_heads) * head_dim;
+  const std::size_t total = std::size_t(c.num_blocks) * block_size * row;
+  c.k.assign(total, kBf16NaN);
+  c.v.assign(total, kBf16NaN);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (std::size_t s = 0; s < kv_len.size(); ++s)
+    for (int t = 0; t < kv_len[s]; ++t) {
+      const std::int64_t slot =
+          std::int64_t{c.page_indices[std::size_t(c.page_indptr[s] + t / block_size)]} * block_size + t % block_size;
+      for (std::size_t i = 0; i < row; ++i) {
+        c.k[std::size_t(slot) * row + i] = to_bf16(d(g_rng));
+        c.v[std::size_t(slot) * row + i] = to_bf16(d(g_rng));
+      }
+    }
+  c.kf.resize(total);
+  c.vf.resize(total);
+  for (std::size_t i = 0; i < total; ++i) {
+    c.kf[i] = from_bf16(c.k[i]);
+    c.vf[i] = from_bf16(c.v[i]);
+  }
+  return c;
+}
+
+// CPU reference attention for tokens (token_seq, token_kv_len), threaded over tokens.
+std::vector<float> reference_attention(const paged_cache& c, const std::vector<std::int32_t>& token_seq,
+                                       const std::vector<std::int32_t>& token_kv_len, const std::vector<float>& q,
+                                       int q_heads, float scale) {
+  const int tokens = static_cast<int>(token_seq.size());
+  const int width = q_heads * c.head_dim;
+  std::vector<float> out(std::size_t(tokens) * width);
+  zipage::paged_kv_layer<const float> kv;
+  kv.k = c.kf.data();
+  kv.v = c.vf.data();
+  kv.block_size = c.block_size;
+  kv.num_kv_heads = c.kv_heads;
+  kv.head_dim = c.head_dim;
+  const std::vector<std::int64_t> slots(std::size_t(tokens), 0);  // num_tokens() counts slot_mapping
+  const int threads = std::max(1, std::min<int>(tokens, static_cast<int>(std::thread::hardware_concurrency())));
+  std::vector<std::thread> pool;
+  for (int w = 0; w < threads; ++w)
+    pool.emplace_back([&, w] {
+      const int t0 = tokens * w / threads, t1 = tokens * (w + 1) / threads;
+      if (t1 <= t0) return;
+      const std::size_t n = std::size_t(t1 - t0);
+      zipage::attention_metadata meta;
+      meta.slot_mapping = std::span<const std::int64_t>(slots.data() + t0, n);
+      meta.token_seq = std::span<const std::int32_t>(token_seq.data() + t0, n);
+      meta.token_kv_len = std::span<const std::int32_t>(token_kv_len.data() + t0, n);
+      meta.page_indptr = c.page_indptr;
+      meta.page_indices = c.page_indices;
+      const matrix qm = Eigen::Map<const matrix>(q.data() + std::size_t(t0) * width, Eigen::Index(n), width);
+      matrix om;
+      zipage::cpu::paged_attention(kv, meta, qm, q_heads, scale, om);
+      std::copy_n(om.data(), om.size(), out.data() + std::size_t(t0) * width);
+    });
+  for (auto& th : pool) th.join();
+  return out;
+}
+
+std::string shape_name(const char* what, int d, int qh, int kvh, int bs) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "%s D=%d q=%d kv=%d bs=%d", what, d, qh, kvh, bs);
+  return buf;
+}
+
+// ---- decode
+// runs: (forced split count or 0 = automatic plan, pipeline stages or 0 = default).
+void test_decode(int d, int qh, int kvh, int bs, std::vector<int> lens, std::vector<std::pair<int, int>> runs) {
+  const int seqs = static_cast<int>(lens.size());
+  const paged_cache c = make_cache(d, kvh, bs, lens);
+  std::vector<std::uint16_t> qb;
+  std::vector<float> qf;
+  random_bf16(std::size_t(seqs) * qh * d, -2.0f, 2.0f, qb, qf);
+  const float scale = 1.0f / std::sqrt(float(d));
+  std::vector<std::int32_t> token_seq(static_cast<std::size_t>(seqs)), token_len(lens.begin(), lens.end());
+  std::iota(token_seq.begin(), token_seq.end(), 0);
+  const std::vector<float> ref = reference_attention(c, token_seq, token_len, qf, qh, scale);
+
+  dbuf<std::uint16_t> dk(c.k), dv(c.v), dq(qb), dout(qb.size());
+  dbuf<std::int32_t> dindptr(c.page_indptr), dindices(c.page_indices), dlen(token_len);
+  zc::decode_params p;
+  p.q = dq.p;
+  p.out = dout.p;
+  p.k_cache = dk.p;
+  p.v_cache = dv.p;
+  p.page_indptr = dindptr.p;
+  p.page_indices = dindices.p;
+  p.kv_len = dlen.p;
+  p.num_seqs = seqs;
+  p.num_q_heads = qh;
+  p.num_kv_heads = kvh;
+  p.head_dim = d;
+  p.block_size = bs;
+  p.max_kv_len = *std::max_element(lens.begin(), lens.end());
+  p.scale = scale;
+  int max_len = p.max_kv_len;
+  for (auto [fs, stages] : runs) {
+    const zc::decode_plan plan = zc::plan_decode(p, fs, stages);
+    const std::size_t ws_bytes = zc::decode_workspace_bytes(p, plan);
+    dbuf<unsigned char> ws(ws_bytes);
+    dout.poison();
+    zc::paged_decode_attention(p, plan, ws.p, ws_bytes, nullptr);
+    const std::vector<std::uint16_t> out = dout.get();
+    char name[160];
+    std::snprintf(name, sizeof name, "%s seqs=%d max_len=%d splits=%d%s(chunk %d) stages=%d",
+                  shape_name("decode", d, qh, kvh, bs).c_str(), seqs, max_len, plan.num_splits, fs ? "" : "[auto]",
+                  plan.chunk_tokens, plan.stages);
+    report(name, compare(out, ref), 1e-2);
+    // Same inputs again: the result must be bit-identical (no races, no atomics).
+    dout.poison();
+    zc::paged_decode_attention(p, plan, ws.p, ws_bytes, nullptr);
+    const std::vector<std::uint16_t> again = dout.get();
+    if (again != out) report_exact(std::string(name) + " rerun", 1);
+  }
+}
+
+// ---- prefill: sequences with `cached` tokens already in the cache and `fresh` new tokens appended.
+void test_prefill(int d, int qh, int kvh, int bs, const std::vector<std::pair<int, int>>& seqs_cached_new) {
+  std::vector<int> lens;
+  std::vector<std::int32_t> q_indptr{0}, token_seq, token_len;
+  for (std::size_t s = 0; s < seqs_cached_new.size(); ++s) {
+    const auto [cached, fresh] = seqs_cached_new[s];
+    lens.push_back(cached + fresh);
+    for (int i = 0; i < fresh; ++i) {
+      token_seq.push_back(static_cast<std::int32_t>(s));
+      token_len.push_back(cached + i + 1);
+    }
+    q_indptr.push_back(q_indptr.back() + fresh);
+  }
+  const int tokens = q_indptr.back();
+  const paged_cache c = make_cache(d, kvh, bs, lens);
+  std::vector<std::uint16_t> qb;
+  std::vector<float> qf;
+  random_bf16(std::size_t(tokens) * qh * d, -2.0f, 2.0f, qb, qf);
+  const float scale = 1.0f / std::sqrt(float(d));
+  const std::vector<float> ref = reference_attention(c, token_seq, token_len, qf, qh, scale);
+
+  dbuf<std::uint16_t> dk(c.k), dv(c.v), dq(qb), dout(qb.size());
+  dbuf<std::int32_t> dindptr(c.page_indptr), dindices(c.page_indices), dqptr(q_indptr), dtlen(token_len);
+  zc::prefill_params p;
+  p.q = dq.p;
+  p.out = dout.p;
+  p.k_cache = dk.p;
+  p.v_cache = dv.p;
+  p.q_indptr = dqptr.p;
+  p.token_kv_len = dtlen.p;
+  p.page_indptr = dindptr.p;
+  p.page_indices = dindices.p;
+  p.num_tokens = tokens;
+  p.num_seqs = static_cast<int>(seqs_cached_new.size());
+  p.num_q_heads = qh;
+  p.num_kv_heads = kvh;
+  p.head_dim = d;
+  p.block_size = bs;
+  p.scale = scale;
+  dout.poison();
+  zc::paged_prefill_attention(p, nullptr);
+  const std::vector<std::uint16_t> out = dout.get();
+  char name[160];
+  std::snprintf(name, sizeof name, "%s seqs=%zu tokens=%d max_len=%d", shape_name("prefill", d, qh, kvh, bs).c_str(),
+                seqs_cached_new.size(), tokens, *std::max_element(lens.begin(), lens.end()));
+  report(name, compare(out, ref), 1e-2);
+}
+
+int rand_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g_rng); }
+
+// ---- elementwise
+void test_append_kv(int kvh, int d, int bs, int tokens, std::int64_t k_stride_pad) {
+  const int width = kvh * d;
+  const int blocks = (tokens + bs - 1) / bs + 3;
+  const std::size_t cache_n = std::size_t(blocks) * bs * width;
+  std::vector<std::uint16_t> kc, vc, k, v;
+  std::vector<float> kcf, vcf, kf, vf;
+  random_bf16(cache_n, -1, 1, kc, kcf);
+  random_bf16(cache_n, -1, 1, vc, vcf);
+  const std::int64_t ks = width + k_stride_pad;
+  random_bf16(std::size_t(tokens) * ks, -1, 1, k, kf);
+  random_bf16(std::size_t(tokens) * width, -1, 1, v, vf);
+  std::vector<std::int64_t> all(std::size_t(blocks) * bs);
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), g_rng);
+  std::vector<std::int64_t> slots(all.begin(), all.begin() + tokens);
+  for (int t = 3; t < tokens; t += 7) slots[std::size_t(t)] = -1;  // padding tokens: skipped
+
+  dbuf<std::uint16_t> dkc(kc), dvc(vc), dk(k), dv(v);
+  dbuf<std::int64_t> dslots(slots);
+  zc::append_kv(dkc.p, dvc.p, dk.p, dv.p, dslots.p, tokens, kvh, d, ks, 0, nullptr);
+
+  // Reference: cpu::append_kv over the tokens with a slot.
+  std::vector<std::int64_t> used;
+  matrix km(0, width), vm(0, width);
+  std::vector<int> rows;
+  for (int t = 0; t < tokens; ++t)
+    if (slots[std::size_t(t)] >= 0) rows.push_back(t);
+  km.resize(Eigen::Index(rows.size()), width);
+  vm.resize(Eigen::Index(rows.size()), width);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    used.push_back(slots[std::size_t(rows[i])]);
+    for (int c = 0; c < width; ++c) {
+      km(Eigen::Index(i), c) = kf[std::size_t(rows[i]) * ks + c];
+      vm(Eigen::Index(i), c) = vf[std::size_t(rows[i]) * width + c];
+    }
+  }
+  zipage::paged_kv_layer<float> layer;
+  layer.k = kcf.data();
+  layer.v = vcf.data();
+  layer.block_size = bs;
+  layer.num_kv_heads = kvh;
+  layer.head_dim = d;
+  zipage::cpu::append_kv(layer, used, km, vm);
+  const auto ko = dkc.get(), vo = dvc.get();
+  std::size_t mism = 0;
+  for (std::size_t i = 0; i < cache_n; ++i) mism += (ko[i] != to_bf16(kcf[i])) + (vo[i] != to_bf16(vcf[i]));
+  char name[128];
+  std::snprintf(name, sizeof name, "append_kv kv=%d D=%d bs=%d tokens=%d k_stride=%lld", kvh, d, bs, tokens,
+                static_cast<long long>(ks));
+  report_exact(name, mism);
+}
+
+void test_rms_norm(int rows, int cols, int width, zc::weight_dtype wt, bool in_place) {
+  std::vector<std::uint16_t> xb, wb;
+  std::vector<float> xf, wf;
+  random_bf16(std::size_t(rows) * cols, -3, 3, xb, xf);
+  random_bf16(std::size_t(width), 0.5f, 1.5f, wb, wf);  // bf16-representable weights for both dtypes
+  const float eps = 1e-5f;
+  matrix ref;
+  zipage::cpu::rms_norm(as_matrix(xf, rows, cols), as_matrix(wf, 1, width), eps, ref);
+  dbuf<std::uint16_t> dx(xb), dout(xb.size()), dwb(wb);
+  dbuf<float> dwf(wf);
+  const void* w = wt == zc::weight_dtype::bf16 ? static_cast<const void*>(dwb.p) : static_cast<const void*>(dwf.p);
+  if (!in_place) dout.poison();
+  zc::rms_norm(dx.p, w, wt, in_place ? dx.p : dout.p, rows, cols, width, eps, nullptr);
+  char name[128];
+  std::snprintf(name, sizeof name, "rms_norm rows=%d cols=%d width=%d weight=%s%s", rows, cols, width,
+                wt == zc::weight_dtype::bf16 ? "bf16" : "f32", in_place ? " in-place" : "");
+  report(name, compare(in_place ? dx.get() : dout.get(), as_vector(ref)), 1e-2);
+}
+
+void test_rope(int rows, int heads, int extra_heads, int d, float theta, zipage::rope_style style) {
+  const int stride = (heads + extra_heads) * d;
+  std::vector<std::uint16_t> xb;
+  std::vector<float> xf;
+  random_bf16(std::size_t(rows) * stride, -2, 2, xb, xf);
+  std::vector<std::int32_t> pos(static_cast<std::size_t>(rows));
+  for (auto& p : pos) p = rand_int(0, 40000);
+  pos[0] = 0;
+  // Reference: the first `heads` heads of each row rotate, the rest stay.
+  matrix sub(rows, heads * d);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < heads * d; ++c) sub(r, c) = xf[std::size_t(r) * stride + c];
+  zipage::cpu::rope(sub, pos, d, theta, style);
+  std::vector<float> ref = xf;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < heads * d; ++c) ref[std::size_t(r) * stride + c] = sub(r, c);
+  dbuf<std::uint16_t> dx(xb);
+  dbuf<std::int32_t> dpos(pos);
+  zc::rope(dx.p, dpos.p, rows, heads, d, extra_heads ? stride : 0, theta, style, nullptr);
+  char name[128];
+  std::snprintf(name, sizeof name, "rope %s rows=%d heads=%d(+%d untouched) D=%d theta=%g",
+                style == zipage::rope_style::interleaved ? "interleaved" : "half", rows, heads, extra_heads, d, theta);
+  report(name, compare(dx.get(), ref), 1e-2);
+}
+
+void test_silu_mul(int rows, int cols, bool fused) {
+  const int in_stride = fused ? 2 * cols : cols;
+  std::vector<std::uint16_t> gb, ub;
+  std::vector<float> gf, uf;
+  random_bf16(std::size_t(rows) * in_stride, -6, 6, gb, gf);
+  random_bf16(std::size_t(rows) * in_stride, -2, 2, ub, uf);
+  matrix g(rows, cols), u(rows, cols), ref;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      g(r, c) = gf[std::size_t(r) * in_stride + c];
+      u(r, c) = fused ? gf[std::size_t(r) * in_stride + cols + c] : uf[std::size_t(r) * in_stride + c];
+    }
+  zipage::cpu::silu_mul(g, u, ref);
+  dbuf<std::uint16_t> dg(gb), du(ub), dout(std::size_t(rows) * cols);
+  dout.poison();
+  zc::silu_mul(dg.p, fused ? dg.p + cols : du.p, dout.p, rows, cols, fused ? in_stride : 0, nullptr);
+  char name[128];
+  std::snprintf(name, sizeof name, "silu_mul rows=%d cols=%d%s", rows, cols, fused ? " fused gate|up" : "");
+  report(name, compare(dout.get(), as_vector(ref)), 1e-2);
+}
+
+void test_gather(int vocab, int cols, int n) {
+  std::vector<std::uint16_t> tb;
+  std::vector<float> tf;
+  random_bf16(std::size_t(vocab) * cols, -1, 1, tb, tf);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
+  for (auto& id : ids) id = rand_int(0, vocab - 1);
+  matrix ref;
+  zipage::cpu::embedding(as_matrix(tf, vocab, cols), ids, ref);
+  dbuf<std::uint16_t> dt(tb), dout(std::size_t(n) * cols);
+  dbuf<std::int32_t> dids(ids);
+  dout.poison();
+  zc::embedding(dt.p, vocab, cols, dids.p, n, dout.p, nullptr);
+  const auto out = dout.get();
+  const auto refv = as_vector(ref);
+  std::size_t mism = 0;
+  for (std::size_t i = 0; i < refv.size(); ++i) mism += out[i] != to_bf16(refv[i]);
+  char name[128];
+  std::snprintf(name, sizeof name, "embedding/gather_rows vocab=%d cols=%d ids=%d", vocab, cols, n);
+  report_exact(name, mism);
+}
+
+void test_add(std::int64_t n, int offset, bool in_place) {
+  std::vector<std::uint16_t> ab, bb;
+  std::vector<float> af, bf;
+  random_bf16(std::size_t(n + offset), -4, 4, ab, af);
+  random_bf16(std::size_t(n + offset), -4, 4, bb, bf);
+  std::vector<float> ref(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) ref[std::size_t(i)] = af[std::size_t(i + offset)] + bf[std::size_t(i + offset)];
+  dbuf<std::uint16_t> da(ab), db(bb), dout(std::size_t(n + offset));
+  dout.poison();
+  std::uint16_t* out = in_place ? da.p + offset : dout.p + offset;
+  zc::add(da.p + offset, db.p + offset, out, n, nullptr);
+  std::vector<std::uint16_t> got = in_place ? da.get() : dout.get();
+  got.erase(got.begin(), got.begin() + offset);
+  char name[128];
+  std::snprintf(name, sizeof name, "add n=%lld offset=%d%s", static_cast<long long>(n), offset, in_place ? " in-place" : "");
+  report(name, compare(got, ref), 1e-2);
+}
+
+}  // namespace
+
+int main() {
+  if (zc::device_count() == 0) {
+    std::printf("SKIPPED: no CUDA device (%s)\n", zc::describe_device().c_str());
+    return 77;
+  }
+  std::printf("device 0: %s\n", zc::describe_device(0).c_str());
+  // ZIPAGE_CUDA_TEST_QUICK=1: a few small cases of every kernel (for compute-sanitizer runs).
+  const char* quick_env = std::getenv("ZIPAGE_CUDA_TEST_QUICK");
+  if (quick_env != nullptr && quick_env[0] == '1') {
+    try {
+      test_decode(128, 16, 4, 16, {1, 64, 65, 700, 0}, {{0, 0}, {3, 2}, {4, 4}});
+      test_decode(64, 8, 8, 256, {300, 5}, {{0, 3}, {2, 0}});
+      test_decode(128, 32, 1, 2, {100, 33}, {{0, 0}});
+      test_decode(64, 8, 2, 16, {4096, 100}, {{64, 0}});
+      test_prefill(128, 16, 4, 16, {{0, 70}, {100, 9}});
+      test_prefill(64, 6, 1, 256, {{0, 40}, {300, 3}});
+      test_append_kv(2, 64, 16, 50, 8);
+      test_rms_norm(3, 4096, 4096, zc::weight_dtype::bf16, false);
+      test_rms_norm(3, 256, 64, zc::weight_dtype::f32, true);
+      test_rope(5, 2, 1, 64, 1e4f, zipage::rope_style::interleaved);
+      test_rope(5, 2, 0, 128, 1e4f, zipage::rope_style::half);
+      test_silu_mul(3, 64, true);
+      test_silu_mul(3, 10, false);
+      test_gather(10, 16, 5);
+      test_gather(10, 5, 5);
+      test_add(100, 1, false);
+      test_add(64, 0, true);
+      CUDA_OK(cudaDeviceSynchronize());
+    } catch (const std::exception& e) {
+      std::printf("FAIL: exception: %s\n", e.what());
+      return 1;
+    }
+    std::printf("%d/%d checks passed (quick)\n", g_checks - g_failures, g_checks);
+    return g_failures == 0 ? 0 : 1;
+  }
+  try {
+    // Decode: lengths from 0 to ~8k in one batch, auto plan and forced split counts.
+    const std::pair<int, int> gqa[] = {{8, 8}, {16, 8}, {16, 4}, {32, 4}};
+    for (int d : {64, 128})
+      for (auto [qh, kvh] : gqa)
+        for (int bs : {16, 256}) {
+          std::vector<int> lens = {1, 2, 16, 63, 64, 65, 255, 257, rand_int(300, 1500), rand_int(1500, 4000),
+                                   rand_int(4000, 8000)};
+          std::shuffle(lens.begin(), lens.end(), g_rng);
+          test_decode(d, qh, kvh, bs, lens, {{0, 0}, {1, 2}, {7, 4}});
+        }
+    test_decode(128, 28, 4, 16, {1, 500, 3000, 2304}, {{0, 0}, {5, 3}});  // group 7
+    test_decode(128, 12, 2, 256, {2304, 17, 4097}, {{0, 0}, {64, 2}});  // group 6, many splits
+    test_decode(128, 32, 1, 16, {100, 2000, 1}, {{0, 0}, {3, 4}});  // group 32: two head chunks
+    test_decode(64, 4, 4, 2, {0, 5, 130, 1000}, {{0, 0}, {2, 2}});  // kv_len 0, block size 2
+    test_decode(128, 8, 2, 16, {16384, 16000, 3}, {{256, 0}, {100, 0}});  // the most splits (256 x 64 tokens)
+    test_decode(64, 16, 2, 256, {16384, 9000}, {{256, 3}, {0, 0}});
+    {
+      std::vector<int> lens(64);
+      for (auto& l : lens) l = rand_int(1, 3000);
+      test_decode(128, 32, 8, 16, lens, {{0, 0}});  // a wide batch
+    }
+
+    // Prefill: whole prompts and chunks appended to an existing cache.
+    for (int d : {64, 128})
+      for (auto [qh, kvh] : gqa)
+        for (int bs : {16, 256})
+          test_prefill(d, qh, kvh, bs, {{0, 1}, {0, 50}, {0, 200}, {64, 64}, {700, 129}, {1500, 77}, {3, 300}});
+    test_prefill(128, 28, 4, 16, {{0, 333}, {1000, 100}});  // group 7
+    test_prefill(128, 12, 2, 256, {{0, 257}, {40, 1}});     // group 6
+    test_prefill(64, 64, 1, 16, {{0, 70}, {10, 3}});        // group 64: one token per tile
+    test_prefill(128, 16, 8, 16, {{0, 1500}});              // one long prompt
+
+    // Elementwise.
+    test_append_kv(8, 128, 16, 300, 0);
+    test_append_kv(2, 64, 256, 1000, 3 * 64 + 8);  // K rows inside a wider (fused) buffer
+    test_rms_norm(37, 4096, 4096, zc::weight_dtype::bf16, false);
+    test_rms_norm(64, 2048, 2048, zc::weight_dtype::f32, true);
+    test_rms_norm(100, 32 * 128, 128, zc::weight_dtype::f32, false);
+    test_rms_norm(33, 8 * 64, 64, zc::weight_dtype::bf16, false);
+    test_rms_norm(9, 1024, 1024, zc::weight_dtype::bf16, false);
+    test_rms_norm(5, 64, 8, zc::weight_dtype::f32, false);
+    test_rope(57, 8, 0, 128, 1e6f, zipage::rope_style::half);
+    test_rope(57, 8, 0, 128, 1e4f, zipage::rope_style::interleaved);
+    test_rope(31, 16, 4, 64, 1e4f, zipage::rope_style::interleaved);
+    test_rope(31, 4, 12, 64, 5e5f, zipage::rope_style::half);
+    test_rope(3, 2, 0, 8, 1e4f, zipage::rope_style::interleaved);
+    test_silu_mul(33, 11008, false);
+    test_silu_mul(17, 4096, true);
+    test_silu_mul(7, 100, false);
+    test_gather(1000, 4096, 77);
+    test_gather(300, 13, 41);
+    test_add((1 << 20) + 3, 0, false);
+    test_add(1000, 1, false);
+    test_add(4096, 0, true);
+
+    // Arguments the kernels do not support are rejected on the host.
+    expect_throw("decode rejects head_dim 96", [] {
+      zc::decode_params p;
+      p.head_dim = 96, p.num_q_heads = 8, p.num_kv_heads = 8, p.block_size = 16, p.num_seqs = 1;
+      zc::paged_decode_attention(p, zc::plan_decode(p), nullptr, 0, nullptr);
+    });
+    expect_throw("decode rejects block_size 24", [] {
+      zc::decode_params p;
+      p.head_dim = 128, p.num_q_heads = 8, p.num_kv_heads = 8, p.block_size = 24, p.num_seqs = 1;
+      zc::paged_decode_attention(p, zc::plan_decode(p), nullptr, 0, nullptr);
+    });
+    expect_throw("decode rejects a workspace smaller than the plan", [] {
+      zc::decode_params p;
+      p.head_dim = 128, p.num_q_heads = 8, p.num_kv_heads = 8, p.block_size = 16, p.num_seqs = 1, p.max_kv_len = 4096;
+      zc::paged_decode_attention(p, zc::plan_decode(p, 4), nullptr, 0, nullptr);
+    });
+    expect_throw("prefill rejects 9 q heads over 2 kv heads", [] {
+      zc::prefill_params p;
+      p.head_dim = 128, p.num_q_heads = 9, p.num_kv_heads = 2, p.block_size = 16, p.num_seqs = 1, p.num_tokens = 1;
+      zc::paged_prefill_attention(p, nullptr);
+    });
+    expect_throw("rms_norm rejects a width that does not divide the row", [] {
+      zc::rms_norm(nullptr, nullptr, zc::weight_dtype::f32, nullptr, 1, 100, 64, 1e-5f, nullptr);
+    });
+    CUDA_OK(cudaDeviceSynchronize());
+  } catch (const std::exception& e) {
+    std::printf("FAIL: exception: %s\n", e.what());
+    return 1;
+  }
+  std::printf("%d/%d checks passed\n", g_checks - g_failures, g_checks);
+  return g_failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,217 @@
+// The scheduling policies end to end: randomised load against an unconstrained run, prefix sharing,
+// cancellation and metrics.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <random>
+#include <vector>
+
+#include "tiny_llama.hpp"
+#include "zipage/engine/engine.hpp"
+#include "zipage/gguf/gguf.hpp"
+#include "zipage/policy/policies.hpp"
+#include "zipage/tokenizer/spm_tokenizer.hpp"
+
+using namespace zipage;
+
+namespace {
+
+sampling_params greedy(int max_tokens) {
+  sampling_params p;
+  p.temperature = 0.0f;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+struct workload {
+  std::vector<std::vector<token_id>> prompts;
+  std::vector<int> max_tokens;
+  std::vector<int> arrival_step;
+  std::vector<int> cancel_step;  // -1: never
+};
+
+// Prompts share prefixes drawn from a few templates, so the prefix cache has real work.
+workload random_workload(int n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<token_id>> templates(4);
+  for (auto& t : templates) {
+    t.assign(static_cast<std::size_t>(std::uniform_int_distribution<int>(8, 40)(rng)), 0);
+    for (auto& tok : t) tok = std::uniform_int_distribution<int>(1, 62)(rng);
+  }
+  workload w;
+  int step = 0;
+  for (int i = 0; i < n; ++i) {
+    std::vector<token_id> prompt{0};
+    if (rng() % 2) {
+      const auto& t = templates[rng() % templates.size()];
+      prompt.insert(prompt.end(), t.begin(), t.end());
+    }
+    const int tail = std::uniform_int_distribution<int>(1, 24)(rng);
+    for (int j = 0; j < tail; ++j) prompt.push_back(std::uniform_int_distribution<int>(1, 62)(rng));
+    w.prompts.push_back(prompt);
+    w.max_tokens.push_back(std::uniform_int_distribution<int>(1, 64)(rng));
+    step += std::uniform_int_distribution<int>(0, 1)(rng);
+    w.arrival_step.push_back(step);
+    w.cancel_step.push_back(rng() % 20 == 0 ? step + std::uniform_int_distribution<int>(0, 30)(rng) : -1);
+  }
+  return w;
+}
+
+template <class Engine>
+void check_pool_balanced(const Engine& eng) {
+  CHECK(eng.pool().num_used() == 0);
+  CHECK(eng.pool().total_references() == 0);
+  const auto st = eng.stats();
+  CHECK(st.running == 0);
+  CHECK(st.waiting == 0);
+  CHECK(st.swapped == 0);
+  CHECK(st.slots_in_use == 0);
+}
+
+}  // namespace
+
+TEST_CASE("randomised load: every request finishes or is cancelled cleanly, with the tokens of an unconstrained run") {
+  const workload w = random_workload(1200, 11);
+  using policy = zipage_policy;
+  // Unconstrained: a pool that holds everything, a slot for everyone, no sharing, synchronous compression.
+  std::vector<std::vector<token_id>> expected;
+  {
+    engine<llama_model<cpu_backend>, policy> eng(testing::tiny_llama(), {.block_size = 8, .num_blocks = 4000,
+                                                                          .max_num_seqs = 256, .budget_blocks = 2,
+                                                                          .window = 4, .num_query_slots = 256,
+                                                                          .prefix_caching = false,
+                                                                          .async_compression = false});
+    for (std::size_t i = 0; i < w.prompts.size(); ++i) expected.push_back(eng.generate({w.prompts[i]}, greedy(w.max_tokens[i]))[0].output);
+  }
+  // Tight: 60 blocks, 6 query slots (hybrid), prefix caching, chunked prefill, async compression,
+  // arrivals spread over time and random cancellations.
+  engine<llama_model<cpu_backend>, policy> eng(testing::tiny_llama(), {.block_size = 8, .num_blocks = 40,
+                                                                        .max_num_seqs = 24, .max_batched_tokens = 48,
+                                                                        .budget_blocks = 2, .window = 4,
+                                                                        .num_query_slots = 8});
+  std::map<request_id, std::size_t> index_of;
+  std::vector<request_id> ids(w.prompts.size(), -1);
+  std::size_t next = 0;
+  int cancelled = 0;
+  for (int step = 0; next < w.prompts.size() || eng.has_unfinished(); ++step) {
+    REQUIRE(step < 200000);
+    for (; next < w.prompts.size() && w.arrival_step[next] <= step; ++next) {
+      ids[next] = eng.add_request(w.prompts[next], greedy(w.max_tokens[next]));
+      index_of[ids[next]] = next;
+    }
+    for (std::size_t i = 0; i < next; ++i)
+      if (w.cancel_step[i] == step && eng.cancel(ids[i])) ++cancelled;
+    eng.step();
+    CHECK(eng.pool().num_used() <= 40);
+  }
+  int finished = 0;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const auto out = eng.take_output(ids[i]);
+    if (out.reason == finish_reason::cancelled) continue;
+    CAPTURE(i);
+    REQUIRE(out.reason == finish_reason::length);
+    CHECK(out.output == expected[i]);
+    ++finished;
+  }
+  const auto st = eng.stats();
+  MESSAGE("finished ", finished, ", cancelled ", cancelled, ", preemptions ", st.preemptions, ", swaps ", st.swaps,
+          ", compressions ", st.compressions, ", prefix hit rate ", st.prefix_hit_rate());
+  CHECK(cancelled > 0);
+  CHECK(st.preemptions > 0);
+  CHECK(st.compressions > 0);
+  CHECK(st.prefix_hits > 0);
+  CHECK(st.peak_running <= 24);
+  check_pool_balanced(eng);
+}
+
+TEST_CASE("compressed requests that give way are swapped to host memory and resume with identical tokens") {
+  // B = 3 blocks of 8. The older request decodes from a short prompt; the newer one arrives with a
+  // 40-token prompt and is compressed right after its prefill. In 7 blocks they cannot both hold their
+  // peaks, so whenever the older one needs a block the newer, compressed one is swapped out — never
+  // recomputed — and swapped back in later.
+  std::vector<std::vector<token_id>> prompts{{0, 4, 9}, {0}};
+  for (int j = 0; j < 39; ++j) prompts[1].push_back(1 + (j * 7) % 60);
+  const engine_config roomy{.block_size = 8, .num_blocks = 200, .budget_blocks = 3, .window = 4,
+                            .num_query_slots = 4, .prefix_caching = false, .async_compression = false};
+  engine<llama_model<cpu_backend>, zipage_policy> reference(testing::tiny_llama(), roomy);
+  const auto expected = reference.generate(prompts, greedy(100));
+  for (const bool async : {false, true}) {
+    CAPTURE(async);
+    engine_config tight = roomy;
+    tight.num_blocks = 7;
+    tight.async_compression = async;
+    engine<llama_model<cpu_backend>, zipage_policy> eng(testing::tiny_llama(), tight);
+    const request_id older = eng.add_request(prompts[0], greedy(100));
+    eng.step();
+    const request_id newer = eng.add_request(prompts[1], greedy(100));
+    eng.run_to_completion();
+    const auto st = eng.stats();
+    MESSAGE("swaps ", st.swaps, ", preemptions ", st.preemptions, ", compressions ", st.compressions);
+    if (!async) {  // with a worker thread, when compactions land (and so who gives way) depends on timing
+      CHECK(st.swaps > 0);
+      CHECK(st.preemptions == 0);
+    }
+    CHECK(eng.take_output(older).output == expected[0].output);
+    CHECK(eng.take_output(newer).output == expected[1].output);
+    check_pool_balanced(eng);
+  }
+}
+
+TEST_CASE("cancellation frees a request's blocks and slot at once, wherever it is") {
+  engine<llama_model<cpu_backend>, zipage_policy> eng(testing::tiny_llama(), {.block_size = 8, .num_blocks = 40,
+                                                                               .budget_blocks = 2, .window = 4,
+                                                                               .num_query_slots = 2});
+  const auto a = eng.add_request(std::vector<token_id>(20, 3), greedy(200));
+  const auto b = eng.add_request(std::vector<token_id>(20, 5), greedy(200));
+  const auto c = eng.add_request(std::vector<token_id>(20, 7), greedy(200));  // no slot: hybrid
+  for (int i = 0; i < 40; ++i) eng.step();
+  const int used = eng.pool().num_used();
+  CHECK(eng.stats().slots_in_use == 2);
+  CHECK(eng.cancel(a));
+  CHECK(eng.pool().num_used() < used);
+  CHECK(eng.cancel(c));
+  CHECK(eng.cancel(b));
+  CHECK_FALSE(eng.has_unfinished());
+  check_pool_balanced(eng);
+}
+
+TEST_CASE("128 requests sharing a long system prompt: same outputs with and without prefix caching, far fewer blocks") {
+  const auto file = gguf::file::open(ZIPAGE_TEST_MODEL);
+  const auto tok = spm_tokenizer::from_gguf(file);
+  const std::string system =
+      "Once upon a time, in a small town, there lived a kind old woman who loved to tell stories to the children. "
+      "Every evening they sat by the fire and listened. She told them about brave knights, clever foxes, and "
+      "magic trees that could talk. The children loved her very much. One evening, a little boy asked her for ";
+  std::vector<std::vector<token_id>> prompts;
+  const char* asks[] = {"a story about a dog.", "a story about the sea.", "a funny story.", "a story about a cat."};
+  for (int i = 0; i < 128; ++i) prompts.push_back(tok.encode(system + asks[i % 4] + " Number " + std::to_string(i) + ".", true));
+  REQUIRE(prompts[0].size() > 80);
+
+  auto run = [&](auto policy, bool sharing) {
+    using P = decltype(policy);
+    engine<llama_model<cpu_backend>, P> eng(load_llama_gguf(file), {.block_size = 16, .num_blocks = 2048,
+                                                                     .max_num_seqs = 128, .max_batched_tokens = 16384,
+                                                                     .budget_blocks = 6, .window = 8,
+                                                                     .prefix_caching = sharing});
+    auto out = eng.generate(prompts, greedy(48));
+    return std::make_pair(std::move(out), eng.stats());
+  };
+  for (int with_compression = 0; with_compression < 2; ++with_compression) {
+    CAPTURE(with_compression);
+    auto [plain, plain_stats] = with_compression ? run(zipage_policy{}, false) : run(full_kv{}, false);
+    auto [shared, shared_stats] = with_compression ? run(zipage_policy{}, true) : run(full_kv{}, true);
+    for (std::size_t i = 0; i < prompts.size(); ++i) CHECK(shared[i].output == plain[i].output);
+    MESSAGE("peak blocks without sharing ", plain_stats.peak_blocks_used, ", with ", shared_stats.peak_blocks_used,
+            "; prefix hit rate ", shared_stats.prefix_hit_rate());
+    CHECK(shared_stats.prefix_hit_rate() > 0.5);
+    if (with_compression) {
+      // The first compression un-shares the prefix (copy-on-write), so sharing saves blocks only
+      // before it; the saving is smaller, but still there.
+      CHECK(shared_stats.compressions > 0);
+      CHECK(shared_stats.peak_blocks_used < plain_stats.peak_blocks_used);
+    } else {
+      CHECK(shared_stats.peak_blocks_used * 2 < plain_stats.peak_blocks_used);
+    }
+  }
+}
