@@ -304,6 +304,7 @@ class engine {
     st.compressing = worker_.in_flight();
     st.slots_in_use = scheduler_.num_slots_in_use();
     st.num_query_slots = memory_.num_query_slots;
+    st.prefix_hit_tokens = scheduler_.num_prefix_hit_tokens();
     st.prefix_lookups = pool_.prefix_lookups();
     st.prefix_hits = pool_.prefix_hits();
     return st;
@@ -522,19 +523,16 @@ class engine {
   void record_step(const step_plan& plan) {
     ++stats_.steps;
     bool any_prefill = false;
+    int finished = 0;
     for (const auto& e : plan.batch) {
-      if (e.seq->num_generated() == 0 || !e.samples() || e.tokens > 1) {
-        any_prefill = true;
-        stats_.prompt_tokens += e.tokens;
-      }
+      const bool prefill = e.tokens > 1 || !e.samples();  // a prompt (chunk) rather than one decode token
+      any_prefill |= prefill;
+      if (prefill) stats_.prompt_tokens += e.tokens;
       if (e.samples()) ++stats_.generated_tokens;
+      finished += e.seq->is_finished();
     }
     any_prefill ? ++stats_.prefill_steps : ++stats_.decode_steps;
-    int finished = 0;
-    for (const auto& e : plan.batch) finished += e.seq->is_finished();
     stats_.peak_running = std::max(stats_.peak_running, scheduler_.num_running() + finished);
-    stats_.prefix_hit_tokens = 0;
-    for (const auto& [id, s] : requests_) stats_.prefix_hit_tokens += s->num_prefix_hit_tokens;
   }
 
   engine_config cfg_;

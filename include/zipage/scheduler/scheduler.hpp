@@ -28,6 +28,8 @@ class scheduler_base {
   [[nodiscard]] int num_slots_in_use() const { return cfg_.num_query_slots - static_cast<int>(free_slots_.size()); }
   [[nodiscard]] std::int64_t num_preemptions() const { return preemptions_; }
   [[nodiscard]] std::int64_t num_swaps() const { return swaps_; }
+  // Prompt tokens whose KV was taken from the prefix cache instead of being computed.
+  [[nodiscard]] std::int64_t num_prefix_hit_tokens() const { return prefix_hit_tokens_; }
   [[nodiscard]] bool has_unfinished() const { return !waiting_.empty() || !running_.empty() || !swapped_.empty(); }
   [[nodiscard]] block_manager& blocks() { return blocks_; }
   [[nodiscard]] const std::deque<sequence*>& running() const { return running_; }
@@ -200,6 +202,7 @@ class scheduler_base {
   std::deque<int> free_slots_;
   std::int64_t preemptions_ = 0;
   std::int64_t swaps_ = 0;
+  std::int64_t prefix_hit_tokens_ = 0;
 
  private:
   // A request mid-compaction cannot move (the worker owns its blocks), nor one swapped in by this very

@@ -92,6 +92,7 @@ concept scheduler_policy = std::constructible_from<S, scheduler_config, block_po
       { cs.num_slots_in_use() } -> std::convertible_to<int>;
       { cs.num_preemptions() } -> std::convertible_to<std::int64_t>;
       { cs.num_swaps() } -> std::convertible_to<std::int64_t>;
+      { cs.num_prefix_hit_tokens() } -> std::convertible_to<std::int64_t>;
     };
 
 }  // namespace zipage

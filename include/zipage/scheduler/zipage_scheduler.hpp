@@ -122,6 +122,7 @@ class zipage_scheduler : public scheduler_base {
         return;
       }
       waiting_.pop_front();
+      prefix_hit_tokens_ += s->kv_len;  // what match_prefix reused
       s->status = request_status::running;
       running_.push_back(s);
       schedule(*s, tokens, plan, budget);
