@@ -1,6 +1,8 @@
-// zipage-generate: text generation with a GGUF Llama-family model on the CPU reference backend.
+// zipage-generate: text generation with a Llama-family model (a GGUF file, or a Hugging Face checkpoint
+// directory of Qwen3 / Qwen2 / Llama) on the CPU reference backend.
 //   zipage-generate --prompt "Once upon a time" -n 64
 //   zipage-generate --prompts prompts.txt -n 256 --temperature 0.8 --seed 1
+//   zipage-generate --model Qwen3-0.6B/ --chat --no-thinking --prompt "What is 2+2?"
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -13,6 +15,7 @@
 
 #include "zipage/engine/engine.hpp"
 #include "zipage/gguf/gguf.hpp"
+#include "zipage/models/hf_loader.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
 
@@ -26,6 +29,9 @@ struct options {
   zipage::engine_config engine;
   double kv_cache_mib = 64.0;
   bool quiet = false;
+  bool chat = false;         // apply the checkpoint's chat template (Hugging Face checkpoints)
+  bool no_thinking = false;  // with --chat: Qwen3's empty <think></think> block
+  std::string system;        // with --chat: a system message
 };
 
 std::string default_model_path() {
@@ -46,7 +52,8 @@ std::vector<std::string> read_prompts(const std::string& path) {
 }
 
 void add_flags(CLI::App& app, options& o) {
-  app.add_option("--model,-m", o.model, "GGUF model file (default: the bundled stories260K)");
+  app.add_option("--model,-m", o.model,
+                 "GGUF model file, or a Hugging Face checkpoint directory (default: the bundled stories260K)");
   auto* single = app.add_option("--prompt,-p", o.prompt, "prompt text (streamed)");
   auto* many = app.add_option("--prompts", o.prompts_file, "file with one prompt per line, run as one batch");
   single->excludes(many);
@@ -70,6 +77,9 @@ void add_flags(CLI::App& app, options& o) {
   app.add_option("--max-num-seqs", e.max_num_seqs, "running requests at most")->check(CLI::PositiveNumber);
   app.add_option("--max-batched-tokens", e.max_batched_tokens, "tokens per step at most")->check(CLI::PositiveNumber);
   app.add_flag("--quiet,-q", o.quiet, "print only the generated text");
+  app.add_flag("--chat", o.chat, "wrap each prompt in the checkpoint's chat template (checkpoint directories)");
+  app.add_flag("--no-thinking", o.no_thinking, "with --chat: turn Qwen3's thinking off");
+  app.add_option("--system", o.system, "with --chat: a system message");
 }
 
 void progress(std::size_t done, std::size_t total, std::int64_t tokens, double seconds) {
@@ -91,15 +101,44 @@ void print_summary(const Engine& eng, std::size_t requests, double seconds) {
                eng.settings().block_size, static_cast<long long>(st.preemptions), static_cast<long long>(st.steps));
 }
 
+// Runs the prompts through the engine; `encode` turns a prompt's text into its token ids.
+template <class Encode>
+int generate(options& o, zipage::llama_model<zipage::cpu_backend> model, Encode encode);
+
 int run(options& o) {
   if (o.model.empty()) o.model = default_model_path();
+  if (std::filesystem::is_directory(o.model)) {  // a Hugging Face checkpoint
+    const auto tokenizer = zipage::bpe_tokenizer::from_dir(o.model);
+    auto model = zipage::load_hf_checkpoint<zipage::cpu_backend>(o.model);
+    // Every end-of-turn id of the checkpoint stops a request (e.g. Qwen3's <|im_end|> and <|endoftext|>).
+    auto& stops = o.sampling.stop_token_ids;
+    for (zipage::token_id id : model.config().extra_eos) stops.push_back(id);
+    if (tokenizer.eos() >= 0 && tokenizer.eos() != model.config().eos) stops.push_back(tokenizer.eos());
+    if (o.chat)
+      zipage::check(tokenizer.chat() != zipage::chat_format::none, "--chat: ", o.model,
+                    "/tokenizer_config.json has no chat template zipage knows");
+    o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
+    return generate(o, std::move(model), [&](const std::string& text) {
+      if (!o.chat) return tokenizer.encode(text, tokenizer.add_bos());
+      std::vector<zipage::chat_message> messages;
+      if (!o.system.empty()) messages.push_back({"system", o.system});
+      messages.push_back({"user", text});
+      // The template writes any BOS itself.
+      return tokenizer.encode(tokenizer.apply_chat_template(messages, {.enable_thinking = !o.no_thinking}), false);
+    });
+  }
+  zipage::check(!o.chat, "--chat needs a Hugging Face checkpoint directory as --model");
   const auto file = zipage::gguf::file::open(o.model);
   const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
   auto model = zipage::load_llama_gguf<zipage::cpu_backend>(file);
+  o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
+  return generate(o, std::move(model), [&](const std::string& text) { return tokenizer.encode(text, true); });
+}
 
+template <class Encode>
+int generate(options& o, zipage::llama_model<zipage::cpu_backend> model, Encode encode) {
   o.sampling.validate();
   o.engine.kv_cache_bytes = static_cast<std::size_t>(o.kv_cache_mib * 1024.0 * 1024.0);
-  o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
   zipage::engine<zipage::llama_model<zipage::cpu_backend>> eng(std::move(model), o.engine);
 
   const bool batch = !o.prompts_file.empty();
@@ -108,7 +147,7 @@ int run(options& o) {
   for (std::size_t i = 0; i < texts.size(); ++i) {
     auto params = o.sampling;
     params.seed += i;
-    ids.push_back(eng.add_request(tokenizer.encode(texts[i], true), params));
+    ids.push_back(eng.add_request(encode(texts[i]), params));
   }
 
   const auto start = std::chrono::steady_clock::now();
@@ -141,7 +180,7 @@ int run(options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"zipage-generate: generate text with a GGUF model (Compressed PagedAttention engine)"};
+  CLI::App app{"zipage-generate: generate text with a GGUF model or a Hugging Face checkpoint (Compressed PagedAttention engine)"};
   options o;
   add_flags(app, o);
   try {

@@ -184,6 +184,14 @@ class scheduler_base {
     return true;
   }
 
+  // Keeps running_ in arrival order; a request coming back (recomputed or swapped in) is usually among
+  // the newest, so search from the back.
+  void insert_by_age(sequence* s) {
+    auto at = running_.end();
+    while (at != running_.begin() && (*std::prev(at))->id > s->id) --at;
+    running_.insert(at, s);
+  }
+
   void reject(sequence* s, step_plan& plan) {
     s->status = request_status::finished;
     plan.rejected.push_back(s);
@@ -215,10 +223,7 @@ class scheduler_base {
     return nullptr;
   }
 
-  void insert_by_age(sequence* s) {
-    const auto at = std::find_if(running_.begin(), running_.end(), [&](const sequence* r) { return r->id > s->id; });
-    running_.insert(at, s);
-  }
+
 };
 
 // First come, first served, like nano-vllm: a step is either a prefill of waiting requests (whole

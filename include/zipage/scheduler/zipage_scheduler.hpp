@@ -26,7 +26,7 @@ class zipage_scheduler : public scheduler_base {
     int budget = cfg_.max_batched_tokens;
     serve_running(plan, budget);
     if (all_back) admit_waiting(plan, budget);
-    if (plan.idle()) break_stall(plan);
+    if (plan.idle() && !compaction_in_flight()) break_stall(plan);
     return plan;
   }
 
@@ -124,7 +124,7 @@ class zipage_scheduler : public scheduler_base {
       waiting_.pop_front();
       prefix_hit_tokens_ += s->kv_len;  // what match_prefix reused
       s->status = request_status::running;
-      running_.push_back(s);
+      insert_by_age(s);  // a recomputed request keeps its seniority: newer ones give way to it
       schedule(*s, tokens, plan, budget);
     }
   }

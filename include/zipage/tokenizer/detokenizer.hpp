@@ -4,6 +4,7 @@
 #include <span>
 
 #include "zipage/request/sequence.hpp"
+#include "zipage/tokenizer/bpe_tokenizer.hpp"
 #include "zipage/tokenizer/spm_tokenizer.hpp"
 
 namespace zipage {
@@ -15,6 +16,15 @@ inline auto detokenizer_factory(const spm_tokenizer& tokenizer) {
   return [&tokenizer](std::span<const token_id> prompt) -> streaming_detokenizer {
     auto decoder = std::make_shared<stream_decoder>(tokenizer);
     for (token_id t : prompt) (void)decoder->push(t);
+    return [decoder](token_id t) { return decoder->push(t); };
+  };
+}
+
+// The same for a byte-level BPE tokenizer. Its pieces carry their own spaces, so the decoder needs no
+// priming with the prompt; special tokens (<|im_end|>, ...) are left out of the text.
+inline auto detokenizer_factory(const bpe_tokenizer& tokenizer, bool skip_special = true) {
+  return [&tokenizer, skip_special](std::span<const token_id> /*prompt*/) -> streaming_detokenizer {
+    auto decoder = std::make_shared<bpe_stream_decoder>(tokenizer, skip_special);
     return [decoder](token_id t) { return decoder->push(t); };
   };
 }

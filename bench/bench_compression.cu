@@ -1,0 +1,318 @@
+// The compression step on the GPU (backend/cuda/compression.hpp) for a Qwen3-8B-shaped model (36 layers,
+// 8 KV heads, 32 query heads, head_dim 128) at the method's defaults (block 256, budget 8 blocks = 2048
+// tokens, window 16), against the decode attention it is amortised over.
+//
+// A request is compressed from (B+1)*256 = 2304 tokens back to 2048, then decodes 256 steps (2048 ->
+// 2304 tokens) before the next compression. So one compression of a batch is amortised over
+//   decode = 36 layers x 256 steps x (decode attention time per layer at 2048..2304 tokens),
+// the last factor by Simpson's rule over 2048 / 2176 / 2304 tokens (paged_decode_attention, kernels.hpp,
+// same batch, same pool). The fraction compress / decode is the overhead of compression on attention.
+//
+// Each case: bf16 K/V/queries with random values, shuffled page tables over a pool sized for the largest
+// batch; the time is device time from CUDA events around a CUDA graph of R back-to-back calls (manual
+// time), median of 5 replays after a warm-up. Compression cases run all 36 layers in one call (every
+// stage one launch) and are also timed stage by stage (score / select / compact). Decode cases rotate
+// over the 36 layers so they are not served from L2.
+//
+//   bench_compression [--benchmark_filter=...] [--benchmark_out=file.json --benchmark_out_format=json]
+// prints a Markdown summary table at the end.
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "zipage/backend/cuda/common.cuh"
+#include "zipage/backend/cuda/compression.hpp"
+#include "zipage/backend/cuda/kernels.hpp"
+#include "zipage/cuda/device.hpp"
+
+namespace {
+
+namespace zc = zipage::cuda;
+#define CK(expr) ZIPAGE_CUDA_CHECK(expr)
+
+constexpr int kLayers = 36, kKvHeads = 8, kQHeads = 32, kHeadDim = 128, kBlock = 256, kBudget = 8, kWindow = 16;
+constexpr int kKeep = kBudget * kBlock;             // 2048
+constexpr int kCompressLen = (kBudget + 1) * kBlock;  // 2304
+constexpr int kPagesPerReq = kBudget + 1;
+constexpr int kMaxBatch = 128;
+constexpr int kSteps = kBlock;  // decode steps between two compressions
+
+__global__ void fill_random_bf16(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed ^ static_cast<std::uint32_t>(i >> 32) * 40503u;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    const float f = (x & 0xffffff) / float(0x1000000) * 2.0f - 1.0f;  // [-1, 1)
+    p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  }
+}
+__global__ void fill_const_f32(float* p, std::size_t n, float v) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+template <class T>
+struct dbuf {
+  T* p = nullptr;
+  explicit dbuf(std::size_t n) { CK(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(T))); }
+  explicit dbuf(const std::vector<T>& h) : dbuf(h.size()) {
+    CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~dbuf() { cudaFree(p); }
+  dbuf(const dbuf&) = delete;
+  dbuf& operator=(const dbuf&) = delete;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// The model's caches, sized for kMaxBatch requests of (B+1) blocks, all layers.
+struct model_pool {
+  int num_blocks = kMaxBatch * kPagesPerReq + 8;
+  std::size_t layer_elems = std::size_t(num_blocks) * kBlock * kKvHeads * kHeadDim;
+  std::size_t score_layer = std::size_t(num_blocks) * kBlock * kKvHeads;
+  int num_slots = kMaxBatch;
+  std::size_t q_layer = std::size_t(num_slots) * kWindow * kQHeads * kHeadDim;
+  std::uint16_t* k = nullptr;
+  std::uint16_t* v = nullptr;
+  float* scores = nullptr;
+  std::uint16_t* q = nullptr;
+  void init() {
+    CK(cudaMalloc(&k, layer_elems * kLayers * 2));
+    CK(cudaMalloc(&v, layer_elems * kLayers * 2));
+    CK(cudaMalloc(&scores, score_layer * kLayers * 4));
+    CK(cudaMalloc(&q, q_layer * kLayers * 2));
+    fill_random_bf16<<<8192, 256>>>(k, layer_elems * kLayers, 1);
+    fill_random_bf16<<<8192, 256>>>(v, layer_elems * kLayers, 2);
+    fill_random_bf16<<<1024, 256>>>(q, q_layer * kLayers, 3);
+    fill_const_f32<<<1024, 256>>>(scores, score_layer * kLayers, 1.0f / kCompressLen);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+  }
+} g_pool;
+
+// A batch: shuffled page tables (B+1 pages each), distinct query slots.
+struct batch {
+  int n;
+  std::vector<std::int32_t> indptr, indices, slots;
+  explicit batch(int n_) : n(n_) {
+    std::mt19937_64 rng(42 + n);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(g_pool.num_blocks));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    indptr.push_back(0);
+    for (int r = 0; r < n; ++r) indptr.push_back(indptr.back() + kPagesPerReq);
+    indices.assign(ids.begin(), ids.begin() + indptr.back());
+    slots.resize(static_cast<std::size_t>(n));
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+  }
+};
+
+// Times a graph of `passes` calls of `fn` over the benchmark's iterations; returns median seconds per call.
+double time_graph(benchmark::State& state, const std::function<void(cudaStream_t, int)>& fn, int passes) {
+  cudaStream_t stream;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fn(stream, 0);  // warm-up; sets kernel attributes before capture
+  CK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < passes; ++i) fn(stream, i);
+  CK(cudaStreamEndCapture(stream, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  CK(cudaGraphLaunch(exec, stream));
+  CK(cudaStreamSynchronize(stream));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<double> per;
+  for (auto _ : state) {
+    CK(cudaEventRecord(e0, stream));
+    CK(cudaGraphLaunch(exec, stream));
+    CK(cudaEventRecord(e1, stream));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    const double s = ms * 1e-3 / passes;
+    per.push_back(s);
+    state.SetIterationTime(s);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaStreamDestroy(stream));
+  return median(per);
+}
+
+std::map<std::string, double> g_results;  // "compress/<stage>/<n>[/first]", "decode/<n>/<ctx>" -> seconds
+
+enum class stage { total, score, select, compact };
+const char* stage_name(stage s) {
+  switch (s) {
+    case stage::total: return "total";
+    case stage::score: return "score";
+    case stage::select: return "select";
+    case stage::compact: return "compact";
+  }
+  return "?";
+}
+
+void bm_compress(benchmark::State& state, int n, stage st, bool first) {
+  const batch b(n);
+  dbuf<std::int32_t> indptr(b.indptr), indices(b.indices), slots(b.slots),
+      lens(std::vector<std::int32_t>(static_cast<std::size_t>(n), kCompressLen));
+  dbuf<std::uint8_t> firsts(std::vector<std::uint8_t>(static_cast<std::size_t>(n), first ? 1 : 0));
+  zc::compress_params p;
+  p.k_cache = g_pool.k;
+  p.v_cache = g_pool.v;
+  p.score_cache = g_pool.scores;
+  p.query_cache = g_pool.q;
+  p.num_layers = kLayers;
+  p.num_blocks = g_pool.num_blocks;
+  p.num_slots = g_pool.num_slots;
+  p.page_indptr = indptr.p;
+  p.page_indices = indices.p;
+  p.kv_len = lens.p;
+  p.slot = slots.p;
+  p.first_compression = firsts.p;
+  p.num_reqs = n;
+  p.max_kv_len = kCompressLen;
+  p.num_q_heads = kQHeads;
+  p.num_kv_heads = kKvHeads;
+  p.head_dim = kHeadDim;
+  p.block_size = kBlock;
+  p.window = kWindow;
+  p.keep = kKeep;
+  const std::size_t ws_bytes = zc::compress_workspace_bytes(p);
+  dbuf<unsigned char> ws(ws_bytes);
+  // The select and compact stages need the earlier stages' output once.
+  zc::compress(p, ws.p, ws_bytes, nullptr);
+  CK(cudaDeviceSynchronize());
+  const int passes = n >= 64 ? 3 : n >= 16 ? 5 : 20;
+  const double s = time_graph(state, [&](cudaStream_t stream, int) {
+    switch (st) {
+      case stage::total: zc::compress(p, ws.p, ws_bytes, stream); break;
+      case stage::score: zc::compress_score(p, ws.p, ws_bytes, stream); break;
+      case stage::select: zc::compress_select(p, ws.p, ws_bytes, stream); break;
+      case stage::compact: zc::compress_compact(p, ws.p, ws_bytes, stream); break;
+    }
+  }, passes);
+  state.counters["ms"] = s * 1e3;
+  state.counters["workspace_MB"] = ws_bytes / 1e6;
+  g_results[std::string("compress/") + stage_name(st) + "/" + std::to_string(n) + (first ? "/first" : "")] = s;
+}
+
+void bm_decode(benchmark::State& state, int n, int ctx) {
+  const batch b(n);
+  dbuf<std::int32_t> indptr(b.indptr), indices(b.indices),
+      lens(std::vector<std::int32_t>(static_cast<std::size_t>(n), ctx));
+  dbuf<std::uint16_t> q(std::size_t(n) * kQHeads * kHeadDim), out(std::size_t(n) * kQHeads * kHeadDim);
+  fill_random_bf16<<<64, 256>>>(q.p, std::size_t(n) * kQHeads * kHeadDim, 9);
+  CK(cudaGetLastError());
+  zc::decode_params p;
+  p.q = q.p;
+  p.out = out.p;
+  p.page_indptr = indptr.p;
+  p.page_indices = indices.p;
+  p.kv_len = lens.p;
+  p.num_seqs = n;
+  p.num_q_heads = kQHeads;
+  p.num_kv_heads = kKvHeads;
+  p.head_dim = kHeadDim;
+  p.block_size = kBlock;
+  p.max_kv_len = ctx;
+  p.scale = 1.0f / std::sqrt(float(kHeadDim));
+  const zc::decode_plan plan = zc::plan_decode(p);
+  const std::size_t ws_bytes = zc::decode_workspace_bytes(p, plan);
+  dbuf<unsigned char> ws(ws_bytes);
+  const int passes = kLayers * (n >= 64 ? 2 : 8);
+  const double s = time_graph(state, [&](cudaStream_t stream, int i) {
+    zc::decode_params pl = p;
+    const int layer = i % kLayers;
+    pl.k_cache = g_pool.k + std::size_t(layer) * g_pool.layer_elems;
+    pl.v_cache = g_pool.v + std::size_t(layer) * g_pool.layer_elems;
+    zc::paged_decode_attention(pl, plan, ws.p, ws_bytes, stream);
+  }, passes);
+  state.counters["us"] = s * 1e6;
+  state.counters["splits"] = plan.num_splits;
+  g_results["decode/" + std::to_string(n) + "/" + std::to_string(ctx)] = s;
+}
+
+void print_summary(const std::vector<int>& batches) {
+  std::printf("\n## Compression step vs the decode attention it is amortised over\n\n");
+  std::printf("Qwen3-8B shape: %d layers, %d KV / %d query heads, head_dim %d; block %d, budget %d blocks (keep %d), "
+              "window %d; compress %d -> %d tokens, then %d decode steps.\n\n",
+              kLayers, kKvHeads, kQHeads, kHeadDim, kBlock, kBudget, kKeep, kWindow, kCompressLen, kKeep, kSteps);
+  std::printf("| batch | compress (ms) | score | select | compact | first compression (ms) | decode/layer-step 2048 / 2176 / 2304 (us) | decode over %d steps x %d layers (ms) | compress / decode |\n",
+              kSteps, kLayers);
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  auto get = [](const std::string& k) {
+    const auto it = g_results.find(k);
+    return it == g_results.end() ? std::nan("") : it->second;
+  };
+  for (int n : batches) {
+    const std::string ns = std::to_string(n);
+    const double tot = get("compress/total/" + ns), sc = get("compress/score/" + ns), se = get("compress/select/" + ns),
+                 cp = get("compress/compact/" + ns), fi = get("compress/total/" + ns + "/first");
+    const double d0 = get("decode/" + ns + "/2048"), d1 = get("decode/" + ns + "/2176"), d2 = get("decode/" + ns + "/2304");
+    const double per_step = (d0 + 4 * d1 + d2) / 6.0;  // Simpson over the 256 steps (decode is linear in length)
+    const double amort = per_step * kLayers * kSteps;
+    std::printf("| %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f / %.1f / %.1f | %.1f | %.2f%% |\n", n, tot * 1e3, sc * 1e3,
+                se * 1e3, cp * 1e3, fi * 1e3, d0 * 1e6, d1 * 1e6, d2 * 1e6, amort * 1e3, 100.0 * tot / amort);
+  }
+  std::printf("\ncompress: all %d layers in one call (5 launches); first compression: with max-pooling, all requests "
+              "first-time.\n", kLayers);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (zc::device_count() == 0) {
+    std::printf("SKIPPED: no CUDA device (%s)\n", zc::describe_device().c_str());
+    return 0;
+  }
+  try {
+    std::printf("device: %s\n", zc::describe_device(0).c_str());
+    g_pool.init();
+    std::printf("pool: %.1f GiB of K+V (%d blocks x %d layers)\n",
+                2.0 * g_pool.layer_elems * kLayers * 2 / (1024.0 * 1024 * 1024), g_pool.num_blocks, kLayers);
+    const std::vector<int> batches = {1, 16, 64, 128};
+    for (int n : batches) {
+      for (stage st : {stage::total, stage::score, stage::select, stage::compact})
+        benchmark::RegisterBenchmark(("compress/" + std::string(stage_name(st)) + "/batch" + std::to_string(n)).c_str(),
+                                     [=](benchmark::State& s) { bm_compress(s, n, st, false); })
+            ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("compress/total/batch" + std::to_string(n) + "/first").c_str(),
+                                   [=](benchmark::State& s) { bm_compress(s, n, stage::total, true); })
+          ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+      for (int ctx : {2048, 2176, 2304})
+        benchmark::RegisterBenchmark(("decode/batch" + std::to_string(n) + "/ctx" + std::to_string(ctx)).c_str(),
+                                     [=](benchmark::State& s) { bm_decode(s, n, ctx); })
+            ->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+    }
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    print_summary(batches);
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

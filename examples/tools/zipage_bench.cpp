@@ -1,0 +1,442 @@
+// zipage-bench: serving throughput of the engine on the GPU (zipage::cuda_backend, bf16) with a
+// random-weight Llama/Qwen3-shaped model built directly on the device (no checkpoint needed).
+//
+//   zipage-bench --shape qwen3-8b --workload nano --mode full
+//   zipage-bench --shape qwen3-0.6b --workload long --mode both --num-requests 64 --seconds 60
+//
+// Workloads:
+//   nano  nano-vllm's benchmark: 256 requests (seed 0), prompt and output lengths uniform in [100, 1024],
+//         random token ids, EOS ignored; all queued at once, run to completion (or --seconds).
+//   long  N requests with 128-token prompts and long outputs (--output-len), time-boxed (--seconds);
+//         steady-state tok/s over the second half of the run.
+// Modes: full (full KV) and compressed (zipage_policy, budget 2048 = 8 blocks of 256, window 16).
+//
+// Reported per run: output tok/s, steps, peak running requests, preemptions, swaps, compressions, host
+// time per step (wall time of engine.step() outside the forward pass: scheduling, batch layout,
+// logits to host, sampling, bookkeeping), forward time per step (launch + GPU, the model's forward
+// synchronised), where the compression worker spent its time (device gathers, host scoring, compaction),
+// and the physical ceiling: per step max((weight bytes + KV bytes read) / copy bandwidth,
+// 2 * params * tokens / GEMM rate), with both rates measured in the same run, summed over the steps and
+// divided by the measured time. The engine's compressor scores on the host (zipage_policy in double
+// precision), which is slow for big models: it is measured and reported, not hidden.
+#include <malloc.h>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "zipage/backend/cuda/cuda_backend.hpp"
+#include "zipage/cuda/device.hpp"
+#include "zipage/engine/engine.hpp"
+#include "zipage/models/llama.hpp"
+#include "zipage/policy/policies.hpp"
+
+namespace {
+
+using namespace zipage;
+using clock_type = std::chrono::steady_clock;
+
+double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+model_config shape_config(const std::string& shape) {
+  model_config c;
+  c.rope = rope_style::half;
+  c.rope_theta = 1e6f;
+  c.rms_eps = 1e-6f;
+  c.qk_norm = true;
+  c.bos = 0;
+  if (shape == "qwen3-0.6b") {
+    c.vocab_size = 151936, c.hidden_size = 1024, c.num_layers = 28, c.num_q_heads = 16, c.num_kv_heads = 8;
+    c.head_dim = 128, c.ffn_size = 3072, c.tied_embeddings = true;
+  } else if (shape == "qwen3-8b") {
+    c.vocab_size = 151936, c.hidden_size = 4096, c.num_layers = 36, c.num_q_heads = 32, c.num_kv_heads = 8;
+    c.head_dim = 128, c.ffn_size = 12288, c.tied_embeddings = false;
+  } else if (shape == "tiny") {
+    c.vocab_size = 4096, c.hidden_size = 512, c.num_layers = 4, c.num_q_heads = 8, c.num_kv_heads = 4;
+    c.head_dim = 64, c.ffn_size = 1024, c.tied_embeddings = true;
+  } else {
+    fail("--shape: unknown shape '", shape, "' (qwen3-0.6b, qwen3-8b, tiny)");
+  }
+  c.eos = c.vocab_size - 1;
+  c.max_context = 40960;
+  c.architecture = "qwen3";
+  return c;
+}
+
+// What the forward pass costs, shared between the wrapper model (owned by the engine) and the bench.
+struct forward_clock {
+  double launch = 0.0;  // host time to enqueue the forward pass
+  double total = 0.0;   // launch + waiting for the GPU to finish it
+};
+
+// llama_model<cuda_backend> whose forward pass is timed (synchronised at its end, so the GPU time of a
+// step is inside it and everything else engine.step() does is host time).
+struct timed_model {
+  using backend_type = cuda_backend;
+  using tensor = cuda_tensor;
+  llama_model<cuda_backend> inner;
+  cuda_backend backend;
+  std::shared_ptr<forward_clock> clock;
+
+  [[nodiscard]] const model_config& config() const { return inner.config(); }
+  tensor forward(forward_context<cuda_backend>& ctx) {
+    const auto t0 = clock_type::now();
+    tensor logits = inner.forward(ctx);
+    clock->launch += since(t0);
+    backend.synchronize();
+    clock->total += since(t0);
+    return logits;
+  }
+};
+
+struct weight_stats {
+  double bytes_per_step = 0;  // read by one forward pass (layer weights + the vocabulary projection)
+  double params = 0;          // multiply-adds per token (layer weights + vocabulary projection)
+  double total_bytes = 0;
+};
+
+timed_model build_model(const cuda_backend& b, const model_config& c, std::uint64_t seed, weight_stats& ws) {
+  std::uint64_t next = seed * 1000;
+  auto uniform = [&](int rows, int cols, float std_dev) {
+    return b.random_tensor(rows, cols, std_dev * std::sqrt(3.0f), ++next);
+  };
+  auto ones = [&](int n) { return b.constant_tensor(1, n, 1.0f); };
+  llama_weights<cuda_backend> w;
+  w.embedding = uniform(c.vocab_size, c.hidden_size, 1.0f);
+  const float s_in = 1.0f / std::sqrt(static_cast<float>(c.hidden_size));
+  for (int l = 0; l < c.num_layers; ++l) {
+    llama_layer_weights<cuda_backend> lw;
+    lw.attn_norm = ones(c.hidden_size);
+    lw.ffn_norm = ones(c.hidden_size);
+    lw.wq = uniform(c.q_size(), c.hidden_size, s_in);
+    lw.wk = uniform(c.kv_size(), c.hidden_size, s_in);
+    lw.wv = uniform(c.kv_size(), c.hidden_size, s_in);
+    lw.wo = uniform(c.hidden_size, c.q_size(), 1.0f / std::sqrt(static_cast<float>(c.q_size())));
+    if (c.qk_norm) {
+      lw.q_norm = ones(c.head_dim);
+      lw.k_norm = ones(c.head_dim);
+    }
+    lw.w_gate = uniform(c.ffn_size, c.hidden_size, s_in);
+    lw.w_up = uniform(c.ffn_size, c.hidden_size, s_in);
+    lw.w_down = uniform(c.hidden_size, c.ffn_size, 1.0f / std::sqrt(static_cast<float>(c.ffn_size)));
+    for (const cuda_tensor* t : {&lw.attn_norm, &lw.ffn_norm, &lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up,
+                                 &lw.w_down}) {
+      ws.bytes_per_step += static_cast<double>(t->bytes());
+      ws.params += static_cast<double>(t->size());
+    }
+    if (lw.q_norm) ws.bytes_per_step += static_cast<double>(lw.q_norm->bytes() + lw.k_norm->bytes());
+    w.layers.push_back(std::move(lw));
+  }
+  w.final_norm = ones(c.hidden_size);
+  if (!c.tied_embeddings) w.lm_head = uniform(c.vocab_size, c.hidden_size, s_in);
+  const cuda_tensor& head = w.lm_head ? *w.lm_head : w.embedding;
+  ws.bytes_per_step += static_cast<double>(head.bytes());
+  ws.params += static_cast<double>(head.size());
+  ws.total_bytes = ws.bytes_per_step + (w.lm_head ? static_cast<double>(w.embedding.bytes()) : 0.0);
+  b.synchronize();
+  timed_model m{llama_model<cuda_backend>(c, std::move(w)), b, std::make_shared<forward_clock>()};
+  return m;
+}
+
+// zipage_policy with its host scoring time measured (the compression worker calls score() per layer).
+std::atomic<std::int64_t> g_score_ns{0};
+struct timed_zipage_policy : zipage_policy {
+  void score(const score_context& ctx, std::span<float> keep_score, std::span<float> cache_out) const {
+    const auto t0 = clock_type::now();
+    zipage_policy::score(ctx, keep_score, cache_out);
+    g_score_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count();
+  }
+};
+
+struct options {
+  std::string shape = "qwen3-0.6b";
+  std::string workload = "nano";
+  std::string mode = "both";
+  int num_requests = 0;  // 0 = the workload's default
+  double seconds = 0.0;  // 0 = nano: to completion; long: 60
+  int output_len = 32768;
+  int prompt_len = 128;
+  std::uint64_t seed = 0;
+  int max_num_seqs = 256;
+  int max_batched_tokens = 16384;
+  int block_size = 256;
+  int budget_tokens = 2048;
+  int window = 16;
+  double reserve_gib = 6.0;
+  double kv_gib = 0.0;
+  float temperature = 0.0f;
+  std::string json;
+  bool sync_compression = false;
+};
+
+struct run_result {
+  std::string workload, mode;
+  double seconds = 0, output_tokens = 0, prompt_tokens = 0, tok_s = 0, steady_tok_s = 0;
+  std::int64_t steps = 0, decode_steps = 0, prefill_steps = 0;
+  int peak_running = 0, finished = 0, requests = 0;
+  std::int64_t preemptions = 0, swaps = 0, compressions = 0, evicted = 0;
+  double host_ms_per_step = 0, forward_ms_per_step = 0, launch_ms_per_step = 0, to_host_ms_per_step = 0;
+  double decode_host_ms = 0, decode_forward_ms = 0;
+  double ceiling_fraction = 0, decode_mem_ceiling_fraction = 0, floor_seconds = 0;
+  double gather_s = 0, score_s = 0, compaction_s = 0;
+  int num_blocks = 0, num_query_slots = 0, peak_blocks = 0;
+  double kv_gib = 0;
+  double mean_batch_decode = 0;
+};
+
+template <class Policy>
+run_result run_once(const options& o, const std::string& mode, const cuda_backend& b, const model_config& c,
+                    const weight_stats& ws, double bandwidth_gbs, double gemm_tflops) {
+  constexpr bool compress = Policy::evicts;
+  // KV pool: what is left after the weights, minus a reserve for activations, logits and workspaces.
+  const std::size_t eb = 2;  // bf16
+  const std::size_t token_bytes = 2ull * c.num_layers * c.num_kv_heads * c.head_dim * eb;
+  std::size_t block_bytes = token_bytes * static_cast<std::size_t>(o.block_size);
+  if (compress) block_bytes += static_cast<std::size_t>(c.num_layers) * o.block_size * c.num_kv_heads * sizeof(float);
+  const std::size_t slot_bytes =
+      compress ? static_cast<std::size_t>(c.num_layers) * o.window * c.num_q_heads * c.head_dim * eb : 0;
+  const auto [free_b, total_b] = b.memory_info();
+  double budget = o.kv_gib > 0 ? o.kv_gib * 1073741824.0 : static_cast<double>(free_b) - o.reserve_gib * 1073741824.0;
+  budget -= static_cast<double>(slot_bytes) * o.max_num_seqs;
+  check(budget > static_cast<double>(block_bytes) * 16, "not enough device memory for a KV pool (free ",
+        free_b / 1073741824.0, " GiB)");
+  engine_config cfg;
+  cfg.block_size = o.block_size;
+  cfg.num_blocks = static_cast<int>(budget / static_cast<double>(block_bytes));
+  cfg.max_num_seqs = o.max_num_seqs;
+  cfg.max_batched_tokens = o.max_batched_tokens;
+  cfg.budget_blocks = o.budget_tokens / o.block_size;
+  cfg.window = o.window;
+  cfg.num_query_slots = compress ? o.max_num_seqs : 0;
+  cfg.async_compression = !o.sync_compression;
+  weight_stats ws_model;
+  timed_model m = build_model(b, c, o.seed, ws_model);
+  auto clock = m.clock;
+  engine<timed_model, Policy, zipage_scheduler, cuda_backend> eng(std::move(m), cfg, Policy{}, b);
+
+  // Requests.
+  std::mt19937_64 rng(o.seed);
+  const bool nano = o.workload == "nano";
+  const int n = o.num_requests > 0 ? o.num_requests : (nano ? 256 : 64);
+  std::uniform_int_distribution<int> len(100, 1024);
+  std::uniform_int_distribution<int> tok(0, std::min(c.vocab_size - 1, 10000 - 1));
+  std::vector<request_id> ids;
+  double prompt_tokens = 0;
+  for (int i = 0; i < n; ++i) {
+    const int p = nano ? len(rng) : o.prompt_len;
+    const int out = nano ? len(rng) : o.output_len;
+    std::vector<token_id> prompt(static_cast<std::size_t>(p));
+    for (auto& t : prompt) t = tok(rng);
+    sampling_params sp;
+    sp.temperature = o.temperature;
+    sp.max_tokens = out;
+    sp.ignore_eos = true;
+    sp.seed = static_cast<std::uint64_t>(i);
+    ids.push_back(eng.add_request(std::move(prompt), sp));
+    prompt_tokens += p;
+  }
+  const double box = o.seconds > 0 ? o.seconds : (nano ? 1e9 : 60.0);
+
+  b.reset_counters();
+  g_score_ns = 0;
+  run_result r;
+  r.workload = o.workload;
+  r.mode = mode;
+  r.requests = n;
+  const double weight_floor = ws.bytes_per_step / (bandwidth_gbs * 1e9);
+  const double kv_per_layer_token = static_cast<double>(token_bytes);  // all layers
+  double floor_s = 0, decode_floor_mem = 0, decode_wall = 0, decode_host = 0, decode_fwd = 0, decode_rows = 0;
+  double host_total = 0, fwd_total = 0, launch_total = 0;
+  std::int64_t generated = 0;
+  std::vector<std::pair<double, std::int64_t>> timeline;  // (time, generated) after each step
+  const auto t_start = clock_type::now();
+  auto prev = b.counters();
+  while (eng.has_unfinished()) {
+    const double f0 = clock->total, l0 = clock->launch;
+    const auto ts = clock_type::now();
+    const auto events = eng.step();
+    const double wall = since(ts);
+    const auto k = b.counters();
+    const double fwd = clock->total - f0;
+    const double host = wall - fwd;
+    host_total += host;
+    fwd_total += fwd;
+    launch_total += clock->launch - l0;
+    generated += static_cast<std::int64_t>(events.size());
+    const auto tokens = k.attention_tokens - prev.attention_tokens;
+    const auto kv_read = k.kv_tokens_read - prev.kv_tokens_read;
+    const bool decode = k.decode_steps > prev.decode_steps;
+    const double mem = weight_floor + static_cast<double>(kv_read) * kv_per_layer_token / (bandwidth_gbs * 1e9);
+    const double flops = 2.0 * ws.params * static_cast<double>(tokens) / (gemm_tflops * 1e12);
+    if (tokens > 0) floor_s += std::max(mem, flops);
+    if (decode) {
+      decode_floor_mem += mem;
+      decode_wall += wall;
+      decode_host += host;
+      decode_fwd += fwd;
+      decode_rows += static_cast<double>(tokens);
+      ++r.decode_steps;
+    } else if (tokens > 0) {
+      ++r.prefill_steps;
+    }
+    prev = k;
+    ++r.steps;
+    const double now = since(t_start);
+    timeline.emplace_back(now, generated);
+    if (now > box) break;
+  }
+  r.seconds = since(t_start);
+  const auto st = eng.stats();
+  const auto k = b.counters();
+  r.output_tokens = static_cast<double>(generated);
+  r.prompt_tokens = prompt_tokens;
+  r.tok_s = r.output_tokens / r.seconds;
+  // Steady state: the second half of the run (time), generated tokens over time.
+  {
+    const double half = r.seconds / 2;
+    auto it = std::find_if(timeline.begin(), timeline.end(), [&](const auto& p) { return p.first >= half; });
+    if (it != timeline.end() && timeline.back().first > it->first)
+      r.steady_tok_s = static_cast<double>(timeline.back().second - it->second) / (timeline.back().first - it->first);
+  }
+  r.peak_running = st.peak_running;
+  r.preemptions = st.preemptions;
+  r.swaps = st.swaps;
+  r.compressions = st.compressions;
+  r.evicted = st.tokens_evicted;
+  r.host_ms_per_step = 1e3 * host_total / static_cast<double>(std::max<std::int64_t>(1, r.steps));
+  r.forward_ms_per_step = 1e3 * fwd_total / static_cast<double>(std::max<std::int64_t>(1, r.steps));
+  r.launch_ms_per_step = 1e3 * launch_total / static_cast<double>(std::max<std::int64_t>(1, r.steps));
+  r.to_host_ms_per_step = 1e3 * k.to_host_seconds / static_cast<double>(std::max<std::int64_t>(1, r.steps));
+  r.decode_host_ms = r.decode_steps ? 1e3 * decode_host / static_cast<double>(r.decode_steps) : 0;
+  r.decode_forward_ms = r.decode_steps ? 1e3 * decode_fwd / static_cast<double>(r.decode_steps) : 0;
+  r.mean_batch_decode = r.decode_steps ? decode_rows / static_cast<double>(r.decode_steps) : 0;
+  r.floor_seconds = floor_s;
+  r.ceiling_fraction = floor_s / r.seconds;
+  r.decode_mem_ceiling_fraction = decode_wall > 0 ? decode_floor_mem / decode_wall : 0;
+  r.gather_s = k.gather_seconds;
+  r.compaction_s = k.compaction_seconds;
+  r.score_s = static_cast<double>(g_score_ns.load()) * 1e-9;
+  r.num_blocks = st.num_blocks;
+  r.num_query_slots = st.num_query_slots;
+  r.peak_blocks = st.peak_blocks_used;
+  r.kv_gib = static_cast<double>(cfg.num_blocks) * static_cast<double>(block_bytes) / 1073741824.0;
+  for (request_id id : ids) r.finished += eng.request(id).is_finished();
+  return r;
+}
+
+void print(const run_result& r) {
+  std::printf(
+      "| %s | %s | %d/%d | %.1f | %.0f | %.0f | %lld (%lld dec, mean batch %.0f) | %d | %lld | %lld | %lld | %.2f | "
+      "%.2f (launch %.2f) | %.2f | %.2f / %.2f | %.1f%% (decode mem %.1f%%) | gather %.1f s, score %.1f s, compact %.2f s |\n",
+      r.workload.c_str(), r.mode.c_str(), r.finished, r.requests, r.seconds, r.tok_s, r.steady_tok_s,
+      static_cast<long long>(r.steps), static_cast<long long>(r.decode_steps), r.mean_batch_decode, r.peak_running,
+      static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps), static_cast<long long>(r.compressions),
+      r.host_ms_per_step, r.forward_ms_per_step, r.launch_ms_per_step, r.to_host_ms_per_step, r.decode_host_ms,
+      r.decode_forward_ms, 100.0 * r.ceiling_fraction, 100.0 * r.decode_mem_ceiling_fraction, r.gather_s, r.score_s,
+      r.compaction_s);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  CLI::App app{"zipage-bench: engine throughput on the GPU with a random-weight model"};
+  app.add_option("--shape", o.shape, "qwen3-0.6b | qwen3-8b | tiny");
+  app.add_option("--workload", o.workload, "nano | long | both");
+  app.add_option("--mode", o.mode, "full | compressed | both");
+  app.add_option("--num-requests", o.num_requests, "requests (nano: 256, long: 64)");
+  app.add_option("--seconds", o.seconds, "time box per run (nano: none, long: 60)");
+  app.add_option("--output-len", o.output_len, "long: max tokens per request");
+  app.add_option("--prompt-len", o.prompt_len, "long: prompt tokens");
+  app.add_option("--seed", o.seed, "workload and weight seed");
+  app.add_option("--max-num-seqs", o.max_num_seqs);
+  app.add_option("--max-batched-tokens", o.max_batched_tokens);
+  app.add_option("--block-size", o.block_size);
+  app.add_option("--budget", o.budget_tokens, "compressed: tokens kept per request");
+  app.add_option("--window", o.window);
+  app.add_option("--reserve-gib", o.reserve_gib, "device memory left out of the KV pool");
+  app.add_option("--kv-gib", o.kv_gib, "KV pool size (0: free memory minus the reserve)");
+  app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)");
+  app.add_option("--json", o.json, "append results as JSON lines to this file");
+  app.add_flag("--sync-compression", o.sync_compression, "compress on the engine thread");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (cuda::device_count() == 0) {
+      std::printf("zipage-bench: no CUDA device (%s)\n", cuda::describe_device().c_str());
+      return 77;
+    }
+    // The engine allocates the step's logits (rows x vocab floats, up to ~155 MB) afresh every step;
+    // keep freed heap memory instead of returning it to the OS, so the next step's vector does not
+    // page-fault its way in again.
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+
+    const model_config c = shape_config(o.shape);
+    const cuda_backend b;
+    const double bw = b.measure_copy_bandwidth();
+    const double tflops = b.measure_gemm_tflops();
+    std::printf("device: %s; copy bandwidth %.0f GB/s (2 GiB D2D, read+write), bf16 GEMM %.0f TFLOP/s (8192^3)\n",
+                cuda::describe_device(0).c_str(), bw, tflops);
+    weight_stats ws;
+    {
+      // Weight statistics from one build (freed again before the runs build their own).
+      timed_model probe = build_model(b, c, o.seed, ws);
+    }
+    std::printf("shape %s: %d layers, hidden %d, q/kv heads %d/%d, head_dim %d, ffn %d, vocab %d; weights read per "
+                "step %.2f GB (%.2f B params incl. vocabulary projection)\n",
+                o.shape.c_str(), c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.ffn_size,
+                c.vocab_size, ws.bytes_per_step / 1e9, ws.params / 1e9);
+    std::printf("| workload | mode | finished | s | out tok/s | steady tok/s | steps | peak running | preempt | swaps | "
+                "compress | host ms/step | forward ms/step | to_host ms/step | decode host/forward ms | ceiling | "
+                "compression worker |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::vector<std::string> workloads = o.workload == "both" ? std::vector<std::string>{"nano", "long"}
+                                                              : std::vector<std::string>{o.workload};
+    std::vector<std::string> modes = o.mode == "both" ? std::vector<std::string>{"full", "compressed"}
+                                                      : std::vector<std::string>{o.mode};
+    std::vector<run_result> results;
+    for (const auto& w : workloads)
+      for (const auto& m : modes) {
+        options oo = o;
+        oo.workload = w;
+        run_result r = m == "full" ? run_once<full_kv>(oo, m, b, c, ws, bw, tflops)
+                                   : run_once<timed_zipage_policy>(oo, m, b, c, ws, bw, tflops);
+        print(r);
+        std::printf("    KV pool %d blocks of %d (%.1f GiB), %d query slots, peak blocks %d, evicted %lld tokens, "
+                    "prompt tokens %.0f, output tokens %.0f\n",
+                    r.num_blocks, o.block_size, r.kv_gib, r.num_query_slots, r.peak_blocks,
+                    static_cast<long long>(r.evicted), r.prompt_tokens, r.output_tokens);
+        results.push_back(r);
+        if (!o.json.empty()) {
+          std::ofstream js(o.json, std::ios::app);
+          char buf[1024];
+          std::snprintf(buf, sizeof buf,
+                        "{\"shape\":\"%s\",\"workload\":\"%s\",\"mode\":\"%s\",\"requests\":%d,\"finished\":%d,"
+                        "\"seconds\":%.3f,\"output_tokens\":%.0f,\"tok_s\":%.1f,\"steady_tok_s\":%.1f,\"steps\":%lld,"
+                        "\"peak_running\":%d,\"preemptions\":%lld,\"swaps\":%lld,\"compressions\":%lld,"
+                        "\"host_ms_per_step\":%.3f,\"forward_ms_per_step\":%.3f,\"ceiling_fraction\":%.4f,"
+                        "\"bandwidth_gbs\":%.0f,\"gemm_tflops\":%.0f,\"score_s\":%.2f,\"gather_s\":%.2f}\n",
+                        o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
+                        r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
+                        static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
+                        static_cast<long long>(r.compressions), r.host_ms_per_step, r.forward_ms_per_step,
+                        r.ceiling_fraction, bw, tflops, r.score_s, r.gather_s);
+          js << buf;
+        }
+      }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zipage-bench: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,234 @@
+#pragma once
+// zipage::cuda_backend: the engine's backend on one CUDA device, so that
+// `engine<llama_model<cuda_backend>, Policy>` runs on the GPU. It mirrors cpu_backend op for op.
+//
+//  * Tensors are device matrices [rows][cols] (row-major) in bf16 (default: weights, activations and
+//    KV) or fp32 (`cuda_backend_options::dtype`, so the fp32 engine can be compared token for token with
+//    the CPU reference). A tensor owns its memory through a grow-only buffer taken from the device's
+//    stream-ordered memory pool: the model's activation tensors are members, so steady-state steps
+//    allocate nothing from the driver.
+//  * linear: cuBLASLt (bf16 in, fp32 accumulate; fp32 mode: fp32 GEMM, no TF32), or a fixed-order GEMM
+//    whose rows do not depend on the batch (`batch_invariant`, fp32 parity tests).
+//  * attention: the step's host attention_metadata is packed, compared with the last step's, and copied
+//    to the device once per step (one pinned staging buffer, one cudaMemcpyAsync); every layer reuses
+//    it. K/V are appended by slot, window queries recorded, then the tuned bf16 prefill kernel (a step
+//    with a sequence of several new tokens) or split-KV decode kernel runs (head_dim 64/128), otherwise
+//    a generic kernel (any head_dim, fp32).
+//  * Compression: gather_keys / gather_scores / gather_window_queries copy to host vectors in the CPU
+//    layout (the engine's compressor scores on the host); apply_compaction is one kernel per plan;
+//    copy_block, swap_out and swap_in are one batched-copy kernel each (swap blobs in pinned host
+//    memory, read and written by the kernel directly).
+//
+// Threads: the engine's compression worker calls the gather/compaction hooks from its own thread; they
+// run on a second stream under a mutex and finish (synchronise) before returning. Everything else runs
+// on the backend's main stream from the engine's thread. A backend is a cheap handle: copies share the
+// device context (stream, cuBLASLt handle, staging buffers).
+//
+// No CUDA header is included here; the implementation is src/cuda/cuda_backend.cu.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zipage/backend/cuda/engine_kernels.hpp"
+#include "zipage/compression/compaction_plan.hpp"
+#include "zipage/core/types.hpp"
+#include "zipage/kv/paged_kv.hpp"
+#include "zipage/model/model_config.hpp"
+
+namespace zipage {
+
+struct cuda_backend_options {
+  cuda_dtype dtype = cuda_dtype::bf16;  // weights, activations, KV cache and query-window cache
+  int device = 0;
+  // fp32 only: a fixed-order GEMM instead of cuBLASLt, so each row's result is the same whatever the
+  // batch (cuBLASLt may pick another kernel, and another summation order, for another batch size).
+  bool batch_invariant = false;
+  // bf16: use the tuned paged-attention / elementwise kernels of kernels.hpp where shapes allow.
+  bool fast_kernels = true;
+  std::size_t gemm_workspace_bytes = std::size_t{32} << 20;
+};
+
+namespace cuda_detail {
+struct context;
+struct access;
+}  // namespace cuda_detail
+
+// Device memory from the backend's pool (or a plain cudaMalloc for big one-off allocations), freed in
+// stream order. Grow-only: reserve() keeps the allocation when it is large enough.
+class cuda_buffer {
+ public:
+  cuda_buffer() = default;
+  ~cuda_buffer();
+  cuda_buffer(const cuda_buffer&) = delete;
+  cuda_buffer& operator=(const cuda_buffer&) = delete;
+  cuda_buffer(cuda_buffer&& o) noexcept { swap(o); }
+  cuda_buffer& operator=(cuda_buffer&& o) noexcept {
+    cuda_buffer(std::move(o)).swap(*this);
+    return *this;
+  }
+  void swap(cuda_buffer& o) noexcept {
+    std::swap(ctx_, o.ctx_);
+    std::swap(ptr_, o.ptr_);
+    std::swap(capacity_, o.capacity_);
+    std::swap(pooled_, o.pooled_);
+  }
+  [[nodiscard]] void* data() const { return ptr_; }
+  [[nodiscard]] std::size_t capacity() const { return capacity_; }
+
+ private:
+  friend struct cuda_detail::access;
+  std::shared_ptr<cuda_detail::context> ctx_;
+  void* ptr_ = nullptr;
+  std::size_t capacity_ = 0;
+  bool pooled_ = true;
+};
+
+// A device matrix [rows][cols], row-major, bf16 or fp32. Copying copies the data (device to device).
+class cuda_tensor {
+ public:
+  cuda_tensor() = default;
+  cuda_tensor(const cuda_tensor& o);
+  cuda_tensor& operator=(const cuda_tensor& o);
+  cuda_tensor(cuda_tensor&& o) noexcept
+      : buf_(std::move(o.buf_)), rows_(std::exchange(o.rows_, 0)), cols_(std::exchange(o.cols_, 0)), dtype_(o.dtype_) {}
+  cuda_tensor& operator=(cuda_tensor&& o) noexcept {
+    buf_ = std::move(o.buf_);
+    rows_ = std::exchange(o.rows_, 0);
+    cols_ = std::exchange(o.cols_, 0);
+    dtype_ = o.dtype_;
+    return *this;
+  }
+
+  [[nodiscard]] int rows() const { return rows_; }
+  [[nodiscard]] int cols() const { return cols_; }
+  [[nodiscard]] std::int64_t size() const { return std::int64_t{rows_} * cols_; }
+  [[nodiscard]] bool empty() const { return size() == 0; }
+  [[nodiscard]] cuda_dtype dtype() const { return dtype_; }
+  [[nodiscard]] std::size_t bytes() const { return static_cast<std::size_t>(size()) * dtype_bytes(dtype_); }
+  [[nodiscard]] void* data() { return buf_.data(); }
+  [[nodiscard]] const void* data() const { return buf_.data(); }
+
+ private:
+  friend struct cuda_detail::access;
+  cuda_buffer buf_;
+  int rows_ = 0;
+  int cols_ = 0;
+  cuda_dtype dtype_ = cuda_dtype::bf16;
+};
+
+// The paged KV cache on the device: K and V [layers][blocks][block_size][kv_heads][head_dim] each; when
+// compressing, the score cache [layers][blocks][block_size][kv_heads] (fp32) and the query-window cache
+// [layers][slots][W][q_heads][head_dim] (in the KV dtype).
+struct cuda_kv_storage {
+  kv_cache_shape shape;
+  cuda_dtype dtype = cuda_dtype::bf16;
+  cuda_buffer k, v, scores, queries;
+
+  [[nodiscard]] std::size_t element_bytes() const { return dtype_bytes(dtype); }
+  [[nodiscard]] std::size_t bytes() const {
+    return static_cast<std::size_t>(2 * shape.elements_per_side() + shape.query_layer_stride() * shape.num_layers) *
+               element_bytes() +
+           static_cast<std::size_t>(shape.score_elements()) * sizeof(float);
+  }
+  // Bytes of K + V per cached token, all layers.
+  [[nodiscard]] std::size_t kv_bytes_per_token() const {
+    return static_cast<std::size_t>(2 * shape.token_stride() * shape.num_layers) * element_bytes();
+  }
+};
+
+// A request's state in pinned host memory while it is swapped out: per layer and page its K, V and
+// scores, then its query-window rows.
+struct cuda_swap_blob {
+  std::size_t num_pages = 0;
+  bool has_queries = false;
+  std::size_t bytes = 0;
+  std::shared_ptr<void> host;  // pinned, mapped
+};
+
+// What the backend did, for benchmarks (host-side clocks; all cumulative).
+struct cuda_backend_counters {
+  std::int64_t forward_steps = 0;        // attention calls on layer 0 (= forward passes)
+  std::int64_t attention_tokens = 0;     // new tokens over those steps
+  std::int64_t kv_tokens_read = 0;       // sum over steps and sequences of the KV length attended (one layer)
+  std::int64_t metadata_uploads = 0;     // attention metadata copies (once per step when layers reuse it)
+  std::int64_t decode_steps = 0, prefill_steps = 0;
+  double to_host_seconds = 0.0;          // in to_host (wait for the step's GPU work + copy out)
+  std::int64_t to_host_bytes = 0;
+  std::int64_t compactions = 0;
+  double compaction_seconds = 0.0;       // in apply_compaction (worker thread)
+  std::int64_t gathers = 0;
+  double gather_seconds = 0.0;           // in gather_keys / gather_scores / gather_window_queries
+  std::int64_t gather_bytes = 0;
+  std::int64_t swaps_out = 0, swaps_in = 0;
+  std::int64_t swap_bytes = 0;
+  std::int64_t block_copies = 0;
+};
+
+class cuda_backend {
+ public:
+  using tensor = cuda_tensor;
+  using kv_storage = cuda_kv_storage;
+  using swap_blob = cuda_swap_blob;
+  static constexpr const char* name = "cuda";
+
+  // A new device context (stream, cuBLASLt handle) on options.device.
+  cuda_backend();
+  explicit cuda_backend(const cuda_backend_options& options);
+
+  [[nodiscard]] const cuda_backend_options& options() const;
+  [[nodiscard]] cuda_dtype dtype() const { return options().dtype; }
+
+  // ---- the zipage::backend concept (see cpu_backend)
+  [[nodiscard]] tensor from_host(std::span<const float> values, int rows, int cols) const;
+  [[nodiscard]] std::vector<float> to_host(const tensor& t) const;  // synchronises the stream
+  [[nodiscard]] kv_storage allocate_kv(const kv_cache_shape& shape) const;
+
+  void embedding(const tensor& table, std::span<const token_id> ids, tensor& out) const;
+  void rms_norm(const tensor& x, const tensor& w, float eps, tensor& out) const;
+  void linear(const tensor& x, const tensor& w, tensor& out) const;
+  void add_bias(tensor& x, const tensor& bias) const;
+  void rope(tensor& x, std::span<const std::int32_t> pos, int head_dim, float theta, rope_style style) const;
+  void rope(tensor& x, std::span<const std::int32_t> pos, int head_dim, float theta, rope_style style,
+            const rope_scaling_config& scaling) const;
+  void silu_mul(const tensor& gate, const tensor& up, tensor& out) const;
+  void add(tensor& x, const tensor& y) const;
+  void gather_rows(const tensor& x, std::span<const std::int32_t> rows, tensor& out) const;
+  void attention(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k,
+                 const tensor& v, int num_q_heads, tensor& out) const;
+
+  // ---- compression and swapping (engine hooks; see backend/cpu/compaction.hpp for the layouts)
+  void gather_keys(kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len, std::vector<float>& out) const;
+  void gather_scores(kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len,
+                     std::vector<float>& out) const;
+  void gather_window_queries(kv_storage& kv, int layer, int slot, std::vector<float>& out) const;
+  void apply_compaction(kv_storage& kv, const compaction_plan& plan) const;
+  void copy_block(kv_storage& kv, block_id from, block_id to) const;
+  [[nodiscard]] swap_blob swap_out(kv_storage& kv, std::span<const block_id> pages, int slot) const;
+  void swap_in(kv_storage& kv, std::span<const block_id> pages, int slot, swap_blob& blob) const;
+
+  // ---- extras
+  // A tensor filled on the device: uniform in [-scale, scale) from (seed, index), or a constant.
+  [[nodiscard]] tensor random_tensor(int rows, int cols, float scale, std::uint64_t seed) const;
+  [[nodiscard]] tensor constant_tensor(int rows, int cols, float value) const;
+  // Whole KV cache contents as fp32 host vectors (tests): K, V of every layer in the cache layout.
+  [[nodiscard]] std::vector<float> kv_to_host(const kv_storage& kv, bool values) const;
+  void synchronize() const;
+  [[nodiscard]] cuda_backend_counters counters() const;
+  void reset_counters() const;
+  // Free and total device memory in bytes (cudaMemGetInfo).
+  [[nodiscard]] std::pair<std::size_t, std::size_t> memory_info() const;
+  [[nodiscard]] std::string device_name() const;
+  // Measured on this device: a device-to-device cudaMemcpy of `bytes` (bytes read + written / time,
+  // median of `reps`), and a bf16 cuBLASLt GEMM n x n x n (TFLOP/s, median).
+  [[nodiscard]] double measure_copy_bandwidth(std::size_t bytes = std::size_t{2} << 30, int reps = 9) const;
+  [[nodiscard]] double measure_gemm_tflops(int n = 8192, int reps = 5) const;
+
+ private:
+  std::shared_ptr<cuda_detail::context> ctx_;
+};
+
+}  // namespace zipage

@@ -1,0 +1,183 @@
+#pragma once
+// Hugging Face config.json → zipage::model_config for the Llama family: model_type "llama", "qwen2"
+// (Qwen2 / Qwen2.5 / DeepSeek-R1-Distill-Qwen) and "qwen3".
+//
+// Read (HF's defaults when a field is absent or null):
+//   model_type, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size (required)
+//   num_key_value_heads (= num_attention_heads), head_dim (required for qwen3; else hidden_size / heads),
+//   rope_theta (10000; transformers 5 writes it inside rope_parameters), rms_norm_eps (1e-6),
+//   tie_word_embeddings (false), max_position_embeddings (0 = unknown), bos_token_id, eos_token_id
+//   (an id or a list: the first becomes `eos`, the rest `extra_eos`), rope_scaling / rope_parameters
+//   (type "default" or "llama3" with factor, low_freq_factor, high_freq_factor,
+//   original_max_position_embeddings).
+// Refused with an error naming the field: other model types, hidden_act other than silu, other RoPE
+// scaling types, sliding-window attention, and the biases llama_model has no slot for (attention_bias on
+// o_proj, mlp_bias). Hugging Face checkpoints rotate halves: rope_style::half.
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zipage/core/error.hpp"
+#include "zipage/core/json.hpp"
+#include "zipage/model/model_config.hpp"
+
+namespace zipage {
+
+namespace detail {
+
+inline int hf_positive_int(const json::value& cfg, std::string_view key, std::string_view src) {
+  return static_cast<int>(json::as_int(json::require(cfg, key, src), src, key, 1, (1LL << 31) - 1));
+}
+
+// eos_token_id / bos_token_id: an id, a list of ids, or null.
+inline std::vector<token_id> hf_token_ids(const json::value& cfg, std::string_view key, std::string_view src) {
+  std::vector<token_id> ids;
+  const json::value* v = json::find(cfg, key);
+  if (v == nullptr) return ids;
+  if (v->is_array()) {
+    for (std::size_t i = 0; i < v->size(); ++i)
+      ids.push_back(static_cast<token_id>(
+          json::as_int((*v)[i], src, std::string(key) + "[" + std::to_string(i) + "]", 0, (1LL << 31) - 1)));
+  } else {
+    ids.push_back(static_cast<token_id>(json::as_int(*v, src, key, 0, (1LL << 31) - 1)));
+  }
+  return ids;
+}
+
+inline void hf_rope_scaling(const json::value& cfg, const std::string& src, model_config& c) {
+  // transformers < 5: rope_theta + rope_scaling; transformers 5: rope_parameters {rope_type, rope_theta, ...}.
+  const json::value* params = json::find(cfg, "rope_parameters");
+  const json::value* scaling = json::find(cfg, "rope_scaling");
+  std::string field = "rope_scaling";
+  if (params != nullptr) {
+    check(params->is_object(), src, ": field 'rope_parameters' must be an object, got ", json::type_name(*params));
+    if (json::find(*params, "rope_theta"))
+      c.rope_theta = static_cast<float>(json::as_number(params->at("rope_theta"), src, "rope_parameters.rope_theta"));
+    if (scaling == nullptr) {
+      scaling = params;
+      field = "rope_parameters";
+    }
+  }
+  if (scaling == nullptr) return;
+  check(scaling->is_object(), src, ": field '", field, "' must be an object, got ", json::type_name(*scaling));
+  const json::value* type = json::find(*scaling, "rope_type");
+  if (type == nullptr) type = json::find(*scaling, "type");
+  const std::string kind = type ? json::as_string(*type, src, field + ".rope_type") : "default";
+  if (kind == "default") return;
+  check(kind == "llama3", src, ": ", field, ".rope_type '", json::printable(kind),
+        "' is not supported (zipage implements 'default' and 'llama3')");
+  auto number = [&](const char* key) {
+    return static_cast<float>(json::as_number(json::require(*scaling, key, src + std::string(": ") + field), src,
+                                              field + "." + key));
+  };
+  auto& s = c.rope_scaling;
+  s.type = rope_scaling_type::llama3;
+  s.factor = number("factor");
+  s.low_freq_factor = number("low_freq_factor");
+  s.high_freq_factor = number("high_freq_factor");
+  s.original_max_position = static_cast<int>(json::as_int(
+      json::require(*scaling, "original_max_position_embeddings", src + std::string(": ") + field), src,
+      field + ".original_max_position_embeddings", 1, (1LL << 31) - 1));
+}
+
+}  // namespace detail
+
+// `source` names the config in errors.
+inline model_config hf_config_from_json(const json::value& cfg, std::string_view source = "config.json") {
+  const std::string src(source);
+  check(cfg.is_object(), src, ": must be a JSON object, got ", json::type_name(cfg));
+  const std::string& type = json::as_string(json::require(cfg, "model_type", src), src, "model_type");
+  check(type == "qwen3" || type == "qwen2" || type == "llama", src, ": model_type '", json::printable(type),
+        "' is not supported (zipage loads qwen3, qwen2 and llama)");
+  model_config c;
+  c.architecture = type;
+  c.rope = rope_style::half;
+  c.hidden_size = detail::hf_positive_int(cfg, "hidden_size", src);
+  c.num_layers = detail::hf_positive_int(cfg, "num_hidden_layers", src);
+  c.num_q_heads = detail::hf_positive_int(cfg, "num_attention_heads", src);
+  c.num_kv_heads = json::find(cfg, "num_key_value_heads") ? detail::hf_positive_int(cfg, "num_key_value_heads", src)
+                                                          : c.num_q_heads;
+  check(c.num_q_heads % c.num_kv_heads == 0, src, ": num_attention_heads (", c.num_q_heads,
+        ") is not a multiple of num_key_value_heads (", c.num_kv_heads, ")");
+  c.ffn_size = detail::hf_positive_int(cfg, "intermediate_size", src);
+  c.vocab_size = detail::hf_positive_int(cfg, "vocab_size", src);
+  if (json::find(cfg, "head_dim")) {
+    c.head_dim = detail::hf_positive_int(cfg, "head_dim", src);
+  } else {
+    check(type != "qwen3", src, ": missing field 'head_dim' (Qwen3 configs give it explicitly)");
+    check(c.hidden_size % c.num_q_heads == 0, src, ": hidden_size ", c.hidden_size,
+          " is not divisible by num_attention_heads ", c.num_q_heads, " and there is no head_dim");
+    c.head_dim = c.hidden_size / c.num_q_heads;
+  }
+  check(c.head_dim % 2 == 0, src, ": head_dim ", c.head_dim, " must be even for RoPE");
+  c.max_context = static_cast<int>(json::get_int(cfg, "max_position_embeddings", src, 0, 0, (1LL << 31) - 1));
+  c.rope_theta = static_cast<float>(json::get_number(cfg, "rope_theta", src, 10000.0));
+  detail::hf_rope_scaling(cfg, src, c);
+  check(c.rope_theta > 0.0f, src, ": rope_theta must be positive, got ", c.rope_theta);
+  c.rms_eps = static_cast<float>(json::get_number(cfg, "rms_norm_eps", src, 1e-6));
+  check(c.rms_eps > 0.0f, src, ": rms_norm_eps must be positive, got ", c.rms_eps);
+  c.tied_embeddings = json::get_bool(cfg, "tie_word_embeddings", src, false);
+
+  if (const json::value* act = json::find(cfg, "hidden_act")) {
+    const std::string& a = json::as_string(*act, src, "hidden_act");
+    check(a == "silu", src, ": hidden_act '", json::printable(a), "' is not supported (zipage implements silu)");
+  }
+  check(!json::get_bool(cfg, "use_sliding_window", src, false), src,
+        ": use_sliding_window = true is not supported (zipage attends over the full context)");
+  if (const json::value* layers = json::find(cfg, "layer_types")) {
+    check(layers->is_array(), src, ": field 'layer_types' must be an array, got ", json::type_name(*layers));
+    for (std::size_t i = 0; i < layers->size(); ++i) {
+      const auto& t = json::as_string((*layers)[i], src, "layer_types[" + std::to_string(i) + "]");
+      check(t == "full_attention", src, ": layer_types[", i, "] = '", json::printable(t),
+            "' is not supported (zipage implements full_attention)");
+    }
+  }
+  check(!json::get_bool(cfg, "mlp_bias", src, false), src, ": mlp_bias = true is not supported");
+  if (type == "qwen2") {
+    c.qkv_bias = true;  // Qwen2 always has q/k/v biases and no o_proj bias
+  } else {
+    check(!json::get_bool(cfg, "attention_bias", src, false), src,
+          ": attention_bias = true is not supported (it adds an o_proj bias, which llama_model does not have)");
+  }
+  c.qk_norm = type == "qwen3";
+
+  const auto bos = detail::hf_token_ids(cfg, "bos_token_id", src);
+  const auto eos = detail::hf_token_ids(cfg, "eos_token_id", src);
+  c.bos = bos.empty() ? -1 : bos.front();
+  c.eos = eos.empty() ? -1 : eos.front();
+  for (std::size_t i = 1; i < eos.size(); ++i) c.extra_eos.push_back(eos[i]);
+  try {
+    c.validate();
+  } catch (const error& e) {
+    fail(src, ": ", e.what());
+  }
+  return c;
+}
+
+inline model_config hf_config_from_string(std::string_view text, std::string_view source = "config.json") {
+  return hf_config_from_json(json::parse(text, source), source);
+}
+
+// `path` is a config.json or a directory holding one.
+inline model_config load_hf_config(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto file = std::filesystem::is_directory(path, ec) ? path / "config.json" : path;
+  return hf_config_from_json(json::parse_file(file, "model config"), file.string());
+}
+
+// Adds the eos ids of a generation_config.json (an id or a list) that the config does not list already.
+inline void merge_hf_generation_eos(model_config& c, const json::value& gen, std::string_view source) {
+  check(gen.is_object(), source, ": must be a JSON object, got ", json::type_name(gen));
+  for (token_id id : detail::hf_token_ids(gen, "eos_token_id", source)) {
+    check(id < c.vocab_size, source, ": eos_token_id ", id, " outside the vocabulary of ", c.vocab_size);
+    if (c.eos < 0) {
+      c.eos = id;
+    } else if (id != c.eos && std::find(c.extra_eos.begin(), c.extra_eos.end(), id) == c.extra_eos.end()) {
+      c.extra_eos.push_back(id);
+    }
+  }
+}
+
+}  // namespace zipage

@@ -1,0 +1,233 @@
+// Launchers of the compression step (kernels in backend/cuda/compression.cuh): validation, the
+// workspace layout, and one launch per stage for the whole batch.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "zipage/backend/cuda/compression.cuh"
+#include "zipage/backend/cuda/compression.hpp"
+
+namespace zipage::cuda {
+
+namespace {
+
+using detail::compress_args;
+
+int log2_exact(int x) {
+  int s = 0;
+  while ((1 << s) < x) ++s;
+  return (1 << s) == x ? s : -1;
+}
+int log2_ceil(int x) {
+  int s = 0;
+  while ((1 << s) < x) ++s;
+  return s;
+}
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+std::size_t align_up(std::size_t x) { return (x + 255) & ~std::size_t{255}; }
+
+constexpr int kSelectSmemLimit = 96 * 1024;  // keys in shared memory up to 24,576 tokens, else from F at each pass
+
+void validate(const compress_params& p) {
+  check(p.head_dim == 64 || p.head_dim == 128, "compress: head_dim ", p.head_dim, " is not supported (64 or 128)");
+  check(p.num_kv_heads > 0 && p.num_q_heads > 0 && p.num_q_heads % p.num_kv_heads == 0, "compress: ", p.num_q_heads,
+        " query heads are not a multiple of ", p.num_kv_heads, " KV heads");
+  check(p.num_q_heads / p.num_kv_heads <= 128, "compress: GQA group ", p.num_q_heads / p.num_kv_heads,
+        " is larger than 128");
+  const int shift = log2_exact(p.block_size);
+  check(shift >= 1 && p.block_size <= 512, "compress: block_size ", p.block_size, " is not a power of two in [2, 512]");
+  check(p.window >= 1 && p.window <= 256 && p.window <= p.block_size, "compress: window ", p.window,
+        " must be in [1, min(256, block_size)]");
+  check(p.keep >= p.window, "compress: keep (", p.keep, ") must be >= window (", p.window, ")");
+  check(p.num_layers >= 1 && p.num_reqs >= 0 && p.max_kv_len >= 0, "compress: bad batch size");
+  check(p.num_blocks > 0 && p.num_slots > 0, "compress: num_blocks and num_slots must be positive");
+  check(p.pool_kernel >= 1 && p.pool_kernel % 2 == 1, "compress: pool_kernel must be odd and >= 1, got ",
+        p.pool_kernel);
+  check(p.tau > 0.0f, "compress: tau must be positive, got ", p.tau);
+  check(std::int64_t{p.num_layers} * p.num_reqs * p.num_kv_heads < (std::int64_t{1} << 31),
+        "compress: too many (layer, request, head) segments");
+  check(p.max_kv_len <= 65535 * detail::kAttnChunk, "compress: max_kv_len above ", 65535 * detail::kAttnChunk);
+  check(aligned16(p.k_cache) && aligned16(p.v_cache) && aligned16(p.query_cache),
+        "compress: K, V and query caches must be 16-byte aligned");
+}
+
+struct layout {
+  std::size_t stats = 0, fscore = 0, kept = 0, total = 0;
+  int rows_pad = 0, attn_chunks = 0, gp_shift = 0;
+  std::int64_t segments = 0;
+};
+
+layout make_layout(const compress_params& p) {
+  layout l;
+  const int group = p.num_q_heads / p.num_kv_heads;
+  l.gp_shift = log2_ceil(group);
+  l.rows_pad = (p.window * (1 << l.gp_shift) + 15) / 16 * 16;
+  l.attn_chunks = std::max(1, (p.max_kv_len + detail::kAttnChunk - 1) / detail::kAttnChunk);
+  l.segments = std::int64_t{p.num_layers} * p.num_reqs * p.num_kv_heads;
+  const auto seg = static_cast<std::size_t>(l.segments);
+  l.stats = 0;
+  l.fscore = align_up(l.stats + seg * l.rows_pad * l.attn_chunks * sizeof(float2));
+  l.kept = align_up(l.fscore + seg * static_cast<std::size_t>(p.max_kv_len) * sizeof(float));
+  l.total = align_up(l.kept + seg * static_cast<std::size_t>(p.keep) * sizeof(std::int32_t));
+  return l;
+}
+
+compress_args make_args(const compress_params& p, void* workspace, std::size_t workspace_bytes) {
+  validate(p);
+  const layout l = make_layout(p);
+  check(workspace != nullptr || l.total == 0, "compress: no workspace");
+  check(workspace_bytes >= l.total, "compress: workspace of ", workspace_bytes, " bytes, ", l.total, " needed");
+  auto* ws = static_cast<unsigned char*>(workspace);
+  compress_args a{};
+  a.k = static_cast<detail::bf16*>(p.k_cache);
+  a.v = static_cast<detail::bf16*>(p.v_cache);
+  a.scores = p.score_cache;
+  a.q = static_cast<const detail::bf16*>(p.query_cache);
+  a.kv_layer_stride = std::int64_t{p.num_blocks} * p.block_size * p.num_kv_heads * p.head_dim;
+  a.score_layer_stride = std::int64_t{p.num_blocks} * p.block_size * p.num_kv_heads;
+  a.q_layer_stride = std::int64_t{p.num_slots} * p.window * p.num_q_heads * p.head_dim;
+  a.page_indptr = p.page_indptr;
+  a.page_indices = p.page_indices;
+  a.kv_len = p.kv_len;
+  a.slot = p.slot;
+  a.first = p.first_compression;
+  a.num_reqs = p.num_reqs;
+  a.num_q_heads = p.num_q_heads;
+  a.num_kv_heads = p.num_kv_heads;
+  a.group = p.num_q_heads / p.num_kv_heads;
+  a.gp_shift = l.gp_shift;
+  a.window = p.window;
+  a.keep = p.keep;
+  a.bs_shift = log2_exact(p.block_size);
+  a.max_len = p.max_kv_len;
+  a.rows_pad = l.rows_pad;
+  a.attn_chunks = l.attn_chunks;
+  a.q_rows = std::min(detail::kAttnMaxRows, l.rows_pad);
+  a.red_chunk = std::max(detail::kRedMinChunk, p.block_size);
+  const float scale = p.scale > 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  a.scale_log2 = scale * detail::kLog2e;
+  a.gamma = p.gamma;
+  a.lambda = p.lambda;
+  a.tau = p.tau;
+  a.pool_radius = p.pool_kernel / 2;
+  a.sinks = p.sinks;
+  a.stats = reinterpret_cast<float2*>(ws + l.stats);
+  a.fscore = reinterpret_cast<float*>(ws + l.fscore);
+  a.kept = reinterpret_cast<std::int32_t*>(ws + l.kept);
+  a.select_smem = std::int64_t{p.max_kv_len} * 4 <= kSelectSmemLimit;
+  return a;
+}
+
+// Dynamic shared memory above 48 KB needs an opt-in per kernel and device: set once to the device's
+// maximum (occupancy follows the size given at launch).
+template <class Kernel>
+void allow_max_smem(Kernel kernel, std::atomic<std::uint64_t>& done) {
+  int dev = 0;
+  ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::uint64_t bit = std::uint64_t{1} << (dev & 63);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  int optin = 0;
+  ZIPAGE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  cudaFuncAttributes attr{};
+  ZIPAGE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         optin - static_cast<int>(attr.sharedSizeBytes)));
+  done.fetch_or(bit, std::memory_order_release);
+}
+
+int max_smem_optin() {
+  static std::atomic<int> cache[64] = {};
+  int dev = 0;
+  ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
+  int optin = dev < 64 ? cache[dev].load(std::memory_order_relaxed) : 0;
+  if (optin == 0) {
+    ZIPAGE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (dev < 64) cache[dev].store(optin, std::memory_order_relaxed);
+  }
+  return optin;
+}
+
+template <int D>
+void launch_score(const compress_args& a, unsigned segments, cudaStream_t stream) {
+  static std::atomic<std::uint64_t> done_stats{0}, done_score{0};
+  allow_max_smem(detail::window_attention_kernel<D, false>, done_stats);
+  allow_max_smem(detail::window_attention_kernel<D, true>, done_score);
+  const dim3 grid(segments, static_cast<unsigned>(a.attn_chunks));
+  using cfg = detail::attn_config<D>;
+  detail::window_attention_kernel<D, false><<<grid, detail::kAttnThreads, cfg::smem_bytes(a.q_rows, false), stream>>>(a);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+  detail::window_attention_kernel<D, true><<<grid, detail::kAttnThreads, cfg::smem_bytes(a.q_rows, true), stream>>>(a);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void launch_select(const compress_args& a, unsigned segments, cudaStream_t stream) {
+  static std::atomic<std::uint64_t> done_final{0}, done_select{0};
+  allow_max_smem(detail::final_score_kernel<D>, done_final);
+  allow_max_smem(detail::select_kernel, done_select);
+  const int smem = detail::final_score_smem_bytes<D>(a.red_chunk);
+  check(smem <= max_smem_optin(), "compress: block_size ", 1 << a.bs_shift, " needs ", smem,
+        " bytes of shared memory for head_dim ", D);
+  const unsigned chunks = static_cast<unsigned>((a.max_len + a.red_chunk - 1) / a.red_chunk);
+  detail::final_score_kernel<D><<<dim3(segments, std::max(1u, chunks)), detail::kRedThreads, smem, stream>>>(a);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+  const int sel_smem = a.select_smem ? a.max_len * 4 : 0;
+  detail::select_kernel<<<segments, detail::kSelThreads, sel_smem, stream>>>(a);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void launch_compact(const compress_args& a, unsigned segments, cudaStream_t stream) {
+  detail::compact_kernel<D><<<segments, detail::kCompactThreads, 0, stream>>>(a);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+unsigned segment_count(const compress_params& p) {
+  return static_cast<unsigned>(std::int64_t{p.num_layers} * p.num_reqs * p.num_kv_heads);
+}
+
+}  // namespace
+
+std::size_t compress_workspace_bytes(const compress_params& p) {
+  validate(p);
+  return make_layout(p).total;
+}
+
+compress_workspace_view compress_workspace(const compress_params& p, void* workspace) {
+  const layout l = make_layout(p);
+  auto* ws = static_cast<unsigned char*>(workspace);
+  return {reinterpret_cast<float*>(ws + l.fscore), reinterpret_cast<std::int32_t*>(ws + l.kept)};
+}
+
+void compress_score(const compress_params& p, void* workspace, std::size_t workspace_bytes, cuda_stream stream) {
+  const compress_args a = make_args(p, workspace, workspace_bytes);
+  const unsigned segs = segment_count(p);
+  if (segs == 0 || p.max_kv_len == 0) return;
+  if (p.head_dim == 128) launch_score<128>(a, segs, stream);
+  else launch_score<64>(a, segs, stream);
+}
+
+void compress_select(const compress_params& p, void* workspace, std::size_t workspace_bytes, cuda_stream stream) {
+  const compress_args a = make_args(p, workspace, workspace_bytes);
+  const unsigned segs = segment_count(p);
+  if (segs == 0 || p.max_kv_len == 0) return;
+  if (p.head_dim == 128) launch_select<128>(a, segs, stream);
+  else launch_select<64>(a, segs, stream);
+}
+
+void compress_compact(const compress_params& p, void* workspace, std::size_t workspace_bytes, cuda_stream stream) {
+  const compress_args a = make_args(p, workspace, workspace_bytes);
+  const unsigned segs = segment_count(p);
+  if (segs == 0 || p.max_kv_len == 0) return;
+  if (p.head_dim == 128) launch_compact<128>(a, segs, stream);
+  else launch_compact<64>(a, segs, stream);
+}
+
+void compress(const compress_params& p, void* workspace, std::size_t workspace_bytes, cuda_stream stream) {
+  compress_score(p, workspace, workspace_bytes, stream);
+  compress_select(p, workspace, workspace_bytes, stream);
+  compress_compact(p, workspace, workspace_bytes, stream);
+}
+
+}  // namespace zipage::cuda

@@ -1,0 +1,1233 @@
+// zipage::cuda_backend (backend/cuda/cuda_backend.hpp): device context, tensors, ops, the paged
+// attention step, compression and swap hooks.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "zipage/backend/cuda/common.cuh"
+#include "zipage/backend/cuda/cuda_backend.hpp"
+#include "zipage/backend/cuda/engine_kernels.hpp"
+#include "zipage/backend/cuda/kernels.hpp"
+
+#define ZIPAGE_LT_CHECK(expr)                                                                          \
+  do {                                                                                                 \
+    const cublasStatus_t zipage_lt_status_ = (expr);                                                   \
+    if (zipage_lt_status_ != CUBLAS_STATUS_SUCCESS)                                                    \
+      ::zipage::fail("cuBLASLt error ", static_cast<int>(zipage_lt_status_), " in ", #expr, " at ", __FILE__, ":", \
+                     __LINE__);                                                                        \
+  } while (0)
+
+namespace zipage {
+
+namespace cuda_detail {
+
+using clock = std::chrono::steady_clock;
+double seconds_since(clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); }
+
+// Pinned (page-locked, mapped) host memory, grow-only.
+struct pinned_buffer {
+  void* p = nullptr;
+  std::size_t cap = 0;
+  pinned_buffer() = default;
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+  ~pinned_buffer() {
+    if (p) cudaFreeHost(p);
+  }
+  void reserve(std::size_t bytes) {
+    if (bytes <= cap) return;
+    if (p) ZIPAGE_CUDA_CHECK(cudaFreeHost(p));
+    p = nullptr;
+    cap = 0;
+    const std::size_t want = std::max<std::size_t>(bytes, 4096);
+    ZIPAGE_CUDA_CHECK(cudaHostAlloc(&p, want, cudaHostAllocPortable | cudaHostAllocMapped));
+    cap = want;
+  }
+  template <class T = char>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+// Device scratch, grow-only, freed in stream order.
+struct device_scratch {
+  void* p = nullptr;
+  std::size_t cap = 0;
+  cudaStream_t stream = nullptr;
+  device_scratch() = default;
+  device_scratch(const device_scratch&) = delete;
+  device_scratch& operator=(const device_scratch&) = delete;
+  ~device_scratch() {
+    if (p) cudaFreeAsync(p, stream);
+  }
+  void* reserve(std::size_t bytes, cudaStream_t s) {
+    if (bytes > cap || s != stream) {
+      if (p) ZIPAGE_CUDA_CHECK(cudaFreeAsync(p, stream));
+      p = nullptr;
+      cap = 0;
+      stream = s;
+      const std::size_t want = std::max<std::size_t>(bytes + bytes / 4, 256);
+      ZIPAGE_CUDA_CHECK(cudaMallocAsync(&p, want, s));
+      cap = want;
+    }
+    return p;
+  }
+};
+
+struct section {
+  const void* data;
+  std::size_t bytes;
+};
+
+// Host -> device copies of small per-step arrays through one pinned buffer: the sections are laid out
+// back to back (16-byte aligned) and copied with one cudaMemcpyAsync. An upload equal to the previous
+// one (compared byte for byte with the pinned copy, which still holds it) is skipped, so every layer
+// of a step reuses what the first one copied. The pinned buffer is only overwritten once the previous
+// copy out of it has completed (an event).
+class uploader {
+ public:
+  uploader() = default;
+  uploader(const uploader&) = delete;
+  uploader& operator=(const uploader&) = delete;
+  ~uploader() {
+    if (done_) cudaEventDestroy(done_);
+    if (dev_) cudaFreeAsync(dev_, stream_);
+  }
+
+  // Whether the first `count` sections equal the last upload's first `count` sections.
+  [[nodiscard]] bool same(std::span<const section> secs) const {
+    if (!valid_ || sizes_.size() < secs.size()) return false;
+    for (std::size_t i = 0; i < secs.size(); ++i) {
+      if (sizes_[i] != secs[i].bytes) return false;
+      if (secs[i].bytes && std::memcmp(host_.as() + offsets_[i], secs[i].data, secs[i].bytes) != 0) return false;
+    }
+    return true;
+  }
+
+  void put(std::span<const section> secs, cudaStream_t s) {
+    if (done_ == nullptr) ZIPAGE_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    offsets_.resize(secs.size());
+    sizes_.resize(secs.size());
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < secs.size(); ++i) {
+      offsets_[i] = total;
+      sizes_[i] = secs[i].bytes;
+      total += (secs[i].bytes + 15) / 16 * 16;
+    }
+    ZIPAGE_CUDA_CHECK(cudaEventSynchronize(done_));  // the last copy out of host_ has finished
+    valid_ = false;
+    host_.reserve(total);
+    for (std::size_t i = 0; i < secs.size(); ++i)
+      if (secs[i].bytes) std::memcpy(host_.as() + offsets_[i], secs[i].data, secs[i].bytes);
+    if (total > dev_cap_ || s != stream_) {
+      if (dev_) ZIPAGE_CUDA_CHECK(cudaFreeAsync(dev_, stream_));
+      dev_ = nullptr;
+      dev_cap_ = 0;
+      stream_ = s;
+      const std::size_t want = std::max<std::size_t>(total * 2, 4096);
+      ZIPAGE_CUDA_CHECK(cudaMallocAsync(&dev_, want, s));
+      dev_cap_ = want;
+    }
+    if (total) ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(dev_, host_.p, total, cudaMemcpyHostToDevice, s));
+    ZIPAGE_CUDA_CHECK(cudaEventRecord(done_, s));
+    valid_ = true;
+  }
+
+  // Uploads unless equal to the last upload; returns whether it copied.
+  bool upload(std::span<const section> secs, cudaStream_t s) {
+    if (same(secs) && sizes_.size() == secs.size()) return false;
+    put(secs, s);
+    return true;
+  }
+
+  template <class T>
+  [[nodiscard]] const T* device(std::size_t i) const {
+    return sizes_[i] ? reinterpret_cast<const T*>(static_cast<const char*>(dev_) + offsets_[i]) : nullptr;
+  }
+
+ private:
+  pinned_buffer host_;
+  void* dev_ = nullptr;
+  std::size_t dev_cap_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  std::vector<std::size_t> offsets_, sizes_;
+  bool valid_ = false;
+};
+
+template <class T>
+section span_section(std::span<const T> s) {
+  return {s.data(), s.size_bytes()};
+}
+
+struct gemm_key {
+  int m, n, k;
+  cuda_dtype t;
+  int align;
+  bool operator==(const gemm_key&) const = default;
+};
+struct gemm_key_hash {
+  std::size_t operator()(const gemm_key& g) const {
+    std::size_t h = static_cast<std::size_t>(g.m);
+    h = h * 1000003u ^ static_cast<std::size_t>(g.n);
+    h = h * 1000003u ^ static_cast<std::size_t>(g.k);
+    h = h * 31u ^ static_cast<std::size_t>(g.t);
+    return h * 31u ^ static_cast<std::size_t>(g.align);
+  }
+};
+
+struct gemm_plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool ok = false;
+  gemm_plan() = default;
+  gemm_plan(const gemm_plan&) = delete;
+  gemm_plan& operator=(const gemm_plan&) = delete;
+  ~gemm_plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+// What the step's attention metadata became on the device (shared by every layer of the step).
+struct step_state {
+  bool decode = false;  // every sequence has exactly one new token
+  int num_tokens = 0;
+  int num_seqs = 0;
+  int max_kv_len = 0;
+  std::int64_t kv_read = 0;  // sum over sequences of the KV length attended
+  bool has_window = false;
+  const std::int64_t* slots = nullptr;
+  const std::int32_t* token_seq = nullptr;
+  const std::int32_t* token_kv_len = nullptr;
+  const std::int32_t* page_indptr = nullptr;
+  const std::int32_t* page_indices = nullptr;
+  const std::int32_t* window_rows = nullptr;
+  const std::int32_t* q_indptr = nullptr;
+  // decode plan for (num_seqs, max_kv_len, heads, head_dim, block_size)
+  cuda::decode_plan plan{};
+  std::array<int, 6> plan_key{-1, -1, -1, -1, -1, -1};
+};
+
+// The two streams, created first and destroyed last (after every member that frees in stream order).
+struct stream_pair {
+  cudaStream_t main = nullptr;
+  cudaStream_t side = nullptr;
+  explicit stream_pair(int device) {
+    ZIPAGE_CUDA_CHECK(cudaSetDevice(device));
+    ZIPAGE_CUDA_CHECK(cudaStreamCreateWithFlags(&main, cudaStreamNonBlocking));
+    ZIPAGE_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  }
+  stream_pair(const stream_pair&) = delete;
+  stream_pair& operator=(const stream_pair&) = delete;
+  ~stream_pair() {
+    cudaStreamSynchronize(main);
+    cudaStreamSynchronize(side);
+    cudaStreamDestroy(main);
+    cudaStreamDestroy(side);
+  }
+};
+
+struct context {
+  cuda_backend_options opts;
+  stream_pair streams;
+  cudaStream_t stream = streams.main;  // every op of the engine's thread
+  cudaStream_t side = streams.side;    // compression hooks (worker thread)
+  cublasLtHandle_t lt = nullptr;
+  void* lt_workspace = nullptr;
+  std::unordered_map<gemm_key, std::unique_ptr<gemm_plan>, gemm_key_hash> gemms;
+
+  uploader ids_up, pos_up, rows_up, meta_up, misc_up;
+  std::vector<std::int32_t> q_indptr_host;
+  step_state step;
+  device_scratch decode_ws, to_host_dev;
+  pinned_buffer to_host_pinned;
+  std::unordered_map<std::string, double*> rope_tables;
+
+  std::mutex side_mu;
+  uploader side_up;
+  device_scratch side_dev;
+  pinned_buffer side_host;
+
+  mutable std::mutex counters_mu;
+  cuda_backend_counters counters;
+
+  explicit context(const cuda_backend_options& o) : opts(o), streams(o.device) {
+    activate();
+    cudaMemPool_t pool = nullptr;
+    ZIPAGE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, opts.device));
+    std::uint64_t keep = UINT64_MAX;  // freed pool memory stays cached: steady-state steps never call the driver
+    ZIPAGE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    ZIPAGE_LT_CHECK(cublasLtCreate(&lt));
+    if (opts.gemm_workspace_bytes) ZIPAGE_CUDA_CHECK(cudaMalloc(&lt_workspace, opts.gemm_workspace_bytes));
+  }
+  context(const context&) = delete;
+  context& operator=(const context&) = delete;
+  ~context() {
+    cudaSetDevice(opts.device);
+    cudaStreamSynchronize(stream);
+    cudaStreamSynchronize(side);
+    gemms.clear();
+    for (auto& [key, p] : rope_tables) cudaFree(p);
+    if (lt_workspace) cudaFree(lt_workspace);
+    if (lt) cublasLtDestroy(lt);
+    // The scratch buffers and uploaders free in stream order as members; `streams` goes last.
+  }
+
+  void activate() const {
+    thread_local int current = -1;
+    if (current != opts.device) {
+      ZIPAGE_CUDA_CHECK(cudaSetDevice(opts.device));
+      current = opts.device;
+    }
+  }
+  [[nodiscard]] bool fast_bf16() const { return opts.dtype == cuda_dtype::bf16 && opts.fast_kernels; }
+
+  template <class F>
+  void count(F&& f) {
+    std::lock_guard lock(counters_mu);
+    f(counters);
+  }
+};
+
+struct access {
+  static cuda_buffer& buf(cuda_tensor& t) { return t.buf_; }
+  static const cuda_buffer& buf(const cuda_tensor& t) { return t.buf_; }
+
+  static void reserve(const std::shared_ptr<context>& ctx, cuda_buffer& b, std::size_t bytes, bool pooled = true) {
+    if (b.ptr_ != nullptr && b.capacity_ >= bytes && b.ctx_ == ctx) return;
+    release(b);
+    if (bytes == 0) return;
+    ctx->activate();
+    void* p = nullptr;
+    if (pooled)
+      ZIPAGE_CUDA_CHECK(cudaMallocAsync(&p, bytes, ctx->stream));
+    else
+      ZIPAGE_CUDA_CHECK(cudaMalloc(&p, bytes));
+    b.ctx_ = ctx;
+    b.ptr_ = p;
+    b.capacity_ = bytes;
+    b.pooled_ = pooled;
+  }
+  static void release(cuda_buffer& b) noexcept {
+    if (b.ptr_ != nullptr) {
+      if (b.pooled_)
+        cudaFreeAsync(b.ptr_, b.ctx_->stream);
+      else
+        cudaFree(b.ptr_);
+    }
+    b.ptr_ = nullptr;
+    b.capacity_ = 0;
+    b.ctx_.reset();
+  }
+  // Gives `t` the shape [rows][cols] of dtype dt, growing its buffer when needed (contents undefined).
+  static void shape(const std::shared_ptr<context>& ctx, cuda_tensor& t, int rows, int cols, cuda_dtype dt) {
+    check(rows >= 0 && cols >= 0, "cuda_backend: negative tensor shape ", rows, "x", cols);
+    reserve(ctx, t.buf_, static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) * dtype_bytes(dt));
+    t.rows_ = rows;
+    t.cols_ = cols;
+    t.dtype_ = dt;
+  }
+  static std::shared_ptr<context> owner(const cuda_tensor& t) { return t.buf_.ctx_; }
+};
+
+}  // namespace cuda_detail
+
+using cuda_detail::access;
+using cuda_detail::context;
+using cuda_detail::section;
+
+// ---------------------------------------------------------------------------------------------------
+// buffer / tensor
+
+cuda_buffer::~cuda_buffer() { access::release(*this); }
+
+cuda_tensor::cuda_tensor(const cuda_tensor& o) : rows_(0), cols_(0), dtype_(o.dtype_) { *this = o; }
+
+cuda_tensor& cuda_tensor::operator=(const cuda_tensor& o) {
+  if (this == &o) return *this;
+  const auto ctx = access::owner(o);
+  if (!ctx || o.empty()) {
+    rows_ = o.rows_;
+    cols_ = o.cols_;
+    dtype_ = o.dtype_;
+    return *this;
+  }
+  access::shape(ctx, *this, o.rows_, o.cols_, o.dtype_);
+  ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(data(), o.data(), o.bytes(), cudaMemcpyDeviceToDevice, ctx->stream));
+  return *this;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// backend
+
+namespace {
+
+cuda::cuda_stream as_stream(cudaStream_t s) { return reinterpret_cast<cuda::cuda_stream>(s); }
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+int alignment_of(const void* p) {
+  const auto v = reinterpret_cast<std::uintptr_t>(p);
+  int a = 1;
+  while (a < 256 && (v & static_cast<std::uintptr_t>(a)) == 0) a <<= 1;
+  return a;
+}
+
+std::uint16_t to_bf16_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+context& use(const std::shared_ptr<context>& p) {
+  p->activate();
+  return *p;
+}
+
+bool power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
+
+const cuda_detail::gemm_plan& gemm_plan_for(context& c, int m, int n, int k, cuda_dtype t, int align) {
+  const cuda_detail::gemm_key key{m, n, k, t, align};
+  auto it = c.gemms.find(key);
+  if (it != c.gemms.end()) return *it->second;
+  auto plan = std::make_unique<cuda_detail::gemm_plan>();
+  const cudaDataType_t dt = t == cuda_dtype::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  ZIPAGE_LT_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  ZIPAGE_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  ZIPAGE_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  // Column-major view: out^T [n x m] = W [k x n]^T * x^T [k x m].
+  ZIPAGE_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->a, dt, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(n), k));
+  ZIPAGE_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->b, dt, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(m), k));
+  ZIPAGE_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->c, dt, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m), n));
+  cublasLtMatmulPreference_t pref = nullptr;
+  ZIPAGE_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const std::uint64_t ws = c.opts.gemm_workspace_bytes;
+  const std::uint32_t al = static_cast<std::uint32_t>(align);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al);
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(c.lt, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+    plan->algo = result.algo;
+    plan->ok = true;
+  }
+  auto& ref = *plan;
+  c.gemms.emplace(key, std::move(plan));
+  return ref;
+}
+
+}  // namespace
+
+cuda_backend::cuda_backend() : cuda_backend(cuda_backend_options{}) {}
+
+cuda_backend::cuda_backend(const cuda_backend_options& options) : ctx_(std::make_shared<context>(options)) {}
+
+const cuda_backend_options& cuda_backend::options() const { return ctx_->opts; }
+
+cuda_tensor cuda_backend::from_host(std::span<const float> values, int rows, int cols) const {
+  check(values.size() == static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols), "cuda_backend: ",
+        values.size(), " values do not fill a ", rows, "x", cols, " tensor");
+  ctx_->activate();
+  cuda_tensor t;
+  access::shape(ctx_, t, rows, cols, ctx_->opts.dtype);
+  if (t.empty()) return t;
+  if (ctx_->opts.dtype == cuda_dtype::f32) {
+    ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(t.data(), values.data(), t.bytes(), cudaMemcpyHostToDevice, ctx_->stream));
+  } else {
+    std::vector<std::uint16_t> bits(values.size());
+    std::transform(values.begin(), values.end(), bits.begin(), to_bf16_bits);
+    ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(t.data(), bits.data(), t.bytes(), cudaMemcpyHostToDevice, ctx_->stream));
+  }
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));  // the host values may go away
+  return t;
+}
+
+std::vector<float> cuda_backend::to_host(const cuda_tensor& t) const {
+  const auto t0 = cuda_detail::clock::now();
+  context& c = use(ctx_);
+  c.activate();
+  const auto n = static_cast<std::size_t>(t.size());
+  std::vector<float> out;
+  if (n == 0) {
+    ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+    return out;
+  }
+  c.to_host_pinned.reserve(n * sizeof(float));
+  const void* src = t.data();
+  if (t.dtype() != cuda_dtype::f32) {
+    void* f = c.to_host_dev.reserve(n * sizeof(float), c.stream);
+    cuda::engine::to_f32(t.dtype(), t.data(), static_cast<float*>(f), static_cast<std::int64_t>(n), as_stream(c.stream));
+    src = f;
+  }
+  ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(c.to_host_pinned.p, src, n * sizeof(float), cudaMemcpyDeviceToHost, c.stream));
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  const float* h = c.to_host_pinned.as<float>();
+  out.assign(h, h + n);
+  const double dt = cuda_detail::seconds_since(t0);
+  c.count([&](cuda_backend_counters& k) {
+    k.to_host_seconds += dt;
+    k.to_host_bytes += static_cast<std::int64_t>(n * sizeof(float));
+  });
+  return out;
+}
+
+cuda_kv_storage cuda_backend::allocate_kv(const kv_cache_shape& shape) const {
+  check(shape.num_layers > 0 && shape.num_blocks > 0 && shape.block_size > 0 && shape.num_kv_heads > 0 &&
+            shape.head_dim > 0,
+        "cuda_backend: bad KV cache shape");
+  cuda_kv_storage kv;
+  kv.shape = shape;
+  kv.dtype = ctx_->opts.dtype;
+  const std::size_t eb = dtype_bytes(kv.dtype);
+  const auto side = static_cast<std::size_t>(shape.elements_per_side()) * eb;
+  access::reserve(ctx_, kv.k, side, false);
+  access::reserve(ctx_, kv.v, side, false);
+  if (shape.score_cache) access::reserve(ctx_, kv.scores, static_cast<std::size_t>(shape.score_elements()) * 4, false);
+  const auto qbytes = static_cast<std::size_t>(shape.query_layer_stride() * shape.num_layers) * eb;
+  if (qbytes) access::reserve(ctx_, kv.queries, qbytes, false);
+  // Zeroed like the CPU storage (the compressor may read score-cache entries never written).
+  ZIPAGE_CUDA_CHECK(cudaMemsetAsync(kv.k.data(), 0, side, ctx_->stream));
+  ZIPAGE_CUDA_CHECK(cudaMemsetAsync(kv.v.data(), 0, side, ctx_->stream));
+  if (kv.scores.data())
+    ZIPAGE_CUDA_CHECK(cudaMemsetAsync(kv.scores.data(), 0, static_cast<std::size_t>(shape.score_elements()) * 4, ctx_->stream));
+  if (kv.queries.data()) ZIPAGE_CUDA_CHECK(cudaMemsetAsync(kv.queries.data(), 0, qbytes, ctx_->stream));
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
+  return kv;
+}
+
+void cuda_backend::embedding(const cuda_tensor& table, std::span<const token_id> ids, cuda_tensor& out) const {
+  context& c = use(ctx_);
+  for (const token_id id : ids)
+    check(id >= 0 && id < table.rows(), "embedding: token id ", id, " outside the vocabulary of ", table.rows());
+  const section s{ids.data(), ids.size_bytes()};
+  c.ids_up.upload({&s, 1}, c.stream);
+  access::shape(ctx_, out, static_cast<int>(ids.size()), table.cols(), table.dtype());
+  if (ids.empty()) return;
+  const auto* d_ids = c.ids_up.device<std::int32_t>(0);
+  if (table.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels)
+    cuda::gather_rows(table.data(), table.rows(), table.cols(), d_ids, static_cast<int>(ids.size()), out.data(),
+                      as_stream(c.stream));
+  else
+    cuda::engine::gather_rows(table.dtype(), table.data(), table.cols(), d_ids, static_cast<int>(ids.size()),
+                              out.data(), as_stream(c.stream));
+}
+
+void cuda_backend::rms_norm(const cuda_tensor& x, const cuda_tensor& w, float eps, cuda_tensor& out) const {
+  context& c = use(ctx_);
+  const int width = w.cols();
+  check(width > 0 && x.cols() % width == 0, "rms_norm: row of ", x.cols(), " is not a multiple of the weight width ",
+        width);
+  access::shape(ctx_, out, x.rows(), x.cols(), x.dtype());
+  if (x.empty()) return;
+  if (x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels && width % 8 == 0 && aligned16(x.data()) &&
+      aligned16(w.data()) && aligned16(out.data()))
+    cuda::rms_norm(x.data(), w.data(), w.dtype() == cuda_dtype::bf16 ? cuda::weight_dtype::bf16 : cuda::weight_dtype::f32,
+                   out.data(), x.rows(), x.cols(), width, eps, as_stream(c.stream));
+  else
+    cuda::engine::rms_norm(x.dtype(), x.data(), w.dtype(), w.data(), out.data(), x.rows(), x.cols(), width, eps,
+                           as_stream(c.stream));
+}
+
+void cuda_backend::linear(const cuda_tensor& x, const cuda_tensor& w, cuda_tensor& out) const {
+  context& c = use(ctx_);
+  check(x.cols() == w.cols(), "linear: input width ", x.cols(), " does not match weight input width ", w.cols());
+  check(x.dtype() == w.dtype(), "linear: input is ", to_string(x.dtype()), " but the weight is ", to_string(w.dtype()));
+  check(&x != &out && &w != &out, "linear: the output may not alias an input");
+  access::shape(ctx_, out, x.rows(), w.rows(), x.dtype());
+  const int m = x.rows(), n = w.rows(), k = x.cols();
+  if (m == 0 || n == 0) return;
+  if (!(x.dtype() == cuda_dtype::f32 && c.opts.batch_invariant) && c.opts.gemm_workspace_bytes > 0) {
+    const int align = std::min({alignment_of(x.data()), alignment_of(w.data()), alignment_of(out.data())});
+    const auto& plan = gemm_plan_for(c, m, n, k, x.dtype(), align);
+    if (plan.ok) {
+      const float alpha = 1.0f, beta = 0.0f;
+      ZIPAGE_LT_CHECK(cublasLtMatmul(c.lt, plan.desc, &alpha, w.data(), plan.a, x.data(), plan.b, &beta, out.data(),
+                                     plan.c, out.data(), plan.c, &plan.algo, c.lt_workspace, c.opts.gemm_workspace_bytes,
+                                     c.stream));
+      return;
+    }
+  }
+  cuda::engine::gemm_fixed_order(x.dtype(), x.data(), w.data(), out.data(), m, n, k, as_stream(c.stream));
+}
+
+void cuda_backend::add_bias(cuda_tensor& x, const cuda_tensor& bias) const {
+  check(bias.cols() == x.cols() && bias.rows() >= 1, "add_bias: bias of ", bias.cols(), " for rows of ", x.cols());
+  cuda::engine::add_bias(x.dtype(), x.data(), bias.dtype(), bias.data(), x.rows(), x.cols(), as_stream(ctx_->stream));
+}
+
+void cuda_backend::rope(cuda_tensor& x, std::span<const std::int32_t> pos, int head_dim, float theta,
+                        rope_style style) const {
+  rope(x, pos, head_dim, theta, style, rope_scaling_config{});
+}
+
+void cuda_backend::rope(cuda_tensor& x, std::span<const std::int32_t> pos, int head_dim, float theta, rope_style style,
+                        const rope_scaling_config& scaling) const {
+  context& c = use(ctx_);
+  check(static_cast<std::size_t>(x.rows()) == pos.size(), "rope: ", x.rows(), " rows but ", pos.size(), " positions");
+  check(head_dim > 0 && x.cols() % head_dim == 0, "rope: row of ", x.cols(), " is not a multiple of head_dim ", head_dim);
+  if (x.empty()) return;
+  // The (scaled) inverse frequencies, in double as cpu::rope computes them, once per configuration.
+  char key[160];
+  std::snprintf(key, sizeof key, "%d/%.9g/%d/%.9g/%.9g/%.9g/%d", head_dim, double(theta), int(scaling.type),
+                double(scaling.factor), double(scaling.low_freq_factor), double(scaling.high_freq_factor),
+                scaling.original_max_position);
+  double*& table = c.rope_tables[key];
+  if (table == nullptr) {
+    std::vector<double> inv(static_cast<std::size_t>(head_dim / 2));
+    for (int i = 0; i < head_dim / 2; ++i)
+      inv[static_cast<std::size_t>(i)] = scaling.apply(std::pow(double(theta), -2.0 * i / head_dim));
+    ZIPAGE_CUDA_CHECK(cudaMalloc(&table, inv.size() * sizeof(double)));
+    ZIPAGE_CUDA_CHECK(cudaMemcpy(table, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
+  }
+  const section s{pos.data(), pos.size_bytes()};
+  c.pos_up.upload({&s, 1}, c.stream);
+  cuda::engine::rope(x.dtype(), x.data(), c.pos_up.device<std::int32_t>(0), x.rows(), x.cols() / head_dim, head_dim,
+                     table, style == rope_style::interleaved, as_stream(c.stream));
+}
+
+void cuda_backend::silu_mul(const cuda_tensor& gate, const cuda_tensor& up, cuda_tensor& out) const {
+  context& c = use(ctx_);
+  check(gate.rows() == up.rows() && gate.cols() == up.cols() && gate.dtype() == up.dtype(),
+        "silu_mul: gate and up differ in shape or type");
+  access::shape(ctx_, out, gate.rows(), gate.cols(), gate.dtype());
+  if (gate.empty()) return;
+  if (gate.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels)
+    cuda::silu_mul(gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), 0, as_stream(c.stream));
+  else
+    cuda::engine::silu_mul(gate.dtype(), gate.data(), up.data(), out.data(), gate.size(), as_stream(c.stream));
+}
+
+void cuda_backend::add(cuda_tensor& x, const cuda_tensor& y) const {
+  context& c = use(ctx_);
+  check(x.rows() == y.rows() && x.cols() == y.cols() && x.dtype() == y.dtype(), "add: shapes or types differ (",
+        x.rows(), "x", x.cols(), " and ", y.rows(), "x", y.cols(), ")");
+  if (x.empty()) return;
+  if (x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels)
+    cuda::add(x.data(), y.data(), x.data(), x.size(), as_stream(c.stream));
+  else
+    cuda::engine::add(x.dtype(), x.data(), y.data(), x.size(), as_stream(c.stream));
+}
+
+void cuda_backend::gather_rows(const cuda_tensor& x, std::span<const std::int32_t> rows, cuda_tensor& out) const {
+  context& c = use(ctx_);
+  check(&x != &out, "gather_rows: the output may not alias the input");
+  for (const std::int32_t r : rows) check(r >= 0 && r < x.rows(), "gather_rows: row ", r, " outside ", x.rows());
+  const section s{rows.data(), rows.size_bytes()};
+  c.rows_up.upload({&s, 1}, c.stream);
+  access::shape(ctx_, out, static_cast<int>(rows.size()), x.cols(), x.dtype());
+  if (rows.empty() || x.cols() == 0) return;
+  const auto* d_rows = c.rows_up.device<std::int32_t>(0);
+  if (x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels)
+    cuda::gather_rows(x.data(), x.rows(), x.cols(), d_rows, static_cast<int>(rows.size()), out.data(), as_stream(c.stream));
+  else
+    cuda::engine::gather_rows(x.dtype(), x.data(), x.cols(), d_rows, static_cast<int>(rows.size()), out.data(),
+                              as_stream(c.stream));
+}
+
+namespace {
+
+// Copies the step's attention metadata to the device unless the last call already did (every layer
+// after the first), and derives what the kernels need besides (prefill q_indptr, decode or not).
+const cuda_detail::step_state& prepare_step(context& c, const attention_metadata& meta) {
+  const section raw[] = {cuda_detail::span_section(meta.slot_mapping), cuda_detail::span_section(meta.token_seq),
+                         cuda_detail::span_section(meta.token_kv_len), cuda_detail::span_section(meta.page_indptr),
+                         cuda_detail::span_section(meta.page_indices), cuda_detail::span_section(meta.token_window_row)};
+  if (c.meta_up.same(raw)) return c.step;
+
+  auto& st = c.step;
+  st.num_tokens = meta.num_tokens();
+  st.num_seqs = meta.num_seqs();
+  check(meta.token_seq.size() == meta.slot_mapping.size() && meta.token_kv_len.size() == meta.slot_mapping.size(),
+        "attention: metadata arrays of different lengths");
+  check(meta.token_window_row.empty() || meta.token_window_row.size() == meta.slot_mapping.size(),
+        "attention: token_window_row must be empty or one per token");
+  check(st.num_seqs >= 0, "attention: empty page_indptr");
+  // q_indptr from token_seq (tokens of a sequence are contiguous, sequences in order).
+  auto& qi = c.q_indptr_host;
+  qi.assign(static_cast<std::size_t>(st.num_seqs) + 1, 0);
+  for (const std::int32_t s : meta.token_seq) {
+    check(s >= 0 && s < st.num_seqs, "attention: token of sequence ", s, " outside the batch of ", st.num_seqs);
+    ++qi[static_cast<std::size_t>(s) + 1];
+  }
+  for (int s = 0; s < st.num_seqs; ++s) qi[static_cast<std::size_t>(s) + 1] += qi[static_cast<std::size_t>(s)];
+  st.max_kv_len = 0;
+  st.kv_read = 0;
+  bool decode = st.num_seqs > 0;
+  for (int s = 0; s < st.num_seqs; ++s) {
+    const int first = qi[static_cast<std::size_t>(s)], last = qi[static_cast<std::size_t>(s) + 1];
+    if (last - first != 1) decode = false;
+    if (last > first) st.kv_read += meta.token_kv_len[static_cast<std::size_t>(last - 1)];
+  }
+  for (const std::int32_t len : meta.token_kv_len) st.max_kv_len = std::max(st.max_kv_len, len);
+  st.decode = decode;
+  st.has_window = false;
+  for (const std::int32_t r : meta.token_window_row) st.has_window |= r >= 0;
+
+  const section all[] = {raw[0], raw[1], raw[2], raw[3], raw[4], raw[5],
+                         section{qi.data(), qi.size() * sizeof(std::int32_t)}};
+  c.meta_up.put(all, c.stream);
+  st.slots = c.meta_up.device<std::int64_t>(0);
+  st.token_seq = c.meta_up.device<std::int32_t>(1);
+  st.token_kv_len = c.meta_up.device<std::int32_t>(2);
+  st.page_indptr = c.meta_up.device<std::int32_t>(3);
+  st.page_indices = c.meta_up.device<std::int32_t>(4);
+  st.window_rows = c.meta_up.device<std::int32_t>(5);
+  st.q_indptr = c.meta_up.device<std::int32_t>(6);
+  st.plan_key.fill(-1);
+  c.count([&](cuda_backend_counters& k) { ++k.metadata_uploads; });
+  return st;
+}
+
+}  // namespace
+
+void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_metadata& meta, const cuda_tensor& q,
+                             const cuda_tensor& k, const cuda_tensor& v, int num_q_heads, cuda_tensor& out) const {
+  context& c = use(ctx_);
+  const auto& s = kv.shape;
+  const int d = s.head_dim;
+  const int tokens = meta.num_tokens();
+  check(q.dtype() == kv.dtype && k.dtype() == kv.dtype && v.dtype() == kv.dtype, "cuda_backend: the KV cache is ",
+        to_string(kv.dtype), " but q/k/v are ", to_string(q.dtype()), " (build the model and the engine with the same "
+        "cuda_backend: engine(model, config, policy, backend))");
+  check(layer >= 0 && layer < s.num_layers, "attention: layer ", layer, " of ", s.num_layers);
+  check(q.rows() == tokens && k.rows() == tokens && v.rows() == tokens, "attention: ", tokens, " tokens but q/k/v have ",
+        q.rows(), "/", k.rows(), "/", v.rows(), " rows");
+  check(q.cols() == num_q_heads * d && k.cols() == s.num_kv_heads * d && v.cols() == s.num_kv_heads * d,
+        "attention: q/k/v widths do not match the heads");
+  check(num_q_heads % s.num_kv_heads == 0, "attention: ", num_q_heads, " query heads for ", s.num_kv_heads, " KV heads");
+  access::shape(ctx_, out, tokens, q.cols(), q.dtype());
+  if (tokens == 0) return;
+
+  const auto& st = prepare_step(c, meta);
+  if (layer == 0)
+    c.count([&](cuda_backend_counters& kc) {
+      ++kc.forward_steps;
+      kc.attention_tokens += tokens;
+      kc.kv_tokens_read += st.kv_read;
+      st.decode ? ++kc.decode_steps : ++kc.prefill_steps;
+    });
+  const std::size_t eb = kv.element_bytes();
+  const std::size_t layer_off = static_cast<std::size_t>(s.layer_stride()) * static_cast<std::size_t>(layer) * eb;
+  void* kc = static_cast<char*>(kv.k.data()) + layer_off;
+  void* vc = static_cast<char*>(kv.v.data()) + layer_off;
+  const cuda::cuda_stream stream = as_stream(c.stream);
+  const int width = s.num_kv_heads * d;
+  const bool bf16_fast = kv.dtype == cuda_dtype::bf16 && c.opts.fast_kernels;
+
+  if (bf16_fast && width % 8 == 0 && aligned16(kc) && aligned16(vc) && aligned16(k.data()) && aligned16(v.data()))
+    cuda::append_kv(kc, vc, k.data(), v.data(), st.slots, tokens, s.num_kv_heads, d, 0, 0, stream);
+  else
+    cuda::engine::append_kv(kv.dtype, kc, vc, k.data(), v.data(), st.slots, tokens, width, stream);
+
+  if (st.has_window && kv.queries.data() != nullptr) {
+    check(s.num_q_heads == num_q_heads, "attention: the query-window cache has ", s.num_q_heads, " heads, q has ",
+          num_q_heads);
+    void* rows = static_cast<char*>(kv.queries.data()) +
+                 static_cast<std::size_t>(s.query_layer_stride()) * static_cast<std::size_t>(layer) * eb;
+    cuda::engine::record_queries(kv.dtype, rows, st.window_rows, q.data(), tokens, q.cols(), stream);
+  }
+
+  const float scale = 1.0f / std::sqrt(float(d));
+  const int group = num_q_heads / s.num_kv_heads;
+  const bool tuned = bf16_fast && (d == 64 || d == 128) && power_of_two(s.block_size) && s.block_size >= 2 &&
+                     aligned16(q.data()) && aligned16(out.data());
+  if (tuned && st.decode && st.num_seqs <= 65535) {
+    cuda::decode_params p;
+    p.q = q.data();
+    p.out = out.data();
+    p.k_cache = kc;
+    p.v_cache = vc;
+    p.page_indptr = st.page_indptr;
+    p.page_indices = st.page_indices;
+    p.kv_len = st.token_kv_len;  // one token per sequence: token t is sequence t
+    p.num_seqs = st.num_seqs;
+    p.num_q_heads = num_q_heads;
+    p.num_kv_heads = s.num_kv_heads;
+    p.head_dim = d;
+    p.block_size = s.block_size;
+    p.max_kv_len = st.max_kv_len;
+    p.scale = scale;
+    auto& mst = c.step;
+    const std::array<int, 6> key{st.num_seqs, st.max_kv_len, num_q_heads, s.num_kv_heads, d, s.block_size};
+    if (mst.plan_key != key) {
+      mst.plan = cuda::plan_decode(p);
+      mst.plan_key = key;
+    }
+    const std::size_t ws = cuda::decode_workspace_bytes(p, mst.plan);
+    void* wsp = ws ? c.decode_ws.reserve(ws, c.stream) : nullptr;
+    cuda::paged_decode_attention(p, mst.plan, wsp, ws, stream);
+    return;
+  }
+  if (tuned && group <= 64) {
+    cuda::prefill_params p;
+    p.q = q.data();
+    p.out = out.data();
+    p.k_cache = kc;
+    p.v_cache = vc;
+    p.q_indptr = st.q_indptr;
+    p.token_kv_len = st.token_kv_len;
+    p.page_indptr = st.page_indptr;
+    p.page_indices = st.page_indices;
+    p.num_tokens = tokens;
+    p.num_seqs = st.num_seqs;
+    p.num_q_heads = num_q_heads;
+    p.num_kv_heads = s.num_kv_heads;
+    p.head_dim = d;
+    p.block_size = s.block_size;
+    p.scale = scale;
+    cuda::paged_prefill_attention(p, stream);
+    return;
+  }
+  cuda::engine::generic_attention_params p;
+  p.q = q.data();
+  p.out = out.data();
+  p.k_cache = kc;
+  p.v_cache = vc;
+  p.token_seq = st.token_seq;
+  p.token_kv_len = st.token_kv_len;
+  p.page_indptr = st.page_indptr;
+  p.page_indices = st.page_indices;
+  p.num_tokens = tokens;
+  p.num_q_heads = num_q_heads;
+  p.num_kv_heads = s.num_kv_heads;
+  p.head_dim = d;
+  p.block_size = s.block_size;
+  p.scale = scale;
+  cuda::engine::paged_attention(kv.dtype, p, stream);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// compression hooks (worker thread, side stream)
+
+namespace {
+
+// Runs `fill(device_out)` on the side stream into `count` fp32 values and copies them into `out`.
+template <class Fill>
+void side_gather(context& c, std::size_t count, std::vector<float>& out, Fill&& fill) {
+  const std::size_t bytes = count * sizeof(float);
+  out.resize(count);
+  if (count == 0) return;
+  auto* dev = static_cast<float*>(c.side_dev.reserve(bytes, c.side));
+  c.side_host.reserve(bytes);
+  fill(dev);
+  ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(c.side_host.p, dev, bytes, cudaMemcpyDeviceToHost, c.side));
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.side));
+  std::memcpy(out.data(), c.side_host.p, bytes);
+}
+
+void check_pages(const kv_cache_shape& s, std::span<const block_id> pages, int kv_len) {
+  check(kv_len >= 0 && static_cast<std::int64_t>(pages.size()) * s.block_size >= kv_len, "compression: ", pages.size(),
+        " pages cannot hold ", kv_len, " tokens");
+  for (const block_id b : pages) check(b >= 0 && b < s.num_blocks, "compression: block ", b, " outside the pool");
+}
+
+}  // namespace
+
+void cuda_backend::gather_keys(cuda_kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len,
+                               std::vector<float>& out) const {
+  context& c = use(ctx_);
+  const auto t0 = cuda_detail::clock::now();
+  std::lock_guard lock(c.side_mu);
+  c.activate();
+  const auto& s = kv.shape;
+  check_pages(s, pages, kv_len);
+  const section sec{pages.data(), pages.size_bytes()};
+  c.side_up.upload({&sec, 1}, c.side);
+  const void* k_layer =
+      static_cast<const char*>(kv.k.data()) + static_cast<std::size_t>(s.layer_stride() * layer) * kv.element_bytes();
+  const std::size_t n = static_cast<std::size_t>(s.num_kv_heads) * static_cast<std::size_t>(kv_len) * s.head_dim;
+  side_gather(c, n, out, [&](float* dev) {
+    cuda::engine::gather_keys(kv.dtype, k_layer, c.side_up.device<std::int32_t>(0), s.block_size, s.num_kv_heads,
+                              s.head_dim, kv_len, dev, as_stream(c.side));
+  });
+  const double dt = cuda_detail::seconds_since(t0);
+  c.count([&](cuda_backend_counters& k) {
+    ++k.gathers;
+    k.gather_seconds += dt;
+    k.gather_bytes += static_cast<std::int64_t>(n * sizeof(float));
+  });
+}
+
+void cuda_backend::gather_scores(cuda_kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len,
+                                 std::vector<float>& out) const {
+  context& c = use(ctx_);
+  const auto& s = kv.shape;
+  const std::size_t n = static_cast<std::size_t>(s.num_kv_heads) * static_cast<std::size_t>(kv_len);
+  if (!s.score_cache) {
+    out.assign(n, 0.0f);
+    return;
+  }
+  const auto t0 = cuda_detail::clock::now();
+  std::lock_guard lock(c.side_mu);
+  c.activate();
+  check_pages(s, pages, kv_len);
+  const section sec{pages.data(), pages.size_bytes()};
+  c.side_up.upload({&sec, 1}, c.side);
+  const float* layer_scores = static_cast<const float*>(kv.scores.data()) +
+                              static_cast<std::size_t>(s.num_blocks) * s.block_size * s.num_kv_heads * layer;
+  side_gather(c, n, out, [&](float* dev) {
+    cuda::engine::gather_scores(layer_scores, c.side_up.device<std::int32_t>(0), s.block_size, s.num_kv_heads, kv_len,
+                                dev, as_stream(c.side));
+  });
+  const double dt = cuda_detail::seconds_since(t0);
+  c.count([&](cuda_backend_counters& k) {
+    ++k.gathers;
+    k.gather_seconds += dt;
+    k.gather_bytes += static_cast<std::int64_t>(n * sizeof(float));
+  });
+}
+
+void cuda_backend::gather_window_queries(cuda_kv_storage& kv, int layer, int slot, std::vector<float>& out) const {
+  context& c = use(ctx_);
+  const auto& s = kv.shape;
+  check(slot >= 0 && slot < s.num_query_slots, "compression: query slot ", slot, " outside ", s.num_query_slots);
+  const auto t0 = cuda_detail::clock::now();
+  std::lock_guard lock(c.side_mu);
+  c.activate();
+  const std::size_t n = static_cast<std::size_t>(s.window * s.query_row_stride());
+  const void* src = static_cast<const char*>(kv.queries.data()) +
+                    (static_cast<std::size_t>(s.query_layer_stride()) * static_cast<std::size_t>(layer) +
+                     n * static_cast<std::size_t>(slot)) *
+                        kv.element_bytes();
+  side_gather(c, n, out, [&](float* dev) {
+    cuda::engine::to_f32(kv.dtype, src, dev, static_cast<std::int64_t>(n), as_stream(c.side));
+  });
+  const double dt = cuda_detail::seconds_since(t0);
+  c.count([&](cuda_backend_counters& k) {
+    ++k.gathers;
+    k.gather_seconds += dt;
+    k.gather_bytes += static_cast<std::int64_t>(n * sizeof(float));
+  });
+}
+
+void cuda_backend::apply_compaction(cuda_kv_storage& kv, const compaction_plan& plan) const {
+  context& c = use(ctx_);
+  const auto t0 = cuda_detail::clock::now();
+  std::lock_guard lock(c.side_mu);
+  c.activate();
+  const auto& s = kv.shape;
+  check(plan.num_layers == s.num_layers && plan.num_kv_heads == s.num_kv_heads, "apply_compaction: plan for ",
+        plan.num_layers, " layers x ", plan.num_kv_heads, " heads on a cache of ", s.num_layers, " x ", s.num_kv_heads);
+  check(plan.keep.size() == static_cast<std::size_t>(plan.num_layers) * plan.num_kv_heads * plan.new_len,
+        "apply_compaction: keep has ", plan.keep.size(), " entries");
+  check_pages(s, plan.pages, plan.old_len);
+  for (int l = 0; l < plan.num_layers; ++l)
+    for (int h = 0; h < plan.num_kv_heads; ++h) {
+      const auto kept = plan.kept(l, h);
+      for (int i = 0; i < plan.new_len; ++i) {
+        const int src = kept[static_cast<std::size_t>(i)];
+        check(src >= i && src < plan.old_len && (i == 0 || src > kept[static_cast<std::size_t>(i) - 1]),
+              "apply_compaction: kept indices must ascend within [0, old_len)");
+      }
+    }
+  const bool scores = s.score_cache && !plan.kept_scores.empty();
+  const section secs[] = {cuda_detail::span_section(std::span<const block_id>(plan.pages)),
+                          cuda_detail::span_section(std::span<const std::int32_t>(plan.keep)),
+                          scores ? cuda_detail::span_section(std::span<const float>(plan.kept_scores)) : section{nullptr, 0}};
+  c.side_up.put(secs, c.side);
+  cuda::engine::compaction_params p;
+  p.k = kv.k.data();
+  p.v = kv.v.data();
+  p.scores = scores ? static_cast<float*>(kv.scores.data()) : nullptr;
+  p.pages = c.side_up.device<std::int32_t>(0);
+  p.keep = c.side_up.device<std::int32_t>(1);
+  p.kept_scores = scores ? c.side_up.device<float>(2) : nullptr;
+  p.layer_elements = s.layer_stride();
+  p.score_layer_elements = std::int64_t{s.num_blocks} * s.block_size * s.num_kv_heads;
+  p.num_layers = plan.num_layers;
+  p.num_kv_heads = plan.num_kv_heads;
+  p.head_dim = s.head_dim;
+  p.block_size = s.block_size;
+  p.new_len = plan.new_len;
+  p.dtype = kv.dtype;
+  cuda::engine::apply_compaction(p, as_stream(c.side));
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.side));  // done before the engine reuses the freed tail blocks
+  const double dt = cuda_detail::seconds_since(t0);
+  c.count([&](cuda_backend_counters& k) {
+    ++k.compactions;
+    k.compaction_seconds += dt;
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// block copies and swapping (engine thread, main stream)
+
+namespace {
+
+struct kv_geometry {
+  std::size_t block_bytes;  // K (or V) of one block, one layer
+  std::size_t score_bytes;  // scores of one block, one layer (0 without a score cache)
+  std::size_t slot_bytes;   // query-window rows of one slot, one layer
+  std::size_t layer_bytes;
+  std::size_t score_layer_bytes;
+  std::size_t query_layer_bytes;
+};
+
+kv_geometry geometry(const cuda_kv_storage& kv) {
+  const auto& s = kv.shape;
+  const std::size_t eb = kv.element_bytes();
+  kv_geometry g{};
+  g.block_bytes = static_cast<std::size_t>(s.block_size * s.token_stride()) * eb;
+  g.score_bytes = s.score_cache ? static_cast<std::size_t>(s.block_size) * s.num_kv_heads * sizeof(float) : 0;
+  g.slot_bytes = static_cast<std::size_t>(s.window * s.query_row_stride()) * eb;
+  g.layer_bytes = static_cast<std::size_t>(s.layer_stride()) * eb;
+  g.score_layer_bytes = static_cast<std::size_t>(s.num_blocks) * g.score_bytes;
+  g.query_layer_bytes = static_cast<std::size_t>(s.query_layer_stride()) * eb;
+  return g;
+}
+
+std::uint64_t addr(const void* p, std::size_t off) {
+  return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p) + off);
+}
+
+void run_copies(context& c, const std::vector<cuda::engine::copy_desc>& descs) {
+  if (descs.empty()) return;
+  std::uint64_t max_bytes = 0;
+  for (const auto& d : descs) max_bytes = std::max(max_bytes, d.bytes);
+  const section s{descs.data(), descs.size() * sizeof(cuda::engine::copy_desc)};
+  c.misc_up.put({&s, 1}, c.stream);
+  cuda::engine::batched_copy(c.misc_up.device<cuda::engine::copy_desc>(0), static_cast<int>(descs.size()), max_bytes,
+                             as_stream(c.stream));
+}
+
+// Pieces of a request's state, in the blob's order: per layer and page K, V, scores; then per layer the
+// slot's query rows. `to_host` picks the direction.
+std::vector<cuda::engine::copy_desc> state_copies(const cuda_kv_storage& kv, std::span<const block_id> pages, int slot,
+                                                  bool queries, void* host, bool to_host) {
+  const auto g = geometry(kv);
+  const auto& s = kv.shape;
+  std::vector<cuda::engine::copy_desc> descs;
+  std::size_t at = 0;
+  auto add = [&](const void* dev, std::size_t off, std::size_t bytes) {
+    if (bytes == 0) return;
+    const std::uint64_t d = addr(dev, off), h = addr(host, at);
+    descs.push_back(to_host ? cuda::engine::copy_desc{d, h, bytes} : cuda::engine::copy_desc{h, d, bytes});
+    at += bytes;
+  };
+  for (int l = 0; l < s.num_layers; ++l)
+    for (const block_id b : pages) {
+      const std::size_t off = g.layer_bytes * static_cast<std::size_t>(l) + g.block_bytes * static_cast<std::size_t>(b);
+      add(kv.k.data(), off, g.block_bytes);
+      add(kv.v.data(), off, g.block_bytes);
+      add(kv.scores.data(), g.score_layer_bytes * static_cast<std::size_t>(l) + g.score_bytes * static_cast<std::size_t>(b),
+          g.score_bytes);
+    }
+  if (queries)
+    for (int l = 0; l < s.num_layers; ++l)
+      add(kv.queries.data(), g.query_layer_bytes * static_cast<std::size_t>(l) + g.slot_bytes * static_cast<std::size_t>(slot),
+          g.slot_bytes);
+  return descs;
+}
+
+}  // namespace
+
+void cuda_backend::copy_block(cuda_kv_storage& kv, block_id from, block_id to) const {
+  context& c = use(ctx_);
+  const auto& s = kv.shape;
+  check(from >= 0 && from < s.num_blocks && to >= 0 && to < s.num_blocks, "copy_block: block outside the pool");
+  const auto g = geometry(kv);
+  std::vector<cuda::engine::copy_desc> descs;
+  for (int l = 0; l < s.num_layers; ++l) {
+    const std::size_t base = g.layer_bytes * static_cast<std::size_t>(l);
+    const std::size_t f = base + g.block_bytes * static_cast<std::size_t>(from);
+    const std::size_t t = base + g.block_bytes * static_cast<std::size_t>(to);
+    descs.push_back({addr(kv.k.data(), f), addr(kv.k.data(), t), g.block_bytes});
+    descs.push_back({addr(kv.v.data(), f), addr(kv.v.data(), t), g.block_bytes});
+    if (g.score_bytes) {
+      const std::size_t sb = g.score_layer_bytes * static_cast<std::size_t>(l);
+      descs.push_back({addr(kv.scores.data(), sb + g.score_bytes * static_cast<std::size_t>(from)),
+                       addr(kv.scores.data(), sb + g.score_bytes * static_cast<std::size_t>(to)), g.score_bytes});
+    }
+  }
+  run_copies(c, descs);
+  // The compression worker reads these blocks from its own stream next.
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  c.count([&](cuda_backend_counters& k) { ++k.block_copies; });
+}
+
+cuda_swap_blob cuda_backend::swap_out(cuda_kv_storage& kv, std::span<const block_id> pages, int slot) const {
+  context& c = use(ctx_);
+  c.activate();
+  const auto& s = kv.shape;
+  check_pages(s, pages, 0);
+  const auto g = geometry(kv);
+  cuda_swap_blob blob;
+  blob.num_pages = pages.size();
+  blob.has_queries = slot >= 0 && g.slot_bytes > 0 && kv.queries.data() != nullptr;
+  blob.bytes = pages.size() * static_cast<std::size_t>(s.num_layers) * (2 * g.block_bytes + g.score_bytes) +
+               (blob.has_queries ? g.slot_bytes * static_cast<std::size_t>(s.num_layers) : 0);
+  if (blob.bytes == 0) return blob;
+  void* host = nullptr;
+  ZIPAGE_CUDA_CHECK(cudaHostAlloc(&host, blob.bytes, cudaHostAllocPortable | cudaHostAllocMapped));
+  blob.host = std::shared_ptr<void>(host, [](void* p) { cudaFreeHost(p); });
+  void* dev_view = nullptr;
+  ZIPAGE_CUDA_CHECK(cudaHostGetDevicePointer(&dev_view, host, 0));
+  run_copies(c, state_copies(kv, pages, slot, blob.has_queries, dev_view, true));
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  c.count([&](cuda_backend_counters& k) {
+    ++k.swaps_out;
+    k.swap_bytes += static_cast<std::int64_t>(blob.bytes);
+  });
+  return blob;
+}
+
+void cuda_backend::swap_in(cuda_kv_storage& kv, std::span<const block_id> pages, int slot, cuda_swap_blob& blob) const {
+  context& c = use(ctx_);
+  c.activate();
+  check(pages.size() >= blob.num_pages, "swap-in: ", pages.size(), " pages for ", blob.num_pages, " saved");
+  if (blob.bytes == 0) return;
+  const auto restore = pages.first(blob.num_pages);
+  check_pages(kv.shape, restore, 0);
+  void* dev_view = nullptr;
+  ZIPAGE_CUDA_CHECK(cudaHostGetDevicePointer(&dev_view, blob.host.get(), 0));
+  const bool queries = blob.has_queries && slot >= 0;
+  run_copies(c, state_copies(kv, restore, slot, queries, dev_view, false));
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));  // the engine drops the blob right after
+  c.count([&](cuda_backend_counters& k) {
+    ++k.swaps_in;
+    k.swap_bytes += static_cast<std::int64_t>(blob.bytes);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// extras
+
+cuda_tensor cuda_backend::random_tensor(int rows, int cols, float scale, std::uint64_t seed) const {
+  cuda_tensor t;
+  access::shape(ctx_, t, rows, cols, ctx_->opts.dtype);
+  cuda::engine::fill_uniform(t.dtype(), t.data(), t.size(), scale, seed, as_stream(ctx_->stream));
+  return t;
+}
+
+cuda_tensor cuda_backend::constant_tensor(int rows, int cols, float value) const {
+  cuda_tensor t;
+  access::shape(ctx_, t, rows, cols, ctx_->opts.dtype);
+  cuda::engine::fill_constant(t.dtype(), t.data(), t.size(), value, as_stream(ctx_->stream));
+  return t;
+}
+
+std::vector<float> cuda_backend::kv_to_host(const cuda_kv_storage& kv, bool values) const {
+  context& c = use(ctx_);
+  c.activate();
+  const auto n = static_cast<std::size_t>(kv.shape.elements_per_side());
+  std::vector<float> out(n);
+  void* f = c.to_host_dev.reserve(n * sizeof(float), c.stream);
+  cuda::engine::to_f32(kv.dtype, values ? kv.v.data() : kv.k.data(), static_cast<float*>(f), static_cast<std::int64_t>(n),
+                       as_stream(c.stream));
+  ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(out.data(), f, n * sizeof(float), cudaMemcpyDeviceToHost, c.stream));
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  return out;
+}
+
+void cuda_backend::synchronize() const {
+  ctx_->activate();
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
+}
+
+cuda_backend_counters cuda_backend::counters() const {
+  std::lock_guard lock(ctx_->counters_mu);
+  return ctx_->counters;
+}
+
+void cuda_backend::reset_counters() const {
+  std::lock_guard lock(ctx_->counters_mu);
+  ctx_->counters = {};
+}
+
+std::pair<std::size_t, std::size_t> cuda_backend::memory_info() const {
+  ctx_->activate();
+  std::size_t free_b = 0, total_b = 0;
+  ZIPAGE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return {free_b, total_b};
+}
+
+std::string cuda_backend::device_name() const {
+  cudaDeviceProp p{};
+  ZIPAGE_CUDA_CHECK(cudaGetDeviceProperties(&p, ctx_->opts.device));
+  return p.name;
+}
+
+namespace {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+}  // namespace
+
+double cuda_backend::measure_copy_bandwidth(std::size_t bytes, int reps) const {
+  context& c = use(ctx_);
+  c.activate();
+  void *a = nullptr, *b = nullptr;
+  ZIPAGE_CUDA_CHECK(cudaMalloc(&a, bytes));
+  ZIPAGE_CUDA_CHECK(cudaMalloc(&b, bytes));
+  cuda::engine::fill_uniform(cuda_dtype::f32, a, static_cast<std::int64_t>(bytes / 4), 1.0f, 7, as_stream(c.stream));
+  cudaEvent_t e0, e1;
+  ZIPAGE_CUDA_CHECK(cudaEventCreate(&e0));
+  ZIPAGE_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> times;
+  for (int r = 0; r < reps + 2; ++r) {
+    ZIPAGE_CUDA_CHECK(cudaEventRecord(e0, c.stream));
+    ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, c.stream));
+    ZIPAGE_CUDA_CHECK(cudaEventRecord(e1, c.stream));
+    ZIPAGE_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    ZIPAGE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r >= 2) times.push_back(ms * 1e-3);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * static_cast<double>(bytes) / median(times) / 1e9;
+}
+
+double cuda_backend::measure_gemm_tflops(int n, int reps) const {
+  context& c = use(ctx_);
+  c.activate();
+  cuda_backend_options o = c.opts;
+  o.dtype = cuda_dtype::bf16;
+  o.batch_invariant = false;
+  const cuda_backend bf(o);
+  const cuda_tensor x = bf.random_tensor(n, n, 1.0f, 1), w = bf.random_tensor(n, n, 1.0f, 2);
+  cuda_tensor out;
+  bf.linear(x, w, out);
+  bf.synchronize();
+  const auto& bc = *bf.ctx_;
+  cudaEvent_t e0, e1;
+  ZIPAGE_CUDA_CHECK(cudaEventCreate(&e0));
+  ZIPAGE_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<double> times;
+  for (int r = 0; r < reps + 1; ++r) {
+    ZIPAGE_CUDA_CHECK(cudaEventRecord(e0, bc.stream));
+    bf.linear(x, w, out);
+    ZIPAGE_CUDA_CHECK(cudaEventRecord(e1, bc.stream));
+    ZIPAGE_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    ZIPAGE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r >= 1) times.push_back(ms * 1e-3);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 2.0 * double(n) * n * n / median(times) / 1e12;
+}
+
+}  // namespace zipage

@@ -1,0 +1,571 @@
+// Kernels of the engine's CUDA backend for fp32 and bf16 data of any shape (engine_kernels.hpp). They
+// mirror the zipage::cpu reference closely (same formulas, double where the CPU uses double) so that the
+// fp32 engine gives the CPU backend's tokens; speed matters less here than for the tuned bf16 kernels.
+#include <algorithm>
+#include <cstdint>
+
+#include "zipage/backend/cuda/common.cuh"
+#include "zipage/backend/cuda/engine_kernels.hpp"
+
+namespace zipage::cuda::engine {
+
+namespace {
+
+using detail::bf16;
+
+__device__ __forceinline__ float load_f(const float* p, std::int64_t i) { return p[i]; }
+__device__ __forceinline__ float load_f(const bf16* p, std::int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void store_f(float* p, std::int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void store_f(bf16* p, std::int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+unsigned grid_for(std::int64_t items, int threads) {
+  static const int sms = detail::device_multiprocessors();
+  const std::int64_t blocks = (items + threads - 1) / threads;
+  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(blocks, std::int64_t{sms} * 32)));
+}
+
+// Calls f.template operator()<T>() with T = float or bf16.
+template <class F>
+void dispatch(cuda_dtype t, F&& f) {
+  if (t == cuda_dtype::f32)
+    f.template operator()<float>();
+  else
+    f.template operator()<bf16>();
+}
+
+#define GRID_STRIDE(i, n) \
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (n); i += std::int64_t{gridDim.x} * blockDim.x)
+
+// ---- gather rows
+template <class T>
+__global__ void gather_rows_kernel(const T* __restrict__ table, int cols, const std::int32_t* __restrict__ ids,
+                                   std::int64_t total, T* __restrict__ out) {
+  GRID_STRIDE(i, total) {
+    const std::int64_t t = i / cols;
+    const int c = static_cast<int>(i % cols);
+    out[i] = table[std::int64_t{ids[t]} * cols + c];
+  }
+}
+
+// ---- RMSNorm: one warp per segment; double sum of squares as cpu::rms_norm.
+template <class T, class W>
+__global__ void rms_norm_kernel(const T* x, const W* __restrict__ w, T* out, std::int64_t segments, int width,
+                                float eps) {
+  const std::int64_t seg = std::int64_t{blockIdx.x} * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (seg >= segments) return;
+  const int lane = threadIdx.x & 31;
+  const T* xs = x + seg * width;
+  double ss = 0.0;
+  for (int c = lane; c < width; c += 32) {
+    const double v = load_f(xs, c);
+    ss += v * v;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float inv = 1.0f / sqrtf(static_cast<float>(ss / double(width)) + eps);
+  T* os = out + seg * width;
+  for (int c = lane; c < width; c += 32) store_f(os, c, load_f(xs, c) * inv * load_f(w, c));
+}
+
+// ---- RoPE: one block per row; cos/sin of the row's angles (double) first, as cpu::rope.
+template <class T>
+__global__ void rope_kernel(T* x, const std::int32_t* __restrict__ positions, int num_heads, int head_dim,
+                            const double* __restrict__ inv_freq, bool interleaved) {
+  __shared__ float cs[256];
+  __shared__ float sn[256];
+  const std::int64_t row = blockIdx.x;
+  const int half = head_dim / 2;
+  const double pos = positions[row];
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    double s, c;
+    sincos(pos * inv_freq[i], &s, &c);
+    cs[i] = static_cast<float>(c);
+    sn[i] = static_cast<float>(s);
+  }
+  __syncthreads();
+  T* xr = x + row * std::int64_t{num_heads} * head_dim;
+  for (int idx = threadIdx.x; idx < num_heads * half; idx += blockDim.x) {
+    const int h = idx / half, i = idx % half;
+    const int a = interleaved ? 2 * i : i;
+    const int b = interleaved ? 2 * i + 1 : i + half;
+    T* v = xr + h * head_dim;
+    const float x0 = load_f(v, a), x1 = load_f(v, b);
+    store_f(v, a, x0 * cs[i] - x1 * sn[i]);
+    store_f(v, b, x0 * sn[i] + x1 * cs[i]);
+  }
+}
+
+// ---- elementwise
+template <class T>
+__global__ void silu_mul_kernel(const T* gate, const T* up, T* out, std::int64_t n) {
+  GRID_STRIDE(i, n) {
+    const float g = load_f(gate, i);
+    store_f(out, i, g / (1.0f + expf(-g)) * load_f(up, i));
+  }
+}
+
+template <class T>
+__global__ void add_kernel(T* x, const T* y, std::int64_t n) {
+  GRID_STRIDE(i, n) store_f(x, i, load_f(x, i) + load_f(y, i));
+}
+
+template <class T, class B>
+__global__ void add_bias_kernel(T* x, const B* __restrict__ bias, std::int64_t n, int cols) {
+  GRID_STRIDE(i, n) store_f(x, i, load_f(x, i) + load_f(bias, i % cols));
+}
+
+// ---- fixed-order GEMM: 64x64 output tile, 16-wide k slices, 256 threads x 4x4 outputs each.
+template <class T>
+__global__ void __launch_bounds__(256) gemm_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
+                                                   int m, int n, int k) {
+  constexpr int BM = 64, BN = 64, BK = 16;
+  __shared__ float xs[BK][BM + 4];
+  __shared__ float ws[BK][BN + 4];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  float acc[4][4] = {};
+  for (int k0 = 0; k0 < k; k0 += BK) {
+    for (int e = threadIdx.x; e < BM * BK; e += 256) {
+      const int r = e / BK, c = e % BK;
+      const int gm = m0 + r, gn = n0 + r, gk = k0 + c;
+      xs[c][r] = (gm < m && gk < k) ? load_f(x, std::int64_t{gm} * k + gk) : 0.0f;
+      ws[c][r] = (gn < n && gk < k) ? load_f(w, std::int64_t{gn} * k + gk) : 0.0f;
+    }
+    __syncthreads();
+    const int kk_end = min(BK, k - k0);
+    for (int kk = 0; kk < kk_end; ++kk) {
+      float a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = xs[kk][ty * 4 + i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = ws[kk][tx * 4 + j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int gm = m0 + ty * 4 + i;
+    if (gm >= m) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int gn = n0 + tx * 4 + j;
+      if (gn < n) store_f(out, std::int64_t{gm} * n + gn, acc[i][j]);
+    }
+  }
+}
+
+// ---- KV append / window queries
+template <class T>
+__global__ void append_kv_kernel(T* kc, T* vc, const T* __restrict__ k, const T* __restrict__ v,
+                                 const std::int64_t* __restrict__ slots, std::int64_t total, int width) {
+  GRID_STRIDE(i, total) {
+    const std::int64_t t = i / width;
+    const int c = static_cast<int>(i % width);
+    const std::int64_t slot = slots[t];
+    if (slot < 0) continue;
+    kc[slot * width + c] = k[i];
+    vc[slot * width + c] = v[i];
+  }
+}
+
+template <class T>
+__global__ void record_queries_kernel(T* rows, const std::int32_t* __restrict__ token_row, const T* __restrict__ q,
+                                      std::int64_t total, int width) {
+  GRID_STRIDE(i, total) {
+    const std::int64_t t = i / width;
+    const int c = static_cast<int>(i % width);
+    const std::int32_t r = token_row[t];
+    if (r >= 0) rows[std::int64_t{r} * width + c] = q[i];
+  }
+}
+
+// ---- generic paged attention: one 128-thread CTA per (token, query head).
+constexpr int kAttnThreads = 128;
+constexpr int kAttnChunk = 64;
+constexpr int kAttnMaxDim = 512;
+
+template <class T>
+__global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(generic_attention_params p) {
+  __shared__ float qs[kAttnMaxDim];
+  __shared__ float ss[kAttnChunk];
+  const int t = blockIdx.x;
+  const int h = blockIdx.y;
+  const int d = p.head_dim;
+  const int kvh = h / (p.num_q_heads / p.num_kv_heads);
+  const T* q = static_cast<const T*>(p.q) + (std::int64_t{t} * p.num_q_heads + h) * d;
+  T* out = static_cast<T*>(p.out) + (std::int64_t{t} * p.num_q_heads + h) * d;
+  const T* kc = static_cast<const T*>(p.k_cache);
+  const T* vc = static_cast<const T*>(p.v_cache);
+  const int s = p.token_seq[t];
+  const int len = p.token_kv_len[t];
+  const std::int32_t* pages = p.page_indices + p.page_indptr[s];
+  for (int i = threadIdx.x; i < d; i += kAttnThreads) qs[i] = load_f(q, i);
+  __syncthreads();
+
+  constexpr int kPer = kAttnMaxDim / kAttnThreads;
+  float acc[kPer] = {};
+  float m = -INFINITY, l = 0.0f;
+  for (int j0 = 0; j0 < len; j0 += kAttnChunk) {
+    const int n = min(kAttnChunk, len - j0);
+    for (int jj = threadIdx.x; jj < n; jj += kAttnThreads) {
+      const int j = j0 + jj;
+      const std::int64_t slot = std::int64_t{pages[j / p.block_size]} * p.block_size + j % p.block_size;
+      const T* kj = kc + (slot * p.num_kv_heads + kvh) * d;
+      float dot = 0.0f;
+      for (int i = 0; i < d; ++i) dot += qs[i] * load_f(kj, i);
+      ss[jj] = dot * p.scale;
+    }
+    __syncthreads();
+    float cm = -INFINITY;
+    for (int jj = 0; jj < n; ++jj) cm = fmaxf(cm, ss[jj]);
+    const float m_new = fmaxf(m, cm);
+    const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);
+    l *= corr;
+#pragma unroll
+    for (int r = 0; r < kPer; ++r) acc[r] *= corr;
+    for (int jj = 0; jj < n; ++jj) {
+      const int j = j0 + jj;
+      const float pj = expf(ss[jj] - m_new);
+      l += pj;
+      const std::int64_t slot = std::int64_t{pages[j / p.block_size]} * p.block_size + j % p.block_size;
+      const T* vj = vc + (slot * p.num_kv_heads + kvh) * d;
+#pragma unroll
+      for (int r = 0; r < kPer; ++r) {
+        const int i = threadIdx.x + r * kAttnThreads;
+        if (i < d) acc[r] += pj * load_f(vj, i);
+      }
+    }
+    m = m_new;
+    __syncthreads();
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) {
+    const int i = threadIdx.x + r * kAttnThreads;
+    if (i < d) store_f(out, i, acc[r] * inv);
+  }
+}
+
+// ---- compression gathers
+template <class T>
+__global__ void gather_keys_kernel(const T* __restrict__ k, const std::int32_t* __restrict__ pages, int block_size,
+                                   int heads, int d, int kv_len, float* __restrict__ out) {
+  const std::int64_t total = std::int64_t{heads} * kv_len * d;
+  GRID_STRIDE(i, total) {
+    const int c = static_cast<int>(i % d);
+    const std::int64_t hj = i / d;
+    const int j = static_cast<int>(hj % kv_len);
+    const int h = static_cast<int>(hj / kv_len);
+    const std::int64_t slot = std::int64_t{pages[j / block_size]} * block_size + j % block_size;
+    out[i] = load_f(k, (slot * heads + h) * d + c);
+  }
+}
+
+__global__ void gather_scores_kernel(const float* __restrict__ scores, const std::int32_t* __restrict__ pages,
+                                     int block_size, int heads, int kv_len, float* __restrict__ out) {
+  const std::int64_t total = std::int64_t{heads} * kv_len;
+  GRID_STRIDE(i, total) {
+    const int j = static_cast<int>(i % kv_len);
+    const int h = static_cast<int>(i / kv_len);
+    const std::int64_t slot = std::int64_t{pages[j / block_size]} * block_size + j % block_size;
+    out[i] = scores[slot * heads + h];
+  }
+}
+
+template <class T>
+__global__ void to_f32_kernel(const T* in, float* out, std::int64_t n) {
+  GRID_STRIDE(i, n) out[i] = load_f(in, i);
+}
+
+template <class T>
+__global__ void from_f32_kernel(const float* in, T* out, std::int64_t n) {
+  GRID_STRIDE(i, n) store_f(out, i, in[i]);
+}
+
+// ---- compaction: one CTA per (head, layer); kept tokens move front to back in chunks, every read of
+// a chunk before any write of it (a kept token's source slot is never before its destination).
+constexpr int kCompactThreads = 256;
+constexpr int kCompactRegs = 8;
+
+__global__ void __launch_bounds__(kCompactThreads) compaction_kernel(compaction_params p, int row_words) {
+  const int h = blockIdx.x;
+  const int l = blockIdx.y;
+  const std::int64_t layer_words = p.layer_elements * static_cast<std::int64_t>(dtype_bytes(p.dtype)) / 4;
+  auto* k = static_cast<std::uint32_t*>(p.k) + l * layer_words;
+  auto* v = static_cast<std::uint32_t*>(p.v) + l * layer_words;
+  const std::int32_t* kept = p.keep + (std::int64_t{l} * p.num_kv_heads + h) * p.new_len;
+  auto slot_of = [&](int j) { return std::int64_t{p.pages[j / p.block_size]} * p.block_size + j % p.block_size; };
+  const int chunk = max(1, kCompactThreads * kCompactRegs / row_words);
+  for (int c0 = 0; c0 < p.new_len; c0 += chunk) {
+    const int n = min(chunk, p.new_len - c0);
+    const int items = n * row_words;
+    std::uint32_t kr[kCompactRegs], vr[kCompactRegs];
+#pragma unroll
+    for (int r = 0; r < kCompactRegs; ++r) {
+      const int item = threadIdx.x + r * kCompactThreads;
+      if (item < items) {
+        const int t = c0 + item / row_words, w = item % row_words;
+        const std::int64_t at = (slot_of(kept[t]) * p.num_kv_heads + h) * row_words + w;
+        kr[r] = k[at];
+        vr[r] = v[at];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kCompactRegs; ++r) {
+      const int item = threadIdx.x + r * kCompactThreads;
+      if (item < items) {
+        const int t = c0 + item / row_words, w = item % row_words;
+        const std::int64_t at = (slot_of(t) * p.num_kv_heads + h) * row_words + w;
+        k[at] = kr[r];
+        v[at] = vr[r];
+      }
+    }
+    __syncthreads();
+  }
+  if (p.scores != nullptr && p.kept_scores != nullptr) {
+    float* sc = p.scores + l * p.score_layer_elements;
+    const float* ks = p.kept_scores + (std::int64_t{l} * p.num_kv_heads + h) * p.new_len;
+    for (int t = threadIdx.x; t < p.new_len; t += kCompactThreads) sc[slot_of(t) * p.num_kv_heads + h] = ks[t];
+  }
+}
+
+// ---- batched copy: blockIdx.x = descriptor, blockIdx.y splits a long copy.
+__global__ void batched_copy_kernel(const copy_desc* __restrict__ descs) {
+  const copy_desc d = descs[blockIdx.x];
+  const auto* src = reinterpret_cast<const char*>(d.src);
+  auto* dst = reinterpret_cast<char*>(d.dst);
+  const std::uint64_t per = ((d.bytes + gridDim.y - 1) / gridDim.y + 15) / 16 * 16;  // split points 16-aligned
+  const std::uint64_t begin = std::min<std::uint64_t>(d.bytes, per * blockIdx.y);
+  const std::uint64_t end = std::min<std::uint64_t>(d.bytes, begin + per);
+  const bool vec = ((d.src | d.dst | begin | end) & 15u) == 0;
+  if (vec) {
+    for (std::uint64_t i = begin + threadIdx.x * 16ull; i < end; i += blockDim.x * 16ull)
+      *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(src + i);
+  } else {
+    for (std::uint64_t i = begin + threadIdx.x * 4ull; i < end; i += blockDim.x * 4ull)
+      *reinterpret_cast<std::uint32_t*>(dst + i) = *reinterpret_cast<const std::uint32_t*>(src + i);
+  }
+}
+
+// ---- fills
+__device__ __forceinline__ std::uint64_t mix64(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+template <class T>
+__global__ void fill_uniform_kernel(T* out, std::int64_t n, float scale, std::uint64_t seed) {
+  GRID_STRIDE(i, n) {
+    const std::uint64_t r = mix64(seed * 0x632be59bd9b4e019ull + static_cast<std::uint64_t>(i));
+    const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    store_f(out, i, (2.0f * u - 1.0f) * scale);
+  }
+}
+
+template <class T>
+__global__ void fill_constant_kernel(T* out, std::int64_t n, float value) {
+  GRID_STRIDE(i, n) store_f(out, i, value);
+}
+
+#undef GRID_STRIDE
+
+}  // namespace
+
+void gather_rows(cuda_dtype t, const void* table, int cols, const std::int32_t* ids, int num_ids, void* out,
+                 cuda_stream stream) {
+  if (num_ids <= 0 || cols <= 0) return;
+  const std::int64_t total = std::int64_t{num_ids} * cols;
+  dispatch(t, [&]<class T>() {
+    gather_rows_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(static_cast<const T*>(table), cols, ids, total,
+                                                                    static_cast<T*>(out));
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm(cuda_dtype t, const void* x, cuda_dtype wt, const void* weight, void* out, std::int64_t rows, int cols,
+              int width, float eps, cuda_stream stream) {
+  check(width > 0 && cols % width == 0, "rms_norm: width ", width, " does not divide the row of ", cols);
+  if (rows <= 0) return;
+  const std::int64_t segments = rows * (cols / width);
+  constexpr int kWarps = 8;
+  const std::int64_t blocks = (segments + kWarps - 1) / kWarps;
+  check(blocks < (1ll << 31), "rms_norm: too many rows");
+  dispatch(t, [&]<class T>() {
+    dispatch(wt, [&]<class W>() {
+      rms_norm_kernel<T, W><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const W*>(weight), static_cast<T*>(out), segments, width, eps);
+    });
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void rope(cuda_dtype t, void* x, const std::int32_t* positions, std::int64_t rows, int num_heads, int head_dim,
+          const double* inv_freq, bool interleaved, cuda_stream stream) {
+  check(head_dim > 0 && head_dim % 2 == 0 && head_dim <= 512, "rope: head_dim ", head_dim, " must be even and <= 512");
+  check(rows < (1ll << 31), "rope: too many rows");
+  if (rows <= 0 || num_heads <= 0) return;
+  const int threads = std::clamp((num_heads * head_dim / 2 + 31) / 32 * 32, 32, 256);
+  dispatch(t, [&]<class T>() {
+    rope_kernel<T><<<static_cast<unsigned>(rows), threads, 0, stream>>>(static_cast<T*>(x), positions, num_heads,
+                                                                         head_dim, inv_freq, interleaved);
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::int64_t n, cuda_stream stream) {
+  if (n <= 0) return;
+  dispatch(t, [&]<class T>() {
+    silu_mul_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<const T*>(gate), static_cast<const T*>(up),
+                                                              static_cast<T*>(out), n);
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void add(cuda_dtype t, void* x, const void* y, std::int64_t n, cuda_stream stream) {
+  if (n <= 0) return;
+  dispatch(t, [&]<class T>() {
+    add_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<T*>(x), static_cast<const T*>(y), n);
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void add_bias(cuda_dtype t, void* x, cuda_dtype bt, const void* bias, std::int64_t rows, int cols, cuda_stream stream) {
+  const std::int64_t n = rows * cols;
+  if (n <= 0) return;
+  dispatch(t, [&]<class T>() {
+    dispatch(bt, [&]<class B>() {
+      add_bias_kernel<T, B><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<T*>(x), static_cast<const B*>(bias), n,
+                                                                    cols);
+    });
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void gemm_fixed_order(cuda_dtype t, const void* x, const void* w, void* out, int m, int n, int k, cuda_stream stream) {
+  if (m <= 0 || n <= 0) return;
+  check(k > 0, "gemm: k must be positive");
+  const dim3 grid(static_cast<unsigned>((n + 63) / 64), static_cast<unsigned>((m + 63) / 64));
+  check(grid.y < 65536, "gemm: too many rows (", m, ")");
+  dispatch(t, [&]<class T>() {
+    gemm_kernel<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(out),
+                                             m, n, k);
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void append_kv(cuda_dtype t, void* k_cache, void* v_cache, const void* k, const void* v, const std::int64_t* slots,
+               int num_tokens, int width, cuda_stream stream) {
+  const std::int64_t total = std::int64_t{num_tokens} * width;
+  if (total <= 0) return;
+  dispatch(t, [&]<class T>() {
+    append_kv_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(static_cast<T*>(k_cache), static_cast<T*>(v_cache),
+                                                                   static_cast<const T*>(k), static_cast<const T*>(v),
+                                                                   slots, total, width);
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void record_queries(cuda_dtype t, void* rows, const std::int32_t* token_row, const void* q, int num_tokens, int width,
+                    cuda_stream stream) {
+  const std::int64_t total = std::int64_t{num_tokens} * width;
+  if (total <= 0) return;
+  dispatch(t, [&]<class T>() {
+    record_queries_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(static_cast<T*>(rows), token_row,
+                                                                        static_cast<const T*>(q), total, width);
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void paged_attention(cuda_dtype t, const generic_attention_params& p, cuda_stream stream) {
+  check(p.head_dim > 0 && p.head_dim <= kAttnMaxDim, "paged_attention: head_dim ", p.head_dim, " (at most ",
+        kAttnMaxDim, ")");
+  check(p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0, "paged_attention: ", p.num_q_heads,
+        " query heads are not a multiple of ", p.num_kv_heads, " KV heads");
+  check(p.num_q_heads < 65536 && p.block_size > 0, "paged_attention: bad head count or block size");
+  if (p.num_tokens <= 0) return;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_q_heads));
+  dispatch(t, [&]<class T>() { paged_attention_kernel<T><<<grid, kAttnThreads, 0, stream>>>(p); });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void gather_keys(cuda_dtype t, const void* k_layer, const std::int32_t* pages, int block_size, int num_kv_heads,
+                 int head_dim, int kv_len, float* out, cuda_stream stream) {
+  const std::int64_t total = std::int64_t{num_kv_heads} * kv_len * head_dim;
+  if (total <= 0) return;
+  dispatch(t, [&]<class T>() {
+    gather_keys_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(static_cast<const T*>(k_layer), pages, block_size,
+                                                                     num_kv_heads, head_dim, kv_len, out);
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void gather_scores(const float* scores_layer, const std::int32_t* pages, int block_size, int num_kv_heads, int kv_len,
+                   float* out, cuda_stream stream) {
+  const std::int64_t total = std::int64_t{num_kv_heads} * kv_len;
+  if (total <= 0) return;
+  gather_scores_kernel<<<grid_for(total, 256), 256, 0, stream>>>(scores_layer, pages, block_size, num_kv_heads, kv_len,
+                                                                 out);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void to_f32(cuda_dtype t, const void* in, float* out, std::int64_t n, cuda_stream stream) {
+  if (n <= 0) return;
+  dispatch(t, [&]<class T>() {
+    to_f32_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<const T*>(in), out, n);
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void from_f32(cuda_dtype t, const float* in, void* out, std::int64_t n, cuda_stream stream) {
+  if (n <= 0) return;
+  dispatch(t, [&]<class T>() {
+    from_f32_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(in, static_cast<T*>(out), n);
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void apply_compaction(const compaction_params& p, cuda_stream stream) {
+  if (p.new_len <= 0 || p.num_layers <= 0 || p.num_kv_heads <= 0) return;
+  const std::int64_t row_bytes = std::int64_t{p.head_dim} * static_cast<std::int64_t>(dtype_bytes(p.dtype));
+  check(row_bytes % 4 == 0, "apply_compaction: a head row of ", row_bytes, " bytes is not a multiple of 4");
+  const int row_words = static_cast<int>(row_bytes / 4);
+  check(row_words <= kCompactThreads * kCompactRegs, "apply_compaction: head_dim ", p.head_dim, " is too large");
+  check(p.num_layers < 65536, "apply_compaction: too many layers");
+  const dim3 grid(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_layers));
+  compaction_kernel<<<grid, kCompactThreads, 0, stream>>>(p, row_words);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void batched_copy(const copy_desc* descs, int count, std::uint64_t max_bytes, cuda_stream stream) {
+  if (count <= 0 || max_bytes == 0) return;
+  // Split long copies so that each CTA moves about 64 KiB.
+  const std::uint64_t splits = std::clamp<std::uint64_t>((max_bytes + 65535) / 65536, 1, 1024);
+  const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(splits));
+  batched_copy_kernel<<<grid, 256, 0, stream>>>(descs);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void fill_uniform(cuda_dtype t, void* out, std::int64_t n, float scale, std::uint64_t seed, cuda_stream stream) {
+  if (n <= 0) return;
+  dispatch(t, [&]<class T>() {
+    fill_uniform_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<T*>(out), n, scale, seed);
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void fill_constant(cuda_dtype t, void* out, std::int64_t n, float value, cuda_stream stream) {
+  if (n <= 0) return;
+  dispatch(t, [&]<class T>() {
+    fill_constant_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<T*>(out), n, value);
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace zipage::cuda::engine

@@ -1,0 +1,466 @@
+// The whole engine on the GPU (zipage::cuda_backend) against the CPU reference backend.
+//
+//  * fp32 mode: stories260K's golden greedy tokens; token-for-token equality with the CPU engine on story
+//    prompts, full KV and compressed (zipage_policy, block 16, budget 4, window 8); 64 prompts through a
+//    KV pool too small for them give what each gives alone; compressed requests swapped to host memory
+//    resume with identical tokens.
+//  * bf16 mode (the default): agreement with the CPU engine (matching greedy prefix, reported), and the
+//    tuned paged-attention kernels (head_dim 64/128, GQA, split-KV decode) inside the model's forward
+//    pass against the CPU forward pass on identical batches (relative logits error, bounded).
+//
+// Prints SKIPPED and exits 77 where there is no CUDA device.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "zipage/backend/cuda/cuda_backend.hpp"
+#include "zipage/cuda/device.hpp"
+#include "zipage/engine/engine.hpp"
+#include "zipage/gguf/gguf.hpp"
+#include "zipage/models/llama.hpp"
+#include "zipage/policy/policies.hpp"
+#include "zipage/tokenizer/detokenizer.hpp"
+
+using namespace zipage;
+
+namespace {
+
+// The model file: $ZIPAGE_TEST_MODEL when set (a binary built elsewhere), else the build's path.
+std::string model_path() {
+  const char* env = std::getenv("ZIPAGE_TEST_MODEL");
+  return env != nullptr && env[0] != '\0' ? env : ZIPAGE_TEST_MODEL;
+}
+
+struct shared_model {
+  gguf::file file = gguf::file::open(model_path());
+  spm_tokenizer tokenizer = spm_tokenizer::from_gguf(file);
+};
+
+shared_model& stories() {
+  static shared_model m;
+  return m;
+}
+
+// Known-good greedy continuation of stories260K (tests/unit/test_engine.cpp): the prompt "Once upon a
+// time" is the first four ids, the rest are generated.
+const std::vector<token_id> golden = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317,
+                                      426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282,
+                                      295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352};
+
+std::vector<std::vector<token_id>> story_prompts(int n) {
+  const char* subjects[] = {"a little girl", "a big dog", "the old man", "a happy cat",
+                            "Tom", "a small bird", "the princess", "a red car"};
+  const char* actions[] = {"went to the park", "found a box", "wanted to play", "was very sad",
+                           "saw a tree", "liked to sing", "had a ball", "ran home"};
+  std::vector<std::vector<token_id>> prompts;
+  for (int i = 0; i < n; ++i) {
+    const std::string text = std::string("Once upon a time, ") + subjects[i % 8] + " " + actions[(i / 8 + i) % 8] + ".";
+    prompts.push_back(stories().tokenizer.encode(text, true));
+  }
+  return prompts;
+}
+
+sampling_params greedy(int max_tokens) {
+  sampling_params p;
+  p.temperature = 0.0f;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+cuda_backend fp32_backend(bool batch_invariant) {
+  cuda_backend_options o;
+  o.dtype = cuda_dtype::f32;
+  o.batch_invariant = batch_invariant;
+  return cuda_backend(o);
+}
+
+template <class Policy = full_kv>
+using gpu_engine = engine<llama_model<cuda_backend>, Policy, zipage_scheduler, cuda_backend>;
+template <class Policy = full_kv>
+using cpu_engine = engine<llama_model<cpu_backend>, Policy>;
+
+template <class Policy = full_kv>
+gpu_engine<Policy> make_gpu(const cuda_backend& b, engine_config cfg) {
+  cfg.make_detokenizer = detokenizer_factory(stories().tokenizer);
+  return gpu_engine<Policy>(load_llama_gguf<cuda_backend>(stories().file, b), cfg, Policy{}, b);
+}
+
+template <class Policy = full_kv>
+cpu_engine<Policy> make_cpu(engine_config cfg) {
+  cfg.make_detokenizer = detokenizer_factory(stories().tokenizer);
+  return cpu_engine<Policy>(load_llama_gguf<cpu_backend>(stories().file), cfg);
+}
+
+std::size_t common_prefix(const std::vector<token_id>& a, const std::vector<token_id>& b) {
+  std::size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+// A random Llama (optionally Qwen3-style q/k norm) with the same weights on any backend.
+template <class B>
+llama_model<B> random_llama(const B& b, const model_config& c, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto random = [&](int rows, int cols, float scale, float offset = 0.0f) {
+    std::vector<float> v(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
+    for (float& x : v) x = offset + normal(rng) * scale;
+    return b.from_host(v, rows, cols);
+  };
+  llama_weights<B> w;
+  w.embedding = random(c.vocab_size, c.hidden_size, 1.0f);
+  const float s = 1.0f / std::sqrt(static_cast<float>(c.hidden_size));
+  for (int l = 0; l < c.num_layers; ++l) {
+    llama_layer_weights<B> lw;
+    lw.attn_norm = random(1, c.hidden_size, 0.1f, 1.0f);
+    lw.ffn_norm = random(1, c.hidden_size, 0.1f, 1.0f);
+    lw.wq = random(c.q_size(), c.hidden_size, 2 * s);
+    lw.wk = random(c.kv_size(), c.hidden_size, 2 * s);
+    lw.wv = random(c.kv_size(), c.hidden_size, s);
+    lw.wo = random(c.hidden_size, c.q_size(), 1.0f / std::sqrt(static_cast<float>(c.q_size())));
+    if (c.qk_norm) {
+      lw.q_norm = random(1, c.head_dim, 0.1f, 1.0f);
+      lw.k_norm = random(1, c.head_dim, 0.1f, 1.0f);
+    }
+    lw.w_gate = random(c.ffn_size, c.hidden_size, s);
+    lw.w_up = random(c.ffn_size, c.hidden_size, s);
+    lw.w_down = random(c.hidden_size, c.ffn_size, 1.0f / std::sqrt(static_cast<float>(c.ffn_size)));
+    w.layers.push_back(std::move(lw));
+  }
+  w.final_norm = random(1, c.hidden_size, 0.1f, 1.0f);
+  return llama_model<B>(c, std::move(w));
+}
+
+model_config small_config(int head_dim, int q_heads, int kv_heads, bool qk_norm) {
+  model_config c;
+  c.vocab_size = 512;
+  c.hidden_size = 256;
+  c.num_layers = 2;
+  c.num_q_heads = q_heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.ffn_size = 384;
+  c.rope = rope_style::half;
+  c.rope_theta = 1e6f;
+  c.qk_norm = qk_norm;
+  c.bos = 0;
+  c.eos = 511;
+  return c;
+}
+
+double rel_error(const std::vector<float>& out, const std::vector<float>& ref) {
+  double num = 0.0, den = 0.0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(out[i]) - ref[i];
+    if (!std::isfinite(out[i])) return INFINITY;
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// Runs one model over fixed batches (hand-built metadata: shuffled pages, block 16) and returns the
+// logits of every step: one prefill step of several sequences (ragged lengths), then decode steps of
+// all of them. The same batches for every backend.
+template <class Backend, class Model>
+std::vector<std::vector<float>> forward_steps(Model& model, Backend backend, const std::vector<int>& prompt_lens,
+                                              int decode_steps) {
+  const auto& c = model.config();
+  constexpr int bs = 16;
+  const int max_len = *std::max_element(prompt_lens.begin(), prompt_lens.end()) + decode_steps;
+  const int blocks_per_seq = (max_len + bs - 1) / bs;
+  const int num_seqs = static_cast<int>(prompt_lens.size());
+  const kv_cache_shape shape{c.num_layers, blocks_per_seq * num_seqs + 3, bs, c.num_kv_heads, c.head_dim};
+  auto kv = backend.allocate_kv(shape);
+  std::vector<std::int32_t> pool(static_cast<std::size_t>(shape.num_blocks));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::mt19937 rng(7);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  std::vector<std::vector<std::int32_t>> pages(static_cast<std::size_t>(num_seqs));
+  for (int s = 0; s < num_seqs; ++s)
+    pages[static_cast<std::size_t>(s)].assign(pool.begin() + s * blocks_per_seq, pool.begin() + (s + 1) * blocks_per_seq);
+  std::vector<std::vector<token_id>> tokens(static_cast<std::size_t>(num_seqs));
+  std::uniform_int_distribution<int> tok(1, c.vocab_size - 1);
+  for (int s = 0; s < num_seqs; ++s)
+    for (int j = 0; j < max_len; ++j) tokens[static_cast<std::size_t>(s)].push_back(tok(rng));
+
+  std::vector<std::vector<float>> logits;
+  std::vector<int> done(static_cast<std::size_t>(num_seqs), 0);
+  for (int step = 0; step <= decode_steps; ++step) {
+    std::vector<token_id> ids;
+    std::vector<std::int32_t> pos, seq, kv_len, logits_rows, indptr{0}, indices;
+    std::vector<std::int64_t> slots;
+    for (int s = 0; s < num_seqs; ++s) {
+      const auto su = static_cast<std::size_t>(s);
+      const int n = step == 0 ? prompt_lens[su] : 1;
+      for (int j = 0; j < n; ++j) {
+        const int p = done[su] + j;
+        ids.push_back(tokens[su][static_cast<std::size_t>(p)]);
+        pos.push_back(p);
+        seq.push_back(s);
+        kv_len.push_back(p + 1);
+        slots.push_back(std::int64_t{pages[su][static_cast<std::size_t>(p / bs)]} * bs + p % bs);
+      }
+      done[su] += n;
+      logits_rows.push_back(static_cast<std::int32_t>(ids.size()) - 1);
+      indices.insert(indices.end(), pages[su].begin(), pages[su].end());
+      indptr.push_back(static_cast<std::int32_t>(indices.size()));
+    }
+    forward_batch batch;
+    batch.tokens = ids;
+    batch.positions = pos;
+    batch.logits_rows = logits_rows;
+    batch.attention = {slots, seq, kv_len, indptr, indices, {}};
+    forward_context<Backend> ctx(backend, kv, batch, c.num_q_heads);
+    logits.push_back(backend.to_host(model.forward(ctx)));
+  }
+  return logits;
+}
+
+}  // namespace
+
+TEST_CASE("fp32: stories260K reproduces its golden greedy output (cuBLASLt and batch-invariant GEMM)") {
+  const auto& tok = stories().tokenizer;
+  for (const bool invariant : {false, true}) {
+    CAPTURE(invariant);
+    auto eng = make_gpu(fp32_backend(invariant), {});
+    const auto prompt = tok.encode("Once upon a time", true);
+    REQUIRE(prompt == std::vector<token_id>{1, 403, 407, 261, 378});
+    const auto out = eng.generate({prompt}, greedy(static_cast<int>(golden.size()) - 4))[0];
+    CHECK(out.output == std::vector<token_id>(golden.begin() + 4, golden.end()));
+    const auto bos = eng.generate({{1}}, greedy(static_cast<int>(golden.size())))[0];
+    CHECK(bos.output == golden);
+    CHECK(bos.text.rfind("Once upon a time, there was a little girl named Lily. She loved to play outside in the park.", 0) == 0);
+    CHECK(eng.pool().num_used() == 0);
+  }
+}
+
+TEST_CASE("fp32: token for token the CPU engine on 16 story prompts, 120 tokens each") {
+  const auto prompts = story_prompts(16);
+  auto cpu = make_cpu({.block_size = 16, .num_blocks = 512});
+  const auto ref = cpu.generate(prompts, greedy(120));
+  for (const bool invariant : {false, true}) {
+    CAPTURE(invariant);
+    auto gpu = make_gpu(fp32_backend(invariant), {.block_size = 16, .num_blocks = 512});
+    const auto out = gpu.generate(prompts, greedy(120));
+    int equal = 0;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      CAPTURE(i);
+      CHECK(out[i].output == ref[i].output);
+      equal += out[i].output == ref[i].output;
+    }
+    MESSAGE("fp32 (", invariant ? "fixed-order GEMM" : "cuBLASLt", "): ", equal, "/", prompts.size(),
+            " outputs identical to the CPU engine");
+  }
+}
+
+TEST_CASE("bf16: agreement with the CPU engine on stories260K (reported; tolerance: first token, mean prefix >= 8)") {
+  const auto prompts = story_prompts(16);
+  auto cpu = make_cpu({.block_size = 16, .num_blocks = 512});
+  const auto ref = cpu.generate(prompts, greedy(120));
+  auto gpu = make_gpu(cuda_backend{}, {.block_size = 16, .num_blocks = 512});
+  const auto out = gpu.generate(prompts, greedy(120));
+  std::size_t total = 0, first_equal = 0, full = 0;
+  std::string prefixes;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const std::size_t n = common_prefix(out[i].output, ref[i].output);
+    total += n;
+    first_equal += n > 0;
+    full += n == ref[i].output.size();
+    prefixes += std::to_string(n) + " ";
+  }
+  const double mean = static_cast<double>(total) / static_cast<double>(prompts.size());
+  MESSAGE("bf16 vs CPU fp32, greedy 120 tokens: matching prefixes [", prefixes, "], mean ", mean, ", ", full, "/",
+          prompts.size(), " identical");
+  CHECK(first_equal == prompts.size());
+  CHECK(mean >= 8.0);
+}
+
+TEST_CASE("fp32: compressed run (zipage_policy, block 16, budget 4, window 8) as the CPU compressed run") {
+  auto prompts = story_prompts(6);
+  prompts.push_back(stories().tokenizer.encode("Once upon a time", true));
+  const engine_config cfg{.block_size = 16, .num_blocks = 256, .budget_blocks = 4, .window = 8};
+  auto cpu = make_cpu<zipage_policy>(cfg);
+  const auto ref = cpu.generate(prompts, greedy(160));
+  REQUIRE(cpu.stats().compressions > 0);
+  for (const bool invariant : {true, false}) {
+    CAPTURE(invariant);
+    const auto b = fp32_backend(invariant);
+    auto gpu = make_gpu<zipage_policy>(b, cfg);
+    const auto out = gpu.generate(prompts, greedy(160));
+    const auto st = gpu.stats();
+    const auto k = b.counters();
+    MESSAGE("compressions ", st.compressions, " (CPU ", cpu.stats().compressions, "), evicted ", st.tokens_evicted,
+            ", backend compactions ", k.compactions, ", gathers ", k.gathers);
+    CHECK(st.compressions == cpu.stats().compressions);
+    CHECK(k.compactions == st.compressions);
+    int equal = 0;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      CAPTURE(i);
+      if (invariant) CHECK(out[i].output == ref[i].output);
+      equal += out[i].output == ref[i].output;
+      CHECK(out[i].num_compressions == ref[i].num_compressions);
+    }
+    MESSAGE("compressed, fp32 (", invariant ? "fixed-order GEMM" : "cuBLASLt", "): ", equal, "/", prompts.size(),
+            " outputs identical to the CPU engine");
+    CHECK(gpu.pool().num_used() == 0);
+  }
+}
+
+TEST_CASE("fp32: 64 prompts through a KV pool too small for them give what each gives alone") {
+  const auto prompts = story_prompts(64);
+  sampling_params sampled;
+  sampled.temperature = 0.8f;
+  sampled.top_p = 0.95f;
+  sampled.max_tokens = 40;
+  sampled.ignore_eos = true;
+  const auto b = fp32_backend(true);
+  for (const auto& params : {greedy(40), sampled}) {
+    CAPTURE(params.temperature);
+    std::vector<std::vector<token_id>> alone;
+    {
+      auto eng = make_gpu(b, {.block_size = 16, .num_blocks = 16});
+      for (std::size_t i = 0; i < prompts.size(); ++i) {
+        auto p = params;
+        p.seed = 1000 + i;
+        alone.push_back(eng.generate({prompts[i]}, p)[0].output);
+      }
+    }
+    auto eng = make_gpu(b, {.block_size = 16, .num_blocks = 48, .max_num_seqs = 64});
+    std::vector<request_id> ids;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      auto p = params;
+      p.seed = 1000 + i;
+      ids.push_back(eng.add_request(prompts[i], p));
+    }
+    eng.run_to_completion();
+    const auto st = eng.stats();
+    MESSAGE("preemptions ", st.preemptions, ", peak running ", st.peak_running, ", peak blocks ", st.peak_blocks_used);
+    CHECK(st.preemptions > 0);
+    CHECK(st.peak_blocks_used <= 48);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      CAPTURE(i);
+      CHECK(eng.take_output(ids[i]).output == alone[i]);
+    }
+    CHECK(eng.pool().num_used() == 0);
+  }
+}
+
+TEST_CASE("fp32: compressed requests swapped to host memory resume with identical tokens; CPU agrees") {
+  const model_config c = small_config(8, 4, 2, false);
+  std::vector<std::vector<token_id>> prompts{{0, 4, 9}, {0}};
+  for (int j = 0; j < 39; ++j) prompts[1].push_back(1 + (j * 7) % 60);
+  const engine_config roomy{.block_size = 8, .num_blocks = 200, .budget_blocks = 3, .window = 4,
+                            .num_query_slots = 4, .prefix_caching = false, .async_compression = false};
+  cpu_engine<zipage_policy> cpu(random_llama(cpu_backend{}, c, 3), roomy);
+  const auto cpu_out = cpu.generate(prompts, greedy(100));
+  const auto b = fp32_backend(true);
+  gpu_engine<zipage_policy> reference(random_llama(b, c, 3), roomy, {}, b);
+  const auto expected = reference.generate(prompts, greedy(100));
+  CHECK(expected[0].output == cpu_out[0].output);
+  CHECK(expected[1].output == cpu_out[1].output);
+  for (const bool async : {false, true}) {
+    CAPTURE(async);
+    engine_config tight = roomy;
+    tight.num_blocks = 7;
+    tight.async_compression = async;
+    gpu_engine<zipage_policy> eng(random_llama(b, c, 3), tight, {}, b);
+    const request_id older = eng.add_request(prompts[0], greedy(100));
+    eng.step();
+    const request_id newer = eng.add_request(prompts[1], greedy(100));
+    eng.run_to_completion();
+    const auto st = eng.stats();
+    MESSAGE("swaps ", st.swaps, ", preemptions ", st.preemptions, ", compressions ", st.compressions);
+    if (!async) {
+      CHECK(st.swaps > 0);
+      CHECK(st.preemptions == 0);
+    }
+    CHECK(eng.take_output(older).output == expected[0].output);
+    CHECK(eng.take_output(newer).output == expected[1].output);
+    CHECK(eng.pool().num_used() == 0);
+  }
+}
+
+TEST_CASE("bf16: tuned attention kernels inside the forward pass vs the CPU forward pass (rel. logits error < 5e-2)") {
+  struct shape_case {
+    int head_dim, q_heads, kv_heads;
+    bool qk_norm;
+  };
+  for (const auto& sc : {shape_case{128, 4, 2, true}, shape_case{64, 8, 1, false}, shape_case{128, 6, 6, false}}) {
+    CAPTURE(sc.head_dim);
+    CAPTURE(sc.q_heads);
+    CAPTURE(sc.kv_heads);
+    const model_config c = small_config(sc.head_dim, sc.q_heads, sc.kv_heads, sc.qk_norm);
+    // Ragged prompts (one crosses many blocks, one is a single token), then 40 decode steps.
+    const std::vector<int> lens{700, 77, 1, 300};
+    auto cpu_model = random_llama(cpu_backend{}, c, 11);
+    const auto ref = forward_steps(cpu_model, cpu_backend{}, lens, 40);
+    for (const bool fast : {true, false}) {
+      CAPTURE(fast);
+      cuda_backend_options o;
+      o.fast_kernels = fast;
+      const cuda_backend gb(o);
+      auto gpu_model = random_llama(gb, c, 11);
+      const auto out = forward_steps(gpu_model, gb, lens, 40);
+      REQUIRE(out.size() == ref.size());
+      double worst = 0.0;
+      for (std::size_t i = 0; i < ref.size(); ++i) {
+        REQUIRE(out[i].size() == ref[i].size());
+        worst = std::max(worst, rel_error(out[i], ref[i]));
+      }
+      MESSAGE("bf16 ", fast ? "tuned" : "generic", " kernels, head_dim ", sc.head_dim, ", q/kv ", sc.q_heads, "/",
+              sc.kv_heads, ": prefill logits rel. error ", rel_error(out[0], ref[0]), ", worst over 41 steps ", worst);
+      CHECK(worst < 5e-2);
+    }
+  }
+}
+
+TEST_CASE("bf16: compressed, swapping engine on a head_dim-128 model runs clean; agreement with the CPU reported") {
+  const model_config c = small_config(128, 4, 2, true);
+  std::vector<std::vector<token_id>> prompts;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> tok(1, c.vocab_size - 2);
+  for (int i = 0; i < 12; ++i) {
+    std::vector<token_id> p{0};
+    for (int j = 0; j < 20 + 9 * i; ++j) p.push_back(tok(rng));
+    prompts.push_back(std::move(p));
+  }
+  const engine_config cfg{.block_size = 16, .num_blocks = 60, .max_num_seqs = 12, .budget_blocks = 4, .window = 8};
+  cpu_engine<zipage_policy> cpu(random_llama(cpu_backend{}, c, 9), cfg);
+  const auto ref = cpu.generate(prompts, greedy(150));
+  const cuda_backend b;
+  gpu_engine<zipage_policy> gpu(random_llama(b, c, 9), cfg, {}, b);
+  const auto out = gpu.generate(prompts, greedy(150));
+  const auto st = gpu.stats();
+  std::size_t total = 0;
+  std::string prefixes;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    CHECK(out[i].output.size() == 150);
+    CHECK(out[i].reason == finish_reason::length);
+    const auto n = common_prefix(out[i].output, ref[i].output);
+    total += n;
+    prefixes += std::to_string(n) + " ";
+  }
+  MESSAGE("bf16 compressed: compressions ", st.compressions, ", swaps ", st.swaps, ", preemptions ", st.preemptions,
+          "; matching prefixes vs CPU [", prefixes, "], mean ", double(total) / double(prompts.size()));
+  CHECK(st.compressions > 0);
+  CHECK(gpu.pool().num_used() == 0);
+}
+
+int main(int argc, char** argv) {
+  if (cuda::device_count() == 0) {
+    std::printf("SKIPPED: no CUDA device (%s)\n", cuda::describe_device().c_str());
+    return 77;
+  }
+  std::printf("device 0: %s\n", cuda::describe_device(0).c_str());
+  doctest::Context context(argc, argv);
+  return context.run();
+}
