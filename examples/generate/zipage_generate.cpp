@@ -17,6 +17,7 @@
 #include "zipage/gguf/gguf.hpp"
 #include "zipage/models/hf_loader.hpp"
 #include "zipage/models/llama.hpp"
+#include "zipage/policy/policies.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
 
 namespace {
@@ -28,6 +29,7 @@ struct options {
   zipage::sampling_params sampling;
   zipage::engine_config engine;
   double kv_cache_mib = 64.0;
+  std::string policy = "zipage";
   bool quiet = false;
   bool chat = false;         // apply the checkpoint's chat template (Hugging Face checkpoints)
   bool no_thinking = false;  // with --chat: Qwen3's empty <think></think> block
@@ -76,6 +78,18 @@ void add_flags(CLI::App& app, options& o) {
   app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV pool size in MiB")->check(CLI::PositiveNumber);
   app.add_option("--max-num-seqs", e.max_num_seqs, "running requests at most")->check(CLI::PositiveNumber);
   app.add_option("--max-batched-tokens", e.max_batched_tokens, "tokens per step at most")->check(CLI::PositiveNumber);
+  std::vector<std::string> policies;
+  for (auto name : zipage::builtin_policy_names()) policies.emplace_back(name);
+  app.add_option("--policy", o.policy, "eviction policy (full_kv keeps everything)")->check(CLI::IsMember(policies));
+  app.add_option("--budget-blocks", e.budget_blocks, "blocks each request keeps when compressed (B)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--window", e.window, "recent queries that score the cache, and tokens always kept (W)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--query-slots", e.num_query_slots, "requests that may record window queries (default: max concurrency)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("!--no-hybrid", e.hybrid, "admit only requests that get a query slot");
+  app.add_flag("!--no-prefix-caching", e.prefix_caching, "do not share prompt blocks between requests");
+  app.add_flag("!--sync-compression", e.async_compression, "compress on the decode thread");
   app.add_flag("--quiet,-q", o.quiet, "print only the generated text");
   app.add_flag("--chat", o.chat, "wrap each prompt in the checkpoint's chat template (checkpoint directories)");
   app.add_flag("--no-thinking", o.no_thinking, "with --chat: turn Qwen3's thinking off");
@@ -95,25 +109,29 @@ void print_summary(const Engine& eng, std::size_t requests, double seconds) {
   const auto st = eng.stats();
   std::fprintf(stderr,
                "requests: %zu  generated tokens: %lld  time: %.2f s  throughput: %.1f tok/s\n"
-               "peak KV blocks used: %d of %d (block size %d)  preemptions: %lld  steps: %lld\n",
+               "peak KV blocks used: %d of %d (block size %d)  peak running: %d  preemptions: %lld  swaps: %lld\n"
+               "compressions: %lld  prefix-cache hit rate: %.1f%%  steps: %lld\n",
                requests, static_cast<long long>(st.generated_tokens), seconds,
                seconds > 0 ? st.generated_tokens / seconds : 0.0, st.peak_blocks_used, st.num_blocks,
-               eng.settings().block_size, static_cast<long long>(st.preemptions), static_cast<long long>(st.steps));
+               eng.settings().block_size, st.peak_running, static_cast<long long>(st.preemptions),
+               static_cast<long long>(st.swaps), static_cast<long long>(st.compressions), 100.0 * st.prefix_hit_rate(),
+               static_cast<long long>(st.steps));
 }
 
 // Runs the prompts through the engine; `encode` turns a prompt's text into its token ids.
 template <class Encode>
 int generate(options& o, zipage::llama_model<zipage::cpu_backend> model, Encode encode);
+template <class Engine, class Encode>
+int run_engine(options& o, Engine& eng, Encode& encode);
 
 int run(options& o) {
   if (o.model.empty()) o.model = default_model_path();
   if (std::filesystem::is_directory(o.model)) {  // a Hugging Face checkpoint
     const auto tokenizer = zipage::bpe_tokenizer::from_dir(o.model);
     auto model = zipage::load_hf_checkpoint<zipage::cpu_backend>(o.model);
-    // Every end-of-turn id of the checkpoint stops a request (e.g. Qwen3's <|im_end|> and <|endoftext|>).
-    auto& stops = o.sampling.stop_token_ids;
-    for (zipage::token_id id : model.config().extra_eos) stops.push_back(id);
-    if (tokenizer.eos() >= 0 && tokenizer.eos() != model.config().eos) stops.push_back(tokenizer.eos());
+    // The engine stops at every end-of-sequence id of the config (eos and extra_eos); the tokenizer's
+    // own EOS ends a turn too (e.g. Qwen3's <|im_end|>).
+    if (tokenizer.eos() >= 0 && tokenizer.eos() != model.config().eos) o.sampling.stop_token_ids.push_back(tokenizer.eos());
     if (o.chat)
       zipage::check(tokenizer.chat() != zipage::chat_format::none, "--chat: ", o.model,
                     "/tokenizer_config.json has no chat template zipage knows");
@@ -135,11 +153,23 @@ int run(options& o) {
   return generate(o, std::move(model), [&](const std::string& text) { return tokenizer.encode(text, true); });
 }
 
+// The engine type depends on the policy, so the run is instantiated once per built-in policy.
 template <class Encode>
 int generate(options& o, zipage::llama_model<zipage::cpu_backend> model, Encode encode) {
   o.sampling.validate();
   o.engine.kv_cache_bytes = static_cast<std::size_t>(o.kv_cache_mib * 1024.0 * 1024.0);
-  zipage::engine<zipage::llama_model<zipage::cpu_backend>> eng(std::move(model), o.engine);
+  int rc = -1;
+  zipage::for_each_builtin_policy([&](auto policy) {
+    if (policy.name() != o.policy) return;
+    zipage::engine<zipage::llama_model<zipage::cpu_backend>, decltype(policy)> eng(std::move(model), o.engine, policy);
+    rc = run_engine(o, eng, encode);
+  });
+  return rc;
+}
+
+template <class Engine, class Encode>
+int run_engine(options& o, Engine& eng, Encode& encode) {
+  if (!o.quiet) std::fprintf(stderr, "%s; policy %s\n", eng.memory().describe().c_str(), std::string(eng.policy().name()).c_str());
 
   const bool batch = !o.prompts_file.empty();
   const std::vector<std::string> texts = batch ? read_prompts(o.prompts_file) : std::vector<std::string>{o.prompt};
@@ -154,6 +184,7 @@ int generate(options& o, zipage::llama_model<zipage::cpu_backend> model, Encode 
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   std::size_t finished = 0;
   std::int64_t tokens = 0;
+  double next_draw = 0.0;
   if (!batch) std::cout << texts[0] << std::flush;
   while (eng.has_unfinished()) {
     for (const auto& ev : eng.step()) {
@@ -161,7 +192,11 @@ int generate(options& o, zipage::llama_model<zipage::cpu_backend> model, Encode 
       if (!batch) std::cout << ev.text << std::flush;
       finished += ev.finished;
     }
-    if (batch && !o.quiet) progress(finished, texts.size(), tokens, elapsed());
+    // Redraw at most ten times a second (and once at the end), not once per step.
+    if (batch && !o.quiet && (elapsed() >= next_draw || !eng.has_unfinished())) {
+      progress(finished, texts.size(), tokens, elapsed());
+      next_draw = elapsed() + 0.1;
+    }
   }
   const double seconds = elapsed();
   if (batch && !o.quiet) std::fprintf(stderr, "\n");

@@ -468,7 +468,8 @@ class engine {
   step_event on_token(sequence& s, token_id tok) {
     step_event e{s.id, tok, {}, false, finish_reason::none};
     const auto& p = s.params;
-    const bool is_eos = !p.ignore_eos && tok == config().eos;
+    const auto& extra = config().extra_eos;
+    const bool is_eos = !p.ignore_eos && (tok == config().eos || std::find(extra.begin(), extra.end(), tok) != extra.end());
     if (s.detokenizer && !is_eos) e.text = s.detokenizer(tok);
     const std::size_t old_size = s.output_text.size();
     s.output_text += e.text;
