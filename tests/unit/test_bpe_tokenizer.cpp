@@ -5,6 +5,8 @@
 // and every load error.
 #include <doctest/doctest.h>
 
+#include "test_support.hpp"
+
 #include <zipage/tokenizer/bpe_tokenizer.hpp>
 #include <zipage/tokenizer/detokenizer.hpp>
 
@@ -18,19 +20,11 @@ using ids = std::vector<token_id>;
 
 namespace {
 
-bool contains(const std::string& text, std::string_view part) { return text.find(part) != std::string::npos; }
+using zipage::testing::contains;
+using zipage::testing::error_of;
+using zipage::testing::temp_dir;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zipage::error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not a zipage::error: ") + e.what() + ">";
-  }
-  return "<no error>";
-}
+
 
 const bpe_tokenizer& qwen3() {
   static const bpe_tokenizer tok = bpe_tokenizer::from_dir(std::string(ZIPAGE_TEST_DATA_DIR) + "/qwen3");

@@ -2,6 +2,8 @@
 // catalogue of corrupt files that must each fail with a zipage::error naming the problem.
 #include <doctest/doctest.h>
 
+#include "test_support.hpp"
+
 #include <zipage/gguf/gguf.hpp>
 #include <zipage/gguf/writer.hpp>
 
@@ -24,25 +26,11 @@ using bytes = std::vector<std::byte>;
 
 namespace {
 
+using zipage::testing::contains;
+using zipage::testing::error_of;
+using zipage::testing::temp_dir;
+
 constexpr std::uint64_t u64_max = std::numeric_limits<std::uint64_t>::max();
-
-bool contains(const std::string& text, std::string_view part) {
-  return text.find(part) != std::string::npos;
-}
-
-// Runs f and returns the zipage::error message it throws. Returns a marker instead when f
-// throws nothing or something else, so the CHECKs on the message fail and show why.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zipage::error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not a zipage::error: ") + e.what() + ">";
-  }
-  return "<no error>";
-}
 
 gg::file parse(bytes b) { return gg::file::from_bytes(std::move(b), "test.gguf"); }
 
@@ -111,17 +99,6 @@ bytes craft_kvs(std::uint64_t count, const std::function<void(gg::encoder&)>& bo
   body(e);
   return e.take();
 }
-
-// A temporary directory removed at scope exit.
-struct temp_dir {
-  fs::path path = fs::temp_directory_path() /
-                  ("zipage_test_gguf_" + std::to_string(::getpid()));
-  temp_dir() { fs::create_directories(path); }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 // Reads every metadata value and tensor of a file that parsed, to prove it is self-consistent.
 void touch_everything(const gg::file& f) {

@@ -5,6 +5,8 @@
 // generate through the engine.
 #include <doctest/doctest.h>
 
+#include "test_support.hpp"
+
 #include <zipage/engine/engine.hpp>
 #include <zipage/models/hf_config.hpp>
 #include <zipage/models/hf_loader.hpp>
@@ -30,33 +32,12 @@ using zipage::token_id;
 
 namespace {
 
-bool contains(const std::string& text, std::string_view part) { return text.find(part) != std::string::npos; }
+using zipage::testing::contains;
+using zipage::testing::error_of;
+using zipage::testing::temp_dir;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zipage::error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not a zipage::error: ") + e.what() + ">";
-  }
-  return "<no error>";
-}
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("zipage_hf_" + std::to_string(::getpid()) + "_" + std::to_string(counter.fetch_add(1)));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+
 
 std::string config_error(const std::string& json) {
   return error_of([&] { (void)zipage::hf_config_from_string(json); });

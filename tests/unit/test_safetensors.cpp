@@ -3,6 +3,8 @@
 // the file and the problem, truncated and bit-flipped files (never a crash), and sharded checkpoints.
 #include <doctest/doctest.h>
 
+#include "test_support.hpp"
+
 #include <zipage/safetensors/safetensors.hpp>
 #include <zipage/safetensors/writer.hpp>
 
@@ -22,34 +24,12 @@ using bytes = std::vector<std::byte>;
 
 namespace {
 
-bool contains(const std::string& text, std::string_view part) { return text.find(part) != std::string::npos; }
+using zipage::testing::contains;
+using zipage::testing::error_of;
+using zipage::testing::temp_dir;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zipage::error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not a zipage::error: ") + e.what() + ">";
-  }
-  return "<no error>";
-}
 
-// A directory removed with everything in it when the test ends.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("zipage_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter.fetch_add(1)));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+
 
 std::vector<float> iota_values(std::size_t n, float scale = 0.25f) {
   std::vector<float> v(n);
