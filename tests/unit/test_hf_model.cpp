@@ -121,7 +121,7 @@ weight_map random_weights(const tiny_spec& s) {
 // Rounds every value to bfloat16 (what a BF16 checkpoint holds).
 void round_to_bf16(weight_map& w) {
   for (auto& [name, t] : w)
-    for (float& x : t.values) x = zipage::gguf::bf16_to_f32(zipage::gguf::f32_to_bf16(x));
+    for (float& x : t.values) x = zipage::bf16_to_f32(zipage::f32_to_bf16(x));
 }
 
 void write_safetensors(const fs::path& file, const weight_map& w, st::dtype type = st::dtype::f32) {

@@ -14,7 +14,8 @@
 //
 // Header-only and CUDA-free, so host tools and tests can include it anywhere.
 
-#include <zipage/core/error.hpp>
+#include "zipage/core/error.hpp"
+#include "zipage/core/half.hpp"
 
 #include <array>
 #include <bit>
@@ -120,25 +121,9 @@ inline bool is_float_type(value_type t) noexcept {
 // Half-precision conversions
 // ---------------------------------------------------------------------------------------------
 
-// IEEE binary16 -> binary32; exact for every input (subnormals, signed zeros, inf, NaN payloads).
-inline float fp16_to_f32(std::uint16_t h) noexcept {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exponent = (h >> 10) & 0x1fu;
-  const std::uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
-  if (exponent != 0) {
-    // Re-bias the exponent from 15 to 127.
-    return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-  }
-  // Zero or subnormal: mantissa x 2^-24, exactly representable as a normal float.
-  const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-  return sign != 0 ? -magnitude : magnitude;
-}
-
-// bfloat16 is the top half of a binary32, so widening is a shift.
-inline float bf16_to_f32(std::uint16_t b) noexcept {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-}
+// (Defined in zipage/core/half.hpp; kept here as part of the GGUF API.)
+using zipage::bf16_to_f32;
+using zipage::fp16_to_f32;
 
 // ---------------------------------------------------------------------------------------------
 // value: one metadata value

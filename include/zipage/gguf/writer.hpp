@@ -10,7 +10,8 @@
 //
 // encoder, the low-level part, is public so tests can hand-craft malformed files field by field.
 
-#include <zipage/gguf/gguf.hpp>
+#include "zipage/core/half.hpp"
+#include "zipage/gguf/gguf.hpp"
 
 #include <fstream>
 #include <type_traits>
@@ -21,43 +22,9 @@ namespace zipage::gguf {
 // fp32 -> half-precision conversions (round to nearest, ties to even)
 // ---------------------------------------------------------------------------------------------
 
-// fp32 -> IEEE binary16. Overflow gives +-inf, tiny values become subnormals or +-0, NaN stays
-// a (quiet) NaN.
-inline std::uint16_t f32_to_fp16(float f) noexcept {
-  const auto x = std::bit_cast<std::uint32_t>(f);
-  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
-  const std::uint32_t exponent = (x >> 23) & 0xffu;
-  std::uint32_t mantissa = x & 0x7fffffu;
-  if (exponent == 0xff) {  // inf, or NaN with its top payload bits and the quiet bit set
-    return static_cast<std::uint16_t>(sign | 0x7c00u | (mantissa ? 0x200u | (mantissa >> 13) : 0u));
-  }
-  const int e = static_cast<int>(exponent) - 127 + 15;  // re-biased exponent
-  if (e >= 31) return static_cast<std::uint16_t>(sign | 0x7c00u);
-  if (e <= 0) {
-    // Subnormal half: value = m24 x 2^(exponent-150) = h x 2^-24, so h = m24 >> (14 - e).
-    // Below 2^-25 (e < -10) everything rounds to zero.
-    if (e < -10) return sign;
-    mantissa |= 0x800000u;  // the implicit leading one
-    const auto shift = static_cast<std::uint32_t>(14 - e);
-    std::uint32_t h = mantissa >> shift;
-    const std::uint32_t rest = mantissa & ((1u << shift) - 1u);
-    const std::uint32_t half = 1u << (shift - 1u);
-    if (rest > half || (rest == half && (h & 1u))) ++h;  // may carry into the smallest normal
-    return static_cast<std::uint16_t>(sign | h);
-  }
-  std::uint32_t h = (static_cast<std::uint32_t>(e) << 10) | (mantissa >> 13);
-  const std::uint32_t rest = mantissa & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // a carry may reach inf: correct
-  return static_cast<std::uint16_t>(sign | h);
-}
-
-// fp32 -> bfloat16 (the top 16 bits, rounded). NaN stays a quiet NaN; overflow gives inf.
-inline std::uint16_t f32_to_bf16(float f) noexcept {
-  const auto x = std::bit_cast<std::uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
-  const std::uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<std::uint16_t>((x + rounding) >> 16);
-}
+// (Defined in zipage/core/half.hpp; kept here as part of the GGUF writer API.)
+using zipage::f32_to_bf16;
+using zipage::f32_to_fp16;
 
 // ---------------------------------------------------------------------------------------------
 // encoder: GGUF primitives appended to a byte buffer

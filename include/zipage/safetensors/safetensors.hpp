@@ -41,7 +41,7 @@
 
 #include "zipage/core/error.hpp"
 #include "zipage/core/json.hpp"
-#include "zipage/gguf/gguf.hpp"  // fp16_to_f32, bf16_to_f32
+#include "zipage/core/half.hpp"
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <fcntl.h>
@@ -249,10 +249,10 @@ class file {
     switch (t.type) {
       case dtype::f32: std::memcpy(out.data(), t.data, t.nbytes); break;  // memcpy: data may be unaligned
       case dtype::f16:
-        for (std::size_t i = 0; i < n; ++i) out[i] = gguf::fp16_to_f32(load_u16(t.data + 2 * i));
+        for (std::size_t i = 0; i < n; ++i) out[i] = zipage::fp16_to_f32(load_u16(t.data + 2 * i));
         break;
       default:  // bf16
-        for (std::size_t i = 0; i < n; ++i) out[i] = gguf::bf16_to_f32(load_u16(t.data + 2 * i));
+        for (std::size_t i = 0; i < n; ++i) out[i] = zipage::bf16_to_f32(load_u16(t.data + 2 * i));
         break;
     }
   }

@@ -19,7 +19,7 @@
 
 #include "zipage/core/error.hpp"
 #include "zipage/core/json.hpp"
-#include "zipage/gguf/writer.hpp"  // f32_to_fp16, f32_to_bf16
+#include "zipage/core/half.hpp"
 #include "zipage/safetensors/safetensors.hpp"
 
 namespace zipage::safetensors {
@@ -39,7 +39,7 @@ class writer {
       if (type == dtype::f32) {
         std::memcpy(bytes.data() + 4 * i, &values[i], 4);
       } else {
-        const std::uint16_t h = type == dtype::f16 ? gguf::f32_to_fp16(values[i]) : gguf::f32_to_bf16(values[i]);
+        const std::uint16_t h = type == dtype::f16 ? zipage::f32_to_fp16(values[i]) : zipage::f32_to_bf16(values[i]);
         std::memcpy(bytes.data() + 2 * i, &h, 2);
       }
     }
