@@ -5,7 +5,7 @@
 #  2. zipage-bench throughput runs (random-weight Qwen3 shapes), each time-boxed.
 # Binaries: $PREBUILT/{test_cuda_engine,zipage-bench} when they load here, else built in $BUILD.
 # Logs and results go to $OUT (default: out/); a short report is printed last.
-# Usage: PREBUILT=build-carry-bin OUT=out bench/run_cuda_engine.sh [quick|full]
+# Usage: PREBUILT=build-carry-bin OUT=out bench/run_cuda_engine.sh [quick|full|final|custom ARGS...]
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -42,8 +42,8 @@ grep -E "MESSAGE|: ERROR|: FATAL|test cases|assertions|SKIPPED|device 0|^  (fp32
   "$OUT/test.txt" | grep -v "^===" | head -60 >> "$OUT/status.txt"
 
 if command -v compute-sanitizer > /dev/null; then
-  timeout 60 compute-sanitizer --tool memcheck "$TEST" -tc="*swapped*,*compressed run*" > "$OUT/memcheck.txt" 2>&1
-  echo "compute-sanitizer memcheck (swap + compressed cases): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.txt" | tr '\n' ' ')" \
+  timeout 60 compute-sanitizer --tool memcheck "$TEST" -tc="*swapped*,*compressed run*,*round trip*" > "$OUT/memcheck.txt" 2>&1
+  echo "compute-sanitizer memcheck (swap, compressed, round-trip cases): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.txt" | tr '\n' ' ')" \
     | tee -a "$OUT/status.txt"
 fi
 
@@ -64,6 +64,10 @@ case "$PLAN" in
     bench q06_nano 60 --shape qwen3-0.6b --workload nano --mode full --seconds 30
     bench q8_nano 60 --shape qwen3-8b --workload nano --mode full --seconds 30
     bench q06_long 90 --shape qwen3-0.6b --workload long --mode both --num-requests 32 --seconds 25
+    ;;
+  final)
+    bench q8_nano 130 --shape qwen3-8b --workload nano --mode full --seconds 110
+    bench q06_long 130 --shape qwen3-0.6b --workload long --mode both --num-requests 8 --seconds 50
     ;;
   custom)
     bench custom "${LIMIT:-300}" "$@"

@@ -186,7 +186,8 @@ struct run_result {
   std::int64_t preemptions = 0, swaps = 0, compressions = 0, evicted = 0;
   double host_ms_per_step = 0, forward_ms_per_step = 0, launch_ms_per_step = 0, to_host_ms_per_step = 0;
   double decode_host_ms = 0, decode_forward_ms = 0;
-  double ceiling_fraction = 0, decode_mem_ceiling_fraction = 0, floor_seconds = 0;
+  double ceiling_fraction = 0, decode_mem_ceiling_fraction = 0, floor_seconds = 0, forward_ceiling_fraction = 0;
+  double forward_seconds = 0;
   double gather_s = 0, score_s = 0, compaction_s = 0;
   int num_blocks = 0, num_query_slots = 0, peak_blocks = 0;
   double kv_gib = 0;
@@ -321,6 +322,8 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   r.mean_batch_decode = r.decode_steps ? decode_rows / static_cast<double>(r.decode_steps) : 0;
   r.floor_seconds = floor_s;
   r.ceiling_fraction = floor_s / r.seconds;
+  r.forward_seconds = fwd_total;
+  r.forward_ceiling_fraction = fwd_total > 0 ? floor_s / fwd_total : 0;
   r.decode_mem_ceiling_fraction = decode_wall > 0 ? decode_floor_mem / decode_wall : 0;
   r.gather_s = k.gather_seconds;
   r.compaction_s = k.compaction_seconds;
@@ -336,12 +339,13 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
 void print(const run_result& r) {
   std::printf(
       "| %s | %s | %d/%d | %.1f | %.0f | %.0f | %lld (%lld dec, mean batch %.0f) | %d | %lld | %lld | %lld | %.2f | "
-      "%.2f (launch %.2f) | %.2f | %.2f / %.2f | %.1f%% (decode mem %.1f%%) | gather %.1f s, score %.1f s, compact %.2f s |\n",
+      "%.2f (launch %.2f) | %.2f | %.2f / %.2f | %.1f%% of wall, %.1f%% of forward (decode mem %.1f%% of wall) | gather %.1f s, score %.1f s, compact %.2f s |\n",
       r.workload.c_str(), r.mode.c_str(), r.finished, r.requests, r.seconds, r.tok_s, r.steady_tok_s,
       static_cast<long long>(r.steps), static_cast<long long>(r.decode_steps), r.mean_batch_decode, r.peak_running,
       static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps), static_cast<long long>(r.compressions),
       r.host_ms_per_step, r.forward_ms_per_step, r.launch_ms_per_step, r.to_host_ms_per_step, r.decode_host_ms,
-      r.decode_forward_ms, 100.0 * r.ceiling_fraction, 100.0 * r.decode_mem_ceiling_fraction, r.gather_s, r.score_s,
+      r.decode_forward_ms, 100.0 * r.ceiling_fraction, 100.0 * r.forward_ceiling_fraction,
+      100.0 * r.decode_mem_ceiling_fraction, r.gather_s, r.score_s,
       r.compaction_s);
   std::fflush(stdout);
 }
@@ -413,9 +417,15 @@ int main(int argc, char** argv) {
                                    : run_once<timed_zipage_policy>(oo, m, b, c, ws, bw, tflops);
         print(r);
         std::printf("    KV pool %d blocks of %d (%.1f GiB), %d query slots, peak blocks %d, evicted %lld tokens, "
-                    "prompt tokens %.0f, output tokens %.0f\n",
+                    "prompt tokens %.0f, output tokens %.0f; floor %.2f s of %.2f s forward, %.2f s wall",
                     r.num_blocks, o.block_size, r.kv_gib, r.num_query_slots, r.peak_blocks,
-                    static_cast<long long>(r.evicted), r.prompt_tokens, r.output_tokens);
+                    static_cast<long long>(r.evicted), r.prompt_tokens, r.output_tokens, r.floor_seconds,
+                    r.forward_seconds, r.seconds);
+        if (r.compressions > 0)
+          std::printf("; per compression: host scoring %.2f s, device gathers %.3f s, compaction %.4f s",
+                      r.score_s / static_cast<double>(r.compressions), r.gather_s / static_cast<double>(r.compressions),
+                      r.compaction_s / static_cast<double>(r.compressions));
+        std::printf("\n");
         results.push_back(r);
         if (!o.json.empty()) {
           std::ofstream js(o.json, std::ios::app);
@@ -424,13 +434,13 @@ int main(int argc, char** argv) {
                         "{\"shape\":\"%s\",\"workload\":\"%s\",\"mode\":\"%s\",\"requests\":%d,\"finished\":%d,"
                         "\"seconds\":%.3f,\"output_tokens\":%.0f,\"tok_s\":%.1f,\"steady_tok_s\":%.1f,\"steps\":%lld,"
                         "\"peak_running\":%d,\"preemptions\":%lld,\"swaps\":%lld,\"compressions\":%lld,"
-                        "\"host_ms_per_step\":%.3f,\"forward_ms_per_step\":%.3f,\"ceiling_fraction\":%.4f,"
+                        "\"host_ms_per_step\":%.3f,\"forward_ms_per_step\":%.3f,\"ceiling_fraction\":%.4f,\"forward_ceiling_fraction\":%.4f,"
                         "\"bandwidth_gbs\":%.0f,\"gemm_tflops\":%.0f,\"score_s\":%.2f,\"gather_s\":%.2f}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
                         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
                         static_cast<long long>(r.compressions), r.host_ms_per_step, r.forward_ms_per_step,
-                        r.ceiling_fraction, bw, tflops, r.score_s, r.gather_s);
+                        r.ceiling_fraction, r.forward_ceiling_fraction, bw, tflops, r.score_s, r.gather_s);
           js << buf;
         }
       }

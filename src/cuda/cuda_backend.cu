@@ -260,6 +260,7 @@ struct context {
 
   mutable std::mutex counters_mu;
   cuda_backend_counters counters;
+  std::array<cudaEvent_t, 32> chunk_events{};  // to_host's pipelined copy
 
   explicit context(const cuda_backend_options& o) : opts(o), streams(o.device) {
     activate();
@@ -268,6 +269,7 @@ struct context {
     std::uint64_t keep = UINT64_MAX;  // freed pool memory stays cached: steady-state steps never call the driver
     ZIPAGE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     ZIPAGE_LT_CHECK(cublasLtCreate(&lt));
+    for (auto& e : chunk_events) ZIPAGE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     if (opts.gemm_workspace_bytes) ZIPAGE_CUDA_CHECK(cudaMalloc(&lt_workspace, opts.gemm_workspace_bytes));
   }
   context(const context&) = delete;
@@ -280,6 +282,8 @@ struct context {
     for (auto& [key, p] : rope_tables) cudaFree(p);
     if (lt_workspace) cudaFree(lt_workspace);
     if (lt) cublasLtDestroy(lt);
+    for (auto& e : chunk_events)
+      if (e) cudaEventDestroy(e);
     // The scratch buffers and uploaders free in stream order as members; `streams` goes last.
   }
 
@@ -478,10 +482,25 @@ std::vector<float> cuda_backend::to_host(const cuda_tensor& t) const {
     cuda::engine::to_f32(t.dtype(), t.data(), static_cast<float*>(f), static_cast<std::int64_t>(n), as_stream(c.stream));
     src = f;
   }
-  ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(c.to_host_pinned.p, src, n * sizeof(float), cudaMemcpyDeviceToHost, c.stream));
-  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
-  const float* h = c.to_host_pinned.as<float>();
-  out.assign(h, h + n);
+  // In chunks, each with an event, so that copying chunk i into the vector overlaps the device-to-host
+  // transfer of the chunks after it (the logits of a big batch are ~100 MB).
+  const std::size_t bytes = n * sizeof(float);
+  constexpr std::size_t kChunkBytes = std::size_t{8} << 20;
+  const std::size_t chunks = std::clamp<std::size_t>((bytes + kChunkBytes - 1) / kChunkBytes, 1, c.chunk_events.size());
+  const std::size_t per = (n + chunks - 1) / chunks;
+  float* h = c.to_host_pinned.as<float>();
+  const auto* s = static_cast<const float*>(src);
+  for (std::size_t i = 0; i < chunks; ++i) {
+    const std::size_t off = i * per, len = std::min(per, n - std::min(n, off));
+    if (len) ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(h + off, s + off, len * sizeof(float), cudaMemcpyDeviceToHost, c.stream));
+    ZIPAGE_CUDA_CHECK(cudaEventRecord(c.chunk_events[i], c.stream));
+  }
+  out.reserve(n);
+  for (std::size_t i = 0; i < chunks; ++i) {
+    const std::size_t off = i * per, len = std::min(per, n - std::min(n, off));
+    ZIPAGE_CUDA_CHECK(cudaEventSynchronize(c.chunk_events[i]));
+    out.insert(out.end(), h + off, h + off + len);
+  }
   const double dt = cuda_detail::seconds_since(t0);
   c.count([&](cuda_backend_counters& k) {
     k.to_host_seconds += dt;

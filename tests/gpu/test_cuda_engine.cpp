@@ -16,6 +16,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <utility>
 #include <numeric>
 #include <random>
 #include <string>
@@ -227,6 +229,36 @@ std::vector<std::vector<float>> forward_steps(Model& model, Backend backend, con
 
 }  // namespace
 
+TEST_CASE("from_host / to_host round trip, large tensors (pipelined copy) and small ones") {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> d(-100.0f, 100.0f);
+  for (const cuda_dtype t : {cuda_dtype::f32, cuda_dtype::bf16}) {
+    cuda_backend_options o;
+    o.dtype = t;
+    const cuda_backend b(o);
+    for (const auto& [rows, cols] : {std::pair{1, 7}, std::pair{3001, 4099}, std::pair{64, 151936}}) {
+      std::vector<float> v(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
+      for (float& x : v) x = d(rng);
+      const auto back = b.to_host(b.from_host(v, rows, cols));
+      REQUIRE(back.size() == v.size());
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        float want = v[i];
+        if (t == cuda_dtype::bf16) {  // round to nearest even on 16 bits
+          std::uint32_t u;
+          std::memcpy(&u, &want, 4);
+          u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+          std::memcpy(&want, &u, 4);
+        }
+        bad += back[i] != want;
+      }
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CHECK(bad == 0);
+    }
+  }
+}
+
 TEST_CASE("fp32: stories260K reproduces its golden greedy output (cuBLASLt and batch-invariant GEMM)") {
   const auto& tok = stories().tokenizer;
   for (const bool invariant : {false, true}) {
@@ -257,7 +289,7 @@ TEST_CASE("fp32: token for token the CPU engine on 16 story prompts, 120 tokens 
       CHECK(out[i].output == ref[i].output);
       equal += out[i].output == ref[i].output;
     }
-    MESSAGE("fp32 (", invariant ? "fixed-order GEMM" : "cuBLASLt", "): ", equal, "/", prompts.size(),
+    MESSAGE("fp32 (", std::string(invariant ? "fixed-order GEMM" : "cuBLASLt"), "): ", equal, "/", prompts.size(),
             " outputs identical to the CPU engine");
   }
 }
@@ -309,7 +341,7 @@ TEST_CASE("fp32: compressed run (zipage_policy, block 16, budget 4, window 8) as
       equal += out[i].output == ref[i].output;
       CHECK(out[i].num_compressions == ref[i].num_compressions);
     }
-    MESSAGE("compressed, fp32 (", invariant ? "fixed-order GEMM" : "cuBLASLt", "): ", equal, "/", prompts.size(),
+    MESSAGE("compressed, fp32 (", std::string(invariant ? "fixed-order GEMM" : "cuBLASLt"), "): ", equal, "/", prompts.size(),
             " outputs identical to the CPU engine");
     CHECK(gpu.pool().num_used() == 0);
   }
@@ -416,7 +448,7 @@ TEST_CASE("bf16: tuned attention kernels inside the forward pass vs the CPU forw
         REQUIRE(out[i].size() == ref[i].size());
         worst = std::max(worst, rel_error(out[i], ref[i]));
       }
-      MESSAGE("bf16 ", fast ? "tuned" : "generic", " kernels, head_dim ", sc.head_dim, ", q/kv ", sc.q_heads, "/",
+      MESSAGE("bf16 ", std::string(fast ? "tuned" : "generic"), " kernels, head_dim ", sc.head_dim, ", q/kv ", sc.q_heads, "/",
               sc.kv_heads, ": prefill logits rel. error ", rel_error(out[0], ref[0]), ", worst over 41 steps ", worst);
       CHECK(worst < 5e-2);
     }
