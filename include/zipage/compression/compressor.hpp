@@ -41,6 +41,7 @@ class compressor {
   }
 
   [[nodiscard]] const compression_params& params() const { return params_; }
+  [[nodiscard]] const Policy& policy() const { return *policy_; }
   [[nodiscard]] bool should_compress(const sequence& s) const { return policy_->should_compress(s.kv_len, params_); }
 
   compaction_plan plan(Backend& backend, typename Backend::kv_storage& kv, const sequence& s, int slot) {

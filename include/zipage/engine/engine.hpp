@@ -225,10 +225,7 @@ class engine {
     build_batch(plan);
     forward_context<Backend> ctx(backend_, kv_, batch_, config().num_q_heads);
     const tensor logits = model_.forward(ctx);
-    const std::vector<float> host_logits = backend_.to_host(logits);
-    const auto vocab = static_cast<std::size_t>(config().vocab_size);
-    check(host_logits.size() == vocab * logits_rows_.size(), "engine: the model returned ", host_logits.size(),
-          " logits for ", logits_rows_.size(), " requests of vocabulary ", vocab);
+    const std::vector<token_id> sampled = sample_all(plan, logits);
 
     std::size_t row = 0;
     for (const scheduled_seq& e : plan.batch) {
@@ -237,8 +234,7 @@ class engine {
       s.kv_len += e.tokens;
       s.num_computed += e.tokens;
       if (!samples) continue;  // a prefill chunk short of the prompt's end
-      const std::span<const float> logits_row(host_logits.data() + row++ * vocab, vocab);
-      const token_id tok = next_token(s, logits_row);
+      const token_id tok = sampled[row++];
       s.tokens.push_back(tok);
       events.push_back(on_token(s, tok));
       if (!s.is_finished() && worker_.planner().should_compress(s)) s.needs_compression = true;
@@ -449,6 +445,35 @@ class engine {
     return offset >= 0 && s.query_slot >= 0 ? s.query_slot * cfg_.window + offset : -1;
   }
 
+  // The next token of every sequence that samples this step, in batch order. On a backend that can
+  // sample on the device the logits stay there, unless a row needs its log-probability or is forced
+  // (evaluation), which the host computes.
+  std::vector<token_id> sample_all(const step_plan& plan, const tensor& logits) {
+    std::vector<token_id> out;
+    out.reserve(logits_rows_.size());
+    if constexpr (device_sampler<Backend>) {
+      const bool host_only = std::any_of(plan.batch.begin(), plan.batch.end(), [](const scheduled_seq& e) {
+        return e.samples() && (e.seq->params.logprobs || !e.seq->forced_tokens.empty());
+      });
+      if (!host_only) {
+        sample_rows_.clear();
+        for (const scheduled_seq& e : plan.batch)
+          if (e.samples())
+            sample_rows_.push_back({static_cast<int>(sample_rows_.size()), &e.seq->params, e.seq->tokens,
+                                    static_cast<std::uint64_t>(e.seq->num_generated())});
+        return backend_.sample(logits, sample_rows_);
+      }
+    }
+    const std::vector<float> host_logits = backend_.to_host(logits);
+    const auto vocab = static_cast<std::size_t>(config().vocab_size);
+    check(host_logits.size() == vocab * logits_rows_.size(), "engine: the model returned ", host_logits.size(),
+          " logits for ", logits_rows_.size(), " requests of vocabulary ", vocab);
+    std::size_t row = 0;
+    for (const scheduled_seq& e : plan.batch)
+      if (e.samples()) out.push_back(next_token(*e.seq, {host_logits.data() + row++ * vocab, vocab}));
+    return out;
+  }
+
   token_id next_token(sequence& s, std::span<const float> row) {
     const auto step = static_cast<std::size_t>(s.num_generated());
     const token_id tok = step < s.forced_tokens.size()
@@ -556,6 +581,7 @@ class engine {
   std::vector<std::int32_t> positions_, token_seq_, token_kv_len_, logits_rows_, page_indptr_, page_indices_;
   std::vector<std::int64_t> slots_;
   std::vector<std::int32_t> window_rows_;
+  std::vector<sample_row> sample_rows_;
   forward_batch batch_;
 };
 

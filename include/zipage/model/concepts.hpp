@@ -4,11 +4,13 @@
 #include <concepts>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "zipage/core/types.hpp"
 #include "zipage/kv/paged_kv.hpp"
 #include "zipage/model/forward_context.hpp"
 #include "zipage/model/model_config.hpp"
+#include "zipage/sampling/sampling_params.hpp"
 
 namespace zipage {
 
@@ -33,6 +35,22 @@ concept backend = requires(B& b, typename B::tensor& t, const typename B::tensor
   b.add(t, ct);
   b.gather_rows(ct, rows, t);
   b.attention(kv, 0, meta, ct, ct, ct, 1, t);
+};
+
+// One row of a batch to sample on the device: its logits row, parameters, context (for the repetition
+// penalty) and the index of the token being drawn (for the counter-based random numbers).
+struct sample_row {
+  int logits_row = 0;
+  const sampling_params* params = nullptr;
+  std::span<const token_id> context;
+  std::uint64_t step = 0;
+};
+
+// Optional backend hook: draws one token per row on the device from logits [rows][vocab], exactly as the
+// CPU `sampler` would, so the logits need not cross to the host. Without it the engine samples on the host.
+template <class B>
+concept device_sampler = requires(const B& b, const typename B::tensor& logits, std::span<const sample_row> rows) {
+  { b.sample(logits, rows) } -> std::same_as<std::vector<token_id>>;
 };
 
 // A model: its config, the backend it runs on, and a forward pass that returns logits
