@@ -7,6 +7,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,11 +17,12 @@
 namespace zipage {
 
 // Optional backend hook: scores, selects and compacts one request under `Policy` entirely on the device
-// (same result as compressor::plan + apply_compaction), returning the new physical length.
+// (same result as compressor::plan + apply_compaction), returning the new physical length, or nothing
+// when it cannot for this configuration (the generic host path then runs).
 template <class Backend, class Policy>
 concept device_compressor = requires(const Backend& b, typename Backend::kv_storage& kv, const sequence& s,
                                      const Policy& policy, const compression_params& params) {
-  { b.compress_on_device(kv, s, 0, policy, params) } -> std::convertible_to<int>;
+  { b.compress_on_device(kv, s, 0, policy, params) } -> std::same_as<std::optional<int>>;
 };
 
 struct finished_compression {
@@ -99,8 +101,9 @@ class compression_worker {
       // A backend that scores and compacts this policy on the device does it all there; otherwise the
       // generic path gathers to the host, plans there and applies the plan on the backend.
       if constexpr (device_compressor<Backend, Policy>) {
-        const int new_len = backend_->compress_on_device(*kv_, *s, s->query_slot, compressor_.policy(), compressor_.params());
-        return {s, new_len, {}};
+        const std::optional<int> new_len =
+            backend_->compress_on_device(*kv_, *s, s->query_slot, compressor_.policy(), compressor_.params());
+        if (new_len) return {s, *new_len, {}};
       }
       const compaction_plan plan = compressor_.plan(*backend_, *kv_, *s, s->query_slot);
       backend_->apply_compaction(*kv_, plan);
