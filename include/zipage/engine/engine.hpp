@@ -140,7 +140,7 @@ class engine {
         model_(std::move(model)),
         policy_(std::move(policy)),
         backend_(std::move(backend)),
-        memory_(plan_memory(model_.config(), memory_request_for(cfg_))),
+        memory_(plan_memory(model_.config(), memory_request_for(cfg_, backend_))),
         pool_(memory_.num_blocks),
         scheduler_(scheduler_settings(), pool_),
         kv_(backend_.allocate_kv(kv_shape())),
@@ -316,8 +316,11 @@ class engine {
   }
 
  private:
-  [[nodiscard]] static memory_request memory_request_for(const engine_config& cfg) {
+  [[nodiscard]] static memory_request memory_request_for(const engine_config& cfg, const Backend& backend) {
     memory_request r;
+    // A backend that stores K/V in a narrower type (bf16) says so; the CPU reference keeps fp32.
+    if constexpr (requires { { backend.kv_element_bytes() } -> std::convertible_to<std::size_t>; })
+      r.element_bytes = backend.kv_element_bytes();
     r.budget_bytes = cfg.kv_cache_bytes;
     r.num_blocks = cfg.num_blocks;
     r.num_query_slots = cfg.num_query_slots;
