@@ -17,8 +17,9 @@
 // synchronised), where the compression worker spent its time (device gathers, host scoring, compaction),
 // and the physical ceiling: per step max((weight bytes + KV bytes read) / copy bandwidth,
 // 2 * params * tokens / GEMM rate), with both rates measured in the same run, summed over the steps and
-// divided by the measured time. The engine's compressor scores on the host (zipage_policy in double
-// precision), which is slow for big models: it is measured and reported, not hidden.
+// divided by the measured time. On the bf16 CUDA backend zipage_policy is scored, selected and compacted on
+// the device (cuda_backend::compress_on_device, shown in the "compact" column); with
+// device_compression off it is scored on the host (zipage_policy in double precision, the "score" column).
 #include <malloc.h>
 
 #include <CLI/CLI.hpp>
@@ -147,7 +148,8 @@ timed_model build_model(const cuda_backend& b, const model_config& c, std::uint6
   return m;
 }
 
-// zipage_policy with its host scoring time measured (the compression worker calls score() per layer).
+// zipage_policy with its host scoring time measured when the host path runs (the compression worker calls
+// score() per layer); the device path does not call score(), so the column then reads 0.
 std::atomic<std::int64_t> g_score_ns{0};
 struct timed_zipage_policy : zipage_policy {
   void score(const score_context& ctx, std::span<float> keep_score, std::span<float> cache_out) const {

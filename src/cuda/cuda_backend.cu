@@ -13,9 +13,12 @@
 #include <unordered_map>
 
 #include "zipage/backend/cuda/common.cuh"
+#include "zipage/backend/cuda/compression.hpp"
 #include "zipage/backend/cuda/cuda_backend.hpp"
 #include "zipage/backend/cuda/engine_kernels.hpp"
 #include "zipage/backend/cuda/kernels.hpp"
+#include "zipage/backend/cuda/sampling.hpp"
+#include "zipage/sampling/sampler.hpp"
 
 #define ZIPAGE_LT_CHECK(expr)                                                                          \
   do {                                                                                                 \
@@ -257,6 +260,16 @@ struct context {
   uploader side_up;
   device_scratch side_dev;
   pinned_buffer side_host;
+  device_scratch compress_ws;  // compress_on_device (side stream, under side_mu)
+
+  // sample() (engine thread, main stream): per-row arrays staged on the host, one pinned upload, scratch.
+  uploader sample_up;
+  device_scratch sample_ws, sample_out, sample_rows;
+  pinned_buffer sample_host;
+  std::vector<float> s_temp, s_top_p, s_min_p, s_penalty;
+  std::vector<std::int32_t> s_top_k, s_indptr, s_ids, s_rows;
+  std::vector<std::uint64_t> s_seed, s_step;
+  sampler host_sampler;  // device_sampling = false
 
   mutable std::mutex counters_mu;
   cuda_backend_counters counters;
@@ -985,6 +998,224 @@ void cuda_backend::apply_compaction(cuda_kv_storage& kv, const compaction_plan& 
     ++k.compactions;
     k.compaction_seconds += dt;
   });
+}
+
+std::optional<int> cuda_backend::compress_on_device(cuda_kv_storage& kv, const sequence& s, int slot,
+                                                    const zipage_policy& policy,
+                                                    const compression_params& params) const {
+  context& c = use(ctx_);
+  const auto& sh = kv.shape;
+  // Configurations the kernels do not cover go to the host path (which also reports bad arguments).
+  if (!c.opts.device_compression || kv.dtype != cuda_dtype::bf16 || policy.full_redundancy) return std::nullopt;
+  if (!sh.score_cache || kv.scores.data() == nullptr || kv.queries.data() == nullptr) return std::nullopt;
+  if (sh.head_dim != 64 && sh.head_dim != 128) return std::nullopt;
+  if (!power_of_two(sh.block_size) || sh.block_size < 2 || sh.block_size > 512) return std::nullopt;
+  if (params.block_size != sh.block_size || params.window != sh.window || sh.window < 1 || sh.window > 256)
+    return std::nullopt;
+  if (sh.num_kv_heads <= 0 || sh.num_q_heads % sh.num_kv_heads != 0 || sh.num_q_heads / sh.num_kv_heads > 128)
+    return std::nullopt;
+  if (policy.first_pool_kernel < 1 || policy.first_pool_kernel % 2 == 0 || !(policy.tau > 0.0f)) return std::nullopt;
+  if (slot < 0 || slot >= sh.num_query_slots) return std::nullopt;
+  const int kv_len = s.kv_len;
+  const int keep_tokens = policy.keep_tokens(params);
+  const int new_len = std::min(keep_tokens, kv_len);
+  if (new_len < sh.window || kv_len < sh.window) return std::nullopt;  // the host path throws its message
+  const auto& pages = s.table.blocks();
+  if (static_cast<std::int64_t>(pages.size()) * sh.block_size < kv_len) return std::nullopt;
+  for (const block_id b : pages)
+    if (b < 0 || b >= sh.num_blocks) return std::nullopt;
+
+  cuda::compress_params p;
+  p.k_cache = kv.k.data();
+  p.v_cache = kv.v.data();
+  p.score_cache = static_cast<float*>(kv.scores.data());
+  p.query_cache = kv.queries.data();
+  p.num_layers = sh.num_layers;
+  p.num_blocks = sh.num_blocks;
+  p.num_slots = sh.num_query_slots;
+  p.num_reqs = 1;
+  p.max_kv_len = kv_len;
+  p.num_q_heads = sh.num_q_heads;
+  p.num_kv_heads = sh.num_kv_heads;
+  p.head_dim = sh.head_dim;
+  p.block_size = sh.block_size;
+  p.window = sh.window;
+  p.keep = std::max(keep_tokens, sh.window);
+  p.gamma = policy.gamma;
+  p.lambda = policy.lambda;
+  p.tau = policy.tau;
+  p.pool_kernel = policy.first_pool_kernel;
+  p.sinks = std::max(0, policy.sinks);
+  std::size_t ws_bytes = 0;
+  try {
+    ws_bytes = cuda::compress_workspace_bytes(p);  // validates the shape (host-side only)
+  } catch (const error&) {
+    return std::nullopt;
+  }
+
+  const auto t0 = cuda_detail::clock::now();
+  std::lock_guard lock(c.side_mu);
+  c.activate();
+  const std::int32_t indptr[2] = {0, static_cast<std::int32_t>(pages.size())};
+  const std::int32_t lens[1] = {kv_len};
+  const std::int32_t slots[1] = {slot};
+  const std::uint8_t first[1] = {static_cast<std::uint8_t>(s.num_compressions == 0 ? 1 : 0)};
+  const section secs[] = {{indptr, sizeof indptr},
+                          cuda_detail::span_section(std::span<const block_id>(pages)),
+                          {lens, sizeof lens},
+                          {slots, sizeof slots},
+                          {first, sizeof first}};
+  c.side_up.put(secs, c.side);
+  p.page_indptr = c.side_up.device<std::int32_t>(0);
+  p.page_indices = c.side_up.device<std::int32_t>(1);
+  p.kv_len = c.side_up.device<std::int32_t>(2);
+  p.slot = c.side_up.device<std::int32_t>(3);
+  p.first_compression = c.side_up.device<std::uint8_t>(4);
+  void* ws = c.compress_ws.reserve(std::max<std::size_t>(ws_bytes, 256), c.side);
+  cuda::compress(p, ws, ws_bytes, as_stream(c.side));
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.side));  // done before the engine reuses the freed tail blocks
+  const double dt = cuda_detail::seconds_since(t0);
+  c.count([&](cuda_backend_counters& k) {
+    ++k.device_compressions;
+    k.device_compression_seconds += dt;
+    ++k.compactions;
+    k.compaction_seconds += dt;
+  });
+  return new_len;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// sampling (engine thread, main stream)
+
+std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<const sample_row> rows) const {
+  context& c = use(ctx_);
+  const auto t0 = cuda_detail::clock::now();
+  const int n = static_cast<int>(rows.size());
+  const int vocab = logits.cols();
+  std::vector<token_id> out(static_cast<std::size_t>(n));
+  for (const sample_row& r : rows) {
+    check(r.params != nullptr, "sample: a row without sampling parameters");
+    check(r.logits_row >= 0 && r.logits_row < logits.rows(), "sample: logits row ", r.logits_row, " outside ",
+          logits.rows());
+  }
+  if (n == 0) {
+    ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+    return out;
+  }
+  check(vocab >= 1 && vocab <= cuda::max_sampling_vocab, "sample: vocabulary of ", vocab, " outside [1, ",
+        cuda::max_sampling_vocab, "]");
+
+  if (!c.opts.device_sampling) {
+    const std::vector<float> host = to_host(logits);
+    const auto v = static_cast<std::size_t>(vocab);
+    for (int i = 0; i < n; ++i) {
+      const sample_row& r = rows[static_cast<std::size_t>(i)];
+      out[static_cast<std::size_t>(i)] =
+          c.host_sampler.sample({host.data() + static_cast<std::size_t>(r.logits_row) * v, v}, *r.params, r.context, r.step);
+    }
+    const double dt = cuda_detail::seconds_since(t0);
+    c.count([&](cuda_backend_counters& k) {
+      ++k.sample_calls;
+      k.sampled_rows += n;
+      k.sample_seconds += dt;
+    });
+    return out;
+  }
+
+  // Per-row parameters. All greedy: no temperature array (no workspace, the greedy kernel).
+  bool all_greedy = true, penalty = false, identity = true;
+  for (int i = 0; i < n; ++i) {
+    const sample_row& r = rows[static_cast<std::size_t>(i)];
+    all_greedy = all_greedy && r.params->greedy();
+    penalty = penalty || r.params->repetition_penalty != 1.0f;
+    identity = identity && r.logits_row == i;
+  }
+  const auto un = static_cast<std::size_t>(n);
+  c.s_temp.resize(un);
+  c.s_top_k.resize(un);
+  c.s_top_p.resize(un);
+  c.s_min_p.resize(un);
+  c.s_seed.resize(un);
+  c.s_step.resize(un);
+  c.s_penalty.clear();
+  c.s_indptr.clear();
+  c.s_ids.clear();
+  c.s_rows.clear();
+  for (std::size_t i = 0; i < un; ++i) {
+    const sampling_params& p = *rows[i].params;
+    c.s_temp[i] = p.temperature;
+    c.s_top_k[i] = p.top_k;
+    c.s_top_p[i] = p.top_p;
+    c.s_min_p[i] = p.min_p;
+    c.s_seed[i] = p.seed;
+    c.s_step[i] = rows[i].step;
+  }
+  if (penalty) {
+    // Context as CSR; rows without a penalty get an empty range (the kernel skips them anyway).
+    c.s_penalty.resize(un);
+    c.s_indptr.assign(1, 0);
+    for (std::size_t i = 0; i < un; ++i) {
+      const sampling_params& p = *rows[i].params;
+      c.s_penalty[i] = p.repetition_penalty;
+      if (p.repetition_penalty != 1.0f) c.s_ids.insert(c.s_ids.end(), rows[i].context.begin(), rows[i].context.end());
+      check(c.s_ids.size() < 0x7fffffffu, "sample: repetition-penalty context too large");
+      c.s_indptr.push_back(static_cast<std::int32_t>(c.s_ids.size()));
+    }
+    if (c.s_ids.empty()) c.s_indptr.clear();  // nothing to penalise
+  }
+  if (!identity)
+    for (const sample_row& r : rows) c.s_rows.push_back(r.logits_row);
+  using cuda_detail::span_section;
+  auto sec_if = [](bool on, auto&& vec) {
+    using T = typename std::decay_t<decltype(vec)>::value_type;
+    return on ? span_section(std::span<const T>(vec)) : section{nullptr, 0};
+  };
+  const bool sampling = !all_greedy;
+  const section secs[] = {sec_if(sampling, c.s_temp),     sec_if(sampling, c.s_top_k), sec_if(sampling, c.s_top_p),
+                          sec_if(sampling, c.s_min_p),    sec_if(sampling, c.s_seed),  sec_if(sampling, c.s_step),
+                          sec_if(penalty, c.s_penalty),   sec_if(true, c.s_indptr),    sec_if(true, c.s_ids),
+                          sec_if(true, c.s_rows)};
+  c.sample_up.put(secs, c.stream);
+
+  const void* src = logits.data();
+  if (!identity) {  // the rows to sample, packed (the engine passes them in order, so this is rare)
+    auto* packed = c.sample_rows.reserve(un * static_cast<std::size_t>(vocab) * dtype_bytes(logits.dtype()), c.stream);
+    cuda::engine::gather_rows(logits.dtype(), logits.data(), vocab, c.sample_up.device<std::int32_t>(9), n, packed,
+                              as_stream(c.stream));
+    src = packed;
+  }
+  cuda::sampling_batch b;
+  b.logits = src;
+  b.dtype = logits.dtype() == cuda_dtype::f32 ? cuda::logits_dtype::f32 : cuda::logits_dtype::bf16;
+  b.row_stride = vocab;
+  b.batch = n;
+  b.vocab = vocab;
+  b.temperature = c.sample_up.device<float>(0);
+  b.top_k = c.sample_up.device<std::int32_t>(1);
+  b.top_p = c.sample_up.device<float>(2);
+  b.min_p = c.sample_up.device<float>(3);
+  b.seed = c.sample_up.device<std::uint64_t>(4);
+  b.step = c.sample_up.device<std::uint64_t>(5);
+  b.repetition_penalty = c.sample_up.device<float>(6);
+  b.context_indptr = c.s_indptr.empty() ? nullptr : c.sample_up.device<std::int32_t>(7);
+  b.context_ids = c.s_indptr.empty() ? nullptr : c.sample_up.device<std::int32_t>(8);
+  auto* d_out = static_cast<std::int32_t*>(c.sample_out.reserve(un * sizeof(std::int32_t), c.stream));
+  b.out_tokens = d_out;
+  const std::size_t ws_bytes = cuda::sampling_workspace_bytes(n, vocab, !sampling);
+  void* ws = ws_bytes ? c.sample_ws.reserve(ws_bytes, c.stream) : nullptr;
+  cuda::sample_tokens(b, ws, ws_bytes, as_stream(c.stream));
+  c.sample_host.reserve(un * sizeof(std::int32_t));
+  ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(c.sample_host.p, d_out, un * sizeof(std::int32_t), cudaMemcpyDeviceToHost, c.stream));
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  std::memcpy(out.data(), c.sample_host.p, un * sizeof(std::int32_t));
+  const double dt = cuda_detail::seconds_since(t0);
+  c.count([&](cuda_backend_counters& k) {
+    ++k.sample_calls;
+    k.sampled_rows += n;
+    k.device_sampled_rows += n;
+    k.sample_seconds += dt;
+  });
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -7,12 +7,18 @@
 //  * bf16 mode (the default): agreement with the CPU engine (matching greedy prefix, reported), and the
 //    tuned paged-attention kernels (head_dim 64/128, GQA, split-KV decode) inside the model's forward
 //    pass against the CPU forward pass on identical batches (relative logits error, bounded).
+//  * Device hooks: sampling on the device (cuda_backend::sample) gives the CPU engine's tokens in fp32
+//    (greedy, sampled with top-k/top-p/min-p/repetition penalty and per-request seeds, mixed batches) and
+//    host sampling's tokens in bf16; compression on the device (compress_on_device, zipage_policy, bf16)
+//    gives the host path's outputs, and is timed against it (per compression).
 //
 // Prints SKIPPED and exits 77 where there is no CUDA device.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -485,6 +491,179 @@ TEST_CASE("bf16: compressed, swapping engine on a head_dim-128 model runs clean;
           "; matching prefixes vs CPU [", prefixes, "], mean ", double(total) / double(prompts.size()));
   CHECK(st.compressions > 0);
   CHECK(gpu.pool().num_used() == 0);
+}
+
+// ---- device sampling (cuda_backend::sample) and device compression (cuda_backend::compress_on_device)
+
+namespace {
+
+// kind 0: greedy; 1: sampled (temperature 0.8, top-p 0.9, top-k 40, min-p 0.05, repetition penalty 1.1);
+// 2: mixed batch (every third row greedy, every third sampled without penalty, the rest as 1). Seeds per request.
+sampling_params sampling_variant(int kind, std::size_t i, int max_tokens) {
+  sampling_params p = greedy(max_tokens);
+  if (kind == 1 || (kind == 2 && i % 3 != 0)) {
+    p.temperature = 0.8f;
+    p.top_p = 0.9f;
+    p.top_k = 40;
+    p.min_p = 0.05f;
+    p.repetition_penalty = kind == 2 && i % 3 == 1 ? 1.0f : 1.1f;
+  }
+  p.seed = 1234 + 7 * static_cast<std::uint64_t>(i);
+  p.ignore_eos = true;
+  return p;
+}
+
+template <class Engine>
+std::vector<std::vector<token_id>> run_variant(Engine& eng, const std::vector<std::vector<token_id>>& prompts, int kind,
+                                               int max_tokens) {
+  std::vector<request_id> ids;
+  for (std::size_t i = 0; i < prompts.size(); ++i) ids.push_back(eng.add_request(prompts[i], sampling_variant(kind, i, max_tokens)));
+  eng.run_to_completion();
+  std::vector<std::vector<token_id>> out;
+  for (const request_id id : ids) out.push_back(eng.take_output(id).output);
+  return out;
+}
+
+const char* variant_name(int kind) { return kind == 0 ? "greedy" : kind == 1 ? "sampled" : "mixed"; }
+
+// zipage_policy whose host scoring time is measured (the host path calls score() once per layer; the
+// device path binds the same object as zipage_policy and never calls it).
+std::atomic<std::int64_t> g_policy_ns{0};
+struct timed_zipage : zipage_policy {
+  void score(const score_context& ctx, std::span<float> keep_score, std::span<float> cache_out) const {
+    const auto t0 = std::chrono::steady_clock::now();
+    zipage_policy::score(ctx, keep_score, cache_out);
+    g_policy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("device sampling, fp32: the CPU engine's tokens (greedy, sampled with penalty, mixed batch; per-request seeds)") {
+  const auto prompts = story_prompts(16);
+  const engine_config cfg{.block_size = 16, .num_blocks = 512};
+  constexpr int max_tokens = 100;
+  auto cpu = make_cpu(cfg);
+  for (int kind = 0; kind < 3; ++kind) {
+    CAPTURE(kind);
+    const auto ref = run_variant(cpu, prompts, kind, max_tokens);
+    for (const bool invariant : {true, false}) {
+      CAPTURE(invariant);
+      const auto b = fp32_backend(invariant);
+      auto gpu = make_gpu(b, cfg);
+      b.reset_counters();
+      const auto out = run_variant(gpu, prompts, kind, max_tokens);
+      const auto k = b.counters();
+      std::int64_t generated = 0;
+      int equal = 0;
+      for (std::size_t i = 0; i < prompts.size(); ++i) {
+        CAPTURE(i);
+        generated += static_cast<std::int64_t>(out[i].size());
+        equal += out[i] == ref[i];
+        if (invariant) CHECK(out[i] == ref[i]);
+      }
+      CHECK(generated == static_cast<std::int64_t>(prompts.size()) * max_tokens);
+      CHECK(k.device_sampled_rows == generated);  // every token drawn on the device
+      CHECK(k.to_host_bytes == 0);                // no logits crossed to the host
+      MESSAGE("device sampling fp32 ", std::string(variant_name(kind)), " (",
+              std::string(invariant ? "fixed-order GEMM" : "cuBLASLt"), "): ", equal, "/", prompts.size(),
+              " outputs identical to the CPU engine; ", k.sample_calls, " sample() calls, ",
+              1e3 * k.sample_seconds / static_cast<double>(std::max<std::int64_t>(1, k.sample_calls)), " ms each");
+    }
+  }
+}
+
+TEST_CASE("device sampling, bf16: the same tokens as host sampling of the same device logits") {
+  const auto prompts = story_prompts(16);
+  const engine_config cfg{.block_size = 16, .num_blocks = 512};
+  cuda_backend_options host_opts;
+  host_opts.device_sampling = false;
+  for (int kind = 0; kind < 3; ++kind) {
+    CAPTURE(kind);
+    const cuda_backend hb(host_opts);
+    auto host = make_gpu(hb, cfg);
+    const auto ref = run_variant(host, prompts, kind, 100);
+    CHECK(hb.counters().device_sampled_rows == 0);
+    const cuda_backend db;
+    auto dev = make_gpu(db, cfg);
+    db.reset_counters();
+    const auto out = run_variant(dev, prompts, kind, 100);
+    CHECK(db.counters().device_sampled_rows == static_cast<std::int64_t>(prompts.size()) * 100);
+    int equal = 0;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      CAPTURE(i);
+      CHECK(out[i] == ref[i]);
+      equal += out[i] == ref[i];
+    }
+    MESSAGE("device sampling bf16 ", std::string(variant_name(kind)), ": ", equal, "/", prompts.size(),
+            " outputs identical to host sampling");
+  }
+}
+
+TEST_CASE("device compression, bf16: the host path's outputs (zipage_policy, head_dim 128, block 256), far faster") {
+  const model_config c = small_config(128, 4, 2, true);
+  std::vector<std::vector<token_id>> prompts;
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int> tok(1, c.vocab_size - 2);
+  for (int i = 0; i < 13; ++i) {
+    // Lengths 20..1010, and one of 1300 (its first compression is long after the budget: 1280 -> 512).
+    std::vector<token_id> p{0};
+    const int len = i < 12 ? 20 + 90 * i : 1300;
+    for (int j = 0; j < len; ++j) p.push_back(tok(rng));
+    prompts.push_back(std::move(p));
+  }
+  // Synchronous compression, so both runs schedule identically whatever the compression takes.
+  const engine_config cfg{.block_size = 256, .num_blocks = 120, .max_num_seqs = 13, .budget_blocks = 2, .window = 16,
+                          .async_compression = false};
+  constexpr int max_tokens = 900;
+  struct result {
+    std::vector<request_output> out;
+    engine_stats st;
+    cuda_backend_counters k;
+    double policy_s = 0;
+  };
+  auto run = [&](bool device) {
+    cuda_backend_options o;
+    o.device_compression = device;
+    const cuda_backend b(o);
+    gpu_engine<timed_zipage> eng(random_llama(b, c, 21), cfg, {}, b);
+    b.reset_counters();
+    g_policy_ns = 0;
+    result r;
+    r.out = eng.generate(prompts, greedy(max_tokens));
+    r.st = eng.stats();
+    r.k = b.counters();
+    r.policy_s = static_cast<double>(g_policy_ns.load()) * 1e-9;
+    CHECK(eng.pool().num_used() == 0);
+    return r;
+  };
+  const result host = run(false);
+  const result dev = run(true);
+  REQUIRE(host.st.compressions > 0);
+  CHECK(dev.st.compressions == host.st.compressions);
+  CHECK(host.k.device_compressions == 0);
+  CHECK(host.k.gathers > 0);
+  CHECK(dev.k.device_compressions == dev.st.compressions);
+  CHECK(dev.k.gathers == 0);
+  CHECK(dev.policy_s == 0.0);
+  int equal = 0;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    CAPTURE(i);
+    CHECK(dev.out[i].output.size() == static_cast<std::size_t>(max_tokens));
+    CHECK(dev.out[i].num_compressions == host.out[i].num_compressions);
+    CHECK(dev.out[i].output == host.out[i].output);
+    equal += dev.out[i].output == host.out[i].output;
+  }
+  const auto n_host = static_cast<double>(host.st.compressions);
+  const auto n_dev = static_cast<double>(std::max<std::int64_t>(1, dev.k.device_compressions));
+  const double host_per = (host.policy_s + host.k.gather_seconds + host.k.compaction_seconds) / n_host;
+  const double dev_per = dev.k.device_compression_seconds / n_dev;
+  MESSAGE("device compression: ", equal, "/", prompts.size(), " outputs identical to the host path; ",
+          dev.st.compressions, " compressions (", dev.st.tokens_evicted, " tokens evicted); per compression: device ",
+          1e3 * dev_per, " ms, host path ", 1e3 * host_per, " ms (scoring ", 1e3 * host.policy_s / n_host,
+          " ms, gathers ", 1e3 * host.k.gather_seconds / n_host, " ms, compaction ",
+          1e3 * host.k.compaction_seconds / n_host, " ms): ", host_per / std::max(dev_per, 1e-9), "x");
+  CHECK(dev_per * 5 < host_per);
 }
 
 int main(int argc, char** argv) {

@@ -14,12 +14,21 @@
 //    it. K/V are appended by slot, window queries recorded, then the tuned bf16 prefill kernel (a step
 //    with a sequence of several new tokens) or split-KV decode kernel runs (head_dim 64/128), otherwise
 //    a generic kernel (any head_dim, fp32).
-//  * Compression: gather_keys / gather_scores / gather_window_queries copy to host vectors in the CPU
-//    layout (the engine's compressor scores on the host); apply_compaction is one kernel per plan;
-//    copy_block, swap_out and swap_in are one batched-copy kernel each (swap blobs in pinned host
-//    memory, read and written by the kernel directly).
+//  * Sampling: sample() draws the step's tokens on the device (cuda::sample_tokens, bit-identical to the
+//    CPU sampler on the same logits): per-row parameters, seeds and steps (and the repetition-penalty
+//    context as CSR, only when some row has a penalty != 1) go up in one pinned copy, the tokens come back
+//    in one small copy; the logits never leave the device. The engine uses it whenever no row of the step
+//    needs log-probabilities or forced tokens.
+//  * Compression: for zipage_policy on a bf16 cache, compress_on_device() runs the whole step on the device
+//    (cuda::compress: window attention + global score into the score cache, pooling, block-local
+//    redundancy, top-keep selection, in-place compaction), so nothing crosses to the host. Otherwise (fp32,
+//    other policies, full_redundancy, head_dim other than 64/128, `device_compression = false`) the
+//    engine's generic path runs: gather_keys / gather_scores / gather_window_queries copy to host vectors
+//    in the CPU layout, the compressor scores on the host, apply_compaction is one kernel per plan.
+//  * copy_block, swap_out and swap_in are one batched-copy kernel each (swap blobs in pinned host memory,
+//    read and written by the kernel directly).
 //
-// Threads: the engine's compression worker calls the gather/compaction hooks from its own thread; they
+// Threads: the engine's compression worker calls the gather/compaction/compress hooks from its own thread; they
 // run on a second stream under a mutex and finish (synchronise) before returning. Everything else runs
 // on the backend's main stream from the engine's thread. A backend is a cheap handle: copies share the
 // device context (stream, cuBLASLt handle, staging buffers).
@@ -28,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -37,7 +47,11 @@
 #include "zipage/compression/compaction_plan.hpp"
 #include "zipage/core/types.hpp"
 #include "zipage/kv/paged_kv.hpp"
+#include "zipage/model/concepts.hpp"
 #include "zipage/model/model_config.hpp"
+#include "zipage/policy/policies.hpp"
+#include "zipage/policy/score_context.hpp"
+#include "zipage/request/sequence.hpp"
 
 namespace zipage {
 
@@ -49,6 +63,12 @@ struct cuda_backend_options {
   bool batch_invariant = false;
   // bf16: use the tuned paged-attention / elementwise kernels of kernels.hpp where shapes allow.
   bool fast_kernels = true;
+  // Draw tokens on the device (sample()); false: sample() copies the logits to the host and runs the CPU
+  // sampler there (same tokens, for comparisons).
+  bool device_sampling = true;
+  // Compress zipage_policy requests on the device (compress_on_device(), bf16 only); false: decline, so the
+  // engine's host path (gather, score on the host, apply_compaction) runs.
+  bool device_compression = true;
   std::size_t gemm_workspace_bytes = std::size_t{32} << 20;
 };
 
@@ -166,6 +186,12 @@ struct cuda_backend_counters {
   std::int64_t swaps_out = 0, swaps_in = 0;
   std::int64_t swap_bytes = 0;
   std::int64_t block_copies = 0;
+  std::int64_t sample_calls = 0;          // sample() calls (one per step that sampled on this backend)
+  std::int64_t sampled_rows = 0;          // tokens drawn by sample()
+  std::int64_t device_sampled_rows = 0;   // of which on the device (the rest: device_sampling = false)
+  double sample_seconds = 0.0;            // in sample() (waits for the step's GPU work, then the tokens' copy)
+  std::int64_t device_compressions = 0;   // compress_on_device() runs (each also counts as a compaction)
+  double device_compression_seconds = 0.0;  // in compress_on_device() (worker thread; included in compaction_seconds)
 };
 
 class cuda_backend {
@@ -209,6 +235,22 @@ class cuda_backend {
   void copy_block(kv_storage& kv, block_id from, block_id to) const;
   [[nodiscard]] swap_blob swap_out(kv_storage& kv, std::span<const block_id> pages, int slot) const;
   void swap_in(kv_storage& kv, std::span<const block_id> pages, int slot, swap_blob& blob) const;
+
+  // ---- optional engine hooks (model/concepts.hpp device_sampler, compression_worker.hpp device_compressor)
+  // One token per row from logits [rows][vocab] (fp32 or bf16), as zipage::sampler would draw it from the
+  // same logits. Synchronises the main stream (the step's GPU work is done when it returns).
+  [[nodiscard]] std::vector<token_id> sample(const tensor& logits, std::span<const sample_row> rows) const;
+  // The whole compression of request `s` (query slot `slot`) under zipage_policy on the device, on the
+  // compression stream, finished before returning: the score cache receives S (the global score before
+  // pooling, as the host path stores it), K/V/scores are compacted in place, and the new physical length
+  // min(keep_tokens, kv_len) is returned. std::nullopt (nothing touched) where the kernels do not cover the
+  // configuration: fp32 cache, full_redundancy, head_dim not 64/128, block size not a power of two in
+  // [2, 512], window > 256, or `device_compression = false`; the engine then runs its host path.
+  // Policies derived from zipage_policy bind here too and are compressed as zipage_policy with their
+  // hyper-parameters (gamma, lambda, tau, first_pool_kernel, sinks); an overriding score() is not called.
+  [[nodiscard]] std::optional<int> compress_on_device(kv_storage& kv, const sequence& s, int slot,
+                                                      const zipage_policy& policy,
+                                                      const compression_params& params) const;
 
   // ---- extras
   // A tensor filled on the device: uniform in [-scale, scale) from (seed, index), or a constant.
