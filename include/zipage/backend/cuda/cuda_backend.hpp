@@ -207,6 +207,8 @@ class cuda_backend {
 
   [[nodiscard]] const cuda_backend_options& options() const;
   [[nodiscard]] cuda_dtype dtype() const { return options().dtype; }
+  // Bytes of one K or V element in the pool, for the engine's memory plan.
+  [[nodiscard]] std::size_t kv_element_bytes() const { return dtype_bytes(dtype()); }
 
   // ---- the zipage::backend concept (see cpu_backend)
   [[nodiscard]] tensor from_host(std::span<const float> values, int rows, int cols) const;

@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Bar chart of throughput by workload and mode from zipage-bench / hf_peer_bench.py JSON lines.
+
+    python3 scripts/plot_benchmarks.py bench.jsonl docs/benchmarks.png
+
+Each zipage-bench line gives shape, workload, mode and tok/s; a transformers peer line (key "peer") is
+drawn as its own bar. Needs matplotlib (present on the GPU machine's image).
+"""
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def label(r):
+    if "peer" in r:
+        return f"transformers generate_batch\n{r['requests']} req, {r['prompt_tokens'] // max(r['requests'], 1)}->+{r['output_tokens'] // max(r['requests'], 1)}"
+    what = f"{r['requests']} req"
+    if r.get("finished") == r["requests"] and r["workload"] == "long":
+        what += f", {r['output_tokens'] // r['requests']} out each"
+    elif r.get("finished", 0) < r["requests"]:
+        what += f", {r['seconds']:.0f} s box"
+    return f"{r['shape']} {r['workload']}, {r['mode']}\n{what}"
+
+
+def main(src, dst):
+    rows = [json.loads(line) for line in open(src) if line.strip().startswith("{")]
+    if not rows:
+        sys.exit(f"plot_benchmarks: no results in {src}")
+    colors = {"full": "#4c72b0", "compressed": "#dd8452"}
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4.5))
+    for i, r in enumerate(rows):
+        color = "#8c8c8c" if "peer" in r else colors.get(r.get("mode"), "#55a868")
+        ax.bar(i, r["tok_s"], color=color)
+        ax.text(i, r["tok_s"], f"{r['tok_s']:,.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([label(r) for r in rows], fontsize=7, rotation=20, ha="right")
+    ax.set_ylabel("output tokens / s")
+    ax.set_title("Zipage on one H200 (bf16): throughput by workload and mode", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=110)
+    print(f"plot_benchmarks: {len(rows)} bars -> {dst}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
