@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_buffers.hpp"
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/compression.hpp"
 #include "zipage/backend/cuda/kernels.hpp"
@@ -64,21 +65,9 @@ __global__ void fill_const_f32(float* p, std::size_t n, float v) {
 }
 
 template <class T>
-struct dbuf {
-  T* p = nullptr;
-  explicit dbuf(std::size_t n) { CK(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(T))); }
-  explicit dbuf(const std::vector<T>& h) : dbuf(h.size()) {
-    CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  ~dbuf() { cudaFree(p); }
-  dbuf(const dbuf&) = delete;
-  dbuf& operator=(const dbuf&) = delete;
-};
+using dbuf = zipage::testing::device_buffer<T>;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using zipage::testing::median;
 
 // The model's caches, sized for kMaxBatch requests of (B+1) blocks, all layers.
 struct model_pool {

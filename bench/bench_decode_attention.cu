@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_buffers.hpp"
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/kernels.hpp"
 #include "zipage/cuda/device.hpp"
@@ -66,21 +67,9 @@ void fill_random(void* p, std::size_t elements, std::uint32_t seed) {
 }
 
 template <class T>
-struct dbuf {
-  T* p = nullptr;
-  explicit dbuf(std::size_t n) { CK(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(T))); }
-  explicit dbuf(const std::vector<T>& h) : dbuf(h.size()) {
-    CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  ~dbuf() { cudaFree(p); }
-  dbuf(const dbuf&) = delete;
-  dbuf& operator=(const dbuf&) = delete;
-};
+using dbuf = zipage::testing::device_buffer<T>;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using zipage::testing::median;
 
 // Device-to-device copy bandwidth: 2 GiB, bytes read + written, median of 15.
 double measure_copy_bandwidth() {

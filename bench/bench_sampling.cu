@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_buffers.hpp"
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/sampling.hpp"
 #include "zipage/cuda/device.hpp"
@@ -53,16 +54,7 @@ __global__ void fill_logits(float* f32, std::uint16_t* b16, int rows, int vocab,
 }
 
 template <class T>
-struct dbuf {
-  T* p = nullptr;
-  explicit dbuf(std::size_t n) { CK(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(T))); }
-  explicit dbuf(const std::vector<T>& h) : dbuf(h.size()) {
-    CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  ~dbuf() { cudaFree(p); }
-  dbuf(const dbuf&) = delete;
-  dbuf& operator=(const dbuf&) = delete;
-};
+using dbuf = zipage::testing::device_buffer<T>;
 
 struct logits_set {
   float* f32 = nullptr;

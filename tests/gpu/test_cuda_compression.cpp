@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_buffers.hpp"
 #include "zipage/backend/cpu/compaction.hpp"
 #include "zipage/backend/cpu/kv_storage.hpp"
 #include "zipage/backend/cuda/compression.hpp"
@@ -45,35 +46,18 @@
 
 namespace {
 
+using zipage::testing::from_bf16;
+using zipage::testing::kBf16NaN;
+using zipage::testing::to_bf16;
+
 namespace zc = zipage::cuda;
 
 int g_failures = 0;
 int g_checks = 0;
 int g_swaps = 0;
 
-#define CUDA_OK(expr)                                                                                        \
-  do {                                                                                                       \
-    const cudaError_t e_ = (expr);                                                                           \
-    if (e_ != cudaSuccess) {                                                                                 \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #expr); \
-      std::exit(1);                                                                                          \
-    }                                                                                                        \
-  } while (0)
+#define CUDA_OK(expr) ZIPAGE_TEST_CUDA_OK(expr)
 
-std::uint16_t to_bf16(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-float from_bf16(std::uint16_t h) {
-  const std::uint32_t u = std::uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-constexpr std::uint16_t kBf16NaN = 0x7fc0;
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 const float kInf = std::numeric_limits<float>::infinity();
 
@@ -82,26 +66,7 @@ float uni(float lo, float hi) { return std::uniform_real_distribution<float>(lo,
 int rand_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g_rng); }
 
 template <class T>
-struct dbuf {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit dbuf(std::size_t count) : n(count) { CUDA_OK(cudaMalloc(&p, std::max<std::size_t>(1, n) * sizeof(T))); }
-  explicit dbuf(const std::vector<T>& h) : dbuf(h.size()) { put(h); }
-  dbuf(const dbuf&) = delete;
-  dbuf& operator=(const dbuf&) = delete;
-  ~dbuf() {
-    if (p) cudaFree(p);
-  }
-  void put(const std::vector<T>& h) {
-    if (n) CUDA_OK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    CUDA_OK(cudaDeviceSynchronize());
-    if (n) CUDA_OK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
+using dbuf = zipage::testing::device_buffer<T>;
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
 

@@ -18,11 +18,16 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_buffers.hpp"
 #include "zipage/backend/cpu/cpu_backend.hpp"
 #include "zipage/backend/cuda/kernels.hpp"
 #include "zipage/cuda/device.hpp"
 
 namespace {
+
+using zipage::testing::from_bf16;
+using zipage::testing::kBf16NaN;
+using zipage::testing::to_bf16;
 
 namespace zc = zipage::cuda;
 using zipage::cpu::matrix;
@@ -30,30 +35,8 @@ using zipage::cpu::matrix;
 int g_failures = 0;
 int g_checks = 0;
 
-#define CUDA_OK(expr)                                                                                   \
-  do {                                                                                                  \
-    const cudaError_t e_ = (expr);                                                                      \
-    if (e_ != cudaSuccess) {                                                                            \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #expr); \
-      std::exit(1);                                                                                     \
-    }                                                                                                   \
-  } while (0)
+#define CUDA_OK(expr) ZIPAGE_TEST_CUDA_OK(expr)
 
-// ---- bf16 on the host
-std::uint16_t to_bf16(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-float from_bf16(std::uint16_t h) {
-  const std::uint32_t u = std::uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-constexpr std::uint16_t kBf16NaN = 0x7fc0;
 
 std::mt19937_64 g_rng(20251117);
 
@@ -68,29 +51,8 @@ void random_bf16(std::size_t n, float lo, float hi, std::vector<std::uint16_t>& 
   }
 }
 
-// ---- device buffers
 template <class T>
-struct dbuf {
-  T* p = nullptr;
-  std::size_t n = 0;
-  dbuf() = default;
-  explicit dbuf(std::size_t count) : n(count) { CUDA_OK(cudaMalloc(&p, std::max<std::size_t>(1, n) * sizeof(T))); }
-  explicit dbuf(const std::vector<T>& h) : dbuf(h.size()) {
-    if (n) CUDA_OK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  dbuf(const dbuf&) = delete;
-  dbuf& operator=(const dbuf&) = delete;
-  ~dbuf() {
-    if (p) cudaFree(p);
-  }
-  void poison() { CUDA_OK(cudaMemset(p, 0xff, std::max<std::size_t>(1, n) * sizeof(T))); }  // bf16 0xffff = NaN
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    CUDA_OK(cudaDeviceSynchronize());
-    if (n) CUDA_OK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
+using dbuf = zipage::testing::device_buffer<T>;
 
 // ---- comparison
 struct error_stats {

@@ -24,12 +24,17 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_buffers.hpp"
 #include "zipage/backend/cuda/sampling.hpp"
 #include "zipage/cuda/device.hpp"
 #include "zipage/sampling/sampler.hpp"
 #include "zipage/sampling/sampling_params.hpp"
 
 namespace {
+
+using zipage::testing::from_bf16;
+using zipage::testing::kBf16NaN;
+using zipage::testing::to_bf16;
 
 namespace zc = zipage::cuda;
 using zipage::sampling_params;
@@ -38,14 +43,7 @@ using zipage::token_id;
 int g_failures = 0;
 int g_checks = 0;
 
-#define CUDA_OK(expr)                                                                                          \
-  do {                                                                                                         \
-    const cudaError_t e_ = (expr);                                                                             \
-    if (e_ != cudaSuccess) {                                                                                   \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #expr); \
-      std::exit(1);                                                                                            \
-    }                                                                                                          \
-  } while (0)
+#define CUDA_OK(expr) ZIPAGE_TEST_CUDA_OK(expr)
 
 void check(bool ok, const std::string& what) {
   ++g_checks;
@@ -56,31 +54,9 @@ void check(bool ok, const std::string& what) {
 constexpr float inf_f = std::numeric_limits<float>::infinity();
 
 // ---- bf16 on the host (round to nearest even; NaN stays NaN)
-std::uint16_t to_bf16(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-float from_bf16(std::uint16_t h) {
-  const std::uint32_t u = std::uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 template <class T>
-struct dbuf {
-  T* p = nullptr;
-  explicit dbuf(std::size_t n) { CUDA_OK(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(T))); }
-  explicit dbuf(const std::vector<T>& h) : dbuf(h.size()) {
-    if (!h.empty()) CUDA_OK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  ~dbuf() { cudaFree(p); }
-  dbuf(const dbuf&) = delete;
-  dbuf& operator=(const dbuf&) = delete;
-};
+using dbuf = zipage::testing::device_buffer<T>;
 
 // Runs fn(i) for i in [0, n) on all hardware threads.
 template <class F>
