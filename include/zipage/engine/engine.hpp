@@ -33,6 +33,10 @@ struct engine_config {
   int block_size = 16;
   int num_blocks = 0;                        // KV pool size; 0 = plan it from kv_cache_bytes
   std::size_t kv_cache_bytes = 64ull << 20;  // memory for blocks and query slots when num_blocks == 0
+  // On a backend that reports its device memory (memory_info() -> {free, total}): when > 0, the KV cache
+  // gets this fraction of the device's memory minus what is already in use (weights, workspaces), as
+  // vLLM's gpu_memory_utilization; replaces kv_cache_bytes.
+  double gpu_memory_utilization = 0.0;
   int max_num_seqs = 256;                    // running requests at most
   int max_batched_tokens = 8192;             // tokens per step (decodes and prefill chunks together)
   // Compressed PagedAttention (used when the eviction policy evicts): each request keeps
@@ -318,10 +322,13 @@ class engine {
  private:
   [[nodiscard]] static memory_request memory_request_for(const engine_config& cfg, const Backend& backend) {
     memory_request r;
+    r.budget_bytes = cfg.kv_cache_bytes;
+    if constexpr (requires { { backend.memory_info() } -> std::convertible_to<std::pair<std::size_t, std::size_t>>; }) {
+      if (cfg.gpu_memory_utilization > 0.0 && cfg.num_blocks == 0) r.budget_bytes = device_kv_budget(cfg, backend.memory_info());
+    }
     // A backend that stores K/V in a narrower type (bf16) says so; the CPU reference keeps fp32.
     if constexpr (requires { { backend.kv_element_bytes() } -> std::convertible_to<std::size_t>; })
       r.element_bytes = backend.kv_element_bytes();
-    r.budget_bytes = cfg.kv_cache_bytes;
     r.num_blocks = cfg.num_blocks;
     r.num_query_slots = cfg.num_query_slots;
     r.max_running = cfg.max_num_seqs;
@@ -335,6 +342,19 @@ class engine {
         if (r.num_query_slots == 0) r.num_query_slots = cfg.max_num_seqs;
     }
     return r;
+  }
+
+  // utilization × total − memory already in use, as vLLM sizes its KV cache.
+  [[nodiscard]] static std::size_t device_kv_budget(const engine_config& cfg, std::pair<std::size_t, std::size_t> info) {
+    const auto [free_bytes, total_bytes] = info;
+    const double u = cfg.gpu_memory_utilization;
+    check(u > 0.0 && u <= 1.0, "engine: gpu_memory_utilization must be in (0, 1], got ", u);
+    const double target = u * static_cast<double>(total_bytes);
+    const double in_use = static_cast<double>(total_bytes - std::min(free_bytes, total_bytes));
+    constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+    check(target > in_use, "engine: gpu_memory_utilization ", u, " of ", static_cast<double>(total_bytes) / gib,
+          " GiB leaves nothing for the KV cache: ", in_use / gib, " GiB are already in use");
+    return static_cast<std::size_t>(target - in_use);
   }
 
   [[nodiscard]] scheduler_config scheduler_settings() const {
