@@ -208,6 +208,7 @@ int run_engine(options& o, Engine& eng, Encode& encode) {
     if (batch) std::cout << "[" << i << "] " << texts[i] << out.text << "\n";
     else std::cout << "\n";
   }
+  std::cout << std::flush;  // the text first, then the summary on stderr
   if (!o.quiet) print_summary(eng, texts.size(), seconds);
   return 0;
 }

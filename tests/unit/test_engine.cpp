@@ -119,6 +119,11 @@ TEST_CASE("golden: greedy stories260K reproduces its known output") {
     const std::vector<token_id> expected(golden.begin() + 4, golden.end());
     CHECK(out.output == expected);
     CHECK(out.reason == finish_reason::length);
+    const auto st = eng.stats();
+    CHECK(st.generated_tokens == static_cast<std::int64_t>(expected.size()));  // the prefill's token counts too
+    CHECK(st.prompt_tokens == 5);
+    CHECK(st.prefill_steps == 1);
+    CHECK(st.decode_steps == static_cast<std::int64_t>(expected.size()) - 1);
   }
   SUBCASE("from BOS alone") {
     const auto out = eng.generate({{1}}, greedy(static_cast<int>(golden.size())))[0];

@@ -234,7 +234,8 @@ class engine {
     std::size_t row = 0;
     for (const scheduled_seq& e : plan.batch) {
       sequence& s = *e.seq;
-      const bool samples = e.samples();
+      const bool samples = e.samples();  // before the sequence moves on
+      record_entry(e.tokens, samples);
       s.kv_len += e.tokens;
       s.num_computed += e.tokens;
       if (!samples) continue;  // a prefill chunk short of the prompt's end
@@ -569,18 +570,20 @@ class engine {
     events.push_back({s.id, 0, {}, true, finish_reason::error});
   }
 
+  // Per batch entry: a prompt (chunk) or one decode token, and whether it produced a token.
+  void record_entry(int tokens, bool samples) {
+    const bool prefill = tokens > 1 || !samples;
+    step_has_prefill_ |= prefill;
+    if (prefill) stats_.prompt_tokens += tokens;
+    if (samples) ++stats_.generated_tokens;
+  }
+
   void record_step(const step_plan& plan) {
     ++stats_.steps;
-    bool any_prefill = false;
+    step_has_prefill_ ? ++stats_.prefill_steps : ++stats_.decode_steps;
+    step_has_prefill_ = false;
     int finished = 0;
-    for (const auto& e : plan.batch) {
-      const bool prefill = e.tokens > 1 || !e.samples();  // a prompt (chunk) rather than one decode token
-      any_prefill |= prefill;
-      if (prefill) stats_.prompt_tokens += e.tokens;
-      if (e.samples()) ++stats_.generated_tokens;
-      finished += e.seq->is_finished();
-    }
-    any_prefill ? ++stats_.prefill_steps : ++stats_.decode_steps;
+    for (const auto& e : plan.batch) finished += e.seq->is_finished();
     stats_.peak_running = std::max(stats_.peak_running, scheduler_.num_running() + finished);
   }
 
@@ -598,6 +601,7 @@ class engine {
   std::unordered_map<request_id, typename Backend::swap_blob> swapped_state_;
   request_id next_id_ = 0;
   engine_stats stats_;
+  bool step_has_prefill_ = false;
 
   // Per-step batch buffers, kept to avoid reallocating every step.
   std::vector<token_id> tokens_;
