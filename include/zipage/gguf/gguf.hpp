@@ -16,6 +16,7 @@
 
 #include "zipage/core/error.hpp"
 #include "zipage/core/half.hpp"
+#include "zipage/core/mapped_file.hpp"
 
 #include <array>
 #include <bit>
@@ -37,16 +38,6 @@
 #include <utility>
 #include <vector>
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#define ZIPAGE_GGUF_USE_MMAP 1
-#else
-#include <fstream>
-#define ZIPAGE_GGUF_USE_MMAP 0
-#endif
 
 namespace zipage::gguf {
 
@@ -390,43 +381,6 @@ struct tensor_info {
   }
 };
 
-namespace detail {
-// The bytes of a file: a read-only mapping or an owned buffer. Held behind a unique_ptr so the
-// address stays put when the file object moves (tensor_info::data points into it).
-class byte_source {
- public:
-  byte_source() = default;
-  explicit byte_source(std::vector<std::byte> owned)
-      : owned_(std::move(owned)), data_(owned_.data()), size_(owned_.size()) {}
-  byte_source(const byte_source&) = delete;
-  byte_source& operator=(const byte_source&) = delete;
-  ~byte_source() {
-#if ZIPAGE_GGUF_USE_MMAP
-    if (mapping_ != nullptr) ::munmap(mapping_, size_);
-#endif
-  }
-
-#if ZIPAGE_GGUF_USE_MMAP
-  static std::unique_ptr<byte_source> mapped(void* mapping, std::size_t size) {
-    auto s = std::make_unique<byte_source>();
-    s->mapping_ = mapping;
-    s->data_ = static_cast<const std::byte*>(mapping);
-    s->size_ = size;
-    return s;
-  }
-#endif
-
-  const std::byte* data() const noexcept { return data_; }
-  std::size_t size() const noexcept { return size_; }
-
- private:
-  std::vector<std::byte> owned_;
-  void* mapping_ = nullptr;
-  const std::byte* data_ = nullptr;
-  std::size_t size_ = 0;
-};
-}  // namespace detail
-
 class file {
  public:
   // Memory-maps `path` read-only and validates it. Throws zipage::error naming the path.
@@ -553,7 +507,7 @@ class file {
   }
   bool owns(const tensor_info& t) const noexcept;
 
-  std::unique_ptr<detail::byte_source> bytes_;
+  std::unique_ptr<zipage::file_bytes> bytes_;
   std::string name_;
   std::uint32_t version_ = 0;
   std::uint64_t alignment_ = 32;
@@ -875,60 +829,13 @@ class parser {
   cursor c_;
 };
 
-#if ZIPAGE_GGUF_USE_MMAP
-// Closes a descriptor on every path out of map_file().
-struct fd_guard {
-  int fd;
-  ~fd_guard() { ::close(fd); }
-};
-
-inline std::unique_ptr<byte_source> map_file(const std::filesystem::path& path) {
-  const std::string shown = path.string();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    fail("cannot open GGUF file '", shown, "': ", std::generic_category().message(errno));
-  }
-  const fd_guard guard{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    fail("cannot stat GGUF file '", shown, "': ", std::generic_category().message(errno));
-  }
-  if (S_ISDIR(st.st_mode)) fail("cannot open GGUF file '", shown, "': it is a directory");
-  if (!S_ISREG(st.st_mode)) fail("cannot open GGUF file '", shown, "': not a regular file");
-  const auto size = static_cast<std::size_t>(st.st_size);
-  if (size == 0) return std::make_unique<byte_source>();  // mmap rejects empty mappings
-  // Note: if another process truncates the file while it is mapped, touching the lost pages
-  // raises SIGBUS; model files are treated as immutable while loaded.
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (p == MAP_FAILED) {
-    fail("cannot map GGUF file '", shown, "': ", std::generic_category().message(errno));
-  }
-  return byte_source::mapped(p, size);
-}
-#else
-inline std::unique_ptr<byte_source> map_file(const std::filesystem::path& path) {
-  const std::string shown = path.string();
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    fail("cannot open GGUF file '", shown, "': it is a directory");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open GGUF file '", shown, "'");
-  in.seekg(0, std::ios::end);
-  std::vector<std::byte> bytes(static_cast<std::size_t>(in.tellg()));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!in) fail("cannot read GGUF file '", shown, "'");
-  return std::make_unique<byte_source>(std::move(bytes));
-}
-#endif
 
 }  // namespace detail
 
 inline file file::open(const std::filesystem::path& path) {
   file f;
   f.name_ = path.string();
-  f.bytes_ = detail::map_file(path);
+  f.bytes_ = zipage::map_file(path, "GGUF file");
   detail::parser(f).run();
   return f;
 }
@@ -936,7 +843,7 @@ inline file file::open(const std::filesystem::path& path) {
 inline file file::from_bytes(std::vector<std::byte> bytes, std::string name) {
   file f;
   f.name_ = std::move(name);
-  f.bytes_ = std::make_unique<detail::byte_source>(std::move(bytes));
+  f.bytes_ = std::make_unique<zipage::file_bytes>(std::move(bytes));
   detail::parser(f).run();
   return f;
 }

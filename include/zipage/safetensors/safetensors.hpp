@@ -42,17 +42,8 @@
 #include "zipage/core/error.hpp"
 #include "zipage/core/json.hpp"
 #include "zipage/core/half.hpp"
+#include "zipage/core/mapped_file.hpp"
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#define ZIPAGE_SAFETENSORS_USE_MMAP 1
-#else
-#include <fstream>
-#define ZIPAGE_SAFETENSORS_USE_MMAP 0
-#endif
 
 namespace zipage::safetensors {
 
@@ -119,74 +110,6 @@ using json::printable;
 inline constexpr std::uint64_t max_header_bytes = 100'000'000;  // the format's own limit
 inline constexpr std::size_t max_dims = 8;
 
-// The file's bytes: a read-only mapping, or an owned buffer (from_bytes, or hosts without mmap).
-class byte_source {
- public:
-  byte_source() = default;
-  explicit byte_source(std::vector<std::byte> bytes) : owned_(std::move(bytes)) {}
-  static std::unique_ptr<byte_source> mapped(void* p, std::size_t n) {
-    auto s = std::make_unique<byte_source>();
-    s->map_ = p;
-    s->map_size_ = n;
-    return s;
-  }
-  byte_source(const byte_source&) = delete;
-  byte_source& operator=(const byte_source&) = delete;
-  ~byte_source() {
-#if ZIPAGE_SAFETENSORS_USE_MMAP
-    if (map_ != nullptr) ::munmap(map_, map_size_);
-#endif
-  }
-  [[nodiscard]] const std::byte* data() const noexcept {
-    return map_ != nullptr ? static_cast<const std::byte*>(map_) : owned_.data();
-  }
-  [[nodiscard]] std::size_t size() const noexcept { return map_ != nullptr ? map_size_ : owned_.size(); }
-
- private:
-  std::vector<std::byte> owned_;
-  void* map_ = nullptr;
-  std::size_t map_size_ = 0;
-};
-
-#if ZIPAGE_SAFETENSORS_USE_MMAP
-struct fd_guard {
-  int fd;
-  ~fd_guard() { ::close(fd); }
-};
-
-inline std::unique_ptr<byte_source> map_file(const std::filesystem::path& path) {
-  const std::string shown = path.string();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open safetensors file '", shown, "': ", std::generic_category().message(errno));
-  const fd_guard guard{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) fail("cannot stat safetensors file '", shown, "': ", std::generic_category().message(errno));
-  if (S_ISDIR(st.st_mode)) fail("cannot open safetensors file '", shown, "': it is a directory");
-  if (!S_ISREG(st.st_mode)) fail("cannot open safetensors file '", shown, "': not a regular file");
-  const auto size = static_cast<std::size_t>(st.st_size);
-  if (size == 0) return std::make_unique<byte_source>();
-  // A file truncated by another process while mapped raises SIGBUS on the lost pages; checkpoint files
-  // are treated as immutable while loaded.
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (p == MAP_FAILED) fail("cannot map safetensors file '", shown, "': ", std::generic_category().message(errno));
-  return byte_source::mapped(p, size);
-}
-#else
-inline std::unique_ptr<byte_source> map_file(const std::filesystem::path& path) {
-  const std::string shown = path.string();
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) fail("cannot open safetensors file '", shown, "': it is a directory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open safetensors file '", shown, "'");
-  in.seekg(0, std::ios::end);
-  std::vector<std::byte> bytes(static_cast<std::size_t>(in.tellg()));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!in) fail("cannot read safetensors file '", shown, "'");
-  return std::make_unique<byte_source>(std::move(bytes));
-}
-#endif
-
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
@@ -198,7 +121,7 @@ class file {
   static file open(const std::filesystem::path& path) {
     file f;
     f.name_ = std::make_unique<std::string>(path.string());
-    f.bytes_ = detail::map_file(path);
+    f.bytes_ = zipage::map_file(path, "safetensors file");
     f.parse();
     return f;
   }
@@ -206,7 +129,7 @@ class file {
   static file from_bytes(std::vector<std::byte> bytes, std::string name = "<memory>") {
     file f;
     f.name_ = std::make_unique<std::string>(std::move(name));
-    f.bytes_ = std::make_unique<detail::byte_source>(std::move(bytes));
+    f.bytes_ = std::make_unique<zipage::file_bytes>(std::move(bytes));
     f.parse();
     return f;
   }
@@ -394,7 +317,7 @@ class file {
   }
 
   std::unique_ptr<std::string> name_;  // stable address: tensor_info::file points at it
-  std::unique_ptr<detail::byte_source> bytes_;
+  std::unique_ptr<zipage::file_bytes> bytes_;
   std::uint64_t data_offset_ = 0;
   std::vector<tensor_info> tensors_;
   std::unordered_map<std::string, std::size_t> index_;
