@@ -94,11 +94,13 @@ class block_manager {
   // the same prefix in parallel.
   void register_planned_blocks(sequence& s, int tokens) { register_blocks(s, s.num_computed + tokens, false); }
 
-  // After a step: every completed block of an uncompressed request is findable and ready.
-  void register_full_blocks(sequence& s) {
+  // After a step that computed `tokens` of s: every completed block of an uncompressed request is
+  // findable, and the ones this step filled (registered as pending when planned) are ready.
+  void register_full_blocks(sequence& s, int tokens) {
     if (s.is_finished()) return;
     register_blocks(s, s.num_computed, true);
-    for (int b = 0; b < s.num_hashed_blocks; ++b) pool_->mark_ready(s.table.blocks()[static_cast<std::size_t>(b)]);
+    const int first = std::max(0, (s.num_computed - tokens) / block_size_);
+    for (int b = first; b < s.num_hashed_blocks; ++b) pool_->mark_ready(s.table.blocks()[static_cast<std::size_t>(b)]);
   }
 
  private:

@@ -47,7 +47,7 @@ class scheduler_base {
   // After the step ran: completed prompt blocks become findable by later requests.
   void commit(const step_plan& plan) {
     if (!cfg_.prefix_caching) return;
-    for (const auto& e : plan.batch) blocks_.register_full_blocks(*e.seq);
+    for (const auto& e : plan.batch) blocks_.register_full_blocks(*e.seq, e.tokens);
   }
 
   // A finished request leaves the running set and gives its blocks and slot back.
