@@ -1003,23 +1003,17 @@ class bpe_stream_decoder {
       : tok_(&tokenizer), skip_special_(skip_special) {}
 
   std::string push(token_id id) {
-    tok_->append_token_bytes(pending_, id, skip_special_);
-    std::string out;
-    pending_.erase(0, utf8::append_sanitized(out, pending_, /*keep_incomplete_tail=*/true));
-    return out;
+    tok_->append_token_bytes(pending_.buffer(), id, skip_special_);
+    return pending_.take();
   }
-  std::string flush() {
-    std::string out = utf8::sanitize(pending_);
-    pending_.clear();
-    return out;
-  }
+  std::string flush() { return pending_.flush(); }
   void reset() { pending_.clear(); }
   [[nodiscard]] bool has_pending() const noexcept { return !pending_.empty(); }
 
  private:
   const bpe_tokenizer* tok_;
   bool skip_special_;
-  std::string pending_;
+  utf8::holdback pending_;
 };
 
 }  // namespace zipage

@@ -407,18 +407,12 @@ class stream_decoder {
   explicit stream_decoder(const spm_tokenizer& tokenizer) : tok_(&tokenizer) {}
 
   std::string push(token_id id) {
-    tok_->append_token_text(pending_, id, at_start_);
-    std::string out;
-    pending_.erase(0, utf8::append_sanitized(out, pending_, /*keep_incomplete_tail=*/true));
-    return out;
+    tok_->append_token_text(pending_.buffer(), id, at_start_);
+    return pending_.take();
   }
 
   // Returns the held bytes of an unfinished character (as U+FFFD) and empties the buffer.
-  std::string flush() {
-    std::string out = utf8::sanitize(pending_);
-    pending_.clear();
-    return out;
-  }
+  std::string flush() { return pending_.flush(); }
 
   // Starts a new text: the next piece's dummy-prefix space is dropped again.
   void reset() {
@@ -430,7 +424,7 @@ class stream_decoder {
 
  private:
   const spm_tokenizer* tok_;
-  std::string pending_;
+  utf8::holdback pending_;
   bool at_start_ = true;
 };
 

@@ -95,4 +95,27 @@ inline std::size_t append_sanitized(std::string& out, std::string_view s, bool k
   return out;
 }
 
+// Decoded bytes that may end inside a character, as streaming detokenizers produce them: callers
+// append to buffer(), take() returns the complete, valid part (impossible bytes as U+FFFD) and keeps an
+// unfinished tail, flush() returns everything left (an unfinished tail as U+FFFD).
+class holdback {
+ public:
+  [[nodiscard]] std::string& buffer() noexcept { return pending_; }
+  [[nodiscard]] std::string take() {
+    std::string out;
+    pending_.erase(0, append_sanitized(out, pending_, /*keep_incomplete_tail=*/true));
+    return out;
+  }
+  [[nodiscard]] std::string flush() {
+    std::string out = sanitize(pending_);
+    pending_.clear();
+    return out;
+  }
+  void clear() noexcept { pending_.clear(); }
+  [[nodiscard]] bool empty() const noexcept { return pending_.empty(); }
+
+ private:
+  std::string pending_;
+};
+
 }  // namespace zipage::utf8
