@@ -31,8 +31,6 @@ class scheduler_base {
   // Prompt tokens whose KV was taken from the prefix cache instead of being computed.
   [[nodiscard]] std::int64_t num_prefix_hit_tokens() const { return prefix_hit_tokens_; }
   [[nodiscard]] bool has_unfinished() const { return !waiting_.empty() || !running_.empty() || !swapped_.empty(); }
-  [[nodiscard]] block_manager& blocks() { return blocks_; }
-  [[nodiscard]] const std::deque<sequence*>& running() const { return running_; }
 
   // Whether a request could ever run: all its tokens fit the pool.
   [[nodiscard]] bool admissible(const sequence& s) const {
