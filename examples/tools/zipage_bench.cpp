@@ -13,8 +13,9 @@
 //
 // Reported per run: output tok/s, steps, peak running requests, preemptions, swaps, compressions, host
 // time per step (wall time of engine.step() outside the forward pass: scheduling, batch layout,
-// logits to host, sampling, bookkeeping), forward time per step (launch + GPU, the model's forward
-// synchronised), where the compression worker spent its time (device gathers, host scoring, compaction),
+// bookkeeping), forward time per step (host time in the model's forward — with CUDA graphs the record
+// pass, and the capture when one is needed — plus the time the step waits for the GPU in sampling / logits
+// copies), CUDA-graph replays and captures, where the compression worker spent its time (device gathers, host scoring, compaction),
 // and the physical ceiling: per step max((weight bytes + KV bytes read) / copy bandwidth,
 // 2 * params * tokens / GEMM rate), with both rates measured in the same run, summed over the steps and
 // divided by the measured time. On the bf16 CUDA backend zipage_policy is scored, selected and compacted on
@@ -73,14 +74,14 @@ model_config shape_config(const std::string& shape) {
   return c;
 }
 
-// What the forward pass costs, shared between the wrapper model (owned by the engine) and the bench.
+// Host time spent in the model's forward pass, shared between the wrapper model (owned by the engine)
+// and the bench.
 struct forward_clock {
-  double launch = 0.0;  // host time to enqueue the forward pass
-  double total = 0.0;   // launch + waiting for the GPU to finish it
+  double launch = 0.0;  // host time to enqueue the forward pass (with graphs: record pass, capture)
 };
 
-// llama_model<cuda_backend> whose forward pass is timed (synchronised at its end, so the GPU time of a
-// step is inside it and everything else engine.step() does is host time).
+// llama_model<cuda_backend> whose forward pass's host time is measured. It does not synchronise (that
+// would break stream capture): the GPU time of a step shows up where the engine waits for its tokens.
 struct timed_model {
   using backend_type = cuda_backend;
   using tensor = cuda_tensor;
@@ -89,12 +90,10 @@ struct timed_model {
   std::shared_ptr<forward_clock> clock;
 
   [[nodiscard]] const model_config& config() const { return inner.config(); }
-  tensor forward(forward_context<cuda_backend>& ctx) {
+  const tensor& forward(forward_context<cuda_backend>& ctx) {
     const auto t0 = clock_type::now();
-    tensor logits = inner.forward(ctx);
+    const tensor& logits = inner.forward(ctx);
     clock->launch += since(t0);
-    backend.synchronize();
-    clock->total += since(t0);
     return logits;
   }
 };
@@ -173,8 +172,10 @@ struct options {
   int block_size = 256;
   int budget_tokens = 2048;
   int window = 16;
-  double reserve_gib = 6.0;
+  double gpu_memory_utilization = 0.9;
   double kv_gib = 0.0;
+  int num_query_slots = 0;
+  bool no_graphs = false;
   float temperature = 0.0f;
   std::string json;
   bool sync_compression = false;
@@ -186,6 +187,9 @@ struct run_result {
   std::int64_t steps = 0, decode_steps = 0, prefill_steps = 0;
   int peak_running = 0, finished = 0, requests = 0;
   std::int64_t preemptions = 0, swaps = 0, compressions = 0, evicted = 0;
+  std::int64_t graph_replays = 0, graph_captures = 0;
+  double graph_capture_s = 0;
+  int max_concurrency = 0;
   double host_ms_per_step = 0, forward_ms_per_step = 0, launch_ms_per_step = 0, to_host_ms_per_step = 0;
   double decode_host_ms = 0, decode_forward_ms = 0;
   double ceiling_fraction = 0, decode_mem_ceiling_fraction = 0, floor_seconds = 0, forward_ceiling_fraction = 0;
@@ -199,32 +203,25 @@ struct run_result {
 template <class Policy>
 run_result run_once(const options& o, const std::string& mode, const cuda_backend& b, const model_config& c,
                     const weight_stats& ws, double bandwidth_gbs, double gemm_tflops) {
-  constexpr bool compress = Policy::evicts;
-  // KV pool: what is left after the weights, minus a reserve for activations, logits and workspaces.
-  const std::size_t eb = 2;  // bf16
-  const std::size_t token_bytes = 2ull * c.num_layers * c.num_kv_heads * c.head_dim * eb;
-  std::size_t block_bytes = token_bytes * static_cast<std::size_t>(o.block_size);
-  if (compress) block_bytes += static_cast<std::size_t>(c.num_layers) * o.block_size * c.num_kv_heads * sizeof(float);
-  const std::size_t slot_bytes =
-      compress ? static_cast<std::size_t>(c.num_layers) * o.window * c.num_q_heads * c.head_dim * eb : 0;
-  const auto [free_b, total_b] = b.memory_info();
-  double budget = o.kv_gib > 0 ? o.kv_gib * 1073741824.0 : static_cast<double>(free_b) - o.reserve_gib * 1073741824.0;
-  budget -= static_cast<double>(slot_bytes) * o.max_num_seqs;
-  check(budget > static_cast<double>(block_bytes) * 16, "not enough device memory for a KV pool (free ",
-        free_b / 1073741824.0, " GiB)");
+  const std::size_t token_bytes = 2ull * c.num_layers * c.num_kv_heads * c.head_dim * b.kv_element_bytes();
+  // KV pool: the engine sizes it (vLLM's rule: gpu_memory_utilization x total memory minus what is in use
+  // once the weights are loaded), unless --kv-gib fixes it; the method's max_concurrency and as many
+  // query slots follow unless --num-query-slots says otherwise.
   engine_config cfg;
   cfg.block_size = o.block_size;
-  cfg.num_blocks = static_cast<int>(budget / static_cast<double>(block_bytes));
+  cfg.gpu_memory_utilization = o.gpu_memory_utilization;
+  if (o.kv_gib > 0) cfg.kv_cache_bytes = static_cast<std::size_t>(o.kv_gib * 1073741824.0);
   cfg.max_num_seqs = o.max_num_seqs;
   cfg.max_batched_tokens = o.max_batched_tokens;
   cfg.budget_blocks = o.budget_tokens / o.block_size;
   cfg.window = o.window;
-  cfg.num_query_slots = compress ? o.max_num_seqs : 0;
+  cfg.num_query_slots = o.num_query_slots;
   cfg.async_compression = !o.sync_compression;
   weight_stats ws_model;
   timed_model m = build_model(b, c, o.seed, ws_model);
   auto clock = m.clock;
   engine<timed_model, Policy, zipage_scheduler, cuda_backend> eng(std::move(m), cfg, Policy{}, b);
+  const std::size_t block_bytes = eng.memory().block_bytes;
 
   // Requests.
   std::mt19937_64 rng(o.seed);
@@ -264,12 +261,13 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   const auto t_start = clock_type::now();
   auto prev = b.counters();
   while (eng.has_unfinished()) {
-    const double f0 = clock->total, l0 = clock->launch;
+    const double l0 = clock->launch;
     const auto ts = clock_type::now();
     const auto events = eng.step();
     const double wall = since(ts);
     const auto k = b.counters();
-    const double fwd = clock->total - f0;
+    const double gpu_wait = (k.sample_seconds - prev.sample_seconds) + (k.to_host_seconds - prev.to_host_seconds);
+    const double fwd = std::min(wall, clock->launch - l0 + gpu_wait);
     const double host = wall - fwd;
     host_total += host;
     fwd_total += fwd;
@@ -314,6 +312,10 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   r.preemptions = st.preemptions;
   r.swaps = st.swaps;
   r.compressions = st.compressions;
+  r.graph_replays = k.graph_replays;
+  r.graph_captures = k.graph_captures;
+  r.graph_capture_s = k.graph_capture_seconds;
+  r.max_concurrency = eng.memory().max_concurrency;
   r.evicted = st.tokens_evicted;
   r.host_ms_per_step = 1e3 * host_total / static_cast<double>(std::max<std::int64_t>(1, r.steps));
   r.forward_ms_per_step = 1e3 * fwd_total / static_cast<double>(std::max<std::int64_t>(1, r.steps));
@@ -333,7 +335,7 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   r.num_blocks = st.num_blocks;
   r.num_query_slots = st.num_query_slots;
   r.peak_blocks = st.peak_blocks_used;
-  r.kv_gib = static_cast<double>(cfg.num_blocks) * static_cast<double>(block_bytes) / 1073741824.0;
+  r.kv_gib = static_cast<double>(st.num_blocks) * static_cast<double>(block_bytes) / 1073741824.0;
   for (request_id id : ids) r.finished += eng.request(id).is_finished();
   return r;
 }
@@ -370,8 +372,12 @@ int main(int argc, char** argv) {
   app.add_option("--block-size", o.block_size);
   app.add_option("--budget", o.budget_tokens, "compressed: tokens kept per request");
   app.add_option("--window", o.window);
-  app.add_option("--reserve-gib", o.reserve_gib, "device memory left out of the KV pool");
-  app.add_option("--kv-gib", o.kv_gib, "KV pool size (0: free memory minus the reserve)");
+  app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
+                 "fraction of device memory for weights + KV pool (the rest: activations, logits, workspaces)")
+      ->check(CLI::Range(0.05, 1.0));
+  app.add_option("--kv-gib", o.kv_gib, "KV pool size (0: from --gpu-memory-utilization)");
+  app.add_option("--num-query-slots", o.num_query_slots, "compressed: query slots (0: the memory plan's max concurrency)");
+  app.add_flag("--no-graphs", o.no_graphs, "decode steps without CUDA graphs");
   app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)");
   app.add_option("--json", o.json, "append results as JSON lines to this file");
   app.add_flag("--sync-compression", o.sync_compression, "compress on the engine thread");
@@ -389,7 +395,10 @@ int main(int argc, char** argv) {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
 
     const model_config c = shape_config(o.shape);
-    const cuda_backend b;
+    cuda_backend_options bo;
+    bo.cuda_graphs = !o.no_graphs;
+    bo.max_graph_batch = std::max(bo.max_graph_batch, o.max_num_seqs);
+    const cuda_backend b(bo);
     const double bw = b.measure_copy_bandwidth();
     const double tflops = b.measure_gemm_tflops();
     std::printf("device: %s; copy bandwidth %.0f GB/s (2 GiB D2D, read+write), bf16 GEMM %.0f TFLOP/s (8192^3)\n",
@@ -418,9 +427,11 @@ int main(int argc, char** argv) {
         run_result r = m == "full" ? run_once<full_kv>(oo, m, b, c, ws, bw, tflops)
                                    : run_once<timed_zipage_policy>(oo, m, b, c, ws, bw, tflops);
         print(r);
-        std::printf("    KV pool %d blocks of %d (%.1f GiB), %d query slots, peak blocks %d, evicted %lld tokens, "
+        std::printf("    KV pool %d blocks of %d (%.1f GiB), max concurrency %d, %d query slots, peak blocks %d, "
+                    "graphs: %lld replays, %lld captures (%.2f s), evicted %lld tokens, "
                     "prompt tokens %.0f, output tokens %.0f; floor %.2f s of %.2f s forward, %.2f s wall",
-                    r.num_blocks, o.block_size, r.kv_gib, r.num_query_slots, r.peak_blocks,
+                    r.num_blocks, o.block_size, r.kv_gib, r.max_concurrency, r.num_query_slots, r.peak_blocks,
+                    static_cast<long long>(r.graph_replays), static_cast<long long>(r.graph_captures), r.graph_capture_s,
                     static_cast<long long>(r.evicted), r.prompt_tokens, r.output_tokens, r.floor_seconds,
                     r.forward_seconds, r.seconds);
         if (r.compressions > 0)
@@ -437,12 +448,16 @@ int main(int argc, char** argv) {
                         "\"seconds\":%.3f,\"output_tokens\":%.0f,\"tok_s\":%.1f,\"steady_tok_s\":%.1f,\"steps\":%lld,"
                         "\"peak_running\":%d,\"preemptions\":%lld,\"swaps\":%lld,\"compressions\":%lld,"
                         "\"host_ms_per_step\":%.3f,\"forward_ms_per_step\":%.3f,\"ceiling_fraction\":%.4f,\"forward_ceiling_fraction\":%.4f,"
-                        "\"bandwidth_gbs\":%.0f,\"gemm_tflops\":%.0f,\"score_s\":%.2f,\"gather_s\":%.2f}\n",
+                        "\"bandwidth_gbs\":%.0f,\"gemm_tflops\":%.0f,\"score_s\":%.2f,\"gather_s\":%.2f,"
+                        "\"graphs\":%s,\"graph_replays\":%lld,\"graph_captures\":%lld,\"max_concurrency\":%d,"
+                        "\"kv_gib\":%.1f,\"steady_s\":%.1f}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
                         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
                         static_cast<long long>(r.compressions), r.host_ms_per_step, r.forward_ms_per_step,
-                        r.ceiling_fraction, r.forward_ceiling_fraction, bw, tflops, r.score_s, r.gather_s);
+                        r.ceiling_fraction, r.forward_ceiling_fraction, bw, tflops, r.score_s, r.gather_s,
+                        o.no_graphs ? "false" : "true", static_cast<long long>(r.graph_replays),
+                        static_cast<long long>(r.graph_captures), r.max_concurrency, r.kv_gib, r.seconds / 2);
           js << buf;
         }
       }

@@ -7,6 +7,9 @@
 #include <chrono>
 #include <cmath>
 #include <array>
+#include <bit>
+#include <map>
+#include <type_traits>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -154,6 +157,9 @@ class uploader {
     return sizes_[i] ? reinterpret_cast<const T*>(static_cast<const char*>(dev_) + offsets_[i]) : nullptr;
   }
 
+  // Forget the last upload, so the next one copies even if equal (its users were pointed elsewhere).
+  void invalidate() { valid_ = false; }
+
  private:
   pinned_buffer host_;
   void* dev_ = nullptr;
@@ -221,6 +227,175 @@ struct step_state {
   std::array<int, 6> plan_key{-1, -1, -1, -1, -1, -1};
 };
 
+// ---- CUDA graphs for decode steps (see cuda_backend.hpp)
+
+enum class graph_phase { off, record, capture };
+// Who stages inputs, for de-duplication within a step (every layer passes the same positions and metadata).
+enum uploader_id : int { up_ids, up_pos, up_rows, up_meta, num_uploaders };
+
+// Device pointers of the sections of one upload (nullptr for an empty section).
+struct staged {
+  std::array<const void*, 8> p{};
+  template <class T>
+  [[nodiscard]] const T* at(std::size_t i) const {
+    return static_cast<const T*>(p[i]);
+  }
+};
+
+struct graph_entry {
+  cudaGraphExec_t exec = nullptr;
+  std::uint64_t signature = 0;
+};
+
+// The record/capture machinery: the pinned input arena, the signature of the pass, the cached graphs.
+struct graph_state {
+  graph_phase phase = graph_phase::off;
+  std::uint64_t signature = 0;
+  int kv_bucket = 0;         // max_kv_len of this pass rounded up (sizes the split-KV plan)
+  bool arena_moved = false;  // the device arena was reallocated during this record pass
+  pinned_buffer host;        // inputs staged by this pass, back to back at fixed-size-class offsets
+  std::size_t used = 0;
+  void* dev = nullptr;       // their device copy
+  std::size_t dev_cap = 0;
+  cudaStream_t dev_stream = nullptr;
+  cudaEvent_t copied = nullptr;  // the last arena copy out of `host` has finished
+  struct placed {
+    std::size_t offset, bytes;
+  };
+  std::vector<placed> record_layout;  // every staged section of the record pass, in order
+  std::size_t capture_index = 0;      // the capture pass walks record_layout
+  struct last_upload {
+    std::size_t first = 0, count = 0;  // its sections in `layout`
+    bool valid = false;
+  };
+  std::array<last_upload, num_uploaders> last{};
+  std::vector<placed> layout;  // this pass's sections
+  std::map<std::pair<int, int>, graph_entry> graphs;  // (padded batch, kv bucket)
+
+  graph_state() = default;
+  graph_state(const graph_state&) = delete;
+  graph_state& operator=(const graph_state&) = delete;
+  ~graph_state() {
+    clear();
+    if (copied) cudaEventDestroy(copied);
+    if (dev) cudaFreeAsync(dev, dev_stream);
+  }
+  void clear() {
+    for (auto& [key, g] : graphs)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+    graphs.clear();
+  }
+
+  static std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h ^= h >> 31;
+    return h * 0xbf58476d1ce4e5b9ull;
+  }
+  template <class T>
+  static std::uint64_t bits(const T& v) {
+    if constexpr (std::is_pointer_v<T>) {
+      return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(v));
+    } else if constexpr (std::is_enum_v<T>) {
+      return static_cast<std::uint64_t>(v);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      double d = v;
+      std::uint64_t u;
+      std::memcpy(&u, &d, sizeof u);
+      return u;
+    } else {
+      static_assert(std::is_integral_v<T>, "graph signature: pointers, enums, numbers only");
+      return static_cast<std::uint64_t>(v);
+    }
+  }
+  template <class... A>
+  void note(int op, const A&... a) {
+    signature = mix(signature, static_cast<std::uint64_t>(op));
+    ((signature = mix(signature, bits(a))), ...);
+  }
+
+  void begin(graph_phase p, cudaStream_t s) {
+    phase = p;
+    signature = 0x5a17a6e0ull;
+    used = 0;
+    layout.clear();
+    capture_index = 0;
+    last.fill({});
+    arena_moved = false;
+    if (p == graph_phase::record) {
+      if (copied == nullptr) ZIPAGE_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+      ZIPAGE_CUDA_CHECK(cudaEventSynchronize(copied));  // `host` is free to overwrite
+      if (dev_stream != s && dev) {
+        ZIPAGE_CUDA_CHECK(cudaFreeAsync(dev, dev_stream));
+        dev = nullptr;
+        dev_cap = 0;
+      }
+      dev_stream = s;
+    }
+  }
+
+  [[nodiscard]] bool same(int who, std::span<const section> secs) const {
+    const auto& l = last[static_cast<std::size_t>(who)];
+    if (!l.valid || l.count < secs.size()) return false;
+    for (std::size_t i = 0; i < secs.size(); ++i) {
+      const placed& pl = layout[l.first + i];
+      if (pl.bytes != secs[i].bytes) return false;
+      if (pl.bytes && std::memcmp(host.as() + pl.offset, secs[i].data, pl.bytes) != 0) return false;
+    }
+    return true;
+  }
+
+  // Places the sections in the arena (record: copies them into `host`; capture: the record pass's places).
+  staged stage(int who, std::span<const section> secs) {
+    check(secs.size() <= staged{}.p.size(), "cuda graphs: too many sections in one upload");
+    staged out;
+    auto& l = last[static_cast<std::size_t>(who)];
+    if (same(who, secs) && l.count == secs.size()) {
+      for (std::size_t i = 0; i < secs.size(); ++i)
+        out.p[i] = layout[l.first + i].bytes ? static_cast<const char*>(dev) + layout[l.first + i].offset : nullptr;
+      return out;
+    }
+    l = {layout.size(), secs.size(), true};
+    for (std::size_t i = 0; i < secs.size(); ++i) {
+      const std::size_t bytes = secs[i].bytes;
+      // Size classes (powers of two) keep later offsets put while a page table grows a little.
+      const std::size_t cap = bytes == 0 ? 0 : std::max<std::size_t>(64, std::bit_ceil(bytes));
+      placed pl{used, bytes};
+      if (phase == graph_phase::record) {
+        grow(used + cap);
+        if (bytes) std::memcpy(host.as() + used, secs[i].data, bytes);
+      } else {
+        check(capture_index < record_layout.size() && record_layout[capture_index].offset == pl.offset &&
+                  record_layout[capture_index].bytes == bytes,
+              "cuda graphs: the capture pass staged other inputs than the record pass");
+        ++capture_index;
+      }
+      layout.push_back(pl);
+      used += cap;
+      out.p[i] = bytes ? static_cast<const char*>(dev) + pl.offset : nullptr;
+    }
+    return out;
+  }
+
+  void grow(std::size_t need) {
+    if (need > host.cap) {
+      pinned_buffer bigger;
+      bigger.reserve(std::max(need * 2, std::size_t{1} << 20));
+      if (used) std::memcpy(bigger.p, host.p, used);
+      std::swap(bigger.p, host.p);
+      std::swap(bigger.cap, host.cap);
+    }
+    if (need > dev_cap) {
+      if (dev) ZIPAGE_CUDA_CHECK(cudaFreeAsync(dev, dev_stream));
+      dev = nullptr;
+      dev_cap = 0;
+      const std::size_t want = std::max(need * 2, std::size_t{1} << 20);
+      ZIPAGE_CUDA_CHECK(cudaMallocAsync(&dev, want, dev_stream));
+      dev_cap = want;
+      arena_moved = true;
+    }
+  }
+};
+
 // The two streams, created first and destroyed last (after every member that frees in stream order).
 struct stream_pair {
   cudaStream_t main = nullptr;
@@ -275,6 +450,8 @@ struct context {
   cuda_backend_counters counters;
   std::array<cudaEvent_t, 32> chunk_events{};  // to_host's pipelined copy
 
+  graph_state graph;  // run_decode_graph (engine thread, main stream)
+
   explicit context(const cuda_backend_options& o) : opts(o), streams(o.device) {
     activate();
     cudaMemPool_t pool = nullptr;
@@ -309,6 +486,27 @@ struct context {
   }
   [[nodiscard]] bool fast_bf16() const { return opts.dtype == cuda_dtype::bf16 && opts.fast_kernels; }
 
+  // Called by every op just before it launches: outside run_decode_graph it does nothing; in a record or
+  // capture pass it folds the launch's arguments into the pass's signature, and in a record pass it
+  // tells the op to skip the launch (the pass only stages inputs and sizes outputs).
+  template <class... A>
+  bool skip_launch(int op, const A&... args) {
+    if (graph.phase == graph_phase::off) return false;
+    graph.note(op, args...);
+    return graph.phase == graph_phase::record;
+  }
+  [[nodiscard]] bool capturing() const { return graph.phase == graph_phase::capture; }
+
+  // A small host-input upload: through the uploader (skipped when equal to its last upload) outside a
+  // graph pass, into the graph arena inside one.
+  staged upload(uploader& u, int who, std::span<const section> secs) {
+    if (graph.phase != graph_phase::off) return graph.stage(who, secs);
+    u.upload(secs, stream);
+    staged out;
+    for (std::size_t i = 0; i < secs.size(); ++i) out.p[i] = u.device<char>(i);
+    return out;
+  }
+
   template <class F>
   void count(F&& f) {
     std::lock_guard lock(counters_mu);
@@ -322,6 +520,8 @@ struct access {
 
   static void reserve(const std::shared_ptr<context>& ctx, cuda_buffer& b, std::size_t bytes, bool pooled = true) {
     if (b.ptr_ != nullptr && b.capacity_ >= bytes && b.ctx_ == ctx) return;
+    // The record pass sized every tensor the capture pass touches.
+    check(!ctx->capturing(), "cuda graphs: a tensor grew during stream capture");
     release(b);
     if (bytes == 0) return;
     ctx->activate();
@@ -551,11 +751,12 @@ void cuda_backend::embedding(const cuda_tensor& table, std::span<const token_id>
   for (const token_id id : ids)
     check(id >= 0 && id < table.rows(), "embedding: token id ", id, " outside the vocabulary of ", table.rows());
   const section s{ids.data(), ids.size_bytes()};
-  c.ids_up.upload({&s, 1}, c.stream);
+  const auto* d_ids = c.upload(c.ids_up, cuda_detail::up_ids, {&s, 1}).at<std::int32_t>(0);
   access::shape(ctx_, out, static_cast<int>(ids.size()), table.cols(), table.dtype());
   if (ids.empty()) return;
-  const auto* d_ids = c.ids_up.device<std::int32_t>(0);
-  if (table.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels)
+  const bool fast = table.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels;
+  if (c.skip_launch(1, table.data(), table.rows(), table.cols(), table.dtype(), d_ids, ids.size(), out.data(), fast)) return;
+  if (fast)
     cuda::gather_rows(table.data(), table.rows(), table.cols(), d_ids, static_cast<int>(ids.size()), out.data(),
                       as_stream(c.stream));
   else
@@ -570,8 +771,10 @@ void cuda_backend::rms_norm(const cuda_tensor& x, const cuda_tensor& w, float ep
         width);
   access::shape(ctx_, out, x.rows(), x.cols(), x.dtype());
   if (x.empty()) return;
-  if (x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels && width % 8 == 0 && aligned16(x.data()) &&
-      aligned16(w.data()) && aligned16(out.data()))
+  const bool fast = x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels && width % 8 == 0 && aligned16(x.data()) &&
+                    aligned16(w.data()) && aligned16(out.data());
+  if (c.skip_launch(2, x.data(), w.data(), w.dtype(), out.data(), x.rows(), x.cols(), width, eps, fast)) return;
+  if (fast)
     cuda::rms_norm(x.data(), w.data(), w.dtype() == cuda_dtype::bf16 ? cuda::weight_dtype::bf16 : cuda::weight_dtype::f32,
                    out.data(), x.rows(), x.cols(), width, eps, as_stream(c.stream));
   else
@@ -591,6 +794,7 @@ void cuda_backend::linear(const cuda_tensor& x, const cuda_tensor& w, cuda_tenso
     const int align = std::min({alignment_of(x.data()), alignment_of(w.data()), alignment_of(out.data())});
     const auto& plan = gemm_plan_for(c, m, n, k, x.dtype(), align);
     if (plan.ok) {
+      if (c.skip_launch(3, x.data(), w.data(), out.data(), m, n, k, x.dtype(), &plan, c.lt_workspace)) return;
       const float alpha = 1.0f, beta = 0.0f;
       ZIPAGE_LT_CHECK(cublasLtMatmul(c.lt, plan.desc, &alpha, w.data(), plan.a, x.data(), plan.b, &beta, out.data(),
                                      plan.c, out.data(), plan.c, &plan.algo, c.lt_workspace, c.opts.gemm_workspace_bytes,
@@ -598,11 +802,13 @@ void cuda_backend::linear(const cuda_tensor& x, const cuda_tensor& w, cuda_tenso
       return;
     }
   }
+  if (c.skip_launch(4, x.data(), w.data(), out.data(), m, n, k, x.dtype())) return;
   cuda::engine::gemm_fixed_order(x.dtype(), x.data(), w.data(), out.data(), m, n, k, as_stream(c.stream));
 }
 
 void cuda_backend::add_bias(cuda_tensor& x, const cuda_tensor& bias) const {
   check(bias.cols() == x.cols() && bias.rows() >= 1, "add_bias: bias of ", bias.cols(), " for rows of ", x.cols());
+  if (ctx_->skip_launch(5, x.data(), x.dtype(), bias.data(), bias.dtype(), x.rows(), x.cols())) return;
   cuda::engine::add_bias(x.dtype(), x.data(), bias.dtype(), bias.data(), x.rows(), x.cols(), as_stream(ctx_->stream));
 }
 
@@ -631,9 +837,10 @@ void cuda_backend::rope(cuda_tensor& x, std::span<const std::int32_t> pos, int h
     ZIPAGE_CUDA_CHECK(cudaMemcpy(table, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
   }
   const section s{pos.data(), pos.size_bytes()};
-  c.pos_up.upload({&s, 1}, c.stream);
-  cuda::engine::rope(x.dtype(), x.data(), c.pos_up.device<std::int32_t>(0), x.rows(), x.cols() / head_dim, head_dim,
-                     table, style == rope_style::interleaved, as_stream(c.stream));
+  const auto* d_pos = c.upload(c.pos_up, cuda_detail::up_pos, {&s, 1}).at<std::int32_t>(0);
+  if (c.skip_launch(6, x.data(), x.dtype(), d_pos, x.rows(), x.cols(), head_dim, table, style)) return;
+  cuda::engine::rope(x.dtype(), x.data(), d_pos, x.rows(), x.cols() / head_dim, head_dim, table,
+                     style == rope_style::interleaved, as_stream(c.stream));
 }
 
 void cuda_backend::silu_mul(const cuda_tensor& gate, const cuda_tensor& up, cuda_tensor& out) const {
@@ -642,7 +849,9 @@ void cuda_backend::silu_mul(const cuda_tensor& gate, const cuda_tensor& up, cuda
         "silu_mul: gate and up differ in shape or type");
   access::shape(ctx_, out, gate.rows(), gate.cols(), gate.dtype());
   if (gate.empty()) return;
-  if (gate.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels)
+  const bool fast = gate.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels;
+  if (c.skip_launch(7, gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), gate.dtype(), fast)) return;
+  if (fast)
     cuda::silu_mul(gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), 0, as_stream(c.stream));
   else
     cuda::engine::silu_mul(gate.dtype(), gate.data(), up.data(), out.data(), gate.size(), as_stream(c.stream));
@@ -653,7 +862,9 @@ void cuda_backend::add(cuda_tensor& x, const cuda_tensor& y) const {
   check(x.rows() == y.rows() && x.cols() == y.cols() && x.dtype() == y.dtype(), "add: shapes or types differ (",
         x.rows(), "x", x.cols(), " and ", y.rows(), "x", y.cols(), ")");
   if (x.empty()) return;
-  if (x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels)
+  const bool fast = x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels;
+  if (c.skip_launch(8, x.data(), y.data(), x.size(), x.dtype(), fast)) return;
+  if (fast)
     cuda::add(x.data(), y.data(), x.data(), x.size(), as_stream(c.stream));
   else
     cuda::engine::add(x.dtype(), x.data(), y.data(), x.size(), as_stream(c.stream));
@@ -664,11 +875,12 @@ void cuda_backend::gather_rows(const cuda_tensor& x, std::span<const std::int32_
   check(&x != &out, "gather_rows: the output may not alias the input");
   for (const std::int32_t r : rows) check(r >= 0 && r < x.rows(), "gather_rows: row ", r, " outside ", x.rows());
   const section s{rows.data(), rows.size_bytes()};
-  c.rows_up.upload({&s, 1}, c.stream);
+  const auto* d_rows = c.upload(c.rows_up, cuda_detail::up_rows, {&s, 1}).at<std::int32_t>(0);
   access::shape(ctx_, out, static_cast<int>(rows.size()), x.cols(), x.dtype());
   if (rows.empty() || x.cols() == 0) return;
-  const auto* d_rows = c.rows_up.device<std::int32_t>(0);
-  if (x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels)
+  const bool fast = x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels;
+  if (c.skip_launch(9, x.data(), x.rows(), x.cols(), x.dtype(), d_rows, rows.size(), out.data(), fast)) return;
+  if (fast)
     cuda::gather_rows(x.data(), x.rows(), x.cols(), d_rows, static_cast<int>(rows.size()), out.data(), as_stream(c.stream));
   else
     cuda::engine::gather_rows(x.dtype(), x.data(), x.cols(), d_rows, static_cast<int>(rows.size()), out.data(),
@@ -677,13 +889,21 @@ void cuda_backend::gather_rows(const cuda_tensor& x, std::span<const std::int32_
 
 namespace {
 
+// Context lengths rounded up to four buckets per octave (at most 25% above), at least 64.
+int context_bucket(int len) {
+  const int b = std::max(len, 64);
+  const int step = std::max(64, static_cast<int>(std::bit_floor(static_cast<unsigned>(b))) / 4);
+  return (b + step - 1) / step * step;
+}
+
 // Copies the step's attention metadata to the device unless the last call already did (every layer
 // after the first), and derives what the kernels need besides (prefill q_indptr, decode or not).
 const cuda_detail::step_state& prepare_step(context& c, const attention_metadata& meta) {
   const section raw[] = {cuda_detail::span_section(meta.slot_mapping), cuda_detail::span_section(meta.token_seq),
                          cuda_detail::span_section(meta.token_kv_len), cuda_detail::span_section(meta.page_indptr),
                          cuda_detail::span_section(meta.page_indices), cuda_detail::span_section(meta.token_window_row)};
-  if (c.meta_up.same(raw)) return c.step;
+  const bool graphed = c.graph.phase != cuda_detail::graph_phase::off;
+  if (graphed ? c.graph.same(cuda_detail::up_meta, raw) : c.meta_up.same(raw)) return c.step;
 
   auto& st = c.step;
   st.num_tokens = meta.num_tokens();
@@ -714,18 +934,30 @@ const cuda_detail::step_state& prepare_step(context& c, const attention_metadata
   st.has_window = false;
   for (const std::int32_t r : meta.token_window_row) st.has_window |= r >= 0;
 
+  if (graphed) {
+    // A graph bakes the split-KV plan in, so it is made for a bucket of context lengths, not the exact one.
+    st.max_kv_len = context_bucket(st.max_kv_len);
+    c.graph.kv_bucket = st.max_kv_len;
+  }
+
   const section all[] = {raw[0], raw[1], raw[2], raw[3], raw[4], raw[5],
                          section{qi.data(), qi.size() * sizeof(std::int32_t)}};
-  c.meta_up.put(all, c.stream);
-  st.slots = c.meta_up.device<std::int64_t>(0);
-  st.token_seq = c.meta_up.device<std::int32_t>(1);
-  st.token_kv_len = c.meta_up.device<std::int32_t>(2);
-  st.page_indptr = c.meta_up.device<std::int32_t>(3);
-  st.page_indices = c.meta_up.device<std::int32_t>(4);
-  st.window_rows = c.meta_up.device<std::int32_t>(5);
-  st.q_indptr = c.meta_up.device<std::int32_t>(6);
+  cuda_detail::staged d;
+  if (graphed) {
+    d = c.graph.stage(cuda_detail::up_meta, all);
+  } else {
+    c.meta_up.put(all, c.stream);
+    for (std::size_t i = 0; i < std::size(all); ++i) d.p[i] = c.meta_up.device<char>(i);
+  }
+  st.slots = d.at<std::int64_t>(0);
+  st.token_seq = d.at<std::int32_t>(1);
+  st.token_kv_len = d.at<std::int32_t>(2);
+  st.page_indptr = d.at<std::int32_t>(3);
+  st.page_indices = d.at<std::int32_t>(4);
+  st.window_rows = d.at<std::int32_t>(5);
+  st.q_indptr = d.at<std::int32_t>(6);
   st.plan_key.fill(-1);
-  c.count([&](cuda_backend_counters& k) { ++k.metadata_uploads; });
+  if (!c.capturing()) c.count([&](cuda_backend_counters& k) { ++k.metadata_uploads; });
   return st;
 }
 
@@ -750,7 +982,7 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   if (tokens == 0) return;
 
   const auto& st = prepare_step(c, meta);
-  if (layer == 0)
+  if (layer == 0 && !c.capturing())
     c.count([&](cuda_backend_counters& kc) {
       ++kc.forward_steps;
       kc.attention_tokens += tokens;
@@ -765,51 +997,68 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   const int width = s.num_kv_heads * d;
   const bool bf16_fast = kv.dtype == cuda_dtype::bf16 && c.opts.fast_kernels;
 
-  if (bf16_fast && width % 8 == 0 && aligned16(kc) && aligned16(vc) && aligned16(k.data()) && aligned16(v.data()))
-    cuda::append_kv(kc, vc, k.data(), v.data(), st.slots, tokens, s.num_kv_heads, d, 0, 0, stream);
-  else
-    cuda::engine::append_kv(kv.dtype, kc, vc, k.data(), v.data(), st.slots, tokens, width, stream);
-
+  // What to launch, decided before launching anything (a graph record pass launches nothing).
+  const bool fast_append =
+      bf16_fast && width % 8 == 0 && aligned16(kc) && aligned16(vc) && aligned16(k.data()) && aligned16(v.data());
+  void* window_rows = nullptr;
   if (st.has_window && kv.queries.data() != nullptr) {
     check(s.num_q_heads == num_q_heads, "attention: the query-window cache has ", s.num_q_heads, " heads, q has ",
           num_q_heads);
-    void* rows = static_cast<char*>(kv.queries.data()) +
-                 static_cast<std::size_t>(s.query_layer_stride()) * static_cast<std::size_t>(layer) * eb;
-    cuda::engine::record_queries(kv.dtype, rows, st.window_rows, q.data(), tokens, q.cols(), stream);
+    window_rows = static_cast<char*>(kv.queries.data()) +
+                  static_cast<std::size_t>(s.query_layer_stride()) * static_cast<std::size_t>(layer) * eb;
   }
-
   const float scale = 1.0f / std::sqrt(float(d));
   const int group = num_q_heads / s.num_kv_heads;
   const bool tuned = bf16_fast && (d == 64 || d == 128) && power_of_two(s.block_size) && s.block_size >= 2 &&
                      aligned16(q.data()) && aligned16(out.data());
-  if (tuned && st.decode && st.num_seqs <= 65535) {
-    cuda::decode_params p;
-    p.q = q.data();
-    p.out = out.data();
-    p.k_cache = kc;
-    p.v_cache = vc;
-    p.page_indptr = st.page_indptr;
-    p.page_indices = st.page_indices;
-    p.kv_len = st.token_kv_len;  // one token per sequence: token t is sequence t
-    p.num_seqs = st.num_seqs;
-    p.num_q_heads = num_q_heads;
-    p.num_kv_heads = s.num_kv_heads;
-    p.head_dim = d;
-    p.block_size = s.block_size;
-    p.max_kv_len = st.max_kv_len;
-    p.scale = scale;
+  enum class path { decode, prefill, generic };
+  const path kind = tuned && st.decode && st.num_seqs <= 65535 ? path::decode
+                    : tuned && group <= 64                     ? path::prefill
+                                                               : path::generic;
+  cuda::decode_params dp;
+  void* wsp = nullptr;
+  std::size_t ws = 0;
+  if (kind == path::decode) {
+    dp.q = q.data();
+    dp.out = out.data();
+    dp.k_cache = kc;
+    dp.v_cache = vc;
+    dp.page_indptr = st.page_indptr;
+    dp.page_indices = st.page_indices;
+    dp.kv_len = st.token_kv_len;  // one token per sequence: token t is sequence t
+    dp.num_seqs = st.num_seqs;
+    dp.num_q_heads = num_q_heads;
+    dp.num_kv_heads = s.num_kv_heads;
+    dp.head_dim = d;
+    dp.block_size = s.block_size;
+    dp.max_kv_len = st.max_kv_len;
+    dp.scale = scale;
     auto& mst = c.step;
     const std::array<int, 6> key{st.num_seqs, st.max_kv_len, num_q_heads, s.num_kv_heads, d, s.block_size};
     if (mst.plan_key != key) {
-      mst.plan = cuda::plan_decode(p);
+      mst.plan = cuda::plan_decode(dp);
       mst.plan_key = key;
     }
-    const std::size_t ws = cuda::decode_workspace_bytes(p, mst.plan);
-    void* wsp = ws ? c.decode_ws.reserve(ws, c.stream) : nullptr;
-    cuda::paged_decode_attention(p, mst.plan, wsp, ws, stream);
+    ws = cuda::decode_workspace_bytes(dp, mst.plan);
+    wsp = ws ? c.decode_ws.reserve(ws, c.stream) : nullptr;
+  }
+  if (c.skip_launch(10, layer, kc, vc, q.data(), k.data(), v.data(), out.data(), tokens, st.num_seqs, st.max_kv_len,
+                    st.slots, st.token_seq, st.token_kv_len, st.page_indptr, st.page_indices, st.q_indptr,
+                    st.window_rows, window_rows, fast_append, kind, c.step.plan.num_splits, c.step.plan.chunk_tokens,
+                    c.step.plan.stages, wsp, ws, num_q_heads, s.num_kv_heads, d, s.block_size, kv.dtype))
+    return;
+
+  if (fast_append)
+    cuda::append_kv(kc, vc, k.data(), v.data(), st.slots, tokens, s.num_kv_heads, d, 0, 0, stream);
+  else
+    cuda::engine::append_kv(kv.dtype, kc, vc, k.data(), v.data(), st.slots, tokens, width, stream);
+  if (window_rows) cuda::engine::record_queries(kv.dtype, window_rows, st.window_rows, q.data(), tokens, q.cols(), stream);
+
+  if (kind == path::decode) {
+    cuda::paged_decode_attention(dp, c.step.plan, wsp, ws, stream);
     return;
   }
-  if (tuned && group <= 64) {
+  if (kind == path::prefill) {
     cuda::prefill_params p;
     p.q = q.data();
     p.out = out.data();
@@ -1386,6 +1635,99 @@ std::vector<float> cuda_backend::kv_to_host(const cuda_kv_storage& kv, bool valu
   ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(out.data(), f, n * sizeof(float), cudaMemcpyDeviceToHost, c.stream));
   ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
   return out;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// CUDA graphs for decode steps
+
+int cuda_backend::decode_graph_batch(int num_seqs) const {
+  const auto& o = ctx_->opts;
+  if (!o.cuda_graphs || num_seqs <= 0 || num_seqs > o.max_graph_batch) return 0;
+  const int step = num_seqs <= 16 ? 0 : num_seqs <= 256 ? 16 : num_seqs <= 512 ? 32 : 64;
+  const int padded = step == 0 ? static_cast<int>(std::bit_ceil(static_cast<unsigned>(num_seqs)))
+                               : (num_seqs + step - 1) / step * step;
+  return std::min(padded, std::max(o.max_graph_batch, num_seqs));
+}
+
+const cuda_tensor& cuda_backend::run_decode_graph(int batch, const std::function<const cuda_tensor&()>& forward) const {
+  context& c = use(ctx_);
+  auto& g = c.graph;
+  using cuda_detail::graph_phase;
+  check(g.phase == graph_phase::off, "run_decode_graph: called from inside a forward pass");
+  // Eager steps compare their metadata with the uploader's last copy; the graph passes point the step
+  // state elsewhere, so that copy may no longer be what the step state uses.
+  c.meta_up.invalidate();
+  struct reset_phase {
+    cuda_detail::graph_state& g;
+    ~reset_phase() { g.phase = graph_phase::off; }
+  } reset{g};
+
+  // Record: the forward's host side only (stage inputs, size outputs, sign the launches). A pass that had
+  // to move the device arena signed stale pointers, so it runs again.
+  const cuda_tensor* logits = nullptr;
+  for (int pass = 0; pass < 2; ++pass) {
+    g.begin(graph_phase::record, c.stream);
+    logits = &forward();
+    if (!g.arena_moved) break;
+  }
+  const std::uint64_t signature = g.signature;
+  const std::pair<int, int> key{batch, g.kv_bucket};
+  g.record_layout = g.layout;
+  g.phase = graph_phase::off;
+  if (g.used) ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(g.dev, g.host.p, g.used, cudaMemcpyHostToDevice, c.stream));
+  ZIPAGE_CUDA_CHECK(cudaEventRecord(g.copied, c.stream));
+
+  auto it = g.graphs.find(key);
+  if (it != g.graphs.end() && it->second.signature == signature) {
+    ZIPAGE_CUDA_CHECK(cudaGraphLaunch(it->second.exec, c.stream));
+    c.count([&](cuda_backend_counters& k) { ++k.graph_replays; });
+    return *logits;
+  }
+
+  // Capture the same forward (it launches this time) and instantiate it, or update the key's old graph.
+  const auto t0 = cuda_detail::clock::now();
+  g.begin(graph_phase::capture, c.stream);
+  cudaGraph_t graph = nullptr;
+  ZIPAGE_CUDA_CHECK(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    forward();
+  } catch (...) {
+    cudaStreamEndCapture(c.stream, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  ZIPAGE_CUDA_CHECK(cudaStreamEndCapture(c.stream, &graph));
+  g.phase = graph_phase::off;
+  struct graph_guard {
+    cudaGraph_t g;
+    ~graph_guard() { cudaGraphDestroy(g); }
+  } guard{graph};
+  check(g.signature == signature, "cuda graphs: the capture pass launched other kernels than the record pass");
+  bool updated = false;
+  if (it != g.graphs.end()) {
+    cudaGraphExecUpdateResultInfo info{};
+    updated = cudaGraphExecUpdate(it->second.exec, graph, &info) == cudaSuccess;
+    if (!updated) {
+      cudaGetLastError();  // clear the failed update's error
+      cudaGraphExecDestroy(it->second.exec);
+      g.graphs.erase(it);
+    }
+  }
+  if (!updated) {
+    if (static_cast<int>(g.graphs.size()) >= std::max(1, c.opts.max_graphs)) g.clear();
+    cudaGraphExec_t exec = nullptr;
+    ZIPAGE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    it = g.graphs.emplace(key, cuda_detail::graph_entry{exec, signature}).first;
+  }
+  it->second.signature = signature;
+  ZIPAGE_CUDA_CHECK(cudaGraphLaunch(it->second.exec, c.stream));
+  const double secs = cuda_detail::seconds_since(t0);
+  c.count([&](cuda_backend_counters& k) {
+    ++k.graph_captures;
+    k.graph_updates += updated ? 1 : 0;
+    k.graph_capture_seconds += secs;
+  });
+  return *logits;
 }
 
 void cuda_backend::synchronize() const {

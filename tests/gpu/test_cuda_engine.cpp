@@ -666,6 +666,200 @@ TEST_CASE("device compression, bf16: the host path's outputs (zipage_policy, hea
   CHECK(dev_per * 5 < host_per);
 }
 
+// ---- CUDA graphs for decode steps (cuda_backend::run_decode_graph)
+
+namespace {
+
+// One decode step of `lens.size()` sequences padded to `padded` rows (slot -1, kv_len 0, no pages), on
+// pages [s * pages_per_seq, ...) of a block-16 cache; the token ids come from `salt`.
+struct decode_batch {
+  std::vector<token_id> ids;
+  std::vector<std::int32_t> pos, seq, kv_len, rows, indptr{0}, indices, window;
+  std::vector<std::int64_t> slots;
+  forward_batch batch;
+
+  decode_batch(const std::vector<int>& lens, int padded, int pages_per_seq, int salt, int vocab) {
+    constexpr int bs = 16;
+    for (int s = 0; s < padded; ++s) {
+      const bool real = s < static_cast<int>(lens.size());
+      const int p = real ? lens[static_cast<std::size_t>(s)] - 1 : 0;  // the new token's position
+      ids.push_back(real ? 1 + (s * 131 + salt * 17) % (vocab - 2) : 0);
+      pos.push_back(p);
+      seq.push_back(s);
+      kv_len.push_back(real ? p + 1 : 0);
+      rows.push_back(s);
+      if (real) {
+        for (int b = 0; b < (p + bs) / bs; ++b) indices.push_back(s * pages_per_seq + b);
+        slots.push_back(std::int64_t{s * pages_per_seq + p / bs} * bs + p % bs);
+      } else {
+        slots.push_back(-1);
+      }
+      indptr.push_back(static_cast<std::int32_t>(indices.size()));
+    }
+    batch.tokens = ids;
+    batch.positions = pos;
+    batch.logits_rows = rows;
+    batch.attention = {slots, seq, kv_len, indptr, indices, {}};
+  }
+};
+
+// Fills every sequence's cache with a prefill of lens[s] - 1 random tokens (eagerly).
+template <class Model>
+void prefill(Model& m, const cuda_backend& b, cuda_kv_storage& kv, const std::vector<int>& lens, int pages_per_seq) {
+  constexpr int bs = 16;
+  std::vector<token_id> ids;
+  std::vector<std::int32_t> pos, seq, kv_len, rows, indptr{0}, indices;
+  std::vector<std::int64_t> slots;
+  for (std::size_t s = 0; s < lens.size(); ++s) {
+    const int n = lens[s] - 1;
+    for (int j = 0; j < n; ++j) {
+      ids.push_back(1 + static_cast<int>((s * 977 + static_cast<std::size_t>(j) * 31) % 500));
+      pos.push_back(j);
+      seq.push_back(static_cast<std::int32_t>(s));
+      kv_len.push_back(j + 1);
+      slots.push_back(std::int64_t{static_cast<int>(s) * pages_per_seq + j / bs} * bs + j % bs);
+    }
+    rows.push_back(static_cast<std::int32_t>(ids.size()) - 1);
+    for (int p = 0; p < (n + bs - 1) / bs; ++p) indices.push_back(static_cast<int>(s) * pages_per_seq + p);
+    indptr.push_back(static_cast<std::int32_t>(indices.size()));
+  }
+  forward_batch batch;
+  batch.tokens = ids;
+  batch.positions = pos;
+  batch.logits_rows = rows;
+  batch.attention = {slots, seq, kv_len, indptr, indices, {}};
+  cuda_backend ops = b;
+  forward_context<cuda_backend> ctx(ops, kv, batch, m.config().num_q_heads);
+  (void)m.forward(ctx);
+  b.synchronize();
+}
+
+}  // namespace
+
+TEST_CASE("CUDA graphs: replayed decode steps equal the eager forward bit for bit (bf16 tuned kernels, GQA, split-KV)") {
+  // Context lengths whose maximum is a bucket boundary (512), so the eager plan and the graph's plan agree
+  // and the comparison can be exact; 13 sequences padded to 16.
+  const model_config c = small_config(128, 8, 2, true);
+  const cuda_backend b;
+  auto m = random_llama(b, c, 21);
+  constexpr int pages_per_seq = 40;
+  std::vector<int> lens{512, 300, 17, 1, 64, 129, 480, 256, 33, 2, 400, 100, 511};
+  auto kv = b.allocate_kv(kv_cache_shape{c.num_layers, pages_per_seq * 16, 16, c.num_kv_heads, c.head_dim});
+  prefill(m, b, kv, lens, pages_per_seq);
+  REQUIRE(b.decode_graph_batch(13) == 16);
+
+  auto step = [&](llama_model<cuda_backend>& m, int salt, std::int64_t want_captures, std::int64_t want_replays) {
+    CAPTURE(salt);
+    const decode_batch db(lens, 16, pages_per_seq, salt, c.vocab_size);
+    cuda_backend ops = b;
+    forward_context<cuda_backend> ctx(ops, kv, db.batch, c.num_q_heads);
+    const std::vector<float> eager = b.to_host(m.forward(ctx));  // writes the step's K/V ...
+    const std::vector<float> graphed =
+        b.to_host(b.run_decode_graph(16, [&]() -> const cuda_tensor& { return m.forward(ctx); }));  // ... the same again
+    REQUIRE(eager.size() == graphed.size());
+    CHECK(eager.size() == std::size_t{16} * c.vocab_size);
+    CHECK(std::memcmp(eager.data(), graphed.data(), eager.size() * sizeof(float)) == 0);
+    const auto k = b.counters();
+    CHECK(k.graph_captures == want_captures);
+    CHECK(k.graph_replays == want_replays);
+  };
+  b.reset_counters();
+  step(m, 1, 1, 0);  // captured
+  step(m, 2, 1, 1);  // replayed with other tokens
+  step(m, 3, 1, 2);
+  // Another model object (same weights, other buffers) under the same key: its launches have other
+  // pointers, so the step is captured again (the graph updated in place), never replayed stale.
+  {
+    auto m2 = random_llama(b, c, 21);
+    step(m2, 4, 2, 2);
+    step(m2, 5, 2, 3);
+  }
+  // A long prefill grows the first model's activation tensors; whatever addresses they get, the decode
+  // graph stays exact (replayed if every pointer came back the same, captured otherwise).
+  {
+    std::vector<int> big(8, 400);
+    auto kv2 = b.allocate_kv(kv_cache_shape{c.num_layers, pages_per_seq * 8, 16, c.num_kv_heads, c.head_dim});
+    prefill(m, b, kv2, big, pages_per_seq);
+  }
+  {
+    const auto before = b.counters();
+    const decode_batch db(lens, 16, pages_per_seq, 7, c.vocab_size);
+    cuda_backend ops = b;
+    forward_context<cuda_backend> ctx(ops, kv, db.batch, c.num_q_heads);
+    const std::vector<float> eager = b.to_host(m.forward(ctx));
+    const std::vector<float> graphed =
+        b.to_host(b.run_decode_graph(16, [&]() -> const cuda_tensor& { return m.forward(ctx); }));
+    CHECK(std::memcmp(eager.data(), graphed.data(), eager.size() * sizeof(float)) == 0);
+    const auto after = b.counters();
+    CHECK(after.graph_captures + after.graph_replays == before.graph_captures + before.graph_replays + 1);
+  }
+  // Longer contexts fall in another bucket (a second graph); going back replays the first.
+  for (int& l : lens) l = std::min(l + 100, 600);
+  prefill(m, b, kv, lens, pages_per_seq);  // rewrites the caches up to the new lengths
+  {
+    const decode_batch db(lens, 16, pages_per_seq, 6, c.vocab_size);
+    cuda_backend ops = b;
+    forward_context<cuda_backend> ctx(ops, kv, db.batch, c.num_q_heads);
+    (void)b.run_decode_graph(16, [&]() -> const cuda_tensor& { return m.forward(ctx); });
+    b.synchronize();
+    CHECK(b.counters().graph_captures >= 3);
+    CHECK(b.counters().graph_updates >= 1);
+  }
+}
+
+TEST_CASE("CUDA graphs: the engine with graphs gives the eager engine's tokens (fp32, fixed-order GEMM) and bf16 agrees") {
+  const auto prompts = story_prompts(13);
+  for (const bool graphs : {false, true}) {
+    CAPTURE(graphs);
+    // fp32 + fixed-order GEMM: rows do not depend on the batch, so padding cannot change a token.
+    cuda_backend_options o;
+    o.dtype = cuda_dtype::f32;
+    o.batch_invariant = true;
+    o.cuda_graphs = graphs;
+    const cuda_backend b(o);
+    auto gpu = make_gpu(b, {.block_size = 16, .num_blocks = 512});
+    auto cpu = make_cpu({.block_size = 16, .num_blocks = 512});
+    std::vector<sampling_params> ps;
+    for (std::size_t i = 0; i < prompts.size(); ++i) ps.push_back(sampling_variant(static_cast<int>(i % 3), i, 60 + 9 * static_cast<int>(i)));
+    std::vector<request_id> gid, cid;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      gid.push_back(gpu.add_request(prompts[i], ps[i]));
+      cid.push_back(cpu.add_request(prompts[i], ps[i]));
+    }
+    gpu.run_to_completion();
+    cpu.run_to_completion();
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      CAPTURE(i);
+      CHECK(gpu.take_output(gid[i]).output == cpu.take_output(cid[i]).output);
+    }
+    const auto st = gpu.stats();
+    const auto k = b.counters();
+    MESSAGE("fp32 engine, graphs ", graphs ? "on" : "off", ": ", st.graph_steps, " graph steps (", st.graph_padding_rows,
+            " padding rows), ", k.graph_captures, " captures, ", k.graph_replays, " replays, capture time ",
+            1e3 * k.graph_capture_seconds, " ms");
+    if (graphs) {
+      CHECK(st.graph_steps > 0);
+      CHECK(k.graph_replays + k.graph_captures == st.graph_steps);
+      CHECK(k.graph_replays > k.graph_captures);
+      CHECK(st.graph_padding_rows > 0);
+    } else {
+      CHECK(st.graph_steps == 0);
+    }
+  }
+  // bf16 with cuBLASLt: padding may change the GEMM algorithm, so tokens are compared, not required equal.
+  const auto ref = make_gpu(cuda_backend(cuda_backend_options{.cuda_graphs = false}), {.block_size = 16, .num_blocks = 512})
+                       .generate(prompts, greedy(100));
+  const cuda_backend b;
+  auto gpu = make_gpu(b, {.block_size = 16, .num_blocks = 512});
+  const auto out = gpu.generate(prompts, greedy(100));
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < prompts.size(); ++i) total += common_prefix(out[i].output, ref[i].output);
+  MESSAGE("bf16 engine, graphs vs eager: mean matching prefix ", double(total) / double(prompts.size()), " of 100; ",
+          b.counters().graph_replays, " replays");
+  CHECK(b.counters().graph_replays > 0);
+  CHECK(double(total) / double(prompts.size()) >= 8.0);
+}
+
 int main(int argc, char** argv) {
   if (cuda::device_count() == 0) {
     std::printf("SKIPPED: no CUDA device (%s)\n", cuda::describe_device().c_str());

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -85,6 +86,8 @@ struct engine_stats {
   std::int64_t tokens_evicted = 0;
   std::int64_t prefix_hit_tokens = 0; // prompt tokens whose KV came from the prefix cache
   std::int64_t prefix_lookups = 0, prefix_hits = 0;  // full-block lookups
+  std::int64_t graph_steps = 0;       // decode steps run through the backend's decode graphs
+  std::int64_t graph_padding_rows = 0;  // padding rows those steps added to reach the graph's batch size
   int num_blocks = 0;
   int peak_blocks_used = 0;
   int blocks_in_use = 0;
@@ -120,7 +123,8 @@ class engine {
                 "zipage::cpu_backend;` (or another backend) to it");
   static_assert(model<Model>,
                 "zipage::engine: Model must satisfy zipage::model: `const model_config& config() const` and "
-                "`backend_type::tensor forward(forward_context<backend_type>&)` returning logits [rows][vocab]");
+                "`backend_type::tensor forward(forward_context<backend_type>&)` returning logits [rows][vocab] "
+                "(or `const backend_type::tensor&` to logits the model keeps)");
   static_assert(backend<Backend>,
                 "zipage::engine: Backend must satisfy zipage::backend (a tensor type, kv_storage, and the ops "
                 "listed in zipage/model/concepts.hpp); use zipage::cpu_backend or derive from it");
@@ -227,8 +231,7 @@ class engine {
     }
 
     build_batch(plan);
-    forward_context<Backend> ctx(backend_, kv_, batch_, config().num_q_heads);
-    const tensor logits = model_.forward(ctx);
+    const tensor& logits = forward(plan);
     const std::vector<token_id> sampled = sample_all(plan, logits);
 
     std::size_t row = 0;
@@ -427,6 +430,61 @@ class engine {
     }
   }
 
+  // The model's forward over the built batch; a pure decode step goes through the backend's decode graphs
+  // when it has them (padded to the graph's batch size).
+  const tensor& forward(const step_plan& plan) {
+    if constexpr (decode_graph_runner<Backend> && forward_returns_reference<Model>) {
+      if (const int padded = graph_batch_size(plan); padded > 0) {
+        const int real = static_cast<int>(plan.batch.size());
+        pad_batch(padded);
+        ++stats_.graph_steps;
+        stats_.graph_padding_rows += padded - real;
+        forward_context<Backend> ctx(backend_, kv_, batch_, config().num_q_heads);
+        return backend_.run_decode_graph(padded, [&]() -> const tensor& { return model_.forward(ctx); });
+      }
+    }
+    forward_context<Backend> ctx(backend_, kv_, batch_, config().num_q_heads);
+    if constexpr (forward_returns_reference<Model>) {
+      return model_.forward(ctx);
+    } else {
+      logits_ = model_.forward(ctx);
+      return logits_;
+    }
+  }
+
+  // The graph batch size for this step, or 0: only steps where every sequence decodes one token and
+  // samples it on the device (log-probabilities and forced tokens need the logits on the host).
+  [[nodiscard]] int graph_batch_size(const step_plan& plan) const {
+    if constexpr (decode_graph_runner<Backend> && device_sampler<Backend>) {
+      for (const scheduled_seq& e : plan.batch)
+        if (e.tokens != 1 || !e.samples() || e.seq->params.logprobs || !e.seq->forced_tokens.empty()) return 0;
+      return backend_.decode_graph_batch(static_cast<int>(plan.batch.size()));
+    } else {
+      return 0;
+    }
+  }
+
+  // Adds padding sequences up to `padded`: one token each that writes nowhere (slot -1), attends to
+  // nothing (kv_len 0, no pages) and records no query; every row's logits are computed.
+  void pad_batch(int padded) {
+    const int real = static_cast<int>(tokens_.size());
+    for (int i = real; i < padded; ++i) {
+      tokens_.push_back(0);
+      positions_.push_back(0);
+      slots_.push_back(-1);
+      token_seq_.push_back(i);
+      token_kv_len_.push_back(0);
+      page_indptr_.push_back(page_indptr_.back());
+      if constexpr (EvictionPolicy::evicts) window_rows_.push_back(-1);
+    }
+    graph_rows_.resize(static_cast<std::size_t>(padded));
+    std::iota(graph_rows_.begin(), graph_rows_.end(), 0);
+    batch_.tokens = tokens_;
+    batch_.positions = positions_;
+    batch_.logits_rows = graph_rows_;
+    batch_.attention = {slots_, token_seq_, token_kv_len_, page_indptr_, page_indices_, window_rows_};
+  }
+
   // Lays the planned tokens out back to back with their positions, slots and page tables.
   void build_batch(const step_plan& plan) {
     tokens_.clear();
@@ -609,7 +667,9 @@ class engine {
   std::vector<std::int64_t> slots_;
   std::vector<std::int32_t> window_rows_;
   std::vector<sample_row> sample_rows_;
+  std::vector<std::int32_t> graph_rows_;  // logits rows of a padded decode-graph step (all of them)
   forward_batch batch_;
+  tensor logits_;  // the last step's logits, for models that return them by value
 };
 
 }  // namespace zipage

@@ -51,7 +51,8 @@ struct paged_kv_layer {
 
 // Per-step attention metadata for a batch of sequences whose new tokens are laid out back to back.
 struct attention_metadata {
-  std::span<const std::int64_t> slot_mapping;  // [num_tokens] pool slot (block * block_size + offset) for the new K/V
+  std::span<const std::int64_t> slot_mapping;  // [num_tokens] pool slot (block * block_size + offset) for the new K/V;
+                                               // -1: a padding row (decode graphs) whose K/V go nowhere
   std::span<const std::int32_t> token_seq;     // [num_tokens] index of the token's sequence in the batch
   std::span<const std::int32_t> token_kv_len;  // [num_tokens] physical KV length the token attends to (causal, incl. itself)
   std::span<const std::int32_t> page_indptr;   // [num_seqs + 1] CSR offsets into page_indices

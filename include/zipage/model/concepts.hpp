@@ -3,7 +3,10 @@
 // whose message says what to add when a type falls short.
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "zipage/core/types.hpp"
@@ -53,13 +56,32 @@ concept device_sampler = requires(const B& b, const typename B::tensor& logits, 
   { b.sample(logits, rows) } -> std::same_as<std::vector<token_id>>;
 };
 
+// Optional backend hook: decode steps through captured graphs (cuda_backend). decode_graph_batch(n) is the
+// batch size a decode step of n sequences is padded to (0: no graph); run_decode_graph(batch, forward)
+// runs the model's forward over the padded batch (padding rows: slot -1, kv_len 0, position 0) and
+// returns its logits. The engine pads only steps where every sequence decodes one token and samples on
+// the device, and only for models whose forward returns a reference to logits it keeps (see model).
+template <class B>
+concept decode_graph_runner =
+    requires(const B& b, int n, const std::function<const typename B::tensor&()>& forward) {
+      { b.decode_graph_batch(n) } -> std::convertible_to<int>;
+      { b.run_decode_graph(n, forward) } -> std::same_as<const typename B::tensor&>;
+    };
+
 // A model: its config, the backend it runs on, and a forward pass that returns logits
-// [logits_rows][vocab] and calls ctx.attention(layer, q, k, v, out) once per layer.
+// [logits_rows][vocab] and calls ctx.attention(layer, q, k, v, out) once per layer. forward may return the
+// logits by value or as a reference to a member it reuses across steps (which lets a graph-capable
+// backend replay the step: the logits must stay where the captured kernels write them).
 template <class M>
 concept model = requires(M& m, const M& cm, forward_context<typename M::backend_type>& ctx) {
   typename M::backend_type;
   { cm.config() } -> std::convertible_to<const model_config&>;
-  { m.forward(ctx) } -> std::same_as<typename M::backend_type::tensor>;
+  requires std::same_as<std::remove_cvref_t<decltype(m.forward(ctx))>, typename M::backend_type::tensor>;
 };
+
+// Whether M's forward returns a reference to logits it keeps (a prerequisite for decode graphs).
+template <class M>
+inline constexpr bool forward_returns_reference =
+    std::is_lvalue_reference_v<decltype(std::declval<M&>().forward(std::declval<forward_context<typename M::backend_type>&>()))>;
 
 }  // namespace zipage

@@ -52,8 +52,9 @@ class llama_model {
 
   [[nodiscard]] const model_config& config() const { return config_; }
 
-  // logits [logits_rows][vocab]
-  tensor forward(forward_context<Backend>& ctx) {
+  // logits [logits_rows][vocab], kept in the model until the next forward (stable storage, so a backend
+  // can capture the step into a graph).
+  const tensor& forward(forward_context<Backend>& ctx) {
     const auto& c = config_;
     Backend& ops = ctx.backend();
     ops.embedding(w_.embedding, ctx.tokens(), x_);
@@ -81,9 +82,8 @@ class llama_model {
     // Only the rows the engine samples from go through the final norm and the vocabulary projection.
     ops.gather_rows(x_, ctx.logits_rows(), h_);
     ops.rms_norm(h_, w_.final_norm, c.rms_eps, h_);
-    tensor logits;
-    ops.linear(h_, w_.lm_head ? *w_.lm_head : w_.embedding, logits);
-    return logits;
+    ops.linear(h_, w_.lm_head ? *w_.lm_head : w_.embedding, logits_);
+    return logits_;
   }
 
  private:
@@ -112,6 +112,7 @@ class llama_model {
   model_config config_;
   llama_weights<Backend> w_;
   tensor x_, h_, q_, k_, v_, attn_, gate_, up_;  // activations reused across steps
+  tensor logits_;
 };
 
 namespace detail {

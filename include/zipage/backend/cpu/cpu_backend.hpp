@@ -111,6 +111,7 @@ inline void gather_rows(const matrix& x, std::span<const std::int32_t> rows, mat
 inline void append_kv(paged_kv_layer<float> kv, std::span<const std::int64_t> slots, const matrix& k, const matrix& v) {
   const std::int64_t width = std::int64_t{kv.num_kv_heads} * kv.head_dim;
   for (std::size_t t = 0; t < slots.size(); ++t) {
+    if (slots[t] < 0) continue;  // a padding row (decode graphs) writes nowhere
     const auto r = static_cast<Eigen::Index>(t);
     std::copy_n(k.row(r).data(), width, kv.k + slots[t] * width);
     std::copy_n(v.row(r).data(), width, kv.v + slots[t] * width);

@@ -25,6 +25,16 @@
 //    other policies, full_redundancy, head_dim other than 64/128, `device_compression = false`) the
 //    engine's generic path runs: gather_keys / gather_scores / gather_window_queries copy to host vectors
 //    in the CPU layout, the compressor scores on the host, apply_compaction is one kernel per plan.
+//  * CUDA graphs for decode steps: run_decode_graph() runs the model's forward for a decode batch padded
+//    to a bucketed size (decode_graph_batch()) from a CUDA graph captured for that (batch, context bucket),
+//    replaying it once the step's inputs are in place. The forward's host code runs first in a "record"
+//    pass that launches nothing: every op checks its arguments, sizes its output, stages its small
+//    host inputs (ids, positions, page tables) into one pinned arena at offsets fixed by the call order,
+//    and folds every kernel argument (pointers, sizes, the split-KV plan for the context bucket) into a
+//    64-bit signature. One copy moves the arena to the device; the graph cached under the key replays when
+//    its signature matches, otherwise the forward runs again under stream capture (a new graph, or an
+//    in-place update of the old one). So a graph is never replayed with arguments the eager forward would
+//    not use: a grown activation tensor, a new page-table size class or another plan re-captures.
 //  * copy_block, swap_out and swap_in are one batched-copy kernel each (swap blobs in pinned host memory,
 //    read and written by the kernel directly).
 //
@@ -36,6 +46,7 @@
 // No CUDA header is included here; the implementation is src/cuda/cuda_backend.cu.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -70,6 +81,11 @@ struct cuda_backend_options {
   // engine's host path (gather, score on the host, apply_compaction) runs.
   bool device_compression = true;
   std::size_t gemm_workspace_bytes = std::size_t{32} << 20;
+  // Decode steps through CUDA graphs (run_decode_graph), for batches up to max_graph_batch sequences.
+  bool cuda_graphs = true;
+  int max_graph_batch = 1024;
+  // Captured graphs kept (one per (padded batch, context bucket)); beyond it the cache starts afresh.
+  int max_graphs = 256;
 };
 
 namespace cuda_detail {
@@ -192,6 +208,10 @@ struct cuda_backend_counters {
   double sample_seconds = 0.0;            // in sample() (waits for the step's GPU work, then the tokens' copy)
   std::int64_t device_compressions = 0;   // compress_on_device() runs (each also counts as a compaction)
   double device_compression_seconds = 0.0;  // in compress_on_device() (worker thread; included in compaction_seconds)
+  std::int64_t graph_replays = 0;         // decode steps replayed from a cached graph
+  std::int64_t graph_captures = 0;        // decode steps captured into a new graph
+  std::int64_t graph_updates = 0;         // captures that updated an existing graph in place (cudaGraphExecUpdate)
+  double graph_capture_seconds = 0.0;     // capture + instantiate / update
 };
 
 class cuda_backend {
@@ -253,6 +273,17 @@ class cuda_backend {
   [[nodiscard]] std::optional<int> compress_on_device(kv_storage& kv, const sequence& s, int slot,
                                                       const zipage_policy& policy,
                                                       const compression_params& params) const;
+
+  // ---- CUDA graphs for decode steps (model/concepts.hpp decode_graph_runner)
+  // The batch size a decode step of `num_seqs` sequences is padded to for a graph: powers of two up to
+  // 16, then multiples of 16 up to 256, of 32 up to 512 and of 64 beyond; 0 when graphs are off
+  // (`cuda_graphs = false`) or num_seqs > max_graph_batch.
+  [[nodiscard]] int decode_graph_batch(int num_seqs) const;
+  // Runs `forward` (the model's forward over a decode batch of `batch` sequences, already padded: padding
+  // rows have slot -1 and kv_len 0) from a CUDA graph, capturing or updating it when needed (see above),
+  // and returns the logits `forward` returns; they are ready in stream order. `forward` may run twice
+  // (record, capture) and must return a tensor that outlives the call (a model member).
+  const tensor& run_decode_graph(int batch, const std::function<const tensor&()>& forward) const;
 
   // ---- extras
   // A tensor filled on the device: uniform in [-scale, scale) from (seed, index), or a constant.
