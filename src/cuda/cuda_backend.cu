@@ -1015,24 +1015,28 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   const path kind = tuned && st.decode && st.num_seqs <= 65535 ? path::decode
                     : tuned && group <= 64                     ? path::prefill
                                                                : path::generic;
+  // The fields every attention kernel's parameters share.
+  auto common = [&](auto& p) {
+    p.q = q.data();
+    p.out = out.data();
+    p.k_cache = kc;
+    p.v_cache = vc;
+    p.page_indptr = st.page_indptr;
+    p.page_indices = st.page_indices;
+    p.num_q_heads = num_q_heads;
+    p.num_kv_heads = s.num_kv_heads;
+    p.head_dim = d;
+    p.block_size = s.block_size;
+    p.scale = scale;
+  };
   cuda::decode_params dp;
   void* wsp = nullptr;
   std::size_t ws = 0;
   if (kind == path::decode) {
-    dp.q = q.data();
-    dp.out = out.data();
-    dp.k_cache = kc;
-    dp.v_cache = vc;
-    dp.page_indptr = st.page_indptr;
-    dp.page_indices = st.page_indices;
+    common(dp);
     dp.kv_len = st.token_kv_len;  // one token per sequence: token t is sequence t
     dp.num_seqs = st.num_seqs;
-    dp.num_q_heads = num_q_heads;
-    dp.num_kv_heads = s.num_kv_heads;
-    dp.head_dim = d;
-    dp.block_size = s.block_size;
     dp.max_kv_len = st.max_kv_len;
-    dp.scale = scale;
     auto& mst = c.step;
     const std::array<int, 6> key{st.num_seqs, st.max_kv_len, num_q_heads, s.num_kv_heads, d, s.block_size};
     if (mst.plan_key != key) {
@@ -1060,39 +1064,19 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   }
   if (kind == path::prefill) {
     cuda::prefill_params p;
-    p.q = q.data();
-    p.out = out.data();
-    p.k_cache = kc;
-    p.v_cache = vc;
+    common(p);
     p.q_indptr = st.q_indptr;
     p.token_kv_len = st.token_kv_len;
-    p.page_indptr = st.page_indptr;
-    p.page_indices = st.page_indices;
     p.num_tokens = tokens;
     p.num_seqs = st.num_seqs;
-    p.num_q_heads = num_q_heads;
-    p.num_kv_heads = s.num_kv_heads;
-    p.head_dim = d;
-    p.block_size = s.block_size;
-    p.scale = scale;
     cuda::paged_prefill_attention(p, stream);
     return;
   }
   cuda::engine::generic_attention_params p;
-  p.q = q.data();
-  p.out = out.data();
-  p.k_cache = kc;
-  p.v_cache = vc;
+  common(p);
   p.token_seq = st.token_seq;
   p.token_kv_len = st.token_kv_len;
-  p.page_indptr = st.page_indptr;
-  p.page_indices = st.page_indices;
   p.num_tokens = tokens;
-  p.num_q_heads = num_q_heads;
-  p.num_kv_heads = s.num_kv_heads;
-  p.head_dim = d;
-  p.block_size = s.block_size;
-  p.scale = scale;
   cuda::engine::paged_attention(kv.dtype, p, stream);
 }
 

@@ -86,6 +86,36 @@ struct kv_tile_loader {
 };
 
 // A fragments of a warp's 16 query rows (rows row_base .. row_base+15 of a swizzled Q tile).
+// The K/V tile pipeline both attention kernels run over [start, end): STAGES tiles of K and V in flight
+// (shared memory at skv, K then V per stage), the next tile's page ids prefetched one tile ahead.
+// kv_pipeline_start issues the first STAGES-1 tiles; kv_pipeline_wait, at iteration `it`, issues tile
+// it + STAGES - 1 and waits until tile `it` has landed (and the whole CTA is past it).
+template <int STAGES, int TILE_BYTES, class Loader>
+__device__ __forceinline__ void kv_pipeline_start(Loader& loader, std::uint32_t skv, int start, int end, int ntiles) {
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < ntiles) {
+      loader.issue(skv + st * 2 * TILE_BYTES, skv + st * 2 * TILE_BYTES + TILE_BYTES, start + st * kKvTile, end);
+      loader.prefetch(start + (st + 1) * kKvTile, end);
+    }
+    cp_async_commit();
+  }
+}
+
+template <int STAGES, int TILE_BYTES, class Loader>
+__device__ __forceinline__ void kv_pipeline_wait(Loader& loader, std::uint32_t skv, int it, int start, int end,
+                                                 int ntiles) {
+  const int nxt = it + STAGES - 1;
+  if (nxt < ntiles) {
+    const std::uint32_t base = skv + (nxt % STAGES) * 2 * TILE_BYTES;
+    loader.issue(base, base + TILE_BYTES, start + nxt * kKvTile, end);
+    loader.prefetch(start + (nxt + 1) * kKvTile, end);
+  }
+  cp_async_commit();
+  cp_async_wait<STAGES - 1>();
+  __syncthreads();
+}
+
 template <int D>
 __device__ __forceinline__ void load_q_fragments(std::uint32_t (&qf)[D / 16][4], std::uint32_t sq, int row_base,
                                                  int lane) {
@@ -242,15 +272,7 @@ __global__ void __launch_bounds__(decode_config<D, STAGES>::kThreads) paged_deco
   }
 
   const int ntiles = (end - start + kKvTile - 1) / kKvTile;
-#pragma unroll
-  for (int st = 0; st < cfg::kStages - 1; ++st) {
-    if (st < ntiles) {
-      loader.issue(skv + st * 2 * cfg::kTileBytes, skv + st * 2 * cfg::kTileBytes + cfg::kTileBytes,
-                   start + st * kKvTile, end);
-      loader.prefetch(start + (st + 1) * kKvTile, end);
-    }
-    cp_async_commit();
-  }
+  kv_pipeline_start<cfg::kStages, cfg::kTileBytes>(loader, skv, start, end, ntiles);
 
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
@@ -260,15 +282,7 @@ __global__ void __launch_bounds__(decode_config<D, STAGES>::kThreads) paged_deco
   std::uint32_t qf[D / 16][4];
 
   for (int it = 0; it < ntiles; ++it) {
-    const int nxt = it + cfg::kStages - 1;
-    if (nxt < ntiles) {
-      const std::uint32_t base = skv + (nxt % cfg::kStages) * 2 * cfg::kTileBytes;
-      loader.issue(base, base + cfg::kTileBytes, start + nxt * kKvTile, end);
-      loader.prefetch(start + (nxt + 1) * kKvTile, end);
-    }
-    cp_async_commit();
-    cp_async_wait<cfg::kStages - 1>();
-    __syncthreads();
+    kv_pipeline_wait<cfg::kStages, cfg::kTileBytes>(loader, skv, it, start, end, ntiles);
     if (it == 0) load_q_fragments<D>(qf, sq, 0, lane);
 
     const std::uint32_t sk = skv + (it % cfg::kStages) * 2 * cfg::kTileBytes;
@@ -543,15 +557,7 @@ __global__ void __launch_bounds__(prefill_config<D>::kThreads) paged_prefill_ker
                                           a.bs_shift, tid);
   loader.prefetch(0, kv_end);
   const int ntiles = (kv_end + kKvTile - 1) / kKvTile;
-#pragma unroll
-  for (int st = 0; st < cfg::kStages - 1; ++st) {
-    if (st < ntiles) {
-      loader.issue(skv + st * 2 * cfg::kTileBytes, skv + st * 2 * cfg::kTileBytes + cfg::kTileBytes, st * kKvTile,
-                   kv_end);
-      loader.prefetch((st + 1) * kKvTile, kv_end);
-    }
-    cp_async_commit();
-  }
+  kv_pipeline_start<cfg::kStages, cfg::kTileBytes>(loader, skv, 0, kv_end, ntiles);
 
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
@@ -561,15 +567,7 @@ __global__ void __launch_bounds__(prefill_config<D>::kThreads) paged_prefill_ker
   std::uint32_t qf[D / 16][4];
 
   for (int it = 0; it < ntiles; ++it) {
-    const int nxt = it + cfg::kStages - 1;
-    if (nxt < ntiles) {
-      const std::uint32_t base = skv + (nxt % cfg::kStages) * 2 * cfg::kTileBytes;
-      loader.issue(base, base + cfg::kTileBytes, nxt * kKvTile, kv_end);
-      loader.prefetch((nxt + 1) * kKvTile, kv_end);
-    }
-    cp_async_commit();
-    cp_async_wait<cfg::kStages - 1>();
-    __syncthreads();
+    kv_pipeline_wait<cfg::kStages, cfg::kTileBytes>(loader, skv, it, 0, kv_end, ntiles);
     if (it == 0) load_q_fragments<D>(qf, sq, warp * 16, lane);
 
     const int tile_start = it * kKvTile;
