@@ -242,17 +242,22 @@ inline std::string nfc(std::string_view s) {
 // Chat templates
 // ---------------------------------------------------------------------------------------------
 
+// Each format renders what the model family's published Jinja template renders for plain text messages
+// (tool calls and tool definitions left out); tests/unit/test_chat_templates.cpp holds the expected
+// strings, rendered from the real templates.
 struct chat_message {
-  std::string role;  // "system", "user", "assistant" (and "tool" for ChatML)
+  std::string role;  // "system", "user", "assistant"; "tool" (not deepseek_r1); "ipython" (llama3, llama3_1)
   std::string content;
 };
 
 enum class chat_format {
   none,         // the tokenizer has no (recognised) chat template
-  chatml,       // <|im_start|>role\n...<|im_end|>\n (Qwen2 / Qwen2.5 style, no default system prompt)
-  qwen3,        // ChatML with Qwen3's thinking blocks
-  llama3,       // <|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
-  deepseek_r1,  // <｜begin▁of▁sentence｜>system<｜User｜>...<｜Assistant｜>...<｜end▁of▁sentence｜>
+  chatml,       // plain ChatML: <|im_start|>role\n...<|im_end|>\n, nothing added (no default system prompt)
+  qwen3,        // Qwen3's ChatML: earlier answers lose their reasoning; thinking can be turned off
+  llama3,       // Llama 3.0: <|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
+  llama3_1,     // Llama 3.1 and later 3.x: Llama 3.0 plus an always-present system block with the
+                // "Cutting Knowledge Date"/"Today Date" lines; tool results as "ipython" turns in JSON
+  deepseek_r1,  // DeepSeek-R1(-Distill): <｜begin▁of▁sentence｜>system<｜User｜>...<｜Assistant｜>...<｜end▁of▁sentence｜>
 };
 
 inline std::string_view chat_format_name(chat_format f) noexcept {
@@ -260,14 +265,27 @@ inline std::string_view chat_format_name(chat_format f) noexcept {
     case chat_format::chatml: return "chatml";
     case chat_format::qwen3: return "qwen3";
     case chat_format::llama3: return "llama3";
+    case chat_format::llama3_1: return "llama3_1";
     case chat_format::deepseek_r1: return "deepseek_r1";
     default: return "none";
   }
 }
 
+// The format named by chat_format_name (e.g. a command-line choice); an unknown name is an error.
+inline chat_format chat_format_from_name(std::string_view name) {
+  for (const chat_format f :
+       {chat_format::chatml, chat_format::qwen3, chat_format::llama3, chat_format::llama3_1, chat_format::deepseek_r1})
+    if (chat_format_name(f) == name) return f;
+  fail("unknown chat template '", json::printable(name),
+       "' (zipage knows chatml, qwen3, llama3, llama3_1, deepseek_r1)");
+}
+
 struct chat_options {
   bool add_generation_prompt = true;  // end with the assistant's header, ready to generate
   bool enable_thinking = true;        // qwen3: false appends an empty <think>\n\n</think>\n\n
+  // llama3_1: the date on the "Today Date: " line. Llama 3.1's template defaults to "26 Jul 2024";
+  // Llama 3.2's writes the current date (strftime_now("%d %b %Y")) under transformers: pass it here.
+  std::string date_string = "26 Jul 2024";
 };
 
 namespace detail {
@@ -282,7 +300,64 @@ inline std::string_view strip_chars(std::string_view s, std::string_view chars, 
   }
   return s;
 }
-inline constexpr std::string_view py_whitespace = " \t\n\r\v\f";
+
+// U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F, U+3000 in UTF-8.
+inline constexpr std::string_view py_unicode_spaces[] = {
+    "\xC2\x85",     "\xC2\xA0",     "\xE1\x9A\x80", "\xE2\x80\x80", "\xE2\x80\x81", "\xE2\x80\x82",
+    "\xE2\x80\x83", "\xE2\x80\x84", "\xE2\x80\x85", "\xE2\x80\x86", "\xE2\x80\x87", "\xE2\x80\x88",
+    "\xE2\x80\x89", "\xE2\x80\x8A", "\xE2\x80\xA8", "\xE2\x80\xA9", "\xE2\x80\xAF", "\xE2\x81\x9F",
+    "\xE3\x80\x80"};
+
+// Python's str.strip() with no argument (Jinja's trim filter): strips the code points for which
+// str.isspace() is true, ASCII and Unicode alike.
+inline std::size_t py_space_prefix(std::string_view s) {
+  if (s.empty()) return 0;
+  const auto c = static_cast<unsigned char>(s[0]);
+  if ((c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20)) return 1;
+  for (const std::string_view w : py_unicode_spaces)
+    if (s.starts_with(w)) return w.size();
+  return 0;
+}
+inline std::size_t py_space_suffix(std::string_view s) {
+  if (s.empty()) return 0;
+  const auto c = static_cast<unsigned char>(s.back());
+  if ((c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20)) return 1;
+  for (const std::string_view w : py_unicode_spaces)
+    if (s.ends_with(w)) return w.size();
+  return 0;
+}
+inline std::string_view py_strip(std::string_view s) {
+  while (const std::size_t n = py_space_prefix(s)) s.remove_prefix(n);
+  while (const std::size_t n = py_space_suffix(s)) s.remove_suffix(n);
+  return s;
+}
+
+// A JSON string literal as Python's json.dumps(s, ensure_ascii=False) writes it (transformers' tojson).
+inline std::string py_json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20) {
+          static constexpr char hex[] = "0123456789abcdef";
+          out += "\\u00";
+          out += hex[static_cast<unsigned char>(ch) >> 4];
+          out += hex[static_cast<unsigned char>(ch) & 15];
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
 
 inline void check_role(const chat_message& m, std::initializer_list<std::string_view> roles, chat_format f) {
   check(std::find(roles.begin(), roles.end(), m.role) != roles.end(), "chat template ", chat_format_name(f),
@@ -355,18 +430,49 @@ inline std::string apply_chat_template(chat_format format, std::span<const chat_
       if (options.add_generation_prompt) out += "<|im_start|>assistant\n";
       return out;
     case chat_format::llama3:
+      // Every turn as is, content trimmed; the BOS comes with the first turn.
       for (std::size_t i = 0; i < messages.size(); ++i) {
         const auto& m = messages[i];
         detail::check_role(m, {"system", "user", "assistant", "ipython", "tool"}, format);
         if (i == 0) out += "<|begin_of_text|>";
         out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
-        out += detail::strip_chars(m.content, detail::py_whitespace, true, true);
+        out += detail::py_strip(m.content);
         out += "<|eot_id|>";
       }
       if (options.add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
       return out;
+    case chat_format::llama3_1: {
+      // The system block is always there (a leading system message's text, trimmed, after the date
+      // lines); tool results are "ipython" turns holding the content as a JSON string, untrimmed.
+      std::size_t first = 0;
+      std::string_view system;
+      if (!messages.empty() && messages[0].role == "system") {
+        system = detail::py_strip(messages[0].content);
+        first = 1;
+      }
+      out += "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+             "Cutting Knowledge Date: December 2023\nToday Date: ";
+      out += options.date_string;
+      out += "\n\n";
+      out += system;
+      out += "<|eot_id|>";
+      for (std::size_t i = first; i < messages.size(); ++i) {
+        const auto& m = messages[i];
+        detail::check_role(m, {"system", "user", "assistant", "ipython", "tool"}, format);
+        if (m.role == "tool" || m.role == "ipython") {
+          out += "<|start_header_id|>ipython<|end_header_id|>\n\n" + detail::py_json_string(m.content);
+        } else {
+          out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
+          out += detail::py_strip(m.content);
+        }
+        out += "<|eot_id|>";
+      }
+      if (options.add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      return out;
+    }
     case chat_format::deepseek_r1: {
-      // The last system message is the system prompt; earlier answers lose their reasoning.
+      // The last system message is the system prompt; answers keep only what follows their last
+      // </think> (the newlines after it included).
       std::string system;
       for (const auto& m : messages)
         if (m.role == "system") system = m.content;
@@ -393,7 +499,9 @@ inline std::string apply_chat_template(chat_format format, std::span<const chat_
 // Recognises the chat template of a tokenizer_config.json by its markers.
 inline chat_format detect_chat_format(std::string_view jinja_template) {
   if (jinja_template.find("<\xEF\xBD\x9CUser\xEF\xBD\x9C>") != std::string_view::npos) return chat_format::deepseek_r1;
-  if (jinja_template.find("<|start_header_id|>") != std::string_view::npos) return chat_format::llama3;
+  if (jinja_template.find("<|start_header_id|>") != std::string_view::npos)
+    return jinja_template.find("Cutting Knowledge Date") != std::string_view::npos ? chat_format::llama3_1
+                                                                                   : chat_format::llama3;
   if (jinja_template.find("<|im_start|>") != std::string_view::npos)
     return jinja_template.find("enable_thinking") != std::string_view::npos ? chat_format::qwen3 : chat_format::chatml;
   return chat_format::none;
