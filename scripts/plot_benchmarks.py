@@ -3,8 +3,9 @@
 
     python3 scripts/plot_benchmarks.py bench.jsonl docs/benchmarks.png
 
-Each zipage-bench line gives shape, workload, mode and tok/s; a transformers peer line (key "peer") is
-drawn as its own bar. Needs matplotlib (present on the GPU machine's image).
+Each zipage-bench line gives shape, workload, mode and tok/s (the bar); a time-boxed run also gets a black
+tick at its steady-state tok/s (the box's second half). A transformers peer line (key "peer") is drawn as
+its own bar. Needs matplotlib (present on the GPU machine's image).
 """
 import json
 import sys
@@ -23,6 +24,8 @@ def label(r):
         what += f", {r['output_tokens'] // r['requests']} out each"
     elif r.get("finished", 0) < r["requests"]:
         what += f", {r['seconds']:.0f} s box"
+    if r.get("graphs") is False:
+        what += ", no graphs"
     return f"{r['shape']} {r['workload']}, {r['mode']}\n{what}"
 
 
@@ -36,6 +39,9 @@ def main(src, dst):
         color = "#8c8c8c" if "peer" in r else colors.get(r.get("mode"), "#55a868")
         ax.bar(i, r["tok_s"], color=color)
         ax.text(i, r["tok_s"], f"{r['tok_s']:,.0f}", ha="center", va="bottom", fontsize=8)
+        if "peer" not in r and r.get("finished", 0) < r["requests"] and r.get("steady_tok_s"):
+            ax.plot([i - 0.35, i + 0.35], [r["steady_tok_s"]] * 2, color="black", linewidth=2)
+            ax.text(i + 0.38, r["steady_tok_s"], f"steady {r['steady_tok_s']:,.0f}", va="center", fontsize=6)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([label(r) for r in rows], fontsize=7, rotation=20, ha="right")
     ax.set_ylabel("output tokens / s")
