@@ -1,6 +1,7 @@
 // The scheduler on its own: sequences advanced by hand, no model.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -19,11 +20,12 @@ struct basic_fixture {
 
   basic_fixture(int blocks, scheduler_config cfg) : pool(blocks), sched(cfg, pool) {}
 
-  sequence* add(int prompt_len, token_id fill = 7) {
+  sequence* add(int prompt_len, token_id fill = 7, int priority = 0) {
     auto s = std::make_unique<sequence>();
     s->id = static_cast<request_id>(seqs.size());
     s->tokens.assign(static_cast<std::size_t>(prompt_len), fill);
     s->prompt_len = prompt_len;
+    s->params.priority = priority;
     sched.add(s.get());
     seqs.push_back(std::move(s));
     return seqs.back().get();
@@ -320,4 +322,60 @@ TEST_CASE("first compression of a request sharing its prefix copies the shared b
   for (block_id blk : a->table.blocks()) CHECK_FALSE(f.pool.is_registered(blk));  // compaction will rewrite them
   CHECK(a->compressing);
   for (const auto& e : plan.batch) CHECK(e.seq != a);
+}
+
+TEST_CASE("priority order: the most urgent waiting request starts first; less urgent running ones give way") {
+  // Two batch requests (priority 5) fill the pool (7-token prompts: the next token still fits their two
+  // blocks, so decoding alone preempts nobody); an urgent one (priority 0) arrives.
+  for (const auto order : {scheduling_order::fcfs, scheduling_order::priority}) {
+    CAPTURE(static_cast<int>(order));
+    zfixture f(4, {.max_num_seqs = 8, .max_batched_tokens = 100, .block_size = 4, .prefix_caching = false,
+                   .order = order});
+    sequence* old_low = f.add(7, 7, 5);
+    sequence* new_low = f.add(7, 7, 5);
+    auto plan = f.sched.schedule();
+    REQUIRE(plan.batch.size() == 2);
+    f.advance(plan);
+    CHECK(f.pool.num_free() == 0);
+    sequence* urgent = f.add(4, 7, 0);
+    plan = f.sched.schedule();
+    if (order == scheduling_order::fcfs) {
+      CHECK(plan.preempted.empty());
+      CHECK(urgent->status == request_status::waiting);
+    } else {
+      REQUIRE(plan.preempted.size() == 1);
+      CHECK(plan.preempted[0] == new_low);  // the least urgent, and of those the newest
+      CHECK(urgent->status == request_status::running);
+      CHECK(std::any_of(plan.batch.begin(), plan.batch.end(), [&](const scheduled_seq& e) { return e.seq == urgent; }));
+      CHECK(old_low->status == request_status::running);
+      // The preempted request waits behind nothing more urgent than itself, and comes back when room frees up.
+      f.advance(plan);
+      f.sched.finish(urgent);
+      f.sched.finish(old_low);
+      plan = f.sched.schedule();
+      CHECK(std::any_of(plan.batch.begin(), plan.batch.end(), [&](const scheduled_seq& e) { return e.seq == new_low; }));
+    }
+  }
+}
+
+TEST_CASE("priority order: the waiting queue is ordered by priority, then arrival; ties stay FIFO") {
+  zfixture f(100, {.max_num_seqs = 1, .max_batched_tokens = 100, .block_size = 4, .prefix_caching = false,
+                   .order = scheduling_order::priority});
+  std::vector<sequence*> seqs;
+  for (const int p : {3, 1, 2, 1, 0}) seqs.push_back(f.add(4, 7, p));
+  // One running place: each request runs alone until finished, in (priority, arrival) order.
+  std::vector<sequence*> served;
+  for (int i = 0; i < 5; ++i) {
+    const auto plan = f.sched.schedule();
+    REQUIRE(plan.batch.size() == 1);
+    served.push_back(plan.batch[0].seq);
+    f.sched.finish(plan.batch[0].seq);
+  }
+  CHECK(served == std::vector<sequence*>{seqs[4], seqs[1], seqs[3], seqs[2], seqs[0]});
+}
+
+TEST_CASE("fcfs_scheduler refuses priority order with a clear error") {
+  block_pool pool(8);
+  CHECK_THROWS_WITH(fcfs_scheduler({.order = scheduling_order::priority}, pool),
+                    doctest::Contains("use zipage_scheduler for priority order"));
 }

@@ -71,8 +71,16 @@ void check_pool_balanced(const Engine& eng) {
 
 }  // namespace
 
-TEST_CASE("randomised load: every request finishes or is cancelled cleanly, with the tokens of an unconstrained run") {
+namespace {
+
+// Under `order` (priority: request i has priority i % 4, so later requests often overtake earlier ones).
+void random_load(scheduling_order order) {
   const workload w = random_workload(1200, 11);
+  auto params_of = [&](std::size_t i) {
+    sampling_params p = greedy(w.max_tokens[i]);
+    if (order == scheduling_order::priority) p.priority = static_cast<int>(i % 4);
+    return p;
+  };
   using policy = zipage_policy;
   // Unconstrained: a pool that holds everything, a slot for everyone, no sharing, synchronous compression.
   std::vector<std::vector<token_id>> expected;
@@ -89,7 +97,7 @@ TEST_CASE("randomised load: every request finishes or is cancelled cleanly, with
   engine<llama_model<cpu_backend>, policy> eng(testing::tiny_llama(), {.block_size = 8, .num_blocks = 40,
                                                                         .max_num_seqs = 24, .max_batched_tokens = 48,
                                                                         .budget_blocks = 2, .window = 4,
-                                                                        .num_query_slots = 8});
+                                                                        .num_query_slots = 8, .scheduling = order});
   std::map<request_id, std::size_t> index_of;
   std::vector<request_id> ids(w.prompts.size(), -1);
   std::size_t next = 0;
@@ -97,7 +105,7 @@ TEST_CASE("randomised load: every request finishes or is cancelled cleanly, with
   for (int step = 0; next < w.prompts.size() || eng.has_unfinished(); ++step) {
     REQUIRE(step < 200000);
     for (; next < w.prompts.size() && w.arrival_step[next] <= step; ++next) {
-      ids[next] = eng.add_request(w.prompts[next], greedy(w.max_tokens[next]));
+      ids[next] = eng.add_request(w.prompts[next], params_of(next));
       index_of[ids[next]] = next;
     }
     for (std::size_t i = 0; i < next; ++i)
@@ -123,6 +131,16 @@ TEST_CASE("randomised load: every request finishes or is cancelled cleanly, with
   CHECK(st.prefix_hits > 0);
   CHECK(st.peak_running <= 24);
   check_pool_balanced(eng);
+}
+
+}  // namespace
+
+TEST_CASE("randomised load: every request finishes or is cancelled cleanly, with the tokens of an unconstrained run") {
+  random_load(scheduling_order::fcfs);
+}
+
+TEST_CASE("randomised load under priority order: same guarantees, tokens of an unconstrained run") {
+  random_load(scheduling_order::priority);
 }
 
 TEST_CASE("compressed requests that give way are swapped to host memory and resume with identical tokens") {

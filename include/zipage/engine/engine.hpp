@@ -48,6 +48,9 @@ struct engine_config {
   bool hybrid = true;             // requests without a query slot run with full KV until they need one
   bool prefix_caching = true;     // share full prompt blocks between requests (zipage_scheduler)
   bool async_compression = true;  // compress on a worker thread while other requests decode
+  // fcfs, or priority: requests ordered by sampling_params::priority (lower first), less urgent running
+  // requests giving way to a more urgent waiting one (zipage_scheduler).
+  scheduling_order scheduling = scheduling_order::fcfs;
   // Makes a fresh streaming detokenizer per request, given its prompt (so the first generated piece is
   // spaced as it follows the prompt); when empty, no text is produced and stop strings cannot match.
   std::function<streaming_detokenizer(std::span<const token_id> prompt)> make_detokenizer;
@@ -367,6 +370,7 @@ class engine {
     sc.max_batched_tokens = cfg_.max_batched_tokens;
     sc.block_size = cfg_.block_size;
     sc.prefix_caching = cfg_.prefix_caching;
+    sc.order = cfg_.scheduling;
     sc.hybrid = cfg_.hybrid;
     if constexpr (EvictionPolicy::evicts) {
       sc.budget_blocks = cfg_.budget_blocks;

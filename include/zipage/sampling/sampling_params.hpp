@@ -36,6 +36,7 @@ struct sampling_params {
   std::vector<std::string> stop;          // stop strings
   std::vector<token_id> stop_token_ids;
   bool logprobs = false;  // record the log-probability (under the model, before sampling filters) of each emitted token
+  int priority = 0;       // under scheduling_order::priority: lower runs first (ties: arrival order)
 
   // Throws zipage::error naming the first bad field and its value. Checks are written as "in range"
   // so that NaN, which fails every comparison, is rejected too.

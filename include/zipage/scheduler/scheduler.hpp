@@ -39,7 +39,15 @@ class scheduler_base {
 
   void add(sequence* s) {
     s->status = request_status::waiting;
-    waiting_.push_back(s);
+    enqueue(waiting_, s);
+  }
+
+  // Whether a comes before b in every queue: arrival order, or (priority, arrival) under
+  // scheduling_order::priority.
+  [[nodiscard]] bool precedes(const sequence& a, const sequence& b) const {
+    if (cfg_.order == scheduling_order::priority && a.params.priority != b.params.priority)
+      return a.params.priority < b.params.priority;
+    return a.id < b.id;
   }
 
   // After the step ran: completed prompt blocks become findable by later requests.
@@ -119,7 +127,9 @@ class scheduler_base {
     s->status = request_status::waiting;
     ++s->num_preemptions;
     ++preemptions_;
-    waiting_.push_front(s);
+    // First come, first served: it is older than anything waiting, so it goes first again.
+    if (cfg_.order == scheduling_order::fcfs) waiting_.push_front(s);
+    else enqueue(waiting_, s);
     plan.preempted.push_back(s);
   }
 
@@ -132,14 +142,16 @@ class scheduler_base {
     release_slot(*s);
     s->status = request_status::swapped;
     ++swaps_;
-    swapped_.push_back(s);
+    enqueue(swapped_, s);
   }
 
-  // Brings swapped requests back, oldest first, while blocks (for their cache and next token) and a
-  // slot are free. Returns false while any stays out.
+  // Brings swapped requests back, first in queue order, while blocks (for their cache and next token)
+  // and a slot are free. Returns false while any stays out. Under priority order one less urgent than the
+  // most urgent waiting request stays out (that one is admitted first).
   bool swap_in(step_plan& plan) {
     while (!swapped_.empty()) {
       sequence* s = swapped_.front();
+      if (cfg_.order == scheduling_order::priority && !waiting_.empty() && precedes(*waiting_.front(), *s)) return false;
       const int blocks = blocks_for_tokens(s->kv_len + 1, cfg_.block_size);
       if (!blocks_.pool().can_allocate(blocks) || !has_free_slot()) return false;
       swapped_.pop_front();
@@ -182,12 +194,35 @@ class scheduler_base {
     return true;
   }
 
-  // Keeps running_ in arrival order; a request coming back (recomputed or swapped in) is usually among
-  // the newest, so search from the back.
-  void insert_by_age(sequence* s) {
-    auto at = running_.end();
-    while (at != running_.begin() && (*std::prev(at))->id > s->id) --at;
-    running_.insert(at, s);
+  // Keeps running_ in queue order (precedes); a request coming back (recomputed or swapped in) is usually
+  // among the last, so search from the back.
+  void insert_by_age(sequence* s) { enqueue(running_, s); }
+
+  void enqueue(std::deque<sequence*>& q, sequence* s) {
+    auto at = q.end();
+    while (at != q.begin() && precedes(*s, **std::prev(at))) --at;
+    q.insert(at, s);
+  }
+
+  // Priority order: while the most urgent waiting request cannot start for want of blocks for its first
+  // chunk, of a running place or of a query slot, the least urgent running request behind it gives way
+  // (as make_room: recomputation, or a swap for a compressed one). Runs before anything is scheduled.
+  void preempt_for_priority(step_plan& plan) {
+    if (cfg_.order != scheduling_order::priority || waiting_.empty()) return;
+    const sequence& urgent = *waiting_.front();
+    if (!admissible(urgent)) return;  // rejected at admission
+    while (!can_start(urgent)) {
+      sequence* victim = last_evictable(plan);
+      if (victim == nullptr || !precedes(urgent, *victim)) return;
+      evict(victim, plan);
+    }
+  }
+
+  [[nodiscard]] bool can_start(const sequence& s) const {
+    if (num_running() >= cfg_.max_num_seqs) return false;
+    if (cfg_.compresses() && !cfg_.hybrid && !has_free_slot()) return false;
+    const int first_chunk = std::min(s.num_pending(), cfg_.max_batched_tokens);
+    return blocks_.pool().can_allocate(blocks_for_tokens(s.num_computed + first_chunk, cfg_.block_size));
   }
 
   void reject(sequence* s, step_plan& plan) {
@@ -203,7 +238,7 @@ class scheduler_base {
   scheduler_config cfg_;
   block_manager blocks_;
   std::deque<sequence*> waiting_;
-  std::deque<sequence*> running_;  // in arrival order: index 0 is the oldest
+  std::deque<sequence*> running_;  // in queue order (precedes): index 0 first (the oldest under fcfs)
   std::deque<sequence*> swapped_;
   std::deque<int> free_slots_;
   std::int64_t preemptions_ = 0;
@@ -216,9 +251,17 @@ class scheduler_base {
   sequence* newest_evictable(std::size_t i, const step_plan& plan) const {
     for (std::size_t k = running_.size(); k-- > i + 1;) {
       sequence* s = running_[k];
-      if (!s->compressing && std::find(plan.swap_in.begin(), plan.swap_in.end(), s) == plan.swap_in.end()) return s;
+      if (movable(*s, plan)) return s;
     }
     return nullptr;
+  }
+  sequence* last_evictable(const step_plan& plan) const {
+    for (auto it = running_.rbegin(); it != running_.rend(); ++it)
+      if (movable(**it, plan)) return *it;
+    return nullptr;
+  }
+  static bool movable(const sequence& s, const step_plan& plan) {
+    return !s.compressing && std::find(plan.swap_in.begin(), plan.swap_in.end(), &s) == plan.swap_in.end();
   }
 
 
@@ -232,6 +275,8 @@ class fcfs_scheduler : public scheduler_base {
   static constexpr bool slot_per_running_request = true;
 
   fcfs_scheduler(scheduler_config cfg, block_pool& pool) : scheduler_base(cfg, pool) {
+    check(cfg_.order == scheduling_order::fcfs,
+          "fcfs_scheduler: serves requests in arrival order only; use zipage_scheduler for priority order");
     check(!cfg_.compresses() || cfg_.num_query_slots >= cfg_.max_num_seqs,
           "fcfs_scheduler: with compression every running request needs a query slot (num_query_slots >= "
           "max_num_seqs); use zipage_scheduler for hybrid slots");

@@ -11,6 +11,13 @@
 
 namespace zipage {
 
+// The order the queues keep (waiting, running, swapped) and so who is admitted first and who gives way.
+//  fcfs:     arrival order.
+//  priority: sampling_params::priority first (lower runs first, as vLLM's priority scheduling), then arrival;
+//            zipage_scheduler also evicts running requests less urgent than the most urgent waiting one
+//            when that one cannot start.
+enum class scheduling_order { fcfs, priority };
+
 struct scheduler_config {
   int max_num_seqs = 256;         // running requests at most
   int max_batched_tokens = 8192;  // tokens fed to the model in one step at most
@@ -21,6 +28,7 @@ struct scheduler_config {
   int num_query_slots = 0;        // requests that may record window queries at once
   bool hybrid = true;             // admit requests without a query slot; they run with full KV until they need one
   bool prefix_caching = false;    // share full prompt blocks between requests
+  scheduling_order order = scheduling_order::fcfs;
 
   void validate() const {
     check(max_num_seqs > 0, "scheduler: max_num_seqs must be positive, got ", max_num_seqs);

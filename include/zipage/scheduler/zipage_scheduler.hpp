@@ -9,6 +9,9 @@
 //  - Compressions are planned here (copy-on-write of shared prefix blocks first).
 //  - When blocks run out, newer requests give way: uncompressed ones by recomputation, compressed ones
 //    by swapping to host memory; swapped requests come back before any new admission.
+//  - scheduling_order::priority orders every queue by (priority, arrival) instead of arrival, and the
+//    most urgent waiting request makes less urgent running ones give way when it cannot start.
+//    "Oldest"/"newest" below then read "most"/"least urgent".
 #include <algorithm>
 
 #include "zipage/scheduler/scheduler.hpp"
@@ -21,11 +24,12 @@ class zipage_scheduler : public scheduler_base {
 
   step_plan schedule() {
     step_plan plan;
+    preempt_for_priority(plan);
     hand_out_slots();
     const bool all_back = swap_in(plan);
     int budget = cfg_.max_batched_tokens;
     serve_running(plan, budget);
-    if (all_back) admit_waiting(plan, budget);
+    if (all_back || waiting_goes_first()) admit_waiting(plan, budget);
     if (plan.idle() && !compaction_in_flight()) break_stall(plan);
     return plan;
   }
@@ -103,9 +107,16 @@ class zipage_scheduler : public scheduler_base {
     budget -= tokens;
   }
 
+  // Under priority order a waiting request more urgent than every swapped one need not wait for them.
+  [[nodiscard]] bool waiting_goes_first() const {
+    return cfg_.order == scheduling_order::priority && !waiting_.empty() && !swapped_.empty() &&
+           precedes(*waiting_.front(), *swapped_.front());
+  }
+
   void admit_waiting(step_plan& plan, int& budget) {
     while (!waiting_.empty() && budget > 0 && num_running() < cfg_.max_num_seqs) {
       sequence* s = waiting_.front();
+      if (!swapped_.empty() && !precedes(*s, *swapped_.front())) return;  // swapped requests come back first
       if (!admissible(*s)) {
         waiting_.pop_front();
         reject(s, plan);
