@@ -1,6 +1,8 @@
 // zipage-generate: text generation with a Llama-family model (a GGUF file, or a Hugging Face checkpoint
-// directory of Qwen3 / Qwen2 / Llama) on the CPU reference backend.
+// directory of Qwen3 / Qwen2 / Llama) on the GPU (zipage::cuda_backend, bf16, CUDA graphs) when the build
+// has the CUDA backend and a device is present, else on the CPU reference backend (--device picks).
 //   zipage-generate --prompt "Once upon a time" -n 64
+//   zipage-generate --device cpu --prompt "Once upon a time" -n 64
 //   zipage-generate --prompts prompts.txt -n 256 --temperature 0.8 --seed 1
 //   zipage-generate --model Qwen3-0.6B/ --chat --no-thinking --prompt "What is 2+2?"
 #include <CLI/CLI.hpp>
@@ -20,6 +22,11 @@
 #include "zipage/policy/policies.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
 
+#if ZIPAGE_GENERATE_CUDA
+#include "zipage/backend/cuda/cuda_backend.hpp"
+#include "zipage/cuda/device.hpp"
+#endif
+
 namespace {
 
 struct options {
@@ -29,6 +36,9 @@ struct options {
   zipage::sampling_params sampling;
   zipage::engine_config engine;
   double kv_cache_mib = 64.0;
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string dtype = "bf16";   // cuda: bf16 | fp32
+  double gpu_memory_utilization = 0.9;
   std::string policy = "zipage";
   bool quiet = false;
   bool chat = false;         // apply the checkpoint's chat template (Hugging Face checkpoints)
@@ -75,7 +85,13 @@ void add_flags(CLI::App& app, options& o) {
   app.add_option("--block-size", e.block_size, "tokens per KV block")->check(CLI::PositiveNumber);
   app.add_option("--num-blocks", e.num_blocks, "KV pool size in blocks (default: from --kv-cache-mib)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV pool size in MiB")->check(CLI::PositiveNumber);
+  app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV pool size in MiB (CPU)")->check(CLI::PositiveNumber);
+  app.add_option("--device", o.device, "auto (the GPU when there is one), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--dtype", o.dtype, "GPU: bf16 or fp32 weights, activations and KV")->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
+                 "GPU: fraction of device memory for weights + KV pool (as vLLM)")
+      ->check(CLI::Range(0.05, 1.0));
   app.add_option("--max-num-seqs", e.max_num_seqs, "running requests at most")->check(CLI::PositiveNumber);
   app.add_option("--max-batched-tokens", e.max_batched_tokens, "tokens per step at most")->check(CLI::PositiveNumber);
   std::vector<std::string> policies;
@@ -119,16 +135,17 @@ void print_summary(const Engine& eng, std::size_t requests, double seconds) {
 }
 
 // Runs the prompts through the engine; `encode` turns a prompt's text into its token ids.
-template <class Encode>
-int generate(options& o, zipage::llama_model<zipage::cpu_backend> model, Encode encode);
+template <class Backend, class Encode>
+int generate(options& o, zipage::llama_model<Backend> model, const Backend& backend, Encode encode);
 template <class Engine, class Encode>
 int run_engine(options& o, Engine& eng, Encode& encode);
 
-int run(options& o) {
+template <class Backend>
+int run(options& o, const Backend& backend) {
   if (o.model.empty()) o.model = default_model_path();
   if (std::filesystem::is_directory(o.model)) {  // a Hugging Face checkpoint
     const auto tokenizer = zipage::bpe_tokenizer::from_dir(o.model);
-    auto model = zipage::load_hf_checkpoint<zipage::cpu_backend>(o.model);
+    auto model = zipage::load_hf_checkpoint<Backend>(o.model, backend);
     // The engine stops at every end-of-sequence id of the config (eos and extra_eos); the tokenizer's
     // own EOS ends a turn too (e.g. Qwen3's <|im_end|>).
     if (tokenizer.eos() >= 0 && tokenizer.eos() != model.config().eos) o.sampling.stop_token_ids.push_back(tokenizer.eos());
@@ -136,7 +153,7 @@ int run(options& o) {
       zipage::check(tokenizer.chat() != zipage::chat_format::none, "--chat: ", o.model,
                     "/tokenizer_config.json has no chat template zipage knows");
     o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
-    return generate(o, std::move(model), [&](const std::string& text) {
+    return generate(o, std::move(model), backend, [&](const std::string& text) {
       if (!o.chat) return tokenizer.encode(text, tokenizer.add_bos());
       std::vector<zipage::chat_message> messages;
       if (!o.system.empty()) messages.push_back({"system", o.system});
@@ -148,23 +165,67 @@ int run(options& o) {
   zipage::check(!o.chat, "--chat needs a Hugging Face checkpoint directory as --model");
   const auto file = zipage::gguf::file::open(o.model);
   const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
-  auto model = zipage::load_llama_gguf<zipage::cpu_backend>(file);
+  auto model = zipage::load_llama_gguf<Backend>(file, backend);
   o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
-  return generate(o, std::move(model), [&](const std::string& text) { return tokenizer.encode(text, true); });
+  return generate(o, std::move(model), backend, [&](const std::string& text) { return tokenizer.encode(text, true); });
+}
+
+// On a GPU the pool takes --gpu-memory-utilization of the device, but never more than max_num_seqs requests
+// at the model's context (at least 4,096 tokens) could fill: a toy model would otherwise get millions of
+// blocks it can never use.
+template <class Backend>
+void size_gpu_pool(options& o, const zipage::model_config& c, const Backend& backend) {
+  if constexpr (requires { backend.memory_info(); }) {
+    if (o.engine.num_blocks > 0) return;
+    const auto [free_b, total_b] = backend.memory_info();
+    const double device_budget = o.gpu_memory_utilization * static_cast<double>(total_b) -
+                                 static_cast<double>(total_b - std::min(free_b, total_b));
+    const double per_token = 2.0 * c.num_layers * c.num_kv_heads * c.head_dim * backend.kv_element_bytes() +
+                             (o.policy == "full_kv" ? 0.0 : 4.0 * c.num_layers * c.num_kv_heads);
+    const double useful = per_token * o.engine.max_num_seqs * std::max(c.max_context, 4096);
+    if (useful < device_budget) {
+      o.engine.gpu_memory_utilization = 0.0;
+      o.engine.kv_cache_bytes = static_cast<std::size_t>(useful);
+    }
+  }
 }
 
 // The engine type depends on the policy, so the run is instantiated once per built-in policy.
-template <class Encode>
-int generate(options& o, zipage::llama_model<zipage::cpu_backend> model, Encode encode) {
+template <class Backend, class Encode>
+int generate(options& o, zipage::llama_model<Backend> model, const Backend& backend, Encode encode) {
   o.sampling.validate();
   o.engine.kv_cache_bytes = static_cast<std::size_t>(o.kv_cache_mib * 1024.0 * 1024.0);
+  if (o.engine.gpu_memory_utilization > 0.0) size_gpu_pool(o, model.config(), backend);
   int rc = -1;
   zipage::for_each_builtin_policy([&](auto policy) {
     if (policy.name() != o.policy) return;
-    zipage::engine<zipage::llama_model<zipage::cpu_backend>, decltype(policy)> eng(std::move(model), o.engine, policy);
+    zipage::engine<zipage::llama_model<Backend>, decltype(policy), zipage::zipage_scheduler, Backend> eng(
+        std::move(model), o.engine, policy, backend);
     rc = run_engine(o, eng, encode);
   });
   return rc;
+}
+
+// --device: the GPU when asked for, or for auto when the build has it and a device is present.
+int run(options& o) {
+#if ZIPAGE_GENERATE_CUDA
+  const bool gpu = o.device == "cuda" || (o.device == "auto" && zipage::cuda::device_count() > 0);
+  if (gpu) {
+    zipage::check(zipage::cuda::device_count() > 0, "--device cuda: no CUDA device (",
+                  zipage::cuda::describe_device(), ")");
+    zipage::cuda_backend_options bo;
+    bo.dtype = o.dtype == "fp32" ? zipage::cuda_dtype::f32 : zipage::cuda_dtype::bf16;
+    // The pool comes from the device's memory unless --num-blocks fixes it.
+    o.engine.gpu_memory_utilization = o.gpu_memory_utilization;
+    const zipage::cuda_backend backend(bo);
+    if (!o.quiet) std::fprintf(stderr, "device: %s (%s)\n", zipage::cuda::describe_device(0).c_str(), o.dtype.c_str());
+    return run(o, backend);
+  }
+#else
+  zipage::check(o.device != "cuda", "--device cuda: this build has no CUDA backend (configure with a CUDA compiler)");
+#endif
+  if (!o.quiet) std::fprintf(stderr, "device: cpu (fp32 reference backend)\n");
+  return run(o, zipage::cpu_backend{});
 }
 
 template <class Engine, class Encode>
