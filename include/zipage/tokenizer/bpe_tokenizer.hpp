@@ -253,6 +253,8 @@ struct chat_message {
 enum class chat_format {
   none,         // the tokenizer has no (recognised) chat template
   chatml,       // plain ChatML: <|im_start|>role\n...<|im_end|>\n, nothing added (no default system prompt)
+  qwen2,        // Qwen2-Instruct's ChatML: a default system message when the conversation has none
+  qwen2_5,      // Qwen2.5-Instruct's: qwen2, plus tool results as <tool_response> blocks in user turns
   qwen3,        // Qwen3's ChatML: earlier answers lose their reasoning; thinking can be turned off
   llama3,       // Llama 3.0: <|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
   llama3_1,     // Llama 3.1 and later 3.x: Llama 3.0 plus an always-present system block with the
@@ -263,6 +265,8 @@ enum class chat_format {
 inline std::string_view chat_format_name(chat_format f) noexcept {
   switch (f) {
     case chat_format::chatml: return "chatml";
+    case chat_format::qwen2: return "qwen2";
+    case chat_format::qwen2_5: return "qwen2_5";
     case chat_format::qwen3: return "qwen3";
     case chat_format::llama3: return "llama3";
     case chat_format::llama3_1: return "llama3_1";
@@ -273,11 +277,21 @@ inline std::string_view chat_format_name(chat_format f) noexcept {
 
 // The format named by chat_format_name (e.g. a command-line choice); an unknown name is an error.
 inline chat_format chat_format_from_name(std::string_view name) {
-  for (const chat_format f :
-       {chat_format::chatml, chat_format::qwen3, chat_format::llama3, chat_format::llama3_1, chat_format::deepseek_r1})
+  for (const chat_format f : {chat_format::chatml, chat_format::qwen2, chat_format::qwen2_5, chat_format::qwen3,
+                              chat_format::llama3, chat_format::llama3_1, chat_format::deepseek_r1})
     if (chat_format_name(f) == name) return f;
   fail("unknown chat template '", json::printable(name),
-       "' (zipage knows chatml, qwen3, llama3, llama3_1, deepseek_r1)");
+       "' (zipage knows chatml, qwen2, qwen2_5, qwen3, llama3, llama3_1, deepseek_r1)");
+}
+
+// The default system message of qwen2 and qwen2_5 as the published templates write it (Qwen2-Instruct's,
+// Qwen2.5-Instruct's); empty for the other formats. A tokenizer uses the one its own template writes.
+inline std::string_view chat_format_default_system(chat_format f) noexcept {
+  switch (f) {
+    case chat_format::qwen2: return "You are a helpful assistant.";
+    case chat_format::qwen2_5: return "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+    default: return {};
+  }
 }
 
 struct chat_options {
@@ -286,6 +300,11 @@ struct chat_options {
   // llama3_1: the date on the "Today Date: " line. Llama 3.1's template defaults to "26 Jul 2024";
   // Llama 3.2's writes the current date (strftime_now("%d %b %Y")) under transformers: pass it here.
   std::string date_string = "26 Jul 2024";
+  // qwen2, qwen2_5: the system message written when the conversation does not start with one. Unset:
+  // bpe_tokenizer::apply_chat_template uses the text its template writes, the free apply_chat_template
+  // chat_format_default_system(format) ("You are a helpful assistant." for qwen2, "You are Qwen,
+  // created by Alibaba Cloud. You are a helpful assistant." for qwen2_5).
+  std::optional<std::string> default_system;
 };
 
 namespace detail {
@@ -422,10 +441,29 @@ inline std::string apply_chat_template(chat_format format, std::span<const chat_
   std::string out;
   switch (format) {
     case chat_format::qwen3: return detail::qwen3_chat(messages, options);
+    case chat_format::qwen2:
+    case chat_format::qwen2_5:
+      // Qwen2's template writes its default only inside the loop over the messages (none for an empty
+      // conversation); Qwen2.5's reads messages[0] unconditionally, which fails on an empty one.
+      check(format == chat_format::qwen2 || !messages.empty(), "chat template ", chat_format_name(format),
+            ": the conversation has no messages");
+      if (!messages.empty() && messages[0].role != "system") {
+        out += "<|im_start|>system\n";
+        out += options.default_system ? std::string_view(*options.default_system) : chat_format_default_system(format);
+        out += "<|im_end|>\n";
+      }
+      [[fallthrough]];
     case chat_format::chatml:
-      for (const auto& m : messages) {
+      for (std::size_t i = 0; i < messages.size(); ++i) {
+        const auto& m = messages[i];
         detail::check_role(m, {"system", "user", "assistant", "tool"}, format);
-        out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+        if (format == chat_format::qwen2_5 && m.role == "tool") {  // consecutive results share one user turn
+          if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+          out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+          if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+        } else {
+          out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+        }
       }
       if (options.add_generation_prompt) out += "<|im_start|>assistant\n";
       return out;
@@ -496,14 +534,105 @@ inline std::string apply_chat_template(chat_format format, std::span<const chat_
   }
 }
 
+namespace detail {
+// The content of the `{% ... %}` tag opening at `open` (its '-'/'+' markers and outer spaces dropped).
+inline std::string_view jinja_tag(std::string_view t, std::size_t open) {
+  const std::size_t close = t.find("%}", open);
+  if (close == std::string_view::npos) return {};
+  return strip_chars(t.substr(open + 2, close - open - 2), " \t\n-+", true, true);
+}
+
+// Where the `{% ... %}` tag that directly precedes the `{{` expression holding position `pos` opens:
+// only spaces, '-' and that `{{` may stand between the tag and `pos`. npos when there is none.
+inline std::size_t tag_before_output(std::string_view t, std::size_t pos) {
+  std::size_t i = pos;
+  while (i > 0 && (t[i - 1] == ' ' || t[i - 1] == '\n' || t[i - 1] == '\t' || t[i - 1] == '-')) --i;
+  if (i < 2 || t.substr(i - 2, 2) != "{{") return std::string_view::npos;
+  i -= 2;
+  while (i > 0 && (t[i - 1] == ' ' || t[i - 1] == '\n' || t[i - 1] == '\t')) --i;
+  if (i < 2 || t.substr(i - 2, 2) != "%}") return std::string_view::npos;
+  return t.rfind("{%", i - 2);
+}
+
+// A Jinja string literal's body (between its quotes) as Jinja reads it, for the escapes plain text
+// uses: \n \t \r \\ \' \"; nullopt for any other (or a raw CR, which Jinja would normalise).
+inline std::optional<std::string> jinja_unescape(std::string_view body) {
+  std::string out;
+  for (std::size_t i = 0; i < body.size(); ++i) {
+    if (body[i] == '\r') return std::nullopt;
+    if (body[i] != '\\') {
+      out += body[i];
+      continue;
+    }
+    if (++i == body.size()) return std::nullopt;
+    switch (body[i]) {
+      case 'n': out += '\n'; break;
+      case 't': out += '\t'; break;
+      case 'r': out += '\r'; break;
+      case '\\': case '\'': case '"': out += body[i]; break;
+      default: return std::nullopt;
+    }
+  }
+  return out;
+}
+
+// `if ... messages[0]... <op> ...'system'...`: the test on the first message's role.
+inline bool first_role_test(std::string_view tag, std::string_view op) {
+  return tag.starts_with("if ") && tag.find("messages[0]") != std::string_view::npos &&
+         tag.find(op) != std::string_view::npos && tag.find("system") != std::string_view::npos;
+}
+}  // namespace detail
+
+// The default system message of a Qwen2/Qwen2.5-style ChatML template: the string literal
+// '<|im_start|>system\nTEXT<|im_end|>\n' written by a `{{ '...' }}` that stands right after either
+// `{% if ... messages[0]... != 'system' %}` (Qwen2-Instruct) or the `{% else %}` of
+// `{% if messages[0]... == 'system' %}` (Qwen2.5-Instruct), the whole of that `{{ }}`. Returns TEXT
+// (which holds no other turn) as Jinja reads it when the
+// template has exactly one such text and writes no system text any other way; nullopt otherwise
+// (such a template is rendered as plain chatml).
+inline std::optional<std::string> chat_template_default_system(std::string_view t) {
+  static constexpr std::string_view head = "<|im_start|>system\\n", tail = "<|im_end|>\\n";
+  std::optional<std::string> found;
+  for (std::size_t at = t.find(head); at != std::string_view::npos; at = t.find(head, at + 1)) {
+    if (at == 0 || (t[at - 1] != '\'' && t[at - 1] != '"')) continue;  // not the start of a literal
+    const char quote = t[at - 1];
+    std::size_t end = at;  // the closing quote
+    while (end < t.size() && t[end] != quote) end += t[end] == '\\' ? 2 : 1;
+    if (end >= t.size()) continue;
+    const std::string_view body = t.substr(at, end - at);
+    if (body.size() < head.size() + tail.size() || !body.ends_with(tail)) continue;
+    const std::string_view text = body.substr(head.size(), body.size() - head.size() - tail.size());
+    // the literal must be the whole `{{ ... }}` expression
+    const std::size_t after = t.find_first_not_of(" \t\n-", end + 1);
+    const bool alone = after != std::string_view::npos && t.substr(after, 2) == "}}";
+    const std::size_t tag = alone ? detail::tag_before_output(t, at - 1) : std::string_view::npos;
+    bool guarded = tag != std::string_view::npos && text.find("<|im_") == std::string_view::npos &&
+                   detail::first_role_test(detail::jinja_tag(t, tag), "!=");
+    if (!guarded && tag != std::string_view::npos && tag > 0 && text.find("<|im_") == std::string_view::npos &&
+        detail::jinja_tag(t, tag) == "else") {
+      // the if of this else: the tag before it, with one output expression between them
+      const std::size_t if_tag = t.rfind("{%", tag - 1);
+      guarded = if_tag != std::string_view::npos && detail::first_role_test(detail::jinja_tag(t, if_tag), "==");
+    }
+    if (!guarded) return std::nullopt;  // a system text written in some other case: not Qwen2's scheme
+    auto value = detail::jinja_unescape(text);
+    if (!value || (found && *found != *value)) return std::nullopt;
+    found = std::move(value);
+  }
+  return found;
+}
+
 // Recognises the chat template of a tokenizer_config.json by its markers.
 inline chat_format detect_chat_format(std::string_view jinja_template) {
   if (jinja_template.find("<\xEF\xBD\x9CUser\xEF\xBD\x9C>") != std::string_view::npos) return chat_format::deepseek_r1;
   if (jinja_template.find("<|start_header_id|>") != std::string_view::npos)
     return jinja_template.find("Cutting Knowledge Date") != std::string_view::npos ? chat_format::llama3_1
                                                                                    : chat_format::llama3;
-  if (jinja_template.find("<|im_start|>") != std::string_view::npos)
-    return jinja_template.find("enable_thinking") != std::string_view::npos ? chat_format::qwen3 : chat_format::chatml;
+  if (jinja_template.find("<|im_start|>") != std::string_view::npos) {
+    if (jinja_template.find("enable_thinking") != std::string_view::npos) return chat_format::qwen3;
+    if (!chat_template_default_system(jinja_template)) return chat_format::chatml;
+    return jinja_template.find("<tool_response>") != std::string_view::npos ? chat_format::qwen2_5 : chat_format::qwen2;
+  }
   return chat_format::none;
 }
 
@@ -672,7 +801,16 @@ class bpe_tokenizer {
   [[nodiscard]] int max_digits() const noexcept { return max_digits_; }
 
   [[nodiscard]] chat_format chat() const noexcept { return chat_; }
+  // qwen2, qwen2_5: the default system message the checkpoint's template writes (empty otherwise).
+  [[nodiscard]] const std::string& chat_default_system() const noexcept { return chat_default_system_; }
+  // The conversation in the checkpoint's chat format; qwen2/qwen2_5 write the template's own default
+  // system message unless `o.default_system` is set.
   [[nodiscard]] std::string apply_chat_template(std::span<const chat_message> messages, const chat_options& o = {}) const {
+    if ((chat_ == chat_format::qwen2 || chat_ == chat_format::qwen2_5) && !o.default_system) {
+      chat_options with = o;
+      with.default_system = chat_default_system_;
+      return zipage::apply_chat_template(chat_, messages, with);
+    }
     return zipage::apply_chat_template(chat_, messages, o);
   }
 
@@ -941,15 +1079,21 @@ class bpe_tokenizer {
     if (const auto id = token_field("bos_token")) bos_ = *id;
     if (const json::value* v = json::find(cfg, "add_bos_token")) add_bos_ = json::as_bool(*v, src, "add_bos_token");
     check(!add_bos_ || bos_ >= 0, src, ": add_bos_token is true but there is no bos_token");
+    auto use_template = [&](const std::string& jinja) {
+      chat_ = detect_chat_format(jinja);
+      chat_default_system_.clear();
+      if (chat_ == chat_format::qwen2 || chat_ == chat_format::qwen2_5)
+        chat_default_system_ = *chat_template_default_system(jinja);  // detection found it
+    };
     if (const json::value* t = json::find(cfg, "chat_template")) {
       if (t->is_string()) {
-        chat_ = detect_chat_format(t->get_ref<const std::string&>());
+        use_template(t->get_ref<const std::string&>());
       } else {
         check(t->is_array(), src, ": chat_template must be a string or a list of {name, template}");
         for (const auto& entry : *t)
           if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
               entry["template"].is_string())
-            chat_ = detect_chat_format(entry["template"].get_ref<const std::string&>());
+            use_template(entry["template"].get_ref<const std::string&>());
       }
     }
   }
@@ -1100,6 +1244,7 @@ class bpe_tokenizer {
   token_id bos_ = -1, eos_ = -1;
   bool add_bos_ = false;
   chat_format chat_ = chat_format::none;
+  std::string chat_default_system_;  // qwen2, qwen2_5: parsed from the template
 };
 
 // Turns generated tokens into printable text one token at a time; output is always valid UTF-8 (a
