@@ -177,11 +177,10 @@ template <class Backend>
 void size_gpu_pool(options& o, const zipage::model_config& c, const Backend& backend) {
   if constexpr (requires { backend.memory_info(); }) {
     if (o.engine.num_blocks > 0) return;
-    const auto [free_b, total_b] = backend.memory_info();
-    const double device_budget = o.gpu_memory_utilization * static_cast<double>(total_b) -
-                                 static_cast<double>(total_b - std::min(free_b, total_b));
-    const double per_token = 2.0 * c.num_layers * c.num_kv_heads * c.head_dim * backend.kv_element_bytes() +
-                             (o.policy == "full_kv" ? 0.0 : 4.0 * c.num_layers * c.num_kv_heads);
+    const double device_budget =
+        static_cast<double>(zipage::device_kv_budget(o.gpu_memory_utilization, backend.memory_info()));
+    const double per_token =
+        static_cast<double>(zipage::kv_bytes_per_token(c, backend.kv_element_bytes(), o.policy != "full_kv"));
     const double useful = per_token * o.engine.max_num_seqs * std::max(c.max_context, 4096);
     if (useful < device_budget) {
       o.engine.gpu_memory_utilization = 0.0;

@@ -203,7 +203,7 @@ struct run_result {
 template <class Policy>
 run_result run_once(const options& o, const std::string& mode, const cuda_backend& b, const model_config& c,
                     const weight_stats& ws, double bandwidth_gbs, double gemm_tflops) {
-  const std::size_t token_bytes = 2ull * c.num_layers * c.num_kv_heads * c.head_dim * b.kv_element_bytes();
+  const std::size_t token_bytes = kv_bytes_per_token(c, b.kv_element_bytes(), false);
   // KV pool: the engine sizes it (vLLM's rule: gpu_memory_utilization x total memory minus what is in use
   // once the weights are loaded), unless --kv-gib fixes it; the method's max_concurrency and as many
   // query slots follow unless --num-query-slots says otherwise.

@@ -36,26 +36,12 @@
 #include "zipage/models/llama.hpp"
 #include "zipage/policy/policies.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
+#include "stories_model.hpp"
 
 using namespace zipage;
+using zipage::testing::stories;
 
 namespace {
-
-// The model file: $ZIPAGE_TEST_MODEL when set (a binary built elsewhere), else the build's path.
-std::string model_path() {
-  const char* env = std::getenv("ZIPAGE_TEST_MODEL");
-  return env != nullptr && env[0] != '\0' ? env : ZIPAGE_TEST_MODEL;
-}
-
-struct shared_model {
-  gguf::file file = gguf::file::open(model_path());
-  spm_tokenizer tokenizer = spm_tokenizer::from_gguf(file);
-};
-
-shared_model& stories() {
-  static shared_model m;
-  return m;
-}
 
 // Known-good greedy continuation of stories260K (tests/unit/test_engine.cpp): the prompt "Once upon a
 // time" is the first four ids, the rest are generated.

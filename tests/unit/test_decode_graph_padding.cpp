@@ -14,8 +14,10 @@
 #include "zipage/models/llama.hpp"
 #include "zipage/policy/policies.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
+#include "stories_model.hpp"
 
 using namespace zipage;
+using zipage::testing::stories;
 
 namespace {
 
@@ -52,16 +54,6 @@ struct padding_backend : cpu_backend {
 static_assert(decode_graph_runner<padding_backend>);
 static_assert(!decode_graph_runner<cpu_backend>);
 static_assert(forward_returns_reference<llama_model<cpu_backend>>);
-
-struct shared_model {
-  gguf::file file = gguf::file::open(ZIPAGE_TEST_MODEL);
-  spm_tokenizer tokenizer = spm_tokenizer::from_gguf(file);
-};
-
-shared_model& stories() {
-  static shared_model m;
-  return m;
-}
 
 std::vector<std::vector<token_id>> prompts(int n) {
   std::vector<std::vector<token_id>> out;

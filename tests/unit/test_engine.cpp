@@ -9,23 +9,14 @@
 #include "zipage/gguf/gguf.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
+#include "stories_model.hpp"
 
 using namespace zipage;
+using zipage::testing::stories;
 
 namespace {
 
 using llama_engine = engine<llama_model<cpu_backend>>;
-
-// The model file is read once; every test builds its own engine from it.
-struct shared_model {
-  gguf::file file = gguf::file::open(ZIPAGE_TEST_MODEL);
-  spm_tokenizer tokenizer = spm_tokenizer::from_gguf(file);
-};
-
-shared_model& stories() {
-  static shared_model m;
-  return m;
-}
 
 llama_engine make_engine(engine_config cfg = {}) {
   auto& m = stories();

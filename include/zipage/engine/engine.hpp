@@ -331,7 +331,7 @@ class engine {
     memory_request r;
     r.budget_bytes = cfg.kv_cache_bytes;
     if constexpr (requires { { backend.memory_info() } -> std::convertible_to<std::pair<std::size_t, std::size_t>>; }) {
-      if (cfg.gpu_memory_utilization > 0.0 && cfg.num_blocks == 0) r.budget_bytes = device_kv_budget(cfg, backend.memory_info());
+      if (cfg.gpu_memory_utilization > 0.0 && cfg.num_blocks == 0) r.budget_bytes = device_kv_budget(cfg.gpu_memory_utilization, backend.memory_info());
     }
     // A backend that stores K/V in a narrower type (bf16) says so; the CPU reference keeps fp32.
     if constexpr (requires { { backend.kv_element_bytes() } -> std::convertible_to<std::size_t>; })
@@ -349,19 +349,6 @@ class engine {
         if (r.num_query_slots == 0) r.num_query_slots = cfg.max_num_seqs;
     }
     return r;
-  }
-
-  // utilization × total − memory already in use, as vLLM sizes its KV cache.
-  [[nodiscard]] static std::size_t device_kv_budget(const engine_config& cfg, std::pair<std::size_t, std::size_t> info) {
-    const auto [free_bytes, total_bytes] = info;
-    const double u = cfg.gpu_memory_utilization;
-    check(u > 0.0 && u <= 1.0, "engine: gpu_memory_utilization must be in (0, 1], got ", u);
-    const double target = u * static_cast<double>(total_bytes);
-    const double in_use = static_cast<double>(total_bytes - std::min(free_bytes, total_bytes));
-    constexpr double gib = 1024.0 * 1024.0 * 1024.0;
-    check(target > in_use, "engine: gpu_memory_utilization ", u, " of ", static_cast<double>(total_bytes) / gib,
-          " GiB leaves nothing for the KV cache: ", in_use / gib, " GiB are already in use");
-    return static_cast<std::size_t>(target - in_use);
   }
 
   [[nodiscard]] scheduler_config scheduler_settings() const {
@@ -483,9 +470,14 @@ class engine {
     }
     graph_rows_.resize(static_cast<std::size_t>(padded));
     std::iota(graph_rows_.begin(), graph_rows_.end(), 0);
+    point_batch(graph_rows_);
+  }
+
+  // The forward batch views the per-step buffers (again after they grew).
+  void point_batch(std::span<const std::int32_t> logits_rows) {
     batch_.tokens = tokens_;
     batch_.positions = positions_;
-    batch_.logits_rows = graph_rows_;
+    batch_.logits_rows = logits_rows;
     batch_.attention = {slots_, token_seq_, token_kv_len_, page_indptr_, page_indices_, window_rows_};
   }
 
@@ -518,10 +510,7 @@ class engine {
       page_indices_.insert(page_indices_.end(), s.table.blocks().begin(), s.table.blocks().end());
       page_indptr_.push_back(static_cast<std::int32_t>(page_indices_.size()));
     }
-    batch_.tokens = tokens_;
-    batch_.positions = positions_;
-    batch_.logits_rows = logits_rows_;
-    batch_.attention = {slots_, token_seq_, token_kv_len_, page_indptr_, page_indices_, window_rows_};
+    point_batch(logits_rows_);
   }
 
   // Queries are recorded while the write position is in the last W slots of a block, so at a block

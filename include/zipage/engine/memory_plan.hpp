@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "zipage/core/error.hpp"
 #include "zipage/model/model_config.hpp"
@@ -40,6 +41,27 @@ struct memory_plan {
   }
 };
 
+// K + V of one cached token over all layers, plus its fp32 score per KV head when a score cache is kept.
+[[nodiscard]] inline std::size_t kv_bytes_per_token(const model_config& c, std::size_t element_bytes, bool score_cache) {
+  const auto layers = static_cast<std::size_t>(c.num_layers);
+  std::size_t bytes = 2 * layers * static_cast<std::size_t>(c.kv_size()) * element_bytes;
+  if (score_cache) bytes += layers * static_cast<std::size_t>(c.num_kv_heads) * sizeof(float);
+  return bytes;
+}
+
+// The KV cache's share of a device as vLLM sizes it: utilization x total memory - memory already in use
+// (weights, workspaces), from the device's {free, total} bytes.
+[[nodiscard]] inline std::size_t device_kv_budget(double utilization, std::pair<std::size_t, std::size_t> info) {
+  const auto [free_bytes, total_bytes] = info;
+  check(utilization > 0.0 && utilization <= 1.0, "engine: gpu_memory_utilization must be in (0, 1], got ", utilization);
+  const double target = utilization * static_cast<double>(total_bytes);
+  const double in_use = static_cast<double>(total_bytes - std::min(free_bytes, total_bytes));
+  constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+  check(target > in_use, "engine: gpu_memory_utilization ", utilization, " of ", static_cast<double>(total_bytes) / gib,
+        " GiB leaves nothing for the KV cache: ", in_use / gib, " GiB are already in use");
+  return static_cast<std::size_t>(target - in_use);
+}
+
 struct memory_request {
   std::size_t budget_bytes = 0;   // used when num_blocks == 0
   int num_blocks = 0;             // fixed pool size, or 0
@@ -56,8 +78,7 @@ struct memory_request {
   check(r.block_size > 0, "memory plan: block_size must be positive, got ", r.block_size);
   memory_plan p;
   const auto layers = static_cast<std::size_t>(c.num_layers);
-  p.block_bytes = 2 * layers * static_cast<std::size_t>(r.block_size) * static_cast<std::size_t>(c.kv_size()) * r.element_bytes;
-  if (r.score_cache) p.block_bytes += layers * static_cast<std::size_t>(r.block_size) * static_cast<std::size_t>(c.num_kv_heads) * sizeof(float);
+  p.block_bytes = static_cast<std::size_t>(r.block_size) * kv_bytes_per_token(c, r.element_bytes, r.score_cache);
   const bool compress = r.budget_blocks > 0;
   if (compress) {
     p.blocks_per_request = r.budget_blocks + 1;

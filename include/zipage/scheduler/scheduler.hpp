@@ -97,7 +97,7 @@ class scheduler_base {
   room make_room(std::size_t i, int needed, step_plan& plan) {
     sequence* self = running_[i];
     while (!blocks_.pool().can_allocate(needed)) {
-      sequence* victim = newest_evictable(i, plan);
+      sequence* victim = last_movable(i + 1, plan);
       if (victim == nullptr && compaction_in_flight()) return room::wait;
       if (victim == nullptr) victim = self;
       evict(victim, plan);
@@ -212,7 +212,7 @@ class scheduler_base {
     const sequence& urgent = *waiting_.front();
     if (!admissible(urgent)) return;  // rejected at admission
     while (!can_start(urgent)) {
-      sequence* victim = last_evictable(plan);
+      sequence* victim = last_movable(0, plan);
       if (victim == nullptr || !precedes(urgent, *victim)) return;
       evict(victim, plan);
     }
@@ -246,22 +246,15 @@ class scheduler_base {
   std::int64_t prefix_hit_tokens_ = 0;
 
  private:
-  // A request mid-compaction cannot move (the worker owns its blocks), nor one swapped in by this very
-  // plan (its state is not back in its blocks yet).
-  sequence* newest_evictable(std::size_t i, const step_plan& plan) const {
-    for (std::size_t k = running_.size(); k-- > i + 1;) {
+  // The last running request from index `first` on that can give way. A request mid-compaction cannot
+  // move (the worker owns its blocks), nor one swapped in by this very plan (its state is not back in its
+  // blocks yet).
+  sequence* last_movable(std::size_t first, const step_plan& plan) const {
+    for (std::size_t k = running_.size(); k-- > first;) {
       sequence* s = running_[k];
-      if (movable(*s, plan)) return s;
+      if (!s->compressing && std::find(plan.swap_in.begin(), plan.swap_in.end(), s) == plan.swap_in.end()) return s;
     }
     return nullptr;
-  }
-  sequence* last_evictable(const step_plan& plan) const {
-    for (auto it = running_.rbegin(); it != running_.rend(); ++it)
-      if (movable(**it, plan)) return *it;
-    return nullptr;
-  }
-  static bool movable(const sequence& s, const step_plan& plan) {
-    return !s.compressing && std::find(plan.swap_in.begin(), plan.swap_in.end(), &s) == plan.swap_in.end();
   }
 
 
