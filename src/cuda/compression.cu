@@ -42,18 +42,18 @@ void validate(const compress_params& p) {
   check(p.keep >= p.window, "compress: keep (", p.keep, ") must be >= window (", p.window, ")");
   check(p.num_layers >= 1 && p.num_reqs >= 0 && p.max_kv_len >= 0, "compress: bad batch size");
   check(p.num_blocks > 0 && p.num_slots > 0, "compress: num_blocks and num_slots must be positive");
-  check(p.pool_kernel >= 1 && p.pool_kernel % 2 == 1, "compress: pool_kernel must be odd and >= 1, got ",
-        p.pool_kernel);
-  check(p.tau > 0.0f, "compress: tau must be positive, got ", p.tau);
+  p.recipe.validate();
+  check(!p.recipe.uses_score_cache() || p.score_cache != nullptr,
+        "compress: the recipe merges with a history, so it needs the score cache");
   check(std::int64_t{p.num_layers} * p.num_reqs * p.num_kv_heads < (std::int64_t{1} << 31),
         "compress: too many (layer, request, head) segments");
   check(p.max_kv_len <= 65535 * detail::kAttnChunk, "compress: max_kv_len above ", 65535 * detail::kAttnChunk);
-  check(aligned16(p.k_cache) && aligned16(p.v_cache) && aligned16(p.query_cache),
+  check(aligned16(p.k_cache) && aligned16(p.v_cache) && (!p.recipe.needs_queries() || aligned16(p.query_cache)),
         "compress: K, V and query caches must be 16-byte aligned");
 }
 
 struct layout {
-  std::size_t stats = 0, fscore = 0, kept = 0, total = 0;
+  std::size_t stats = 0, imp = 0, red = 0, dup = 0, fscore = 0, kept = 0, total = 0;
   int rows_pad = 0, attn_chunks = 0, gp_shift = 0;
   std::int64_t segments = 0;
 };
@@ -66,9 +66,15 @@ layout make_layout(const compress_params& p) {
   l.attn_chunks = std::max(1, (p.max_kv_len + detail::kAttnChunk - 1) / detail::kAttnChunk);
   l.segments = std::int64_t{p.num_layers} * p.num_reqs * p.num_kv_heads;
   const auto seg = static_cast<std::size_t>(l.segments);
+  const std::size_t row = seg * static_cast<std::size_t>(p.max_kv_len);
+  const bool attention = p.recipe.needs_queries();
+  const bool full = p.recipe.redundancy == score_recipe::redundancy_kind::full_sequence;
   l.stats = 0;
-  l.fscore = align_up(l.stats + seg * l.rows_pad * l.attn_chunks * sizeof(float2));
-  l.kept = align_up(l.fscore + seg * static_cast<std::size_t>(p.max_kv_len) * sizeof(float));
+  l.imp = align_up(l.stats + (attention ? seg * l.rows_pad * l.attn_chunks * sizeof(float2) : 0));
+  l.red = align_up(l.imp + (attention ? row * sizeof(float) : 0));
+  l.dup = align_up(l.red + row * sizeof(float));
+  l.fscore = align_up(l.dup + (full ? row * sizeof(unsigned long long) : 0));
+  l.kept = align_up(l.fscore + row * sizeof(float));
   l.total = align_up(l.kept + seg * static_cast<std::size_t>(p.keep) * sizeof(std::int32_t));
   return l;
 }
@@ -107,12 +113,20 @@ compress_args make_args(const compress_params& p, void* workspace, std::size_t w
   a.red_chunk = std::max(detail::kRedMinChunk, p.block_size);
   const float scale = p.scale > 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   a.scale_log2 = scale * detail::kLog2e;
-  a.gamma = p.gamma;
-  a.lambda = p.lambda;
-  a.tau = p.tau;
-  a.pool_radius = p.pool_kernel / 2;
-  a.sinks = p.sinks;
+  const score_recipe& r = p.recipe;
+  a.history = static_cast<int>(r.history);
+  a.recency = r.importance == score_recipe::importance_kind::recency;
+  a.pool_mode = static_cast<int>(r.pooling);
+  a.redundancy = static_cast<int>(r.redundancy);
+  a.gamma = r.gamma;
+  a.lambda = r.lambda;
+  a.tau = r.tau;
+  a.pool_radius = r.pooling == score_recipe::pool_when::never ? 0 : r.pool_kernel / 2;
+  a.sinks = r.sinks;
   a.stats = reinterpret_cast<float2*>(ws + l.stats);
+  a.imp = reinterpret_cast<float*>(ws + l.imp);
+  a.red = reinterpret_cast<float*>(ws + l.red);
+  a.dup = reinterpret_cast<unsigned long long*>(ws + l.dup);
   a.fscore = reinterpret_cast<float*>(ws + l.fscore);
   a.kept = reinterpret_cast<std::int32_t*>(ws + l.kept);
   a.select_smem = std::int64_t{p.max_kv_len} * 4 <= kSelectSmemLimit;
@@ -163,14 +177,24 @@ void launch_score(const compress_args& a, unsigned segments, cudaStream_t stream
 
 template <int D>
 void launch_select(const compress_args& a, unsigned segments, cudaStream_t stream) {
-  static std::atomic<std::uint64_t> done_final{0}, done_select{0};
-  allow_max_smem(detail::final_score_kernel<D>, done_final);
+  static std::atomic<std::uint64_t> done_block{0}, done_select{0};
+  allow_max_smem(detail::block_similarity_kernel<D>, done_block);
   allow_max_smem(detail::select_kernel, done_select);
-  const int smem = detail::final_score_smem_bytes<D>(a.red_chunk);
-  check(smem <= max_smem_optin(), "compress: block_size ", 1 << a.bs_shift, " needs ", smem,
-        " bytes of shared memory for head_dim ", D);
-  const unsigned chunks = static_cast<unsigned>((a.max_len + a.red_chunk - 1) / a.red_chunk);
-  detail::final_score_kernel<D><<<dim3(segments, std::max(1u, chunks)), detail::kRedThreads, smem, stream>>>(a);
+  if (a.redundancy == static_cast<int>(score_recipe::redundancy_kind::block_local)) {
+    const int smem = detail::block_similarity_smem_bytes<D>(a.red_chunk);
+    check(smem <= max_smem_optin(), "compress: block_size ", 1 << a.bs_shift, " needs ", smem,
+          " bytes of shared memory for head_dim ", D);
+    const unsigned chunks = static_cast<unsigned>((a.max_len + a.red_chunk - 1) / a.red_chunk);
+    detail::block_similarity_kernel<D><<<dim3(segments, std::max(1u, chunks)), detail::kRedThreads, smem, stream>>>(a);
+    ZIPAGE_CUDA_CHECK_LAUNCH();
+  } else if (a.redundancy == static_cast<int>(score_recipe::redundancy_kind::full_sequence)) {
+    ZIPAGE_CUDA_CHECK(cudaMemsetAsync(a.dup, 0, std::size_t{segments} * a.max_len * sizeof(unsigned long long), stream));
+    const unsigned tiles = static_cast<unsigned>((a.max_len + detail::kFullRows - 1) / detail::kFullRows);
+    detail::full_similarity_kernel<D><<<dim3(segments, std::max(1u, tiles)), detail::kFullThreads,
+                                        detail::full_similarity_smem_bytes<D>(), stream>>>(a);
+    ZIPAGE_CUDA_CHECK_LAUNCH();
+  }
+  detail::finalize_kernel<<<segments, detail::kFinalThreads, 0, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
   const int sel_smem = a.select_smem ? a.max_len * 4 : 0;
   detail::select_kernel<<<segments, detail::kSelThreads, sel_smem, stream>>>(a);
@@ -203,7 +227,7 @@ compress_workspace_view compress_workspace(const compress_params& p, void* works
 void compress_score(const compress_params& p, void* workspace, std::size_t workspace_bytes, cuda_stream stream) {
   const compress_args a = make_args(p, workspace, workspace_bytes);
   const unsigned segs = segment_count(p);
-  if (segs == 0 || p.max_kv_len == 0) return;
+  if (segs == 0 || p.max_kv_len == 0 || !p.recipe.needs_queries()) return;
   if (p.head_dim == 128) launch_score<128>(a, segs, stream);
   else launch_score<64>(a, segs, stream);
 }

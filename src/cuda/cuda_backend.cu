@@ -436,6 +436,10 @@ struct context {
   device_scratch side_dev;
   pinned_buffer side_host;
   device_scratch compress_ws;  // compress_on_device (side stream, under side_mu)
+  struct {
+    std::vector<std::int32_t> indptr, indices, lens, slots;
+    std::vector<std::uint8_t> first;
+  } compress_staging;  // compress_on_device's batch tables, before their upload (under side_mu)
 
   // sample() (engine thread, main stream): per-row arrays staged on the host, one pinned upload, scratch.
   uploader sample_up;
@@ -1233,71 +1237,85 @@ void cuda_backend::apply_compaction(cuda_kv_storage& kv, const compaction_plan& 
   });
 }
 
-std::optional<int> cuda_backend::compress_on_device(cuda_kv_storage& kv, const sequence& s, int slot,
-                                                    const zipage_policy& policy,
-                                                    const compression_params& params) const {
+bool cuda_backend::compress_on_device(cuda_kv_storage& kv, std::span<const device_compression_job> jobs,
+                                     const score_recipe& recipe, const compression_params& params, int keep) const {
   context& c = use(ctx_);
   const auto& sh = kv.shape;
   // Configurations the kernels do not cover go to the host path (which also reports bad arguments).
-  if (!c.opts.device_compression || kv.dtype != cuda_dtype::bf16 || policy.full_redundancy) return std::nullopt;
-  if (!sh.score_cache || kv.scores.data() == nullptr || kv.queries.data() == nullptr) return std::nullopt;
-  if (sh.head_dim != 64 && sh.head_dim != 128) return std::nullopt;
-  if (!power_of_two(sh.block_size) || sh.block_size < 2 || sh.block_size > 512) return std::nullopt;
-  if (params.block_size != sh.block_size || params.window != sh.window || sh.window < 1 || sh.window > 256)
-    return std::nullopt;
+  if (!c.opts.device_compression || kv.dtype != cuda_dtype::bf16) return false;
+  if (recipe.uses_score_cache() && (!sh.score_cache || kv.scores.data() == nullptr)) return false;
+  if (recipe.needs_queries() && kv.queries.data() == nullptr) return false;
+  if (sh.head_dim != 64 && sh.head_dim != 128) return false;
+  if (!power_of_two(sh.block_size) || sh.block_size < 2 || sh.block_size > 512) return false;
+  if (params.block_size != sh.block_size || params.window != sh.window || sh.window < 1 || sh.window > 256) return false;
   if (sh.num_kv_heads <= 0 || sh.num_q_heads % sh.num_kv_heads != 0 || sh.num_q_heads / sh.num_kv_heads > 128)
-    return std::nullopt;
-  if (policy.first_pool_kernel < 1 || policy.first_pool_kernel % 2 == 0 || !(policy.tau > 0.0f)) return std::nullopt;
-  if (slot < 0 || slot >= sh.num_query_slots) return std::nullopt;
-  const int kv_len = s.kv_len;
-  const int keep_tokens = policy.keep_tokens(params);
-  const int new_len = std::min(keep_tokens, kv_len);
-  if (new_len < sh.window || kv_len < sh.window) return std::nullopt;  // the host path throws its message
-  const auto& pages = s.table.blocks();
-  if (static_cast<std::int64_t>(pages.size()) * sh.block_size < kv_len) return std::nullopt;
-  for (const block_id b : pages)
-    if (b < 0 || b >= sh.num_blocks) return std::nullopt;
+    return false;
+  if (keep < sh.window) return false;  // the host path throws its message
+  if (jobs.empty()) return true;
+  int max_len = 0;
+  std::int64_t total_pages = 0;
+  for (const device_compression_job& j : jobs) {
+    if (j.kv_len < sh.window || (recipe.needs_queries() && (j.slot < 0 || j.slot >= sh.num_query_slots))) return false;
+    if (static_cast<std::int64_t>(j.pages.size()) * sh.block_size < j.kv_len) return false;
+    for (const block_id b : j.pages)
+      if (b < 0 || b >= sh.num_blocks) return false;
+    max_len = std::max(max_len, j.kv_len);
+    total_pages += static_cast<std::int64_t>(j.pages.size());
+  }
 
   cuda::compress_params p;
   p.k_cache = kv.k.data();
   p.v_cache = kv.v.data();
-  p.score_cache = static_cast<float*>(kv.scores.data());
+  p.score_cache = sh.score_cache ? static_cast<float*>(kv.scores.data()) : nullptr;
   p.query_cache = kv.queries.data();
-  p.num_layers = sh.num_layers;
   p.num_blocks = sh.num_blocks;
-  p.num_slots = sh.num_query_slots;
-  p.num_reqs = 1;
-  p.max_kv_len = kv_len;
+  p.num_slots = std::max(1, sh.num_query_slots);
+  p.num_reqs = static_cast<int>(jobs.size());
+  p.max_kv_len = max_len;
   p.num_q_heads = sh.num_q_heads;
   p.num_kv_heads = sh.num_kv_heads;
   p.head_dim = sh.head_dim;
   p.block_size = sh.block_size;
   p.window = sh.window;
-  p.keep = std::max(keep_tokens, sh.window);
-  p.gamma = policy.gamma;
-  p.lambda = policy.lambda;
-  p.tau = policy.tau;
-  p.pool_kernel = policy.first_pool_kernel;
-  p.sinks = std::max(0, policy.sinks);
-  std::size_t ws_bytes = 0;
+  p.keep = keep;
+  p.recipe = recipe;
+  // Layers per launch: as many as keep the workspace under its cap (the reference scores 8 layers per
+  // launch for the same reason), at least one.
+  p.num_layers = 1;
+  std::size_t per_layer = 0;
   try {
-    ws_bytes = cuda::compress_workspace_bytes(p);  // validates the shape (host-side only)
+    per_layer = cuda::compress_workspace_bytes(p);  // validates the shape (host-side only)
   } catch (const error&) {
-    return std::nullopt;
+    return false;
   }
+  constexpr std::size_t workspace_cap = std::size_t{512} << 20;
+  const int layers_per_launch =
+      std::clamp(static_cast<int>(workspace_cap / std::max<std::size_t>(per_layer, 1)), 1, sh.num_layers);
+  p.num_layers = layers_per_launch;
+  const std::size_t ws_bytes = cuda::compress_workspace_bytes(p);
 
   const auto t0 = cuda_detail::clock::now();
   std::lock_guard lock(c.side_mu);
   c.activate();
-  const std::int32_t indptr[2] = {0, static_cast<std::int32_t>(pages.size())};
-  const std::int32_t lens[1] = {kv_len};
-  const std::int32_t slots[1] = {slot};
-  const std::uint8_t first[1] = {static_cast<std::uint8_t>(s.num_compressions == 0 ? 1 : 0)};
-  const section secs[] = {{indptr, sizeof indptr},
-                          cuda_detail::span_section(std::span<const block_id>(pages)),
-                          {lens, sizeof lens},
-                          {slots, sizeof slots},
-                          {first, sizeof first}};
+  c.compress_staging.indptr.assign(1, 0);
+  c.compress_staging.indices.clear();
+  c.compress_staging.indices.reserve(static_cast<std::size_t>(total_pages));
+  c.compress_staging.lens.clear();
+  c.compress_staging.slots.clear();
+  c.compress_staging.first.clear();
+  for (const device_compression_job& j : jobs) {
+    c.compress_staging.indices.insert(c.compress_staging.indices.end(), j.pages.begin(), j.pages.end());
+    c.compress_staging.indptr.push_back(static_cast<std::int32_t>(c.compress_staging.indices.size()));
+    c.compress_staging.lens.push_back(j.kv_len);
+    c.compress_staging.slots.push_back(std::max(0, j.slot));
+    c.compress_staging.first.push_back(j.first_compression ? 1 : 0);
+  }
+  const auto& st = c.compress_staging;
+  const section secs[] = {cuda_detail::span_section(std::span<const std::int32_t>(st.indptr)),
+                          cuda_detail::span_section(std::span<const std::int32_t>(st.indices)),
+                          cuda_detail::span_section(std::span<const std::int32_t>(st.lens)),
+                          cuda_detail::span_section(std::span<const std::int32_t>(st.slots)),
+                          cuda_detail::span_section(std::span<const std::uint8_t>(st.first))};
   c.side_up.put(secs, c.side);
   p.page_indptr = c.side_up.device<std::int32_t>(0);
   p.page_indices = c.side_up.device<std::int32_t>(1);
@@ -1305,16 +1323,30 @@ std::optional<int> cuda_backend::compress_on_device(cuda_kv_storage& kv, const s
   p.slot = c.side_up.device<std::int32_t>(3);
   p.first_compression = c.side_up.device<std::uint8_t>(4);
   void* ws = c.compress_ws.reserve(std::max<std::size_t>(ws_bytes, 256), c.side);
-  cuda::compress(p, ws, ws_bytes, as_stream(c.side));
+  const std::size_t elem = kv.element_bytes();
+  for (int l0 = 0; l0 < sh.num_layers; l0 += layers_per_launch) {
+    cuda::compress_params q = p;
+    q.num_layers = std::min(layers_per_launch, sh.num_layers - l0);
+    q.k_cache = static_cast<char*>(kv.k.data()) + static_cast<std::size_t>(sh.layer_stride()) * l0 * elem;
+    q.v_cache = static_cast<char*>(kv.v.data()) + static_cast<std::size_t>(sh.layer_stride()) * l0 * elem;
+    if (p.score_cache != nullptr)
+      q.score_cache = p.score_cache + static_cast<std::size_t>(sh.num_blocks) * sh.block_size * sh.num_kv_heads * l0;
+    if (kv.queries.data() != nullptr)
+      q.query_cache =
+          static_cast<const char*>(kv.queries.data()) + static_cast<std::size_t>(sh.query_layer_stride()) * l0 * elem;
+    cuda::compress(q, ws, ws_bytes, as_stream(c.side));
+  }
   ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.side));  // done before the engine reuses the freed tail blocks
   const double dt = cuda_detail::seconds_since(t0);
+  const auto n = static_cast<std::int64_t>(jobs.size());
   c.count([&](cuda_backend_counters& k) {
-    ++k.device_compressions;
+    ++k.device_compression_batches;
+    k.device_compressions += n;
     k.device_compression_seconds += dt;
-    ++k.compactions;
+    k.compactions += n;
     k.compaction_seconds += dt;
   });
-  return new_len;
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------------

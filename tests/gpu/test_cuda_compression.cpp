@@ -1,8 +1,11 @@
 // Checks the CUDA compression step (backend/cuda/compression.hpp) against the CPU reference on random
-// inputs: zipage_policy::score (window attention, global score, first-compression pooling, block-local
-// redundancy, combine) + the compressor's forced window keep + select_top_k + cpu::apply_compaction.
+// inputs, for the recipe of every built-in policy (streaming_llm, h2o, snapkv, rkv, gkv, zipage):
+// scoring::run_recipe (window attention or recency, decayed-max or accumulated history, pooling,
+// block-local or full-sequence redundancy normalised over the whole sequence, combine, sinks) + the
+// compressor's forced window keep + select_top_k + cpu::apply_compaction.
 //
-// Grid: head_dim 64/128, GQA 1/2/4/8 (plus 7, 16, 32 and a Qwen3-8B-shaped 32/8 case), block size 16/256,
+// Grid (zipage, and each policy on a sub-grid): head_dim 64/128, GQA 1/2/4/8 (plus 7, 16, 32 and a
+// Qwen3-8B-shaped 32/8 case), block size 16/256,
 // budgets 2..8 blocks, batches of requests of different lengths (first compressions with long prompts,
 // later compressions, a ragged length, one request with nothing to evict) over 2 layers, shuffled page
 // tables and query slots. Unused cache slots, and the score cache of first-compression requests, are
@@ -32,6 +35,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -88,7 +92,25 @@ struct case_spec {
   int layers = 2;
   int sinks = 0;
   int pool = 5;
+  std::string policy = "zipage";
 };
+
+// The recipe of the named built-in policy, with the case's sinks and pool kernel where the policy has them.
+zipage::score_recipe recipe_of(const case_spec& c) {
+  zipage::score_recipe r;
+  bool found = false;
+  zipage::for_each_builtin_policy([&](auto p) {
+    if constexpr (zipage::recipe_scored<decltype(p)>) {
+      if (p.name() != c.policy) return;
+      r = p.recipe();
+      found = true;
+    }
+  });
+  if (!found) throw std::runtime_error("no recipe policy " + c.policy);
+  if (r.pooling != zipage::score_recipe::pool_when::never) r.pool_kernel = c.pool;
+  if (c.policy == "zipage") r.sinks = c.sinks;
+  return r;
+}
 
 // Everything the CPU reference produces for one (layer, request).
 struct ref_out {
@@ -102,8 +124,8 @@ std::string case_name(const case_spec& c) {
   for (const auto& r : c.reqs) lens += std::to_string(r.len) + (r.first ? "f" : "") + ",";
   if (!lens.empty()) lens.pop_back();
   char buf[256];
-  std::snprintf(buf, sizeof buf, "D=%d q=%d kv=%d bs=%d B=%d W=%d L=%d sinks=%d pool=%d reqs=[%s]", c.d, c.qh, c.kvh,
-                c.bs, c.budget, c.window, c.layers, c.sinks, c.pool, lens.c_str());
+  std::snprintf(buf, sizeof buf, "%s D=%d q=%d kv=%d bs=%d B=%d W=%d L=%d sinks=%d pool=%d reqs=[%s]", c.policy.c_str(),
+                c.d, c.qh, c.kvh, c.bs, c.budget, c.window, c.layers, c.sinks, c.pool, lens.c_str());
   return buf;
 }
 
@@ -112,6 +134,8 @@ void run_case(const case_spec& c) {
   const int nreq = static_cast<int>(c.reqs.size());
   const int keep = c.budget * c.bs;
   const int num_slots = nreq + 2;
+  const zipage::score_recipe recipe = recipe_of(c);
+  const bool cache = recipe.uses_score_cache();
 
   // Page tables drawn from a shuffled pool with spare blocks; slots shuffled.
   std::vector<std::int32_t> indptr{0}, indices, lens, slots(static_cast<std::size_t>(num_slots));
@@ -142,7 +166,7 @@ void run_case(const case_spec& c) {
   shape.num_q_heads = c.qh;
   shape.window = c.window;
   shape.num_query_slots = num_slots;
-  shape.score_cache = true;
+  shape.score_cache = cache;
 
   // Host data: bf16 bits and exact float copies. Slots holding no token are NaN.
   const std::size_t kv_elems = static_cast<std::size_t>(shape.elements_per_side());
@@ -177,23 +201,20 @@ void run_case(const case_spec& c) {
             for (int i = 0; i < c.d; ++i) kb[at + i] = to_bf16(uni(-1.0f, 1.0f));
           }
           for (int i = 0; i < c.d; ++i) vb[at + i] = to_bf16(uni(-1.0f, 1.0f));
-          if (!c.reqs[static_cast<std::size_t>(r)].first) sc[sc_at(l, slot_of(r, j), h)] = uni(0.0f, 3.0f / len);
+          if (cache && !c.reqs[static_cast<std::size_t>(r)].first) sc[sc_at(l, slot_of(r, j), h)] = uni(0.0f, 3.0f / len);
         }
     }
   for (auto& x : qb) x = to_bf16(uni(-3.0f, 3.0f));
 
   // ---- CPU reference, threaded over (layer, request).
-  zipage::cpu_kv_storage host(shape);
+  zipage::cpu_kv_storage host(shape);  // scores sized by shape.score_cache
   for (std::size_t i = 0; i < kv_elems; ++i) {
     host.k[i] = from_bf16(kb[i]);
     host.v[i] = from_bf16(vb[i]);
   }
-  host.scores = sc;
+  if (cache) host.scores = sc;
   for (std::size_t i = 0; i < q_elems; ++i) host.queries[i] = from_bf16(qb[i]);
 
-  zipage::zipage_policy policy;
-  policy.sinks = c.sinks;
-  policy.first_pool_kernel = c.pool;
   std::vector<ref_out> ref(static_cast<std::size_t>(c.layers * nreq));
   {
     std::vector<std::thread> threads;
@@ -217,7 +238,7 @@ void run_case(const case_spec& c) {
           ref_out& o = ref[static_cast<std::size_t>(t)];
           o.s.assign(static_cast<std::size_t>(c.kvh) * len, 0.0f);
           o.f.assign(static_cast<std::size_t>(c.kvh) * len, 0.0f);
-          policy.score(ctx, o.f, o.s);
+          zipage::scoring::run_recipe(recipe, ctx, o.f, o.s);
           const int kr = std::min(keep, len);
           o.kept.resize(static_cast<std::size_t>(c.kvh) * kr);
           for (int h = 0; h < c.kvh; ++h) {
@@ -241,7 +262,7 @@ void run_case(const case_spec& c) {
   zc::compress_params p;
   p.k_cache = dk.p;
   p.v_cache = dv.p;
-  p.score_cache = dsc.p;
+  p.score_cache = cache ? dsc.p : nullptr;
   p.query_cache = dq.p;
   p.num_layers = c.layers;
   p.num_blocks = num_blocks;
@@ -259,8 +280,7 @@ void run_case(const case_spec& c) {
   p.block_size = c.bs;
   p.window = c.window;
   p.keep = keep;
-  p.sinks = c.sinks;
-  p.pool_kernel = c.pool;
+  p.recipe = recipe;
   const std::size_t ws_bytes = zc::compress_workspace_bytes(p);
   dbuf<unsigned char> ws(ws_bytes);
   CUDA_OK(cudaMemset(ws.p, 0xff, ws_bytes));  // poison: NaN scores, -1 indices
@@ -291,9 +311,9 @@ void run_case(const case_spec& c) {
         const float* sr = o.s.data() + static_cast<std::size_t>(h) * len;
         const float* fr = o.f.data() + static_cast<std::size_t>(h) * len;
         const float* fg = f_gpu.data() + seg * max_len;
-        // S
+        // S (the score cache, for recipes that keep one)
         double smax = 0.0, sdiff = 0.0;
-        for (int j = 0; j < len; ++j) {
+        for (int j = 0; j < (cache ? len : 0); ++j) {
           const float g = s_gpu[sc_at(l, slot_of(r, j), h)];
           smax = std::max(smax, std::abs(double(sr[j])));
           if (!std::isfinite(g)) {
@@ -306,7 +326,7 @@ void run_case(const case_spec& c) {
         worst_s = std::max(worst_s, s_rel);
         if (s_rel > 2e-5) ++bad_s;
         // Slots of the request past its length must be untouched (NaN poison for K, V; scores as given).
-        for (int j = len; j < (len + c.bs - 1) / c.bs * c.bs; ++j)
+        for (int j = len; cache && j < (len + c.bs - 1) / c.bs * c.bs; ++j)
           if (!same_bits(s_gpu[sc_at(l, slot_of(r, j), h)], sc[sc_at(l, slot_of(r, j), h)])) ++untouched_bad;
         // F
         double fmax = 0.0;
@@ -374,7 +394,7 @@ void run_case(const case_spec& c) {
                                  : ""));
 
   // ---- Compaction: exact against cpu::apply_compaction given the GPU's kept indices and S.
-  host.scores = s_gpu;
+  if (cache) host.scores = s_gpu;
   for (int r = 0; r < nreq; ++r) {
     const int len = lens[static_cast<std::size_t>(r)];
     const int kr = std::min(keep, len);
@@ -386,14 +406,14 @@ void run_case(const case_spec& c) {
     plan.pages.assign(indices.begin() + indptr[static_cast<std::size_t>(r)],
                       indices.begin() + indptr[static_cast<std::size_t>(r) + 1]);
     plan.keep.resize(static_cast<std::size_t>(c.layers) * c.kvh * kr);
-    plan.kept_scores.resize(plan.keep.size());
+    if (cache) plan.kept_scores.resize(plan.keep.size());
     for (int l = 0; l < c.layers; ++l)
       for (int h = 0; h < c.kvh; ++h) {
         const std::size_t seg = static_cast<std::size_t>((l * nreq + r) * c.kvh + h);
         for (int i = 0; i < kr; ++i) {
           const std::int32_t j = std::clamp(kept_gpu[seg * keep + i], 0, len - 1);
           plan.keep[plan.offset(l, h) + i] = j;
-          plan.kept_scores[plan.offset(l, h) + i] = s_gpu[sc_at(l, slot_of(r, j), h)];
+          if (cache) plan.kept_scores[plan.offset(l, h) + i] = s_gpu[sc_at(l, slot_of(r, j), h)];
         }
       }
     zipage::cpu::apply_compaction(host, plan);
@@ -456,8 +476,11 @@ void test_validation() {
   bad.num_q_heads = 7;
   expect_throw("q_heads not a multiple of kv_heads", [&] { (void)zc::compress_workspace_bytes(bad); });
   bad = p;
-  bad.pool_kernel = 4;
+  bad.recipe.pool_kernel = 4;
   expect_throw("even pool kernel", [&] { (void)zc::compress_workspace_bytes(bad); });
+  bad = p;
+  bad.recipe.history = zipage::score_recipe::history_kind::accumulate;
+  expect_throw("a history recipe without a score cache", [&] { (void)zc::compress_workspace_bytes(bad); });
   expect_throw("small workspace", [&] { zc::compress(p, nullptr, 0, nullptr); });
 }
 
@@ -490,6 +513,11 @@ int main() {
       run_case({64, 4, 2, 16, 2, {{48, false}, {80, true}, {30, false}}});
       run_case({128, 8, 1, 256, 2, {{768, true}, {700, false}}});
       run_case({64, 32, 1, 16, 2, {{48, true}, {40, false}}});
+      for (const char* policy : {"streaming_llm", "h2o", "snapkv", "rkv", "gkv"}) {
+        case_spec c{64, 8, 2, 16, 2, {{48, false}, {80, true}, {30, false}}};
+        c.policy = policy;
+        run_case(c);
+      }
     } else {
       // Budgets cycle through 2, 3, 5, 8 blocks for each block size; every other batch has a ragged length.
       const int budgets[] = {2, 3, 5, 8};
@@ -513,6 +541,22 @@ int main() {
       run_case({128, 32, 1, 256, 2, {{768, false}, {1024, true}, {700, false}}});
       // MHA with a window of 24 (rows padded to a multiple of 16).
       { case_spec c{64, 3, 3, 256, 2, batch_for(2, 256, true)}; c.window = 24; run_case(c); }
+      // Every other built-in policy's recipe over a sub-grid: head_dim 64/128, GQA 1/4/8, block 16/256,
+      // first and later compressions in each batch (batch_for), a ragged length in every other batch.
+      for (const char* policy : {"streaming_llm", "h2o", "snapkv", "rkv", "gkv"}) {
+        int i = 0;
+        for (int d : {64, 128})
+          for (int g : {1, 4, 8})
+            for (int bs : {16, 256}) {
+              const int budget = budgets[i % 4];
+              case_spec c{d, 2 * g, 2, bs, budget, batch_for(budget, bs, i % 2 == 1)};
+              c.policy = policy;
+              run_case(c);
+              ++i;
+            }
+      }
+      // Full-sequence redundancy at the Qwen3-8B shape (rkv, and zipage with full_redundancy's recipe).
+      { case_spec c{128, 32, 8, 256, 8, {{2304, false}, {2304, true}}}; c.policy = "rkv"; run_case(c); }
       // A first compression long after the budget (long prompt): 24 blocks down to 2.
       run_case({128, 16, 2, 256, 2, {{24 * 256, true}, {3 * 256, false}}});
       // Longer than the select kernel keeps in shared memory (24,576 tokens): keys in place in global memory.

@@ -185,7 +185,7 @@ namespace {
 const std::vector<float> head0_keys = {1, 0, 3, 0, 0, 2, 0.5f, 0, /* block 1 */ 1, 0, 0, 1, -1, 0, 0, -1};
 }  // namespace
 
-TEST_CASE("block_redundancy: the newest duplicate survives, softmax per block at temperature tau * block_size") {
+TEST_CASE("block_redundancy: the newest duplicate survives, one softmax over the sequence at temperature tau * block_size") {
   // Head 1: all-zero keys, which normalise to 0 thanks to the eps: no similarity, uniform R.
   std::vector<float> keys = head0_keys;
   keys.resize(32, 0.0f);
@@ -198,27 +198,27 @@ TEST_CASE("block_redundancy: the newest duplicate survives, softmax per block at
     // Column 0: duplicates in rows 1, 3 -> newest row 3 loses sim(3,0). Column 1: rows 0, 3 -> sim(3,1).
     // Column 3: rows 0, 1 -> sim(1,3). Column 2: none. Row sums r = (2, 1, 0, 0): the newest duplicate,
     // token 3, ends with the lowest redundancy of the three and the oldest with the highest.
-    const auto block0 = softmax_over({2, 1, 0, 0}, tau * 4.0);
-    // Block 1: every token is orthogonal to two and opposite to one: r = -1 each, R = 1/4. Block 0's
-    // copies of e1 do not count against token 4: similarity stays within the block.
-    std::vector<double> want(block0.begin(), block0.end());
-    want.insert(want.end(), {0.25, 0.25, 0.25, 0.25});
-    want.insert(want.end(), 8, 0.25);  // head 1 (two blocks of zero keys)
+    // Block 1: every token is orthogonal to two and opposite to one: r = -1 each. Block 0's copies of e1
+    // do not count against token 4: similarity stays within the block. The softmax runs over all eight
+    // tokens of the head (the reference's normalisation), so the repetitive block 0 carries more of the
+    // redundancy mass than the diverse block 1 - a per-block softmax would give each block mass 1.
+    const auto head0 = softmax_over({2, 1, 0, 0, -1, -1, -1, -1}, tau * 4.0);
+    std::vector<double> want(head0.begin(), head0.end());
+    want.insert(want.end(), 8, 0.125);  // head 1: zero keys, uniform over the sequence
     check_close(r, want);
+    CHECK(std::accumulate(r.begin(), r.begin() + 8, 0.0) == Approx(1.0).epsilon(1e-6));
+    CHECK(std::accumulate(r.begin() + 4, r.begin() + 8, 0.0) < 0.25);  // per block it would be 1
   }
 }
 
-TEST_CASE("block_redundancy: a partial last block is its own block at temperature tau * its length") {
+TEST_CASE("block_redundancy: a partial last block sums within itself, normalised with the rest at tau * block_size") {
   // kv_len 7, block 4: block 0 as above, block 1 holds 3 tokens e1, -e1, e2: r = (-1, -1, 0).
   std::vector<float> keys(head0_keys.begin(), head0_keys.begin() + 8);
   keys.insert(keys.end(), {1, 0, -1, 0, 0, 1});
   const score_context ctx{.kv_len = 7, .num_kv_heads = 1, .head_dim = 2, .block_size = 4, .keys = keys};
   std::vector<float> r(7);
   scoring::block_redundancy(ctx, 0.4f, r);
-  auto want = softmax_over({2, 1, 0, 0}, 1.6);
-  const auto tail = softmax_over({-1, -1, 0}, 0.4 * 3);
-  want.insert(want.end(), tail.begin(), tail.end());
-  check_close(r, want);
+  check_close(r, softmax_over({2, 1, 0, 0, -1, -1, 0}, 0.4 * 4));
 }
 
 TEST_CASE("block_redundancy: of near-identical tokens 0, 1, 3 the newest is the least redundant") {
@@ -419,14 +419,66 @@ TEST_CASE("zipage_policy == hand composition of the pieces") {
   }
 }
 
-TEST_CASE("zipage_policy at a realistic shape: finite scores, redundancy a distribution per block") {
-  // kv_len 9 blocks of 32, window 8, head_dim 16, group 2: every path runs; R sums to 1 in each block.
+TEST_CASE("zipage_policy at a realistic shape: finite scores, redundancy one distribution per head") {
+  // kv_len 9 blocks of 32, window 8, head_dim 16, group 2: every path runs; R sums to 1 over each head's
+  // whole sequence (not per block).
   random_case c(false, 9 * 32, 32, 8, 16);
   std::vector<float> keep(c.scores()), cache(c.scores()), red(c.scores());
   zipage_policy{}.score(c.ctx, keep, cache);
   CHECK(std::all_of(keep.begin(), keep.end(), [](float v) { return std::isfinite(v); }));
   scoring::block_redundancy(c.ctx, 0.4f, red);
-  for (std::size_t b = 0; b < red.size(); b += 32) {
-    CHECK(std::accumulate(red.begin() + b, red.begin() + b + 32, 0.0) == Approx(1.0).epsilon(1e-5));
+  const std::size_t len = 9 * 32;
+  for (std::size_t h = 0; h * len < red.size(); ++h) {
+    CHECK(std::accumulate(red.begin() + h * len, red.begin() + (h + 1) * len, 0.0) == Approx(1.0).epsilon(1e-5));
+    CHECK(std::accumulate(red.begin() + h * len, red.begin() + h * len + 32, 0.0) < 0.5);
   }
+}
+
+TEST_CASE("every built-in policy is its recipe, and recipe_scored tells overrides apart") {
+  random_case c(false, 6 * 16, 16, 8, 8);
+  auto same_as_recipe = [&](const auto& policy) {
+    std::vector<float> a(c.scores()), ca(c.scores()), b(c.scores()), cb(c.scores());
+    policy.score(c.ctx, a, ca);
+    scoring::run_recipe(policy.recipe(), c.ctx, b, cb);
+    CHECK(a == b);
+    CHECK(ca == cb);
+  };
+  same_as_recipe(streaming_llm{});
+  same_as_recipe(h2o{});
+  same_as_recipe(snapkv{});
+  same_as_recipe(rkv{});
+  same_as_recipe(gkv{});
+  same_as_recipe(zipage_policy{});
+  static_assert(recipe_scored<streaming_llm> && recipe_scored<h2o> && recipe_scored<snapkv> && recipe_scored<rkv> &&
+                recipe_scored<gkv> && recipe_scored<zipage_policy>);
+  static_assert(!recipe_scored<full_kv>);
+  struct tuned : zipage_policy {};  // other parameters, same score(): still its recipe
+  struct own_score : zipage_policy {
+    void score(const score_context&, std::span<float> keep_score, std::span<float>) const {
+      std::fill(keep_score.begin(), keep_score.end(), 1.0f);
+    }
+  };
+  struct composed : recipe_policy<composed> {
+    [[nodiscard]] std::string_view name() const { return "composed"; }
+    [[nodiscard]] score_recipe recipe() const { return {}; }
+  };
+  static_assert(recipe_scored<tuned>);
+  static_assert(!recipe_scored<own_score>, "a subclass with its own score() must not be scored by the base's recipe");
+  static_assert(recipe_scored<composed>);
+  static_assert(eviction_policy<composed>);
+}
+
+TEST_CASE("score_recipe rejects what no backend can run") {
+  score_recipe r;
+  r.pooling = score_recipe::pool_when::always;
+  r.pool_kernel = 4;
+  CHECK_THROWS_WITH_AS(r.validate(), doctest::Contains("pool_kernel"), error);
+  r = {};
+  r.redundancy = score_recipe::redundancy_kind::block_local;
+  r.tau = 0.0f;
+  CHECK_THROWS_WITH_AS(r.validate(), doctest::Contains("tau"), error);
+  r = {};
+  r.importance = score_recipe::importance_kind::recency;
+  r.history = score_recipe::history_kind::accumulate;
+  CHECK_THROWS_WITH_AS(r.validate(), doctest::Contains("recency"), error);
 }

@@ -1,28 +1,36 @@
 #pragma once
 // Runs compressions apart from the decode loop. Threaded, a worker scores and compacts while the
 // engine keeps decoding every other request; only the requests being compressed wait (they are left
-// out of every batch until their job lands). The worker touches nothing but the request's own blocks
-// and query slot; every block-pool change stays on the engine's thread.
+// out of every batch until their job lands). The worker touches nothing but the requests' own blocks
+// and query slots; every block-pool change stays on the engine's thread.
+//
+// Jobs are batched: the worker takes every queued request (up to max_batch) at once, so a burst of
+// requests crossing a block boundary together is scored by one set of kernel launches on a backend
+// with device compression, as the reference does.
 #include <condition_variable>
+#include <algorithm>
 #include <deque>
 #include <exception>
 #include <mutex>
-#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "zipage/compression/compression_job.hpp"
 #include "zipage/compression/compressor.hpp"
 
 namespace zipage {
 
-// Optional backend hook: scores, selects and compacts one request under `Policy` entirely on the device
-// (same result as compressor::plan + apply_compaction), returning the new physical length, or nothing
-// when it cannot for this configuration (the generic host path then runs).
-template <class Backend, class Policy>
-concept device_compressor = requires(const Backend& b, typename Backend::kv_storage& kv, const sequence& s,
-                                     const Policy& policy, const compression_params& params) {
-  { b.compress_on_device(kv, s, 0, policy, params) } -> std::same_as<std::optional<int>>;
+// Optional backend hook: scores a batch of requests by a score_recipe, keeps the top `keep` tokens per
+// (layer, KV head) and compacts them, entirely on the device (the same result as compressor::plan +
+// apply_compaction for a recipe-scored policy); each job's new length is min(keep, kv_len). Returns false,
+// touching nothing, when it cannot run this configuration (the generic host path then runs).
+template <class Backend>
+concept device_compressor = requires(const Backend& b, typename Backend::kv_storage& kv,
+                                     std::span<const device_compression_job> jobs, const score_recipe& recipe,
+                                     const compression_params& params, int keep) {
+  { b.compress_on_device(kv, jobs, recipe, params, keep) } -> std::same_as<bool>;
 };
 
 struct finished_compression {
@@ -34,9 +42,12 @@ struct finished_compression {
 template <class Policy, class Backend>
 class compression_worker {
  public:
+  static constexpr int default_max_batch = 64;
+
   compression_worker(Backend& backend, typename Backend::kv_storage& kv, const Policy& policy, compression_params params,
-                     const model_config& model, bool threaded)
-      : backend_(&backend), kv_(&kv), compressor_(policy, params, model) {
+                     const model_config& model, bool threaded, int max_batch = default_max_batch)
+      : backend_(&backend), kv_(&kv), compressor_(policy, params, model), max_batch_(max_batch) {
+    check(max_batch >= 1, "compression: max_batch must be >= 1, got ", max_batch);
     if (threaded) thread_ = std::thread([this] { run(); });
   }
   compression_worker(const compression_worker&) = delete;
@@ -52,20 +63,26 @@ class compression_worker {
 
   [[nodiscard]] const compressor<Policy, Backend>& planner() const { return compressor_; }
 
-  void submit(sequence* s) {
+  // Queues the requests (one step's compressions); all of them can be taken as one batch.
+  void submit(std::span<sequence* const> seqs) {
+    if (seqs.empty()) return;
     if (!thread_.joinable()) {
-      auto result = compress(s);
-      std::lock_guard lock(mutex_);
-      finished_.push_back(std::move(result));
+      for (std::size_t i = 0; i < seqs.size(); i += static_cast<std::size_t>(max_batch_)) {
+        const auto batch = seqs.subspan(i, std::min(seqs.size() - i, static_cast<std::size_t>(max_batch_)));
+        auto results = compress(batch);
+        std::lock_guard lock(mutex_);
+        for (auto& r : results) finished_.push_back(std::move(r));
+      }
       return;
     }
     {
       std::lock_guard lock(mutex_);
-      queue_.push_back(s);
-      ++in_flight_;
+      queue_.insert(queue_.end(), seqs.begin(), seqs.end());
+      in_flight_ += static_cast<int>(seqs.size());
     }
     wake_.notify_all();
   }
+  void submit(sequence* s) { submit(std::span<sequence* const>(&s, 1)); }
 
   [[nodiscard]] int in_flight() const {
     std::lock_guard lock(mutex_);
@@ -89,22 +106,37 @@ class compression_worker {
   void wait_idle(const sequence* s) {
     std::unique_lock lock(mutex_);
     done_.wait(lock, [&] {
-      for (const sequence* q : queue_)
-        if (q == s) return false;
-      return running_ != s;
+      return std::find(queue_.begin(), queue_.end(), s) == queue_.end() &&
+             std::find(running_.begin(), running_.end(), s) == running_.end();
     });
   }
 
  private:
-  finished_compression compress(sequence* s) {
-    try {
-      // A backend that scores and compacts this policy on the device does it all there; otherwise the
-      // generic path gathers to the host, plans there and applies the plan on the backend.
-      if constexpr (device_compressor<Backend, Policy>) {
-        const std::optional<int> new_len =
-            backend_->compress_on_device(*kv_, *s, s->query_slot, compressor_.policy(), compressor_.params());
-        if (new_len) return {s, *new_len, {}};
+  std::vector<finished_compression> compress(std::span<sequence* const> batch) {
+    // A backend that scores this policy's recipe on the device does the whole batch there; otherwise
+    // the generic path gathers each request to the host, plans there and applies the plan on the backend.
+    if constexpr (device_compressor<Backend> && recipe_scored<Policy>) {
+      std::vector<finished_compression> out;
+      try {
+        const int keep = compressor_.policy().keep_tokens(compressor_.params());
+        jobs_.clear();
+        for (sequence* s : batch) jobs_.push_back({s->table.blocks(), s->kv_len, s->query_slot, s->num_compressions == 0});
+        if (backend_->compress_on_device(*kv_, jobs_, compressor_.policy().recipe(), compressor_.params(), keep)) {
+          for (sequence* s : batch) out.push_back({s, std::min(keep, s->kv_len), {}});
+          return out;
+        }
+      } catch (const std::exception& e) {
+        for (sequence* s : batch) out.push_back({s, s->kv_len, e.what()});
+        return out;
       }
+    }
+    std::vector<finished_compression> out;
+    for (sequence* s : batch) out.push_back(compress_on_host(s));
+    return out;
+  }
+
+  finished_compression compress_on_host(sequence* s) {
+    try {
       const compaction_plan plan = compressor_.plan(*backend_, *kv_, *s, s->query_slot);
       backend_->apply_compaction(*kv_, plan);
       return {s, plan.new_len, {}};
@@ -118,15 +150,15 @@ class compression_worker {
     while (true) {
       wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;
-      sequence* s = queue_.front();
-      queue_.pop_front();
-      running_ = s;
+      const auto n = std::min(queue_.size(), static_cast<std::size_t>(max_batch_));
+      running_.assign(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
+      queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
       lock.unlock();
-      finished_compression result = compress(s);
+      std::vector<finished_compression> results = compress(running_);
       lock.lock();
-      running_ = nullptr;
-      finished_.push_back(std::move(result));
-      --in_flight_;
+      running_.clear();
+      for (auto& r : results) finished_.push_back(std::move(r));
+      in_flight_ -= static_cast<int>(n);
       done_.notify_all();
     }
   }
@@ -137,9 +169,11 @@ class compression_worker {
   std::thread thread_;
   mutable std::mutex mutex_;
   std::condition_variable wake_, done_;
+  int max_batch_;
+  std::vector<device_compression_job> jobs_;  // worker thread only
   std::deque<sequence*> queue_;
   std::vector<finished_compression> finished_;
-  const sequence* running_ = nullptr;
+  std::vector<sequence*> running_;
   int in_flight_ = 0;
   bool stopping_ = false;
 };

@@ -13,6 +13,7 @@
 #include "zipage/compression/compaction_plan.hpp"
 #include "zipage/model/model_config.hpp"
 #include "zipage/policy/eviction_policy.hpp"
+#include "zipage/policy/policies.hpp"
 #include "zipage/request/sequence.hpp"
 
 namespace zipage {
@@ -38,6 +39,12 @@ class compressor {
   compressor(const Policy& policy, compression_params params, const model_config& model)
       : policy_(&policy), params_(params), model_(model) {
     if constexpr (Policy::evicts) params_.validate();
+    if constexpr (recipe_scored<Policy>) {
+      const score_recipe r = policy.recipe();
+      r.validate();
+      check(!r.uses_score_cache() || Policy::uses_score_cache, "policy ", policy.name(),
+            ": its recipe merges scores with a history, so it must declare uses_score_cache = true");
+    }
   }
 
   [[nodiscard]] const compression_params& params() const { return params_; }
@@ -70,7 +77,7 @@ class compressor {
       const score_context ctx{kv_len, model_.num_kv_heads, model_.num_q_heads, model_.head_dim, params_.block_size,
                               params_.window, s.num_compressions == 0, keys_, queries_, prev_};
       std::fill(cache_out_.begin(), cache_out_.end(), 0.0f);
-      policy_->score(ctx, keep_score_, cache_out_);
+      score(ctx);
       for (std::size_t h = 0; h < heads; ++h) {
         const std::span<float> row(keep_score_.data() + h * per_head, per_head);
         // The newest W tokens always stay: their queries are the ones that just scored everyone else.
@@ -88,6 +95,13 @@ class compressor {
   }
 
  private:
+  // A recipe-scored policy runs its recipe itself (the very recipe a device backend would run), so a
+  // subclass that only changes recipe() is scored the same on every backend.
+  void score(const score_context& ctx) {
+    if constexpr (recipe_scored<Policy>) scoring::run_recipe(policy_->recipe(), ctx, keep_score_, cache_out_);
+    else policy_->score(ctx, keep_score_, cache_out_);
+  }
+
   const Policy* policy_;
   compression_params params_;
   model_config model_;

@@ -5,101 +5,127 @@
 //
 // Every score() writes keep_score [kv_heads][kv_len] (higher = keep); the engine then forces the window
 // tokens and takes the top keep_tokens() per KV head. Policies with a score cache also fill cache_out.
-#include <algorithm>
+#include <concepts>
 #include <span>
+#include <type_traits>
 #include <string_view>
 #include <vector>
 
 #include "zipage/core/error.hpp"
 #include "zipage/policy/eviction_policy.hpp"
 #include "zipage/policy/score_context.hpp"
+#include "zipage/policy/score_recipe.hpp"
 #include "zipage/policy/scoring.hpp"
 
 namespace zipage {
 
-namespace detail {
-// What the score cache remembers must be the unpooled score, taken before any pooling or combining.
-inline void store_score_cache(std::span<const float> scores, std::span<float> cache_out) {
-  check(cache_out.size() == scores.size(), "policy: cache_out holds ", cache_out.size(), " scores, expected ",
-        scores.size());
-  std::copy(scores.begin(), scores.end(), cache_out.begin());
-}
-}  // namespace detail
+// Base of a policy whose score is a score_recipe (score_recipe.hpp): Derived defines
+// `score_recipe recipe() const`, and score() runs that recipe on the CPU. Backends with device
+// compression run the same recipe on the device (see recipe_scored below). To compose a policy of
+// your own, derive from recipe_policy<YourPolicy>; to score with arbitrary code, define score() instead
+// (then the host path scores it, on every backend).
+template <class Derived>
+struct recipe_policy : policy_base {
+  void score(const score_context& ctx, std::span<float> keep_score, std::span<float> cache_out) const {
+    scoring::run_recipe(static_cast<const Derived&>(*this).recipe(), ctx, keep_score, cache_out);
+  }
+};
+
+// A policy scored exactly by its recipe: it has recipe() and its score() is recipe_policy's, not an
+// override. A subclass of a built-in that overrides score() is not: its own score() must run, so the
+// engine takes the host path for it (dispatch is by this check, never by conversion to a base).
+template <class P>
+concept recipe_scored = requires(const P& p) {
+  { p.recipe() } -> std::same_as<score_recipe>;
+  requires std::is_same_v<decltype(&P::score), decltype(&recipe_policy<P>::score)> ||
+               requires { typename P::recipe_base; } &&
+                   std::is_same_v<decltype(&P::score), decltype(&P::recipe_base::score)>;
+};
 
 // StreamingLLM: keep the attention sinks and the most recent tokens; no attention needed at all.
-struct streaming_llm : policy_base {
+struct streaming_llm : recipe_policy<streaming_llm> {
+  using recipe_base = recipe_policy<streaming_llm>;
   int sinks = 4;
 
   [[nodiscard]] std::string_view name() const { return "streaming_llm"; }
-  void score(const score_context& ctx, std::span<float> keep_score, std::span<float> /*cache_out*/) const {
-    scoring::detail::check_scores(ctx, keep_score.size(), "keep_score");
-    // Score = physical position: the newest tokens rank highest (exact in float up to 2^24 tokens).
-    for (int h = 0; h < ctx.num_kv_heads; ++h) {
-      const auto row = keep_score.subspan(static_cast<std::size_t>(h) * ctx.kv_len);
-      for (int j = 0; j < ctx.kv_len; ++j) row[j] = static_cast<float>(j);
-    }
-    scoring::force_keep_sinks(ctx, sinks, keep_score);
+  [[nodiscard]] score_recipe recipe() const {
+    score_recipe r;
+    r.importance = score_recipe::importance_kind::recency;
+    r.sinks = sinks;
+    return r;
   }
 };
 
 // H2O: heavy hitters, by attention accumulated over every compression so far.
-struct h2o : policy_base {
+struct h2o : recipe_policy<h2o> {
+  using recipe_base = recipe_policy<h2o>;
   static constexpr bool uses_score_cache = true;
 
   [[nodiscard]] std::string_view name() const { return "h2o"; }
-  void score(const score_context& ctx, std::span<float> keep_score, std::span<float> cache_out) const {
-    scoring::window_attention(ctx, keep_score);
-    scoring::accumulated_score(ctx, keep_score, keep_score);
-    detail::store_score_cache(keep_score, cache_out);
+  [[nodiscard]] score_recipe recipe() const {
+    score_recipe r;
+    r.history = score_recipe::history_kind::accumulate;
+    return r;
   }
 };
 
 // SnapKV: pooled window attention, recomputed from scratch at every compression.
-struct snapkv : policy_base {
+struct snapkv : recipe_policy<snapkv> {
+  using recipe_base = recipe_policy<snapkv>;
   int pool_kernel = 5;
 
   [[nodiscard]] std::string_view name() const { return "snapkv"; }
-  void score(const score_context& ctx, std::span<float> keep_score, std::span<float> /*cache_out*/) const {
-    scoring::window_attention(ctx, keep_score);
-    scoring::max_pool(keep_score, ctx.num_kv_heads, ctx.kv_len, pool_kernel);
+  [[nodiscard]] score_recipe recipe() const {
+    score_recipe r;
+    r.pooling = score_recipe::pool_when::always;
+    r.pool_kernel = pool_kernel;
+    return r;
   }
 };
 
 // R-KV: pooled window attention traded against redundancy over the whole sequence.
-struct rkv : policy_base {
+struct rkv : recipe_policy<rkv> {
+  using recipe_base = recipe_policy<rkv>;
   float lambda = 0.1f;
   float tau = 0.4f;
   int pool_kernel = 5;
 
   [[nodiscard]] std::string_view name() const { return "rkv"; }
-  void score(const score_context& ctx, std::span<float> keep_score, std::span<float> /*cache_out*/) const {
-    scoring::window_attention(ctx, keep_score);
-    scoring::max_pool(keep_score, ctx.num_kv_heads, ctx.kv_len, pool_kernel);
-    std::vector<float> redundancy(keep_score.size());
-    scoring::full_redundancy(ctx, tau, redundancy);
-    scoring::combine(lambda, keep_score, redundancy, keep_score);
+  [[nodiscard]] score_recipe recipe() const {
+    score_recipe r;
+    r.pooling = score_recipe::pool_when::always;
+    r.pool_kernel = pool_kernel;
+    r.redundancy = score_recipe::redundancy_kind::full_sequence;
+    r.lambda = lambda;
+    r.tau = tau;
+    return r;
   }
 };
 
 // G-KV: global score (decayed max over compressions); pooled only at the first compression, where the
 // prompt's local structure matters most and no history exists yet.
-struct gkv : policy_base {
+struct gkv : recipe_policy<gkv> {
+  using recipe_base = recipe_policy<gkv>;
   static constexpr bool uses_score_cache = true;
   float gamma = 0.8f;
   int first_pool_kernel = 5;
 
   [[nodiscard]] std::string_view name() const { return "gkv"; }
-  void score(const score_context& ctx, std::span<float> keep_score, std::span<float> cache_out) const {
-    scoring::window_attention(ctx, keep_score);
-    scoring::global_score(ctx, keep_score, gamma, keep_score);
-    detail::store_score_cache(keep_score, cache_out);
-    if (ctx.first_compression) scoring::max_pool(keep_score, ctx.num_kv_heads, ctx.kv_len, first_pool_kernel);
+  [[nodiscard]] score_recipe recipe() const {
+    score_recipe r;
+    r.history = score_recipe::history_kind::decayed_max;
+    r.gamma = gamma;
+    r.pooling = score_recipe::pool_when::first_compression;
+    r.pool_kernel = first_pool_kernel;
+    return r;
   }
 };
 
 // Zipage (the method's reference default): G-KV's global score, pooled at the first compression,
-// combined with R-KV's redundancy measured within each block (or over the whole sequence).
-struct zipage_policy : policy_base {
+// combined with R-KV's redundancy measured within each block (or over the whole sequence), normalised
+// by one softmax over all cached tokens.
+struct zipage_policy : recipe_policy<zipage_policy> {
+  using recipe_base = recipe_policy<zipage_policy>;
   static constexpr bool uses_score_cache = true;
   float gamma = 0.8f;
   float lambda = 0.2f;
@@ -109,19 +135,17 @@ struct zipage_policy : policy_base {
   int sinks = 0;
 
   [[nodiscard]] std::string_view name() const { return "zipage"; }
-  void score(const score_context& ctx, std::span<float> keep_score, std::span<float> cache_out) const {
-    scoring::window_attention(ctx, keep_score);
-    scoring::global_score(ctx, keep_score, gamma, keep_score);
-    detail::store_score_cache(keep_score, cache_out);
-    if (ctx.first_compression) scoring::max_pool(keep_score, ctx.num_kv_heads, ctx.kv_len, first_pool_kernel);
-    std::vector<float> redundancy(keep_score.size());
-    if (full_redundancy) {
-      scoring::full_redundancy(ctx, tau, redundancy);
-    } else {
-      scoring::block_redundancy(ctx, tau, redundancy);
-    }
-    scoring::combine(lambda, keep_score, redundancy, keep_score);
-    if (sinks > 0) scoring::force_keep_sinks(ctx, sinks, keep_score);
+  [[nodiscard]] score_recipe recipe() const {
+    score_recipe r;
+    r.history = score_recipe::history_kind::decayed_max;
+    r.gamma = gamma;
+    r.pooling = score_recipe::pool_when::first_compression;
+    r.pool_kernel = first_pool_kernel;
+    r.redundancy = full_redundancy ? score_recipe::redundancy_kind::full_sequence : score_recipe::redundancy_kind::block_local;
+    r.lambda = lambda;
+    r.tau = tau;
+    r.sinks = sinks;
+    return r;
   }
 };
 

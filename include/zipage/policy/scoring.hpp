@@ -14,6 +14,7 @@
 
 #include "zipage/core/error.hpp"
 #include "zipage/policy/score_context.hpp"
+#include "zipage/policy/score_recipe.hpp"
 
 namespace zipage::scoring {
 
@@ -104,9 +105,9 @@ void merge_with_history(const score_context& ctx, std::span<const float> attenti
   }
 }
 
-// Redundancy of the n tokens [begin, begin + n) of head h measured against each other only; writes
-// out[begin .. begin + n) of that head's row.
-inline void range_redundancy(const score_context& ctx, int h, int begin, int n, float tau, std::span<float> out) {
+// Summed similarity r of the n tokens [begin, begin + n) of head h measured against each other only;
+// writes r[begin .. begin + n) of that head's row (not yet normalised).
+inline void range_similarity(const score_context& ctx, int h, int begin, int n, std::span<double> r) {
   const int d = ctx.head_dim;
   std::vector<double> unit(static_cast<std::size_t>(n) * d);  // cosine similarity = dot of unit keys
   for (int m = 0; m < n; ++m) {
@@ -114,7 +115,8 @@ inline void range_redundancy(const score_context& ctx, int h, int begin, int n, 
     const double norm = std::sqrt(dot(k, k, d)) + key_norm_eps;
     for (int i = 0; i < d; ++i) unit[static_cast<std::size_t>(m) * d + i] = k[i] / norm;
   }
-  std::vector<double> r(n, 0.0), column(n);
+  std::vector<double> column(n);
+  std::fill(r.begin() + begin, r.begin() + begin + n, 0.0);
   for (int c = 0; c < n; ++c) {
     int newest_duplicate = -1;
     for (int m = 0; m < n; ++m) {
@@ -125,13 +127,19 @@ inline void range_redundancy(const score_context& ctx, int h, int begin, int n, 
     // Of a group of near-duplicates, the newest must survive eviction, so its similarity to this
     // column does not count against it.
     if (newest_duplicate >= 0) column[newest_duplicate] = 0.0;
-    for (int m = 0; m < n; ++m) r[m] += column[m];
+    for (int m = 0; m < n; ++m) r[static_cast<std::size_t>(begin + m)] += column[m];
   }
-  // Dividing by tau * n turns the summed similarity into a tempered mean before the softmax.
-  for (double& v : r) v /= static_cast<double>(tau) * n;
+}
+
+// R = softmax over all of head h's tokens of r / divisor, written to out's row h. One softmax over the
+// whole sequence, so one block's repetitiveness competes with every other block's (the reference's
+// normalisation, whichever range the similarities were summed over).
+inline void normalise_redundancy(const score_context& ctx, int h, std::span<double> r, double divisor,
+                                 std::span<float> out) {
+  for (double& v : r) v /= divisor;
   softmax_in_place(r);
-  const std::size_t row = static_cast<std::size_t>(h) * ctx.kv_len + begin;
-  for (int m = 0; m < n; ++m) out[row + m] = static_cast<float>(r[m]);
+  const std::size_t row = static_cast<std::size_t>(h) * ctx.kv_len;
+  for (int m = 0; m < ctx.kv_len; ++m) out[row + m] = static_cast<float>(r[static_cast<std::size_t>(m)]);
 }
 
 inline void check_redundancy(const score_context& ctx, float tau, std::span<float> out) {
@@ -198,17 +206,18 @@ inline void max_pool(std::span<float> scores, int heads, int len, int kernel) {
   }
 }
 
-// R-KV redundancy, "lightning" variant: similarity only within each block of block_size tokens, so the
-// cost is linear in kv_len. Per block of n tokens (the last one may be shorter, n = kv_len mod block_size):
-//   r_m = sum_{c != m} cos(k_m, k_c), minus the term of each column c whose newest duplicate (largest m
-//   with cos > 0.5) is m;   R = softmax over the block of r / (tau * n).
+// R-KV redundancy, "lightning" variant: cosine similarity only within each block of block_size tokens
+// (linear in kv_len), then one softmax over the whole sequence per KV head:
+//   r_m = sum_{c != m, c in block(m)} cos(k_m, k_c), minus the term of each column c whose newest duplicate
+//   (largest m with cos > 0.5) is m;   R = softmax over all kv_len tokens of r / (tau * block_size).
 inline void block_redundancy(const score_context& ctx, float tau, std::span<float> out) {
   detail::check_redundancy(ctx, tau, out);
   check(ctx.block_size > 0, "scoring: block_size must be positive, got ", ctx.block_size);
+  std::vector<double> r(static_cast<std::size_t>(ctx.kv_len));
   for (int h = 0; h < ctx.num_kv_heads; ++h) {
-    for (int begin = 0; begin < ctx.kv_len; begin += ctx.block_size) {
-      detail::range_redundancy(ctx, h, begin, std::min(ctx.block_size, ctx.kv_len - begin), tau, out);
-    }
+    for (int begin = 0; begin < ctx.kv_len; begin += ctx.block_size)
+      detail::range_similarity(ctx, h, begin, std::min(ctx.block_size, ctx.kv_len - begin), r);
+    detail::normalise_redundancy(ctx, h, r, static_cast<double>(tau) * ctx.block_size, out);
   }
 }
 
@@ -216,7 +225,11 @@ inline void block_redundancy(const score_context& ctx, float tau, std::span<floa
 // blocks too. R = softmax over all kv_len tokens of r / (tau * kv_len).
 inline void full_redundancy(const score_context& ctx, float tau, std::span<float> out) {
   detail::check_redundancy(ctx, tau, out);
-  for (int h = 0; h < ctx.num_kv_heads; ++h) detail::range_redundancy(ctx, h, 0, ctx.kv_len, tau, out);
+  std::vector<double> r(static_cast<std::size_t>(ctx.kv_len));
+  for (int h = 0; h < ctx.num_kv_heads; ++h) {
+    detail::range_similarity(ctx, h, 0, ctx.kv_len, r);
+    detail::normalise_redundancy(ctx, h, r, static_cast<double>(tau) * ctx.kv_len, out);
+  }
 }
 
 // R-KV final score: important and not redundant. F = lambda * s - (1 - lambda) * r.
@@ -236,6 +249,39 @@ inline void force_keep_sinks(const score_context& ctx, int n_sinks, std::span<fl
     const auto row = scores.subspan(static_cast<std::size_t>(h) * ctx.kv_len);
     std::fill(row.begin(), row.begin() + n, std::numeric_limits<float>::infinity());
   }
+}
+
+// The CPU reference of a score_recipe (score_recipe.hpp): keep_score receives F, cache_out the score the
+// score cache remembers (S, before pooling and redundancy) when the recipe merges with a history.
+inline void run_recipe(const score_recipe& recipe, const score_context& ctx, std::span<float> keep_score,
+                       std::span<float> cache_out) {
+  detail::check_scores(ctx, keep_score.size(), "keep_score");
+  if (recipe.importance == score_recipe::importance_kind::recency) {
+    // Score = physical position: the newest tokens rank highest (exact in float up to 2^24 tokens).
+    for (int h = 0; h < ctx.num_kv_heads; ++h)
+      for (int j = 0; j < ctx.kv_len; ++j) keep_score[static_cast<std::size_t>(h) * ctx.kv_len + j] = static_cast<float>(j);
+  } else {
+    window_attention(ctx, keep_score);
+  }
+  switch (recipe.history) {
+    case score_recipe::history_kind::none: break;
+    case score_recipe::history_kind::decayed_max: global_score(ctx, keep_score, recipe.gamma, keep_score); break;
+    case score_recipe::history_kind::accumulate: accumulated_score(ctx, keep_score, keep_score); break;
+  }
+  if (recipe.uses_score_cache()) {
+    // What the score cache remembers is the unpooled score, taken before any pooling or combining.
+    check(cache_out.size() == keep_score.size(), "scoring: cache_out holds ", cache_out.size(), " scores, expected ",
+          keep_score.size());
+    std::copy(keep_score.begin(), keep_score.end(), cache_out.begin());
+  }
+  if (recipe.pools(ctx.first_compression)) max_pool(keep_score, ctx.num_kv_heads, ctx.kv_len, recipe.pool_kernel);
+  if (recipe.redundancy != score_recipe::redundancy_kind::none) {
+    std::vector<float> redundancy(keep_score.size());
+    if (recipe.redundancy == score_recipe::redundancy_kind::full_sequence) full_redundancy(ctx, recipe.tau, redundancy);
+    else block_redundancy(ctx, recipe.tau, redundancy);
+    combine(recipe.lambda, keep_score, redundancy, keep_score);
+  }
+  if (recipe.sinks > 0) force_keep_sinks(ctx, recipe.sinks, keep_score);
 }
 
 }  // namespace zipage::scoring

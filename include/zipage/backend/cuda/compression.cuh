@@ -6,13 +6,17 @@
 //  window_attention_kernel<D, false>  softmax statistics: per (segment, 128-token chunk), for every
 //      window query row (w, g) the chunk's max logit and sum of exp (log2 domain) -> workspace.
 //  window_attention_kernel<D, true>   scores: merges the statistics of all chunks, recomputes the
-//      chunk's logits, p = softmax, A_j = mean_w max_g p; S_j = max(A_j, gamma * S_prev_j) for tokens
-//      with history -> score cache. Window rows are laid out w-major with the group padded to a power
+//      chunk's logits, p = softmax, A_j = mean_w max_g p; S_j = max(A_j, gamma * S_prev_j) (or
+//      A_j + S_prev_j) for tokens with history -> workspace, and to the score cache when the recipe has one. Window rows are laid out w-major with the group padded to a power
 //      of two (Gp), so max over g and sum over w are shuffles inside a 16-row MMA tile.
-//  final_score_kernel<D>   per (segment, chunk of max(256, block_size) tokens): block-local cosine
+//  block_similarity_kernel<D>   per (segment, chunk of max(256, block_size) tokens): block-local cosine
 //      similarities by tensor-core products of the raw bf16 keys (divided by the fp32 norms), the
-//      newest-duplicate rule, R = softmax(r / (tau * n)) per block, S' = max-pool of S (first
-//      compression), F = lambda * S' - (1 - lambda) * R, window and sinks +inf -> workspace.
+//      newest-duplicate rule -> r (summed similarity) in the workspace.
+//  full_similarity_kernel<D>   per (segment, 64-token row tile): the same over the whole sequence (R-KV's
+//      full variant); each column's newest duplicate is an atomicMax of (row + 1, cos) in the workspace.
+//  finalize_kernel   per segment: R = one softmax over all of the segment's tokens of r / (tau * n)
+//      (n = block_size, or kv_len for the full variant), S' = max-pool of S (recency: the position),
+//      F = lambda * S' - (1 - lambda) * R, window and sinks +inf -> workspace.
 //  select_kernel   per segment: radix select (4 x 8-bit digits, warp-aggregated shared histograms, CUB
 //      block scans) of the keep-th largest F; a final ordered pass emits the kept indices ascending,
 //      ties to the older token.
@@ -22,6 +26,7 @@
 // Matrix products use the attention helpers (attention.cuh): K tiles in swizzled shared memory,
 // ldmatrix + mma.sync m16n8k16 (bf16 in, fp32 accumulate), so q.k and k.k' are exact products of the
 // stored bf16 values accumulated in fp32.
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include "zipage/backend/cuda/attention.cuh"
@@ -65,12 +70,19 @@ struct compress_args {
   int q_rows;       // rows of the Q tile in shared memory: min(kAttnMaxRows, rows_pad)
   int red_chunk;    // tokens per final-score CTA
   float scale_log2;
+  int history;     // 0 none, 1 decayed max (gamma), 2 accumulate
+  bool recency;    // importance = physical position (no window attention)
+  int pool_mode;   // 0 never, 1 first compression, 2 always
+  int redundancy;  // 0 none, 1 block-local, 2 full sequence
   float gamma;
   float lambda;
   float tau;
   int pool_radius;
   int sinks;
   float2* stats;       // [segments][rows_pad][attn_chunks] (max, sum) in the log2 domain
+  float* imp;          // [segments][max_len] S (window attention merged with the history)
+  float* red;          // [segments][max_len] r, the summed similarity, then R
+  unsigned long long* dup;  // [segments][max_len] full variant: (newest duplicate row + 1) << 32 | cos bits
   float* fscore;       // [segments][max_len]
   std::int32_t* kept;  // [segments][keep]
   bool select_smem;    // select_kernel keeps its keys in shared memory (else recomputes them from fscore)
@@ -299,11 +311,12 @@ __global__ void __launch_bounds__(kAttnThreads) window_attention_kernel(const co
   }
 
   if constexpr (SCORE) {
-    // A = sum / W; global score against the history; write S to the score cache.
+    // A = sum / W; merged with the history (S) into the workspace, and into the score cache if kept.
     if (lane < 4) {
       const bool first = a.first[sg.req] != 0;
-      const int history = first ? 0 : max(0, len - (1 << a.bs_shift));
-      float* sbase = a.scores + sg.layer * a.score_layer_stride + sg.head;
+      const int history = (first || a.history == 0) ? 0 : max(0, len - (1 << a.bs_shift));
+      float* sbase = a.scores == nullptr ? nullptr : a.scores + sg.layer * a.score_layer_stride + sg.head;
+      float* ibase = a.imp + static_cast<std::int64_t>(sh) * a.max_len;
       const float inv_w = 1.0f / static_cast<float>(a.window);
 #pragma unroll
       for (int ci = 0; ci < cfg::kCgsPerWarp; ++ci) {
@@ -316,8 +329,11 @@ __global__ void __launch_bounds__(kAttnThreads) window_attention_kernel(const co
             const int j = start + cg * 16 + n * 8 + 2 * lane + e;
             if (j >= len) continue;
             const float attn = acc[ci][n][e] * inv_w;
-            float* dst = sbase + token_slot(pages, a.bs_shift, j) * a.num_kv_heads;
-            *dst = j < history ? fmaxf(attn, a.gamma * *dst) : attn;
+            float* dst = sbase == nullptr ? nullptr : sbase + token_slot(pages, a.bs_shift, j) * a.num_kv_heads;
+            float sc = attn;
+            if (j < history) sc = a.history == 1 ? fmaxf(attn, a.gamma * *dst) : attn + *dst;
+            ibase[j] = sc;
+            if (a.history != 0) *dst = sc;
           }
       }
     }
@@ -325,15 +341,76 @@ __global__ void __launch_bounds__(kAttnThreads) window_attention_kernel(const co
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Stages 3-5: redundancy within blocks, pooling, final score.
+// Stages 3-5: redundancy (similarity sums), then one finalize pass: softmax over the sequence, pooling,
+// final score.
 
 template <int D>
-__host__ __device__ constexpr int final_score_smem_bytes(int chunk) {
-  return chunk * (D * 2 + 4 + 4 + 8 + 4);  // keys | 1/norm | row sums (then logits) | newest duplicate | exp
+__host__ __device__ constexpr int block_similarity_smem_bytes(int chunk) {
+  return chunk * (D * 2 + 4 + 4 + 8);  // keys | 1/norm | row sums | newest duplicate
+}
+
+// Gram tile of 16 rows (fragments qf, inv norms of the rows in row_inv) against 16 columns of a key tile
+// (sk, column tokens col_base..+15 of the tile, global index col0 + ...): adds each row's cosines to
+// rs[hr] and folds each column's newest duplicate (largest row with cos > 0.5) into dup_out via
+// atomicMax; `pair_ok(m, c)` says which (row, column) pairs count (global indices).
+template <int D, class PairOk, class DupOut>
+__device__ __forceinline__ void gram_tile_16x16(const std::uint32_t (&qf)[D / 16][4], std::uint32_t sk, int col_base,
+                                                int row0, int col0, const float* row_inv, const float* col_inv,
+                                                int lane, float (&rs)[2], PairOk pair_ok, DupOut dup_out) {
+  float s[2][4] = {};
+  qk_tile<D, 2>(s, qf, sk, col_base, lane);
+  unsigned long long best[2][2] = {{0ull, 0ull}, {0ull, 0ull}};  // per column (n, e): newest duplicate
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int mr = (lane >> 2) + 8 * hr;
+#pragma unroll
+    for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int cc = nn * 8 + 2 * (lane & 3) + e;
+        const int m = row0 + mr, c = col0 + cc;
+        const bool ok = pair_ok(m, c);
+        const float cs = ok ? s[nn][2 * hr + e] * row_inv[mr] * col_inv[col_base + cc] : 0.0f;
+        rs[hr] += cs;
+        if (ok && cs > 0.5f) {
+          const unsigned long long key = (static_cast<unsigned long long>(m + 1) << 32) | __float_as_uint(cs);
+          best[nn][e] = key > best[nn][e] ? key : best[nn][e];
+        }
+      }
+  }
+#pragma unroll
+  for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      unsigned long long b = best[nn][e];
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        const unsigned long long y = __shfl_xor_sync(0xffffffffu, b, o);
+        b = y > b ? y : b;
+      }
+      if ((lane >> 2) == 0 && b != 0ull) dup_out(col0 + nn * 8 + 2 * (lane & 3) + e, b);
+    }
+}
+
+// Norms (fp32 over the bf16 values) of rows [0, n) of a swizzled [rows][D] tile; an all-zero key gets
+// 1 / 1e-8 and so similarity 0.
+template <int D, int THREADS>
+__device__ __forceinline__ void tile_inv_norms(const unsigned char* kbytes, int n, float* inv_norm, int tid) {
+  for (int t = tid; t < n; t += THREADS) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < D / 8; ++ch) {
+      float f[8];
+      bf16x8_to_float(*reinterpret_cast<const uint4*>(kbytes + swz<D>(t, ch)), f);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss = fmaf(f[i], f[i], ss);
+    }
+    inv_norm[t] = 1.0f / (sqrtf(ss) + 1e-8f);
+  }
 }
 
 template <int D>
-__global__ void __launch_bounds__(kRedThreads) final_score_kernel(const compress_args a) {
+__global__ void __launch_bounds__(kRedThreads) block_similarity_kernel(const compress_args a) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int sh = blockIdx.x;
   const int cf = a.red_chunk;
@@ -347,11 +424,9 @@ __global__ void __launch_bounds__(kRedThreads) final_score_kernel(const compress
   const int bs = 1 << a.bs_shift;
 
   const std::uint32_t sk = smem_addr(smem);
-  const unsigned char* kbytes = smem;
   float* inv_norm = reinterpret_cast<float*>(smem + cf * D * 2);
   float* rowsum = inv_norm + cf;
   unsigned long long* dup = reinterpret_cast<unsigned long long*>(rowsum + cf);  // (row + 1) << 32 | cos bits
-  float* ex = reinterpret_cast<float*>(dup + cf);
 
   load_key_rows<D, kRedThreads>(sk, a.k + sg.layer * a.kv_layer_stride + sg.head * D, std::int64_t{a.num_kv_heads} * D,
                                 pages, a.bs_shift, start, cf, len, tid);
@@ -359,19 +434,7 @@ __global__ void __launch_bounds__(kRedThreads) final_score_kernel(const compress
   for (int t = tid; t < cf; t += kRedThreads) dup[t] = 0ull;
   cp_async_wait<0>();
   __syncthreads();
-
-  // Key norms (fp32 over the bf16 values); an all-zero key gets 1 / 1e-8 and similarity 0.
-  for (int t = tid; t < n; t += kRedThreads) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int ch = 0; ch < D / 8; ++ch) {
-      float f[8];
-      bf16x8_to_float(*reinterpret_cast<const uint4*>(kbytes + swz<D>(t, ch)), f);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) ss = fmaf(f[i], f[i], ss);
-    }
-    inv_norm[t] = 1.0f / (sqrtf(ss) + 1e-8f);
-  }
+  tile_inv_norms<D, kRedThreads>(smem, n, inv_norm, tid);
   __syncthreads();
 
   // Gram matrix of the chunk's keys, block-diagonal part only, one 16-row tile per warp at a time.
@@ -383,41 +446,12 @@ __global__ void __launch_bounds__(kRedThreads) final_score_kernel(const compress
     const int col_lo = bs >= 16 ? ((rt * 16) & ~(bs - 1)) : rt * 16;
     const int col_hi = min(n, bs >= 16 ? col_lo + bs : rt * 16 + 16);
     float rs[2] = {0.0f, 0.0f};
-    for (int cg = col_lo / 16; cg * 16 < col_hi; ++cg) {
-      float s[2][4] = {};
-      qk_tile<D, 2>(s, qf, sk, cg * 16, lane);
-      unsigned long long best[2][2] = {{0ull, 0ull}, {0ull, 0ull}};  // per column (n, e): newest duplicate
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int m = rt * 16 + (lane >> 2) + 8 * hr;
-#pragma unroll
-        for (int nn = 0; nn < 2; ++nn)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int c = cg * 16 + nn * 8 + 2 * (lane & 3) + e;
-            const bool ok = m < n && c < n && m != c && ((m ^ c) >> a.bs_shift) == 0;  // chunk starts block-aligned
-            const float cs = ok ? s[nn][2 * hr + e] * inv_norm[m] * inv_norm[c] : 0.0f;
-            rs[hr] += cs;
-            if (ok && cs > 0.5f) {
-              const unsigned long long key = (static_cast<unsigned long long>(m + 1) << 32) | __float_as_uint(cs);
-              best[nn][e] = key > best[nn][e] ? key : best[nn][e];
-            }
-          }
-      }
-#pragma unroll
-      for (int nn = 0; nn < 2; ++nn)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          unsigned long long b = best[nn][e];
-#pragma unroll
-          for (int o = 4; o < 32; o <<= 1) {
-            const unsigned long long y = __shfl_xor_sync(0xffffffffu, b, o);
-            b = y > b ? y : b;
-          }
-          const int c = cg * 16 + nn * 8 + 2 * (lane & 3) + e;
-          if ((lane >> 2) == 0 && b != 0ull) atomicMax(&dup[c], b);
-        }
-    }
+    for (int cg = col_lo / 16; cg * 16 < col_hi; ++cg)
+      gram_tile_16x16<D>(
+          qf, sk, cg * 16, rt * 16, cg * 16, inv_norm + rt * 16, inv_norm, lane, rs,
+          // chunk starts are block-aligned, so "same block" is a test on chunk-local indices
+          [&](int m, int c) { return m < n && c < n && m != c && ((m ^ c) >> a.bs_shift) == 0; },
+          [&](int c, unsigned long long b) { atomicMax(&dup[c], b); });
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 1);
@@ -428,7 +462,8 @@ __global__ void __launch_bounds__(kRedThreads) final_score_kernel(const compress
   }
   __syncthreads();
 
-  // The newest duplicate of each column does not count that column; then r / (tau * block length).
+  // The newest duplicate of each column does not count that column.
+  float* red = a.red + static_cast<std::int64_t>(sh) * a.max_len + start;
   for (int t = tid; t < n; t += kRedThreads) {
     const int b0 = t & ~(bs - 1), b1 = min(n, b0 + bs);
     float r = rowsum[t];
@@ -436,36 +471,131 @@ __global__ void __launch_bounds__(kRedThreads) final_score_kernel(const compress
       const unsigned long long d = dup[c];
       if (d != 0ull && static_cast<int>(d >> 32) - 1 == t) r -= __uint_as_float(static_cast<unsigned>(d));
     }
-    const int blk_len = min(bs, len - (start + b0));
-    ex[t] = r / (a.tau * static_cast<float>(blk_len));
+    red[t] = r;
   }
+}
+
+inline constexpr int kFullRows = 64;     // rows per full-similarity CTA (4 warps x 16)
+inline constexpr int kFullThreads = 128;
+
+template <int D>
+__host__ __device__ constexpr int full_similarity_smem_bytes() {
+  return 2 * kFullRows * (D * 2 + 4);  // row keys | column keys | 1/norms of each
+}
+
+// Whole-sequence similarity sums: row tile blockIdx.y of the segment against every column tile. Row sums
+// go to the workspace (r, before the newest-duplicate correction); each column's newest duplicate is
+// combined across CTAs with atomicMax in the workspace (zeroed before the launch). The finalize kernel
+// subtracts the duplicates' terms.
+template <int D>
+__global__ void __launch_bounds__(kFullThreads) full_similarity_kernel(const compress_args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int sh = blockIdx.x;
+  const int row0 = blockIdx.y * kFullRows;
+  const segment sg = decompose(a, sh);
+  const int len = a.kv_len[sg.req];
+  if (row0 >= len) return;
+  const std::int32_t* pages = a.page_indices + a.page_indptr[sg.req];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const std::uint32_t srow = smem_addr(smem);
+  const std::uint32_t scol = srow + kFullRows * D * 2;
+  float* row_inv = reinterpret_cast<float*>(smem + 2 * kFullRows * D * 2);
+  float* col_inv = row_inv + kFullRows;
+  const bf16* kbase = a.k + sg.layer * a.kv_layer_stride + sg.head * D;
+  const std::int64_t token_stride = std::int64_t{a.num_kv_heads} * D;
+  unsigned long long* dup = a.dup + static_cast<std::int64_t>(sh) * a.max_len;
+
+  load_key_rows<D, kFullThreads>(srow, kbase, token_stride, pages, a.bs_shift, row0, kFullRows, len, tid);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
-  for (int t = tid; t < n; t += kRedThreads) {
-    const int b0 = t & ~(bs - 1), b1 = min(n, b0 + bs);
+  tile_inv_norms<D, kFullThreads>(smem, min(kFullRows, len - row0), row_inv, tid);
+  __syncthreads();
+  std::uint32_t qf[D / 16][4];
+  load_q_fragments<D>(qf, srow, warp * 16, lane);
+
+  float rs[2] = {0.0f, 0.0f};
+  for (int col0 = 0; col0 < len; col0 += kFullRows) {
+    __syncthreads();  // the previous column tile is no longer read
+    load_key_rows<D, kFullThreads>(scol, kbase, token_stride, pages, a.bs_shift, col0, kFullRows, len, tid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    tile_inv_norms<D, kFullThreads>(smem + kFullRows * D * 2, min(kFullRows, len - col0), col_inv, tid);
+    __syncthreads();
+    for (int cg = 0; cg < kFullRows / 16 && col0 + cg * 16 < len; ++cg)
+      gram_tile_16x16<D>(
+          qf, scol, cg * 16, row0 + warp * 16, col0 + cg * 16, row_inv + warp * 16, col_inv, lane, rs,
+          [&](int m, int c) { return m < len && c < len && m != c; },
+          [&](int c, unsigned long long b) { atomicMax(&dup[c], b); });
+  }
+  float* red = a.red + static_cast<std::int64_t>(sh) * a.max_len;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 1);
+    rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 2);
+    const int m = row0 + warp * 16 + (lane >> 2) + 8 * hr;
+    if ((lane & 3) == 0 && m < len) red[m] = rs[hr];
+  }
+}
+
+inline constexpr int kFinalThreads = 256;
+
+// Per segment: R = softmax over the sequence of r / (tau * n); S' = pooled S (or the position, for
+// recency); F = lambda * S' - (1 - lambda) * R (or S' without redundancy); window and sinks +inf.
+__global__ void __launch_bounds__(kFinalThreads) finalize_kernel(const compress_args a) {
+  using reduce = cub::BlockReduce<float, kFinalThreads>;
+  __shared__ typename reduce::TempStorage temp;
+  __shared__ float s_max, s_sum;
+  const int sh = blockIdx.x;
+  const segment sg = decompose(a, sh);
+  const int len = a.kv_len[sg.req];
+  if (len <= 0) return;
+  const int tid = threadIdx.x;
+  const std::int64_t row = static_cast<std::int64_t>(sh) * a.max_len;
+  const float* imp = a.imp + row;
+  float* red = a.red + row;
+  float* out = a.fscore + row;
+
+  if (a.redundancy != 0) {
+    if (a.redundancy == 2) {
+      // Each column's newest duplicate does not count that column (global atomics; visible after the barrier).
+      const unsigned long long* dup = a.dup + row;
+      for (int c = tid; c < len; c += kFinalThreads) {
+        const unsigned long long d = dup[c];
+        if (d != 0ull) atomicAdd(&red[static_cast<int>(d >> 32) - 1], -__uint_as_float(static_cast<unsigned>(d)));
+      }
+      __syncthreads();
+    }
+    const float inv_div =
+        1.0f / (a.tau * static_cast<float>(a.redundancy == 2 ? len : (1 << a.bs_shift)));
     float mx = -INFINITY;
-    for (int c = b0; c < b1; ++c) mx = fmaxf(mx, ex[c]);
-    rowsum[t] = expf(ex[t] - mx);
+    for (int j = tid; j < len; j += kFinalThreads) mx = fmaxf(mx, red[j] * inv_div);
+    mx = reduce(temp).Reduce(mx, [](float x, float y) { return fmaxf(x, y); });
+    if (tid == 0) s_max = mx;
+    __syncthreads();
+    float sum = 0.0f;
+    for (int j = tid; j < len; j += kFinalThreads) sum += expf(red[j] * inv_div - s_max);
+    sum = reduce(temp).Sum(sum);
+    if (tid == 0) s_sum = sum;
+    __syncthreads();
+    for (int j = tid; j < len; j += kFinalThreads) red[j] = expf(red[j] * inv_div - s_max) / s_sum;
+    __syncthreads();
   }
-  __syncthreads();
 
   const bool first = a.first[sg.req] != 0;
-  const float* sbase = a.scores + sg.layer * a.score_layer_stride + sg.head;
-  float* out = a.fscore + static_cast<std::int64_t>(sh) * a.max_len;
-  for (int t = tid; t < n; t += kRedThreads) {
-    const int b0 = t & ~(bs - 1), b1 = min(n, b0 + bs);
-    float sum = 0.0f;
-    for (int c = b0; c < b1; ++c) sum += rowsum[c];
-    const float red = rowsum[t] / sum;
-    const int j = start + t;
-    float imp;
-    if (first && a.pool_radius > 0) {
-      imp = -INFINITY;
+  const bool pool = a.pool_radius > 0 && (a.pool_mode == 2 || (a.pool_mode == 1 && first));
+  auto importance = [&](int i) { return a.recency ? static_cast<float>(i) : imp[i]; };
+  for (int j = tid; j < len; j += kFinalThreads) {
+    float s;
+    if (pool) {
+      s = -INFINITY;
       const int lo = max(0, j - a.pool_radius), hi = min(len - 1, j + a.pool_radius);
-      for (int i = lo; i <= hi; ++i) imp = fmaxf(imp, sbase[token_slot(pages, a.bs_shift, i) * a.num_kv_heads]);
+      for (int i = lo; i <= hi; ++i) s = fmaxf(s, importance(i));
     } else {
-      imp = sbase[token_slot(pages, a.bs_shift, j) * a.num_kv_heads];
+      s = importance(j);
     }
-    float f = a.lambda * imp - (1.0f - a.lambda) * red;
+    float f = a.redundancy != 0 ? a.lambda * s - (1.0f - a.lambda) * red[j] : s;
     if (j >= len - a.window || j < a.sinks) f = INFINITY;
     out[j] = f;
   }
@@ -597,7 +727,7 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(const compress
   const std::int64_t token_stride = std::int64_t{a.num_kv_heads} * D;
   bf16* kb = a.k + sg.layer * a.kv_layer_stride + sg.head * D;
   bf16* vb = a.v + sg.layer * a.kv_layer_stride + sg.head * D;
-  float* sb = a.scores + sg.layer * a.score_layer_stride + sg.head;
+  float* sb = a.scores == nullptr ? nullptr : a.scores + sg.layer * a.score_layer_stride + sg.head;
   const int tid = threadIdx.x;
 
   for (int t0 = 0; t0 < k; t0 += kCompactTile) {
@@ -624,7 +754,7 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(const compress
     }
     float sv = 0.0f;
     std::int64_t s_dst = -1;
-    if (tid < kCompactTile) {
+    if (sb != nullptr && tid < kCompactTile) {
       const int dst = t0 + tid;
       if (dst < t1) {
         const int src = kept[dst];

@@ -1,21 +1,24 @@
 #pragma once
-// The compression step of Compressed PagedAttention on the GPU, for the zipage policy (the method's
-// reference default: G-KV global score, pooled at the first compression, minus R-KV block-local
-// redundancy), batched over requests and layers: every stage is one kernel launch for all (layer,
-// request, KV head) of the batch. Computes, on bf16 K/V/queries with fp32 scores, the same function as
-// the CPU reference: zipage_policy::score (policy/policies.hpp) + the compressor's forced window keep
-// and select_top_k (compression/compressor.hpp) + cpu::apply_compaction (backend/cpu/compaction.hpp).
+// The compression step of Compressed PagedAttention on the GPU for any score_recipe
+// (policy/score_recipe.hpp: every built-in policy is one), batched over requests and layers: every stage
+// is one kernel launch for all (layer, request, KV head) of the batch. Computes, on bf16 K/V/queries with
+// fp32 scores, the same function as the CPU reference: scoring::run_recipe (policy/scoring.hpp) + the
+// compressor's forced window keep and select_top_k (compression/compressor.hpp) + cpu::apply_compaction
+// (backend/cpu/compaction.hpp).
 //
 // This header includes no CUDA header: device memory is passed as plain pointers (bf16 tensors as
 // `void*`), streams as `cuda_stream` (kernels.hpp). Every function launches asynchronously on `stream`
 // and throws zipage::error when its arguments are out of range or a CUDA call fails.
 //
 // Stages (each one launch for the whole batch):
-//   score   1. window attention A over the full cache (two passes: softmax statistics, then scores)
-//           2. global score S = max(A, gamma * S_prev) outside the newest block unless first compression;
-//              S is written to the score cache (in place, the unpooled value)
-//   select  3-5. F = lambda * S' - (1 - lambda) * R, S' = max-pool(S, pool_kernel) at the first
-//              compression (else S), R = block-local redundancy; the window (and sinks) +inf
+//   score   1. window attention A over the full cache (two passes: softmax statistics, then scores);
+//              nothing for recency importance (the score is the position)
+//           2. history: S = max(A, gamma * S_prev) or A + S_prev outside the newest block unless first
+//              compression; S goes to the workspace and, when the recipe has a history, to the score
+//              cache (in place, the unpooled value)
+//   select  3-5. redundancy sums r (block-local, or the whole sequence), R = one softmax over the
+//              request's tokens of r / (tau * n); F = lambda * S' - (1 - lambda) * R (or S'), S' =
+//              max-pool(S) when the recipe pools; the window (and sinks) +inf
 //           6. top-keep per (layer, request, KV head) by a block-wide radix select (CUB block scans):
 //              ties go to the older token, NaN counts as -inf; kept indices ascending
 //   compact 7. in place, order-preserving: kept token i of each head moves from slot kept[i] to slot i
@@ -25,16 +28,27 @@
 #include <cstdint>
 
 #include "zipage/backend/cuda/kernels.hpp"  // cuda_stream
+#include "zipage/policy/score_recipe.hpp"
 
 namespace zipage::cuda {
 
 struct compress_params {
+  // The method's reference recipe (zipage_policy with its defaults).
+  static score_recipe default_recipe() {
+    score_recipe r;
+    r.history = score_recipe::history_kind::decayed_max;
+    r.pooling = score_recipe::pool_when::first_compression;
+    r.redundancy = score_recipe::redundancy_kind::block_local;
+    return r;
+  }
+
   // ---- Caches (device memory). Each pointer points at the first layer to process; layer l of the
   // batch is at + l * (its layer stride), so one layer, a range of layers or all layers work.
   void* k_cache = nullptr;            // bf16 [layers][num_blocks][block_size][kv_heads][head_dim]
   void* v_cache = nullptr;            // bf16, same layout
-  float* score_cache = nullptr;       // fp32 [layers][num_blocks][block_size][kv_heads]
-  const void* query_cache = nullptr;  // bf16 [layers][num_slots][window][q_heads][head_dim]
+  float* score_cache = nullptr;       // fp32 [layers][num_blocks][block_size][kv_heads]; required when the
+                                      // recipe has a history, else optional (compacted along if given)
+  const void* query_cache = nullptr;  // bf16 [layers][num_slots][window][q_heads][head_dim] (unused for recency)
   int num_layers = 1;
   int num_blocks = 0;  // blocks per layer of the pool (layer stride of K/V/scores)
   int num_slots = 0;   // query slots per layer (layer stride of the query cache)
@@ -56,12 +70,8 @@ struct compress_params {
   int window = 16;     // W: recorded queries per request = tokens always kept (<= 256)
   int keep = 0;        // tokens kept per (layer, KV head): budget_blocks * block_size, >= window
 
-  // ---- Hyper-parameters (zipage_policy's defaults).
-  float gamma = 0.8f;   // global-score decay
-  float lambda = 0.2f;  // weight of importance against redundancy
-  float tau = 0.4f;     // redundancy softmax temperature
-  int pool_kernel = 5;  // odd; max-pool at the first compression (1 = off)
-  int sinks = 0;        // first physical tokens always kept (0 = off)
+  // ---- What to compute (zipage_policy's recipe by default: see policies.hpp).
+  score_recipe recipe = default_recipe();
   float scale = 0.0f;   // attention softmax scale; 0 = 1/sqrt(head_dim)
 };
 
@@ -78,11 +88,11 @@ compress_workspace_view compress_workspace(const compress_params& p, void* works
 
 // Stages 1-2: window attention and global score; writes S into the score cache.
 void compress_score(const compress_params& p, void* workspace, std::size_t workspace_bytes, cuda_stream stream);
-// Stages 3-6: pooling, redundancy, final score, forced keeps, top-keep selection. Reads S from the score cache.
+// Stages 3-6: redundancy, pooling, final score, forced keeps, top-keep selection. Reads S from the workspace.
 void compress_select(const compress_params& p, void* workspace, std::size_t workspace_bytes, cuda_stream stream);
 // Stage 7: in-place compaction of K, V and the score cache by the kept indices in the workspace.
 void compress_compact(const compress_params& p, void* workspace, std::size_t workspace_bytes, cuda_stream stream);
-// All of it, in order (5 launches). Stream-capturable once a first call has set the kernels' attributes.
+// All of it, in order (up to 6 launches). Stream-capturable once a first call has set the kernels' attributes.
 void compress(const compress_params& p, void* workspace, std::size_t workspace_bytes, cuda_stream stream);
 
 }  // namespace zipage::cuda

@@ -19,12 +19,13 @@
 //    context as CSR, only when some row has a penalty != 1) go up in one pinned copy, the tokens come back
 //    in one small copy; the logits never leave the device. The engine uses it whenever no row of the step
 //    needs log-probabilities or forced tokens.
-//  * Compression: for zipage_policy on a bf16 cache, compress_on_device() runs the whole step on the device
-//    (cuda::compress: window attention + global score into the score cache, pooling, block-local
-//    redundancy, top-keep selection, in-place compaction), so nothing crosses to the host. Otherwise (fp32,
-//    other policies, full_redundancy, head_dim other than 64/128, `device_compression = false`) the
-//    engine's generic path runs: gather_keys / gather_scores / gather_window_queries copy to host vectors
-//    in the CPU layout, the compressor scores on the host, apply_compaction is one kernel per plan.
+//  * Compression: for a recipe-scored policy (every built-in, and a user's recipe_policy) on a bf16 cache,
+//    compress_on_device() runs the whole step for a batch of requests on the device (cuda::compress:
+//    the recipe's window attention + history into the score cache, pooling, redundancy, top-keep
+//    selection, in-place compaction), so nothing crosses to the host. Otherwise (fp32, a policy with its
+//    own score(), head_dim other than 64/128, `device_compression = false`) the engine's generic path
+//    runs: gather_keys / gather_scores / gather_window_queries copy to host vectors in the CPU layout,
+//    the compressor scores on the host, apply_compaction is one kernel per plan.
 //  * CUDA graphs for decode steps: run_decode_graph() runs the model's forward for a decode batch padded
 //    to a bucketed size (decode_graph_batch()) from a CUDA graph captured for that (batch, context bucket),
 //    replaying it once the step's inputs are in place. The forward's host code runs first in a "record"
@@ -48,7 +49,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -56,12 +56,13 @@
 
 #include "zipage/backend/cuda/engine_kernels.hpp"
 #include "zipage/compression/compaction_plan.hpp"
+#include "zipage/compression/compression_job.hpp"
 #include "zipage/core/types.hpp"
 #include "zipage/kv/paged_kv.hpp"
 #include "zipage/model/concepts.hpp"
 #include "zipage/model/model_config.hpp"
-#include "zipage/policy/policies.hpp"
 #include "zipage/policy/score_context.hpp"
+#include "zipage/policy/score_recipe.hpp"
 #include "zipage/request/sequence.hpp"
 
 namespace zipage {
@@ -77,8 +78,8 @@ struct cuda_backend_options {
   // Draw tokens on the device (sample()); false: sample() copies the logits to the host and runs the CPU
   // sampler there (same tokens, for comparisons).
   bool device_sampling = true;
-  // Compress zipage_policy requests on the device (compress_on_device(), bf16 only); false: decline, so the
-  // engine's host path (gather, score on the host, apply_compaction) runs.
+  // Compress requests of recipe-scored policies on the device (compress_on_device(), bf16 only); false:
+  // decline, so the engine's host path (gather, score on the host, apply_compaction) runs.
   bool device_compression = true;
   std::size_t gemm_workspace_bytes = std::size_t{32} << 20;
   // Decode steps through CUDA graphs (run_decode_graph), for batches up to max_graph_batch sequences.
@@ -206,7 +207,8 @@ struct cuda_backend_counters {
   std::int64_t sampled_rows = 0;          // tokens drawn by sample()
   std::int64_t device_sampled_rows = 0;   // of which on the device (the rest: device_sampling = false)
   double sample_seconds = 0.0;            // in sample() (waits for the step's GPU work, then the tokens' copy)
-  std::int64_t device_compressions = 0;   // compress_on_device() runs (each also counts as a compaction)
+  std::int64_t device_compression_batches = 0;  // compress_on_device() calls
+  std::int64_t device_compressions = 0;   // requests compressed by them (each also counts as a compaction)
   double device_compression_seconds = 0.0;  // in compress_on_device() (worker thread; included in compaction_seconds)
   std::int64_t graph_replays = 0;         // decode steps replayed from a cached graph
   std::int64_t graph_captures = 0;        // decode steps captured into a new graph
@@ -262,17 +264,17 @@ class cuda_backend {
   // One token per row from logits [rows][vocab] (fp32 or bf16), as zipage::sampler would draw it from the
   // same logits. Synchronises the main stream (the step's GPU work is done when it returns).
   [[nodiscard]] std::vector<token_id> sample(const tensor& logits, std::span<const sample_row> rows) const;
-  // The whole compression of request `s` (query slot `slot`) under zipage_policy on the device, on the
-  // compression stream, finished before returning: the score cache receives S (the global score before
-  // pooling, as the host path stores it), K/V/scores are compacted in place, and the new physical length
-  // min(keep_tokens, kv_len) is returned. std::nullopt (nothing touched) where the kernels do not cover the
-  // configuration: fp32 cache, full_redundancy, head_dim not 64/128, block size not a power of two in
-  // [2, 512], window > 256, or `device_compression = false`; the engine then runs its host path.
-  // Policies derived from zipage_policy bind here too and are compressed as zipage_policy with their
-  // hyper-parameters (gamma, lambda, tau, first_pool_kernel, sinks); an overriding score() is not called.
-  [[nodiscard]] std::optional<int> compress_on_device(kv_storage& kv, const sequence& s, int slot,
-                                                      const zipage_policy& policy,
-                                                      const compression_params& params) const;
+  // Compression of a batch of requests on the device, on the compression stream, finished before
+  // returning (compression_worker.hpp device_compressor): the policy's score_recipe is run by the kernels of
+  // cuda::compress (window attention + history into the score cache, pooling, redundancy, combine, top-keep
+  // selection, in-place compaction of K/V/scores) for every request at once, layers grouped per launch so
+  // the workspace stays under 512 MiB; each request's new physical length is min(keep, kv_len). Returns
+  // false (nothing touched) where the kernels do not cover the configuration: fp32 cache, head_dim not
+  // 64/128, block size not a power of two in [2, 512], window > 256, or `device_compression = false`; the
+  // engine then runs its host path. The engine calls it only for recipe-scored policies (policies.hpp
+  // recipe_scored): a policy with its own score() is always scored on the host.
+  [[nodiscard]] bool compress_on_device(kv_storage& kv, std::span<const device_compression_job> jobs,
+                                        const score_recipe& recipe, const compression_params& params, int keep) const;
 
   // ---- CUDA graphs for decode steps (model/concepts.hpp decode_graph_runner)
   // The batch size a decode step of `num_seqs` sequences is padded to for a graph: powers of two up to
