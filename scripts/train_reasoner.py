@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import os
-import queue
 import random
 import struct
 import sys
@@ -713,7 +712,7 @@ def main():
         loss = train_step(x, y, args.lr * (step + 1) / args.warmup)
         sync()
         step += 1
-        log(f"warm-up {lv}: first step (compile) {time.time() - t0:.1f}s, loss {loss.item():.3f}")
+        log(f"warm-up {lv}: first step (with compilation when compiling) {time.time() - t0:.1f}s, loss {loss.item():.3f}")
         n_time = 2 if args.smoke else 5
         t0 = time.time()
         for _ in range(n_time):
