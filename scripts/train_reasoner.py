@@ -136,7 +136,7 @@ class Config:
             "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
             "hidden_size": self.hidden, "intermediate_size": self.ffn, "num_hidden_layers": self.layers,
             "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim,
-            "hidden_act": "silu", "rms_norm_eps": self.eps, "rope_theta": self.rope_theta, "rope_scaling": None,
+            "hidden_act": "silu", "rms_norm_eps": self.eps, "rope_theta": self.rope_theta,
             "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
             "max_position_embeddings": self.max_pos, "vocab_size": self.vocab, "tie_word_embeddings": False,
             "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False, "sliding_window": None,
