@@ -1,0 +1,328 @@
+#pragma once
+// Answer extraction and comparison for accuracy evaluation (zipage-eval accuracy / math).
+//
+//  * extract_hash_answer: the text after the LAST "####", whitespace-stripped, up to the end of that line
+//    (GSM8K's reference format and the reasoning testbed's; the testbed compares it exactly).
+//  * extract_boxed: the content of the LAST \boxed{...} (or \fbox{...}) with balanced nested braces, or
+//    the token after "\boxed " when no brace follows.
+//  * extract_math_answer: \boxed{} first, else "####".
+//  * normalize_math_answer / math_answers_equal: the usual math-benchmark normalisation — no "$",
+//    \left/\right, \! and other spacing, spaces, \text{...} units and trailing unit words, ^\circ, "%",
+//    trailing "."; \dfrac/\tfrac are \frac, \frac12 is \frac{1}{2}, \sqrt2 is \sqrt{2}; "x = 5" is 5;
+//    thousands separators dropped; then numbers (integers, decimals, a/b, \frac{a}{b}) compare as numbers,
+//    so 0.5 == \frac12 == 1/2 and 5.0 == 5. Anything else compares as normalised strings.
+#include <cctype>
+#include <cmath>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace zipage::eval {
+
+namespace detail {
+
+inline bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+inline std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+inline void replace_all(std::string& s, std::string_view from, std::string_view to) {
+  if (from.empty()) return;
+  for (std::size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + to.size()))
+    s.replace(pos, from.size(), to);
+}
+
+// The index just past the '}' that closes the '{' at `open`, or npos when it is never closed.
+inline std::size_t close_brace(std::string_view s, std::size_t open) {
+  int depth = 0;
+  for (std::size_t i = open; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size() && (s[i + 1] == '{' || s[i + 1] == '}')) {
+      ++i;  // an escaped brace does not count
+      continue;
+    }
+    if (s[i] == '{') ++depth;
+    else if (s[i] == '}' && --depth == 0) return i + 1;
+  }
+  return std::string_view::npos;
+}
+
+// A command name ends at the first non-letter: "\boxed{" is \boxed, "\boxedx" is not.
+inline bool command_at(std::string_view s, std::size_t pos, std::string_view name) {
+  if (s.substr(pos, name.size()) != name) return false;
+  const std::size_t end = pos + name.size();
+  return end >= s.size() || !std::isalpha(static_cast<unsigned char>(s[end]));
+}
+
+// Replaces every \cmd{X} (balanced) by X; with keep = false drops it entirely.
+inline void unwrap_command(std::string& s, std::string_view cmd, bool keep) {
+  for (std::size_t pos = s.find(cmd); pos != std::string::npos; pos = s.find(cmd, pos)) {
+    if (!command_at(s, pos, cmd)) {
+      pos += cmd.size();
+      continue;
+    }
+    std::size_t open = pos + cmd.size();
+    while (open < s.size() && s[open] == ' ') ++open;
+    if (open >= s.size() || s[open] != '{') {
+      pos += cmd.size();
+      continue;
+    }
+    const std::size_t end = close_brace(s, open);
+    if (end == std::string::npos) return;
+    const std::string inner = keep ? s.substr(open + 1, end - open - 2) : std::string{};
+    s.replace(pos, end - pos, inner);
+  }
+}
+
+// One argument of \frac or \sqrt written without braces: a single character (\frac12, \sqrt2) or a
+// braced group. Returns the argument's text and advances `i`; nullopt when there is none.
+inline std::optional<std::string> latex_argument(const std::string& s, std::size_t& i) {
+  while (i < s.size() && s[i] == ' ') ++i;
+  if (i >= s.size()) return std::nullopt;
+  if (s[i] == '{') {
+    const std::size_t end = close_brace(s, i);
+    if (end == std::string::npos) return std::nullopt;
+    std::string arg = s.substr(i + 1, end - i - 2);
+    i = end;
+    return arg;
+  }
+  if (s[i] == '\\' || s[i] == '}') return std::nullopt;
+  return std::string(1, s[i++]);
+}
+
+// \frac12 -> \frac{1}{2}, \frac1{x} -> \frac{1}{x}, \sqrt2 -> \sqrt{2}.
+inline std::string brace_arguments(const std::string& s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size();) {
+    const bool frac = command_at(s, i, "\\frac"), sqrt = command_at(s, i, "\\sqrt");
+    if (!frac && !sqrt) {
+      out += s[i++];
+      continue;
+    }
+    const std::size_t start = i;
+    i += 5;  // \frac and \sqrt are both five characters
+    std::size_t j = i;
+    auto a = latex_argument(s, j);
+    std::optional<std::string> b;
+    if (a && frac) b = latex_argument(s, j);
+    if (!a || (frac && !b)) {  // leave it as written
+      out.append(s, start, i - start);
+      continue;
+    }
+    out += frac ? "\\frac{" + brace_arguments(*a) + "}{" + brace_arguments(*b) + "}" : "\\sqrt{" + brace_arguments(*a) + "}";
+    i = j;
+  }
+  return out;
+}
+
+// A plain decimal number: [+-]digits[.digits] or [+-].digits.
+inline std::optional<long double> parse_decimal(std::string_view s) {
+  if (s.empty()) return std::nullopt;
+  std::size_t i = 0;
+  bool negative = false;
+  if (s[0] == '+' || s[0] == '-') {
+    negative = s[0] == '-';
+    i = 1;
+  }
+  long double value = 0, scale = 1;
+  bool digits = false, point = false;
+  for (; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c >= '0' && c <= '9') {
+      digits = true;
+      if (point) {
+        scale /= 10;
+        value += (c - '0') * scale;
+      } else {
+        value = value * 10 + (c - '0');
+      }
+    } else if (c == '.' && !point) {
+      point = true;
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (!digits || !std::isfinite(static_cast<double>(value))) return std::nullopt;
+  return negative ? -value : value;
+}
+
+// A number: a decimal, a/b, \frac{a}{b} or -\frac{a}{b} with decimal a and b (b != 0).
+inline std::optional<long double> parse_number(std::string_view s) {
+  if (auto d = parse_decimal(s)) return d;
+  bool negative = false;
+  if (!s.empty() && (s[0] == '-' || s[0] == '+')) {
+    negative = s[0] == '-';
+    s.remove_prefix(1);
+  }
+  std::optional<long double> num, den;
+  if (s.substr(0, 6) == "\\frac{") {
+    const std::size_t a_end = close_brace(s, 5);
+    if (a_end == std::string_view::npos || a_end >= s.size() || s[a_end] != '{') return std::nullopt;
+    const std::size_t b_end = close_brace(s, a_end);
+    if (b_end != s.size()) return std::nullopt;
+    num = parse_decimal(s.substr(6, a_end - 7));
+    den = parse_decimal(s.substr(a_end + 1, b_end - a_end - 2));
+  } else if (const std::size_t slash = s.find('/'); slash != std::string_view::npos) {
+    if (!s.empty() && (s[0] == '-' || s[0] == '+')) return std::nullopt;  // "--1/2"
+    num = parse_decimal(s.substr(0, slash));
+    den = parse_decimal(s.substr(slash + 1));
+  }
+  if (!num || !den || *den == 0) return std::nullopt;
+  const long double v = *num / *den;
+  return negative ? -v : v;
+}
+
+// [+-]d{1,3}(,ddd)+[.d*]: a number written with thousands separators.
+inline bool has_thousands_separators(std::string_view s) {
+  std::size_t i = (!s.empty() && (s[0] == '-' || s[0] == '+')) ? 1 : 0;
+  std::size_t lead = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i, ++lead;
+  if (lead < 1 || lead > 3 || i >= s.size() || s[i] != ',') return false;
+  while (i < s.size() && s[i] == ',') {
+    ++i;
+    for (int k = 0; k < 3; ++k, ++i)
+      if (i >= s.size() || !std::isdigit(static_cast<unsigned char>(s[i]))) return false;
+  }
+  if (i == s.size()) return true;
+  if (s[i] != '.') return false;
+  for (++i; i < s.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(s[i]))) return false;
+  return true;
+}
+
+// "18 dollars", "3 square feet.", "12 cm": a number followed by words of letters only -> the number.
+inline std::string drop_unit_words(const std::string& s) {
+  std::size_t end = s.size();
+  while (end > 0 && s[end - 1] == '.') --end;
+  std::size_t i = end;
+  bool words = false;
+  while (i > 0) {
+    std::size_t j = i;
+    while (j > 0 && std::isalpha(static_cast<unsigned char>(s[j - 1]))) --j;
+    if (j == i || j == 0 || s[j - 1] != ' ') break;
+    words = true;
+    i = j;
+    while (i > 0 && s[i - 1] == ' ') --i;
+  }
+  if (!words) return s;
+  std::string head(trim(std::string_view(s).substr(0, i)));
+  std::string compact;
+  for (char c : head)
+    if (c != ',' && c != '$') compact += c;
+  return parse_number(compact) ? head : s;
+}
+
+}  // namespace detail
+
+// The testbed's rule: the text after the last "####", stripped, up to the end of its line. nullopt when
+// there is no "####".
+inline std::optional<std::string> extract_hash_answer(std::string_view text) {
+  const std::size_t pos = text.rfind("####");
+  if (pos == std::string_view::npos) return std::nullopt;
+  std::string_view rest = text.substr(pos + 4);
+  while (!rest.empty() && (rest.front() == ' ' || rest.front() == '\t')) rest.remove_prefix(1);
+  if (const std::size_t nl = rest.find('\n'); nl != std::string_view::npos) rest = rest.substr(0, nl);
+  return std::string(detail::trim(rest));
+}
+
+// The content of the last \boxed{...} / \fbox{...} (nested braces balanced), or the token after
+// "\boxed " ("\boxed 5" -> "5"). nullopt when there is none or the last one is never closed.
+inline std::optional<std::string> extract_boxed(std::string_view text) {
+  std::size_t pos = std::string_view::npos, name = 0;
+  for (std::string_view cmd : {std::string_view("\\boxed"), std::string_view("\\fbox")}) {
+    for (std::size_t p = text.rfind(cmd); p != std::string_view::npos; p = p == 0 ? std::string_view::npos : text.rfind(cmd, p - 1)) {
+      if (!detail::command_at(text, p, cmd)) continue;
+      if (pos == std::string_view::npos || p > pos) {
+        pos = p;
+        name = cmd.size();
+      }
+      break;
+    }
+  }
+  if (pos == std::string_view::npos) return std::nullopt;
+  std::size_t i = pos + name;
+  if (i < text.size() && text[i] == '{') {
+    const std::size_t end = detail::close_brace(text, i);
+    if (end == std::string_view::npos) return std::nullopt;
+    return std::string(detail::trim(text.substr(i + 1, end - i - 2)));
+  }
+  if (i >= text.size() || text[i] != ' ') return std::nullopt;
+  while (i < text.size() && text[i] == ' ') ++i;
+  std::size_t end = i;
+  while (end < text.size() && !detail::is_space(text[end]) && text[end] != '$') ++end;
+  if (end == i) return std::nullopt;
+  return std::string(text.substr(i, end - i));
+}
+
+// \boxed{} first, else "####".
+inline std::optional<std::string> extract_math_answer(std::string_view text) {
+  if (auto boxed = extract_boxed(text)) return boxed;
+  return extract_hash_answer(text);
+}
+
+inline std::string normalize_math_answer(std::string_view answer) {
+  std::string s(detail::trim(answer));
+  // Wrappers whose content is the answer; \text{...} after something else is a unit and goes.
+  for (std::string_view cmd : {"\\boxed", "\\textbf", "\\mathrm", "\\mathbf"}) detail::unwrap_command(s, cmd, true);
+  for (std::string_view cmd : {"\\text", "\\textrm", "\\mbox"}) {
+    const std::string trimmed(detail::trim(s));
+    if (trimmed.rfind(cmd, 0) == 0 && detail::command_at(trimmed, 0, cmd)) {
+      std::size_t open = cmd.size();
+      while (open < trimmed.size() && trimmed[open] == ' ') ++open;
+      if (open < trimmed.size() && trimmed[open] == '{' && detail::close_brace(trimmed, open) == trimmed.size()) {
+        s = trimmed.substr(open + 1, trimmed.size() - open - 2);  // the whole answer is text: "\text{Evelyn}"
+        continue;
+      }
+    }
+    detail::unwrap_command(s, cmd, false);  // units: "5\text{ cm}" -> "5"
+  }
+  for (std::string_view junk : {"\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displaystyle", "\\$", "$"})
+    detail::replace_all(s, junk, "");
+  for (std::string_view degrees : {"^{\\circ}", "^\\circ", "\\circ", "\xC2\xB0", "\\degree"}) detail::replace_all(s, degrees, "");
+  detail::replace_all(s, "\\%", "");
+  detail::replace_all(s, "%", "");
+  detail::replace_all(s, "\\dfrac", "\\frac");
+  detail::replace_all(s, "\\tfrac", "\\frac");
+  detail::replace_all(s, "\\ ", " ");
+  s = std::string(detail::trim(s));
+  s = detail::drop_unit_words(s);
+  // "x = 5" -> "5" (a short name on the left of a single "=").
+  if (const std::size_t eq = s.find('='); eq != std::string::npos && s.find('=', eq + 1) == std::string::npos) {
+    const std::string_view lhs = detail::trim(std::string_view(s).substr(0, eq));
+    const bool name = !lhs.empty() && (lhs.size() <= 2 || lhs[0] == '\\') &&
+                      std::isalpha(static_cast<unsigned char>(lhs[0] == '\\' && lhs.size() > 1 ? lhs[1] : lhs[0]));
+    if (name) s = std::string(detail::trim(std::string_view(s).substr(eq + 1)));
+  }
+  s = detail::brace_arguments(s);
+  std::string compact;
+  for (char c : s)
+    if (!detail::is_space(c)) compact += c;
+  while (!compact.empty() && compact.back() == '.') compact.pop_back();
+  if (detail::has_thousands_separators(compact)) {
+    std::string plain;
+    for (char c : compact)
+      if (c != ',') plain += c;
+    compact = plain;
+  }
+  return compact;
+}
+
+// The normalised answer as a number when it is one (integer, decimal, a/b, \frac{a}{b}).
+inline std::optional<long double> math_answer_value(std::string_view answer) {
+  return detail::parse_number(normalize_math_answer(answer));
+}
+
+inline bool math_answers_equal(std::string_view a, std::string_view b) {
+  const std::string na = normalize_math_answer(a), nb = normalize_math_answer(b);
+  if (na.empty() || nb.empty()) return false;
+  if (na == nb) return true;
+  const auto x = detail::parse_number(na), y = detail::parse_number(nb);
+  if (!x || !y) return false;
+  const long double scale = std::fmax(1.0L, std::fmax(std::fabs(*x), std::fabs(*y)));
+  return std::fabs(*x - *y) <= 1e-15L * scale;  // long double parses decimals to ~1e-19
+}
+
+}  // namespace zipage::eval

@@ -1,0 +1,160 @@
+// Answer extraction and normalisation for zipage-eval accuracy / math (include/zipage/eval/answer.hpp),
+// and the confidence intervals of include/zipage/eval/stats.hpp.
+#include <doctest/doctest.h>
+
+#include <zipage/eval/answer.hpp>
+#include <zipage/eval/stats.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace zipage::eval;
+
+namespace {
+std::string or_none(const std::optional<std::string>& s) { return s ? *s : "<none>"; }
+}  // namespace
+
+TEST_CASE("#### answers: the last one, stripped, to the end of its line") {
+  CHECK(or_none(extract_hash_answer("x = 3\n#### 42")) == "42");
+  CHECK(or_none(extract_hash_answer("#### 1\nmore\n####   7  \ntrailing text")) == "7");
+  CHECK(or_none(extract_hash_answer("a #### b #### c d \n e")) == "c d");
+  CHECK(or_none(extract_hash_answer("####-12")) == "-12");
+  CHECK(or_none(extract_hash_answer("#### \t x=5\t")) == "x=5");
+  CHECK(or_none(extract_hash_answer("ends with ####")) == "");
+  CHECK(or_none(extract_hash_answer("ends with ####\n17")) == "");  // the answer is on the #### line
+  CHECK(or_none(extract_hash_answer("no marker ### 5")) == "<none>");
+  CHECK(or_none(extract_hash_answer("")) == "<none>");
+  CHECK(or_none(extract_hash_answer("##### 9")) == "9");  // the last four of five #'s
+  CHECK(or_none(extract_hash_answer("#### 12\r\n")) == "12");
+}
+
+TEST_CASE("\\boxed{}: last box wins, nested braces balanced") {
+  CHECK(or_none(extract_boxed("so \\boxed{5}.")) == "5");
+  CHECK(or_none(extract_boxed("first \\boxed{1} then \\boxed{2}")) == "2");
+  CHECK(or_none(extract_boxed("\\boxed{\\frac{1}{2}}")) == "\\frac{1}{2}");
+  CHECK(or_none(extract_boxed("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}")) == "\\left( 3, \\frac{\\pi}{2} \\right)");
+  CHECK(or_none(extract_boxed("\\boxed{{a}{b{c}}}")) == "{a}{b{c}}");
+  CHECK(or_none(extract_boxed("\\boxed{ 12 }")) == "12");
+  CHECK(or_none(extract_boxed("\\boxed{\\{1,2\\}}")) == "\\{1,2\\}");  // escaped braces do not count
+  CHECK(or_none(extract_boxed("$\\boxed 5$")) == "5");
+  CHECK(or_none(extract_boxed("\\boxed 5 apples")) == "5");
+  CHECK(or_none(extract_boxed("\\fbox{7}")) == "7");
+  CHECK(or_none(extract_boxed("\\boxed{1} and \\fbox{8}")) == "8");
+  CHECK(or_none(extract_boxed("no box here")) == "<none>");
+  CHECK(or_none(extract_boxed("\\boxed{unclosed")) == "<none>");
+  CHECK(or_none(extract_boxed("\\boxed{3} then \\boxed{4")) == "<none>");  // the last box is cut off
+  CHECK(or_none(extract_boxed("\\boxedx{3}")) == "<none>");
+  CHECK(or_none(extract_boxed("\\boxed{}")) == "");
+}
+
+TEST_CASE("math answers: \\boxed first, else ####") {
+  CHECK(or_none(extract_math_answer("#### 3 ... \\boxed{4}")) == "4");
+  CHECK(or_none(extract_math_answer("\\boxed{4} ... #### 3")) == "4");
+  CHECK(or_none(extract_math_answer("reasoning\n#### 1,000")) == "1,000");
+  CHECK(or_none(extract_math_answer("nothing")) == "<none>");
+}
+
+TEST_CASE("normalisation") {
+  CHECK(normalize_math_answer("$18$") == "18");
+  CHECK(normalize_math_answer("\\$18") == "18");
+  CHECK(normalize_math_answer(" \\left( 3, \\frac{\\pi}{2} \\right) ") == "(3,\\frac{\\pi}{2})");
+  CHECK(normalize_math_answer("\\dfrac{3}{56}") == "\\frac{3}{56}");
+  CHECK(normalize_math_answer("\\tfrac12") == "\\frac{1}{2}");
+  CHECK(normalize_math_answer("\\frac1{x}") == "\\frac{1}{x}");
+  CHECK(normalize_math_answer("11\\sqrt2") == "11\\sqrt{2}");
+  CHECK(normalize_math_answer("\\frac{\\sqrt3}{2}") == "\\frac{\\sqrt{3}}{2}");
+  CHECK(normalize_math_answer("90^\\circ") == "90");
+  CHECK(normalize_math_answer("90^{\\circ}") == "90");
+  CHECK(normalize_math_answer("\\text{Evelyn}") == "Evelyn");
+  CHECK(normalize_math_answer("5\\text{ cm}") == "5");
+  CHECK(normalize_math_answer("12 \\mbox{inches}") == "12");
+  CHECK(normalize_math_answer("18 dollars") == "18");
+  CHECK(normalize_math_answer("1,000 square feet.") == "1000");
+  CHECK(normalize_math_answer("x = 5") == "5");
+  CHECK(normalize_math_answer("\\theta=30") == "30");
+  CHECK(normalize_math_answer("5.") == "5");
+  CHECK(normalize_math_answer("1,000,000") == "1000000");
+  CHECK(normalize_math_answer("3, 5, 7") == "3,5,7");  // a list, not a thousands separator
+  CHECK(normalize_math_answer("1,-2") == "1,-2");
+  CHECK(normalize_math_answer("12,34") == "12,34");
+  CHECK(normalize_math_answer("50\\%") == "50");
+  CHECK(normalize_math_answer("6 - 5i") == "6-5i");     // "i" is part of the number, not a unit
+  CHECK(normalize_math_answer("p - q") == "p-q");
+  CHECK(normalize_math_answer("\\!2\\,000") == "2000");
+  CHECK(normalize_math_answer("\\boxed{7}") == "7");
+  CHECK(normalize_math_answer("y = x^2 = 4") == "y=x^2=4");  // two "=": left alone
+}
+
+TEST_CASE("equal answers") {
+  CHECK(math_answers_equal("0.5", "\\frac12"));
+  CHECK(math_answers_equal("\\frac{1}{2}", "1/2"));
+  CHECK(math_answers_equal("1/2", ".5"));
+  CHECK(math_answers_equal("\\dfrac{3}{6}", "0.5"));
+  CHECK(math_answers_equal("5.0", "5"));
+  CHECK(math_answers_equal("5", "005"));
+  CHECK(math_answers_equal("1,000", "1000"));
+  CHECK(math_answers_equal("$1,000.00$", "1000"));
+  CHECK(math_answers_equal("-3", "-3.0"));
+  CHECK(math_answers_equal("-\\frac{1}{4}", "-0.25"));
+  CHECK(math_answers_equal("\\frac{-1}{4}", "-1/4"));
+  CHECK(math_answers_equal("x = 5", "5"));
+  CHECK(math_answers_equal("18 dollars", "18"));
+  CHECK(math_answers_equal("\\text{(C)}", "(C)"));
+  CHECK(math_answers_equal("50\\%", "50"));
+  CHECK(math_answers_equal("90^\\circ", "90"));
+  CHECK(math_answers_equal("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\frac{\\pi}{2})"));
+  CHECK(math_answers_equal("11\\sqrt{2}", "11\\sqrt2"));
+  CHECK(math_answers_equal("\\text{Evelyn}", "Evelyn"));
+
+  CHECK_FALSE(math_answers_equal("5", "6"));
+  CHECK_FALSE(math_answers_equal("-5", "5"));
+  CHECK_FALSE(math_answers_equal("0.5", "\\frac{1}{3}"));
+  CHECK_FALSE(math_answers_equal("1/0", "1/0.0"));  // not numbers; different strings
+  CHECK_FALSE(math_answers_equal("1,000", "1"));
+  CHECK_FALSE(math_answers_equal("3,5,7", "357"));
+  CHECK_FALSE(math_answers_equal("", ""));            // an empty answer is never right
+  CHECK_FALSE(math_answers_equal("p-q", "q-p"));
+  CHECK_FALSE(math_answers_equal("1000000000001", "1000000000000"));
+  CHECK(math_answers_equal("1/0", "1/0"));  // same string
+}
+
+TEST_CASE("numeric values") {
+  CHECK(math_answer_value("\\frac{3}{4}").value() == doctest::Approx(0.75));
+  CHECK(math_answer_value("-12").value() == doctest::Approx(-12));
+  CHECK(math_answer_value("2,500.5").value() == doctest::Approx(2500.5));
+  CHECK_FALSE(math_answer_value("\\pi").has_value());
+  CHECK_FALSE(math_answer_value("1/0").has_value());
+  CHECK_FALSE(math_answer_value("1.2.3").has_value());
+  CHECK_FALSE(math_answer_value("-").has_value());
+}
+
+TEST_CASE("confidence intervals") {
+  const std::vector<double> all_right = {1, 1, 1, 1};
+  auto ci = mean_ci_normal(all_right);
+  CHECK(ci.mean == 1.0);
+  CHECK(ci.lo == 1.0);
+  CHECK(ci.hi == 1.0);
+
+  const std::vector<double> half = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1};  // s = 0.516398, s/4 = 0.129099
+  ci = mean_ci_normal(half);
+  CHECK(ci.mean == doctest::Approx(0.5));
+  CHECK(ci.hi - ci.mean == doctest::Approx(1.959964 * 0.129099).epsilon(1e-5));
+  CHECK(ci.mean - ci.lo == doctest::Approx(ci.hi - ci.mean));
+
+  const std::vector<double> spread = {0.0, 0.1, 0.2, 0.9};  // mean 0.3, half-width 0.4
+  ci = mean_ci_normal(spread);
+  CHECK(ci.lo == 0.0);  // clipped
+  CHECK(ci.hi == doctest::Approx(0.7).epsilon(1e-2));
+
+  // Wilson: 8 of 10 -> [0.4902, 0.9433] (published tables).
+  const auto w = wilson_interval(8, 10);
+  CHECK(w.mean == doctest::Approx(0.8));
+  CHECK(w.lo == doctest::Approx(0.4902).epsilon(1e-3));
+  CHECK(w.hi == doctest::Approx(0.9433).epsilon(1e-3));
+  const auto none = wilson_interval(0, 20);
+  CHECK(none.lo == 0.0);
+  CHECK(none.hi > 0.1);
+  CHECK(none.hi < 0.2);
+  CHECK(wilson_interval(0, 0).hi == 0.0);
+}
