@@ -1,3 +1,8 @@
+// zipage-eval: evaluation tools.
+//   fidelity  how closely each eviction policy follows full KV on a real model (below);
+//   accuracy  pass@1 of every policy and budget on a reasoning test set (run_grid.cpp, datasets.cpp);
+//   math      the same on GSM8K / MATH-500 / AIME / AMC JSONL sets with the chat template and \boxed{} answers.
+//
 // zipage-eval fidelity: how closely each eviction policy follows full KV on a real model.
 //
 // For every prompt, full KV generates a greedy continuation. Then, for each policy and budget:
@@ -17,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "eval_common.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/gguf/gguf.hpp"
 #include "zipage/models/llama.hpp"
@@ -226,6 +232,22 @@ int main(int argc, char** argv) {
   fid->add_option("--window", o.window, "query window W")->check(CLI::PositiveNumber);
   fid->add_option("--budgets", o.budgets, "token budgets (multiples of the block size)")->delimiter(',');
   fid->add_option("--policies", o.policies, "subset of policies")->delimiter(',');
+
+  zipage_eval::grid_options acc;
+  acc.command = "accuracy";
+  auto* acc_cmd = app.add_subcommand("accuracy", "pass@1 of every policy and budget on a reasoning test set (JSONL)");
+  zipage_eval::add_grid_flags(*acc_cmd, acc);
+  acc_cmd->add_option("--levels", acc.levels, "comma-separated levels to keep (e.g. L1,L3)")->delimiter(',');
+
+  zipage_eval::grid_options math;
+  math.command = "math";
+  math.samples = 32;
+  math.max_tokens = 32768;
+  math.chat = true;
+  auto* math_cmd = app.add_subcommand("math", "pass@1 on GSM8K / MATH-500 / AIME / AMC JSONL sets (chat template, \\boxed{})");
+  zipage_eval::add_grid_flags(*math_cmd, math);
+  math_cmd->add_flag("!--raw", math.chat, "feed the problem as raw text instead of the chat template");
+  math_cmd->add_flag("!--no-thinking", math.thinking, "Qwen3: thinking off (an empty <think></think> block)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -235,6 +257,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (*acc_cmd) {
+      const auto problems = zipage_eval::read_accuracy_set(acc.data, acc.levels, acc.limit);
+      return zipage_eval::run_grid(acc, problems, zipage_eval::accuracy_task());
+    }
+    if (*math_cmd) {
+      const auto problems = zipage_eval::read_math_set(math.data, math.limit);
+      return zipage_eval::run_grid(math, problems, zipage_eval::math_task());
+    }
     if (o.model.empty()) o.model = ZIPAGE_DEFAULT_MODEL;
     return fidelity_command(o);
   } catch (const std::exception& e) {
