@@ -42,7 +42,7 @@ static_assert(zipage::eviction_policy<attention_plus_small_keys>);
 int main(int argc, char** argv) {
   const auto file = zipage::gguf::file::open(argc > 1 ? argv[1] : ZIPAGE_DEFAULT_MODEL);
   const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
-  const zipage::engine_config cfg{.block_size = 16, .num_blocks = 256, .budget_blocks = 4, .window = 8};
+  const zipage::engine_config cfg{.block_size = 16, .num_blocks = 256, .budget_tokens = 64, .window = 8};
 
   zipage::engine<zipage::llama_model<>, attention_plus_small_keys> engine(zipage::load_llama_gguf(file), cfg);
   zipage::engine<zipage::llama_model<>> full(zipage::load_llama_gguf(file), cfg);
@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < ours.output.size(); ++i) same += ours.output[i] == reference.output[i];
   std::printf("%s\n", tokenizer.decode(ours.output).c_str());
   std::printf("policy %s: %d compressions, cache bounded at %d tokens; %zu of %zu tokens equal to full KV\n",
-              std::string(engine.policy().name()).c_str(), ours.num_compressions, cfg.budget_blocks * cfg.block_size,
+              std::string(engine.policy().name()).c_str(), ours.num_compressions, cfg.budget_tokens,
               same, ours.output.size());
   const bool ok = ours.num_compressions > 0 && ours.output.size() == reference.output.size();
   std::printf("custom policy: %s\n", ok ? "OK" : "FAILED");

@@ -86,7 +86,7 @@ zipage::engine<model_type, Policy> make_engine(const zipage::gguf::file& file, c
   zipage::engine_config cfg;
   cfg.block_size = o.block_size;
   cfg.window = o.window;
-  cfg.budget_blocks = budget / o.block_size;
+  cfg.budget_tokens = budget;
   cfg.num_blocks = static_cast<int>(o.prompts_file.empty() ? o.num_prompts : 64) *
                    (zipage::blocks_for_tokens(o.max_tokens + 64, o.block_size) + 1);
   cfg.max_num_seqs = 64;

@@ -9,9 +9,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -44,7 +46,13 @@ struct options {
   bool chat = false;         // apply the checkpoint's chat template (Hugging Face checkpoints)
   bool no_thinking = false;  // with --chat: Qwen3's empty <think></think> block
   std::string system;        // with --chat: a system message
+  int budget_blocks = 0;     // --budget-blocks (0: --budget, in tokens, decides)
+  // The sampling and budget flags given on the command line (they override the checkpoint's defaults).
+  std::map<std::string, CLI::Option*> flags;
+  std::string sampling_line;  // what the run samples with, and where each value came from
 };
+
+bool given(const options& o, const std::string& flag) { return o.flags.at(flag)->count() > 0; }
 
 std::string default_model_path() {
   for (const char* candidate : {ZIPAGE_DEFAULT_MODEL, ZIPAGE_INSTALLED_MODEL})
@@ -73,11 +81,18 @@ void add_flags(CLI::App& app, options& o) {
   s.temperature = 0.0f;
   s.max_tokens = 128;
   app.add_option("-n,--max-tokens", s.max_tokens, "tokens to generate per request")->check(CLI::PositiveNumber);
-  app.add_option("--temperature,-t", s.temperature, "0 = greedy")->check(CLI::NonNegativeNumber);
-  app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
-  app.add_option("--top-p", s.top_p, "nucleus sampling mass (1 = off)")->check(CLI::Range(0.0f, 1.0f));
-  app.add_option("--min-p", s.min_p, "drop tokens below min-p times the top probability")->check(CLI::Range(0.0f, 1.0f));
-  app.add_option("--repetition-penalty", s.repetition_penalty, "1 = off")->check(CLI::PositiveNumber);
+  // Sampling: the checkpoint's generation_config.json sets the defaults (greedy when it sets nothing).
+  o.flags["--temperature"] = app.add_option("--temperature,-t", s.temperature,
+                                            "0 = greedy (default: the checkpoint's generation_config.json, else 0)")
+                                 ->check(CLI::NonNegativeNumber);
+  o.flags["--top-k"] = app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0 = off; default: the checkpoint's)")
+                           ->check(CLI::NonNegativeNumber);
+  o.flags["--top-p"] = app.add_option("--top-p", s.top_p, "nucleus sampling mass (1 = off; default: the checkpoint's)")
+                           ->check(CLI::Range(0.0f, 1.0f));
+  o.flags["--min-p"] = app.add_option("--min-p", s.min_p, "drop tokens below min-p times the top probability (default: the checkpoint's)")
+                           ->check(CLI::Range(0.0f, 1.0f));
+  o.flags["--repetition-penalty"] = app.add_option("--repetition-penalty", s.repetition_penalty, "1 = off (default: the checkpoint's)")
+                                        ->check(CLI::PositiveNumber);
   app.add_option("--seed", s.seed, "per-request seed (request i uses seed + i)");
   app.add_option("--stop", s.stop, "stop string (repeatable)");
   app.add_flag("--ignore-eos", s.ignore_eos, "keep generating past EOS");
@@ -97,10 +112,18 @@ void add_flags(CLI::App& app, options& o) {
   std::vector<std::string> policies;
   for (auto name : zipage::builtin_policy_names()) policies.emplace_back(name);
   app.add_option("--policy", o.policy, "eviction policy (full_kv keeps everything)")->check(CLI::IsMember(policies));
-  app.add_option("--budget-blocks", e.budget_blocks, "blocks each request keeps when compressed (B)")
-      ->check(CLI::PositiveNumber);
+  auto* budget = app.add_option("--budget", e.budget_tokens,
+                                 "tokens each compressed request keeps (a multiple of --block-size)")
+                     ->check(CLI::PositiveNumber)
+                     ->capture_default_str();
+  auto* budget_blocks = app.add_option("--budget-blocks", o.budget_blocks,
+                                       "instead of --budget: blocks each compressed request keeps (B)")
+                            ->check(CLI::PositiveNumber);
+  budget->excludes(budget_blocks);
+  o.flags["--budget"] = budget;
   app.add_option("--window", e.window, "recent queries that score the cache, and tokens always kept (W)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--query-slots", e.num_query_slots, "requests that may record window queries (default: max concurrency)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("!--no-hybrid", e.hybrid, "admit only requests that get a query slot");
@@ -134,6 +157,47 @@ void print_summary(const Engine& eng, std::size_t requests, double seconds) {
                static_cast<long long>(st.steps));
 }
 
+// The compression budget in tokens from --budget or --budget-blocks, checked against the block size with
+// the flags' names (an evicting policy only: full_kv keeps everything).
+void resolve_budget(options& o) {
+  auto& e = o.engine;
+  if (o.budget_blocks > 0) e.budget_tokens = o.budget_blocks * e.block_size;
+  if (o.policy == "full_kv") return;
+  (void)zipage::budget_blocks_for(e.budget_tokens, e.block_size,
+                                  o.budget_blocks > 0 ? "--budget-blocks x --block-size"
+                                  : given(o, "--budget") ? "--budget" : "--budget (default)");
+  zipage::check(e.window <= e.block_size, "--window ", e.window, " is larger than the block size ", e.block_size,
+                " (--block-size): the window's queries are recorded in the last W slots of a block");
+}
+
+// Sampling: flags given on the command line, else the checkpoint's generation_config.json (`gen`), else
+// greedy. Builds the line that says which value came from where.
+void resolve_sampling(options& o, const zipage::generation_defaults& gen) {
+  zipage::sampling_params merged = o.sampling;
+  gen.apply(merged);
+  auto& s = o.sampling;
+  std::string line = "sampling:";
+  auto field = [&](const char* flag, auto& value, auto from_file, bool set_by_file) {
+    const bool user = given(o, flag);
+    if (!user) value = from_file;
+    std::ostringstream v;
+    v << (line.back() == ':' ? " " : ", ") << (flag + 2) << " " << value << " ("
+      << (user ? "flag" : set_by_file ? "checkpoint" : "default") << ")";
+    line += v.str();
+  };
+  const bool greedy_by_file = gen.do_sample && !*gen.do_sample;
+  field("--temperature", s.temperature, merged.temperature, gen.temperature.has_value() || greedy_by_file);
+  field("--top-k", s.top_k, merged.top_k, gen.top_k.has_value());
+  field("--top-p", s.top_p, merged.top_p, gen.top_p.has_value());
+  field("--min-p", s.min_p, merged.min_p, gen.min_p.has_value());
+  field("--repetition-penalty", s.repetition_penalty, merged.repetition_penalty, gen.repetition_penalty.has_value());
+  if (s.greedy()) line += "; greedy";
+  if (!gen.source.empty())
+    line += gen.sets_sampling() ? "; checkpoint = " + gen.source + (greedy_by_file ? " (do_sample: false)" : "")
+                                : "; " + gen.source + " sets no sampling";
+  o.sampling_line = line;
+}
+
 // Runs the prompts through the engine; `encode` turns a prompt's text into its token ids.
 template <class Backend, class Encode>
 int generate(options& o, zipage::llama_model<Backend> model, const Backend& backend, Encode encode);
@@ -144,6 +208,7 @@ template <class Backend>
 int run(options& o, const Backend& backend) {
   if (o.model.empty()) o.model = default_model_path();
   if (std::filesystem::is_directory(o.model)) {  // a Hugging Face checkpoint
+    resolve_sampling(o, zipage::load_generation_config(o.model));
     const auto tokenizer = zipage::bpe_tokenizer::from_dir(o.model);
     auto model = zipage::load_hf_checkpoint<Backend>(o.model, backend);
     // The engine stops at every end-of-sequence id of the config (eos and extra_eos); the tokenizer's
@@ -163,6 +228,7 @@ int run(options& o, const Backend& backend) {
     });
   }
   zipage::check(!o.chat, "--chat needs a Hugging Face checkpoint directory as --model");
+  resolve_sampling(o, {});
   const auto file = zipage::gguf::file::open(o.model);
   const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
   auto model = zipage::load_llama_gguf<Backend>(file, backend);
@@ -170,22 +236,16 @@ int run(options& o, const Backend& backend) {
   return generate(o, std::move(model), backend, [&](const std::string& text) { return tokenizer.encode(text, true); });
 }
 
-// On a GPU the pool takes --gpu-memory-utilization of the device, but never more than max_num_seqs requests
-// at the model's context (at least 4,096 tokens) could fill: a toy model would otherwise get millions of
-// blocks it can never use.
+// On a GPU the pool takes --gpu-memory-utilization of the device (less the activation peak the engine
+// measures first), but never more than max_num_seqs requests at the model's context (at least 4,096
+// tokens) could fill: a toy model would otherwise get millions of blocks it can never use.
 template <class Backend>
 void size_gpu_pool(options& o, const zipage::model_config& c, const Backend& backend) {
   if constexpr (requires { backend.memory_info(); }) {
-    if (o.engine.num_blocks > 0) return;
-    const double device_budget =
-        static_cast<double>(zipage::device_kv_budget(o.gpu_memory_utilization, backend.memory_info()));
     const double per_token =
         static_cast<double>(zipage::kv_bytes_per_token(c, backend.kv_element_bytes(), o.policy != "full_kv"));
-    const double useful = per_token * o.engine.max_num_seqs * std::max(c.max_context, 4096);
-    if (useful < device_budget) {
-      o.engine.gpu_memory_utilization = 0.0;
-      o.engine.kv_cache_bytes = static_cast<std::size_t>(useful);
-    }
+    o.engine.max_kv_cache_bytes =
+        static_cast<std::size_t>(per_token * o.engine.max_num_seqs * std::max(c.max_context, 4096));
   }
 }
 
@@ -193,6 +253,7 @@ void size_gpu_pool(options& o, const zipage::model_config& c, const Backend& bac
 template <class Backend, class Encode>
 int generate(options& o, zipage::llama_model<Backend> model, const Backend& backend, Encode encode) {
   o.sampling.validate();
+  resolve_budget(o);
   o.engine.kv_cache_bytes = static_cast<std::size_t>(o.kv_cache_mib * 1024.0 * 1024.0);
   if (o.engine.gpu_memory_utilization > 0.0) size_gpu_pool(o, model.config(), backend);
   int rc = -1;
@@ -229,7 +290,10 @@ int run(options& o) {
 
 template <class Engine, class Encode>
 int run_engine(options& o, Engine& eng, Encode& encode) {
-  if (!o.quiet) std::fprintf(stderr, "%s; policy %s\n", eng.memory().describe().c_str(), std::string(eng.policy().name()).c_str());
+  if (!o.quiet) {
+    std::fprintf(stderr, "%s; policy %s\n", eng.memory().describe().c_str(), std::string(eng.policy().name()).c_str());
+    std::fprintf(stderr, "%s\n", o.sampling_line.c_str());
+  }
 
   const bool batch = !o.prompts_file.empty();
   const std::vector<std::string> texts = batch ? read_prompts(o.prompts_file) : std::vector<std::string>{o.prompt};

@@ -205,15 +205,16 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
                     const weight_stats& ws, double bandwidth_gbs, double gemm_tflops) {
   const std::size_t token_bytes = kv_bytes_per_token(c, b.kv_element_bytes(), false);
   // KV pool: the engine sizes it (vLLM's rule: gpu_memory_utilization x total memory minus what is in use
-  // once the weights are loaded), unless --kv-gib fixes it; the method's max_concurrency and as many
-  // query slots follow unless --num-query-slots says otherwise.
+  // once the weights are loaded and a profiling forward of --max-batched-tokens tokens has grown the
+  // activations), unless --kv-gib fixes it; the method's max_concurrency and as many query slots follow
+  // unless --num-query-slots says otherwise.
   engine_config cfg;
   cfg.block_size = o.block_size;
-  cfg.gpu_memory_utilization = o.gpu_memory_utilization;
+  cfg.gpu_memory_utilization = o.kv_gib > 0 ? 0.0 : o.gpu_memory_utilization;
   if (o.kv_gib > 0) cfg.kv_cache_bytes = static_cast<std::size_t>(o.kv_gib * 1073741824.0);
   cfg.max_num_seqs = o.max_num_seqs;
   cfg.max_batched_tokens = o.max_batched_tokens;
-  cfg.budget_blocks = o.budget_tokens / o.block_size;
+  cfg.budget_tokens = o.budget_tokens;
   cfg.window = o.window;
   cfg.num_query_slots = o.num_query_slots;
   cfg.async_compression = !o.sync_compression;
@@ -370,10 +371,12 @@ int main(int argc, char** argv) {
   app.add_option("--max-num-seqs", o.max_num_seqs);
   app.add_option("--max-batched-tokens", o.max_batched_tokens);
   app.add_option("--block-size", o.block_size);
-  app.add_option("--budget", o.budget_tokens, "compressed: tokens kept per request");
+  app.add_option("--budget", o.budget_tokens, "compressed: tokens kept per request (a multiple of --block-size)")
+      ->capture_default_str();
   app.add_option("--window", o.window);
   app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
-                 "fraction of device memory for weights + KV pool (the rest: activations, logits, workspaces)")
+                 "fraction of device memory for weights, activations (measured by a profiling forward at "
+                 "--max-batched-tokens) and the KV pool")
       ->check(CLI::Range(0.05, 1.0));
   app.add_option("--kv-gib", o.kv_gib, "KV pool size (0: from --gpu-memory-utilization)");
   app.add_option("--num-query-slots", o.num_query_slots, "compressed: query slots (0: the memory plan's max concurrency)");
@@ -394,6 +397,7 @@ int main(int argc, char** argv) {
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
 
+    if (o.mode != "full") (void)budget_blocks_for(o.budget_tokens, o.block_size, "--budget");
     const model_config c = shape_config(o.shape);
     cuda_backend_options bo;
     bo.cuda_graphs = !o.no_graphs;

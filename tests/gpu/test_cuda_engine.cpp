@@ -311,7 +311,7 @@ TEST_CASE("bf16: agreement with the CPU engine on stories260K (reported; toleran
 TEST_CASE("fp32: compressed run (zipage_policy, block 16, budget 4, window 8) as the CPU compressed run") {
   auto prompts = story_prompts(6);
   prompts.push_back(stories().tokenizer.encode("Once upon a time", true));
-  const engine_config cfg{.block_size = 16, .num_blocks = 256, .budget_blocks = 4, .window = 8};
+  const engine_config cfg{.block_size = 16, .num_blocks = 256, .budget_tokens = 64, .window = 8};
   auto cpu = make_cpu<zipage_policy>(cfg);
   const auto ref = cpu.generate(prompts, greedy(160));
   REQUIRE(cpu.stats().compressions > 0);
@@ -382,7 +382,7 @@ TEST_CASE("fp32: compressed requests swapped to host memory resume with identica
   const model_config c = small_config(8, 4, 2, false);
   std::vector<std::vector<token_id>> prompts{{0, 4, 9}, {0}};
   for (int j = 0; j < 39; ++j) prompts[1].push_back(1 + (j * 7) % 60);
-  const engine_config roomy{.block_size = 8, .num_blocks = 200, .budget_blocks = 3, .window = 4,
+  const engine_config roomy{.block_size = 8, .num_blocks = 200, .budget_tokens = 24, .window = 4,
                             .num_query_slots = 4, .prefix_caching = false, .async_compression = false};
   cpu_engine<zipage_policy> cpu(random_llama(cpu_backend{}, c, 3), roomy);
   const auto cpu_out = cpu.generate(prompts, greedy(100));
@@ -457,7 +457,7 @@ TEST_CASE("bf16: compressed, swapping engine on a head_dim-128 model runs clean;
     for (int j = 0; j < 20 + 9 * i; ++j) p.push_back(tok(rng));
     prompts.push_back(std::move(p));
   }
-  const engine_config cfg{.block_size = 16, .num_blocks = 60, .max_num_seqs = 12, .budget_blocks = 4, .window = 8};
+  const engine_config cfg{.block_size = 16, .num_blocks = 60, .max_num_seqs = 12, .budget_tokens = 64, .window = 8};
   cpu_engine<zipage_policy> cpu(random_llama(cpu_backend{}, c, 9), cfg);
   const auto ref = cpu.generate(prompts, greedy(150));
   const cuda_backend b;
@@ -599,7 +599,7 @@ TEST_CASE("device compression, bf16: the host path's outputs (zipage_policy, hea
     prompts.push_back(std::move(p));
   }
   // Synchronous compression, so both runs schedule identically whatever the compression takes.
-  const engine_config cfg{.block_size = 256, .num_blocks = 120, .max_num_seqs = 13, .budget_blocks = 2, .window = 16,
+  const engine_config cfg{.block_size = 256, .num_blocks = 120, .max_num_seqs = 13, .budget_tokens = 512, .window = 16,
                           .async_compression = false};
   constexpr int max_tokens = 900;
   struct result {
@@ -844,6 +844,127 @@ TEST_CASE("CUDA graphs: the engine with graphs gives the eager engine's tokens (
           b.counters().graph_replays, " replays");
   CHECK(b.counters().graph_replays > 0);
   CHECK(double(total) / double(prompts.size()) >= 8.0);
+}
+
+namespace {
+
+// Qwen3-8B's shape (151,936-token vocabulary) with weights drawn on the device (no host copies).
+model_config qwen3_8b_shape() {
+  model_config c;
+  c.vocab_size = 151936, c.hidden_size = 4096, c.num_layers = 36, c.num_q_heads = 32, c.num_kv_heads = 8;
+  c.head_dim = 128, c.ffn_size = 12288, c.tied_embeddings = false, c.qk_norm = true;
+  c.rope = rope_style::half;
+  c.rope_theta = 1e6f;
+  c.bos = 0;
+  c.eos = c.vocab_size - 1;
+  c.max_context = 40960;
+  return c;
+}
+
+llama_model<cuda_backend> device_random_llama(const cuda_backend& b, const model_config& c, std::uint64_t seed) {
+  std::uint64_t next = seed * 1000;
+  auto uniform = [&](int rows, int cols, float std_dev) { return b.random_tensor(rows, cols, std_dev * std::sqrt(3.0f), ++next); };
+  auto ones = [&](int n) { return b.constant_tensor(1, n, 1.0f); };
+  const float s_in = 1.0f / std::sqrt(static_cast<float>(c.hidden_size));
+  llama_weights<cuda_backend> w;
+  w.embedding = uniform(c.vocab_size, c.hidden_size, 1.0f);
+  for (int l = 0; l < c.num_layers; ++l) {
+    llama_layer_weights<cuda_backend> lw;
+    lw.attn_norm = ones(c.hidden_size);
+    lw.ffn_norm = ones(c.hidden_size);
+    lw.wq = uniform(c.q_size(), c.hidden_size, s_in);
+    lw.wk = uniform(c.kv_size(), c.hidden_size, s_in);
+    lw.wv = uniform(c.kv_size(), c.hidden_size, s_in);
+    lw.wo = uniform(c.hidden_size, c.q_size(), 1.0f / std::sqrt(static_cast<float>(c.q_size())));
+    lw.q_norm = ones(c.head_dim);
+    lw.k_norm = ones(c.head_dim);
+    lw.w_gate = uniform(c.ffn_size, c.hidden_size, s_in);
+    lw.w_up = uniform(c.ffn_size, c.hidden_size, s_in);
+    lw.w_down = uniform(c.hidden_size, c.ffn_size, 1.0f / std::sqrt(static_cast<float>(c.ffn_size)));
+    w.layers.push_back(std::move(lw));
+  }
+  w.final_norm = ones(c.hidden_size);
+  w.lm_head = uniform(c.vocab_size, c.hidden_size, s_in);
+  return llama_model<cuda_backend>(c, std::move(w));
+}
+
+}  // namespace
+
+// The memory plan subtracts the activation peak: the engine runs a profiling forward of max_batched_tokens
+// tokens before it sizes the pool from gpu_memory_utilization, so the largest step then fits in what is left.
+// Qwen3-8B's shape in bf16 (16 GB of weights), max_batched_tokens 32768, utilization 0.9, the method's
+// defaults (block 256, budget 2048, W 16): one step of 8 x 4096 prompt tokens (compressed right after
+// prefill), then 256 requests decoding together (the logits and sampling at max_num_seqs rows).
+TEST_CASE("memory plan: max_batched_tokens 32768 at gpu_memory_utilization 0.9 runs without an allocation failure (Qwen3-8B shape)") {
+  const model_config c = qwen3_8b_shape();
+  const cuda_backend b;
+  constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+  engine_config cfg{.block_size = 256, .gpu_memory_utilization = 0.9, .max_num_seqs = 256, .max_batched_tokens = 32768};
+  REQUIRE(cfg.budget_tokens == 2048);
+  REQUIRE(cfg.window == 16);
+  auto model = device_random_llama(b, c, 3);
+  b.synchronize();
+  const auto [free_before, total] = b.memory_info();
+  // What the pool would get without profiling: 0.9 x total - (weights and everything in use now).
+  const std::size_t unprofiled = device_kv_budget(cfg.gpu_memory_utilization, {free_before, total});
+  gpu_engine<zipage_policy> eng(std::move(model), cfg, {}, b);
+  const memory_plan& plan = eng.memory();
+  MESSAGE(plan.describe());
+  MESSAGE("device ", total / gib, " GiB; in use before the engine ", (total - free_before) / gib,
+          " GiB; pool without profiling ", unprofiled / gib, " GiB, with profiling ", plan.budget_bytes / gib,
+          " GiB (activation peak of 32768 tokens: ", (unprofiled - std::min(unprofiled, plan.budget_bytes)) / gib, " GiB)");
+  CHECK(plan.budget_tokens() == 2048);
+  // The 32768-token step's activations (the MLP alone: 2 x 32768 x 12288 bf16 = 1.5 GiB) left the pool.
+  CHECK(plan.budget_bytes + (std::size_t{1} << 30) < unprofiled);
+
+  // One step of max_batched_tokens prompt tokens.
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> tok(1, 30000);
+  std::vector<request_id> ids;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<token_id> p(4096);
+    for (auto& t : p) t = tok(rng);
+    sampling_params sp;
+    sp.temperature = 0.6f;
+    sp.top_k = 20;
+    sp.top_p = 0.95f;
+    sp.max_tokens = 24;
+    sp.ignore_eos = true;
+    sp.seed = static_cast<std::uint64_t>(i);
+    ids.push_back(eng.add_request(std::move(p), sp));
+  }
+  const auto first = eng.step();
+  CHECK(first.size() == 8);  // all 8 x 4096 tokens prefilled in the first step
+  for (request_id id : ids) CHECK(eng.request(id).num_computed == 4096);
+  eng.run_to_completion();
+  for (request_id id : ids) {
+    const auto out = eng.take_output(id);
+    CHECK(out.reason == finish_reason::length);
+    CHECK(out.output.size() == 24);
+    CHECK(out.num_compressions >= 1);
+  }
+
+  // max_num_seqs requests decoding together.
+  for (int i = 0; i < 256; ++i) {
+    std::vector<token_id> p(64);
+    for (auto& t : p) t = tok(rng);
+    sampling_params sp;
+    sp.temperature = 0.0f;
+    sp.max_tokens = 16;
+    sp.ignore_eos = true;
+    ids.push_back(eng.add_request(std::move(p), sp));
+  }
+  eng.run_to_completion();
+  const auto st = eng.stats();
+  CHECK(st.peak_running == 256);
+  b.synchronize();
+  const auto [free_after, total_after] = b.memory_info();
+  const double used_after = static_cast<double>(total_after - free_after);
+  MESSAGE("in use after the runs: ", used_after / gib, " GiB of ", total_after / gib, " GiB (",
+          100.0 * used_after / static_cast<double>(total_after), "%); ", st.compressions, " compressions, ",
+          st.graph_steps, " graph steps");
+  // Everything the runs added beyond the planned 90% (decode graphs, compression scratch) stays small.
+  CHECK(used_after <= 0.9 * static_cast<double>(total_after) + 2.0 * gib);
 }
 
 int main(int argc, char** argv) {

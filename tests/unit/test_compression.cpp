@@ -92,7 +92,7 @@ float cached_score(const cpu_kv_storage& kv, const sequence& s, int layer, int h
 template <class Engine>
 void check_invariants(const Engine& eng, const engine_config& cfg) {
   const auto& kv = eng.kv_cache();
-  const int bs = cfg.block_size, budget = cfg.budget_blocks * bs;
+  const int bs = cfg.block_size, budget = cfg.budget_tokens;
   for (const sequence* s : eng.requests()) {
     // Mid-compaction (the worker owns its blocks) or waiting to be compressed next step: skip.
     if (s->status != request_status::running || s->compressing || s->needs_compression) continue;
@@ -101,7 +101,7 @@ void check_invariants(const Engine& eng, const engine_config& cfg) {
     if (s->is_compressed()) {
       CHECK(s->kv_len >= budget);
       CHECK(s->kv_len < budget + bs);
-      CHECK(s->table.num_blocks() <= cfg.budget_blocks + 1);
+      CHECK(s->table.num_blocks() <= cfg.budget_blocks() + 1);
     } else {
       CHECK(s->kv_len == s->num_computed);
     }
@@ -132,9 +132,10 @@ TEST_CASE("randomised runs keep every compression invariant") {
   for (int trial = 0; trial < 12; ++trial) {
     engine_config cfg;
     cfg.block_size = std::uniform_int_distribution<int>(1, 3)(rng) * 4;  // 4, 8, 12
-    cfg.budget_blocks = std::uniform_int_distribution<int>(1, 4)(rng);
+    const int budget_blocks = std::uniform_int_distribution<int>(1, 4)(rng);
+    cfg.budget_tokens = budget_blocks * cfg.block_size;
     cfg.window = std::uniform_int_distribution<int>(1, cfg.block_size)(rng);
-    cfg.num_blocks = std::uniform_int_distribution<int>(3, 8)(rng) * (cfg.budget_blocks + 1);
+    cfg.num_blocks = std::uniform_int_distribution<int>(3, 8)(rng) * (budget_blocks + 1);
     cfg.max_num_seqs = 16;
     cfg.async_compression = trial % 2 == 1;
     cfg.prefix_caching = trial % 3 != 0;
@@ -142,7 +143,7 @@ TEST_CASE("randomised runs keep every compression invariant") {
     CAPTURE(cfg.async_compression);
     CAPTURE(cfg.prefix_caching);
     CAPTURE(cfg.block_size);
-    CAPTURE(cfg.budget_blocks);
+    CAPTURE(cfg.budget_tokens);
     CAPTURE(cfg.window);
     CAPTURE(cfg.num_blocks);
     engine<probe_model, hashed_policy> eng(probe_model{}, cfg);

@@ -105,7 +105,7 @@ TEST_CASE("padded decode-graph steps give the plain engine's tokens (full KV and
       {"full KV", engine_config{.block_size = 16, .num_blocks = 256}, false},
       {"full KV, small pool (preemption)", engine_config{.block_size = 16, .num_blocks = 40}, false},
       {"compressed (zipage, budget 3 blocks, window 8)",
-       engine_config{.block_size = 16, .num_blocks = 256, .budget_blocks = 3, .window = 8}, true},
+       engine_config{.block_size = 16, .num_blocks = 256, .budget_tokens = 48, .window = 8}, true},
   };
   for (const auto& v : variants) {
     for (const bool sampled : {false, true}) {

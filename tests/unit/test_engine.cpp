@@ -258,7 +258,7 @@ void check_large_budget_matches_full_kv(const std::vector<std::vector<token_id>>
   auto& m = stories();
   // Budget 64 blocks of 8 = 512 tokens: no sequence below reaches it, so nothing is ever evicted.
   engine<llama_model<cpu_backend>, Policy> eng(load_llama_gguf(m.file),
-                                               {.block_size = 8, .num_blocks = 256, .budget_blocks = 64, .window = 4});
+                                               {.block_size = 8, .num_blocks = 256, .budget_tokens = 512, .window = 4});
   const auto out = eng.generate(prompts, greedy(120));
   CHECK(eng.stats().compressions == 0);
   for (std::size_t i = 0; i < prompts.size(); ++i) CHECK(out[i].output == full[i].output);
@@ -269,7 +269,7 @@ void check_compresses_and_stays_close(const std::vector<std::vector<token_id>>& 
                                       const std::vector<request_output>& full) {
   auto& m = stories();
   engine<llama_model<cpu_backend>, Policy> eng(load_llama_gguf(m.file),
-                                               {.block_size = 8, .num_blocks = 256, .budget_blocks = 8, .window = 4});
+                                               {.block_size = 8, .num_blocks = 256, .budget_tokens = 64, .window = 4});
   const auto out = eng.generate(prompts, greedy(120));
   CHECK(eng.stats().compressions > 0);
   for (std::size_t i = 0; i < prompts.size(); ++i) {

@@ -623,6 +623,78 @@ TEST_CASE("hf checkpoint: generates through the engine; generation_config adds e
   CHECK(contains(error_of([&] { (void)zipage::load_hf_checkpoint(dir.path); }), "generation_config.json: invalid JSON"));
 }
 
+TEST_CASE("generation_config.json: sampling defaults present, absent, greedy and malformed") {
+  temp_dir dir;
+  // Absent: nothing set, and applying it changes nothing.
+  auto none = zipage::load_generation_config(dir.path);
+  CHECK_FALSE(none.sets_sampling());
+  CHECK(none.source.empty());
+  zipage::sampling_params p;
+  p.temperature = 0.0f;
+  none.apply(p);
+  CHECK(p.temperature == 0.0f);
+
+  // Qwen3's file: every value it sets, nothing else.
+  std::ofstream(dir.path / "generation_config.json")
+      << R"({"bos_token_id": 151643, "do_sample": true, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
+            "temperature": 0.6, "top_k": 20, "top_p": 0.95, "transformers_version": "4.51.0"})";
+  const auto qwen3 = zipage::load_generation_config(dir.path);
+  CHECK(qwen3.sets_sampling());
+  CHECK(contains(qwen3.source, "generation_config.json"));
+  CHECK(*qwen3.do_sample);
+  CHECK(*qwen3.temperature == doctest::Approx(0.6f));
+  CHECK(*qwen3.top_k == 20);
+  CHECK(*qwen3.top_p == doctest::Approx(0.95f));
+  CHECK_FALSE(qwen3.min_p.has_value());
+  CHECK_FALSE(qwen3.repetition_penalty.has_value());
+  zipage::sampling_params q;
+  q.temperature = 0.0f;
+  q.min_p = 0.05f;
+  qwen3.apply(q);
+  CHECK(q.temperature == doctest::Approx(0.6f));
+  CHECK(q.top_k == 20);
+  CHECK(q.top_p == doctest::Approx(0.95f));
+  CHECK(q.min_p == doctest::Approx(0.05f));  // not in the file: left as it was
+  CHECK_NOTHROW(q.validate());
+
+  // min_p, repetition_penalty; null counts as absent.
+  std::ofstream(dir.path / "generation_config.json")
+      << R"({"temperature": null, "min_p": 0.1, "repetition_penalty": 1.05, "top_k": 0})";
+  const auto extra = zipage::load_generation_config(dir.path);
+  CHECK_FALSE(extra.temperature.has_value());
+  CHECK(*extra.min_p == doctest::Approx(0.1f));
+  CHECK(*extra.repetition_penalty == doctest::Approx(1.05f));
+  CHECK(*extra.top_k == 0);
+
+  // do_sample false: greedy whatever the temperature says (transformers' meaning).
+  std::ofstream(dir.path / "generation_config.json") << R"({"do_sample": false, "temperature": 0.7, "top_p": 0.8})";
+  zipage::sampling_params g;
+  zipage::load_generation_config(dir.path).apply(g);
+  CHECK(g.greedy());
+  CHECK(g.top_p == doctest::Approx(0.8f));
+
+  // Only eos ids: nothing for sampling.
+  std::ofstream(dir.path / "generation_config.json") << R"({"eos_token_id": 2})";
+  CHECK_FALSE(zipage::load_generation_config(dir.path).sets_sampling());
+
+  // Malformed: the file and the field are named.
+  auto gen_error = [&](const char* text) {
+    std::ofstream(dir.path / "generation_config.json") << text;
+    return error_of([&] { (void)zipage::load_generation_config(dir.path); });
+  };
+  CHECK(contains(gen_error(R"({"temperature": "hot"})"), "generation_config.json: field 'temperature' must be a number, got string"));
+  CHECK(contains(gen_error(R"({"temperature": -0.5})"), "generation_config.json: field 'temperature' = -0.5 must be >= 0"));
+  CHECK(contains(gen_error(R"({"top_p": 0})"), "field 'top_p' = 0 must be in (0, 1]"));
+  CHECK(contains(gen_error(R"({"top_p": 1.5})"), "field 'top_p' = 1.5 must be in (0, 1]"));
+  CHECK(contains(gen_error(R"({"min_p": 2})"), "field 'min_p' = 2 must be in [0, 1]"));
+  CHECK(contains(gen_error(R"({"repetition_penalty": 0})"), "field 'repetition_penalty' = 0 must be > 0"));
+  CHECK(contains(gen_error(R"({"top_k": 2.5})"), "field 'top_k' must be an integer, got 2.5"));
+  CHECK(contains(gen_error(R"({"top_k": -1})"), "field 'top_k' = -1 is out of range"));
+  CHECK(contains(gen_error(R"({"do_sample": "yes"})"), "field 'do_sample' must be true or false, got string"));
+  CHECK(contains(gen_error("[1]"), "generation_config.json: must be a JSON object, got array"));
+  CHECK(contains(gen_error("{"), "generation_config.json: invalid JSON"));
+}
+
 TEST_CASE("hf checkpoint: loading errors name the file, the tensor and the shapes") {
   tiny_spec spec{.type = "qwen2", .seed = 11};
   const auto good = random_weights(spec);

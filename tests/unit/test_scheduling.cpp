@@ -86,7 +86,7 @@ void random_load(scheduling_order order) {
   std::vector<std::vector<token_id>> expected;
   {
     engine<llama_model<cpu_backend>, policy> eng(testing::tiny_llama(), {.block_size = 8, .num_blocks = 4000,
-                                                                          .max_num_seqs = 256, .budget_blocks = 2,
+                                                                          .max_num_seqs = 256, .budget_tokens = 16,
                                                                           .window = 4, .num_query_slots = 256,
                                                                           .prefix_caching = false,
                                                                           .async_compression = false});
@@ -96,7 +96,7 @@ void random_load(scheduling_order order) {
   // arrivals spread over time and random cancellations.
   engine<llama_model<cpu_backend>, policy> eng(testing::tiny_llama(), {.block_size = 8, .num_blocks = 40,
                                                                         .max_num_seqs = 24, .max_batched_tokens = 48,
-                                                                        .budget_blocks = 2, .window = 4,
+                                                                        .budget_tokens = 16, .window = 4,
                                                                         .num_query_slots = 8, .scheduling = order});
   std::map<request_id, std::size_t> index_of;
   std::vector<request_id> ids(w.prompts.size(), -1);
@@ -150,7 +150,7 @@ TEST_CASE("compressed requests that give way are swapped to host memory and resu
   // recomputed — and swapped back in later.
   std::vector<std::vector<token_id>> prompts{{0, 4, 9}, {0}};
   for (int j = 0; j < 39; ++j) prompts[1].push_back(1 + (j * 7) % 60);
-  const engine_config roomy{.block_size = 8, .num_blocks = 200, .budget_blocks = 3, .window = 4,
+  const engine_config roomy{.block_size = 8, .num_blocks = 200, .budget_tokens = 24, .window = 4,
                             .num_query_slots = 4, .prefix_caching = false, .async_compression = false};
   engine<llama_model<cpu_backend>, zipage_policy> reference(testing::tiny_llama(), roomy);
   const auto expected = reference.generate(prompts, greedy(100));
@@ -178,7 +178,7 @@ TEST_CASE("compressed requests that give way are swapped to host memory and resu
 
 TEST_CASE("cancellation frees a request's blocks and slot at once, wherever it is") {
   engine<llama_model<cpu_backend>, zipage_policy> eng(testing::tiny_llama(), {.block_size = 8, .num_blocks = 40,
-                                                                               .budget_blocks = 2, .window = 4,
+                                                                               .budget_tokens = 16, .window = 4,
                                                                                .num_query_slots = 2});
   const auto a = eng.add_request(std::vector<token_id>(20, 3), greedy(200));
   const auto b = eng.add_request(std::vector<token_id>(20, 5), greedy(200));
@@ -210,7 +210,7 @@ TEST_CASE("128 requests sharing a long system prompt: same outputs with and with
     using P = decltype(policy);
     engine<llama_model<cpu_backend>, P> eng(load_llama_gguf(file), {.block_size = 16, .num_blocks = 2048,
                                                                      .max_num_seqs = 128, .max_batched_tokens = 16384,
-                                                                     .budget_blocks = 6, .window = 8,
+                                                                     .budget_tokens = 96, .window = 8,
                                                                      .prefix_caching = sharing});
     auto out = eng.generate(prompts, greedy(48));
     return std::make_pair(std::move(out), eng.stats());

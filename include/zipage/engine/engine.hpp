@@ -19,7 +19,9 @@
 #include "zipage/backend/cpu/cpu_backend.hpp"
 #include "zipage/block/block_pool.hpp"
 #include "zipage/compression/compression_worker.hpp"
+#include "zipage/engine/compression_budget.hpp"
 #include "zipage/engine/memory_plan.hpp"
+#include "zipage/engine/memory_profile.hpp"
 #include "zipage/core/error.hpp"
 #include "zipage/model/concepts.hpp"
 #include "zipage/policy/eviction_policy.hpp"
@@ -35,15 +37,20 @@ struct engine_config {
   int num_blocks = 0;                        // KV pool size; 0 = plan it from kv_cache_bytes
   std::size_t kv_cache_bytes = 64ull << 20;  // memory for blocks and query slots when num_blocks == 0
   // On a backend that reports its device memory (memory_info() -> {free, total}): when > 0, the KV cache
-  // gets this fraction of the device's memory minus what is already in use (weights, workspaces), as
-  // vLLM's gpu_memory_utilization; replaces kv_cache_bytes.
+  // gets this fraction of the device's memory minus what is in use (weights, workspaces, and the
+  // activation peak: the engine first runs one profiling forward of max_batched_tokens tokens, as vLLM's
+  // profile_run), as vLLM's gpu_memory_utilization; replaces kv_cache_bytes.
   double gpu_memory_utilization = 0.0;
+  // With gpu_memory_utilization: the KV cache takes at most this many bytes (0 = no cap), e.g. what
+  // max_num_seqs requests could ever fill, so a small model does not get a pool it can never use.
+  std::size_t max_kv_cache_bytes = 0;
   int max_num_seqs = 256;                    // running requests at most
   int max_batched_tokens = 8192;             // tokens per step (decodes and prefill chunks together)
-  // Compressed PagedAttention (used when the eviction policy evicts): each request keeps
-  // budget_blocks · block_size tokens, compressing at block boundaries; window = W recent queries.
-  int budget_blocks = 8;
-  int window = 16;
+  // Compressed PagedAttention (used when the eviction policy evicts): each request keeps budget_tokens
+  // tokens (a whole number of blocks: B = budget_tokens / block_size), compressing at block boundaries;
+  // window = W recent queries. The method's defaults: 2048 tokens, W = 16, whatever the block size.
+  int budget_tokens = default_budget_tokens;
+  int window = default_window;
   int num_query_slots = 0;        // 0 = the memory plan's max concurrency, capped at max_num_seqs
   bool hybrid = true;             // requests without a query slot run with full KV until they need one
   bool prefix_caching = true;     // share full prompt blocks between requests (zipage_scheduler)
@@ -54,6 +61,15 @@ struct engine_config {
   // Makes a fresh streaming detokenizer per request, given its prompt (so the first generated piece is
   // spaced as it follows the prompt); when empty, no text is produced and stop strings cannot match.
   std::function<streaming_detokenizer(std::span<const token_id> prompt)> make_detokenizer;
+
+  // B: blocks a compressed request keeps. Throws when budget_tokens is not a positive multiple of block_size.
+  [[nodiscard]] int budget_blocks() const { return budget_blocks_for(budget_tokens, block_size); }
+  // The compression settings these fields make, checked (budget a whole number of blocks, 1 <= W <= block_size).
+  [[nodiscard]] compression_params compression() const {
+    const compression_params p{block_size, budget_blocks(), window};
+    p.validate();
+    return p;
+  }
 };
 
 // One token produced for one request in a step (what a streaming client sees).
@@ -148,15 +164,16 @@ class engine {
 
   explicit engine(Model model, engine_config cfg = {}, EvictionPolicy policy = {}, Backend backend = {})
       : cfg_(std::move(cfg)),
+        compression_(compression_settings(cfg_)),
         model_(std::move(model)),
         policy_(std::move(policy)),
         backend_(std::move(backend)),
-        memory_(plan_memory(model_.config(), memory_request_for(cfg_, backend_))),
+        memory_(plan_memory(model_.config(), sized_memory_request())),
         pool_(memory_.num_blocks),
         scheduler_(scheduler_settings(), pool_),
         kv_(backend_.allocate_kv(kv_shape())),
-        worker_(backend_, kv_, policy_, compression_params{cfg_.block_size, cfg_.budget_blocks, cfg_.window},
-                model_.config(), EvictionPolicy::evicts && cfg_.async_compression) {}
+        worker_(backend_, kv_, policy_, compression_, model_.config(),
+                EvictionPolicy::evicts && cfg_.async_compression) {}
 
   [[nodiscard]] const model_config& config() const { return model_.config(); }
   [[nodiscard]] const engine_config& settings() const { return cfg_; }
@@ -327,12 +344,32 @@ class engine {
   }
 
  private:
-  [[nodiscard]] static memory_request memory_request_for(const engine_config& cfg, const Backend& backend) {
+  // Checked before anything is built: with an evicting policy, a budget that is not a whole number of
+  // blocks or a window outside [1, block_size] is an error here. A policy that never evicts ignores them.
+  [[nodiscard]] static compression_params compression_settings(const engine_config& cfg) {
+    check(cfg.block_size > 0, "engine: block_size must be positive, got ", cfg.block_size);
+    check(cfg.max_batched_tokens > 0, "engine: max_batched_tokens must be positive, got ", cfg.max_batched_tokens);
+    check(cfg.max_num_seqs > 0, "engine: max_num_seqs must be positive, got ", cfg.max_num_seqs);
+    if constexpr (EvictionPolicy::evicts) return cfg.compression();
+    else return compression_params{.block_size = cfg.block_size};
+  }
+
+  // The memory the KV cache may take. On a backend that reports device memory, with gpu_memory_utilization
+  // set, the activation peak is measured first (profile_peak_memory) so the pool never takes it.
+  [[nodiscard]] memory_request sized_memory_request() {
+    const engine_config& cfg = cfg_;
     memory_request r;
     r.budget_bytes = cfg.kv_cache_bytes;
-    if constexpr (requires { { backend.memory_info() } -> std::convertible_to<std::pair<std::size_t, std::size_t>>; }) {
-      if (cfg.gpu_memory_utilization > 0.0 && cfg.num_blocks == 0) r.budget_bytes = device_kv_budget(cfg.gpu_memory_utilization, backend.memory_info());
+    if constexpr (requires { { backend_.memory_info() } -> std::convertible_to<std::pair<std::size_t, std::size_t>>; }) {
+      if (cfg.gpu_memory_utilization > 0.0 && cfg.num_blocks == 0) {
+        check(cfg.gpu_memory_utilization <= 1.0, "engine: gpu_memory_utilization must be in (0, 1], got ",
+              cfg.gpu_memory_utilization);
+        profile_peak_memory();
+        r.budget_bytes = device_kv_budget(cfg.gpu_memory_utilization, backend_.memory_info());
+        if (cfg.max_kv_cache_bytes > 0) r.budget_bytes = std::min(r.budget_bytes, cfg.max_kv_cache_bytes);
+      }
     }
+    const Backend& backend = backend_;
     // A backend that stores K/V in a narrower type (bf16) says so; the CPU reference keeps fp32.
     if constexpr (requires { { backend.kv_element_bytes() } -> std::convertible_to<std::size_t>; })
       r.element_bytes = backend.kv_element_bytes();
@@ -341,14 +378,50 @@ class engine {
     r.max_running = cfg.max_num_seqs;
     r.block_size = cfg.block_size;
     if constexpr (EvictionPolicy::evicts) {
-      r.budget_blocks = cfg.budget_blocks;
-      r.window = cfg.window;
+      r.budget_blocks = compression_.budget_blocks;
+      r.window = compression_.window;
       r.score_cache = EvictionPolicy::uses_score_cache;
       // A scheduler without hybrid slots gives every running request one.
       if constexpr (requires { Scheduler::slot_per_running_request; })
         if (r.num_query_slots == 0) r.num_query_slots = cfg.max_num_seqs;
     }
     return r;
+  }
+
+  // vLLM's profile_run: one forward over the largest step there can be (max_batched_tokens prompt tokens,
+  // as many logits rows as a step can sample: max_num_seqs, or the decode graph's padded batch), then device
+  // sampling of those rows, on a throwaway one-block KV storage (make_profile_batch). The model's
+  // activations and the backend's workspaces are grow-only, so they stay at this peak (and the backend's
+  // stream-ordered pool keeps what it freed), and the free memory read next leaves room for them.
+  void profile_peak_memory() {
+    const model_config& c = config();
+    int rows = cfg_.max_num_seqs;
+    if constexpr (decode_graph_runner<Backend>) rows = std::max(rows, backend_.decode_graph_batch(cfg_.max_num_seqs));
+    const profile_batch pb = make_profile_batch(cfg_.max_batched_tokens, rows, cfg_.block_size);
+    {
+      auto kv = backend_.allocate_kv(kv_cache_shape{c.num_layers, 1, cfg_.block_size, c.num_kv_heads, c.head_dim});
+      const forward_batch batch = pb.view();
+      forward_context<Backend> ctx(backend_, kv, batch, c.num_q_heads);
+      auto sample = [&](const tensor& logits) {
+        if constexpr (device_sampler<Backend>) {
+          // Every filter on, so the sampler's workspaces reach their largest size.
+          sampling_params sp;
+          sp.temperature = 1.0f;
+          sp.top_k = 50;
+          sp.top_p = 0.9f;
+          sp.min_p = 0.01f;
+          sp.repetition_penalty = 1.1f;
+          const std::vector<token_id> context(pb.tokens.begin(), pb.tokens.begin() + 1);
+          std::vector<sample_row> sr;
+          for (int i = 0; i < pb.num_seqs(); ++i) sr.push_back({i, &sp, context, 0});
+          (void)backend_.sample(logits, sr);  // synchronises: the tokens come back to the host
+        } else {
+          (void)backend_.to_host(logits);
+        }
+      };
+      sample(model_.forward(ctx));  // logits returned by value are freed again (a pooled backend keeps them cached)
+    }
+    if constexpr (requires { backend_.synchronize(); }) backend_.synchronize();  // the throwaway KV is freed
   }
 
   [[nodiscard]] scheduler_config scheduler_settings() const {
@@ -360,8 +433,8 @@ class engine {
     sc.order = cfg_.scheduling;
     sc.hybrid = cfg_.hybrid;
     if constexpr (EvictionPolicy::evicts) {
-      sc.budget_blocks = cfg_.budget_blocks;
-      sc.window = cfg_.window;
+      sc.budget_blocks = compression_.budget_blocks;
+      sc.window = compression_.window;
       sc.num_query_slots = memory_.num_query_slots;
     }
     return sc;
@@ -391,7 +464,10 @@ class engine {
     for (const swap_out_job& job : plan.swap_out) swapped_state_.emplace(job.seq->id, backend_.swap_out(kv_, job.pages, job.slot));
     for (const compression_job& job : plan.compress)
       for (const block_copy& c : job.copies) backend_.copy_block(kv_, c.from, c.to);
-    for (const compression_job& job : plan.compress) worker_.submit(job.seq);
+    // One submission for the step, so the worker can compress the burst as one batch.
+    std::vector<sequence*> to_compress;
+    for (const compression_job& job : plan.compress) to_compress.push_back(job.seq);
+    worker_.submit(to_compress);
     for (sequence* s : plan.swap_in) {
       auto it = swapped_state_.find(s->id);
       check(it != swapped_state_.end(), "engine: request ", s->id, " was swapped in without a saved state");
@@ -639,6 +715,7 @@ class engine {
   }
 
   engine_config cfg_;
+  compression_params compression_;  // from cfg_, checked; B and W as everything below uses them
   Model model_;
   EvictionPolicy policy_;
   Backend backend_;

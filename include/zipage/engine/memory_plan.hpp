@@ -21,22 +21,27 @@ struct memory_plan {
   int num_query_slots = 0;
   int max_concurrency = 0;           // requests whose bounded caches fit at once (0 = unbounded, full KV)
   int blocks_per_request = 0;        // B + 1 when compressing, else 0 (unbounded)
+  int block_size = 0;                // tokens per block
+
+  // Tokens a compressed request keeps (B · block_size), 0 without compression.
+  [[nodiscard]] int budget_tokens() const { return blocks_per_request > 0 ? (blocks_per_request - 1) * block_size : 0; }
 
   [[nodiscard]] std::size_t total_bytes() const {
     return block_bytes * static_cast<std::size_t>(num_blocks) + query_slot_bytes * static_cast<std::size_t>(num_query_slots);
   }
 
   [[nodiscard]] std::string describe() const {
-    char buf[320];
+    char buf[400];
     if (blocks_per_request > 0)
       std::snprintf(buf, sizeof buf,
-                    "KV memory plan: %d blocks x %.1f KiB + %d query slots x %.1f KiB = %.1f MiB; each request holds at "
-                    "most %d blocks; max concurrency %d",
-                    num_blocks, block_bytes / 1024.0, num_query_slots, query_slot_bytes / 1024.0,
-                    total_bytes() / 1048576.0, blocks_per_request, max_concurrency);
+                    "KV memory plan: %d blocks of %d tokens x %.1f KiB + %d query slots x %.1f KiB = %.1f MiB; each "
+                    "compressed request keeps %d tokens (%d blocks of %d) + 1 write block; max concurrency %d",
+                    num_blocks, block_size, block_bytes / 1024.0, num_query_slots, query_slot_bytes / 1024.0,
+                    total_bytes() / 1048576.0, budget_tokens(), blocks_per_request - 1, block_size, max_concurrency);
     else
-      std::snprintf(buf, sizeof buf, "KV memory plan: %d blocks x %.1f KiB = %.1f MiB (full KV, no per-request bound)",
-                    num_blocks, block_bytes / 1024.0, total_bytes() / 1048576.0);
+      std::snprintf(buf, sizeof buf,
+                    "KV memory plan: %d blocks of %d tokens x %.1f KiB = %.1f MiB (full KV, no per-request bound)",
+                    num_blocks, block_size, block_bytes / 1024.0, total_bytes() / 1048576.0);
     return buf;
   }
 };
@@ -77,6 +82,7 @@ struct memory_request {
 [[nodiscard]] inline memory_plan plan_memory(const model_config& c, const memory_request& r) {
   check(r.block_size > 0, "memory plan: block_size must be positive, got ", r.block_size);
   memory_plan p;
+  p.block_size = r.block_size;
   const auto layers = static_cast<std::size_t>(c.num_layers);
   p.block_bytes = static_cast<std::size_t>(r.block_size) * kv_bytes_per_token(c, r.element_bytes, r.score_cache);
   const bool compress = r.budget_blocks > 0;

@@ -15,6 +15,7 @@
 // o_proj, mlp_bias). Hugging Face checkpoints rotate halves: rope_style::half.
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "zipage/core/error.hpp"
 #include "zipage/core/json.hpp"
 #include "zipage/model/model_config.hpp"
+#include "zipage/sampling/sampling_params.hpp"
 
 namespace zipage {
 
@@ -178,6 +180,65 @@ inline void merge_hf_generation_eos(model_config& c, const json::value& gen, std
       c.extra_eos.push_back(id);
     }
   }
+}
+
+// The sampling defaults a checkpoint's generation_config.json sets (vLLM's default `--generation-config
+// auto`): each field holds a value only when the file sets it (a null counts as absent). `do_sample: false`
+// means greedy decoding, as in transformers (vLLM ignores do_sample and applies the values).
+struct generation_defaults {
+  std::optional<bool> do_sample;
+  std::optional<float> temperature;
+  std::optional<int> top_k;
+  std::optional<float> top_p;
+  std::optional<float> min_p;
+  std::optional<float> repetition_penalty;
+  std::string source;  // the file they came from; empty when there was none
+
+  [[nodiscard]] bool sets_sampling() const {
+    return do_sample || temperature || top_k || top_p || min_p || repetition_penalty;
+  }
+  // Writes the values the file sets into `p`; with do_sample false, temperature 0 (greedy) and the
+  // filters as set (they do not matter to greedy decoding).
+  void apply(sampling_params& p) const {
+    if (temperature) p.temperature = *temperature;
+    if (top_k) p.top_k = *top_k;
+    if (top_p) p.top_p = *top_p;
+    if (min_p) p.min_p = *min_p;
+    if (repetition_penalty) p.repetition_penalty = *repetition_penalty;
+    if (do_sample && !*do_sample) p.temperature = 0.0f;
+  }
+};
+
+// Reads the sampling fields of a parsed generation_config.json; a value of the wrong type or out of range
+// is an error naming `source` and the field. top_k 0 means off (transformers and zipage alike).
+inline generation_defaults generation_defaults_from_json(const json::value& gen, std::string_view source) {
+  check(gen.is_object(), source, ": must be a JSON object, got ", json::type_name(gen));
+  generation_defaults d;
+  d.source = std::string(source);
+  if (const auto* v = json::find(gen, "do_sample")) d.do_sample = json::as_bool(*v, source, "do_sample");
+  auto number = [&](std::string_view key, auto in_range, std::string_view range) -> std::optional<float> {
+    const auto* v = json::find(gen, key);
+    if (v == nullptr) return std::nullopt;
+    const double x = json::as_number(*v, source, key);
+    check(in_range(x), source, ": field '", key, "' = ", x, " must be ", range);
+    return static_cast<float>(x);
+  };
+  d.temperature = number("temperature", [](double x) { return x >= 0.0; }, ">= 0 (0 = greedy)");
+  d.top_p = number("top_p", [](double x) { return x > 0.0 && x <= 1.0; }, "in (0, 1]");
+  d.min_p = number("min_p", [](double x) { return x >= 0.0 && x <= 1.0; }, "in [0, 1]");
+  d.repetition_penalty = number("repetition_penalty", [](double x) { return x > 0.0; }, "> 0 (1 = off)");
+  if (const auto* v = json::find(gen, "top_k"))
+    d.top_k = static_cast<int>(json::as_int(*v, source, "top_k", 0, (1LL << 31) - 1));
+  return d;
+}
+
+// The sampling defaults of checkpoint directory `dir` (its generation_config.json); nothing set when the
+// file is absent. Invalid JSON or a malformed value is an error naming the file and the field.
+inline generation_defaults load_generation_config(const std::filesystem::path& dir) {
+  const auto file = dir / "generation_config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) return {};
+  return generation_defaults_from_json(json::parse_file(file, "generation config"), file.string());
 }
 
 }  // namespace zipage
