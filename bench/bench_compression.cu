@@ -8,6 +8,9 @@
 // the last factor by Simpson's rule over 2048 / 2176 / 2304 tokens (paged_decode_attention, kernels.hpp,
 // same batch, same pool). The fraction compress / decode is the overhead of compression on attention.
 //
+// Every built-in policy's recipe (policies.hpp) is timed at batches 1 / 16 / 64 / 128 (per request: the
+// batch's time / batch); zipage also stage by stage.
+//
 // Each case: bf16 K/V/queries with random values, shuffled page tables over a pool sized for the largest
 // batch; the time is device time from CUDA events around a CUDA graph of R back-to-back calls (manual
 // time), median of 5 replays after a warm-up. Compression cases run all 36 layers in one call (every
@@ -35,6 +38,7 @@
 #include "zipage/backend/cuda/compression.hpp"
 #include "zipage/backend/cuda/kernels.hpp"
 #include "zipage/cuda/device.hpp"
+#include "zipage/policy/policies.hpp"
 
 namespace {
 
@@ -162,7 +166,18 @@ const char* stage_name(stage s) {
   return "?";
 }
 
-void bm_compress(benchmark::State& state, int n, stage st, bool first) {
+zipage::score_recipe recipe_named(const std::string& name) {
+  zipage::score_recipe r;
+  zipage::for_each_builtin_policy([&](auto p) {
+    if constexpr (zipage::recipe_scored<decltype(p)>)
+      if (p.name() == name) r = p.recipe();
+  });
+  return r;
+}
+
+const std::vector<std::string> kPolicies = {"zipage", "streaming_llm", "h2o", "snapkv", "rkv", "gkv"};
+
+void bm_compress(benchmark::State& state, int n, stage st, bool first, const std::string& policy) {
   const batch b(n);
   dbuf<std::int32_t> indptr(b.indptr), indices(b.indices), slots(b.slots),
       lens(std::vector<std::int32_t>(static_cast<std::size_t>(n), kCompressLen));
@@ -188,6 +203,8 @@ void bm_compress(benchmark::State& state, int n, stage st, bool first) {
   p.block_size = kBlock;
   p.window = kWindow;
   p.keep = kKeep;
+  p.recipe = recipe_named(policy);
+  if (!p.recipe.uses_score_cache()) p.score_cache = nullptr;
   const std::size_t ws_bytes = zc::compress_workspace_bytes(p);
   dbuf<unsigned char> ws(ws_bytes);
   // The select and compact stages need the earlier stages' output once.
@@ -204,7 +221,7 @@ void bm_compress(benchmark::State& state, int n, stage st, bool first) {
   }, passes);
   state.counters["ms"] = s * 1e3;
   state.counters["workspace_MB"] = ws_bytes / 1e6;
-  g_results[std::string("compress/") + stage_name(st) + "/" + std::to_string(n) + (first ? "/first" : "")] = s;
+  g_results[std::string("compress/") + policy + "/" + stage_name(st) + "/" + std::to_string(n) + (first ? "/first" : "")] = s;
 }
 
 void bm_decode(benchmark::State& state, int n, int ctx) {
@@ -248,25 +265,45 @@ void print_summary(const std::vector<int>& batches) {
   std::printf("Qwen3-8B shape: %d layers, %d KV / %d query heads, head_dim %d; block %d, budget %d blocks (keep %d), "
               "window %d; compress %d -> %d tokens, then %d decode steps.\n\n",
               kLayers, kKvHeads, kQHeads, kHeadDim, kBlock, kBudget, kKeep, kWindow, kCompressLen, kKeep, kSteps);
-  std::printf("| batch | compress (ms) | score | select | compact | first compression (ms) | decode/layer-step 2048 / 2176 / 2304 (us) | decode over %d steps x %d layers (ms) | compress / decode |\n",
+  std::printf("zipage, stage by stage:\n\n| batch | compress (ms) | score | select | compact | first compression (ms) | decode over %d steps x %d layers (ms) | compress / decode |\n",
               kSteps, kLayers);
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   auto get = [](const std::string& k) {
     const auto it = g_results.find(k);
     return it == g_results.end() ? std::nan("") : it->second;
   };
+  // Decode attention the batch's compression is amortised over: 256 steps x 36 layers, Simpson's rule
+  // over 2048 / 2176 / 2304 tokens (decode is linear in length).
+  auto amortised = [&](int n) {
+    const std::string ns = std::to_string(n);
+    const double d0 = get("decode/" + ns + "/2048"), d1 = get("decode/" + ns + "/2176"), d2 = get("decode/" + ns + "/2304");
+    return (d0 + 4 * d1 + d2) / 6.0 * kLayers * kSteps;
+  };
   for (int n : batches) {
     const std::string ns = std::to_string(n);
-    const double tot = get("compress/total/" + ns), sc = get("compress/score/" + ns), se = get("compress/select/" + ns),
-                 cp = get("compress/compact/" + ns), fi = get("compress/total/" + ns + "/first");
-    const double d0 = get("decode/" + ns + "/2048"), d1 = get("decode/" + ns + "/2176"), d2 = get("decode/" + ns + "/2304");
-    const double per_step = (d0 + 4 * d1 + d2) / 6.0;  // Simpson over the 256 steps (decode is linear in length)
-    const double amort = per_step * kLayers * kSteps;
-    std::printf("| %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f / %.1f / %.1f | %.1f | %.2f%% |\n", n, tot * 1e3, sc * 1e3,
-                se * 1e3, cp * 1e3, fi * 1e3, d0 * 1e6, d1 * 1e6, d2 * 1e6, amort * 1e3, 100.0 * tot / amort);
+    const double tot = get("compress/zipage/total/" + ns), sc = get("compress/zipage/score/" + ns),
+                 se = get("compress/zipage/select/" + ns), cp = get("compress/zipage/compact/" + ns),
+                 fi = get("compress/zipage/total/" + ns + "/first");
+    const double amort = amortised(n);
+    std::printf("| %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %.2f%% |\n", n, tot * 1e3, sc * 1e3, se * 1e3, cp * 1e3,
+                fi * 1e3, amort * 1e3, 100.0 * tot / amort);
   }
-  std::printf("\ncompress: all %d layers in one call (5 launches); first compression: with max-pooling, all requests "
-              "first-time.\n", kLayers);
+  std::printf("\n### Every built-in policy: compression time per request (ms) and its share of the decode attention it is amortised over\n\n");
+  std::printf("| policy |");
+  for (int n : batches) std::printf(" batch %d: ms/request | share |", n);
+  std::printf("\n|---|");
+  for (std::size_t i = 0; i < batches.size(); ++i) std::printf("---:|---:|");
+  std::printf("\n");
+  for (const std::string& pol : kPolicies) {
+    std::printf("| %s |", pol.c_str());
+    for (int n : batches) {
+      const double t = get("compress/" + pol + "/total/" + std::to_string(n));
+      std::printf(" %.3f | %.2f%% |", t * 1e3 / n, 100.0 * t / amortised(n));
+    }
+    std::printf("\n");
+  }
+  std::printf("\ncompress: all %d layers in one call; first compression: with max-pooling, all requests first-time.\n",
+              kLayers);
 }
 
 }  // namespace
@@ -285,12 +322,17 @@ int main(int argc, char** argv) {
     const std::vector<int> batches = {1, 16, 64, 128};
     for (int n : batches) {
       for (stage st : {stage::total, stage::score, stage::select, stage::compact})
-        benchmark::RegisterBenchmark(("compress/" + std::string(stage_name(st)) + "/batch" + std::to_string(n)).c_str(),
-                                     [=](benchmark::State& s) { bm_compress(s, n, st, false); })
+        benchmark::RegisterBenchmark(("compress/zipage/" + std::string(stage_name(st)) + "/batch" + std::to_string(n)).c_str(),
+                                     [=](benchmark::State& s) { bm_compress(s, n, st, false, "zipage"); })
             ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
-      benchmark::RegisterBenchmark(("compress/total/batch" + std::to_string(n) + "/first").c_str(),
-                                   [=](benchmark::State& s) { bm_compress(s, n, stage::total, true); })
+      benchmark::RegisterBenchmark(("compress/zipage/total/batch" + std::to_string(n) + "/first").c_str(),
+                                   [=](benchmark::State& s) { bm_compress(s, n, stage::total, true, "zipage"); })
           ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+      for (const std::string& pol : kPolicies)
+        if (pol != "zipage")
+          benchmark::RegisterBenchmark(("compress/" + pol + "/total/batch" + std::to_string(n)).c_str(),
+                                       [=](benchmark::State& s) { bm_compress(s, n, stage::total, false, pol); })
+              ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
       for (int ctx : {2048, 2176, 2304})
         benchmark::RegisterBenchmark(("decode/batch" + std::to_string(n) + "/ctx" + std::to_string(ctx)).c_str(),
                                      [=](benchmark::State& s) { bm_decode(s, n, ctx); })

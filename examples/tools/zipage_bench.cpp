@@ -9,7 +9,7 @@
 //         random token ids, EOS ignored; all queued at once, run to completion (or --seconds).
 //   long  N requests with 128-token prompts and long outputs (--output-len), time-boxed (--seconds);
 //         steady-state tok/s over the second half of the run.
-// Modes: full (full KV) and compressed (zipage_policy, budget 2048 = 8 blocks of 256, window 16).
+// Modes: full (full KV) and compressed (--policy, zipage by default; budget 2048 = 8 blocks of 256, window 16).
 //
 // Reported per run: output tok/s, steps, peak running requests, preemptions, swaps, compressions, host
 // time per step (wall time of engine.step() outside the forward pass: scheduling, batch layout,
@@ -18,9 +18,9 @@
 // copies), CUDA-graph replays and captures, where the compression worker spent its time (device gathers, host scoring, compaction),
 // and the physical ceiling: per step max((weight bytes + KV bytes read) / copy bandwidth,
 // 2 * params * tokens / GEMM rate), with both rates measured in the same run, summed over the steps and
-// divided by the measured time. On the bf16 CUDA backend zipage_policy is scored, selected and compacted on
-// the device (cuda_backend::compress_on_device, shown in the "compact" column); with
-// device_compression off it is scored on the host (zipage_policy in double precision, the "score" column).
+// divided by the measured time. On the bf16 CUDA backend every built-in policy (--policy) is scored, selected
+// and compacted on the device in batches (cuda_backend::compress_on_device; the "compression worker" column
+// shows its time and batches, and the run's line its time per request and share of the wall time).
 #include <malloc.h>
 
 #include <CLI/CLI.hpp>
@@ -147,21 +147,11 @@ timed_model build_model(const cuda_backend& b, const model_config& c, std::uint6
   return m;
 }
 
-// zipage_policy with its host scoring time measured when the host path runs (the compression worker calls
-// score() per layer); the device path does not call score(), so the column then reads 0.
-std::atomic<std::int64_t> g_score_ns{0};
-struct timed_zipage_policy : zipage_policy {
-  void score(const score_context& ctx, std::span<float> keep_score, std::span<float> cache_out) const {
-    const auto t0 = clock_type::now();
-    zipage_policy::score(ctx, keep_score, cache_out);
-    g_score_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count();
-  }
-};
-
 struct options {
   std::string shape = "qwen3-0.6b";
   std::string workload = "nano";
   std::string mode = "both";
+  std::string policy = "zipage";  // compressed mode: a built-in evicting policy, or "all"
   int num_requests = 0;  // 0 = the workload's default
   double seconds = 0.0;  // 0 = nano: to completion; long: 60
   int output_len = 32768;
@@ -182,7 +172,7 @@ struct options {
 };
 
 struct run_result {
-  std::string workload, mode;
+  std::string workload, mode, policy;
   double seconds = 0, output_tokens = 0, prompt_tokens = 0, tok_s = 0, steady_tok_s = 0;
   std::int64_t steps = 0, decode_steps = 0, prefill_steps = 0;
   int peak_running = 0, finished = 0, requests = 0;
@@ -194,7 +184,8 @@ struct run_result {
   double decode_host_ms = 0, decode_forward_ms = 0;
   double ceiling_fraction = 0, decode_mem_ceiling_fraction = 0, floor_seconds = 0, forward_ceiling_fraction = 0;
   double forward_seconds = 0;
-  double gather_s = 0, score_s = 0, compaction_s = 0;
+  double gather_s = 0, compaction_s = 0, device_compress_s = 0;
+  std::int64_t device_compressions = 0, device_batches = 0;
   int num_blocks = 0, num_query_slots = 0, peak_blocks = 0;
   double kv_gib = 0;
   double mean_batch_decode = 0;
@@ -248,10 +239,10 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   const double box = o.seconds > 0 ? o.seconds : (nano ? 1e9 : 60.0);
 
   b.reset_counters();
-  g_score_ns = 0;
   run_result r;
   r.workload = o.workload;
   r.mode = mode;
+  r.policy = std::string(Policy{}.name());
   r.requests = n;
   const double weight_floor = ws.bytes_per_step / (bandwidth_gbs * 1e9);
   const double kv_per_layer_token = static_cast<double>(token_bytes);  // all layers
@@ -332,7 +323,9 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   r.decode_mem_ceiling_fraction = decode_wall > 0 ? decode_floor_mem / decode_wall : 0;
   r.gather_s = k.gather_seconds;
   r.compaction_s = k.compaction_seconds;
-  r.score_s = static_cast<double>(g_score_ns.load()) * 1e-9;
+  r.device_compress_s = k.device_compression_seconds;
+  r.device_compressions = k.device_compressions;
+  r.device_batches = k.device_compression_batches;
   r.num_blocks = st.num_blocks;
   r.num_query_slots = st.num_query_slots;
   r.peak_blocks = st.peak_blocks_used;
@@ -344,14 +337,14 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
 void print(const run_result& r) {
   std::printf(
       "| %s | %s | %d/%d | %.1f | %.0f | %.0f | %lld (%lld dec, mean batch %.0f) | %d | %lld | %lld | %lld | %.2f | "
-      "%.2f (launch %.2f) | %.2f | %.2f / %.2f | %.1f%% of wall, %.1f%% of forward (decode mem %.1f%% of wall) | gather %.1f s, score %.1f s, compact %.2f s |\n",
-      r.workload.c_str(), r.mode.c_str(), r.finished, r.requests, r.seconds, r.tok_s, r.steady_tok_s,
+      "%.2f (launch %.2f) | %.2f | %.2f / %.2f | %.1f%% of wall, %.1f%% of forward (decode mem %.1f%% of wall) | gather %.1f s, device %.2f s in %lld batches, compact %.2f s |\n",
+      r.workload.c_str(), (r.mode + (r.mode == "full" ? "" : " " + r.policy)).c_str(), r.finished, r.requests, r.seconds, r.tok_s, r.steady_tok_s,
       static_cast<long long>(r.steps), static_cast<long long>(r.decode_steps), r.mean_batch_decode, r.peak_running,
       static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps), static_cast<long long>(r.compressions),
       r.host_ms_per_step, r.forward_ms_per_step, r.launch_ms_per_step, r.to_host_ms_per_step, r.decode_host_ms,
       r.decode_forward_ms, 100.0 * r.ceiling_fraction, 100.0 * r.forward_ceiling_fraction,
-      100.0 * r.decode_mem_ceiling_fraction, r.gather_s, r.score_s,
-      r.compaction_s);
+      100.0 * r.decode_mem_ceiling_fraction, r.gather_s, r.device_compress_s,
+      static_cast<long long>(r.device_batches), r.compaction_s);
   std::fflush(stdout);
 }
 
@@ -363,6 +356,9 @@ int main(int argc, char** argv) {
   app.add_option("--shape", o.shape, "qwen3-0.6b | qwen3-8b | tiny");
   app.add_option("--workload", o.workload, "nano | long | both");
   app.add_option("--mode", o.mode, "full | compressed | both");
+  app.add_option("--policy", o.policy,
+                 "compressed mode: streaming_llm | h2o | snapkv | rkv | gkv | zipage, or all (each in turn)")
+      ->capture_default_str();
   app.add_option("--num-requests", o.num_requests, "requests (nano: 256, long: 64)");
   app.add_option("--seconds", o.seconds, "time box per run (nano: none, long: 60)");
   app.add_option("--output-len", o.output_len, "long: max tokens per request");
@@ -398,6 +394,11 @@ int main(int argc, char** argv) {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
 
     if (o.mode != "full") (void)budget_blocks_for(o.budget_tokens, o.block_size, "--budget");
+    {
+      bool known = o.policy == "all";
+      for (const auto name : builtin_policy_names()) known = known || (name != "full_kv" && name == o.policy);
+      if (!known) throw error("--policy: unknown policy '" + o.policy + "' (streaming_llm, h2o, snapkv, rkv, gkv, zipage or all)");
+    }
     const model_config c = shape_config(o.shape);
     cuda_backend_options bo;
     bo.cuda_graphs = !o.no_graphs;
@@ -428,8 +429,15 @@ int main(int argc, char** argv) {
       for (const auto& m : modes) {
         options oo = o;
         oo.workload = w;
-        run_result r = m == "full" ? run_once<full_kv>(oo, m, b, c, ws, bw, tflops)
-                                   : run_once<timed_zipage_policy>(oo, m, b, c, ws, bw, tflops);
+        std::vector<run_result> runs;
+        if (m == "full") runs.push_back(run_once<full_kv>(oo, m, b, c, ws, bw, tflops));
+        for_each_builtin_policy([&](auto policy) {
+          using P = decltype(policy);
+          if constexpr (P::evicts)
+            if (m != "full" && (o.policy == "all" || o.policy == policy.name()))
+              runs.push_back(run_once<P>(oo, m, b, c, ws, bw, tflops));
+        });
+        for (run_result& r : runs) {
         print(r);
         std::printf("    KV pool %d blocks of %d (%.1f GiB), max concurrency %d, %d query slots, peak blocks %d, "
                     "graphs: %lld replays, %lld captures (%.2f s), evicted %lld tokens, "
@@ -439,9 +447,12 @@ int main(int argc, char** argv) {
                     static_cast<long long>(r.evicted), r.prompt_tokens, r.output_tokens, r.floor_seconds,
                     r.forward_seconds, r.seconds);
         if (r.compressions > 0)
-          std::printf("; per compression: host scoring %.2f s, device gathers %.3f s, compaction %.4f s",
-                      r.score_s / static_cast<double>(r.compressions), r.gather_s / static_cast<double>(r.compressions),
-                      r.compaction_s / static_cast<double>(r.compressions));
+          std::printf("; compression: %lld requests, %.2f ms per request (device %.2f ms in batches of %.1f, host "
+                      "gathers %.3f ms), %.2f%% of the run's wall time",
+                      static_cast<long long>(r.compressions), 1e3 * r.compaction_s / static_cast<double>(r.compressions),
+                      1e3 * r.device_compress_s / static_cast<double>(std::max<std::int64_t>(1, r.device_compressions)),
+                      static_cast<double>(r.device_compressions) / static_cast<double>(std::max<std::int64_t>(1, r.device_batches)),
+                      1e3 * r.gather_s / static_cast<double>(r.compressions), 100.0 * r.compaction_s / r.seconds);
         std::printf("\n");
         results.push_back(r);
         if (!o.json.empty()) {
@@ -452,17 +463,20 @@ int main(int argc, char** argv) {
                         "\"seconds\":%.3f,\"output_tokens\":%.0f,\"tok_s\":%.1f,\"steady_tok_s\":%.1f,\"steps\":%lld,"
                         "\"peak_running\":%d,\"preemptions\":%lld,\"swaps\":%lld,\"compressions\":%lld,"
                         "\"host_ms_per_step\":%.3f,\"forward_ms_per_step\":%.3f,\"ceiling_fraction\":%.4f,\"forward_ceiling_fraction\":%.4f,"
-                        "\"bandwidth_gbs\":%.0f,\"gemm_tflops\":%.0f,\"score_s\":%.2f,\"gather_s\":%.2f,"
+                        "\"bandwidth_gbs\":%.0f,\"gemm_tflops\":%.0f,\"device_compress_s\":%.2f,\"gather_s\":%.2f,"
                         "\"graphs\":%s,\"graph_replays\":%lld,\"graph_captures\":%lld,\"max_concurrency\":%d,"
-                        "\"kv_gib\":%.1f,\"steady_s\":%.1f}\n",
+                        "\"kv_gib\":%.1f,\"steady_s\":%.1f,\"policy\":\"%s\",\"compaction_s\":%.3f,"
+                        "\"device_batches\":%lld}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
                         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
                         static_cast<long long>(r.compressions), r.host_ms_per_step, r.forward_ms_per_step,
-                        r.ceiling_fraction, r.forward_ceiling_fraction, bw, tflops, r.score_s, r.gather_s,
+                        r.ceiling_fraction, r.forward_ceiling_fraction, bw, tflops, r.device_compress_s, r.gather_s,
                         o.no_graphs ? "false" : "true", static_cast<long long>(r.graph_replays),
-                        static_cast<long long>(r.graph_captures), r.max_concurrency, r.kv_gib, r.seconds / 2);
+                        static_cast<long long>(r.graph_captures), r.max_concurrency, r.kv_gib, r.seconds / 2,
+                        r.policy.c_str(), r.compaction_s, static_cast<long long>(r.device_batches));
           js << buf;
+        }
         }
       }
     return 0;

@@ -43,8 +43,6 @@ void validate(const compress_params& p) {
   check(p.num_layers >= 1 && p.num_reqs >= 0 && p.max_kv_len >= 0, "compress: bad batch size");
   check(p.num_blocks > 0 && p.num_slots > 0, "compress: num_blocks and num_slots must be positive");
   p.recipe.validate();
-  check(!p.recipe.uses_score_cache() || p.score_cache != nullptr,
-        "compress: the recipe merges with a history, so it needs the score cache");
   check(std::int64_t{p.num_layers} * p.num_reqs * p.num_kv_heads < (std::int64_t{1} << 31),
         "compress: too many (layer, request, head) segments");
   check(p.max_kv_len <= 65535 * detail::kAttnChunk, "compress: max_kv_len above ", 65535 * detail::kAttnChunk);
@@ -81,6 +79,8 @@ layout make_layout(const compress_params& p) {
 
 compress_args make_args(const compress_params& p, void* workspace, std::size_t workspace_bytes) {
   validate(p);
+  check(!p.recipe.uses_score_cache() || p.score_cache != nullptr,
+        "compress: the recipe merges with a history, so it needs the score cache");
   const layout l = make_layout(p);
   check(workspace != nullptr || l.total == 0, "compress: no workspace");
   check(workspace_bytes >= l.total, "compress: workspace of ", workspace_bytes, " bytes, ", l.total, " needed");

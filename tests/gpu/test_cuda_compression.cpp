@@ -479,9 +479,14 @@ void test_validation() {
   bad.recipe.pool_kernel = 4;
   expect_throw("even pool kernel", [&] { (void)zc::compress_workspace_bytes(bad); });
   bad = p;
-  bad.recipe.history = zipage::score_recipe::history_kind::accumulate;
-  expect_throw("a history recipe without a score cache", [&] { (void)zc::compress_workspace_bytes(bad); });
-  expect_throw("small workspace", [&] { zc::compress(p, nullptr, 0, nullptr); });
+  bad.recipe.history = zipage::score_recipe::history_kind::accumulate;  // and score_cache is null
+  expect_throw("a history recipe without a score cache", [&] { zc::compress(bad, nullptr, 0, nullptr); });
+  {
+    auto with_cache = p;
+    float never_read = 0.0f;  // argument checks only: the call throws before any launch
+    with_cache.score_cache = &never_read;
+    expect_throw("small workspace", [&] { zc::compress(with_cache, nullptr, 0, nullptr); });
+  }
 }
 
 // Requests of a batch for budget B and block bs: later compressions at (B+1)*bs, first compressions

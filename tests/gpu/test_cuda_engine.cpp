@@ -512,8 +512,8 @@ std::vector<std::vector<token_id>> run_variant(Engine& eng, const std::vector<st
 
 const char* variant_name(int kind) { return kind == 0 ? "greedy" : kind == 1 ? "sampled" : "mixed"; }
 
-// zipage_policy whose host scoring time is measured (the host path calls score() once per layer; the
-// device path binds the same object as zipage_policy and never calls it).
+// zipage_policy whose host scoring time is measured (the host path calls score() once per layer). It
+// overrides score(), so it is never recipe-scored: every backend scores it on the host.
 std::atomic<std::int64_t> g_policy_ns{0};
 struct timed_zipage : zipage_policy {
   void score(const score_context& ctx, std::span<float> keep_score, std::span<float> cache_out) const {
@@ -522,6 +522,58 @@ struct timed_zipage : zipage_policy {
     g_policy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   }
 };
+static_assert(!recipe_scored<timed_zipage>);
+
+// A user's subclass of zipage_policy with its own score(): keeps the oldest tokens (score = -position).
+// It must be scored by its own score() on the GPU too, never as plain zipage.
+std::atomic<std::int64_t> g_oldest_calls{0};
+struct keep_oldest : zipage_policy {
+  void score(const score_context& ctx, std::span<float> keep_score, std::span<float> cache_out) const {
+    ++g_oldest_calls;
+    for (int h = 0; h < ctx.num_kv_heads; ++h)
+      for (int j = 0; j < ctx.kv_len; ++j) {
+        keep_score[static_cast<std::size_t>(h) * ctx.kv_len + j] = -static_cast<float>(j);
+        cache_out[static_cast<std::size_t>(h) * ctx.kv_len + j] = 0.0f;
+      }
+  }
+};
+
+// Prompts of lengths 20 + step * i (one of `longest` tokens, compressed long after the budget).
+std::vector<std::vector<token_id>> random_prompts(const model_config& c, int n, int step, int longest, unsigned seed) {
+  std::vector<std::vector<token_id>> prompts;
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> tok(1, c.vocab_size - 2);
+  for (int i = 0; i < n; ++i) {
+    std::vector<token_id> p{0};
+    const int len = i + 1 < n ? 20 + step * i : longest;
+    for (int j = 0; j < len; ++j) p.push_back(tok(rng));
+    prompts.push_back(std::move(p));
+  }
+  return prompts;
+}
+
+struct compression_run {
+  std::vector<request_output> out;
+  engine_stats st;
+  cuda_backend_counters k;
+};
+
+template <class Policy>
+compression_run run_compression(const model_config& c, const engine_config& cfg,
+                                const std::vector<std::vector<token_id>>& prompts, int max_tokens, bool device,
+                                Policy policy = {}) {
+  cuda_backend_options o;
+  o.device_compression = device;
+  const cuda_backend b(o);
+  gpu_engine<Policy> eng(random_llama(b, c, 21), cfg, policy, b);
+  b.reset_counters();
+  compression_run r;
+  r.out = eng.generate(prompts, greedy(max_tokens));
+  r.st = eng.stats();
+  r.k = b.counters();
+  CHECK(eng.pool().num_used() == 0);
+  return r;
+}
 
 }  // namespace
 
@@ -588,50 +640,22 @@ TEST_CASE("device sampling, bf16: the same tokens as host sampling of the same d
 
 TEST_CASE("device compression, bf16: the host path's outputs (zipage_policy, head_dim 128, block 256), far faster") {
   const model_config c = small_config(128, 4, 2, true);
-  std::vector<std::vector<token_id>> prompts;
-  std::mt19937 rng(17);
-  std::uniform_int_distribution<int> tok(1, c.vocab_size - 2);
-  for (int i = 0; i < 13; ++i) {
-    // Lengths 20..1010, and one of 1300 (its first compression is long after the budget: 1280 -> 512).
-    std::vector<token_id> p{0};
-    const int len = i < 12 ? 20 + 90 * i : 1300;
-    for (int j = 0; j < len; ++j) p.push_back(tok(rng));
-    prompts.push_back(std::move(p));
-  }
+  // Lengths 20..1010, and one of 1300 (its first compression is long after the budget: 1280 -> 512).
+  const auto prompts = random_prompts(c, 13, 90, 1300, 17);
   // Synchronous compression, so both runs schedule identically whatever the compression takes.
   const engine_config cfg{.block_size = 256, .num_blocks = 120, .max_num_seqs = 13, .budget_tokens = 512, .window = 16,
                           .async_compression = false};
   constexpr int max_tokens = 900;
-  struct result {
-    std::vector<request_output> out;
-    engine_stats st;
-    cuda_backend_counters k;
-    double policy_s = 0;
-  };
-  auto run = [&](bool device) {
-    cuda_backend_options o;
-    o.device_compression = device;
-    const cuda_backend b(o);
-    gpu_engine<timed_zipage> eng(random_llama(b, c, 21), cfg, {}, b);
-    b.reset_counters();
-    g_policy_ns = 0;
-    result r;
-    r.out = eng.generate(prompts, greedy(max_tokens));
-    r.st = eng.stats();
-    r.k = b.counters();
-    r.policy_s = static_cast<double>(g_policy_ns.load()) * 1e-9;
-    CHECK(eng.pool().num_used() == 0);
-    return r;
-  };
-  const result host = run(false);
-  const result dev = run(true);
+  g_policy_ns = 0;
+  const compression_run host = run_compression<timed_zipage>(c, cfg, prompts, max_tokens, false);
+  const double policy_s = static_cast<double>(g_policy_ns.load()) * 1e-9;
+  const compression_run dev = run_compression<zipage_policy>(c, cfg, prompts, max_tokens, true);
   REQUIRE(host.st.compressions > 0);
   CHECK(dev.st.compressions == host.st.compressions);
   CHECK(host.k.device_compressions == 0);
   CHECK(host.k.gathers > 0);
   CHECK(dev.k.device_compressions == dev.st.compressions);
   CHECK(dev.k.gathers == 0);
-  CHECK(dev.policy_s == 0.0);
   int equal = 0;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     CAPTURE(i);
@@ -642,14 +666,63 @@ TEST_CASE("device compression, bf16: the host path's outputs (zipage_policy, hea
   }
   const auto n_host = static_cast<double>(host.st.compressions);
   const auto n_dev = static_cast<double>(std::max<std::int64_t>(1, dev.k.device_compressions));
-  const double host_per = (host.policy_s + host.k.gather_seconds + host.k.compaction_seconds) / n_host;
+  const double host_per = (policy_s + host.k.gather_seconds + host.k.compaction_seconds) / n_host;
   const double dev_per = dev.k.device_compression_seconds / n_dev;
   MESSAGE("device compression: ", equal, "/", prompts.size(), " outputs identical to the host path; ",
-          dev.st.compressions, " compressions (", dev.st.tokens_evicted, " tokens evicted); per compression: device ",
-          1e3 * dev_per, " ms, host path ", 1e3 * host_per, " ms (scoring ", 1e3 * host.policy_s / n_host,
-          " ms, gathers ", 1e3 * host.k.gather_seconds / n_host, " ms, compaction ",
-          1e3 * host.k.compaction_seconds / n_host, " ms): ", host_per / std::max(dev_per, 1e-9), "x");
+          dev.st.compressions, " compressions (", dev.st.tokens_evicted, " tokens evicted) in ",
+          dev.k.device_compression_batches, " device batches; per compression: device ", 1e3 * dev_per,
+          " ms, host path ", 1e3 * host_per, " ms (scoring ", 1e3 * policy_s / n_host, " ms, gathers ",
+          1e3 * host.k.gather_seconds / n_host, " ms, compaction ", 1e3 * host.k.compaction_seconds / n_host,
+          " ms): ", host_per / std::max(dev_per, 1e-9), "x");
   CHECK(dev_per * 5 < host_per);
+}
+
+TEST_CASE("device compression, bf16: every built-in policy gives the host path's outputs, batched, no host round trip") {
+  const model_config c = small_config(64, 8, 2, true);
+  const auto prompts = random_prompts(c, 10, 37, 700, 29);
+  const engine_config cfg{.block_size = 16, .num_blocks = 600, .max_num_seqs = 10, .budget_tokens = 128, .window = 16,
+                          .async_compression = false};
+  constexpr int max_tokens = 400;
+  for_each_builtin_policy([&](auto policy) {
+    using P = decltype(policy);
+    if constexpr (P::evicts) {
+      const std::string name(policy.name());
+      CAPTURE(name);
+      const compression_run host = run_compression<P>(c, cfg, prompts, max_tokens, false);
+      const compression_run dev = run_compression<P>(c, cfg, prompts, max_tokens, true);
+      REQUIRE(host.st.compressions > 0);
+      CHECK(host.k.device_compressions == 0);
+      CHECK(dev.k.device_compressions == dev.st.compressions);
+      CHECK(dev.k.gathers == 0);  // nothing crossed to the host
+      CHECK(dev.k.device_compression_batches < dev.k.device_compressions);  // bursts were batched
+      int equal = 0;
+      for (std::size_t i = 0; i < prompts.size(); ++i) {
+        CAPTURE(i);
+        CHECK(dev.out[i].output == host.out[i].output);
+        equal += dev.out[i].output == host.out[i].output;
+      }
+      MESSAGE("device compression ", name, ": ", equal, "/", prompts.size(), " outputs identical to the host path; ",
+              dev.st.compressions, " compressions in ", dev.k.device_compression_batches, " batches, ",
+              1e3 * dev.k.device_compression_seconds / static_cast<double>(std::max<std::int64_t>(1, dev.k.device_compressions)),
+              " ms per request");
+    }
+  });
+}
+
+TEST_CASE("device compression: a subclass that overrides score() is scored by its own score() on the GPU") {
+  const model_config c = small_config(64, 8, 2, true);
+  const auto prompts = random_prompts(c, 6, 37, 400, 31);
+  const engine_config cfg{.block_size = 16, .num_blocks = 400, .max_num_seqs = 6, .budget_tokens = 128, .window = 16,
+                          .async_compression = false};
+  static_assert(!recipe_scored<keep_oldest>);
+  g_oldest_calls = 0;
+  const compression_run own = run_compression<keep_oldest>(c, cfg, prompts, 300, true);
+  REQUIRE(own.st.compressions > 0);
+  CHECK(own.k.device_compressions == 0);                       // never bound as zipage_policy
+  CHECK(g_oldest_calls == own.st.compressions * c.num_layers);  // its score() ran for every layer
+  // The same policy with device compression off takes the same (host) path: the same outputs.
+  const compression_run host = run_compression<keep_oldest>(c, cfg, prompts, 300, false);
+  for (std::size_t i = 0; i < prompts.size(); ++i) CHECK(own.out[i].output == host.out[i].output);
 }
 
 // ---- CUDA graphs for decode steps (cuda_backend::run_decode_graph)

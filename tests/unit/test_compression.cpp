@@ -3,10 +3,13 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <memory>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "zipage/backend/cpu/compaction.hpp"
+#include "zipage/compression/compression_worker.hpp"
 #include "zipage/compression/compressor.hpp"
 #include "zipage/engine/engine.hpp"
 
@@ -217,4 +220,128 @@ TEST_CASE("compression settings are validated") {
   CHECK_FALSE(compression_params{16, 4, 8}.should_compress(64));
   CHECK_FALSE(compression_params{16, 4, 8}.should_compress(81));
   CHECK(compression_params{16, 4, 8}.should_compress(160));  // after a long prompt
+}
+
+// ---- compression_worker: batching and device dispatch (a CPU backend with a recording device hook)
+
+namespace {
+
+// cpu_backend plus the device_compressor hook: records each batch, and either declines (the host path
+// then runs) or "compresses" (nothing moves; the worker reports min(keep, kv_len)).
+struct recording_backend : zipage::cpu_backend {
+  mutable std::vector<int> batches;
+  mutable std::vector<zipage::score_recipe> recipes;
+  bool accept = true;
+  bool compress_on_device(kv_storage&, std::span<const zipage::device_compression_job> jobs,
+                          const zipage::score_recipe& recipe, const zipage::compression_params&, int) const {
+    batches.push_back(static_cast<int>(jobs.size()));
+    recipes.push_back(recipe);
+    for (const auto& j : jobs) CHECK(static_cast<int>(j.pages.size()) * 4 >= j.kv_len);
+    return accept;
+  }
+};
+static_assert(zipage::device_compressor<recording_backend>);
+
+struct own_score_policy : zipage::zipage_policy {  // overrides score(): never recipe-scored
+  void score(const zipage::score_context& ctx, std::span<float> keep, std::span<float> cache) const {
+    zipage::zipage_policy::score(ctx, keep, cache);
+  }
+};
+
+struct worker_fixture {
+  zipage::model_config model;
+  zipage::kv_cache_shape shape;
+  std::vector<std::unique_ptr<zipage::sequence>> seqs;
+
+  worker_fixture() {
+    model.num_layers = 2;
+    model.num_q_heads = 4;
+    model.num_kv_heads = 2;
+    model.head_dim = 8;
+    shape = {.num_layers = 2, .num_blocks = 64, .block_size = 4, .num_kv_heads = 2, .head_dim = 8, .num_q_heads = 4,
+             .window = 2, .num_query_slots = 8, .score_cache = true};
+    for (int i = 0; i < 7; ++i) {
+      auto s = std::make_unique<zipage::sequence>();
+      s->id = static_cast<zipage::request_id>(i);
+      s->kv_len = 12;  // 3 blocks of 4, budget 2 blocks -> keep 8
+      s->query_slot = i;
+      for (int b = 0; b < 3; ++b) s->table.push_back(3 * i + b);
+      seqs.push_back(std::move(s));
+    }
+  }
+  std::vector<zipage::sequence*> all() {
+    std::vector<zipage::sequence*> v;
+    for (auto& s : seqs) v.push_back(s.get());
+    return v;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("compression_worker batches one step's requests for the device hook, max_batch at a time") {
+  worker_fixture f;
+  const zipage::compression_params params{.block_size = 4, .budget_blocks = 2, .window = 2};
+  for (const bool threaded : {false, true}) {
+    CAPTURE(threaded);
+    recording_backend backend;
+    zipage::cpu_kv_storage kv(f.shape);
+    zipage::zipage_policy policy;
+    policy.gamma = 0.5f;
+    {
+      zipage::compression_worker<zipage::zipage_policy, recording_backend> w(backend, kv, policy, params, f.model,
+                                                                             threaded, 3);
+      const auto seqs = f.all();
+      w.submit(seqs);
+      std::vector<zipage::finished_compression> done;
+      while (done.size() < seqs.size()) {
+        auto got = threaded ? w.wait_finished() : w.take_finished();
+        done.insert(done.end(), got.begin(), got.end());
+      }
+      CHECK(w.in_flight() == 0);
+      for (const auto& d : done) {
+        CHECK(d.error.empty());
+        CHECK(d.new_len == 8);
+      }
+    }
+    // 7 requests, at most 3 per batch: every request went to the device, in few batches.
+    int total = 0;
+    for (const int b : backend.batches) {
+      CHECK(b <= 3);
+      total += b;
+    }
+    CHECK(total == 7);
+    if (!threaded) CHECK(backend.batches == std::vector<int>{3, 3, 1});
+    CHECK(backend.recipes.front().gamma == 0.5f);  // the policy's own parameters reach the device
+  }
+}
+
+TEST_CASE("compression_worker: a policy with its own score() and a declined batch take the host path") {
+  worker_fixture f;
+  const zipage::compression_params params{.block_size = 4, .budget_blocks = 2, .window = 2};
+  {
+    recording_backend backend;
+    zipage::cpu_kv_storage kv(f.shape);
+    own_score_policy policy;
+    zipage::compression_worker<own_score_policy, recording_backend> w(backend, kv, policy, params, f.model, false);
+    w.submit(f.all());
+    const auto done = w.take_finished();
+    CHECK(done.size() == 7);
+    CHECK(backend.batches.empty());  // never offered to the device: its score() must run
+    for (const auto& d : done) CHECK(d.new_len == 8);
+  }
+  {
+    recording_backend backend;
+    backend.accept = false;
+    zipage::cpu_kv_storage kv(f.shape);
+    zipage::zipage_policy policy;
+    zipage::compression_worker<zipage::zipage_policy, recording_backend> w(backend, kv, policy, params, f.model, false);
+    w.submit(f.all());
+    const auto done = w.take_finished();
+    CHECK(backend.batches == std::vector<int>{7});
+    CHECK(done.size() == 7);
+    for (const auto& d : done) {
+      CHECK(d.error.empty());
+      CHECK(d.new_len == 8);  // the host path planned and compacted each one
+    }
+  }
 }
