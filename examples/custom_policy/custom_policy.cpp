@@ -1,4 +1,9 @@
-// Writing your own eviction policy: derive from zipage::policy_base and define score().
+// Writing your own eviction policy, two ways:
+//  1. Compose it from the scoring pieces as data: derive from zipage::recipe_policy<YourPolicy> and define
+//     `score_recipe recipe() const`. Both backends execute the recipe, so on the GPU it is scored by the
+//     device kernels with no host round trip (snapkv_with_sinks below).
+//  2. Write any score(): derive from zipage::policy_base and define score() (attention_plus_small_keys
+//     below). It runs on the host on every backend (the engine gathers the keys for it).
 //
 // policy_base supplies "when" (at block boundaries once a request holds budget + 1 blocks) and "how
 // many" (budget · block_size); the engine forces the newest W tokens to stay, keeps the top tokens per
@@ -36,6 +41,23 @@ struct attention_plus_small_keys : zipage::policy_base {
   }
 };
 static_assert(zipage::eviction_policy<attention_plus_small_keys>);
+static_assert(!zipage::recipe_scored<attention_plus_small_keys>);  // its own score(): host path
+
+// SnapKV's pooled window attention, plus StreamingLLM's attention sinks and a little of R-KV's block-local
+// redundancy: a new policy with no new code, scored on the device as well.
+struct snapkv_with_sinks : zipage::recipe_policy<snapkv_with_sinks> {
+  std::string_view name() const { return "snapkv_with_sinks"; }
+  zipage::score_recipe recipe() const {
+    zipage::score_recipe r;
+    r.pooling = zipage::score_recipe::pool_when::always;
+    r.pool_kernel = 5;
+    r.redundancy = zipage::score_recipe::redundancy_kind::block_local;
+    r.lambda = 0.8f;  // mostly importance
+    r.sinks = 4;
+    return r;
+  }
+};
+static_assert(zipage::recipe_scored<snapkv_with_sinks>);
 
 }  // namespace
 
@@ -60,7 +82,14 @@ int main(int argc, char** argv) {
   std::printf("policy %s: %d compressions, cache bounded at %d tokens; %zu of %zu tokens equal to full KV\n",
               std::string(engine.policy().name()).c_str(), ours.num_compressions, cfg.budget_tokens,
               same, ours.output.size());
-  const bool ok = ours.num_compressions > 0 && ours.output.size() == reference.output.size();
+  zipage::engine<zipage::llama_model<>, snapkv_with_sinks> composed(zipage::load_llama_gguf(file), cfg);
+  const auto mine = composed.generate({prompt}, greedy)[0];
+  std::size_t same_composed = 0;
+  for (std::size_t i = 0; i < mine.output.size(); ++i) same_composed += mine.output[i] == reference.output[i];
+  std::printf("policy %s: %d compressions; %zu of %zu tokens equal to full KV\n",
+              std::string(composed.policy().name()).c_str(), mine.num_compressions, same_composed, mine.output.size());
+  const bool ok = ours.num_compressions > 0 && ours.output.size() == reference.output.size() &&
+                  mine.num_compressions > 0 && mine.output.size() == reference.output.size();
   std::printf("custom policy: %s\n", ok ? "OK" : "FAILED");
   return ok ? 0 : 1;
 }
