@@ -1,0 +1,269 @@
+#pragma once
+// What the command-line tools built on the engine share (zipage-generate, zipage-serve): the model, device,
+// sampling, policy and scheduling flags; the budget and sampling defaults resolved from them and the
+// checkpoint; and with_engine(), which loads the model (a GGUF file or a Hugging Face checkpoint
+// directory), picks the backend (the GPU when the build has the CUDA backend and a device is present, else
+// the CPU reference) and builds the engine for the chosen policy.
+//
+// A tool that includes this defines ZIPAGE_DEFAULT_MODEL and ZIPAGE_INSTALLED_MODEL (the bundled model's
+// paths), and ZIPAGE_GENERATE_CUDA or ZIPAGE_SERVE_CUDA when it links the CUDA backend.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "zipage/engine/engine.hpp"
+#include "zipage/gguf/gguf.hpp"
+#include "zipage/models/hf_loader.hpp"
+#include "zipage/models/llama.hpp"
+#include "zipage/policy/policies.hpp"
+#include "zipage/tokenizer/detokenizer.hpp"
+
+#if ZIPAGE_GENERATE_CUDA || ZIPAGE_SERVE_CUDA
+#define ZIPAGE_CLI_CUDA 1
+#include "zipage/backend/cuda/cuda_backend.hpp"
+#include "zipage/cuda/device.hpp"
+#endif
+
+namespace zipage_cli {
+
+struct engine_options {
+  std::string model;
+  zipage::sampling_params sampling;
+  zipage::engine_config engine;
+  double kv_cache_mib = 64.0;
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string dtype = "bf16";   // cuda: bf16 | fp32
+  double gpu_memory_utilization = 0.9;
+  std::string policy = "zipage";
+  std::string scheduling = "fcfs";  // fcfs | priority
+  bool quiet = false;               // no device line (the tool's own --quiet sets it)
+  int budget_blocks = 0;            // --budget-blocks (0: --budget, in tokens, decides)
+  // The sampling and budget flags given on the command line (they override the checkpoint's defaults).
+  std::map<std::string, CLI::Option*> flags;
+  std::string sampling_line;  // what the run samples with, and where each value came from
+};
+
+inline bool given(const engine_options& o, const std::string& flag) { return o.flags.at(flag)->count() > 0; }
+
+inline std::string default_model_path() {
+  for (const char* candidate : {ZIPAGE_DEFAULT_MODEL, ZIPAGE_INSTALLED_MODEL})
+    if (std::filesystem::is_regular_file(candidate)) return candidate;
+  zipage::fail("no --model given and the bundled model is missing (looked for ", ZIPAGE_DEFAULT_MODEL, " and ",
+               ZIPAGE_INSTALLED_MODEL, ")");
+}
+
+// --model, the sampling flags (but -n/--max-tokens, which each tool words its own way), the device, pool,
+// scheduling and Compressed PagedAttention flags.
+inline void add_engine_flags(CLI::App& app, engine_options& o) {
+  app.add_option("--model,-m", o.model,
+                 "GGUF model file, or a Hugging Face checkpoint directory (default: the bundled stories260K)");
+  auto& s = o.sampling;
+  s.temperature = 0.0f;
+  // Sampling: the checkpoint's generation_config.json sets the defaults (greedy when it sets nothing).
+  o.flags["--temperature"] = app.add_option("--temperature,-t", s.temperature,
+                                            "0 = greedy (default: the checkpoint's generation_config.json, else 0)")
+                                 ->check(CLI::NonNegativeNumber);
+  o.flags["--top-k"] = app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0 = off; default: the checkpoint's)")
+                           ->check(CLI::NonNegativeNumber);
+  o.flags["--top-p"] = app.add_option("--top-p", s.top_p, "nucleus sampling mass (1 = off; default: the checkpoint's)")
+                           ->check(CLI::Range(0.0f, 1.0f));
+  o.flags["--min-p"] = app.add_option("--min-p", s.min_p, "drop tokens below min-p times the top probability (default: the checkpoint's)")
+                           ->check(CLI::Range(0.0f, 1.0f));
+  o.flags["--repetition-penalty"] = app.add_option("--repetition-penalty", s.repetition_penalty, "1 = off (default: the checkpoint's)")
+                                        ->check(CLI::PositiveNumber);
+  app.add_option("--seed", s.seed, "per-request seed (request i uses seed + i)");
+  app.add_option("--stop", s.stop, "stop string (repeatable)");
+  app.add_flag("--ignore-eos", s.ignore_eos, "keep generating past EOS");
+  auto& e = o.engine;
+  app.add_option("--block-size", e.block_size, "tokens per KV block")->check(CLI::PositiveNumber);
+  app.add_option("--num-blocks", e.num_blocks, "KV pool size in blocks (default: from --kv-cache-mib)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV pool size in MiB (CPU)")->check(CLI::PositiveNumber);
+  app.add_option("--device", o.device, "auto (the GPU when there is one), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--dtype", o.dtype, "GPU: bf16 or fp32 weights, activations and KV")->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
+                 "GPU: fraction of device memory for weights + KV pool (as vLLM)")
+      ->check(CLI::Range(0.05, 1.0));
+  app.add_option("--max-num-seqs", e.max_num_seqs, "running requests at most")->check(CLI::PositiveNumber);
+  app.add_option("--max-batched-tokens", e.max_batched_tokens, "tokens per step at most")->check(CLI::PositiveNumber);
+  app.add_option("--scheduling-policy", o.scheduling,
+                 "fcfs, or priority (requests' priority, lower first; as vLLM's --scheduling-policy)")
+      ->check(CLI::IsMember({"fcfs", "priority"}));
+  std::vector<std::string> policies;
+  for (auto name : zipage::builtin_policy_names()) policies.emplace_back(name);
+  app.add_option("--policy", o.policy, "eviction policy (full_kv keeps everything)")->check(CLI::IsMember(policies));
+  auto* budget = app.add_option("--budget", e.budget_tokens,
+                                 "tokens each compressed request keeps (a multiple of --block-size)")
+                     ->check(CLI::PositiveNumber)
+                     ->capture_default_str();
+  auto* budget_blocks = app.add_option("--budget-blocks", o.budget_blocks,
+                                       "instead of --budget: blocks each compressed request keeps (B)")
+                            ->check(CLI::PositiveNumber);
+  budget->excludes(budget_blocks);
+  o.flags["--budget"] = budget;
+  app.add_option("--window", e.window, "recent queries that score the cache, and tokens always kept (W)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--query-slots", e.num_query_slots, "requests that may record window queries (default: max concurrency)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("!--no-hybrid", e.hybrid, "admit only requests that get a query slot");
+  app.add_flag("!--no-prefix-caching", e.prefix_caching, "do not share prompt blocks between requests");
+  app.add_flag("!--sync-compression", e.async_compression, "compress on the decode thread");
+}
+
+// The compression budget in tokens from --budget or --budget-blocks, checked against the block size with
+// the flags' names (an evicting policy only: full_kv keeps everything).
+inline void resolve_budget(engine_options& o) {
+  auto& e = o.engine;
+  if (o.budget_blocks > 0) e.budget_tokens = o.budget_blocks * e.block_size;
+  if (o.policy == "full_kv") return;
+  (void)zipage::budget_blocks_for(e.budget_tokens, e.block_size,
+                                  o.budget_blocks > 0 ? "--budget-blocks x --block-size"
+                                  : given(o, "--budget") ? "--budget" : "--budget (default)");
+  zipage::check(e.window <= e.block_size, "--window ", e.window, " is larger than the block size ", e.block_size,
+                " (--block-size): the window's queries are recorded in the last W slots of a block");
+}
+
+// Sampling: flags given on the command line, else the checkpoint's generation_config.json (`gen`), else
+// greedy. Builds the line that says which value came from where.
+inline void resolve_sampling(engine_options& o, const zipage::generation_defaults& gen) {
+  zipage::sampling_params merged = o.sampling;
+  gen.apply(merged);
+  auto& s = o.sampling;
+  std::string line = "sampling:";
+  auto field = [&](const char* flag, auto& value, auto from_file, bool set_by_file) {
+    const bool user = given(o, flag);
+    if (!user) value = from_file;
+    std::ostringstream v;
+    v << (line.back() == ':' ? " " : ", ") << (flag + 2) << " " << value << " ("
+      << (user ? "flag" : set_by_file ? "checkpoint" : "default") << ")";
+    line += v.str();
+  };
+  const bool greedy_by_file = gen.do_sample && !*gen.do_sample;
+  field("--temperature", s.temperature, merged.temperature, gen.temperature.has_value() || greedy_by_file);
+  field("--top-k", s.top_k, merged.top_k, gen.top_k.has_value());
+  field("--top-p", s.top_p, merged.top_p, gen.top_p.has_value());
+  field("--min-p", s.min_p, merged.min_p, gen.min_p.has_value());
+  field("--repetition-penalty", s.repetition_penalty, merged.repetition_penalty, gen.repetition_penalty.has_value());
+  if (s.greedy()) line += "; greedy";
+  if (!gen.source.empty())
+    line += gen.sets_sampling() ? "; checkpoint = " + gen.source + (greedy_by_file ? " (do_sample: false)" : "")
+                                : "; " + gen.source + " sets no sampling";
+  o.sampling_line = line;
+}
+
+// The loaded model's text side, whichever tokenizer it has: encode with the model's BOS convention,
+// encode templated text (the template writes any BOS), and the chat template when the checkpoint has one.
+struct model_text {
+  const zipage::bpe_tokenizer* bpe = nullptr;  // Hugging Face checkpoints
+  const zipage::spm_tokenizer* spm = nullptr;  // GGUF files
+
+  [[nodiscard]] std::vector<zipage::token_id> encode(const std::string& text) const {
+    return bpe ? bpe->encode(text, bpe->add_bos()) : spm->encode(text, true);
+  }
+  [[nodiscard]] std::vector<zipage::token_id> encode_templated(const std::string& text) const {
+    return bpe ? bpe->encode(text, false) : spm->encode(text, false);
+  }
+  [[nodiscard]] bool has_chat_template() const { return bpe && bpe->chat() != zipage::chat_format::none; }
+  [[nodiscard]] std::string chat_template_name() const {
+    return std::string(zipage::chat_format_name(bpe ? bpe->chat() : zipage::chat_format::none));
+  }
+  // The checkpoint's template over `messages` (has_chat_template() must be true).
+  [[nodiscard]] std::string apply_chat_template(std::span<const zipage::chat_message> messages,
+                                                const zipage::chat_options& options) const {
+    zipage::check(has_chat_template(), "the model has no chat template zipage knows");
+    return bpe->apply_chat_template(messages, options);
+  }
+};
+
+// On a GPU the pool takes --gpu-memory-utilization of the device (less the activation peak the engine
+// measures first), but never more than max_num_seqs requests at the model's context (at least 4,096
+// tokens) could fill: a toy model would otherwise get millions of blocks it can never use.
+template <class Backend>
+void size_gpu_pool(engine_options& o, const zipage::model_config& c, const Backend& backend) {
+  if constexpr (requires { backend.memory_info(); }) {
+    const double per_token =
+        static_cast<double>(zipage::kv_bytes_per_token(c, backend.kv_element_bytes(), o.policy != "full_kv"));
+    o.engine.max_kv_cache_bytes =
+        static_cast<std::size_t>(per_token * o.engine.max_num_seqs * std::max(c.max_context, 4096));
+  }
+}
+
+namespace detail {
+
+// The engine type depends on the policy, so `f` is instantiated once per built-in policy.
+template <class Backend, class F>
+int build_engine(engine_options& o, zipage::llama_model<Backend> model, const Backend& backend, const model_text& text,
+                 F& f) {
+  o.sampling.validate();
+  resolve_budget(o);
+  o.engine.scheduling = o.scheduling == "priority" ? zipage::scheduling_order::priority : zipage::scheduling_order::fcfs;
+  o.engine.kv_cache_bytes = static_cast<std::size_t>(o.kv_cache_mib * 1024.0 * 1024.0);
+  if (o.engine.gpu_memory_utilization > 0.0) size_gpu_pool(o, model.config(), backend);
+  int rc = -1;
+  zipage::for_each_builtin_policy([&](auto policy) {
+    if (policy.name() != o.policy) return;
+    zipage::engine<zipage::llama_model<Backend>, decltype(policy), zipage::zipage_scheduler, Backend> eng(
+        std::move(model), o.engine, policy, backend);
+    rc = f(eng, text);
+  });
+  return rc;
+}
+
+template <class Backend, class F>
+int load_and_run(engine_options& o, const Backend& backend, F& f) {
+  if (o.model.empty()) o.model = default_model_path();
+  if (std::filesystem::is_directory(o.model)) {  // a Hugging Face checkpoint
+    resolve_sampling(o, zipage::load_generation_config(o.model));
+    const auto tokenizer = zipage::bpe_tokenizer::from_dir(o.model);
+    auto model = zipage::load_hf_checkpoint<Backend>(o.model, backend);
+    // The engine stops at every end-of-sequence id of the config (eos and extra_eos); the tokenizer's
+    // own EOS ends a turn too (e.g. Qwen3's <|im_end|>).
+    if (tokenizer.eos() >= 0 && tokenizer.eos() != model.config().eos) o.sampling.stop_token_ids.push_back(tokenizer.eos());
+    o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
+    return build_engine(o, std::move(model), backend, model_text{.bpe = &tokenizer}, f);
+  }
+  resolve_sampling(o, {});
+  const auto file = zipage::gguf::file::open(o.model);
+  const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
+  auto model = zipage::load_llama_gguf<Backend>(file, backend);
+  o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
+  return build_engine(o, std::move(model), backend, model_text{.spm = &tokenizer}, f);
+}
+
+}  // namespace detail
+
+// Loads the model on the device --device picks (the GPU when asked for, or for auto when the build has it
+// and a device is present), builds the engine and returns f(engine, model_text). The tokenizer and the
+// engine live until f returns.
+template <class F>
+int with_engine(engine_options& o, F&& f) {
+#if ZIPAGE_CLI_CUDA
+  const bool gpu = o.device == "cuda" || (o.device == "auto" && zipage::cuda::device_count() > 0);
+  if (gpu) {
+    zipage::check(zipage::cuda::device_count() > 0, "--device cuda: no CUDA device (",
+                  zipage::cuda::describe_device(), ")");
+    zipage::cuda_backend_options bo;
+    bo.dtype = o.dtype == "fp32" ? zipage::cuda_dtype::f32 : zipage::cuda_dtype::bf16;
+    // The pool comes from the device's memory unless --num-blocks fixes it.
+    o.engine.gpu_memory_utilization = o.gpu_memory_utilization;
+    const zipage::cuda_backend backend(bo);
+    if (!o.quiet) std::fprintf(stderr, "device: %s (%s)\n", zipage::cuda::describe_device(0).c_str(), o.dtype.c_str());
+    return detail::load_and_run(o, backend, f);
+  }
+#else
+  zipage::check(o.device != "cuda", "--device cuda: this build has no CUDA backend (configure with a CUDA compiler)");
+#endif
+  if (!o.quiet) std::fprintf(stderr, "device: cpu (fp32 reference backend)\n");
+  const zipage::cpu_backend backend{};
+  return detail::load_and_run(o, backend, f);
+}
+
+}  // namespace zipage_cli
