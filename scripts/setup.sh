@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what zipage needs to build, from Debian's packages. Safe to run again.
 set -euo pipefail
-packages=(build-essential cmake ccache libeigen3-dev doctest-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev)
+packages=(build-essential cmake ccache libeigen3-dev doctest-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev
+          libcpp-httplib-dev pkg-config)  # cpp-httplib: zipage-serve
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

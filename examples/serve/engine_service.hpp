@@ -1,0 +1,360 @@
+#pragma once
+// The engine behind zipage-serve, on a thread of its own. HTTP handler threads never touch the engine: they
+// submit jobs to a queue and read their request's events from a channel; the engine thread takes the
+// queue between steps (add_request, cancel), runs step() and pushes each token's event into the channel of
+// the request it belongs to. Pushing an event is a short lock on that channel, so a slow client never
+// holds up a step.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "metrics.hpp"
+#include "zipage/engine/engine.hpp"
+
+namespace zipage_serve {
+
+using clock_type = std::chrono::steady_clock;
+
+// One generated token (or the end) of one choice of a request.
+struct choice_event {
+  int choice = 0;
+  zipage::token_id token = -1;
+  std::string text;  // the token's text delta, as the engine's detokenizer gave it
+  float logprob = std::numeric_limits<float>::quiet_NaN();  // when the request asked for logprobs
+  bool finished = false;
+  // On the last event: "stop", "length", "cancelled" or "error", the complete output text (stop strings
+  // cut, as the engine cuts them) and the number of generated tokens.
+  std::string finish_reason;
+  std::string error;
+  std::string final_text;
+  int completion_tokens = 0;
+};
+
+// A request's mailbox: the engine thread writes, the request's HTTP handler reads.
+class channel {
+ public:
+  void push(choice_event e) {
+    {
+      std::lock_guard lock(m_);
+      events_.push_back(std::move(e));
+    }
+    cv_.notify_all();
+  }
+  // Everything queued, waiting up to `timeout` for the first event.
+  std::vector<choice_event> pop_all(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(m_);
+    cv_.wait_for(lock, timeout, [&] { return !events_.empty(); });
+    std::vector<choice_event> out(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+    events_.clear();
+    return out;
+  }
+  // The engine thread's answer to the submission: 1 accepted, -1 refused (with `refusal`).
+  void settle(int state, std::string refusal = {}) {
+    {
+      std::lock_guard lock(m_);
+      accepted_ = state;
+      refusal_ = std::move(refusal);
+    }
+    cv_.notify_all();
+  }
+  // Waits for settle(); returns the state (0 if the engine thread never answered in time).
+  int wait_settled(std::chrono::milliseconds timeout, std::string& refusal) {
+    std::unique_lock lock(m_);
+    cv_.wait_for(lock, timeout, [&] { return accepted_ != 0; });
+    refusal = refusal_;
+    return accepted_;
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<choice_event> events_;
+  int accepted_ = 0;
+  std::string refusal_;
+};
+
+// One choice to run: the tokens, the sampling, and where its events go.
+struct job {
+  std::vector<zipage::token_id> prompt;
+  zipage::sampling_params params;
+  int choice = 0;
+};
+
+// The engine behind a small virtual interface, so the HTTP side is compiled once and not per policy.
+class engine_driver {
+ public:
+  virtual ~engine_driver() = default;
+  virtual zipage::request_id add(std::vector<zipage::token_id> prompt, const zipage::sampling_params& p) = 0;
+  virtual bool cancel(zipage::request_id id) = 0;
+  virtual std::vector<zipage::step_event> step() = 0;
+  virtual bool has_unfinished() const = 0;
+  virtual zipage::request_output take(zipage::request_id id) = 0;
+  virtual float last_logprob(zipage::request_id id) const = 0;
+  virtual zipage::engine_stats stats() const = 0;
+};
+
+template <class Engine>
+class driver_for final : public engine_driver {
+ public:
+  explicit driver_for(Engine& eng) : eng_(eng) {}
+  zipage::request_id add(std::vector<zipage::token_id> prompt, const zipage::sampling_params& p) override {
+    return eng_.add_request(std::move(prompt), p);
+  }
+  bool cancel(zipage::request_id id) override { return eng_.cancel(id); }
+  std::vector<zipage::step_event> step() override { return eng_.step(); }
+  bool has_unfinished() const override { return eng_.has_unfinished(); }
+  zipage::request_output take(zipage::request_id id) override { return eng_.take_output(id); }
+  float last_logprob(zipage::request_id id) const override {
+    const auto& lp = eng_.request(id).logprobs;
+    return lp.empty() ? std::numeric_limits<float>::quiet_NaN() : lp.back();
+  }
+  zipage::engine_stats stats() const override { return eng_.stats(); }
+
+ private:
+  Engine& eng_;
+};
+
+class engine_service {
+ public:
+  engine_service(engine_driver& driver, server_metrics& metrics) : driver_(driver), metrics_(metrics) {
+    metrics_.engine = driver_.stats();
+  }
+  ~engine_service() { stop(); }
+
+  void start() { thread_ = std::thread([this] { loop(); }); }
+
+  // Cancels whatever is still running and joins the engine thread.
+  void stop() {
+    {
+      std::lock_guard lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Queues every choice of one HTTP request; the engine thread settles `ch` (accepted, or refused with the
+  // engine's reason) before it runs a step with them. `arrival` is when the HTTP request came in.
+  void submit(std::shared_ptr<channel> ch, std::vector<job> jobs, clock_type::time_point arrival) {
+    {
+      std::lock_guard lock(m_);
+      submissions_.push_back({std::move(ch), std::move(jobs), arrival});
+    }
+    cv_.notify_all();
+  }
+
+  // Cancels every choice of the request that owns `ch` (its client went away); each gets a "cancelled" end.
+  void cancel(const std::shared_ptr<channel>& ch) {
+    {
+      std::lock_guard lock(m_);
+      cancels_.push_back(ch);
+    }
+    cv_.notify_all();
+  }
+
+  // Cancels every request in flight (shutdown past its timeout).
+  void cancel_all() {
+    {
+      std::lock_guard lock(m_);
+      cancel_all_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  // Choices accepted and not yet finished (running, waiting or swapped), for the queue bound.
+  [[nodiscard]] int active_choices() const { return active_.load(); }
+  // Reserves `n` choices if the total stays within `limit`; false otherwise.
+  bool reserve(int n, int limit) {
+    int cur = active_.load();
+    while (cur + n <= limit)
+      if (active_.compare_exchange_weak(cur, cur + n)) return true;
+    return false;
+  }
+  void release(int n) { active_ -= n; }
+
+ private:
+  struct submission {
+    std::shared_ptr<channel> ch;
+    std::vector<job> jobs;
+    clock_type::time_point arrival;
+  };
+  struct running {
+    std::shared_ptr<channel> ch;
+    int choice = 0;
+    bool logprobs = false;
+    clock_type::time_point arrival, last_token;
+    bool has_token = false;
+  };
+
+  void loop() {
+    for (;;) {
+      std::vector<submission> subs;
+      std::vector<std::shared_ptr<channel>> cancels;
+      bool all = false, stopping = false;
+      {
+        std::unique_lock lock(m_);
+        if (!driver_.has_unfinished())
+          cv_.wait(lock, [&] { return stop_ || cancel_all_ || !submissions_.empty() || !cancels_.empty(); });
+        subs.swap(submissions_);
+        cancels.swap(cancels_);
+        all = std::exchange(cancel_all_, false) || stop_;
+        stopping = stop_;
+      }
+      for (auto& s : subs) admit(s);
+      for (auto& ch : cancels) cancel_channel(ch.get());
+      if (all) cancel_channel(nullptr);
+      if (stopping) {
+        publish_stats();
+        return;
+      }
+      if (driver_.has_unfinished()) {
+        std::vector<zipage::step_event> events;
+        try {
+          events = driver_.step();
+        } catch (const std::exception& e) {
+          // An engine failure fails every request in flight; the server keeps answering (503s would follow).
+          fail_all(e.what());
+        }
+        const auto now = clock_type::now();
+        for (auto& ev : events) route(ev, now);
+      }
+      publish_stats();
+    }
+  }
+
+  void admit(submission& s) {
+    std::vector<zipage::request_id> added;
+    try {
+      for (auto& j : s.jobs) {
+        const bool lp = j.params.logprobs;
+        const zipage::request_id id = driver_.add(std::move(j.prompt), j.params);
+        added.push_back(id);
+        live_.emplace(id, running{s.ch, j.choice, lp, s.arrival, s.arrival, false});
+      }
+    } catch (const std::exception& e) {
+      for (auto id : added) {
+        driver_.cancel(id);
+        (void)driver_.take(id);
+        live_.erase(id);
+      }
+      release(static_cast<int>(s.jobs.size()));
+      s.ch->settle(-1, e.what());
+      return;
+    }
+    s.ch->settle(1);
+  }
+
+  // Cancels the choices of `ch` (every choice when null).
+  void cancel_channel(const channel* ch) {
+    for (auto it = live_.begin(); it != live_.end();) {
+      if (ch != nullptr && it->second.ch.get() != ch) {
+        ++it;
+        continue;
+      }
+      driver_.cancel(it->first);
+      const auto out = driver_.take(it->first);
+      choice_event e;
+      e.choice = it->second.choice;
+      e.finished = true;
+      e.finish_reason = "cancelled";
+      e.final_text = out.text;
+      e.completion_tokens = static_cast<int>(out.output.size());
+      it->second.ch->push(std::move(e));
+      {
+        std::lock_guard lock(metrics_.mutex);
+        ++metrics_.cancelled;
+      }
+      release(1);
+      it = live_.erase(it);
+    }
+  }
+
+  void fail_all(const std::string& what) {
+    for (auto& [id, r] : live_) {
+      driver_.cancel(id);
+      (void)driver_.take(id);
+      choice_event e;
+      e.choice = r.choice;
+      e.finished = true;
+      e.finish_reason = "error";
+      e.error = "engine failure: " + what;
+      r.ch->push(std::move(e));
+      release(1);
+    }
+    live_.clear();
+  }
+
+  void route(const zipage::step_event& ev, clock_type::time_point now) {
+    const auto it = live_.find(ev.id);
+    if (it == live_.end()) return;
+    running& r = it->second;
+    choice_event e;
+    e.choice = r.choice;
+    e.token = ev.token;
+    e.text = ev.text;
+    if (r.logprobs && ev.reason != zipage::finish_reason::error) e.logprob = driver_.last_logprob(ev.id);
+    {
+      std::lock_guard lock(metrics_.mutex);
+      if (ev.reason != zipage::finish_reason::error) {
+        if (!r.has_token) metrics_.ttft.observe(std::chrono::duration<double>(now - r.arrival).count());
+        else metrics_.itl.observe(std::chrono::duration<double>(now - r.last_token).count());
+      }
+      if (ev.finished) metrics_.e2e.observe(std::chrono::duration<double>(now - r.arrival).count());
+    }
+    r.has_token = true;
+    r.last_token = now;
+    if (ev.finished) {
+      const auto out = driver_.take(ev.id);
+      e.finished = true;
+      e.final_text = out.text;
+      e.completion_tokens = static_cast<int>(out.output.size());
+      switch (out.reason) {
+        case zipage::finish_reason::length: e.finish_reason = "length"; break;
+        case zipage::finish_reason::error:
+          e.finish_reason = "error";
+          e.error = out.error_message;
+          break;
+        default: e.finish_reason = "stop"; break;
+      }
+      {
+        std::lock_guard lock(metrics_.mutex);
+        if (e.finish_reason == "length") ++metrics_.finished_length;
+        else if (e.finish_reason == "stop") ++metrics_.finished_stop;
+        else ++metrics_.finished_error;
+      }
+      r.ch->push(std::move(e));
+      release(1);
+      live_.erase(it);
+      return;
+    }
+    r.ch->push(std::move(e));
+  }
+
+  void publish_stats() {
+    const auto st = driver_.stats();
+    std::lock_guard lock(metrics_.mutex);
+    metrics_.engine = st;
+  }
+
+  engine_driver& driver_;
+  server_metrics& metrics_;
+  std::thread thread_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<submission> submissions_;
+  std::vector<std::shared_ptr<channel>> cancels_;
+  bool cancel_all_ = false;
+  bool stop_ = false;
+  std::atomic<int> active_{0};
+  std::unordered_map<zipage::request_id, running> live_;  // engine thread only
+};
+
+}  // namespace zipage_serve

@@ -1,0 +1,867 @@
+// zipage-serve's HTTP side (cpp-httplib + nlohmann-json): the OpenAI-compatible routes, request
+// validation, Server-Sent Events, the queue bound, client disconnects and the graceful shutdown.
+#include "server.hpp"
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <list>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+#include "zipage/core/json.hpp"
+
+namespace zipage_serve {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+// ---------------------------------------------------------------------------------------------
+// Errors: OpenAI's error object {"error": {"message", "type", "param", "code"}}.
+// ---------------------------------------------------------------------------------------------
+
+struct api_error : std::runtime_error {
+  int status;
+  std::string type, param, code;
+  api_error(int status, std::string message, std::string param = {}, std::string type = "invalid_request_error",
+            std::string code = {})
+      : std::runtime_error(std::move(message)), status(status), type(std::move(type)), param(std::move(param)),
+        code(std::move(code)) {}
+};
+
+json error_json(const std::string& message, const std::string& type, const std::string& param, const std::string& code) {
+  return {{"error",
+           {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", code.empty() ? json(nullptr) : json(code)}}}};
+}
+
+void send_error(httplib::Response& res, const api_error& e) {
+  res.status = e.status;
+  res.set_content(error_json(e.what(), e.type, e.param, e.code).dump(), "application/json");
+}
+
+[[noreturn]] void bad_param(const std::string& param, const std::string& message) {
+  throw api_error(400, message, param);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Typed request fields. A field that is absent or null takes its default; a present one of the wrong type
+// or out of range is a 400 naming it.
+// ---------------------------------------------------------------------------------------------
+
+const json* field(const json& body, const char* key) {
+  const auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string got(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 40) s = s.substr(0, 40) + "...";
+  return std::string(v.type_name()) + " " + s;
+}
+
+std::optional<double> number(const json& body, const char* key, double lo, double hi, bool lo_open = false) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) bad_param(key, std::string("'") + key + "' must be a number, got " + got(*v));
+  const double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi || (lo_open && d == lo)) {
+    std::ostringstream os;
+    os << "'" << key << "' must be in " << (lo_open ? "(" : "[") << lo << ", " << hi << "], got " << v->dump();
+    bad_param(key, os.str());
+  }
+  return d;
+}
+
+std::optional<long long> integer(const json& body, const char* key, long long lo, long long hi) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer() && !(v->is_number_float() && std::floor(v->get<double>()) == v->get<double>()))
+    bad_param(key, std::string("'") + key + "' must be an integer, got " + got(*v));
+  const double d = v->get<double>();
+  if (d < static_cast<double>(lo) || d > static_cast<double>(hi))
+    bad_param(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                       "], got " + v->dump());
+  return v->is_number_unsigned() ? static_cast<long long>(v->get<unsigned long long>()) : v->get<long long>();
+}
+
+std::optional<bool> boolean(const json& body, const char* key) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) bad_param(key, std::string("'") + key + "' must be a boolean, got " + got(*v));
+  return v->get<bool>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// A generation request, parsed and checked.
+// ---------------------------------------------------------------------------------------------
+
+struct gen_request {
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;
+  bool logprobs = false;
+  int n = 1;
+  std::vector<std::vector<zipage::token_id>> prompts;
+  std::vector<job> jobs;  // prompts.size() * n choices; choice index = prompt * n + j
+  std::size_t max_stop_len = 0;
+};
+
+class api {
+ public:
+  api(const server_options& so, const zipage_cli::engine_options& eo, const served_model& m, engine_service& service,
+      server_metrics& metrics)
+      : so_(so), eo_(eo), model_(m), service_(service), metrics_(metrics), created_(std::time(nullptr)),
+        rng_(std::random_device{}()) {}
+
+  const std::string& name() const { return so_.served_model_name; }
+  std::atomic<bool> draining{false};
+  std::atomic<int> in_flight{0};
+
+  void check_auth(const httplib::Request& req) const {
+    if (so_.api_key.empty()) return;
+    const std::string h = req.get_header_value("Authorization");
+    if (h != "Bearer " + so_.api_key)
+      throw api_error(401, h.empty() ? "Missing API key: send 'Authorization: Bearer YOUR_KEY'"
+                                     : "Incorrect API key provided",
+                      {}, "invalid_request_error", "invalid_api_key");
+  }
+
+  json models() const {
+    return {{"object", "list"},
+            {"data",
+             json::array({{{"id", name()},
+                           {"object", "model"},
+                           {"created", created_},
+                           {"owned_by", "zipage"},
+                           {"max_model_len", model_.max_context}}})}};
+  }
+
+  gen_request parse(const std::string& body_text, bool chat) {
+    json body;
+    try {
+      body = zipage::json::parse(body_text, "request body");
+    } catch (const std::exception& e) {
+      throw api_error(400, e.what());
+    }
+    if (!body.is_object()) throw api_error(400, "request body: expected a JSON object, got " + got(body));
+    gen_request r;
+    r.chat = chat;
+    if (const json* m = field(body, "model")) {
+      if (!m->is_string()) bad_param("model", "'model' must be a string, got " + got(*m));
+      if (m->get<std::string>() != name())
+        throw api_error(404, "The model '" + zipage::json::printable(m->get<std::string>()) +
+                                 "' does not exist; this server serves '" + name() + "'",
+                        "model", "invalid_request_error", "model_not_found");
+    }
+    r.stream = boolean(body, "stream").value_or(false);
+    if (const json* so = field(body, "stream_options")) {
+      if (!so->is_object()) bad_param("stream_options", "'stream_options' must be an object, got " + got(*so));
+      if (!r.stream) bad_param("stream_options", "'stream_options' is only allowed with 'stream': true");
+      r.include_usage = boolean(*so, "include_usage").value_or(false);
+    }
+    r.n = static_cast<int>(integer(body, "n", 1, 128).value_or(1));
+
+    zipage::sampling_params p = eo_.sampling;  // the server's defaults (flags, then the checkpoint's)
+    p.stop_token_ids = eo_.sampling.stop_token_ids;
+    if (auto v = number(body, "temperature", 0.0, 1e6)) p.temperature = static_cast<float>(*v);
+    if (auto v = number(body, "top_p", 0.0, 1.0, true)) p.top_p = static_cast<float>(*v);
+    if (auto v = integer(body, "top_k", -1, 1 << 30)) p.top_k = *v < 0 ? 0 : static_cast<int>(*v);
+    if (auto v = number(body, "min_p", 0.0, 1.0)) p.min_p = static_cast<float>(*v);
+    if (auto v = number(body, "repetition_penalty", 0.0, 1e6, true)) p.repetition_penalty = static_cast<float>(*v);
+    for (const char* key : {"frequency_penalty", "presence_penalty"})
+      if (auto v = number(body, key, -2.0, 2.0); v && *v != 0.0)
+        bad_param(key, std::string("'") + key + "' is not supported by zipage-serve (only 0); use repetition_penalty");
+    if (auto v = boolean(body, "ignore_eos")) p.ignore_eos = *v;
+    if (auto v = integer(body, "priority", -(1LL << 31), (1LL << 31) - 1)) p.priority = static_cast<int>(*v);
+    if (const json* stop = field(body, "stop")) {
+      p.stop.clear();
+      auto add = [&](const json& s) {
+        if (!s.is_string()) bad_param("stop", "'stop' must be a string or a list of strings, got " + got(s));
+        if (s.get<std::string>().empty()) bad_param("stop", "'stop' strings must not be empty");
+        p.stop.push_back(s.get<std::string>());
+      };
+      if (stop->is_array()) for (const auto& s : *stop) add(s);
+      else add(*stop);
+    }
+    for (const auto& s : p.stop) r.max_stop_len = std::max(r.max_stop_len, s.size());
+
+    // logprobs: the sampled token's log-probability only (the engine records no top alternatives).
+    if (chat) {
+      r.logprobs = boolean(body, "logprobs").value_or(false);
+      if (auto top = integer(body, "top_logprobs", 0, 20); top && *top > 0)
+        bad_param("top_logprobs", "'top_logprobs' > 0 is not supported: zipage-serve returns the log-probability of "
+                                  "each sampled token only (top_logprobs: 0)");
+    } else {
+      if (auto lp = integer(body, "logprobs", 0, 5)) {
+        if (*lp > 0)
+          bad_param("logprobs", "'logprobs' > 0 is not supported: zipage-serve returns the log-probability of each "
+                                "sampled token only ('logprobs': 0)");
+        r.logprobs = true;
+      }
+      if (boolean(body, "echo").value_or(false)) bad_param("echo", "'echo' is not supported by zipage-serve");
+      if (auto best_of = integer(body, "best_of", 1, 128); best_of && *best_of != r.n)
+        bad_param("best_of", "'best_of' other than n is not supported by zipage-serve");
+    }
+    p.logprobs = r.logprobs;
+
+    std::optional<long long> max_tokens = integer(body, "max_tokens", 1, 1LL << 31);
+    if (auto v = integer(body, "max_completion_tokens", 1, 1LL << 31)) max_tokens = v;
+    const auto seed = integer(body, "seed", std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max());
+
+    r.prompts = chat ? std::vector<std::vector<zipage::token_id>>{chat_prompt(body)} : completion_prompts(body);
+
+    const int ctx = model_.max_context;
+    for (std::size_t i = 0; i < r.prompts.size(); ++i) {
+      const auto& prompt = r.prompts[i];
+      const int len = static_cast<int>(prompt.size());
+      if (ctx > 0 && len >= ctx)
+        bad_param(chat ? "messages" : "prompt", "This model's maximum context length is " + std::to_string(ctx) +
+                                                    " tokens; the prompt has " + std::to_string(len) + " tokens");
+      int mt = 0;
+      if (max_tokens) {
+        if (ctx > 0 && len + *max_tokens > ctx)
+          bad_param(body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens",
+                    "This model's maximum context length is " + std::to_string(ctx) + " tokens. However, you requested " +
+                        std::to_string(len + *max_tokens) + " tokens (" + std::to_string(len) + " in the prompt, " +
+                        std::to_string(*max_tokens) + " for the completion)");
+        mt = static_cast<int>(*max_tokens);
+      } else {
+        const int room = ctx > 0 ? ctx - len : 1 << 20;
+        mt = so_.default_max_tokens > 0 ? std::min(so_.default_max_tokens, room) : (ctx > 0 ? room : 256);
+      }
+      for (int j = 0; j < r.n; ++j) {
+        job jb;
+        jb.prompt = prompt;
+        jb.params = p;
+        jb.params.max_tokens = mt;
+        jb.params.seed = seed ? static_cast<std::uint64_t>(*seed) + static_cast<std::uint64_t>(j) : random_seed();
+        jb.choice = static_cast<int>(i) * r.n + j;
+        try {
+          jb.params.validate();
+        } catch (const std::exception& e) {
+          throw api_error(400, e.what());
+        }
+        r.jobs.push_back(std::move(jb));
+      }
+    }
+    return r;
+  }
+
+  std::uint64_t random_seed() {
+    std::lock_guard lock(rng_mutex_);
+    return rng_();
+  }
+
+ private:
+  std::vector<zipage::token_id> check_tokens(const json& list, const char* param) const {
+    std::vector<zipage::token_id> out;
+    for (const auto& t : list) {
+      if (!t.is_number_integer()) bad_param(param, "token lists must hold integers, got " + got(t));
+      out.push_back(t.get<zipage::token_id>());
+    }
+    if (out.empty()) bad_param(param, std::string("'") + param + "' holds an empty token list");
+    return out;
+  }
+
+  std::vector<zipage::token_id> encode(const std::string& text) const {
+    auto ids = model_.text->encode(text);
+    if (ids.empty()) bad_param("prompt", "the prompt encodes to no tokens");
+    return ids;
+  }
+
+  // prompt: a string, a list of strings, a list of token ids, or a list of token-id lists.
+  std::vector<std::vector<zipage::token_id>> completion_prompts(const json& body) const {
+    const json* p = field(body, "prompt");
+    if (!p) bad_param("prompt", "'prompt' is required");
+    std::vector<std::vector<zipage::token_id>> out;
+    if (p->is_string()) {
+      out.push_back(encode(p->get<std::string>()));
+    } else if (p->is_array()) {
+      if (p->empty()) bad_param("prompt", "'prompt' must not be an empty list");
+      if ((*p)[0].is_number_integer()) {
+        out.push_back(check_tokens(*p, "prompt"));
+      } else {
+        for (const auto& e : *p) {
+          if (e.is_string()) out.push_back(encode(e.get<std::string>()));
+          else if (e.is_array()) out.push_back(check_tokens(e, "prompt"));
+          else bad_param("prompt", "'prompt' list items must be strings or token lists, got " + got(e));
+        }
+      }
+    } else {
+      bad_param("prompt", "'prompt' must be a string or a list, got " + got(*p));
+    }
+    if (out.size() > 128) bad_param("prompt", "at most 128 prompts per request");
+    return out;
+  }
+
+  std::vector<zipage::token_id> chat_prompt(const json& body) const {
+    const json* msgs = field(body, "messages");
+    if (!msgs) bad_param("messages", "'messages' is required");
+    if (!msgs->is_array() || msgs->empty()) bad_param("messages", "'messages' must be a non-empty list");
+    std::vector<zipage::chat_message> messages;
+    for (const auto& m : *msgs) {
+      if (!m.is_object()) bad_param("messages", "each message must be an object, got " + got(m));
+      const json* role = field(m, "role");
+      if (!role || !role->is_string()) bad_param("messages", "each message needs a string 'role'");
+      std::string content;
+      if (const json* c = field(m, "content")) {
+        if (c->is_string()) {
+          content = c->get<std::string>();
+        } else if (c->is_array()) {
+          for (const auto& part : *c) {
+            const json* type = part.is_object() ? field(part, "type") : nullptr;
+            const json* text = part.is_object() ? field(part, "text") : nullptr;
+            if (!type || *type != "text" || !text || !text->is_string())
+              bad_param("messages", "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
+            content += text->get<std::string>();
+          }
+        } else {
+          bad_param("messages", "a message's 'content' must be a string or a list of text parts, got " + got(*c));
+        }
+      }
+      messages.push_back({role->get<std::string>(), std::move(content)});
+    }
+    const auto& text = *model_.text;
+    if (so_.chat_template == "plain") {
+      std::string joined;
+      for (const auto& m : messages) joined += (joined.empty() ? "" : "\n") + m.content;
+      return encode(joined);
+    }
+    if (!text.has_chat_template())
+      throw api_error(400, "model '" + name() + "' has no chat template; use /v1/completions, or start zipage-serve "
+                           "with --chat-template plain to send the messages' contents as plain text",
+                      "messages", "invalid_request_error", "no_chat_template");
+    zipage::chat_options opts;
+    if (const json* kw = field(body, "chat_template_kwargs")) {
+      if (!kw->is_object()) bad_param("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+      if (auto think = boolean(*kw, "enable_thinking")) opts.enable_thinking = *think;
+    }
+    try {
+      return text.encode_templated(text.apply_chat_template(messages, opts));
+    } catch (const zipage::error& e) {
+      bad_param("messages", e.what());
+    }
+  }
+
+  const server_options& so_;
+  const zipage_cli::engine_options& eo_;
+  const served_model& model_;
+  engine_service& service_;
+  server_metrics& metrics_;
+  std::time_t created_;
+  std::mutex rng_mutex_;
+  std::mt19937_64 rng_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Client liveness: the handler finds its connection's socket (by the addresses httplib reports) and
+// peeks at it while it waits for tokens, so a client that goes away is noticed within ~50 ms even when
+// nothing is being written (queued requests, non-streaming requests).
+// ---------------------------------------------------------------------------------------------
+
+bool same_endpoint(const sockaddr_storage& a, const std::string& addr, int port) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(a);
+    inet_ntop(AF_INET, &in.sin_addr, buf, sizeof buf);
+    return ntohs(in.sin_port) == port && addr == buf;
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(a);
+    inet_ntop(AF_INET6, &in6.sin6_addr, buf, sizeof buf);
+    return ntohs(in6.sin6_port) == port && addr == buf;
+  }
+  return false;
+}
+
+int find_client_socket(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (const dirent* e = readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2) continue;
+    sockaddr_storage peer{}, local{};
+    socklen_t pl = sizeof peer, ll = sizeof local;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    if (!same_endpoint(peer, req.remote_addr, req.remote_port)) continue;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    if (!same_endpoint(local, req.local_addr, req.local_port)) continue;
+    found = fd;
+    break;
+  }
+  closedir(dir);
+  return found;
+}
+
+// False once the peer has closed (or reset) the connection; pipelined bytes count as alive.
+bool client_alive(int fd) {
+  if (fd < 0) return true;
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0) return true;
+  if (n == 0) return false;
+  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Responses.
+// ---------------------------------------------------------------------------------------------
+
+std::string random_id(const char* prefix) {
+  static std::atomic<std::uint64_t> counter{0};
+  static const std::uint64_t salt = std::random_device{}();
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%s%016llx%08llx", prefix, static_cast<unsigned long long>(salt),
+                static_cast<unsigned long long>(counter++));
+  return buf;
+}
+
+// What one choice has produced so far, and how much of its text the client has been sent.
+struct choice_state {
+  std::string text;  // concatenated token texts (the final text on finish)
+  std::size_t sent = 0;
+  bool finished = false;
+  bool role_sent = false;
+  bool reported = false;  // its end has been sent (streaming)
+  std::string finish_reason, error;
+  int completion_tokens = 0;
+  std::vector<std::pair<std::string, float>> logprobs;  // (token text, log-probability), not yet sent
+};
+
+json logprobs_json(bool chat, const std::vector<std::pair<std::string, float>>& entries, std::size_t text_offset) {
+  if (chat) {
+    json content = json::array();
+    for (const auto& [tok, lp] : entries) {
+      json bytes = json::array();
+      for (unsigned char c : tok) bytes.push_back(static_cast<int>(c));
+      content.push_back({{"token", tok}, {"logprob", lp}, {"bytes", bytes}, {"top_logprobs", json::array()}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), lps = json::array(), offsets = json::array(), tops = json::array();
+  for (const auto& [tok, lp] : entries) {
+    tokens.push_back(tok);
+    lps.push_back(lp);
+    offsets.push_back(text_offset);
+    tops.push_back(nullptr);
+    text_offset += tok.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+// Largest prefix of `s` (from `from`) that ends on a UTF-8 character boundary.
+std::size_t utf8_floor(const std::string& s, std::size_t at, std::size_t from) {
+  while (at > from && at < s.size() && (static_cast<unsigned char>(s[at]) & 0xC0) == 0x80) --at;
+  return at;
+}
+
+// One streaming or non-streaming generation, from submission to its last byte.
+struct generation {
+  gen_request req;
+  std::shared_ptr<channel> ch = std::make_shared<channel>();
+  std::vector<choice_state> choices;
+  std::string id;
+  std::time_t created = std::time(nullptr);
+  std::string model;
+  int prompt_tokens = 0;
+  int fd = -1;
+  std::size_t open = 0;  // choices not yet finished
+  bool done = false;     // [DONE] written (streaming) or the body built
+
+  void absorb(choice_event& e) {
+    auto& c = choices[static_cast<std::size_t>(e.choice)];
+    if (!e.finished || e.finish_reason == "stop" || e.finish_reason == "length") {
+      c.text += e.text;
+      if (req.logprobs && !std::isnan(e.logprob)) c.logprobs.emplace_back(e.text, e.logprob);
+    }
+    if (e.finished) {
+      c.finished = true;
+      c.text = e.final_text;
+      c.finish_reason = e.finish_reason;
+      c.error = e.error;
+      c.completion_tokens = e.completion_tokens;
+      --open;
+    }
+  }
+
+  json usage() const {
+    int completion = 0;
+    for (const auto& c : choices) completion += c.completion_tokens;
+    return {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion}, {"total_tokens", prompt_tokens + completion}};
+  }
+
+  json chunk(json choice_list) const {
+    json j = {{"id", id},
+              {"object", req.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", std::move(choice_list)}};
+    if (req.include_usage) j["usage"] = nullptr;
+    return j;
+  }
+
+  // SSE events for what the client has not seen yet.
+  std::string drain_sse() {
+    std::string out;
+    auto emit = [&](const json& j) { out += "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; };
+    const std::size_t holdback = req.max_stop_len > 0 ? req.max_stop_len - 1 : 0;
+    for (std::size_t i = 0; i < choices.size(); ++i) {
+      auto& c = choices[i];
+      if (c.reported) continue;
+      if (c.finished && c.finish_reason != "stop" && c.finish_reason != "length") {
+        // An engine error, or a cancellation at shutdown: an error event in the stream, as vLLM sends one.
+        const bool error = c.finish_reason == "error";
+        emit(error_json(error ? c.error : "the request was cancelled: the server is shutting down",
+                        error ? "server_error" : "service_unavailable", {}, error ? "" : "shutting_down"));
+        c.reported = true;
+        continue;
+      }
+      const bool role_due = req.chat && !c.role_sent;
+      if (!c.finished && !role_due && c.text.size() <= c.sent + holdback && c.logprobs.empty()) continue;
+      // Text that a stop string could still cut is held back until the choice ends.
+      std::size_t upto = c.finished ? c.text.size()
+                                    : utf8_floor(c.text, c.text.size() > holdback ? c.text.size() - holdback : 0, c.sent);
+      upto = std::max(upto, c.sent);
+      const std::string delta = c.text.substr(c.sent, upto - c.sent);
+      json lp = req.logprobs && !c.logprobs.empty() ? logprobs_json(req.chat, c.logprobs, c.sent) : json(nullptr);
+      c.logprobs.clear();
+      if (req.chat) {
+        if (role_due) {
+          emit(chunk(json::array({{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}})));
+          c.role_sent = true;
+        }
+        if (!delta.empty() || !lp.is_null())
+          emit(chunk(json::array({{{"index", i}, {"delta", {{"content", delta}}}, {"logprobs", lp}, {"finish_reason", nullptr}}})));
+        if (c.finished)
+          emit(chunk(json::array({{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}}})));
+      } else if (!delta.empty() || !lp.is_null() || c.finished) {
+        emit(chunk(json::array({{{"index", i},
+                                 {"text", delta},
+                                 {"logprobs", lp},
+                                 {"finish_reason", c.finished ? json(c.finish_reason) : json(nullptr)}}})));
+      }
+      c.sent = upto;
+      c.reported = c.finished;
+    }
+    if (open == 0 && !done) {
+      if (req.include_usage) {
+        json u = chunk(json::array());
+        u["usage"] = usage();
+        emit(u);
+      }
+      out += "data: [DONE]\n\n";
+      done = true;
+    }
+    return out;
+  }
+
+  // The non-streaming body (every choice finished).
+  json body() const {
+    json list = json::array();
+    for (std::size_t i = 0; i < choices.size(); ++i) {
+      const auto& c = choices[i];
+      json lp = req.logprobs ? logprobs_json(req.chat, c.logprobs, 0) : json(nullptr);
+      if (req.chat)
+        list.push_back({{"index", i},
+                        {"message", {{"role", "assistant"}, {"content", c.text}}},
+                        {"logprobs", lp},
+                        {"finish_reason", c.finish_reason}});
+      else
+        list.push_back({{"index", i}, {"text", c.text}, {"logprobs", lp}, {"finish_reason", c.finish_reason}});
+    }
+    return {{"id", id},
+            {"object", req.chat ? "chat.completion" : "text_completion"},
+            {"created", created},
+            {"model", model},
+            {"choices", list},
+            {"usage", usage()}};
+  }
+};
+
+// httplib's worker threads, started as connections need them (up to `max`) rather than all at once.
+class growing_pool final : public httplib::TaskQueue {
+ public:
+  explicit growing_pool(std::size_t max) : max_(max) {}
+  void enqueue(std::function<void()> fn) override {
+    std::unique_lock lock(m_);
+    jobs_.push_back(std::move(fn));
+    if (jobs_.size() > idle_ && threads_.size() < max_) threads_.emplace_back([this] { work(); });
+    cv_.notify_one();
+  }
+  void shutdown() override {
+    {
+      std::lock_guard lock(m_);
+      shutdown_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock lock(m_);
+        ++idle_;
+        cv_.wait(lock, [&] { return !jobs_.empty() || shutdown_; });
+        --idle_;
+        if (jobs_.empty()) return;
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      fn();
+    }
+  }
+  std::size_t max_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::list<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  std::size_t idle_ = 0;
+  bool shutdown_ = false;
+};
+
+}  // namespace
+
+int serve(const server_options& so_in, const zipage_cli::engine_options& eo, const served_model& model,
+          engine_driver& driver) {
+  server_options so = so_in;
+  server_metrics metrics;
+  engine_service service(driver, metrics);
+  api a(so, eo, model, service, metrics);
+  const int limit = model.max_num_seqs + so.max_queue;
+  const std::size_t threads =
+      so.http_threads > 0 ? static_cast<std::size_t>(so.http_threads) : std::min<std::size_t>(4096, limit + 16);
+
+  httplib::Server svr;
+  svr.new_task_queue = [threads] { return new growing_pool(threads); };
+  svr.set_payload_max_length(so.max_body_bytes);
+  svr.set_keep_alive_timeout(2);
+  svr.set_read_timeout(30);
+  svr.set_write_timeout(30);
+
+  // Every error status gets OpenAI's error object (httplib's own 404 and 413 included).
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    std::string msg = "error", code;
+    if (res.status == 404) msg = "no route " + req.method + " " + zipage::json::printable(req.path), code = "not_found";
+    else if (res.status == 413) msg = "request body too large", code = "payload_too_large";
+    else if (res.status == 400) msg = "malformed HTTP request";
+    res.set_content(error_json(msg, res.status >= 500 ? "server_error" : "invalid_request_error", {}, code).dump(),
+                    "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string msg = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      msg = e.what();
+    } catch (...) {
+    }
+    res.status = 500;
+    res.set_content(error_json(msg, "server_error", {}, {}).dump(), "application/json");
+  });
+
+  svr.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
+    if (a.draining) {
+      res.status = 503;
+      res.set_content(error_json("shutting down", "service_unavailable", {}, "shutting_down").dump(), "application/json");
+      return;
+    }
+    res.set_content("{\"status\":\"ok\"}", "application/json");
+  });
+  svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    {
+      std::lock_guard lock(metrics.mutex);
+      metrics.http_in_flight = a.in_flight.load();
+    }
+    res.set_content(metrics.render(a.name()), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  svr.Get("/v1/models", [&](const httplib::Request& req, httplib::Response& res) {
+    try {
+      a.check_auth(req);
+      res.set_content(a.models().dump(), "application/json");
+    } catch (const api_error& e) {
+      send_error(res, e);
+    }
+  });
+
+  auto generate = [&](const httplib::Request& req, httplib::Response& res, bool chat) {
+    const auto arrival = clock_type::now();
+    auto g = std::make_shared<generation>();
+    try {
+      if (a.draining) throw api_error(503, "the server is shutting down", {}, "service_unavailable", "shutting_down");
+      a.check_auth(req);
+      try {
+        g->req = a.parse(req.body, chat);
+      } catch (const api_error& e) {
+        if (e.status == 400) {
+          std::lock_guard lock(metrics.mutex);
+          ++metrics.rejected_invalid;
+        }
+        throw;
+      }
+      const int n = static_cast<int>(g->req.jobs.size());
+      if (!service.reserve(n, limit)) {
+        std::lock_guard lock(metrics.mutex);
+        ++metrics.rejected_queue_full;
+        throw api_error(429,
+                        "the server is at capacity: " + std::to_string(service.active_choices()) +
+                            " requests running or waiting (--max-num-seqs " + std::to_string(model.max_num_seqs) +
+                            " + --max-queue " + std::to_string(so.max_queue) + "); retry later",
+                        {}, "rate_limit_exceeded", "queue_full");
+      }
+    } catch (const api_error& e) {
+      if (e.status == 503) {
+        std::lock_guard lock(metrics.mutex);
+        ++metrics.rejected_shutting_down;
+      }
+      send_error(res, e);
+      if (e.status == 503) res.set_header("Connection", "close");
+      return;
+    }
+    g->id = random_id(chat ? "chatcmpl-" : "cmpl-");
+    g->model = a.name();
+    g->choices.resize(g->req.jobs.size());
+    g->open = g->choices.size();
+    for (const auto& p : g->req.prompts) g->prompt_tokens += static_cast<int>(p.size());
+    {
+      std::lock_guard lock(metrics.mutex);
+      for (const auto& j : g->req.jobs) metrics.request_prompt_tokens += static_cast<std::int64_t>(j.prompt.size());
+    }
+    service.submit(g->ch, std::move(g->req.jobs), arrival);
+    std::string refusal;
+    const int settled = g->ch->wait_settled(60s, refusal);
+    if (settled != 1) {
+      if (settled == 0) service.cancel(g->ch);
+      send_error(res, settled < 0 ? api_error(400, refusal, chat ? "messages" : "prompt")
+                                  : api_error(503, "the engine did not take the request in time", {}, "service_unavailable"));
+      return;
+    }
+    ++a.in_flight;
+    g->fd = find_client_socket(req);
+
+    if (!g->req.stream) {
+      while (g->open > 0) {
+        for (auto& e : g->ch->pop_all(50ms)) g->absorb(e);
+        if (g->open > 0 && !client_alive(g->fd)) {
+          service.cancel(g->ch);
+          while (g->open > 0)
+            for (auto& e : g->ch->pop_all(50ms)) g->absorb(e);
+          --a.in_flight;
+          return;  // nobody to answer
+        }
+      }
+      --a.in_flight;
+      for (const auto& c : g->choices) {
+        if (c.finish_reason == "error") return send_error(res, api_error(500, c.error, {}, "server_error"));
+        if (c.finish_reason == "cancelled")
+          return send_error(res, api_error(503, "the request was cancelled: the server is shutting down", {},
+                                           "service_unavailable", "shutting_down"));
+      }
+      res.set_content(g->body().dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+      return;
+    }
+
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [g](std::size_t, httplib::DataSink& sink) {
+          auto events = g->ch->pop_all(50ms);
+          for (auto& e : events) g->absorb(e);
+          if (events.empty() && !client_alive(g->fd)) return false;
+          const std::string out = g->drain_sse();
+          if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+          if (g->done) sink.done();
+          return true;
+        },
+        [g, &service, &a](bool) {
+          if (g->open > 0) {
+            // The client went away (or the write failed): cancel now; the engine frees its KV blocks.
+            service.cancel(g->ch);
+            while (g->open > 0)
+              for (auto& e : g->ch->pop_all(50ms)) g->absorb(e);
+          }
+          --a.in_flight;
+        });
+  };
+  svr.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) { generate(req, res, false); });
+  svr.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) { generate(req, res, true); });
+
+  int port = so.port;
+  if (port == 0) {
+    port = svr.bind_to_any_port(so.host);
+    zipage::check(port > 0, "cannot listen on ", so.host, " (any port)");
+  } else {
+    zipage::check(svr.bind_to_port(so.host, port), "cannot listen on ", so.host, ":", port,
+                  " (in use, or not an address of this machine)");
+  }
+  service.start();
+
+  std::fprintf(stderr, "%s\n%s\n", model.memory_line.c_str(), eo.sampling_line.c_str());
+  std::fprintf(stderr,
+               "zipage-serve: serving '%s' (context %d tokens, max-num-seqs %d, max-queue %d%s) on http://%s:%d/v1\n",
+               a.name().c_str(), model.max_context, model.max_num_seqs, so.max_queue,
+               so.api_key.empty() ? "" : ", API key required", so.host.c_str(), port);
+  std::fflush(stderr);
+
+  // SIGINT/SIGTERM (blocked in every thread by main): stop taking requests (503), let the in-flight ones
+  // finish within --shutdown-timeout, cancel what is left, then stop the listener.
+  std::atomic<bool> finished{false};
+  std::thread signals([&] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    int sig = 0;
+    sigwait(&set, &sig);
+    if (finished) return;
+    a.draining = true;
+    std::fprintf(stderr, "zipage-serve: %s: draining %d request(s), at most %.1f s\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                 a.in_flight.load(), so.shutdown_timeout);
+    const auto deadline = clock_type::now() + std::chrono::duration<double>(so.shutdown_timeout);
+    while (a.in_flight > 0 && clock_type::now() < deadline) std::this_thread::sleep_for(10ms);
+    if (a.in_flight > 0) {
+      std::fprintf(stderr, "zipage-serve: cancelling %d request(s) still in flight\n", a.in_flight.load());
+      service.cancel_all();
+      const auto grace = clock_type::now() + 2s;
+      while (a.in_flight > 0 && clock_type::now() < grace) std::this_thread::sleep_for(10ms);
+    }
+    svr.stop();
+  });
+
+  const bool ok = svr.listen_after_bind();
+  finished = true;
+  if (signals.joinable()) {
+    pthread_kill(signals.native_handle(), SIGTERM);  // wakes sigwait when the listener ended by itself
+    signals.join();
+  }
+  service.stop();
+  std::fprintf(stderr, "zipage-serve: stopped\n");
+  return ok ? 0 : 1;
+}
+
+}  // namespace zipage_serve

@@ -1,0 +1,38 @@
+#pragma once
+// zipage-serve's HTTP side: the OpenAI-compatible routes over an engine_service (examples/serve/server.cpp,
+// compiled once whatever the policy).
+#include <string>
+
+#include "../common/engine_cli.hpp"
+#include "engine_service.hpp"
+
+namespace zipage_serve {
+
+struct server_options {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port (printed at start)
+  std::string api_key;
+  std::string served_model_name;  // default: the model path's last component
+  int max_queue = 1024;           // choices waiting beyond max_num_seqs running; more get 429
+  double shutdown_timeout = 30.0;  // seconds to finish in-flight requests after SIGINT/SIGTERM
+  std::size_t max_body_bytes = 8u << 20;
+  int http_threads = 0;             // 0: max_num_seqs + max_queue + 16, at most 4096
+  std::string chat_template = "auto";  // auto: the checkpoint's; plain: the messages' contents joined by newlines
+  int default_max_tokens = 0;          // 0: up to the model's context
+};
+
+// What serve() needs to know about the loaded engine.
+struct served_model {
+  const zipage_cli::model_text* text = nullptr;
+  int max_context = 0;   // 0 = unknown
+  int max_num_seqs = 0;
+  std::string memory_line;  // the memory plan and policy, printed at start
+};
+
+// Listens until SIGINT/SIGTERM (which the caller has blocked in every thread before starting any), then
+// drains: new requests get 503, in-flight ones finish or are cancelled after shutdown_timeout. Returns the
+// exit code.
+int serve(const server_options& so, const zipage_cli::engine_options& eo, const served_model& model,
+          engine_driver& driver);
+
+}  // namespace zipage_serve

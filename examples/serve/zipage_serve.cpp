@@ -1,0 +1,102 @@
+// zipage-serve: an OpenAI-compatible HTTP server (completions and chat completions, streaming or not,
+// /v1/models, /health, /metrics) on the Compressed PagedAttention engine. The engine runs on a thread of
+// its own; see examples/serve/server.cpp for the routes and README.md ("zipage-serve") for the API.
+//   zipage-serve                                      # the bundled stories260K on 127.0.0.1:8000
+//   zipage-serve --model Qwen3-8B/ --port 8000 --api-key secret --served-model-name qwen3-8b
+#include <CLI/CLI.hpp>
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+
+#include "../common/engine_cli.hpp"
+#include "server.hpp"
+
+namespace {
+
+struct options : zipage_cli::engine_options {
+  zipage_serve::server_options server;
+};
+
+void add_flags(CLI::App& app, options& o) {
+  zipage_cli::add_engine_flags(app, o);
+  auto& s = o.server;
+  app.add_option("-n,--max-tokens", s.default_max_tokens,
+                 "tokens a request generates when it sets no max_tokens (0: up to the model's context)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--host", s.host, "address to listen on")->capture_default_str();
+  app.add_option("--port", s.port, "port to listen on (0: any free port, printed at start)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on every route but /health and /metrics");
+  app.add_option("--served-model-name", s.served_model_name, "the model's name in the API (default: the model file or directory name)");
+  app.add_option("--max-queue", s.max_queue,
+                 "requests (choices) that may wait beyond --max-num-seqs running ones; more get 429")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--shutdown-timeout", s.shutdown_timeout,
+                 "seconds in-flight requests get to finish after SIGINT/SIGTERM before they are cancelled")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--max-body-bytes", s.max_body_bytes, "largest request body accepted (413 beyond)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--http-threads", s.http_threads,
+                 "HTTP worker threads at most (0: max-num-seqs + max-queue + 16, at most 4096)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--chat-template", s.chat_template,
+                 "auto: the checkpoint's chat template (chat requests get 400 without one); plain: the messages' "
+                 "contents joined by newlines, for models without a template (stories260K)")
+      ->check(CLI::IsMember({"auto", "plain"}))
+      ->capture_default_str();
+}
+
+int run(options& o) {
+  return zipage_cli::with_engine(o, [&](auto& eng, const zipage_cli::model_text& text) {
+    if (o.server.served_model_name.empty()) {
+      std::filesystem::path p(o.model);
+      if (!p.has_filename()) p = p.parent_path();
+      o.server.served_model_name = p.stem().string();
+      if (std::filesystem::is_directory(o.model)) o.server.served_model_name = p.filename().string();
+    }
+    zipage_serve::served_model m;
+    m.text = &text;
+    m.max_context = eng.config().max_context;
+    m.max_num_seqs = eng.settings().max_num_seqs;
+    m.memory_line = eng.memory().describe() + "; policy " + std::string(eng.policy().name());
+    zipage_serve::driver_for<std::remove_reference_t<decltype(eng)>> driver(eng);
+    return zipage_serve::serve(o.server, o, m, driver);
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zipage-serve: an OpenAI-compatible server on the Compressed PagedAttention engine"};
+  options o;
+  add_flags(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "zipage-serve: %s (see --help)\n", e.what());
+    return 2;
+  }
+  // SIGINT/SIGTERM go to the server's signal thread only (blocked here, before any thread starts, so every
+  // thread inherits the mask); a client gone mid-write must not kill the process.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zipage-serve: error: %s\n", e.what());
+    return 1;
+  }
+}
