@@ -9,13 +9,13 @@ The problem (prompt, 100-1,000 characters):
     ab=7>cd,fg          node ab: weight 7; next node cd when the running sum is even, fg when odd
     ...                 (N nodes, two-letter names, weights 0-9, successors two random permutations)
     walks:
-    w1=ab*35            walk 1: start at ab, 35 steps, running sum starts at 0
-    w2=kq*42+w1         walk 2: start at kq, 42 steps, running sum starts at the result of walk 1
+    w1:ab*35            walk 1: start at ab, 35 steps, running sum starts at 0
+    w2:kq*42+w1         walk 2: start at kq, 42 steps, running sum starts at the result of walk 1
     ...
 
 One step at node x with running sum s: s = (s + weight(x)) mod 10, then go to the first successor of x if
 s is even, else to the second. The result of a walk is s after its last step. The answer is the results
-of all walks, concatenated in order (one digit each, e.g. "5381").
+of all walks in order, each with its key, e.g. "w1=5 w2=3 w3=8".
 
 The reference trace (1k-8k characters) writes every step out, one line each:
 
@@ -27,7 +27,14 @@ The reference trace (1k-8k characters) writes every step out, one line each:
     w1=5                the walk's result
     w2: kq*42 s=w1=5    a later walk recalls an earlier result
     ...
-    #### 53             all results, concatenated
+    #### w1=5 w2=3      all results, each after its key
+
+A walk's result is only ever written or read right after its key `wK=` (the result line, a later walk's
+recall, the answer), and `wK=` appears nowhere else (the prompt's walk lines use `wK:`): every read of a
+result is "the digit after the last `wK=`", the same kind of keyed look-up as a node's weight. (Version 1
+of the task wrote the prompt's walk lines as `wK=...` and the answer as bare digits, "#### 53": a model
+trained on it learnt every step but not these reads, which are a few tokens per problem; see
+data/reasoning/README.md.)
 
 What each step needs, and how far back it lies (the point of the task):
   * local (the previous line): the current node name, the running sum, the step counter;
@@ -97,7 +104,7 @@ def render_prompt(table, names, specs):
     lines += [f"{n}={table[n][0]}>{table[n][1]},{table[n][2]}" for n in names]
     lines.append("walks:")
     for k, (start, n, recall) in enumerate(specs, 1):
-        lines.append(f"w{k}={start}*{n}" + (f"+w{recall}" if recall else ""))
+        lines.append(f"w{k}:{start}*{n}" + (f"+w{recall}" if recall else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -138,7 +145,7 @@ def solve(table, specs, reads=None, prompt=None):
         head = f"w{k}: {start}*{n} s=" + (f"w{recall}={s}" if recall else "0") + "\n"
         if track:
             wp = walk_pos[k - 1]
-            reads.append(("walk", pos[0] + len(f"w{k}: "), wp + len(f"w{k}=")))
+            reads.append(("walk", pos[0] + len(f"w{k}: "), wp + len(f"w{k}:")))
             if recall:
                 reads.append(("recall", pos[0] + len(head) - 2, result_pos[recall]))
         emit(head)
@@ -170,13 +177,20 @@ def solve(table, specs, reads=None, prompt=None):
             reads.append(("sum", pos[0] + len(res) - 2, s_src))
             result_pos[k] = pos[0] + len(res) - 2
         emit(res)
-    answer = "".join(str(r) for r in results)
+    answer = format_answer(results)
     if track:
-        base = pos[0] + len("#### ")
+        at = pos[0] + len("#### ")
         for k in range(1, len(specs) + 1):
-            reads.append(("answer", base + k - 1, result_pos[k]))
+            at += len(f"w{k}=")
+            reads.append(("answer", at, result_pos[k]))
+            at += 2
     emit("#### " + answer)
     return "".join(out), answer
+
+
+def format_answer(results):
+    """The answer: every walk's result after its key, e.g. "w1=5 w2=3"."""
+    return " ".join(f"w{k}={r}" for k, r in enumerate(results, 1))
 
 
 def generate(level, index, seed, params, max_tries=1000):
@@ -221,7 +235,7 @@ def parse_prompt(prompt):
         assert a in table and b in table, f"{name}: successor not in the table"
     specs = []
     for i, line in enumerate(lines[k + 1:], 1):
-        head, rest = line.split("=", 1)
+        head, rest = line.split(":", 1)
         assert head == f"w{i}", line
         recall = 0
         if "+" in rest:
@@ -262,8 +276,8 @@ def check_trace(table, specs, trace):
         assert lines[li] == f"w{k}={s}", f"line {li}: result"
         results.append(s)
         li += 1
-    assert lines[li] == "#### " + "".join(map(str, results)) and li == len(lines) - 1, "final line"
-    return "".join(map(str, results))
+    assert lines[li] == "#### " + format_answer(results) and li == len(lines) - 1, "final line"
+    return format_answer(results)
 
 
 def check_problem(p, params=None):

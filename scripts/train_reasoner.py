@@ -12,8 +12,11 @@ padded to 320. Loss on the trace and the EOS after it, not on the prompt.
 
 Training: bf16 autocast on CUDA, fused AdamW, linear warm-up then cosine decay to 10%, batches of whole
 problems of one level padded to a fixed row length per level (L1 2,048, L2 4,608, L3 9,216 tokens;
---batch-tokens per step), a curriculum from L1 to mostly L3, torch.compile on CUDA (fallback to eager when
-it fails). The wall-clock cap --minutes covers everything up to the export (compile warm-up included):
+--batch-tokens per step), a curriculum from L1 to mostly L3, torch.compile on CUDA with dynamic shapes (one
+compilation for the three row shapes; fallback to eager when it fails). The loss is a token mean with the
+digits after a key `wK=` (a walk's result: written, recalled by a later walk, answered) and a header's
+recalled walk index weighted --result-weight (20): they are ~5 tokens in 1,000 and every answer depends on
+them (a first run without the weight, on task version 1, learnt every step token and none of them). The wall-clock cap --minutes covers everything up to the export (compile warm-up included):
 after warm-up the step time of each level is measured and the number of steps fixed, so the data and the
 LR schedule of a run depend on its seed and that count only. Held-out eval: teacher-forced sequence
 exact match (the argmax at every trace position equals the reference: exactly when greedy decoding would
@@ -21,7 +24,7 @@ write the reference trace) on 64 problems per level, periodically; at the end, r
 a KV cache on a few problems per level, with the exported (rounded) weights.
 
 Usage:
-  python3 scripts/train_reasoner.py --out $OUT/reasoner --log $OUT/train.log          # H200, ~7.5 min
+  python3 scripts/train_reasoner.py --out $OUT/reasoner --log $OUT/train.log --minutes 7.0   # H200, ~8.5 min
   /usr/bin/python3 scripts/train_reasoner.py --smoke --out /tmp/reasoner-smoke          # CPU, ~1-2 min
   python3 scripts/train_reasoner.py --write-tokenizer models/reasoner                   # tokenizer files only
 """
@@ -440,6 +443,24 @@ def make_batch(problems, row_len):
     return x, y
 
 
+def keyed_digits(x, y):
+    """[B, T] bool: label positions that read or write a walk's result, i.e. the digit right after a key
+    `wK=` (the result line, a later walk's recall, the answer line), and the index K of a header's recall
+    `s=wK` (read from the prompt's walk line). The key is in the inputs: x[j] is '=', x[j-1] a digit,
+    x[j-2] 'w' (or x[j-2] a digit and x[j-3] 'w', for K >= 10); or x[j-2..j] is "s=w". Elsewhere in the
+    trace `=` follows a weight digit after '+', and in the prompt the walk lines use `wK:`."""
+    def back(t, k):
+        return F.pad(t[:, :-k], (k, 0), value=EOS_ID)
+
+    def digit(t):
+        return (t >= 48) & (t <= 57)
+
+    x1, x2, x3 = back(x, 1), back(x, 2), back(x, 3)
+    key = (x == 61) & digit(x1) & ((x2 == 119) | (digit(x2) & (x3 == 119)))
+    recall = (x == 119) & (x1 == 61) & (x2 == 115)  # a header's "s=w": the index K of the recalled walk
+    return (key | recall) & digit(y)
+
+
 def batch_worker(level, seed, worker, workers, rows, row_len, q):
     """Fills q with batches (x, y) of `level`: batch k of this stream comes from worker k % workers."""
     params = rt.LEVELS[level]
@@ -506,7 +527,7 @@ def teacher_forced_eval(model, sets, rows, autocast):
     prefix (= greedy decoding writes the reference exactly), and the token error rate on the trace."""
     res = {}
     for lv, ps in sets.items():
-        ok = errs = toks = 0
+        ok = errs = toks = kerrs = ktoks = 0
         for i in range(0, len(ps), rows[lv]):
             chunk = ps[i:i + rows[lv]]
             x, y = make_batch(chunk, ROW_LEN[lv])
@@ -519,27 +540,39 @@ def teacher_forced_eval(model, sets, rows, autocast):
             ok += int((wrong.sum(1) == 0).sum())
             errs += int(wrong.sum())
             toks += int(m.sum())
-        res[lv] = (ok / len(ps), errs / max(toks, 1))
+            km = keyed_digits(x, y)
+            kerrs += int((wrong & km).sum())
+            ktoks += int(km.sum())
+        res[lv] = (ok / len(ps), (errs - kerrs) / max(toks - ktoks, 1), kerrs / max(ktoks, 1))
     return res
+
+
+def fmt_tf(r):
+    """teacher_forced_eval's result as a log line."""
+    return ", ".join(f"{lv} {a:.1%} (step tokens {e:.1e}, results {k:.1e})" for lv, (a, e, k) in r.items())
 
 
 @torch.no_grad()
 def decode_eval(model, sets, per_level, max_batch, deadline=None):
-    """Greedy decoding with a KV cache; exact match of the extracted answer. Returns {level: (ok, n)}
-    (levels not reached by `deadline` are left out; a decode cut by it counts as wrong)."""
+    """Greedy decoding with a KV cache; exact match of the extracted answer. Returns {level: (ok, n, cut)}
+    (levels not reached by `deadline` are left out; a decode cut by it counts as wrong, and in `cut` when it
+    had not written its '####' line)."""
     res = {}
     for lv, ps in sets.items():
         if deadline is not None and time.time() > deadline:
             break
         ps = ps[:per_level]
-        ok = 0
+        ok = cut = 0
         for i in range(0, len(ps), max_batch):
             chunk = ps[i:i + max_batch]
             outs = greedy(model, [encode(p["prompt"]) for p in chunk],
                           max_new=max(p["trace_tokens"] for p in chunk) + 64, deadline=deadline)
+            late = deadline is not None and time.time() > deadline
             for p, o in zip(chunk, outs):
-                ok += rt.extract_answer(decode(o)) == p["answer"]
-        res[lv] = (ok, len(ps))
+                text = decode(o)
+                ok += rt.extract_answer(text) == p["answer"]
+                cut += late and "####" not in text
+        res[lv] = (ok, len(ps), cut)
     return res
 
 
@@ -566,7 +599,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="export directory (the Hugging Face checkpoint)")
     ap.add_argument("--log", help="also append the log to this file")
-    ap.add_argument("--minutes", type=float, default=7.5, help="wall-clock cap up to the export, warm-up included")
+    ap.add_argument("--minutes", type=float, default=7.0,
+                    help="wall-clock cap up to the export, warm-up included (the greedy decode, --decode-seconds, "
+                         "comes after)")
     ap.add_argument("--steps", type=int, default=0, help="training steps (0: as many as fit in --minutes)")
     ap.add_argument("--seed", type=int, default=TRAIN_SEED_BASE, help=f"training data seed (>= {TRAIN_SEED_BASE})")
     ap.add_argument("--batch-tokens", type=int, default=65536, help="tokens per step (rows = this / row length)")
@@ -582,11 +617,22 @@ def main():
     ap.add_argument("--ffn", type=int, default=1024)
     ap.add_argument("--rope-theta", type=float, default=100000.0)
     ap.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="torch.compile (auto: on CUDA)")
+    ap.add_argument("--compile-dynamic", choices=["on", "off"], default="on",
+                    help="on: one compilation with symbolic shapes serves every level's row shape (off: one "
+                         "compilation per level, ~25 s each on the H200)")
+    ap.add_argument("--result-weight", type=float, default=20.0,
+                    help="loss weight of the digits after a key wK= (a walk's result: written, recalled, answered); "
+                         "a few tokens per problem that every answer depends on")
     ap.add_argument("--export-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                     help="auto: float32 if the weights fit in 30 MB, else bfloat16")
     ap.add_argument("--eval-every", type=float, default=60.0, help="seconds between held-out evals")
     ap.add_argument("--eval-problems", type=int, default=64, help="held-out problems per level (teacher-forced)")
-    ap.add_argument("--decode-problems", type=int, default=16, help="problems per level decoded greedily at the end")
+    ap.add_argument("--decode-problems", type=int, default=16,
+                    help="problems of the hardest level decoded greedily at the end (within the reserve)")
+    ap.add_argument("--reserve", type=float, default=15.0,
+                    help="seconds kept at the end of --minutes for the final teacher-forced eval and the export")
+    ap.add_argument("--decode-seconds", type=float, default=90.0,
+                    help="time cap of the final greedy decode, which runs after --minutes (0: none)")
     ap.add_argument("--workers", type=int, default=-1, help="data processes per level (-1: auto, 0: inline)")
     ap.add_argument("--smoke", action="store_true", help="tiny model, L1 only, ~1 minute on the CPU")
     ap.add_argument("--write-tokenizer", metavar="DIR", help="only write tokenizer.json and tokenizer_config.json")
@@ -639,8 +685,8 @@ def main():
     if workers < 0:
         ncpu = os.cpu_count() or 2
         workers = 0 if (args.smoke or ncpu < 6) else None
-    if workers is None:  # generation takes ~1-2 ms a problem: one process per level is plenty
-        workers = {lv: (2 if lv == "L3" else 1) for lv in levels}
+    if workers is None:  # generation takes ~1-2 ms a problem; an L1 step (32 problems) takes ~30 ms
+        workers = {lv: (3 if lv == "L1" else 2) for lv in levels}
     elif workers:
         workers = {lv: workers for lv in levels}
     feeder = Feeder(levels, args.seed, rows, workers)
@@ -666,7 +712,7 @@ def main():
     want_compile = args.compile == "on" or (args.compile == "auto" and cuda)
     if want_compile and hasattr(torch, "compile"):
         try:
-            fwd = torch.compile(model, dynamic=False)
+            fwd = torch.compile(model, dynamic=args.compile_dynamic == "on")
         except Exception as e:  # noqa: BLE001
             log(f"torch.compile unavailable ({e}); eager")
             fwd = model
@@ -674,7 +720,9 @@ def main():
     def loss_of(m, x, y):
         with autocast():
             logits = m(x)
-        return F.cross_entropy(logits.float().view(-1, c.vocab), y.view(-1), ignore_index=-100)
+        ce = F.cross_entropy(logits.float().view(-1, c.vocab), y.view(-1), ignore_index=-100, reduction="none")
+        w = (y != -100).float() + (args.result_weight - 1.0) * keyed_digits(x, y).float()
+        return (ce * w.view(-1)).sum() / w.sum()
 
     def train_step(x, y, lr):
         nonlocal fwd
@@ -726,7 +774,7 @@ def main():
     warm_steps = step
 
     # Time left for training, less the end: final evals and the export.
-    reserve = 20.0 if args.smoke else 90.0
+    reserve = 20.0 if args.smoke else args.reserve
     eval_cost = 5.0 if args.smoke else 8.0
     left = deadline - time.time() - reserve
     if args.steps:
@@ -775,8 +823,7 @@ def main():
             model.eval()
             r = teacher_forced_eval(model, eval_sets, rows, autocast)
             model.train()
-            log("held-out (teacher-forced exact match, token error): " +
-                ", ".join(f"{lv} {a:.1%} {e:.1e}" for lv, (a, e) in r.items()))
+            log("held-out (teacher-forced exact match; token error on the steps, on the results): " + fmt_tf(r))
             last_eval = time.time()
     feeder.close()
     model.eval()
@@ -787,22 +834,28 @@ def main():
             for p in model.parameters():
                 p.copy_(p.to(torch.bfloat16).float())
     r = teacher_forced_eval(model, eval_sets, rows, autocast)
-    log(f"final held-out ({args.eval_problems} per level, teacher-forced exact match, token error): " +
-        ", ".join(f"{lv} {a:.1%} {e:.1e}" for lv, (a, e) in r.items()))
+    log(f"final held-out ({args.eval_problems} per level, teacher-forced exact match; token error on the "
+        f"steps, on the results): " + fmt_tf(r))
     gen_cfg = dict(GENERATION_CONFIG)
     export(model, args.out, export_dtype, gen_cfg)
     log(f"exported to {args.out} ({export_dtype})")
     try:
-        dec_sets = {lv: eval_sets[lv] for lv in levels if lv in ("L1", "L3")}
+        if args.decode_seconds <= 0 and not args.smoke:
+            raise RuntimeError("skipped (--decode-seconds 0)")
+        dec_sets = {levels[-1]: eval_sets[levels[-1]]}
         t0 = time.time()
+        dl = time.time() + (20 if args.smoke else args.decode_seconds)
         with autocast():
-            d = decode_eval(model, dec_sets, args.decode_problems, 16, deadline=max(deadline, time.time() + 30))
-        log(f"greedy decoding with KV cache ({time.time() - t0:.0f}s): " +
-            ", ".join(f"{lv} {ok}/{n}" for lv, (ok, n) in d.items()))
+            d = decode_eval(model, dec_sets, args.decode_problems, 16, deadline=dl)
+        log(f"greedy decoding with KV cache, answer exact match ({time.time() - t0:.0f}s): " +
+            ", ".join(f"{lv} {ok}/{n}" + (f" ({cut} cut by the {args.decode_seconds:.0f}s cap before their "
+                                           f"'####' line, counted wrong)" if cut else "")
+                      for lv, (ok, n, cut) in d.items()))
     except Exception as e:  # noqa: BLE001
         log(f"greedy decoding eval failed: {type(e).__name__}: {e}")
     summary = {"params": n_params, "steps": step, "trace_tokens": tok_seen, "export_dtype": export_dtype,
-               "teacher_forced": {lv: {"exact": a, "token_error": e} for lv, (a, e) in r.items()},
+               "teacher_forced": {lv: {"exact": a, "token_error_steps": e, "token_error_results": k}
+                                  for lv, (a, e, k) in r.items()},
                "seed": args.seed, "args": vars(args)}
     with open(os.path.join(args.out, "training_summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
