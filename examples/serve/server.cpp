@@ -413,6 +413,26 @@ int find_client_socket(const httplib::Request& req) {
   return found;
 }
 
+// At shutdown, once no request is in flight: closes the connections still open to `port` (idle keep-alive
+// ones, whose httplib threads would otherwise wait out the keep-alive timeout before the server can stop).
+void close_connections(int port) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return;
+  while (const dirent* e = readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof local, pl = sizeof peer;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;  // the listener has no peer
+    int local_port = -1;
+    if (local.ss_family == AF_INET) local_port = ntohs(reinterpret_cast<const sockaddr_in&>(local).sin_port);
+    else if (local.ss_family == AF_INET6) local_port = ntohs(reinterpret_cast<const sockaddr_in6&>(local).sin6_port);
+    if (local_port == port) ::shutdown(fd, SHUT_RDWR);
+  }
+  closedir(dir);
+}
+
 // False once the peer has closed (or reset) the connection; pipelined bytes count as alive.
 bool client_alive(int fd) {
   if (fd < 0) return true;
@@ -657,7 +677,10 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
   httplib::Server svr;
   svr.new_task_queue = [threads] { return new growing_pool(threads); };
   svr.set_payload_max_length(so.max_body_bytes);
-  svr.set_keep_alive_timeout(2);
+  // Keep-alive: a connection's first request may arrive late from a client busy with a thousand streams
+  // (httplib closes a connection that sends nothing within the keep-alive timeout).
+  svr.set_keep_alive_timeout(10);
+  svr.set_keep_alive_max_count(100);
   svr.set_read_timeout(30);
   svr.set_write_timeout(30);
 
@@ -851,6 +874,7 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
       while (a.in_flight > 0 && clock_type::now() < grace) std::this_thread::sleep_for(10ms);
     }
     svr.stop();
+    close_connections(port);
   });
 
   const bool ok = svr.listen_after_bind();

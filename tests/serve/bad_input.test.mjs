@@ -1,0 +1,146 @@
+// zipage-serve on bad input: malformed JSON, wrong types, out-of-range values, a prompt longer than the
+// context, an unknown model, a missing or wrong API key, an oversized body, a full queue -> the right status
+// and OpenAI's error object; and the server keeps serving. Raw HTTP (fetch), so malformed bodies get through.
+import assert from 'node:assert/strict';
+import { deadline, metrics, post, run, startServer, waitIdle } from './common.mjs';
+
+deadline(90);
+const KEY = { Authorization: 'Bearer test-key' };
+const MODEL = 'stories260K';
+
+function isErrorObject(r, status, param) {
+  assert.equal(r.status, status, `status ${r.status}, body ${r.text}`);
+  assert.ok(r.json && r.json.error, `no error object: ${r.text}`);
+  const e = r.json.error;
+  for (const k of ['message', 'type', 'param', 'code']) assert.ok(k in e, `error object without '${k}': ${r.text}`);
+  assert.equal(typeof e.message, 'string');
+  assert.ok(e.message.length > 0);
+  if (param !== undefined) assert.equal(e.param, param, r.text);
+  return e;
+}
+
+await run('serve_bad_input', async (servers) => {
+  const server = await startServer(['--api-key', 'test-key', '--max-body-bytes', '65536']);
+  servers.push(server);
+  const base = server.base;
+  const ok = async () => {
+    const r = await post(base, '/v1/completions', { model: MODEL, prompt: 'Once upon a time', max_tokens: 5 }, KEY);
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.json.choices[0].finish_reason, 'length');
+  };
+
+  // Malformed JSON, a body that is not an object.
+  isErrorObject(await post(base, '/v1/completions', '{"prompt": "Once', KEY), 400);
+  isErrorObject(await post(base, '/v1/completions', '[1, 2]', KEY), 400);
+  isErrorObject(await post(base, '/v1/completions', '', KEY), 400);
+  isErrorObject(await post(base, '/v1/chat/completions', '{"messages": [}', KEY), 400);
+  await ok();
+
+  // Wrong types and out-of-range values, each naming its field.
+  const cases = [
+    [{ prompt: 'x', temperature: 'hot' }, 'temperature'],
+    [{ prompt: 'x', temperature: -1 }, 'temperature'],
+    [{ prompt: 'x', top_p: 0 }, 'top_p'],
+    [{ prompt: 'x', top_p: 1.5 }, 'top_p'],
+    [{ prompt: 'x', top_k: 'all' }, 'top_k'],
+    [{ prompt: 'x', min_p: 2 }, 'min_p'],
+    [{ prompt: 'x', max_tokens: -5 }, 'max_tokens'],
+    [{ prompt: 'x', max_tokens: 0 }, 'max_tokens'],
+    [{ prompt: 'x', max_tokens: 2.5 }, 'max_tokens'],
+    [{ prompt: 'x', max_completion_tokens: '10' }, 'max_completion_tokens'],
+    [{ prompt: 'x', n: 0 }, 'n'],
+    [{ prompt: 'x', n: true }, 'n'],
+    [{ prompt: 'x', seed: 'abc' }, 'seed'],
+    [{ prompt: 'x', stop: 5 }, 'stop'],
+    [{ prompt: 'x', stop: ['ok', ''] }, 'stop'],
+    [{ prompt: 'x', stream: 'yes' }, 'stream'],
+    [{ prompt: 'x', stream_options: { include_usage: true } }, 'stream_options'],
+    [{ prompt: 'x', frequency_penalty: 0.5 }, 'frequency_penalty'],
+    [{ prompt: 'x', presence_penalty: 3 }, 'presence_penalty'],
+    [{ prompt: 'x', logprobs: 2 }, 'logprobs'],
+    [{ prompt: 'x', echo: true }, 'echo'],
+    [{ prompt: 5 }, 'prompt'],
+    [{ prompt: [] }, 'prompt'],
+    [{ prompt: [{ text: 'x' }] }, 'prompt'],
+    [{ prompt: [1, 'a'] }, 'prompt'],
+    [{}, 'prompt'],
+    [{ model: 7, prompt: 'x' }, 'model'],
+  ];
+  for (const [body, param] of cases) isErrorObject(await post(base, '/v1/completions', { model: MODEL, ...body }, KEY), 400, param);
+  const chatCases = [
+    [{ messages: 'hi' }, 'messages'],
+    [{ messages: [] }, 'messages'],
+    [{ messages: [{ content: 'no role' }] }, 'messages'],
+    [{ messages: [{ role: 'user', content: 5 }] }, 'messages'],
+    [{ messages: [{ role: 'user', content: 'x' }], logprobs: 'yes' }, 'logprobs'],
+  ];
+  for (const [body, param] of chatCases) isErrorObject(await post(base, '/v1/chat/completions', { model: MODEL, ...body }, KEY), 400, param);
+  // No chat template and no --chat-template plain: a clear 400.
+  const nt = isErrorObject(await post(base, '/v1/chat/completions', { model: MODEL, messages: [{ role: 'user', content: 'x' }] }, KEY), 400);
+  assert.equal(nt.code, 'no_chat_template');
+  await ok();
+
+  // A prompt longer than the context (2,048 tokens), and one whose max_tokens would pass it.
+  const long = 'Once upon a time there was a dog. '.repeat(300);
+  const e1 = isErrorObject(await post(base, '/v1/completions', { model: MODEL, prompt: long, max_tokens: 4 }, KEY), 400, 'prompt');
+  assert.match(e1.message, /maximum context length is 2048 tokens/);
+  isErrorObject(await post(base, '/v1/completions', { model: MODEL, prompt: 'x', max_tokens: 5000 }, KEY), 400, 'max_tokens');
+
+  // Unknown model: 404 model_not_found; unknown route: 404.
+  assert.equal(isErrorObject(await post(base, '/v1/completions', { model: 'gpt-4o', prompt: 'x' }, KEY), 404, 'model').code, 'model_not_found');
+  isErrorObject(await post(base, '/v1/nothing', { prompt: 'x' }, KEY), 404);
+
+  // API key: missing or wrong -> 401 on the API routes; /health and /metrics need none.
+  for (const headers of [{}, { Authorization: 'Bearer nope' }, { Authorization: 'test-key' }]) {
+    assert.equal(isErrorObject(await post(base, '/v1/completions', { model: MODEL, prompt: 'x' }, headers), 401).code, 'invalid_api_key');
+    const m = await fetch(`${base}/v1/models`, { headers });
+    assert.equal(m.status, 401);
+  }
+  assert.equal((await fetch(`${base}/v1/models`, { headers: KEY })).status, 200);
+  assert.equal((await fetch(`${base}/health`)).status, 200);
+  assert.equal((await fetch(`${base}/metrics`)).status, 200);
+
+  // An oversized body (--max-body-bytes 65536): 413 with an error object.
+  const big = JSON.stringify({ model: MODEL, prompt: 'a'.repeat(100000) });
+  isErrorObject(await post(base, '/v1/completions', big, KEY), 413);
+
+  // Unknown fields are ignored.
+  const r = await post(base, '/v1/completions', { model: MODEL, prompt: 'Once upon a time', max_tokens: 3, user: 'u',
+                                                  logit_bias: {}, suffix: null, whatever: [1] }, KEY);
+  assert.equal(r.status, 200, r.text);
+  await ok();
+  const m = await waitIdle(base);
+  assert.ok(m.zipage_request_rejected_total >= 0);
+});
+
+// The bounded queue: --max-num-seqs 2 --max-queue 1 takes 3 choices; the 4th gets 429, and a client that
+// disconnects frees its place (and its KV blocks) at once.
+await run('serve_queue_bound', async (servers) => {
+  const server = await startServer(['--max-num-seqs', '2', '--max-queue', '1']);
+  servers.push(server);
+  const base = server.base;
+  const controllers = [];
+  const streams = [];
+  for (let i = 0; i < 3; ++i) {
+    const ac = new AbortController();
+    controllers.push(ac);
+    const res = await fetch(`${base}/v1/completions`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, signal: ac.signal,
+      body: JSON.stringify({ prompt: 'Once upon a time', max_tokens: 2000, ignore_eos: true, stream: true }),
+    });
+    assert.equal(res.status, 200);
+    streams.push(res);
+  }
+  const full = await post(base, '/v1/completions', { prompt: 'x', max_tokens: 2 });
+  assert.equal(isErrorObject(full, 429).code, 'queue_full');
+  assert.equal((await post(base, '/v1/completions', { prompt: 'x', max_tokens: 2, n: 2 })).status, 429);
+  const before = await metrics(base);
+  assert.ok(before.zipage_kv_blocks_used > 0);
+  for (const ac of controllers) ac.abort();
+  const after = await waitIdle(base, 5000);
+  assert.equal(after.zipage_kv_blocks_used, 0);
+  assert.equal(after.zipage_request_cancelled_total, 3);
+  const again = await post(base, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 3 });
+  assert.equal(again.status, 200, again.text);
+});
+process.exit(0);
