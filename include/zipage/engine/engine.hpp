@@ -723,7 +723,6 @@ class engine {
   block_pool pool_;
   Scheduler scheduler_;
   typename Backend::kv_storage kv_;
-  compression_worker<EvictionPolicy, Backend> worker_;  // last: its thread stops before the rest goes
   sampler sampler_;
   std::unordered_map<request_id, std::unique_ptr<sequence>> requests_;
   std::unordered_map<request_id, typename Backend::swap_blob> swapped_state_;
@@ -740,6 +739,10 @@ class engine {
   std::vector<std::int32_t> graph_rows_;  // logits rows of a padded decode-graph step (all of them)
   forward_batch batch_;
   tensor logits_;  // the last step's logits, for models that return them by value
+
+  // Declared last, so destroyed first: its thread finishes (joins) while the requests it may be
+  // compressing, the KV storage and the backend still exist.
+  compression_worker<EvictionPolicy, Backend> worker_;
 };
 
 }  // namespace zipage
