@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "zipage/sampling/logprobs.hpp"
 #include "zipage/sampling/sampler.hpp"
 #include "zipage/sampling/sampling_params.hpp"
 
@@ -397,6 +398,122 @@ TEST_CASE("repetition penalty divides positive and multiplies negative logits") 
   CHECK_THROWS_AS(s.sample(logits, q, std::vector<token_id>{-1}, 0), zipage::error);
 }
 
+// Frequencies as above, at `step` with `context` (prompt + generated): the output penalties need step > 0.
+std::vector<double> frequencies_at(const std::vector<float>& logits, sampling_params p, const std::vector<token_id>& context,
+                                   std::uint64_t step) {
+  sampler s;
+  std::vector<double> freq(logits.size(), 0.0);
+  for (int i = 0; i < draws; ++i) {
+    p.seed = static_cast<std::uint64_t>(i);
+    freq[static_cast<std::size_t>(s.sample(logits, p, context, step))] += 1.0;
+  }
+  for (double& f : freq) f /= draws;
+  return freq;
+}
+
+TEST_CASE("frequency and presence penalties: OpenAI's, over the generated tokens only") {
+  CHECK(zipage::apply_output_penalties(2.0f, 3, 0.5f, 0.25f) == 0.25f);
+  CHECK(zipage::apply_output_penalties(-1.0f, 1, -1.0f, 0.0f) == 0.0f);
+  CHECK(zipage::apply_output_penalties(-inf_f, 2, 1.0f, 1.0f) == -inf_f);
+
+  sampler s;
+  sampling_params f = with(0.0f);
+  f.frequency_penalty = 0.15f;
+  const std::vector<float> logits = {2.0f, 1.8f, 0.0f};
+  // Prompt {0}, then token 0 generated twice (step 2): 2.0 - 2 * 0.15 = 1.7 < 1.8.
+  CHECK(s.sample(logits, f, std::vector<token_id>{0, 0, 0}, 2) == 1);
+  // Generated once: 2.0 - 0.15 = 1.85 still wins.
+  CHECK(s.sample(logits, f, std::vector<token_id>{0, 0, 0}, 1) == 0);
+  // The same tokens in the prompt only (step 0): no penalty.
+  CHECK(s.sample(logits, f, std::vector<token_id>{0, 0, 0}, 0) == 0);
+  // A step beyond the context counts the whole context as generated (no read out of bounds).
+  CHECK(s.sample(logits, f, std::vector<token_id>{0, 0}, 9) == 1);
+
+  sampling_params pr = with(0.0f);
+  pr.presence_penalty = 0.3f;
+  // Presence counts once however often: 2.0 - 0.3 = 1.7 beats 1.65 after three generations.
+  CHECK(s.sample(std::vector<float>{2.0f, 1.65f}, pr, std::vector<token_id>{0, 0, 0}, 3) == 0);
+  CHECK(s.sample(std::vector<float>{2.0f, 1.75f}, pr, std::vector<token_id>{0, 0, 0}, 3) == 1);
+  // Both: 2.0 - 3 * 0.1 - 0.3 = 1.4.
+  sampling_params both = pr;
+  both.frequency_penalty = 0.1f;
+  CHECK(s.sample(std::vector<float>{2.0f, 1.45f}, both, std::vector<token_id>{0, 0, 0}, 3) == 1);
+  CHECK(s.sample(std::vector<float>{2.0f, 1.35f}, both, std::vector<token_id>{0, 0, 0}, 3) == 0);
+
+  // Negative penalties encourage repetition: 1.0 + 2 * 0.6 = 2.2 beats 2.0.
+  sampling_params neg = with(0.0f);
+  neg.frequency_penalty = -0.6f;
+  CHECK(s.sample(std::vector<float>{1.0f, 2.0f}, neg, std::vector<token_id>{1, 0, 0}, 2) == 0);
+
+  // When sampling, the distribution is the softmax of the penalised logits; after the repetition
+  // penalty (over prompt + output): token 0 (generated twice) 2.0 / 2 - 2 * 0.5 - 0.25 = -0.25, token 1
+  // (prompt) 1.0 / 2 = 0.5, token 2 untouched 0.5, token 3 (generated once) 1.0 / 2 - 0.5 - 0.25 = -0.25.
+  sampling_params q = with(1.0f);
+  q.repetition_penalty = 2.0f;
+  q.frequency_penalty = 0.5f;
+  q.presence_penalty = 0.25f;
+  const std::vector<token_id> context = {1, 0, 3, 0};  // prompt {1}, generated {0, 3, 0}
+  check_distribution(frequencies_at({2.0f, 1.0f, 0.5f, 1.0f}, q, context, 3), softmax({-0.25f, 0.5f, 0.5f, -0.25f}));
+
+  // +inf stays the largest float, never NaN, under a negative penalty.
+  sampling_params boost = with(1.0f);
+  boost.presence_penalty = -2.0f;
+  const auto freq = frequencies_at({inf_f, inf_f, 0.0f}, boost, {0}, 1);
+  CHECK(freq[0] == doctest::Approx(0.5).epsilon(0.05));
+  CHECK(freq[2] == 0.0);
+
+  // A generated token outside the vocabulary is an error, and leaves no count behind for the next call.
+  CHECK_THROWS_AS(s.sample(logits, f, std::vector<token_id>{0, 0, 7}, 2), zipage::error);
+  CHECK(s.sample(logits, f, std::vector<token_id>{2, 0}, 1) == 0);
+}
+
+TEST_CASE("top log-probabilities: log-softmax of the raw row, most likely first, ties by id") {
+  const std::vector<float> row = {1.0f, 3.0f, -inf_f, 3.0f, 0.5f, 2.0f};
+  const auto top = zipage::top_logprobs(row, 4);
+  REQUIRE(top.size() == 4);
+  CHECK(top[0].id == 1);
+  CHECK(top[1].id == 3);
+  CHECK(top[2].id == 5);
+  CHECK(top[3].id == 0);
+  double z = 0.0;
+  for (float x : row) z += std::exp(static_cast<double>(x));
+  for (const auto& t : top) {
+    CAPTURE(t.id);
+    CHECK(t.logprob == doctest::Approx(row[static_cast<std::size_t>(t.id)] - std::log(z)).epsilon(1e-6));
+    // The same value as the sampled token's log-probability.
+    CHECK(t.logprob == zipage::token_logprob_of(row, t.id));
+  }
+  CHECK(top[0].logprob == top[1].logprob);
+  CHECK(zipage::token_logprob_of(row, 2) == -inf_f);
+  // k beyond the vocabulary: every token, -inf last; k = 0: none.
+  const auto all = zipage::top_logprobs(row, 20);
+  REQUIRE(all.size() == row.size());
+  CHECK(all.back().id == 2);
+  CHECK(all.back().logprob == -inf_f);
+  CHECK(zipage::top_logprobs(row, 0).empty());
+  // The probabilities of the whole row sum to 1.
+  double mass = 0.0;
+  for (const auto& t : all) mass += std::exp(static_cast<double>(t.logprob));
+  CHECK(mass == doctest::Approx(1.0).epsilon(1e-6));
+  // NaN ranks after -inf.
+  const auto with_nan = zipage::top_logprobs(std::vector<float>{nan_f, -inf_f, 0.0f}, 3);
+  CHECK(with_nan[0].id == 2);
+  CHECK(with_nan[1].id == 1);
+  CHECK(with_nan[2].id == 0);
+  CHECK_THROWS_AS((void)zipage::top_logprobs(row, -1), zipage::error);
+  CHECK_THROWS_AS((void)zipage::token_logprob_of(row, 6), zipage::error);
+
+  // A large row against a full sort.
+  std::vector<float> big(3000);
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = std::floor(40.0f * zipage::sampling_uniform(5, i)) / 4.0f;
+  std::vector<token_id> order(big.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](token_id a, token_id b) { return big[a] > big[b]; });
+  const auto top20 = zipage::top_logprobs(big, 20);
+  REQUIRE(top20.size() == 20);
+  for (std::size_t i = 0; i < 20; ++i) CHECK(top20[i].id == order[i]);
+}
+
 TEST_CASE("non-finite logits do not crash") {
   sampler s;
   const sampling_params p = with(1.0f);
@@ -460,8 +577,10 @@ TEST_CASE("sample does not allocate once its buffers have grown") {
   const std::vector<token_id> context = {1, 5, 9, 5, 700};
   sampling_params p = with(0.8f, 50, 0.9f, 0.05f);
   p.repetition_penalty = 1.3f;
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = -0.2f;
   sampler s;
-  s.sample(logits, with(1.0f), context, 0);  // grows the buffers to the vocabulary size
+  s.sample(logits, p, context, 3);  // grows the buffers to the vocabulary size
   const std::size_t before = g_allocations.load();
   token_id sink = 0;
   for (std::uint64_t step = 0; step < 50; ++step) {
@@ -480,6 +599,10 @@ TEST_CASE("validate rejects bad fields, naming the field and value") {
   edge.max_tokens = 1;
   edge.stop = {"\n\n"};
   edge.stop_token_ids = {0, 2};
+  edge.frequency_penalty = -2.0f;
+  edge.presence_penalty = 2.0f;
+  edge.logprobs = true;
+  edge.top_logprobs = 20;
   CHECK_NOTHROW(edge.validate());
   CHECK_NOTHROW(with(5.0f, 3, 1e-6f, 0.0f).validate());
 
@@ -506,6 +629,13 @@ TEST_CASE("validate rejects bad fields, naming the field and value") {
       {make([](auto& p) { p.repetition_penalty = 0.0f; }), "sampling: repetition_penalty must be finite and > 0 (1 = off), got 0"},
       {make([](auto& p) { p.repetition_penalty = -1.0f; }), "repetition_penalty"},
       {make([](auto& p) { p.repetition_penalty = nan_f; }), "repetition_penalty"},
+      {make([](auto& p) { p.frequency_penalty = 2.5f; }), "sampling: frequency_penalty must be in [-2, 2] (0 = off), got 2.5"},
+      {make([](auto& p) { p.frequency_penalty = nan_f; }), "frequency_penalty"},
+      {make([](auto& p) { p.presence_penalty = -2.01f; }), "sampling: presence_penalty must be in [-2, 2] (0 = off), got -2.01"},
+      {make([](auto& p) { p.presence_penalty = inf_f; }), "presence_penalty"},
+      {make([](auto& p) { p.logprobs = true, p.top_logprobs = 21; }), "sampling: top_logprobs must be in [0, 20], got 21"},
+      {make([](auto& p) { p.logprobs = true, p.top_logprobs = -1; }), "top_logprobs"},
+      {make([](auto& p) { p.top_logprobs = 3; }), "sampling: top_logprobs > 0 needs logprobs"},
       {make([](auto& p) { p.max_tokens = 0; }), "sampling: max_tokens must be >= 1, got 0"},
       {make([](auto& p) { p.stop = {"ok", ""}; }), "sampling: stop[1] must not be empty"},
       {make([](auto& p) { p.stop_token_ids = {3, -2}; }), "sampling: stop_token_ids[1] must be >= 0, got -2"},

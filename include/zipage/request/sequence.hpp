@@ -9,6 +9,7 @@
 
 #include "zipage/core/types.hpp"
 #include "zipage/kv/block_table.hpp"
+#include "zipage/sampling/logprobs.hpp"
 #include "zipage/sampling/sampling_params.hpp"
 
 namespace zipage {
@@ -61,6 +62,8 @@ struct sequence {
 
   std::vector<token_id> forced_tokens;  // teacher forcing: emit these instead of sampling (evaluation)
   std::vector<float> logprobs;          // log-probability of each emitted token, when params.logprobs
+  // The params.top_logprobs most likely tokens of each emitted token's step (when > 0), most likely first.
+  std::vector<std::vector<token_logprob>> top_logprobs;
   std::string output_text;              // detokenized generated text (for stop strings and results)
   streaming_detokenizer detokenizer;    // may be empty when the engine has no tokenizer
 

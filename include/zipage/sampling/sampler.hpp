@@ -1,7 +1,7 @@
 #pragma once
 // CPU reference sampler: turns one row of logits into a token. Other backends must reproduce its pipeline:
 //
-//   repetition penalty -> greedy argmax if temperature == 0 (ties: lowest id) -> divide by temperature
+//   repetition penalty -> frequency and presence penalties -> greedy argmax if temperature == 0 (ties: lowest id) -> divide by temperature
 //   -> softmax -> top-k -> top-p -> min-p -> renormalise
 //   -> inverse-CDF draw with sampling_uniform(seed, step) over the kept tokens, walked in descending
 //      probability order with ties broken by ascending id.
@@ -22,6 +22,15 @@
 
 namespace zipage {
 
+// OpenAI's frequency and presence penalties on one logit of a token generated `count` > 0 times:
+// logit - frequency * count - presence, each operation rounded to float (so a device evaluates it with
+// the same two roundings: no fused multiply-add).
+[[nodiscard]] inline float apply_output_penalties(float logit, int count, float frequency, float presence) {
+  const float scaled = frequency * static_cast<float>(count);
+  const float once = logit - scaled;
+  return once - presence;
+}
+
 // HF / llama.cpp repetition penalty on one logit. Dividing a positive logit and multiplying a negative one
 // both lower the token's probability when penalty > 1 (and raise it when penalty < 1).
 [[nodiscard]] inline float apply_repetition_penalty(float logit, float penalty) {
@@ -33,12 +42,13 @@ namespace zipage {
 // validate(); out-of-range knobs degrade to "off" rather than crash.
 class sampler {
  public:
-  // logits: one row [vocab]; context: prompt + generated tokens so far (used only by the repetition penalty);
-  // step: index of the token being generated (number of generated tokens so far).
+  // logits: one row [vocab]; context: prompt + generated tokens so far (used only by the penalties: the
+  // repetition penalty over all of it, the frequency and presence penalties over its last `step` tokens,
+  // the generated ones); step: index of the token being generated (number of generated tokens so far).
   token_id sample(std::span<const float> logits, const sampling_params& p, std::span<const token_id> context,
                   std::uint64_t step) {
     check(!logits.empty(), "sampler: empty logits row");
-    load_logits(logits, p, context);
+    load_logits(logits, p, context, step);
     const token_id best = argmax();
     if (p.greedy() || values_[best] == -std::numeric_limits<float>::infinity()) return best;
 
@@ -71,16 +81,33 @@ class sampler {
     return x;
   }
 
-  void load_logits(std::span<const float> logits, const sampling_params& p, std::span<const token_id> context) {
+  void load_logits(std::span<const float> logits, const sampling_params& p, std::span<const token_id> context,
+                   std::uint64_t step) {
     values_.resize(logits.size());
     std::transform(logits.begin(), logits.end(), values_.begin(), sanitize);
-    if (p.repetition_penalty == 1.0f) return;
     const auto vocab = static_cast<std::int64_t>(logits.size());
-    for (const token_id t : context) {
-      check(t >= 0 && t < vocab, "sampler: context token ", t, " is outside the vocabulary of ", vocab);
-      // Recomputed from the original logit, so a token seen many times is penalised once (as in HF).
-      // Sanitised again because dividing the largest float by a penalty < 1 overflows to +inf.
-      values_[t] = sanitize(apply_repetition_penalty(sanitize(logits[t]), p.repetition_penalty));
+    if (p.repetition_penalty != 1.0f) {
+      for (const token_id t : context) {
+        check(t >= 0 && t < vocab, "sampler: context token ", t, " is outside the vocabulary of ", vocab);
+        // Recomputed from the original logit, so a token seen many times is penalised once (as in HF).
+        // Sanitised again because dividing the largest float by a penalty < 1 overflows to +inf.
+        values_[t] = sanitize(apply_repetition_penalty(sanitize(logits[t]), p.repetition_penalty));
+      }
+    }
+    if (p.output_penalties() && step > 0) {
+      // The generated tokens are the context's last `step`; counted in a vocabulary-sized array that is
+      // left all zero again, so no allocation in steady state.
+      const auto generated = context.last(std::min<std::size_t>(static_cast<std::size_t>(step), context.size()));
+      for (const token_id t : generated)
+        check(t >= 0 && t < vocab, "sampler: context token ", t, " is outside the vocabulary of ", vocab);
+      counts_.resize(logits.size(), 0);
+      for (const token_id t : generated) ++counts_[static_cast<std::size_t>(t)];
+      for (const token_id t : generated) {
+        int& c = counts_[static_cast<std::size_t>(t)];
+        if (c == 0) continue;  // already penalised
+        values_[t] = sanitize(apply_output_penalties(values_[t], c, p.frequency_penalty, p.presence_penalty));
+        c = 0;
+      }
     }
   }
 
@@ -164,6 +191,7 @@ class sampler {
   }
 
   std::vector<float> values_;      // sanitised, penalised logits
+  std::vector<int> counts_;        // scratch of the output penalties: all zero between calls
   std::vector<candidate> cands_;   // tokens still in the running
   std::size_t sorted_ = 0;         // cands_[0, sorted_) are the best sorted_ candidates, in order
 };

@@ -30,12 +30,18 @@ struct sampling_params {
   float top_p = 1.0f;               // 1 => off
   float min_p = 0.0f;               // 0 => off
   float repetition_penalty = 1.0f;  // 1 => off; over prompt + output tokens, positive logits divided, negative multiplied
+  // OpenAI's penalties, over the tokens generated so far (not the prompt), in [-2, 2], 0 => off: a token
+  // generated c times has frequency_penalty * c, and presence_penalty once if c > 0, subtracted from its
+  // logit (after the repetition penalty, before the temperature), as OpenAI and vLLM do.
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
   std::uint64_t seed = 0;           // per-request seed
   int max_tokens = 256;
   bool ignore_eos = false;
-  std::vector<std::string> stop;          // stop strings
-  std::vector<token_id> stop_token_ids;
+  std::vector<std::string> stop{};        // stop strings (need the engine's detokenizer)
+  std::vector<token_id> stop_token_ids{};
   bool logprobs = false;  // record the log-probability (under the model, before sampling filters) of each emitted token
+  int top_logprobs = 0;   // with logprobs: also the k most likely tokens of each step and their log-probabilities
   int priority = 0;       // under scheduling_order::priority: lower runs first (ties: arrival order)
 
   // Throws zipage::error naming the first bad field and its value. Checks are written as "in range"
@@ -48,6 +54,13 @@ struct sampling_params {
     check(min_p >= 0.0f && min_p <= 1.0f, "sampling: min_p must be in [0, 1], got ", min_p);
     check(std::isfinite(repetition_penalty) && repetition_penalty > 0.0f,
           "sampling: repetition_penalty must be finite and > 0 (1 = off), got ", repetition_penalty);
+    check(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f,
+          "sampling: frequency_penalty must be in [-2, 2] (0 = off), got ", frequency_penalty);
+    check(presence_penalty >= -2.0f && presence_penalty <= 2.0f,
+          "sampling: presence_penalty must be in [-2, 2] (0 = off), got ", presence_penalty);
+    check(top_logprobs >= 0 && top_logprobs <= max_top_logprobs, "sampling: top_logprobs must be in [0, ",
+          max_top_logprobs, "], got ", top_logprobs);
+    check(top_logprobs == 0 || logprobs, "sampling: top_logprobs > 0 needs logprobs");
     check(max_tokens >= 1, "sampling: max_tokens must be >= 1, got ", max_tokens);
     // An empty stop string would match at every position and end every request at once.
     for (std::size_t i = 0; i < stop.size(); ++i)
@@ -57,6 +70,9 @@ struct sampling_params {
   }
 
   [[nodiscard]] bool greedy() const { return temperature == 0.0f; }
+  [[nodiscard]] bool output_penalties() const { return frequency_penalty != 0.0f || presence_penalty != 0.0f; }
+
+  static constexpr int max_top_logprobs = 20;  // OpenAI's bound
 };
 
 namespace detail {
