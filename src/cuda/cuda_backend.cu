@@ -445,7 +445,7 @@ struct context {
   uploader sample_up;
   device_scratch sample_ws, sample_out, sample_rows;
   pinned_buffer sample_host;
-  std::vector<float> s_temp, s_top_p, s_min_p, s_penalty;
+  std::vector<float> s_temp, s_top_p, s_min_p, s_penalty, s_frequency, s_presence;
   std::vector<std::int32_t> s_top_k, s_indptr, s_ids, s_rows;
   std::vector<std::uint64_t> s_seed, s_step;
   sampler host_sampler;  // device_sampling = false
@@ -1388,11 +1388,12 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
   }
 
   // Per-row parameters. All greedy: no temperature array (no workspace, the greedy kernel).
-  bool all_greedy = true, penalty = false, identity = true;
+  bool all_greedy = true, penalty = false, output_penalty = false, identity = true;
   for (int i = 0; i < n; ++i) {
     const sample_row& r = rows[static_cast<std::size_t>(i)];
     all_greedy = all_greedy && r.params->greedy();
     penalty = penalty || r.params->repetition_penalty != 1.0f;
+    output_penalty = output_penalty || (r.params->output_penalties() && r.step > 0);
     identity = identity && r.logits_row == i;
   }
   const auto un = static_cast<std::size_t>(n);
@@ -1403,6 +1404,8 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
   c.s_seed.resize(un);
   c.s_step.resize(un);
   c.s_penalty.clear();
+  c.s_frequency.clear();
+  c.s_presence.clear();
   c.s_indptr.clear();
   c.s_ids.clear();
   c.s_rows.clear();
@@ -1415,15 +1418,31 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
     c.s_seed[i] = p.seed;
     c.s_step[i] = rows[i].step;
   }
-  if (penalty) {
-    // Context as CSR; rows without a penalty get an empty range (the kernel skips them anyway).
-    c.s_penalty.resize(un);
+  if (penalty || output_penalty) {
+    // Context as CSR; rows without a penalty get an empty range (the kernel skips them anyway). A row with
+    // only the frequency / presence penalties sends its generated tokens (the context's last `step`),
+    // which the kernel then takes whole as the generated ones.
+    if (penalty) c.s_penalty.resize(un);
+    if (output_penalty) {
+      c.s_frequency.resize(un);
+      c.s_presence.resize(un);
+    }
     c.s_indptr.assign(1, 0);
     for (std::size_t i = 0; i < un; ++i) {
       const sampling_params& p = *rows[i].params;
-      c.s_penalty[i] = p.repetition_penalty;
-      if (p.repetition_penalty != 1.0f) c.s_ids.insert(c.s_ids.end(), rows[i].context.begin(), rows[i].context.end());
-      check(c.s_ids.size() < 0x7fffffffu, "sample: repetition-penalty context too large");
+      const std::span<const token_id> ctx = rows[i].context;
+      if (penalty) c.s_penalty[i] = p.repetition_penalty;
+      if (output_penalty) {
+        c.s_frequency[i] = p.frequency_penalty;
+        c.s_presence[i] = p.presence_penalty;
+      }
+      if (p.repetition_penalty != 1.0f)
+        c.s_ids.insert(c.s_ids.end(), ctx.begin(), ctx.end());
+      else if (p.output_penalties()) {
+        const auto generated = ctx.last(static_cast<std::size_t>(std::min<std::uint64_t>(rows[i].step, ctx.size())));
+        c.s_ids.insert(c.s_ids.end(), generated.begin(), generated.end());
+      }
+      check(c.s_ids.size() < 0x7fffffffu, "sample: penalty context too large");
       c.s_indptr.push_back(static_cast<std::int32_t>(c.s_ids.size()));
     }
     if (c.s_ids.empty()) c.s_indptr.clear();  // nothing to penalise
@@ -1436,10 +1455,12 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
     return on ? span_section(std::span<const T>(vec)) : section{nullptr, 0};
   };
   const bool sampling = !all_greedy;
-  const section secs[] = {sec_if(sampling, c.s_temp),     sec_if(sampling, c.s_top_k), sec_if(sampling, c.s_top_p),
-                          sec_if(sampling, c.s_min_p),    sec_if(sampling, c.s_seed),  sec_if(sampling, c.s_step),
-                          sec_if(penalty, c.s_penalty),   sec_if(true, c.s_indptr),    sec_if(true, c.s_ids),
-                          sec_if(true, c.s_rows)};
+  const section secs[] = {sec_if(sampling, c.s_temp),     sec_if(sampling, c.s_top_k),
+                          sec_if(sampling, c.s_top_p),    sec_if(sampling, c.s_min_p),
+                          sec_if(sampling, c.s_seed),     sec_if(sampling || output_penalty, c.s_step),
+                          sec_if(penalty, c.s_penalty),   sec_if(true, c.s_indptr),
+                          sec_if(true, c.s_ids),          sec_if(true, c.s_rows),
+                          sec_if(output_penalty, c.s_frequency), sec_if(output_penalty, c.s_presence)};
   c.sample_up.put(secs, c.stream);
 
   const void* src = logits.data();
@@ -1462,11 +1483,13 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
   b.seed = c.sample_up.device<std::uint64_t>(4);
   b.step = c.sample_up.device<std::uint64_t>(5);
   b.repetition_penalty = c.sample_up.device<float>(6);
+  b.frequency_penalty = c.sample_up.device<float>(10);
+  b.presence_penalty = c.sample_up.device<float>(11);
   b.context_indptr = c.s_indptr.empty() ? nullptr : c.sample_up.device<std::int32_t>(7);
   b.context_ids = c.s_indptr.empty() ? nullptr : c.sample_up.device<std::int32_t>(8);
   auto* d_out = static_cast<std::int32_t*>(c.sample_out.reserve(un * sizeof(std::int32_t), c.stream));
   b.out_tokens = d_out;
-  const std::size_t ws_bytes = cuda::sampling_workspace_bytes(n, vocab, !sampling);
+  const std::size_t ws_bytes = cuda::sampling_workspace_bytes(n, vocab, !sampling, output_penalty && !c.s_indptr.empty());
   void* ws = ws_bytes ? c.sample_ws.reserve(ws_bytes, c.stream) : nullptr;
   cuda::sample_tokens(b, ws, ws_bytes, as_stream(c.stream));
   c.sample_host.reserve(un * sizeof(std::int32_t));

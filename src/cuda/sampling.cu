@@ -41,16 +41,18 @@ void launch(const ds::kernel_args& a, int batch, bool sampling, int smem, cudaSt
 
 }  // namespace
 
-std::size_t sampling_workspace_bytes(int batch, int vocab, bool all_greedy) {
+std::size_t sampling_workspace_bytes(int batch, int vocab, bool all_greedy, bool output_penalties) {
   check(batch >= 0 && vocab >= 1 && vocab <= max_sampling_vocab, "sampling: bad shape: batch ", batch, ", vocab ",
         vocab);
-  if (all_greedy) return 0;
+  if (all_greedy && !output_penalties) return 0;
   return static_cast<std::size_t>(batch) * static_cast<std::size_t>(scratch_stride(vocab)) * sizeof(std::uint32_t);
 }
 
 void sample_tokens(const sampling_batch& p, void* workspace, std::size_t workspace_bytes, cuda_stream stream) {
   const bool sampling = p.temperature != nullptr;
-  const std::size_t need = sampling_workspace_bytes(p.batch, p.vocab, !sampling);
+  const bool output_penalties =
+      (p.frequency_penalty != nullptr || p.presence_penalty != nullptr) && p.context_indptr != nullptr;
+  const std::size_t need = sampling_workspace_bytes(p.batch, p.vocab, !sampling, output_penalties);
   check(p.batch <= 0x7fffffff, "sampling: batch too large");
   if (p.batch == 0) return;
   const std::int64_t row_stride = p.row_stride == 0 ? p.vocab : p.row_stride;
@@ -71,6 +73,8 @@ void sample_tokens(const sampling_batch& p, void* workspace, std::size_t workspa
   a.top_p = p.top_p;
   a.min_p = p.min_p;
   a.penalty = p.repetition_penalty;
+  a.frequency = p.frequency_penalty;
+  a.presence = p.presence_penalty;
   a.seed = p.seed;
   a.step = p.step;
   a.ctx_indptr = p.context_indptr;
@@ -83,7 +87,8 @@ void sample_tokens(const sampling_batch& p, void* workspace, std::size_t workspa
   a.scale = static_cast<float>(std::uint64_t{1} << scale_bits);
   const std::size_t elem = p.dtype == logits_dtype::f32 ? 4 : 2;
   a.vec_ok = (reinterpret_cast<std::uintptr_t>(p.logits) % (4 * elem)) == 0 && row_stride % 4 == 0;
-  a.use_bitmap = p.repetition_penalty != nullptr && p.context_indptr != nullptr;
+  a.output_penalties = output_penalties;
+  a.use_bitmap = (p.repetition_penalty != nullptr && p.context_indptr != nullptr) || output_penalties;
 
   const int smem = (sampling ? ds::kHistBytes : 0) + (a.use_bitmap ? (p.vocab + 31) / 32 * 4 : 0);
   if (p.dtype == logits_dtype::f32)

@@ -1,7 +1,8 @@
 // Checks batched GPU sampling (backend/cuda/sampling.hpp) against the CPU reference zipage::sampler on
 // random batches: vocabularies 512 / 32000 / 151936, batches of 1..256 requests, fp32 and bf16 logits,
 // contiguous and padded (unaligned) rows, and per-request parameters drawn from every combination of
-// greedy, temperature, top-k, top-p, min-p and repetition penalty (with a context). Logit rows are
+// greedy, temperature, top-k, top-p, min-p, repetition penalty and frequency / presence penalties (with a
+// context whose last `step` tokens are the generated ones; also sent trimmed to those). Logit rows are
 // Gaussian with several spreads, bf16-rounded or small-integer (many exact ties), peaked (a few tokens far
 // above the rest, as from a trained model), or with NaN / +-inf entries; a few are all -inf.
 //
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -147,6 +149,14 @@ request random_request(int vocab, std::mt19937_64& rng) {
   if (pick(rng) < 30) {
     const float pens[] = {1.2f, 1.5f, 0.8f, 2.0f};
     p.repetition_penalty = pens[pick(rng) % 4];
+  }
+  if (pick(rng) < 25) {  // OpenAI's penalties, sometimes only one of them, sometimes negative
+    const float fs[] = {0.0f, 0.5f, -0.5f, 2.0f, 1.0f, 0.1f};
+    const float ps[] = {0.0f, 1.5f, -2.0f, 0.3f};
+    p.frequency_penalty = fs[pick(rng) % 6];
+    p.presence_penalty = ps[pick(rng) % 4];
+  }
+  if (p.repetition_penalty != 1.0f || p.output_penalties()) {
     const int n = pick(rng) * 3;
     std::uniform_int_distribution<int> tok(0, vocab - 1);
     for (int i = 0; i < n; ++i) r.context.push_back(tok(rng));
@@ -154,7 +164,10 @@ request random_request(int vocab, std::mt19937_64& rng) {
     for (int i = 0; i < n / 4; ++i) r.context.push_back(r.context[std::size_t(i)]);
   }
   p.seed = rng();
-  r.step = std::uniform_int_distribution<std::uint64_t>(0, 5000)(rng);
+  // The generated tokens are the context's last `step`: sometimes all of it, or more than it has.
+  const auto ctx = static_cast<std::uint64_t>(r.context.size());
+  r.step = pick(rng) < 50 ? std::uniform_int_distribution<std::uint64_t>(0, ctx + 3)(rng)
+                          : std::uniform_int_distribution<std::uint64_t>(0, 5000)(rng);
   return r;
 }
 
@@ -182,14 +195,16 @@ batch_case make_case(int vocab, int batch, bool bf16, std::int64_t row_pad) {
 
 // ---- the GPU: uploads the batch in the order `order` (row j of the GPU batch is request order[j]) and
 // returns the tokens per request (in request order).
-std::vector<std::int32_t> run_gpu(const batch_case& c, const std::vector<int>& order, bool null_temperature = false) {
+// trim_context: rows without a repetition penalty send only their generated tokens (as cuda_backend does).
+std::vector<std::int32_t> run_gpu(const batch_case& c, const std::vector<int>& order, bool null_temperature = false,
+                                  bool trim_context = false) {
   const int B = c.batch, V = c.vocab;
   const std::size_t stride = static_cast<std::size_t>(c.row_stride);
   std::vector<float> lf;
   std::vector<std::uint16_t> lb;
   if (c.bf16) lb.assign(std::size_t(B) * stride, to_bf16(-inf_f));
   else lf.assign(std::size_t(B) * stride, -inf_f);
-  std::vector<float> temp, top_p, min_p, pen;
+  std::vector<float> temp, top_p, min_p, pen, freq, pres;
   std::vector<std::int32_t> top_k, indptr{0}, ids;
   std::vector<std::uint64_t> seed, step;
   for (int j = 0; j < B; ++j) {
@@ -205,14 +220,19 @@ std::vector<std::int32_t> run_gpu(const batch_case& c, const std::vector<int>& o
     top_p.push_back(q.p.top_p);
     min_p.push_back(q.p.min_p);
     pen.push_back(q.p.repetition_penalty);
+    freq.push_back(q.p.frequency_penalty);
+    pres.push_back(q.p.presence_penalty);
     seed.push_back(q.p.seed);
     step.push_back(q.step);
-    ids.insert(ids.end(), q.context.begin(), q.context.end());
+    const std::size_t keep = trim_context && q.p.repetition_penalty == 1.0f
+                                 ? static_cast<std::size_t>(std::min<std::uint64_t>(q.step, q.context.size()))
+                                 : q.context.size();
+    ids.insert(ids.end(), q.context.end() - static_cast<std::ptrdiff_t>(keep), q.context.end());
     indptr.push_back(static_cast<std::int32_t>(ids.size()));
   }
   dbuf<float> d_lf(lf);
   dbuf<std::uint16_t> d_lb(lb);
-  dbuf<float> d_temp(temp), d_top_p(top_p), d_min_p(min_p), d_pen(pen);
+  dbuf<float> d_temp(temp), d_top_p(top_p), d_min_p(min_p), d_pen(pen), d_freq(freq), d_pres(pres);
   dbuf<std::int32_t> d_top_k(top_k), d_indptr(indptr), d_ids(ids), d_out(static_cast<std::size_t>(B));
   dbuf<std::uint64_t> d_seed(seed), d_step(step);
   CUDA_OK(cudaMemset(d_out.p, 0xff, sizeof(std::int32_t) * std::size_t(B)));
@@ -228,12 +248,14 @@ std::vector<std::int32_t> run_gpu(const batch_case& c, const std::vector<int>& o
   p.top_p = d_top_p.p;
   p.min_p = d_min_p.p;
   p.repetition_penalty = d_pen.p;
+  p.frequency_penalty = d_freq.p;
+  p.presence_penalty = d_pres.p;
   p.seed = d_seed.p;
   p.step = d_step.p;
   p.context_indptr = d_indptr.p;
   p.context_ids = d_ids.p;
   p.out_tokens = d_out.p;
-  const std::size_t ws_bytes = zc::sampling_workspace_bytes(B, V, null_temperature);
+  const std::size_t ws_bytes = zc::sampling_workspace_bytes(B, V, null_temperature, true);
   dbuf<std::uint8_t> ws(ws_bytes);
   zc::sample_tokens(p, ws.p, ws_bytes, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
@@ -263,6 +285,13 @@ kept_set reference_kept(const float* logits, int vocab, const request& q) {
   for (float& x : v) x = sanitize(x);
   if (p.repetition_penalty != 1.0f)
     for (token_id t : q.context) v[std::size_t(t)] = sanitize(zipage::apply_repetition_penalty(sanitize(logits[t]), p.repetition_penalty));
+  if (p.output_penalties()) {
+    std::map<token_id, int> counts;
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(q.step, q.context.size()));
+    for (std::size_t i = q.context.size() - n; i < q.context.size(); ++i) ++counts[q.context[i]];
+    for (const auto& [t, count] : counts)
+      v[std::size_t(t)] = sanitize(zipage::apply_output_penalties(v[std::size_t(t)], count, p.frequency_penalty, p.presence_penalty));
+  }
   kept_set k;
   k.best = static_cast<token_id>(std::max_element(v.begin(), v.end()) - v.begin());
   const float m = v[std::size_t(k.best)];
@@ -382,6 +411,8 @@ void test_batch(int vocab, int batch, bool bf16, std::int64_t row_pad = 0, bool 
     std::vector<int> rev = identity(batch);
     std::reverse(rev.begin(), rev.end());
     check(run_gpu(c, rev) == gpu, c.name + ": same tokens with the batch reversed, and repeatable");
+    check(run_gpu(c, identity(batch), false, true) == gpu,
+          c.name + ": same tokens with only the generated tokens sent for the frequency / presence penalties");
   }
 }
 
@@ -442,6 +473,11 @@ int main() {
       threw = true;
     }
     check(threw, "vocab 0 is rejected");
+
+    // A greedy batch with output penalties needs the workspace (its counts); without, none.
+    check(zc::sampling_workspace_bytes(4, 1000, true) == 0 && zc::sampling_workspace_bytes(4, 1000, true, true) ==
+                                                                  zc::sampling_workspace_bytes(4, 1000, false),
+          "workspace: a greedy batch with frequency / presence penalties needs a sampling batch's");
   } catch (const std::exception& e) {
     std::printf("FAIL: exception: %s\n", e.what());
     return 1;

@@ -1,8 +1,11 @@
 #pragma once
 // Kernels of batched sampling (host API: backend/cuda/sampling.hpp). One CTA per request:
 //
-//   P1  value(i) = sanitise(logit), penalised where the token is in the context (a bitmap of the context
-//       in shared memory, so the logits are never copied); block argmax (ties: lowest id). Greedy rows,
+//   P0  (penalised rows) a bitmap of the context in shared memory, so the logits are never copied; with
+//       a frequency or presence penalty, the counts of the generated tokens in the row's workspace (only
+//       the entries of context tokens are zeroed and counted: no pass over the vocabulary).
+//   P1  value(i) = sanitise(logit), penalised where the token is in the bitmap (repetition penalty, then
+//       frequency and presence from its count); block argmax (ties: lowest id). Greedy rows,
 //       rows whose temperature is not > 0 and rows that are all -inf stop here.
 //   P2  weight(i) = expf((value(i) - max) / temperature), bit-identical to the CPU's std::exp (glibc's
 //       expf evaluated step by step in double precision), stored as raw bits in the workspace row;
@@ -44,6 +47,8 @@ struct kernel_args {
   const float* top_p;
   const float* min_p;
   const float* penalty;
+  const float* frequency;
+  const float* presence;
   const std::uint64_t* seed;
   const std::uint64_t* step;
   const std::int32_t* ctx_indptr;
@@ -54,6 +59,7 @@ struct kernel_args {
   float scale;      // 2^scale_bits
   bool vec_ok;      // every row starts 4-element aligned: full groups load as one vector
   bool use_bitmap;  // penalties and a context exist: the bitmap follows the histograms
+  bool output_penalties;  // frequency or presence penalties and a context exist: counts in `scratch`
 };
 
 // ---- glibc's expf (sysdeps/ieee754/flt-32/e_expf.c, EXP2F_TABLE_BITS 5, as built for x86-64 with FMA),
@@ -106,6 +112,10 @@ __device__ __forceinline__ float sanitize(float x) {
 }
 __device__ __forceinline__ float penalize(float logit, float penalty) {
   return logit > 0.0f ? __fdiv_rn(logit, penalty) : __fmul_rn(logit, penalty);
+}
+// zipage::apply_output_penalties: logit - frequency * count - presence, rounded after each operation.
+__device__ __forceinline__ float penalize_output(float logit, std::uint32_t count, float frequency, float presence) {
+  return __fsub_rn(__fsub_rn(logit, __fmul_rn(frequency, __uint2float_rn(count))), presence);
 }
 
 template <class T>
@@ -364,26 +374,50 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(kernel_args a) {
     bitmap = h.min_id + kBins;
   }
 
-  // ---- repetition penalty: bitmap of the context
+  // ---- P0, penalties: bitmap of the context (repetition) or of the generated tokens, and their counts
   const float penalty = a.penalty ? a.penalty[row] : 1.0f;
-  bool penalize_row = false;
-  if (a.use_bitmap && penalty != 1.0f) {
+  const float frequency = a.frequency ? a.frequency[row] : 0.0f;
+  const float presence = a.presence ? a.presence[row] : 0.0f;
+  const std::uint64_t step = a.step ? a.step[row] : 0;
+  // The row's workspace: counts of the output penalties, then weights. Null for greedy batches without them.
+  std::uint32_t* counts = a.scratch ? a.scratch + row * a.scratch_stride : nullptr;
+  bool penalize_row = false, output_row = false;
+  if (a.use_bitmap) {
     const int c0 = a.ctx_indptr[row], c1 = a.ctx_indptr[row + 1];
-    if (c1 > c0) {
-      penalize_row = true;
+    penalize_row = penalty != 1.0f && c1 > c0;
+    output_row = a.output_penalties && (frequency != 0.0f || presence != 0.0f) && step > 0 && c1 > c0;
+    // The generated tokens: the last `step` of the context.
+    const int g0 = static_cast<std::uint64_t>(c1 - c0) > step ? c1 - static_cast<int>(step) : c0;
+    if (penalize_row || output_row) {
       const int words = (vocab + 31) / 32;
       for (int w = tid; w < words; w += kThreads) bitmap[w] = 0;
+      const int m0 = penalize_row ? c0 : g0;  // what the bitmap marks
+      if (output_row)  // the counts of every marked token start at 0 (the rest of the row is never read)
+        for (int j = m0 + tid; j < c1; j += kThreads) {
+          const int id = a.ctx_ids[j];
+          if (id >= 0 && id < vocab) counts[id] = 0;
+        }
       __syncthreads();
-      for (int j = c0 + tid; j < c1; j += kThreads) {
+      for (int j = m0 + tid; j < c1; j += kThreads) {
         const int id = a.ctx_ids[j];
-        if (id >= 0 && id < vocab) atomicOr(&bitmap[id >> 5], 1u << (id & 31));
+        if (id >= 0 && id < vocab) {
+          atomicOr(&bitmap[id >> 5], 1u << (id & 31));
+          if (output_row && j >= g0) atomicAdd(&counts[id], 1u);
+        }
       }
       __syncthreads();
     }
   }
+  // P2 overwrites a group's counts with its weights after reading them, in the same thread.
   auto value = [&](int i, float logit) {
     float v = sanitize(logit);
-    if (penalize_row && ((bitmap[i >> 5] >> (i & 31)) & 1u)) v = sanitize(penalize(v, penalty));
+    if ((penalize_row || output_row) && ((bitmap[i >> 5] >> (i & 31)) & 1u)) {
+      if (penalize_row) v = sanitize(penalize(v, penalty));
+      if (output_row) {
+        const std::uint32_t c = counts[i];
+        if (c != 0) v = sanitize(penalize_output(v, c, frequency, presence));
+      }
+    }
     return v;
   };
 
@@ -417,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(kernel_args a) {
     const float min_p = a.min_p ? a.min_p[row] : 0.0f;
     const bool use_min_p = min_p > 0.0f;
     const float scale = a.scale;
-    std::uint32_t* w_row = a.scratch + row * a.scratch_stride;
+    std::uint32_t* w_row = counts;
 
     // ---- P2: weights, level-1 histogram, totals
     if (tid < 32) s.exp_tab[tid] = kExp2fTable[tid];
@@ -508,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(kernel_args a) {
     }
 
     // ---- the draw: the first position whose running mass exceeds u * kept mass
-    const float u = sampling_uniform(a.seed ? a.seed[row] : 0, a.step ? a.step[row] : 0);
+    const float u = sampling_uniform(a.seed ? a.seed[row] : 0, step);
     criterion c{goal::mass_gt, 0, static_cast<double>(u) * static_cast<double>(kept_mass)};
     if (c.reached(0, 0)) c = criterion{goal::count, 1, 0.0};
     if (c.g != goal::count && !c.reached(kept, kept_mass)) c = criterion{goal::count, kept, 0.0};  // rounding

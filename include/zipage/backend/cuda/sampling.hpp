@@ -2,7 +2,7 @@
 // Batched token sampling on the GPU: one launch turns a [batch][vocab] block of logits into one token id
 // per request, computing the same function as the CPU reference zipage::sampler (sampling/sampler.hpp):
 //
-//   repetition penalty -> greedy argmax if temperature == 0 (ties: lowest id) -> divide by temperature
+//   repetition penalty -> frequency and presence penalties -> greedy argmax if temperature == 0 (ties: lowest id) -> divide by temperature
 //   -> softmax -> top-k -> top-p -> min-p -> renormalise
 //   -> inverse-CDF draw with sampling_uniform(seed, step) over the kept tokens, walked in descending
 //      probability order with ties broken by ascending id.
@@ -47,12 +47,16 @@ struct sampling_batch {
   const float* top_p = nullptr;
   const float* min_p = nullptr;
   const float* repetition_penalty = nullptr;
+  const float* frequency_penalty = nullptr;  // OpenAI's, over the generated tokens (below); null = 0
+  const float* presence_penalty = nullptr;   // null = 0
   const std::uint64_t* seed = nullptr;
   const std::uint64_t* step = nullptr;  // index of the token being generated (number generated so far)
 
-  // ---- Context of the repetition penalty (prompt + generated tokens), as CSR: request r's tokens are
+  // ---- Context of the penalties (prompt + generated tokens), as CSR: request r's tokens are
   // context_ids[context_indptr[r] .. context_indptr[r + 1]). Null = no context. Ids outside [0, vocab)
-  // are ignored (the CPU sampler throws on them). A token seen several times is penalised once.
+  // are ignored (the CPU sampler throws on them). The repetition penalty covers the whole range (a token
+  // seen several times is penalised once); the frequency and presence penalties its last step[r] ids, the
+  // generated tokens (counted in the workspace), so a row with only those penalties may pass just them.
   const std::int32_t* context_indptr = nullptr;  // [batch + 1]
   const std::int32_t* context_ids = nullptr;
 
@@ -63,11 +67,14 @@ struct sampling_batch {
 inline constexpr int max_sampling_vocab = 1 << 20;
 
 // Device scratch that sample_tokens() needs for this batch shape: the weights of every row (4 bytes per
-// logit, rows padded to 16 bytes). 0 when `all_greedy` (temperature == nullptr).
-std::size_t sampling_workspace_bytes(int batch, int vocab, bool all_greedy = false);
+// logit, rows padded to 16 bytes), which also hold the counts of the frequency and presence penalties.
+// 0 when `all_greedy` (temperature == nullptr) and no `output_penalties` (frequency_penalty or
+// presence_penalty given with a context): never more than a sampling batch needs.
+std::size_t sampling_workspace_bytes(int batch, int vocab, bool all_greedy = false, bool output_penalties = false);
 
 // Launches one CTA per request. `workspace` (16-byte aligned) must hold sampling_workspace_bytes(batch,
-// vocab, p.temperature == nullptr) bytes; it is only scratch (no initialisation needed).
+// vocab, p.temperature == nullptr, output penalties given) bytes; it is only scratch (no initialisation
+// needed).
 void sample_tokens(const sampling_batch& p, void* workspace, std::size_t workspace_bytes, cuda_stream stream);
 
 }  // namespace zipage::cuda
