@@ -457,6 +457,36 @@ TEST_CASE("hf config: errors name the field") {
 // Llama 3 RoPE scaling
 // ---------------------------------------------------------------------------------------------
 
+TEST_CASE("hf config: products of fields that each pass their range check (issue 13)") {
+  // 536870916 heads x head_dim 8 = 2^32 + 32: q_size() wrapped to 32, a checkpoint with [32, hidden]
+  // projections loaded, and the engine read and wrote out of bounds (or divided by 0 in the memory plan).
+  const std::string base = R"("model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1,
+      "intermediate_size": 48, "vocab_size": 96, "head_dim": 8)";
+  CHECK(contains(config_error("{" + base + R"(, "num_attention_heads": 536870916})"),
+                 "config.json: num_attention_heads (536870916) x head_dim (8) = 4294967328 is too large"));
+  CHECK(contains(config_error("{" + base + R"(, "num_attention_heads": 536870912, "num_key_value_heads": 268435456})"),
+                 "num_attention_heads (536870912) x head_dim (8) = 4294967296 is too large"));
+  // The model_config itself refuses to hand out a wrapped size.
+  model_config c;
+  c.num_q_heads = 536870916;
+  c.head_dim = 8;
+  CHECK(contains(error_of([&] { (void)c.q_size(); }), "num_q_heads x head_dim = 536870916 x 8 is too large"));
+
+  // A checkpoint whose tensors match the wrapped sizes is refused, naming the field.
+  tiny_spec spec;
+  spec.heads = 4;
+  spec.kv_heads = 4;
+  auto w = random_weights(spec);  // q/k/v/o of 4 heads x 8 = 32: what the wrapped q_size() expected
+  auto cfg = config_json(spec);
+  cfg["num_attention_heads"] = 536870916;
+  cfg["num_key_value_heads"] = 536870916;
+  cfg["head_dim"] = 8;
+  temp_dir dir("zipage_hf_overflow");
+  write_checkpoint(dir.path, cfg, w);
+  CHECK(contains(error_of([&] { (void)zipage::load_hf_checkpoint(dir.path); }),
+                 "num_attention_heads (536870916) x head_dim (8) = 4294967328 is too large"));
+}
+
 TEST_CASE("llama3 rope scaling: frequencies and rotations against hand-computed values") {
   // Llama 3.1's settings: theta 500000, head_dim 128, factor 8, low 1, high 4, original context 8192.
   // Wavelengths below 8192/4 = 2048 keep their frequency, above 8192/1 are divided by 8, in between

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "test_support.hpp"
 #include "tiny_llama.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/engine/memory_plan.hpp"
@@ -252,4 +253,30 @@ TEST_CASE("gpu_memory_utilization: a profiling forward of max_batched_tokens run
   engine<profiled_model, zipage_policy> host(profiled_model{}, {.block_size = 16, .budget_tokens = 64, .window = 8});
   CHECK(g_profile.forwards == 0);
   CHECK(g_profile.memory_reads == 0);
+}
+
+TEST_CASE("memory plan: sizes derived from the config are checked, never wrapped (issue 13)") {
+  // Each field is a valid int; the K/V bytes of one token (2 x layers x kv_heads x head_dim x 4) are 2^64,
+  // which wrapped to 0 and made plan_memory divide by zero.
+  zipage::model_config c;
+  c.vocab_size = 16;
+  c.hidden_size = 16;
+  c.num_layers = 1 << 30;
+  c.num_q_heads = 1 << 20;
+  c.num_kv_heads = 1 << 20;
+  c.head_dim = 1 << 10;
+  c.ffn_size = 16;
+  zipage::memory_request r;
+  r.budget_bytes = std::size_t{64} << 20;
+  r.block_size = 16;
+  const auto e = zipage::testing::error_of([&] { (void)zipage::plan_memory(c, r); });
+  CHECK(zipage::testing::contains(e, "is too large"));
+  CHECK(zipage::testing::contains(e, "KV cache"));
+  CHECK(zipage::testing::contains(zipage::testing::error_of([&] { c.validate(); }), "is too large"));
+  // A fixed pool whose byte count overflows is refused too.
+  c.num_layers = 1 << 20;
+  c.num_q_heads = c.num_kv_heads = 1 << 10;
+  r.num_blocks = 1 << 30;
+  CHECK(zipage::testing::contains(zipage::testing::error_of([&] { (void)zipage::plan_memory(c, r); }),
+                                  "memory plan: num_blocks x block bytes"));
 }

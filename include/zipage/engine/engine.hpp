@@ -261,7 +261,10 @@ class engine {
       record_entry(e.tokens, samples);
       s.kv_len += e.tokens;
       s.num_computed += e.tokens;
-      if (!samples) continue;  // a prefill chunk short of the prompt's end
+      if (!samples) {  // a prefill chunk short of the prompt's end, or a recomputation short of its last token
+        if (s.recomputed_to_last_token() && worker_.planner().should_compress(s)) s.needs_compression = true;
+        continue;
+      }
       const token_id tok = sampled[row++];
       s.tokens.push_back(tok);
       events.push_back(on_token(s, tok));

@@ -4,10 +4,13 @@
 // query slots are made (up to the running cap) and the rest of the memory becomes blocks.
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <utility>
 
+#include "zipage/core/checked.hpp"
 #include "zipage/core/error.hpp"
 #include "zipage/model/model_config.hpp"
 
@@ -47,11 +50,14 @@ struct memory_plan {
 };
 
 // K + V of one cached token over all layers, plus its fp32 score per KV head when a score cache is kept.
+// Computed in 64 bits and checked: a config whose sizes overflow is an error, never a wrapped size.
 [[nodiscard]] inline std::size_t kv_bytes_per_token(const model_config& c, std::size_t element_bytes, bool score_cache) {
-  const auto layers = static_cast<std::size_t>(c.num_layers);
-  std::size_t bytes = 2 * layers * static_cast<std::size_t>(c.kv_size()) * element_bytes;
-  if (score_cache) bytes += layers * static_cast<std::size_t>(c.num_kv_heads) * sizeof(float);
-  return bytes;
+  const std::int64_t kv_row = checked_mul(2 * std::int64_t{c.num_layers}, c.kv_size(), "KV cache: 2 x num_layers x kv_size");
+  std::int64_t bytes = checked_mul(kv_row, static_cast<std::int64_t>(element_bytes), "KV cache: bytes per token");
+  if (score_cache)
+    bytes = checked_add(bytes, checked_mul(std::int64_t{c.num_layers} * c.num_kv_heads, sizeof(float), "KV cache: score bytes per token"),
+                        "KV cache: bytes per token");
+  return static_cast<std::size_t>(bytes);
 }
 
 // The KV cache's share of a device as vLLM sizes it: utilization x total memory - memory already in use
@@ -81,32 +87,50 @@ struct memory_request {
 
 [[nodiscard]] inline memory_plan plan_memory(const model_config& c, const memory_request& r) {
   check(r.block_size > 0, "memory plan: block_size must be positive, got ", r.block_size);
+  check(r.budget_blocks >= 0 && r.window >= 0 && r.num_blocks >= 0 && r.num_query_slots >= 0,
+        "memory plan: budget_blocks, window, num_blocks and num_query_slots must not be negative");
   memory_plan p;
   p.block_size = r.block_size;
-  const auto layers = static_cast<std::size_t>(c.num_layers);
-  p.block_bytes = static_cast<std::size_t>(r.block_size) * kv_bytes_per_token(c, r.element_bytes, r.score_cache);
+  // Every byte count in 64 bits, checked (an overflow is an error naming the product, not a wrapped size).
+  const auto mul = [](std::int64_t a, std::int64_t b, const char* what) { return checked_mul(a, b, what); };
+  const std::int64_t layers = c.num_layers;
+  const std::int64_t block_bytes =
+      mul(r.block_size, static_cast<std::int64_t>(kv_bytes_per_token(c, r.element_bytes, r.score_cache)),
+          "memory plan: block_size x bytes per token");
+  p.block_bytes = static_cast<std::size_t>(block_bytes);
   const bool compress = r.budget_blocks > 0;
   if (compress) {
-    p.blocks_per_request = r.budget_blocks + 1;
-    p.query_slot_bytes = layers * static_cast<std::size_t>(r.window) * static_cast<std::size_t>(c.q_size()) * r.element_bytes;
+    p.blocks_per_request = static_cast<int>(checked_add(r.budget_blocks, 1, "memory plan: budget_blocks + 1",
+                                                        std::numeric_limits<int>::max()));
+    p.query_slot_bytes = static_cast<std::size_t>(
+        mul(mul(mul(layers, r.window, "memory plan: num_layers x window"), c.q_size(), "memory plan: query slot values"),
+            static_cast<std::int64_t>(r.element_bytes), "memory plan: query slot bytes"));
   }
-  const std::size_t per_request = p.block_bytes * static_cast<std::size_t>(p.blocks_per_request) + p.query_slot_bytes;
+  const std::int64_t per_request =
+      checked_add(mul(block_bytes, p.blocks_per_request, "memory plan: block bytes x blocks per request"),
+                  static_cast<std::int64_t>(p.query_slot_bytes), "memory plan: bytes per request");
   if (r.num_blocks > 0) {
     p.num_blocks = r.num_blocks;
     if (compress) p.max_concurrency = std::max(1, r.num_blocks / p.blocks_per_request);
   } else {
     p.budget_bytes = r.budget_bytes;
-    if (compress) p.max_concurrency = static_cast<int>(std::min<std::size_t>(r.budget_bytes / per_request, 1u << 20));
+    if (compress && per_request > 0)
+      p.max_concurrency = static_cast<int>(std::min<std::size_t>(r.budget_bytes / static_cast<std::size_t>(per_request), 1u << 20));
   }
   if (compress) {
     p.num_query_slots = r.num_query_slots > 0 ? r.num_query_slots : std::clamp(p.max_concurrency, 1, std::max(1, r.max_running));
   }
+  const std::int64_t slot_total = mul(static_cast<std::int64_t>(p.query_slot_bytes), p.num_query_slots, "memory plan: query slots x slot bytes");
   if (r.num_blocks == 0) {
-    const std::size_t slot_total = p.query_slot_bytes * static_cast<std::size_t>(p.num_query_slots);
-    check(r.budget_bytes > slot_total, "memory plan: ", r.budget_bytes, " bytes cannot hold the query slots (",
-          slot_total, " bytes)");
-    p.num_blocks = static_cast<int>(std::min<std::size_t>((r.budget_bytes - slot_total) / p.block_bytes, 1u << 30));
+    check(r.budget_bytes > static_cast<std::size_t>(slot_total), "memory plan: ", r.budget_bytes,
+          " bytes cannot hold the query slots (", slot_total, " bytes)");
+    check(block_bytes > 0, "memory plan: a KV block of 0 bytes");
+    p.num_blocks = static_cast<int>(
+        std::min<std::size_t>((r.budget_bytes - static_cast<std::size_t>(slot_total)) / p.block_bytes, 1u << 30));
   }
+  // The whole pool must be addressable (a fixed --num-blocks times a large block can overflow too).
+  (void)checked_add(mul(block_bytes, p.num_blocks, "memory plan: num_blocks x block bytes"), slot_total,
+                    "memory plan: pool bytes");
   check(p.num_blocks > 0, "memory plan: ", r.budget_bytes, " bytes hold no KV block of ", p.block_bytes, " bytes");
   return p;
 }

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "zipage/core/checked.hpp"
 #include "zipage/core/error.hpp"
 #include "zipage/core/types.hpp"
 
@@ -73,8 +74,10 @@ struct model_config {
   bool qk_norm = false;               // per-head RMSNorm of q and k before RoPE (Qwen3)
   std::vector<token_id> extra_eos;    // further end-of-sequence ids besides `eos` (e.g. <|endoftext|>)
 
-  [[nodiscard]] int q_size() const { return num_q_heads * head_dim; }
-  [[nodiscard]] int kv_size() const { return num_kv_heads * head_dim; }
+  // Row widths of q and k/v, computed in 64 bits: a product beyond int is an error naming the fields
+  // (each field passing its own range check is not enough, e.g. 536870916 heads x head_dim 8).
+  [[nodiscard]] int q_size() const { return checked_dim(num_q_heads, head_dim, "model config: num_q_heads x head_dim"); }
+  [[nodiscard]] int kv_size() const { return checked_dim(num_kv_heads, head_dim, "model config: num_kv_heads x head_dim"); }
   [[nodiscard]] int gqa_group() const { return num_q_heads / num_kv_heads; }
 
   void validate() const {
@@ -91,6 +94,15 @@ struct model_config {
     check(num_q_heads % num_kv_heads == 0, "model config: num_q_heads (", num_q_heads,
           ") must be a multiple of num_kv_heads (", num_kv_heads, ")");
     check(head_dim % 2 == 0, "model config: head_dim must be even for RoPE, got ", head_dim);
+    // Derived sizes: every tensor dimension fits an int, every tensor's element count and one token's K/V
+    // over all layers fit 64 bits (the loaders then compare them with the tensors the file holds).
+    const std::int64_t q = q_size(), kv = kv_size();
+    (void)checked_mul(q, hidden_size, "model config: (num_q_heads x head_dim) x hidden_size");
+    (void)checked_mul(kv, hidden_size, "model config: (num_kv_heads x head_dim) x hidden_size");
+    (void)checked_mul(ffn_size, hidden_size, "model config: ffn_size x hidden_size");
+    (void)checked_mul(vocab_size, hidden_size, "model config: vocab_size x hidden_size");
+    (void)checked_mul(checked_mul(2 * kv, num_layers, "model config: 2 x (num_kv_heads x head_dim) x num_layers"),
+                      8, "model config: K/V bytes per token");
     check(rope_theta > 0.0f, "model config: rope_theta must be positive, got ", rope_theta);
     check(rms_eps > 0.0f, "model config: rms_eps must be positive, got ", rms_eps);
     check(bos < vocab_size && eos < vocab_size, "model config: bos/eos (", bos, "/", eos,

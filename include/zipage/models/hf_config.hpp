@@ -14,10 +14,13 @@
 // scaling types, sliding-window attention, and the biases llama_model has no slot for (attention_bias on
 // o_proj, mlp_bias). Hugging Face checkpoints rotate halves: rope_style::half.
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "zipage/core/error.hpp"
@@ -114,6 +117,12 @@ inline model_config hf_config_from_json(const json::value& cfg, std::string_view
     c.head_dim = c.hidden_size / c.num_q_heads;
   }
   check(c.head_dim % 2 == 0, src, ": head_dim ", c.head_dim, " must be even for RoPE");
+  // Each field passes its own range check; their products must too (they size the q/k/v rows).
+  for (const auto& [heads, name] : {std::pair{c.num_q_heads, "num_attention_heads"}, std::pair{c.num_kv_heads, "num_key_value_heads"}}) {
+    const std::int64_t width = std::int64_t{heads} * c.head_dim;
+    check(width <= std::numeric_limits<int>::max(), src, ": ", name, " (", heads, ") x head_dim (", c.head_dim, ") = ",
+          width, " is too large (a q/k/v row holds at most ", std::numeric_limits<int>::max(), " values)");
+  }
   c.max_context = static_cast<int>(json::get_int(cfg, "max_position_embeddings", src, 0, 0, (1LL << 31) - 1));
   c.rope_theta = static_cast<float>(json::get_number(cfg, "rope_theta", src, 10000.0));
   detail::hf_rope_scaling(cfg, src, c);
