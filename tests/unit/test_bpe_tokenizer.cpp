@@ -382,6 +382,24 @@ TEST_CASE("synthetic tokenizer: added tokens, lstrip/rstrip, BOS from the post-p
   CHECK(contains(error_of([&] { (void)u.encode("x", true); }), "BOS requested but the tokenizer has no BOS token"));
 }
 
+TEST_CASE("synthetic tokenizer: ids are bounded by the tokens the file declares (issue 13)") {
+  // A few-KB file naming one id of 2^22 used to size the id table to 2^22 entries (2^26: 2.8 GB).
+  auto j = synthetic({"ab"}, nlohmann::json::array());
+  j["model"]["vocab"]["ab"] = 1 << 22;
+  CHECK(contains(load_error(j), "tokenizer.json: token id 4194304 is out of range: the file declares 257 tokens "
+                                "(model.vocab + added_tokens), so ids must be below 2 x 257 + 1024 = 1538"));
+  j = synthetic({}, nlohmann::json::array());
+  j["added_tokens"] = nlohmann::json::array({{{"id", 1 << 22}, {"content", "<big>"}, {"special", true}}});
+  CHECK(contains(load_error(j), "added_tokens[0]: token id 4194304 is out of range: the file declares 257 tokens"));
+  // Ids with gaps load while the table stays proportional to the file.
+  j["added_tokens"][0]["id"] = 1537;
+  const auto t = make(j);
+  CHECK(t.vocab_size() == 1538);
+  CHECK(t.find("<big>") == 1537);
+  j["added_tokens"][0]["id"] = 1538;
+  CHECK(contains(load_error(j), "token id 1538 is out of range"));
+}
+
 TEST_CASE("synthetic tokenizer: load errors name the file and the field") {
   const auto good = synthetic({"ab"}, nlohmann::json::array({nlohmann::json::array({"a", "b"})}));
   CHECK(load_error(good) == "<no error>");

@@ -68,7 +68,14 @@ inline std::unique_ptr<file_bytes> map_file(const std::filesystem::path& path, s
     ~fd_guard() { ::close(fd); }
   };
   const std::string shown = path.string();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Only regular files: opening a FIFO (or a character device) for reading blocks until a writer comes,
+  // so the type is checked before the open, and O_NONBLOCK keeps a file swapped in between from blocking.
+  struct stat before {};
+  if (::stat(path.c_str(), &before) == 0) {
+    if (S_ISDIR(before.st_mode)) fail("cannot open ", kind, " '", shown, "': it is a directory");
+    if (!S_ISREG(before.st_mode)) fail("cannot open ", kind, " '", shown, "': not a regular file");
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail("cannot open ", kind, " '", shown, "': ", std::generic_category().message(errno));
   const fd_guard guard{fd};
   struct stat st {};
@@ -88,6 +95,8 @@ inline std::unique_ptr<file_bytes> map_file(const std::filesystem::path& path, s
   const std::string shown = path.string();
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) fail("cannot open ", kind, " '", shown, "': it is a directory");
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    fail("cannot open ", kind, " '", shown, "': not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot open ", kind, " '", shown, "'");
   in.seekg(0, std::ios::end);

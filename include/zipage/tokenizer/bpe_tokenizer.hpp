@@ -869,6 +869,15 @@ class bpe_tokenizer {
       check(dec->is_object() && dec->value("type", "") == "ByteLevel", src,
             ": decoder must be ByteLevel, got ", json::printable(dec->dump(), 80));
     }
+    // Ids are bounded by what the file declares (vocab entries + added tokens: ids below twice that plus
+    // 1024, room for the gaps real files leave), so the id table stays proportional to the file and a 4 KB
+    // file cannot name an id of 2^26 and make it take gigabytes.
+    {
+      const json::value* vocab = json::find(model, "vocab");
+      const json::value* added = json::find(root, "added_tokens");
+      declared_ = (vocab && vocab->is_object() ? vocab->size() : 0) + (added && added->is_array() ? added->size() : 0);
+      max_id_ = 2 * declared_ + 1024;
+    }
     read_vocab(model, src);
     read_added_tokens(root, src);
     read_merges(model, src);
@@ -928,6 +937,8 @@ class bpe_tokenizer {
 
   void define(token_id id, std::string text, const std::string& src) {
     check(id >= 0 && id < (1 << 30), src, ": token id ", id, " is out of range");
+    check(static_cast<std::size_t>(id) < max_id_, src, ": token id ", id, " is out of range: the file declares ",
+          declared_, " tokens (model.vocab + added_tokens), so ids must be below 2 x ", declared_, " + 1024 = ", max_id_);
     if (static_cast<std::size_t>(id) >= tokens_.size()) tokens_.resize(static_cast<std::size_t>(id) + 1);
     token_entry& e = tokens_[static_cast<std::size_t>(id)];
     check(e.text.empty(), src, ": token id ", id, " is given to both '", json::printable(e.text), "' and '",
@@ -1232,6 +1243,8 @@ class bpe_tokenizer {
   }
 
   std::vector<token_entry> tokens_;  // by id
+  std::size_t declared_ = 0;  // vocab entries + added tokens
+  std::size_t max_id_ = 0;    // every id is below it (2 x declared_ + 1024)
   std::unordered_map<std::string, token_id, detail::bpe_string_hash, std::equal_to<>> vocab_;
   std::unordered_map<std::string, token_id, detail::bpe_string_hash, std::equal_to<>> added_index_;
   std::unordered_map<std::uint64_t, merge_info> merges_;

@@ -1,0 +1,97 @@
+// Bad input found by a probe of malformed files and flags (issue 13): a FIFO given as a model, config or
+// tokenizer file is refused instead of blocking forever; a model and a tokenizer whose vocabularies
+// disagree are refused at load instead of failing a batch halfway.
+#include <doctest/doctest.h>
+
+#include "test_support.hpp"
+
+#include <zipage/gguf/gguf.hpp>
+#include <zipage/models/hf_config.hpp>
+#include <zipage/models/hf_loader.hpp>
+#include <zipage/models/llama.hpp>
+#include <zipage/safetensors/safetensors.hpp>
+#include <zipage/tokenizer/bpe_tokenizer.hpp>
+#include <zipage/tokenizer/spm_tokenizer.hpp>
+#include <zipage/tokenizer/vocab_check.hpp>
+
+#include <chrono>
+#include <fcntl.h>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <string>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using zipage::testing::contains;
+using zipage::testing::error_of;
+using zipage::testing::temp_dir;
+
+namespace {
+
+// Runs `open` on a thread and returns its error. If it is still blocked after 10 s (the bug: open(2) on a
+// FIFO waits for a writer), opens the FIFO for writing so it returns, and reports the hang.
+std::string error_without_hanging(const fs::path& fifo, std::function<void()> open) {
+  auto result = std::async(std::launch::async, [&] { return error_of(open); });
+  if (result.wait_for(std::chrono::seconds(10)) == std::future_status::timeout) {
+    const int fd = ::open(fifo.c_str(), O_WRONLY);  // releases the blocked reader (it then sees EOF)
+    if (fd >= 0) ::close(fd);
+    (void)result.get();
+    return "<blocked on the FIFO>";
+  }
+  return result.get();
+}
+
+fs::path make_fifo(const fs::path& path) {
+  REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("a FIFO as a model, checkpoint, config or tokenizer file is refused, not waited on") {
+  temp_dir dir("zipage_fifo");
+  const auto gguf = make_fifo(dir.path / "model.gguf");
+  CHECK(contains(error_without_hanging(gguf, [&] { (void)zipage::gguf::file::open(gguf); }),
+                 "cannot open GGUF file '" + gguf.string() + "': not a regular file"));
+
+  const auto st = make_fifo(dir.path / "model.safetensors");
+  CHECK(contains(error_without_hanging(st, [&] { (void)zipage::safetensors::checkpoint::open(dir.path); }),
+                 "cannot open safetensors file '" + st.string() + "': not a regular file"));
+
+  const auto cfg = make_fifo(dir.path / "config.json");
+  CHECK(contains(error_without_hanging(cfg, [&] { (void)zipage::load_hf_config(dir.path); }),
+                 "'" + cfg.string() + "': not a regular file"));
+
+  const auto tok = make_fifo(dir.path / "tokenizer.json");
+  CHECK(contains(error_without_hanging(tok, [&] { (void)zipage::bpe_tokenizer::from_dir(dir.path); }),
+                 "'" + tok.string() + "': not a regular file"));
+}
+
+TEST_CASE("a model vocabulary and its tokenizer's must agree at load") {
+  // The bundled stories260K: 512 rows and 512 pieces.
+  const auto file = zipage::gguf::file::open(ZIPAGE_TEST_MODEL);
+  const auto spm = zipage::spm_tokenizer::from_gguf(file);
+  auto c = zipage::llama_config_from_gguf(file);
+  CHECK(error_of([&] { zipage::check_vocabulary_pair(c, spm); }) == "<no error>");
+  // A model that can sample ids the SentencePiece tokenizer cannot decode (the batch used to abort at the
+  // first one with "decode: token id out of range").
+  c.vocab_size = 600;
+  CHECK(contains(error_of([&] { zipage::check_vocabulary_pair(c, spm, "m.gguf", "m.gguf tokens"); }),
+                 "the model (m.gguf) has a vocabulary of 600 but its tokenizer (m.gguf tokens) defines only 512 tokens: "
+                 "ids 512..599 could be generated and not decoded"));
+  // A tokenizer larger than the model: prompts could hold ids the model has no embedding row for.
+  c.vocab_size = 500;
+  CHECK(contains(error_of([&] { zipage::check_vocabulary_pair(c, spm); }),
+                 "the tokenizer (tokenizer) defines 512 tokens but the model (model) has a vocabulary of 500"));
+
+  // Byte-level BPE: a model padded past the tokenizer (Qwen3: 151936 rows, 151669 tokens) is fine, those
+  // ids decode to nothing; a tokenizer larger than the model is not.
+  const auto qwen3 = zipage::bpe_tokenizer::from_dir(fs::path(ZIPAGE_TEST_DATA_DIR) / "qwen3");
+  c.vocab_size = 151936;
+  CHECK(error_of([&] { zipage::check_vocabulary_pair(c, qwen3); }) == "<no error>");
+  c.vocab_size = 151000;
+  CHECK(contains(error_of([&] { zipage::check_vocabulary_pair(c, qwen3); }),
+                 "defines 151669 tokens but the model (model) has a vocabulary of 151000"));
+}
