@@ -9,7 +9,12 @@
 // paths), and ZIPAGE_GENERATE_CUDA or ZIPAGE_SERVE_CUDA when it links the CUDA backend.
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <new>
 #include <filesystem>
 #include <map>
 #include <span>
@@ -23,6 +28,11 @@
 #include "zipage/models/llama.hpp"
 #include "zipage/policy/policies.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
+#include "zipage/tokenizer/vocab_check.hpp"
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
 
 #if ZIPAGE_GENERATE_CUDA || ZIPAGE_SERVE_CUDA
 #define ZIPAGE_CLI_CUDA 1
@@ -49,6 +59,71 @@ struct engine_options {
   std::string sampling_line;  // what the run samples with, and where each value came from
 };
 
+// A numeric flag's check: the value must parse as a finite number (NaN and inf are refused: converting
+// them is undefined) satisfying `ok`; the error names the flag (CLI11 prefixes it) and a readable range,
+// not CLI11's 309-digit bounds of double.
+inline CLI::Validator number_check(const std::string& range, std::function<bool(double)> ok) {
+  return CLI::Validator(
+      [range, ok](std::string& input) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const double v = std::strtod(input.c_str(), &end);
+        if (input.empty() || end == input.c_str() || *end != '\0') return "'" + input + "' is not a number";
+        if (!std::isfinite(v)) return "'" + input + "' is not a finite number";
+        if (!ok(v)) return input + " is out of range: it must be " + range;
+        return {};
+      },
+      range);
+}
+inline CLI::Validator positive() { return number_check("> 0", [](double v) { return v > 0; }); }
+inline CLI::Validator non_negative() { return number_check(">= 0", [](double v) { return v >= 0; }); }
+inline CLI::Validator in_range(double lo, double hi) {
+  std::ostringstream r;
+  r << "in [" << lo << ", " << hi << "]";
+  return number_check(r.str(), [lo, hi](double v) { return v >= lo && v <= hi; });
+}
+// Flags that count something held in an int (tokens, blocks, requests): 1 .. 2^31 - 1.
+inline CLI::Validator positive_count() {
+  return number_check("in [1, 2147483647]", [](double v) { return v >= 1 && v <= 2147483647.0; });
+}
+inline CLI::Validator count() {
+  return number_check("in [0, 2147483647]", [](double v) { return v >= 0 && v <= 2147483647.0; });
+}
+
+// --kv-cache-mib at most 2^30 MiB (1 PiB) on the flag; on the CPU also at most the machine's memory.
+inline constexpr double max_kv_cache_mib = 1073741824.0;
+
+// Parses the command line: -1 to go on, else the exit status (0 after --help; 2 after a bad flag, with one
+// line on stderr naming it).
+inline int parse_cli(CLI::App& app, int argc, char** argv, const char* tool) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "%s: %s (see --help)\n", tool, e.what());
+    return 2;
+  }
+  return -1;
+}
+
+// Runs f() and turns what it throws into one line on stderr and exit status 1 (running out of memory
+// included, with what to change).
+template <class F>
+int run_reporting_errors(const char* tool, F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s: error: out of memory (the model or the KV pool does not fit: lower --kv-cache-mib or "
+                         "--num-blocks)\n", tool);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", tool, e.what());
+  }
+  return 1;
+}
+
 inline bool given(const engine_options& o, const std::string& flag) { return o.flags.at(flag)->count() > 0; }
 
 inline std::string default_model_path() {
@@ -68,31 +143,32 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   // Sampling: the checkpoint's generation_config.json sets the defaults (greedy when it sets nothing).
   o.flags["--temperature"] = app.add_option("--temperature,-t", s.temperature,
                                             "0 = greedy (default: the checkpoint's generation_config.json, else 0)")
-                                 ->check(CLI::NonNegativeNumber);
+                                 ->check(non_negative());
   o.flags["--top-k"] = app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0 = off; default: the checkpoint's)")
-                           ->check(CLI::NonNegativeNumber);
+                           ->check(count());
   o.flags["--top-p"] = app.add_option("--top-p", s.top_p, "nucleus sampling mass (1 = off; default: the checkpoint's)")
-                           ->check(CLI::Range(0.0f, 1.0f));
+                           ->check(in_range(0.0, 1.0));
   o.flags["--min-p"] = app.add_option("--min-p", s.min_p, "drop tokens below min-p times the top probability (default: the checkpoint's)")
-                           ->check(CLI::Range(0.0f, 1.0f));
+                           ->check(in_range(0.0, 1.0));
   o.flags["--repetition-penalty"] = app.add_option("--repetition-penalty", s.repetition_penalty, "1 = off (default: the checkpoint's)")
-                                        ->check(CLI::PositiveNumber);
+                                        ->check(positive());
   app.add_option("--seed", s.seed, "per-request seed (request i uses seed + i)");
   app.add_option("--stop", s.stop, "stop string (repeatable)");
   app.add_flag("--ignore-eos", s.ignore_eos, "keep generating past EOS");
   auto& e = o.engine;
-  app.add_option("--block-size", e.block_size, "tokens per KV block")->check(CLI::PositiveNumber);
+  app.add_option("--block-size", e.block_size, "tokens per KV block")->check(positive_count());
   app.add_option("--num-blocks", e.num_blocks, "KV pool size in blocks (default: from --kv-cache-mib)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV pool size in MiB (CPU)")->check(CLI::PositiveNumber);
+      ->check(count());
+  app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV pool size in MiB (CPU)")
+      ->check(number_check("in (0, 1073741824] (1 PiB)", [](double v) { return v > 0 && v <= max_kv_cache_mib; }));
   app.add_option("--device", o.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--dtype", o.dtype, "GPU: bf16 or fp32 weights, activations and KV")->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
                  "GPU: fraction of device memory for weights + KV pool (as vLLM)")
-      ->check(CLI::Range(0.05, 1.0));
-  app.add_option("--max-num-seqs", e.max_num_seqs, "running requests at most")->check(CLI::PositiveNumber);
-  app.add_option("--max-batched-tokens", e.max_batched_tokens, "tokens per step at most")->check(CLI::PositiveNumber);
+      ->check(in_range(0.05, 1.0));
+  app.add_option("--max-num-seqs", e.max_num_seqs, "running requests at most")->check(positive_count());
+  app.add_option("--max-batched-tokens", e.max_batched_tokens, "tokens per step at most")->check(positive_count());
   app.add_option("--scheduling-policy", o.scheduling,
                  "fcfs, or priority (requests' priority, lower first; as vLLM's --scheduling-policy)")
       ->check(CLI::IsMember({"fcfs", "priority"}));
@@ -101,18 +177,18 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   app.add_option("--policy", o.policy, "eviction policy (full_kv keeps everything)")->check(CLI::IsMember(policies));
   auto* budget = app.add_option("--budget", e.budget_tokens,
                                  "tokens each compressed request keeps (a multiple of --block-size)")
-                     ->check(CLI::PositiveNumber)
+                     ->check(positive_count())
                      ->capture_default_str();
   auto* budget_blocks = app.add_option("--budget-blocks", o.budget_blocks,
                                        "instead of --budget: blocks each compressed request keeps (B)")
-                            ->check(CLI::PositiveNumber);
+                            ->check(positive_count());
   budget->excludes(budget_blocks);
   o.flags["--budget"] = budget;
   app.add_option("--window", e.window, "recent queries that score the cache, and tokens always kept (W)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_count())
       ->capture_default_str();
   app.add_option("--query-slots", e.num_query_slots, "requests that may record window queries (default: max concurrency)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(count());
   app.add_flag("!--no-hybrid", e.hybrid, "admit only requests that get a query slot");
   app.add_flag("!--no-prefix-caching", e.prefix_caching, "do not share prompt blocks between requests");
   app.add_flag("!--sync-compression", e.async_compression, "compress on the decode thread");
@@ -196,6 +272,20 @@ void size_gpu_pool(engine_options& o, const zipage::model_config& c, const Backe
   }
 }
 
+// The CPU pool lives in host memory: a --kv-cache-mib beyond the machine's memory is an error now, not a
+// std::bad_alloc after seconds of allocating.
+inline void check_host_pool(const engine_options& o) {
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGE_SIZE)
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0 || o.engine.num_blocks > 0) return;
+  const double mib = static_cast<double>(pages) * static_cast<double>(page) / 1048576.0;
+  zipage::check(o.kv_cache_mib <= mib, "--kv-cache-mib ", o.kv_cache_mib, " is more than this machine's memory (",
+                static_cast<long long>(mib), " MiB)");
+#else
+  (void)o;
+#endif
+}
+
 namespace detail {
 
 // The engine type depends on the policy, so `f` is instantiated once per built-in policy.
@@ -205,6 +295,9 @@ int build_engine(engine_options& o, zipage::llama_model<Backend> model, const Ba
   o.sampling.validate();
   resolve_budget(o);
   o.engine.scheduling = o.scheduling == "priority" ? zipage::scheduling_order::priority : zipage::scheduling_order::fcfs;
+  zipage::check(std::isfinite(o.kv_cache_mib) && o.kv_cache_mib > 0 && o.kv_cache_mib <= max_kv_cache_mib,
+                "--kv-cache-mib ", o.kv_cache_mib, " is out of range: it must be in (0, ", max_kv_cache_mib, "]");
+  if (o.engine.gpu_memory_utilization <= 0.0) check_host_pool(o);
   o.engine.kv_cache_bytes = static_cast<std::size_t>(o.kv_cache_mib * 1024.0 * 1024.0);
   if (o.engine.gpu_memory_utilization > 0.0) size_gpu_pool(o, model.config(), backend);
   int rc = -1;
@@ -223,6 +316,10 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
   if (std::filesystem::is_directory(o.model)) {  // a Hugging Face checkpoint
     resolve_sampling(o, zipage::load_generation_config(o.model));
     const auto tokenizer = zipage::bpe_tokenizer::from_dir(o.model);
+    // The pair is checked before the weights load (a mismatch would otherwise fail a batch halfway).
+    zipage::check_vocabulary_pair(zipage::load_hf_checkpoint_config(o.model), tokenizer,
+                                  (std::filesystem::path(o.model) / "config.json").string(),
+                                  (std::filesystem::path(o.model) / "tokenizer.json").string());
     auto model = zipage::load_hf_checkpoint<Backend>(o.model, backend);
     // The engine stops at every end-of-sequence id of the config (eos and extra_eos); the tokenizer's
     // own EOS ends a turn too (e.g. Qwen3's <|im_end|>).
@@ -233,6 +330,8 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
   resolve_sampling(o, {});
   const auto file = zipage::gguf::file::open(o.model);
   const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
+  zipage::check_vocabulary_pair(zipage::llama_config_from_gguf(file), tokenizer, o.model + " (token_embd.weight)",
+                                o.model + " (tokenizer.ggml.tokens)");
   auto model = zipage::load_llama_gguf<Backend>(file, backend);
   o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
   return build_engine(o, std::move(model), backend, model_text{.spm = &tokenizer}, f);

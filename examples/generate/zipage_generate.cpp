@@ -43,7 +43,8 @@ void add_flags(CLI::App& app, options& o) {
   auto* many = app.add_option("--prompts", o.prompts_file, "file with one prompt per line, run as one batch");
   single->excludes(many);
   o.sampling.max_tokens = 128;
-  app.add_option("-n,--max-tokens", o.sampling.max_tokens, "tokens to generate per request")->check(CLI::PositiveNumber);
+  app.add_option("-n,--max-tokens", o.sampling.max_tokens, "tokens to generate per request")
+      ->check(zipage_cli::positive_count());
   app.add_flag("--quiet,-q", o.quiet, "print only the generated text");
   app.add_flag("--chat", o.chat, "wrap each prompt in the checkpoint's chat template (checkpoint directories)");
   app.add_flag("--no-thinking", o.no_thinking, "with --chat: turn Qwen3's thinking off");
@@ -132,15 +133,26 @@ int run_engine(options& o, Engine& eng, Encode& encode) {
   const double seconds = elapsed();
   if (batch && !o.quiet) std::fprintf(stderr, "\n");
 
+  std::vector<std::size_t> failed;
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const auto out = eng.take_output(ids[i]);
-    if (out.reason == zipage::finish_reason::error)
+    if (out.reason == zipage::finish_reason::error) {
       std::fprintf(stderr, "request %zu failed: %s\n", i, out.error_message.c_str());
+      failed.push_back(i);
+    }
     if (batch) std::cout << "[" << i << "] " << texts[i] << out.text << "\n";
     else std::cout << "\n";
   }
   std::cout << std::flush;  // the text first, then the summary on stderr
   if (!o.quiet) print_summary(eng, texts.size(), seconds);
+  if (!failed.empty()) {  // a failed request is a failed run: exit status 1, and which ones
+    std::string which;
+    for (std::size_t k = 0; k < failed.size() && k < 20; ++k) which += (k ? ", " : "") + std::to_string(failed[k]);
+    if (failed.size() > 20) which += ", ...";
+    std::fprintf(stderr, "zipage-generate: error: %zu of %zu requests failed (request%s %s)\n", failed.size(),
+                 texts.size(), failed.size() == 1 ? "" : "s", which.c_str());
+    return 1;
+  }
   return 0;
 }
 
@@ -150,20 +162,6 @@ int main(int argc, char** argv) {
   CLI::App app{"zipage-generate: generate text with a GGUF model or a Hugging Face checkpoint (Compressed PagedAttention engine)"};
   options o;
   add_flags(app, o);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "zipage-generate: %s (see --help)\n", e.what());
-    return 2;
-  }
-  try {
-    return run(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "zipage-generate: error: %s\n", e.what());
-    return 1;
-  }
+  if (const int rc = zipage_cli::parse_cli(app, argc, argv, "zipage-generate"); rc >= 0) return rc;
+  return zipage_cli::run_reporting_errors("zipage-generate", [&] { return run(o); });
 }
