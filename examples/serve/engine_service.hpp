@@ -29,6 +29,7 @@ struct choice_event {
   zipage::token_id token = -1;
   std::string text;  // the token's text delta, as the engine's detokenizer gave it
   float logprob = std::numeric_limits<float>::quiet_NaN();  // when the request asked for logprobs
+  std::vector<zipage::token_logprob> top_logprobs;           // when it asked for top_logprobs > 0
   bool finished = false;
   // On the last event: "stop", "length", "cancelled" or "error", the complete output text (stop strings
   // cut, as the engine cuts them) and the number of generated tokens.
@@ -98,6 +99,7 @@ class engine_driver {
   virtual bool has_unfinished() const = 0;
   virtual zipage::request_output take(zipage::request_id id) = 0;
   virtual float last_logprob(zipage::request_id id) const = 0;
+  virtual std::vector<zipage::token_logprob> last_top_logprobs(zipage::request_id id) const = 0;
   virtual zipage::engine_stats stats() const = 0;
 };
 
@@ -115,6 +117,10 @@ class driver_for final : public engine_driver {
   float last_logprob(zipage::request_id id) const override {
     const auto& lp = eng_.request(id).logprobs;
     return lp.empty() ? std::numeric_limits<float>::quiet_NaN() : lp.back();
+  }
+  std::vector<zipage::token_logprob> last_top_logprobs(zipage::request_id id) const override {
+    const auto& top = eng_.request(id).top_logprobs;
+    return top.empty() ? std::vector<zipage::token_logprob>{} : top.back();
   }
   zipage::engine_stats stats() const override { return eng_.stats(); }
 
@@ -190,6 +196,7 @@ class engine_service {
     std::shared_ptr<channel> ch;
     int choice = 0;
     bool logprobs = false;
+    int top_logprobs = 0;
     clock_type::time_point arrival, last_token;
     bool has_token = false;
   };
@@ -235,9 +242,10 @@ class engine_service {
     try {
       for (auto& j : s.jobs) {
         const bool lp = j.params.logprobs;
+        const int top = j.params.top_logprobs;
         const zipage::request_id id = driver_.add(std::move(j.prompt), j.params);
         added.push_back(id);
-        live_.emplace(id, running{s.ch, j.choice, lp, s.arrival, s.arrival, false});
+        live_.emplace(id, running{s.ch, j.choice, lp, top, s.arrival, s.arrival, false});
       }
     } catch (const std::exception& e) {
       for (auto id : added) {
@@ -301,6 +309,7 @@ class engine_service {
     e.token = ev.token;
     e.text = ev.text;
     if (r.logprobs && ev.reason != zipage::finish_reason::error) e.logprob = driver_.last_logprob(ev.id);
+    if (r.top_logprobs > 0 && ev.reason != zipage::finish_reason::error) e.top_logprobs = driver_.last_top_logprobs(ev.id);
     {
       std::lock_guard lock(metrics_.mutex);
       if (ev.reason != zipage::finish_reason::error) {

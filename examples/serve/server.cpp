@@ -119,6 +119,8 @@ struct gen_request {
   bool stream = false;
   bool include_usage = false;
   bool logprobs = false;
+  int top_logprobs = 0;  // alternatives per token: chat top_logprobs, completions logprobs
+  const zipage_cli::model_text* text = nullptr;  // to spell the alternatives
   int n = 1;
   std::vector<std::vector<zipage::token_id>> prompts;
   std::vector<job> jobs;  // prompts.size() * n choices; choice index = prompt * n + j
@@ -187,9 +189,8 @@ class api {
     if (auto v = integer(body, "top_k", -1, 1 << 30)) p.top_k = *v < 0 ? 0 : static_cast<int>(*v);
     if (auto v = number(body, "min_p", 0.0, 1.0)) p.min_p = static_cast<float>(*v);
     if (auto v = number(body, "repetition_penalty", 0.0, 1e6, true)) p.repetition_penalty = static_cast<float>(*v);
-    for (const char* key : {"frequency_penalty", "presence_penalty"})
-      if (auto v = number(body, key, -2.0, 2.0); v && *v != 0.0)
-        bad_param(key, std::string("'") + key + "' is not supported by zipage-serve (only 0); use repetition_penalty");
+    if (auto v = number(body, "frequency_penalty", -2.0, 2.0)) p.frequency_penalty = static_cast<float>(*v);
+    if (auto v = number(body, "presence_penalty", -2.0, 2.0)) p.presence_penalty = static_cast<float>(*v);
     if (auto v = boolean(body, "ignore_eos")) p.ignore_eos = *v;
     if (auto v = integer(body, "priority", -(1LL << 31), (1LL << 31) - 1)) p.priority = static_cast<int>(*v);
     if (const json* stop = field(body, "stop")) {
@@ -204,24 +205,25 @@ class api {
     }
     for (const auto& s : p.stop) r.max_stop_len = std::max(r.max_stop_len, s.size());
 
-    // logprobs: the sampled token's log-probability only (the engine records no top alternatives).
+    // logprobs: each sampled token's log-probability, and the top_logprobs most likely tokens of its step.
+    r.text = model_.text;
     if (chat) {
       r.logprobs = boolean(body, "logprobs").value_or(false);
-      if (auto top = integer(body, "top_logprobs", 0, 20); top && *top > 0)
-        bad_param("top_logprobs", "'top_logprobs' > 0 is not supported: zipage-serve returns the log-probability of "
-                                  "each sampled token only (top_logprobs: 0)");
+      if (auto top = integer(body, "top_logprobs", 0, 20)) {
+        if (*top > 0 && !r.logprobs) bad_param("top_logprobs", "'logprobs' must be true when 'top_logprobs' is used");
+        r.top_logprobs = static_cast<int>(*top);
+      }
     } else {
       if (auto lp = integer(body, "logprobs", 0, 5)) {
-        if (*lp > 0)
-          bad_param("logprobs", "'logprobs' > 0 is not supported: zipage-serve returns the log-probability of each "
-                                "sampled token only ('logprobs': 0)");
         r.logprobs = true;
+        r.top_logprobs = static_cast<int>(*lp);
       }
       if (boolean(body, "echo").value_or(false)) bad_param("echo", "'echo' is not supported by zipage-serve");
       if (auto best_of = integer(body, "best_of", 1, 128); best_of && *best_of != r.n)
         bad_param("best_of", "'best_of' other than n is not supported by zipage-serve");
     }
     p.logprobs = r.logprobs;
+    p.top_logprobs = r.top_logprobs;
 
     std::optional<long long> max_tokens = integer(body, "max_tokens", 1, 1LL << 31);
     if (auto v = integer(body, "max_completion_tokens", 1, 1LL << 31)) max_tokens = v;
@@ -456,6 +458,14 @@ std::string random_id(const char* prefix) {
   return buf;
 }
 
+// One sampled token's log-probability entry: its text delta, log-probability and the step's alternatives.
+struct logprob_entry {
+  std::string text;
+  zipage::token_id token = -1;
+  float logprob = 0.0f;
+  std::vector<zipage::token_logprob> top;
+};
+
 // What one choice has produced so far, and how much of its text the client has been sent.
 struct choice_state {
   std::string text;  // concatenated token texts (the final text on finish)
@@ -465,26 +475,66 @@ struct choice_state {
   bool reported = false;  // its end has been sent (streaming)
   std::string finish_reason, error;
   int completion_tokens = 0;
-  std::vector<std::pair<std::string, float>> logprobs;  // (token text, log-probability), not yet sent
+  std::vector<logprob_entry> logprobs;  // not yet sent
 };
 
-json logprobs_json(bool chat, const std::vector<std::pair<std::string, float>>& entries, std::size_t text_offset) {
-  if (chat) {
+// JSON numbers cannot be -inf or NaN: a token the model rules out gets -9999, as OpenAI and vLLM report it.
+double json_logprob(float lp) { return std::isnan(lp) || lp < -9999.0f ? -9999.0 : static_cast<double>(lp); }
+
+// A token's own text (its bytes; possibly part of a UTF-8 character), for the alternatives.
+std::string token_piece(const zipage_cli::model_text* text, zipage::token_id id) {
+  std::string out;
+  if (text == nullptr) return out;
+  try {
+    if (text->bpe) {
+      text->bpe->append_token_bytes(out, id);
+    } else if (text->spm) {
+      bool at_start = false;
+      text->spm->append_token_text(out, id, at_start);
+    }
+  } catch (const std::exception&) {
+    out.clear();  // an id the tokenizer does not define (a padded vocabulary): no text
+  }
+  return out;
+}
+
+json byte_list(const std::string& s) {
+  json bytes = json::array();
+  for (unsigned char c : s) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+// OpenAI's shapes: chat {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]};
+// completions {tokens, token_logprobs, top_logprobs: [{text: logprob} (the k best and the sampled token) or
+// null when logprobs is 0], text_offset}.
+json logprobs_json(const gen_request& req, const std::vector<logprob_entry>& entries, std::size_t text_offset) {
+  if (req.chat) {
     json content = json::array();
-    for (const auto& [tok, lp] : entries) {
-      json bytes = json::array();
-      for (unsigned char c : tok) bytes.push_back(static_cast<int>(c));
-      content.push_back({{"token", tok}, {"logprob", lp}, {"bytes", bytes}, {"top_logprobs", json::array()}});
+    for (const auto& e : entries) {
+      json top = json::array();
+      for (const auto& t : e.top) {
+        const std::string piece = token_piece(req.text, t.id);
+        top.push_back({{"token", piece}, {"logprob", json_logprob(t.logprob)}, {"bytes", byte_list(piece)}});
+      }
+      content.push_back({{"token", e.text}, {"logprob", json_logprob(e.logprob)}, {"bytes", byte_list(e.text)}, {"top_logprobs", top}});
     }
     return {{"content", content}};
   }
   json tokens = json::array(), lps = json::array(), offsets = json::array(), tops = json::array();
-  for (const auto& [tok, lp] : entries) {
-    tokens.push_back(tok);
-    lps.push_back(lp);
+  for (const auto& e : entries) {
+    tokens.push_back(e.text);
+    lps.push_back(json_logprob(e.logprob));
     offsets.push_back(text_offset);
-    tops.push_back(nullptr);
-    text_offset += tok.size();
+    if (req.top_logprobs > 0) {
+      json top = json::object();
+      for (const auto& t : e.top) top[token_piece(req.text, t.id)] = json_logprob(t.logprob);
+      const std::string sampled = token_piece(req.text, e.token);
+      if (!top.contains(sampled)) top[sampled] = json_logprob(e.logprob);
+      tops.push_back(std::move(top));
+    } else {
+      tops.push_back(nullptr);
+    }
+    text_offset += e.text.size();
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
@@ -512,7 +562,8 @@ struct generation {
     auto& c = choices[static_cast<std::size_t>(e.choice)];
     if (!e.finished || e.finish_reason == "stop" || e.finish_reason == "length") {
       c.text += e.text;
-      if (req.logprobs && !std::isnan(e.logprob)) c.logprobs.emplace_back(e.text, e.logprob);
+      if (req.logprobs && !std::isnan(e.logprob))
+        c.logprobs.push_back({e.text, e.token, e.logprob, std::move(e.top_logprobs)});
     }
     if (e.finished) {
       c.finished = true;
@@ -563,7 +614,7 @@ struct generation {
                                     : utf8_floor(c.text, c.text.size() > holdback ? c.text.size() - holdback : 0, c.sent);
       upto = std::max(upto, c.sent);
       const std::string delta = c.text.substr(c.sent, upto - c.sent);
-      json lp = req.logprobs && !c.logprobs.empty() ? logprobs_json(req.chat, c.logprobs, c.sent) : json(nullptr);
+      json lp = req.logprobs && !c.logprobs.empty() ? logprobs_json(req, c.logprobs, c.sent) : json(nullptr);
       c.logprobs.clear();
       if (req.chat) {
         if (role_due) {
@@ -600,7 +651,7 @@ struct generation {
     json list = json::array();
     for (std::size_t i = 0; i < choices.size(); ++i) {
       const auto& c = choices[i];
-      json lp = req.logprobs ? logprobs_json(req.chat, c.logprobs, 0) : json(nullptr);
+      json lp = req.logprobs ? logprobs_json(req, c.logprobs, 0) : json(nullptr);
       if (req.chat)
         list.push_back({{"index", i},
                         {"message", {{"role", "assistant"}, {"content", c.text}}},

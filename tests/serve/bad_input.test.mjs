@@ -55,9 +55,13 @@ await run('serve_bad_input', async (servers) => {
     [{ prompt: 'x', stop: ['ok', ''] }, 'stop'],
     [{ prompt: 'x', stream: 'yes' }, 'stream'],
     [{ prompt: 'x', stream_options: { include_usage: true } }, 'stream_options'],
-    [{ prompt: 'x', frequency_penalty: 0.5 }, 'frequency_penalty'],
+    [{ prompt: 'x', frequency_penalty: 2.5 }, 'frequency_penalty'],
+    [{ prompt: 'x', frequency_penalty: 'high' }, 'frequency_penalty'],
     [{ prompt: 'x', presence_penalty: 3 }, 'presence_penalty'],
-    [{ prompt: 'x', logprobs: 2 }, 'logprobs'],
+    [{ prompt: 'x', presence_penalty: -2.01 }, 'presence_penalty'],
+    [{ prompt: 'x', logprobs: 6 }, 'logprobs'],
+    [{ prompt: 'x', logprobs: -1 }, 'logprobs'],
+    [{ prompt: 'x', logprobs: true }, 'logprobs'],
     [{ prompt: 'x', echo: true }, 'echo'],
     [{ prompt: 5 }, 'prompt'],
     [{ prompt: [] }, 'prompt'],
@@ -73,6 +77,10 @@ await run('serve_bad_input', async (servers) => {
     [{ messages: [{ content: 'no role' }] }, 'messages'],
     [{ messages: [{ role: 'user', content: 5 }] }, 'messages'],
     [{ messages: [{ role: 'user', content: 'x' }], logprobs: 'yes' }, 'logprobs'],
+    [{ messages: [{ role: 'user', content: 'x' }], logprobs: true, top_logprobs: 21 }, 'top_logprobs'],
+    [{ messages: [{ role: 'user', content: 'x' }], logprobs: true, top_logprobs: 1.5 }, 'top_logprobs'],
+    [{ messages: [{ role: 'user', content: 'x' }], top_logprobs: 3 }, 'top_logprobs'],  // needs logprobs: true
+    [{ messages: [{ role: 'user', content: 'x' }], frequency_penalty: -3 }, 'frequency_penalty'],
   ];
   for (const [body, param] of chatCases) isErrorObject(await post(base, '/v1/chat/completions', { model: MODEL, ...body }, KEY), 400, param);
   // No chat template and no --chat-template plain: a clear 400.

@@ -1,5 +1,6 @@
 // zipage-serve driven by the official OpenAI Node client: completions and chat completions, streaming and
-// not, n > 1, stop strings, logprobs, seeds, streamed text == non-streamed text.
+// not, n > 1, stop strings, logprobs and top_logprobs, frequency and presence penalties, seeds, streamed
+// text == non-streamed text.
 import assert from 'node:assert/strict';
 import { deadline, loadOpenAI, run, startServer, waitIdle } from './common.mjs';
 
@@ -95,8 +96,83 @@ await run('serve_openai_protocol', async (servers) => {
   assert.equal(l.token_logprobs.length, 10);
   assert.ok(l.token_logprobs.every((x) => x <= 0 && x > -50), JSON.stringify(l.token_logprobs));
   assert.equal(l.tokens.join(''), lp.choices[0].text);
-  await assert.rejects(client.completions.create({ model: MODEL, prompt: PROMPT, max_tokens: 4, logprobs: 3 }),
-                       (e) => e.status === 400 && e.param === 'logprobs');
+
+  // Completions logprobs: k > 0: per token an object of the k most likely tokens' texts (and the sampled
+  // one's) to their log-probabilities; greedy, the sampled token is the most likely. Streamed == not.
+  const lp3 = await client.completions.create({ model: MODEL, prompt: PROMPT, max_tokens: 12, temperature: 0, logprobs: 3 });
+  const l3 = lp3.choices[0].logprobs;
+  assert.equal(lp3.choices[0].text, greedy.choices[0].text.slice(0, lp3.choices[0].text.length));
+  assert.deepEqual(l3.tokens.slice(0, 10), l.tokens);
+  assert.equal(l3.top_logprobs.length, 12);
+  for (let i = 0; i < 12; ++i) {
+    const alts = Object.values(l3.top_logprobs[i]);
+    assert.ok(alts.length >= 1 && alts.length <= 4, JSON.stringify(l3.top_logprobs[i]));  // texts may coincide
+    assert.equal(Math.max(...alts), l3.token_logprobs[i], `step ${i}: ${JSON.stringify(l3.top_logprobs[i])}`);
+    assert.equal(l3.top_logprobs[i][l3.tokens[i]], l3.token_logprobs[i]);
+    assert.ok(alts.reduce((m, x) => m + Math.exp(x), 0) <= 1 + 1e-5);
+  }
+  const l3s = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
+  for await (const chunk of await client.completions.create({ model: MODEL, prompt: PROMPT, max_tokens: 12, temperature: 0,
+                                                               logprobs: 3, stream: true }))
+    for (const c of chunk.choices) if (c.logprobs) for (const k of Object.keys(l3s)) l3s[k].push(...c.logprobs[k]);
+  assert.deepEqual(l3s, l3);
+
+  // Chat top_logprobs: k alternatives per token, most likely first, with their bytes; greedy picks the first.
+  const chatMsg = [{ role: 'user', content: PROMPT }];
+  const ct = await client.chat.completions.create({ model: MODEL, messages: chatMsg, max_tokens: 12, temperature: 0,
+                                                   logprobs: true, top_logprobs: 5 });
+  const content = ct.choices[0].logprobs.content;
+  assert.equal(content.length, 12);
+  for (const t of content) {
+    assert.equal(t.top_logprobs.length, 5);
+    assert.equal(t.top_logprobs[0].logprob, t.logprob);
+    assert.equal(t.top_logprobs[0].token, t.token);
+    for (let j = 1; j < 5; ++j) assert.ok(t.top_logprobs[j].logprob <= t.top_logprobs[j - 1].logprob);
+    for (const a of t.top_logprobs) assert.deepEqual(a.bytes, [...Buffer.from(a.token, 'utf8')]);
+  }
+  const cts = [];
+  for await (const chunk of await client.chat.completions.create({ model: MODEL, messages: chatMsg, max_tokens: 12, temperature: 0,
+                                                                   logprobs: true, top_logprobs: 5, stream: true }))
+    for (const c of chunk.choices) if (c.logprobs) cts.push(...c.logprobs.content);
+  assert.deepEqual(cts, content);
+  // top_logprobs 0 with logprobs: empty alternatives.
+  const ct0 = await client.chat.completions.create({ model: MODEL, messages: chatMsg, max_tokens: 4, temperature: 0,
+                                                    logprobs: true, top_logprobs: 0 });
+  assert.ok(ct0.choices[0].logprobs.content.every((t) => t.top_logprobs.length === 0));
+
+  // Frequency and presence penalties (OpenAI's: logit - frequency * count - presence * (count > 0), over the
+  // tokens generated so far). 0 changes nothing; greedy under penalties is deterministic, streamed == not,
+  // and differs from plain greedy.
+  const zero = await client.completions.create({ model: MODEL, prompt: PROMPT, max_tokens: 30, temperature: 0,
+                                                 frequency_penalty: 0, presence_penalty: 0 });
+  assert.equal(zero.choices[0].text, greedy.choices[0].text);
+  const pen = { model: MODEL, prompt: PROMPT, max_tokens: 30, temperature: 0, frequency_penalty: 1.5, presence_penalty: 0.5 };
+  const p1 = await client.completions.create(pen);
+  assert.notEqual(p1.choices[0].text, greedy.choices[0].text);
+  assert.equal((await client.completions.create(pen)).choices[0].text, p1.choices[0].text);
+  assert.equal((await collect(await client.completions.create({ ...pen, stream: true }), false)).texts[0], p1.choices[0].text);
+  const neg = await client.completions.create({ ...pen, frequency_penalty: -2, presence_penalty: -2 });
+  assert.notEqual(neg.choices[0].text, p1.choices[0].text);
+  // Each greedy step under penalties chose the best penalised score among the step's 20 most likely tokens,
+  // counting the tokens generated before it (by text; stories260K's tokens are ASCII pieces); and positive
+  // penalties changed at least one choice (negative ones favour what greedy repeats anyway).
+  for (const [fp, pp] of [[0.7, 0.3], [0, 1.2], [-1, -1]]) {
+    const r = await client.chat.completions.create({ model: MODEL, messages: chatMsg, max_tokens: 40, temperature: 0,
+                                                    frequency_penalty: fp, presence_penalty: pp, logprobs: true, top_logprobs: 20 });
+    const counts = new Map();
+    const score = (tok, lp) => { const c = counts.get(tok) ?? 0; return lp - fp * c - (c > 0 ? pp : 0); };
+    let changed = 0;
+    for (const t of r.choices[0].logprobs.content) {
+      const mine = score(t.token, t.logprob);
+      for (const a of t.top_logprobs) assert.ok(mine >= score(a.token, a.logprob) - 1e-4, `fp ${fp} pp ${pp}: ${t.token} vs ${a.token}`);
+      if (t.top_logprobs[0].token !== t.token) ++changed;
+      counts.set(t.token, (counts.get(t.token) ?? 0) + 1);
+    }
+    if (fp > 0 || pp > 0) assert.ok(changed > 0, `fp ${fp} pp ${pp}: no choice changed`);
+  }
+  // Sampled with penalties: same seed, same text.
+  const ps = { model: MODEL, prompt: PROMPT, max_tokens: 40, temperature: 0.9, seed: 7, frequency_penalty: 0.8, presence_penalty: 0.4 };
+  assert.equal((await client.completions.create(ps)).choices[0].text, (await client.completions.create(ps)).choices[0].text);
 
   // Chat completions (--chat-template plain: the messages' contents as plain text).
   const chat = await client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: PROMPT }],
@@ -121,7 +197,7 @@ await run('serve_openai_protocol', async (servers) => {
                                                                   max_tokens: 32, temperature: 0.8, seed: 5, n: 3, stream: true }), true);
   for (let i = 0; i < 3; ++i) assert.equal(cns.texts[i], cn.choices[i].message.content, `chat choice ${i}`);
   await assert.rejects(client.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: PROMPT }],
-                                                       logprobs: true, top_logprobs: 2 }),
+                                                       top_logprobs: 2 }),
                        (e) => e.status === 400 && e.param === 'top_logprobs');
 
   // Errors come back as the client's typed errors.
