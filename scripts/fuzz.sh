@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer harnesses of tests/fuzz with clang and runs each one on its seed corpus.
+#   scripts/fuzz.sh                    # every harness, 30 s each (the CI smoke)
+#   scripts/fuzz.sh 600 fuzz_gguf      # one harness for 10 minutes
+# Environment: FUZZ_BUILD_DIR (build-fuzz), FUZZ_JOBS (build parallelism, 2), FUZZ_WORK (where new inputs
+# and crash files go: build-fuzz/fuzz-work; the committed corpus is only read), FUZZ_FLAGS (more libFuzzer
+# flags, e.g. -runs=10000000 to stop after that many executions instead of after the time).
+# Exit status non-zero when a harness finds a crash (its input is saved as FUZZ_WORK/<harness>/crash-*),
+# a leak, a sanitizer report, an allocation over 2 GiB, or an input that runs more than 10 s.
+set -euo pipefail
+seconds="${1:-30}"
+shift || true
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${FUZZ_BUILD_DIR:-$root/build-fuzz}"
+work="${FUZZ_WORK:-$build/fuzz-work}"
+all=(fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer_json fuzz_chat_template fuzz_encoders)
+harnesses=("$@")
+[ ${#harnesses[@]} -eq 0 ] && harnesses=("${all[@]}")
+
+command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (apt-get install clang)" >&2; exit 2; }
+cmake -S "$root" -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DZIPAGE_BUILD_FUZZERS=ON -DZIPAGE_BUILD_TESTS=OFF -DZIPAGE_BUILD_EXAMPLES=OFF -DZIPAGE_BUILD_BENCH=OFF \
+  -DZIPAGE_ENABLE_CUDA=OFF -DZIPAGE_INSTALL=OFF >/dev/null
+cmake --build "$build" -j "${FUZZ_JOBS:-2}" --target "${harnesses[@]}"
+
+status=0
+for h in "${harnesses[@]}"; do
+  mkdir -p "$work/$h"
+  echo "== $h: ${seconds} s on tests/fuzz/corpus/$h"
+  # New inputs go to $work/$h (first directory); the committed corpus is read only.
+  if ! (cd "$work/$h" && "$build/tests/fuzz/$h" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
+        -malloc_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/$h/" ${FUZZ_FLAGS:-} \
+        "$work/$h" "$root/tests/fuzz/corpus/$h" 2>&1 | tee "$work/$h.log" | grep -E "^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|==[0-9]+==ERROR|SUMMARY)|crash-|leak-|timeout-|oom-"); then
+    :
+  fi
+  if grep -qE "==[0-9]+==ERROR|crash-|leak-|timeout-|oom-|deadly signal" "$work/$h.log"; then
+    echo "fuzz.sh: $h FAILED (see $work/$h.log)" >&2
+    status=1
+  fi
+done
+exit $status

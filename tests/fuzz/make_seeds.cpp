@@ -1,0 +1,194 @@
+// Writes the seed corpora of tests/fuzz/corpus (run once; the output is committed):
+//   g++ -std=c++20 -O1 -I include tests/fuzz/make_seeds.cpp -o /tmp/make_seeds && /tmp/make_seeds tests/fuzz/corpus
+// Small valid inputs of each format, so the fuzzer starts past the magic numbers and the JSON syntax.
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zipage/gguf/writer.hpp"
+#include "zipage/safetensors/writer.hpp"
+#include "zipage/tokenizer/bpe_tokenizer.hpp"
+#include "zipage/tokenizer/unicode_tables.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void put(const fs::path& file, const std::string& s) {
+  fs::create_directories(file.parent_path());
+  std::ofstream(file, std::ios::binary) << s;
+}
+void put(const fs::path& file, const std::vector<std::byte>& b) {
+  fs::create_directories(file.parent_path());
+  std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+std::vector<float> ramp(std::size_t n) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+  return v;
+}
+
+// A llama GGUF: hidden 8, 1 layer, 2 heads (1 KV head), ffn 8, a 24-piece SentencePiece vocab.
+std::vector<std::byte> tiny_gguf(zipage::gguf::tensor_type type, bool tokenizer, std::uint32_t version) {
+  zipage::gguf::writer w;
+  w.set("general.architecture", "llama");
+  w.set("llama.embedding_length", std::uint32_t{8});
+  w.set("llama.block_count", std::uint32_t{1});
+  w.set("llama.attention.head_count", std::uint32_t{2});
+  w.set("llama.attention.head_count_kv", std::uint32_t{1});
+  w.set("llama.feed_forward_length", std::uint32_t{8});
+  w.set("llama.context_length", std::uint32_t{64});
+  w.set("llama.rope.freq_base", 10000.0f);
+  w.set("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  const int vocab = 24;
+  if (tokenizer) {
+    std::vector<std::string> pieces = {"<unk>", "<s>", "</s>", "<0x0A>", "<0x20>", "\xE2\x96\x81", "a", "b", "c",
+                                       "\xE2\x96\x81" "a", "ab", "abc", "H", "e", "l", "o", "\xE2\x96\x81H", "ll",
+                                       "lo", "<|user|>", "1", "2", "3", "\xE2\x96\x81" "b"};
+    std::vector<float> scores(pieces.size());
+    std::vector<std::int32_t> types(pieces.size(), 1);
+    for (std::size_t i = 0; i < pieces.size(); ++i) scores[i] = -static_cast<float>(i);
+    types[0] = 2;
+    types[1] = types[2] = 3;
+    types[3] = types[4] = 6;
+    types[19] = 4;
+    w.set("tokenizer.ggml.model", "llama");
+    w.set("tokenizer.ggml.tokens", pieces);
+    w.set("tokenizer.ggml.scores", scores);
+    w.set("tokenizer.ggml.token_type", types);
+    w.set("tokenizer.ggml.bos_token_id", std::uint32_t{1});
+    w.set("tokenizer.ggml.eos_token_id", std::uint32_t{2});
+  }
+  auto m = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
+    w.add_tensor(name, {cols, rows}, type, ramp(static_cast<std::size_t>(rows * cols)));
+  };
+  auto v = [&](const std::string& name, std::int64_t n) { w.add_tensor(name, {n}, type, ramp(static_cast<std::size_t>(n))); };
+  m("token_embd.weight", vocab, 8);
+  v("blk.0.attn_norm.weight", 8);
+  m("blk.0.attn_q.weight", 8, 8);
+  m("blk.0.attn_k.weight", 4, 8);
+  m("blk.0.attn_v.weight", 4, 8);
+  m("blk.0.attn_output.weight", 8, 8);
+  v("blk.0.ffn_norm.weight", 8);
+  m("blk.0.ffn_gate.weight", 8, 8);
+  m("blk.0.ffn_up.weight", 8, 8);
+  m("blk.0.ffn_down.weight", 8, 8);
+  v("output_norm.weight", 8);
+  return w.bytes(version);
+}
+
+std::string byte_char(int b) {
+  std::string s;
+  zipage::unicode::append_utf8(s, zipage::detail::byte_to_unicode()[static_cast<std::size_t>(b)]);
+  return s;
+}
+
+nlohmann::json tokenizer(std::string_view pattern, bool nfc) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  const std::vector<std::string> extra = {"ab", "abc", "\xC4\xA0" "a", "12", "123", "he", "hel", "hell", "hello"};
+  for (std::size_t i = 0; i < extra.size(); ++i) vocab[extra[i]] = 256 + i;
+  const auto merges = nlohmann::json::array({"a b", "ab c", "\xC4\xA0 a", "1 2", "12 3", "h e", "he l", "hel l", "hell o"});
+  nlohmann::json added = nlohmann::json::array();
+  const std::vector<std::string> specials = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"};
+  for (std::size_t i = 0; i < specials.size(); ++i)
+    added.push_back({{"id", 256 + extra.size() + i}, {"content", specials[i]}, {"single_word", false}, {"lstrip", false},
+                     {"rstrip", false}, {"normalized", false}, {"special", i < 3}});
+  return {{"version", "1.0"},
+          {"added_tokens", added},
+          {"normalizer", nfc ? nlohmann::json{{"type", "NFC"}} : nlohmann::json(nullptr)},
+          {"pre_tokenizer",
+           {{"type", "Sequence"},
+            {"pretokenizers",
+             {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}}}}},
+          {"post_processor", nullptr},
+          {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
+          {"model",
+           {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
+            {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+            {"vocab", vocab}, {"merges", merges}}}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const fs::path out = argc > 1 ? argv[1] : "tests/fuzz/corpus";
+  using tt = zipage::gguf::tensor_type;
+  put(out / "fuzz_gguf" / "llama_f32_v3.gguf", tiny_gguf(tt::f32, true, 3));
+  put(out / "fuzz_gguf" / "llama_f16_v2.gguf", tiny_gguf(tt::f16, true, 2));
+  put(out / "fuzz_gguf" / "llama_bf16_no_tokenizer.gguf", tiny_gguf(tt::bf16, false, 3));
+
+  {
+    zipage::safetensors::writer w;
+    w.set_metadata("format", "pt");
+    w.add("model.embed_tokens.weight", {4, 3}, ramp(12), zipage::safetensors::dtype::f32);
+    w.add("model.norm.weight", {3}, ramp(3), zipage::safetensors::dtype::bf16);
+    w.add("lm_head.weight", {2, 2}, ramp(4), zipage::safetensors::dtype::f16);
+    put(out / "fuzz_safetensors" / "three_dtypes.safetensors", w.bytes());
+    zipage::safetensors::writer e;
+    e.add("empty", {0, 4}, {}, zipage::safetensors::dtype::f32);
+    e.add("scalar", {}, ramp(1), zipage::safetensors::dtype::f32);
+    put(out / "fuzz_safetensors" / "empty_and_scalar.safetensors", e.bytes());
+  }
+
+  put(out / "fuzz_hf_config" / "qwen3.json", R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+ "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+ "intermediate_size": 3072, "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-06,
+ "rope_theta": 1000000, "rope_scaling": null, "tie_word_embeddings": true, "hidden_act": "silu",
+ "attention_bias": false, "use_sliding_window": false, "sliding_window": null, "bos_token_id": 151643,
+ "eos_token_id": 151645, "torch_dtype": "bfloat16"})");
+  put(out / "fuzz_hf_config" / "qwen2.json", R"({"model_type": "qwen2", "hidden_size": 1536, "num_hidden_layers": 28,
+ "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,
+ "max_position_embeddings": 131072, "rms_norm_eps": 1e-06, "rope_theta": 10000, "tie_word_embeddings": false,
+ "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": [151643, 151645], "layer_types": ["full_attention"]})");
+  put(out / "fuzz_hf_config" / "llama31_generation.json", R"({"model_type": "llama", "hidden_size": 2048,
+ "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192,
+ "vocab_size": 128256, "rms_norm_eps": 1e-05, "tie_word_embeddings": true, "bos_token_id": 128000,
+ "eos_token_id": [128001, 128008, 128009], "mlp_bias": false,
+ "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+ "do_sample": true, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.0, "repetition_penalty": 1.0})");
+  put(out / "fuzz_hf_config" / "rope_parameters.json", R"({"model_type": "llama", "hidden_size": 64,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 300,
+ "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}})");
+
+  std::ifstream qcfg(fs::path(ZIPAGE_SEED_DATA_DIR) / "qwen3" / "tokenizer_config.json");
+  const std::string qwen3_config((std::istreambuf_iterator<char>(qcfg)), std::istreambuf_iterator<char>());
+  const std::string llama_config = R"({"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": true,
+ "chat_template": "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"})";
+  put(out / "fuzz_tokenizer_json" / "qwen2_pattern_nfc", tokenizer(zipage::bpe_tokenizer::qwen2_pattern, true).dump());
+  put(out / "fuzz_tokenizer_json" / "llama3_pattern_with_config",
+      tokenizer(zipage::bpe_tokenizer::llama3_pattern, false).dump() + std::string(1, '\0') + llama_config);
+  put(out / "fuzz_tokenizer_json" / "qwen2_pattern_qwen3_config",
+      tokenizer(zipage::bpe_tokenizer::qwen2_pattern, true).dump() + std::string(1, '\0') + qwen3_config);
+
+  const auto qcfg_json = nlohmann::json::parse(qwen3_config);
+  put(out / "fuzz_chat_template" / "qwen3.jinja", qcfg_json["chat_template"].get<std::string>());
+  put(out / "fuzz_chat_template" / "qwen2.jinja",
+      "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou "
+      "are a helpful assistant.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + "
+      "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' "
+      "}}{% endif %}");
+  put(out / "fuzz_chat_template" / "chatml.jinja",
+      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+      "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}");
+  put(out / "fuzz_chat_template" / "llama31.jinja",
+      "{{- bos_token }}{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}{{- \"Cutting Knowledge Date: December "
+      "2023\\n\" }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ "
+      "message['content'] | trim + '<|eot_id|>' }}{%- endfor %}");
+  put(out / "fuzz_chat_template" / "deepseek_r1.jinja",
+      "{% for message in messages %}{% if message['role'] == 'user' %}{{'<\xEF\xBD\x9CUser\xEF\xBD\x9C>' + "
+      "message['content']}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{'<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C><think>\\n'}}{% endif %}");
+
+  put(out / "fuzz_encoders" / "english", std::string("Hello, world! How's it going? I'M fine, you'LL see.\n\n  Tabs\tand 12345 digits."));
+  put(out / "fuzz_encoders" / "unicode", std::string("caf\xC3\xA9 e\xCC\x81 \xE4\xBD\xA0\xE5\xA5\xBD \xF0\x9F\x98\x80 \xD0\x9F\xD1\x80\xD0\xB8 \xE2\x80\xAF\r\n"));
+  put(out / "fuzz_encoders" / "specials", std::string("<|im_start|>user\nhi<|im_end|>\n<think>\n\n</think>x <s></s>"));
+  put(out / "fuzz_encoders" / "invalid_utf8", std::string("ok\xFF\xC3(\xE2\x82 \xF0\x9F\x98 \xED\xA0\x80 end", 22));
+  return 0;
+}
