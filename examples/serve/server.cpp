@@ -728,10 +728,14 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
   httplib::Server svr;
   svr.new_task_queue = [threads] { return new growing_pool(threads); };
   svr.set_payload_max_length(so.max_body_bytes);
-  // Keep-alive: a connection's first request may arrive late from a client busy with a thousand streams
-  // (httplib closes a connection that sends nothing within the keep-alive timeout).
-  svr.set_keep_alive_timeout(10);
-  svr.set_keep_alive_max_count(100);
+  // One request per connection (every response says `Connection: close`): a client that reused an idle
+  // keep-alive connection just as the server's keep-alive ran out lost that request ("other side closed",
+  // seen under 1,000 streams), and httplib 0.11 keeps a thread polling each idle connection every ~11 ms.
+  // A new loopback/LAN connection costs microseconds, a generation seconds. The timeout is then only the
+  // wait for a connection's first request, which a client juggling a thousand streams may send seconds
+  // after it connected (Node did, 4-10 s, in the load test).
+  svr.set_keep_alive_timeout(60);
+  svr.set_keep_alive_max_count(1);
   svr.set_read_timeout(30);
   svr.set_write_timeout(30);
 

@@ -129,13 +129,20 @@ TEST_CASE("decode preempts the newest request when blocks run out, and it resume
   CHECK(new_seq->num_preemptions == 1);
   CHECK(f.sched.num_preemptions() == 1);
 
-  // When the old request finishes, the preempted one is prefilled again with all its tokens.
+  // When the old request finishes, the preempted one is prefilled again with all its tokens but the last,
+  // which it then decodes on its own, as the first time (so it reaches its compression points alike).
   f.sched.finish(old_seq);
   plan = f.sched.schedule();
   CHECK(plan.batch[0].tokens > 1);
   REQUIRE(plan.batch.size() == 1);
   CHECK(plan.batch[0].seq == new_seq);
-  CHECK(plan.num_tokens() == new_seq->num_tokens());
+  CHECK(plan.num_tokens() == new_seq->num_tokens() - 1);
+  CHECK_FALSE(plan.batch[0].samples());
+  f.advance(plan);
+  plan = f.sched.schedule();
+  REQUIRE(plan.batch.size() == 1);
+  CHECK(plan.batch[0].tokens == 1);
+  CHECK(plan.batch[0].samples());
 }
 
 TEST_CASE("a lone request that outgrows the pool is rejected instead of looping") {

@@ -176,6 +176,51 @@ TEST_CASE("compressed requests that give way are swapped to host memory and resu
   }
 }
 
+TEST_CASE("a request preempted at its compression point is recomputed and compressed at the same point") {
+  // B = 2 blocks of 8: a request compresses when its cache reaches 24 tokens. A more urgent request
+  // arrives exactly then and takes A's place, so A gives way by recomputation before its compression
+  // is planned. Recomputed, A must feed its tokens up to (not including) the last one, compress there as it
+  // would have, and only then decode the last token: anything else changes what it keeps and so its tokens.
+  // With prefix caching A's own blocks are still cached when it comes back, but the block holding the
+  // window queries of that compression must be computed again (the queries are not cached).
+  const std::vector<token_id> a_prompt{0, 5, 9, 13, 2, 7, 11, 3, 8, 1};
+  std::vector<token_id> b_prompt{0};
+  for (int j = 0; j < 16; ++j) b_prompt.push_back(1 + (j * 5) % 60);
+  for (const bool caching : {false, true}) {
+    CAPTURE(caching);
+    // One running place: the urgent request takes it and leaves A's blocks in the pool (and, with prefix
+    // caching, findable).
+    engine_config cfg{.block_size = 8, .num_blocks = 200, .max_num_seqs = 1, .budget_tokens = 16, .window = 4,
+                      .num_query_slots = 1, .prefix_caching = caching, .async_compression = false,
+                      .scheduling = scheduling_order::priority};
+    sampling_params a_params = greedy(40);
+    a_params.priority = 5;
+    engine<llama_model<cpu_backend>, zipage_policy> reference(testing::tiny_llama(), cfg);
+    const auto expected = reference.generate({a_prompt}, a_params)[0];
+    const auto ref_stats = reference.stats();
+
+    engine<llama_model<cpu_backend>, zipage_policy> eng(testing::tiny_llama(), cfg);
+    const request_id a = eng.add_request(a_prompt, a_params);
+    for (int i = 0; i < 100 && !eng.request(a).needs_compression; ++i) eng.step();
+    REQUIRE(eng.request(a).needs_compression);
+    REQUIRE(eng.request(a).kv_len == 24);
+    sampling_params b_params = greedy(1);
+    b_params.priority = 0;
+    const request_id b = eng.add_request(b_prompt, b_params);
+    eng.run_to_completion();
+    const auto st = eng.stats();
+    CHECK(st.preemptions >= 1);
+    CHECK(eng.take_output(b).reason == finish_reason::length);
+    const auto out = eng.take_output(a);
+    CHECK(out.num_preemptions >= 1);
+    // The same compressions at the same points: the same tokens evicted, the same tokens generated.
+    CHECK(out.num_compressions == expected.num_compressions);
+    CHECK(st.tokens_evicted == ref_stats.tokens_evicted);
+    CHECK(out.output == expected.output);
+    check_pool_balanced(eng);
+  }
+}
+
 TEST_CASE("cancellation frees a request's blocks and slot at once, wherever it is") {
   engine<llama_model<cpu_backend>, zipage_policy> eng(testing::tiny_llama(), {.block_size = 8, .num_blocks = 40,
                                                                                .budget_tokens = 16, .window = 4,

@@ -64,11 +64,12 @@ class block_manager {
   };
 
   // At admission of a request with an empty table: takes cached blocks for its leading full blocks —
-  // never the block holding its last token, which must be computed to give logits (and, for a request
-  // that will be compressed, to record its window queries).
+  // never the block holding the last token its prefill feeds (sequence::num_to_prefill: the prompt's last,
+  // or a recomputed request's second to last), which must be computed to give logits and, for a request
+  // compressed right there, to record the window queries (they are not cached with the blocks).
   prefix_result match_prefix(sequence& s) {
     if (!s.table.empty() || s.kv_len != 0) return {};
-    const int candidates = (s.num_tokens() - 1) / block_size_;
+    const int candidates = (s.num_to_prefill() - 1) / block_size_;
     std::uint64_t hash = 0;
     int matched = 0;
     bool pending = false;

@@ -72,6 +72,14 @@ struct sequence {
   [[nodiscard]] token_id last_token() const { return tokens.back(); }
   // Tokens the next forward pass must feed: all uncomputed ones (prefill / recompute) or the last one.
   [[nodiscard]] int num_pending() const { return num_tokens() - num_computed; }
+  // Tokens the next chunk may feed. A request recomputed after preemption stops short of its last token
+  // and decodes that one in a step of its own, as it did the first time: so it meets every compression
+  // point at the same cache length, keeps the same tokens, and generates what it would have.
+  [[nodiscard]] int num_to_prefill() const {
+    return num_generated() > 0 && num_pending() > 1 ? num_pending() - 1 : num_pending();
+  }
+  // A recomputed request has fed every token but its last: where, the first time, it checked for compression.
+  [[nodiscard]] bool recomputed_to_last_token() const { return num_generated() > 0 && num_pending() == 1; }
   [[nodiscard]] bool is_finished() const { return status == request_status::finished; }
   [[nodiscard]] bool is_compressed() const { return num_compressions > 0; }
 };

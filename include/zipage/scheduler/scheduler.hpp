@@ -221,7 +221,7 @@ class scheduler_base {
   [[nodiscard]] bool can_start(const sequence& s) const {
     if (num_running() >= cfg_.max_num_seqs) return false;
     if (cfg_.compresses() && !cfg_.hybrid && !has_free_slot()) return false;
-    const int first_chunk = std::min(s.num_pending(), cfg_.max_batched_tokens);
+    const int first_chunk = std::min(s.num_to_prefill(), cfg_.max_batched_tokens);
     return blocks_.pool().can_allocate(blocks_for_tokens(s.num_computed + first_chunk, cfg_.block_size));
   }
 
@@ -298,14 +298,15 @@ class fcfs_scheduler : public scheduler_base {
         reject(s, plan);
         continue;
       }
-      if (tokens + s->num_pending() > cfg_.max_batched_tokens || !blocks_.can_allocate(*s)) break;
+      const int chunk = s->num_to_prefill();
+      if (tokens + chunk > cfg_.max_batched_tokens || !blocks_.can_allocate(*s, chunk)) break;
       waiting_.pop_front();
       if (cfg_.compresses()) take_slot(*s);
-      blocks_.allocate(*s);
+      blocks_.allocate(*s, chunk);
       s->status = request_status::running;
       running_.push_back(s);
-      tokens += s->num_pending();
-      plan.batch.push_back({s, s->num_pending()});
+      tokens += chunk;
+      plan.batch.push_back({s, chunk});
     }
   }
 

@@ -95,7 +95,7 @@ class zipage_scheduler : public scheduler_base {
 
   // The longest next chunk of s that fits the budget, the free blocks and its query slot.
   [[nodiscard]] int affordable_chunk(const sequence& s, int budget) const {
-    int tokens = tokens_before_slot_needed(s, std::min(s.num_pending(), budget));
+    int tokens = tokens_before_slot_needed(s, std::min(s.num_to_prefill(), budget));
     const int room = (s.table.num_blocks() + blocks_.pool().num_free()) * cfg_.block_size - s.kv_len;
     return std::max(0, std::min(tokens, room));
   }
