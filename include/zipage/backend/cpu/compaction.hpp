@@ -132,7 +132,7 @@ inline swap_blob save_request_state(cpu_kv_storage& kv, std::span<const block_id
   blob.k.resize(n * static_cast<std::size_t>(s.block_size * s.token_stride()));
   blob.v.resize(blob.k.size());
   blob.scores.resize(s.score_cache ? n * static_cast<std::size_t>(s.block_size * s.num_kv_heads) : 0);
-  blob.queries.resize(slot >= 0 ? static_cast<std::size_t>(s.num_layers * s.window * s.query_row_stride()) : 0);
+  blob.queries.resize(slot >= 0 ? static_cast<std::size_t>(std::int64_t{s.num_layers} * s.window * s.query_row_stride()) : 0);
   detail::for_each_state_piece(kv, pages, slot, blob, [](const float* cache, float* host, std::size_t n_) { std::copy_n(cache, n_, host); });
   return blob;
 }
