@@ -446,7 +446,7 @@ struct context {
   device_scratch sample_ws, sample_out, sample_rows;
   pinned_buffer sample_host;
   std::vector<float> s_temp, s_top_p, s_min_p, s_penalty, s_frequency, s_presence;
-  std::vector<std::int32_t> s_top_k, s_indptr, s_ids, s_rows;
+  std::vector<std::int32_t> s_top_k, s_indptr, s_ids, s_rows, s_top;
   std::vector<std::uint64_t> s_seed, s_step;
   sampler host_sampler;  // device_sampling = false
 
@@ -1375,8 +1375,11 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
     const auto v = static_cast<std::size_t>(vocab);
     for (int i = 0; i < n; ++i) {
       const sample_row& r = rows[static_cast<std::size_t>(i)];
-      out[static_cast<std::size_t>(i)] =
-          c.host_sampler.sample({host.data() + static_cast<std::size_t>(r.logits_row) * v, v}, *r.params, r.context, r.step);
+      const std::span<const float> row{host.data() + static_cast<std::size_t>(r.logits_row) * v, v};
+      const token_id tok = c.host_sampler.sample(row, *r.params, r.context, r.step);
+      out[static_cast<std::size_t>(i)] = tok;
+      if (r.logprobs) r.logprobs->push_back(token_logprob_of(row, tok));
+      if (r.top_logprobs) r.top_logprobs->push_back(top_logprobs(row, r.params->top_logprobs));
     }
     const double dt = cuda_detail::seconds_since(t0);
     c.count([&](cuda_backend_counters& k) {
@@ -1388,9 +1391,11 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
   }
 
   // Per-row parameters. All greedy: no temperature array (no workspace, the greedy kernel).
-  bool all_greedy = true, penalty = false, output_penalty = false, identity = true;
+  bool all_greedy = true, penalty = false, output_penalty = false, identity = true, logprobs = false, tops = false;
   for (int i = 0; i < n; ++i) {
     const sample_row& r = rows[static_cast<std::size_t>(i)];
+    logprobs = logprobs || r.logprobs != nullptr || r.top_logprobs != nullptr;
+    tops = tops || (r.top_logprobs != nullptr && r.params->top_logprobs > 0);
     all_greedy = all_greedy && r.params->greedy();
     penalty = penalty || r.params->repetition_penalty != 1.0f;
     output_penalty = output_penalty || (r.params->output_penalties() && r.step > 0);
@@ -1449,6 +1454,10 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
   }
   if (!identity)
     for (const sample_row& r : rows) c.s_rows.push_back(r.logits_row);
+  c.s_top.clear();
+  if (tops)
+    for (const sample_row& r : rows)
+      c.s_top.push_back(r.top_logprobs ? std::clamp(r.params->top_logprobs, 0, sampling_params::max_top_logprobs) : 0);
   using cuda_detail::span_section;
   auto sec_if = [](bool on, auto&& vec) {
     using T = typename std::decay_t<decltype(vec)>::value_type;
@@ -1460,7 +1469,8 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
                           sec_if(sampling, c.s_seed),     sec_if(sampling || output_penalty, c.s_step),
                           sec_if(penalty, c.s_penalty),   sec_if(true, c.s_indptr),
                           sec_if(true, c.s_ids),          sec_if(true, c.s_rows),
-                          sec_if(output_penalty, c.s_frequency), sec_if(output_penalty, c.s_presence)};
+                          sec_if(output_penalty, c.s_frequency), sec_if(output_penalty, c.s_presence),
+                          sec_if(tops, c.s_top)};
   c.sample_up.put(secs, c.stream);
 
   const void* src = logits.data();
@@ -1487,15 +1497,47 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
   b.presence_penalty = c.sample_up.device<float>(11);
   b.context_indptr = c.s_indptr.empty() ? nullptr : c.sample_up.device<std::int32_t>(7);
   b.context_ids = c.s_indptr.empty() ? nullptr : c.sample_up.device<std::int32_t>(8);
-  auto* d_out = static_cast<std::int32_t*>(c.sample_out.reserve(un * sizeof(std::int32_t), c.stream));
+  // Outputs, back to back: tokens [n], then with log-probabilities their values [n], top ids [n][20] and
+  // top values [n][20] (4-byte entries), one copy to the host.
+  constexpr std::size_t kTop = sampling_params::max_top_logprobs;
+  const std::size_t out_words = un * (logprobs ? 2 + 2 * kTop : 1);
+  auto* d_out = static_cast<std::int32_t*>(c.sample_out.reserve(out_words * sizeof(std::int32_t), c.stream));
   b.out_tokens = d_out;
+  if (logprobs) {
+    b.out_logprobs = reinterpret_cast<float*>(d_out + un);
+    if (tops) {
+      b.top_logprobs = c.sample_up.device<std::int32_t>(12);
+      b.max_top_logprobs = static_cast<int>(kTop);
+      b.out_top_ids = d_out + 2 * un;
+      b.out_top_logprobs = reinterpret_cast<float*>(d_out + 2 * un + un * kTop);
+    }
+  }
   const std::size_t ws_bytes = cuda::sampling_workspace_bytes(n, vocab, !sampling, output_penalty && !c.s_indptr.empty());
   void* ws = ws_bytes ? c.sample_ws.reserve(ws_bytes, c.stream) : nullptr;
   cuda::sample_tokens(b, ws, ws_bytes, as_stream(c.stream));
-  c.sample_host.reserve(un * sizeof(std::int32_t));
-  ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(c.sample_host.p, d_out, un * sizeof(std::int32_t), cudaMemcpyDeviceToHost, c.stream));
+  c.sample_host.reserve(out_words * sizeof(std::int32_t));
+  ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(c.sample_host.p, d_out, out_words * sizeof(std::int32_t), cudaMemcpyDeviceToHost, c.stream));
   ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
   std::memcpy(out.data(), c.sample_host.p, un * sizeof(std::int32_t));
+  if (logprobs) {
+    const auto* words = static_cast<const std::int32_t*>(static_cast<const void*>(c.sample_host.p));
+    auto as_float = [](std::int32_t w) {
+      float f;
+      std::memcpy(&f, &w, sizeof f);
+      return f;
+    };
+    for (std::size_t i = 0; i < un; ++i) {
+      const sample_row& r = rows[i];
+      if (r.logprobs) r.logprobs->push_back(as_float(words[un + i]));
+      if (!r.top_logprobs) continue;
+      std::vector<token_logprob> top;
+      const int k = tops ? c.s_top[i] : 0;
+      for (int j = 0; j < std::min(k, vocab); ++j)
+        top.push_back({words[2 * un + i * kTop + static_cast<std::size_t>(j)],
+                       as_float(words[2 * un + un * kTop + i * kTop + static_cast<std::size_t>(j)])});
+      r.top_logprobs->push_back(std::move(top));
+    }
+  }
   const double dt = cuda_detail::seconds_since(t0);
   c.count([&](cuda_backend_counters& k) {
     ++k.sample_calls;

@@ -95,6 +95,28 @@ void sample_tokens(const sampling_batch& p, void* workspace, std::size_t workspa
     launch<float>(a, p.batch, sampling, smem, stream);
   else
     launch<detail::bf16>(a, p.batch, sampling, smem, stream);
+
+  if (p.out_logprobs == nullptr) return;
+  check(p.max_top_logprobs >= 0 && p.max_top_logprobs <= 20, "sampling: max_top_logprobs ", p.max_top_logprobs,
+        " outside [0, 20]");
+  check(p.top_logprobs == nullptr || (p.max_top_logprobs > 0 && p.out_top_ids != nullptr && p.out_top_logprobs != nullptr),
+        "sampling: top_logprobs needs max_top_logprobs > 0, out_top_ids and out_top_logprobs");
+  ds::logprob_args l{};
+  l.logits = p.logits;
+  l.row_stride = row_stride;
+  l.vocab = p.vocab;
+  l.vec_ok = a.vec_ok;
+  l.tokens = p.out_tokens;
+  l.top = p.top_logprobs;
+  l.max_top = p.max_top_logprobs;
+  l.out_logprob = p.out_logprobs;
+  l.out_top_ids = p.out_top_ids;
+  l.out_top_logprobs = p.out_top_logprobs;
+  if (p.dtype == logits_dtype::f32)
+    ds::logprob_kernel<float><<<p.batch, ds::kThreads, 0, stream>>>(l);
+  else
+    ds::logprob_kernel<detail::bf16><<<p.batch, ds::kThreads, 0, stream>>>(l);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace zipage::cuda

@@ -29,6 +29,7 @@
 #include "cuda_buffers.hpp"
 #include "zipage/backend/cuda/sampling.hpp"
 #include "zipage/cuda/device.hpp"
+#include "zipage/sampling/logprobs.hpp"
 #include "zipage/sampling/sampler.hpp"
 #include "zipage/sampling/sampling_params.hpp"
 
@@ -195,9 +196,17 @@ batch_case make_case(int vocab, int batch, bool bf16, std::int64_t row_pad) {
 
 // ---- the GPU: uploads the batch in the order `order` (row j of the GPU batch is request order[j]) and
 // returns the tokens per request (in request order).
+// Log-probabilities asked of the GPU (per request, in request order): k[r] alternatives each.
+struct logprob_result {
+  std::vector<int> k;
+  std::vector<float> lp;            // the sampled token's
+  std::vector<std::int32_t> ids;    // [request][20]
+  std::vector<float> top;           // [request][20]
+};
+
 // trim_context: rows without a repetition penalty send only their generated tokens (as cuda_backend does).
 std::vector<std::int32_t> run_gpu(const batch_case& c, const std::vector<int>& order, bool null_temperature = false,
-                                  bool trim_context = false) {
+                                  bool trim_context = false, logprob_result* lpr = nullptr) {
   const int B = c.batch, V = c.vocab;
   const std::size_t stride = static_cast<std::size_t>(c.row_stride);
   std::vector<float> lf;
@@ -257,12 +266,40 @@ std::vector<std::int32_t> run_gpu(const batch_case& c, const std::vector<int>& o
   p.out_tokens = d_out.p;
   const std::size_t ws_bytes = zc::sampling_workspace_bytes(B, V, null_temperature, true);
   dbuf<std::uint8_t> ws(ws_bytes);
+  std::vector<std::int32_t> ks;
+  if (lpr)
+    for (int j = 0; j < B; ++j) ks.push_back(lpr->k[std::size_t(order[std::size_t(j)])]);
+  const std::size_t K = 20;
+  dbuf<std::int32_t> d_k(ks), d_top_ids(lpr ? std::size_t(B) * K : std::size_t{0});
+  dbuf<float> d_lp(lpr ? std::size_t(B) : std::size_t{0}), d_top(lpr ? std::size_t(B) * K : std::size_t{0});
+  if (lpr) {
+    p.out_logprobs = d_lp.p;
+    p.top_logprobs = d_k.p;
+    p.max_top_logprobs = static_cast<int>(K);
+    p.out_top_ids = d_top_ids.p;
+    p.out_top_logprobs = d_top.p;
+  }
   zc::sample_tokens(p, ws.p, ws_bytes, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<std::int32_t> out(static_cast<std::size_t>(B));
   CUDA_OK(cudaMemcpy(out.data(), d_out.p, sizeof(std::int32_t) * std::size_t(B), cudaMemcpyDeviceToHost));
   std::vector<std::int32_t> by_request(static_cast<std::size_t>(B));
   for (int j = 0; j < B; ++j) by_request[std::size_t(order[std::size_t(j)])] = out[std::size_t(j)];
+  if (lpr) {
+    const std::vector<float> lp = d_lp.get(), top = d_top.get();
+    const std::vector<std::int32_t> ids = d_top_ids.get();
+    lpr->lp.assign(std::size_t(B), 0.0f);
+    lpr->ids.assign(std::size_t(B) * K, -1);
+    lpr->top.assign(std::size_t(B) * K, 0.0f);
+    for (int j = 0; j < B; ++j) {
+      const std::size_t r = std::size_t(order[std::size_t(j)]);
+      lpr->lp[r] = lp[std::size_t(j)];
+      for (std::size_t t = 0; t < K; ++t) {
+        lpr->ids[r * K + t] = ids[std::size_t(j) * K + t];
+        lpr->top[r * K + t] = top[std::size_t(j) * K + t];
+      }
+    }
+  }
   return by_request;
 }
 
@@ -430,6 +467,43 @@ void test_null_temperature(int vocab, int batch) {
   check(bad == 0, c.name + ": temperature == nullptr -> argmax of every row (" + std::to_string(bad) + " wrong)");
 }
 
+// Log-probabilities on the device against zipage/sampling/logprobs.hpp on the host: the sampled token's
+// and the k best (k random in 0..20 per request), ids identical, values within float rounding (the
+// log-sum-exp is summed in another order); the tokens are the same as without log-probabilities.
+void test_logprobs(int vocab, int batch, bool bf16) {
+  const batch_case c = make_case(vocab, batch, bf16, 0);
+  logprob_result lpr;
+  std::mt19937_64 rng(static_cast<std::uint64_t>(vocab) * 31 + static_cast<std::uint64_t>(batch));
+  for (int r = 0; r < batch; ++r) lpr.k.push_back(static_cast<int>(rng() % 21));
+  const std::vector<std::int32_t> gpu = run_gpu(c, identity(batch), false, false, &lpr);
+  check(gpu == run_gpu(c, identity(batch)), c.name + ": log-probabilities change no token");
+  long bad_ids = 0, bad_values = 0, nan_rows = 0;
+  double worst = 0.0;
+  auto close = [&](float g, float h) {
+    if (std::isnan(h) || std::isnan(g)) return std::isnan(h) && std::isnan(g);
+    if (std::isinf(h) || std::isinf(g)) return g == h;
+    const double d = std::abs(double(g) - double(h));
+    worst = std::max(worst, d);
+    return d <= 1e-5 * std::max(1.0, std::abs(double(h)));
+  };
+  for (int r = 0; r < batch; ++r) {
+    const std::span<const float> row(c.logits.data() + std::size_t(r) * std::size_t(vocab), std::size_t(vocab));
+    const float h = zipage::token_logprob_of(row, gpu[std::size_t(r)]);
+    if (std::isnan(h)) ++nan_rows;
+    if (!close(lpr.lp[std::size_t(r)], h)) ++bad_values;
+    const auto top = zipage::top_logprobs(row, lpr.k[std::size_t(r)]);
+    for (std::size_t t = 0; t < top.size(); ++t) {
+      if (lpr.ids[std::size_t(r) * 20 + t] != top[t].id) ++bad_ids;
+      else if (!close(lpr.top[std::size_t(r) * 20 + t], top[t].logprob)) ++bad_values;
+    }
+  }
+  std::printf("[INFO] %-44s logprobs: worst |gpu - cpu| %.3g, %ld rows with nothing finite\n", c.name.c_str(), worst,
+              nan_rows);
+  check(bad_ids == 0 && bad_values == 0, c.name + ": device log-probabilities equal the host's (" +
+                                             std::to_string(bad_ids) + " ids, " + std::to_string(bad_values) +
+                                             " values differ)");
+}
+
 }  // namespace
 
 int main() {
@@ -447,6 +521,7 @@ int main() {
       test_batch(1999, 16, true, 1);
       test_batch(40000, 4, false);
       test_null_temperature(700, 5);
+      test_logprobs(512, 32, false);
     } else {
       for (bool bf16 : {false, true}) {
         for (int b : {1, 2, 7, 64, 256}) test_batch(512, b, bf16, 0, b == 64);
@@ -460,6 +535,12 @@ int main() {
       }
       test_null_temperature(32000, 50);
       test_null_temperature(151936, 9);
+      for (bool bf16 : {false, true}) {
+        test_logprobs(512, 64, bf16);
+        test_logprobs(32000, 37, bf16);
+        test_logprobs(151936, 256, bf16);
+        test_logprobs(5, 16, bf16);  // k beyond the vocabulary
+      }
     }
 
     // Argument checks.

@@ -495,11 +495,17 @@ TEST_CASE("top log-probabilities: log-softmax of the raw row, most likely first,
   double mass = 0.0;
   for (const auto& t : all) mass += std::exp(static_cast<double>(t.logprob));
   CHECK(mass == doctest::Approx(1.0).epsilon(1e-6));
-  // NaN ranks after -inf.
+  // NaN counts as -inf (ties by id), +inf as the largest float: never a NaN log-probability.
   const auto with_nan = zipage::top_logprobs(std::vector<float>{nan_f, -inf_f, 0.0f}, 3);
   CHECK(with_nan[0].id == 2);
-  CHECK(with_nan[1].id == 1);
-  CHECK(with_nan[2].id == 0);
+  CHECK(with_nan[0].logprob == 0.0f);
+  CHECK(with_nan[1].id == 0);
+  CHECK(with_nan[1].logprob == -inf_f);
+  CHECK(with_nan[2].id == 1);
+  const auto with_inf = zipage::top_logprobs(std::vector<float>{1.0f, inf_f, inf_f}, 3);
+  CHECK(with_inf[0].id == 1);
+  CHECK(with_inf[0].logprob == doctest::Approx(std::log(0.5)));
+  CHECK(with_inf[2].logprob < -1e38f);
   CHECK_THROWS_AS((void)zipage::top_logprobs(row, -1), zipage::error);
   CHECK_THROWS_AS((void)zipage::token_logprob_of(row, 6), zipage::error);
 

@@ -13,6 +13,7 @@
 #include "zipage/kv/paged_kv.hpp"
 #include "zipage/model/forward_context.hpp"
 #include "zipage/model/model_config.hpp"
+#include "zipage/sampling/logprobs.hpp"
 #include "zipage/sampling/sampling_params.hpp"
 
 namespace zipage {
@@ -40,13 +41,18 @@ concept backend = requires(B& b, typename B::tensor& t, const typename B::tensor
   b.attention(kv, 0, meta, ct, ct, ct, 1, t);
 };
 
-// One row of a batch to sample on the device: its logits row, parameters, context (for the repetition
-// penalty) and the index of the token being drawn (for the counter-based random numbers).
+// One row of a batch to sample on the device: its logits row, parameters, context (for the penalties)
+// and the index of the token being drawn (for the counter-based random numbers). Optional outputs: when
+// `logprobs` is set, the backend appends the drawn token's log-probability under the raw logits, and when
+// `top_logprobs` is set, the params->top_logprobs most likely tokens of the row (zipage/sampling/logprobs.hpp),
+// so requests asking for them can still be sampled on the device.
 struct sample_row {
   int logits_row = 0;
   const sampling_params* params = nullptr;
   std::span<const token_id> context;
   std::uint64_t step = 0;
+  std::vector<float>* logprobs = nullptr;
+  std::vector<std::vector<token_logprob>>* top_logprobs = nullptr;
 };
 
 // Optional backend hook: draws one token per row on the device from logits [rows][vocab], exactly as the

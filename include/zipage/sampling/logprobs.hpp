@@ -3,8 +3,10 @@
 // as OpenAI and vLLM report them by default): the sampled token's, and the k most likely tokens'.
 //
 // logprob(i) = (logit(i) - max) - log(sum_j exp(logit(j) - max)), the sum in double precision in id order,
-// the result rounded to float. A -inf logit has logprob -inf. The top k are ordered by descending logit,
-// ties by ascending id; NaN logits rank last (and their logprob is NaN).
+// the result rounded to float. Logits are sanitised as the sampler does (NaN counts as -inf, +inf as the
+// largest float), so a row never yields NaN; a -inf logit has logprob -inf. The top k are ordered by
+// descending (sanitised) logit, ties by ascending id. The device (backend/cuda/sampling.hpp) computes the
+// same values, its sum in another order (within float rounding).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -23,6 +25,13 @@ struct token_logprob {
   friend bool operator==(const token_logprob&, const token_logprob&) = default;
 };
 
+// The sampler's view of a logit: NaN -> -inf, +inf -> the largest float.
+[[nodiscard]] inline float logprob_sanitize(float x) {
+  if (std::isnan(x)) return -std::numeric_limits<float>::infinity();
+  if (x == std::numeric_limits<float>::infinity()) return std::numeric_limits<float>::max();
+  return x;
+}
+
 // The row's maximum and log(sum exp(logit - max)), which every token's logprob shares.
 struct log_normalizer {
   float max = 0.0f;
@@ -30,12 +39,16 @@ struct log_normalizer {
 
   explicit log_normalizer(std::span<const float> row) {
     check(!row.empty(), "logprobs: empty logits row");
-    max = *std::max_element(row.begin(), row.end());
+    max = -std::numeric_limits<float>::infinity();
+    for (const float x : row) max = std::max(max, logprob_sanitize(x));
     double sum = 0.0;
-    for (const float x : row) sum += std::exp(static_cast<double>(x - max));
-    log_sum = std::log(sum);
+    if (max != -std::numeric_limits<float>::infinity())
+      for (const float x : row) sum += std::exp(static_cast<double>(logprob_sanitize(x) - max));
+    log_sum = std::log(sum);  // -inf for a row with nothing finite: every logprob is then NaN
   }
-  [[nodiscard]] float operator()(float logit) const { return static_cast<float>((logit - max) - log_sum); }
+  [[nodiscard]] float operator()(float logit) const {
+    return static_cast<float>((logprob_sanitize(logit) - max) - log_sum);
+  }
 };
 
 // The log-probability of token `tok`.
@@ -53,14 +66,11 @@ struct log_normalizer {
   std::vector<token_logprob> top;
   if (n == 0) return top;
   top.reserve(n + 1);
-  // (logit, id) ranks before (logit', id') when logit > logit', or equal and id < id'; NaN ranks last.
-  auto key = [](float x) { return std::isnan(x) ? -std::numeric_limits<float>::infinity() : x; };
+  // (logit, id) ranks before (logit', id') when logit > logit', or equal and id < id' (sanitised logits).
   auto before = [&](token_id a, token_id b) {
-    const float xa = key(row[static_cast<std::size_t>(a)]), xb = key(row[static_cast<std::size_t>(b)]);
-    if (xa != xb) return xa > xb;
-    const bool na = std::isnan(row[static_cast<std::size_t>(a)]), nb = std::isnan(row[static_cast<std::size_t>(b)]);
-    if (na != nb) return nb;  // a real -inf before a NaN
-    return a < b;
+    const float xa = logprob_sanitize(row[static_cast<std::size_t>(a)]);
+    const float xb = logprob_sanitize(row[static_cast<std::size_t>(b)]);
+    return xa > xb || (xa == xb && a < b);
   };
   for (std::size_t i = 0; i < row.size(); ++i) {
     const auto id = static_cast<token_id>(i);

@@ -62,6 +62,19 @@ struct sampling_batch {
 
   // ---- Output (device memory).
   std::int32_t* out_tokens = nullptr;  // [batch]
+
+  // ---- Log-probabilities (optional, device memory), under the raw logits as zipage/sampling/logprobs.hpp
+  // computes them on the host (log-softmax before penalties and filters; NaN as -inf, +inf as the largest
+  // float): with out_logprobs, each row's sampled token's; with top_logprobs too, the top_logprobs[r] most
+  // likely tokens of row r (at most max_top_logprobs, most likely first, ties by ascending id) into row r of
+  // out_top_ids / out_top_logprobs ([batch][max_top_logprobs]; entries past a row's count are left as they
+  // are). A second kernel after the draw, on the same stream; the sum of the log-sum-exp is in another order
+  // than the host's, so values agree within float rounding, ids exactly.
+  float* out_logprobs = nullptr;
+  const std::int32_t* top_logprobs = nullptr;
+  int max_top_logprobs = 0;  // 0 .. 20
+  std::int32_t* out_top_ids = nullptr;
+  float* out_top_logprobs = nullptr;
 };
 
 inline constexpr int max_sampling_vocab = 1 << 20;
