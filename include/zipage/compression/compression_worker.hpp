@@ -136,12 +136,18 @@ class compression_worker {
   }
 
   finished_compression compress_on_host(sequence* s) {
-    try {
-      const compaction_plan plan = compressor_.plan(*backend_, *kv_, *s, s->query_slot);
-      backend_->apply_compaction(*kv_, plan);
-      return {s, plan.new_len, {}};
-    } catch (const std::exception& e) {
-      return {s, s->kv_len, e.what()};
+    // A policy that never evicts is never submitted; not instantiating the host path lets a backend
+    // without the compression members (evicting_backend) run it.
+    if constexpr (!Policy::evicts) {
+      return {s, s->kv_len, "the policy evicts nothing"};
+    } else {
+      try {
+        const compaction_plan plan = compressor_.plan(*backend_, *kv_, *s, s->query_slot);
+        backend_->apply_compaction(*kv_, plan);
+        return {s, plan.new_len, {}};
+      } catch (const std::exception& e) {
+        return {s, s->kv_len, e.what()};
+      }
     }
   }
 

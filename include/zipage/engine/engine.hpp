@@ -19,6 +19,7 @@
 #include "zipage/backend/cpu/cpu_backend.hpp"
 #include "zipage/block/block_pool.hpp"
 #include "zipage/compression/compression_worker.hpp"
+#include "zipage/concepts.hpp"
 #include "zipage/engine/compression_budget.hpp"
 #include "zipage/engine/memory_plan.hpp"
 #include "zipage/engine/memory_profile.hpp"
@@ -140,19 +141,40 @@ class engine {
   static_assert(!std::same_as<Backend, detail::no_backend>,
                 "zipage::engine: the Model type must name its backend: add `using backend_type = "
                 "zipage::cpu_backend;` (or another backend) to it");
-  static_assert(model<Model>,
-                "zipage::engine: Model must satisfy zipage::model: `const model_config& config() const` and "
-                "`backend_type::tensor forward(forward_context<backend_type>&)` returning logits [rows][vocab] "
-                "(or `const backend_type::tensor&` to logits the model keeps)");
-  static_assert(backend<Backend>,
-                "zipage::engine: Backend must satisfy zipage::backend (a tensor type, kv_storage, and the ops "
-                "listed in zipage/model/concepts.hpp); use zipage::cpu_backend or derive from it");
+  // One check per missing piece, each saying what to add (the concepts: zipage/concepts.hpp).
+  static_assert(concept_parts::model_config_member<Model>,
+                "zipage::engine: the Model lacks `const zipage::model_config& config() const`");
+  static_assert(concept_parts::model_forward<Model>,
+                "zipage::engine: the Model lacks `backend_type::tensor forward(zipage::forward_context<backend_type>& ctx)` "
+                "returning logits [ctx.logits_rows().size()][vocab] (or `const backend_type::tensor&` to logits it keeps); "
+                "it calls ctx.attention(layer, q, k, v, out) once per layer");
+  static_assert(backend_ops<Backend>,
+                "zipage::engine: the Backend lacks ops of zipage::backend_ops (tensor, kv_storage, from_host, to_host, "
+                "allocate_kv, embedding, rms_norm, linear, add_bias, rope, silu_mul, add, gather_rows, attention; "
+                "zipage/model/concepts.hpp): derive from zipage::cpu_backend and override what you change");
+  static_assert(backend_kv_movement<Backend>,
+                "zipage::engine: the Backend lacks KV movement (zipage::backend_kv_movement): `using swap_blob = ...;`, "
+                "`copy_block(kv, from, to)`, `swap_blob swap_out(kv, pages, slot)` and `swap_in(kv, pages, slot, blob&)`; "
+                "derive from zipage::cpu_backend to inherit them");
+  static_assert(!concept_parts::evicts<EvictionPolicy> || evicting_backend<Backend>,
+                "zipage::engine: an evicting policy needs a Backend with the compression members (zipage::evicting_backend): "
+                "gather_keys, gather_scores, gather_window_queries and apply_compaction (derive from zipage::cpu_backend), "
+                "or use zipage::full_kv");
   static_assert(std::same_as<Backend, typename detail::model_backend<Model>::type>,
                 "zipage::engine: the model was built for another backend; instantiate the model with the same "
                 "Backend (e.g. llama_model<cpu_backend>) or leave the engine's Backend parameter defaulted");
-  static_assert(eviction_policy<EvictionPolicy>,
-                "zipage::engine: EvictionPolicy must satisfy zipage::eviction_policy: derive from "
-                "zipage::policy_base and define name() and score(ctx, keep, cache_out); zipage::full_kv evicts nothing");
+  static_assert(concept_parts::policy_name<EvictionPolicy>,
+                "zipage::engine: the EvictionPolicy lacks `std::string_view name() const`");
+  static_assert(concept_parts::policy_flags<EvictionPolicy>,
+                "zipage::engine: the EvictionPolicy lacks `static constexpr bool evicts` and `uses_score_cache`: derive "
+                "from zipage::policy_base (evicts = true, no score cache)");
+  static_assert(concept_parts::policy_score<EvictionPolicy>,
+                "zipage::engine: the EvictionPolicy lacks `void score(const zipage::score_context& ctx, std::span<float> "
+                "keep_score, std::span<float> cache_out) const` (or derive from zipage::recipe_policy<P> and define "
+                "`score_recipe recipe() const`)");
+  static_assert(concept_parts::policy_schedule<EvictionPolicy>,
+                "zipage::engine: the EvictionPolicy lacks `should_compress(kv_len, params)` and `keep_tokens(params)`: "
+                "derive from zipage::policy_base");
   static_assert(scheduler_policy<Scheduler>,
                 "zipage::engine: Scheduler must satisfy zipage::scheduler_policy (constructible from "
                 "(scheduler_config, block_pool&) with add/schedule/commit/finish/remove); see zipage_scheduler");

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "zipage/compression/compaction_plan.hpp"
 #include "zipage/core/types.hpp"
 #include "zipage/kv/paged_kv.hpp"
 #include "zipage/model/forward_context.hpp"
@@ -18,13 +19,13 @@
 
 namespace zipage {
 
-// A backend: a tensor type, KV storage, and the ops a transformer needs. Ops are members so a device
-// backend can carry its stream and library handles.
+// A backend's ops: a tensor type, KV storage, and what a transformer's forward pass calls. Ops are members
+// so a device backend can carry its stream and library handles.
 template <class B>
-concept backend = requires(B& b, typename B::tensor& t, const typename B::tensor& ct,
-                           typename B::kv_storage& kv, const attention_metadata& meta,
-                           std::span<const float> host, std::span<const token_id> ids,
-                           std::span<const std::int32_t> rows, const kv_cache_shape& shape) {
+concept backend_ops = requires(B& b, typename B::tensor& t, const typename B::tensor& ct,
+                               typename B::kv_storage& kv, const attention_metadata& meta,
+                               std::span<const float> host, std::span<const token_id> ids,
+                               std::span<const std::int32_t> rows, const kv_cache_shape& shape) {
   typename B::tensor;
   typename B::kv_storage;
   { b.from_host(host, 1, 1) } -> std::same_as<typename B::tensor>;
@@ -39,6 +40,35 @@ concept backend = requires(B& b, typename B::tensor& t, const typename B::tensor
   b.add(t, ct);
   b.gather_rows(ct, rows, t);
   b.attention(kv, 0, meta, ct, ct, ct, 1, t);
+};
+
+// What the engine moves between blocks whatever the policy: copy-on-write of a shared prompt block
+// (prefix caching), and a request's blocks (+ query slot) to host memory and back (swapping).
+template <class B>
+concept backend_kv_movement = requires(B& b, typename B::kv_storage& kv, std::span<const block_id> pages,
+                                       typename B::swap_blob& blob) {
+  typename B::swap_blob;
+  b.copy_block(kv, block_id{0}, block_id{1});
+  { b.swap_out(kv, pages, 0) } -> std::same_as<typename B::swap_blob>;
+  b.swap_in(kv, pages, 0, blob);
+};
+
+// A backend: the ops and the KV movement. zipage::cpu_backend is the reference; derive from it to
+// override a few ops.
+template <class B>
+concept backend = backend_ops<B> && backend_kv_movement<B>;
+
+// What compression needs besides (an evicting policy only): each layer's keys, recorded window queries
+// and score cache gathered to host vectors in the CPU layout (the compressor scores there), and the
+// compaction plan applied in place. A backend may also offer device_compressor (compression_worker.hpp)
+// to do all of it on the device; the host path stays the fallback, so these are required anyway.
+template <class B>
+concept evicting_backend = backend<B> && requires(B& b, typename B::kv_storage& kv, std::span<const block_id> pages,
+                                                  std::vector<float>& out, const compaction_plan& plan) {
+  b.gather_keys(kv, 0, pages, 1, out);
+  b.gather_scores(kv, 0, pages, 1, out);
+  b.gather_window_queries(kv, 0, 0, out);
+  b.apply_compaction(kv, plan);
 };
 
 // One row of a batch to sample on the device: its logits row, parameters, context (for the penalties)

@@ -3,11 +3,14 @@
 #include <memory>
 #include <span>
 
+#include "zipage/concepts.hpp"
 #include "zipage/request/sequence.hpp"
 #include "zipage/tokenizer/bpe_tokenizer.hpp"
 #include "zipage/tokenizer/spm_tokenizer.hpp"
 
 namespace zipage {
+
+static_assert(tokenizer<spm_tokenizer> && tokenizer<bpe_tokenizer>);
 
 // A factory for engine_config::make_detokenizer. Each request gets its own stream_decoder, primed with
 // the prompt so the first generated piece is spaced as it follows the prompt. The tokenizer must
@@ -20,6 +23,10 @@ inline auto detokenizer_factory(const spm_tokenizer& tokenizer) {
   };
 }
 
+// The factory keeps a reference to the tokenizer, so a temporary one would dangle at the first token:
+// passing an rvalue does not compile. Keep the tokenizer in a variable that outlives the engine.
+auto detokenizer_factory(const spm_tokenizer&& tokenizer) = delete;
+
 // The same for a byte-level BPE tokenizer. Its pieces carry their own spaces, so the decoder needs no
 // priming with the prompt; special tokens (<|im_end|>, ...) are left out of the text.
 inline auto detokenizer_factory(const bpe_tokenizer& tokenizer, bool skip_special = true) {
@@ -28,5 +35,8 @@ inline auto detokenizer_factory(const bpe_tokenizer& tokenizer, bool skip_specia
     return [decoder](token_id t) { return decoder->push(t); };
   };
 }
+
+// A temporary tokenizer would dangle (see above): does not compile.
+auto detokenizer_factory(const bpe_tokenizer&& tokenizer, bool skip_special = true) = delete;
 
 }  // namespace zipage
