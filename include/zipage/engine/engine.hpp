@@ -33,9 +33,11 @@
 
 namespace zipage {
 
+// Every member has a default initialiser, so designated initialisers such as
+// `engine_config{.block_size = 16, .num_blocks = 1024}` compile without -Wmissing-field-initializers warnings.
 struct engine_config {
   int block_size = 16;
-  int num_blocks = 0;                        // KV pool size; 0 = plan it from kv_cache_bytes
+  int num_blocks = 0;                        // KV pool size; 0 = plan it from kv_cache_bytes (must be >= 0)
   std::size_t kv_cache_bytes = 64ull << 20;  // memory for blocks and query slots when num_blocks == 0
   // On a backend that reports its device memory (memory_info() -> {free, total}): when > 0, the KV cache
   // gets this fraction of the device's memory minus what is in use (weights, workspaces, and the
@@ -59,9 +61,17 @@ struct engine_config {
   // fcfs, or priority: requests ordered by sampling_params::priority (lower first), less urgent running
   // requests giving way to a more urgent waiting one (zipage_scheduler).
   scheduling_order scheduling = scheduling_order::fcfs;
+  // The model's trained context (model_config::max_context, when known) is enforced by default: a prompt
+  // of max_context tokens or more is refused by add_request, and a request stops (finish_reason::length)
+  // when prompt + output reach max_context. Set true to opt out, e.g. for compressed long generation, where
+  // an evicting policy keeps each request's cache at budget_tokens however long it generates.
+  bool allow_beyond_context = false;
   // Makes a fresh streaming detokenizer per request, given its prompt (so the first generated piece is
-  // spaced as it follows the prompt); when empty, no text is produced and stop strings cannot match.
-  std::function<streaming_detokenizer(std::span<const token_id> prompt)> make_detokenizer;
+  // spaced as it follows the prompt). Without it, request_output::text and step_event::text stay empty
+  // and a request with stop strings is refused: set it to zipage::detokenizer_factory(tokenizer)
+  // (zipage/tokenizer/detokenizer.hpp; the tokenizer must outlive the engine), or use zipage::llm
+  // (zipage/llm.hpp), which wires it itself.
+  std::function<streaming_detokenizer(std::span<const token_id> prompt)> make_detokenizer{};
 
   // B: blocks a compressed request keeps. Throws when budget_tokens is not a positive multiple of block_size.
   [[nodiscard]] int budget_blocks() const { return budget_blocks_for(budget_tokens, block_size); }
@@ -191,7 +201,7 @@ class engine {
         policy_(std::move(policy)),
         backend_(std::move(backend)),
         memory_(plan_memory(model_.config(), sized_memory_request())),
-        pool_(memory_.num_blocks),
+        pool_(checked_pool_blocks()),
         scheduler_(scheduler_settings(), pool_),
         kv_(backend_.allocate_kv(kv_shape())),
         worker_(backend_, kv_, policy_, compression_, model_.config(),
@@ -204,24 +214,25 @@ class engine {
 
   // Queues a request. Throws zipage::error (and changes nothing) for a request that can never run.
   request_id add_request(std::vector<token_id> prompt, sampling_params params = {}) {
-    params.validate();
-    check(!prompt.empty(), "request: the prompt is empty (add BOS at least)");
-    for (token_id t : prompt)
-      check(t >= 0 && t < config().vocab_size, "request: prompt token ", t, " is outside the vocabulary of ",
-            config().vocab_size);
-    auto s = std::make_unique<sequence>();
-    s->id = next_id_++;
-    s->prompt_len = static_cast<int>(prompt.size());
-    s->tokens = std::move(prompt);
-    s->params = std::move(params);
-    check(scheduler_.admissible(*s), "request: a prompt of ", s->num_tokens(), " tokens needs ",
-          blocks_for_tokens(s->num_tokens(), cfg_.block_size), " KV blocks; the pool has ", pool_.num_blocks(),
-          " blocks", " and a step takes at most ", cfg_.max_batched_tokens, " tokens");
-    if (cfg_.make_detokenizer) s->detokenizer = cfg_.make_detokenizer(s->tokens);
-    sequence* raw = s.get();
-    requests_.emplace(raw->id, std::move(s));
-    scheduler_.add(raw);
-    return raw->id;
+    return enqueue(make_sequence(std::move(prompt), std::move(params)));
+  }
+
+  // Queues several requests, all or none: every prompt is checked before any is queued, so a bad one
+  // throws zipage::error (naming its index) and leaves nothing queued.
+  std::vector<request_id> add_requests(const std::vector<std::vector<token_id>>& prompts, const sampling_params& params) {
+    std::vector<std::unique_ptr<sequence>> seqs;
+    seqs.reserve(prompts.size());
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      try {
+        seqs.push_back(make_sequence(prompts[i], params));
+      } catch (const error& e) {
+        fail("prompt ", i, " of ", prompts.size(), ": ", e.what(), " (no request was queued)");
+      }
+    }
+    std::vector<request_id> ids;
+    ids.reserve(seqs.size());
+    for (auto& s : seqs) ids.push_back(enqueue(std::move(s)));
+    return ids;
   }
 
   // Teacher forcing (evaluation): the request emits `forced` token by token instead of sampling, so its
@@ -305,11 +316,10 @@ class engine {
     }
   }
 
-  // Convenience: queue the prompts, run them as one continuous batch, return outputs in prompt order.
+  // Convenience: queue the prompts (all or none, as add_requests), run them as one continuous batch, return
+  // outputs in prompt order.
   std::vector<request_output> generate(const std::vector<std::vector<token_id>>& prompts, const sampling_params& params) {
-    std::vector<request_id> ids;
-    ids.reserve(prompts.size());
-    for (const auto& p : prompts) ids.push_back(add_request(p, params));
+    const std::vector<request_id> ids = add_requests(prompts, params);
     run_to_completion();
     std::vector<request_output> out;
     out.reserve(ids.size());
@@ -369,14 +379,74 @@ class engine {
   }
 
  private:
+  // A checked request, not yet queued: the prompt, the sampling parameters, what the pool, a step and the
+  // model's context can hold, and text for stop strings. Throws zipage::error naming what is wrong.
+  std::unique_ptr<sequence> make_sequence(std::vector<token_id> prompt, sampling_params params) const {
+    params.validate();
+    check(!prompt.empty(), "request: the prompt is empty (add BOS at least)");
+    for (token_id t : prompt)
+      check(t >= 0 && t < config().vocab_size, "request: prompt token ", t, " is outside the vocabulary of ",
+            config().vocab_size);
+    const int context = config().max_context;
+    check(cfg_.allow_beyond_context || context <= 0 || static_cast<long long>(prompt.size()) < context,
+          "request: a prompt of ", prompt.size(), " tokens does not fit the model's context of ", context,
+          " tokens (model_config::max_context; set engine_config::allow_beyond_context to run past it)");
+    check(params.stop.empty() || static_cast<bool>(cfg_.make_detokenizer),
+          "request: sampling_params::stop (\"", params.stop.empty() ? std::string() : params.stop.front(),
+          "\") needs text, and this engine has no detokenizer: set engine_config::make_detokenizer "
+          "(zipage::detokenizer_factory(tokenizer)) or use sampling_params::stop_token_ids");
+    auto s = std::make_unique<sequence>();
+    s->prompt_len = static_cast<int>(prompt.size());
+    s->tokens = std::move(prompt);
+    s->params = std::move(params);
+    check(scheduler_.admissible(*s), "request: a prompt of ", s->num_tokens(), " tokens needs ",
+          blocks_for_tokens(s->num_tokens(), cfg_.block_size), " KV blocks; the pool has ", pool_.num_blocks(),
+          " blocks", " and a step takes at most ", cfg_.max_batched_tokens, " tokens");
+    if (cfg_.make_detokenizer) s->detokenizer = cfg_.make_detokenizer(s->tokens);
+    return s;
+  }
+
+  request_id enqueue(std::unique_ptr<sequence> s) {
+    s->id = next_id_++;
+    sequence* raw = s.get();
+    requests_.emplace(raw->id, std::move(s));
+    scheduler_.add(raw);
+    return raw->id;
+  }
+
   // Checked before anything is built: with an evicting policy, a budget that is not a whole number of
   // blocks or a window outside [1, block_size] is an error here. A policy that never evicts ignores them.
   [[nodiscard]] static compression_params compression_settings(const engine_config& cfg) {
-    check(cfg.block_size > 0, "engine: block_size must be positive, got ", cfg.block_size);
-    check(cfg.max_batched_tokens > 0, "engine: max_batched_tokens must be positive, got ", cfg.max_batched_tokens);
-    check(cfg.max_num_seqs > 0, "engine: max_num_seqs must be positive, got ", cfg.max_num_seqs);
+    check(cfg.block_size > 0, "engine_config::block_size must be positive, got ", cfg.block_size);
+    check(cfg.num_blocks >= 0, "engine_config::num_blocks must be >= 0 (0 = size the pool from kv_cache_bytes), got ",
+          cfg.num_blocks);
+    check(cfg.num_query_slots >= 0, "engine_config::num_query_slots must be >= 0 (0 = the memory plan's), got ",
+          cfg.num_query_slots);
+    check(cfg.num_blocks > 0 || cfg.kv_cache_bytes > 0 || cfg.gpu_memory_utilization > 0.0,
+          "engine_config::kv_cache_bytes must be > 0 when num_blocks is 0");
+    check(cfg.gpu_memory_utilization >= 0.0 && cfg.gpu_memory_utilization <= 1.0,
+          "engine_config::gpu_memory_utilization must be in (0, 1], or 0 to use kv_cache_bytes, got ",
+          cfg.gpu_memory_utilization);
+    check(cfg.max_batched_tokens > 0, "engine_config::max_batched_tokens must be positive, got ", cfg.max_batched_tokens);
+    check(cfg.max_num_seqs > 0, "engine_config::max_num_seqs must be positive, got ", cfg.max_num_seqs);
     if constexpr (EvictionPolicy::evicts) return cfg.compression();
     else return compression_params{.block_size = cfg.block_size};
+  }
+
+  // The pool size, checked against what one compressed request holds: B + 1 blocks (budget plus the
+  // write block), or its whole context when that is smaller. A pool that cannot hold that would fail every
+  // request that reaches its budget, so it is refused here instead.
+  [[nodiscard]] int checked_pool_blocks() const {
+    if constexpr (EvictionPolicy::evicts) {
+      int need = compression_.budget_blocks + 1;
+      const int context = config().max_context;
+      if (!cfg_.allow_beyond_context && context > 0) need = std::min(need, blocks_for_tokens(context, cfg_.block_size));
+      check(memory_.num_blocks >= need, "engine_config::budget_tokens = ", cfg_.budget_tokens, " (", compression_.budget_blocks,
+            " blocks of ", cfg_.block_size, " tokens) needs ", need, " KV blocks per request with the write block, but the pool has ",
+            memory_.num_blocks, " (", cfg_.num_blocks > 0 ? "engine_config::num_blocks" : "from engine_config::kv_cache_bytes",
+            "): lower budget_tokens or give the pool more blocks");
+    }
+    return memory_.num_blocks;
   }
 
   // The memory the KV cache may take. On a backend that reports device memory, with gpu_memory_utilization
@@ -682,7 +752,7 @@ class engine {
       reason = finish_reason::eos;
     else if (truncate_at_stop_string(s, old_size, e.text))
       reason = finish_reason::stop_string;
-    else if (s.num_generated() >= p.max_tokens)
+    else if (s.num_generated() >= p.max_tokens || at_context_limit(s))
       reason = finish_reason::length;
 
     if (reason != finish_reason::none) {
@@ -692,6 +762,12 @@ class engine {
       e.reason = reason;
     }
     return e;
+  }
+
+  // Whether the request has reached the model's trained context (unless engine_config::allow_beyond_context).
+  [[nodiscard]] bool at_context_limit(const sequence& s) const {
+    const int context = config().max_context;
+    return !cfg_.allow_beyond_context && context > 0 && s.num_tokens() >= context;
   }
 
   // Looks for a stop string that ends in the newly added text; cuts the output (and the event's text)

@@ -1,0 +1,276 @@
+// The user-facing API: zipage::llm (text in, text out, streaming, checkpoint sampling defaults) and the
+// early, field-naming errors of engine_config and requests (issue 13). This file is compiled with
+// -Werror=missing-field-initializers (tests/CMakeLists.txt), so the designated initialisers below — the
+// README's style — must not warn.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zipage/safetensors/writer.hpp"
+#include "zipage/zipage.hpp"
+#include "stories_model.hpp"
+#include "test_support.hpp"
+
+using namespace zipage;
+using zipage::testing::contains;
+using zipage::testing::error_of;
+
+namespace {
+
+// The bundled model's greedy story, as zipage-generate prints it.
+const std::string story = ", there was a little girl named Lily. She loved to play outside in the park.";
+
+llm& stories_llm() {
+  static llm l(zipage::testing::stories_model_path(), llm_options{.device = llm_device::cpu});
+  return l;
+}
+
+// A one-layer model over an 8-token vocabulary with a given trained context: after token t it emits t + 1.
+struct echo_model {
+  using backend_type = cpu_backend;
+  using tensor = backend_type::tensor;
+  model_config cfg;
+  explicit echo_model(int max_context = 0) {
+    cfg.vocab_size = 8;
+    cfg.hidden_size = 8;
+    cfg.num_layers = 1;
+    cfg.num_q_heads = 2;
+    cfg.num_kv_heads = 1;
+    cfg.head_dim = 4;
+    cfg.ffn_size = 8;
+    cfg.bos = 0;
+    cfg.eos = 7;
+    cfg.max_context = max_context;
+  }
+  const model_config& config() const { return cfg; }
+  tensor forward(forward_context<backend_type>& ctx) {
+    tensor x, attn, last;
+    ctx.backend().embedding(tensor::Identity(8, 8), ctx.tokens(), x);
+    ctx.attention(0, x, x.leftCols(4), x.leftCols(4), attn);
+    ctx.backend().gather_rows(x, ctx.logits_rows(), last);
+    tensor logits = tensor::Zero(last.rows(), 8);
+    for (Eigen::Index r = 0; r < last.rows(); ++r) {
+      Eigen::Index t = 0;
+      last.row(r).maxCoeff(&t);
+      logits(r, (t + 1) % 8) = 10.0f;
+    }
+    return logits;
+  }
+};
+
+// A tiny random Qwen3 checkpoint directory with the Qwen3 tokenizer and a generation_config.json.
+void write_qwen3_checkpoint(const std::filesystem::path& out) {
+  namespace fs = std::filesystem;
+  const int hidden = 16, heads = 2, kv_heads = 1, head_dim = 8, ffn = 32, vocab = 151936;
+  const nlohmann::json config = {
+      {"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}, {"hidden_size", hidden},
+      {"num_hidden_layers", 1}, {"num_attention_heads", heads}, {"num_key_value_heads", kv_heads},
+      {"head_dim", head_dim}, {"intermediate_size", ffn}, {"vocab_size", vocab}, {"rms_norm_eps", 1e-6},
+      {"rope_theta", 1000000.0}, {"tie_word_embeddings", true}, {"max_position_embeddings", 4096},
+      {"bos_token_id", 151643}, {"eos_token_id", 151645}, {"torch_dtype", "bfloat16"}};
+  std::ofstream(out / "config.json") << config.dump();
+  const nlohmann::json gen = {{"do_sample", true}, {"temperature", 0.6}, {"top_k", 20}, {"top_p", 0.95}};
+  std::ofstream(out / "generation_config.json") << gen.dump();
+  const fs::path tok = fs::path(ZIPAGE_TEST_DATA_DIR) / "qwen3";
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(tok / f, out / f);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  safetensors::writer w;
+  auto tensor = [&](const std::string& name, std::vector<std::int64_t> shape) {
+    std::size_t n = 1;
+    for (auto d : shape) n *= static_cast<std::size_t>(d);
+    std::vector<float> v(n);
+    for (float& x : v) x = shape.size() == 1 ? 1.0f : u(rng);
+    w.add(name, shape, v, safetensors::dtype::bf16);
+  };
+  tensor("model.embed_tokens.weight", {vocab, hidden});
+  const std::string p = "model.layers.0.";
+  tensor(p + "input_layernorm.weight", {hidden});
+  tensor(p + "self_attn.q_proj.weight", {heads * head_dim, hidden});
+  tensor(p + "self_attn.k_proj.weight", {kv_heads * head_dim, hidden});
+  tensor(p + "self_attn.v_proj.weight", {kv_heads * head_dim, hidden});
+  tensor(p + "self_attn.o_proj.weight", {hidden, heads * head_dim});
+  tensor(p + "self_attn.q_norm.weight", {head_dim});
+  tensor(p + "self_attn.k_norm.weight", {head_dim});
+  tensor(p + "post_attention_layernorm.weight", {hidden});
+  tensor(p + "mlp.gate_proj.weight", {ffn, hidden});
+  tensor(p + "mlp.up_proj.weight", {ffn, hidden});
+  tensor(p + "mlp.down_proj.weight", {hidden, ffn});
+  tensor("model.norm.weight", {hidden});
+  w.write(out / "model.safetensors");
+}
+
+}  // namespace
+
+TEST_CASE("llm: a GGUF file by path, text in, text out, tokens and finish reasons") {
+  llm& l = stories_llm();
+  CHECK(std::string(l.device()) == "cpu");
+  CHECK(l.default_sampling().greedy());  // a GGUF file sets no sampling: greedy
+  const auto out = l.generate({"Once upon a time", "Once upon a time"}, {.temperature = 0.0f, .max_tokens = 30});
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].prompt == "Once upon a time");
+  CHECK(out[0].text.rfind(story, 0) == 0);
+  CHECK(out[0].token_ids.size() == 30);
+  CHECK(out[0].reason == finish_reason::length);
+  CHECK(out[0].ok());
+  CHECK(out[1].text == out[0].text);
+  CHECK(l.decode(out[0].token_ids) == out[0].text);
+  CHECK(out[0].prompt_token_ids == l.encode("Once upon a time"));
+
+  // Stop strings work: the detokenizer is wired in.
+  const auto stopped = l.generate({"Once upon a time"}, {.temperature = 0.0f, .max_tokens = 100, .stop = {"Lily"}});
+  CHECK(stopped[0].reason == finish_reason::stop_string);
+  CHECK(stopped[0].text == ", there was a little girl named ");
+  CHECK(l.stats().waiting == 0);
+  CHECK(l.stats().blocks_in_use == 0);
+}
+
+TEST_CASE("llm: streaming, as an iterator and with a callback, adds up to the generated text") {
+  llm& l = stories_llm();
+  const sampling_params p{.temperature = 0.0f, .max_tokens = 30};
+  const auto whole = l.generate({"Once upon a time", "The little dog"}, p);
+
+  std::vector<std::string> streamed(2);
+  int finished = 0;
+  auto s = l.stream({"Once upon a time", "The little dog"}, p);
+  for (const stream_piece& piece : s) {
+    REQUIRE(piece.index < 2);
+    streamed[piece.index] += piece.text;
+    finished += piece.finished;
+  }
+  CHECK(finished == 2);
+  CHECK(streamed[0] == whole[0].text);
+  CHECK(streamed[1] == whole[1].text);
+  REQUIRE(s.results().size() == 2);
+  CHECK(s.results()[1].text == whole[1].text);
+
+  std::string via_callback;
+  const auto out = l.generate({"Once upon a time"}, p, [&](const stream_piece& piece) { via_callback += piece.text; });
+  CHECK(via_callback == out[0].text);
+  CHECK(out[0].text == whole[0].text);
+
+  // A stream dropped half-way cancels what is left and frees its blocks.
+  {
+    auto partial = l.stream({"Once upon a time"}, p);
+    auto it = partial.begin();
+    for (int i = 0; i < 3; ++i) ++it;
+  }
+  CHECK(l.stats().blocks_in_use == 0);
+  CHECK(l.generate({"Once upon a time"}, p)[0].text == whole[0].text);
+}
+
+TEST_CASE("llm: generate() is atomic: a bad prompt among several leaves nothing queued") {
+  llm& l = stories_llm();
+  std::string too_long;
+  for (int i = 0; i < 200; ++i) too_long += " and then the cat sat down";
+  const std::string e = error_of([&] { (void)l.generate({"Once upon a time", too_long}); });
+  CHECK(contains(e, "prompt 1 of 2"));
+  CHECK(contains(e, "max_context"));
+  CHECK(contains(e, "no request was queued"));
+  CHECK(l.stats().waiting == 0);
+  CHECK(l.stats().running == 0);
+  CHECK(l.generate({"Once upon a time"}, {.temperature = 0.0f, .max_tokens = 30})[0].text.rfind(story, 0) == 0);
+}
+
+TEST_CASE("llm: a Hugging Face directory by path, sampling defaults from its generation_config.json") {
+  zipage::testing::temp_dir dir("zipage_llm_hf");
+  write_qwen3_checkpoint(dir.path);
+  llm l(dir.path, llm_options{.device = llm_device::cpu, .engine = {.block_size = 16, .num_blocks = 160}});
+  const sampling_params& d = l.default_sampling();
+  CHECK(d.temperature == doctest::Approx(0.6f));
+  CHECK(d.top_k == 20);
+  CHECK(d.top_p == doctest::Approx(0.95f));
+  CHECK(l.hf_tokenizer() != nullptr);
+  CHECK(l.encode("Hello world") == l.hf_tokenizer()->encode("Hello world"));
+  sampling_params p = l.default_sampling();
+  p.max_tokens = 5;
+  p.ignore_eos = true;
+  p.stop_token_ids.clear();
+  const auto out = l.generate({"Hello world", "The capital of France is"}, p);
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].token_ids.size() == 5);
+  CHECK(out[1].reason == finish_reason::length);
+}
+
+TEST_CASE("llm: a missing model or an unavailable device is a clear error") {
+  CHECK(contains(error_of([] { llm l("/nonexistent/model.gguf"); }), "/nonexistent/model.gguf: no such file or directory"));
+#if !ZIPAGE_WITH_CUDA
+  CHECK(contains(error_of([] { llm l(zipage::testing::stories_model_path(), {.device = llm_device::cuda}); }),
+                 "does not link zipage::cuda"));
+#endif
+}
+
+TEST_CASE("engine_config: num_blocks < 0 names num_blocks, not bytes") {
+  const std::string e = error_of([] { engine<echo_model> eng(echo_model{}, {.block_size = 4, .num_blocks = -5}); });
+  CHECK(contains(e, "engine_config::num_blocks must be >= 0"));
+  CHECK(contains(e, "got -5"));
+  CHECK_FALSE(contains(e, "bytes hold"));
+  CHECK(contains(error_of([] { engine<echo_model> eng(echo_model{}, {.num_blocks = 0, .kv_cache_bytes = 0}); }),
+                 "engine_config::kv_cache_bytes must be > 0"));
+  CHECK(contains(error_of([] { engine<echo_model> eng(echo_model{}, {.num_query_slots = -1}); }),
+                 "engine_config::num_query_slots must be >= 0"));
+}
+
+TEST_CASE("engine_config: a budget larger than the pool is refused at construction") {
+  const std::string e = error_of([] {
+    engine<echo_model, zipage_policy> eng(echo_model{}, {.block_size = 4, .num_blocks = 16, .budget_tokens = 64, .window = 4});
+  });
+  CHECK(contains(e, "engine_config::budget_tokens = 64 (16 blocks of 4 tokens) needs 17 KV blocks per request"));
+  CHECK(contains(e, "the pool has 16 (engine_config::num_blocks)"));
+  // Exactly B + 1 blocks is enough; and a model whose context fits the pool needs no more than its context.
+  CHECK_NOTHROW((engine<echo_model, zipage_policy>(echo_model{}, {.block_size = 4, .num_blocks = 17, .budget_tokens = 64, .window = 4})));
+  CHECK_NOTHROW((engine<echo_model, zipage_policy>(echo_model(32), {.block_size = 4, .num_blocks = 8, .budget_tokens = 64, .window = 4})));
+  // Unless the context is opted out of.
+  CHECK_THROWS_AS((engine<echo_model, zipage_policy>(echo_model(32), {.block_size = 4, .num_blocks = 8, .budget_tokens = 64,
+                                                                      .window = 4, .allow_beyond_context = true})),
+                  zipage::error);
+}
+
+TEST_CASE("requests: max_context is enforced unless engine_config::allow_beyond_context") {
+  engine<echo_model> eng(echo_model(16), {.block_size = 4, .num_blocks = 32});
+  const sampling_params p{.temperature = 0.0f, .max_tokens = 100, .ignore_eos = true};
+  const std::string e = error_of([&] { (void)eng.add_request(std::vector<token_id>(16, 1), p); });
+  CHECK(contains(e, "a prompt of 16 tokens does not fit the model's context of 16 tokens"));
+  CHECK(contains(e, "engine_config::allow_beyond_context"));
+  CHECK_FALSE(eng.has_unfinished());
+  // A prompt that fits stops at the context (finish_reason::length).
+  const auto out = eng.generate({std::vector<token_id>(10, 1)}, p)[0];
+  CHECK(out.output.size() == 6);
+  CHECK(out.reason == finish_reason::length);
+
+  engine<echo_model> open(echo_model(16), {.block_size = 4, .num_blocks = 32, .allow_beyond_context = true});
+  const auto beyond = open.generate({std::vector<token_id>(20, 1)}, {.temperature = 0.0f, .max_tokens = 8, .ignore_eos = true})[0];
+  CHECK(beyond.output.size() == 8);
+}
+
+TEST_CASE("requests: generate() is all or none; stop strings need a detokenizer") {
+  engine<echo_model> eng(echo_model{}, {.block_size = 4, .num_blocks = 16});
+  const sampling_params p{.temperature = 0.0f, .max_tokens = 3};
+  const std::string e = error_of([&] { (void)eng.generate({{0, 1}, {0, 2}, {}}, p); });
+  CHECK(contains(e, "prompt 2 of 3"));
+  CHECK(contains(e, "the prompt is empty"));
+  CHECK_FALSE(eng.has_unfinished());
+  CHECK(eng.requests().empty());
+  CHECK(eng.generate({{0, 1}}, p)[0].output == std::vector<token_id>{2, 3, 4});
+
+  const std::string s = error_of([&] { (void)eng.add_request({0, 1}, {.max_tokens = 3, .stop = {"\n"}}); });
+  CHECK(contains(s, "sampling_params::stop"));
+  CHECK(contains(s, "engine_config::make_detokenizer"));
+  CHECK_FALSE(eng.has_unfinished());
+}
+
+TEST_CASE("the README's designated initialisers compile without warnings") {
+  // Compiled with -Werror=missing-field-initializers: these would not build if they warned.
+  const engine_config cfg{.block_size = 16, .num_blocks = 1024};
+  const sampling_params p{.temperature = 0.6f, .top_p = 0.95f, .max_tokens = 64};
+  const llm_options o{.device = llm_device::cpu, .engine = {.block_size = 16, .num_blocks = 64}};
+  CHECK(cfg.num_blocks == 1024);
+  CHECK(p.max_tokens == 64);
+  CHECK(o.engine.block_size == 16);
+}
