@@ -1,7 +1,8 @@
-// A downstream program: builds the engine around its own one-layer model and generates.
+// A downstream program: builds the engine around its own one-layer model and generates, and reads the
+// bundled model at the path the package exports (zipage_MODEL_DIR).
 #include <cstdio>
 
-#include "zipage/engine/engine.hpp"
+#include <zipage/zipage.hpp>  // the umbrella header, as installed
 
 namespace {
 
@@ -51,7 +52,8 @@ int main() {
   p.max_tokens = 5;
   p.ignore_eos = true;
   const auto out = engine.generate({{0, 1}}, p)[0].output;
-  const bool ok = out == std::vector<zipage::token_id>{2, 3, 4, 5, 6};
+  const auto model = zipage::gguf::file::open(ZIPAGE_MODEL_DIR "/stories260K.gguf");
+  const bool ok = out == std::vector<zipage::token_id>{2, 3, 4, 5, 6} && model.get_string("general.architecture") == "llama";
   std::printf("consumer: %s\n", ok ? "OK" : "WRONG");
   return ok ? 0 : 1;
 }
