@@ -234,6 +234,23 @@ TEST_CASE("query slots go FIFO; in hybrid mode a request without one runs until 
   CHECK(plan.batch[0].seq == b);
 }
 
+TEST_CASE("hybrid mode: a recomputed request without a slot stops before the window of the compression it is at") {
+  // B = 2 blocks of 4, W = 2. A request recomputed after generating up to 13 tokens (its cache was at 12, a
+  // compression point, when it gave way) feeds 12 tokens and compresses there: that compression reads the
+  // window of block 2, positions 10 and 11. Without a slot it must stop before them, not at the window
+  // of block 3 (which a fresh 13-token prompt would need).
+  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .budget_blocks = 2,
+                             .window = 2, .num_query_slots = 1, .hybrid = true};
+  zfixture f(100, cfg);
+  sequence* s = f.add(5);
+  s->tokens.resize(13, 9);  // 8 generated: recomputed from scratch (num_computed 0, no slot)
+  CHECK(s->num_to_prefill() == 12);
+  CHECK(f.sched.tokens_before_slot_needed(*s, 12) == 10);
+  sequence* fresh = f.add(13);
+  CHECK(fresh->num_to_prefill() == 13);
+  CHECK(f.sched.tokens_before_slot_needed(*fresh, 13) == 13);  // its window (14, 15) lies past its prompt
+}
+
 TEST_CASE("without hybrid mode a request waits for a query slot before it starts") {
   const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .budget_blocks = 2,
                              .window = 2, .num_query_slots = 1, .hybrid = false};

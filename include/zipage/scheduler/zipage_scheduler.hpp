@@ -40,8 +40,11 @@ class zipage_scheduler : public scheduler_base {
     const int bs = cfg_.block_size;
     const int start = s.kv_len;
     // Window queries matter only for the block at which the request will be compressed: the first
-    // block at or past the budget that also holds (or follows) its last pending token.
-    const int block = std::max({cfg_.budget_blocks, (s.num_tokens() - 1) / bs, start / bs});
+    // block at or past the budget that also holds (or follows) the last token its prefill feeds — the
+    // prompt's last, or a recomputed request's second to last (see sequence::num_to_prefill). A request
+    // without a slot is uncompressed, so its logical and physical positions agree.
+    const int last_fed = s.num_computed + s.num_to_prefill() - 1;
+    const int block = std::max({cfg_.budget_blocks, last_fed / bs, start / bs});
     const int first = std::max(start, block * bs + bs - cfg_.window);
     return std::min(tokens, first - start);
   }
