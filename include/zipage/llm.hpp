@@ -331,6 +331,29 @@ class basic_llm {
     return llm_stream(*state_, prompts, state_->runtime->add(ids, with_model_stops(params)));
   }
 
+  // Chat, as vLLM's LLM.chat: each conversation is rendered with the checkpoint's chat template
+  // (bpe_tokenizer::apply_chat_template; completion::prompt holds the rendered text) and generated from.
+  // A model without a chat template zipage recognises (GGUF files, stories260K) is an error.
+  std::vector<completion> chat(const std::vector<std::vector<chat_message>>& conversations) {
+    return chat(conversations, defaults_);
+  }
+  std::vector<completion> chat(const std::vector<std::vector<chat_message>>& conversations, const sampling_params& params,
+                               const chat_options& options = {}) {
+    check(text_.bpe && text_.bpe->chat() != chat_format::none,
+          "llm: chat needs a checkpoint whose tokenizer_config.json has a chat template zipage knows; this model has none "
+          "(use generate() with plain prompts)");
+    std::vector<std::string> prompts;
+    std::vector<std::vector<token_id>> ids;
+    for (const auto& messages : conversations) {
+      prompts.push_back(text_.bpe->apply_chat_template(messages, options));
+      ids.push_back(text_.bpe->encode(prompts.back(), false));  // the template writes any BOS itself
+    }
+    llm_stream s(*state_, std::move(prompts), state_->runtime->add(ids, with_model_stops(params)));
+    for (auto it = s.begin(); it != s.end(); ++it) {
+    }
+    return s.results();
+  }
+
   [[nodiscard]] std::vector<token_id> encode(const std::string& text) const { return text_.encode(text); }
   [[nodiscard]] std::string decode(std::span<const token_id> ids) const { return text_.decode(ids); }
   // The Hugging Face tokenizer (chat templates: bpe_tokenizer::apply_chat_template), or null for GGUF files.

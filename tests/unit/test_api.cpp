@@ -196,6 +196,17 @@ TEST_CASE("llm: a Hugging Face directory by path, sampling defaults from its gen
   REQUIRE(out.size() == 2);
   CHECK(out[0].token_ids.size() == 5);
   CHECK(out[1].reason == finish_reason::length);
+
+  // Chat through the checkpoint's template (Qwen3's): the rendered prompt ends ready for the answer.
+  chat_options no_thinking;
+  no_thinking.enable_thinking = false;
+  const auto chat = l.chat({{{"user", "What is 2+2?"}}}, p, no_thinking);
+  REQUIRE(chat.size() == 1);
+  CHECK(chat[0].prompt == "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  CHECK(chat[0].prompt_token_ids == l.hf_tokenizer()->encode(chat[0].prompt));
+  CHECK(chat[0].token_ids.size() == 5);
+  // A GGUF model has no chat template.
+  CHECK(contains(error_of([] { (void)stories_llm().chat({{{"user", "hi"}}}); }), "chat needs a checkpoint"));
 }
 
 TEST_CASE("llm: a missing model or an unavailable device is a clear error") {
