@@ -15,8 +15,11 @@ problems of one level padded to a fixed row length per level (L1 2,048, L2 4,608
 --batch-tokens per step), a curriculum from L1 to mostly L3, torch.compile on CUDA with dynamic shapes (one
 compilation for the three row shapes; fallback to eager when it fails). The loss is a token mean with the
 digits after a key `wK=` (a walk's result: written, recalled by a later walk, answered) and a header's
-recalled walk index weighted --result-weight (20): they are ~5 tokens in 1,000 and every answer depends on
-them (a first run without the weight, on task version 1, learnt every step token and none of them). The wall-clock cap --minutes covers everything up to the export (compile warm-up included):
+recalled walk index weighted --result-weight (4; optionally ramped up over --result-ramp of the steps): they
+are ~5 tokens in 1,000 and every answer depends on them (a first run without the weight, on task version 1,
+learnt every step token and none of them; a second with weight 20 learnt them but its step tokens converged
+five times slower). --levels restricts training and evaluation to some levels (e.g. L1,L2: the last is the
+hardest shipped). The wall-clock cap --minutes covers everything up to the export (compile warm-up included):
 after warm-up the step time of each level is measured and the number of steps fixed, so the data and the
 LR schedule of a run depend on its seed and that count only. Held-out eval: teacher-forced sequence
 exact match (the argmax at every trace position equals the reference: exactly when greedy decoding would
@@ -620,9 +623,16 @@ def main():
     ap.add_argument("--compile-dynamic", choices=["on", "off"], default="on",
                     help="on: one compilation with symbolic shapes serves every level's row shape (off: one "
                          "compilation per level, ~25 s each on the H200)")
-    ap.add_argument("--result-weight", type=float, default=20.0,
+    ap.add_argument("--result-weight", type=float, default=4.0,
                     help="loss weight of the digits after a key wK= (a walk's result: written, recalled, answered); "
-                         "a few tokens per problem that every answer depends on")
+                         "a few tokens per problem that every answer depends on (20 in the second H200 run slowed "
+                         "the step tokens' learning five-fold)")
+    ap.add_argument("--result-ramp", type=float, default=0.0,
+                    help="fraction of the steps over which the result weight rises from 1 to --result-weight "
+                         "(0: from the start), so the step tokens are learnt first")
+    ap.add_argument("--levels", default="L1,L2,L3",
+                    help="levels trained and evaluated (comma list of L1, L2, L3; the last is the hardest shipped, "
+                         "greedy-decoded at the end); the curriculum's mix is renormalised over them")
     ap.add_argument("--export-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                     help="auto: float32 if the weights fit in 30 MB, else bfloat16")
     ap.add_argument("--eval-every", type=float, default=60.0, help="seconds between held-out evals")
@@ -649,7 +659,10 @@ def main():
     log = Log(args.log)
     cuda = torch.cuda.is_available()
     DEVICE = "cuda" if cuda else "cpu"
-    levels = ["L1", "L2", "L3"]
+    levels = [lv.strip() for lv in args.levels.split(",") if lv.strip()]
+    if not levels or any(lv not in ROW_LEN for lv in levels) or len(set(levels)) != len(levels):
+        ap.error(f"--levels: {args.levels!r} must list distinct levels among L1, L2, L3")
+    levels.sort()
     if args.smoke:
         args.hidden, args.layers, args.heads, args.kv_heads, args.head_dim, args.ffn = 128, 2, 2, 1, 64, 256
         args.batch_tokens = ROW_LEN["L1"]
@@ -717,11 +730,14 @@ def main():
             log(f"torch.compile unavailable ({e}); eager")
             fwd = model
 
+    # The result digits' loss weight now (rises over --result-ramp of the steps when that is set).
+    weight_now = {"result": 1.0 if args.result_ramp > 0 else args.result_weight}
+
     def loss_of(m, x, y):
         with autocast():
             logits = m(x)
         ce = F.cross_entropy(logits.float().view(-1, c.vocab), y.view(-1), ignore_index=-100, reduction="none")
-        w = (y != -100).float() + (args.result_weight - 1.0) * keyed_digits(x, y).float()
+        w = (y != -100).float() + (weight_now["result"] - 1.0) * keyed_digits(x, y).float()
         return (ce * w.view(-1)).sum() / w.sum()
 
     def train_step(x, y, lr):
@@ -811,6 +827,8 @@ def main():
         lv = rng.choices(lvs, weights=[w[v] for v in lvs])[0]
         x, y = feeder.get(lv)
         tok_seen += int((y != -100).sum())
+        if args.result_ramp > 0:
+            weight_now["result"] = 1.0 + (args.result_weight - 1.0) * min(1.0, step / total / args.result_ramp)
         loss = train_step(x, y, lr_at(step))
         step += 1
         losses.append(loss.detach())
