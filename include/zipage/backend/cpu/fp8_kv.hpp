@@ -1,0 +1,372 @@
+#pragma once
+// The CPU reference of the FP8 KV cache (issue 14, part 1): K and V stored as OCP E4M3 codes
+// (core/fp8.hpp) with one fp32 scale per (token, KV head) and side, scale = amax / 448 of that head's
+// head_dim values, so the largest magnitude of every head vector maps to +-448 and nothing saturates.
+// The score cache and the query-window cache stay fp32.
+//
+//   written  at append:   code[i] = e4m3(x[i] / scale)          (IEEE division, round to nearest even)
+//   read     everywhere:  x'[i]   = float(code[i]) * scale       (attention, key gathering, nothing else)
+//   moved    as is:       compaction, copy-on-write and swap move codes and scales together, bit for bit.
+//
+// A head whose vector is all zeros (or whose scale underflows to 0) gets scale 0 and zero codes.
+// cpu_fp8kv_backend is cpu_backend with only its KV-touching members replaced, so the engine accepts
+// it wherever it accepts cpu_backend: engine<llama_model<cpu_fp8kv_backend>, Policy>.
+//
+// Bytes per cached token per layer: 2 · kv_heads · head_dim (codes) + 2 · kv_heads · 4 (scales),
+// plus kv_heads · 4 with a score cache (fp8_kv_bytes_per_token). The query-window cache stays fp32.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "zipage/backend/cpu/compaction.hpp"
+#include "zipage/backend/cpu/cpu_backend.hpp"
+#include "zipage/backend/cpu/kv_storage.hpp"
+#include "zipage/compression/compaction_plan.hpp"
+#include "zipage/core/checked.hpp"
+#include "zipage/core/error.hpp"
+#include "zipage/core/fp8.hpp"
+#include "zipage/core/types.hpp"
+#include "zipage/kv/paged_kv.hpp"
+#include "zipage/model/model_config.hpp"
+
+namespace zipage {
+
+// One layer of the FP8 cache: codes [num_blocks][block_size][kv_heads][head_dim] and scales
+// [num_blocks][block_size][kv_heads] for each side. A slot's head h has its codes at
+// offset(slot, h) and its scale at scale_offset(slot, h).
+template <class Code, class Scale>
+struct paged_fp8_kv_layer {
+  Code* k = nullptr;
+  Code* v = nullptr;
+  Scale* k_scale = nullptr;
+  Scale* v_scale = nullptr;
+  int block_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+
+  [[nodiscard]] std::int64_t offset(std::int64_t slot, int head) const { return (slot * num_kv_heads + head) * head_dim; }
+  [[nodiscard]] std::int64_t scale_offset(std::int64_t slot, int head) const { return slot * num_kv_heads + head; }
+};
+
+// Every layer's FP8 K/V (codes + scales), and the fp32 score and query-window caches laid out as
+// cpu_kv_storage's.
+struct cpu_fp8_kv_storage {
+  kv_cache_shape shape;
+  std::vector<std::uint8_t> k, v;        // [layers][blocks][block_size][kv_heads][head_dim]
+  std::vector<float> k_scale, v_scale;   // [layers][blocks][block_size][kv_heads]
+  std::vector<float> scores;             // [layers][blocks][block_size][kv_heads], when the policy keeps one
+  std::vector<float> queries;            // [layers][slots][W][q_heads][head_dim]
+
+  explicit cpu_fp8_kv_storage(const kv_cache_shape& s)
+      : shape(s),
+        k(static_cast<std::size_t>(s.elements_per_side()), 0),
+        v(static_cast<std::size_t>(s.elements_per_side()), 0),
+        k_scale(static_cast<std::size_t>(scale_elements_per_side(s)), 0.0f),
+        v_scale(static_cast<std::size_t>(scale_elements_per_side(s)), 0.0f),
+        scores(static_cast<std::size_t>(s.score_elements()), 0.0f),
+        queries(static_cast<std::size_t>(s.query_layer_stride() * s.num_layers), 0.0f) {}
+
+  [[nodiscard]] static std::int64_t scale_elements_per_side(const kv_cache_shape& s) {
+    return std::int64_t{s.num_layers} * s.num_blocks * s.block_size * s.num_kv_heads;
+  }
+  [[nodiscard]] std::int64_t scale_layer_stride() const {
+    return std::int64_t{shape.num_blocks} * shape.block_size * shape.num_kv_heads;
+  }
+
+  [[nodiscard]] paged_fp8_kv_layer<std::uint8_t, float> layer(int l) {
+    const auto off = static_cast<std::size_t>(shape.layer_stride() * l);
+    const auto soff = static_cast<std::size_t>(scale_layer_stride() * l);
+    return {k.data() + off, v.data() + off, k_scale.data() + soff, v_scale.data() + soff,
+            shape.block_size, shape.num_kv_heads, shape.head_dim};
+  }
+  [[nodiscard]] paged_fp8_kv_layer<const std::uint8_t, const float> layer(int l) const {
+    const auto off = static_cast<std::size_t>(shape.layer_stride() * l);
+    const auto soff = static_cast<std::size_t>(scale_layer_stride() * l);
+    return {k.data() + off, v.data() + off, k_scale.data() + soff, v_scale.data() + soff,
+            shape.block_size, shape.num_kv_heads, shape.head_dim};
+  }
+  // Bytes held: K/V codes, their scales, the score cache, the query-window cache.
+  [[nodiscard]] std::size_t bytes() const {
+    return k.size() + v.size() + (k_scale.size() + v_scale.size() + scores.size() + queries.size()) * sizeof(float);
+  }
+  [[nodiscard]] float* query_rows(int l) {
+    return queries.data() + static_cast<std::size_t>(shape.query_layer_stride() * l);
+  }
+  [[nodiscard]] float* layer_scores(int l) {
+    return scores.data() + static_cast<std::size_t>(scale_layer_stride() * l);
+  }
+};
+
+// What the memory plan should count per cached token over all layers for the FP8 cache: E4M3 K and V
+// (1 byte each), an fp32 scale per KV head per side, and the fp32 score per KV head with a score cache.
+[[nodiscard]] inline std::size_t fp8_kv_bytes_per_token(const model_config& c, bool score_cache) {
+  const std::int64_t per_layer_heads = checked_mul(std::int64_t{c.num_layers}, c.num_kv_heads, "FP8 KV cache: num_layers x kv_heads");
+  const std::int64_t codes = checked_mul(2 * per_layer_heads, c.head_dim, "FP8 KV cache: code bytes per token");
+  std::int64_t bytes = checked_add(codes, checked_mul(2 * per_layer_heads, sizeof(float), "FP8 KV cache: scale bytes per token"),
+                                   "FP8 KV cache: bytes per token");
+  if (score_cache)
+    bytes = checked_add(bytes, checked_mul(per_layer_heads, sizeof(float), "FP8 KV cache: score bytes per token"),
+                        "FP8 KV cache: bytes per token");
+  return static_cast<std::size_t>(bytes);
+}
+
+namespace cpu::fp8 {
+
+// The per-(token, head) scale of a head vector: amax / 448 (0 for an all-zero vector; NaN when a value is NaN).
+inline float head_scale(const float* x, int n) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float a = std::abs(x[i]);
+    if (std::isnan(a)) return a;
+    amax = std::max(amax, a);
+  }
+  return amax / fp8_e4m3_max;
+}
+
+// Quantises one head vector: returns its scale and writes code[i] = e4m3(x[i] / scale). A zero scale
+// gives zero codes; a non-finite one (a NaN or infinite input) gives non-finite dequantised values, as the
+// fp32 cache would carry them.
+inline float quantize_head(const float* x, int n, std::uint8_t* codes) {
+  const float scale = head_scale(x, n);
+  if (scale == 0.0f) {
+    std::fill_n(codes, n, std::uint8_t{0});
+    return 0.0f;
+  }
+  for (int i = 0; i < n; ++i) codes[i] = f32_to_fp8_e4m3(x[i] / scale);
+  return scale;
+}
+
+// out[i] = float(code[i]) * scale
+inline void dequantize_head(const std::uint8_t* codes, float scale, int n, float* out) {
+  for (int i = 0; i < n; ++i) out[i] = fp8_e4m3_to_f32(codes[i]) * scale;
+}
+
+// Writes each new token's K/V into its slot, quantised per KV head. k, v: [num_tokens][kv_heads * head_dim].
+inline void append_kv(paged_fp8_kv_layer<std::uint8_t, float> kv, std::span<const std::int64_t> slots, const matrix& k,
+                      const matrix& v) {
+  const int d = kv.head_dim;
+  for (std::size_t t = 0; t < slots.size(); ++t) {
+    if (slots[t] < 0) continue;  // a padding row writes nowhere
+    const auto r = static_cast<Eigen::Index>(t);
+    for (int h = 0; h < kv.num_kv_heads; ++h) {
+      kv.k_scale[kv.scale_offset(slots[t], h)] = quantize_head(k.row(r).data() + h * d, d, kv.k + kv.offset(slots[t], h));
+      kv.v_scale[kv.scale_offset(slots[t], h)] = quantize_head(v.row(r).data() + h * d, d, kv.v + kv.offset(slots[t], h));
+    }
+  }
+}
+
+// cpu::paged_attention with each key and value row dequantised (x' = float(code) * scale) before use;
+// every other operation and its order is the same, so it equals cpu::paged_attention run on the
+// dequantised cache bit for bit.
+inline void paged_attention(paged_fp8_kv_layer<const std::uint8_t, const float> kv, const attention_metadata& meta,
+                            const matrix& q, int num_q_heads, float scale, matrix& out) {
+  const int d = kv.head_dim;
+  const int group = num_q_heads / kv.num_kv_heads;
+  out.resize(q.rows(), q.cols());
+  std::vector<float> scores;
+  std::vector<float> row(static_cast<std::size_t>(d));
+  for (int t = 0; t < meta.num_tokens(); ++t) {
+    const int s = meta.token_seq[static_cast<std::size_t>(t)];
+    const int len = meta.token_kv_len[static_cast<std::size_t>(t)];
+    const std::int32_t* pages = meta.page_indices.data() + meta.page_indptr[static_cast<std::size_t>(s)];
+    scores.resize(static_cast<std::size_t>(len));
+    for (int h = 0; h < num_q_heads; ++h) {
+      const float* qh = q.row(t).data() + h * d;
+      const int kvh = h / group;
+      float max_score = -INFINITY;
+      for (int j = 0; j < len; ++j) {
+        const std::int64_t slot = std::int64_t{pages[j / kv.block_size]} * kv.block_size + j % kv.block_size;
+        dequantize_head(kv.k + kv.offset(slot, kvh), kv.k_scale[kv.scale_offset(slot, kvh)], d, row.data());
+        float dot = 0.0f;
+        for (int i = 0; i < d; ++i) dot += qh[i] * row[static_cast<std::size_t>(i)];
+        scores[static_cast<std::size_t>(j)] = dot * scale;
+        max_score = std::max(max_score, scores[static_cast<std::size_t>(j)]);
+      }
+      float denom = 0.0f;
+      for (float& sc : scores) denom += (sc = std::exp(sc - max_score));
+      float* oh = out.row(t).data() + h * d;
+      std::fill_n(oh, d, 0.0f);
+      for (int j = 0; j < len; ++j) {
+        const std::int64_t slot = std::int64_t{pages[j / kv.block_size]} * kv.block_size + j % kv.block_size;
+        dequantize_head(kv.v + kv.offset(slot, kvh), kv.v_scale[kv.scale_offset(slot, kvh)], d, row.data());
+        const float p = scores[static_cast<std::size_t>(j)] / denom;
+        for (int i = 0; i < d; ++i) oh[i] += p * row[static_cast<std::size_t>(i)];
+      }
+    }
+  }
+}
+
+// Dequantised keys of one layer as [kv_heads][kv_len][head_dim] (what the compressor scores).
+inline void gather_keys(cpu_fp8_kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len, std::vector<float>& out) {
+  const auto& s = kv.shape;
+  const auto view = kv.layer(layer);
+  out.resize(static_cast<std::size_t>(s.num_kv_heads) * kv_len * s.head_dim);
+  for (int h = 0; h < s.num_kv_heads; ++h)
+    for (int j = 0; j < kv_len; ++j) {
+      const std::int64_t slot = page_slot(pages, s.block_size, j);
+      dequantize_head(view.k + view.offset(slot, h), view.k_scale[view.scale_offset(slot, h)], s.head_dim,
+                      out.data() + (static_cast<std::size_t>(h) * kv_len + j) * s.head_dim);
+    }
+}
+
+// The score cache of one layer as [kv_heads][kv_len] (fp32, as cpu::gather_scores).
+inline void gather_scores(cpu_fp8_kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len, std::vector<float>& out) {
+  const auto& s = kv.shape;
+  out.assign(static_cast<std::size_t>(s.num_kv_heads) * kv_len, 0.0f);
+  if (!s.score_cache) return;
+  const float* scores = kv.layer_scores(layer);
+  for (int h = 0; h < s.num_kv_heads; ++h)
+    for (int j = 0; j < kv_len; ++j)
+      out[static_cast<std::size_t>(h) * kv_len + j] = scores[page_slot(pages, s.block_size, j) * s.num_kv_heads + h];
+}
+
+// cpu::apply_compaction on the FP8 cache: a kept token's codes and scale move together, front to back
+// (kept indices ascend, so the move is safe in place), bit for bit.
+inline void apply_compaction(cpu_fp8_kv_storage& kv, const compaction_plan& plan) {
+  const auto& s = kv.shape;
+  for (int l = 0; l < plan.num_layers; ++l) {
+    const auto view = kv.layer(l);
+    float* scores = s.score_cache ? kv.layer_scores(l) : nullptr;
+    for (int h = 0; h < plan.num_kv_heads; ++h) {
+      const auto kept = plan.kept(l, h);
+      const auto kept_scores = plan.scores(l, h);
+      for (int dst = 0; dst < plan.new_len; ++dst) {
+        const int src = kept[static_cast<std::size_t>(dst)];
+        const std::int64_t to = page_slot(plan.pages, s.block_size, dst);
+        if (src != dst) {
+          const std::int64_t from = page_slot(plan.pages, s.block_size, src);
+          std::copy_n(view.k + view.offset(from, h), s.head_dim, view.k + view.offset(to, h));
+          std::copy_n(view.v + view.offset(from, h), s.head_dim, view.v + view.offset(to, h));
+          view.k_scale[view.scale_offset(to, h)] = view.k_scale[view.scale_offset(from, h)];
+          view.v_scale[view.scale_offset(to, h)] = view.v_scale[view.scale_offset(from, h)];
+        }
+        if (scores && !kept_scores.empty()) scores[to * s.num_kv_heads + h] = kept_scores[static_cast<std::size_t>(dst)];
+      }
+    }
+  }
+}
+
+// A request's FP8 state in host memory while swapped out: its blocks' codes, scales and scores, and its
+// query-window rows (fp32).
+struct swap_blob {
+  std::size_t num_pages = 0;
+  std::vector<std::uint8_t> k, v;
+  std::vector<float> k_scale, v_scale, scores, queries;
+};
+
+inline void copy_block(cpu_fp8_kv_storage& kv, block_id from, block_id to) {
+  const auto& s = kv.shape;
+  const auto block_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.token_stride());
+  const auto head_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.num_kv_heads);
+  const auto f = static_cast<std::size_t>(from), t = static_cast<std::size_t>(to);
+  for (int l = 0; l < s.num_layers; ++l) {
+    const auto view = kv.layer(l);
+    std::copy_n(view.k + block_elems * f, block_elems, view.k + block_elems * t);
+    std::copy_n(view.v + block_elems * f, block_elems, view.v + block_elems * t);
+    std::copy_n(view.k_scale + head_elems * f, head_elems, view.k_scale + head_elems * t);
+    std::copy_n(view.v_scale + head_elems * f, head_elems, view.v_scale + head_elems * t);
+    if (s.score_cache) std::copy_n(kv.layer_scores(l) + head_elems * f, head_elems, kv.layer_scores(l) + head_elems * t);
+  }
+}
+
+namespace detail {
+// Every piece of a request's state (per layer: each page's codes, scales, scores; the slot's window rows),
+// handed to `move(cache_pointer, host_pointer, count)`, so saving and restoring share one walk.
+template <class Move>
+void for_each_state_piece(cpu_fp8_kv_storage& kv, std::span<const block_id> pages, int slot, swap_blob& blob, Move move) {
+  const auto& s = kv.shape;
+  const auto block_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.token_stride());
+  const auto head_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.num_kv_heads);
+  const auto slot_elems = static_cast<std::size_t>(std::int64_t{s.window} * s.query_row_stride());
+  std::size_t i = 0;
+  for (int l = 0; l < s.num_layers; ++l) {
+    const auto view = kv.layer(l);
+    for (block_id b : pages) {
+      const auto at = static_cast<std::size_t>(b);
+      move(view.k + block_elems * at, blob.k.data() + i * block_elems, block_elems);
+      move(view.v + block_elems * at, blob.v.data() + i * block_elems, block_elems);
+      move(view.k_scale + head_elems * at, blob.k_scale.data() + i * head_elems, head_elems);
+      move(view.v_scale + head_elems * at, blob.v_scale.data() + i * head_elems, head_elems);
+      if (s.score_cache) move(kv.layer_scores(l) + head_elems * at, blob.scores.data() + i * head_elems, head_elems);
+      ++i;
+    }
+    if (slot >= 0 && !blob.queries.empty())
+      move(kv.query_rows(l) + slot_elems * static_cast<std::size_t>(slot), blob.queries.data() + slot_elems * static_cast<std::size_t>(l),
+           slot_elems);
+  }
+}
+}  // namespace detail
+
+inline swap_blob save_request_state(cpu_fp8_kv_storage& kv, std::span<const block_id> pages, int slot) {
+  const auto& s = kv.shape;
+  const std::size_t n = pages.size() * static_cast<std::size_t>(s.num_layers);
+  const auto head_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.num_kv_heads);
+  swap_blob blob;
+  blob.num_pages = pages.size();
+  blob.k.resize(n * static_cast<std::size_t>(s.block_size * s.token_stride()));
+  blob.v.resize(blob.k.size());
+  blob.k_scale.resize(n * head_elems);
+  blob.v_scale.resize(n * head_elems);
+  blob.scores.resize(s.score_cache ? n * head_elems : 0);
+  blob.queries.resize(slot >= 0 ? static_cast<std::size_t>(std::int64_t{s.num_layers} * s.window * s.query_row_stride()) : 0);
+  detail::for_each_state_piece(kv, pages, slot, blob, [](const auto* cache, auto* host, std::size_t n_) { std::copy_n(cache, n_, host); });
+  return blob;
+}
+
+// Restores into the first blob.num_pages of `pages` (the rest are fresh room for new tokens) and `slot`.
+inline void restore_request_state(cpu_fp8_kv_storage& kv, std::span<const block_id> pages, int slot, swap_blob& blob) {
+  check(pages.size() >= blob.num_pages, "swap-in: ", pages.size(), " pages for ", blob.num_pages, " saved");
+  detail::for_each_state_piece(kv, pages.first(blob.num_pages), slot, blob,
+                               [](auto* cache, const auto* host, std::size_t n_) { std::copy_n(host, n_, cache); });
+}
+
+}  // namespace cpu::fp8
+
+// cpu_backend with an FP8 (E4M3, per token-head scales) KV cache. Every op that does not touch the KV
+// cache is cpu_backend's; the KV-touching members below hide cpu_backend's of the same names.
+struct cpu_fp8kv_backend : cpu_backend {
+  using kv_storage = cpu_fp8_kv_storage;
+  using swap_blob = cpu::fp8::swap_blob;
+  static constexpr const char* name = "cpu-fp8kv";
+
+  [[nodiscard]] kv_storage allocate_kv(const kv_cache_shape& shape) const { return kv_storage(shape); }
+
+  // Bytes per cached token over all layers (codes + scales + scores), for the memory plan.
+  [[nodiscard]] static std::size_t kv_bytes_per_token(const model_config& c, bool score_cache) {
+    return fp8_kv_bytes_per_token(c, score_cache);
+  }
+
+  void gather_keys(kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len, std::vector<float>& out) const {
+    cpu::fp8::gather_keys(kv, layer, pages, kv_len, out);
+  }
+  void gather_scores(kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len, std::vector<float>& out) const {
+    cpu::fp8::gather_scores(kv, layer, pages, kv_len, out);
+  }
+  void gather_window_queries(kv_storage& kv, int layer, int slot, std::vector<float>& out) const {
+    const auto rows = static_cast<std::size_t>(kv.shape.window * kv.shape.query_row_stride());
+    const float* at = kv.query_rows(layer) + static_cast<std::size_t>(slot) * rows;
+    out.assign(at, at + rows);
+  }
+  void apply_compaction(kv_storage& kv, const compaction_plan& plan) const { cpu::fp8::apply_compaction(kv, plan); }
+  void copy_block(kv_storage& kv, block_id from, block_id to) const { cpu::fp8::copy_block(kv, from, to); }
+
+  [[nodiscard]] swap_blob swap_out(kv_storage& kv, std::span<const block_id> pages, int slot) const {
+    return cpu::fp8::save_request_state(kv, pages, slot);
+  }
+  void swap_in(kv_storage& kv, std::span<const block_id> pages, int slot, swap_blob& blob) const {
+    cpu::fp8::restore_request_state(kv, pages, slot, blob);
+  }
+
+  void attention(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k, const tensor& v,
+                 int num_q_heads, tensor& out) const {
+    cpu::fp8::append_kv(kv.layer(layer), meta.slot_mapping, k, v);
+    if (!meta.token_window_row.empty()) cpu::record_queries(kv.query_rows(layer), meta.token_window_row, q);
+    const auto read = std::as_const(kv).layer(layer);
+    cpu::fp8::paged_attention(read, meta, q, num_q_heads, 1.0f / std::sqrt(float(kv.shape.head_dim)), out);
+  }
+};
+
+}  // namespace zipage
