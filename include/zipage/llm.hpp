@@ -95,6 +95,7 @@ class llm_runtime {
   [[nodiscard]] virtual bool has_unfinished() const = 0;
   virtual request_output take(request_id id) = 0;
   virtual bool cancel(request_id id) = 0;
+  [[nodiscard]] virtual bool finished(request_id id) const = 0;
   [[nodiscard]] virtual const model_config& config() const = 0;
   [[nodiscard]] virtual const memory_plan& memory() const = 0;
   [[nodiscard]] virtual engine_stats stats() const = 0;
@@ -113,6 +114,7 @@ class llm_runtime_of final : public llm_runtime {
   [[nodiscard]] bool has_unfinished() const override { return e_.has_unfinished(); }
   request_output take(request_id id) override { return e_.take_output(id); }
   bool cancel(request_id id) override { return e_.cancel(id); }
+  [[nodiscard]] bool finished(request_id id) const override { return e_.request(id).is_finished(); }
   [[nodiscard]] const model_config& config() const override { return e_.config(); }
   [[nodiscard]] const memory_plan& memory() const override { return e_.memory(); }
   [[nodiscard]] engine_stats stats() const override { return e_.stats(); }
@@ -244,21 +246,28 @@ class llm_stream {
     buffer_.pop_front();
   }
 
-  // Moves this stream's filed events into its buffer; a finished request's completion is taken now.
+  // Moves this stream's filed events into its buffer; a finished request's completion is taken now. A
+  // request that ended without a step event (its compression failed) gets a last, empty piece.
   void collect() {
     for (std::size_t i = 0; i < ids_.size(); ++i) {
+      if (taken_.count(ids_[i]) > 0) continue;
       auto it = state_->pending.find(ids_[i]);
-      if (it == state_->pending.end()) continue;
       for (step_event& e : it->second) {
         buffer_.push_back({i, e.token, std::move(e.text), e.finished, e.reason});
-        if (e.finished) {
-          results_[i] = detail::to_completion(state_->runtime->take(ids_[i]), prompts_[i]);
-          taken_.insert(ids_[i]);
-          --unfinished_;
-        }
+        if (e.finished) finish(i);
       }
       it->second.clear();
+      if (taken_.count(ids_[i]) == 0 && state_->runtime->finished(ids_[i])) {
+        finish(i);
+        buffer_.push_back({i, 0, {}, true, results_[i].reason});
+      }
     }
+  }
+
+  void finish(std::size_t i) {
+    results_[i] = detail::to_completion(state_->runtime->take(ids_[i]), prompts_[i]);
+    taken_.insert(ids_[i]);
+    --unfinished_;
   }
 
   detail::llm_state* state_;

@@ -209,6 +209,26 @@ TEST_CASE("llm: a Hugging Face directory by path, sampling defaults from its gen
   CHECK(contains(error_of([] { (void)stories_llm().chat({{{"user", "hi"}}}); }), "chat needs a checkpoint"));
 }
 
+// A policy whose scoring fails: the request ends with an error when it reaches its first compression.
+struct failing_policy : policy_base {
+  std::string_view name() const { return "failing"; }
+  void score(const score_context&, std::span<float>, std::span<float>) const { fail("the policy failed on purpose"); }
+};
+
+TEST_CASE("llm: a request whose compression fails ends the stream with an error instead of hanging") {
+  basic_llm<failing_policy> l(zipage::testing::stories_model_path(),
+                              llm_options{.device = llm_device::cpu, .engine = {.block_size = 16, .budget_tokens = 32, .window = 8}});
+  int finished = 0;
+  auto s = l.stream({"Once upon a time", "Once upon a time"}, {.temperature = 0.0f, .max_tokens = 100});
+  for (const stream_piece& piece : s) finished += piece.finished;
+  CHECK(finished == 2);
+  REQUIRE(s.results().size() == 2);
+  CHECK(s.results()[0].reason == finish_reason::error);
+  CHECK(contains(s.results()[0].error, "the policy failed on purpose"));
+  CHECK_FALSE(s.results()[1].ok());
+  CHECK(l.stats().blocks_in_use == 0);
+}
+
 TEST_CASE("llm: a missing model or an unavailable device is a clear error") {
   CHECK(contains(error_of([] { llm l("/nonexistent/model.gguf"); }), "/nonexistent/model.gguf: no such file or directory"));
 #if !ZIPAGE_WITH_CUDA
