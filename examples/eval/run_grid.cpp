@@ -25,6 +25,7 @@
 #include "zipage/models/hf_loader.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/policy/policies.hpp"
+#include "zipage/tokenizer/vocab_check.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
 
 #if ZIPAGE_EVAL_CUDA
@@ -428,6 +429,9 @@ int run_backend(run_context& ctx, const Backend& backend) {
   };
   std::optional<zipage::llama_model<Backend>> first(load());
   const zipage::model_config config = first->config();
+  // The model and its tokenizer must agree (else a batch fails halfway at an id one side lacks).
+  if (hf) zipage::check_vocabulary_pair(config, *bpe, o.model + "/config.json", o.model + "/tokenizer.json");
+  else zipage::check_vocabulary_pair(config, *spm, o.model + " (token_embd.weight)", o.model + " (tokenizer.ggml.tokens)");
 
   resolve_sampling(o, ctx.sampled);
   if (io.eos >= 0 && io.eos != config.eos) ctx.sampled.stop_token_ids.push_back(io.eos);
