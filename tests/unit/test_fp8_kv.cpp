@@ -530,6 +530,32 @@ TEST_CASE_TEMPLATE("fp8 kv engine: a compressed request swapped out and back in 
   CHECK(eng.pool().num_used() == 0);
 }
 
+TEST_CASE("fp8 kv engine: requests sharing a prompt prefix give the same tokens with and without prefix caching") {
+  // Shared blocks hold identical codes and scales (a token's quantisation depends on that token only), and
+  // a compression of a shared block first copies it (copy_block: codes, scales, scores).
+  auto& m = stories();
+  const std::string system =
+      "Once upon a time, in a small town, there lived a kind old woman who loved to tell stories to the children. "
+      "Every evening they sat by the fire and listened. She told them about ";
+  const char* asks[] = {"a dog.", "the sea.", "a funny cat.", "a big tree."};
+  std::vector<std::vector<token_id>> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back(m.tokenizer.encode(system + asks[i % 4] + " Number " + std::to_string(i) + ".", true));
+  REQUIRE(prompts[0].size() > 40);
+  auto run = [&](bool sharing) {
+    engine<llama_model<cpu_fp8kv_backend>, zipage_policy> eng(
+        load_llama_gguf<cpu_fp8kv_backend>(m.file),
+        {.block_size = 8, .num_blocks = 512, .budget_tokens = 32, .window = 4, .prefix_caching = sharing, .async_compression = false});
+    auto out = eng.generate(prompts, greedy(40));
+    return std::make_pair(std::move(out), eng.stats());
+  };
+  const auto [shared, shared_stats] = run(true);
+  const auto [alone, alone_stats] = run(false);
+  MESSAGE("prefix-cache hit rate ", shared_stats.prefix_hit_rate(), ", compressions ", shared_stats.compressions);
+  CHECK(shared_stats.prefix_hit_tokens > 0);
+  CHECK(shared_stats.compressions > 0);
+  for (std::size_t i = 0; i < prompts.size(); ++i) CHECK(shared[i].output == alone[i].output);
+}
+
 // ---- Scale granularity on real stories260K K/V ----
 
 namespace {
