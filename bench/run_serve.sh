@@ -13,7 +13,7 @@
 # Prebuilt binaries from $BIN (zipage-serve, zipage-generate, zipage-random-checkpoint, zipage-bench);
 # logs, JSON and summary.txt in $OUT.
 #
-#   SHAPE=qwen3-8b N=256 OUTPUT_LEN=1024 POLICIES="full_kv zipage" BIN=.carry-bin OUT=out bench/run_serve.sh
+#   SHAPE=qwen3-8b N=256 OUTPUT_LEN=1024 POLICIES=full_kv BIN=.carry-bin OUT=out bench/run_serve.sh
 #   # CPU check at small scale (the bundled stories260K):
 #   MODEL=models/stories260K.gguf DEVICE=cpu N=16 PROMPT_WORDS=24 OUTPUT_LEN=48 BIN=build/bin OUT=/tmp/serve \
 #     FLAGS="--block-size 16" bench/run_serve.sh
@@ -30,7 +30,7 @@ DEVICE=${DEVICE:-auto}
 POLICIES=${POLICIES:-full_kv zipage}
 FLAGS=${FLAGS:---block-size 256 --max-batched-tokens 16384}
 PROCS=${PROCS:-8}
-STEP_TIMEOUT=${STEP_TIMEOUT:-900}
+STEP_TIMEOUT=${STEP_TIMEOUT:-480}  # seconds per step (a device call lasts at most 600)
 mkdir -p "$OUT" "$WORK"
 rm -f "$OUT/table.md" "$OUT/bench.jsonl"
 export LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}"
