@@ -4,7 +4,7 @@
 # concurrent streaming /v1/completions requests), both on the same model with the same engine flags, so
 # the result is a ratio server / offline of output tokens per second, with the server's TTFT, ITL, TPOT
 # and end-to-end latency percentiles. Every request: one prompt of PROMPT_WORDS random words (no shared
-# prefix), OUTPUT_LEN tokens (EOS ignored), greedy.
+# prefix), OUTPUT_LEN tokens (EOS ignored), greedy; RATES sweeps Poisson arrival rates (default inf: all at once).
 #
 # The model: MODEL (a GGUF file or checkpoint directory), else a random-weight Qwen3 checkpoint of
 # zipage-bench's SHAPE written by zipage-random-checkpoint into $WORK (qwen3-8b: 16 GB, about a minute).
@@ -30,6 +30,7 @@ DEVICE=${DEVICE:-auto}
 POLICIES=${POLICIES:-full_kv zipage}
 FLAGS=${FLAGS:---block-size 256 --max-batched-tokens 16384}
 PROCS=${PROCS:-8}
+RATES=${RATES:-inf}  # request rates to sweep (Poisson arrivals per second; inf: all at once)
 STEP_TIMEOUT=${STEP_TIMEOUT:-480}  # seconds per step (a device call lasts at most 600)
 mkdir -p "$OUT" "$WORK"
 rm -f "$OUT/table.md" "$OUT/bench.jsonl"
@@ -59,7 +60,7 @@ for pol in $POLICIES; do
   echo "offline $pol rc=$rc: ${offline:-?} tok/s ($(tr '\r' '\n' < "$OUT/offline-$pol.log" | grep -E '^requests:|^peak KV' | tr '\n' ' '))" \
     | tee -a "$OUT/summary.txt"
 
-  # Server: the same flags; the load generator sends the same prompts, all in flight at once.
+  # Server: the same flags; the load generator sends the same prompts at each rate of RATES (inf: all at once).
   "$BIN/zipage-serve" "${COMMON[@]}" --policy "$pol" --host 127.0.0.1 --port 0 --served-model-name bench \
     --max-queue "$N" --shutdown-timeout 5 > "$OUT/serve-$pol.out" 2> "$OUT/serve-$pol.log" &
   pid=$!
@@ -76,26 +77,29 @@ for pol in $POLICIES; do
     wait "$pid" 2>/dev/null
     continue
   fi
-  timeout "$STEP_TIMEOUT" python3 "$HERE/serve_load.py" run --base "$url" --model bench --prompts "$OUT/prompts.txt" \
-    --max-tokens "$OUTPUT_LEN" --concurrency "$N" --procs "$PROCS" --json "$OUT/load-$pol.json" > "$OUT/load-$pol.log" 2>&1
-  rc=$?
-  python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1] + '/metrics').read().decode())" \
-    "$url" > "$OUT/metrics-$pol.txt" 2>&1
-  kill -TERM "$pid"
-  wait "$pid"
-  echo "serve $pol rc=$rc (server exit $?): $(grep '^serve_load:' "$OUT/load-$pol.log" | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
-  python3 - "$OUT/load-$pol.json" "${offline:-0}" "$pol" <<'EOF' >> "$OUT/table.md"
+  for rate in $RATES; do
+    timeout "$STEP_TIMEOUT" python3 "$HERE/serve_load.py" run --base "$url" --model bench --prompts "$OUT/prompts.txt" \
+      --max-tokens "$OUTPUT_LEN" --concurrency "$N" --procs "$PROCS" --request-rate "$rate" \
+      --json "$OUT/load-$pol-$rate.json" > "$OUT/load-$pol-$rate.log" 2>&1
+    echo "serve $pol rate $rate rc=$?: $(grep '^serve_load:' "$OUT/load-$pol-$rate.log" | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
+    python3 - "$OUT/load-$pol-$rate.json" "${offline:-0}" "$pol" "$rate" <<'EOF' >> "$OUT/table.md"
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))
 except Exception as e:
-    print(f"ratio {sys.argv[3]}: no load result ({e})"); sys.exit(0)
+    print(f"| {sys.argv[3]} | {sys.argv[4]} | no load result ({e}) |"); sys.exit(0)
 off = float(sys.argv[2])
 ratio = r["output_tok_s"] / off if off > 0 else float("nan")
-print(f"| {sys.argv[3]} | {r['completed']}/{r['requests']} | {off:.0f} | {r['output_tok_s']:.0f} | {100 * ratio:.1f}% | "
+print(f"| {sys.argv[3]} | {sys.argv[4]} | {r['completed']}/{r['requests']} | {off:.0f} | {r['output_tok_s']:.0f} | {100 * ratio:.1f}% | "
       f"{r['ttft_ms_p50']:.0f} / {r['ttft_ms_p99']:.0f} | {r['itl_ms_p50']:.1f} / {r['itl_ms_p99']:.1f} | "
       f"{r['tpot_ms_p50']:.1f} | {r['e2e_s_p50']:.1f} / {r['e2e_s_p99']:.1f} |")
 EOF
+  done
+  python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1] + '/metrics').read().decode())" \
+    "$url" > "$OUT/metrics-$pol.txt" 2>&1
+  kill -TERM "$pid"
+  wait "$pid"
+  echo "serve $pol: server exit $?" >> "$OUT/summary.txt"
 done
 
 if [ "${ZIPAGE_BENCH:-0}" = 1 ] && [ -x "$BIN/zipage-bench" ]; then
@@ -109,8 +113,8 @@ if [ "${ZIPAGE_BENCH:-0}" = 1 ] && [ -x "$BIN/zipage-bench" ]; then
   grep -E "^\| long" "$OUT/bench.txt" >> "$OUT/summary.txt"
 fi
 {
-  echo "| policy | completed | offline tok/s | server tok/s | server / offline | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 ms | e2e p50 / p99 s |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| policy | request rate | completed | offline tok/s | server tok/s | server / offline | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 ms | e2e p50 / p99 s |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
   cat "$OUT/table.md" 2>/dev/null
 } >> "$OUT/summary.txt"
 cat "$OUT/summary.txt"

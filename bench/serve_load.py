@@ -10,7 +10,9 @@ throughput, time to first token (TTFT), inter-token latency (ITL) and end-to-end
   python3 bench/serve_load.py run --base http://127.0.0.1:8000 --model qwen3-8b --prompts prompts.txt \
       --max-tokens 1024 --concurrency 256 --json load.json
 
-The requests are spread over --procs processes (threads inside each, one per request in flight), so the
+With --request-rate R the requests arrive as a Poisson process of R per second (seeded exponential gaps,
+as vLLM's benchmark_serving; default inf: all at once), at most --concurrency in flight; a request's times
+count from when it is actually sent. The requests are spread over --procs processes (threads inside each, one per request in flight), so the
 client's JSON parsing does not become the bottleneck at tens of thousands of chunks per second. Times are
 CLOCK_MONOTONIC (shared by the processes). Throughput = completion tokens (from each stream's usage chunk)
 / (last response end - first request sent). TTFT: request sent -> first chunk with text; ITL: gaps between a
@@ -105,10 +107,11 @@ def worker(proc_index, jobs, args, start_at, out_queue):
     if args.api_key:
         headers["Authorization"] = f"Bearer {args.api_key}"
     bodies = []
-    for index, prompt in jobs:
+    for index, prompt, _ in jobs:
         body = {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": args.temperature,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, "seed": index}
         bodies.append((index, json.dumps(body)))
+    offsets = {index: offset for index, _, offset in jobs}
     lock = threading.Lock()
     records = []
     pending = list(reversed(bodies))
@@ -120,6 +123,9 @@ def worker(proc_index, jobs, args, start_at, out_queue):
                 if not pending:
                     return
                 index, body = pending.pop()
+            wait = start_at + offsets[index] - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
             rec = one_request(url, headers, body, args.timeout)
             rec["index"] = index
             with lock:
@@ -140,7 +146,13 @@ def run_load(args):
     with open(args.prompts) as f:
         prompts = [line.rstrip("\n") for line in f if line.strip()]
     n = args.requests or len(prompts)
-    jobs = [(i, prompts[i % len(prompts)]) for i in range(n)]
+    rng = random.Random(args.seed)
+    offsets, t = [], 0.0
+    for _ in range(n):
+        offsets.append(t)
+        if math.isfinite(args.request_rate) and args.request_rate > 0:
+            t += rng.expovariate(args.request_rate)
+    jobs = [(i, prompts[i % len(prompts)], offsets[i]) for i in range(n)]
     args.concurrency = min(args.concurrency, n)
     args.procs = max(1, min(args.procs, args.concurrency))
     queue = mp.Queue()
@@ -166,6 +178,7 @@ def run_load(args):
     e2e = [r["end"] - r["sent"] for r in ok]
     result = {
         "requests": n, "completed": len(ok), "failed": len(failed), "concurrency": args.concurrency,
+        "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
         "max_tokens": args.max_tokens, "prompt_tokens_mean": (sum(r["prompt_tokens"] for r in ok) / len(ok)) if ok else 0,
         "output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall if wall > 0 else 0.0,
         "requests_per_s": len(ok) / wall if wall > 0 else 0.0,
@@ -174,7 +187,7 @@ def run_load(args):
         for q in (50, 90, 99):
             result[f"{name}_p{q}"] = percentile(values, q)
         result[f"{name}_mean"] = sum(values) / len(values) if values else float("nan")
-    print(f"serve_load: {len(ok)}/{n} requests, {tokens} output tokens in {wall:.2f} s: {result['output_tok_s']:.1f} tok/s; "
+    print(f"serve_load: rate {result['request_rate']}: {len(ok)}/{n} requests, {tokens} output tokens in {wall:.2f} s: {result['output_tok_s']:.1f} tok/s; "
           f"TTFT p50/p90/p99 {result['ttft_ms_p50']:.1f}/{result['ttft_ms_p90']:.1f}/{result['ttft_ms_p99']:.1f} ms; "
           f"ITL p50/p90/p99 {result['itl_ms_p50']:.2f}/{result['itl_ms_p90']:.2f}/{result['itl_ms_p99']:.2f} ms; "
           f"TPOT p50 {result['tpot_ms_p50']:.2f} ms; e2e p50/p99 {result['e2e_s_p50']:.2f}/{result['e2e_s_p99']:.2f} s")
@@ -202,6 +215,8 @@ def main():
     r.add_argument("--requests", type=int, default=0, help="requests (default: one per prompt)")
     r.add_argument("--concurrency", type=int, default=256, help="requests in flight at most")
     r.add_argument("--max-tokens", type=int, default=256)
+    r.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (inf: all at once)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the arrival times")
     r.add_argument("--temperature", type=float, default=0.0)
     r.add_argument("--procs", type=int, default=min(8, os.cpu_count() or 1), help="client processes")
     r.add_argument("--api-key", default="")
