@@ -492,12 +492,13 @@ TEST_CASE("fp8 kv engine: stories260K with zipage_policy (budget 64, W 4), greed
   report("zipage_policy, bf16-rounded KV", compare_to_fp32<bf16kv_backend, zipage_policy>(cfg, 200));
 }
 
-TEST_CASE_TEMPLATE("fp8 kv engine: a compressed request swapped out and back in gives the tokens of an unconstrained run", B,
-                   cpu_fp8kv_backend, cpu_backend) {
-  // As test_scheduling's swap case, on stories260K: B = 3 blocks of 8; both requests arrive together and in
-  // 7 blocks the compressed one is swapped to host memory (codes, scales, scores, window) and back many times.
-  // (Arriving one step apart, the newer request's tokens differ from the unconstrained run after its one
-  // swap on cpu_backend as well: an engine matter, reported in docs/fp8.md, not the FP8 cache's.)
+namespace {
+
+// As test_scheduling's swap case, on stories260K: B = 3 blocks of 8, and in 7 blocks the two requests cannot
+// both hold their peaks, so the compressed newer one is swapped to host memory (codes, scales, scores,
+// window) and back. `stagger`: the newer request arrives one step after the older one.
+template <class B>
+void check_swapped_request_matches_unconstrained_run(bool stagger) {
   auto& m = stories();
   std::vector<std::vector<token_id>> prompts{m.tokenizer.encode("Once upon a time", true),
                                              m.tokenizer.encode("Tom and Lily went to the park. They saw a big tree with red "
@@ -515,19 +516,38 @@ TEST_CASE_TEMPLATE("fp8 kv engine: a compressed request swapped out and back in 
   tight.num_blocks = 7;
   test_engine eng(load_llama_gguf<B>(m.file), tight);
   const request_id older = eng.add_request(prompts[0], greedy(100));
+  if (stagger) eng.step();
   const request_id newer = eng.add_request(prompts[1], greedy(100));
   eng.run_to_completion();
   const auto st = eng.stats();
-  MESSAGE(std::string(B::name), ": swaps ", st.swaps, ", preemptions ", st.preemptions, ", compressions ", st.compressions);
-  CHECK(st.swaps > 1);
+  MESSAGE(std::string(B::name), ", stagger ", stagger, ": swaps ", st.swaps, ", preemptions ", st.preemptions, ", compressions ",
+          st.compressions);
+  CHECK(st.swaps > 0);
   CHECK(st.compressions > 0);
   CHECK(eng.take_output(older).output == expected[0].output);
   const auto got = eng.take_output(newer).output;
   std::size_t first = 0;
   while (first < got.size() && first < expected[1].output.size() && got[first] == expected[1].output[first]) ++first;
-  MESSAGE("newer: first difference at ", first, " of ", got.size());
+  MESSAGE("newer request: first difference from the unconstrained run at output index ", first, " of ", got.size());
   CHECK(got == expected[1].output);
   CHECK(eng.pool().num_used() == 0);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("fp8 kv engine: a compressed request swapped out and back in gives the tokens of an unconstrained run", B,
+                   cpu_fp8kv_backend, cpu_backend) {
+  // Both requests arrive together: the newer one is swapped out and in 19 times, identical tokens.
+  check_swapped_request_matches_unconstrained_run<B>(false);
+}
+
+// Skipped (run with --no-skip): the newer request arriving one step later is swapped out once, at 17
+// generated tokens, and back in after the older one finishes; its tokens then differ from the
+// unconstrained run at output index 18 on cpu_backend as well as on the FP8 cache. An engine matter for
+// the scheduler / engine owners (docs/fp8.md), kept here as a ready reproducer.
+TEST_CASE_TEMPLATE("engine finding: a request swapped out for a long time diverges after swap-in (reproducer)" * doctest::skip(), B,
+                   cpu_backend, cpu_fp8kv_backend) {
+  check_swapped_request_matches_unconstrained_run<B>(true);
 }
 
 TEST_CASE("fp8 kv engine: requests sharing a prompt prefix give the same tokens with and without prefix caching") {
