@@ -2,7 +2,8 @@
 // Runs compressions apart from the decode loop. Threaded, a worker scores and compacts while the
 // engine keeps decoding every other request; only the requests being compressed wait (they are left
 // out of every batch until their job lands). The worker touches nothing but the requests' own blocks
-// and query slots; every block-pool change stays on the engine's thread.
+// and query slots, which it knows by value (compression_request): it never reads a request's state,
+// and every block-pool change stays on the engine's thread.
 //
 // Jobs are batched: the worker takes every queued request (up to max_batch) at once, so a burst of
 // requests crossing a block boundary together is scored by one set of kernel launches on a backend
@@ -33,11 +34,10 @@ concept device_compressor = requires(const Backend& b, typename Backend::kv_stor
   { b.compress_on_device(kv, jobs, recipe, params, keep) } -> std::same_as<bool>;
 };
 
-struct finished_compression {
-  sequence* seq = nullptr;
-  int new_len = 0;
-  std::string error;  // non-empty when the policy failed; the request is then finished with an error
-};
+// The values a compression_request copies from a request when its compression is planned.
+[[nodiscard]] inline compression_request compression_request_of(const sequence& s) {
+  return {s.id, s.table.blocks(), s.kv_len, s.query_slot, s.num_compressions == 0};
+}
 
 template <class Policy, class Backend>
 class compression_worker {
@@ -64,12 +64,12 @@ class compression_worker {
   [[nodiscard]] const compressor<Policy, Backend>& planner() const { return compressor_; }
 
   // Queues the requests (one step's compressions); all of them can be taken as one batch.
-  void submit(std::span<sequence* const> seqs) {
-    if (seqs.empty()) return;
+  void submit(std::vector<compression_request> reqs) {
+    if (reqs.empty()) return;
     if (!thread_.joinable()) {
-      for (std::size_t i = 0; i < seqs.size(); i += static_cast<std::size_t>(max_batch_)) {
-        const auto batch = seqs.subspan(i, std::min(seqs.size() - i, static_cast<std::size_t>(max_batch_)));
-        auto results = compress(batch);
+      const std::span<const compression_request> all(reqs);
+      for (std::size_t i = 0; i < all.size(); i += static_cast<std::size_t>(max_batch_)) {
+        auto results = compress(all.subspan(i, std::min(all.size() - i, static_cast<std::size_t>(max_batch_))));
         std::lock_guard lock(mutex_);
         for (auto& r : results) finished_.push_back(std::move(r));
       }
@@ -77,12 +77,17 @@ class compression_worker {
     }
     {
       std::lock_guard lock(mutex_);
-      queue_.insert(queue_.end(), seqs.begin(), seqs.end());
-      in_flight_ += static_cast<int>(seqs.size());
+      in_flight_ += static_cast<int>(reqs.size());
+      for (auto& r : reqs) queue_.push_back(std::move(r));
     }
     wake_.notify_all();
   }
-  void submit(sequence* s) { submit(std::span<sequence* const>(&s, 1)); }
+  // Convenience for tests and tools: the requests' current values.
+  void submit(std::span<sequence* const> seqs) {
+    std::vector<compression_request> reqs;
+    for (const sequence* s : seqs) reqs.push_back(compression_request_of(*s));
+    submit(std::move(reqs));
+  }
 
   [[nodiscard]] int in_flight() const {
     std::lock_guard lock(mutex_);
@@ -102,17 +107,18 @@ class compression_worker {
     return std::exchange(finished_, {});
   }
 
-  // Waits until `s` has no job queued or running (cancellation must not free blocks under the worker).
-  void wait_idle(const sequence* s) {
+  // Waits until request `id` has no job queued or running (cancellation must not free blocks under the
+  // worker).
+  void wait_idle(request_id id) {
+    const auto is_it = [id](const compression_request& r) { return r.id == id; };
     std::unique_lock lock(mutex_);
     done_.wait(lock, [&] {
-      return std::find(queue_.begin(), queue_.end(), s) == queue_.end() &&
-             std::find(running_.begin(), running_.end(), s) == running_.end();
+      return std::none_of(queue_.begin(), queue_.end(), is_it) && std::none_of(running_.begin(), running_.end(), is_it);
     });
   }
 
  private:
-  std::vector<finished_compression> compress(std::span<sequence* const> batch) {
+  std::vector<finished_compression> compress(std::span<const compression_request> batch) {
     // A backend that scores this policy's recipe on the device does the whole batch there; otherwise
     // the generic path gathers each request to the host, plans there and applies the plan on the backend.
     if constexpr (device_compressor<Backend> && recipe_scored<Policy>) {
@@ -120,33 +126,33 @@ class compression_worker {
       try {
         const int keep = compressor_.policy().keep_tokens(compressor_.params());
         jobs_.clear();
-        for (sequence* s : batch) jobs_.push_back({s->table.blocks(), s->kv_len, s->query_slot, s->num_compressions == 0});
+        for (const auto& r : batch) jobs_.push_back(r.device_job());
         if (backend_->compress_on_device(*kv_, jobs_, compressor_.policy().recipe(), compressor_.params(), keep)) {
-          for (sequence* s : batch) out.push_back({s, std::min(keep, s->kv_len), {}});
+          for (const auto& r : batch) out.push_back({r.id, std::min(keep, r.kv_len), {}});
           return out;
         }
       } catch (const std::exception& e) {
-        for (sequence* s : batch) out.push_back({s, s->kv_len, e.what()});
+        for (const auto& r : batch) out.push_back({r.id, r.kv_len, e.what()});
         return out;
       }
     }
     std::vector<finished_compression> out;
-    for (sequence* s : batch) out.push_back(compress_on_host(s));
+    for (const auto& r : batch) out.push_back(compress_on_host(r));
     return out;
   }
 
-  finished_compression compress_on_host(sequence* s) {
+  finished_compression compress_on_host(const compression_request& r) {
     // A policy that never evicts is never submitted; not instantiating the host path lets a backend
     // without the compression members (evicting_backend) run it.
     if constexpr (!Policy::evicts) {
-      return {s, s->kv_len, "the policy evicts nothing"};
+      return {r.id, r.kv_len, "the policy evicts nothing"};
     } else {
       try {
-        const compaction_plan plan = compressor_.plan(*backend_, *kv_, *s, s->query_slot);
+        const compaction_plan plan = compressor_.plan(*backend_, *kv_, r);
         backend_->apply_compaction(*kv_, plan);
-        return {s, plan.new_len, {}};
+        return {r.id, plan.new_len, {}};
       } catch (const std::exception& e) {
-        return {s, s->kv_len, e.what()};
+        return {r.id, r.kv_len, e.what()};
       }
     }
   }
@@ -157,7 +163,8 @@ class compression_worker {
       wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;
       const auto n = std::min(queue_.size(), static_cast<std::size_t>(max_batch_));
-      running_.assign(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
+      running_.assign(std::make_move_iterator(queue_.begin()),
+                      std::make_move_iterator(queue_.begin() + static_cast<std::ptrdiff_t>(n)));
       queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
       lock.unlock();
       std::vector<finished_compression> results = compress(running_);
@@ -177,9 +184,9 @@ class compression_worker {
   std::condition_variable wake_, done_;
   int max_batch_;
   std::vector<device_compression_job> jobs_;  // worker thread only
-  std::deque<sequence*> queue_;
+  std::deque<compression_request> queue_;
   std::vector<finished_compression> finished_;
-  std::vector<sequence*> running_;
+  std::vector<compression_request> running_;
   int in_flight_ = 0;
   bool stopping_ = false;
 };

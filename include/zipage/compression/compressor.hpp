@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "zipage/compression/compaction_plan.hpp"
+#include "zipage/compression/compression_job.hpp"
 #include "zipage/model/model_config.hpp"
 #include "zipage/policy/eviction_policy.hpp"
 #include "zipage/policy/policies.hpp"
@@ -52,16 +53,21 @@ class compressor {
   [[nodiscard]] bool should_compress(const sequence& s) const { return policy_->should_compress(s.kv_len, params_); }
 
   compaction_plan plan(Backend& backend, typename Backend::kv_storage& kv, const sequence& s, int slot) {
-    const int kv_len = s.kv_len;
+    return plan(backend, kv, compression_request{s.id, s.table.blocks(), s.kv_len, slot, s.num_compressions == 0});
+  }
+
+  compaction_plan plan(Backend& backend, typename Backend::kv_storage& kv, const compression_request& r) {
+    const int kv_len = r.kv_len;
+    const int slot = r.slot;
     const int keep = std::min(policy_->keep_tokens(params_), kv_len);
     check(keep >= params_.window, "compression: keeping ", keep, " tokens cannot hold the window of ", params_.window);
     compaction_plan p;
-    p.request = s.id;
+    p.request = r.id;
     p.old_len = kv_len;
     p.new_len = keep;
     p.num_layers = model_.num_layers;
     p.num_kv_heads = model_.num_kv_heads;
-    p.pages = s.table.blocks();
+    p.pages = r.pages;
     const auto per_head = static_cast<std::size_t>(kv_len);
     const auto heads = static_cast<std::size_t>(model_.num_kv_heads);
     p.keep.resize(static_cast<std::size_t>(p.num_layers) * heads * static_cast<std::size_t>(keep));
@@ -75,7 +81,7 @@ class compressor {
       if (Policy::uses_score_cache) backend.gather_scores(kv, l, p.pages, kv_len, prev_);
       else prev_.assign(heads * per_head, 0.0f);
       const score_context ctx{kv_len, model_.num_kv_heads, model_.num_q_heads, model_.head_dim, params_.block_size,
-                              params_.window, s.num_compressions == 0, keys_, queries_, prev_};
+                              params_.window, r.first_compression, keys_, queries_, prev_};
       std::fill(cache_out_.begin(), cache_out_.end(), 0.0f);
       score(ctx);
       for (std::size_t h = 0; h < heads; ++h) {

@@ -255,7 +255,7 @@ class engine {
     sequence* s = find(id);
     if (s == nullptr || s->is_finished()) return false;
     if (s->compressing) {
-      worker_.wait_idle(s);  // the worker must not write into blocks that are about to be reused
+      worker_.wait_idle(s->id);  // the worker must not write into blocks that are about to be reused
       land_compressions(worker_.take_finished());
     }
     scheduler_.remove(s);
@@ -559,10 +559,11 @@ class engine {
     for (const swap_out_job& job : plan.swap_out) swapped_state_.emplace(job.seq->id, backend_.swap_out(kv_, job.pages, job.slot));
     for (const compression_job& job : plan.compress)
       for (const block_copy& c : job.copies) backend_.copy_block(kv_, c.from, c.to);
-    // One submission for the step, so the worker can compress the burst as one batch.
-    std::vector<sequence*> to_compress;
-    for (const compression_job& job : plan.compress) to_compress.push_back(job.seq);
-    worker_.submit(to_compress);
+    // One submission for the step, so the worker can compress the burst as one batch; the worker gets
+    // values (pages, lengths, slot), never the requests themselves.
+    std::vector<compression_request> to_compress;
+    for (const compression_job& job : plan.compress) to_compress.push_back(compression_request_of(*job.seq));
+    worker_.submit(std::move(to_compress));
     for (sequence* s : plan.swap_in) {
       auto it = swapped_state_.find(s->id);
       check(it != swapped_state_.end(), "engine: request ", s->id, " was swapped in without a saved state");
@@ -571,23 +572,19 @@ class engine {
     }
   }
 
-  // A compaction landed: the tail blocks go back to the pool and the request may run again.
+  // Compactions that landed: the scheduler shrinks each request's table (the tail blocks go back to the
+  // pool through the block manager) and the request may run again.
   void land_compressions(std::vector<finished_compression> done) {
     for (auto& d : done) {
-      sequence& s = *d.seq;
-      s.compressing = false;
+      sequence* s = find(d.id);
+      if (s == nullptr || s->is_finished()) continue;  // cancel() waits for the worker, so only defensively
       if (!d.error.empty()) {
-        fail_request(s, "compression failed: " + d.error);
+        s->compressing = false;
+        fail_request(*s, "compression failed: " + d.error);
         continue;
       }
-      std::vector<block_id> blocks = s.table.take();
-      const auto kept = static_cast<std::size_t>(blocks_for_tokens(d.new_len, cfg_.block_size));
-      for (std::size_t b = kept; b < blocks.size(); ++b) pool_.release(blocks[b]);
-      blocks.resize(kept);
-      s.table.assign(std::move(blocks));
-      stats_.tokens_evicted += s.kv_len - d.new_len;
-      s.kv_len = d.new_len;
-      ++s.num_compressions;
+      stats_.tokens_evicted += s->kv_len - d.new_len;
+      scheduler_.land_compression(*s, d.new_len);
       ++stats_.compressions;
     }
   }

@@ -52,6 +52,15 @@ class block_manager {
   [[nodiscard]] bool can_append(const sequence& s) const { return can_allocate(s, 1); }
   void may_append(sequence& s) { allocate(s, 1); }
 
+  // After a compaction: keeps the blocks that hold the first `tokens` slots and releases the rest.
+  void shrink(sequence& s, int tokens) {
+    std::vector<block_id> blocks = s.table.take();
+    const auto kept = std::min(blocks.size(), static_cast<std::size_t>(blocks_for_tokens(tokens, block_size_)));
+    for (std::size_t b = kept; b < blocks.size(); ++b) pool_->release(blocks[b]);
+    blocks.resize(kept);
+    s.table.assign(std::move(blocks));
+  }
+
   void deallocate(sequence& s) {
     for (block_id b : s.table.take()) pool_->release(b);
     s.num_hashed_blocks = 0;

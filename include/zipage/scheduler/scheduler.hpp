@@ -56,6 +56,15 @@ class scheduler_base {
     for (const auto& e : plan.batch) blocks_.register_full_blocks(*e.seq, e.tokens);
   }
 
+  // A compaction landed: the request keeps the blocks holding its `new_len` tokens, the tail goes back to
+  // the pool, and it may run again. (A failed one is finished by the engine instead.)
+  void land_compression(sequence& s, int new_len) {
+    s.compressing = false;
+    blocks_.shrink(s, new_len);
+    s.kv_len = new_len;
+    ++s.num_compressions;
+  }
+
   // A finished request leaves the running set and gives its blocks and slot back.
   void finish(sequence* s) {
     erase(running_, s);

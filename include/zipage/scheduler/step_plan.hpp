@@ -91,6 +91,7 @@ concept scheduler_policy = std::constructible_from<S, scheduler_config, block_po
       s.add(seq);
       { s.schedule() } -> std::same_as<step_plan>;
       s.commit(plan);  // after the step ran: sequences are updated
+      s.land_compression(*seq, 0);  // a compaction landed: shrink the table to the new length
       s.finish(seq);
       s.remove(seq);
       { cs.admissible(*seq) } -> std::convertible_to<bool>;
