@@ -2,6 +2,7 @@
 # Builds the libFuzzer harnesses of tests/fuzz with clang and runs each one on its seed corpus.
 #   scripts/fuzz.sh                    # every harness, 30 s each (the CI smoke)
 #   scripts/fuzz.sh 600 fuzz_gguf      # one harness for 10 minutes
+# clang is installed from Debian's packages when missing (as scripts/setup.sh does).
 # Environment: FUZZ_BUILD_DIR (build-fuzz), FUZZ_JOBS (build parallelism, 2), FUZZ_WORK (where new inputs
 # and crash files go: build-fuzz/fuzz-work; the committed corpus is only read), FUZZ_FLAGS (more libFuzzer
 # flags, e.g. -runs=10000000 to stop after that many executions instead of after the time).
@@ -17,7 +18,11 @@ all=(fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer_json fuzz_chat_tem
 harnesses=("$@")
 [ ${#harnesses[@]} -eq 0 ] && harnesses=("${all[@]}")
 
-command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (apt-get install clang)" >&2; exit 2; }
+if ! command -v clang++ >/dev/null; then  # Debian's clang carries libFuzzer; installed as scripts/setup.sh installs
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "fuzz.sh: installing clang (libFuzzer)"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang
+fi
 cmake -S "$root" -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DZIPAGE_BUILD_FUZZERS=ON -DZIPAGE_BUILD_TESTS=OFF -DZIPAGE_BUILD_EXAMPLES=OFF -DZIPAGE_BUILD_BENCH=OFF \
   -DZIPAGE_ENABLE_CUDA=OFF -DZIPAGE_INSTALL=OFF >/dev/null
