@@ -37,6 +37,7 @@
 #include "zipage/models/hf_config.hpp"
 #include "zipage/models/hf_loader.hpp"
 #include "zipage/models/llama.hpp"
+#include "zipage/models/load_model.hpp"
 #include "zipage/policy/policies.hpp"
 #include "zipage/tokenizer/bpe_tokenizer.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
@@ -123,24 +124,6 @@ class llm_runtime_of final : public llm_runtime {
  private:
   const char* backend_;
   Engine e_;
-};
-
-// The model's text side: its tokenizer (a GGUF file's SentencePiece vocabulary, or a checkpoint's
-// tokenizer.json), kept at a fixed address for the engine's detokenizers.
-struct llm_text {
-  std::unique_ptr<const spm_tokenizer> spm;
-  std::unique_ptr<const bpe_tokenizer> bpe;
-
-  [[nodiscard]] std::vector<token_id> encode(const std::string& text) const {
-    return bpe ? bpe->encode(text, bpe->add_bos()) : spm->encode(text, true);
-  }
-  [[nodiscard]] std::string decode(std::span<const token_id> ids) const {
-    return bpe ? bpe->decode(ids, true) : spm->decode(ids);
-  }
-  [[nodiscard]] decltype(engine_config::make_detokenizer) detokenizer() const {
-    if (bpe) return detokenizer_factory(*bpe);
-    return detokenizer_factory(*spm);
-  }
 };
 
 // The state every call and stream of one llm shares: the engine, and the step events of requests whose
@@ -288,8 +271,6 @@ class basic_llm {
   // Loads `model`: a GGUF file, or a Hugging Face checkpoint directory. Throws zipage::error naming the
   // file and what is wrong.
   explicit basic_llm(const std::filesystem::path& model, llm_options options = {}, Policy policy = {}) {
-    check(!model.empty(), "llm: no model path given");
-    check(std::filesystem::exists(model), "llm: ", model.string(), ": no such file or directory");
 #if ZIPAGE_WITH_CUDA
     const bool gpu = options.device == llm_device::cuda ||
                      (options.device == llm_device::automatic && cuda::device_count() > 0);
@@ -336,7 +317,7 @@ class basic_llm {
   llm_stream stream(const std::vector<std::string>& prompts, const sampling_params& params) {
     std::vector<std::vector<token_id>> ids;
     ids.reserve(prompts.size());
-    for (const auto& p : prompts) ids.push_back(text_.encode(p));
+    for (const auto& p : prompts) ids.push_back(encode(p));
     return llm_stream(*state_, prompts, state_->runtime->add(ids, with_model_stops(params)));
   }
 
@@ -348,14 +329,14 @@ class basic_llm {
   }
   std::vector<completion> chat(const std::vector<std::vector<chat_message>>& conversations, const sampling_params& params,
                                const chat_options& options = {}) {
-    check(text_.bpe && text_.bpe->chat() != chat_format::none,
+    check(bpe_ && bpe_->chat() != chat_format::none,
           "llm: chat needs a checkpoint whose tokenizer_config.json has a chat template zipage knows; this model has none "
           "(use generate() with plain prompts)");
     std::vector<std::string> prompts;
     std::vector<std::vector<token_id>> ids;
     for (const auto& messages : conversations) {
-      prompts.push_back(text_.bpe->apply_chat_template(messages, options));
-      ids.push_back(text_.bpe->encode(prompts.back(), false));  // the template writes any BOS itself
+      prompts.push_back(bpe_->apply_chat_template(messages, options));
+      ids.push_back(bpe_->encode(prompts.back(), false));  // the template writes any BOS itself
     }
     llm_stream s(*state_, std::move(prompts), state_->runtime->add(ids, with_model_stops(params)));
     for (auto it = s.begin(); it != s.end(); ++it) {
@@ -363,10 +344,15 @@ class basic_llm {
     return s.results();
   }
 
-  [[nodiscard]] std::vector<token_id> encode(const std::string& text) const { return text_.encode(text); }
-  [[nodiscard]] std::string decode(std::span<const token_id> ids) const { return text_.decode(ids); }
+  // Text to prompt ids with the model's BOS convention (what generate() does), and ids back to text.
+  [[nodiscard]] std::vector<token_id> encode(const std::string& text) const {
+    return bpe_ ? bpe_->encode(text, bpe_->add_bos()) : spm_->encode(text, true);
+  }
+  [[nodiscard]] std::string decode(std::span<const token_id> ids) const {
+    return bpe_ ? bpe_->decode(ids, true) : spm_->decode(ids);
+  }
   // The Hugging Face tokenizer (chat templates: bpe_tokenizer::apply_chat_template), or null for GGUF files.
-  [[nodiscard]] const bpe_tokenizer* hf_tokenizer() const { return text_.bpe.get(); }
+  [[nodiscard]] const bpe_tokenizer* hf_tokenizer() const { return bpe_.get(); }
 
   [[nodiscard]] const model_config& config() const { return state_->runtime->config(); }
   [[nodiscard]] const memory_plan& memory() const { return state_->runtime->memory(); }
@@ -377,37 +363,29 @@ class basic_llm {
  private:
   template <class Backend>
   void load(const std::filesystem::path& path, llm_options& options, Policy policy, Backend backend, const char* name) {
+    loaded_model<Backend> loaded = load_model<Backend>(path, backend);
     defaults_.temperature = 0.0f;  // greedy unless the checkpoint says otherwise
-    auto start = [&](llama_model<Backend> model) {
-      engine_config cfg = options.engine;
-      cfg.make_detokenizer = text_.detokenizer();
-      if constexpr (requires { backend.memory_info(); }) {
-        if (cfg.num_blocks == 0 && cfg.gpu_memory_utilization == 0.0) {
-          cfg.gpu_memory_utilization = 0.9;
-          if (cfg.max_kv_cache_bytes == 0) {
-            const auto& c = model.config();
-            const double per_token = static_cast<double>(kv_bytes_per_token(c, backend.kv_element_bytes(), Policy::evicts));
-            cfg.max_kv_cache_bytes = static_cast<std::size_t>(per_token * cfg.max_num_seqs * std::max(c.max_context, 4096));
-          }
+    loaded.generation.apply(defaults_);
+    model_stop_ids_ = loaded.stop_token_ids;
+    defaults_ = with_model_stops(defaults_);
+    spm_ = std::move(loaded.spm);
+    bpe_ = std::move(loaded.bpe);
+    engine_config cfg = options.engine;
+    cfg.make_detokenizer = bpe_ ? decltype(cfg.make_detokenizer)(detokenizer_factory(*bpe_))
+                                : decltype(cfg.make_detokenizer)(detokenizer_factory(*spm_));
+    if constexpr (requires { backend.memory_info(); }) {
+      if (cfg.num_blocks == 0 && cfg.gpu_memory_utilization == 0.0) {
+        cfg.gpu_memory_utilization = 0.9;
+        if (cfg.max_kv_cache_bytes == 0) {
+          const auto& c = loaded.model.config();
+          const double per_token = static_cast<double>(kv_bytes_per_token(c, backend.kv_element_bytes(), Policy::evicts));
+          cfg.max_kv_cache_bytes = static_cast<std::size_t>(per_token * cfg.max_num_seqs * std::max(c.max_context, 4096));
         }
       }
-      using engine_type = engine<llama_model<Backend>, Policy, zipage_scheduler, Backend>;
-      state_->runtime = std::make_unique<detail::llm_runtime_of<engine_type>>(name, std::move(model), std::move(cfg),
-                                                                              std::move(policy), backend);
-    };
-    if (std::filesystem::is_directory(path)) {  // a Hugging Face checkpoint
-      load_generation_config(path).apply(defaults_);
-      text_.bpe = std::make_unique<const bpe_tokenizer>(bpe_tokenizer::from_dir(path));
-      auto model = load_hf_checkpoint<Backend>(path, backend);
-      // The tokenizer's own end of turn (e.g. Qwen3's <|im_end|>) ends a request too.
-      if (text_.bpe->eos() >= 0 && text_.bpe->eos() != model.config().eos) model_stop_ids_.push_back(text_.bpe->eos());
-      start(std::move(model));
-    } else {
-      const auto file = gguf::file::open(path.string());
-      text_.spm = std::make_unique<const spm_tokenizer>(spm_tokenizer::from_gguf(file));
-      start(load_llama_gguf<Backend>(file, backend));
     }
-    defaults_ = with_model_stops(defaults_);
+    using engine_type = engine<llama_model<Backend>, Policy, zipage_scheduler, Backend>;
+    state_->runtime = std::make_unique<detail::llm_runtime_of<engine_type>>(name, std::move(loaded.model), std::move(cfg),
+                                                                            std::move(policy), backend);
   }
 
   [[nodiscard]] sampling_params with_model_stops(sampling_params p) const {
@@ -417,8 +395,9 @@ class basic_llm {
     return p;
   }
 
-  // Declared first, so destroyed last: the engine's detokenizers refer to the tokenizer.
-  detail::llm_text text_;
+  // Declared first, so destroyed last: the engine's detokenizers refer to the tokenizer (one of the two).
+  std::unique_ptr<const spm_tokenizer> spm_;
+  std::unique_ptr<const bpe_tokenizer> bpe_;
   sampling_params defaults_;
   std::vector<token_id> model_stop_ids_;
   std::unique_ptr<detail::llm_state> state_ = std::make_unique<detail::llm_state>();

@@ -19,6 +19,7 @@
 #include "zipage/models/hf_config.hpp"
 #include "zipage/models/hf_loader.hpp"
 #include "zipage/models/llama.hpp"
+#include "zipage/models/load_model.hpp"
 #include "zipage/policy/eviction_policy.hpp"
 #include "zipage/policy/policies.hpp"
 #include "zipage/policy/score_recipe.hpp"

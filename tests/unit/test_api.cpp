@@ -131,6 +131,22 @@ TEST_CASE("llm: a GGUF file by path, text in, text out, tokens and finish reason
   CHECK(l.stats().blocks_in_use == 0);
 }
 
+TEST_CASE("load_model: a model and its text side by path, for tools that build their own engine") {
+  const auto m = load_model(zipage::testing::stories_model_path());
+  REQUIRE(m.spm != nullptr);
+  CHECK(m.bpe == nullptr);
+  CHECK_FALSE(m.generation.sets_sampling());
+  CHECK(m.stop_token_ids.empty());
+  CHECK(m.encode("Once upon a time") == stories_llm().encode("Once upon a time"));
+  const auto make = m.detokenizer();
+  const auto ids = m.encode("Once upon a time");
+  auto detok = make(ids);
+  std::string text;
+  for (token_id t : stories_llm().encode(" there was")) if (t != m.model.config().bos) text += detok(t);
+  CHECK(contains(text, "there was"));
+  CHECK(contains(error_of([] { (void)load_model("/nonexistent"); }), "/nonexistent: no such file or directory"));
+}
+
 TEST_CASE("llm: streaming, as an iterator and with a callback, adds up to the generated text") {
   llm& l = stories_llm();
   const sampling_params p{.temperature = 0.0f, .max_tokens = 30};

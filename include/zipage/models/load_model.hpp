@@ -1,0 +1,75 @@
+#pragma once
+// zipage::load_model: a model and its tokenizer by path — a Llama-architecture GGUF file, or a Hugging Face
+// checkpoint directory (Qwen3, Qwen2, Llama: config.json, *.safetensors, tokenizer.json) — with the sampling
+// defaults of its generation_config.json. What zipage::llm starts from; a tool that builds its own engine
+// can start from it too (the detokenizer for engine_config::make_detokenizer, the extra stop ids).
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zipage/core/error.hpp"
+#include "zipage/gguf/gguf.hpp"
+#include "zipage/models/hf_config.hpp"
+#include "zipage/models/hf_loader.hpp"
+#include "zipage/models/llama.hpp"
+#include "zipage/tokenizer/bpe_tokenizer.hpp"
+#include "zipage/tokenizer/detokenizer.hpp"
+#include "zipage/tokenizer/spm_tokenizer.hpp"
+#include "zipage/tokenizer/vocab_check.hpp"
+
+namespace zipage {
+
+template <class Backend>
+struct loaded_model {
+  llama_model<Backend> model;
+  // The tokenizer, at a fixed address (detokenizer() refers to it): a GGUF file's SentencePiece vocabulary,
+  // or a checkpoint's tokenizer.json. Exactly one is set.
+  std::unique_ptr<const spm_tokenizer> spm;
+  std::unique_ptr<const bpe_tokenizer> bpe;
+  generation_defaults generation;         // generation_config.json's sampling fields (none for a GGUF file)
+  std::vector<token_id> stop_token_ids;   // the tokenizer's end of turn when the config's eos is another id
+
+  // Text to prompt ids with the model's BOS convention; ids back to text (special tokens left out).
+  [[nodiscard]] std::vector<token_id> encode(const std::string& text) const {
+    return bpe ? bpe->encode(text, bpe->add_bos()) : spm->encode(text, true);
+  }
+  [[nodiscard]] std::string decode(std::span<const token_id> ids) const {
+    return bpe ? bpe->decode(ids, true) : spm->decode(ids);
+  }
+  // For engine_config::make_detokenizer; valid while this loaded_model's tokenizer lives.
+  [[nodiscard]] std::function<streaming_detokenizer(std::span<const token_id>)> detokenizer() const {
+    if (bpe) return detokenizer_factory(*bpe);
+    return detokenizer_factory(*spm);
+  }
+};
+
+// Loads `path` onto `backend`: a directory is a Hugging Face checkpoint, anything else a GGUF file. The model
+// and tokenizer vocabularies are checked against each other before the weights load. Throws zipage::error
+// naming the file and what is wrong.
+template <class Backend = cpu_backend>
+loaded_model<Backend> load_model(const std::filesystem::path& path, const Backend& backend = {}) {
+  std::error_code ec;
+  check(!path.empty(), "no model path given");
+  check(std::filesystem::exists(path, ec), path.string(), ": no such file or directory");
+  if (std::filesystem::is_directory(path, ec)) {
+    auto generation = load_generation_config(path);
+    auto bpe = std::make_unique<const bpe_tokenizer>(bpe_tokenizer::from_dir(path));
+    check_vocabulary_pair(load_hf_checkpoint_config(path), *bpe, (path / "config.json").string(),
+                          (path / "tokenizer.json").string());
+    auto model = load_hf_checkpoint<Backend>(path, backend);
+    // The engine stops at the config's eos ids; the tokenizer's own end of turn (Qwen3's <|im_end|>) too.
+    std::vector<token_id> stops;
+    if (bpe->eos() >= 0 && bpe->eos() != model.config().eos) stops.push_back(bpe->eos());
+    return {std::move(model), nullptr, std::move(bpe), std::move(generation), std::move(stops)};
+  }
+  const auto file = gguf::file::open(path);
+  auto spm = std::make_unique<const spm_tokenizer>(spm_tokenizer::from_gguf(file));
+  check_vocabulary_pair(llama_config_from_gguf(file), *spm, path.string() + " (token_embd.weight)",
+                        path.string() + " (tokenizer.ggml.tokens)");
+  return {load_llama_gguf<Backend>(file, backend), std::move(spm), nullptr, {}, {}};
+}
+
+}  // namespace zipage
