@@ -27,6 +27,7 @@
 #include "zipage/model/concepts.hpp"
 #include "zipage/policy/eviction_policy.hpp"
 #include "zipage/request/sequence.hpp"
+#include "zipage/sampling/logprobs.hpp"
 #include "zipage/sampling/sampler.hpp"
 #include "zipage/scheduler/scheduler.hpp"
 #include "zipage/scheduler/zipage_scheduler.hpp"
@@ -102,6 +103,7 @@ struct request_output {
   int num_preemptions = 0;
   int num_compressions = 0;
   std::vector<float> logprobs;  // when sampling_params::logprobs
+  std::vector<std::vector<token_logprob>> top_logprobs;  // when sampling_params::top_logprobs > 0: per token
 };
 
 struct engine_stats {
@@ -347,6 +349,7 @@ class engine {
     out.num_preemptions = s.num_preemptions;
     out.num_compressions = s.num_compressions;
     out.logprobs = s.logprobs;
+    out.top_logprobs = s.top_logprobs;
     requests_.erase(id);
     return out;
   }
@@ -612,11 +615,11 @@ class engine {
   }
 
   // The graph batch size for this step, or 0: only steps where every sequence decodes one token and
-  // samples it on the device (log-probabilities and forced tokens need the logits on the host).
+  // samples it on the device (forced tokens need the logits on the host).
   [[nodiscard]] int graph_batch_size(const step_plan& plan) const {
     if constexpr (decode_graph_runner<Backend> && device_sampler<Backend>) {
       for (const scheduled_seq& e : plan.batch)
-        if (e.tokens != 1 || !e.samples() || e.seq->params.logprobs || !e.seq->forced_tokens.empty()) return 0;
+        if (e.tokens != 1 || !e.samples() || !e.seq->forced_tokens.empty()) return 0;
       return backend_.decode_graph_batch(static_cast<int>(plan.batch.size()));
     } else {
       return 0;
@@ -689,21 +692,23 @@ class engine {
   }
 
   // The next token of every sequence that samples this step, in batch order. On a backend that can
-  // sample on the device the logits stay there, unless a row needs its log-probability or is forced
-  // (evaluation), which the host computes.
+  // sample on the device the logits stay there (log-probabilities included), unless a row is forced
+  // (evaluation), which the host handles.
   std::vector<token_id> sample_all(const step_plan& plan, const tensor& logits) {
     std::vector<token_id> out;
     out.reserve(logits_rows_.size());
     if constexpr (device_sampler<Backend>) {
       const bool host_only = std::any_of(plan.batch.begin(), plan.batch.end(), [](const scheduled_seq& e) {
-        return e.samples() && (e.seq->params.logprobs || !e.seq->forced_tokens.empty());
+        return e.samples() && !e.seq->forced_tokens.empty();
       });
       if (!host_only) {
         sample_rows_.clear();
         for (const scheduled_seq& e : plan.batch)
           if (e.samples())
             sample_rows_.push_back({static_cast<int>(sample_rows_.size()), &e.seq->params, e.seq->tokens,
-                                    static_cast<std::uint64_t>(e.seq->num_generated())});
+                                    static_cast<std::uint64_t>(e.seq->num_generated()),
+                                    e.seq->params.logprobs ? &e.seq->logprobs : nullptr,
+                                    e.seq->params.top_logprobs > 0 ? &e.seq->top_logprobs : nullptr});
         return backend_.sample(logits, sample_rows_);
       }
     }
@@ -722,15 +727,9 @@ class engine {
     const token_id tok = step < s.forced_tokens.size()
                              ? s.forced_tokens[step]
                              : sampler_.sample(row, s.params, s.tokens, static_cast<std::uint64_t>(step));
-    if (s.params.logprobs) s.logprobs.push_back(log_softmax_at(row, tok));
+    if (s.params.logprobs) s.logprobs.push_back(token_logprob_of(row, tok));
+    if (s.params.top_logprobs > 0) s.top_logprobs.push_back(top_logprobs(row, s.params.top_logprobs));
     return tok;
-  }
-
-  static float log_softmax_at(std::span<const float> row, token_id tok) {
-    const float max = *std::max_element(row.begin(), row.end());
-    double sum = 0.0;
-    for (float x : row) sum += std::exp(static_cast<double>(x - max));
-    return static_cast<float>(row[static_cast<std::size_t>(tok)] - max - std::log(sum));
   }
 
   step_event on_token(sequence& s, token_id tok) {
