@@ -152,6 +152,12 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
                            ->check(in_range(0.0, 1.0));
   o.flags["--repetition-penalty"] = app.add_option("--repetition-penalty", s.repetition_penalty, "1 = off (default: the checkpoint's)")
                                         ->check(positive());
+  o.flags["--frequency-penalty"] = app.add_option("--frequency-penalty", s.frequency_penalty,
+                                       "OpenAI's: minus this times a token's count in the output so far, in [-2, 2] (default 0 = off)")
+                                       ->check(in_range(-2.0, 2.0));
+  o.flags["--presence-penalty"] = app.add_option("--presence-penalty", s.presence_penalty,
+                                      "OpenAI's: minus this once for a token already in the output, in [-2, 2] (default 0 = off)")
+                                      ->check(in_range(-2.0, 2.0));
   app.add_option("--seed", s.seed, "per-request seed (request i uses seed + i)");
   app.add_option("--stop", s.stop, "stop string (repeatable)");
   app.add_flag("--ignore-eos", s.ignore_eos, "keep generating past EOS");
@@ -228,6 +234,11 @@ inline void resolve_sampling(engine_options& o, const zipage::generation_default
   field("--top-p", s.top_p, merged.top_p, gen.top_p.has_value());
   field("--min-p", s.min_p, merged.min_p, gen.min_p.has_value());
   field("--repetition-penalty", s.repetition_penalty, merged.repetition_penalty, gen.repetition_penalty.has_value());
+  if (s.output_penalties()) {  // generation_config.json has no such fields: these come from flags only
+    std::ostringstream v;
+    v << ", frequency-penalty " << s.frequency_penalty << ", presence-penalty " << s.presence_penalty << " (flag)";
+    line += v.str();
+  }
   if (s.greedy()) line += "; greedy";
   if (!gen.source.empty())
     line += gen.sets_sampling() ? "; checkpoint = " + gen.source + (greedy_by_file ? " (do_sample: false)" : "")
