@@ -415,6 +415,27 @@ int find_client_socket(const httplib::Request& req) {
   return found;
 }
 
+// Debian's httplib 0.11 listens with a backlog of 5 (compiled into the library): a burst of connects
+// beyond it waits for a SYN retransmit (~1 s). Listening again on the bound socket widens the queue
+// (Linux updates the backlog of a listening socket); the listener is the socket on `port` without a peer.
+void widen_listen_backlog(int port) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return;
+  while (const dirent* e = readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof local, pl = sizeof peer;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0) continue;  // a connection, not the listener
+    int local_port = -1;
+    if (local.ss_family == AF_INET) local_port = ntohs(reinterpret_cast<const sockaddr_in&>(local).sin_port);
+    else if (local.ss_family == AF_INET6) local_port = ntohs(reinterpret_cast<const sockaddr_in6&>(local).sin6_port);
+    if (local_port == port) ::listen(fd, SOMAXCONN);
+  }
+  closedir(dir);
+}
+
 // At shutdown, once no request is in flight: closes the connections still open to `port` (idle keep-alive
 // ones, whose httplib threads would otherwise wait out the keep-alive timeout before the server can stop).
 void close_connections(int port) {
@@ -897,6 +918,7 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
     zipage::check(svr.bind_to_port(so.host, port), "cannot listen on ", so.host, ":", port,
                   " (in use, or not an address of this machine)");
   }
+  widen_listen_backlog(port);
   service.start();
 
   std::fprintf(stderr, "%s\n%s\n", model.memory_line.c_str(), eo.sampling_line.c_str());
