@@ -541,11 +541,10 @@ TEST_CASE_TEMPLATE("fp8 kv engine: a compressed request swapped out and back in 
   check_swapped_request_matches_unconstrained_run<B>(false);
 }
 
-// Skipped (run with --no-skip): the newer request arriving one step later is swapped out once, at 17
-// generated tokens, and back in after the older one finishes; its tokens then differ from the
-// unconstrained run at output index 18 on cpu_backend as well as on the FP8 cache. An engine matter for
-// the scheduler / engine owners (docs/fp8.md), kept here as a ready reproducer.
-TEST_CASE_TEMPLATE("engine finding: a request swapped out for a long time diverges after swap-in (reproducer)" * doctest::skip(), B,
+// Found by this file (2026-12-01): a compressed request swapped out at its compression point and back in
+// after the older one finished was compressed in the very step it came back, before its cache and window
+// queries were restored (the engine ran compressions before swap-ins). Fixed; kept as a regression test.
+TEST_CASE_TEMPLATE("a request swapped out at its compression point is compressed only after it is swapped back in", B,
                    cpu_backend, cpu_fp8kv_backend) {
   check_swapped_request_matches_unconstrained_run<B>(true);
 }

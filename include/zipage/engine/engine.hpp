@@ -556,23 +556,25 @@ class engine {
   }
 
   // Data movement the plan asks for, in an order that keeps every source intact until it is read:
-  // swap-outs read blocks the plan may already have handed to others, then copy-on-write copies, then
-  // compressions, then swap-ins write into their fresh blocks.
+  // swap-outs read blocks the plan may already have handed to others, then copy-on-write copies (their
+  // sources may be among the blocks handed out), then swap-ins write into their fresh blocks, and only
+  // then compressions start: a request swapped in this step may be compressed in the same step, and its
+  // compression must read its restored cache and window queries.
   void move_state(const step_plan& plan) {
     for (const swap_out_job& job : plan.swap_out) swapped_state_.emplace(job.seq->id, backend_.swap_out(kv_, job.pages, job.slot));
     for (const compression_job& job : plan.compress)
       for (const block_copy& c : job.copies) backend_.copy_block(kv_, c.from, c.to);
-    // One submission for the step, so the worker can compress the burst as one batch; the worker gets
-    // values (pages, lengths, slot), never the requests themselves.
-    std::vector<compression_request> to_compress;
-    for (const compression_job& job : plan.compress) to_compress.push_back(compression_request_of(*job.seq));
-    worker_.submit(std::move(to_compress));
     for (sequence* s : plan.swap_in) {
       auto it = swapped_state_.find(s->id);
       check(it != swapped_state_.end(), "engine: request ", s->id, " was swapped in without a saved state");
       backend_.swap_in(kv_, s->table.blocks(), s->query_slot, it->second);
       swapped_state_.erase(it);
     }
+    // One submission for the step, so the worker can compress the burst as one batch; the worker gets
+    // values (pages, lengths, slot), never the requests themselves.
+    std::vector<compression_request> to_compress;
+    for (const compression_job& job : plan.compress) to_compress.push_back(compression_request_of(*job.seq));
+    worker_.submit(std::move(to_compress));
   }
 
   // Compactions that landed: the scheduler shrinks each request's table (the tail blocks go back to the
