@@ -70,7 +70,8 @@ struct completion {
   std::vector<token_id> token_ids{};   // the generated tokens
   finish_reason reason = finish_reason::none;  // eos, length, stop_string, stop_token; error or cancelled
   std::string error{};                 // why, when reason == finish_reason::error
-  std::vector<float> logprobs{};       // with sampling_params::logprobs
+  std::vector<float> logprobs{};       // with sampling_params::logprobs: each generated token's
+  std::vector<std::vector<token_logprob>> top_logprobs{};  // with sampling_params::top_logprobs: per token, best first
   int num_compressions = 0;            // times its KV cache was compressed
 
   [[nodiscard]] bool ok() const { return reason != finish_reason::error && reason != finish_reason::cancelled; }
@@ -150,6 +151,7 @@ inline completion to_completion(request_output&& out, std::string prompt) {
   c.reason = out.reason;
   c.error = std::move(out.error_message);
   c.logprobs = std::move(out.logprobs);
+  c.top_logprobs = std::move(out.top_logprobs);
   c.num_compressions = out.num_compressions;
   return c;
 }

@@ -129,6 +129,16 @@ TEST_CASE("llm: a GGUF file by path, text in, text out, tokens and finish reason
   CHECK(stopped[0].text == ", there was a little girl named ");
   CHECK(l.stats().waiting == 0);
   CHECK(l.stats().blocks_in_use == 0);
+
+  // Log-probabilities: each token's, and the most likely alternatives (greedy: the first is the token).
+  const auto lp = l.generate({"Once upon a time"}, {.temperature = 0.0f, .max_tokens = 5, .logprobs = true, .top_logprobs = 3});
+  REQUIRE(lp[0].logprobs.size() == 5);
+  REQUIRE(lp[0].top_logprobs.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) {
+    REQUIRE(lp[0].top_logprobs[i].size() == 3);
+    CHECK(lp[0].top_logprobs[i][0].id == lp[0].token_ids[i]);
+    CHECK(lp[0].top_logprobs[i][0].logprob == doctest::Approx(lp[0].logprobs[i]));
+  }
 }
 
 TEST_CASE("load_model: a model and its text side by path, for tools that build their own engine") {
