@@ -198,6 +198,10 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   app.add_flag("!--no-hybrid", e.hybrid, "admit only requests that get a query slot");
   app.add_flag("!--no-prefix-caching", e.prefix_caching, "do not share prompt blocks between requests");
   app.add_flag("!--sync-compression", e.async_compression, "compress on the decode thread");
+  app.add_flag("--allow-beyond-context", e.allow_beyond_context,
+               "let prompt + output run past the model's trained context (max_position_embeddings); by default a "
+               "longer prompt is refused and generation stops there. For compressed long generation, where each "
+               "request's cache stays at the budget");
 }
 
 // The compression budget in tokens from --budget or --budget-blocks, checked against the block size with

@@ -278,3 +278,35 @@ TEST_CASE("128 requests sharing a long system prompt: same outputs with and with
     }
   }
 }
+
+namespace {
+// Scoring that always fails: every request ends with an error at its first compression.
+struct failing_policy : policy_base {
+  std::string_view name() const { return "failing"; }
+  void score(const score_context&, std::span<float>, std::span<float>) const { fail("scoring failed on purpose"); }
+};
+}  // namespace
+
+TEST_CASE("a request whose compression fails ends with a finished error event (streams do not wait forever)") {
+  for (const bool async : {false, true}) {
+    CAPTURE(async);
+    engine<llama_model<cpu_backend>, failing_policy> eng(testing::tiny_llama(),
+                                                          {.block_size = 8, .num_blocks = 40, .budget_tokens = 16,
+                                                           .window = 4, .async_compression = async});
+    const request_id a = eng.add_request({0, 5, 9}, greedy(60));
+    const request_id b = eng.add_request({0, 7}, greedy(60));
+    std::map<request_id, finish_reason> ended;
+    for (int i = 0; i < 500 && eng.has_unfinished(); ++i)
+      for (const auto& ev : eng.step())
+        if (ev.finished) ended[ev.id] = ev.reason;
+    for (const auto& ev : eng.step())  // a failure landed in the last step is reported by the next one
+      if (ev.finished) ended[ev.id] = ev.reason;
+    CHECK_FALSE(eng.has_unfinished());
+    CHECK(ended.size() == 2);
+    CHECK(ended[a] == finish_reason::error);
+    CHECK(ended[b] == finish_reason::error);
+    const auto out = eng.take_output(a);
+    CHECK(out.error_message.find("scoring failed on purpose") != std::string::npos);
+    check_pool_balanced(eng);
+  }
+}

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "zipage/backend/cpu/cpu_backend.hpp"
@@ -273,8 +274,9 @@ class engine {
 
   // Runs one step; returns the tokens it produced.
   std::vector<step_event> step() {
-    std::vector<step_event> events;
     land_compressions(worker_.take_finished());
+    // Requests whose compression failed since the last step (here, or while cancel() waited) end now.
+    std::vector<step_event> events = std::exchange(failed_events_, {});
     step_plan plan = scheduler_.schedule();
     for (sequence* s : plan.rejected) reject(*s, events);
     stats_.preemptions += static_cast<std::int64_t>(plan.preempted.size());
@@ -282,6 +284,7 @@ class engine {
     if (plan.batch.empty()) {
       // Nothing can run until a compression lands (its request holds the blocks others wait for).
       if (worker_.in_flight() > 0) land_compressions(worker_.wait_finished());
+      for (auto& e : std::exchange(failed_events_, {})) events.push_back(std::move(e));
       return events;
     }
 
@@ -586,6 +589,7 @@ class engine {
       if (!d.error.empty()) {
         s->compressing = false;
         fail_request(*s, "compression failed: " + d.error);
+        failed_events_.push_back({s->id, 0, {}, true, finish_reason::error});  // so streams see it end
         continue;
       }
       stats_.tokens_evicted += s->kv_len - d.new_len;
@@ -825,6 +829,7 @@ class engine {
   sampler sampler_;
   std::unordered_map<request_id, std::unique_ptr<sequence>> requests_;
   std::unordered_map<request_id, typename Backend::swap_blob> swapped_state_;
+  std::vector<step_event> failed_events_;  // compressions that failed, reported by the next step()
   request_id next_id_ = 0;
   engine_stats stats_;
   bool step_has_prefill_ = false;

@@ -83,7 +83,7 @@ struct chat_options {
   // bpe_tokenizer::apply_chat_template uses the text its template writes, the free apply_chat_template
   // chat_format_default_system(format) ("You are a helpful assistant." for qwen2, "You are Qwen,
   // created by Alibaba Cloud. You are a helpful assistant." for qwen2_5).
-  std::optional<std::string> default_system;
+  std::optional<std::string> default_system{};
 };
 
 namespace detail {
