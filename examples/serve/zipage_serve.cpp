@@ -75,16 +75,7 @@ int main(int argc, char** argv) {
   CLI::App app{"zipage-serve: an OpenAI-compatible server on the Compressed PagedAttention engine"};
   options o;
   add_flags(app, o);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "zipage-serve: %s (see --help)\n", e.what());
-    return 2;
-  }
+  if (const int rc = zipage_cli::parse_cli(app, argc, argv, "zipage-serve"); rc >= 0) return rc;
   // SIGINT/SIGTERM go to the server's signal thread only (blocked here, before any thread starts, so every
   // thread inherits the mask); a client gone mid-write must not kill the process.
   sigset_t signals;
@@ -93,10 +84,5 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
-  try {
-    return run(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "zipage-serve: error: %s\n", e.what());
-    return 1;
-  }
+  return zipage_cli::run_reporting_errors("zipage-serve", [&] { return run(o); });
 }
