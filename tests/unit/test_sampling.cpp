@@ -35,6 +35,13 @@ void* operator new(std::size_t size) {
 }
 void operator delete(void* p) noexcept { release(p); }
 void operator delete(void* p, std::size_t) noexcept { release(p); }
+// The nothrow forms too (std::stable_sort's temporary buffer uses them): otherwise the library's nothrow
+// new pairs with the delete above, a new/free mismatch under AddressSanitizer.
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(size == 0 ? 1 : size);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept { release(p); }
 
 namespace {
 
