@@ -395,23 +395,40 @@ bool same_endpoint(const sockaddr_storage& a, const std::string& addr, int port)
   return false;
 }
 
-int find_client_socket(const httplib::Request& req) {
+// This process's sockets: f(fd, local address, peer address or nullptr for a socket without a peer, such
+// as a listener); f returns false to stop. httplib 0.11 does not hand out its sockets, so they are found
+// by their addresses.
+template <class F>
+void for_each_socket(F&& f) {
   DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
+  if (!dir) return;
   while (const dirent* e = readdir(dir)) {
     const int fd = std::atoi(e->d_name);
     if (fd <= 2) continue;
-    sockaddr_storage peer{}, local{};
-    socklen_t pl = sizeof peer, ll = sizeof local;
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
-    if (!same_endpoint(peer, req.remote_addr, req.remote_port)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof local, pl = sizeof peer;
     if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
-    if (!same_endpoint(local, req.local_addr, req.local_port)) continue;
-    found = fd;
-    break;
+    const bool connected = getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0;
+    if (!f(fd, local, connected ? &peer : nullptr)) break;
   }
   closedir(dir);
+}
+
+int port_of(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+  return -1;
+}
+
+int find_client_socket(const httplib::Request& req) {
+  int found = -1;
+  for_each_socket([&](int fd, const sockaddr_storage& local, const sockaddr_storage* peer) {
+    if (peer == nullptr || !same_endpoint(*peer, req.remote_addr, req.remote_port) ||
+        !same_endpoint(local, req.local_addr, req.local_port))
+      return true;
+    found = fd;
+    return false;
+  });
   return found;
 }
 
@@ -419,41 +436,19 @@ int find_client_socket(const httplib::Request& req) {
 // beyond it waits for a SYN retransmit (~1 s). Listening again on the bound socket widens the queue
 // (Linux updates the backlog of a listening socket); the listener is the socket on `port` without a peer.
 void widen_listen_backlog(int port) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return;
-  while (const dirent* e = readdir(dir)) {
-    const int fd = std::atoi(e->d_name);
-    if (fd <= 2) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t ll = sizeof local, pl = sizeof peer;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0) continue;  // a connection, not the listener
-    int local_port = -1;
-    if (local.ss_family == AF_INET) local_port = ntohs(reinterpret_cast<const sockaddr_in&>(local).sin_port);
-    else if (local.ss_family == AF_INET6) local_port = ntohs(reinterpret_cast<const sockaddr_in6&>(local).sin6_port);
-    if (local_port == port) ::listen(fd, SOMAXCONN);
-  }
-  closedir(dir);
+  for_each_socket([&](int fd, const sockaddr_storage& local, const sockaddr_storage* peer) {
+    if (peer == nullptr && port_of(local) == port) ::listen(fd, SOMAXCONN);
+    return true;
+  });
 }
 
 // At shutdown, once no request is in flight: closes the connections still open to `port` (idle keep-alive
 // ones, whose httplib threads would otherwise wait out the keep-alive timeout before the server can stop).
 void close_connections(int port) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return;
-  while (const dirent* e = readdir(dir)) {
-    const int fd = std::atoi(e->d_name);
-    if (fd <= 2) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t ll = sizeof local, pl = sizeof peer;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;  // the listener has no peer
-    int local_port = -1;
-    if (local.ss_family == AF_INET) local_port = ntohs(reinterpret_cast<const sockaddr_in&>(local).sin_port);
-    else if (local.ss_family == AF_INET6) local_port = ntohs(reinterpret_cast<const sockaddr_in6&>(local).sin6_port);
-    if (local_port == port) ::shutdown(fd, SHUT_RDWR);
-  }
-  closedir(dir);
+  for_each_socket([&](int fd, const sockaddr_storage& local, const sockaddr_storage* peer) {
+    if (peer != nullptr && port_of(local) == port) ::shutdown(fd, SHUT_RDWR);
+    return true;
+  });
 }
 
 // False once the peer has closed (or reset) the connection; pipelined bytes count as alive.
