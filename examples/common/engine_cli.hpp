@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "zipage/core/kv_cache_dtype.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/gguf/gguf.hpp"
 #include "zipage/models/hf_loader.hpp"
@@ -49,6 +50,7 @@ struct engine_options {
   double kv_cache_mib = 64.0;
   std::string device = "auto";  // auto | cpu | cuda
   std::string dtype = "bf16";   // cuda: bf16 | fp32
+  std::string kv_cache_dtype = "auto";  // auto (= dtype) | fp8 | fp8_e4m3 (cuda)
   double gpu_memory_utilization = 0.9;
   std::string policy = "zipage";
   std::string scheduling = "fcfs";  // fcfs | priority
@@ -170,6 +172,9 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   app.add_option("--device", o.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--dtype", o.dtype, "GPU: bf16 or fp32 weights, activations and KV")->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--kv-cache-dtype", o.kv_cache_dtype,
+                 "GPU: KV cache storage, auto (the model's dtype) or fp8 / fp8_e4m3 (E4M3 with per token-head scales)")
+      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}));
   app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
                  "GPU: fraction of device memory for weights + KV pool (as vLLM)")
       ->check(in_range(0.05, 1.0));
@@ -281,7 +286,8 @@ template <class Backend>
 void size_gpu_pool(engine_options& o, const zipage::model_config& c, const Backend& backend) {
   if constexpr (requires { backend.memory_info(); }) {
     const double per_token =
-        static_cast<double>(zipage::kv_bytes_per_token(c, backend.kv_element_bytes(), o.policy != "full_kv"));
+        static_cast<double>(zipage::kv_bytes_per_token(c, backend.kv_element_bytes(), o.policy != "full_kv",
+                                                       backend.kv_scale_bytes()));
     o.engine.max_kv_cache_bytes =
         static_cast<std::size_t>(per_token * o.engine.max_num_seqs * std::max(c.max_context, 4096));
   }
@@ -359,6 +365,7 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
 // engine live until f returns.
 template <class F>
 int with_engine(engine_options& o, F&& f) {
+  const zipage::kv_cache_dtype kv_dtype = zipage::parse_kv_cache_dtype(o.kv_cache_dtype);
 #if ZIPAGE_CLI_CUDA
   const bool gpu = o.device == "cuda" || (o.device == "auto" && zipage::cuda::device_count() > 0);
   if (gpu) {
@@ -366,15 +373,20 @@ int with_engine(engine_options& o, F&& f) {
                   zipage::cuda::describe_device(), ")");
     zipage::cuda_backend_options bo;
     bo.dtype = o.dtype == "fp32" ? zipage::cuda_dtype::f32 : zipage::cuda_dtype::bf16;
+    bo.kv_dtype = kv_dtype;
     // The pool comes from the device's memory unless --num-blocks fixes it.
     o.engine.gpu_memory_utilization = o.gpu_memory_utilization;
     const zipage::cuda_backend backend(bo);
-    if (!o.quiet) std::fprintf(stderr, "device: %s (%s)\n", zipage::cuda::describe_device(0).c_str(), o.dtype.c_str());
+    if (!o.quiet)
+      std::fprintf(stderr, "device: %s (%s, KV cache %s)\n", zipage::cuda::describe_device(0).c_str(), o.dtype.c_str(),
+                   kv_dtype == zipage::kv_cache_dtype::fp8_e4m3 ? "fp8_e4m3 + per token-head scales" : o.dtype.c_str());
     return detail::load_and_run(o, backend, f);
   }
 #else
   zipage::check(o.device != "cuda", "--device cuda: this build has no CUDA backend (configure with a CUDA compiler)");
 #endif
+  zipage::check(kv_dtype == zipage::kv_cache_dtype::auto_, "--kv-cache-dtype ", o.kv_cache_dtype,
+                ": the CPU backend keeps an fp32 KV cache; the FP8 KV cache runs on the GPU (--device cuda)");
   if (!o.quiet) std::fprintf(stderr, "device: cpu (fp32 reference backend)\n");
   const zipage::cpu_backend backend{};
   return detail::load_and_run(o, backend, f);

@@ -21,6 +21,7 @@
 #include "zipage/backend/cuda/engine_kernels.hpp"
 #include "zipage/backend/cuda/kernels.hpp"
 #include "zipage/backend/cuda/sampling.hpp"
+#include "zipage/core/fp8.hpp"
 #include "zipage/sampling/sampler.hpp"
 
 #define ZIPAGE_LT_CHECK(expr)                                                                          \
@@ -733,12 +734,22 @@ cuda_kv_storage cuda_backend::allocate_kv(const kv_cache_shape& shape) const {
   cuda_kv_storage kv;
   kv.shape = shape;
   kv.dtype = ctx_->opts.dtype;
-  const std::size_t eb = dtype_bytes(kv.dtype);
+  kv.kv_dtype = ctx_->opts.kv_dtype;
+  check(!kv.fp8() || shape.head_dim % 4 == 0, "cuda_backend: an FP8 KV cache needs head_dim % 4 == 0 (got ",
+        shape.head_dim, ")");
+  const std::size_t eb = kv.element_bytes();
   const auto side = static_cast<std::size_t>(shape.elements_per_side()) * eb;
   access::reserve(ctx_, kv.k, side, false);
   access::reserve(ctx_, kv.v, side, false);
   if (shape.score_cache) access::reserve(ctx_, kv.scores, static_cast<std::size_t>(shape.score_elements()) * 4, false);
-  const auto qbytes = static_cast<std::size_t>(shape.query_layer_stride() * shape.num_layers) * eb;
+  if (kv.fp8()) {
+    const auto sbytes = static_cast<std::size_t>(kv.scale_layer_elements() * shape.num_layers) * sizeof(float);
+    access::reserve(ctx_, kv.k_scale, sbytes, false);
+    access::reserve(ctx_, kv.v_scale, sbytes, false);
+    ZIPAGE_CUDA_CHECK(cudaMemsetAsync(kv.k_scale.data(), 0, sbytes, ctx_->stream));
+    ZIPAGE_CUDA_CHECK(cudaMemsetAsync(kv.v_scale.data(), 0, sbytes, ctx_->stream));
+  }
+  const auto qbytes = static_cast<std::size_t>(shape.query_layer_stride() * shape.num_layers) * kv.query_element_bytes();
   if (qbytes) access::reserve(ctx_, kv.queries, qbytes, false);
   // Zeroed like the CPU storage (the compressor may read score-cache entries never written).
   ZIPAGE_CUDA_CHECK(cudaMemsetAsync(kv.k.data(), 0, side, ctx_->stream));
@@ -997,19 +1008,23 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   const std::size_t layer_off = static_cast<std::size_t>(s.layer_stride()) * static_cast<std::size_t>(layer) * eb;
   void* kc = static_cast<char*>(kv.k.data()) + layer_off;
   void* vc = static_cast<char*>(kv.v.data()) + layer_off;
+  // FP8: this layer's per-(slot, KV head) scales.
+  const bool fp8 = kv.fp8();
+  float* ksc = fp8 ? static_cast<float*>(kv.k_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
+  float* vsc = fp8 ? static_cast<float*>(kv.v_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
   const cuda::cuda_stream stream = as_stream(c.stream);
   const int width = s.num_kv_heads * d;
   const bool bf16_fast = kv.dtype == cuda_dtype::bf16 && c.opts.fast_kernels;
 
   // What to launch, decided before launching anything (a graph record pass launches nothing).
-  const bool fast_append =
-      bf16_fast && width % 8 == 0 && aligned16(kc) && aligned16(vc) && aligned16(k.data()) && aligned16(v.data());
+  const bool fast_append = !fp8 && bf16_fast && width % 8 == 0 && aligned16(kc) && aligned16(vc) &&
+                           aligned16(k.data()) && aligned16(v.data());
   void* window_rows = nullptr;
   if (st.has_window && kv.queries.data() != nullptr) {
     check(s.num_q_heads == num_q_heads, "attention: the query-window cache has ", s.num_q_heads, " heads, q has ",
           num_q_heads);
-    window_rows = static_cast<char*>(kv.queries.data()) +
-                  static_cast<std::size_t>(s.query_layer_stride()) * static_cast<std::size_t>(layer) * eb;
+    window_rows = static_cast<char*>(kv.queries.data()) + static_cast<std::size_t>(s.query_layer_stride()) *
+                                                                static_cast<std::size_t>(layer) * kv.query_element_bytes();
   }
   const float scale = 1.0f / std::sqrt(float(d));
   const int group = num_q_heads / s.num_kv_heads;
@@ -1025,6 +1040,8 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
     p.out = out.data();
     p.k_cache = kc;
     p.v_cache = vc;
+    p.k_scale = ksc;
+    p.v_scale = vsc;
     p.page_indptr = st.page_indptr;
     p.page_indices = st.page_indices;
     p.num_q_heads = num_q_heads;
@@ -1053,10 +1070,13 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   if (c.skip_launch(10, layer, kc, vc, q.data(), k.data(), v.data(), out.data(), tokens, st.num_seqs, st.max_kv_len,
                     st.slots, st.token_seq, st.token_kv_len, st.page_indptr, st.page_indices, st.q_indptr,
                     st.window_rows, window_rows, fast_append, kind, c.step.plan.num_splits, c.step.plan.chunk_tokens,
-                    c.step.plan.stages, wsp, ws, num_q_heads, s.num_kv_heads, d, s.block_size, kv.dtype))
+                    c.step.plan.stages, wsp, ws, num_q_heads, s.num_kv_heads, d, s.block_size, kv.dtype, ksc, vsc))
     return;
 
-  if (fast_append)
+  if (fp8)
+    cuda::engine::append_kv_fp8(kv.dtype, static_cast<std::uint8_t*>(kc), static_cast<std::uint8_t*>(vc), ksc, vsc,
+                                k.data(), v.data(), st.slots, tokens, s.num_kv_heads, d, stream);
+  else if (fast_append)
     cuda::append_kv(kc, vc, k.data(), v.data(), st.slots, tokens, s.num_kv_heads, d, 0, 0, stream);
   else
     cuda::engine::append_kv(kv.dtype, kc, vc, k.data(), v.data(), st.slots, tokens, width, stream);
@@ -1125,8 +1145,14 @@ void cuda_backend::gather_keys(cuda_kv_storage& kv, int layer, std::span<const b
       static_cast<const char*>(kv.k.data()) + static_cast<std::size_t>(s.layer_stride() * layer) * kv.element_bytes();
   const std::size_t n = static_cast<std::size_t>(s.num_kv_heads) * static_cast<std::size_t>(kv_len) * s.head_dim;
   side_gather(c, n, out, [&](float* dev) {
-    cuda::engine::gather_keys(kv.dtype, k_layer, c.side_up.device<std::int32_t>(0), s.block_size, s.num_kv_heads,
-                              s.head_dim, kv_len, dev, as_stream(c.side));
+    if (kv.fp8())
+      cuda::engine::gather_keys_fp8(static_cast<const std::uint8_t*>(k_layer),
+                                    static_cast<const float*>(kv.k_scale.data()) + kv.scale_layer_elements() * layer,
+                                    c.side_up.device<std::int32_t>(0), s.block_size, s.num_kv_heads, s.head_dim, kv_len,
+                                    dev, as_stream(c.side));
+    else
+      cuda::engine::gather_keys(kv.dtype, k_layer, c.side_up.device<std::int32_t>(0), s.block_size, s.num_kv_heads,
+                                s.head_dim, kv_len, dev, as_stream(c.side));
   });
   const double dt = cuda_detail::seconds_since(t0);
   c.count([&](cuda_backend_counters& k) {
@@ -1176,7 +1202,7 @@ void cuda_backend::gather_window_queries(cuda_kv_storage& kv, int layer, int slo
   const void* src = static_cast<const char*>(kv.queries.data()) +
                     (static_cast<std::size_t>(s.query_layer_stride()) * static_cast<std::size_t>(layer) +
                      n * static_cast<std::size_t>(slot)) *
-                        kv.element_bytes();
+                        kv.query_element_bytes();
   side_gather(c, n, out, [&](float* dev) {
     cuda::engine::to_f32(kv.dtype, src, dev, static_cast<std::int64_t>(n), as_stream(c.side));
   });
@@ -1228,7 +1254,23 @@ void cuda_backend::apply_compaction(cuda_kv_storage& kv, const compaction_plan& 
   p.block_size = s.block_size;
   p.new_len = plan.new_len;
   p.dtype = kv.dtype;
-  cuda::engine::apply_compaction(p, as_stream(c.side));
+  if (kv.fp8()) {
+    // Codes (1 byte each) with the scores, then the scales as rows of one fp32 (head_dim 1): a kept
+    // token's codes and scale move together, bit for bit.
+    p.element_bytes = 1;
+    cuda::engine::apply_compaction(p, as_stream(c.side));
+    cuda::engine::compaction_params ps = p;
+    ps.k = kv.k_scale.data();
+    ps.v = kv.v_scale.data();
+    ps.scores = nullptr;
+    ps.kept_scores = nullptr;
+    ps.layer_elements = kv.scale_layer_elements();
+    ps.head_dim = 1;
+    ps.element_bytes = 4;
+    cuda::engine::apply_compaction(ps, as_stream(c.side));
+  } else {
+    cuda::engine::apply_compaction(p, as_stream(c.side));
+  }
   ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.side));  // done before the engine reuses the freed tail blocks
   const double dt = cuda_detail::seconds_since(t0);
   c.count([&](cuda_backend_counters& k) {
@@ -1242,7 +1284,8 @@ bool cuda_backend::compress_on_device(cuda_kv_storage& kv, std::span<const devic
   context& c = use(ctx_);
   const auto& sh = kv.shape;
   // Configurations the kernels do not cover go to the host path (which also reports bad arguments).
-  if (!c.opts.device_compression || kv.dtype != cuda_dtype::bf16) return false;
+  // FP8 caches: the host path (gather_keys dequantises on the device, apply_compaction moves codes and scales).
+  if (!c.opts.device_compression || kv.dtype != cuda_dtype::bf16 || kv.fp8()) return false;
   if (recipe.uses_score_cache() && (!sh.score_cache || kv.scores.data() == nullptr)) return false;
   if (recipe.needs_queries() && kv.queries.data() == nullptr) return false;
   if (sh.head_dim != 64 && sh.head_dim != 128) return false;
@@ -1560,6 +1603,8 @@ struct kv_geometry {
   std::size_t layer_bytes;
   std::size_t score_layer_bytes;
   std::size_t query_layer_bytes;
+  std::size_t scale_bytes;        // FP8: one side's scales of one block (0 otherwise)
+  std::size_t scale_layer_bytes;
 };
 
 kv_geometry geometry(const cuda_kv_storage& kv) {
@@ -1568,10 +1613,12 @@ kv_geometry geometry(const cuda_kv_storage& kv) {
   kv_geometry g{};
   g.block_bytes = static_cast<std::size_t>(s.block_size * s.token_stride()) * eb;
   g.score_bytes = s.score_cache ? static_cast<std::size_t>(s.block_size) * s.num_kv_heads * sizeof(float) : 0;
-  g.slot_bytes = static_cast<std::size_t>(s.window * s.query_row_stride()) * eb;
+  g.slot_bytes = static_cast<std::size_t>(s.window * s.query_row_stride()) * kv.query_element_bytes();
   g.layer_bytes = static_cast<std::size_t>(s.layer_stride()) * eb;
   g.score_layer_bytes = static_cast<std::size_t>(s.num_blocks) * g.score_bytes;
-  g.query_layer_bytes = static_cast<std::size_t>(s.query_layer_stride()) * eb;
+  g.query_layer_bytes = static_cast<std::size_t>(s.query_layer_stride()) * kv.query_element_bytes();
+  g.scale_bytes = kv.fp8() ? static_cast<std::size_t>(s.block_size) * s.num_kv_heads * sizeof(float) : 0;
+  g.scale_layer_bytes = static_cast<std::size_t>(s.num_blocks) * g.scale_bytes;
   return g;
 }
 
@@ -1608,6 +1655,9 @@ std::vector<cuda::engine::copy_desc> state_copies(const cuda_kv_storage& kv, std
       const std::size_t off = g.layer_bytes * static_cast<std::size_t>(l) + g.block_bytes * static_cast<std::size_t>(b);
       add(kv.k.data(), off, g.block_bytes);
       add(kv.v.data(), off, g.block_bytes);
+      const std::size_t soff = g.scale_layer_bytes * static_cast<std::size_t>(l) + g.scale_bytes * static_cast<std::size_t>(b);
+      add(kv.k_scale.data(), soff, g.scale_bytes);  // FP8 only (0 bytes otherwise)
+      add(kv.v_scale.data(), soff, g.scale_bytes);
       add(kv.scores.data(), g.score_layer_bytes * static_cast<std::size_t>(l) + g.score_bytes * static_cast<std::size_t>(b),
           g.score_bytes);
     }
@@ -1632,6 +1682,12 @@ void cuda_backend::copy_block(cuda_kv_storage& kv, block_id from, block_id to) c
     const std::size_t t = base + g.block_bytes * static_cast<std::size_t>(to);
     descs.push_back({addr(kv.k.data(), f), addr(kv.k.data(), t), g.block_bytes});
     descs.push_back({addr(kv.v.data(), f), addr(kv.v.data(), t), g.block_bytes});
+    if (g.scale_bytes) {
+      const std::size_t sb = g.scale_layer_bytes * static_cast<std::size_t>(l);
+      for (void* scales : {kv.k_scale.data(), kv.v_scale.data()})
+        descs.push_back({addr(scales, sb + g.scale_bytes * static_cast<std::size_t>(from)),
+                         addr(scales, sb + g.scale_bytes * static_cast<std::size_t>(to)), g.scale_bytes});
+    }
     if (g.score_bytes) {
       const std::size_t sb = g.score_layer_bytes * static_cast<std::size_t>(l);
       descs.push_back({addr(kv.scores.data(), sb + g.score_bytes * static_cast<std::size_t>(from)),
@@ -1653,7 +1709,7 @@ cuda_swap_blob cuda_backend::swap_out(cuda_kv_storage& kv, std::span<const block
   cuda_swap_blob blob;
   blob.num_pages = pages.size();
   blob.has_queries = slot >= 0 && g.slot_bytes > 0 && kv.queries.data() != nullptr;
-  blob.bytes = pages.size() * static_cast<std::size_t>(s.num_layers) * (2 * g.block_bytes + g.score_bytes) +
+  blob.bytes = pages.size() * static_cast<std::size_t>(s.num_layers) * (2 * g.block_bytes + 2 * g.scale_bytes + g.score_bytes) +
                (blob.has_queries ? g.slot_bytes * static_cast<std::size_t>(s.num_layers) : 0);
   if (blob.bytes == 0) return blob;
   void* host = nullptr;
@@ -1705,7 +1761,29 @@ cuda_tensor cuda_backend::constant_tensor(int rows, int cols, float value) const
   return t;
 }
 
+void cuda_backend::kv_fp8_to_host(const cuda_kv_storage& kv, bool values, std::vector<std::uint8_t>& codes,
+                                  std::vector<float>& scales) const {
+  context& c = use(ctx_);
+  c.activate();
+  check(kv.fp8(), "kv_fp8_to_host: the KV cache is not FP8");
+  codes.resize(static_cast<std::size_t>(kv.shape.elements_per_side()));
+  scales.resize(static_cast<std::size_t>(kv.scale_layer_elements() * kv.shape.num_layers));
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  ZIPAGE_CUDA_CHECK(cudaMemcpy(codes.data(), values ? kv.v.data() : kv.k.data(), codes.size(), cudaMemcpyDeviceToHost));
+  ZIPAGE_CUDA_CHECK(cudaMemcpy(scales.data(), values ? kv.v_scale.data() : kv.k_scale.data(),
+                               scales.size() * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
 std::vector<float> cuda_backend::kv_to_host(const cuda_kv_storage& kv, bool values) const {
+  if (kv.fp8()) {
+    std::vector<std::uint8_t> codes;
+    std::vector<float> scales;
+    kv_fp8_to_host(kv, values, codes, scales);
+    std::vector<float> out(codes.size());
+    const std::size_t d = static_cast<std::size_t>(kv.shape.head_dim);
+    for (std::size_t i = 0; i < codes.size(); ++i) out[i] = fp8_e4m3_to_f32(codes[i]) * scales[i / d];
+    return out;
+  }
   context& c = use(ctx_);
   c.activate();
   const auto n = static_cast<std::size_t>(kv.shape.elements_per_side());

@@ -30,18 +30,19 @@ void validate(const decode_params& p) {
   check(shift >= 1, "paged_decode_attention: block_size ", p.block_size, " is not a power of two >= 2");
   check(p.num_seqs >= 0 && p.num_seqs <= 65535, "paged_decode_attention: ", p.num_seqs, " sequences (at most 65535)");
   check(p.max_kv_len >= 0, "paged_decode_attention: negative max_kv_len");
+  check((p.k_scale == nullptr) == (p.v_scale == nullptr), "paged_decode_attention: FP8 needs both k_scale and v_scale");
 }
 
 // Shared memory above 48 KB needs an opt-in per kernel and device; done once per device.
-template <int D, int S>
+template <int D, int S, bool F8>
 void prepare_kernel() {
   static std::atomic<std::uint64_t> done{0};
   int dev = 0;
   ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
   const std::uint64_t bit = std::uint64_t{1} << (dev & 63);
   if (done.load(std::memory_order_acquire) & bit) return;
-  ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(detail::paged_decode_kernel<D, S>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, decode_config<D, S>::kSmemBytes));
+  ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(detail::paged_decode_kernel<D, S, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         decode_config<D, S, F8>::kSmemBytes));
   done.fetch_or(bit, std::memory_order_release);
 }
 
@@ -49,33 +50,39 @@ int default_stages(int head_dim) {
   return head_dim == 128 ? detail::kDecodeDefaultStages<128> : detail::kDecodeDefaultStages<64>;
 }
 
-// Calls f.template operator()<D, S>() for the runtime (head_dim, stages).
-template <class F>
-void dispatch(int head_dim, int stages, F&& f) {
+// Calls f.template operator()<D, S, F8>() for the runtime (head_dim, stages, FP8 cache or not).
+template <bool F8, class F>
+void dispatch_kv(int head_dim, int stages, F&& f) {
   if (head_dim == 128) {
-    if (stages == 2) return f.template operator()<128, 2>();
-    if (stages == 3) return f.template operator()<128, 3>();
-    return f.template operator()<128, 4>();
+    if (stages == 2) return f.template operator()<128, 2, F8>();
+    if (stages == 3) return f.template operator()<128, 3, F8>();
+    return f.template operator()<128, 4, F8>();
   }
-  if (stages == 2) return f.template operator()<64, 2>();
-  if (stages == 3) return f.template operator()<64, 3>();
-  return f.template operator()<64, 4>();
+  if (stages == 2) return f.template operator()<64, 2, F8>();
+  if (stages == 3) return f.template operator()<64, 3, F8>();
+  return f.template operator()<64, 4, F8>();
+}
+template <class F>
+void dispatch(int head_dim, int stages, bool fp8, F&& f) {
+  if (fp8) return dispatch_kv<true>(head_dim, stages, f);
+  return dispatch_kv<false>(head_dim, stages, f);
 }
 
 // Resident decode CTAs per multiprocessor times multiprocessors for the current device.
-int decode_slots(int head_dim, int stages) {
+int decode_slots(int head_dim, int stages, bool fp8) {
   static std::mutex mu;
-  static std::array<std::array<int, 6>, 64> cache{};
+  static std::array<std::array<int, 12>, 64> cache{};
   int dev = 0;
   ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
-  const int which = (head_dim == 128 ? 3 : 0) + (stages - 2);
+  const int which = (fp8 ? 6 : 0) + (head_dim == 128 ? 3 : 0) + (stages - 2);
   std::lock_guard lock(mu);
   if (dev < 64 && cache[std::size_t(dev)][std::size_t(which)] > 0) return cache[std::size_t(dev)][std::size_t(which)];
   int per_sm = 0;
-  dispatch(head_dim, stages, [&]<int D, int S>() {
-    prepare_kernel<D, S>();
-    ZIPAGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, detail::paged_decode_kernel<D, S>, decode_config<D, S>::kThreads, decode_config<D, S>::kSmemBytes));
+  dispatch(head_dim, stages, fp8, [&]<int D, int S, bool F8>() {
+    prepare_kernel<D, S, F8>();
+    ZIPAGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, detail::paged_decode_kernel<D, S, F8>,
+                                                                    decode_config<D, S, F8>::kThreads,
+                                                                    decode_config<D, S, F8>::kSmemBytes));
   });
   const int slots = std::max(1, per_sm) * detail::device_multiprocessors();
   if (dev < 64) cache[std::size_t(dev)][std::size_t(which)] = slots;
@@ -84,15 +91,21 @@ int decode_slots(int head_dim, int stages) {
 
 int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
-template <int D, int S>
+template <int D, int S, bool F8>
 void launch(const decode_params& p, const decode_plan& plan, void* workspace, cuda_stream stream) {
-  prepare_kernel<D, S>();
+  prepare_kernel<D, S, F8>();
   const int group = p.num_q_heads / p.num_kv_heads;
   decode_args a{};
   a.q = static_cast<const detail::bf16*>(p.q);
   a.out = static_cast<detail::bf16*>(p.out);
   a.k = static_cast<const detail::bf16*>(p.k_cache);
   a.v = static_cast<const detail::bf16*>(p.v_cache);
+  if constexpr (F8) {
+    a.k8 = static_cast<const std::uint8_t*>(p.k_cache);
+    a.v8 = static_cast<const std::uint8_t*>(p.v_cache);
+    a.k_scale = p.k_scale;
+    a.v_scale = p.v_scale;
+  }
   a.page_indptr = p.page_indptr;
   a.page_indices = p.page_indices;
   a.kv_len = p.kv_len;
@@ -109,7 +122,8 @@ void launch(const decode_params& p, const decode_plan& plan, void* workspace, cu
     a.ws_lse = a.ws_o + std::size_t(p.num_seqs) * p.num_q_heads * plan.num_splits * D;
   }
   const dim3 grid(plan.num_splits, p.num_kv_heads * a.head_chunks, p.num_seqs);
-  detail::paged_decode_kernel<D, S><<<grid, decode_config<D, S>::kThreads, decode_config<D, S>::kSmemBytes, stream>>>(a);
+  detail::paged_decode_kernel<D, S, F8>
+      <<<grid, decode_config<D, S, F8>::kThreads, decode_config<D, S, F8>::kSmemBytes, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
   if (plan.num_splits > 1) {
     // Programmatic dependent launch: the merge grid is launched while the decode grid runs and waits
@@ -150,7 +164,7 @@ decode_plan plan_decode(const decode_params& p, int force_splits, int stages) {
   const int group = p.num_q_heads / p.num_kv_heads;
   const long long ctas_per_split = static_cast<long long>(p.num_seqs) * p.num_kv_heads * ((group + 15) / 16);
   if (ctas_per_split == 0) return make(1);
-  const long long slots = decode_slots(p.head_dim, stages);
+  const long long slots = decode_slots(p.head_dim, stages, p.k_scale != nullptr);
   constexpr long long kStartupTokens = 96;  // a CTA's fixed cost in tokens streamed
   constexpr long long kMergeTokens = 64;
   decode_plan best = make(1);
@@ -188,7 +202,8 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
   check(plan.stages == 0 || (plan.stages >= 2 && plan.stages <= 4), "paged_decode_attention: plan.stages ", plan.stages);
   if (p.num_seqs == 0) return;
   const int stages = plan.stages == 0 ? default_stages(p.head_dim) : plan.stages;
-  dispatch(p.head_dim, stages, [&]<int D, int S>() { launch<D, S>(p, plan, workspace, stream); });
+  dispatch(p.head_dim, stages, p.k_scale != nullptr,
+           [&]<int D, int S, bool F8>() { launch<D, S, F8>(p, plan, workspace, stream); });
 }
 
 }  // namespace zipage::cuda

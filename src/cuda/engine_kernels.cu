@@ -6,6 +6,7 @@
 
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/engine_kernels.hpp"
+#include "zipage/backend/cuda/fp8.cuh"
 
 namespace zipage::cuda::engine {
 
@@ -172,6 +173,41 @@ __global__ void append_kv_kernel(T* kc, T* vc, const T* __restrict__ k, const T*
   }
 }
 
+// One warp per (token, KV head): amax over the head (NaN propagates, as cpu::fp8::head_scale), scale =
+// amax / 448, codes = e4m3(x / scale) (IEEE division), or zeros for scale 0.
+template <class T>
+__global__ void append_kv_fp8_kernel(std::uint8_t* kc, std::uint8_t* vc, float* ks, float* vs, const T* __restrict__ k,
+                                     const T* __restrict__ v, const std::int64_t* __restrict__ slots, int num_tokens,
+                                     int heads, int d) {
+  const std::int64_t warp = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (warp >= std::int64_t{num_tokens} * heads) return;
+  const std::int64_t t = warp / heads;
+  const int h = static_cast<int>(warp % heads);
+  const std::int64_t slot = slots[t];
+  if (slot < 0) return;
+  const std::int64_t src = (t * heads + h) * d;
+  const std::int64_t dst = (slot * heads + h) * d;
+#pragma unroll
+  for (int side = 0; side < 2; ++side) {
+    const T* x = (side == 0 ? k : v) + src;
+    float amax = 0.0f;
+    bool nan = false;
+    for (int i = lane; i < d; i += 32) {
+      const float a = fabsf(load_f(x, i));
+      nan |= isnan(a);
+      amax = fmaxf(amax, a);
+    }
+    amax = detail::warp_max(amax);
+    nan = __any_sync(0xffffffffu, nan);
+    const float scale = nan ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, detail::kFp8E4m3Max);
+    std::uint8_t* codes = (side == 0 ? kc : vc) + dst;
+    for (int i = lane; i < d; i += 32)
+      codes[i] = scale == 0.0f ? std::uint8_t{0} : detail::f32_to_e4m3(__fdiv_rn(load_f(x, i), scale));
+    if (lane == 0) (side == 0 ? ks : vs)[slot * heads + h] = scale;
+  }
+}
+
 template <class T>
 __global__ void record_queries_kernel(T* rows, const std::int32_t* __restrict__ token_row, const T* __restrict__ q,
                                       std::int64_t total, int width) {
@@ -188,7 +224,17 @@ constexpr int kAttnThreads = 128;
 constexpr int kAttnChunk = 64;
 constexpr int kAttnMaxDim = 512;
 
-template <class T>
+// K/V element i of the head at `row` (= slot * kv_heads + head): bf16/fp32 as stored, or FP8
+// float(code) * scale.
+template <class T, bool FP8>
+__device__ __forceinline__ float kv_at(const void* cache, const float* scales, std::int64_t row, int d, int i) {
+  if constexpr (FP8)
+    return detail::e4m3_to_f32(static_cast<const std::uint8_t*>(cache)[row * d + i]) * scales[row];
+  else
+    return load_f(static_cast<const T*>(cache), row * d + i);
+}
+
+template <class T, bool FP8>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(generic_attention_params p) {
   __shared__ float qs[kAttnMaxDim];
   __shared__ float ss[kAttnChunk];
@@ -198,8 +244,6 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(generic_a
   const int kvh = h / (p.num_q_heads / p.num_kv_heads);
   const T* q = static_cast<const T*>(p.q) + (std::int64_t{t} * p.num_q_heads + h) * d;
   T* out = static_cast<T*>(p.out) + (std::int64_t{t} * p.num_q_heads + h) * d;
-  const T* kc = static_cast<const T*>(p.k_cache);
-  const T* vc = static_cast<const T*>(p.v_cache);
   const int s = p.token_seq[t];
   const int len = p.token_kv_len[t];
   const std::int32_t* pages = p.page_indices + p.page_indptr[s];
@@ -214,9 +258,9 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(generic_a
     for (int jj = threadIdx.x; jj < n; jj += kAttnThreads) {
       const int j = j0 + jj;
       const std::int64_t slot = std::int64_t{pages[j / p.block_size]} * p.block_size + j % p.block_size;
-      const T* kj = kc + (slot * p.num_kv_heads + kvh) * d;
+      const std::int64_t row = slot * p.num_kv_heads + kvh;
       float dot = 0.0f;
-      for (int i = 0; i < d; ++i) dot += qs[i] * load_f(kj, i);
+      for (int i = 0; i < d; ++i) dot += qs[i] * kv_at<T, FP8>(p.k_cache, p.k_scale, row, d, i);
       ss[jj] = dot * p.scale;
     }
     __syncthreads();
@@ -232,11 +276,11 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(generic_a
       const float pj = expf(ss[jj] - m_new);
       l += pj;
       const std::int64_t slot = std::int64_t{pages[j / p.block_size]} * p.block_size + j % p.block_size;
-      const T* vj = vc + (slot * p.num_kv_heads + kvh) * d;
+      const std::int64_t row = slot * p.num_kv_heads + kvh;
 #pragma unroll
       for (int r = 0; r < kPer; ++r) {
         const int i = threadIdx.x + r * kAttnThreads;
-        if (i < d) acc[r] += pj * load_f(vj, i);
+        if (i < d) acc[r] += pj * kv_at<T, FP8>(p.v_cache, p.v_scale, row, d, i);
       }
     }
     m = m_new;
@@ -262,6 +306,20 @@ __global__ void gather_keys_kernel(const T* __restrict__ k, const std::int32_t* 
     const int h = static_cast<int>(hj / kv_len);
     const std::int64_t slot = std::int64_t{pages[j / block_size]} * block_size + j % block_size;
     out[i] = load_f(k, (slot * heads + h) * d + c);
+  }
+}
+
+__global__ void gather_keys_fp8_kernel(const std::uint8_t* __restrict__ k, const float* __restrict__ ks,
+                                       const std::int32_t* __restrict__ pages, int block_size, int heads, int d,
+                                       int kv_len, float* __restrict__ out) {
+  const std::int64_t total = std::int64_t{heads} * kv_len * d;
+  GRID_STRIDE(i, total) {
+    const int c = static_cast<int>(i % d);
+    const std::int64_t hj = i / d;
+    const int j = static_cast<int>(hj % kv_len);
+    const int h = static_cast<int>(hj / kv_len);
+    const std::int64_t slot = std::int64_t{pages[j / block_size]} * block_size + j % block_size;
+    out[i] = detail::e4m3_to_f32(k[(slot * heads + h) * d + c]) * ks[slot * heads + h];
   }
 }
 
@@ -294,7 +352,8 @@ constexpr int kCompactRegs = 8;
 __global__ void __launch_bounds__(kCompactThreads) compaction_kernel(compaction_params p, int row_words) {
   const int h = blockIdx.x;
   const int l = blockIdx.y;
-  const std::int64_t layer_words = p.layer_elements * static_cast<std::int64_t>(dtype_bytes(p.dtype)) / 4;
+  const std::int64_t eb = p.element_bytes > 0 ? p.element_bytes : static_cast<std::int64_t>(dtype_bytes(p.dtype));
+  const std::int64_t layer_words = p.layer_elements * eb / 4;
   auto* k = static_cast<std::uint32_t*>(p.k) + l * layer_words;
   auto* v = static_cast<std::uint32_t*>(p.v) + l * layer_words;
   const std::int32_t* kept = p.keep + (std::int64_t{l} * p.num_kv_heads + h) * p.new_len;
@@ -472,6 +531,31 @@ void append_kv(cuda_dtype t, void* k_cache, void* v_cache, const void* k, const 
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
+void append_kv_fp8(cuda_dtype t, std::uint8_t* k_codes, std::uint8_t* v_codes, float* k_scale, float* v_scale,
+                   const void* k, const void* v, const std::int64_t* slots, int num_tokens, int num_kv_heads,
+                   int head_dim, cuda_stream stream) {
+  check(num_kv_heads > 0 && head_dim > 0, "append_kv_fp8: bad shape");
+  const std::int64_t warps = std::int64_t{num_tokens} * num_kv_heads;
+  if (warps <= 0) return;
+  const std::int64_t blocks = (warps * 32 + 255) / 256;
+  check(blocks < (std::int64_t{1} << 31), "append_kv_fp8: too many tokens");
+  dispatch(t, [&]<class T>() {
+    append_kv_fp8_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+        k_codes, v_codes, k_scale, v_scale, static_cast<const T*>(k), static_cast<const T*>(v), slots, num_tokens,
+        num_kv_heads, head_dim);
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void gather_keys_fp8(const std::uint8_t* k_layer, const float* k_scale_layer, const std::int32_t* pages, int block_size,
+                     int num_kv_heads, int head_dim, int kv_len, float* out, cuda_stream stream) {
+  const std::int64_t total = std::int64_t{num_kv_heads} * kv_len * head_dim;
+  if (total <= 0) return;
+  gather_keys_fp8_kernel<<<grid_for(total, 256), 256, 0, stream>>>(k_layer, k_scale_layer, pages, block_size,
+                                                                   num_kv_heads, head_dim, kv_len, out);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
 void record_queries(cuda_dtype t, void* rows, const std::int32_t* token_row, const void* q, int num_tokens, int width,
                     cuda_stream stream) {
   const std::int64_t total = std::int64_t{num_tokens} * width;
@@ -491,7 +575,11 @@ void paged_attention(cuda_dtype t, const generic_attention_params& p, cuda_strea
   check(p.num_q_heads < 65536 && p.block_size > 0, "paged_attention: bad head count or block size");
   if (p.num_tokens <= 0) return;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_q_heads));
-  dispatch(t, [&]<class T>() { paged_attention_kernel<T><<<grid, kAttnThreads, 0, stream>>>(p); });
+  check((p.k_scale == nullptr) == (p.v_scale == nullptr), "paged_attention: FP8 needs both k_scale and v_scale");
+  if (p.k_scale != nullptr)
+    dispatch(t, [&]<class T>() { paged_attention_kernel<T, true><<<grid, kAttnThreads, 0, stream>>>(p); });
+  else
+    dispatch(t, [&]<class T>() { paged_attention_kernel<T, false><<<grid, kAttnThreads, 0, stream>>>(p); });
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
@@ -533,7 +621,8 @@ void from_f32(cuda_dtype t, const float* in, void* out, std::int64_t n, cuda_str
 
 void apply_compaction(const compaction_params& p, cuda_stream stream) {
   if (p.new_len <= 0 || p.num_layers <= 0 || p.num_kv_heads <= 0) return;
-  const std::int64_t row_bytes = std::int64_t{p.head_dim} * static_cast<std::int64_t>(dtype_bytes(p.dtype));
+  const std::int64_t row_bytes =
+      std::int64_t{p.head_dim} * (p.element_bytes > 0 ? p.element_bytes : static_cast<std::int64_t>(dtype_bytes(p.dtype)));
   check(row_bytes % 4 == 0, "apply_compaction: a head row of ", row_bytes, " bytes is not a multiple of 4");
   const int row_words = static_cast<int>(row_bytes / 4);
   check(row_words <= kCompactThreads * kCompactRegs, "apply_compaction: head_dim ", p.head_dim, " is too large");

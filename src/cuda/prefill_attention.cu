@@ -11,26 +11,27 @@ namespace {
 
 using detail::prefill_config;
 
-template <int D>
+template <int D, bool F8>
 void prepare_kernel() {
   static std::atomic<std::uint64_t> done{0};
   int dev = 0;
   ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
   const std::uint64_t bit = std::uint64_t{1} << (dev & 63);
   if (done.load(std::memory_order_acquire) & bit) return;
-  ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(detail::paged_prefill_kernel<D>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, prefill_config<D>::kSmemBytes));
+  ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(detail::paged_prefill_kernel<D, F8>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, prefill_config<D, F8>::kSmemBytes));
   done.fetch_or(bit, std::memory_order_release);
 }
 
-template <int D>
+template <int D, bool F8>
 void launch(const detail::prefill_args& a, int num_tokens, cuda_stream stream) {
-  prepare_kernel<D>();
+  prepare_kernel<D, F8>();
   // Upper bound on the query tiles: sum over sequences of ceil(n_s / tq) <= num_tokens / tq + num_seqs.
   const long long tiles = static_cast<long long>(num_tokens) / a.tokens_per_tile + a.num_seqs;
   check(tiles < (1ll << 31), "paged_prefill_attention: too many query tiles");
   const dim3 grid(static_cast<unsigned>(tiles), a.num_kv_heads);
-  detail::paged_prefill_kernel<D><<<grid, prefill_config<D>::kThreads, prefill_config<D>::kSmemBytes, stream>>>(a);
+  detail::paged_prefill_kernel<D, F8>
+      <<<grid, prefill_config<D, F8>::kThreads, prefill_config<D, F8>::kSmemBytes, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
@@ -56,6 +57,12 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   a.out = static_cast<detail::bf16*>(p.out);
   a.k = static_cast<const detail::bf16*>(p.k_cache);
   a.v = static_cast<const detail::bf16*>(p.v_cache);
+  const bool fp8 = p.k_scale != nullptr;
+  check(fp8 == (p.v_scale != nullptr), "paged_prefill_attention: FP8 needs both k_scale and v_scale");
+  a.k8 = static_cast<const std::uint8_t*>(p.k_cache);
+  a.v8 = static_cast<const std::uint8_t*>(p.v_cache);
+  a.k_scale = p.k_scale;
+  a.v_scale = p.v_scale;
   a.q_indptr = p.q_indptr;
   a.token_kv_len = p.token_kv_len;
   a.page_indptr = p.page_indptr;
@@ -68,9 +75,9 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   a.bs_shift = shift;
   a.scale_log2 = p.scale * detail::kLog2e;
   if (p.head_dim == 128)
-    launch<128>(a, p.num_tokens, stream);
+    fp8 ? launch<128, true>(a, p.num_tokens, stream) : launch<128, false>(a, p.num_tokens, stream);
   else
-    launch<64>(a, p.num_tokens, stream);
+    fp8 ? launch<64, true>(a, p.num_tokens, stream) : launch<64, false>(a, p.num_tokens, stream);
 }
 
 }  // namespace zipage::cuda

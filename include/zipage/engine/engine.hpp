@@ -474,6 +474,11 @@ class engine {
     // A backend that stores K/V in a narrower type (bf16) says so; the CPU reference keeps fp32.
     if constexpr (requires { { backend.kv_element_bytes() } -> std::convertible_to<std::size_t>; })
       r.element_bytes = backend.kv_element_bytes();
+    // A quantised cache (FP8) also counts its scales; its query-window cache keeps the compute dtype.
+    if constexpr (requires { { backend.kv_scale_bytes() } -> std::convertible_to<std::size_t>; })
+      r.kv_scale_bytes = backend.kv_scale_bytes();
+    if constexpr (requires { { backend.query_element_bytes() } -> std::convertible_to<std::size_t>; })
+      r.query_element_bytes = backend.query_element_bytes();
     r.num_blocks = cfg.num_blocks;
     r.num_query_slots = cfg.num_query_slots;
     r.max_running = cfg.max_num_seqs;

@@ -49,11 +49,19 @@ struct memory_plan {
   }
 };
 
-// K + V of one cached token over all layers, plus its fp32 score per KV head when a score cache is kept.
-// Computed in 64 bits and checked: a config whose sizes overflow is an error, never a wrapped size.
-[[nodiscard]] inline std::size_t kv_bytes_per_token(const model_config& c, std::size_t element_bytes, bool score_cache) {
+// K + V of one cached token over all layers, plus its fp32 score per KV head when a score cache is kept,
+// plus `scale_bytes` per KV head and side when K/V are quantised with per-(token, head) scales (the FP8
+// cache: element_bytes 1, scale_bytes 4). Computed in 64 bits and checked: a config whose sizes overflow
+// is an error, never a wrapped size.
+[[nodiscard]] inline std::size_t kv_bytes_per_token(const model_config& c, std::size_t element_bytes, bool score_cache,
+                                                    std::size_t scale_bytes = 0) {
   const std::int64_t kv_row = checked_mul(2 * std::int64_t{c.num_layers}, c.kv_size(), "KV cache: 2 x num_layers x kv_size");
   std::int64_t bytes = checked_mul(kv_row, static_cast<std::int64_t>(element_bytes), "KV cache: bytes per token");
+  if (scale_bytes > 0)
+    bytes = checked_add(bytes,
+                        checked_mul(2 * std::int64_t{c.num_layers} * c.num_kv_heads, static_cast<std::int64_t>(scale_bytes),
+                                    "KV cache: scale bytes per token"),
+                        "KV cache: bytes per token");
   if (score_cache)
     bytes = checked_add(bytes, checked_mul(std::int64_t{c.num_layers} * c.num_kv_heads, sizeof(float), "KV cache: score bytes per token"),
                         "KV cache: bytes per token");
@@ -82,7 +90,9 @@ struct memory_request {
   int budget_blocks = 0;          // 0 = no eviction
   int window = 0;
   bool score_cache = false;
-  std::size_t element_bytes = sizeof(float);
+  std::size_t element_bytes = sizeof(float);  // one K or V element
+  std::size_t kv_scale_bytes = 0;             // per (token, KV head, side) scale of a quantised cache (FP8: 4)
+  std::size_t query_element_bytes = 0;        // one query-window element; 0 = element_bytes
 };
 
 [[nodiscard]] inline memory_plan plan_memory(const model_config& c, const memory_request& r) {
@@ -95,7 +105,7 @@ struct memory_request {
   const auto mul = [](std::int64_t a, std::int64_t b, const char* what) { return checked_mul(a, b, what); };
   const std::int64_t layers = c.num_layers;
   const std::int64_t block_bytes =
-      mul(r.block_size, static_cast<std::int64_t>(kv_bytes_per_token(c, r.element_bytes, r.score_cache)),
+      mul(r.block_size, static_cast<std::int64_t>(kv_bytes_per_token(c, r.element_bytes, r.score_cache, r.kv_scale_bytes)),
           "memory plan: block_size x bytes per token");
   p.block_bytes = static_cast<std::size_t>(block_bytes);
   const bool compress = r.budget_blocks > 0;
@@ -104,7 +114,8 @@ struct memory_request {
                                                         std::numeric_limits<int>::max()));
     p.query_slot_bytes = static_cast<std::size_t>(
         mul(mul(mul(layers, r.window, "memory plan: num_layers x window"), c.q_size(), "memory plan: query slot values"),
-            static_cast<std::int64_t>(r.element_bytes), "memory plan: query slot bytes"));
+            static_cast<std::int64_t>(r.query_element_bytes > 0 ? r.query_element_bytes : r.element_bytes),
+            "memory plan: query slot bytes"));
   }
   const std::int64_t per_request =
       checked_add(mul(block_bytes, p.blocks_per_request, "memory plan: block bytes x blocks per request"),

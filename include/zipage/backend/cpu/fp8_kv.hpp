@@ -338,6 +338,11 @@ struct cpu_fp8kv_backend : cpu_backend {
   [[nodiscard]] static std::size_t kv_bytes_per_token(const model_config& c, bool score_cache) {
     return fp8_kv_bytes_per_token(c, score_cache);
   }
+  // The engine's memory-plan hooks: 1-byte codes, a 4-byte scale per (token, KV head, side), fp32
+  // query-window rows (so plan_memory's count equals kv_bytes_per_token above and bytes()).
+  [[nodiscard]] static constexpr std::size_t kv_element_bytes() { return 1; }
+  [[nodiscard]] static constexpr std::size_t kv_scale_bytes() { return sizeof(float); }
+  [[nodiscard]] static constexpr std::size_t query_element_bytes() { return sizeof(float); }
 
   void gather_keys(kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len, std::vector<float>& out) const {
     cpu::fp8::gather_keys(kv, layer, pages, kv_len, out);

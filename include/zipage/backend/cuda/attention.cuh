@@ -10,9 +10,16 @@
 //  * an online softmax in the log2 domain (scores pre-multiplied by scale*log2(e)).
 // The query rows of one MMA tile are the query heads of one KV group (decode) or tokens x heads of
 // one KV group (prefill), so each K/V byte is read once per group (GQA).
+//
+// FP8 K/V (E4M3 codes + one fp32 scale per token and KV head, docs/fp8.md): the same pipeline carries
+// the codes and scales of each 64-token tile into shared memory (half the bytes of bf16), and when a tile
+// has landed the CTA dequantises it in registers (bf16(float(code) * scale)) into one bf16 tile that the
+// unchanged MMA path reads (fp8_kv_tile_loader::tile).
 #include <climits>
+#include <type_traits>
 
 #include "zipage/backend/cuda/common.cuh"
+#include "zipage/backend/cuda/fp8.cuh"
 
 namespace zipage::cuda::detail {
 
@@ -65,9 +72,20 @@ struct kv_tile_loader {
     next_page = (tile_start < end && p <= last) ? __ldg(pages + p) : 0;
   }
 
-  // Issues the copies of the tile starting at tile_start (tokens >= end are zero-filled); the page
-  // ids must have been prefetched for this tile.
-  __device__ __forceinline__ void issue(std::uint32_t sk, std::uint32_t sv, int tile_start, int end) const {
+  // Shared-memory bytes of one pipeline stage (K then V), and of the extra buffer tile() needs.
+  static constexpr int kStageBytes = 2 * kKvTile * D * 2;
+  static constexpr int kExtraBytes = 0;
+
+  // The bf16 K and V tiles of a stage that has landed (nothing to do for bf16).
+  __device__ __forceinline__ void tile(std::uint32_t stage, std::uint32_t& sk, std::uint32_t& sv) const {
+    sk = stage;
+    sv = stage + kKvTile * D * 2;
+  }
+
+  // Issues the copies of the tile starting at tile_start (tokens >= end are zero-filled) into the stage
+  // at `stage`; the page ids must have been prefetched for this tile.
+  __device__ __forceinline__ void issue(std::uint32_t stage, int tile_start, int end) const {
+    const std::uint32_t sk = stage, sv = stage + kKvTile * D * 2;
     const int first = tile_start >> bs_shift;
     const int mask = (1 << bs_shift) - 1;
 #pragma unroll
@@ -85,30 +103,149 @@ struct kv_tile_loader {
   }
 };
 
+// The FP8 counterpart of kv_tile_loader: a stage holds the tile's K codes [64][D], V codes [64][D] and
+// K, V scales [64] each (16-byte copies of codes, 4-byte copies of scales, zero-filled past the end);
+// tile() dequantises a landed stage into the bf16 swizzled K and V tiles at `conv` (kExtraBytes) and
+// synchronises the CTA, so every thread must call it.
+template <int D, int THREADS>
+struct fp8_kv_tile_loader {
+  static constexpr int kChunks = D / 16;  // 16-byte chunks of codes per row
+  static constexpr int kRowsPerPass = THREADS / kChunks;
+  static constexpr int kPasses = kKvTile / kRowsPerPass;
+  static_assert(THREADS % kChunks == 0 && kKvTile % kRowsPerPass == 0 && THREADS >= 2 * kKvTile);
+  static constexpr int kCodeBytes = kKvTile * D;
+  static constexpr int kStageBytes = 2 * kCodeBytes + 2 * kKvTile * 4;
+  static constexpr int kExtraBytes = 2 * kKvTile * D * 2;
+
+  const std::uint8_t* k;
+  const std::uint8_t* v;
+  const float* ks;
+  const float* vs;
+  const std::int32_t* pages;
+  unsigned char* smem;       // generic pointer of the dynamic shared memory
+  std::uint32_t smem_base;   // its shared-space address
+  std::uint32_t conv;        // bf16 K tile, then V tile
+  std::int64_t token_stride;
+  int num_kv_heads;
+  int bs_shift;
+  int lane;
+  int part;
+  int row0;
+  int tid;
+  std::int32_t next_page = 0;
+
+  __device__ fp8_kv_tile_loader(const std::uint8_t* k_cache, const std::uint8_t* v_cache, const float* k_scale,
+                                const float* v_scale, const std::int32_t* seq_pages, int kv_heads, int kv_head,
+                                int block_shift, int tid_, unsigned char* smem_, std::uint32_t conv_)
+      : k(k_cache + kv_head * D),
+        v(v_cache + kv_head * D),
+        ks(k_scale + kv_head),
+        vs(v_scale + kv_head),
+        pages(seq_pages),
+        smem(smem_),
+        smem_base(smem_addr(smem_)),
+        conv(conv_),
+        token_stride(std::int64_t{kv_heads} * D),
+        num_kv_heads(kv_heads),
+        bs_shift(block_shift),
+        lane(tid_ & 31),
+        part(tid_ % kChunks),
+        row0(tid_ / kChunks),
+        tid(tid_) {}
+
+  __device__ __forceinline__ void prefetch(int tile_start, int end) {
+    const int first = tile_start >> bs_shift;
+    const int last = (min(tile_start + kKvTile, end) - 1) >> bs_shift;
+    const int p = first + lane;
+    next_page = (tile_start < end && p <= last) ? __ldg(pages + p) : 0;
+  }
+
+  __device__ __forceinline__ void issue(std::uint32_t stage, int tile_start, int end) const {
+    const int first = tile_start >> bs_shift;
+    const int mask = (1 << bs_shift) - 1;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int row = row0 + i * kRowsPerPass;
+      const int tok = tile_start + row;
+      const bool valid = tok < end;
+      const std::int32_t page = __shfl_sync(0xffffffffu, next_page, ((tok >> bs_shift) - first) & 31);
+      const std::int64_t off = ((static_cast<std::int64_t>(page) << bs_shift) | (tok & mask)) * token_stride + part * 16;
+      const std::uint32_t so = static_cast<std::uint32_t>(row * D + part * 16);
+      cp_async_16(stage + so, valid ? k + off : k, valid);
+      cp_async_16(stage + kCodeBytes + so, valid ? v + off : v, valid);
+    }
+    // Scales: thread t < 64 copies token t's K scale, 64 <= t < 128 token t - 64's V scale.
+    if (tid < 2 * kKvTile) {
+      const int row = tid & (kKvTile - 1);
+      const int tok = tile_start + row;
+      const bool valid = tok < end;
+      const std::int32_t page = __shfl_sync(0xffffffffu, next_page, ((tok >> bs_shift) - first) & 31);
+      const std::int64_t slot = (static_cast<std::int64_t>(page) << bs_shift) | (tok & mask);
+      const float* src = tid < kKvTile ? ks : vs;
+      const std::uint32_t dst = stage + 2 * kCodeBytes + static_cast<std::uint32_t>((tid >= kKvTile ? kKvTile : 0) + row) * 4;
+      const void* from = valid ? static_cast<const void*>(src + slot * num_kv_heads) : static_cast<const void*>(src);
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(from), "r"(valid ? 4 : 0)
+                   : "memory");
+    }
+  }
+
+  // Dequantises the landed stage into the bf16 tiles: 8 codes per item, bf16(float(code) * scale).
+  __device__ __forceinline__ void tile(std::uint32_t stage, std::uint32_t& sk, std::uint32_t& sv) const {
+    const unsigned char* st = smem + (stage - smem_base);
+    const float* scales = reinterpret_cast<const float*>(st + 2 * kCodeBytes);
+    constexpr int kItems = kKvTile * (D / 8);
+#pragma unroll
+    for (int side = 0; side < 2; ++side) {
+      const unsigned char* codes = st + side * kCodeBytes;
+      const std::uint32_t dst = conv + static_cast<std::uint32_t>(side * kKvTile * D * 2);
+#pragma unroll 4
+      for (int item = tid; item < kItems; item += THREADS) {
+        const int row = item / (D / 8), ch = item % (D / 8);
+        const uint2 c = *reinterpret_cast<const uint2*>(codes + row * D + ch * 8);
+        const float sc = scales[side * kKvTile + row];
+        const std::uint32_t w[2] = {c.x, c.y};
+        std::uint32_t packed[4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float2 lo = e4m3x2_to_f32x2(static_cast<std::uint16_t>(w[j] & 0xffffu));
+          const float2 hi = e4m3x2_to_f32x2(static_cast<std::uint16_t>(w[j] >> 16));
+          packed[2 * j] = pack_bf16(lo.x * sc, lo.y * sc);
+          packed[2 * j + 1] = pack_bf16(hi.x * sc, hi.y * sc);
+        }
+        *reinterpret_cast<uint4*>(smem + (dst - smem_base) + swz<D>(row, ch)) =
+            make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      }
+    }
+    __syncthreads();
+    sk = conv;
+    sv = conv + kKvTile * D * 2;
+  }
+};
+
 // A fragments of a warp's 16 query rows (rows row_base .. row_base+15 of a swizzled Q tile).
 // The K/V tile pipeline both attention kernels run over [start, end): STAGES tiles of K and V in flight
 // (shared memory at skv, K then V per stage), the next tile's page ids prefetched one tile ahead.
 // kv_pipeline_start issues the first STAGES-1 tiles; kv_pipeline_wait, at iteration `it`, issues tile
 // it + STAGES - 1 and waits until tile `it` has landed (and the whole CTA is past it).
-template <int STAGES, int TILE_BYTES, class Loader>
+template <int STAGES, class Loader>
 __device__ __forceinline__ void kv_pipeline_start(Loader& loader, std::uint32_t skv, int start, int end, int ntiles) {
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
     if (st < ntiles) {
-      loader.issue(skv + st * 2 * TILE_BYTES, skv + st * 2 * TILE_BYTES + TILE_BYTES, start + st * kKvTile, end);
+      loader.issue(skv + st * Loader::kStageBytes, start + st * kKvTile, end);
       loader.prefetch(start + (st + 1) * kKvTile, end);
     }
     cp_async_commit();
   }
 }
 
-template <int STAGES, int TILE_BYTES, class Loader>
+template <int STAGES, class Loader>
 __device__ __forceinline__ void kv_pipeline_wait(Loader& loader, std::uint32_t skv, int it, int start, int end,
                                                  int ntiles) {
   const int nxt = it + STAGES - 1;
   if (nxt < ntiles) {
-    const std::uint32_t base = skv + (nxt % STAGES) * 2 * TILE_BYTES;
-    loader.issue(base, base + TILE_BYTES, start + nxt * kKvTile, end);
+    const std::uint32_t base = skv + (nxt % STAGES) * Loader::kStageBytes;
+    loader.issue(base, start + nxt * kKvTile, end);
     loader.prefetch(start + (nxt + 1) * kKvTile, end);
   }
   cp_async_commit();
@@ -197,6 +334,10 @@ struct decode_args {
   bf16* out;
   const bf16* k;
   const bf16* v;
+  const std::uint8_t* k8;  // FP8 kernels: E4M3 codes and per-(token, KV head) scales instead of k / v
+  const std::uint8_t* v8;
+  const float* k_scale;
+  const float* v_scale;
   const std::int32_t* page_indptr;
   const std::int32_t* page_indices;
   const std::int32_t* kv_len;
@@ -216,23 +357,27 @@ struct decode_args {
 template <int D>
 inline constexpr int kDecodeDefaultStages = D == 128 ? 3 : 4;
 
-template <int D, int STAGES>
+template <int D, int THREADS, bool FP8>
+using kv_loader_t = std::conditional_t<FP8, fp8_kv_tile_loader<D, THREADS>, kv_tile_loader<D, THREADS>>;
+
+template <int D, int STAGES, bool FP8 = false>
 struct decode_config {
   static constexpr int kThreads = 128;  // 4 warps, each takes 16 tokens of every 64-token tile
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kStages = STAGES;
+  using loader = kv_loader_t<D, kThreads, FP8>;
   static constexpr int kTileBytes = kKvTile * D * 2;
   static constexpr int kQBytes = 16 * D * 2;
-  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes;
+  static constexpr int kSmemBytes = kQBytes + kStages * loader::kStageBytes + loader::kExtraBytes;
   static constexpr int kCombineBytes = kWarps * 16 * D * 4;
   static_assert(kCombineBytes <= kSmemBytes);
 };
 
 // grid (num_splits, kv_heads * head_chunks, num_seqs). CTA: one KV split of one (sequence, KV head)
 // for up to 16 query heads of its group.
-template <int D, int STAGES>
-__global__ void __launch_bounds__(decode_config<D, STAGES>::kThreads) paged_decode_kernel(const decode_args a) {
-  using cfg = decode_config<D, STAGES>;
+template <int D, int STAGES, bool FP8 = false>
+__global__ void __launch_bounds__(decode_config<D, STAGES, FP8>::kThreads) paged_decode_kernel(const decode_args a) {
+  using cfg = decode_config<D, STAGES, FP8>;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float s_m[cfg::kWarps][16];
   __shared__ float s_l[cfg::kWarps][16];
@@ -260,8 +405,13 @@ __global__ void __launch_bounds__(decode_config<D, STAGES>::kThreads) paged_deco
   const std::uint32_t sq = smem_addr(smem);
   const std::uint32_t skv = sq + cfg::kQBytes;
 
-  kv_tile_loader<D, cfg::kThreads> loader(a.k, a.v, a.page_indices + page_base, a.num_kv_heads, kvh, a.bs_shift,
-                                          tid);
+  auto loader = [&] {
+    if constexpr (FP8)
+      return typename cfg::loader(a.k8, a.v8, a.k_scale, a.v_scale, a.page_indices + page_base, a.num_kv_heads, kvh,
+                                  a.bs_shift, tid, smem, skv + cfg::kStages * cfg::loader::kStageBytes);
+    else
+      return typename cfg::loader(a.k, a.v, a.page_indices + page_base, a.num_kv_heads, kvh, a.bs_shift, tid);
+  }();
   loader.prefetch(start, end);
 
   // Q rows (zero beyond the group) join the first copy group.
@@ -272,7 +422,7 @@ __global__ void __launch_bounds__(decode_config<D, STAGES>::kThreads) paged_deco
   }
 
   const int ntiles = (end - start + kKvTile - 1) / kKvTile;
-  kv_pipeline_start<cfg::kStages, cfg::kTileBytes>(loader, skv, start, end, ntiles);
+  kv_pipeline_start<cfg::kStages>(loader, skv, start, end, ntiles);
 
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
@@ -282,11 +432,11 @@ __global__ void __launch_bounds__(decode_config<D, STAGES>::kThreads) paged_deco
   std::uint32_t qf[D / 16][4];
 
   for (int it = 0; it < ntiles; ++it) {
-    kv_pipeline_wait<cfg::kStages, cfg::kTileBytes>(loader, skv, it, start, end, ntiles);
+    kv_pipeline_wait<cfg::kStages>(loader, skv, it, start, end, ntiles);
     if (it == 0) load_q_fragments<D>(qf, sq, 0, lane);
 
-    const std::uint32_t sk = skv + (it % cfg::kStages) * 2 * cfg::kTileBytes;
-    const std::uint32_t sv = sk + cfg::kTileBytes;
+    std::uint32_t sk, sv;
+    loader.tile(skv + (it % cfg::kStages) * cfg::loader::kStageBytes, sk, sv);
     const int tile_start = start + it * kKvTile;
     if (tile_start + warp * 16 < end) {  // this warp's 16 tokens are not all past the end
       float s[2][4] = {};
@@ -437,6 +587,10 @@ struct prefill_args {
   bf16* out;
   const bf16* k;
   const bf16* v;
+  const std::uint8_t* k8;  // FP8 kernels (as decode_args)
+  const std::uint8_t* v8;
+  const float* k_scale;
+  const float* v_scale;
   const std::int32_t* q_indptr;
   const std::int32_t* token_kv_len;
   const std::int32_t* page_indptr;
@@ -450,21 +604,22 @@ struct prefill_args {
   float scale_log2;
 };
 
-template <int D>
+template <int D, bool FP8 = false>
 struct prefill_config {
   static constexpr int kThreads = 128;  // 4 warps x 16 query rows
   static constexpr int kRows = 64;
   static constexpr int kStages = 2;
+  using loader = kv_loader_t<D, kThreads, FP8>;
   static constexpr int kTileBytes = kKvTile * D * 2;
   static constexpr int kQBytes = kRows * D * 2;
-  static constexpr int kSmemBytes = kQBytes + kStages * 2 * kTileBytes;
+  static constexpr int kSmemBytes = kQBytes + kStages * loader::kStageBytes + loader::kExtraBytes;
 };
 
 // grid (upper bound on query tiles, kv_heads). A query tile: tokens_per_tile consecutive new tokens of
 // one sequence x the `group` query heads of one KV head, packed token-major into 64 MMA rows.
-template <int D>
-__global__ void __launch_bounds__(prefill_config<D>::kThreads) paged_prefill_kernel(const prefill_args a) {
-  using cfg = prefill_config<D>;
+template <int D, bool FP8 = false>
+__global__ void __launch_bounds__(prefill_config<D, FP8>::kThreads) paged_prefill_kernel(const prefill_args a) {
+  using cfg = prefill_config<D, FP8>;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int s_kv_max, s_kv_min;
 
@@ -553,11 +708,16 @@ __global__ void __launch_bounds__(prefill_config<D>::kThreads) paged_prefill_ker
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) warp_len = max(warp_len, __shfl_xor_sync(0xffffffffu, warp_len, o));
 
-  kv_tile_loader<D, cfg::kThreads> loader(a.k, a.v, a.page_indices + a.page_indptr[seq], a.num_kv_heads, kvh,
-                                          a.bs_shift, tid);
+  auto loader = [&] {
+    if constexpr (FP8)
+      return typename cfg::loader(a.k8, a.v8, a.k_scale, a.v_scale, a.page_indices + a.page_indptr[seq], a.num_kv_heads,
+                                  kvh, a.bs_shift, tid, smem, skv + cfg::kStages * cfg::loader::kStageBytes);
+    else
+      return typename cfg::loader(a.k, a.v, a.page_indices + a.page_indptr[seq], a.num_kv_heads, kvh, a.bs_shift, tid);
+  }();
   loader.prefetch(0, kv_end);
   const int ntiles = (kv_end + kKvTile - 1) / kKvTile;
-  kv_pipeline_start<cfg::kStages, cfg::kTileBytes>(loader, skv, 0, kv_end, ntiles);
+  kv_pipeline_start<cfg::kStages>(loader, skv, 0, kv_end, ntiles);
 
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
@@ -567,13 +727,13 @@ __global__ void __launch_bounds__(prefill_config<D>::kThreads) paged_prefill_ker
   std::uint32_t qf[D / 16][4];
 
   for (int it = 0; it < ntiles; ++it) {
-    kv_pipeline_wait<cfg::kStages, cfg::kTileBytes>(loader, skv, it, 0, kv_end, ntiles);
+    kv_pipeline_wait<cfg::kStages>(loader, skv, it, 0, kv_end, ntiles);
     if (it == 0) load_q_fragments<D>(qf, sq, warp * 16, lane);
 
     const int tile_start = it * kKvTile;
+    std::uint32_t sk, sv;
+    loader.tile(skv + (it % cfg::kStages) * cfg::loader::kStageBytes, sk, sv);
     if (tile_start < warp_len) {
-      const std::uint32_t sk = skv + (it % cfg::kStages) * 2 * cfg::kTileBytes;
-      const std::uint32_t sv = sk + cfg::kTileBytes;
       float s[kKvTile / 8][4] = {};
       qk_tile<D, kKvTile / 8>(s, qf, sk, 0, lane);
       if (tile_start + kKvTile > kv_min) {

@@ -57,6 +57,7 @@
 #include "zipage/backend/cuda/engine_kernels.hpp"
 #include "zipage/compression/compaction_plan.hpp"
 #include "zipage/compression/compression_job.hpp"
+#include "zipage/core/kv_cache_dtype.hpp"
 #include "zipage/core/types.hpp"
 #include "zipage/kv/paged_kv.hpp"
 #include "zipage/model/concepts.hpp"
@@ -69,6 +70,11 @@ namespace zipage {
 
 struct cuda_backend_options {
   cuda_dtype dtype = cuda_dtype::bf16;  // weights, activations, KV cache and query-window cache
+  // The K/V storage (vLLM's --kv-cache-dtype): auto = `dtype`; fp8_e4m3 = E4M3 codes with one fp32 scale
+  // per (token, KV head) and side, written by the append kernel and dequantised by attention and key
+  // gathering (docs/fp8.md; the CPU reference is cpu_fp8kv_backend). The query-window cache stays in `dtype`,
+  // the score cache fp32. FP8 needs head_dim % 4 == 0 (checked by allocate_kv).
+  kv_cache_dtype kv_dtype = kv_cache_dtype::auto_;
   int device = 0;
   // fp32 only: a fixed-order GEMM instead of cuBLASLt, so each row's result is the same whatever the
   // batch (cuBLASLt may pick another kernel, and another summation order, for another batch size).
@@ -159,21 +165,34 @@ class cuda_tensor {
 
 // The paged KV cache on the device: K and V [layers][blocks][block_size][kv_heads][head_dim] each; when
 // compressing, the score cache [layers][blocks][block_size][kv_heads] (fp32) and the query-window cache
-// [layers][slots][W][q_heads][head_dim] (in the KV dtype).
+// [layers][slots][W][q_heads][head_dim] (in the compute dtype). With an FP8 cache K and V hold E4M3
+// codes (1 byte each) and k_scale / v_scale the fp32 scales [layers][blocks][block_size][kv_heads].
 struct cuda_kv_storage {
   kv_cache_shape shape;
-  cuda_dtype dtype = cuda_dtype::bf16;
+  cuda_dtype dtype = cuda_dtype::bf16;  // compute dtype: K/V when not FP8, and the query-window cache
+  kv_cache_dtype kv_dtype = kv_cache_dtype::auto_;
   cuda_buffer k, v, scores, queries;
+  cuda_buffer k_scale, v_scale;  // FP8 only
 
-  [[nodiscard]] std::size_t element_bytes() const { return dtype_bytes(dtype); }
-  [[nodiscard]] std::size_t bytes() const {
-    return static_cast<std::size_t>(2 * shape.elements_per_side() + shape.query_layer_stride() * shape.num_layers) *
-               element_bytes() +
-           static_cast<std::size_t>(shape.score_elements()) * sizeof(float);
+  [[nodiscard]] bool fp8() const { return kv_dtype == kv_cache_dtype::fp8_e4m3; }
+  // Bytes of one K or V element (1 for FP8 codes).
+  [[nodiscard]] std::size_t element_bytes() const { return fp8() ? 1 : dtype_bytes(dtype); }
+  // Bytes of one query-window element.
+  [[nodiscard]] std::size_t query_element_bytes() const { return dtype_bytes(dtype); }
+  // Scale elements per layer and side (FP8), = score elements per layer.
+  [[nodiscard]] std::int64_t scale_layer_elements() const {
+    return std::int64_t{shape.num_blocks} * shape.block_size * shape.num_kv_heads;
   }
-  // Bytes of K + V per cached token, all layers.
+  [[nodiscard]] std::size_t bytes() const {
+    return static_cast<std::size_t>(2 * shape.elements_per_side()) * element_bytes() +
+           static_cast<std::size_t>(shape.query_layer_stride() * shape.num_layers) * query_element_bytes() +
+           static_cast<std::size_t>(shape.score_elements()) * sizeof(float) +
+           (fp8() ? static_cast<std::size_t>(2 * scale_layer_elements() * shape.num_layers) * sizeof(float) : 0);
+  }
+  // Bytes of K + V (+ their scales) per cached token, all layers.
   [[nodiscard]] std::size_t kv_bytes_per_token() const {
-    return static_cast<std::size_t>(2 * shape.token_stride() * shape.num_layers) * element_bytes();
+    return static_cast<std::size_t>(2 * shape.token_stride() * shape.num_layers) * element_bytes() +
+           (fp8() ? static_cast<std::size_t>(2 * shape.num_kv_heads * shape.num_layers) * sizeof(float) : 0);
   }
 };
 
@@ -229,8 +248,14 @@ class cuda_backend {
 
   [[nodiscard]] const cuda_backend_options& options() const;
   [[nodiscard]] cuda_dtype dtype() const { return options().dtype; }
-  // Bytes of one K or V element in the pool, for the engine's memory plan.
-  [[nodiscard]] std::size_t kv_element_bytes() const { return dtype_bytes(dtype()); }
+  [[nodiscard]] kv_cache_dtype kv_dtype() const { return options().kv_dtype; }
+  // The engine's memory-plan hooks: bytes of one K or V element in the pool (1 with an FP8 cache), of
+  // one per-(token, KV head, side) scale (4 with FP8, else 0), and of one query-window element.
+  [[nodiscard]] std::size_t kv_element_bytes() const {
+    return kv_dtype() == kv_cache_dtype::fp8_e4m3 ? 1 : dtype_bytes(dtype());
+  }
+  [[nodiscard]] std::size_t kv_scale_bytes() const { return kv_dtype() == kv_cache_dtype::fp8_e4m3 ? 4 : 0; }
+  [[nodiscard]] std::size_t query_element_bytes() const { return dtype_bytes(dtype()); }
 
   // ---- the zipage::backend concept (see cpu_backend)
   [[nodiscard]] tensor from_host(std::span<const float> values, int rows, int cols) const;
@@ -292,7 +317,12 @@ class cuda_backend {
   [[nodiscard]] tensor random_tensor(int rows, int cols, float scale, std::uint64_t seed) const;
   [[nodiscard]] tensor constant_tensor(int rows, int cols, float value) const;
   // Whole KV cache contents as fp32 host vectors (tests): K, V of every layer in the cache layout.
+  // With an FP8 cache: the dequantised values (float(code) * scale).
   [[nodiscard]] std::vector<float> kv_to_host(const kv_storage& kv, bool values) const;
+  // FP8 cache (tests): the raw E4M3 codes [layers][blocks][block_size][kv_heads][head_dim] and scales
+  // [layers][blocks][block_size][kv_heads] of K (values = false) or V.
+  void kv_fp8_to_host(const kv_storage& kv, bool values, std::vector<std::uint8_t>& codes,
+                      std::vector<float>& scales) const;
   void synchronize() const;
   [[nodiscard]] cuda_backend_counters counters() const;
   void reset_counters() const;

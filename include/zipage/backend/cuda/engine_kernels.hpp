@@ -52,6 +52,14 @@ void gemm_fixed_order(cuda_dtype t, const void* x, const void* w, void* out, int
 void append_kv(cuda_dtype t, void* k_cache, void* v_cache, const void* k, const void* v, const std::int64_t* slots,
                int num_tokens, int width, cuda_stream stream);
 
+// FP8 KV cache (docs/fp8.md): quantises token t's K/V rows (num_kv_heads x head_dim values of dtype t)
+// into cache slot slots[t] (negative: skipped): per KV head scale = amax / 448 (0 for an all-zero head,
+// then zero codes), code[i] = e4m3(x[i] / scale) with IEEE division and the SATFINITE conversion, so
+// codes and scales are bit-exact with cpu::fp8::append_kv on the same values. One warp per (token, head).
+void append_kv_fp8(cuda_dtype t, std::uint8_t* k_codes, std::uint8_t* v_codes, float* k_scale, float* v_scale,
+                   const void* k, const void* v, const std::int64_t* slots, int num_tokens, int num_kv_heads,
+                   int head_dim, cuda_stream stream);
+
 // Copies q row t into query-window row token_row[t] (rows of `width` elements) when token_row[t] >= 0.
 void record_queries(cuda_dtype t, void* rows, const std::int32_t* token_row, const void* q, int num_tokens, int width,
                     cuda_stream stream);
@@ -64,6 +72,10 @@ struct generic_attention_params {
   void* out = nullptr;
   const void* k_cache = nullptr;
   const void* v_cache = nullptr;
+  // FP8 KV cache: when both are set, k_cache / v_cache hold E4M3 codes and these the per-(slot, KV head)
+  // fp32 scales; each K/V value is read as float(code) * scale (as cpu::fp8::paged_attention).
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
   const std::int32_t* token_seq = nullptr;
   const std::int32_t* token_kv_len = nullptr;
   const std::int32_t* page_indptr = nullptr;
@@ -80,6 +92,11 @@ void paged_attention(cuda_dtype t, const generic_attention_params& p, cuda_strea
 // Keys of one layer's cache gathered as fp32 [kv_heads][kv_len][head_dim] (compressor layout).
 void gather_keys(cuda_dtype t, const void* k_layer, const std::int32_t* pages, int block_size, int num_kv_heads,
                  int head_dim, int kv_len, float* out, cuda_stream stream);
+
+// FP8 keys of one layer (codes + scales [blocks][block_size][kv_heads]) gathered dequantised as fp32
+// [kv_heads][kv_len][head_dim] (float(code) * scale, bit-exact with cpu::fp8::gather_keys).
+void gather_keys_fp8(const std::uint8_t* k_layer, const float* k_scale_layer, const std::int32_t* pages, int block_size,
+                     int num_kv_heads, int head_dim, int kv_len, float* out, cuda_stream stream);
 
 // Score cache of one layer gathered as [kv_heads][kv_len].
 void gather_scores(const float* scores_layer, const std::int32_t* pages, int block_size, int num_kv_heads, int kv_len,
@@ -109,6 +126,7 @@ struct compaction_params {
   int block_size = 0;
   int new_len = 0;
   cuda_dtype dtype = cuda_dtype::bf16;
+  int element_bytes = 0;  // bytes of one K/V element; 0 = dtype's (FP8 codes: 1; their scales: 4 with head_dim 1)
 };
 void apply_compaction(const compaction_params& p, cuda_stream stream);
 

@@ -36,6 +36,11 @@ struct decode_params {
   void* out = nullptr;            // bf16 [num_seqs][num_q_heads][head_dim]
   const void* k_cache = nullptr;  // bf16 [num_blocks][block_size][num_kv_heads][head_dim]
   const void* v_cache = nullptr;
+  // FP8 KV cache (docs/fp8.md): when both are set, k_cache / v_cache hold E4M3 codes (1 byte each, same
+  // layout) and these the fp32 scales [num_blocks][block_size][num_kv_heads]; tiles are dequantised in
+  // registers to bf16(float(code) * scale) before the bf16 MMAs.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
   const std::int32_t* page_indptr = nullptr;   // [num_seqs + 1]
   const std::int32_t* page_indices = nullptr;  // [page_indptr[num_seqs]]
   const std::int32_t* kv_len = nullptr;        // [num_seqs], each in [0, max_kv_len]
@@ -82,6 +87,8 @@ struct prefill_params {
   void* out = nullptr;            // bf16 [num_tokens][num_q_heads][head_dim]
   const void* k_cache = nullptr;  // bf16 [num_blocks][block_size][num_kv_heads][head_dim]
   const void* v_cache = nullptr;
+  const float* k_scale = nullptr;  // FP8 KV cache, as decode_params
+  const float* v_scale = nullptr;
   const std::int32_t* q_indptr = nullptr;      // [num_seqs + 1], q_indptr[0] = 0, q_indptr[num_seqs] = num_tokens
   const std::int32_t* token_kv_len = nullptr;  // [num_tokens]
   const std::int32_t* page_indptr = nullptr;   // [num_seqs + 1]

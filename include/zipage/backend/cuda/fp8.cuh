@@ -1,0 +1,29 @@
+#pragma once
+// Device side of the FP8 KV cache (docs/fp8.md): OCP E4M3 codes with one fp32 scale per (token, KV head)
+// and side. Encoding is the hardware's SATFINITE conversion, bit-exact with zipage::f32_to_fp8_e4m3;
+// decoding is exact (every E4M3 value is a half and a float).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace zipage::cuda::detail {
+
+inline constexpr float kFp8E4m3Max = 448.0f;
+
+__device__ __forceinline__ std::uint8_t f32_to_e4m3(float x) {
+  return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ float e4m3_to_f32(std::uint8_t code) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+// Two codes (low byte first) -> two floats.
+__device__ __forceinline__ float2 e4m3x2_to_f32x2(std::uint16_t codes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+
+}  // namespace zipage::cuda::detail
