@@ -30,6 +30,10 @@ class forward_context {
   [[nodiscard]] std::span<const std::int32_t> positions() const { return batch_->positions; }
   [[nodiscard]] std::span<const std::int32_t> logits_rows() const { return batch_->logits_rows; }
   [[nodiscard]] int num_tokens() const { return static_cast<int>(batch_->tokens.size()); }
+  // The step's batch and KV storage as the engine passed them (a tensor-parallel model hands each rank a
+  // context of its own over its share of the storage: models/llama_tp.hpp).
+  [[nodiscard]] const forward_batch& batch() const { return *batch_; }
+  [[nodiscard]] typename Backend::kv_storage& kv() const { return *kv_; }
 
   // Appends this step's K/V of `layer` to the paged cache and attends. q, out: [tokens][q_heads*head_dim];
   // k, v: [tokens][kv_heads*head_dim], already rotated.

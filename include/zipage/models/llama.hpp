@@ -51,6 +51,8 @@ class llama_model {
   }
 
   [[nodiscard]] const model_config& config() const { return config_; }
+  // The weights (tensor parallelism shards them: models/llama_tp.hpp).
+  [[nodiscard]] const llama_weights<Backend>& weights() const { return w_; }
 
   // logits [logits_rows][vocab], kept in the model until the next forward (stable storage, so a backend
   // can capture the step into a graph).
