@@ -193,30 +193,31 @@ TEST_CASE("fp8 kv kernels: append bit-exact, prefill / decode / generic attentio
   }
 }
 
-TEST_CASE("fp8 kv kernels: a decode step through the tuned kernel with forced split-KV and a single split agree") {
-  // The engine's decode path picks its split plan itself; run a long decode at two batch sizes (different
-  // plans) and check both against the reference (covers the merge kernel on FP8 partials).
-  const int d = 128, qh = 16, kvh = 2, bs = 32, nb = 300;
+TEST_CASE("fp8 kv kernels: chunked prefill over earlier chunks, then a split-KV decode of one long sequence") {
+  // One sequence over 2 KV heads is 2 CTAs per split, so the decode plan splits the context (merge kernel
+  // over FP8 partials).
+  const int d = 128, qh = 4, kvh = 2, bs = 32, nb = 300;
   const auto b = fp8_backend();
   const kv_cache_shape shape{.num_layers = 1, .num_blocks = nb, .block_size = bs, .num_kv_heads = kvh, .head_dim = d};
   auto g = b.allocate_kv(shape);
   cpu_fp8_kv_storage c(shape);
   std::mt19937 rng(99);
-  const int len = 4000;
+  const int len = 2048;  // 4 prefill chunks of 512, then one decode token
   std::vector<std::vector<block_id>> pages(1);
   for (int i = 0; i < (len + 1 + bs - 1) / bs; ++i) pages[0].push_back((i * 37) % nb);
-  // Fill: prefill len tokens in chunks of 1000 (prefill kernel reading earlier chunks' FP8 tiles).
-  for (int start = 0; start < len; start += 1000) {
-    const batch bt = make_batch(pages, {start}, {1000}, bs);
+  // Fill: prefill len tokens in chunks (the prefill kernel reading earlier chunks' FP8 tiles).
+  constexpr int chunk = 512;
+  for (int start = 0; start < len; start += chunk) {
+    const batch bt = make_batch(pages, {start}, {chunk}, bs);
     cuda_tensor q, k, v, out;
-    const auto hq = device_values(b, rng, 1000, qh * d, 1.0f, q);
-    const auto hk = device_values(b, rng, 1000, kvh * d, 1.0f, k);
-    const auto hv = device_values(b, rng, 1000, kvh * d, 1.0f, v);
+    const auto hq = device_values(b, rng, chunk, qh * d, 1.0f, q);
+    const auto hk = device_values(b, rng, chunk, kvh * d, 1.0f, k);
+    const auto hv = device_values(b, rng, chunk, kvh * d, 1.0f, v);
     b.attention(g, 0, bt.meta(), q, k, v, qh, out);
     const auto got = b.to_host(out);
-    cpu::fp8::append_kv(c.layer(0), bt.slots, as_matrix(hk, 1000, kvh * d), as_matrix(hv, 1000, kvh * d));
+    cpu::fp8::append_kv(c.layer(0), bt.slots, as_matrix(hk, chunk, kvh * d), as_matrix(hv, chunk, kvh * d));
     cpu::matrix ref;
-    cpu::fp8::paged_attention(std::as_const(c).layer(0), bt.meta(), as_matrix(hq, 1000, qh * d), qh,
+    cpu::fp8::paged_attention(std::as_const(c).layer(0), bt.meta(), as_matrix(hq, chunk, qh * d), qh,
                               1.0f / std::sqrt(float(d)), ref);
     const diff df = compare(got, ref);
     MESSAGE("chunked prefill at ", start, ": max |out - cpu::fp8| = ", df.max_abs, ", relative RMS ", df.rms);
@@ -234,7 +235,7 @@ TEST_CASE("fp8 kv kernels: a decode step through the tuned kernel with forced sp
   cpu::matrix ref;
   cpu::fp8::paged_attention(std::as_const(c).layer(0), bt.meta(), as_matrix(hq, 1, qh * d), qh, 1.0f / std::sqrt(float(d)), ref);
   const diff df = compare(b.to_host(out), ref);
-  MESSAGE("decode over 4001 tokens (split-KV): max |out - cpu::fp8| = ", df.max_abs, ", relative RMS ", df.rms);
+  MESSAGE("decode over 2049 tokens (one sequence: split-KV and the merge kernel): max |out - cpu::fp8| = ", df.max_abs, ", relative RMS ", df.rms);
   CHECK(df.max_abs <= kAttnTolAbs);
   CHECK(df.rms <= kAttnTolRms);
 }

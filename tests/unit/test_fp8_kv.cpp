@@ -15,6 +15,7 @@
 
 #include "zipage/backend/cpu/fp8_kv.hpp"
 #include "zipage/core/half.hpp"
+#include "zipage/core/kv_cache_dtype.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/engine/memory_plan.hpp"
 #include "zipage/gguf/gguf.hpp"
@@ -338,6 +339,61 @@ TEST_CASE("fp8 kv: memory per token is 2 x kv_heads x head_dim + 2 x kv_heads x 
   CHECK(fp8_kv_bytes_per_token(q, false) == 36u * (2 * 8 * 128 + 2 * 8 * 4));
   MESSAGE("Qwen3-8B shape: fp8 ", fp8_kv_bytes_per_token(q, true), " vs bf16 ", kv_bytes_per_token(q, 2, true),
           " bytes per token with a score cache");
+}
+
+TEST_CASE("fp8 kv: the memory plan counts the scales and sizes the query slot by its own element; concurrency ~doubles vs bf16") {
+  model_config q;
+  q.num_layers = 36;
+  q.num_kv_heads = 8;
+  q.num_q_heads = 32;
+  q.head_dim = 128;
+  // kv_bytes_per_token with 1-byte codes and 4-byte scales is the FP8 cache's count.
+  for (const bool scores : {false, true}) CHECK(kv_bytes_per_token(q, 1, scores, 4) == fp8_kv_bytes_per_token(q, scores));
+  CHECK(kv_bytes_per_token(q, 2, true, 0) == kv_bytes_per_token(q, 2, true));
+  // Qwen3-8B shape on a 100 GiB pool, block 16, budget 2048 tokens, W 16, score cache (zipage), bf16 query slots.
+  memory_request r;
+  r.budget_bytes = std::size_t{100} << 30;
+  r.max_running = 4096;
+  r.block_size = 16;
+  r.budget_blocks = 128;
+  r.window = 16;
+  r.score_cache = true;
+  r.element_bytes = 2;
+  const memory_plan bf16 = plan_memory(q, r);
+  r.element_bytes = 1;
+  r.kv_scale_bytes = 4;
+  r.query_element_bytes = 2;
+  const memory_plan fp8 = plan_memory(q, r);
+  CHECK(bf16.block_bytes == 16u * 148608u);
+  CHECK(fp8.block_bytes == 16u * 77184u);  // docs/fp8.md's table
+  CHECK(fp8.query_slot_bytes == bf16.query_slot_bytes);
+  CHECK(fp8.query_slot_bytes == 36u * 16 * 32 * 128 * 2);  // 4.5 MiB, not shrunk by FP8
+  const double ratio = double(fp8.max_concurrency) / bf16.max_concurrency;
+  MESSAGE("Qwen3-8B shape, 100 GiB, budget 2048: max concurrency bf16 KV ", bf16.max_concurrency, ", fp8 KV ",
+          fp8.max_concurrency, " (x", ratio, ")");
+  CHECK(ratio > 1.85);
+  CHECK(ratio < 2.0);
+  // Without query_element_bytes the slot is sized by element_bytes (the old behaviour).
+  r.query_element_bytes = 0;
+  CHECK(plan_memory(q, r).query_slot_bytes == fp8.query_slot_bytes / 2);
+}
+
+TEST_CASE("fp8 kv: the engine's plan on cpu_fp8kv_backend equals what the storage holds") {
+  const engine_config cfg{.block_size = 8, .num_blocks = 64, .budget_tokens = 32, .window = 4};
+  engine<llama_model<cpu_fp8kv_backend>, zipage_policy> eng(load_llama_gguf<cpu_fp8kv_backend>(stories().file), cfg);
+  const model_config& c = eng.config();
+  CHECK(eng.memory().block_bytes == 8 * fp8_kv_bytes_per_token(c, true));
+  CHECK(eng.memory().query_slot_bytes ==
+        static_cast<std::size_t>(c.num_layers) * 4 * static_cast<std::size_t>(c.num_q_heads * c.head_dim) * sizeof(float));
+}
+
+TEST_CASE("--kv-cache-dtype: auto, fp8 and fp8_e4m3 parse (vLLM's names); anything else is an error naming the choices") {
+  CHECK(parse_kv_cache_dtype("auto") == kv_cache_dtype::auto_);
+  CHECK(parse_kv_cache_dtype("fp8") == kv_cache_dtype::fp8_e4m3);
+  CHECK(parse_kv_cache_dtype("fp8_e4m3") == kv_cache_dtype::fp8_e4m3);
+  CHECK(std::string(to_string(kv_cache_dtype::fp8_e4m3)) == "fp8_e4m3");
+  CHECK_THROWS_WITH_AS((void)parse_kv_cache_dtype("fp8_e5m2"), doctest::Contains("auto, fp8, fp8_e4m3"), zipage::error);
+  CHECK_THROWS_AS((void)parse_kv_cache_dtype("bf16"), zipage::error);
 }
 
 // ---- The whole engine on stories260K: FP8 KV against fp32 KV ----
