@@ -20,6 +20,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "zipage/core/kv_cache_dtype.hpp"
@@ -27,6 +28,7 @@
 #include "zipage/gguf/gguf.hpp"
 #include "zipage/models/hf_loader.hpp"
 #include "zipage/models/llama.hpp"
+#include "zipage/models/llama_tp.hpp"
 #include "zipage/policy/policies.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
 #include "zipage/tokenizer/vocab_check.hpp"
@@ -56,6 +58,7 @@ struct engine_options {
   std::string scheduling = "fcfs";  // fcfs | priority
   bool quiet = false;               // no device line (the tool's own --quiet sets it)
   int budget_blocks = 0;            // --budget-blocks (0: --budget, in tokens, decides)
+  int tensor_parallel_size = 1;     // --tensor-parallel-size: ranks the model is sharded over (CPU: threads)
   // The sampling and budget flags given on the command line (they override the checkpoint's defaults).
   std::map<std::string, CLI::Option*> flags;
   std::string sampling_line;  // what the run samples with, and where each value came from
@@ -203,6 +206,10 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   app.add_flag("!--no-hybrid", e.hybrid, "admit only requests that get a query slot");
   app.add_flag("!--no-prefix-caching", e.prefix_caching, "do not share prompt blocks between requests");
   app.add_flag("!--sync-compression", e.async_compression, "compress on the decode thread");
+  app.add_option("--tensor-parallel-size,--tp", o.tensor_parallel_size,
+                 "shard the model over N ranks (1, 2, 4 or 8; Megatron-style, one thread per rank; CPU only for now: "
+                 "docs/tensor-parallel.md). --kv-cache-mib is then per rank")
+      ->check(number_check("1, 2, 4 or 8", [](double v) { return v == 1 || v == 2 || v == 4 || v == 8; }));
   app.add_flag("--allow-beyond-context", e.allow_beyond_context,
                "let prompt + output run past the model's trained context (max_position_embeddings); by default a "
                "longer prompt is refused and generation stops there. For compressed long generation, where each "
@@ -309,6 +316,31 @@ inline void check_host_pool(const engine_options& o) {
 
 namespace detail {
 
+// --tensor-parallel-size N on the CPU: the model sharded over an in-process group of N threads
+// (zipage/models/llama_tp.hpp), one engine. The engine plans the whole model's KV memory; --kv-cache-mib is
+// what each rank holds, so the engine is given it over the rank's share of a block (N x, or less when KV
+// heads are replicated), and the rank's plan is printed.
+template <class F>
+int build_tensor_parallel_engine(engine_options& o, const zipage::llama_model<zipage::cpu_backend>& model,
+                                 const model_text& text, F& f) {
+  auto tp = zipage::make_tensor_parallel_llama(model, o.tensor_parallel_size);  // heads checked here
+  const auto backend = tp.backend();
+  const auto& layout = backend.layout();
+  if (o.engine.num_blocks == 0)
+    o.engine.kv_cache_bytes = static_cast<std::size_t>(static_cast<double>(o.engine.kv_cache_bytes) / layout.block_fraction());
+  if (!o.quiet) std::fprintf(stderr, "%s\n", layout.describe().c_str());
+  int rc = -1;
+  zipage::for_each_builtin_policy([&](auto policy) {
+    if (policy.name() != o.policy) return;
+    using tp_model = zipage::tensor_parallel_llama<zipage::cpu_backend>;
+    zipage::engine<tp_model, decltype(policy), zipage::zipage_scheduler, typename tp_model::backend_type> eng(
+        std::move(tp), o.engine, policy, backend);
+    if (!o.quiet) std::fprintf(stderr, "KV memory %s\n", zipage::describe_rank_memory(eng.memory(), layout).c_str());
+    rc = f(eng, text);
+  });
+  return rc;
+}
+
 // The engine type depends on the policy, so `f` is instantiated once per built-in policy.
 template <class Backend, class F>
 int build_engine(engine_options& o, zipage::llama_model<Backend> model, const Backend& backend, const model_text& text,
@@ -322,6 +354,9 @@ int build_engine(engine_options& o, zipage::llama_model<Backend> model, const Ba
   o.engine.kv_cache_bytes = static_cast<std::size_t>(o.kv_cache_mib * 1024.0 * 1024.0);
   if (o.engine.gpu_memory_utilization > 0.0) size_gpu_pool(o, model.config(), backend);
   int rc = -1;
+  if constexpr (std::is_same_v<Backend, zipage::cpu_backend>) {
+    if (o.tensor_parallel_size > 1) return build_tensor_parallel_engine(o, model, text, f);
+  }
   zipage::for_each_builtin_policy([&](auto policy) {
     if (policy.name() != o.policy) return;
     zipage::engine<zipage::llama_model<Backend>, decltype(policy), zipage::zipage_scheduler, Backend> eng(
@@ -371,6 +406,9 @@ int with_engine(engine_options& o, F&& f) {
   if (gpu) {
     zipage::check(zipage::cuda::device_count() > 0, "--device cuda: no CUDA device (",
                   zipage::cuda::describe_device(), ")");
+    zipage::check(o.tensor_parallel_size == 1, "--tensor-parallel-size ", o.tensor_parallel_size,
+                  " runs on the CPU only for now (the GPU collectives are not wired into the CUDA backend yet: "
+                  "docs/tensor-parallel.md); add --device cpu");
     zipage::cuda_backend_options bo;
     bo.dtype = o.dtype == "fp32" ? zipage::cuda_dtype::f32 : zipage::cuda_dtype::bf16;
     bo.kv_dtype = kv_dtype;
