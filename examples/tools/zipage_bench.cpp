@@ -168,6 +168,7 @@ struct options {
   bool no_graphs = false;
   float temperature = 0.0f;
   std::string json;
+  std::string kv_cache_dtype = "auto";  // auto (bf16) | fp8 | fp8_e4m3
   bool sync_compression = false;
 };
 
@@ -194,7 +195,7 @@ struct run_result {
 template <class Policy>
 run_result run_once(const options& o, const std::string& mode, const cuda_backend& b, const model_config& c,
                     const weight_stats& ws, double bandwidth_gbs, double gemm_tflops) {
-  const std::size_t token_bytes = kv_bytes_per_token(c, b.kv_element_bytes(), false);
+  const std::size_t token_bytes = kv_bytes_per_token(c, b.kv_element_bytes(), false, b.kv_scale_bytes());
   // KV pool: the engine sizes it (vLLM's rule: gpu_memory_utilization x total memory minus what is in use
   // once the weights are loaded and a profiling forward of --max-batched-tokens tokens has grown the
   // activations), unless --kv-gib fixes it; the method's max_concurrency and as many query slots follow
@@ -379,6 +380,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-graphs", o.no_graphs, "decode steps without CUDA graphs");
   app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)");
   app.add_option("--json", o.json, "append results as JSON lines to this file");
+  app.add_option("--kv-cache-dtype", o.kv_cache_dtype, "KV cache: auto (bf16) or fp8 / fp8_e4m3 (E4M3 + per token-head scales)")
+      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}));
   app.add_flag("--sync-compression", o.sync_compression, "compress on the engine thread");
   CLI11_PARSE(app, argc, argv);
 
@@ -402,12 +405,13 @@ int main(int argc, char** argv) {
     const model_config c = shape_config(o.shape);
     cuda_backend_options bo;
     bo.cuda_graphs = !o.no_graphs;
+    bo.kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
     bo.max_graph_batch = std::max(bo.max_graph_batch, o.max_num_seqs);
     const cuda_backend b(bo);
     const double bw = b.measure_copy_bandwidth();
     const double tflops = b.measure_gemm_tflops();
-    std::printf("device: %s; copy bandwidth %.0f GB/s (2 GiB D2D, read+write), bf16 GEMM %.0f TFLOP/s (8192^3)\n",
-                cuda::describe_device(0).c_str(), bw, tflops);
+    std::printf("device: %s; copy bandwidth %.0f GB/s (2 GiB D2D, read+write), bf16 GEMM %.0f TFLOP/s (8192^3); KV cache %s\n",
+                cuda::describe_device(0).c_str(), bw, tflops, to_string(bo.kv_dtype));
     weight_stats ws;
     {
       // Weight statistics from one build (freed again before the runs build their own).
@@ -466,7 +470,7 @@ int main(int argc, char** argv) {
                         "\"bandwidth_gbs\":%.0f,\"gemm_tflops\":%.0f,\"device_compress_s\":%.2f,\"gather_s\":%.2f,"
                         "\"graphs\":%s,\"graph_replays\":%lld,\"graph_captures\":%lld,\"max_concurrency\":%d,"
                         "\"kv_gib\":%.1f,\"steady_s\":%.1f,\"policy\":\"%s\",\"compaction_s\":%.3f,"
-                        "\"device_batches\":%lld}\n",
+                        "\"device_batches\":%lld,\"kv_cache_dtype\":\"%s\"}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
                         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
@@ -474,7 +478,7 @@ int main(int argc, char** argv) {
                         r.ceiling_fraction, r.forward_ceiling_fraction, bw, tflops, r.device_compress_s, r.gather_s,
                         o.no_graphs ? "false" : "true", static_cast<long long>(r.graph_replays),
                         static_cast<long long>(r.graph_captures), r.max_concurrency, r.kv_gib, r.seconds / 2,
-                        r.policy.c_str(), r.compaction_s, static_cast<long long>(r.device_batches));
+                        r.policy.c_str(), r.compaction_s, static_cast<long long>(r.device_batches), to_string(b.kv_dtype()));
           js << buf;
         }
         }

@@ -88,6 +88,13 @@ compress_args make_args(const compress_params& p, void* workspace, std::size_t w
   compress_args a{};
   a.k = static_cast<detail::bf16*>(p.k_cache);
   a.v = static_cast<detail::bf16*>(p.v_cache);
+  check((p.k_scale == nullptr) == (p.v_scale == nullptr), "compress: FP8 needs both k_scale and v_scale");
+  if (p.k_scale != nullptr) {
+    a.k8 = static_cast<std::uint8_t*>(p.k_cache);
+    a.v8 = static_cast<std::uint8_t*>(p.v_cache);
+    a.k_scale = p.k_scale;
+    a.v_scale = p.v_scale;
+  }
   a.scores = p.score_cache;
   a.q = static_cast<const detail::bf16*>(p.query_cache);
   a.kv_layer_stride = std::int64_t{p.num_blocks} * p.block_size * p.num_kv_heads * p.head_dim;
@@ -203,7 +210,10 @@ void launch_select(const compress_args& a, unsigned segments, cudaStream_t strea
 
 template <int D>
 void launch_compact(const compress_args& a, unsigned segments, cudaStream_t stream) {
-  detail::compact_kernel<D><<<segments, detail::kCompactThreads, 0, stream>>>(a);
+  if (a.k8 != nullptr)
+    detail::compact_fp8_kernel<D><<<segments, detail::kCompactThreads, 0, stream>>>(a);
+  else
+    detail::compact_kernel<D><<<segments, detail::kCompactThreads, 0, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

@@ -1284,8 +1284,8 @@ bool cuda_backend::compress_on_device(cuda_kv_storage& kv, std::span<const devic
   context& c = use(ctx_);
   const auto& sh = kv.shape;
   // Configurations the kernels do not cover go to the host path (which also reports bad arguments).
-  // FP8 caches: the host path (gather_keys dequantises on the device, apply_compaction moves codes and scales).
-  if (!c.opts.device_compression || kv.dtype != cuda_dtype::bf16 || kv.fp8()) return false;
+  // FP8 caches are covered too (keys dequantised to bf16 tiles, compaction moves codes and scales).
+  if (!c.opts.device_compression || kv.dtype != cuda_dtype::bf16) return false;
   if (recipe.uses_score_cache() && (!sh.score_cache || kv.scores.data() == nullptr)) return false;
   if (recipe.needs_queries() && kv.queries.data() == nullptr) return false;
   if (sh.head_dim != 64 && sh.head_dim != 128) return false;
@@ -1374,9 +1374,13 @@ bool cuda_backend::compress_on_device(cuda_kv_storage& kv, std::span<const devic
     q.v_cache = static_cast<char*>(kv.v.data()) + static_cast<std::size_t>(sh.layer_stride()) * l0 * elem;
     if (p.score_cache != nullptr)
       q.score_cache = p.score_cache + static_cast<std::size_t>(sh.num_blocks) * sh.block_size * sh.num_kv_heads * l0;
+    if (kv.fp8()) {
+      q.k_scale = static_cast<float*>(kv.k_scale.data()) + kv.scale_layer_elements() * l0;
+      q.v_scale = static_cast<float*>(kv.v_scale.data()) + kv.scale_layer_elements() * l0;
+    }
     if (kv.queries.data() != nullptr)
-      q.query_cache =
-          static_cast<const char*>(kv.queries.data()) + static_cast<std::size_t>(sh.query_layer_stride()) * l0 * elem;
+      q.query_cache = static_cast<const char*>(kv.queries.data()) +
+                      static_cast<std::size_t>(sh.query_layer_stride()) * l0 * kv.query_element_bytes();
     cuda::compress(q, ws, ws_bytes, as_stream(c.side));
   }
   ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.side));  // done before the engine reuses the freed tail blocks

@@ -9,7 +9,8 @@
 //  * The whole engine on stories260K and on a random-initialised small Qwen3 (q/k norm, head_dim 128),
 //    full_kv and zipage_policy: fp8 KV against bf16 KV on the GPU, greedy; teacher-forced top-1 agreement
 //    and max logit drift, free-running agreement, printed (asserted only loosely); CUDA decode graphs
-//    with the FP8 cache give the eager run's tokens.
+//    with the FP8 cache give the eager run's tokens; device compression (cuda::compress on FP8 keys) runs and
+//    its agreement with the host path is reported.
 //
 // Prints SKIPPED and exits 77 where there is no CUDA device.
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -552,6 +553,49 @@ TEST_CASE("fp8 kv engine: decode steps through CUDA graphs give the eager run's 
   for (std::size_t i = 0; i < prompts.size(); ++i) same += outs[0][i] == outs[1][i];
   MESSAGE(same, " of ", prompts.size(), " requests identical with and without CUDA graphs");
   CHECK(same == prompts.size());
+}
+
+TEST_CASE("fp8 kv engine: compression on the device (cuda::compress on FP8 keys) against the host path") {
+  // The host path scores the exactly dequantised fp32 keys (gather_keys); the device kernels read
+  // bf16(float(code) * scale) tiles, so near-ties may select differently: agreement is reported, and every
+  // compression must run on the device with nothing gathered to the host.
+  const auto prompts = qwen3_prompts();
+  const engine_config cfg{.block_size = 16, .num_blocks = 512, .budget_tokens = 128, .window = 16};
+  std::vector<request_output> outs[2];
+  std::int64_t compressions[2] = {0, 0};
+  cuda_backend_counters k[2];
+  for (const bool device : {false, true}) {
+    cuda_backend_options o;
+    o.kv_dtype = kv_cache_dtype::fp8_e4m3;
+    o.device_compression = device;
+    const cuda_backend b(o);
+    engine<llama_model<cuda_backend>, zipage_policy, zipage_scheduler, cuda_backend> eng(random_qwen3(b), cfg, {}, b);
+    b.reset_counters();
+    outs[device] = eng.generate(prompts, greedy(300));
+    compressions[device] = eng.stats().compressions;
+    k[device] = b.counters();
+    CHECK(eng.pool().num_used() == 0);
+  }
+  REQUIRE(compressions[0] > 0);
+  CHECK(k[0].device_compressions == 0);
+  CHECK(k[0].gathers > 0);
+  CHECK(k[1].device_compressions == compressions[1]);
+  CHECK(k[1].gathers == 0);
+  int equal = 0;
+  std::size_t prefix = 0, total = 0;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    CHECK(outs[1][i].output.size() == 300u);
+    equal += outs[0][i].output == outs[1][i].output;
+    std::size_t n = 0;
+    while (n < outs[0][i].output.size() && n < outs[1][i].output.size() && outs[0][i].output[n] == outs[1][i].output[n]) ++n;
+    prefix += n;
+    total += outs[0][i].output.size();
+  }
+  MESSAGE("FP8 device compression: ", equal, "/", prompts.size(), " outputs identical to the host path (",
+          100.0 * double(prefix) / double(total), "% of tokens before the first difference); ", compressions[1],
+          " compressions, device ", 1e3 * k[1].device_compression_seconds / double(std::max<std::int64_t>(1, k[1].device_compressions)),
+          " ms per request, host path ", 1e3 * (k[0].gather_seconds + k[0].compaction_seconds) / double(std::max<std::int64_t>(1, compressions[0])),
+          " ms per request in gathers + compaction");
 }
 
 TEST_CASE("fp8 kv: head_dim not a multiple of 4 is refused with a clear error") {

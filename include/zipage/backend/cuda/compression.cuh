@@ -30,6 +30,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "zipage/backend/cuda/attention.cuh"
+#include "zipage/backend/cuda/fp8.cuh"
 
 namespace zipage::cuda::detail {
 
@@ -46,6 +47,13 @@ inline constexpr int kCompactTile = 64;  // tokens per compaction tile
 struct compress_args {
   bf16* k;
   bf16* v;
+  // FP8 KV cache: E4M3 codes (same layout, 1 byte per element) and per-(slot, KV head) fp32 scales laid
+  // out as the score cache (score_layer_stride); null for a bf16 cache. Keys are read as
+  // bf16(float(code) * scale) into the same swizzled tiles; compaction moves codes and scales.
+  std::uint8_t* k8;
+  std::uint8_t* v8;
+  float* k_scale;
+  float* v_scale;
   float* scores;
   const bf16* q;
   std::int64_t kv_layer_stride;     // elements
@@ -123,6 +131,43 @@ __device__ __forceinline__ void load_key_rows(std::uint32_t sk, const bf16* kbas
   }
 }
 
+// load_key_rows for either cache: bf16 keys through cp.async, or FP8 keys dequantised in registers
+// (bf16(float(code) * scale), as the attention kernels read them) and stored to the tile directly.
+template <int D, int THREADS>
+__device__ __forceinline__ void load_keys(const compress_args& a, const segment& sg, std::uint32_t sk,
+                                          const std::int32_t* pages, int start, int rows, int len, int tid) {
+  const std::int64_t token_stride = std::int64_t{a.num_kv_heads} * D;
+  if (a.k8 == nullptr) {
+    load_key_rows<D, THREADS>(sk, a.k + sg.layer * a.kv_layer_stride + sg.head * D, token_stride, pages, a.bs_shift,
+                              start, rows, len, tid);
+    return;
+  }
+  const std::uint8_t* kb = a.k8 + sg.layer * a.kv_layer_stride + sg.head * D;
+  const float* sb = a.k_scale + sg.layer * a.score_layer_stride + sg.head;
+  constexpr int kChunks = D / 8;
+  for (int c = tid; c < rows * kChunks; c += THREADS) {
+    const int r = c / kChunks, ch = c % kChunks;
+    const int tok = start + r;
+    std::uint32_t w[4] = {0u, 0u, 0u, 0u};
+    if (tok < len) {
+      const std::int64_t slot = token_slot(pages, a.bs_shift, tok);
+      const uint2 codes = *reinterpret_cast<const uint2*>(kb + slot * token_stride + ch * 8);
+      const float sc = sb[slot * a.num_kv_heads];
+      const std::uint32_t cw[2] = {codes.x, codes.y};
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float2 lo = e4m3x2_to_f32x2(static_cast<std::uint16_t>(cw[j] & 0xffffu));
+        const float2 hi = e4m3x2_to_f32x2(static_cast<std::uint16_t>(cw[j] >> 16));
+        w[2 * j] = pack_bf16(lo.x * sc, lo.y * sc);
+        w[2 * j + 1] = pack_bf16(hi.x * sc, hi.y * sc);
+      }
+    }
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(sk + swz<D>(r, ch)), "r"(w[0]), "r"(w[1]),
+                 "r"(w[2]), "r"(w[3])
+                 : "memory");
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Stages 1-2: window attention (two passes) and the global score.
 
@@ -157,8 +202,7 @@ __global__ void __launch_bounds__(kAttnThreads) window_attention_kernel(const co
   const std::uint32_t sq = sk + cfg::kKBytes;
   float2* part = reinterpret_cast<float2*>(smem + cfg::kKBytes + a.q_rows * D * 2);  // [rows][kCgs] or row (M, 1/L)
 
-  load_key_rows<D, kAttnThreads>(sk, a.k + sg.layer * a.kv_layer_stride + sg.head * D, std::int64_t{a.num_kv_heads} * D,
-                                 pages, a.bs_shift, start, kAttnChunk, len, tid);
+  load_keys<D, kAttnThreads>(a, sg, sk, pages, start, kAttnChunk, len, tid);
   cp_async_commit();
 
   const int n_cgs = min(cfg::kCgs, (len - start + 15) / 16);  // column groups holding tokens
@@ -428,8 +472,7 @@ __global__ void __launch_bounds__(kRedThreads) block_similarity_kernel(const com
   float* rowsum = inv_norm + cf;
   unsigned long long* dup = reinterpret_cast<unsigned long long*>(rowsum + cf);  // (row + 1) << 32 | cos bits
 
-  load_key_rows<D, kRedThreads>(sk, a.k + sg.layer * a.kv_layer_stride + sg.head * D, std::int64_t{a.num_kv_heads} * D,
-                                pages, a.bs_shift, start, cf, len, tid);
+  load_keys<D, kRedThreads>(a, sg, sk, pages, start, cf, len, tid);
   cp_async_commit();
   for (int t = tid; t < cf; t += kRedThreads) dup[t] = 0ull;
   cp_async_wait<0>();
@@ -501,11 +544,9 @@ __global__ void __launch_bounds__(kFullThreads) full_similarity_kernel(const com
   const std::uint32_t scol = srow + kFullRows * D * 2;
   float* row_inv = reinterpret_cast<float*>(smem + 2 * kFullRows * D * 2);
   float* col_inv = row_inv + kFullRows;
-  const bf16* kbase = a.k + sg.layer * a.kv_layer_stride + sg.head * D;
-  const std::int64_t token_stride = std::int64_t{a.num_kv_heads} * D;
   unsigned long long* dup = a.dup + static_cast<std::int64_t>(sh) * a.max_len;
 
-  load_key_rows<D, kFullThreads>(srow, kbase, token_stride, pages, a.bs_shift, row0, kFullRows, len, tid);
+  load_keys<D, kFullThreads>(a, sg, srow, pages, row0, kFullRows, len, tid);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -517,7 +558,7 @@ __global__ void __launch_bounds__(kFullThreads) full_similarity_kernel(const com
   float rs[2] = {0.0f, 0.0f};
   for (int col0 = 0; col0 < len; col0 += kFullRows) {
     __syncthreads();  // the previous column tile is no longer read
-    load_key_rows<D, kFullThreads>(scol, kbase, token_stride, pages, a.bs_shift, col0, kFullRows, len, tid);
+    load_keys<D, kFullThreads>(a, sg, scol, pages, col0, kFullRows, len, tid);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -711,6 +752,81 @@ __global__ void __launch_bounds__(kSelThreads) select_kernel(const compress_args
 
 // ---------------------------------------------------------------------------------------------------
 // Stage 7: in-place compaction.
+
+// FP8 cache: codes move in 16-byte chunks (D / 16 per token) and each kept token's K and V scales with
+// them, bit for bit; the score cache as in compact_kernel.
+template <int D>
+__global__ void __launch_bounds__(kCompactThreads) compact_fp8_kernel(const compress_args a) {
+  constexpr int kChunks = D / 16;
+  constexpr int kPer = (kCompactTile * kChunks + kCompactThreads - 1) / kCompactThreads;
+  const int sh = blockIdx.x;
+  const segment sg = decompose(a, sh);
+  const int len = a.kv_len[sg.req];
+  const int k = min(a.keep, len);
+  if (k >= len) return;
+  const std::int32_t* kept = a.kept + static_cast<std::int64_t>(sh) * a.keep;
+  const std::int32_t* pages = a.page_indices + a.page_indptr[sg.req];
+  const std::int64_t token_stride = std::int64_t{a.num_kv_heads} * D;
+  std::uint8_t* kb = a.k8 + sg.layer * a.kv_layer_stride + sg.head * D;
+  std::uint8_t* vb = a.v8 + sg.layer * a.kv_layer_stride + sg.head * D;
+  const std::int64_t sl = sg.layer * a.score_layer_stride + sg.head;
+  float* sb = a.scores == nullptr ? nullptr : a.scores + sl;
+  float* ksb = a.k_scale + sl;
+  float* vsb = a.v_scale + sl;
+  const int tid = threadIdx.x;
+
+  for (int t0 = 0; t0 < k; t0 += kCompactTile) {
+    const int t1 = min(k, t0 + kCompactTile);
+    if (kept[t1 - 1] == t1 - 1) continue;
+    uint4 kr[kPer], vr[kPer];
+    std::int64_t dst_off[kPer];
+    bool move[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int item = tid + i * kCompactThreads;
+      const int dst = t0 + item / kChunks, ch = item % kChunks;
+      move[i] = false;
+      if (item < kCompactTile * kChunks && dst < t1) {
+        const int src = kept[dst];
+        if (src != dst) {
+          move[i] = true;
+          const std::int64_t so = token_slot(pages, a.bs_shift, src) * token_stride + ch * 16;
+          dst_off[i] = token_slot(pages, a.bs_shift, dst) * token_stride + ch * 16;
+          kr[i] = *reinterpret_cast<const uint4*>(kb + so);
+          vr[i] = *reinterpret_cast<const uint4*>(vb + so);
+        }
+      }
+    }
+    float sv = 0.0f, ks = 0.0f, vs = 0.0f;
+    std::int64_t s_dst = -1;
+    if (tid < kCompactTile) {
+      const int dst = t0 + tid;
+      if (dst < t1) {
+        const int src = kept[dst];
+        if (src != dst) {
+          const std::int64_t from = token_slot(pages, a.bs_shift, src) * a.num_kv_heads;
+          s_dst = token_slot(pages, a.bs_shift, dst) * a.num_kv_heads;
+          ks = ksb[from];
+          vs = vsb[from];
+          if (sb != nullptr) sv = sb[from];
+        }
+      }
+    }
+    __syncthreads();  // every source of the tile is read before any slot of it is written
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (move[i]) {
+        *reinterpret_cast<uint4*>(kb + dst_off[i]) = kr[i];
+        *reinterpret_cast<uint4*>(vb + dst_off[i]) = vr[i];
+      }
+    if (s_dst >= 0) {
+      ksb[s_dst] = ks;
+      vsb[s_dst] = vs;
+      if (sb != nullptr) sb[s_dst] = sv;
+    }
+    __syncthreads();
+  }
+}
 
 template <int D>
 __global__ void __launch_bounds__(kCompactThreads) compact_kernel(const compress_args a) {

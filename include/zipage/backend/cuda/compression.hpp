@@ -46,6 +46,11 @@ struct compress_params {
   // batch is at + l * (its layer stride), so one layer, a range of layers or all layers work.
   void* k_cache = nullptr;            // bf16 [layers][num_blocks][block_size][kv_heads][head_dim]
   void* v_cache = nullptr;            // bf16, same layout
+  // FP8 KV cache (docs/fp8.md): when both are set, k_cache / v_cache hold E4M3 codes and these the fp32
+  // scales [layers][num_blocks][block_size][kv_heads] (the score cache's layout); keys are scored as
+  // bf16(float(code) * scale) and compaction moves codes and scales together.
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
   float* score_cache = nullptr;       // fp32 [layers][num_blocks][block_size][kv_heads]; required when the
                                       // recipe has a history, else optional (compacted along if given)
   const void* query_cache = nullptr;  // bf16 [layers][num_slots][window][q_heads][head_dim] (unused for recency)
