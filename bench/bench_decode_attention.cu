@@ -7,7 +7,9 @@
 // from L2. Counters: KV bytes read per second (K and V of every attended token, read once) and its
 // fraction of the device-to-device copy bandwidth (cudaMemcpy of 2 GiB, bytes read + written),
 // measured first in the same program, and of a read-only streaming kernel's bandwidth (8 GiB). Prefill cases report TFLOP/s (causal: 4 * q_heads * head_dim
-// flops per (query, key) pair attended).
+// flops per (query, key) pair attended). decode_fp8 cases read an FP8 KV cache (E4M3 codes + one fp32 scale
+// per token and KV head, docs/fp8.md); their KV bytes count codes and scales, and the summary gives the
+// speed-up over the same bf16 case.
 //
 //   bench_decode_attention [--benchmark_filter=...] [--benchmark_out=file.json --benchmark_out_format=json]
 // prints a Markdown summary table at the end.
@@ -46,6 +48,8 @@ struct kv_pool {
   void* k = nullptr;
   void* v = nullptr;
   std::size_t bytes_per_side = 0;
+  float* k_scale = nullptr;  // FP8 cases: one scale per (token, KV head) of the pool read as E4M3 codes
+  float* v_scale = nullptr;
 } g_pool;
 
 __global__ void fill_random_bf16(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
@@ -166,14 +170,14 @@ std::map<std::string, summary_row> g_rows;
 // ---- decode
 // lens: the KV length of each sequence (ragged allowed).
 void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, int bs, std::string key, int ctx_label,
-               int stages = 0, int force_splits = 0) {
+               int stages = 0, int force_splits = 0, bool fp8 = false) {
   const int batch = static_cast<int>(lens.size());
-  const std::size_t token_bytes = std::size_t(kvh) * kHeadDim * 2;  // one side
+  const std::size_t token_bytes = std::size_t(kvh) * kHeadDim * (fp8 ? 1 : 2);  // one side (codes for FP8)
   std::vector<std::int32_t> indptr{0};
   for (int l : lens) indptr.push_back(indptr.back() + (l + bs - 1) / bs);
   const std::size_t case_blocks = static_cast<std::size_t>(indptr.back());
   double kv_bytes = 0;
-  for (int l : lens) kv_bytes += 2.0 * l * token_bytes;
+  for (int l : lens) kv_bytes += 2.0 * l * (token_bytes + (fp8 ? std::size_t(kvh) * 4 : 0));
   const std::size_t pool_blocks = g_pool.bytes_per_side / (token_bytes * bs);
   if (case_blocks > pool_blocks) {
     state.SkipWithError("KV does not fit the pool");
@@ -200,6 +204,10 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
   p.out = out.p;
   p.k_cache = g_pool.k;
   p.v_cache = g_pool.v;
+  if (fp8) {
+    p.k_scale = g_pool.k_scale;
+    p.v_scale = g_pool.v_scale;
+  }
   p.page_indptr = d_indptr.p;
   p.kv_len = d_len.p;
   p.num_seqs = batch;
@@ -243,7 +251,7 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
   state.counters["splits"] = plan.num_splits;
   state.counters["passes"] = passes;
   state.counters["stages"] = plan.stages;
-  g_rows[key] = {force_splits ? "splits" : stages ? "sweep" : "decode", batch, ctx_label, qh, kvh, bs, plan.num_splits, plan.stages, s, kv_bytes, 0.0};
+  g_rows[key] = {fp8 ? "fp8" : force_splits ? "splits" : stages ? "sweep" : "decode", batch, ctx_label, qh, kvh, bs, plan.num_splits, plan.stages, s, kv_bytes, 0.0};
 }
 
 // ---- prefill: `seqs` fresh prompts of `n` tokens each (causal), or chunks of n after `cached` tokens.
@@ -323,6 +331,19 @@ void print_summary() {
                   r.ctx < 0 ? "ragged" : std::to_string(r.ctx).c_str(), r.qh, r.kvh, r.bs, r.splits, r.seconds * 1e6,
                   r.bytes / r.seconds / 1e9, 100.0 * r.bytes / r.seconds / g_copy_bytes_per_s,
                   100.0 * r.bytes / r.seconds / g_read_bytes_per_s);
+  std::printf("\n## decode, FP8 KV (E4M3 codes + per token-head fp32 scales; KV bytes count both)\n\n");
+  std::printf("| batch | context | q/kv heads | block | splits | time (us) | KV GB/s | of copy bw | bf16 time (us) | speed-up |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const auto& [key, r] : g_rows) {
+    if (r.kind != "fp8") continue;
+    double bf16_s = 0.0;
+    for (const auto& [k2, b] : g_rows)
+      if (b.kind == "decode" && b.batch == r.batch && b.ctx == r.ctx && b.qh == r.qh && b.kvh == r.kvh && b.bs == r.bs)
+        bf16_s = b.seconds;
+    std::printf("| %d | %d | %d/%d | %d | %d | %.1f | %.0f | %.1f%% | %.1f | %.2fx |\n", r.batch, r.ctx, r.qh, r.kvh, r.bs,
+                r.splits, r.seconds * 1e6, r.bytes / r.seconds / 1e9, 100.0 * r.bytes / r.seconds / g_copy_bytes_per_s,
+                bf16_s * 1e6, bf16_s > 0 ? bf16_s / r.seconds : 0.0);
+  }
   std::printf("\n## decode pipeline depth sweep\n\n| batch | context | q/kv heads | block | stages | splits | time (us) | KV GB/s | of copy bw |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& [key, r] : g_rows)
@@ -365,6 +386,15 @@ int main(int argc, char** argv) {
     fill_random(g_pool.v, g_pool.bytes_per_side / 2, 2);
     CK(cudaDeviceSynchronize());
     g_read_bytes_per_s = measure_read_bandwidth(g_pool.k, std::size_t(8) << 30);
+    // FP8 cases read the pool's bytes as E4M3 codes (random bits; NaN codes do not change the timing) with
+    // one scale per (token, KV head): bytes_per_side / head_dim scales cover every token of the pool.
+    {
+      const std::size_t scale_bytes = g_pool.bytes_per_side / kHeadDim * sizeof(float);
+      CK(cudaMalloc(&g_pool.k_scale, scale_bytes));
+      CK(cudaMalloc(&g_pool.v_scale, scale_bytes));
+      CK(cudaMemset(g_pool.k_scale, 0x3c, scale_bytes));  // 0x3c3c3c3c ~ 0.0115
+      CK(cudaMemset(g_pool.v_scale, 0x3c, scale_bytes));
+    }
     std::printf("read-only stream: %.1f GB/s (8 GiB, 16-byte loads, median of 15)\n", g_read_bytes_per_s / 1e9);
 
     benchmark::RegisterBenchmark("copy_bandwidth", bm_copy)->UseManualTime()->Iterations(1);
@@ -381,6 +411,20 @@ int main(int argc, char** argv) {
             std::snprintf(key, sizeof key, "d%05d", order++);
             benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
               bm_decode(st, std::vector<int>(std::size_t(batch), ctx), qh, kvh, bs, key, ctx);
+            })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+          }
+    // FP8 KV against the same bf16 cases above.
+    for (int bs : {256, 16})
+      for (auto [qh, kvh] : {std::pair{32, 8}, std::pair{16, 8}})
+        for (int batch : {16, 64, 256, 512})
+          for (int ctx : {2048, 8192, 16384}) {
+            const double bytes = 2.0 * batch * double(ctx) * kvh * kHeadDim * 2;
+            if (bytes > kMaxCaseBytes) continue;
+            char name[128], key[32];
+            std::snprintf(name, sizeof name, "decode_fp8/bs%d/q%d_kv%d/batch%d/ctx%d", bs, qh, kvh, batch, ctx);
+            std::snprintf(key, sizeof key, "f%05d", order++);
+            benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+              bm_decode(st, std::vector<int>(std::size_t(batch), ctx), qh, kvh, bs, key, ctx, 0, 0, true);
             })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
           }
     // Ragged batches: lengths uniform in [1, 2 * mean].

@@ -19,7 +19,12 @@
 //    context as CSR, only when some row has a penalty != 1) go up in one pinned copy, the tokens come back
 //    in one small copy; the logits never leave the device. The engine uses it whenever no row of the step
 //    needs log-probabilities or forced tokens.
-//  * Compression: for a recipe-scored policy (every built-in, and a user's recipe_policy) on a bf16 cache,
+//  * FP8 KV cache (cuda_backend_options::kv_dtype = fp8_e4m3, docs/fp8.md): E4M3 codes + per (token, KV head)
+//    fp32 scales, written by append_kv_fp8, read by the same decode / prefill / generic kernels (tiles
+//    dequantised in registers), by gather_keys and by device compression; compaction, copy and swap move
+//    the scales with the codes; the engine's memory plan counts them (kv_scale_bytes()).
+//  * Compression: for a recipe-scored policy (every built-in, and a user's recipe_policy) on a bf16 cache
+//    (bf16 compute; K/V bf16 or FP8),
 //    compress_on_device() runs the whole step for a batch of requests on the device (cuda::compress:
 //    the recipe's window attention + history into the score cache, pooling, redundancy, top-keep
 //    selection, in-place compaction), so nothing crosses to the host. Otherwise (fp32, a policy with its
@@ -294,7 +299,7 @@ class cuda_backend {
   // cuda::compress (window attention + history into the score cache, pooling, redundancy, combine, top-keep
   // selection, in-place compaction of K/V/scores) for every request at once, layers grouped per launch so
   // the workspace stays under 512 MiB; each request's new physical length is min(keep, kv_len). Returns
-  // false (nothing touched) where the kernels do not cover the configuration: fp32 cache, head_dim not
+  // false (nothing touched) where the kernels do not cover the configuration: fp32 compute, head_dim not
   // 64/128, block size not a power of two in [2, 512], window > 256, or `device_compression = false`; the
   // engine then runs its host path. The engine calls it only for recipe-scored policies (policies.hpp
   // recipe_scored): a policy with its own score() is always scored on the host.
