@@ -60,6 +60,24 @@ void nccl_communicator::all_gather(const float* send, float* recv, std::size_t c
   nccl_ok(ncclAllGather(send, recv, count, ncclFloat32, impl_->comm, impl_->stream), "ncclAllGather");
 }
 
+void nccl_communicator::all_reduce_sum_bf16(void* data, std::size_t count) {
+  impl_->use_device();
+  nccl_ok(ncclAllReduce(data, data, count, ncclBfloat16, ncclSum, impl_->comm, impl_->stream), "ncclAllReduce (bf16)");
+}
+
+void nccl_communicator::all_gather_bytes(const void* send, void* recv, std::size_t bytes) {
+  impl_->use_device();
+  nccl_ok(ncclAllGather(send, recv, bytes, ncclInt8, impl_->comm, impl_->stream), "ncclAllGather (bytes)");
+}
+
+void nccl_communicator::copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                                std::size_t width_bytes, std::size_t rows) {
+  if (width_bytes == 0 || rows == 0) return;
+  impl_->use_device();
+  cuda_ok(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width_bytes, rows, cudaMemcpyDeviceToDevice, impl_->stream),
+          "cudaMemcpy2DAsync");
+}
+
 void nccl_communicator::barrier() {
   impl_->use_device();
   nccl_ok(ncclAllReduce(impl_->one, impl_->one, 1, ncclFloat32, ncclSum, impl_->comm, impl_->stream), "barrier");

@@ -140,9 +140,21 @@ class tensor_parallel_backend {
     return kv;
   }
 
+  // The memory-plan hooks a rank backend may have (every rank stores the same types).
   template <class X = B>
     requires requires(const X& b) { b.kv_element_bytes(); }
   [[nodiscard]] std::size_t kv_element_bytes() const { return rank(0).kv_element_bytes(); }
+  template <class X = B>
+    requires requires(const X& b) { b.kv_scale_bytes(); }
+  [[nodiscard]] std::size_t kv_scale_bytes() const { return rank(0).kv_scale_bytes(); }
+  template <class X = B>
+    requires requires(const X& b) { b.query_element_bytes(); }
+  [[nodiscard]] std::size_t query_element_bytes() const { return rank(0).query_element_bytes(); }
+  template <class X = B>
+    requires requires(const X& b) { b.synchronize(); }
+  void synchronize() const {
+    for (int r = 0; r < size(); ++r) rank(r).synchronize();
+  }
 
   // Ops on rank 0 (the backend concept's; tensor_parallel_llama calls each rank's backend directly).
   void embedding(const tensor& table, std::span<const token_id> ids, tensor& out) const { rank(0).embedding(table, ids, out); }

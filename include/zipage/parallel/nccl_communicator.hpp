@@ -37,6 +37,13 @@ class nccl_communicator final : public communicator {
   [[nodiscard]] void* stream() const;  // cudaStream_t
   void synchronize();
 
+  // For device tensors of other types (parallel/nccl_collectives.hpp): a bf16 all-reduce (sum), an
+  // all-gather of raw bytes, and a strided device copy (cudaMemcpy2DAsync) on the rank's stream.
+  void all_reduce_sum_bf16(void* data, std::size_t count);
+  void all_gather_bytes(const void* send, void* recv, std::size_t bytes);
+  void copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t width_bytes,
+               std::size_t rows);
+
  private:
   std::unique_ptr<impl> impl_;
 };
