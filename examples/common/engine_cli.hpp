@@ -292,9 +292,10 @@ struct model_text {
 template <class Backend>
 void size_gpu_pool(engine_options& o, const zipage::model_config& c, const Backend& backend) {
   if constexpr (requires { backend.memory_info(); }) {
-    const double per_token =
-        static_cast<double>(zipage::kv_bytes_per_token(c, backend.kv_element_bytes(), o.policy != "full_kv",
-                                                       backend.kv_scale_bytes()));
+    std::size_t scale_bytes = 0;  // a quantised (FP8) cache's per token-head scales
+    if constexpr (requires { backend.kv_scale_bytes(); }) scale_bytes = backend.kv_scale_bytes();
+    const double per_token = static_cast<double>(
+        zipage::kv_bytes_per_token(c, backend.kv_element_bytes(), o.policy != "full_kv", scale_bytes));
     o.engine.max_kv_cache_bytes =
         static_cast<std::size_t>(per_token * o.engine.max_num_seqs * std::max(c.max_context, 4096));
   }

@@ -380,7 +380,10 @@ class basic_llm {
         cfg.gpu_memory_utilization = 0.9;
         if (cfg.max_kv_cache_bytes == 0) {
           const auto& c = loaded.model.config();
-          const double per_token = static_cast<double>(kv_bytes_per_token(c, backend.kv_element_bytes(), Policy::evicts));
+          std::size_t scale_bytes = 0;  // a quantised (FP8) cache's per token-head scales
+          if constexpr (requires { backend.kv_scale_bytes(); }) scale_bytes = backend.kv_scale_bytes();
+          const double per_token =
+              static_cast<double>(kv_bytes_per_token(c, backend.kv_element_bytes(), Policy::evicts, scale_bytes));
           cfg.max_kv_cache_bytes = static_cast<std::size_t>(per_token * cfg.max_num_seqs * std::max(c.max_context, 4096));
         }
       }
