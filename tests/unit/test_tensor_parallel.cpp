@@ -376,3 +376,43 @@ TEST_CASE("tensor parallel: the engine's memory plan per rank") {
   CHECK(kv.ranks[0].shape.num_q_heads == 2);
   CHECK(kv.ranks[3].shape.num_blocks == 64);
 }
+
+TEST_CASE("tensor parallel under memory pressure: swaps, recomputation and shared prefixes move every rank's blocks") {
+  const auto full = random_qwen3(9);
+  // Eight requests sharing a 17-token prefix (two full blocks of 8: prefix-cache hits, copy-on-write at the
+  // first compression), in a pool too small for all of them at once: preemption by recomputation for
+  // uncompressed requests and swaps to host memory for compressed ones.
+  auto prompts = random_prompts(8, full.config().vocab_size, 21);
+  const auto prefix = random_prompts(1, full.config().vocab_size, 22)[0];
+  for (auto& p : prompts) {
+    std::vector<token_id> q(prefix.begin(), prefix.end());
+    while (q.size() < 17) q.push_back(static_cast<token_id>(q.size() + 5));
+    q.insert(q.end(), p.begin() + 1, p.end());
+    p = q;
+  }
+  // Compression on the engine's thread, so the schedule (and its counts) is the same in every run.
+  // Every request gets a query slot, so all of them compress and a compressed one must swap to make room.
+  const engine_config cfg{.block_size = 8, .num_blocks = 18, .max_num_seqs = 8, .budget_tokens = 24, .window = 4,
+                          .num_query_slots = 8, .async_compression = false};
+  engine<llama_model<cpu_backend>, zipage_policy> plain(full, cfg);
+  const auto expected = plain.generate(prompts, greedy(72));
+  const auto ps = plain.stats();
+  MESSAGE("plain: ", ps.swaps, " swaps, ", ps.preemptions, " preemptions, ", ps.compressions, " compressions, ",
+          ps.prefix_hit_tokens, " prefix-hit tokens");
+  CHECK(ps.swaps > 0);
+  CHECK(ps.preemptions > 0);
+  CHECK(ps.prefix_hit_tokens > 0);
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    auto model = make_tensor_parallel_llama(full, n);
+    const auto backend = model.backend();
+    engine<tensor_parallel_llama<cpu_backend>, zipage_policy> eng(std::move(model), cfg, zipage_policy{}, backend);
+    const auto out = eng.generate(prompts, greedy(72));
+    const auto st = eng.stats();
+    CHECK(st.swaps == ps.swaps);
+    CHECK(st.preemptions == ps.preemptions);
+    CHECK(st.compressions == ps.compressions);
+    for (std::size_t i = 0; i < prompts.size(); ++i) CHECK(out[i].output == expected[i].output);
+    CHECK(eng.pool().num_used() == 0);
+  }
+}
