@@ -513,6 +513,38 @@ class Feeder:
             p.terminate()
 
 
+NEWLINE, DIGITS = 10, (48, 57)  # byte ids of '\n' and '0'..'9'
+
+
+def hole_mask(x, y, drop, recent):
+    """[B, 1, T, T] bool attention mask with holes, as a KV cache that evicted tokens would leave them.
+
+    Query i sees key j <= i when j is in the prompt, or in a trace line that is not a step line (walk
+    headers, result lines and the answer line: they hold the walks' results, which exist nowhere else),
+    or within the last recent[b] tokens (i - j < recent[b]), or in a step line that row b keeps: each
+    step line is hidden with probability drop[b]. A step's facts (a node's weight and successors) always
+    stay in the prompt's table, so a model trained with holes learns to read them there when the trace
+    copy of the node's last visit is gone (docs/accuracy.md: without holes it cannot).
+    drop, recent: [B] tensors (drop 0 = no holes for that row)."""
+    b, t = x.shape
+    dev = x.device
+    pos = torch.arange(t, device=dev)
+    start = (y != -100).float().argmax(1) + 1                      # [B] first trace token's input position
+    nl = x == NEWLINE
+    line = torch.cumsum(nl.long(), 1) - nl.long()                  # line index of every position
+    line_start = torch.zeros_like(nl)
+    line_start[:, 0] = True
+    line_start[:, 1:] = nl[:, :-1]
+    first = torch.cummax(torch.where(line_start, pos[None].expand(b, t), torch.zeros_like(x)), 1).values
+    first_char = x.gather(1, first)
+    step_line = (first_char >= DIGITS[0]) & (first_char <= DIGITS[1]) & (pos[None] >= start[:, None])
+    hidden_line = torch.rand(b, t + 1, device=dev) < drop[:, None]  # per (row, line index)
+    keep = ~(step_line & hidden_line.gather(1, line))               # [B, T] keys kept at any distance
+    causal = pos[None, :] <= pos[:, None]                           # [T, T]
+    near = (pos[:, None] - pos[None, :])[None] < recent[:, None, None]
+    return (causal[None] & (keep[:, None, :] | near))[:, None]
+
+
 def level_weights(frac):
     """Curriculum: the mix of levels at a fraction `frac` of training."""
     if frac < 0.1:
@@ -525,9 +557,11 @@ def level_weights(frac):
 # ---- evaluation ------------------------------------------------------------------------------------
 
 @torch.no_grad()
-def teacher_forced_eval(model, sets, rows, autocast):
+def teacher_forced_eval(model, sets, rows, autocast, holes_recent=None):
     """Per level: share of problems whose every trace token (and the EOS) is the argmax given the reference
-    prefix (= greedy decoding writes the reference exactly), and the token error rate on the trace."""
+    prefix (= greedy decoding writes the reference exactly), and the token error rate on the trace.
+    holes_recent=R: every step line older than R tokens hidden (hole_mask with drop 1): what a cache holding
+    only the prompt, the walk headers and results and the last R tokens leaves."""
     res = {}
     for lv, ps in sets.items():
         ok = errs = toks = kerrs = ktoks = 0
@@ -535,8 +569,13 @@ def teacher_forced_eval(model, sets, rows, autocast):
             chunk = ps[i:i + rows[lv]]
             x, y = make_batch(chunk, ROW_LEN[lv])
             x, y = x.to(DEVICE), y.to(DEVICE)
+            mask = None
+            if holes_recent is not None:
+                n = x.shape[0]
+                mask = hole_mask(x, y, torch.ones(n, device=x.device),
+                                 torch.full((n,), holes_recent, device=x.device))
             with autocast():
-                logits = model(x)
+                logits = model(x) if mask is None else model(x, mask=mask)
             pred = logits.argmax(-1)
             m = y != -100
             wrong = (pred != y) & m
@@ -630,6 +669,14 @@ def main():
     ap.add_argument("--result-ramp", type=float, default=0.0,
                     help="fraction of the steps over which the result weight rises from 1 to --result-weight "
                          "(0: from the start), so the step tokens are learnt first")
+    ap.add_argument("--holes", type=float, default=0.0,
+                    help="share of training rows (from --holes-from of the steps on) whose attention has holes: "
+                         "step lines older than a random recent window hidden at a random rate up to --hole-drop "
+                         "(hole_mask), so the model learns to read a fact from the prompt's table when the trace's "
+                         "copy is gone, as after KV eviction (0: none, the shipped model)")
+    ap.add_argument("--hole-drop", type=float, default=1.0, help="largest share of old step lines a holed row hides")
+    ap.add_argument("--hole-recent", default="64,512", help="range of the recent window a holed row always sees")
+    ap.add_argument("--holes-from", type=float, default=0.3, help="fraction of the steps before holes begin")
     ap.add_argument("--levels", default="L1,L2,L3",
                     help="levels trained and evaluated (comma list of L1, L2, L3; the last is the hardest shipped, "
                          "greedy-decoded at the end); the curriculum's mix is renormalised over them")
@@ -733,20 +780,33 @@ def main():
     # The result digits' loss weight now (rises over --result-ramp of the steps when that is set).
     weight_now = {"result": 1.0 if args.result_ramp > 0 else args.result_weight}
 
-    def loss_of(m, x, y):
+    def loss_of(m, x, y, mask=None):
         with autocast():
-            logits = m(x)
+            logits = m(x) if mask is None else m(x, mask=mask)
         ce = F.cross_entropy(logits.float().view(-1, c.vocab), y.view(-1), ignore_index=-100, reduction="none")
         w = (y != -100).float() + (weight_now["result"] - 1.0) * keyed_digits(x, y).float()
         return (ce * w.view(-1)).sum() / w.sum()
 
-    def train_step(x, y, lr):
+    hole_lo, hole_hi = (int(v) for v in args.hole_recent.split(","))
+
+    def holes_for(x, y):
+        """A hole mask for this batch (each row holed with probability --holes), or None."""
+        n = x.shape[0]
+        holed = torch.rand(n, device=x.device) < args.holes
+        if not bool(holed.any()):
+            return None
+        drop = torch.where(holed, torch.rand(n, device=x.device) * args.hole_drop, torch.zeros(n, device=x.device))
+        recent = torch.randint(hole_lo, hole_hi + 1, (n,), device=x.device)
+        return hole_mask(x, y, drop, recent)
+
+    def train_step(x, y, lr, holes=False):
         nonlocal fwd
         for g in opt.param_groups:
             g["lr"] = lr
         x, y = x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)
+        mask = holes_for(x, y) if holes else None
         try:
-            loss = loss_of(fwd, x, y)
+            loss = loss_of(fwd, x, y, mask)
             loss.backward()
         except Exception as e:  # noqa: BLE001
             if fwd is model:
@@ -754,7 +814,7 @@ def main():
             log(f"compiled step failed ({type(e).__name__}: {str(e)[:300]}); falling back to eager")
             opt.zero_grad(set_to_none=True)
             fwd = model
-            loss = loss_of(fwd, x, y)
+            loss = loss_of(fwd, x, y, mask)
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -829,7 +889,7 @@ def main():
         tok_seen += int((y != -100).sum())
         if args.result_ramp > 0:
             weight_now["result"] = 1.0 + (args.result_weight - 1.0) * min(1.0, step / total / args.result_ramp)
-        loss = train_step(x, y, lr_at(step))
+        loss = train_step(x, y, lr_at(step), holes=args.holes > 0 and step >= args.holes_from * total)
         step += 1
         losses.append(loss.detach())
         if step % 50 == 0:
@@ -842,6 +902,9 @@ def main():
             r = teacher_forced_eval(model, eval_sets, rows, autocast)
             model.train()
             log("held-out (teacher-forced exact match; token error on the steps, on the results): " + fmt_tf(r))
+            if args.holes > 0:
+                rh = teacher_forced_eval(model, eval_sets, rows, autocast, holes_recent=256)
+                log("held-out with every step line older than 256 tokens hidden: " + fmt_tf(rh))
             last_eval = time.time()
     feeder.close()
     model.eval()
@@ -854,6 +917,10 @@ def main():
     r = teacher_forced_eval(model, eval_sets, rows, autocast)
     log(f"final held-out ({args.eval_problems} per level, teacher-forced exact match; token error on the "
         f"steps, on the results): " + fmt_tf(r))
+    # What a cache of the prompt, the walk headers/results and the last 256 tokens leaves the model: the
+    # testbed discriminates eviction policies only if this is high (docs/accuracy.md).
+    rh = teacher_forced_eval(model, eval_sets, rows, autocast, holes_recent=256)
+    log("final held-out with every step line older than 256 tokens hidden: " + fmt_tf(rh))
     gen_cfg = dict(GENERATION_CONFIG)
     export(model, args.out, export_dtype, gen_cfg)
     log(f"exported to {args.out} ({export_dtype})")
@@ -874,6 +941,8 @@ def main():
     summary = {"params": n_params, "steps": step, "trace_tokens": tok_seen, "export_dtype": export_dtype,
                "teacher_forced": {lv: {"exact": a, "token_error_steps": e, "token_error_results": k}
                                   for lv, (a, e, k) in r.items()},
+               "teacher_forced_holes_256": {lv: {"exact": a, "token_error_steps": e, "token_error_results": k}
+                                            for lv, (a, e, k) in rh.items()},
                "seed": args.seed, "args": vars(args)}
     with open(os.path.join(args.out, "training_summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
