@@ -670,10 +670,10 @@ def main():
                     help="fraction of the steps over which the result weight rises from 1 to --result-weight "
                          "(0: from the start), so the step tokens are learnt first")
     ap.add_argument("--holes", type=float, default=0.0,
-                    help="share of training rows (from --holes-from of the steps on) whose attention has holes: "
-                         "step lines older than a random recent window hidden at a random rate up to --hole-drop "
-                         "(hole_mask), so the model learns to read a fact from the prompt's table when the trace's "
-                         "copy is gone, as after KV eviction (0: none, the shipped model)")
+                    help="share of training steps (from --holes-from of the steps on) whose attention has holes: in "
+                         "each row, step lines older than a random recent window hidden at a random rate up to "
+                         "--hole-drop (hole_mask), so the model learns to read a fact from the prompt's table when "
+                         "the trace's copy is gone, as after KV eviction (0: none, the shipped model)")
     ap.add_argument("--hole-drop", type=float, default=1.0, help="largest share of old step lines a holed row hides")
     ap.add_argument("--hole-recent", default="64,512", help="range of the recent window a holed row always sees")
     ap.add_argument("--holes-from", type=float, default=0.3, help="fraction of the steps before holes begin")
@@ -789,32 +789,41 @@ def main():
 
     hole_lo, hole_hi = (int(v) for v in args.hole_recent.split(","))
 
+    hole_rng = random.Random(args.seed + 1)
+
     def holes_for(x, y):
-        """A hole mask for this batch (each row holed with probability --holes), or None."""
-        n = x.shape[0]
-        holed = torch.rand(n, device=x.device) < args.holes
-        if not bool(holed.any()):
+        """A hole mask for this batch (with probability --holes; each row its own drop rate and window), or
+        None. Whole batches, not rows, so that the other steps keep the fast mask-free attention kernel."""
+        if hole_rng.random() >= args.holes:
             return None
-        drop = torch.where(holed, torch.rand(n, device=x.device) * args.hole_drop, torch.zeros(n, device=x.device))
+        n = x.shape[0]
+        drop = torch.rand(n, device=x.device) * args.hole_drop
         recent = torch.randint(hole_lo, hole_hi + 1, (n,), device=x.device)
         return hole_mask(x, y, drop, recent)
 
+    fwd_holes = fwd  # the masked steps fall back to eager on their own if their compilation fails
+
     def train_step(x, y, lr, holes=False):
-        nonlocal fwd
+        nonlocal fwd, fwd_holes
         for g in opt.param_groups:
             g["lr"] = lr
         x, y = x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)
         mask = holes_for(x, y) if holes else None
+        f = fwd if mask is None else fwd_holes
         try:
-            loss = loss_of(fwd, x, y, mask)
+            loss = loss_of(f, x, y, mask)
             loss.backward()
         except Exception as e:  # noqa: BLE001
-            if fwd is model:
+            if f is model:
                 raise
-            log(f"compiled step failed ({type(e).__name__}: {str(e)[:300]}); falling back to eager")
+            log(f"compiled step {'with holes ' if mask is not None else ''}failed ({type(e).__name__}: "
+                f"{str(e)[:300]}); falling back to eager")
             opt.zero_grad(set_to_none=True)
-            fwd = model
-            loss = loss_of(fwd, x, y, mask)
+            if mask is None:
+                fwd = model
+            else:
+                fwd_holes = model
+            loss = loss_of(model, x, y, mask)
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
