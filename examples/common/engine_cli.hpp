@@ -374,9 +374,10 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
     resolve_sampling(o, zipage::load_generation_config(o.model));
     const auto tokenizer = zipage::bpe_tokenizer::from_dir(o.model);
     // The pair is checked before the weights load (a mismatch would otherwise fail a batch halfway).
-    zipage::check_vocabulary_pair(zipage::load_hf_checkpoint_config(o.model), tokenizer,
-                                  (std::filesystem::path(o.model) / "config.json").string(),
+    const auto config = zipage::load_hf_checkpoint_config(o.model);
+    zipage::check_vocabulary_pair(config, tokenizer, (std::filesystem::path(o.model) / "config.json").string(),
                                   (std::filesystem::path(o.model) / "tokenizer.json").string());
+    if (o.tensor_parallel_size > 1) (void)zipage::parallel::tp_layout::make(config, o.tensor_parallel_size);  // before the weights
     auto model = zipage::load_hf_checkpoint<Backend>(o.model, backend);
     // The engine stops at every end-of-sequence id of the config (eos and extra_eos); the tokenizer's
     // own EOS ends a turn too (e.g. Qwen3's <|im_end|>).
@@ -387,8 +388,9 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
   resolve_sampling(o, {});
   const auto file = zipage::gguf::file::open(o.model);
   const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
-  zipage::check_vocabulary_pair(zipage::llama_config_from_gguf(file), tokenizer, o.model + " (token_embd.weight)",
-                                o.model + " (tokenizer.ggml.tokens)");
+  const auto config = zipage::llama_config_from_gguf(file);
+  zipage::check_vocabulary_pair(config, tokenizer, o.model + " (token_embd.weight)", o.model + " (tokenizer.ggml.tokens)");
+  if (o.tensor_parallel_size > 1) (void)zipage::parallel::tp_layout::make(config, o.tensor_parallel_size);  // before the weights
   auto model = zipage::load_llama_gguf<Backend>(file, backend);
   o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
   return build_engine(o, std::move(model), backend, model_text{.spm = &tokenizer}, f);
