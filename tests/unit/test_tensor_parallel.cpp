@@ -269,9 +269,10 @@ std::vector<std::vector<token_id>> story_prompts() {
 
 // A small random Qwen3: per-head q/k RMSNorm, half-split RoPE with theta 1e6, untied LM head, GQA 4:2,
 // an MLP width (100) and a vocabulary (203) that do not divide by 4.
-llama_model<cpu_backend> random_qwen3(unsigned seed) {
+// With `qwen2`: q/k/v biases instead of the q/k norms (Qwen2's shape).
+llama_model<cpu_backend> random_qwen3(unsigned seed, bool qwen2 = false) {
   model_config c;
-  c.architecture = "qwen3";
+  c.architecture = qwen2 ? "qwen2" : "qwen3";
   c.vocab_size = 203;
   c.hidden_size = 64;
   c.num_layers = 2;
@@ -282,7 +283,8 @@ llama_model<cpu_backend> random_qwen3(unsigned seed) {
   c.rope = rope_style::half;
   c.rope_theta = 1e6f;
   c.rms_eps = 1e-6f;
-  c.qk_norm = true;
+  c.qk_norm = !qwen2;
+  c.qkv_bias = qwen2;
   c.tied_embeddings = false;
   c.bos = 0;
   c.eos = 202;
@@ -304,8 +306,14 @@ llama_model<cpu_backend> random_qwen3(unsigned seed) {
     lw.wk = random(c.kv_size(), c.hidden_size, 2 * s);
     lw.wv = random(c.kv_size(), c.hidden_size, s);
     lw.wo = random(c.hidden_size, c.q_size(), 1.0f / std::sqrt(static_cast<float>(c.q_size())));
-    lw.q_norm = random(1, c.head_dim, 0.1f, 1.0f);
-    lw.k_norm = random(1, c.head_dim, 0.1f, 1.0f);
+    if (qwen2) {
+      lw.bq = random(1, c.q_size(), 0.5f);
+      lw.bk = random(1, c.kv_size(), 0.5f);
+      lw.bv = random(1, c.kv_size(), 0.5f);
+    } else {
+      lw.q_norm = random(1, c.head_dim, 0.1f, 1.0f);
+      lw.k_norm = random(1, c.head_dim, 0.1f, 1.0f);
+    }
     lw.w_gate = random(c.ffn_size, c.hidden_size, s);
     lw.w_up = random(c.ffn_size, c.hidden_size, s);
     lw.w_down = random(c.hidden_size, c.ffn_size, 1.0f / std::sqrt(static_cast<float>(c.ffn_size)));
@@ -359,6 +367,12 @@ TEST_CASE("tensor parallel random Qwen3: full KV and zipage compression, N = 1, 
   check_tp_matches<zipage_policy>(full, full, prompts, 48, cfg, {1, 2, 4}, true);
   // A policy with its own score(): the host path over the assembled cache, split back by rank.
   check_tp_matches<own_score_policy>(full, full, prompts, 48, cfg, {2, 4}, true);
+}
+
+TEST_CASE("tensor parallel random Qwen2 (q/k/v biases sharded with their rows): N = 2, 4") {
+  const auto full = random_qwen3(6, true);
+  const auto prompts = random_prompts(3, full.config().vocab_size, 13);
+  check_tp_matches<full_kv>(full, full, prompts, 32, {.block_size = 8, .num_blocks = 64}, {2, 4}, false);
 }
 
 TEST_CASE("tensor parallel: the engine's memory plan per rank") {
