@@ -6,6 +6,8 @@
 #include <cmath>
 #include <memory>
 #include <random>
+#include <set>
+#include <string>
 #include <span>
 #include <thread>
 #include <vector>
@@ -351,8 +353,9 @@ TEST_CASE("compression_worker: a policy with its own score() and a declined batc
 namespace {
 // hashed_policy that takes its time, so an engine can be destroyed while a compression runs.
 struct slow_policy : hashed_policy {
+  int sleep_ms = 150;
   void score(const score_context& ctx, std::span<float> keep, std::span<float> cache_out) const {
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
     hashed_policy::score(ctx, keep, cache_out);
   }
 };
@@ -381,4 +384,133 @@ TEST_CASE("an engine destroyed while its worker compresses waits for the worker 
     }
   }  // destroyed here, while a compression is queued or running
   CHECK(saw_compressing);
+}
+
+TEST_CASE("cancelling requests in every state (waiting, running, swapped, compressing), then destroying the engine mid-compression") {
+  // Under AddressSanitizer (CI) a worker or a step touching a cancelled request's freed state would abort
+  // this test; afterwards nothing may be leaked (blocks, references, query slots).
+  engine_config cfg;
+  cfg.block_size = 4;
+  cfg.budget_tokens = 8;  // B = 2: a compressed request holds at most 3 blocks
+  cfg.window = 2;
+  cfg.num_blocks = 8;     // tight: requests wait for blocks, mid-prefill ones are recomputed
+  cfg.max_num_seqs = 6;
+  cfg.num_query_slots = 4;
+  cfg.async_compression = true;
+  slow_policy policy;
+  policy.sleep_ms = 5;
+  std::mt19937 rng(11);
+  std::set<std::string> cancelled_in;
+  {
+    engine<probe_model, slow_policy> eng(probe_model{}, cfg, policy);
+    std::vector<request_id> ids;
+    for (int r = 0; r < 24; ++r) {
+      // Prompts of 12 to 20 tokens: compressed right after their prefill, so compactions are often in flight.
+      std::vector<token_id> prompt(static_cast<std::size_t>(std::uniform_int_distribution<int>(12, 20)(rng)));
+      for (auto& t : prompt) t = std::uniform_int_distribution<int>(0, kVocab - 2)(rng);
+      sampling_params p;
+      p.seed = static_cast<std::uint64_t>(r);
+      p.ignore_eos = true;
+      p.max_tokens = std::uniform_int_distribution<int>(24, 64)(rng);
+      ids.push_back(eng.add_request(prompt, p));
+    }
+    // The first request seen in each state is cancelled there.
+    const auto state_of = [](const sequence& s) -> std::string {
+      if (s.compressing) return "compressing";
+      switch (s.status) {
+        case request_status::waiting: return s.num_preemptions > 0 ? "waiting (preempted)" : "waiting";
+        case request_status::running: return s.num_computed < s.prompt_len ? "running (prefill)" : "running";
+        case request_status::swapped: return "swapped";
+        case request_status::finished: return "finished";
+      }
+      return "?";
+    };
+    for (int i = 0; i < 5000 && eng.has_unfinished(); ++i) {
+      eng.step();
+      for (const sequence* s : eng.requests()) {
+        const std::string state = state_of(*s);
+        if (state == "finished" || cancelled_in.count(state) > 0) continue;
+        const request_id id = s->id;
+        CAPTURE(state);
+        REQUIRE(eng.cancel(id));
+        cancelled_in.insert(state);
+        const sequence& c = eng.request(id);
+        CHECK(c.is_finished());
+        CHECK(c.reason == finish_reason::cancelled);
+        CHECK(c.table.empty());         // its blocks went back at once
+        CHECK(c.query_slot == -1);      // and its query slot
+        CHECK_FALSE(c.compressing);     // a compaction in flight landed first
+        CHECK_FALSE(eng.cancel(id));    // only once
+        break;                          // requests() is a snapshot: cancel one per step
+      }
+    }
+    eng.run_to_completion();
+    for (request_id id : ids) {
+      const request_output out = eng.take_output(id);
+      CHECK((out.reason == finish_reason::length || out.reason == finish_reason::cancelled));
+    }
+    CHECK(eng.pool().num_used() == 0);
+    CHECK(eng.pool().total_references() == 0);
+    CHECK(eng.stats().slots_in_use == 0);
+  }
+  {
+    // Swapped: an older request decodes from a short prompt; a newer one arrives with an 11-token prompt
+    // and is compressed at its first token. In 5 blocks they cannot both hold their peaks (B + 1 = 3
+    // each), so when the older one needs a block the newer, compressed one is swapped out.
+    engine_config tight = cfg;
+    tight.num_blocks = 5;
+    engine<probe_model, slow_policy> eng(probe_model{}, tight, policy);
+    sampling_params p;
+    p.ignore_eos = true;
+    p.max_tokens = 200;
+    const request_id older = eng.add_request({1, 2, 3}, p);
+    eng.step();
+    const request_id newer = eng.add_request(std::vector<token_id>(11, 5), p);
+    bool swapped = false;
+    for (int i = 0; i < 2000 && eng.has_unfinished() && !swapped; ++i) {
+      eng.step();
+      swapped = eng.request(newer).status == request_status::swapped;
+    }
+    REQUIRE(swapped);
+    CHECK(eng.cancel(newer));
+    cancelled_in.insert("swapped");
+    const sequence& c = eng.request(newer);
+    CHECK(c.reason == finish_reason::cancelled);
+    CHECK(c.table.empty());
+    CHECK(c.query_slot == -1);
+    CHECK(eng.stats().swapped == 0);
+    eng.run_to_completion();
+    CHECK(eng.take_output(older).reason == finish_reason::length);
+    CHECK(eng.take_output(newer).reason == finish_reason::cancelled);
+    CHECK(eng.pool().num_used() == 0);
+    CHECK(eng.pool().total_references() == 0);
+    CHECK(eng.stats().slots_in_use == 0);
+  }
+  for (const char* state : {"waiting", "running", "swapped", "compressing"}) CHECK(cancelled_in.count(state) == 1);
+  {
+    // Then an engine goes out of scope with a compression in flight (the worker is joined first).
+    slow_policy slow;
+    slow.sleep_ms = 100;
+    engine<probe_model, slow_policy> eng(probe_model{}, cfg, slow);
+    for (int r = 0; r < 3; ++r) {
+      sampling_params p;
+      p.ignore_eos = true;
+      p.max_tokens = 64;
+      eng.add_request(std::vector<token_id>(static_cast<std::size_t>(5 + 3 * r), static_cast<token_id>(1 + r)), p);
+    }
+    bool in_flight = false;
+    for (int i = 0; i < 200 && !in_flight; ++i) {
+      eng.step();
+      in_flight = eng.stats().compressing > 0;
+    }
+    CHECK(in_flight);
+    // A request whose compaction is in flight is cancelled (cancel waits for the worker), and another
+    // request's compaction is left running when the engine is destroyed.
+    for (const sequence* s : eng.requests())
+      if (s->compressing) {
+        CHECK(eng.cancel(s->id));
+        break;
+      }
+    for (int i = 0; i < 200 && eng.stats().compressing == 0 && eng.has_unfinished(); ++i) eng.step();
+  }  // destroyed here, typically while a compression is queued or running
 }

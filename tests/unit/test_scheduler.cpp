@@ -26,36 +26,25 @@ struct basic_fixture {
     s->tokens.assign(static_cast<std::size_t>(prompt_len), fill);
     s->prompt_len = prompt_len;
     s->params.priority = priority;
+    s->params.max_tokens = 1 << 20;  // requests stop only when a test finishes them
     sched.add(s.get());
     seqs.push_back(std::move(s));
     return seqs.back().get();
   }
 
-  // What the engine does after running a plan: the scheduled tokens are computed, and a sequence whose
-  // chunk reached the end of its pending tokens gets a new token; compressions land at once.
+  // What the engine does after running a plan: every sampling entry gets token 9, and compressions
+  // land at once (kept: B blocks); scheduler.update advances the sequences.
   void advance(const step_plan& plan) {
-    for (const auto& job : plan.compress) {
-      sequence* s = job.seq;
-      s->compressing = false;
-      ++s->num_compressions;
-      std::vector<block_id> blocks = s->table.take();
-      s->kv_len = sched.config().budget_blocks * sched.config().block_size;
-      for (std::size_t b = static_cast<std::size_t>(sched.config().budget_blocks); b < blocks.size(); ++b) pool.release(blocks[b]);
-      blocks.resize(static_cast<std::size_t>(sched.config().budget_blocks));
-      s->table.assign(std::move(blocks));
-    }
-    for (const auto& e : plan.batch) {
-      sequence* s = e.seq;
-      const bool samples = e.samples();
-      s->kv_len += e.tokens;
-      s->num_computed += e.tokens;
-      if (samples) s->tokens.push_back(9);
-      const auto& c = sched.config();
-      if (samples && c.compresses() && s->kv_len >= (c.budget_blocks + 1) * c.block_size && s->kv_len % c.block_size == 0)
-        s->needs_compression = true;
-    }
-    sched.commit(plan);
+    step_output out;
+    for (const auto& job : plan.compress)
+      out.compactions.push_back({job.seq->id, sched.config().budget_blocks * sched.config().block_size, {}});
+    for (const auto& e : plan.batch)
+      if (e.samples()) out.sampled.push_back({9, false});
+    CHECK(sched.update(plan, out).empty());
   }
+
+  // A running request is done (as if it had stopped): it leaves with its blocks and slot.
+  void finish(sequence* s) { sched.cancel(s); }
 };
 using fixture = basic_fixture<fcfs_scheduler>;
 using zfixture = basic_fixture<zipage_scheduler>;
@@ -131,7 +120,7 @@ TEST_CASE("decode preempts the newest request when blocks run out, and it resume
 
   // When the old request finishes, the preempted one is prefilled again with all its tokens but the last,
   // which it then decodes on its own, as the first time (so it reaches its compression points alike).
-  f.sched.finish(old_seq);
+  f.finish(old_seq);
   plan = f.sched.schedule();
   CHECK(plan.batch[0].tokens > 1);
   REQUIRE(plan.batch.size() == 1);
@@ -160,12 +149,14 @@ TEST_CASE("a lone request that outgrows the pool is rejected instead of looping"
   CHECK_FALSE(f.sched.has_unfinished());
 }
 
-TEST_CASE("removing a running request frees its blocks at once") {
+TEST_CASE("cancelling a running request frees its blocks at once") {
   fixture f(8, {.max_num_seqs = 8, .max_batched_tokens = 100, .block_size = 4});
   sequence* s = f.add(10);
   f.advance(f.sched.schedule());
   CHECK(f.pool.num_used() == 3);
-  f.sched.remove(s);
+  f.sched.cancel(s);
+  CHECK(s->status == request_status::finished);
+  CHECK(s->reason == finish_reason::cancelled);
   CHECK(f.pool.num_used() == 0);
   CHECK(f.pool.total_references() == 0);
   CHECK(f.sched.num_running() == 0);
@@ -227,7 +218,7 @@ TEST_CASE("query slots go FIFO; in hybrid mode a request without one runs until 
   plan = f.sched.schedule();
   for (const auto& e : plan.batch) CHECK(e.seq != b);
   // When a finishes, its slot goes to b (FIFO over running requests) and b resumes.
-  f.sched.finish(a);
+  f.finish(a);
   plan = f.sched.schedule();
   CHECK(b->query_slot == 0);
   REQUIRE(plan.batch.size() == 1);
@@ -292,7 +283,7 @@ TEST_CASE("a compressed request that must give way is swapped out, then swapped 
   auto plan = f.sched.schedule();
   CHECK(late->status == request_status::waiting);
   f.advance(plan);
-  f.sched.finish(x);
+  f.finish(x);
   plan = f.sched.schedule();
   REQUIRE(plan.swap_in.size() == 1);
   CHECK(plan.swap_in[0] == c);
@@ -374,8 +365,8 @@ TEST_CASE("priority order: the most urgent waiting request starts first; less ur
       CHECK(old_low->status == request_status::running);
       // The preempted request waits behind nothing more urgent than itself, and comes back when room frees up.
       f.advance(plan);
-      f.sched.finish(urgent);
-      f.sched.finish(old_low);
+      f.finish(urgent);
+      f.finish(old_low);
       plan = f.sched.schedule();
       CHECK(std::any_of(plan.batch.begin(), plan.batch.end(), [&](const scheduled_seq& e) { return e.seq == new_low; }));
     }
@@ -393,7 +384,7 @@ TEST_CASE("priority order: the waiting queue is ordered by priority, then arriva
     const auto plan = f.sched.schedule();
     REQUIRE(plan.batch.size() == 1);
     served.push_back(plan.batch[0].seq);
-    f.sched.finish(plan.batch[0].seq);
+    f.finish(plan.batch[0].seq);
   }
   CHECK(served == std::vector<sequence*>{seqs[4], seqs[1], seqs[3], seqs[2], seqs[0]});
 }
@@ -402,4 +393,80 @@ TEST_CASE("fcfs_scheduler refuses priority order with a clear error") {
   block_pool pool(8);
   CHECK_THROWS_WITH(fcfs_scheduler({.order = scheduling_order::priority}, pool),
                     doctest::Contains("use zipage_scheduler for priority order"));
+}
+
+TEST_CASE("update: lengths and tokens advance, requests stop by the stop rules, compression points are marked, compactions land") {
+  // B = 2 blocks of 4, W = 2; EOS 3, an extra end-of-turn 4, a context of 40 tokens.
+  scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .budget_blocks = 2,
+                       .window = 2, .num_query_slots = 8};
+  cfg.stop = {3, {4}, 40};
+  zfixture f(100, cfg);
+  sequence* eos = f.add(3);
+  sequence* extra = f.add(3);
+  sequence* stop_token = f.add(3);
+  sequence* stop_string = f.add(3);
+  sequence* max_tokens = f.add(3);
+  sequence* ignore = f.add(3);
+  sequence* grows = f.add(11);  // reaches 12 = (B + 1) blocks of 4: a compression point
+  stop_token->params.stop_token_ids = {5};
+  max_tokens->params.max_tokens = 1;
+  ignore->params.ignore_eos = true;
+  auto plan = f.sched.schedule();
+  REQUIRE(plan.batch.size() == 7);
+  step_output out;
+  out.sampled = {{3, false}, {4, false}, {5, false}, {6, true}, {7, false}, {3, false}, {8, false}};
+  CHECK(f.sched.update(plan, out).empty());
+  CHECK(eos->reason == finish_reason::eos);
+  CHECK(extra->reason == finish_reason::eos);
+  CHECK(stop_token->reason == finish_reason::stop_token);
+  CHECK(stop_string->reason == finish_reason::stop_string);
+  CHECK(max_tokens->reason == finish_reason::length);
+  for (const sequence* s : {eos, extra, stop_token, stop_string, max_tokens}) {
+    CHECK(s->is_finished());
+    CHECK(s->table.empty());
+    CHECK(s->query_slot == -1);
+    CHECK(s->num_tokens() == 4);  // the stopping token is kept
+  }
+  CHECK_FALSE(ignore->is_finished());  // EOS ignored
+  CHECK(ignore->kv_len == 3);
+  CHECK(ignore->num_tokens() == 4);
+  CHECK(grows->kv_len == 11);
+  CHECK_FALSE(grows->needs_compression);
+  plan = f.sched.schedule();
+  out.sampled = {{9, false}, {9, false}};
+  f.sched.update(plan, out);
+  CHECK(grows->kv_len == 12);
+  CHECK(grows->needs_compression);  // B + 1 full blocks at a block boundary
+  plan = f.sched.schedule();
+  REQUIRE(plan.compress.size() == 1);
+  CHECK(grows->compressing);
+  // The compaction lands through update: the table shrinks to the new length; the tail goes back.
+  const int used = f.pool.num_used();
+  out.sampled = {{9, false}};
+  out.compactions = {{grows->id, 8, {}}};
+  CHECK(f.sched.update(plan, out).empty());
+  CHECK_FALSE(grows->compressing);
+  CHECK(grows->kv_len == 8);
+  CHECK(grows->table.num_blocks() == 2);
+  CHECK(f.pool.num_used() == used - 1);
+  CHECK(f.sched.num_compressions() == 1);
+  CHECK(f.sched.num_tokens_evicted() == 4);
+  // A failed compaction ends its request with an error; a request stops at the model's context (length).
+  std::vector<request_id> failed;
+  for (int i = 0; i < 100 && f.sched.has_unfinished(); ++i) {
+    plan = f.sched.schedule();
+    out.sampled.assign(plan.batch.size(), {9, false});
+    out.compactions.clear();
+    for (const auto& job : plan.compress)
+      out.compactions.push_back({job.seq->id, 8, job.seq == grows ? "boom" : ""});
+    for (request_id id : f.sched.update(plan, out)) failed.push_back(id);
+  }
+  CHECK(failed == std::vector<request_id>{grows->id});
+  CHECK(grows->reason == finish_reason::error);
+  CHECK(grows->error_message == "compression failed: boom");
+  CHECK(grows->table.empty());
+  CHECK(ignore->reason == finish_reason::length);
+  CHECK(ignore->num_tokens() == 40);
+  CHECK(ignore->is_compressed());
+  CHECK(f.pool.num_used() == 0);
 }

@@ -50,7 +50,6 @@ class compressor {
 
   [[nodiscard]] const compression_params& params() const { return params_; }
   [[nodiscard]] const Policy& policy() const { return *policy_; }
-  [[nodiscard]] bool should_compress(const sequence& s) const { return policy_->should_compress(s.kv_len, params_); }
 
   compaction_plan plan(Backend& backend, typename Backend::kv_storage& kv, const sequence& s, int slot) {
     return plan(backend, kv, compression_request{s.id, s.table.blocks(), s.kv_len, slot, s.num_compressions == 0});

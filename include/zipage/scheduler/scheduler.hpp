@@ -1,9 +1,17 @@
 #pragma once
 // Continuous batching, planned on the host: which requests run this step, and who gives way when the
 // KV pool runs out. Pure host code over sequences and the block manager, testable without a model.
+//
+// The scheduler (with its block manager) is the only writer of request and cache state: schedule()
+// plans a step (admissions, chunks, preemptions, swaps, compressions, with their blocks and slots);
+// update(plan, out) applies what running it produced (lengths, the new tokens, finished requests,
+// compression points, prefix blocks, landed compactions); cancel() drops a request. The engine and the
+// executor read requests, and write only their output (text, log-probabilities).
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "zipage/kv/block_manager.hpp"
@@ -50,21 +58,49 @@ class scheduler_base {
     return a.id < b.id;
   }
 
-  // After the step ran: completed prompt blocks become findable by later requests.
-  void commit(const step_plan& plan) {
-    if (!cfg_.prefix_caching) return;
-    for (const auto& e : plan.batch) blocks_.register_full_blocks(*e.seq, e.tokens);
+  // After the plan ran: every batch entry's tokens are computed; an entry that sampled gets its token and
+  // either stops (stop_rules) or, at a compression point, is marked to be compressed by the next plan (a
+  // recomputed request fed up to its last token is checked there too, as the first time); completed prompt
+  // blocks become findable; compactions that finished land. Returns the requests that ended with an error
+  // here (their compaction failed), to be reported.
+  std::vector<request_id> update(const step_plan& plan, const step_output& out) {
+    std::size_t row = 0;
+    for (const scheduled_seq& e : plan.batch) {
+      sequence& s = *e.seq;
+      const bool samples = e.samples();  // before the sequence moves on
+      s.kv_len += e.tokens;
+      s.num_computed += e.tokens;
+      if (!samples) {  // a prefill chunk short of the prompt's end, or a recomputation short of its last token
+        if (s.recomputed_to_last_token() && cfg_.compression_point(s.kv_len)) s.needs_compression = true;
+        continue;
+      }
+      check(row < out.sampled.size(), "scheduler: the step sampled ", out.sampled.size(), " tokens, fewer than the plan's");
+      const sampled_token& t = out.sampled[row++];
+      s.tokens.push_back(t.token);
+      if (const finish_reason reason = cfg_.stop.reason(s, t.token, t.stop_string); reason != finish_reason::none) {
+        s.reason = reason;
+        finish(&s);
+      } else if (cfg_.compression_point(s.kv_len)) {
+        s.needs_compression = true;
+      }
+    }
+    if (cfg_.prefix_caching)
+      for (const auto& e : plan.batch) blocks_.register_full_blocks(*e.seq, e.tokens);
+    return land_compactions(out.compactions);
   }
 
-  // A compaction landed: the request keeps the blocks holding its `new_len` tokens, the tail goes back to
-  // the pool, and it may run again. (A failed one is finished by the engine instead.)
-  void land_compression(sequence& s, int new_len) {
-    s.compressing = false;
-    blocks_.shrink(s, new_len);
-    s.kv_len = new_len;
-    ++s.num_compressions;
+  // Cancellation: the request is dropped wherever it is, everything it held freed at once. (Its
+  // compaction, if one is in flight, must have landed first: the worker writes into its blocks.)
+  void cancel(sequence* s) {
+    remove(s);
+    s->status = request_status::finished;
+    s->reason = finish_reason::cancelled;
   }
 
+  [[nodiscard]] std::int64_t num_compressions() const { return compressions_; }
+  [[nodiscard]] std::int64_t num_tokens_evicted() const { return tokens_evicted_; }
+
+ protected:
   // A finished request leaves the running set and gives its blocks and slot back.
   void finish(sequence* s) {
     erase(running_, s);
@@ -73,7 +109,7 @@ class scheduler_base {
     s->status = request_status::finished;
   }
 
-  // Drops a request wherever it is (cancellation), freeing everything it held at once.
+  // Drops a request wherever it is, freeing everything it held at once.
   void remove(sequence* s) {
     erase(waiting_, s);
     erase(running_, s);
@@ -82,7 +118,38 @@ class scheduler_base {
     release_slot(*s);
   }
 
- protected:
+  // Ends a request with an error (it is dropped wherever it is).
+  void fail(sequence* s, std::string message) {
+    remove(s);
+    s->status = request_status::finished;
+    s->reason = finish_reason::error;
+    s->error_message = std::move(message);
+  }
+
+  // Compactions that finished: the request keeps the blocks holding its new length, the tail goes back
+  // to the pool through the block manager, and it may run again; a failed one ends with an error.
+  std::vector<request_id> land_compactions(const std::vector<finished_compression>& done) {
+    std::vector<request_id> failed;
+    for (const finished_compression& d : done) {
+      const auto it = std::find_if(running_.begin(), running_.end(),
+                                   [&](const sequence* s) { return s->id == d.id && s->compressing; });
+      if (it == running_.end()) continue;  // cancelled meanwhile (cancel() lands it first, so only defensively)
+      sequence& s = **it;
+      s.compressing = false;
+      if (!d.error.empty()) {
+        fail(&s, "compression failed: " + d.error);
+        failed.push_back(s.id);
+        continue;
+      }
+      tokens_evicted_ += s.kv_len - d.new_len;
+      ++compressions_;
+      blocks_.shrink(s, d.new_len);
+      s.kv_len = d.new_len;
+      ++s.num_compressions;
+    }
+    return failed;
+  }
+
   bool take_slot(sequence& s) {
     if (s.query_slot >= 0) return true;
     if (free_slots_.empty()) return false;
@@ -234,8 +301,10 @@ class scheduler_base {
     return blocks_.pool().can_allocate(blocks_for_tokens(s.num_computed + first_chunk, cfg_.block_size));
   }
 
+  // A request that can never run (it needs more blocks than the whole pool) ends with an error.
   void reject(sequence* s, step_plan& plan) {
-    s->status = request_status::finished;
+    fail(s, detail::concat("request ", s->id, " needs ", blocks_for_tokens(s->num_tokens(), cfg_.block_size),
+                           " KV blocks for its ", s->num_tokens(), " tokens; the pool has ", blocks_.pool().num_blocks()));
     plan.rejected.push_back(s);
   }
 
@@ -253,6 +322,8 @@ class scheduler_base {
   std::int64_t preemptions_ = 0;
   std::int64_t swaps_ = 0;
   std::int64_t prefix_hit_tokens_ = 0;
+  std::int64_t compressions_ = 0;
+  std::int64_t tokens_evicted_ = 0;
 
  private:
   // The last running request from index `first` on that can give way. A request mid-compaction cannot
@@ -265,8 +336,6 @@ class scheduler_base {
     }
     return nullptr;
   }
-
-
 };
 
 // First come, first served, like nano-vllm: a step is either a prefill of waiting requests (whole

@@ -1,12 +1,20 @@
 #pragma once
-// What a scheduler hands the engine each step, and the concept a scheduler satisfies.
-#include <concepts>
+// One step as values: what the scheduler plans (step_plan), what running it produced (step_output), and
+// the rules update() applies to it (scheduler_config: when a request compresses, when it stops). The
+// concept a scheduler satisfies is in zipage/concepts.hpp.
+//
+//   plan = scheduler.schedule();  out = executor.run(plan);  scheduler.update(plan, out);
+#include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "zipage/block/block_pool.hpp"
+#include "zipage/compression/compression_job.hpp"
 #include "zipage/core/error.hpp"
+#include "zipage/policy/score_context.hpp"
 #include "zipage/request/sequence.hpp"
 
 namespace zipage {
@@ -17,6 +25,34 @@ namespace zipage {
 //            zipage_scheduler also evicts running requests less urgent than the most urgent waiting one
 //            when that one cannot start.
 enum class scheduling_order { fcfs, priority };
+
+// When a request stops at the token it just generated. scheduler.update decides with reason(); output
+// processing asks is_eos / token_reason which tokens end a request whatever their text (an EOS is not
+// detokenised; stop strings are looked for only in text a stop token or EOS did not end).
+struct stop_rules {
+  token_id eos = -1;               // the model's end of sequence (unless sampling_params::ignore_eos)
+  std::vector<token_id> extra_eos; // further end-of-turn ids
+  int max_context = 0;             // a request stops (length) at this many tokens, prompt included; 0 = no limit
+
+  [[nodiscard]] bool is_eos(const sampling_params& p, token_id t) const {
+    return !p.ignore_eos && (t == eos || std::find(extra_eos.begin(), extra_eos.end(), t) != extra_eos.end());
+  }
+  // A stop token id or EOS, or none.
+  [[nodiscard]] finish_reason token_reason(const sampling_params& p, token_id t) const {
+    if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), t) != p.stop_token_ids.end())
+      return finish_reason::stop_token;
+    return is_eos(p, t) ? finish_reason::eos : finish_reason::none;
+  }
+  // Why s stops at t, its newest token (s.tokens already ends with it), or none; the first that applies:
+  // a stop token id, EOS, a stop string its text completed (found by output processing), max_tokens, the context.
+  [[nodiscard]] finish_reason reason(const sequence& s, token_id t, bool stop_string) const {
+    if (const finish_reason r = token_reason(s.params, t); r != finish_reason::none) return r;
+    if (stop_string) return finish_reason::stop_string;
+    if (s.num_generated() >= s.params.max_tokens || (max_context > 0 && s.num_tokens() >= max_context))
+      return finish_reason::length;
+    return finish_reason::none;
+  }
+};
 
 struct scheduler_config {
   int max_num_seqs = 256;         // running requests at most
@@ -29,6 +65,11 @@ struct scheduler_config {
   bool hybrid = true;             // admit requests without a query slot; they run with full KV until they need one
   bool prefix_caching = false;    // share full prompt blocks between requests
   scheduling_order order = scheduling_order::fcfs;
+  stop_rules stop{};              // when a request stops (update)
+  // The eviction policy's rule for a compression point (its should_compress(kv_len, params)); empty: the
+  // method's, compression_params::should_compress (a block boundary with more than B full blocks). Asked
+  // only when compresses().
+  std::function<bool(int kv_len)> compress_at{};
 
   void validate() const {
     check(max_num_seqs > 0, "scheduler: max_num_seqs must be positive, got ", max_num_seqs);
@@ -39,6 +80,12 @@ struct scheduler_config {
     check(budget_blocks == 0 || num_query_slots > 0, "scheduler: compression needs at least one query slot");
   }
   [[nodiscard]] bool compresses() const { return budget_blocks > 0; }
+  // Whether a request with kv_len cached tokens is at a compression point: the one place this is decided.
+  [[nodiscard]] bool compression_point(int kv_len) const {
+    if (!compresses()) return false;
+    if (compress_at) return compress_at(kv_len);
+    return compression_params{block_size, budget_blocks, window}.should_compress(kv_len);
+  }
 };
 
 // One sequence in this step's batch: `tokens` of its pending tokens (all of them, or a prefill chunk).
@@ -84,24 +131,17 @@ struct step_plan {
   }
 };
 
-// What the engine needs of a scheduler.
-template <class S>
-concept scheduler_policy = std::constructible_from<S, scheduler_config, block_pool&> &&
-    requires(S& s, const S& cs, sequence* seq, const step_plan& plan) {
-      s.add(seq);
-      { s.schedule() } -> std::same_as<step_plan>;
-      s.commit(plan);  // after the step ran: sequences are updated
-      s.land_compression(*seq, 0);  // a compaction landed: shrink the table to the new length
-      s.finish(seq);
-      s.remove(seq);
-      { cs.admissible(*seq) } -> std::convertible_to<bool>;
-      { cs.num_waiting() } -> std::convertible_to<int>;
-      { cs.num_running() } -> std::convertible_to<int>;
-      { cs.num_swapped() } -> std::convertible_to<int>;
-      { cs.num_slots_in_use() } -> std::convertible_to<int>;
-      { cs.num_preemptions() } -> std::convertible_to<std::int64_t>;
-      { cs.num_swaps() } -> std::convertible_to<std::int64_t>;
-      { cs.num_prefix_hit_tokens() } -> std::convertible_to<std::int64_t>;
-    };
+// A token sampled for one batch entry, and whether the text it completed ends with a stop string
+// (output processing looked; the output text is already cut before it).
+struct sampled_token {
+  token_id token = 0;
+  bool stop_string = false;
+};
+
+// What running a plan produced, for scheduler.update.
+struct step_output {
+  std::vector<sampled_token> sampled;              // one per batch entry that samples (scheduled_seq::samples), in batch order
+  std::vector<finished_compression> compactions;   // compressions the worker finished (any step's)
+};
 
 }  // namespace zipage

@@ -1,0 +1,181 @@
+#pragma once
+// What an engine is built with (engine_config, checked by name before anything is built), what it makes
+// of it (pool size, KV shape, stop rules; checked requests), and what it reports (engine_stats).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zipage/core/error.hpp"
+#include "zipage/engine/compression_budget.hpp"
+#include "zipage/engine/memory_plan.hpp"
+#include "zipage/kv/paged_kv.hpp"
+#include "zipage/model/model_config.hpp"
+#include "zipage/policy/score_context.hpp"
+#include "zipage/request/sequence.hpp"
+#include "zipage/scheduler/step_plan.hpp"
+
+namespace zipage {
+
+// Every member has a default initialiser, so designated initialisers such as
+// `engine_config{.block_size = 16, .num_blocks = 1024}` compile without -Wmissing-field-initializers warnings.
+struct engine_config {
+  int block_size = 16;
+  int num_blocks = 0;                        // KV pool size; 0 = plan it from kv_cache_bytes (must be >= 0)
+  std::size_t kv_cache_bytes = 64ull << 20;  // memory for blocks and query slots when num_blocks == 0
+  // On a backend that reports its device memory (memory_info() -> {free, total}): when > 0, the KV cache
+  // gets this fraction of the device's memory minus what is in use (weights, workspaces, and the
+  // activation peak: the engine first runs one profiling forward of max_batched_tokens tokens, as vLLM's
+  // profile_run), as vLLM's gpu_memory_utilization; replaces kv_cache_bytes.
+  double gpu_memory_utilization = 0.0;
+  // With gpu_memory_utilization: the KV cache takes at most this many bytes (0 = no cap), e.g. what
+  // max_num_seqs requests could ever fill, so a small model does not get a pool it can never use.
+  std::size_t max_kv_cache_bytes = 0;
+  int max_num_seqs = 256;                    // running requests at most
+  int max_batched_tokens = 8192;             // tokens per step (decodes and prefill chunks together)
+  // Compressed PagedAttention (used when the eviction policy evicts): each request keeps budget_tokens
+  // tokens (a whole number of blocks: B = budget_tokens / block_size), compressing at block boundaries;
+  // window = W recent queries. The method's defaults: 2048 tokens, W = 16, whatever the block size.
+  int budget_tokens = default_budget_tokens;
+  int window = default_window;
+  int num_query_slots = 0;        // 0 = the memory plan's max concurrency, capped at max_num_seqs
+  bool hybrid = true;             // requests without a query slot run with full KV until they need one
+  bool prefix_caching = true;     // share full prompt blocks between requests (zipage_scheduler)
+  bool async_compression = true;  // compress on a worker thread while other requests decode
+  // fcfs, or priority: requests ordered by sampling_params::priority (lower first), less urgent running
+  // requests giving way to a more urgent waiting one (zipage_scheduler).
+  scheduling_order scheduling = scheduling_order::fcfs;
+  // The model's trained context (model_config::max_context, when known) is enforced by default: a prompt
+  // of max_context tokens or more is refused by add_request, and a request stops (finish_reason::length)
+  // when prompt + output reach max_context. Set true to opt out, e.g. for compressed long generation, where
+  // an evicting policy keeps each request's cache at budget_tokens however long it generates.
+  bool allow_beyond_context = false;
+  // Makes a fresh streaming detokenizer per request, given its prompt (so the first generated piece is
+  // spaced as it follows the prompt). Without it, request_output::text and step_event::text stay empty
+  // and a request with stop strings is refused: set it to zipage::detokenizer_factory(tokenizer)
+  // (zipage/tokenizer/detokenizer.hpp; the tokenizer must outlive the engine), or use zipage::llm
+  // (zipage/llm.hpp), which wires it itself.
+  std::function<streaming_detokenizer(std::span<const token_id> prompt)> make_detokenizer{};
+
+  // B: blocks a compressed request keeps. Throws when budget_tokens is not a positive multiple of block_size.
+  [[nodiscard]] int budget_blocks() const { return budget_blocks_for(budget_tokens, block_size); }
+  // The compression settings these fields make, checked (budget a whole number of blocks, 1 <= W <= block_size).
+  [[nodiscard]] compression_params compression() const {
+    const compression_params p{block_size, budget_blocks(), window};
+    p.validate();
+    return p;
+  }
+};
+
+struct engine_stats {
+  std::int64_t steps = 0;
+  std::int64_t prefill_steps = 0;
+  std::int64_t decode_steps = 0;
+  std::int64_t prompt_tokens = 0;     // tokens fed in prefill steps (recomputation included)
+  std::int64_t generated_tokens = 0;
+  std::int64_t preemptions = 0;       // by recomputation
+  std::int64_t swaps = 0;             // compressed requests moved to host memory
+  std::int64_t compressions = 0;
+  std::int64_t tokens_evicted = 0;
+  std::int64_t prefix_hit_tokens = 0; // prompt tokens whose KV came from the prefix cache
+  std::int64_t prefix_lookups = 0, prefix_hits = 0;  // full-block lookups
+  std::int64_t graph_steps = 0;       // decode steps run through the backend's decode graphs
+  std::int64_t graph_padding_rows = 0;  // padding rows those steps added to reach the graph's batch size
+  int num_blocks = 0;
+  int peak_blocks_used = 0;
+  int blocks_in_use = 0;
+  int peak_running = 0;
+  int running = 0;
+  int waiting = 0;
+  int swapped = 0;
+  int compressing = 0;
+  int slots_in_use = 0;
+  int num_query_slots = 0;
+
+  [[nodiscard]] double prefix_hit_rate() const {
+    return prompt_tokens + prefix_hit_tokens > 0
+               ? static_cast<double>(prefix_hit_tokens) / static_cast<double>(prompt_tokens + prefix_hit_tokens)
+               : 0.0;
+  }
+};
+
+// The fields every engine needs, checked by name before anything is built; with an evicting policy also
+// the compression settings (a budget that is not a whole number of blocks, or a window outside
+// [1, block_size], is an error here). Returns the compression settings (only the block size when the
+// policy never evicts, which ignores the budget and the window).
+[[nodiscard]] inline compression_params checked_compression(const engine_config& cfg, bool evicts) {
+  check(cfg.block_size > 0, "engine_config::block_size must be positive, got ", cfg.block_size);
+  check(cfg.num_blocks >= 0, "engine_config::num_blocks must be >= 0 (0 = size the pool from kv_cache_bytes), got ",
+        cfg.num_blocks);
+  check(cfg.num_query_slots >= 0, "engine_config::num_query_slots must be >= 0 (0 = the memory plan's), got ",
+        cfg.num_query_slots);
+  check(cfg.num_blocks > 0 || cfg.kv_cache_bytes > 0 || cfg.gpu_memory_utilization > 0.0,
+        "engine_config::kv_cache_bytes must be > 0 when num_blocks is 0");
+  check(cfg.gpu_memory_utilization >= 0.0 && cfg.gpu_memory_utilization <= 1.0,
+        "engine_config::gpu_memory_utilization must be in (0, 1], or 0 to use kv_cache_bytes, got ",
+        cfg.gpu_memory_utilization);
+  check(cfg.max_batched_tokens > 0, "engine_config::max_batched_tokens must be positive, got ", cfg.max_batched_tokens);
+  check(cfg.max_num_seqs > 0, "engine_config::max_num_seqs must be positive, got ", cfg.max_num_seqs);
+  if (evicts) return cfg.compression();
+  return compression_params{.block_size = cfg.block_size};
+}
+
+// A request's prompt and sampling parameters, checked before it is queued: a prompt that is empty, holds
+// ids outside the vocabulary or does not fit the model's context (unless allow_beyond_context), and stop
+// strings without a detokenizer are errors naming what to change.
+inline void check_request(const std::vector<token_id>& prompt, const sampling_params& params, const model_config& model,
+                          const engine_config& cfg) {
+  params.validate();
+  check(!prompt.empty(), "request: the prompt is empty (add BOS at least)");
+  for (token_id t : prompt)
+    check(t >= 0 && t < model.vocab_size, "request: prompt token ", t, " is outside the vocabulary of ", model.vocab_size);
+  const int context = model.max_context;
+  check(cfg.allow_beyond_context || context <= 0 || static_cast<long long>(prompt.size()) < context,
+        "request: a prompt of ", prompt.size(), " tokens does not fit the model's context of ", context,
+        " tokens (model_config::max_context; set engine_config::allow_beyond_context to run past it)");
+  check(params.stop.empty() || static_cast<bool>(cfg.make_detokenizer),
+        "request: sampling_params::stop (\"", params.stop.empty() ? std::string() : params.stop.front(),
+        "\") needs text, and this engine has no detokenizer: set engine_config::make_detokenizer "
+        "(zipage::detokenizer_factory(tokenizer)) or use sampling_params::stop_token_ids");
+}
+
+// The pool size, checked against what one compressed request holds: B + 1 blocks (budget plus the write
+// block), or its whole context when that is smaller. A pool that cannot hold that would fail every request
+// that reaches its budget, so it is refused at construction instead.
+[[nodiscard]] inline int checked_pool_blocks(const engine_config& cfg, const compression_params& compression,
+                                             const model_config& model, const memory_plan& memory, bool evicts) {
+  if (evicts) {
+    int need = compression.budget_blocks + 1;
+    const int context = model.max_context;
+    if (!cfg.allow_beyond_context && context > 0) need = std::min(need, blocks_for_tokens(context, cfg.block_size));
+    check(memory.num_blocks >= need, "engine_config::budget_tokens = ", cfg.budget_tokens, " (", compression.budget_blocks,
+          " blocks of ", cfg.block_size, " tokens) needs ", need, " KV blocks per request with the write block, but the pool has ",
+          memory.num_blocks, " (", cfg.num_blocks > 0 ? "engine_config::num_blocks" : "from engine_config::kv_cache_bytes",
+          "): lower budget_tokens or give the pool more blocks");
+  }
+  return memory.num_blocks;
+}
+
+// When a request stops: the model's EOS ids, and its trained context unless allow_beyond_context.
+[[nodiscard]] inline stop_rules stop_rules_for(const model_config& model, const engine_config& cfg) {
+  return {model.eos, model.extra_eos, cfg.allow_beyond_context ? 0 : std::max(0, model.max_context)};
+}
+
+// The KV storage's shape: the pool's blocks and, with an evicting policy, the query-window cache (a row
+// block of W queries per slot) and the score cache when the policy keeps one.
+[[nodiscard]] inline kv_cache_shape kv_shape_for(const model_config& c, const engine_config& cfg, const memory_plan& memory,
+                                                 bool evicts, bool score_cache) {
+  kv_cache_shape shape{c.num_layers, memory.num_blocks, cfg.block_size, c.num_kv_heads, c.head_dim};
+  if (evicts) {
+    shape.num_q_heads = c.num_q_heads;
+    shape.window = cfg.window;
+    shape.num_query_slots = memory.num_query_slots;
+    shape.score_cache = score_cache;
+  }
+  return shape;
+}
+
+}  // namespace zipage

@@ -1,0 +1,106 @@
+#pragma once
+// Output processing: what a step's sampled tokens mean to the user. Each token's text (the request's
+// streaming detokenizer; none for an EOS), stop strings looked for in the new text (the output cut before
+// the match, as vLLM does), the step's events, and a finished request's result. It writes only a
+// request's output (its text); lengths, tokens and whether it finished are scheduler.update's, which
+// gets the stop-string verdicts from here (sampled_token::stop_string).
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zipage/request/sequence.hpp"
+#include "zipage/scheduler/step_plan.hpp"
+
+namespace zipage {
+
+// One token produced for one request in a step (what a streaming client sees).
+struct step_event {
+  request_id id = 0;
+  token_id token = 0;
+  std::string text;  // text this token completed (may be empty mid-character)
+  bool finished = false;
+  finish_reason reason = finish_reason::none;
+};
+
+struct request_output {
+  request_id id = 0;
+  std::vector<token_id> prompt;
+  std::vector<token_id> output;
+  std::string text;
+  finish_reason reason = finish_reason::none;
+  std::string error_message;
+  int num_preemptions = 0;
+  int num_compressions = 0;
+  std::vector<float> logprobs;  // when sampling_params::logprobs
+  std::vector<std::vector<token_logprob>> top_logprobs;  // when sampling_params::top_logprobs > 0: per token
+};
+
+// Looks for a stop string that ends in the text added after `old_size`; cuts the output (and the event's
+// text) just before it, as vLLM does.
+inline bool truncate_at_stop_string(sequence& s, std::size_t old_size, std::string& event_text) {
+  for (const std::string& stop : s.params.stop) {
+    if (stop.empty()) continue;
+    const std::size_t from = old_size >= stop.size() ? old_size - stop.size() + 1 : 0;
+    const std::size_t at = s.output_text.find(stop, from);
+    if (at == std::string::npos) continue;
+    s.output_text.resize(at);
+    event_text = at >= old_size ? s.output_text.substr(old_size) : std::string();
+    return true;
+  }
+  return false;
+}
+
+// The text of each token sampled this step (`sampled`: one per sampling batch entry, in batch order),
+// appended to its request's output; one event per token (appended to `events`; finished and reason are
+// filled by finish_events once scheduler.update has decided). Returns what update needs.
+inline std::vector<sampled_token> process_sampled(const step_plan& plan, const std::vector<token_id>& sampled,
+                                                  const stop_rules& rules, std::vector<step_event>& events) {
+  std::vector<sampled_token> out;
+  out.reserve(sampled.size());
+  std::size_t row = 0;
+  for (const scheduled_seq& e : plan.batch) {
+    if (!e.samples()) continue;
+    sequence& s = *e.seq;
+    const token_id tok = sampled.at(row++);
+    step_event ev{s.id, tok, {}, false, finish_reason::none};
+    if (s.detokenizer && !rules.is_eos(s.params, tok)) ev.text = s.detokenizer(tok);
+    const std::size_t old_size = s.output_text.size();
+    s.output_text += ev.text;
+    // A stop token or EOS ends the request whatever its text, so no stop string is looked for after one.
+    const bool stop_string = rules.token_reason(s.params, tok) == finish_reason::none &&
+                             truncate_at_stop_string(s, old_size, ev.text);
+    out.push_back({tok, stop_string});
+    events.push_back(std::move(ev));
+  }
+  return out;
+}
+
+// After scheduler.update: the events from `first` on (one per sampling batch entry, as process_sampled
+// made them) say whether their request finished, and why.
+inline void finish_events(const step_plan& plan, std::vector<step_event>& events, std::size_t first) {
+  for (const scheduled_seq& e : plan.batch) {
+    if (!e.seq->is_finished()) continue;  // a request that finished here sampled here: its event is ahead
+    while (first < events.size() && events[first].id != e.seq->id) ++first;
+    if (first == events.size()) return;
+    events[first].finished = true;
+    events[first].reason = e.seq->reason;
+  }
+}
+
+// A finished request's result.
+[[nodiscard]] inline request_output output_of(const sequence& s) {
+  request_output out;
+  out.id = s.id;
+  out.prompt.assign(s.tokens.begin(), s.tokens.begin() + s.prompt_len);
+  out.output.assign(s.tokens.begin() + s.prompt_len, s.tokens.end());
+  out.text = s.output_text;
+  out.reason = s.reason;
+  out.error_message = s.error_message;
+  out.num_preemptions = s.num_preemptions;
+  out.num_compressions = s.num_compressions;
+  out.logprobs = s.logprobs;
+  out.top_logprobs = s.top_logprobs;
+  return out;
+}
+
+}  // namespace zipage

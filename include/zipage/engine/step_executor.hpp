@@ -1,0 +1,190 @@
+#pragma once
+// The executor: runs a step_plan on the backend and reports what it produced, changing no request state
+// (scheduler.update does that with the result). In order: the plan's data movement (swap-outs,
+// copy-on-write copies, swap-ins, then the compressions handed to the worker), the batch layout, the
+// model's forward (a pure decode step through the backend's decode graphs when it has them), and
+// sampling — on the device when the backend can, else on the host, with the requested log-probabilities
+// (a request's output, written here).
+#include <algorithm>
+#include <cstdint>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "zipage/compression/compression_worker.hpp"
+#include "zipage/engine/batch_layout.hpp"
+#include "zipage/engine/memory_profile.hpp"
+#include "zipage/model/concepts.hpp"
+#include "zipage/sampling/logprobs.hpp"
+#include "zipage/sampling/sampler.hpp"
+#include "zipage/scheduler/step_plan.hpp"
+
+namespace zipage {
+
+template <class Model, class Backend, bool Evicts>
+class step_executor {
+ public:
+  using tensor = typename Backend::tensor;
+
+  step_executor(Model& model, Backend& backend, typename Backend::kv_storage& kv, int block_size, int window)
+      : model_(&model), backend_(&backend), kv_(&kv), layout_(block_size, window, Evicts) {}
+
+  // Data movement the plan asks for, in an order that keeps every source intact until it is read:
+  // swap-outs read blocks the plan may already have handed to others, then copy-on-write copies (their
+  // sources may be among the blocks handed out), then swap-ins write into their fresh blocks, and only
+  // then compressions start: a request swapped in this step may be compressed in the same step, and its
+  // compression must read its restored cache and window queries. The worker gets one submission per step
+  // (so it can compress the burst as one batch) of values (pages, lengths, slot), never the requests.
+  template <class Worker>
+  void move_state(const step_plan& plan, Worker& worker) {
+    for (const swap_out_job& job : plan.swap_out) swapped_.emplace(job.seq->id, backend_->swap_out(*kv_, job.pages, job.slot));
+    for (const compression_job& job : plan.compress)
+      for (const block_copy& c : job.copies) backend_->copy_block(*kv_, c.from, c.to);
+    for (const sequence* s : plan.swap_in) {
+      auto it = swapped_.find(s->id);
+      check(it != swapped_.end(), "engine: request ", s->id, " was swapped in without a saved state");
+      backend_->swap_in(*kv_, s->table.blocks(), s->query_slot, it->second);
+      swapped_.erase(it);
+    }
+    std::vector<compression_request> to_compress;
+    for (const compression_job& job : plan.compress) to_compress.push_back(compression_request_of(*job.seq));
+    worker.submit(std::move(to_compress));
+  }
+
+  // A cancelled request's host copy, if it was swapped out.
+  void drop_swapped(request_id id) { swapped_.erase(id); }
+
+  // Forward and sampling over the plan's batch: the token of every entry that samples, in batch order.
+  std::vector<token_id> run(const step_plan& plan) {
+    layout_.build(plan);
+    return sample(plan, forward(plan));
+  }
+
+  [[nodiscard]] std::int64_t graph_steps() const { return graph_steps_; }
+  [[nodiscard]] std::int64_t graph_padding_rows() const { return graph_padding_rows_; }
+
+ private:
+  [[nodiscard]] const model_config& config() const { return model_->config(); }
+
+  const tensor& forward(const step_plan& plan) {
+    if constexpr (decode_graph_runner<Backend> && forward_returns_reference<Model>) {
+      if (const int padded = graph_batch_size(plan); padded > 0) {
+        graph_steps_ += 1;
+        graph_padding_rows_ += padded - static_cast<int>(plan.batch.size());
+        forward_context<Backend> ctx(*backend_, *kv_, layout_.pad(padded), config().num_q_heads);
+        return backend_->run_decode_graph(padded, [&]() -> const tensor& { return model_->forward(ctx); });
+      }
+    }
+    forward_context<Backend> ctx(*backend_, *kv_, layout_.batch(), config().num_q_heads);
+    if constexpr (forward_returns_reference<Model>) {
+      return model_->forward(ctx);
+    } else {
+      logits_ = model_->forward(ctx);
+      return logits_;
+    }
+  }
+
+  // The graph batch size for this step, or 0: only steps where every sequence decodes one token and
+  // samples it on the device (forced tokens need the logits on the host).
+  [[nodiscard]] int graph_batch_size(const step_plan& plan) const {
+    if constexpr (decode_graph_runner<Backend> && device_sampler<Backend>) {
+      for (const scheduled_seq& e : plan.batch)
+        if (e.tokens != 1 || !e.samples() || !e.seq->forced_tokens.empty()) return 0;
+      return backend_->decode_graph_batch(static_cast<int>(plan.batch.size()));
+    } else {
+      return 0;
+    }
+  }
+
+  // On a backend that can sample on the device the logits stay there (log-probabilities included),
+  // unless a row is forced (evaluation), which the host handles.
+  std::vector<token_id> sample(const step_plan& plan, const tensor& logits) {
+    if constexpr (device_sampler<Backend>) {
+      const bool host_only = std::any_of(plan.batch.begin(), plan.batch.end(), [](const scheduled_seq& e) {
+        return e.samples() && !e.seq->forced_tokens.empty();
+      });
+      if (!host_only) {
+        sample_rows_.clear();
+        for (const scheduled_seq& e : plan.batch)
+          if (e.samples())
+            sample_rows_.push_back({static_cast<int>(sample_rows_.size()), &e.seq->params, e.seq->tokens,
+                                    static_cast<std::uint64_t>(e.seq->num_generated()),
+                                    e.seq->params.logprobs ? &e.seq->logprobs : nullptr,
+                                    e.seq->params.top_logprobs > 0 ? &e.seq->top_logprobs : nullptr});
+        return backend_->sample(logits, sample_rows_);
+      }
+    }
+    const std::size_t rows = layout_.num_sampled_rows();
+    std::vector<token_id> out;
+    out.reserve(rows);
+    const std::vector<float> host_logits = backend_->to_host(logits);
+    const auto vocab = static_cast<std::size_t>(config().vocab_size);
+    check(host_logits.size() == vocab * rows, "engine: the model returned ", host_logits.size(), " logits for ", rows,
+          " requests of vocabulary ", vocab);
+    std::size_t row = 0;
+    for (const scheduled_seq& e : plan.batch)
+      if (e.samples()) out.push_back(next_token(*e.seq, {host_logits.data() + row++ * vocab, vocab}));
+    return out;
+  }
+
+  // A forced token (teacher forcing) or a draw; its log-probabilities when asked for.
+  token_id next_token(sequence& s, std::span<const float> row) {
+    const auto step = static_cast<std::size_t>(s.num_generated());
+    const token_id tok = step < s.forced_tokens.size()
+                             ? s.forced_tokens[step]
+                             : sampler_.sample(row, s.params, s.tokens, static_cast<std::uint64_t>(step));
+    if (s.params.logprobs) s.logprobs.push_back(token_logprob_of(row, tok));
+    if (s.params.top_logprobs > 0) s.top_logprobs.push_back(top_logprobs(row, s.params.top_logprobs));
+    return tok;
+  }
+
+  Model* model_;
+  Backend* backend_;
+  typename Backend::kv_storage* kv_;
+  batch_layout layout_;
+  sampler sampler_;
+  std::vector<sample_row> sample_rows_;
+  tensor logits_;  // the last step's logits, for models that return them by value
+  std::unordered_map<request_id, typename Backend::swap_blob> swapped_;  // host copies of swapped-out requests
+  std::int64_t graph_steps_ = 0, graph_padding_rows_ = 0;
+};
+
+// vLLM's profile_run: one forward over the largest step there can be (max_batched_tokens prompt tokens,
+// as many logits rows as a step can sample: max_num_seqs, or the decode graph's padded batch), then device
+// sampling of those rows, on a throwaway one-block KV storage (make_profile_batch). The model's
+// activations and the backend's workspaces are grow-only, so they stay at this peak (and the backend's
+// stream-ordered pool keeps what it freed), and the free memory read next leaves room for them.
+template <class Model, class Backend>
+void profile_peak_memory(Model& model, Backend& backend, int max_batched_tokens, int max_num_seqs, int block_size) {
+  using tensor = typename Backend::tensor;
+  const model_config& c = model.config();
+  int rows = max_num_seqs;
+  if constexpr (decode_graph_runner<Backend>) rows = std::max(rows, backend.decode_graph_batch(max_num_seqs));
+  const profile_batch pb = make_profile_batch(max_batched_tokens, rows, block_size);
+  {
+    auto kv = backend.allocate_kv(kv_cache_shape{c.num_layers, 1, block_size, c.num_kv_heads, c.head_dim});
+    const forward_batch batch = pb.view();
+    forward_context<Backend> ctx(backend, kv, batch, c.num_q_heads);
+    auto sample = [&](const tensor& logits) {
+      if constexpr (device_sampler<Backend>) {
+        // Every filter on, so the sampler's workspaces reach their largest size.
+        sampling_params sp;
+        sp.temperature = 1.0f;
+        sp.top_k = 50;
+        sp.top_p = 0.9f;
+        sp.min_p = 0.01f;
+        sp.repetition_penalty = 1.1f;
+        const std::vector<token_id> context(pb.tokens.begin(), pb.tokens.begin() + 1);
+        std::vector<sample_row> sr;
+        for (int i = 0; i < pb.num_seqs(); ++i) sr.push_back({i, &sp, context, 0});
+        (void)backend.sample(logits, sr);  // synchronises: the tokens come back to the host
+      } else {
+        (void)backend.to_host(logits);
+      }
+    };
+    sample(model.forward(ctx));  // logits returned by value are freed again (a pooled backend keeps them cached)
+  }
+  if constexpr (requires { backend.synchronize(); }) backend.synchronize();  // the throwaway KV is freed
+}
+
+}  // namespace zipage
