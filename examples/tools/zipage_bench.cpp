@@ -152,6 +152,7 @@ struct options {
   std::string workload = "nano";
   std::string mode = "both";
   std::string policy = "zipage";  // compressed mode: a built-in evicting policy, or "all"
+  int tensor_parallel_size = 1;   // 1 only until tensor parallelism runs on several GPUs (docs/tensor-parallel.md)
   int num_requests = 0;  // 0 = the workload's default
   double seconds = 0.0;  // 0 = nano: to completion; long: 60
   int output_len = 32768;
@@ -383,7 +384,19 @@ int main(int argc, char** argv) {
   app.add_option("--kv-cache-dtype", o.kv_cache_dtype, "KV cache: auto (bf16) or fp8 / fp8_e4m3 (E4M3 + per token-head scales)")
       ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}));
   app.add_flag("--sync-compression", o.sync_compression, "compress on the engine thread");
+  app.add_option("--tensor-parallel-size,--tp", o.tensor_parallel_size,
+                 "GPUs to shard the model over (as zipage-generate's); only 1 until multi-GPU tensor parallelism "
+                 "is wired into the CUDA backend (docs/tensor-parallel.md)")
+      ->check(CLI::IsMember({1, 2, 4, 8}));
   CLI11_PARSE(app, argc, argv);
+  if (o.tensor_parallel_size != 1) {
+    std::fprintf(stderr,
+                 "zipage-bench: --tensor-parallel-size %d: tensor parallelism runs on the CPU only for now (zipage-generate "
+                 "--device cpu --tensor-parallel-size N); the GPU collectives are not wired into the CUDA backend yet "
+                 "(docs/tensor-parallel.md)\n",
+                 o.tensor_parallel_size);
+    return 2;
+  }
 
   try {
     if (cuda::device_count() == 0) {
