@@ -19,6 +19,7 @@
 
 #include "eval_common.hpp"
 #include "zipage/core/json.hpp"
+#include "zipage/core/kv_cache_dtype.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/eval/stats.hpp"
 #include "zipage/gguf/gguf.hpp"
@@ -165,7 +166,10 @@ void size_pool(zipage::engine_config& cfg, const grid_options& o, const zipage::
   cfg.kv_cache_bytes = static_cast<std::size_t>(o.kv_cache_mib * 1024.0 * 1024.0);
   if constexpr (requires { backend.memory_info(); }) {
     cfg.gpu_memory_utilization = o.gpu_memory_utilization;
-    const double per_token = static_cast<double>(zipage::kv_bytes_per_token(c, backend.kv_element_bytes(), compress));
+    std::size_t scale_bytes = 0;  // a quantised (FP8) cache's per token-head scales
+    if constexpr (requires { backend.kv_scale_bytes(); }) scale_bytes = backend.kv_scale_bytes();
+    const double per_token =
+        static_cast<double>(zipage::kv_bytes_per_token(c, backend.kv_element_bytes(), compress, scale_bytes));
     cfg.max_kv_cache_bytes = static_cast<std::size_t>(per_token * o.max_num_seqs * (longest + o.block_size));
   }
 }
@@ -346,6 +350,7 @@ void report(run_context& ctx, const std::vector<cell_result>& results, std::ofst
         {"model", o.model},
         {"data", o.data},
         {"device", ctx.device_name},
+        {"kv_cache_dtype", o.kv_cache_dtype},
         {"policy", r.c.policy},
         {"budget", r.c.policy == "full_kv" ? nlohmann::json(nullptr) : nlohmann::json(r.c.budget)},
         {"budget_fraction", r.c.fraction > 0 ? nlohmann::json(r.c.fraction) : nlohmann::json(nullptr)},
@@ -535,6 +540,9 @@ void add_grid_flags(CLI::App& app, grid_options& o) {
   app.add_option("--device", o.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--dtype", o.dtype, "GPU: bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--kv-cache-dtype", o.kv_cache_dtype,
+                 "GPU: KV cache element type: auto (= --dtype) or fp8 / fp8_e4m3 (E4M3 with per token-head scales)")
+      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}));
   app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization, "GPU: fraction of device memory for weights + KV")
       ->check(CLI::Range(0.05, 1.0));
   app.add_option("--kv-cache-mib", o.kv_cache_mib, "CPU: KV pool size in MiB")->check(CLI::PositiveNumber);
@@ -565,14 +573,18 @@ int run_grid(grid_options& o, const std::vector<problem>& problems, const task& 
     zipage::check(zipage::cuda::device_count() > 0, "--device cuda: no CUDA device (", zipage::cuda::describe_device(), ")");
     zipage::cuda_backend_options bo;
     bo.dtype = o.dtype == "fp32" ? zipage::cuda_dtype::f32 : zipage::cuda_dtype::bf16;
+    bo.kv_dtype = zipage::parse_kv_cache_dtype(o.kv_cache_dtype);
     const zipage::cuda_backend backend(bo);
-    ctx.device_name = zipage::cuda::describe_device(0) + " (" + o.dtype + ")";
+    ctx.device_name = zipage::cuda::describe_device(0) + " (" + o.dtype +
+                      (bo.kv_dtype == zipage::kv_cache_dtype::fp8_e4m3 ? ", fp8 KV" : "") + ")";
     if (!o.quiet) std::fprintf(stderr, "device: %s\n", ctx.device_name.c_str());
     return run_backend(ctx, backend);
   }
 #else
   zipage::check(o.device != "cuda", "--device cuda: this build has no CUDA backend (configure with a CUDA compiler)");
 #endif
+  zipage::check(o.kv_cache_dtype == "auto", "--kv-cache-dtype ", o.kv_cache_dtype,
+                ": the CPU backend keeps fp32 KV (an FP8 cache runs with --device cuda)");
   ctx.device_name = "cpu (fp32 reference backend)";
   if (!o.quiet) std::fprintf(stderr, "device: %s\n", ctx.device_name.c_str());
   return run_backend(ctx, zipage::cpu_backend{});
