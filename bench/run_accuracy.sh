@@ -5,22 +5,13 @@
 # With TESTS=1 the GPU test binaries run first (in parallel, logs in $OUT).
 #   BIN=.carry-bin OUT=out LEVELS="L2 L1" LIMIT=128 SAMPLES=4 TESTS=1 DEADLINE_S=570 bench/run_accuracy.sh
 set -u
-OUT=${OUT:-out}
-BIN=${BIN:-.carry-bin}
-DEADLINE=${DEADLINE_S:-570}
+DEFAULT_DEADLINE=570
 LEVELS=${LEVELS:-L2 L1}
 LIMIT=${LIMIT:-128}
 SAMPLES=${SAMPLES:-4}
 MODEL=${MODEL:-models/reasoner}
 FRACTIONS=${FRACTIONS:-0.5,0.25,0.125}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" PYTHONUNBUFFERED=1
-export ZIPAGE_TEST_MODEL="$PWD/models/stories260K.gguf"
-S="$OUT/summary.txt"
-t0=$(date +%s)
-left() { echo $((DEADLINE - ($(date +%s) - t0))); }
-stamp() { echo "[$(($(date +%s) - t0)) s] $*" >> "$S"; }
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } > "$S"
+. "$(dirname "$0")/lib.sh"
 if [ "${TESTS:-0}" = 1 ]; then
   for t in test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_engine; do
     [ -x "$BIN/$t" ] || continue

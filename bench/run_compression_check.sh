@@ -4,14 +4,7 @@
 # against the host path) and the compression benchmark (every policy, batches 1/16/64/128).
 #   BIN=.carry-bin OUT=out bench/run_compression_check.sh
 set -u
-OUT=${OUT:-out}
-BIN=${BIN:-.carry-bin}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}"
-export ZIPAGE_TEST_MODEL="$PWD/models/stories260K.gguf"
-S="$OUT/summary.txt"
-t0=$(date +%s)
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } > "$S"
+. "$(dirname "$0")/lib.sh"
 ( timeout 300 "$BIN/test_cuda_compression" > "$OUT/test_cuda_compression.log" 2>&1; echo "test_cuda_compression rc=$?" >> "$S" ) &
 ( timeout 300 "$BIN/test_cuda_engine" --test-case='*compression*' > "$OUT/test_cuda_engine.log" 2>&1; echo "test_cuda_engine rc=$?" >> "$S" ) &
 wait

@@ -4,13 +4,9 @@
 # each time-boxed to $SECONDS_PER_MODE seconds (steady state: the box's second half). Prebuilt binaries
 # from $BIN, logs to $OUT.   SHAPE=qwen3-0.6b SECONDS_PER_MODE=270 BIN=.carry-bin OUT=out bench/run_long.sh
 set -u
-OUT=${OUT:-out}
-BIN=${BIN:-.carry-bin}
 SHAPE=${SHAPE:-qwen3-0.6b}
 SECS=${SECONDS_PER_MODE:-270}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}"
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } > "$OUT/summary.txt"
+. "$(dirname "$0")/lib.sh"
 for mode in full compressed; do
   timeout $((SECS + 90)) "$BIN/zipage-bench" --shape "$SHAPE" --workload long --mode "$mode" --num-requests 1024 \
     --output-len 16384 --max-num-seqs 1024 --seconds "$SECS" --json "$OUT/bench.jsonl" >> "$OUT/bench.txt" 2>&1

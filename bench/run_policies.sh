@@ -7,17 +7,10 @@
 # tokens per request) is reached inside the time box.
 #   BIN=.carry-bin OUT=out SECONDS_PER_POLICY=40 bench/run_policies.sh
 set -u
-OUT=${OUT:-out}
-BIN=${BIN:-.carry-bin}
 SECS=${SECONDS_PER_POLICY:-40}
 N=${NUM_REQUESTS:-256}
 PROMPT_LEN=${PROMPT_LEN:-2048}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}"
-export ZIPAGE_TEST_MODEL="$PWD/models/stories260K.gguf"
-S="$OUT/summary.txt"
-t0=$(date +%s)
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } > "$S"
+. "$(dirname "$0")/lib.sh"
 timeout 200 "$BIN/test_cuda_engine" -s > "$OUT/test_cuda_engine.log" 2>&1
 echo "test_cuda_engine rc=$? [$(($(date +%s) - t0)) s]" >> "$S"
 grep -E "ERROR|test cases|assertions" "$OUT/test_cuda_engine.log" | head -20 >> "$S"

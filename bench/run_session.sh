@@ -5,15 +5,7 @@
 # (scripts/torch_decode_peer.py) on the same shapes.
 #   BIN=.carry-bin OUT=out bench/run_session.sh
 set -u
-OUT=${OUT:-out}
-BIN=${BIN:-.carry-bin}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}"
-export ZIPAGE_TEST_MODEL="$PWD/models/stories260K.gguf" PYTHONUNBUFFERED=1
-S="$OUT/summary.txt"
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0)) s] $*" >> "$S"; }
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } > "$S"
+. "$(dirname "$0")/lib.sh"
 for t in test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_engine; do
   ( timeout 170 "$BIN/$t" > "$OUT/$t.log" 2>&1; echo "$t: rc=$?" > "$OUT/$t.rc" ) &
 done

@@ -4,13 +4,7 @@
 # CPU comparison) and zipage-eval accuracy on the GPU, and compute-sanitizer memcheck of the compression
 # kernels (quick grid).
 set -u
-OUT=${OUT:-out}
-BIN=${BIN:-.carry-bin}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}"
-S="$OUT/summary.txt"
-t0=$(date +%s)
-date -u > "$S"
+. "$(dirname "$0")/lib.sh"
 "$BIN/zipage-generate" --device cuda --dtype fp32 --prompt "Once upon a time" -n 40 > "$OUT/gen_fp32.txt" 2>&1
 echo "generate fp32 rc=$? golden=$(grep -c 'Once upon a time, there was a little girl named Lily. She loved to play outside in the park.' "$OUT/gen_fp32.txt")" >> "$S"
 "$BIN/zipage-generate" --device cuda --prompt "Once upon a time" -n 40 > "$OUT/gen_bf16.txt" 2>&1

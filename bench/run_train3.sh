@@ -10,16 +10,8 @@
 # EVAL_ARGS replaces the GPU eval's problem count, samples, policies and budgets; PARALLEL_CMD runs beside the
 # training (see below).
 set -u
-OUT=${OUT:-out}
-BIN=${BIN:-.carry-bin}
-DEADLINE=${DEADLINE_S:-580}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BIN:${LD_LIBRARY_PATH:-}" PYTHONUNBUFFERED=1
-S="$OUT/summary.txt"
-t0=$(date +%s)
-left() { echo $((DEADLINE - ($(date +%s) - t0))); }
+. "$(dirname "$0")/lib.sh"
 gpus=$(nvidia-smi --list-gpus | wc -l)
-{ date -u; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; } > "$S"
 configs=("${CONFIG_0:---minutes 7.0 --levels L1,L2 --result-weight 4}" "${CONFIG_1:---minutes 7.0 --result-weight 4 --result-ramp 0.3}")
 n=$(( gpus < ${#configs[@]} ? gpus : ${#configs[@]} ))
 for ((k = 0; k < n; ++k)); do
