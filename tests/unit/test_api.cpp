@@ -14,6 +14,7 @@
 
 #include "zipage/safetensors/writer.hpp"
 #include "zipage/zipage.hpp"
+#include "counting_model.hpp"
 #include "stories_model.hpp"
 #include "test_support.hpp"
 
@@ -31,38 +32,7 @@ llm& stories_llm() {
   return l;
 }
 
-// A one-layer model over an 8-token vocabulary with a given trained context: after token t it emits t + 1.
-struct echo_model {
-  using backend_type = cpu_backend;
-  using tensor = backend_type::tensor;
-  model_config cfg;
-  explicit echo_model(int max_context = 0) {
-    cfg.vocab_size = 8;
-    cfg.hidden_size = 8;
-    cfg.num_layers = 1;
-    cfg.num_q_heads = 2;
-    cfg.num_kv_heads = 1;
-    cfg.head_dim = 4;
-    cfg.ffn_size = 8;
-    cfg.bos = 0;
-    cfg.eos = 7;
-    cfg.max_context = max_context;
-  }
-  const model_config& config() const { return cfg; }
-  tensor forward(forward_context<backend_type>& ctx) {
-    tensor x, attn, last;
-    ctx.backend().embedding(tensor::Identity(8, 8), ctx.tokens(), x);
-    ctx.attention(0, x, x.leftCols(4), x.leftCols(4), attn);
-    ctx.backend().gather_rows(x, ctx.logits_rows(), last);
-    tensor logits = tensor::Zero(last.rows(), 8);
-    for (Eigen::Index r = 0; r < last.rows(); ++r) {
-      Eigen::Index t = 0;
-      last.row(r).maxCoeff(&t);
-      logits(r, (t + 1) % 8) = 10.0f;
-    }
-    return logits;
-  }
-};
+using echo_model = zipage::testing::counting_model;  // after token t it emits t + 1
 
 // A tiny random Qwen3 checkpoint directory with the Qwen3 tokenizer and a generation_config.json.
 void write_qwen3_checkpoint(const std::filesystem::path& out) {

@@ -9,6 +9,7 @@
 #include "zipage/gguf/gguf.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
+#include "counting_model.hpp"
 #include "stories_model.hpp"
 
 using namespace zipage;
@@ -50,39 +51,7 @@ std::vector<std::vector<token_id>> story_prompts(int n) {
   return prompts;
 }
 
-// Emits token (t + 1) mod vocab after token t, attending over its cache on the way: EOS (7) is reached
-// on a known step, which stories260K (trained to end stories with BOS) never does.
-struct counting_model {
-  using backend_type = cpu_backend;
-  using tensor = cpu_backend::tensor;
-  model_config cfg = [] {
-    model_config c;
-    c.vocab_size = 8;
-    c.hidden_size = 8;
-    c.num_layers = 1;
-    c.num_q_heads = 2;
-    c.num_kv_heads = 1;
-    c.head_dim = 4;
-    c.ffn_size = 8;
-    c.bos = 0;
-    c.eos = 7;
-    return c;
-  }();
-  const model_config& config() const { return cfg; }
-  tensor forward(forward_context<cpu_backend>& ctx) {
-    tensor x, attn, last;
-    ctx.backend().embedding(tensor::Identity(8, 8), ctx.tokens(), x);
-    ctx.attention(0, x, x.leftCols(4), x.leftCols(4), attn);
-    ctx.backend().gather_rows(x, ctx.logits_rows(), last);
-    tensor logits = tensor::Zero(last.rows(), 8);
-    for (Eigen::Index r = 0; r < last.rows(); ++r) {
-      Eigen::Index t = 0;
-      last.row(r).maxCoeff(&t);
-      logits(r, (t + 1) % 8) = 10.0f;
-    }
-    return logits;
-  }
-};
+using zipage::testing::counting_model;
 
 }  // namespace
 
