@@ -13,6 +13,8 @@
 // Refused with an error naming the field: other model types, hidden_act other than silu, other RoPE
 // scaling types, sliding-window attention, and the biases llama_model has no slot for (attention_bias on
 // o_proj, mlp_bias). Hugging Face checkpoints rotate halves: rope_style::half.
+// quantization_config (FP8 checkpoints, models/hf_fp8.hpp) is validated here, with errors naming the field,
+// and read by the loader with hf_quantization_from_json / load_hf_quantization.
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -26,6 +28,7 @@
 #include "zipage/core/error.hpp"
 #include "zipage/core/json.hpp"
 #include "zipage/model/model_config.hpp"
+#include "zipage/models/hf_fp8.hpp"
 #include "zipage/sampling/sampling_params.hpp"
 
 namespace zipage {
@@ -153,6 +156,7 @@ inline model_config hf_config_from_json(const json::value& cfg, std::string_view
           ": attention_bias = true is not supported (it adds an o_proj bias, which llama_model does not have)");
   }
   c.qk_norm = type == "qwen3";
+  (void)hf_quantization_from_json(cfg, src);  // refuses what the loader cannot load, before any weight is read
 
   const auto bos = detail::hf_token_ids(cfg, "bos_token_id", src);
   const auto eos = detail::hf_token_ids(cfg, "eos_token_id", src);
@@ -176,6 +180,13 @@ inline model_config load_hf_config(const std::filesystem::path& path) {
   std::error_code ec;
   const auto file = std::filesystem::is_directory(path, ec) ? path / "config.json" : path;
   return hf_config_from_json(json::parse_file(file, "model config"), file.string());
+}
+
+// The quantization_config of a config.json (or of the directory holding one); none when it has none.
+inline hf_quantization load_hf_quantization(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto file = std::filesystem::is_directory(path, ec) ? path / "config.json" : path;
+  return hf_quantization_from_json(json::parse_file(file, "model config"), file.string());
 }
 
 // Adds the eos ids of a generation_config.json (an id or a list) that the config does not list already.

@@ -12,8 +12,12 @@
 //   model.layers.N.mlp.{gate,up,down}_proj.weight
 //   model.norm.weight                              [hidden]
 //   lm_head.weight                                 [vocab][hidden] (absent, or ignored, when tied)
+// FP8 checkpoints (Qwen3-*-FP8, models/hf_fp8.hpp): a matrix stored as F8_E4M3 needs its
+// `<name>_scale_inv` block scales ([ceil(rows/br)][ceil(cols/bc)], finite and > 0) and a
+// quantization_config in config.json; it is dequantised exactly at load into the backend's weights.
 // Every shape is checked; a tensor the model would not use (other than a tied lm_head or old
 // rotary_emb.inv_freq buffers) is an error, so an unsupported variant never loads silently wrong.
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -23,6 +27,7 @@
 #include "zipage/core/error.hpp"
 #include "zipage/core/json.hpp"
 #include "zipage/models/hf_config.hpp"
+#include "zipage/models/hf_fp8.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/safetensors/safetensors.hpp"
 
@@ -34,13 +39,15 @@ template <class Backend>
 class hf_weight_reader {
  public:
   using tensor = typename Backend::tensor;
-  hf_weight_reader(const safetensors::checkpoint& ckpt, const Backend& backend) : ckpt_(ckpt), backend_(backend) {}
+  hf_weight_reader(const safetensors::checkpoint& ckpt, const Backend& backend, const hf_quantization& quant = {})
+      : ckpt_(ckpt), backend_(backend), quant_(quant) {}
 
   // A 2-D [rows][cols] tensor.
   tensor matrix(const std::string& name, int rows, int cols) {
     const auto& t = ckpt_.tensor(name);
     check(t.shape.size() == 2 && t.shape[0] == rows && t.shape[1] == cols, *t.file, ": tensor '", name,
           "' has shape ", t.shape_string(), ", expected [", rows, ", ", cols, "]");
+    if (t.type == safetensors::dtype::f8_e4m3) return load_fp8(t, rows, cols);
     return load(t, rows, cols);
   }
   // A 1-D [n] tensor, as a [1][n] backend tensor.
@@ -71,19 +78,51 @@ class hf_weight_reader {
     return backend_.from_host(buffer_, rows, cols);
   }
 
+  // An F8_E4M3 [rows][cols] weight and its `_scale_inv`, dequantised: decode(code) * scale.
+  tensor load_fp8(const safetensors::tensor_info& t, int rows, int cols) {
+    check(quant_.fp8, *t.file, ": tensor '", json::printable(t.name),
+          "' has dtype F8_E4M3 but config.json has no quantization_config (quant_method 'fp8')");
+    const std::string scale_name = t.name + "_scale_inv";
+    const safetensors::tensor_info* s = ckpt_.find(scale_name);
+    check(s != nullptr, *t.file, ": FP8 tensor '", json::printable(t.name), "' has no scale tensor '",
+          json::printable(scale_name), "'");
+    const std::int64_t sr = quant_.scale_rows(rows), sc = quant_.scale_cols(cols);
+    check(s->shape.size() == 2 && s->shape[0] == sr && s->shape[1] == sc, *s->file, ": scale tensor '",
+          json::printable(scale_name), "' has shape ", s->shape_string(), ", expected [", sr, ", ", sc, "] (",
+          t.shape_string(), " in ", quant_.block_rows, "x", quant_.block_cols, " blocks)");
+    check(safetensors::is_loadable(s->type), *s->file, ": scale tensor '", json::printable(scale_name),
+          "' has dtype ", safetensors::dtype_name(s->type), " (expected F32, BF16 or F16)");
+    scale_.resize(static_cast<std::size_t>(sr * sc));
+    ckpt_.to_f32(*s, scale_);
+    for (std::size_t k = 0; k < scale_.size(); ++k)
+      check(std::isfinite(scale_[k]) && scale_[k] > 0.0f, *s->file, ": scale tensor '", json::printable(scale_name),
+            "' holds ", scale_[k], " at [", k / static_cast<std::size_t>(sc), ", ", k % static_cast<std::size_t>(sc),
+            "] (block scales must be finite and > 0)");
+    used_.insert(t.name);
+    used_.insert(scale_name);
+    buffer_.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
+    dequantize_fp8_blocks(ckpt_.fp8_e4m3_codes(t), rows, cols, scale_, quant_.block_rows, quant_.block_cols, buffer_,
+                          *t.file + ": tensor '" + json::printable(t.name) + "'");
+    return backend_.from_host(buffer_, rows, cols);
+  }
+
   const safetensors::checkpoint& ckpt_;
   const Backend& backend_;
+  hf_quantization quant_;
+  std::vector<float> scale_;
   std::set<std::string> used_;
   std::vector<float> buffer_;
 };
 
 }  // namespace detail
 
-// Builds the model from a parsed config and opened tensors.
+// Builds the model from a parsed config and opened tensors; `quant` is config.json's quantization_config
+// (load_hf_quantization), none by default.
 template <class Backend = cpu_backend>
-llama_model<Backend> load_hf_model(const model_config& c, const safetensors::checkpoint& ckpt, const Backend& backend = {}) {
+llama_model<Backend> load_hf_model(const model_config& c, const safetensors::checkpoint& ckpt, const Backend& backend = {},
+                                   const hf_quantization& quant = {}) {
   c.validate();
-  detail::hf_weight_reader<Backend> r(ckpt, backend);
+  detail::hf_weight_reader<Backend> r(ckpt, backend, quant);
   llama_weights<Backend> w;
   w.embedding = r.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size);
   for (int l = 0; l < c.num_layers; ++l) {
@@ -136,8 +175,9 @@ llama_model<Backend> load_hf_checkpoint(const std::filesystem::path& dir, const 
   std::error_code ec;
   check(std::filesystem::is_directory(dir, ec), "'", dir.string(), "' is not a checkpoint directory");
   const model_config c = load_hf_checkpoint_config(dir);
+  const hf_quantization quant = load_hf_quantization(dir);
   const auto ckpt = safetensors::checkpoint::open(dir);
-  return load_hf_model(c, ckpt, backend);
+  return load_hf_model(c, ckpt, backend, quant);
 }
 
 }  // namespace zipage

@@ -12,6 +12,8 @@
 //
 // Every dtype the format names is accepted in the header (so a checkpoint carrying, say, an I64 buffer
 // opens), but only F32, F16 and BF16 convert to floats: to_f32 refuses the others, naming the dtype.
+// F8_E4M3 tensors (FP8 checkpoints: codes that mean nothing without their block scales) are read as raw
+// codes by fp8_e4m3_codes(), with the same bounds checks; models/hf_fp8.hpp dequantises them.
 // Sub-byte dtypes (F4, F6_*) and unknown names are refused on open.
 //
 //   auto ckpt = zipage::safetensors::checkpoint::open("Qwen3-0.6B/");   // dir, index.json or .safetensors
@@ -164,7 +166,8 @@ class file {
   void to_f32(const tensor_info& t, std::span<float> out) const {
     check(owns(t), name(), ": tensor '", printable(t.name), "' does not point into this file's data");
     check(is_loadable(t.type), name(), ": tensor '", printable(t.name), "' has dtype ", dtype_name(t.type),
-          ", which zipage cannot load (supported: F32, F16, BF16)");
+          ", which zipage cannot load (supported: F32, F16, BF16",
+          t.type == dtype::f8_e4m3 ? "; F8_E4M3 weights load with their _scale_inv in an FP8 checkpoint)" : ")");
     const std::size_t n = t.nbytes / dtype_size(t.type);
     check(static_cast<std::size_t>(t.num_elements()) == n && out.size() == n, name(), ": tensor '", printable(t.name),
           "': ", out.size(), " output floats for ", n, " elements");
@@ -178,6 +181,15 @@ class file {
         for (std::size_t i = 0; i < n; ++i) out[i] = zipage::bf16_to_f32(load_u16(t.data + 2 * i));
         break;
     }
+  }
+  // The E4M3 codes of an F8_E4M3 tensor (1 byte each, num_elements() of them), pointing into the file.
+  [[nodiscard]] std::span<const std::uint8_t> fp8_e4m3_codes(const tensor_info& t) const {
+    check(owns(t), name(), ": tensor '", printable(t.name), "' does not point into this file's data");
+    check(t.type == dtype::f8_e4m3, name(), ": tensor '", printable(t.name), "' has dtype ", dtype_name(t.type),
+          ", not F8_E4M3");
+    check(static_cast<std::size_t>(t.num_elements()) == t.nbytes, name(), ": tensor '", printable(t.name), "': ",
+          t.nbytes, " bytes for ", t.num_elements(), " F8_E4M3 elements");
+    return {reinterpret_cast<const std::uint8_t*>(t.data), t.nbytes};
   }
   [[nodiscard]] std::vector<float> to_f32(const tensor_info& t) const {
     check(owns(t), name(), ": tensor '", printable(t.name), "' does not point into this file's data");
@@ -421,6 +433,9 @@ class checkpoint {
     return *t;
   }
   void to_f32(const tensor_info& t, std::span<float> out) const { owner(t).to_f32(t, out); }
+  [[nodiscard]] std::span<const std::uint8_t> fp8_e4m3_codes(const tensor_info& t) const {
+    return owner(t).fp8_e4m3_codes(t);
+  }
   [[nodiscard]] std::vector<float> to_f32(const tensor_info& t) const { return owner(t).to_f32(t); }
 
   // "model.safetensors" or "model-00001-of-00002.safetensors (+1 more)" for messages.
