@@ -379,6 +379,9 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
                                   (std::filesystem::path(o.model) / "tokenizer.json").string());
     if (o.tensor_parallel_size > 1) (void)zipage::parallel::tp_layout::make(config, o.tensor_parallel_size);  // before the weights
     auto model = zipage::load_hf_checkpoint<Backend>(o.model, backend);
+    if (const auto q = zipage::load_hf_quantization(o.model); q.fp8 && !o.quiet)
+      std::fprintf(stderr, "weights: FP8 e4m3 with %dx%d block scales (quantization_config), dequantised at load\n",
+                   q.block_rows, q.block_cols);
     // The engine stops at every end-of-sequence id of the config (eos and extra_eos); the tokenizer's
     // own EOS ends a turn too (e.g. Qwen3's <|im_end|>).
     if (tokenizer.eos() >= 0 && tokenizer.eos() != model.config().eos) o.sampling.stop_token_ids.push_back(tokenizer.eos());
