@@ -230,6 +230,37 @@ TEST_CASE("fp8 checkpoints: the engine on a random FP8 Qwen3 equals the dequanti
   }
 }
 
+TEST_CASE("fp8 checkpoints: sharded, a weight and its scale in different shards (as in the releases)") {
+  temp_dir dir("zipage_fp8ckpt_shards");
+  zipage::testing::fp8_qwen3_spec s;
+  write_fp8_qwen3(dir.path / "fp8", dir.path / "ref", s);
+  const fs::path fp8 = dir.path / "fp8";
+  std::vector<std::byte> shard1, shard2;
+  zipage::json::value map = zipage::json::value::object();
+  {
+    const auto f = st::file::open(fp8 / "model.safetensors");
+    st::writer w1, w2;
+    for (const auto& t : f.tensors()) {
+      // Weights of layer 0 in shard 1, their scales in shard 2; the rest split by layer.
+      const bool second = t.name.ends_with("_scale_inv") ? t.name.starts_with("model.layers.0.")
+                                                         : t.name.starts_with("model.layers.1.");
+      (second ? w2 : w1).add_raw(t.name, st::dtype_name(t.type), t.shape,
+                                 std::vector<std::byte>(t.data, t.data + t.nbytes));
+      map[t.name] = second ? "model-00002-of-00002.safetensors" : "model-00001-of-00002.safetensors";
+    }
+    shard1 = w1.bytes();
+    shard2 = w2.bytes();
+  }
+  fs::remove(fp8 / "model.safetensors");
+  st::writer::write_bytes(fp8 / "model-00001-of-00002.safetensors", shard1);
+  st::writer::write_bytes(fp8 / "model-00002-of-00002.safetensors", shard2);
+  std::ofstream(fp8 / "model.safetensors.index.json") << zipage::json::value{{"metadata", zipage::json::value::object()},
+                                                                            {"weight_map", map}}.dump();
+  auto a = zipage::load_hf_checkpoint(fp8);
+  auto b = zipage::load_hf_checkpoint(dir.path / "ref");
+  CHECK(model_logits(a, prompt) == model_logits(b, prompt));
+}
+
 TEST_CASE("fp8 checkpoints: loading errors name the tensor") {
   temp_dir dir("zipage_fp8ckpt_err");
   const fs::path fp8 = dir.path / "fp8", ref = dir.path / "ref";
