@@ -14,6 +14,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       zipage::sampling_params p;
       zipage::generation_defaults_from_json(json, "generation_config.json").apply(p);
     });
+    zipage_fuzz::expect_only_zipage_errors([&] {  // quantization_config (FP8 checkpoints)
+      const auto q = zipage::hf_quantization_from_json(json, "config.json");
+      zipage_fuzz::require(q.block_rows > 0 && q.block_cols > 0);
+      zipage_fuzz::require(q.scale_rows(1) == 1 && q.scale_cols(std::int64_t{1} << 31) >= 1);
+    });
     auto c = zipage::hf_config_from_json(json);
     zipage_fuzz::expect_only_zipage_errors([&] { zipage::merge_hf_generation_eos(c, json, "generation_config.json"); });
     zipage_fuzz::require(c.q_size() > 0 && c.kv_size() > 0 && c.gqa_group() > 0);

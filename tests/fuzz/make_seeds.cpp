@@ -135,6 +135,13 @@ int main(int argc, char** argv) {
     e.add("empty", {0, 4}, {}, zipage::safetensors::dtype::f32);
     e.add("scalar", {}, ramp(1), zipage::safetensors::dtype::f32);
     put(out / "fuzz_safetensors" / "empty_and_scalar.safetensors", e.bytes());
+    // An FP8 checkpoint's pair: E4M3 codes and their block scales (issue 14, part 2).
+    zipage::safetensors::writer q;
+    std::vector<std::byte> codes;
+    for (unsigned c : {0x38u, 0x40u, 0xb8u, 0x7eu, 0x01u, 0x00u}) codes.push_back(static_cast<std::byte>(c));
+    q.add_raw("model.layers.0.mlp.up_proj.weight", "F8_E4M3", {2, 3}, codes);
+    q.add("model.layers.0.mlp.up_proj.weight_scale_inv", {1, 1}, ramp(1), zipage::safetensors::dtype::f32);
+    put(out / "fuzz_safetensors" / "fp8_block.safetensors", q.bytes());
   }
 
   put(out / "fuzz_hf_config" / "qwen3.json", R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
@@ -143,6 +150,10 @@ int main(int argc, char** argv) {
  "rope_theta": 1000000, "rope_scaling": null, "tie_word_embeddings": true, "hidden_act": "silu",
  "attention_bias": false, "use_sliding_window": false, "sliding_window": null, "bos_token_id": 151643,
  "eos_token_id": 151645, "torch_dtype": "bfloat16"})");
+  put(out / "fuzz_hf_config" / "qwen3_fp8.json", R"({"model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36,
+ "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936,
+ "tie_word_embeddings": false, "hidden_act": "silu", "eos_token_id": 151645, "quantization_config": {"activation_scheme":
+ "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128], "modules_to_not_convert": null}})");
   put(out / "fuzz_hf_config" / "qwen2.json", R"({"model_type": "qwen2", "hidden_size": 1536, "num_hidden_layers": 28,
  "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,
  "max_position_embeddings": 131072, "rms_norm_eps": 1e-06, "rope_theta": 10000, "tie_word_embeddings": false,
