@@ -14,6 +14,7 @@
 // on those weights: fp32 on the CPU backend, converted to bf16 by the CUDA backend's upload as for any
 // checkpoint. FP8 GEMMs are future work (docs/fp8.md, "FP8 checkpoints").
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -90,14 +91,29 @@ inline void dequantize_fp8_blocks(std::span<const std::uint8_t> codes, int rows,
   const std::size_t sr = (R + static_cast<std::size_t>(block_rows) - 1) / static_cast<std::size_t>(block_rows);
   check(codes.size() == R * C && out.size() == R * C && scale.size() == sr * sc, what,
         ": dequantize_fp8_blocks: sizes do not match [", rows, ", ", cols, "] with blocks ", block_rows, "x", block_cols);
+  // Every code's exact value, once (a table read is ~4x faster than decoding each byte: load time of an 8B model).
+  static const std::array<float, 256> value = [] {
+    std::array<float, 256> v{};
+    for (int c = 0; c < 256; ++c) v[static_cast<std::size_t>(c)] = fp8_e4m3_to_f32(static_cast<std::uint8_t>(c));
+    return v;
+  }();
+  const std::size_t bc = static_cast<std::size_t>(block_cols);
   for (std::size_t i = 0; i < R; ++i) {
     const float* srow = scale.data() + (i / static_cast<std::size_t>(block_rows)) * sc;
     const std::uint8_t* in = codes.data() + i * C;
     float* o = out.data() + i * C;
-    for (std::size_t j = 0; j < C; ++j) {
-      check(!fp8_e4m3_is_nan(in[j]), what, ": NaN E4M3 code at [", i, ", ", j, "]");
-      o[j] = fp8_e4m3_to_f32(in[j]) * srow[j / static_cast<std::size_t>(block_cols)];
+    unsigned nan = 0;
+    for (std::size_t j0 = 0; j0 < C; j0 += bc) {
+      const float s = srow[j0 / bc];
+      const std::size_t j1 = std::min(C, j0 + bc);
+      for (std::size_t j = j0; j < j1; ++j) {
+        nan |= static_cast<unsigned>((in[j] & 0x7fu) == 0x7fu);
+        o[j] = value[in[j]] * s;
+      }
     }
+    if (nan != 0)
+      for (std::size_t j = 0; j < C; ++j)
+        check(!fp8_e4m3_is_nan(in[j]), what, ": NaN E4M3 code at [", i, ", ", j, "]");
   }
 }
 
