@@ -323,6 +323,15 @@ TEST_CASE("fp8 checkpoints: loading errors name the tensor") {
   CHECK(contains(error_of([&] { (void)zipage::load_hf_checkpoint(ref); }),
                  "unexpected tensor 'model.layers.0.mlp.up_proj.weight_scale_inv'"));
 
+  // A tied lm_head stored anyway, quantised with its scale, is ignored as a BF16 copy would be.
+  fresh();
+  rewrite(fp8, [&](const std::string&, auto&, auto&, auto&) { return true; }, [&](st::writer& wr) {
+    wr.add_raw("lm_head.weight", "F8_E4M3", {s.vocab, s.hidden},
+               std::vector<std::byte>(static_cast<std::size_t>(s.vocab * s.hidden), std::byte{0x38}));
+    wr.add_raw("lm_head.weight_scale_inv", "F32", {4, 2}, f32_bytes(std::vector<float>(8, 1.0f)));
+  });
+  CHECK(load_error() == "<no error>");
+
   // An F8_E4M3 norm (no quantised vector exists in the format) is refused by the reader, naming the dtype.
   fresh();
   rewrite(fp8, [&](const std::string& name, auto& dtype, auto& shape, auto& bytes) {

@@ -151,6 +151,7 @@ llama_model<Backend> load_hf_model(const model_config& c, const safetensors::che
   w.final_norm = r.vector("model.norm.weight", c.hidden_size);
   if (c.tied_embeddings) {
     r.skip("lm_head.weight");  // some exporters store the tied copy; the embedding is used either way
+    r.skip("lm_head.weight_scale_inv");  // ... quantised, in an FP8 checkpoint
   } else {
     check(r.has("lm_head.weight"), ckpt.describe(),
           ": no tensor 'lm_head.weight' but the config has tie_word_embeddings = false");
