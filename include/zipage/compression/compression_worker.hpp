@@ -61,8 +61,6 @@ class compression_worker {
     if (thread_.joinable()) thread_.join();
   }
 
-  [[nodiscard]] const compressor<Policy, Backend>& planner() const { return compressor_; }
-
   // Queues the requests (one step's compressions); all of them can be taken as one batch.
   void submit(std::vector<compression_request> reqs) {
     if (reqs.empty()) return;

@@ -27,6 +27,7 @@
 #include "zipage/core/error.hpp"
 #include "zipage/engine/engine_config.hpp"
 #include "zipage/engine/memory_plan.hpp"
+#include "zipage/engine/memory_profile.hpp"
 #include "zipage/engine/output_processor.hpp"
 #include "zipage/engine/step_executor.hpp"
 #include "zipage/model/concepts.hpp"
@@ -54,7 +55,10 @@ class engine {
         model_(std::move(model)),
         policy_(std::move(policy)),
         backend_(std::move(backend)),
-        memory_(plan_memory(model_.config(), sized_memory_request())),
+        memory_(plan_memory(model_.config(),
+                            sized_memory_request<EvictionPolicy::evicts, EvictionPolicy::uses_score_cache,
+                                                 requires { Scheduler::slot_per_running_request; }>(
+                                model_, backend_, cfg_, compression_))),
         pool_(checked_pool_blocks(cfg_, compression_, model_.config(), memory_, EvictionPolicy::evicts)),
         stop_(stop_rules_for(model_.config(), cfg_)),
         scheduler_(scheduler_settings(), pool_),
@@ -242,45 +246,6 @@ class engine {
     if (done.empty()) return;
     for (request_id id : scheduler_.update(step_plan{}, step_output{{}, std::move(done)}))
       events.push_back({id, 0, {}, true, finish_reason::error});
-  }
-
-  // The memory the KV cache may take. On a backend that reports device memory, with gpu_memory_utilization
-  // set, the activation peak is measured first (profile_peak_memory) so the pool never takes it.
-  [[nodiscard]] memory_request sized_memory_request() {
-    const engine_config& cfg = cfg_;
-    memory_request r;
-    r.budget_bytes = cfg.kv_cache_bytes;
-    if constexpr (requires { { backend_.memory_info() } -> std::convertible_to<std::pair<std::size_t, std::size_t>>; }) {
-      if (cfg.gpu_memory_utilization > 0.0 && cfg.num_blocks == 0) {
-        check(cfg.gpu_memory_utilization <= 1.0, "engine: gpu_memory_utilization must be in (0, 1], got ",
-              cfg.gpu_memory_utilization);
-        profile_peak_memory(model_, backend_, cfg.max_batched_tokens, cfg.max_num_seqs, cfg.block_size);
-        r.budget_bytes = device_kv_budget(cfg.gpu_memory_utilization, backend_.memory_info());
-        if (cfg.max_kv_cache_bytes > 0) r.budget_bytes = std::min(r.budget_bytes, cfg.max_kv_cache_bytes);
-      }
-    }
-    const Backend& backend = backend_;
-    // A backend that stores K/V in a narrower type (bf16) says so; the CPU reference keeps fp32.
-    if constexpr (requires { { backend.kv_element_bytes() } -> std::convertible_to<std::size_t>; })
-      r.element_bytes = backend.kv_element_bytes();
-    // A quantised cache (FP8) also counts its scales; its query-window cache keeps the compute dtype.
-    if constexpr (requires { { backend.kv_scale_bytes() } -> std::convertible_to<std::size_t>; })
-      r.kv_scale_bytes = backend.kv_scale_bytes();
-    if constexpr (requires { { backend.query_element_bytes() } -> std::convertible_to<std::size_t>; })
-      r.query_element_bytes = backend.query_element_bytes();
-    r.num_blocks = cfg.num_blocks;
-    r.num_query_slots = cfg.num_query_slots;
-    r.max_running = cfg.max_num_seqs;
-    r.block_size = cfg.block_size;
-    if constexpr (EvictionPolicy::evicts) {
-      r.budget_blocks = compression_.budget_blocks;
-      r.window = compression_.window;
-      r.score_cache = EvictionPolicy::uses_score_cache;
-      // A scheduler without hybrid slots gives every running request one.
-      if constexpr (requires { Scheduler::slot_per_running_request; })
-        if (r.num_query_slots == 0) r.num_query_slots = cfg.max_num_seqs;
-    }
-    return r;
   }
 
   // The scheduler's settings: limits, B and W, the slots the memory plan made, and the rules update()

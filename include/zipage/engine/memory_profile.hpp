@@ -1,8 +1,10 @@
 #pragma once
-// The batch of the engine's profiling forward (vLLM's profile_run): before the KV pool is sized from a
-// device's free memory, the model runs once over a step as large as a step can be, so its activations and
-// the backend's workspaces reach their peak (they are grow-only and stay allocated) and the free memory
-// read afterwards is what the pool may take. Plain host code: it only lays the batch out.
+// Sizing the KV memory at engine start. The batch of the engine's profiling forward (vLLM's profile_run):
+// before the KV pool is sized from a device's free memory, the model runs once over a step as large as a
+// step can be, so its activations and the backend's workspaces reach their peak (they are grow-only and
+// stay allocated) and the free memory read afterwards is what the pool may take (make_profile_batch: plain
+// host code, it only lays the batch out; profile_peak_memory runs it). sized_memory_request: what the
+// memory plan is asked for.
 //
 // The layout: `num_tokens` prompt tokens (max_batched_tokens) split as evenly as possible over `num_seqs`
 // sequences (at most one per token), each one's last token a logits row (so the logits tensor and device
@@ -11,12 +13,18 @@
 // the work of a real prefill of those lengths (causal lengths 1..len); what it writes there is garbage
 // and is never read as a result.
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "zipage/core/error.hpp"
 #include "zipage/core/types.hpp"
+#include "zipage/engine/engine_config.hpp"
+#include "zipage/engine/memory_plan.hpp"
+#include "zipage/model/concepts.hpp"
 #include "zipage/model/forward_context.hpp"
+#include "zipage/sampling/sampling_params.hpp"
 
 namespace zipage {
 
@@ -67,6 +75,84 @@ struct profile_batch {
     b.page_indptr.push_back(static_cast<std::int32_t>(b.page_indices.size()));
   }
   return b;
+}
+
+// vLLM's profile_run: one forward over the largest step there can be (max_batched_tokens prompt tokens,
+// as many logits rows as a step can sample: max_num_seqs, or the decode graph's padded batch), then device
+// sampling of those rows, on a throwaway one-block KV storage (make_profile_batch). The model's
+// activations and the backend's workspaces are grow-only, so they stay at this peak (and the backend's
+// stream-ordered pool keeps what it freed), and the free memory read next leaves room for them.
+template <class Model, class Backend>
+void profile_peak_memory(Model& model, Backend& backend, int max_batched_tokens, int max_num_seqs, int block_size) {
+  using tensor = typename Backend::tensor;
+  const model_config& c = model.config();
+  int rows = max_num_seqs;
+  if constexpr (decode_graph_runner<Backend>) rows = std::max(rows, backend.decode_graph_batch(max_num_seqs));
+  const profile_batch pb = make_profile_batch(max_batched_tokens, rows, block_size);
+  {
+    auto kv = backend.allocate_kv(kv_cache_shape{c.num_layers, 1, block_size, c.num_kv_heads, c.head_dim});
+    const forward_batch batch = pb.view();
+    forward_context<Backend> ctx(backend, kv, batch, c.num_q_heads);
+    auto sample = [&](const tensor& logits) {
+      if constexpr (device_sampler<Backend>) {
+        // Every filter on, so the sampler's workspaces reach their largest size.
+        sampling_params sp;
+        sp.temperature = 1.0f;
+        sp.top_k = 50;
+        sp.top_p = 0.9f;
+        sp.min_p = 0.01f;
+        sp.repetition_penalty = 1.1f;
+        const std::vector<token_id> context(pb.tokens.begin(), pb.tokens.begin() + 1);
+        std::vector<sample_row> sr;
+        for (int i = 0; i < pb.num_seqs(); ++i) sr.push_back({i, &sp, context, 0});
+        (void)backend.sample(logits, sr);  // synchronises: the tokens come back to the host
+      } else {
+        (void)backend.to_host(logits);
+      }
+    };
+    sample(model.forward(ctx));  // logits returned by value are freed again (a pooled backend keeps them cached)
+  }
+  if constexpr (requires { backend.synchronize(); }) backend.synchronize();  // the throwaway KV is freed
+}
+
+// The memory the KV cache may take. On a backend that reports device memory, with gpu_memory_utilization
+// set, the activation peak is measured first (profile_peak_memory) so the pool never takes it.
+// SlotPerRunning: the scheduler has no hybrid slots and gives every running request one.
+template <bool Evicts, bool ScoreCache, bool SlotPerRunning, class Model, class Backend>
+[[nodiscard]] memory_request sized_memory_request(Model& model, Backend& backend, const engine_config& cfg,
+                                                  const compression_params& compression) {
+  memory_request r;
+  r.budget_bytes = cfg.kv_cache_bytes;
+  if constexpr (requires { { backend.memory_info() } -> std::convertible_to<std::pair<std::size_t, std::size_t>>; }) {
+    if (cfg.gpu_memory_utilization > 0.0 && cfg.num_blocks == 0) {
+      check(cfg.gpu_memory_utilization <= 1.0, "engine: gpu_memory_utilization must be in (0, 1], got ",
+            cfg.gpu_memory_utilization);
+      profile_peak_memory(model, backend, cfg.max_batched_tokens, cfg.max_num_seqs, cfg.block_size);
+      r.budget_bytes = device_kv_budget(cfg.gpu_memory_utilization, backend.memory_info());
+      if (cfg.max_kv_cache_bytes > 0) r.budget_bytes = std::min(r.budget_bytes, cfg.max_kv_cache_bytes);
+    }
+  }
+  const Backend& b = backend;
+  // A backend that stores K/V in a narrower type (bf16) says so; the CPU reference keeps fp32.
+  if constexpr (requires { { b.kv_element_bytes() } -> std::convertible_to<std::size_t>; })
+    r.element_bytes = b.kv_element_bytes();
+  // A quantised cache (FP8) also counts its scales; its query-window cache keeps the compute dtype.
+  if constexpr (requires { { b.kv_scale_bytes() } -> std::convertible_to<std::size_t>; })
+    r.kv_scale_bytes = b.kv_scale_bytes();
+  if constexpr (requires { { b.query_element_bytes() } -> std::convertible_to<std::size_t>; })
+    r.query_element_bytes = b.query_element_bytes();
+  r.num_blocks = cfg.num_blocks;
+  r.num_query_slots = cfg.num_query_slots;
+  r.max_running = cfg.max_num_seqs;
+  r.block_size = cfg.block_size;
+  if constexpr (Evicts) {
+    r.budget_blocks = compression.budget_blocks;
+    r.window = compression.window;
+    r.score_cache = ScoreCache;
+    if constexpr (SlotPerRunning)
+      if (r.num_query_slots == 0) r.num_query_slots = cfg.max_num_seqs;
+  }
+  return r;
 }
 
 }  // namespace zipage

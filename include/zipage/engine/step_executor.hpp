@@ -13,7 +13,6 @@
 
 #include "zipage/compression/compression_worker.hpp"
 #include "zipage/engine/batch_layout.hpp"
-#include "zipage/engine/memory_profile.hpp"
 #include "zipage/model/concepts.hpp"
 #include "zipage/sampling/logprobs.hpp"
 #include "zipage/sampling/sampler.hpp"
@@ -148,43 +147,5 @@ class step_executor {
   std::unordered_map<request_id, typename Backend::swap_blob> swapped_;  // host copies of swapped-out requests
   std::int64_t graph_steps_ = 0, graph_padding_rows_ = 0;
 };
-
-// vLLM's profile_run: one forward over the largest step there can be (max_batched_tokens prompt tokens,
-// as many logits rows as a step can sample: max_num_seqs, or the decode graph's padded batch), then device
-// sampling of those rows, on a throwaway one-block KV storage (make_profile_batch). The model's
-// activations and the backend's workspaces are grow-only, so they stay at this peak (and the backend's
-// stream-ordered pool keeps what it freed), and the free memory read next leaves room for them.
-template <class Model, class Backend>
-void profile_peak_memory(Model& model, Backend& backend, int max_batched_tokens, int max_num_seqs, int block_size) {
-  using tensor = typename Backend::tensor;
-  const model_config& c = model.config();
-  int rows = max_num_seqs;
-  if constexpr (decode_graph_runner<Backend>) rows = std::max(rows, backend.decode_graph_batch(max_num_seqs));
-  const profile_batch pb = make_profile_batch(max_batched_tokens, rows, block_size);
-  {
-    auto kv = backend.allocate_kv(kv_cache_shape{c.num_layers, 1, block_size, c.num_kv_heads, c.head_dim});
-    const forward_batch batch = pb.view();
-    forward_context<Backend> ctx(backend, kv, batch, c.num_q_heads);
-    auto sample = [&](const tensor& logits) {
-      if constexpr (device_sampler<Backend>) {
-        // Every filter on, so the sampler's workspaces reach their largest size.
-        sampling_params sp;
-        sp.temperature = 1.0f;
-        sp.top_k = 50;
-        sp.top_p = 0.9f;
-        sp.min_p = 0.01f;
-        sp.repetition_penalty = 1.1f;
-        const std::vector<token_id> context(pb.tokens.begin(), pb.tokens.begin() + 1);
-        std::vector<sample_row> sr;
-        for (int i = 0; i < pb.num_seqs(); ++i) sr.push_back({i, &sp, context, 0});
-        (void)backend.sample(logits, sr);  // synchronises: the tokens come back to the host
-      } else {
-        (void)backend.to_host(logits);
-      }
-    };
-    sample(model.forward(ctx));  // logits returned by value are freed again (a pooled backend keeps them cached)
-  }
-  if constexpr (requires { backend.synchronize(); }) backend.synchronize();  // the throwaway KV is freed
-}
 
 }  // namespace zipage
