@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include "fp8_checkpoint.hpp"
+#include "prefill_logits.hpp"
 #include "test_support.hpp"
 
 #include <zipage/engine/engine.hpp>
@@ -46,28 +47,7 @@ std::string quant_error(const std::string& qc) {
 
 // One prefill of a single sequence with full KV: the logits of every position, flattened [T][vocab].
 std::vector<float> model_logits(model_type& m, const std::vector<token_id>& tokens) {
-  const auto& c = m.config();
-  const int T = static_cast<int>(tokens.size()), bs = 16, blocks = (T + bs - 1) / bs;
-  zipage::cpu_backend backend;
-  zipage::kv_cache_shape shape;
-  shape.num_layers = c.num_layers;
-  shape.num_blocks = blocks;
-  shape.block_size = bs;
-  shape.num_kv_heads = c.num_kv_heads;
-  shape.head_dim = c.head_dim;
-  auto kv = backend.allocate_kv(shape);
-  std::vector<std::int32_t> pos(static_cast<std::size_t>(T)), seq(pos.size(), 0), len(pos.size()),
-      pages(static_cast<std::size_t>(blocks)), rows(pos.size());
-  std::vector<std::int64_t> slots(pos.size());
-  std::iota(pos.begin(), pos.end(), 0);
-  std::iota(rows.begin(), rows.end(), 0);
-  std::iota(slots.begin(), slots.end(), 0);
-  std::iota(len.begin(), len.end(), 1);
-  std::iota(pages.begin(), pages.end(), 0);
-  const std::vector<std::int32_t> indptr{0, blocks};
-  zipage::forward_batch batch{tokens, pos, rows, {slots, seq, len, indptr, pages, {}}};
-  zipage::forward_context<zipage::cpu_backend> ctx(backend, kv, batch, c.num_q_heads);
-  return backend.to_host(m.forward(ctx));
+  return zipage::testing::prefill_logits(m, tokens);
 }
 
 // Rewrites dir/model.safetensors tensor by tensor; `edit` may change a tensor's dtype text, shape and bytes,

@@ -5,6 +5,7 @@
 // generate through the engine.
 #include <doctest/doctest.h>
 
+#include "prefill_logits.hpp"
 #include "test_support.hpp"
 
 #include <zipage/engine/engine.hpp>
@@ -261,27 +262,8 @@ using model_type = zipage::llama_model<zipage::cpu_backend>;
 // One prefill of a single sequence with full KV, returning the logits of every position [T][vocab].
 std::vector<std::vector<float>> model_logits(model_type& m, const std::vector<token_id>& tokens) {
   const auto& c = m.config();
-  const int T = static_cast<int>(tokens.size()), bs = 16, blocks = (T + bs - 1) / bs;
-  zipage::cpu_backend backend;
-  zipage::kv_cache_shape shape;
-  shape.num_layers = c.num_layers;
-  shape.num_blocks = blocks;
-  shape.block_size = bs;
-  shape.num_kv_heads = c.num_kv_heads;
-  shape.head_dim = c.head_dim;
-  auto kv = backend.allocate_kv(shape);
-  std::vector<std::int32_t> pos(static_cast<std::size_t>(T)), seq(pos.size(), 0), len(pos.size()),
-      pages(static_cast<std::size_t>(blocks)), rows(pos.size());
-  std::vector<std::int64_t> slots(pos.size());
-  std::iota(pos.begin(), pos.end(), 0);
-  std::iota(rows.begin(), rows.end(), 0);
-  std::iota(slots.begin(), slots.end(), 0);
-  std::iota(len.begin(), len.end(), 1);
-  std::iota(pages.begin(), pages.end(), 0);
-  const std::vector<std::int32_t> indptr{0, blocks};
-  zipage::forward_batch batch{tokens, pos, rows, {slots, seq, len, indptr, pages, {}}};
-  zipage::forward_context<zipage::cpu_backend> ctx(backend, kv, batch, c.num_q_heads);
-  const auto flat = backend.to_host(m.forward(ctx));
+  const int T = static_cast<int>(tokens.size());
+  const auto flat = zipage::testing::prefill_logits(m, tokens);
   std::vector<std::vector<float>> out;
   for (int t = 0; t < T; ++t)
     out.emplace_back(flat.begin() + std::ptrdiff_t{t} * c.vocab_size, flat.begin() + std::ptrdiff_t{t + 1} * c.vocab_size);

@@ -1,0 +1,39 @@
+#pragma once
+// One prefill of a single sequence with full KV on the CPU backend, outside any engine: the logits of every
+// position, flattened [T][vocab]. For comparing a loaded model's numbers with a reference's.
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "zipage/backend/cpu/cpu_backend.hpp"
+#include "zipage/model/forward_context.hpp"
+
+namespace zipage::testing {
+
+template <class Model>
+std::vector<float> prefill_logits(Model& m, const std::vector<token_id>& tokens) {
+  const auto& c = m.config();
+  const int T = static_cast<int>(tokens.size()), bs = 16, blocks = (T + bs - 1) / bs;
+  cpu_backend backend;
+  kv_cache_shape shape;
+  shape.num_layers = c.num_layers;
+  shape.num_blocks = blocks;
+  shape.block_size = bs;
+  shape.num_kv_heads = c.num_kv_heads;
+  shape.head_dim = c.head_dim;
+  auto kv = backend.allocate_kv(shape);
+  std::vector<std::int32_t> pos(static_cast<std::size_t>(T)), seq(pos.size(), 0), len(pos.size()),
+      pages(static_cast<std::size_t>(blocks)), rows(pos.size());
+  std::vector<std::int64_t> slots(pos.size());
+  std::iota(pos.begin(), pos.end(), 0);
+  std::iota(rows.begin(), rows.end(), 0);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::iota(len.begin(), len.end(), 1);
+  std::iota(pages.begin(), pages.end(), 0);
+  const std::vector<std::int32_t> indptr{0, blocks};
+  forward_batch batch{tokens, pos, rows, {slots, seq, len, indptr, pages, {}}};
+  forward_context<cpu_backend> ctx(backend, kv, batch, c.num_q_heads);
+  return backend.to_host(m.forward(ctx));
+}
+
+}  // namespace zipage::testing
