@@ -1,0 +1,219 @@
+// zipage::cuda_backend (backend/cuda/cuda_backend.hpp): the paged attention step — the step's metadata uploaded once
+// for every layer, K/V appended (bf16 or FP8), window queries recorded, then the decode, prefill or generic kernel.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include "context.cuh"
+#include "zipage/backend/cuda/engine_kernels.hpp"
+#include "zipage/backend/cuda/kernels.hpp"
+
+namespace zipage {
+
+namespace {
+
+// Context lengths rounded up to four buckets per octave (at most 25% above), at least 64.
+int context_bucket(int len) {
+  const int b = std::max(len, 64);
+  const int step = std::max(64, static_cast<int>(std::bit_floor(static_cast<unsigned>(b))) / 4);
+  return (b + step - 1) / step * step;
+}
+
+// Copies the step's attention metadata to the device unless the last call already did (every layer
+// after the first), and derives what the kernels need besides (prefill q_indptr, decode or not).
+const cuda_detail::step_state& prepare_step(context& c, const attention_metadata& meta) {
+  const section raw[] = {cuda_detail::span_section(meta.slot_mapping), cuda_detail::span_section(meta.token_seq),
+                         cuda_detail::span_section(meta.token_kv_len), cuda_detail::span_section(meta.page_indptr),
+                         cuda_detail::span_section(meta.page_indices), cuda_detail::span_section(meta.token_window_row)};
+  const bool graphed = c.graph.phase != cuda_detail::graph_phase::off;
+  if (graphed ? c.graph.same(cuda_detail::up_meta, raw) : c.meta_up.same(raw)) return c.step;
+
+  auto& st = c.step;
+  st.num_tokens = meta.num_tokens();
+  st.num_seqs = meta.num_seqs();
+  check(meta.token_seq.size() == meta.slot_mapping.size() && meta.token_kv_len.size() == meta.slot_mapping.size(),
+        "attention: metadata arrays of different lengths");
+  check(meta.token_window_row.empty() || meta.token_window_row.size() == meta.slot_mapping.size(),
+        "attention: token_window_row must be empty or one per token");
+  check(st.num_seqs >= 0, "attention: empty page_indptr");
+  // q_indptr from token_seq (tokens of a sequence are contiguous, sequences in order).
+  auto& qi = c.q_indptr_host;
+  qi.assign(static_cast<std::size_t>(st.num_seqs) + 1, 0);
+  for (const std::int32_t s : meta.token_seq) {
+    check(s >= 0 && s < st.num_seqs, "attention: token of sequence ", s, " outside the batch of ", st.num_seqs);
+    ++qi[static_cast<std::size_t>(s) + 1];
+  }
+  for (int s = 0; s < st.num_seqs; ++s) qi[static_cast<std::size_t>(s) + 1] += qi[static_cast<std::size_t>(s)];
+  st.max_kv_len = 0;
+  st.kv_read = 0;
+  bool decode = st.num_seqs > 0;
+  for (int s = 0; s < st.num_seqs; ++s) {
+    const int first = qi[static_cast<std::size_t>(s)], last = qi[static_cast<std::size_t>(s) + 1];
+    if (last - first != 1) decode = false;
+    if (last > first) st.kv_read += meta.token_kv_len[static_cast<std::size_t>(last - 1)];
+  }
+  for (const std::int32_t len : meta.token_kv_len) st.max_kv_len = std::max(st.max_kv_len, len);
+  st.decode = decode;
+  st.has_window = false;
+  for (const std::int32_t r : meta.token_window_row) st.has_window |= r >= 0;
+
+  if (graphed) {
+    // A graph bakes the split-KV plan in, so it is made for a bucket of context lengths, not the exact one.
+    st.max_kv_len = context_bucket(st.max_kv_len);
+    c.graph.kv_bucket = st.max_kv_len;
+  }
+
+  const section all[] = {raw[0], raw[1], raw[2], raw[3], raw[4], raw[5],
+                         section{qi.data(), qi.size() * sizeof(std::int32_t)}};
+  cuda_detail::staged d;
+  if (graphed) {
+    d = c.graph.stage(cuda_detail::up_meta, all);
+  } else {
+    c.meta_up.put(all, c.stream);
+    for (std::size_t i = 0; i < std::size(all); ++i) d.p[i] = c.meta_up.device<char>(i);
+  }
+  st.slots = d.at<std::int64_t>(0);
+  st.token_seq = d.at<std::int32_t>(1);
+  st.token_kv_len = d.at<std::int32_t>(2);
+  st.page_indptr = d.at<std::int32_t>(3);
+  st.page_indices = d.at<std::int32_t>(4);
+  st.window_rows = d.at<std::int32_t>(5);
+  st.q_indptr = d.at<std::int32_t>(6);
+  st.plan_key.fill(-1);
+  if (!c.capturing()) c.count([&](cuda_backend_counters& k) { ++k.metadata_uploads; });
+  return st;
+}
+
+}  // namespace
+
+void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_metadata& meta, const cuda_tensor& q,
+                             const cuda_tensor& k, const cuda_tensor& v, int num_q_heads, cuda_tensor& out) const {
+  context& c = use(ctx_);
+  const auto& s = kv.shape;
+  const int d = s.head_dim;
+  const int tokens = meta.num_tokens();
+  check(q.dtype() == kv.dtype && k.dtype() == kv.dtype && v.dtype() == kv.dtype, "cuda_backend: the KV cache is ",
+        to_string(kv.dtype), " but q/k/v are ", to_string(q.dtype()), " (build the model and the engine with the same "
+        "cuda_backend: engine(model, config, policy, backend))");
+  check(layer >= 0 && layer < s.num_layers, "attention: layer ", layer, " of ", s.num_layers);
+  check(q.rows() == tokens && k.rows() == tokens && v.rows() == tokens, "attention: ", tokens, " tokens but q/k/v have ",
+        q.rows(), "/", k.rows(), "/", v.rows(), " rows");
+  check(q.cols() == num_q_heads * d && k.cols() == s.num_kv_heads * d && v.cols() == s.num_kv_heads * d,
+        "attention: q/k/v widths do not match the heads");
+  check(num_q_heads % s.num_kv_heads == 0, "attention: ", num_q_heads, " query heads for ", s.num_kv_heads, " KV heads");
+  access::shape(ctx_, out, tokens, q.cols(), q.dtype());
+  if (tokens == 0) return;
+
+  const auto& st = prepare_step(c, meta);
+  if (layer == 0 && !c.capturing())
+    c.count([&](cuda_backend_counters& kc) {
+      ++kc.forward_steps;
+      kc.attention_tokens += tokens;
+      kc.kv_tokens_read += st.kv_read;
+      st.decode ? ++kc.decode_steps : ++kc.prefill_steps;
+    });
+  const std::size_t eb = kv.element_bytes();
+  const std::size_t layer_off = static_cast<std::size_t>(s.layer_stride()) * static_cast<std::size_t>(layer) * eb;
+  void* kc = static_cast<char*>(kv.k.data()) + layer_off;
+  void* vc = static_cast<char*>(kv.v.data()) + layer_off;
+  // FP8: this layer's per-(slot, KV head) scales.
+  const bool fp8 = kv.fp8();
+  float* ksc = fp8 ? static_cast<float*>(kv.k_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
+  float* vsc = fp8 ? static_cast<float*>(kv.v_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
+  const cuda::cuda_stream stream = as_stream(c.stream);
+  const int width = s.num_kv_heads * d;
+  const bool bf16_fast = kv.dtype == cuda_dtype::bf16 && c.opts.fast_kernels;
+
+  // What to launch, decided before launching anything (a graph record pass launches nothing).
+  const bool fast_append = !fp8 && bf16_fast && width % 8 == 0 && aligned16(kc) && aligned16(vc) &&
+                           aligned16(k.data()) && aligned16(v.data());
+  void* window_rows = nullptr;
+  if (st.has_window && kv.queries.data() != nullptr) {
+    check(s.num_q_heads == num_q_heads, "attention: the query-window cache has ", s.num_q_heads, " heads, q has ",
+          num_q_heads);
+    window_rows = static_cast<char*>(kv.queries.data()) + static_cast<std::size_t>(s.query_layer_stride()) *
+                                                                static_cast<std::size_t>(layer) * kv.query_element_bytes();
+  }
+  const float scale = 1.0f / std::sqrt(float(d));
+  const int group = num_q_heads / s.num_kv_heads;
+  const bool tuned = bf16_fast && (d == 64 || d == 128) && power_of_two(s.block_size) && s.block_size >= 2 &&
+                     aligned16(q.data()) && aligned16(out.data());
+  enum class path { decode, prefill, generic };
+  const path kind = tuned && st.decode && st.num_seqs <= 65535 ? path::decode
+                    : tuned && group <= 64                     ? path::prefill
+                                                               : path::generic;
+  // The fields every attention kernel's parameters share.
+  auto common = [&](auto& p) {
+    p.q = q.data();
+    p.out = out.data();
+    p.k_cache = kc;
+    p.v_cache = vc;
+    p.k_scale = ksc;
+    p.v_scale = vsc;
+    p.page_indptr = st.page_indptr;
+    p.page_indices = st.page_indices;
+    p.num_q_heads = num_q_heads;
+    p.num_kv_heads = s.num_kv_heads;
+    p.head_dim = d;
+    p.block_size = s.block_size;
+    p.scale = scale;
+  };
+  cuda::decode_params dp;
+  void* wsp = nullptr;
+  std::size_t ws = 0;
+  if (kind == path::decode) {
+    common(dp);
+    dp.kv_len = st.token_kv_len;  // one token per sequence: token t is sequence t
+    dp.num_seqs = st.num_seqs;
+    dp.max_kv_len = st.max_kv_len;
+    auto& mst = c.step;
+    const std::array<int, 6> key{st.num_seqs, st.max_kv_len, num_q_heads, s.num_kv_heads, d, s.block_size};
+    if (mst.plan_key != key) {
+      mst.plan = cuda::plan_decode(dp);
+      mst.plan_key = key;
+    }
+    ws = cuda::decode_workspace_bytes(dp, mst.plan);
+    wsp = ws ? c.decode_ws.reserve(ws, c.stream) : nullptr;
+  }
+  if (c.skip_launch(10, layer, kc, vc, q.data(), k.data(), v.data(), out.data(), tokens, st.num_seqs, st.max_kv_len,
+                    st.slots, st.token_seq, st.token_kv_len, st.page_indptr, st.page_indices, st.q_indptr,
+                    st.window_rows, window_rows, fast_append, kind, c.step.plan.num_splits, c.step.plan.chunk_tokens,
+                    c.step.plan.stages, wsp, ws, num_q_heads, s.num_kv_heads, d, s.block_size, kv.dtype, ksc, vsc))
+    return;
+
+  if (fp8)
+    cuda::engine::append_kv_fp8(kv.dtype, static_cast<std::uint8_t*>(kc), static_cast<std::uint8_t*>(vc), ksc, vsc,
+                                k.data(), v.data(), st.slots, tokens, s.num_kv_heads, d, stream);
+  else if (fast_append)
+    cuda::append_kv(kc, vc, k.data(), v.data(), st.slots, tokens, s.num_kv_heads, d, 0, 0, stream);
+  else
+    cuda::engine::append_kv(kv.dtype, kc, vc, k.data(), v.data(), st.slots, tokens, width, stream);
+  if (window_rows) cuda::engine::record_queries(kv.dtype, window_rows, st.window_rows, q.data(), tokens, q.cols(), stream);
+
+  if (kind == path::decode) {
+    cuda::paged_decode_attention(dp, c.step.plan, wsp, ws, stream);
+    return;
+  }
+  if (kind == path::prefill) {
+    cuda::prefill_params p;
+    common(p);
+    p.q_indptr = st.q_indptr;
+    p.token_kv_len = st.token_kv_len;
+    p.num_tokens = tokens;
+    p.num_seqs = st.num_seqs;
+    cuda::paged_prefill_attention(p, stream);
+    return;
+  }
+  cuda::engine::generic_attention_params p;
+  common(p);
+  p.token_seq = st.token_seq;
+  p.token_kv_len = st.token_kv_len;
+  p.num_tokens = tokens;
+  cuda::engine::paged_attention(kv.dtype, p, stream);
+}
+
+}  // namespace zipage

@@ -1,0 +1,289 @@
+#pragma once
+// Private to src/cuda/backend/ (not installed): the device context shared by every copy of a
+// zipage::cuda_backend (streams, cuBLASLt, staging buffers, the step's attention state, sampling and
+// compression scratch, counters, CUDA-graph state), the friend `access` that shapes tensors and buffers,
+// and the small helpers the backend's source files share. The backend's members are defined by
+// responsibility in src/cuda/backend/*.cu (listed in src/CMakeLists.txt).
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "graph_state.cuh"
+#include "staging.cuh"
+#include "zipage/backend/cuda/common.cuh"
+#include "zipage/backend/cuda/cuda_backend.hpp"
+#include "zipage/backend/cuda/kernels.hpp"
+#include "zipage/sampling/sampler.hpp"
+
+#define ZIPAGE_LT_CHECK(expr)                                                                          \
+  do {                                                                                                 \
+    const cublasStatus_t zipage_lt_status_ = (expr);                                                   \
+    if (zipage_lt_status_ != CUBLAS_STATUS_SUCCESS)                                                    \
+      ::zipage::fail("cuBLASLt error ", static_cast<int>(zipage_lt_status_), " in ", #expr, " at ", __FILE__, ":", \
+                     __LINE__);                                                                        \
+  } while (0)
+
+namespace zipage {
+
+namespace cuda_detail {
+
+using clock = std::chrono::steady_clock;
+inline double seconds_since(clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); }
+
+struct gemm_key {
+  int m, n, k;
+  cuda_dtype t;
+  int align;
+  bool operator==(const gemm_key&) const = default;
+};
+struct gemm_key_hash {
+  std::size_t operator()(const gemm_key& g) const {
+    std::size_t h = static_cast<std::size_t>(g.m);
+    h = h * 1000003u ^ static_cast<std::size_t>(g.n);
+    h = h * 1000003u ^ static_cast<std::size_t>(g.k);
+    h = h * 31u ^ static_cast<std::size_t>(g.t);
+    return h * 31u ^ static_cast<std::size_t>(g.align);
+  }
+};
+
+struct gemm_plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool ok = false;
+  gemm_plan() = default;
+  gemm_plan(const gemm_plan&) = delete;
+  gemm_plan& operator=(const gemm_plan&) = delete;
+  ~gemm_plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+// What the step's attention metadata became on the device (shared by every layer of the step).
+struct step_state {
+  bool decode = false;  // every sequence has exactly one new token
+  int num_tokens = 0;
+  int num_seqs = 0;
+  int max_kv_len = 0;
+  std::int64_t kv_read = 0;  // sum over sequences of the KV length attended
+  bool has_window = false;
+  const std::int64_t* slots = nullptr;
+  const std::int32_t* token_seq = nullptr;
+  const std::int32_t* token_kv_len = nullptr;
+  const std::int32_t* page_indptr = nullptr;
+  const std::int32_t* page_indices = nullptr;
+  const std::int32_t* window_rows = nullptr;
+  const std::int32_t* q_indptr = nullptr;
+  // decode plan for (num_seqs, max_kv_len, heads, head_dim, block_size)
+  cuda::decode_plan plan{};
+  std::array<int, 6> plan_key{-1, -1, -1, -1, -1, -1};
+};
+
+// The two streams, created first and destroyed last (after every member that frees in stream order).
+struct stream_pair {
+  cudaStream_t main = nullptr;
+  cudaStream_t side = nullptr;
+  explicit stream_pair(int device) {
+    ZIPAGE_CUDA_CHECK(cudaSetDevice(device));
+    ZIPAGE_CUDA_CHECK(cudaStreamCreateWithFlags(&main, cudaStreamNonBlocking));
+    ZIPAGE_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  }
+  stream_pair(const stream_pair&) = delete;
+  stream_pair& operator=(const stream_pair&) = delete;
+  ~stream_pair() {
+    cudaStreamSynchronize(main);
+    cudaStreamSynchronize(side);
+    cudaStreamDestroy(main);
+    cudaStreamDestroy(side);
+  }
+};
+
+struct context {
+  cuda_backend_options opts;
+  stream_pair streams;
+  cudaStream_t stream = streams.main;  // every op of the engine's thread
+  cudaStream_t side = streams.side;    // compression hooks (worker thread)
+  cublasLtHandle_t lt = nullptr;
+  void* lt_workspace = nullptr;
+  std::unordered_map<gemm_key, std::unique_ptr<gemm_plan>, gemm_key_hash> gemms;
+
+  uploader ids_up, pos_up, rows_up, meta_up, misc_up;
+  std::vector<std::int32_t> q_indptr_host;
+  step_state step;
+  device_scratch decode_ws, to_host_dev;
+  pinned_buffer to_host_pinned;
+  std::unordered_map<std::string, double*> rope_tables;
+
+  std::mutex side_mu;
+  uploader side_up;
+  device_scratch side_dev;
+  pinned_buffer side_host;
+  device_scratch compress_ws;  // compress_on_device (side stream, under side_mu)
+  struct {
+    std::vector<std::int32_t> indptr, indices, lens, slots;
+    std::vector<std::uint8_t> first;
+  } compress_staging;  // compress_on_device's batch tables, before their upload (under side_mu)
+
+  // sample() (engine thread, main stream): per-row arrays staged on the host, one pinned upload, scratch.
+  uploader sample_up;
+  device_scratch sample_ws, sample_out, sample_rows;
+  pinned_buffer sample_host;
+  std::vector<float> s_temp, s_top_p, s_min_p, s_penalty, s_frequency, s_presence;
+  std::vector<std::int32_t> s_top_k, s_indptr, s_ids, s_rows, s_top;
+  std::vector<std::uint64_t> s_seed, s_step;
+  sampler host_sampler;  // device_sampling = false
+
+  mutable std::mutex counters_mu;
+  cuda_backend_counters counters;
+  std::array<cudaEvent_t, 32> chunk_events{};  // to_host's pipelined copy
+
+  graph_state graph;  // run_decode_graph (engine thread, main stream)
+
+  explicit context(const cuda_backend_options& o) : opts(o), streams(o.device) {
+    activate();
+    cudaMemPool_t pool = nullptr;
+    ZIPAGE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, opts.device));
+    std::uint64_t keep = UINT64_MAX;  // freed pool memory stays cached: steady-state steps never call the driver
+    ZIPAGE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    ZIPAGE_LT_CHECK(cublasLtCreate(&lt));
+    for (auto& e : chunk_events) ZIPAGE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    if (opts.gemm_workspace_bytes) ZIPAGE_CUDA_CHECK(cudaMalloc(&lt_workspace, opts.gemm_workspace_bytes));
+  }
+  context(const context&) = delete;
+  context& operator=(const context&) = delete;
+  ~context() {
+    cudaSetDevice(opts.device);
+    cudaStreamSynchronize(stream);
+    cudaStreamSynchronize(side);
+    gemms.clear();
+    for (auto& [key, p] : rope_tables) cudaFree(p);
+    if (lt_workspace) cudaFree(lt_workspace);
+    if (lt) cublasLtDestroy(lt);
+    for (auto& e : chunk_events)
+      if (e) cudaEventDestroy(e);
+    // The scratch buffers and uploaders free in stream order as members; `streams` goes last.
+  }
+
+  void activate() const {
+    thread_local int current = -1;
+    if (current != opts.device) {
+      ZIPAGE_CUDA_CHECK(cudaSetDevice(opts.device));
+      current = opts.device;
+    }
+  }
+  [[nodiscard]] bool fast_bf16() const { return opts.dtype == cuda_dtype::bf16 && opts.fast_kernels; }
+
+  // Called by every op just before it launches: outside run_decode_graph it does nothing; in a record or
+  // capture pass it folds the launch's arguments into the pass's signature, and in a record pass it
+  // tells the op to skip the launch (the pass only stages inputs and sizes outputs).
+  template <class... A>
+  bool skip_launch(int op, const A&... args) {
+    if (graph.phase == graph_phase::off) return false;
+    graph.note(op, args...);
+    return graph.phase == graph_phase::record;
+  }
+  [[nodiscard]] bool capturing() const { return graph.phase == graph_phase::capture; }
+
+  // A small host-input upload: through the uploader (skipped when equal to its last upload) outside a
+  // graph pass, into the graph arena inside one.
+  staged upload(uploader& u, int who, std::span<const section> secs) {
+    if (graph.phase != graph_phase::off) return graph.stage(who, secs);
+    u.upload(secs, stream);
+    staged out;
+    for (std::size_t i = 0; i < secs.size(); ++i) out.p[i] = u.device<char>(i);
+    return out;
+  }
+
+  template <class F>
+  void count(F&& f) {
+    std::lock_guard lock(counters_mu);
+    f(counters);
+  }
+};
+
+struct access {
+  static cuda_buffer& buf(cuda_tensor& t) { return t.buf_; }
+  static const cuda_buffer& buf(const cuda_tensor& t) { return t.buf_; }
+
+  static void reserve(const std::shared_ptr<context>& ctx, cuda_buffer& b, std::size_t bytes, bool pooled = true) {
+    if (b.ptr_ != nullptr && b.capacity_ >= bytes && b.ctx_ == ctx) return;
+    // The record pass sized every tensor the capture pass touches.
+    check(!ctx->capturing(), "cuda graphs: a tensor grew during stream capture");
+    release(b);
+    if (bytes == 0) return;
+    ctx->activate();
+    void* p = nullptr;
+    if (pooled)
+      ZIPAGE_CUDA_CHECK(cudaMallocAsync(&p, bytes, ctx->stream));
+    else
+      ZIPAGE_CUDA_CHECK(cudaMalloc(&p, bytes));
+    b.ctx_ = ctx;
+    b.ptr_ = p;
+    b.capacity_ = bytes;
+    b.pooled_ = pooled;
+  }
+  static void release(cuda_buffer& b) noexcept {
+    if (b.ptr_ != nullptr) {
+      if (b.pooled_)
+        cudaFreeAsync(b.ptr_, b.ctx_->stream);
+      else
+        cudaFree(b.ptr_);
+    }
+    b.ptr_ = nullptr;
+    b.capacity_ = 0;
+    b.ctx_.reset();
+  }
+  // Gives `t` the shape [rows][cols] of dtype dt, growing its buffer when needed (contents undefined).
+  static void shape(const std::shared_ptr<context>& ctx, cuda_tensor& t, int rows, int cols, cuda_dtype dt) {
+    check(rows >= 0 && cols >= 0, "cuda_backend: negative tensor shape ", rows, "x", cols);
+    reserve(ctx, t.buf_, static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) * dtype_bytes(dt));
+    t.rows_ = rows;
+    t.cols_ = cols;
+    t.dtype_ = dt;
+  }
+  static std::shared_ptr<context> owner(const cuda_tensor& t) { return t.buf_.ctx_; }
+};
+
+
+inline cuda::cuda_stream as_stream(cudaStream_t s) { return reinterpret_cast<cuda::cuda_stream>(s); }
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+inline context& use(const std::shared_ptr<context>& p) {
+  p->activate();
+  return *p;
+}
+
+inline bool power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
+
+// The pages of a request hold kv_len tokens and are all inside the pool (compression hooks, swapping).
+inline void check_pages(const kv_cache_shape& s, std::span<const block_id> pages, int kv_len) {
+  check(kv_len >= 0 && static_cast<std::int64_t>(pages.size()) * s.block_size >= kv_len, "compression: ", pages.size(),
+        " pages cannot hold ", kv_len, " tokens");
+  for (const block_id b : pages) check(b >= 0 && b < s.num_blocks, "compression: block ", b, " outside the pool");
+}
+
+}  // namespace cuda_detail
+
+using cuda_detail::access;
+using cuda_detail::as_stream;
+using cuda_detail::aligned16;
+using cuda_detail::check_pages;
+using cuda_detail::context;
+using cuda_detail::power_of_two;
+using cuda_detail::section;
+using cuda_detail::use;
+
+}  // namespace zipage

@@ -1,0 +1,176 @@
+// zipage::cuda_backend (backend/cuda/cuda_backend.hpp): device memory — buffers and tensors, the backend's
+// construction, host <-> device tensor copies, the KV storage, filled tensors, synchronisation and free memory.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "context.cuh"
+#include "zipage/backend/cuda/engine_kernels.hpp"
+
+namespace zipage {
+
+// ---------------------------------------------------------------------------------------------------
+// buffer / tensor
+
+cuda_buffer::~cuda_buffer() { access::release(*this); }
+
+cuda_tensor::cuda_tensor(const cuda_tensor& o) : rows_(0), cols_(0), dtype_(o.dtype_) { *this = o; }
+
+cuda_tensor& cuda_tensor::operator=(const cuda_tensor& o) {
+  if (this == &o) return *this;
+  const auto ctx = access::owner(o);
+  if (!ctx || o.empty()) {
+    rows_ = o.rows_;
+    cols_ = o.cols_;
+    dtype_ = o.dtype_;
+    return *this;
+  }
+  access::shape(ctx, *this, o.rows_, o.cols_, o.dtype_);
+  ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(data(), o.data(), o.bytes(), cudaMemcpyDeviceToDevice, ctx->stream));
+  return *this;
+}
+
+namespace {
+
+std::uint16_t to_bf16_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+}  // namespace
+
+cuda_backend::cuda_backend() : cuda_backend(cuda_backend_options{}) {}
+
+cuda_backend::cuda_backend(const cuda_backend_options& options) : ctx_(std::make_shared<context>(options)) {}
+
+const cuda_backend_options& cuda_backend::options() const { return ctx_->opts; }
+
+cuda_tensor cuda_backend::from_host(std::span<const float> values, int rows, int cols) const {
+  check(values.size() == static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols), "cuda_backend: ",
+        values.size(), " values do not fill a ", rows, "x", cols, " tensor");
+  ctx_->activate();
+  cuda_tensor t;
+  access::shape(ctx_, t, rows, cols, ctx_->opts.dtype);
+  if (t.empty()) return t;
+  if (ctx_->opts.dtype == cuda_dtype::f32) {
+    ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(t.data(), values.data(), t.bytes(), cudaMemcpyHostToDevice, ctx_->stream));
+  } else {
+    std::vector<std::uint16_t> bits(values.size());
+    std::transform(values.begin(), values.end(), bits.begin(), to_bf16_bits);
+    ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(t.data(), bits.data(), t.bytes(), cudaMemcpyHostToDevice, ctx_->stream));
+  }
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));  // the host values may go away
+  return t;
+}
+
+std::vector<float> cuda_backend::to_host(const cuda_tensor& t) const {
+  const auto t0 = cuda_detail::clock::now();
+  context& c = use(ctx_);
+  c.activate();
+  const auto n = static_cast<std::size_t>(t.size());
+  std::vector<float> out;
+  if (n == 0) {
+    ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+    return out;
+  }
+  c.to_host_pinned.reserve(n * sizeof(float));
+  const void* src = t.data();
+  if (t.dtype() != cuda_dtype::f32) {
+    void* f = c.to_host_dev.reserve(n * sizeof(float), c.stream);
+    cuda::engine::to_f32(t.dtype(), t.data(), static_cast<float*>(f), static_cast<std::int64_t>(n), as_stream(c.stream));
+    src = f;
+  }
+  // In chunks, each with an event, so that copying chunk i into the vector overlaps the device-to-host
+  // transfer of the chunks after it (the logits of a big batch are ~100 MB).
+  const std::size_t bytes = n * sizeof(float);
+  constexpr std::size_t kChunkBytes = std::size_t{8} << 20;
+  const std::size_t chunks = std::clamp<std::size_t>((bytes + kChunkBytes - 1) / kChunkBytes, 1, c.chunk_events.size());
+  const std::size_t per = (n + chunks - 1) / chunks;
+  float* h = c.to_host_pinned.as<float>();
+  const auto* s = static_cast<const float*>(src);
+  for (std::size_t i = 0; i < chunks; ++i) {
+    const std::size_t off = i * per, len = std::min(per, n - std::min(n, off));
+    if (len) ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(h + off, s + off, len * sizeof(float), cudaMemcpyDeviceToHost, c.stream));
+    ZIPAGE_CUDA_CHECK(cudaEventRecord(c.chunk_events[i], c.stream));
+  }
+  out.reserve(n);
+  for (std::size_t i = 0; i < chunks; ++i) {
+    const std::size_t off = i * per, len = std::min(per, n - std::min(n, off));
+    ZIPAGE_CUDA_CHECK(cudaEventSynchronize(c.chunk_events[i]));
+    out.insert(out.end(), h + off, h + off + len);
+  }
+  const double dt = cuda_detail::seconds_since(t0);
+  c.count([&](cuda_backend_counters& k) {
+    k.to_host_seconds += dt;
+    k.to_host_bytes += static_cast<std::int64_t>(n * sizeof(float));
+  });
+  return out;
+}
+
+cuda_kv_storage cuda_backend::allocate_kv(const kv_cache_shape& shape) const {
+  check(shape.num_layers > 0 && shape.num_blocks > 0 && shape.block_size > 0 && shape.num_kv_heads > 0 &&
+            shape.head_dim > 0,
+        "cuda_backend: bad KV cache shape");
+  cuda_kv_storage kv;
+  kv.shape = shape;
+  kv.dtype = ctx_->opts.dtype;
+  kv.kv_dtype = ctx_->opts.kv_dtype;
+  check(!kv.fp8() || shape.head_dim % 4 == 0, "cuda_backend: an FP8 KV cache needs head_dim % 4 == 0 (got ",
+        shape.head_dim, ")");
+  const std::size_t eb = kv.element_bytes();
+  const auto side = static_cast<std::size_t>(shape.elements_per_side()) * eb;
+  access::reserve(ctx_, kv.k, side, false);
+  access::reserve(ctx_, kv.v, side, false);
+  if (shape.score_cache) access::reserve(ctx_, kv.scores, static_cast<std::size_t>(shape.score_elements()) * 4, false);
+  if (kv.fp8()) {
+    const auto sbytes = static_cast<std::size_t>(kv.scale_layer_elements() * shape.num_layers) * sizeof(float);
+    access::reserve(ctx_, kv.k_scale, sbytes, false);
+    access::reserve(ctx_, kv.v_scale, sbytes, false);
+    ZIPAGE_CUDA_CHECK(cudaMemsetAsync(kv.k_scale.data(), 0, sbytes, ctx_->stream));
+    ZIPAGE_CUDA_CHECK(cudaMemsetAsync(kv.v_scale.data(), 0, sbytes, ctx_->stream));
+  }
+  const auto qbytes = static_cast<std::size_t>(shape.query_layer_stride() * shape.num_layers) * kv.query_element_bytes();
+  if (qbytes) access::reserve(ctx_, kv.queries, qbytes, false);
+  // Zeroed like the CPU storage (the compressor may read score-cache entries never written).
+  ZIPAGE_CUDA_CHECK(cudaMemsetAsync(kv.k.data(), 0, side, ctx_->stream));
+  ZIPAGE_CUDA_CHECK(cudaMemsetAsync(kv.v.data(), 0, side, ctx_->stream));
+  if (kv.scores.data())
+    ZIPAGE_CUDA_CHECK(cudaMemsetAsync(kv.scores.data(), 0, static_cast<std::size_t>(shape.score_elements()) * 4, ctx_->stream));
+  if (kv.queries.data()) ZIPAGE_CUDA_CHECK(cudaMemsetAsync(kv.queries.data(), 0, qbytes, ctx_->stream));
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
+  return kv;
+}
+// ---------------------------------------------------------------------------------------------------
+// extras
+
+cuda_tensor cuda_backend::random_tensor(int rows, int cols, float scale, std::uint64_t seed) const {
+  cuda_tensor t;
+  access::shape(ctx_, t, rows, cols, ctx_->opts.dtype);
+  cuda::engine::fill_uniform(t.dtype(), t.data(), t.size(), scale, seed, as_stream(ctx_->stream));
+  return t;
+}
+
+cuda_tensor cuda_backend::constant_tensor(int rows, int cols, float value) const {
+  cuda_tensor t;
+  access::shape(ctx_, t, rows, cols, ctx_->opts.dtype);
+  cuda::engine::fill_constant(t.dtype(), t.data(), t.size(), value, as_stream(ctx_->stream));
+  return t;
+}
+void cuda_backend::synchronize() const {
+  ctx_->activate();
+  ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
+}
+std::pair<std::size_t, std::size_t> cuda_backend::memory_info() const {
+  ctx_->activate();
+  std::size_t free_b = 0, total_b = 0;
+  ZIPAGE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return {free_b, total_b};
+}
+
+}  // namespace zipage

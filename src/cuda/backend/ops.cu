@@ -1,0 +1,133 @@
+// zipage::cuda_backend (backend/cuda/cuda_backend.hpp): the elementwise ops of a forward pass — embedding, RMSNorm,
+// bias, RoPE, SwiGLU, residual add, row gathers (tuned bf16 kernels where shapes allow, else the any-shape fp32/bf16
+// ones).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "context.cuh"
+#include "zipage/backend/cuda/engine_kernels.hpp"
+#include "zipage/backend/cuda/kernels.hpp"
+
+namespace zipage {
+
+void cuda_backend::embedding(const cuda_tensor& table, std::span<const token_id> ids, cuda_tensor& out) const {
+  context& c = use(ctx_);
+  for (const token_id id : ids)
+    check(id >= 0 && id < table.rows(), "embedding: token id ", id, " outside the vocabulary of ", table.rows());
+  const section s{ids.data(), ids.size_bytes()};
+  const auto* d_ids = c.upload(c.ids_up, cuda_detail::up_ids, {&s, 1}).at<std::int32_t>(0);
+  access::shape(ctx_, out, static_cast<int>(ids.size()), table.cols(), table.dtype());
+  if (ids.empty()) return;
+  const bool fast = table.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels;
+  if (c.skip_launch(1, table.data(), table.rows(), table.cols(), table.dtype(), d_ids, ids.size(), out.data(), fast)) return;
+  if (fast)
+    cuda::gather_rows(table.data(), table.rows(), table.cols(), d_ids, static_cast<int>(ids.size()), out.data(),
+                      as_stream(c.stream));
+  else
+    cuda::engine::gather_rows(table.dtype(), table.data(), table.cols(), d_ids, static_cast<int>(ids.size()),
+                              out.data(), as_stream(c.stream));
+}
+
+void cuda_backend::rms_norm(const cuda_tensor& x, const cuda_tensor& w, float eps, cuda_tensor& out) const {
+  context& c = use(ctx_);
+  const int width = w.cols();
+  check(width > 0 && x.cols() % width == 0, "rms_norm: row of ", x.cols(), " is not a multiple of the weight width ",
+        width);
+  access::shape(ctx_, out, x.rows(), x.cols(), x.dtype());
+  if (x.empty()) return;
+  const bool fast = x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels && width % 8 == 0 && aligned16(x.data()) &&
+                    aligned16(w.data()) && aligned16(out.data());
+  if (c.skip_launch(2, x.data(), w.data(), w.dtype(), out.data(), x.rows(), x.cols(), width, eps, fast)) return;
+  if (fast)
+    cuda::rms_norm(x.data(), w.data(), w.dtype() == cuda_dtype::bf16 ? cuda::weight_dtype::bf16 : cuda::weight_dtype::f32,
+                   out.data(), x.rows(), x.cols(), width, eps, as_stream(c.stream));
+  else
+    cuda::engine::rms_norm(x.dtype(), x.data(), w.dtype(), w.data(), out.data(), x.rows(), x.cols(), width, eps,
+                           as_stream(c.stream));
+}
+void cuda_backend::add_bias(cuda_tensor& x, const cuda_tensor& bias) const {
+  check(bias.cols() == x.cols() && bias.rows() >= 1, "add_bias: bias of ", bias.cols(), " for rows of ", x.cols());
+  if (ctx_->skip_launch(5, x.data(), x.dtype(), bias.data(), bias.dtype(), x.rows(), x.cols())) return;
+  cuda::engine::add_bias(x.dtype(), x.data(), bias.dtype(), bias.data(), x.rows(), x.cols(), as_stream(ctx_->stream));
+}
+
+void cuda_backend::rope(cuda_tensor& x, std::span<const std::int32_t> pos, int head_dim, float theta,
+                        rope_style style) const {
+  rope(x, pos, head_dim, theta, style, rope_scaling_config{});
+}
+
+void cuda_backend::rope(cuda_tensor& x, std::span<const std::int32_t> pos, int head_dim, float theta, rope_style style,
+                        const rope_scaling_config& scaling) const {
+  context& c = use(ctx_);
+  check(static_cast<std::size_t>(x.rows()) == pos.size(), "rope: ", x.rows(), " rows but ", pos.size(), " positions");
+  check(head_dim > 0 && x.cols() % head_dim == 0, "rope: row of ", x.cols(), " is not a multiple of head_dim ", head_dim);
+  if (x.empty()) return;
+  // The (scaled) inverse frequencies, in double as cpu::rope computes them, once per configuration.
+  char key[160];
+  std::snprintf(key, sizeof key, "%d/%.9g/%d/%.9g/%.9g/%.9g/%d", head_dim, double(theta), int(scaling.type),
+                double(scaling.factor), double(scaling.low_freq_factor), double(scaling.high_freq_factor),
+                scaling.original_max_position);
+  double*& table = c.rope_tables[key];
+  if (table == nullptr) {
+    std::vector<double> inv(static_cast<std::size_t>(head_dim / 2));
+    for (int i = 0; i < head_dim / 2; ++i)
+      inv[static_cast<std::size_t>(i)] = scaling.apply(std::pow(double(theta), -2.0 * i / head_dim));
+    ZIPAGE_CUDA_CHECK(cudaMalloc(&table, inv.size() * sizeof(double)));
+    ZIPAGE_CUDA_CHECK(cudaMemcpy(table, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
+  }
+  const section s{pos.data(), pos.size_bytes()};
+  const auto* d_pos = c.upload(c.pos_up, cuda_detail::up_pos, {&s, 1}).at<std::int32_t>(0);
+  if (c.skip_launch(6, x.data(), x.dtype(), d_pos, x.rows(), x.cols(), head_dim, table, style)) return;
+  cuda::engine::rope(x.dtype(), x.data(), d_pos, x.rows(), x.cols() / head_dim, head_dim, table,
+                     style == rope_style::interleaved, as_stream(c.stream));
+}
+
+void cuda_backend::silu_mul(const cuda_tensor& gate, const cuda_tensor& up, cuda_tensor& out) const {
+  context& c = use(ctx_);
+  check(gate.rows() == up.rows() && gate.cols() == up.cols() && gate.dtype() == up.dtype(),
+        "silu_mul: gate and up differ in shape or type");
+  access::shape(ctx_, out, gate.rows(), gate.cols(), gate.dtype());
+  if (gate.empty()) return;
+  const bool fast = gate.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels;
+  if (c.skip_launch(7, gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), gate.dtype(), fast)) return;
+  if (fast)
+    cuda::silu_mul(gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), 0, as_stream(c.stream));
+  else
+    cuda::engine::silu_mul(gate.dtype(), gate.data(), up.data(), out.data(), gate.size(), as_stream(c.stream));
+}
+
+void cuda_backend::add(cuda_tensor& x, const cuda_tensor& y) const {
+  context& c = use(ctx_);
+  check(x.rows() == y.rows() && x.cols() == y.cols() && x.dtype() == y.dtype(), "add: shapes or types differ (",
+        x.rows(), "x", x.cols(), " and ", y.rows(), "x", y.cols(), ")");
+  if (x.empty()) return;
+  const bool fast = x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels;
+  if (c.skip_launch(8, x.data(), y.data(), x.size(), x.dtype(), fast)) return;
+  if (fast)
+    cuda::add(x.data(), y.data(), x.data(), x.size(), as_stream(c.stream));
+  else
+    cuda::engine::add(x.dtype(), x.data(), y.data(), x.size(), as_stream(c.stream));
+}
+
+void cuda_backend::gather_rows(const cuda_tensor& x, std::span<const std::int32_t> rows, cuda_tensor& out) const {
+  context& c = use(ctx_);
+  check(&x != &out, "gather_rows: the output may not alias the input");
+  for (const std::int32_t r : rows) check(r >= 0 && r < x.rows(), "gather_rows: row ", r, " outside ", x.rows());
+  const section s{rows.data(), rows.size_bytes()};
+  const auto* d_rows = c.upload(c.rows_up, cuda_detail::up_rows, {&s, 1}).at<std::int32_t>(0);
+  access::shape(ctx_, out, static_cast<int>(rows.size()), x.cols(), x.dtype());
+  if (rows.empty() || x.cols() == 0) return;
+  const bool fast = x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels;
+  if (c.skip_launch(9, x.data(), x.rows(), x.cols(), x.dtype(), d_rows, rows.size(), out.data(), fast)) return;
+  if (fast)
+    cuda::gather_rows(x.data(), x.rows(), x.cols(), d_rows, static_cast<int>(rows.size()), out.data(), as_stream(c.stream));
+  else
+    cuda::engine::gather_rows(x.dtype(), x.data(), x.cols(), d_rows, static_cast<int>(rows.size()), out.data(),
+                              as_stream(c.stream));
+}
+
+}  // namespace zipage
