@@ -5,6 +5,8 @@
 # the result is a ratio server / offline of output tokens per second, with the server's TTFT, ITL, TPOT
 # and end-to-end latency percentiles. Every request: one prompt of PROMPT_WORDS random words (no shared
 # prefix), OUTPUT_LEN tokens (EOS ignored), greedy; RATES sweeps Poisson arrival rates (default inf: all at once).
+# WORKLOAD=nano instead: nano-vllm's shape, each prompt 100-1024 words and each request its own output length
+# of 100-1024 tokens (uniform, seeded; the same lengths offline, through --max-tokens-file, and served).
 #
 # The model: MODEL (a GGUF file or checkpoint directory), else a random-weight Qwen3 checkpoint of
 # zipage-bench's SHAPE written by zipage-random-checkpoint into $WORK (qwen3-8b: 16 GB, about a minute).
@@ -30,6 +32,7 @@ DEVICE=${DEVICE:-auto}
 POLICIES=${POLICIES:-full_kv zipage}
 FLAGS=${FLAGS:---block-size 256 --max-batched-tokens 16384}
 PROCS=${PROCS:-8}
+WORKLOAD=${WORKLOAD:-fixed}  # fixed (PROMPT_WORDS, OUTPUT_LEN) or nano (100-1024 words, 100-1024 tokens)
 RATES=${RATES:-inf}  # request rates to sweep (Poisson arrivals per second; inf: all at once)
 STEP_TIMEOUT=${STEP_TIMEOUT:-480}  # seconds per step (a device call lasts at most 600)
 mkdir -p "$OUT" "$WORK"
@@ -45,8 +48,19 @@ if [ -z "$MODEL" ]; then
       >> "$OUT/summary.txt" 2>&1 || { echo "zipage-random-checkpoint failed" | tee -a "$OUT/summary.txt"; exit 1; }
   fi
 fi
-python3 "$HERE/serve_load.py" prompts --out "$OUT/prompts.txt" --num "$N" --words "$PROMPT_WORDS" --seed 0 > /dev/null
-echo "model $MODEL; $N requests of $PROMPT_WORDS words, $OUTPUT_LEN output tokens each (EOS ignored, greedy); device $DEVICE; flags $FLAGS" \
+if [ "$WORKLOAD" = nano ]; then
+  python3 "$HERE/serve_load.py" prompts --out "$OUT/prompts.txt" --num "$N" --words 100 --words-max 1024 --seed 0 \
+    --tokens 100 1024 --tokens-out "$OUT/lengths.txt" > /dev/null
+  OFFLINE_LEN=(--max-tokens-file "$OUT/lengths.txt")
+  LOAD_LEN=(--max-tokens-file "$OUT/lengths.txt")
+  shape="100-1024 words, 100-1024 output tokens"
+else
+  python3 "$HERE/serve_load.py" prompts --out "$OUT/prompts.txt" --num "$N" --words "$PROMPT_WORDS" --seed 0 > /dev/null
+  OFFLINE_LEN=(-n "$OUTPUT_LEN")
+  LOAD_LEN=(--max-tokens "$OUTPUT_LEN")
+  shape="$PROMPT_WORDS words, $OUTPUT_LEN output tokens"
+fi
+echo "model $MODEL; $N requests of $shape each (EOS ignored, greedy); device $DEVICE; flags $FLAGS" \
   | tee -a "$OUT/summary.txt"
 # shellcheck disable=SC2206
 COMMON=(--model "$MODEL" --device "$DEVICE" --max-num-seqs "$N" $FLAGS)
@@ -54,7 +68,7 @@ COMMON=(--model "$MODEL" --device "$DEVICE" --max-num-seqs "$N" $FLAGS)
 for pol in $POLICIES; do
   # Offline: every request queued at once, run to completion (zipage-generate's summary: throughput).
   timeout "$STEP_TIMEOUT" "$BIN/zipage-generate" "${COMMON[@]}" --policy "$pol" --prompts "$OUT/prompts.txt" \
-    -n "$OUTPUT_LEN" --ignore-eos --temperature 0 > /dev/null 2> "$OUT/offline-$pol.log"
+    "${OFFLINE_LEN[@]}" --ignore-eos --temperature 0 > /dev/null 2> "$OUT/offline-$pol.log"
   rc=$?
   offline=$(tr '\r' '\n' < "$OUT/offline-$pol.log" | sed -n 's/.*throughput: \([0-9.]*\) tok\/s.*/\1/p' | tail -n 1)
   echo "offline $pol rc=$rc: ${offline:-?} tok/s ($(tr '\r' '\n' < "$OUT/offline-$pol.log" | grep -E '^requests:|^peak KV' | tr '\n' ' '))" \
@@ -79,7 +93,7 @@ for pol in $POLICIES; do
   fi
   for rate in $RATES; do
     timeout "$STEP_TIMEOUT" python3 "$HERE/serve_load.py" run --base "$url" --model bench --prompts "$OUT/prompts.txt" \
-      --max-tokens "$OUTPUT_LEN" --concurrency "$N" --procs "$PROCS" --request-rate "$rate" \
+      "${LOAD_LEN[@]}" --concurrency "$N" --procs "$PROCS" --request-rate "$rate" \
       --json "$OUT/load-$pol-$rate.json" > "$OUT/load-$pol-$rate.log" 2>&1
     echo "serve $pol rate $rate rc=$?: $(grep '^serve_load:' "$OUT/load-$pol-$rate.log" | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
     python3 - "$OUT/load-$pol-$rate.json" "${offline:-0}" "$pol" "$rate" <<'EOF' >> "$OUT/table.md"

@@ -5,6 +5,10 @@ throughput, time to first token (TTFT), inter-token latency (ITL) and end-to-end
 
   # prompts: one per line, `--words` random words after a unique "Request i:" (no shared prefix)
   python3 bench/serve_load.py prompts --out prompts.txt --num 256 --words 96 --seed 0
+  # nano-vllm's shape: 100-1024 words per prompt and an output length of 100-1024 per request (uniform,
+  # seeded), the lengths written one per line for `run --max-tokens-file` and zipage-generate's
+  python3 bench/serve_load.py prompts --out prompts.txt --num 256 --words 100 --words-max 1024 \
+      --tokens 100 1024 --tokens-out lengths.txt
   # the load: every prompt once, at most --concurrency in flight, each streamed with max_tokens and
   # ignore_eos (so every request generates exactly --max-tokens tokens), greedy
   python3 bench/serve_load.py run --base http://127.0.0.1:8000 --model qwen3-8b --prompts prompts.txt \
@@ -39,10 +43,22 @@ WORDS = ("the a little girl boy dog cat sun tree house park ball red blue green 
 
 def make_prompts(args):
     rng = random.Random(args.seed)
+    hi = max(args.words, args.words_max or args.words)
     with open(args.out, "w") as f:
         for i in range(args.num):
-            f.write(f"Request {i}: " + " ".join(rng.choice(WORDS) for _ in range(args.words)) + "\n")
-    print(f"serve_load: wrote {args.num} prompts of {args.words} words to {args.out}")
+            words = rng.randint(args.words, hi)
+            f.write(f"Request {i}: " + " ".join(rng.choice(WORDS) for _ in range(words)) + "\n")
+    if args.tokens_out:
+        lo, hi_tokens = args.tokens
+        if not 1 <= lo <= hi_tokens:
+            sys.exit(f"serve_load: --tokens {lo} {hi_tokens}: need 1 <= LO <= HI")
+        lengths_rng = random.Random(args.seed + 1)
+        with open(args.tokens_out, "w") as f:
+            for _ in range(args.num):
+                f.write(f"{lengths_rng.randint(lo, hi_tokens)}\n")
+    words_desc = f"{args.words}" if hi == args.words else f"{args.words}-{hi}"
+    print(f"serve_load: wrote {args.num} prompts of {words_desc} words to {args.out}"
+          + (f", output lengths {args.tokens[0]}-{args.tokens[1]} to {args.tokens_out}" if args.tokens_out else ""))
 
 
 def percentile(values, q):
@@ -107,11 +123,11 @@ def worker(proc_index, jobs, args, start_at, out_queue):
     if args.api_key:
         headers["Authorization"] = f"Bearer {args.api_key}"
     bodies = []
-    for index, prompt, _ in jobs:
-        body = {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": args.temperature,
+    for index, prompt, _, max_tokens in jobs:
+        body = {"model": args.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": args.temperature,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, "seed": index}
         bodies.append((index, json.dumps(body)))
-    offsets = {index: offset for index, _, offset in jobs}
+    offsets = {index: offset for index, _, offset, _ in jobs}
     lock = threading.Lock()
     records = []
     pending = list(reversed(bodies))
@@ -152,7 +168,14 @@ def run_load(args):
         offsets.append(t)
         if math.isfinite(args.request_rate) and args.request_rate > 0:
             t += rng.expovariate(args.request_rate)
-    jobs = [(i, prompts[i % len(prompts)], offsets[i]) for i in range(n)]
+    lengths = [args.max_tokens] * len(prompts)
+    if args.max_tokens_file:
+        with open(args.max_tokens_file) as f:
+            lengths = [int(line) for line in f if line.strip()]
+        if len(lengths) != len(prompts) or min(lengths) < 1:
+            sys.exit(f"serve_load: --max-tokens-file {args.max_tokens_file}: need one positive length per prompt "
+                     f"({len(lengths)} for {len(prompts)} prompts)")
+    jobs = [(i, prompts[i % len(prompts)], offsets[i], lengths[i % len(prompts)]) for i in range(n)]
     args.concurrency = min(args.concurrency, n)
     args.procs = max(1, min(args.procs, args.concurrency))
     queue = mp.Queue()
@@ -179,7 +202,7 @@ def run_load(args):
     result = {
         "requests": n, "completed": len(ok), "failed": len(failed), "concurrency": args.concurrency,
         "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
-        "max_tokens": args.max_tokens, "prompt_tokens_mean": (sum(r["prompt_tokens"] for r in ok) / len(ok)) if ok else 0,
+        "max_tokens": args.max_tokens_file or args.max_tokens, "prompt_tokens_mean": (sum(r["prompt_tokens"] for r in ok) / len(ok)) if ok else 0,
         "output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall if wall > 0 else 0.0,
         "requests_per_s": len(ok) / wall if wall > 0 else 0.0,
     }
@@ -206,7 +229,11 @@ def main():
     p = sub.add_parser("prompts", help="write the prompts file")
     p.add_argument("--out", required=True)
     p.add_argument("--num", type=int, default=256)
-    p.add_argument("--words", type=int, default=96)
+    p.add_argument("--words", type=int, default=96, help="words per prompt (the least, with --words-max)")
+    p.add_argument("--words-max", type=int, default=0, help="words per prompt uniform in [--words, --words-max]")
+    p.add_argument("--tokens", type=int, nargs=2, default=(100, 1024), metavar=("LO", "HI"),
+                   help="with --tokens-out: output lengths uniform in [LO, HI]")
+    p.add_argument("--tokens-out", default="", help="write one output length per prompt here")
     p.add_argument("--seed", type=int, default=0)
     r = sub.add_parser("run", help="run the load against a server")
     r.add_argument("--base", required=True, help="http://HOST:PORT")
@@ -215,6 +242,7 @@ def main():
     r.add_argument("--requests", type=int, default=0, help="requests (default: one per prompt)")
     r.add_argument("--concurrency", type=int, default=256, help="requests in flight at most")
     r.add_argument("--max-tokens", type=int, default=256)
+    r.add_argument("--max-tokens-file", default="", help="one max_tokens per prompt (overrides --max-tokens)")
     r.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (inf: all at once)")
     r.add_argument("--seed", type=int, default=0, help="seed of the arrival times")
     r.add_argument("--temperature", type=float, default=0.0)

@@ -4,9 +4,11 @@
 //   zipage-generate --prompt "Once upon a time" -n 64
 //   zipage-generate --device cpu --prompt "Once upon a time" -n 64
 //   zipage-generate --prompts prompts.txt -n 256 --temperature 0.8 --seed 1
+//   zipage-generate --prompts prompts.txt --max-tokens-file lengths.txt --ignore-eos   # a length per prompt
 //   zipage-generate --model Qwen3-0.6B/ --chat --no-thinking --prompt "What is 2+2?"
 #include <CLI/CLI.hpp>
 
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -21,6 +23,7 @@ namespace {
 struct options : zipage_cli::engine_options {
   std::string prompt;
   std::string prompts_file;
+  std::string max_tokens_file;  // with --prompts: one max-tokens value per prompt
   bool chat = false;         // apply the checkpoint's chat template (Hugging Face checkpoints)
   bool no_thinking = false;  // with --chat: Qwen3's empty <think></think> block
   std::string system;        // with --chat: a system message
@@ -36,6 +39,26 @@ std::vector<std::string> read_prompts(const std::string& path) {
   return prompts;
 }
 
+// One positive integer per non-empty line, as many as there are prompts (read_prompts skips empty lines too).
+std::vector<int> read_max_tokens(const std::string& path, std::size_t prompts) {
+  std::ifstream in(path);
+  zipage::check(in.good(), "cannot read --max-tokens-file '", path, "'");
+  std::vector<int> values;
+  int line_number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_number;
+    if (line.empty()) continue;
+    int v = 0;
+    const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), v);
+    zipage::check(ec == std::errc{} && end == line.data() + line.size() && v >= 1, "--max-tokens-file '", path,
+                  "' line ", line_number, ": '", line, "' is not a positive integer");
+    values.push_back(v);
+  }
+  zipage::check(values.size() == prompts, "--max-tokens-file '", path, "' has ", values.size(),
+                " values for ", prompts, " prompts (one per prompt, in order)");
+  return values;
+}
+
 // The model, device, sampling, pool and policy flags are zipage-serve's too (examples/common/engine_cli.hpp).
 void add_flags(CLI::App& app, options& o) {
   zipage_cli::add_engine_flags(app, o);
@@ -45,6 +68,9 @@ void add_flags(CLI::App& app, options& o) {
   o.sampling.max_tokens = 128;
   app.add_option("-n,--max-tokens", o.sampling.max_tokens, "tokens to generate per request")
       ->check(zipage_cli::positive_count());
+  app.add_option("--max-tokens-file", o.max_tokens_file,
+                 "with --prompts: one max-tokens value per line, for the prompt on the same line (instead of -n)")
+      ->needs(many);
   app.add_flag("--quiet,-q", o.quiet, "print only the generated text");
   app.add_flag("--chat", o.chat, "wrap each prompt in the checkpoint's chat template (checkpoint directories)");
   app.add_flag("--no-thinking", o.no_thinking, "with --chat: turn Qwen3's thinking off");
@@ -105,10 +131,13 @@ int run_engine(options& o, Engine& eng, Encode& encode) {
 
   const bool batch = !o.prompts_file.empty();
   const std::vector<std::string> texts = batch ? read_prompts(o.prompts_file) : std::vector<std::string>{o.prompt};
+  const std::vector<int> lengths = o.max_tokens_file.empty() ? std::vector<int>{}
+                                                              : read_max_tokens(o.max_tokens_file, texts.size());
   std::vector<zipage::request_id> ids;
   for (std::size_t i = 0; i < texts.size(); ++i) {
     auto params = o.sampling;
     params.seed += i;
+    if (!lengths.empty()) params.max_tokens = lengths[i];
     ids.push_back(eng.add_request(encode(texts[i]), params));
   }
 
