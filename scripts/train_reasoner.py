@@ -516,7 +516,7 @@ class Feeder:
 NEWLINE, DIGITS = 10, (48, 57)  # byte ids of '\n' and '0'..'9'
 
 
-def hole_mask(x, y, drop, recent):
+def hole_mask(x, y, drop, recent, token_drop=None):
     """[B, 1, T, T] bool attention mask with holes, as a KV cache that evicted tokens would leave them.
 
     Query i sees key j <= i when j is in the prompt, or in a trace line that is not a step line (walk
@@ -525,7 +525,10 @@ def hole_mask(x, y, drop, recent):
     step line is hidden with probability drop[b]. A step's facts (a node's weight and successors) always
     stay in the prompt's table, so a model trained with holes learns to read them there when the trace
     copy of the node's last visit is gone (docs/accuracy.md: without holes it cannot).
-    drop, recent: [B] tensors (drop 0 = no holes for that row)."""
+    token_drop[b] (optional): besides whole lines, each token of a kept step line outside the recent window is
+    hidden with this probability, leaving the fragments of lines a token-wise eviction policy leaves (a node
+    id without its weight): docs/accuracy.md, fifth run.
+    drop, recent, token_drop: [B] tensors (drop 0 = no holes for that row)."""
     b, t = x.shape
     dev = x.device
     pos = torch.arange(t, device=dev)
@@ -540,6 +543,8 @@ def hole_mask(x, y, drop, recent):
     step_line = (first_char >= DIGITS[0]) & (first_char <= DIGITS[1]) & (pos[None] >= start[:, None])
     hidden_line = torch.rand(b, t + 1, device=dev) < drop[:, None]  # per (row, line index)
     keep = ~(step_line & hidden_line.gather(1, line))               # [B, T] keys kept at any distance
+    if token_drop is not None:
+        keep &= ~(step_line & (torch.rand(b, t, device=dev) < token_drop[:, None]))
     causal = pos[None, :] <= pos[:, None]                           # [T, T]
     near = (pos[:, None] - pos[None, :])[None] < recent[:, None, None]
     return (causal[None] & (keep[:, None, :] | near))[:, None]
@@ -675,6 +680,9 @@ def main():
                          "--hole-drop (hole_mask), so the model learns to read a fact from the prompt's table when "
                          "the trace's copy is gone, as after KV eviction (0: none, the shipped model)")
     ap.add_argument("--hole-drop", type=float, default=1.0, help="largest share of old step lines a holed row hides")
+    ap.add_argument("--hole-token-drop", type=float, default=0.0,
+                    help="largest share of the remaining old step-line tokens a holed row also hides, one by one "
+                         "(fragments of lines, as token-wise eviction leaves them; 0: whole lines only)")
     ap.add_argument("--hole-recent", default="64,512", help="range of the recent window a holed row always sees")
     ap.add_argument("--holes-from", type=float, default=0.3, help="fraction of the steps before holes begin")
     ap.add_argument("--levels", default="L1,L2,L3",
@@ -799,7 +807,8 @@ def main():
         n = x.shape[0]
         drop = torch.rand(n, device=x.device) * args.hole_drop
         recent = torch.randint(hole_lo, hole_hi + 1, (n,), device=x.device)
-        return hole_mask(x, y, drop, recent)
+        token_drop = torch.rand(n, device=x.device) * args.hole_token_drop if args.hole_token_drop > 0 else None
+        return hole_mask(x, y, drop, recent, token_drop)
 
     fwd_holes = fwd  # the masked steps fall back to eager on their own if their compilation fails
 
