@@ -12,9 +12,9 @@
 // one KV group (prefill), so each K/V byte is read once per group (GQA).
 //
 // FP8 K/V (E4M3 codes + one fp32 scale per token and KV head, docs/fp8.md): the same pipeline carries
-// the codes and scales of each 64-token tile into shared memory (half the bytes of bf16), and when a tile
-// has landed the CTA dequantises it in registers (bf16(float(code) * scale)) into one bf16 tile that the
-// unchanged MMA path reads (fp8_kv_tile_loader::tile).
+// the codes and scales of each 64-token tile into shared memory (half the bytes of bf16); each warp converts
+// the codes it needs exactly to fp16 straight into its MMA fragments (fp16 MMAs, Q converted once per CTA),
+// and the scales are applied in fp32 to the scores (K) and to the probabilities (V): "FP8 K/V" below.
 #include <climits>
 #include <type_traits>
 
@@ -72,9 +72,8 @@ struct kv_tile_loader {
     next_page = (tile_start < end && p <= last) ? __ldg(pages + p) : 0;
   }
 
-  // Shared-memory bytes of one pipeline stage (K then V), and of the extra buffer tile() needs.
+  // Shared-memory bytes of one pipeline stage (K then V).
   static constexpr int kStageBytes = 2 * kKvTile * D * 2;
-  static constexpr int kExtraBytes = 0;
 
   // The bf16 K and V tiles of a stage that has landed (nothing to do for bf16).
   __device__ __forceinline__ void tile(std::uint32_t stage, std::uint32_t& sk, std::uint32_t& sv) const {
@@ -103,10 +102,23 @@ struct kv_tile_loader {
   }
 };
 
-// The FP8 counterpart of kv_tile_loader: a stage holds the tile's K codes [64][D], V codes [64][D] and
-// K, V scales [64] each (16-byte copies of codes, 4-byte copies of scales, zero-filled past the end);
-// tile() dequantises a landed stage into the bf16 swizzled K and V tiles at `conv` (kExtraBytes) and
-// synchronises the CTA, so every thread must call it.
+// Byte offset of 16-byte chunk `chunk` of token row `row` in a [64][D] tile of FP8 codes. The XOR swizzles
+// make the fragment loads of qk_tile_fp8 (K: a thread reads rows g, g+1 ... at chunks of t) and pv_tile_fp8
+// (V: rows 2t, 2t+1, 2t+8, 2t+9 at chunk g) free of bank conflicts (head_dim 64 V: 2-way, the 8-byte reads
+// of 16 lanes fall in 64 bytes of banks).
+template <int D>
+__device__ __forceinline__ std::uint32_t k8_off(int row, int chunk) {
+  return static_cast<std::uint32_t>(row * D + ((D == 128 ? chunk ^ (row & 1) : chunk) << 4));
+}
+template <int D>
+__device__ __forceinline__ std::uint32_t v8_off(int row, int chunk) {
+  const int x = (row >> 1) & 3;
+  return static_cast<std::uint32_t>(row * D + ((chunk ^ (D == 128 ? x << 1 : x)) << 4));
+}
+
+// The FP8 counterpart of kv_tile_loader: a stage holds the tile's K codes [64][D] (k8_off), V codes [64][D]
+// (v8_off) and K, V scales [64] each (16-byte copies of codes, 4-byte copies of scales, zero-filled past
+// the end). The MMAs read the codes from the stage directly (qk_tile_fp8, pv_tile_fp8): no second tile.
 template <int D, int THREADS>
 struct fp8_kv_tile_loader {
   static constexpr int kChunks = D / 16;  // 16-byte chunks of codes per row
@@ -114,17 +126,16 @@ struct fp8_kv_tile_loader {
   static constexpr int kPasses = kKvTile / kRowsPerPass;
   static_assert(THREADS % kChunks == 0 && kKvTile % kRowsPerPass == 0 && THREADS >= 2 * kKvTile);
   static constexpr int kCodeBytes = kKvTile * D;
+  static constexpr int kKOffset = 0;                   // K codes
+  static constexpr int kVOffset = kCodeBytes;          // V codes
+  static constexpr int kScaleOffset = 2 * kCodeBytes;  // K scales [64], then V scales [64]
   static constexpr int kStageBytes = 2 * kCodeBytes + 2 * kKvTile * 4;
-  static constexpr int kExtraBytes = 2 * kKvTile * D * 2;
 
   const std::uint8_t* k;
   const std::uint8_t* v;
   const float* ks;
   const float* vs;
   const std::int32_t* pages;
-  unsigned char* smem;       // generic pointer of the dynamic shared memory
-  std::uint32_t smem_base;   // its shared-space address
-  std::uint32_t conv;        // bf16 K tile, then V tile
   std::int64_t token_stride;
   int num_kv_heads;
   int bs_shift;
@@ -136,15 +147,12 @@ struct fp8_kv_tile_loader {
 
   __device__ fp8_kv_tile_loader(const std::uint8_t* k_cache, const std::uint8_t* v_cache, const float* k_scale,
                                 const float* v_scale, const std::int32_t* seq_pages, int kv_heads, int kv_head,
-                                int block_shift, int tid_, unsigned char* smem_, std::uint32_t conv_)
+                                int block_shift, int tid_)
       : k(k_cache + kv_head * D),
         v(v_cache + kv_head * D),
         ks(k_scale + kv_head),
         vs(v_scale + kv_head),
         pages(seq_pages),
-        smem(smem_),
-        smem_base(smem_addr(smem_)),
-        conv(conv_),
         token_stride(std::int64_t{kv_heads} * D),
         num_kv_heads(kv_heads),
         bs_shift(block_shift),
@@ -170,9 +178,8 @@ struct fp8_kv_tile_loader {
       const bool valid = tok < end;
       const std::int32_t page = __shfl_sync(0xffffffffu, next_page, ((tok >> bs_shift) - first) & 31);
       const std::int64_t off = ((static_cast<std::int64_t>(page) << bs_shift) | (tok & mask)) * token_stride + part * 16;
-      const std::uint32_t so = static_cast<std::uint32_t>(row * D + part * 16);
-      cp_async_16(stage + so, valid ? k + off : k, valid);
-      cp_async_16(stage + kCodeBytes + so, valid ? v + off : v, valid);
+      cp_async_16(stage + kKOffset + k8_off<D>(row, part), valid ? k + off : k, valid);
+      cp_async_16(stage + kVOffset + v8_off<D>(row, part), valid ? v + off : v, valid);
     }
     // Scales: thread t < 64 copies token t's K scale, 64 <= t < 128 token t - 64's V scale.
     if (tid < 2 * kKvTile) {
@@ -182,43 +189,12 @@ struct fp8_kv_tile_loader {
       const std::int32_t page = __shfl_sync(0xffffffffu, next_page, ((tok >> bs_shift) - first) & 31);
       const std::int64_t slot = (static_cast<std::int64_t>(page) << bs_shift) | (tok & mask);
       const float* src = tid < kKvTile ? ks : vs;
-      const std::uint32_t dst = stage + 2 * kCodeBytes + static_cast<std::uint32_t>((tid >= kKvTile ? kKvTile : 0) + row) * 4;
+      const std::uint32_t dst =
+          stage + kScaleOffset + static_cast<std::uint32_t>((tid >= kKvTile ? kKvTile : 0) + row) * 4;
       const void* from = valid ? static_cast<const void*>(src + slot * num_kv_heads) : static_cast<const void*>(src);
       asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(from), "r"(valid ? 4 : 0)
                    : "memory");
     }
-  }
-
-  // Dequantises the landed stage into the bf16 tiles: 8 codes per item, bf16(float(code) * scale).
-  __device__ __forceinline__ void tile(std::uint32_t stage, std::uint32_t& sk, std::uint32_t& sv) const {
-    const unsigned char* st = smem + (stage - smem_base);
-    const float* scales = reinterpret_cast<const float*>(st + 2 * kCodeBytes);
-    constexpr int kItems = kKvTile * (D / 8);
-#pragma unroll
-    for (int side = 0; side < 2; ++side) {
-      const unsigned char* codes = st + side * kCodeBytes;
-      const std::uint32_t dst = conv + static_cast<std::uint32_t>(side * kKvTile * D * 2);
-#pragma unroll 4
-      for (int item = tid; item < kItems; item += THREADS) {
-        const int row = item / (D / 8), ch = item % (D / 8);
-        const uint2 c = *reinterpret_cast<const uint2*>(codes + row * D + ch * 8);
-        const float sc = scales[side * kKvTile + row];
-        const std::uint32_t w[2] = {c.x, c.y};
-        std::uint32_t packed[4];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const float2 lo = e4m3x2_to_f32x2(static_cast<std::uint16_t>(w[j] & 0xffffu));
-          const float2 hi = e4m3x2_to_f32x2(static_cast<std::uint16_t>(w[j] >> 16));
-          packed[2 * j] = pack_bf16(lo.x * sc, lo.y * sc);
-          packed[2 * j + 1] = pack_bf16(hi.x * sc, hi.y * sc);
-        }
-        *reinterpret_cast<uint4*>(smem + (dst - smem_base) + swz<D>(row, ch)) =
-            make_uint4(packed[0], packed[1], packed[2], packed[3]);
-      }
-    }
-    __syncthreads();
-    sk = conv;
-    sv = conv + kKvTile * D * 2;
   }
 };
 
@@ -296,9 +272,11 @@ __device__ __forceinline__ void pv_tile(float (&o)[D / 8][4], const float (&s)[N
 }
 
 // Online-softmax step for the thread's two rows (r = 0: row lane/4, r = 1: row lane/4 + 8): updates the
-// running max m and (thread-partial) sum l, rescales o, and turns s into probabilities.
+// running max m and (thread-partial) sum l, rescales o (times o_rescale too: the FP8 path's change of V
+// normalisation), and turns s into probabilities.
 template <int D, int NT>
-__device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&o)[D / 8][4]) {
+__device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&o)[D / 8][4],
+                                             float o_rescale = 1.0f) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = -INFINITY;
@@ -318,10 +296,178 @@ __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&m)[2], f
       sum += s[n][2 * r] + s[n][2 * r + 1];
     }
     l[r] = l[r] * corr + sum;
+    const float oc = corr * o_rescale;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
-      o[j][2 * r] *= corr;
-      o[j][2 * r + 1] *= corr;
+      o[j][2 * r] *= oc;
+      o[j][2 * r + 1] *= oc;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// FP8 K/V: the MMAs read the E4M3 codes
+//
+// The scales stay out of the element path. With token t's key k_t = ks_t * c_t and value v_t = vs_t * c'_t
+// (c, c' its codes' exact values, ks, vs its scales):
+//     q . k_t = ks_t * (q . c_t)                  the K scale multiplies the score after the QK MMA;
+//     sum_t p_t v_t = sum_t (p_t * vs_t) c'_t      the V scale multiplies the probability before the PV MMA.
+// So a landed tile's codes convert exactly to fp16 (cvt.rn.f16x2.e4m3x2, two codes per instruction) straight
+// from shared memory into the MMA B fragments in registers, and both products are fp16 m16n8k16 MMAs with
+// fp32 accumulation: no dequantised copy of the tile, no extra pass or barrier. Against the reference
+// (fp32 products of q with float(code) * scale) this reassociates the fp32 arithmetic, keeps K and V exact
+// (the bf16 tile rounded them), and rounds P * vs to fp16 (11 bits) where the bf16 path rounds P to bf16.
+//
+// Ranges. fp16 holds |x| <= 65504 with normal numbers down to 2^-14, bf16 (Q) and fp32 (P * vs) much more:
+//  * Q: each warp multiplies its 16 Q rows by a power of two that puts their largest magnitude in
+//    [2^13, 2^14) (exact, but for elements below 2^-27 of that maximum, which become fp16 subnormals: an
+//    error under 2^-38 of the maximum each) and the scores are multiplied back by its inverse together with
+//    the K scale; inf / NaN stay inf / NaN, as in the reference.
+//  * P * vs: per tile, each warp divides the V scales of its tokens by 2^E, E the exponent of their largest,
+//    so the fp16 operand p * vs * 2^-E is < 4 and its rounding error at most 2^-12 relative, or 2^-25 * 2^E
+//    absolute where it is an fp16 subnormal (p * vs below 2^(E-14)). o accumulates in units of 2^E; when E
+//    changes o is rescaled by 2^(E_old - E_new) with the softmax correction (softmax_step's o_rescale), and
+//    the epilogue multiplies it by 2^E. (Scales are >= 0.)
+//
+// Fragment layouts. The reduction dimension of an MMA may be permuted if both operands use the same
+// permutation, and the output columns if the epilogue undoes it. Thread (g = lane / 4, t = lane % 4):
+//  * S = Q K^T: for an n-tile of 8 tokens the thread holds token g's codes d in [t*D/4, (t+1)*D/4) (16-byte
+//    loads); MMA step kk uses d = t*D/4 + 4kk + {0, 1} (b0), + {2, 3} (b1); the Q A fragments are built with
+//    the same d's (load_q_fragments_fp8).
+//  * O = P' V: for output n-tile j the B fragment holds V[tokens 2t, 2t+1 (b0) | 2t+8, 2t+9 (b1)][d = g*D/8 + j]:
+//    the thread reads the D/8 contiguous codes [g*D/8, (g+1)*D/8) of four token rows and interleaves row
+//    pairs with one prmt per 4 codes. So o[j][0..1] (and [2..3], row g+8) is output column (2t + {0,1})*D/8 + j.
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> packed half2 (lo in the low half), round to nearest even.
+__device__ __forceinline__ std::uint32_t pack_f16(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&h);
+}
+
+// fp16 A fragments of Q rows row_base .. row_base + 15 (a swizzled bf16 tile at q_tile, generic pointer to
+// shared memory) in the d order of qk_tile_fp8, times the warp's power of two (above). Returns its inverse.
+template <int D>
+__device__ __forceinline__ float load_q_fragments_fp8(std::uint32_t (&qf)[D / 16][4], const unsigned char* q_tile,
+                                                      int row_base, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  std::uint32_t w[2][D / 8];  // bf16 pairs of rows g and g + 8, elements [t*D/4, (t+1)*D/4)
+  float amax = 0.0f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c) {
+      const uint4 x = *reinterpret_cast<const uint4*>(q_tile + swz<D>(row_base + g + 8 * r, t * (D / 32) + c));
+      const std::uint32_t xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w[r][4 * c + i] = xs[i];
+        amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(xs[i] << 16)), fabsf(__uint_as_float(xs[i] & 0xffff0000u))));
+      }
+    }
+  amax = warp_max(amax);
+  // f = 2^(fb - 127) with fb = 267 - (amax's exponent field e): amax * f in [2^13, 2^14). A zero, subnormal or
+  // tiny amax gives fb 253 (f = 2^126); inf / NaN give fb 12.
+  const int fb = min(267 - static_cast<int>(__float_as_uint(amax) >> 23), 253);
+  const float f = __uint_as_float(static_cast<std::uint32_t>(fb) << 23);
+  auto h2 = [f](std::uint32_t x) { return pack_f16(__uint_as_float(x << 16) * f, __uint_as_float(x & 0xffff0000u) * f); };
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    qf[kk][0] = h2(w[0][2 * kk]);      // row g,     d = t*D/4 + 4kk + {0, 1}
+    qf[kk][1] = h2(w[1][2 * kk]);      // row g + 8
+    qf[kk][2] = h2(w[0][2 * kk + 1]);  // row g,     d = t*D/4 + 4kk + {2, 3}
+    qf[kk][3] = h2(w[1][2 * kk + 1]);  // row g + 8
+  }
+  return __uint_as_float(static_cast<std::uint32_t>(254 - fb) << 23);  // 1 / f (fb <= 253: normal)
+}
+
+// s[n] += Q . C^T for the NT n-tiles of 8 tokens at tok_base + 8n of an FP8 K code tile (kc: generic pointer
+// to shared memory). The scores still lack the K scales and Q's factor.
+template <int D, int NT>
+__device__ __forceinline__ void qk_tile_fp8(float (&s)[NT][4], const std::uint32_t (&qf)[D / 16][4],
+                                            const unsigned char* kc, int tok_base, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c)  // 16-byte chunks of the thread's D/4 codes of a row
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const uint4 x = *reinterpret_cast<const uint4*>(kc + k8_off<D>(tok_base + 8 * n + g, t * (D / 64) + c));
+      const std::uint32_t xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // 4 codes: d = t*D/4 + 4kk + {0..3}, kk = 4c + i
+        std::uint32_t b0, b1;
+        e4m3x4_to_f16x4(xs[i], b0, b1);
+        mma_f16(s[n], qf[4 * c + i], b0, b1);
+      }
+    }
+}
+
+// Per tile: the warp's V scale exponent E (above). vs holds this thread's tokens' V scales (a quad's four
+// threads hold all of the warp's tokens), which become vs * 2^-(E - 127); v_exp is E (biased, 1..253),
+// updated; returns the factor 2^(E_old - E_new) by which o must be rescaled. A tile whose scales are all
+// zero (or subnormal) keeps E.
+template <int NT>
+__device__ __forceinline__ float normalise_v_scales(float (&vs)[NT][2], int& v_exp) {
+  std::uint32_t mx = 0;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) mx = max(mx, max(__float_as_uint(vs[n][0]), __float_as_uint(vs[n][1])));
+  mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const int ev = static_cast<int>((mx >> 23) & 0xffu);
+  const int e_new = ev == 0 ? v_exp : min(ev, 253);
+  const float rescale = __uint_as_float(static_cast<std::uint32_t>(min(max(127 + v_exp - e_new, 1), 254)) << 23);
+  v_exp = e_new;
+  const float norm = __uint_as_float(static_cast<std::uint32_t>(254 - e_new) << 23);
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    vs[n][0] *= norm;
+    vs[n][1] *= norm;
+  }
+  return rescale;
+}
+
+// o += P' V over the NT/2 16-token steps at tok_base of an FP8 V code tile (vc); P' = p * vsn, s holding the
+// probabilities p and vsn[n][e] the normalised V scale of token 8n + 2t + e, packed to fp16.
+template <int D, int NT>
+__device__ __forceinline__ void pv_tile_fp8(float (&o)[D / 8][4], const float (&s)[NT][4], const float (&vsn)[NT][2],
+                                            const unsigned char* vc, int tok_base, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  constexpr int kWords = D / 32;  // 4-byte words of a row's D/8 codes
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    const int n0 = 2 * kk, n1 = 2 * kk + 1;
+    const std::uint32_t pa[4] = {pack_f16(s[n0][0] * vsn[n0][0], s[n0][1] * vsn[n0][1]),
+                                 pack_f16(s[n0][2] * vsn[n0][0], s[n0][3] * vsn[n0][1]),
+                                 pack_f16(s[n1][0] * vsn[n1][0], s[n1][1] * vsn[n1][1]),
+                                 pack_f16(s[n1][2] * vsn[n1][0], s[n1][3] * vsn[n1][1])};
+    std::uint32_t r[4][kWords];  // token rows 2t, 2t+1, 2t+8, 2t+9 of the step: codes [g*D/8, (g+1)*D/8)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int row = tok_base + 16 * kk + 2 * t + (k & 1) + 8 * (k >> 1);
+      if constexpr (D == 128) {
+        const uint4 x = *reinterpret_cast<const uint4*>(vc + v8_off<D>(row, g));
+        r[k][0] = x.x, r[k][1] = x.y, r[k][2] = x.z, r[k][3] = x.w;
+      } else {
+        const uint2 x = *reinterpret_cast<const uint2*>(vc + v8_off<D>(row, g >> 1) + (g & 1) * 8);
+        r[k][0] = x.x, r[k][1] = x.y;
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) {
+      // Row pairs interleaved byte by byte: (2t, 2t+1) codes of columns 4w, 4w+1 | 4w+2, 4w+3.
+      std::uint32_t b0[4], b1[4];
+      e4m3x4_to_f16x4(__byte_perm(r[0][w], r[1][w], 0x5140), b0[0], b0[1]);
+      e4m3x4_to_f16x4(__byte_perm(r[0][w], r[1][w], 0x7362), b0[2], b0[3]);
+      e4m3x4_to_f16x4(__byte_perm(r[2][w], r[3][w], 0x5140), b1[0], b1[1]);
+      e4m3x4_to_f16x4(__byte_perm(r[2][w], r[3][w], 0x7362), b1[2], b1[3]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) mma_f16(o[4 * w + i], pa, b0[i], b1[i]);
     }
   }
 }
@@ -353,9 +499,10 @@ struct decode_args {
   float scale_log2;
 };
 
-// Default pipeline depth (64-token K/V tiles in flight per CTA, incl. the one being consumed).
-template <int D>
-inline constexpr int kDecodeDefaultStages = D == 128 ? 3 : 4;
+// Default pipeline depth (64-token K/V tiles in flight per CTA, incl. the one being consumed). FP8 at
+// head_dim 128: registers allow 3 CTAs per multiprocessor (kMinBlocks) and 4 stages of 16.5 KB fit 3 times.
+template <int D, bool FP8 = false>
+inline constexpr int kDecodeDefaultStages = D == 128 && !FP8 ? 3 : 4;
 
 template <int D, int THREADS, bool FP8>
 using kv_loader_t = std::conditional_t<FP8, fp8_kv_tile_loader<D, THREADS>, kv_tile_loader<D, THREADS>>;
@@ -368,15 +515,21 @@ struct decode_config {
   using loader = kv_loader_t<D, kThreads, FP8>;
   static constexpr int kTileBytes = kKvTile * D * 2;
   static constexpr int kQBytes = 16 * D * 2;
-  static constexpr int kSmemBytes = kQBytes + kStages * loader::kStageBytes + loader::kExtraBytes;
+  static constexpr int kSmemBytes = kQBytes + kStages * loader::kStageBytes;
   static constexpr int kCombineBytes = kWarps * 16 * D * 4;
   static_assert(kCombineBytes <= kSmemBytes);
+  // Resident CTAs per multiprocessor the register allocation must allow (__launch_bounds__; 0: no bound, the
+  // bf16 kernels as tuned). Unbounded, the FP8 kernel at head_dim 128 takes 175 registers (2 CTAs per SM);
+  // bounded to 168 it does not spill (ptxas -v) and 3 CTAs fit, as do 3 of its 4-stage shared memory. (4 CTAs,
+  // 128 registers, spill.)
+  static constexpr int kMinBlocks = FP8 ? 3 : 0;
 };
 
 // grid (num_splits, kv_heads * head_chunks, num_seqs). CTA: one KV split of one (sequence, KV head)
 // for up to 16 query heads of its group.
 template <int D, int STAGES, bool FP8 = false>
-__global__ void __launch_bounds__(decode_config<D, STAGES, FP8>::kThreads) paged_decode_kernel(const decode_args a) {
+__global__ void __launch_bounds__(decode_config<D, STAGES, FP8>::kThreads, decode_config<D, STAGES, FP8>::kMinBlocks)
+    paged_decode_kernel(const decode_args a) {
   using cfg = decode_config<D, STAGES, FP8>;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float s_m[cfg::kWarps][16];
@@ -408,7 +561,7 @@ __global__ void __launch_bounds__(decode_config<D, STAGES, FP8>::kThreads) paged
   auto loader = [&] {
     if constexpr (FP8)
       return typename cfg::loader(a.k8, a.v8, a.k_scale, a.v_scale, a.page_indices + page_base, a.num_kv_heads, kvh,
-                                  a.bs_shift, tid, smem, skv + cfg::kStages * cfg::loader::kStageBytes);
+                                  a.bs_shift, tid);
     else
       return typename cfg::loader(a.k, a.v, a.page_indices + page_base, a.num_kv_heads, kvh, a.bs_shift, tid);
   }();
@@ -430,31 +583,67 @@ __global__ void __launch_bounds__(decode_config<D, STAGES, FP8>::kThreads) paged
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   std::uint32_t qf[D / 16][4];
+  float q_mul = a.scale_log2;  // FP8: scale_log2 / Q's power of two (load_q_fragments_fp8)
+  int v_exp = 127;             // FP8: o is in units of 2^(v_exp - 127) (normalise_v_scales)
 
   for (int it = 0; it < ntiles; ++it) {
     kv_pipeline_wait<cfg::kStages>(loader, skv, it, start, end, ntiles);
-    if (it == 0) load_q_fragments<D>(qf, sq, 0, lane);
-
-    std::uint32_t sk, sv;
-    loader.tile(skv + (it % cfg::kStages) * cfg::loader::kStageBytes, sk, sv);
-    const int tile_start = start + it * kKvTile;
-    if (tile_start + warp * 16 < end) {  // this warp's 16 tokens are not all past the end
-      float s[2][4] = {};
-      qk_tile<D, 2>(s, qf, sk, warp * 16, lane);
+    if constexpr (FP8) {
+      if (it == 0) q_mul *= load_q_fragments_fp8<D>(qf, smem, 0, lane);
+      const int tile_start = start + it * kKvTile;
+      const unsigned char* stage = smem + cfg::kQBytes + (it % cfg::kStages) * cfg::loader::kStageBytes;
+      if (tile_start + warp * 16 < end) {  // this warp's 16 tokens are not all past the end
+        float s[2][4] = {};
+        qk_tile_fp8<D, 2>(s, qf, stage + cfg::loader::kKOffset, warp * 16, lane);
+        // This thread's tokens: warp*16 + 8n + 2t + {0, 1}.
+        const float* scales = reinterpret_cast<const float*>(stage + cfg::loader::kScaleOffset) + warp * 16 + 2 * (lane & 3);
+        float ks[2][2], vs[2][2];
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int tok = tile_start + warp * 16 + n * 8 + 2 * (lane & 3) + (e & 1);
-          s[n][e] = tok < end ? s[n][e] * a.scale_log2 : -INFINITY;
+        for (int n = 0; n < 2; ++n) {
+          const float2 k2 = *reinterpret_cast<const float2*>(scales + 8 * n);
+          const float2 v2 = *reinterpret_cast<const float2*>(scales + kKvTile + 8 * n);
+          ks[n][0] = k2.x * q_mul, ks[n][1] = k2.y * q_mul;
+          vs[n][0] = v2.x, vs[n][1] = v2.y;
         }
-      softmax_step<D, 2>(s, m, l, o);
-      pv_tile<D, 2>(o, s, sv, warp * 16, lane);
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int tok = tile_start + warp * 16 + n * 8 + 2 * (lane & 3) + (e & 1);
+            s[n][e] = tok < end ? s[n][e] * ks[n][e & 1] : -INFINITY;
+          }
+        const float o_rescale = normalise_v_scales<2>(vs, v_exp);
+        softmax_step<D, 2>(s, m, l, o, o_rescale);
+        pv_tile_fp8<D, 2>(o, s, vs, stage + cfg::loader::kVOffset, warp * 16, lane);
+      }
+    } else {  // (statement order as tuned: it changes the bf16 kernels' register allocation)
+      if (it == 0) load_q_fragments<D>(qf, sq, 0, lane);
+      std::uint32_t sk, sv;
+      loader.tile(skv + (it % cfg::kStages) * cfg::loader::kStageBytes, sk, sv);
+      const int tile_start = start + it * kKvTile;
+      if (tile_start + warp * 16 < end) {  // this warp's 16 tokens are not all past the end
+        float s[2][4] = {};
+        qk_tile<D, 2>(s, qf, sk, warp * 16, lane);
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int tok = tile_start + warp * 16 + n * 8 + 2 * (lane & 3) + (e & 1);
+            s[n][e] = tok < end ? s[n][e] * a.scale_log2 : -INFINITY;
+          }
+        softmax_step<D, 2>(s, m, l, o);
+        pv_tile<D, 2>(o, s, sv, warp * 16, lane);
+      }
     }
     __syncthreads();
   }
   cp_async_wait<0>();
   __syncthreads();
+  if constexpr (FP8) {  // o back to units of 1
+    const float ov = __uint_as_float(static_cast<std::uint32_t>(v_exp) << 23);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) o[j][0] *= ov, o[j][1] *= ov, o[j][2] *= ov, o[j][3] *= ov;
+  }
 
   // Combine the four warps' partial softmax states through shared memory.
 #pragma unroll
@@ -499,7 +688,20 @@ __global__ void __launch_bounds__(decode_config<D, STAGES, FP8>::kThreads) paged
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= inv;
     const std::int64_t row = std::int64_t{seq} * a.num_q_heads + qhead0 + r;
-    if (direct) {
+    if constexpr (FP8) {
+      // so holds the PV MMA's column order (pv_tile_fp8): so[.][8j + i] is output column i * D/8 + j, so
+      // acc[i] is column i * D/8 + c. Per store instruction a warp's lanes (consecutive c) write consecutive
+      // columns.
+      if (direct) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) a.out[row * D + i * (D / 8) + c] = __float2bfloat16_rn(acc[i]);
+      } else {
+        float* dst = a.ws_o + (row * a.num_splits + split) * D + c;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dst[i * (D / 8)] = acc[i];
+        if (c == 0) a.ws_lse[row * a.num_splits + split] = lt > 0.0f ? base + __log2f(lt) : -INFINITY;
+      }
+    } else if (direct) {
       *reinterpret_cast<uint4*>(a.out + row * D + c * 8) = float_to_bf16x8(acc);
     } else {
       float* dst = a.ws_o + (row * a.num_splits + split) * D + c * 8;
@@ -612,7 +814,7 @@ struct prefill_config {
   using loader = kv_loader_t<D, kThreads, FP8>;
   static constexpr int kTileBytes = kKvTile * D * 2;
   static constexpr int kQBytes = kRows * D * 2;
-  static constexpr int kSmemBytes = kQBytes + kStages * loader::kStageBytes + loader::kExtraBytes;
+  static constexpr int kSmemBytes = kQBytes + kStages * loader::kStageBytes;
 };
 
 // grid (upper bound on query tiles, kv_heads). A query tile: tokens_per_tile consecutive new tokens of
@@ -711,7 +913,7 @@ __global__ void __launch_bounds__(prefill_config<D, FP8>::kThreads) paged_prefil
   auto loader = [&] {
     if constexpr (FP8)
       return typename cfg::loader(a.k8, a.v8, a.k_scale, a.v_scale, a.page_indices + a.page_indptr[seq], a.num_kv_heads,
-                                  kvh, a.bs_shift, tid, smem, skv + cfg::kStages * cfg::loader::kStageBytes);
+                                  kvh, a.bs_shift, tid);
     else
       return typename cfg::loader(a.k, a.v, a.page_indices + a.page_indptr[seq], a.num_kv_heads, kvh, a.bs_shift, tid);
   }();
@@ -725,33 +927,67 @@ __global__ void __launch_bounds__(prefill_config<D, FP8>::kThreads) paged_prefil
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   std::uint32_t qf[D / 16][4];
+  float q_mul = a.scale_log2;  // FP8: as in the decode kernel
+  int v_exp = 127;
 
   for (int it = 0; it < ntiles; ++it) {
     kv_pipeline_wait<cfg::kStages>(loader, skv, it, 0, kv_end, ntiles);
-    if (it == 0) load_q_fragments<D>(qf, sq, warp * 16, lane);
-
-    const int tile_start = it * kKvTile;
-    std::uint32_t sk, sv;
-    loader.tile(skv + (it % cfg::kStages) * cfg::loader::kStageBytes, sk, sv);
-    if (tile_start < warp_len) {
-      float s[kKvTile / 8][4] = {};
-      qk_tile<D, kKvTile / 8>(s, qf, sk, 0, lane);
-      if (tile_start + kKvTile > kv_min) {
+    if constexpr (FP8) {
+      if (it == 0) q_mul *= load_q_fragments_fp8<D>(qf, smem, warp * 16, lane);
+      const int tile_start = it * kKvTile;
+      const unsigned char* stage = smem + cfg::kQBytes + (it % cfg::kStages) * cfg::loader::kStageBytes;
+      if (tile_start < warp_len) {
+        constexpr int NT = kKvTile / 8;
+        float s[NT][4] = {};
+        qk_tile_fp8<D, NT>(s, qf, stage + cfg::loader::kKOffset, 0, lane);
+        // This thread's tokens: 8n + 2t + {0, 1}.
+        const float* scales = reinterpret_cast<const float*>(stage + cfg::loader::kScaleOffset) + 2 * t;
+        const bool mask = tile_start + kKvTile > kv_min;
 #pragma unroll
-        for (int nt = 0; nt < kKvTile / 8; ++nt)
+        for (int nt = 0; nt < NT; ++nt) {
+          const float2 k2 = *reinterpret_cast<const float2*>(scales + 8 * nt);
+          const float km[2] = {k2.x * q_mul, k2.y * q_mul};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int col = tile_start + nt * 8 + 2 * t + (e & 1);
-            s[nt][e] = col < row_len[e >> 1] ? s[nt][e] * a.scale_log2 : -INFINITY;
+            s[nt][e] = !mask || col < row_len[e >> 1] ? s[nt][e] * km[e & 1] : -INFINITY;
           }
-      } else {
+        }
+        float vs[NT][2];
 #pragma unroll
-        for (int nt = 0; nt < kKvTile / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[nt][e] *= a.scale_log2;
+        for (int nt = 0; nt < NT; ++nt) {
+          const float2 v2 = *reinterpret_cast<const float2*>(scales + kKvTile + 8 * nt);
+          vs[nt][0] = v2.x, vs[nt][1] = v2.y;
+        }
+        const float o_rescale = normalise_v_scales<NT>(vs, v_exp);
+        softmax_step<D, NT>(s, m, l, o, o_rescale);
+        pv_tile_fp8<D, NT>(o, s, vs, stage + cfg::loader::kVOffset, 0, lane);
       }
-      softmax_step<D, kKvTile / 8>(s, m, l, o);
-      pv_tile<D, kKvTile / 8>(o, s, sv, 0, lane);
+    } else {  // (statement order as tuned: it changes the bf16 kernels' register allocation)
+      if (it == 0) load_q_fragments<D>(qf, sq, warp * 16, lane);
+      const int tile_start = it * kKvTile;
+      std::uint32_t sk, sv;
+      loader.tile(skv + (it % cfg::kStages) * cfg::loader::kStageBytes, sk, sv);
+      if (tile_start < warp_len) {
+        float s[kKvTile / 8][4] = {};
+        qk_tile<D, kKvTile / 8>(s, qf, sk, 0, lane);
+        if (tile_start + kKvTile > kv_min) {
+#pragma unroll
+          for (int nt = 0; nt < kKvTile / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int col = tile_start + nt * 8 + 2 * t + (e & 1);
+              s[nt][e] = col < row_len[e >> 1] ? s[nt][e] * a.scale_log2 : -INFINITY;
+            }
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < kKvTile / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] *= a.scale_log2;
+        }
+        softmax_step<D, kKvTile / 8>(s, m, l, o);
+        pv_tile<D, kKvTile / 8>(o, s, sv, 0, lane);
+      }
     }
     __syncthreads();
   }
@@ -765,10 +1001,25 @@ __global__ void __launch_bounds__(prefill_config<D, FP8>::kThreads) paged_prefil
     if (row >= rows) continue;
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     const int tk = row / a.group, h = row % a.group;
-    bf16* dst = a.out + ((std::int64_t{qoff} + tok0 + tk) * a.num_q_heads + kvh * a.group + h) * D + 2 * t;
+    bf16* out_row = a.out + ((std::int64_t{qoff} + tok0 + tk) * a.num_q_heads + kvh * a.group + h) * D;
+    if constexpr (FP8) {
+      // o[j][2r + e] is output column (2t + e) * D/8 + j (pv_tile_fp8), in units of 2^(v_exp - 127).
+      const float sc = inv * __uint_as_float(static_cast<std::uint32_t>(v_exp) << 23);
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<std::uint32_t*>(dst + j * 8) = pack_bf16(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int j = 0; j < D / 8; j += 8) {
+          float x[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) x[i] = o[j + i][2 * r + e] * sc;
+          *reinterpret_cast<uint4*>(out_row + (2 * t + e) * (D / 8) + j) = float_to_bf16x8(x);
+        }
+    } else {
+      bf16* dst = out_row + 2 * t;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<std::uint32_t*>(dst + j * 8) = pack_bf16(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+    }
   }
 }
 

@@ -26,4 +26,17 @@ __device__ __forceinline__ float2 e4m3x2_to_f32x2(std::uint16_t codes) {
   return __half22float2(__half2(h));
 }
 
+// Four codes (bytes of w, low first) -> two half2 words, exactly: lo = (byte 0, byte 1), hi = (byte 2, byte 3),
+// the lower byte in the lower half. One cvt.rn.f16x2.e4m3x2 per two codes.
+__device__ __forceinline__ void e4m3x4_to_f16x4(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
+  asm("{\n"
+      "  .reg .b16 a, b;\n"
+      "  mov.b32 {a, b}, %2;\n"
+      "  cvt.rn.f16x2.e4m3x2 %0, a;\n"
+      "  cvt.rn.f16x2.e4m3x2 %1, b;\n"
+      "}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+}
+
 }  // namespace zipage::cuda::detail
