@@ -202,19 +202,19 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
   zc::decode_params p;
   p.q = q.p;
   p.out = out.p;
-  p.k_cache = g_pool.k;
-  p.v_cache = g_pool.v;
+  p.kv.k_cache = g_pool.k;
+  p.kv.v_cache = g_pool.v;
   if (fp8) {
-    p.k_scale = g_pool.k_scale;
-    p.v_scale = g_pool.v_scale;
+    p.kv.k_scale = g_pool.k_scale;
+    p.kv.v_scale = g_pool.v_scale;
   }
-  p.page_indptr = d_indptr.p;
-  p.kv_len = d_len.p;
+  p.kv.page_indptr = d_indptr.p;
+  p.kv.kv_len = d_len.p;
   p.num_seqs = batch;
   p.num_q_heads = qh;
-  p.num_kv_heads = kvh;
-  p.head_dim = kHeadDim;
-  p.block_size = bs;
+  p.kv.num_kv_heads = kvh;
+  p.kv.head_dim = kHeadDim;
+  p.kv.block_size = bs;
   p.max_kv_len = *std::max_element(lens.begin(), lens.end());
   p.scale = 1.0f / std::sqrt(float(kHeadDim));
   const zc::decode_plan plan = zc::plan_decode(p, force_splits, stages);
@@ -223,7 +223,7 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
 
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  p.page_indices = d_indices.p;
+  p.kv.page_indices = d_indices.p;
   zc::paged_decode_attention(p, plan, ws.p, ws_bytes, stream);  // sets kernel attributes before capture
   CK(cudaStreamSynchronize(stream));
 
@@ -235,7 +235,7 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
   cudaGraphExec_t exec;
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   for (int i = 0; i < passes; ++i) {
-    p.page_indices = d_indices.p + (i % rot) * case_blocks;
+    p.kv.page_indices = d_indices.p + (i % rot) * case_blocks;
     zc::paged_decode_attention(p, plan, ws.p, ws_bytes, stream);
   }
   CK(cudaStreamEndCapture(stream, &graph));
@@ -278,18 +278,18 @@ void bm_prefill(benchmark::State& state, int seqs, int n, int cached, int qh, in
   zc::prefill_params p;
   p.q = q.p;
   p.out = out.p;
-  p.k_cache = g_pool.k;
-  p.v_cache = g_pool.v;
+  p.kv.k_cache = g_pool.k;
+  p.kv.v_cache = g_pool.v;
   p.q_indptr = d_qi.p;
   p.token_kv_len = d_tl.p;
-  p.page_indptr = d_pi.p;
-  p.page_indices = d_idx.p;
+  p.kv.page_indptr = d_pi.p;
+  p.kv.page_indices = d_idx.p;
   p.num_tokens = tokens;
   p.num_seqs = seqs;
   p.num_q_heads = qh;
-  p.num_kv_heads = kvh;
-  p.head_dim = kHeadDim;
-  p.block_size = bs;
+  p.kv.num_kv_heads = kvh;
+  p.kv.head_dim = kHeadDim;
+  p.kv.block_size = bs;
   p.scale = 1.0f / std::sqrt(float(kHeadDim));
   double pairs = 0;
   for (int l : token_len) pairs += l;

@@ -30,23 +30,23 @@ std::size_t align_up(std::size_t x) { return (x + 255) & ~std::size_t{255}; }
 constexpr int kSelectSmemLimit = 96 * 1024;  // keys in shared memory up to 24,576 tokens, else from F at each pass
 
 void validate(const compress_params& p) {
-  check(p.head_dim == 64 || p.head_dim == 128, "compress: head_dim ", p.head_dim, " is not supported (64 or 128)");
-  check(p.num_kv_heads > 0 && p.num_q_heads > 0 && p.num_q_heads % p.num_kv_heads == 0, "compress: ", p.num_q_heads,
-        " query heads are not a multiple of ", p.num_kv_heads, " KV heads");
-  check(p.num_q_heads / p.num_kv_heads <= 128, "compress: GQA group ", p.num_q_heads / p.num_kv_heads,
+  check(p.kv.head_dim == 64 || p.kv.head_dim == 128, "compress: head_dim ", p.kv.head_dim, " is not supported (64 or 128)");
+  check(p.kv.num_kv_heads > 0 && p.num_q_heads > 0 && p.num_q_heads % p.kv.num_kv_heads == 0, "compress: ", p.num_q_heads,
+        " query heads are not a multiple of ", p.kv.num_kv_heads, " KV heads");
+  check(p.num_q_heads / p.kv.num_kv_heads <= 128, "compress: GQA group ", p.num_q_heads / p.kv.num_kv_heads,
         " is larger than 128");
-  const int shift = log2_exact(p.block_size);
-  check(shift >= 1 && p.block_size <= 512, "compress: block_size ", p.block_size, " is not a power of two in [2, 512]");
-  check(p.window >= 1 && p.window <= 256 && p.window <= p.block_size, "compress: window ", p.window,
+  const int shift = log2_exact(p.kv.block_size);
+  check(shift >= 1 && p.kv.block_size <= 512, "compress: block_size ", p.kv.block_size, " is not a power of two in [2, 512]");
+  check(p.window >= 1 && p.window <= 256 && p.window <= p.kv.block_size, "compress: window ", p.window,
         " must be in [1, min(256, block_size)]");
   check(p.keep >= p.window, "compress: keep (", p.keep, ") must be >= window (", p.window, ")");
   check(p.num_layers >= 1 && p.num_reqs >= 0 && p.max_kv_len >= 0, "compress: bad batch size");
-  check(p.num_blocks > 0 && p.num_slots > 0, "compress: num_blocks and num_slots must be positive");
+  check(p.kv.num_blocks > 0 && p.num_slots > 0, "compress: num_blocks and num_slots must be positive");
   p.recipe.validate();
-  check(std::int64_t{p.num_layers} * p.num_reqs * p.num_kv_heads < (std::int64_t{1} << 31),
+  check(std::int64_t{p.num_layers} * p.num_reqs * p.kv.num_kv_heads < (std::int64_t{1} << 31),
         "compress: too many (layer, request, head) segments");
   check(p.max_kv_len <= 65535 * detail::kAttnChunk, "compress: max_kv_len above ", 65535 * detail::kAttnChunk);
-  check(aligned16(p.k_cache) && aligned16(p.v_cache) && (!p.recipe.needs_queries() || aligned16(p.query_cache)),
+  check(aligned16(p.kv.k_cache) && aligned16(p.kv.v_cache) && (!p.recipe.needs_queries() || aligned16(p.query_cache)),
         "compress: K, V and query caches must be 16-byte aligned");
 }
 
@@ -58,11 +58,11 @@ struct layout {
 
 layout make_layout(const compress_params& p) {
   layout l;
-  const int group = p.num_q_heads / p.num_kv_heads;
+  const int group = p.num_q_heads / p.kv.num_kv_heads;
   l.gp_shift = log2_ceil(group);
   l.rows_pad = (p.window * (1 << l.gp_shift) + 15) / 16 * 16;
   l.attn_chunks = std::max(1, (p.max_kv_len + detail::kAttnChunk - 1) / detail::kAttnChunk);
-  l.segments = std::int64_t{p.num_layers} * p.num_reqs * p.num_kv_heads;
+  l.segments = std::int64_t{p.num_layers} * p.num_reqs * p.kv.num_kv_heads;
   const auto seg = static_cast<std::size_t>(l.segments);
   const std::size_t row = seg * static_cast<std::size_t>(p.max_kv_len);
   const bool attention = p.recipe.needs_queries();
@@ -86,39 +86,39 @@ compress_args make_args(const compress_params& p, void* workspace, std::size_t w
   check(workspace_bytes >= l.total, "compress: workspace of ", workspace_bytes, " bytes, ", l.total, " needed");
   auto* ws = static_cast<unsigned char*>(workspace);
   compress_args a{};
-  a.k = static_cast<detail::bf16*>(p.k_cache);
-  a.v = static_cast<detail::bf16*>(p.v_cache);
-  check((p.k_scale == nullptr) == (p.v_scale == nullptr), "compress: FP8 needs both k_scale and v_scale");
-  if (p.k_scale != nullptr) {
-    a.k8 = static_cast<std::uint8_t*>(p.k_cache);
-    a.v8 = static_cast<std::uint8_t*>(p.v_cache);
-    a.k_scale = p.k_scale;
-    a.v_scale = p.v_scale;
+  a.k = static_cast<detail::bf16*>(p.kv.k_cache);
+  a.v = static_cast<detail::bf16*>(p.kv.v_cache);
+  check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "compress: FP8 needs both k_scale and v_scale");
+  if (p.kv.k_scale != nullptr) {
+    a.k8 = static_cast<std::uint8_t*>(p.kv.k_cache);
+    a.v8 = static_cast<std::uint8_t*>(p.kv.v_cache);
+    a.k_scale = p.kv.k_scale;
+    a.v_scale = p.kv.v_scale;
   }
   a.scores = p.score_cache;
   a.q = static_cast<const detail::bf16*>(p.query_cache);
-  a.kv_layer_stride = std::int64_t{p.num_blocks} * p.block_size * p.num_kv_heads * p.head_dim;
-  a.score_layer_stride = std::int64_t{p.num_blocks} * p.block_size * p.num_kv_heads;
-  a.q_layer_stride = std::int64_t{p.num_slots} * p.window * p.num_q_heads * p.head_dim;
-  a.page_indptr = p.page_indptr;
-  a.page_indices = p.page_indices;
-  a.kv_len = p.kv_len;
+  a.kv_layer_stride = std::int64_t{p.kv.num_blocks} * p.kv.block_size * p.kv.num_kv_heads * p.kv.head_dim;
+  a.score_layer_stride = std::int64_t{p.kv.num_blocks} * p.kv.block_size * p.kv.num_kv_heads;
+  a.q_layer_stride = std::int64_t{p.num_slots} * p.window * p.num_q_heads * p.kv.head_dim;
+  a.page_indptr = p.kv.page_indptr;
+  a.page_indices = p.kv.page_indices;
+  a.kv_len = p.kv.kv_len;
   a.slot = p.slot;
   a.first = p.first_compression;
   a.num_reqs = p.num_reqs;
   a.num_q_heads = p.num_q_heads;
-  a.num_kv_heads = p.num_kv_heads;
-  a.group = p.num_q_heads / p.num_kv_heads;
+  a.num_kv_heads = p.kv.num_kv_heads;
+  a.group = p.num_q_heads / p.kv.num_kv_heads;
   a.gp_shift = l.gp_shift;
   a.window = p.window;
   a.keep = p.keep;
-  a.bs_shift = log2_exact(p.block_size);
+  a.bs_shift = log2_exact(p.kv.block_size);
   a.max_len = p.max_kv_len;
   a.rows_pad = l.rows_pad;
   a.attn_chunks = l.attn_chunks;
   a.q_rows = std::min(detail::kAttnMaxRows, l.rows_pad);
-  a.red_chunk = std::max(detail::kRedMinChunk, p.block_size);
-  const float scale = p.scale > 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  a.red_chunk = std::max(detail::kRedMinChunk, p.kv.block_size);
+  const float scale = p.scale > 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(p.kv.head_dim));
   a.scale_log2 = scale * detail::kLog2e;
   const score_recipe& r = p.recipe;
   a.history = static_cast<int>(r.history);
@@ -218,7 +218,7 @@ void launch_compact(const compress_args& a, unsigned segments, cudaStream_t stre
 }
 
 unsigned segment_count(const compress_params& p) {
-  return static_cast<unsigned>(std::int64_t{p.num_layers} * p.num_reqs * p.num_kv_heads);
+  return static_cast<unsigned>(std::int64_t{p.num_layers} * p.num_reqs * p.kv.num_kv_heads);
 }
 
 }  // namespace
@@ -238,7 +238,7 @@ void compress_score(const compress_params& p, void* workspace, std::size_t works
   const compress_args a = make_args(p, workspace, workspace_bytes);
   const unsigned segs = segment_count(p);
   if (segs == 0 || p.max_kv_len == 0 || !p.recipe.needs_queries()) return;
-  if (p.head_dim == 128) launch_score<128>(a, segs, stream);
+  if (p.kv.head_dim == 128) launch_score<128>(a, segs, stream);
   else launch_score<64>(a, segs, stream);
 }
 
@@ -246,7 +246,7 @@ void compress_select(const compress_params& p, void* workspace, std::size_t work
   const compress_args a = make_args(p, workspace, workspace_bytes);
   const unsigned segs = segment_count(p);
   if (segs == 0 || p.max_kv_len == 0) return;
-  if (p.head_dim == 128) launch_select<128>(a, segs, stream);
+  if (p.kv.head_dim == 128) launch_select<128>(a, segs, stream);
   else launch_select<64>(a, segs, stream);
 }
 
@@ -254,7 +254,7 @@ void compress_compact(const compress_params& p, void* workspace, std::size_t wor
   const compress_args a = make_args(p, workspace, workspace_bytes);
   const unsigned segs = segment_count(p);
   if (segs == 0 || p.max_kv_len == 0) return;
-  if (p.head_dim == 128) launch_compact<128>(a, segs, stream);
+  if (p.kv.head_dim == 128) launch_compact<128>(a, segs, stream);
   else launch_compact<64>(a, segs, stream);
 }
 

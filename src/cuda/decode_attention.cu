@@ -22,15 +22,15 @@ int log2_exact(int x) {
 }
 
 void validate(const decode_params& p) {
-  check(p.head_dim == 64 || p.head_dim == 128, "paged_decode_attention: head_dim ", p.head_dim,
+  check(p.kv.head_dim == 64 || p.kv.head_dim == 128, "paged_decode_attention: head_dim ", p.kv.head_dim,
         " is not supported (64 or 128)");
-  check(p.num_kv_heads > 0 && p.num_q_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
-        "paged_decode_attention: ", p.num_q_heads, " query heads are not a multiple of ", p.num_kv_heads, " KV heads");
-  const int shift = log2_exact(p.block_size);
-  check(shift >= 1, "paged_decode_attention: block_size ", p.block_size, " is not a power of two >= 2");
+  check(p.kv.num_kv_heads > 0 && p.num_q_heads > 0 && p.num_q_heads % p.kv.num_kv_heads == 0,
+        "paged_decode_attention: ", p.num_q_heads, " query heads are not a multiple of ", p.kv.num_kv_heads, " KV heads");
+  const int shift = log2_exact(p.kv.block_size);
+  check(shift >= 1, "paged_decode_attention: block_size ", p.kv.block_size, " is not a power of two >= 2");
   check(p.num_seqs >= 0 && p.num_seqs <= 65535, "paged_decode_attention: ", p.num_seqs, " sequences (at most 65535)");
   check(p.max_kv_len >= 0, "paged_decode_attention: negative max_kv_len");
-  check((p.k_scale == nullptr) == (p.v_scale == nullptr), "paged_decode_attention: FP8 needs both k_scale and v_scale");
+  check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "paged_decode_attention: FP8 needs both k_scale and v_scale");
 }
 
 // Shared memory above 48 KB needs an opt-in per kernel and device; done once per device.
@@ -46,8 +46,7 @@ void prepare_kernel() {
   done.fetch_or(bit, std::memory_order_release);
 }
 
-int default_stages(int head_dim, bool fp8) {
-  if (fp8) return head_dim == 128 ? detail::kDecodeDefaultStages<128, true> : detail::kDecodeDefaultStages<64, true>;
+int default_stages(int head_dim) {
   return head_dim == 128 ? detail::kDecodeDefaultStages<128> : detail::kDecodeDefaultStages<64>;
 }
 
@@ -95,26 +94,26 @@ int round_up(int x, int m) { return (x + m - 1) / m * m; }
 template <int D, int S, bool F8>
 void launch(const decode_params& p, const decode_plan& plan, void* workspace, cuda_stream stream) {
   prepare_kernel<D, S, F8>();
-  const int group = p.num_q_heads / p.num_kv_heads;
+  const int group = p.num_q_heads / p.kv.num_kv_heads;
   decode_args a{};
   a.q = static_cast<const detail::bf16*>(p.q);
   a.out = static_cast<detail::bf16*>(p.out);
-  a.k = static_cast<const detail::bf16*>(p.k_cache);
-  a.v = static_cast<const detail::bf16*>(p.v_cache);
+  a.k = static_cast<const detail::bf16*>(p.kv.k_cache);
+  a.v = static_cast<const detail::bf16*>(p.kv.v_cache);
   if constexpr (F8) {
-    a.k8 = static_cast<const std::uint8_t*>(p.k_cache);
-    a.v8 = static_cast<const std::uint8_t*>(p.v_cache);
-    a.k_scale = p.k_scale;
-    a.v_scale = p.v_scale;
+    a.k8 = static_cast<const std::uint8_t*>(p.kv.k_cache);
+    a.v8 = static_cast<const std::uint8_t*>(p.kv.v_cache);
+    a.k_scale = p.kv.k_scale;
+    a.v_scale = p.kv.v_scale;
   }
-  a.page_indptr = p.page_indptr;
-  a.page_indices = p.page_indices;
-  a.kv_len = p.kv_len;
+  a.page_indptr = p.kv.page_indptr;
+  a.page_indices = p.kv.page_indices;
+  a.kv_len = p.kv.kv_len;
   a.num_q_heads = p.num_q_heads;
-  a.num_kv_heads = p.num_kv_heads;
+  a.num_kv_heads = p.kv.num_kv_heads;
   a.group = group;
   a.head_chunks = (group + 15) / 16;
-  a.bs_shift = log2_exact(p.block_size);
+  a.bs_shift = log2_exact(p.kv.block_size);
   a.chunk = plan.chunk_tokens;
   a.num_splits = plan.num_splits;
   a.scale_log2 = p.scale * detail::kLog2e;
@@ -122,7 +121,7 @@ void launch(const decode_params& p, const decode_plan& plan, void* workspace, cu
     a.ws_o = static_cast<float*>(workspace);
     a.ws_lse = a.ws_o + std::size_t(p.num_seqs) * p.num_q_heads * plan.num_splits * D;
   }
-  const dim3 grid(plan.num_splits, p.num_kv_heads * a.head_chunks, p.num_seqs);
+  const dim3 grid(plan.num_splits, p.kv.num_kv_heads * a.head_chunks, p.num_seqs);
   detail::paged_decode_kernel<D, S, F8>
       <<<grid, decode_config<D, S, F8>::kThreads, decode_config<D, S, F8>::kSmemBytes, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
@@ -149,7 +148,7 @@ void launch(const decode_params& p, const decode_plan& plan, void* workspace, cu
 decode_plan plan_decode(const decode_params& p, int force_splits, int stages) {
   validate(p);
   check(stages == 0 || (stages >= 2 && stages <= 4), "plan_decode: stages ", stages, " (2..4, or 0 for the default)");
-  if (stages == 0) stages = default_stages(p.head_dim, p.k_scale != nullptr);
+  if (stages == 0) stages = default_stages(p.kv.head_dim);
   const int len = std::max(1, p.max_kv_len);
   const int max_splits = std::min(detail::kMaxDecodeSplits, (len + detail::kKvTile - 1) / detail::kKvTile);
   auto make = [&](int splits) {
@@ -162,10 +161,10 @@ decode_plan plan_decode(const decode_params& p, int force_splits, int stages) {
   if (force_splits > 0) return make(std::min(force_splits, max_splits));
 
   // Estimated time ~ waves x (tokens per CTA + start-up cost), plus a merge pass when split.
-  const int group = p.num_q_heads / p.num_kv_heads;
-  const long long ctas_per_split = static_cast<long long>(p.num_seqs) * p.num_kv_heads * ((group + 15) / 16);
+  const int group = p.num_q_heads / p.kv.num_kv_heads;
+  const long long ctas_per_split = static_cast<long long>(p.num_seqs) * p.kv.num_kv_heads * ((group + 15) / 16);
   if (ctas_per_split == 0) return make(1);
-  const long long slots = decode_slots(p.head_dim, stages, p.k_scale != nullptr);
+  const long long slots = decode_slots(p.kv.head_dim, stages, p.kv.k_scale != nullptr);
   constexpr long long kStartupTokens = 96;  // a CTA's fixed cost in tokens streamed
   constexpr long long kMergeTokens = 64;
   decode_plan best = make(1);
@@ -185,7 +184,7 @@ decode_plan plan_decode(const decode_params& p, int force_splits, int stages) {
 
 std::size_t decode_workspace_bytes(const decode_params& p, const decode_plan& plan) {
   if (plan.num_splits <= 1) return 0;
-  return std::size_t(p.num_seqs) * p.num_q_heads * plan.num_splits * (p.head_dim + 1) * sizeof(float);
+  return std::size_t(p.num_seqs) * p.num_q_heads * plan.num_splits * (p.kv.head_dim + 1) * sizeof(float);
 }
 
 void paged_decode_attention(const decode_params& p, const decode_plan& plan, void* workspace,
@@ -202,8 +201,8 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
         decode_workspace_bytes(p, plan));
   check(plan.stages == 0 || (plan.stages >= 2 && plan.stages <= 4), "paged_decode_attention: plan.stages ", plan.stages);
   if (p.num_seqs == 0) return;
-  const int stages = plan.stages == 0 ? default_stages(p.head_dim, p.k_scale != nullptr) : plan.stages;
-  dispatch(p.head_dim, stages, p.k_scale != nullptr,
+  const int stages = plan.stages == 0 ? default_stages(p.kv.head_dim) : plan.stages;
+  dispatch(p.kv.head_dim, stages, p.kv.k_scale != nullptr,
            [&]<int D, int S, bool F8>() { launch<D, S, F8>(p, plan, workspace, stream); });
 }
 

@@ -240,13 +240,13 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(generic_a
   __shared__ float ss[kAttnChunk];
   const int t = blockIdx.x;
   const int h = blockIdx.y;
-  const int d = p.head_dim;
-  const int kvh = h / (p.num_q_heads / p.num_kv_heads);
+  const int d = p.kv.head_dim;
+  const int kvh = h / (p.num_q_heads / p.kv.num_kv_heads);
   const T* q = static_cast<const T*>(p.q) + (std::int64_t{t} * p.num_q_heads + h) * d;
   T* out = static_cast<T*>(p.out) + (std::int64_t{t} * p.num_q_heads + h) * d;
   const int s = p.token_seq[t];
   const int len = p.token_kv_len[t];
-  const std::int32_t* pages = p.page_indices + p.page_indptr[s];
+  const std::int32_t* pages = p.kv.page_indices + p.kv.page_indptr[s];
   for (int i = threadIdx.x; i < d; i += kAttnThreads) qs[i] = load_f(q, i);
   __syncthreads();
 
@@ -257,10 +257,10 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(generic_a
     const int n = min(kAttnChunk, len - j0);
     for (int jj = threadIdx.x; jj < n; jj += kAttnThreads) {
       const int j = j0 + jj;
-      const std::int64_t slot = std::int64_t{pages[j / p.block_size]} * p.block_size + j % p.block_size;
-      const std::int64_t row = slot * p.num_kv_heads + kvh;
+      const std::int64_t slot = std::int64_t{pages[j / p.kv.block_size]} * p.kv.block_size + j % p.kv.block_size;
+      const std::int64_t row = slot * p.kv.num_kv_heads + kvh;
       float dot = 0.0f;
-      for (int i = 0; i < d; ++i) dot += qs[i] * kv_at<T, FP8>(p.k_cache, p.k_scale, row, d, i);
+      for (int i = 0; i < d; ++i) dot += qs[i] * kv_at<T, FP8>(p.kv.k_cache, p.kv.k_scale, row, d, i);
       ss[jj] = dot * p.scale;
     }
     __syncthreads();
@@ -275,12 +275,12 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(generic_a
       const int j = j0 + jj;
       const float pj = expf(ss[jj] - m_new);
       l += pj;
-      const std::int64_t slot = std::int64_t{pages[j / p.block_size]} * p.block_size + j % p.block_size;
-      const std::int64_t row = slot * p.num_kv_heads + kvh;
+      const std::int64_t slot = std::int64_t{pages[j / p.kv.block_size]} * p.kv.block_size + j % p.kv.block_size;
+      const std::int64_t row = slot * p.kv.num_kv_heads + kvh;
 #pragma unroll
       for (int r = 0; r < kPer; ++r) {
         const int i = threadIdx.x + r * kAttnThreads;
-        if (i < d) acc[r] += pj * kv_at<T, FP8>(p.v_cache, p.v_scale, row, d, i);
+        if (i < d) acc[r] += pj * kv_at<T, FP8>(p.kv.v_cache, p.kv.v_scale, row, d, i);
       }
     }
     m = m_new;
@@ -354,10 +354,12 @@ __global__ void __launch_bounds__(kCompactThreads) compaction_kernel(compaction_
   const int l = blockIdx.y;
   const std::int64_t eb = p.element_bytes > 0 ? p.element_bytes : static_cast<std::int64_t>(dtype_bytes(p.dtype));
   const std::int64_t layer_words = p.layer_elements * eb / 4;
-  auto* k = static_cast<std::uint32_t*>(p.k) + l * layer_words;
-  auto* v = static_cast<std::uint32_t*>(p.v) + l * layer_words;
-  const std::int32_t* kept = p.keep + (std::int64_t{l} * p.num_kv_heads + h) * p.new_len;
-  auto slot_of = [&](int j) { return std::int64_t{p.pages[j / p.block_size]} * p.block_size + j % p.block_size; };
+  auto* k = static_cast<std::uint32_t*>(p.kv.k_cache) + l * layer_words;
+  auto* v = static_cast<std::uint32_t*>(p.kv.v_cache) + l * layer_words;
+  const std::int32_t* kept = p.keep + (std::int64_t{l} * p.kv.num_kv_heads + h) * p.new_len;
+  auto slot_of = [&](int j) {
+    return std::int64_t{p.kv.page_indices[j / p.kv.block_size]} * p.kv.block_size + j % p.kv.block_size;
+  };
   const int chunk = max(1, kCompactThreads * kCompactRegs / row_words);
   for (int c0 = 0; c0 < p.new_len; c0 += chunk) {
     const int n = min(chunk, p.new_len - c0);
@@ -368,7 +370,7 @@ __global__ void __launch_bounds__(kCompactThreads) compaction_kernel(compaction_
       const int item = threadIdx.x + r * kCompactThreads;
       if (item < items) {
         const int t = c0 + item / row_words, w = item % row_words;
-        const std::int64_t at = (slot_of(kept[t]) * p.num_kv_heads + h) * row_words + w;
+        const std::int64_t at = (slot_of(kept[t]) * p.kv.num_kv_heads + h) * row_words + w;
         kr[r] = k[at];
         vr[r] = v[at];
       }
@@ -379,7 +381,7 @@ __global__ void __launch_bounds__(kCompactThreads) compaction_kernel(compaction_
       const int item = threadIdx.x + r * kCompactThreads;
       if (item < items) {
         const int t = c0 + item / row_words, w = item % row_words;
-        const std::int64_t at = (slot_of(t) * p.num_kv_heads + h) * row_words + w;
+        const std::int64_t at = (slot_of(t) * p.kv.num_kv_heads + h) * row_words + w;
         k[at] = kr[r];
         v[at] = vr[r];
       }
@@ -388,8 +390,8 @@ __global__ void __launch_bounds__(kCompactThreads) compaction_kernel(compaction_
   }
   if (p.scores != nullptr && p.kept_scores != nullptr) {
     float* sc = p.scores + l * p.score_layer_elements;
-    const float* ks = p.kept_scores + (std::int64_t{l} * p.num_kv_heads + h) * p.new_len;
-    for (int t = threadIdx.x; t < p.new_len; t += kCompactThreads) sc[slot_of(t) * p.num_kv_heads + h] = ks[t];
+    const float* ks = p.kept_scores + (std::int64_t{l} * p.kv.num_kv_heads + h) * p.new_len;
+    for (int t = threadIdx.x; t < p.new_len; t += kCompactThreads) sc[slot_of(t) * p.kv.num_kv_heads + h] = ks[t];
   }
 }
 
@@ -568,15 +570,15 @@ void record_queries(cuda_dtype t, void* rows, const std::int32_t* token_row, con
 }
 
 void paged_attention(cuda_dtype t, const generic_attention_params& p, cuda_stream stream) {
-  check(p.head_dim > 0 && p.head_dim <= kAttnMaxDim, "paged_attention: head_dim ", p.head_dim, " (at most ",
+  check(p.kv.head_dim > 0 && p.kv.head_dim <= kAttnMaxDim, "paged_attention: head_dim ", p.kv.head_dim, " (at most ",
         kAttnMaxDim, ")");
-  check(p.num_kv_heads > 0 && p.num_q_heads % p.num_kv_heads == 0, "paged_attention: ", p.num_q_heads,
-        " query heads are not a multiple of ", p.num_kv_heads, " KV heads");
-  check(p.num_q_heads < 65536 && p.block_size > 0, "paged_attention: bad head count or block size");
+  check(p.kv.num_kv_heads > 0 && p.num_q_heads % p.kv.num_kv_heads == 0, "paged_attention: ", p.num_q_heads,
+        " query heads are not a multiple of ", p.kv.num_kv_heads, " KV heads");
+  check(p.num_q_heads < 65536 && p.kv.block_size > 0, "paged_attention: bad head count or block size");
   if (p.num_tokens <= 0) return;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_q_heads));
-  check((p.k_scale == nullptr) == (p.v_scale == nullptr), "paged_attention: FP8 needs both k_scale and v_scale");
-  if (p.k_scale != nullptr)
+  check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "paged_attention: FP8 needs both k_scale and v_scale");
+  if (p.kv.k_scale != nullptr)
     dispatch(t, [&]<class T>() { paged_attention_kernel<T, true><<<grid, kAttnThreads, 0, stream>>>(p); });
   else
     dispatch(t, [&]<class T>() { paged_attention_kernel<T, false><<<grid, kAttnThreads, 0, stream>>>(p); });
@@ -620,14 +622,14 @@ void from_f32(cuda_dtype t, const float* in, void* out, std::int64_t n, cuda_str
 }
 
 void apply_compaction(const compaction_params& p, cuda_stream stream) {
-  if (p.new_len <= 0 || p.num_layers <= 0 || p.num_kv_heads <= 0) return;
+  if (p.new_len <= 0 || p.num_layers <= 0 || p.kv.num_kv_heads <= 0) return;
   const std::int64_t row_bytes =
-      std::int64_t{p.head_dim} * (p.element_bytes > 0 ? p.element_bytes : static_cast<std::int64_t>(dtype_bytes(p.dtype)));
+      std::int64_t{p.kv.head_dim} * (p.element_bytes > 0 ? p.element_bytes : static_cast<std::int64_t>(dtype_bytes(p.dtype)));
   check(row_bytes % 4 == 0, "apply_compaction: a head row of ", row_bytes, " bytes is not a multiple of 4");
   const int row_words = static_cast<int>(row_bytes / 4);
-  check(row_words <= kCompactThreads * kCompactRegs, "apply_compaction: head_dim ", p.head_dim, " is too large");
+  check(row_words <= kCompactThreads * kCompactRegs, "apply_compaction: head_dim ", p.kv.head_dim, " is too large");
   check(p.num_layers < 65536, "apply_compaction: too many layers");
-  const dim3 grid(static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(p.num_layers));
+  const dim3 grid(static_cast<unsigned>(p.kv.num_kv_heads), static_cast<unsigned>(p.num_layers));
   compaction_kernel<<<grid, kCompactThreads, 0, stream>>>(p, row_words);
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }

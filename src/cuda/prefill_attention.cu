@@ -38,43 +38,43 @@ void launch(const detail::prefill_args& a, int num_tokens, cuda_stream stream) {
 }  // namespace
 
 void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
-  check(p.head_dim == 64 || p.head_dim == 128, "paged_prefill_attention: head_dim ", p.head_dim,
+  check(p.kv.head_dim == 64 || p.kv.head_dim == 128, "paged_prefill_attention: head_dim ", p.kv.head_dim,
         " is not supported (64 or 128)");
-  check(p.num_kv_heads > 0 && p.num_q_heads > 0 && p.num_q_heads % p.num_kv_heads == 0,
-        "paged_prefill_attention: ", p.num_q_heads, " query heads are not a multiple of ", p.num_kv_heads, " KV heads");
-  const int group = p.num_q_heads / p.num_kv_heads;
+  check(p.kv.num_kv_heads > 0 && p.num_q_heads > 0 && p.num_q_heads % p.kv.num_kv_heads == 0,
+        "paged_prefill_attention: ", p.num_q_heads, " query heads are not a multiple of ", p.kv.num_kv_heads, " KV heads");
+  const int group = p.num_q_heads / p.kv.num_kv_heads;
   check(group <= prefill_config<128>::kRows, "paged_prefill_attention: ", group,
         " query heads per KV head (at most 64)");
-  check(p.num_kv_heads <= 65535, "paged_prefill_attention: too many KV heads");
+  check(p.kv.num_kv_heads <= 65535, "paged_prefill_attention: too many KV heads");
   int shift = 0;
-  while ((1 << shift) < p.block_size) ++shift;
-  check(p.block_size >= 2 && (1 << shift) == p.block_size, "paged_prefill_attention: block_size ", p.block_size,
+  while ((1 << shift) < p.kv.block_size) ++shift;
+  check(p.kv.block_size >= 2 && (1 << shift) == p.kv.block_size, "paged_prefill_attention: block_size ", p.kv.block_size,
         " is not a power of two >= 2");
   if (p.num_tokens == 0 || p.num_seqs == 0) return;
 
   detail::prefill_args a{};
   a.q = static_cast<const detail::bf16*>(p.q);
   a.out = static_cast<detail::bf16*>(p.out);
-  a.k = static_cast<const detail::bf16*>(p.k_cache);
-  a.v = static_cast<const detail::bf16*>(p.v_cache);
-  const bool fp8 = p.k_scale != nullptr;
-  check(fp8 == (p.v_scale != nullptr), "paged_prefill_attention: FP8 needs both k_scale and v_scale");
-  a.k8 = static_cast<const std::uint8_t*>(p.k_cache);
-  a.v8 = static_cast<const std::uint8_t*>(p.v_cache);
-  a.k_scale = p.k_scale;
-  a.v_scale = p.v_scale;
+  a.k = static_cast<const detail::bf16*>(p.kv.k_cache);
+  a.v = static_cast<const detail::bf16*>(p.kv.v_cache);
+  const bool fp8 = p.kv.k_scale != nullptr;
+  check(fp8 == (p.kv.v_scale != nullptr), "paged_prefill_attention: FP8 needs both k_scale and v_scale");
+  a.k8 = static_cast<const std::uint8_t*>(p.kv.k_cache);
+  a.v8 = static_cast<const std::uint8_t*>(p.kv.v_cache);
+  a.k_scale = p.kv.k_scale;
+  a.v_scale = p.kv.v_scale;
   a.q_indptr = p.q_indptr;
   a.token_kv_len = p.token_kv_len;
-  a.page_indptr = p.page_indptr;
-  a.page_indices = p.page_indices;
+  a.page_indptr = p.kv.page_indptr;
+  a.page_indices = p.kv.page_indices;
   a.num_seqs = p.num_seqs;
   a.num_q_heads = p.num_q_heads;
-  a.num_kv_heads = p.num_kv_heads;
+  a.num_kv_heads = p.kv.num_kv_heads;
   a.group = group;
   a.tokens_per_tile = prefill_config<128>::kRows / group;
   a.bs_shift = shift;
   a.scale_log2 = p.scale * detail::kLog2e;
-  if (p.head_dim == 128)
+  if (p.kv.head_dim == 128)
     fp8 ? launch<128, true>(a, p.num_tokens, stream) : launch<128, false>(a, p.num_tokens, stream);
   else
     fp8 ? launch<64, true>(a, p.num_tokens, stream) : launch<64, false>(a, p.num_tokens, stream);

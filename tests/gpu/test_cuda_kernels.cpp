@@ -216,16 +216,16 @@ void test_decode(int d, int qh, int kvh, int bs, std::vector<int> lens, std::vec
   zc::decode_params p;
   p.q = dq.p;
   p.out = dout.p;
-  p.k_cache = dk.p;
-  p.v_cache = dv.p;
-  p.page_indptr = dindptr.p;
-  p.page_indices = dindices.p;
-  p.kv_len = dlen.p;
+  p.kv.k_cache = dk.p;
+  p.kv.v_cache = dv.p;
+  p.kv.page_indptr = dindptr.p;
+  p.kv.page_indices = dindices.p;
+  p.kv.kv_len = dlen.p;
   p.num_seqs = seqs;
   p.num_q_heads = qh;
-  p.num_kv_heads = kvh;
-  p.head_dim = d;
-  p.block_size = bs;
+  p.kv.num_kv_heads = kvh;
+  p.kv.head_dim = d;
+  p.kv.block_size = bs;
   p.max_kv_len = *std::max_element(lens.begin(), lens.end());
   p.scale = scale;
   int max_len = p.max_kv_len;
@@ -275,18 +275,18 @@ void test_prefill(int d, int qh, int kvh, int bs, const std::vector<std::pair<in
   zc::prefill_params p;
   p.q = dq.p;
   p.out = dout.p;
-  p.k_cache = dk.p;
-  p.v_cache = dv.p;
+  p.kv.k_cache = dk.p;
+  p.kv.v_cache = dv.p;
   p.q_indptr = dqptr.p;
   p.token_kv_len = dtlen.p;
-  p.page_indptr = dindptr.p;
-  p.page_indices = dindices.p;
+  p.kv.page_indptr = dindptr.p;
+  p.kv.page_indices = dindices.p;
   p.num_tokens = tokens;
   p.num_seqs = static_cast<int>(seqs_cached_new.size());
   p.num_q_heads = qh;
-  p.num_kv_heads = kvh;
-  p.head_dim = d;
-  p.block_size = bs;
+  p.kv.num_kv_heads = kvh;
+  p.kv.head_dim = d;
+  p.kv.block_size = bs;
   p.scale = scale;
   dout.poison();
   zc::paged_prefill_attention(p, nullptr);
@@ -552,22 +552,24 @@ int main() {
     // Arguments the kernels do not support are rejected on the host.
     expect_throw("decode rejects head_dim 96", [] {
       zc::decode_params p;
-      p.head_dim = 96, p.num_q_heads = 8, p.num_kv_heads = 8, p.block_size = 16, p.num_seqs = 1;
+      p.kv.head_dim = 96, p.num_q_heads = 8, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
       zc::paged_decode_attention(p, zc::plan_decode(p), nullptr, 0, nullptr);
     });
     expect_throw("decode rejects block_size 24", [] {
       zc::decode_params p;
-      p.head_dim = 128, p.num_q_heads = 8, p.num_kv_heads = 8, p.block_size = 24, p.num_seqs = 1;
+      p.kv.head_dim = 128, p.num_q_heads = 8, p.kv.num_kv_heads = 8, p.kv.block_size = 24, p.num_seqs = 1;
       zc::paged_decode_attention(p, zc::plan_decode(p), nullptr, 0, nullptr);
     });
     expect_throw("decode rejects a workspace smaller than the plan", [] {
       zc::decode_params p;
-      p.head_dim = 128, p.num_q_heads = 8, p.num_kv_heads = 8, p.block_size = 16, p.num_seqs = 1, p.max_kv_len = 4096;
+      p.kv.head_dim = 128, p.num_q_heads = 8, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
+      p.max_kv_len = 4096;
       zc::paged_decode_attention(p, zc::plan_decode(p, 4), nullptr, 0, nullptr);
     });
     expect_throw("prefill rejects 9 q heads over 2 kv heads", [] {
       zc::prefill_params p;
-      p.head_dim = 128, p.num_q_heads = 9, p.num_kv_heads = 2, p.block_size = 16, p.num_seqs = 1, p.num_tokens = 1;
+      p.kv.head_dim = 128, p.num_q_heads = 9, p.kv.num_kv_heads = 2, p.kv.block_size = 16, p.num_seqs = 1;
+      p.num_tokens = 1;
       zc::paged_prefill_attention(p, nullptr);
     });
     expect_throw("rms_norm rejects a width that does not divide the row", [] {

@@ -146,20 +146,23 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   const path kind = tuned && st.decode && st.num_seqs <= 65535 ? path::decode
                     : tuned && group <= 64                     ? path::prefill
                                                                : path::generic;
-  // The fields every attention kernel's parameters share.
+  // This layer's paged cache as every attention kernel sees it, and the fields their parameters share.
+  cuda::paged_kv_view view;
+  view.k_cache = kc;
+  view.v_cache = vc;
+  view.k_scale = ksc;
+  view.v_scale = vsc;
+  view.page_indptr = st.page_indptr;
+  view.page_indices = st.page_indices;
+  view.num_blocks = s.num_blocks;
+  view.block_size = s.block_size;
+  view.num_kv_heads = s.num_kv_heads;
+  view.head_dim = d;
   auto common = [&](auto& p) {
     p.q = q.data();
     p.out = out.data();
-    p.k_cache = kc;
-    p.v_cache = vc;
-    p.k_scale = ksc;
-    p.v_scale = vsc;
-    p.page_indptr = st.page_indptr;
-    p.page_indices = st.page_indices;
+    p.kv = view;
     p.num_q_heads = num_q_heads;
-    p.num_kv_heads = s.num_kv_heads;
-    p.head_dim = d;
-    p.block_size = s.block_size;
     p.scale = scale;
   };
   cuda::decode_params dp;
@@ -167,7 +170,7 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   std::size_t ws = 0;
   if (kind == path::decode) {
     common(dp);
-    dp.kv_len = st.token_kv_len;  // one token per sequence: token t is sequence t
+    dp.kv.kv_len = st.token_kv_len;  // one token per sequence: token t is sequence t
     dp.num_seqs = st.num_seqs;
     dp.max_kv_len = st.max_kv_len;
     auto& mst = c.step;

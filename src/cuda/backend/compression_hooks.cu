@@ -143,18 +143,18 @@ void cuda_backend::apply_compaction(cuda_kv_storage& kv, const compaction_plan& 
                           scores ? cuda_detail::span_section(std::span<const float>(plan.kept_scores)) : section{nullptr, 0}};
   c.side_up.put(secs, c.side);
   cuda::engine::compaction_params p;
-  p.k = kv.k.data();
-  p.v = kv.v.data();
+  p.kv.k_cache = kv.k.data();
+  p.kv.v_cache = kv.v.data();
   p.scores = scores ? static_cast<float*>(kv.scores.data()) : nullptr;
-  p.pages = c.side_up.device<std::int32_t>(0);
+  p.kv.page_indices = c.side_up.device<std::int32_t>(0);
   p.keep = c.side_up.device<std::int32_t>(1);
   p.kept_scores = scores ? c.side_up.device<float>(2) : nullptr;
   p.layer_elements = s.layer_stride();
   p.score_layer_elements = std::int64_t{s.num_blocks} * s.block_size * s.num_kv_heads;
   p.num_layers = plan.num_layers;
-  p.num_kv_heads = plan.num_kv_heads;
-  p.head_dim = s.head_dim;
-  p.block_size = s.block_size;
+  p.kv.num_kv_heads = plan.num_kv_heads;
+  p.kv.head_dim = s.head_dim;
+  p.kv.block_size = s.block_size;
   p.new_len = plan.new_len;
   p.dtype = kv.dtype;
   if (kv.fp8()) {
@@ -163,12 +163,12 @@ void cuda_backend::apply_compaction(cuda_kv_storage& kv, const compaction_plan& 
     p.element_bytes = 1;
     cuda::engine::apply_compaction(p, as_stream(c.side));
     cuda::engine::compaction_params ps = p;
-    ps.k = kv.k_scale.data();
-    ps.v = kv.v_scale.data();
+    ps.kv.k_cache = kv.k_scale.data();
+    ps.kv.v_cache = kv.v_scale.data();
     ps.scores = nullptr;
     ps.kept_scores = nullptr;
     ps.layer_elements = kv.scale_layer_elements();
-    ps.head_dim = 1;
+    ps.kv.head_dim = 1;
     ps.element_bytes = 4;
     cuda::engine::apply_compaction(ps, as_stream(c.side));
   } else {
@@ -210,18 +210,18 @@ bool cuda_backend::compress_on_device(cuda_kv_storage& kv, std::span<const devic
   }
 
   cuda::compress_params p;
-  p.k_cache = kv.k.data();
-  p.v_cache = kv.v.data();
+  p.kv.k_cache = kv.k.data();
+  p.kv.v_cache = kv.v.data();
   p.score_cache = sh.score_cache ? static_cast<float*>(kv.scores.data()) : nullptr;
   p.query_cache = kv.queries.data();
-  p.num_blocks = sh.num_blocks;
+  p.kv.num_blocks = sh.num_blocks;
   p.num_slots = std::max(1, sh.num_query_slots);
   p.num_reqs = static_cast<int>(jobs.size());
   p.max_kv_len = max_len;
   p.num_q_heads = sh.num_q_heads;
-  p.num_kv_heads = sh.num_kv_heads;
-  p.head_dim = sh.head_dim;
-  p.block_size = sh.block_size;
+  p.kv.num_kv_heads = sh.num_kv_heads;
+  p.kv.head_dim = sh.head_dim;
+  p.kv.block_size = sh.block_size;
   p.window = sh.window;
   p.keep = keep;
   p.recipe = recipe;
@@ -263,9 +263,9 @@ bool cuda_backend::compress_on_device(cuda_kv_storage& kv, std::span<const devic
                           cuda_detail::span_section(std::span<const std::int32_t>(st.slots)),
                           cuda_detail::span_section(std::span<const std::uint8_t>(st.first))};
   c.side_up.put(secs, c.side);
-  p.page_indptr = c.side_up.device<std::int32_t>(0);
-  p.page_indices = c.side_up.device<std::int32_t>(1);
-  p.kv_len = c.side_up.device<std::int32_t>(2);
+  p.kv.page_indptr = c.side_up.device<std::int32_t>(0);
+  p.kv.page_indices = c.side_up.device<std::int32_t>(1);
+  p.kv.kv_len = c.side_up.device<std::int32_t>(2);
   p.slot = c.side_up.device<std::int32_t>(3);
   p.first_compression = c.side_up.device<std::uint8_t>(4);
   void* ws = c.compress_ws.reserve(std::max<std::size_t>(ws_bytes, 256), c.side);
@@ -273,13 +273,13 @@ bool cuda_backend::compress_on_device(cuda_kv_storage& kv, std::span<const devic
   for (int l0 = 0; l0 < sh.num_layers; l0 += layers_per_launch) {
     cuda::compress_params q = p;
     q.num_layers = std::min(layers_per_launch, sh.num_layers - l0);
-    q.k_cache = static_cast<char*>(kv.k.data()) + static_cast<std::size_t>(sh.layer_stride()) * l0 * elem;
-    q.v_cache = static_cast<char*>(kv.v.data()) + static_cast<std::size_t>(sh.layer_stride()) * l0 * elem;
+    q.kv.k_cache = static_cast<char*>(kv.k.data()) + static_cast<std::size_t>(sh.layer_stride()) * l0 * elem;
+    q.kv.v_cache = static_cast<char*>(kv.v.data()) + static_cast<std::size_t>(sh.layer_stride()) * l0 * elem;
     if (p.score_cache != nullptr)
       q.score_cache = p.score_cache + static_cast<std::size_t>(sh.num_blocks) * sh.block_size * sh.num_kv_heads * l0;
     if (kv.fp8()) {
-      q.k_scale = static_cast<float*>(kv.k_scale.data()) + kv.scale_layer_elements() * l0;
-      q.v_scale = static_cast<float*>(kv.v_scale.data()) + kv.scale_layer_elements() * l0;
+      q.kv.k_scale = static_cast<float*>(kv.k_scale.data()) + kv.scale_layer_elements() * l0;
+      q.kv.v_scale = static_cast<float*>(kv.v_scale.data()) + kv.scale_layer_elements() * l0;
     }
     if (kv.queries.data() != nullptr)
       q.query_cache = static_cast<const char*>(kv.queries.data()) +

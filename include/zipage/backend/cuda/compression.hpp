@@ -42,36 +42,33 @@ struct compress_params {
     return r;
   }
 
-  // ---- Caches (device memory). Each pointer points at the first layer to process; layer l of the
-  // batch is at + l * (its layer stride), so one layer, a range of layers or all layers work.
-  void* k_cache = nullptr;            // bf16 [layers][num_blocks][block_size][kv_heads][head_dim]
-  void* v_cache = nullptr;            // bf16, same layout
-  // FP8 KV cache (docs/fp8.md): when both are set, k_cache / v_cache hold E4M3 codes and these the fp32
-  // scales [layers][num_blocks][block_size][kv_heads] (the score cache's layout); keys are scored as
-  // bf16(float(code) * scale) and compaction moves codes and scales together.
-  float* k_scale = nullptr;
-  float* v_scale = nullptr;
+  // ---- The paged cache and the batch's page tables (device memory). The cache pointers point at the
+  // first layer to process; layer l of the batch is at + l * (its layer stride), so one layer, a range
+  // of layers or all layers work:
+  //   kv.k_cache, kv.v_cache  bf16 [layers][kv.num_blocks][block_size][kv_heads][head_dim]
+  //   kv.k_scale, kv.v_scale  FP8 KV cache (docs/fp8.md): when both are set, k_cache / v_cache hold E4M3
+  //                           codes and these the fp32 scales [layers][num_blocks][block_size][kv_heads]
+  //                           (the score cache's layout); keys are scored as bf16(float(code) * scale)
+  //                           and compaction moves codes and scales together
+  //   kv.num_blocks           blocks per layer of the pool (layer stride of K/V/scores)
+  //   kv.page_indptr          [num_reqs + 1]; kv.page_indices: block ids of each request, in order
+  //   kv.kv_len               [num_reqs] physical tokens, each in [window, max_kv_len]
+  //   kv.head_dim             64 or 128; kv.block_size: power of two, 2..512
+  paged_kv_view kv;
   float* score_cache = nullptr;       // fp32 [layers][num_blocks][block_size][kv_heads]; required when the
                                       // recipe has a history, else optional (compacted along if given)
   const void* query_cache = nullptr;  // bf16 [layers][num_slots][window][q_heads][head_dim] (unused for recency)
   int num_layers = 1;
-  int num_blocks = 0;  // blocks per layer of the pool (layer stride of K/V/scores)
   int num_slots = 0;   // query slots per layer (layer stride of the query cache)
 
-  // ---- The batch (device memory, num_reqs entries; page tables in CSR form as in kernels.hpp).
-  const std::int32_t* page_indptr = nullptr;   // [num_reqs + 1]
-  const std::int32_t* page_indices = nullptr;  // block ids of each request, in order
-  const std::int32_t* kv_len = nullptr;        // [num_reqs] physical tokens, each in [window, max_kv_len]
+  // ---- The batch (device memory, num_reqs entries).
   const std::int32_t* slot = nullptr;          // [num_reqs] query slot of each request
   const std::uint8_t* first_compression = nullptr;  // [num_reqs] 1 = never compressed (no score history)
   int num_reqs = 0;
-  int max_kv_len = 0;  // host-side upper bound of kv_len (sizes the grids and the workspace)
+  int max_kv_len = 0;  // host-side upper bound of kv.kv_len (sizes the grids and the workspace)
 
-  // ---- Shape.
+  // ---- Shape (the KV side is kv's).
   int num_q_heads = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;    // 64 or 128
-  int block_size = 0;  // power of two, 2..512
   int window = 16;     // W: recorded queries per request = tokens always kept (<= 256)
   int keep = 0;        // tokens kept per (layer, KV head): budget_blocks * block_size, >= window
 

@@ -70,21 +70,14 @@ void record_queries(cuda_dtype t, void* rows, const std::int32_t* token_row, con
 struct generic_attention_params {
   const void* q = nullptr;
   void* out = nullptr;
-  const void* k_cache = nullptr;
-  const void* v_cache = nullptr;
-  // FP8 KV cache: when both are set, k_cache / v_cache hold E4M3 codes and these the per-(slot, KV head)
-  // fp32 scales; each K/V value is read as float(code) * scale (as cpu::fp8::paged_attention).
-  const float* k_scale = nullptr;
-  const float* v_scale = nullptr;
+  // One layer's cache and the page tables; lengths are per token (token_kv_len), so kv.kv_len is unused.
+  // FP8 KV cache: with kv.k_scale / kv.v_scale set, each K/V value is read as float(code) * scale (as
+  // cpu::fp8::paged_attention).
+  paged_kv_view kv;
   const std::int32_t* token_seq = nullptr;
   const std::int32_t* token_kv_len = nullptr;
-  const std::int32_t* page_indptr = nullptr;
-  const std::int32_t* page_indices = nullptr;
   int num_tokens = 0;
   int num_q_heads = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  int block_size = 0;
   float scale = 0.0f;
 };
 void paged_attention(cuda_dtype t, const generic_attention_params& p, cuda_stream stream);
@@ -112,18 +105,16 @@ void from_f32(cuda_dtype t, const float* in, void* out, std::int64_t n, cuda_str
 // tokens keep[l][h][0..new_len) (ascending source slots) move to logical slots 0..new_len-1 of the page
 // table, and their score-cache entries are set from kept_scores (when both are non-null).
 struct compaction_params {
-  void* k = nullptr;  // whole cache, [layers][blocks][block_size][kv_heads][head_dim]
-  void* v = nullptr;
+  // The whole cache from layer 0 (kv.k_cache / kv.v_cache: [layers][blocks][block_size][kv_heads][head_dim],
+  // layer l at + l * layer_elements) and the request's pages (kv.page_indices, in order; no indptr,
+  // lengths or scales: FP8 scales are compacted by a second call, as rows of head_dim 1).
+  paged_kv_view kv;
   float* scores = nullptr;  // [layers][blocks][block_size][kv_heads] or null
-  const std::int32_t* pages = nullptr;
   const std::int32_t* keep = nullptr;          // [layers][kv_heads][new_len]
   const float* kept_scores = nullptr;          // [layers][kv_heads][new_len] or null
   std::int64_t layer_elements = 0;             // K (or V) elements per layer
   std::int64_t score_layer_elements = 0;
   int num_layers = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  int block_size = 0;
   int new_len = 0;
   cuda_dtype dtype = cuda_dtype::bf16;
   int element_bytes = 0;  // bytes of one K/V element; 0 = dtype's (FP8 codes: 1; their scales: 4 with head_dim 1)

@@ -9,12 +9,13 @@
 // function as its zipage::cpu reference (backend/cpu/cpu_backend.hpp) up to bf16 rounding.
 //
 // Layouts (row-major, elements):
-//   KV cache of one layer   K, V: [num_blocks][block_size][num_kv_heads][head_dim]   (paged_kv_layer)
+//   KV cache of one layer   K, V: [num_blocks][block_size][num_kv_heads][head_dim]   (paged_kv_view)
 //   queries / outputs       [tokens][num_q_heads][head_dim]; query head h uses KV head h / (q/kv ratio)
 //   page tables             CSR: page_indptr[num_seqs + 1] offsets into page_indices (block ids, in order)
 #include <cstddef>
 #include <cstdint>
 
+#include "zipage/backend/cuda/paged_kv_view.hpp"
 #include "zipage/model/model_config.hpp"  // rope_style
 
 struct CUstream_st;
@@ -32,24 +33,16 @@ using cuda_stream = CUstream_st*;
 // (split-KV) and merged by a second pass (log-sum-exp). head_dim: 64 or 128. block_size: a power of
 // two >= 2. q_heads / kv_heads: any integer ratio.
 struct decode_params {
-  const void* q = nullptr;        // bf16 [num_seqs][num_q_heads][head_dim]
-  void* out = nullptr;            // bf16 [num_seqs][num_q_heads][head_dim]
-  const void* k_cache = nullptr;  // bf16 [num_blocks][block_size][num_kv_heads][head_dim]
-  const void* v_cache = nullptr;
-  // FP8 KV cache (docs/fp8.md): when both are set, k_cache / v_cache hold E4M3 codes (1 byte each, same
-  // layout) and these the fp32 scales [num_blocks][block_size][num_kv_heads]; tiles are dequantised in
-  // registers to bf16(float(code) * scale) before the bf16 MMAs.
-  const float* k_scale = nullptr;
-  const float* v_scale = nullptr;
-  const std::int32_t* page_indptr = nullptr;   // [num_seqs + 1]
-  const std::int32_t* page_indices = nullptr;  // [page_indptr[num_seqs]]
-  const std::int32_t* kv_len = nullptr;        // [num_seqs], each in [0, max_kv_len]
+  const void* q = nullptr;  // bf16 [num_seqs][num_q_heads][head_dim]
+  void* out = nullptr;      // bf16 [num_seqs][num_q_heads][head_dim]
+  // One layer's cache (bf16 [num_blocks][block_size][num_kv_heads][head_dim]), the page tables of the
+  // num_seqs sequences and their lengths kv.kv_len [num_seqs], each in [0, max_kv_len]. FP8 KV cache
+  // (docs/fp8.md): with kv.k_scale / kv.v_scale set, tiles are dequantised in registers to
+  // bf16(float(code) * scale) before the bf16 MMAs.
+  paged_kv_view kv;
   int num_seqs = 0;
   int num_q_heads = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  int block_size = 0;
-  int max_kv_len = 0;  // host-side upper bound of kv_len (sizes the split-KV plan)
+  int max_kv_len = 0;  // host-side upper bound of kv.kv_len (sizes the split-KV plan)
   float scale = 0.0f;  // softmax scale, usually 1/sqrt(head_dim)
 };
 
@@ -83,22 +76,16 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
 // does a whole prompt). Tiles of query rows pack the tokens x query heads of one KV group, so one K/V
 // tile serves the whole group. head_dim: 64 or 128; q_heads / kv_heads <= 64; block_size: power of two.
 struct prefill_params {
-  const void* q = nullptr;        // bf16 [num_tokens][num_q_heads][head_dim]
-  void* out = nullptr;            // bf16 [num_tokens][num_q_heads][head_dim]
-  const void* k_cache = nullptr;  // bf16 [num_blocks][block_size][num_kv_heads][head_dim]
-  const void* v_cache = nullptr;
-  const float* k_scale = nullptr;  // FP8 KV cache, as decode_params
-  const float* v_scale = nullptr;
+  const void* q = nullptr;  // bf16 [num_tokens][num_q_heads][head_dim]
+  void* out = nullptr;      // bf16 [num_tokens][num_q_heads][head_dim]
+  // One layer's cache (bf16, or FP8 as decode_params) and the num_seqs page tables; lengths are per
+  // token (token_kv_len), so kv.kv_len is unused.
+  paged_kv_view kv;
   const std::int32_t* q_indptr = nullptr;      // [num_seqs + 1], q_indptr[0] = 0, q_indptr[num_seqs] = num_tokens
   const std::int32_t* token_kv_len = nullptr;  // [num_tokens]
-  const std::int32_t* page_indptr = nullptr;   // [num_seqs + 1]
-  const std::int32_t* page_indices = nullptr;
   int num_tokens = 0;
   int num_seqs = 0;
   int num_q_heads = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  int block_size = 0;
   float scale = 0.0f;
 };
 
