@@ -46,7 +46,8 @@ void prepare_kernel() {
   done.fetch_or(bit, std::memory_order_release);
 }
 
-int default_stages(int head_dim) {
+int default_stages(int head_dim, bool fp8) {
+  if (fp8) return head_dim == 128 ? detail::kDecodeDefaultStages<128, true> : detail::kDecodeDefaultStages<64, true>;
   return head_dim == 128 ? detail::kDecodeDefaultStages<128> : detail::kDecodeDefaultStages<64>;
 }
 
@@ -148,7 +149,7 @@ void launch(const decode_params& p, const decode_plan& plan, void* workspace, cu
 decode_plan plan_decode(const decode_params& p, int force_splits, int stages) {
   validate(p);
   check(stages == 0 || (stages >= 2 && stages <= 4), "plan_decode: stages ", stages, " (2..4, or 0 for the default)");
-  if (stages == 0) stages = default_stages(p.kv.head_dim);
+  if (stages == 0) stages = default_stages(p.kv.head_dim, p.kv.k_scale != nullptr);
   const int len = std::max(1, p.max_kv_len);
   const int max_splits = std::min(detail::kMaxDecodeSplits, (len + detail::kKvTile - 1) / detail::kKvTile);
   auto make = [&](int splits) {
@@ -201,7 +202,7 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
         decode_workspace_bytes(p, plan));
   check(plan.stages == 0 || (plan.stages >= 2 && plan.stages <= 4), "paged_decode_attention: plan.stages ", plan.stages);
   if (p.num_seqs == 0) return;
-  const int stages = plan.stages == 0 ? default_stages(p.kv.head_dim) : plan.stages;
+  const int stages = plan.stages == 0 ? default_stages(p.kv.head_dim, p.kv.k_scale != nullptr) : plan.stages;
   dispatch(p.kv.head_dim, stages, p.kv.k_scale != nullptr,
            [&]<int D, int S, bool F8>() { launch<D, S, F8>(p, plan, workspace, stream); });
 }
