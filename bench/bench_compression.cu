@@ -35,6 +35,7 @@
 
 #include "cuda_buffers.hpp"
 #include "zipage/backend/cuda/common.cuh"
+#include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/backend/cuda/compression.hpp"
 #include "zipage/backend/cuda/kernels.hpp"
 #include "zipage/cuda/device.hpp"
@@ -130,23 +131,15 @@ double time_graph(benchmark::State& state, const std::function<void(cudaStream_t
   CK(cudaGraphInstantiate(&exec, graph, 0));
   CK(cudaGraphLaunch(exec, stream));
   CK(cudaStreamSynchronize(stream));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   std::vector<double> per;
-  for (auto _ : state) {
-    CK(cudaEventRecord(e0, stream));
-    CK(cudaGraphLaunch(exec, stream));
-    CK(cudaEventRecord(e1, stream));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double s = ms * 1e-3 / passes;
-    per.push_back(s);
-    state.SetIterationTime(s);
+  {
+    zc::event_timer timer;
+    for (auto _ : state) {
+      const double s = timer.time(stream, [&] { CK(cudaGraphLaunch(exec, stream)); }) / passes;
+      per.push_back(s);
+      state.SetIterationTime(s);
+    }
   }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
   CK(cudaStreamDestroy(stream));

@@ -28,6 +28,7 @@
 
 #include "cuda_buffers.hpp"
 #include "zipage/backend/cuda/common.cuh"
+#include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/backend/cuda/kernels.hpp"
 #include "zipage/cuda/device.hpp"
 
@@ -80,21 +81,12 @@ double measure_copy_bandwidth() {
   const std::size_t bytes = std::size_t(2) << 30;
   dbuf<std::uint8_t> a(bytes), b(bytes);
   fill_random(a.p, bytes / 2, 7);
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  zc::event_timer timer;
   std::vector<double> times;
   for (int i = 0; i < 18; ++i) {
-    CK(cudaEventRecord(e0));
-    CK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    if (i >= 3) times.push_back(ms * 1e-3);
+    const double s = timer.time(nullptr, [&] { CK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice)); });
+    if (i >= 3) times.push_back(s);
   }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
   return 2.0 * bytes / median(times);
 }
 
@@ -117,46 +109,29 @@ double measure_read_bandwidth(const void* src, std::size_t bytes) {
   dbuf<unsigned> sink(1);
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  zc::event_timer timer;
   std::vector<double> times;
   for (int i = 0; i < 18; ++i) {
-    CK(cudaEventRecord(e0));
-    read_stream_kernel<<<sms * 8, 256>>>(static_cast<const uint4*>(src), bytes / 16, sink.p);
-    CK(cudaGetLastError());
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    if (i >= 3) times.push_back(ms * 1e-3);
+    const double s = timer.time(nullptr, [&] {
+      read_stream_kernel<<<sms * 8, 256>>>(static_cast<const uint4*>(src), bytes / 16, sink.p);
+      CK(cudaGetLastError());
+    });
+    if (i >= 3) times.push_back(s);
   }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
   return bytes / median(times);
 }
 
 // Times `graph` (R passes) `state.iterations()` times; returns the median seconds of one pass.
 double time_graph(benchmark::State& state, cudaGraphExec_t graph, cudaStream_t stream, int passes) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  zc::event_timer timer;
   CK(cudaGraphLaunch(graph, stream));  // warm-up
   CK(cudaStreamSynchronize(stream));
   std::vector<double> per_pass;
   for (auto _ : state) {
-    CK(cudaEventRecord(e0, stream));
-    CK(cudaGraphLaunch(graph, stream));
-    CK(cudaEventRecord(e1, stream));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double s = ms * 1e-3 / passes;
+    const double s = timer.time(stream, [&] { CK(cudaGraphLaunch(graph, stream)); }) / passes;
     per_pass.push_back(s);
     state.SetIterationTime(s);
   }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
   return median(per_pass);
 }
 

@@ -19,6 +19,7 @@
 
 #include "cuda_buffers.hpp"
 #include "zipage/backend/cuda/common.cuh"
+#include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/backend/cuda/sampling.hpp"
 #include "zipage/cuda/device.hpp"
 
@@ -113,25 +114,19 @@ void bm_sample(benchmark::State& state, const std::string& name, int batch, bool
   dbuf<std::uint8_t> ws(ws_bytes);
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) zc::sample_tokens(p, ws.p, ws_bytes, stream);  // warm-up
-  CK(cudaStreamSynchronize(stream));
   std::vector<double> times;
-  for (auto _ : state) {
-    CK(cudaEventRecord(e0, stream));
-    for (int i = 0; i < kCalls; ++i) zc::sample_tokens(p, ws.p, ws_bytes, stream);
-    CK(cudaEventRecord(e1, stream));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double s = ms * 1e-3 / kCalls;
-    times.push_back(s);
-    state.SetIterationTime(s);
+  {
+    zc::event_timer timer;
+    for (int i = 0; i < 3; ++i) zc::sample_tokens(p, ws.p, ws_bytes, stream);  // warm-up
+    CK(cudaStreamSynchronize(stream));
+    for (auto _ : state) {
+      const double s = timer.time(stream, [&] {
+        for (int i = 0; i < kCalls; ++i) zc::sample_tokens(p, ws.p, ws_bytes, stream);
+      }) / kCalls;
+      times.push_back(s);
+      state.SetIterationTime(s);
+    }
   }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
   CK(cudaStreamDestroy(stream));
   std::sort(times.begin(), times.end());
   const double s = times[times.size() / 2];

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "context.cuh"
+#include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/backend/cuda/engine_kernels.hpp"
 #include "zipage/core/fp8.hpp"
 
@@ -76,21 +77,15 @@ double cuda_backend::measure_copy_bandwidth(std::size_t bytes, int reps) const {
   ZIPAGE_CUDA_CHECK(cudaMalloc(&a, bytes));
   ZIPAGE_CUDA_CHECK(cudaMalloc(&b, bytes));
   cuda::engine::fill_uniform(cuda_dtype::f32, a, static_cast<std::int64_t>(bytes / 4), 1.0f, 7, as_stream(c.stream));
-  cudaEvent_t e0, e1;
-  ZIPAGE_CUDA_CHECK(cudaEventCreate(&e0));
-  ZIPAGE_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<double> times;
-  for (int r = 0; r < reps + 2; ++r) {
-    ZIPAGE_CUDA_CHECK(cudaEventRecord(e0, c.stream));
-    ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, c.stream));
-    ZIPAGE_CUDA_CHECK(cudaEventRecord(e1, c.stream));
-    ZIPAGE_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0.0f;
-    ZIPAGE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (r >= 2) times.push_back(ms * 1e-3);
+  {
+    cuda::event_timer timer;
+    for (int r = 0; r < reps + 2; ++r) {
+      const double s = timer.time(
+          c.stream, [&] { ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, c.stream)); });
+      if (r >= 2) times.push_back(s);
+    }
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   cudaFree(a);
   cudaFree(b);
   return 2.0 * static_cast<double>(bytes) / median(times) / 1e9;
@@ -108,21 +103,14 @@ double cuda_backend::measure_gemm_tflops(int n, int reps) const {
   bf.linear(x, w, out);
   bf.synchronize();
   const auto& bc = *bf.ctx_;
-  cudaEvent_t e0, e1;
-  ZIPAGE_CUDA_CHECK(cudaEventCreate(&e0));
-  ZIPAGE_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<double> times;
-  for (int r = 0; r < reps + 1; ++r) {
-    ZIPAGE_CUDA_CHECK(cudaEventRecord(e0, bc.stream));
-    bf.linear(x, w, out);
-    ZIPAGE_CUDA_CHECK(cudaEventRecord(e1, bc.stream));
-    ZIPAGE_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0.0f;
-    ZIPAGE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (r >= 1) times.push_back(ms * 1e-3);
+  {
+    cuda::event_timer timer;
+    for (int r = 0; r < reps + 1; ++r) {
+      const double s = timer.time(bc.stream, [&] { bf.linear(x, w, out); });
+      if (r >= 1) times.push_back(s);
+    }
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   return 2.0 * double(n) * n * n / median(times) / 1e12;
 }
 
