@@ -20,7 +20,7 @@ struct running_set {
 
   explicit running_set(int n)
       : pool(n * 10),
-        sched({.max_num_seqs = n, .max_batched_tokens = 2 * n, .block_size = 256, .budget_blocks = 8, .window = 16,
+        sched({.max_num_seqs = n, .max_batched_tokens = 2 * n, .geometry = {.block_size = 256, .budget_tokens = 2048, .window = 16}, .compress = true,
                .num_query_slots = n},
               pool) {
     for (int i = 0; i < n; ++i) {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "zipage/core/cache_geometry.hpp"
+
 namespace zipage_eval {
 
 struct problem {
@@ -26,8 +28,8 @@ struct grid_options {
   std::vector<std::string> policies;  // empty = every built-in policy
   std::vector<int> budgets;           // tokens
   std::vector<double> budget_fractions;
-  int block_size = 16;
-  int window = 16;
+  int block_size = zipage::default_block_size;
+  int window = zipage::default_window;
   int samples = 8;
   int max_tokens = 10240;
   std::uint64_t seed = 0;

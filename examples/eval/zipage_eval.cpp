@@ -39,8 +39,8 @@ struct options {
   std::string prompts_file;
   int num_prompts = 16;
   int max_tokens = 480;
-  int block_size = 16;
-  int window = 8;
+  int block_size = zipage::default_block_size;
+  int window = 8;  // fidelity's own default (its budgets are 64-256 tokens of the 260K model), not the method's W
   std::vector<int> budgets = {64, 128, 256};
   std::vector<std::string> policies;
 };

@@ -160,9 +160,9 @@ struct options {
   std::uint64_t seed = 0;
   int max_num_seqs = 256;
   int max_batched_tokens = 16384;
-  int block_size = 256;
-  int budget_tokens = 2048;
-  int window = 16;
+  int block_size = zipage::reference_block_size;  // the method's reference block (256), not the library's 16
+  int budget_tokens = zipage::default_budget_tokens;
+  int window = zipage::default_window;
   double gpu_memory_utilization = 0.9;
   double kv_gib = 0.0;
   int num_query_slots = 0;

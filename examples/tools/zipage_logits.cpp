@@ -45,7 +45,7 @@ std::vector<zipage::token_id> parse_ids(const std::string& text) {
 std::vector<float> prefill_logits(model_type& model, const std::vector<zipage::token_id>& tokens,
                                   const std::vector<std::int32_t>& rows) {
   const auto& c = model.config();
-  const int block_size = 16;
+  const int block_size = zipage::default_block_size;
   const int n = static_cast<int>(tokens.size());
   const int blocks = (n + block_size - 1) / block_size;
   zipage::cpu_backend backend;
@@ -106,10 +106,9 @@ int run(const std::string& dir, const std::vector<std::string>& prompt_args, int
   std::vector<std::vector<zipage::token_id>> greedy(prompts.size());
   if (steps > 0) {
     zipage::engine_config ec;
-    ec.block_size = 16;
     std::size_t longest = 0;
     for (const auto& p : prompts) longest = std::max(longest, p.size());
-    ec.num_blocks = static_cast<int>(prompts.size() * ((longest + static_cast<std::size_t>(steps)) / 16 + 2));
+    ec.num_blocks = static_cast<int>(prompts.size() * ((longest + static_cast<std::size_t>(steps)) / static_cast<std::size_t>(ec.block_size) + 2));
     zipage::engine<model_type> eng(std::move(model), ec);
     zipage::sampling_params sp;
     sp.temperature = 0.0f;

@@ -94,7 +94,7 @@ concept policy_score = requires(const P& p, const score_context& ctx, std::span<
   p.score(ctx, keep, out);
 };
 template <class P>
-concept policy_schedule = requires(const P& p, const compression_params& params, int kv_len) {
+concept policy_schedule = requires(const P& p, const cache_geometry& params, int kv_len) {
   { p.should_compress(kv_len, params) } -> std::convertible_to<bool>;
   { p.keep_tokens(params) } -> std::convertible_to<int>;
 };

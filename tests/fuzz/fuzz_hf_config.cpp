@@ -27,13 +27,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const std::size_t per_token = zipage::kv_bytes_per_token(c, 2, score_cache);
         zipage_fuzz::require(per_token >= 2u * static_cast<std::size_t>(c.kv_size()));
       });
-      for (const int budget_blocks : {0, 8}) {
+      for (const bool compress : {false, true}) {
         zipage_fuzz::expect_only_zipage_errors([&] {
           zipage::memory_request r;
           r.budget_bytes = std::size_t{64} << 20;
-          r.block_size = 16;
-          r.budget_blocks = budget_blocks;
-          r.window = 16;
+          r.geometry = {.block_size = 16, .budget_tokens = 8 * 16, .window = 16};
+          r.compress = compress;
           r.max_running = 8;
           r.score_cache = score_cache;
           const auto plan = zipage::plan_memory(c, r);

@@ -217,13 +217,13 @@ TEST_CASE("top-k selection: highest scores, ties to the older token, NaN last, a
 }
 
 TEST_CASE("compression settings are validated") {
-  CHECK_THROWS_AS((compression_params{16, 4, 17}.validate()), zipage::error);
-  CHECK_THROWS_AS((compression_params{16, 0, 8}.validate()), zipage::error);
-  CHECK_NOTHROW((compression_params{16, 4, 16}.validate()));
-  CHECK(compression_params{16, 4, 8}.should_compress(80));
-  CHECK_FALSE(compression_params{16, 4, 8}.should_compress(64));
-  CHECK_FALSE(compression_params{16, 4, 8}.should_compress(81));
-  CHECK(compression_params{16, 4, 8}.should_compress(160));  // after a long prompt
+  CHECK_THROWS_AS((cache_geometry{16, 64, 17}.validate()), zipage::error);
+  CHECK_THROWS_AS((cache_geometry{16, 0, 8}.validate()), zipage::error);
+  CHECK_NOTHROW((cache_geometry{16, 64, 16}.validate()));
+  CHECK(cache_geometry{16, 64, 8}.should_compress(80));
+  CHECK_FALSE(cache_geometry{16, 64, 8}.should_compress(64));
+  CHECK_FALSE(cache_geometry{16, 64, 8}.should_compress(81));
+  CHECK(cache_geometry{16, 64, 8}.should_compress(160));  // after a long prompt
 }
 
 // ---- compression_worker: batching and device dispatch (a CPU backend with a recording device hook)
@@ -237,7 +237,7 @@ struct recording_backend : zipage::cpu_backend {
   mutable std::vector<zipage::score_recipe> recipes;
   bool accept = true;
   bool compress_on_device(kv_storage&, std::span<const zipage::device_compression_job> jobs,
-                          const zipage::score_recipe& recipe, const zipage::compression_params&, int) const {
+                          const zipage::score_recipe& recipe, const zipage::cache_geometry&, int) const {
     batches.push_back(static_cast<int>(jobs.size()));
     recipes.push_back(recipe);
     for (const auto& j : jobs) CHECK(static_cast<int>(j.pages.size()) * 4 >= j.kv_len);
@@ -284,7 +284,7 @@ struct worker_fixture {
 
 TEST_CASE("compression_worker batches one step's requests for the device hook, max_batch at a time") {
   worker_fixture f;
-  const zipage::compression_params params{.block_size = 4, .budget_blocks = 2, .window = 2};
+  const zipage::cache_geometry params{.block_size = 4, .budget_tokens = 8, .window = 2};
   for (const bool threaded : {false, true}) {
     CAPTURE(threaded);
     recording_backend backend;
@@ -321,7 +321,7 @@ TEST_CASE("compression_worker batches one step's requests for the device hook, m
 
 TEST_CASE("compression_worker: a policy with its own score() and a declined batch take the host path") {
   worker_fixture f;
-  const zipage::compression_params params{.block_size = 4, .budget_blocks = 2, .window = 2};
+  const zipage::cache_geometry params{.block_size = 4, .budget_tokens = 8, .window = 2};
   {
     recording_backend backend;
     zipage::cpu_kv_storage kv(f.shape);

@@ -354,9 +354,8 @@ TEST_CASE("fp8 kv: the memory plan counts the scales and sizes the query slot by
   memory_request r;
   r.budget_bytes = std::size_t{100} << 30;
   r.max_running = 4096;
-  r.block_size = 16;
-  r.budget_blocks = 128;
-  r.window = 16;
+  r.geometry = {.block_size = 16, .budget_tokens = 2048, .window = 16};
+  r.compress = true;
   r.score_cache = true;
   r.element_bytes = 2;
   const memory_plan bf16 = plan_memory(q, r);

@@ -33,9 +33,8 @@ TEST_CASE("memory plan: max concurrency = bytes / (block_bytes (B+1) + query slo
   memory_request r;
   r.budget_bytes = std::size_t{100} << 30;  // 100 GiB
   r.max_running = 1024;
-  r.block_size = 256;
-  r.budget_blocks = 8;
-  r.window = 16;
+  r.geometry = {.block_size = 256, .budget_tokens = 2048, .window = 16};  // B = 8
+  r.compress = true;
   r.element_bytes = 2;  // bf16
   const memory_plan p = plan_memory(c, r);
   // K+V of one block: 2 · 36 layers · 256 tokens · 8 heads · 128 dims · 2 bytes = 36 MiB.
@@ -54,7 +53,7 @@ TEST_CASE("memory plan: max concurrency = bytes / (block_bytes (B+1) + query slo
   r.max_running = 100;  // slots beyond the running cap would sit idle
   CHECK(plan_memory(c, r).num_query_slots == 100);
 
-  r.budget_blocks = 0;  // full KV: every byte is blocks, no slots, no bound
+  r.compress = false;  // full KV: every byte is blocks, no slots, no bound
   const memory_plan full = plan_memory(c, r);
   CHECK(full.num_query_slots == 0);
   CHECK(full.blocks_per_request == 0);
@@ -101,17 +100,67 @@ TEST_CASE("memory plan: describe() states the budget in tokens") {
   memory_request r;
   r.budget_bytes = std::size_t{100} << 30;
   r.max_running = 1024;
-  r.block_size = 256;
-  r.budget_blocks = 8;
-  r.window = 16;
+  r.geometry = {.block_size = 256, .budget_tokens = 2048, .window = 16};  // B = 8
+  r.compress = true;
   r.element_bytes = 2;
   const memory_plan p = plan_memory(c, r);
   CHECK(p.budget_tokens() == 2048);
   CHECK(p.describe().find("each compressed request keeps 2048 tokens (8 blocks of 256) + 1 write block") !=
         std::string::npos);
-  r.budget_blocks = 0;
+  r.compress = false;
   CHECK(plan_memory(c, r).budget_tokens() == 0);
   CHECK(plan_memory(c, r).describe().find("full KV") != std::string::npos);
+}
+
+TEST_CASE("cache geometry: one value with the method's defaults, checked once, errors naming the field") {
+  const cache_geometry g;
+  CHECK(g.block_size == 16);
+  CHECK(g.budget_tokens == 2048);
+  CHECK(g.window == 16);
+  CHECK(g.budget_blocks() == 128);
+  CHECK(g.keep_tokens() == 2048);
+  CHECK_NOTHROW(g.validate());
+  // Every config that carries a geometry starts from this one.
+  CHECK(engine_config{}.geometry() == g);
+  CHECK(scheduler_config{}.geometry == g);
+  CHECK(memory_request{}.geometry == g);
+  CHECK(engine_config{.block_size = 8, .budget_tokens = 32, .window = 4}.geometry() ==
+        cache_geometry{.block_size = 8, .budget_tokens = 32, .window = 4});
+
+  CHECK_THROWS_WITH_AS((cache_geometry{.block_size = 0}.validate("engine_config::")),
+                       "engine_config::block_size must be positive, got 0", zipage::error);
+  CHECK_THROWS_WITH_AS((cache_geometry{.block_size = 48}.validate()),
+                       doctest::Contains("cache_geometry::budget_tokens = 2048 tokens is not a multiple of the block size 48"),
+                       zipage::error);
+  CHECK_THROWS_WITH_AS((cache_geometry{.block_size = 8, .budget_tokens = 32, .window = 9}.validate("scheduler_config::geometry.")),
+                       "scheduler_config::geometry.window must be in [1, block_size = 8], got 9", zipage::error);
+  CHECK_THROWS_WITH_AS((cache_geometry{.block_size = 8, .budget_tokens = 32, .window = 0}.validate()),
+                       "cache_geometry::window must be in [1, block_size = 8], got 0", zipage::error);
+  // should_compress: at a block boundary past B full blocks (B + 1 in steady state, more after a long prompt).
+  const cache_geometry small{.block_size = 4, .budget_tokens = 8, .window = 2};
+  CHECK(small.should_compress(12));
+  CHECK_FALSE(small.should_compress(8));
+  CHECK_FALSE(small.should_compress(13));
+  CHECK(small.should_compress(20));
+
+  // The scheduler checks its geometry when it compresses, only the block size when it does not.
+  block_pool pool(8);
+  CHECK_THROWS_WITH_AS(
+      (zipage_scheduler({.geometry = {.block_size = 4, .budget_tokens = 6, .window = 2}, .compress = true, .num_query_slots = 1},
+                        pool)),
+      doctest::Contains("scheduler_config::geometry.budget_tokens = 6 tokens is not a multiple of the block size 4"),
+      zipage::error);
+  CHECK_THROWS_WITH_AS((zipage_scheduler({.geometry = {.block_size = 0}}, pool)),
+                       doctest::Contains("block_size must be positive"), zipage::error);
+  CHECK_NOTHROW(zipage_scheduler({.geometry = {.block_size = 4, .budget_tokens = 6, .window = 9}}, pool));
+  // So does the memory plan.
+  memory_request r;
+  r.budget_bytes = std::size_t{1} << 30;
+  r.geometry = {.block_size = 16, .budget_tokens = 40, .window = 16};
+  CHECK_NOTHROW((void)plan_memory(qwen3_8b_shape(), r));
+  r.compress = true;
+  CHECK_THROWS_WITH_AS((void)plan_memory(qwen3_8b_shape(), r),
+                       doctest::Contains("memory_request::geometry.budget_tokens = 40 tokens is not a multiple"), zipage::error);
 }
 
 TEST_CASE("budget in tokens: the method's defaults, whole blocks, early clear errors") {
@@ -268,7 +317,7 @@ TEST_CASE("memory plan: sizes derived from the config are checked, never wrapped
   c.ffn_size = 16;
   zipage::memory_request r;
   r.budget_bytes = std::size_t{64} << 20;
-  r.block_size = 16;
+  r.geometry.block_size = 16;
   const auto e = zipage::testing::error_of([&] { (void)zipage::plan_memory(c, r); });
   CHECK(zipage::testing::contains(e, "is too large"));
   CHECK(zipage::testing::contains(e, "KV cache"));

@@ -37,7 +37,7 @@ struct basic_fixture {
   void advance(const step_plan& plan) {
     step_output out;
     for (const auto& job : plan.compress)
-      out.compactions.push_back({job.seq->id, sched.config().budget_blocks * sched.config().block_size, {}});
+      out.compactions.push_back({job.seq->id, sched.config().geometry.keep_tokens(), {}});
     for (const auto& e : plan.batch)
       if (e.samples()) out.sampled.push_back({9, false});
     CHECK(sched.update(plan, out).empty());
@@ -52,7 +52,7 @@ using zfixture = basic_fixture<zipage_scheduler>;
 }  // namespace
 
 TEST_CASE("admission is FCFS and limited by the step token budget") {
-  fixture f(100, {.max_num_seqs = 8, .max_batched_tokens = 10, .block_size = 4});
+  fixture f(100, {.max_num_seqs = 8, .max_batched_tokens = 10, .geometry = {.block_size = 4}});
   sequence* a = f.add(4);
   sequence* b = f.add(5);
   sequence* c = f.add(3);
@@ -73,7 +73,7 @@ TEST_CASE("admission is FCFS and limited by the step token budget") {
 }
 
 TEST_CASE("admission waits for free blocks and for a free running slot") {
-  fixture f(3, {.max_num_seqs = 8, .max_batched_tokens = 100, .block_size = 4});
+  fixture f(3, {.max_num_seqs = 8, .max_batched_tokens = 100, .geometry = {.block_size = 4}});
   f.add(8);  // 2 blocks
   sequence* b = f.add(8);  // 2 more: does not fit in the 1 left
   auto plan = f.sched.schedule();
@@ -81,14 +81,14 @@ TEST_CASE("admission waits for free blocks and for a free running slot") {
   CHECK(f.sched.num_waiting() == 1);
   CHECK(b->status == request_status::waiting);
 
-  fixture g(100, {.max_num_seqs = 1, .max_batched_tokens = 100, .block_size = 4});
+  fixture g(100, {.max_num_seqs = 1, .max_batched_tokens = 100, .geometry = {.block_size = 4}});
   g.add(2);
   g.add(2);
   CHECK(g.sched.schedule().batch.size() == 1);
 }
 
 TEST_CASE("decode preempts the newest request when blocks run out, and it resumes later") {
-  fixture f(4, {.max_num_seqs = 8, .max_batched_tokens = 100, .block_size = 4});
+  fixture f(4, {.max_num_seqs = 8, .max_batched_tokens = 100, .geometry = {.block_size = 4}});
   sequence* old_seq = f.add(4);
   sequence* new_seq = f.add(4);
   auto plan = f.sched.schedule();
@@ -135,7 +135,7 @@ TEST_CASE("decode preempts the newest request when blocks run out, and it resume
 }
 
 TEST_CASE("a lone request that outgrows the pool is rejected instead of looping") {
-  fixture f(2, {.max_num_seqs = 8, .max_batched_tokens = 100, .block_size = 4});
+  fixture f(2, {.max_num_seqs = 8, .max_batched_tokens = 100, .geometry = {.block_size = 4}});
   sequence* s = f.add(8);
   auto plan = f.sched.schedule();
   f.advance(plan);
@@ -150,7 +150,7 @@ TEST_CASE("a lone request that outgrows the pool is rejected instead of looping"
 }
 
 TEST_CASE("cancelling a running request frees its blocks at once") {
-  fixture f(8, {.max_num_seqs = 8, .max_batched_tokens = 100, .block_size = 4});
+  fixture f(8, {.max_num_seqs = 8, .max_batched_tokens = 100, .geometry = {.block_size = 4}});
   sequence* s = f.add(10);
   f.advance(f.sched.schedule());
   CHECK(f.pool.num_used() == 3);
@@ -171,7 +171,7 @@ TEST_CASE("scheduler config is validated") {
 // ---- zipage_scheduler ----
 
 TEST_CASE("chunked prefill shares a step with decodes under one token budget") {
-  zfixture f(100, {.max_num_seqs = 8, .max_batched_tokens = 8, .block_size = 4});
+  zfixture f(100, {.max_num_seqs = 8, .max_batched_tokens = 8, .geometry = {.block_size = 4}});
   sequence* a = f.add(3);
   auto plan = f.sched.schedule();
   REQUIRE(plan.batch.size() == 1);
@@ -200,8 +200,8 @@ TEST_CASE("chunked prefill shares a step with decodes under one token budget") {
 
 TEST_CASE("query slots go FIFO; in hybrid mode a request without one runs until it must record its window") {
   // B = 2 blocks of 4, W = 2: the window of block 2 (positions 10, 11) is what the first compression reads.
-  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .budget_blocks = 2,
-                             .window = 2, .num_query_slots = 1, .hybrid = true};
+  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .geometry = {.block_size = 4, .budget_tokens = 8, .window = 2},
+                             .compress = true, .num_query_slots = 1, .hybrid = true};
   zfixture f(100, cfg);
   sequence* a = f.add(3);
   sequence* b = f.add(3);
@@ -230,8 +230,8 @@ TEST_CASE("hybrid mode: a recomputed request without a slot stops before the win
   // compression point, when it gave way) feeds 12 tokens and compresses there: that compression reads the
   // window of block 2, positions 10 and 11. Without a slot it must stop before them, not at the window
   // of block 3 (which a fresh 13-token prompt would need).
-  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .budget_blocks = 2,
-                             .window = 2, .num_query_slots = 1, .hybrid = true};
+  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .geometry = {.block_size = 4, .budget_tokens = 8, .window = 2},
+                             .compress = true, .num_query_slots = 1, .hybrid = true};
   zfixture f(100, cfg);
   sequence* s = f.add(5);
   s->tokens.resize(13, 9);  // 8 generated: recomputed from scratch (num_computed 0, no slot)
@@ -243,8 +243,8 @@ TEST_CASE("hybrid mode: a recomputed request without a slot stops before the win
 }
 
 TEST_CASE("without hybrid mode a request waits for a query slot before it starts") {
-  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .budget_blocks = 2,
-                             .window = 2, .num_query_slots = 1, .hybrid = false};
+  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .geometry = {.block_size = 4, .budget_tokens = 8, .window = 2},
+                             .compress = true, .num_query_slots = 1, .hybrid = false};
   zfixture f(100, cfg);
   f.add(3);
   sequence* b = f.add(3);
@@ -255,8 +255,8 @@ TEST_CASE("without hybrid mode a request waits for a query slot before it starts
 
 TEST_CASE("a compressed request that must give way is swapped out, then swapped back before new admissions") {
   // B = 1 block of 4: a compressed request holds 1 to 2 blocks. The pool has 3.
-  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .budget_blocks = 1,
-                             .window = 2, .num_query_slots = 4};
+  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .geometry = {.block_size = 4, .budget_tokens = 4, .window = 2},
+                             .compress = true, .num_query_slots = 4};
   zfixture f(3, cfg);
   sequence* x = f.add(2);  // older, uncompressed for a while
   sequence* c = f.add(7);  // newer, compressed after its first decode
@@ -294,7 +294,7 @@ TEST_CASE("a compressed request that must give way is swapped out, then swapped 
 }
 
 TEST_CASE("prefix caching: a later request reuses full prompt blocks, never the one holding its last token") {
-  zfixture f(32, {.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .prefix_caching = true});
+  zfixture f(32, {.max_num_seqs = 8, .max_batched_tokens = 64, .geometry = {.block_size = 4}, .prefix_caching = true});
   sequence* a = f.add(10, 3);
   f.advance(f.sched.schedule());  // a's two full blocks are registered
   sequence* b = f.add(10, 3);
@@ -315,8 +315,8 @@ TEST_CASE("prefix caching: a later request reuses full prompt blocks, never the 
 }
 
 TEST_CASE("first compression of a request sharing its prefix copies the shared blocks first") {
-  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .budget_blocks = 2,
-                             .window = 2, .num_query_slots = 4, .prefix_caching = true};
+  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .geometry = {.block_size = 4, .budget_tokens = 8, .window = 2},
+                             .compress = true, .num_query_slots = 4, .prefix_caching = true};
   zfixture f(40, cfg);
   sequence* a = f.add(9, 5);
   f.advance(f.sched.schedule());
@@ -344,7 +344,7 @@ TEST_CASE("priority order: the most urgent waiting request starts first; less ur
   // blocks, so decoding alone preempts nobody); an urgent one (priority 0) arrives.
   for (const auto order : {scheduling_order::fcfs, scheduling_order::priority}) {
     CAPTURE(static_cast<int>(order));
-    zfixture f(4, {.max_num_seqs = 8, .max_batched_tokens = 100, .block_size = 4, .prefix_caching = false,
+    zfixture f(4, {.max_num_seqs = 8, .max_batched_tokens = 100, .geometry = {.block_size = 4}, .prefix_caching = false,
                    .order = order});
     sequence* old_low = f.add(7, 7, 5);
     sequence* new_low = f.add(7, 7, 5);
@@ -374,7 +374,7 @@ TEST_CASE("priority order: the most urgent waiting request starts first; less ur
 }
 
 TEST_CASE("priority order: the waiting queue is ordered by priority, then arrival; ties stay FIFO") {
-  zfixture f(100, {.max_num_seqs = 1, .max_batched_tokens = 100, .block_size = 4, .prefix_caching = false,
+  zfixture f(100, {.max_num_seqs = 1, .max_batched_tokens = 100, .geometry = {.block_size = 4}, .prefix_caching = false,
                    .order = scheduling_order::priority});
   std::vector<sequence*> seqs;
   for (const int p : {3, 1, 2, 1, 0}) seqs.push_back(f.add(4, 7, p));
@@ -397,8 +397,8 @@ TEST_CASE("fcfs_scheduler refuses priority order with a clear error") {
 
 TEST_CASE("update: lengths and tokens advance, requests stop by the stop rules, compression points are marked, compactions land") {
   // B = 2 blocks of 4, W = 2; EOS 3, an extra end-of-turn 4, a context of 40 tokens.
-  scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .block_size = 4, .budget_blocks = 2,
-                       .window = 2, .num_query_slots = 8};
+  scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .geometry = {.block_size = 4, .budget_tokens = 8, .window = 2},
+                       .compress = true, .num_query_slots = 8};
   cfg.stop = {3, {4}, 40};
   zfixture f(100, cfg);
   sequence* eos = f.add(3);

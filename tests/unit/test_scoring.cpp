@@ -313,7 +313,7 @@ TEST_CASE("policies satisfy the concept and report their names") {
   const zipage_policy z;
   CHECK((z.gamma == 0.8f && z.lambda == 0.2f && z.tau == 0.4f && z.first_pool_kernel == 5));
   CHECK((!z.full_redundancy && z.sinks == 0));
-  const compression_params params{.block_size = 4, .budget_blocks = 2, .window = 2};
+  const cache_geometry params{.block_size = 4, .budget_tokens = 8, .window = 2};
   CHECK(z.keep_tokens(params) == 8);
   CHECK(z.should_compress(12, params));
   CHECK_FALSE(z.should_compress(8, params));

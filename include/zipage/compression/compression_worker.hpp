@@ -30,7 +30,7 @@ namespace zipage {
 template <class Backend>
 concept device_compressor = requires(const Backend& b, typename Backend::kv_storage& kv,
                                      std::span<const device_compression_job> jobs, const score_recipe& recipe,
-                                     const compression_params& params, int keep) {
+                                     const cache_geometry& params, int keep) {
   { b.compress_on_device(kv, jobs, recipe, params, keep) } -> std::same_as<bool>;
 };
 
@@ -44,7 +44,7 @@ class compression_worker {
  public:
   static constexpr int default_max_batch = 64;
 
-  compression_worker(Backend& backend, typename Backend::kv_storage& kv, const Policy& policy, compression_params params,
+  compression_worker(Backend& backend, typename Backend::kv_storage& kv, const Policy& policy, cache_geometry params,
                      const model_config& model, bool threaded, int max_batch = default_max_batch)
       : backend_(&backend), kv_(&kv), compressor_(policy, params, model), max_batch_(max_batch) {
     check(max_batch >= 1, "compression: max_batch must be >= 1, got ", max_batch);

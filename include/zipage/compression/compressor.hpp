@@ -37,7 +37,7 @@ inline void select_top_k(std::span<const float> scores, int k, std::vector<std::
 template <class Policy, class Backend>
 class compressor {
  public:
-  compressor(const Policy& policy, compression_params params, const model_config& model)
+  compressor(const Policy& policy, cache_geometry params, const model_config& model)
       : policy_(&policy), params_(params), model_(model) {
     if constexpr (Policy::evicts) params_.validate();
     if constexpr (recipe_scored<Policy>) {
@@ -48,7 +48,7 @@ class compressor {
     }
   }
 
-  [[nodiscard]] const compression_params& params() const { return params_; }
+  [[nodiscard]] const cache_geometry& params() const { return params_; }
   [[nodiscard]] const Policy& policy() const { return *policy_; }
 
   compaction_plan plan(Backend& backend, typename Backend::kv_storage& kv, const sequence& s, int slot) {
@@ -108,7 +108,7 @@ class compressor {
   }
 
   const Policy* policy_;
-  compression_params params_;
+  cache_geometry params_;
   model_config model_;
   std::vector<float> keys_, queries_, prev_, keep_score_, cache_out_;
   std::vector<std::int32_t> order_;

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "zipage/core/cache_geometry.hpp"
 #include "zipage/model/forward_context.hpp"
 #include "zipage/scheduler/step_plan.hpp"
 
@@ -16,9 +17,9 @@ namespace zipage {
 
 class batch_layout {
  public:
-  // record_window: queries are recorded for compression (window W > 0, an evicting policy).
-  batch_layout(int block_size, int window, bool record_window)
-      : block_size_(block_size), window_(window), record_window_(record_window) {}
+  // record_window: queries are recorded for compression (an evicting policy: the geometry's window W).
+  batch_layout(const cache_geometry& geometry, bool record_window)
+      : block_size_(geometry.block_size), window_(geometry.window), record_window_(record_window) {}
 
   // Lays the plan's tokens out; the returned batch views this layout until the next build or pad.
   const forward_batch& build(const step_plan& plan) {

@@ -51,21 +51,21 @@ class engine {
 
   explicit engine(Model model, engine_config cfg = {}, EvictionPolicy policy = {}, Backend backend = {})
       : cfg_(std::move(cfg)),
-        compression_(checked_compression(cfg_, EvictionPolicy::evicts)),
+        geometry_(checked_geometry(cfg_, EvictionPolicy::evicts)),
         model_(std::move(model)),
         policy_(std::move(policy)),
         backend_(std::move(backend)),
         memory_(plan_memory(model_.config(),
                             sized_memory_request<EvictionPolicy::evicts, EvictionPolicy::uses_score_cache,
                                                  requires { Scheduler::slot_per_running_request; }>(
-                                model_, backend_, cfg_, compression_))),
-        pool_(checked_pool_blocks(cfg_, compression_, model_.config(), memory_, EvictionPolicy::evicts)),
+                                model_, backend_, cfg_, geometry_))),
+        pool_(checked_pool_blocks(cfg_, geometry_, model_.config(), memory_, EvictionPolicy::evicts)),
         stop_(stop_rules_for(model_.config(), cfg_)),
         scheduler_(scheduler_settings(), pool_),
         kv_(backend_.allocate_kv(
-            kv_shape_for(model_.config(), cfg_, memory_, EvictionPolicy::evicts, EvictionPolicy::uses_score_cache))),
-        executor_(model_, backend_, kv_, cfg_.block_size, cfg_.window),
-        worker_(backend_, kv_, policy_, compression_, model_.config(),
+            kv_shape_for(model_.config(), geometry_, memory_, EvictionPolicy::evicts, EvictionPolicy::uses_score_cache))),
+        executor_(model_, backend_, kv_, geometry_),
+        worker_(backend_, kv_, policy_, geometry_, model_.config(),
                 EvictionPolicy::evicts && cfg_.async_compression) {}
 
   [[nodiscard]] const model_config& config() const { return model_.config(); }
@@ -226,7 +226,7 @@ class engine {
     s->tokens = std::move(prompt);
     s->params = std::move(params);
     check(scheduler_.admissible(*s), "request: a prompt of ", s->num_tokens(), " tokens needs ",
-          blocks_for_tokens(s->num_tokens(), cfg_.block_size), " KV blocks; the pool has ", pool_.num_blocks(),
+          blocks_for_tokens(s->num_tokens(), geometry_.block_size), " KV blocks; the pool has ", pool_.num_blocks(),
           " blocks", " and a step takes at most ", cfg_.max_batched_tokens, " tokens");
     if (cfg_.make_detokenizer) s->detokenizer = cfg_.make_detokenizer(s->tokens);
     return s;
@@ -254,16 +254,15 @@ class engine {
     scheduler_config sc;
     sc.max_num_seqs = cfg_.max_num_seqs;
     sc.max_batched_tokens = cfg_.max_batched_tokens;
-    sc.block_size = cfg_.block_size;
+    sc.geometry = geometry_;
     sc.prefix_caching = cfg_.prefix_caching;
     sc.order = cfg_.scheduling;
     sc.hybrid = cfg_.hybrid;
     sc.stop = stop_;
     if constexpr (EvictionPolicy::evicts) {
-      sc.budget_blocks = compression_.budget_blocks;
-      sc.window = compression_.window;
+      sc.compress = true;
       sc.num_query_slots = memory_.num_query_slots;
-      sc.compress_at = [policy = &policy_, params = compression_](int kv_len) { return policy->should_compress(kv_len, params); };
+      sc.compress_at = [policy = &policy_, geometry = geometry_](int kv_len) { return policy->should_compress(kv_len, geometry); };
     }
     return sc;
   }
@@ -289,7 +288,7 @@ class engine {
   }
 
   engine_config cfg_;
-  compression_params compression_;  // from cfg_, checked; B and W as everything below uses them
+  cache_geometry geometry_;  // from cfg_, checked once: block size, B and W as everything below uses them
   Model model_;
   EvictionPolicy policy_;
   Backend backend_;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "zipage/core/error.hpp"
-#include "zipage/engine/compression_budget.hpp"
+#include "zipage/core/cache_geometry.hpp"
 #include "zipage/engine/memory_plan.hpp"
 #include "zipage/kv/paged_kv.hpp"
 #include "zipage/model/model_config.hpp"
@@ -23,7 +23,9 @@ namespace zipage {
 // Every member has a default initialiser, so designated initialisers such as
 // `engine_config{.block_size = 16, .num_blocks = 1024}` compile without -Wmissing-field-initializers warnings.
 struct engine_config {
-  int block_size = 16;
+  // The cache geometry, as three fields so designated initialisers stay flat; their defaults are
+  // cache_geometry's (the one place they are set), and geometry() gives them back as one value.
+  int block_size = cache_geometry{}.block_size;
   int num_blocks = 0;                        // KV pool size; 0 = plan it from kv_cache_bytes (must be >= 0)
   std::size_t kv_cache_bytes = 64ull << 20;  // memory for blocks and query slots when num_blocks == 0
   // On a backend that reports its device memory (memory_info() -> {free, total}): when > 0, the KV cache
@@ -39,8 +41,8 @@ struct engine_config {
   // Compressed PagedAttention (used when the eviction policy evicts): each request keeps budget_tokens
   // tokens (a whole number of blocks: B = budget_tokens / block_size), compressing at block boundaries;
   // window = W recent queries. The method's defaults: 2048 tokens, W = 16, whatever the block size.
-  int budget_tokens = default_budget_tokens;
-  int window = default_window;
+  int budget_tokens = cache_geometry{}.budget_tokens;
+  int window = cache_geometry{}.window;
   int num_query_slots = 0;        // 0 = the memory plan's max concurrency, capped at max_num_seqs
   bool hybrid = true;             // requests without a query slot run with full KV until they need one
   bool prefix_caching = true;     // share full prompt blocks between requests (zipage_scheduler)
@@ -60,13 +62,16 @@ struct engine_config {
   // (zipage/llm.hpp), which wires it itself.
   std::function<streaming_detokenizer(std::span<const token_id> prompt)> make_detokenizer{};
 
+  // The three geometry fields as one value (not checked).
+  [[nodiscard]] cache_geometry geometry() const { return {block_size, budget_tokens, window}; }
   // B: blocks a compressed request keeps. Throws when budget_tokens is not a positive multiple of block_size.
   [[nodiscard]] int budget_blocks() const { return budget_blocks_for(budget_tokens, block_size); }
-  // The compression settings these fields make, checked (budget a whole number of blocks, 1 <= W <= block_size).
-  [[nodiscard]] compression_params compression() const {
-    const compression_params p{block_size, budget_blocks(), window};
-    p.validate();
-    return p;
+  // The geometry, checked as an evicting policy uses it (budget a whole number of blocks, 1 <= W <= block_size;
+  // errors name the engine_config field).
+  [[nodiscard]] cache_geometry compression() const {
+    const cache_geometry g = geometry();
+    g.validate("engine_config::");
+    return g;
   }
 };
 
@@ -103,11 +108,11 @@ struct engine_stats {
 };
 
 // The fields every engine needs, checked by name before anything is built; with an evicting policy also
-// the compression settings (a budget that is not a whole number of blocks, or a window outside
-// [1, block_size], is an error here). Returns the compression settings (only the block size when the
-// policy never evicts, which ignores the budget and the window).
-[[nodiscard]] inline compression_params checked_compression(const engine_config& cfg, bool evicts) {
-  check(cfg.block_size > 0, "engine_config::block_size must be positive, got ", cfg.block_size);
+// the cache geometry's budget and window (a budget that is not a whole number of blocks, or a window outside
+// [1, block_size], is an error here). Returns the geometry (checked: only its block size when the policy
+// never evicts, which ignores the budget and the window).
+[[nodiscard]] inline cache_geometry checked_geometry(const engine_config& cfg, bool evicts) {
+  cfg.geometry().validate_block_size("engine_config::");
   check(cfg.num_blocks >= 0, "engine_config::num_blocks must be >= 0 (0 = size the pool from kv_cache_bytes), got ",
         cfg.num_blocks);
   check(cfg.num_query_slots >= 0, "engine_config::num_query_slots must be >= 0 (0 = the memory plan's), got ",
@@ -119,8 +124,7 @@ struct engine_stats {
         cfg.gpu_memory_utilization);
   check(cfg.max_batched_tokens > 0, "engine_config::max_batched_tokens must be positive, got ", cfg.max_batched_tokens);
   check(cfg.max_num_seqs > 0, "engine_config::max_num_seqs must be positive, got ", cfg.max_num_seqs);
-  if (evicts) return cfg.compression();
-  return compression_params{.block_size = cfg.block_size};
+  return evicts ? cfg.compression() : cfg.geometry();
 }
 
 // A request's prompt and sampling parameters, checked before it is queued: a prompt that is empty, holds
@@ -145,14 +149,14 @@ inline void check_request(const std::vector<token_id>& prompt, const sampling_pa
 // The pool size, checked against what one compressed request holds: B + 1 blocks (budget plus the write
 // block), or its whole context when that is smaller. A pool that cannot hold that would fail every request
 // that reaches its budget, so it is refused at construction instead.
-[[nodiscard]] inline int checked_pool_blocks(const engine_config& cfg, const compression_params& compression,
+[[nodiscard]] inline int checked_pool_blocks(const engine_config& cfg, const cache_geometry& geometry,
                                              const model_config& model, const memory_plan& memory, bool evicts) {
   if (evicts) {
-    int need = compression.budget_blocks + 1;
+    int need = geometry.budget_blocks() + 1;
     const int context = model.max_context;
-    if (!cfg.allow_beyond_context && context > 0) need = std::min(need, blocks_for_tokens(context, cfg.block_size));
-    check(memory.num_blocks >= need, "engine_config::budget_tokens = ", cfg.budget_tokens, " (", compression.budget_blocks,
-          " blocks of ", cfg.block_size, " tokens) needs ", need, " KV blocks per request with the write block, but the pool has ",
+    if (!cfg.allow_beyond_context && context > 0) need = std::min(need, blocks_for_tokens(context, geometry.block_size));
+    check(memory.num_blocks >= need, "engine_config::budget_tokens = ", geometry.budget_tokens, " (", geometry.budget_blocks(),
+          " blocks of ", geometry.block_size, " tokens) needs ", need, " KV blocks per request with the write block, but the pool has ",
           memory.num_blocks, " (", cfg.num_blocks > 0 ? "engine_config::num_blocks" : "from engine_config::kv_cache_bytes",
           "): lower budget_tokens or give the pool more blocks");
   }
@@ -166,12 +170,12 @@ inline void check_request(const std::vector<token_id>& prompt, const sampling_pa
 
 // The KV storage's shape: the pool's blocks and, with an evicting policy, the query-window cache (a row
 // block of W queries per slot) and the score cache when the policy keeps one.
-[[nodiscard]] inline kv_cache_shape kv_shape_for(const model_config& c, const engine_config& cfg, const memory_plan& memory,
-                                                 bool evicts, bool score_cache) {
-  kv_cache_shape shape{c.num_layers, memory.num_blocks, cfg.block_size, c.num_kv_heads, c.head_dim};
+[[nodiscard]] inline kv_cache_shape kv_shape_for(const model_config& c, const cache_geometry& geometry,
+                                                 const memory_plan& memory, bool evicts, bool score_cache) {
+  kv_cache_shape shape{c.num_layers, memory.num_blocks, geometry.block_size, c.num_kv_heads, c.head_dim};
   if (evicts) {
     shape.num_q_heads = c.num_q_heads;
-    shape.window = cfg.window;
+    shape.window = geometry.window;
     shape.num_query_slots = memory.num_query_slots;
     shape.score_cache = score_cache;
   }

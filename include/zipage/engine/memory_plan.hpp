@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "zipage/core/cache_geometry.hpp"
 #include "zipage/core/checked.hpp"
 #include "zipage/core/error.hpp"
 #include "zipage/model/model_config.hpp"
@@ -86,9 +87,8 @@ struct memory_request {
   int num_blocks = 0;             // fixed pool size, or 0
   int num_query_slots = 0;        // fixed slot count, or 0 = derive
   int max_running = 0;            // slots beyond the running cap would sit idle
-  int block_size = 0;
-  int budget_blocks = 0;          // 0 = no eviction
-  int window = 0;
+  cache_geometry geometry{};      // block size; with `compress` also the budget (B + 1 blocks a request) and W
+  bool compress = false;          // false: no eviction (full KV: no query slots, no bound per request)
   bool score_cache = false;
   std::size_t element_bytes = sizeof(float);  // one K or V element
   std::size_t kv_scale_bytes = 0;             // per (token, KV head, side) scale of a quantised cache (FP8: 4)
@@ -96,24 +96,24 @@ struct memory_request {
 };
 
 [[nodiscard]] inline memory_plan plan_memory(const model_config& c, const memory_request& r) {
-  check(r.block_size > 0, "memory plan: block_size must be positive, got ", r.block_size);
-  check(r.budget_blocks >= 0 && r.window >= 0 && r.num_blocks >= 0 && r.num_query_slots >= 0,
-        "memory plan: budget_blocks, window, num_blocks and num_query_slots must not be negative");
+  if (r.compress) r.geometry.validate("memory_request::geometry.");
+  else r.geometry.validate_block_size("memory_request::geometry.");
+  check(r.num_blocks >= 0 && r.num_query_slots >= 0, "memory plan: num_blocks and num_query_slots must not be negative");
   memory_plan p;
-  p.block_size = r.block_size;
+  p.block_size = r.geometry.block_size;
   // Every byte count in 64 bits, checked (an overflow is an error naming the product, not a wrapped size).
   const auto mul = [](std::int64_t a, std::int64_t b, const char* what) { return checked_mul(a, b, what); };
   const std::int64_t layers = c.num_layers;
   const std::int64_t block_bytes =
-      mul(r.block_size, static_cast<std::int64_t>(kv_bytes_per_token(c, r.element_bytes, r.score_cache, r.kv_scale_bytes)),
+      mul(r.geometry.block_size, static_cast<std::int64_t>(kv_bytes_per_token(c, r.element_bytes, r.score_cache, r.kv_scale_bytes)),
           "memory plan: block_size x bytes per token");
   p.block_bytes = static_cast<std::size_t>(block_bytes);
-  const bool compress = r.budget_blocks > 0;
+  const bool compress = r.compress;
   if (compress) {
-    p.blocks_per_request = static_cast<int>(checked_add(r.budget_blocks, 1, "memory plan: budget_blocks + 1",
+    p.blocks_per_request = static_cast<int>(checked_add(r.geometry.budget_blocks(), 1, "memory plan: budget_blocks + 1",
                                                         std::numeric_limits<int>::max()));
     p.query_slot_bytes = static_cast<std::size_t>(
-        mul(mul(mul(layers, r.window, "memory plan: num_layers x window"), c.q_size(), "memory plan: query slot values"),
+        mul(mul(mul(layers, r.geometry.window, "memory plan: num_layers x window"), c.q_size(), "memory plan: query slot values"),
             static_cast<std::int64_t>(r.query_element_bytes > 0 ? r.query_element_bytes : r.element_bytes),
             "memory plan: query slot bytes"));
   }

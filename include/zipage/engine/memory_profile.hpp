@@ -120,14 +120,14 @@ void profile_peak_memory(Model& model, Backend& backend, int max_batched_tokens,
 // SlotPerRunning: the scheduler has no hybrid slots and gives every running request one.
 template <bool Evicts, bool ScoreCache, bool SlotPerRunning, class Model, class Backend>
 [[nodiscard]] memory_request sized_memory_request(Model& model, Backend& backend, const engine_config& cfg,
-                                                  const compression_params& compression) {
+                                                  const cache_geometry& geometry) {
   memory_request r;
   r.budget_bytes = cfg.kv_cache_bytes;
   if constexpr (requires { { backend.memory_info() } -> std::convertible_to<std::pair<std::size_t, std::size_t>>; }) {
     if (cfg.gpu_memory_utilization > 0.0 && cfg.num_blocks == 0) {
       check(cfg.gpu_memory_utilization <= 1.0, "engine: gpu_memory_utilization must be in (0, 1], got ",
             cfg.gpu_memory_utilization);
-      profile_peak_memory(model, backend, cfg.max_batched_tokens, cfg.max_num_seqs, cfg.block_size);
+      profile_peak_memory(model, backend, cfg.max_batched_tokens, cfg.max_num_seqs, geometry.block_size);
       r.budget_bytes = device_kv_budget(cfg.gpu_memory_utilization, backend.memory_info());
       if (cfg.max_kv_cache_bytes > 0) r.budget_bytes = std::min(r.budget_bytes, cfg.max_kv_cache_bytes);
     }
@@ -144,10 +144,9 @@ template <bool Evicts, bool ScoreCache, bool SlotPerRunning, class Model, class 
   r.num_blocks = cfg.num_blocks;
   r.num_query_slots = cfg.num_query_slots;
   r.max_running = cfg.max_num_seqs;
-  r.block_size = cfg.block_size;
+  r.geometry = geometry;
   if constexpr (Evicts) {
-    r.budget_blocks = compression.budget_blocks;
-    r.window = compression.window;
+    r.compress = true;
     r.score_cache = ScoreCache;
     if constexpr (SlotPerRunning)
       if (r.num_query_slots == 0) r.num_query_slots = cfg.max_num_seqs;

@@ -25,8 +25,8 @@ class step_executor {
  public:
   using tensor = typename Backend::tensor;
 
-  step_executor(Model& model, Backend& backend, typename Backend::kv_storage& kv, int block_size, int window)
-      : model_(&model), backend_(&backend), kv_(&kv), layout_(block_size, window, Evicts) {}
+  step_executor(Model& model, Backend& backend, typename Backend::kv_storage& kv, const cache_geometry& geometry)
+      : model_(&model), backend_(&backend), kv_(&kv), layout_(geometry, Evicts) {}
 
   // Data movement the plan asks for, in an order that keeps every source intact until it is read:
   // swap-outs read blocks the plan may already have handed to others, then copy-on-write copies (their

@@ -17,7 +17,7 @@ namespace zipage {
 
 template <class P>
 concept eviction_policy = requires(const P& p, const score_context& ctx, std::span<float> keep_score,
-                                   std::span<float> cache_out, const compression_params& params, int kv_len) {
+                                   std::span<float> cache_out, const cache_geometry& params, int kv_len) {
   { p.name() } -> std::convertible_to<std::string_view>;
   { P::evicts } -> std::convertible_to<bool>;
   { P::uses_score_cache } -> std::convertible_to<bool>;
@@ -34,8 +34,8 @@ concept eviction_policy = requires(const P& p, const score_context& ctx, std::sp
 struct policy_base {
   static constexpr bool evicts = true;
   static constexpr bool uses_score_cache = false;
-  [[nodiscard]] bool should_compress(int kv_len, const compression_params& p) const { return p.should_compress(kv_len); }
-  [[nodiscard]] int keep_tokens(const compression_params& p) const { return p.keep_tokens(); }
+  [[nodiscard]] bool should_compress(int kv_len, const cache_geometry& p) const { return p.should_compress(kv_len); }
+  [[nodiscard]] int keep_tokens(const cache_geometry& p) const { return p.keep_tokens(); }
 };
 
 // Full KV: every token stays cached for the life of the request.
@@ -44,8 +44,8 @@ struct full_kv {
   static constexpr bool uses_score_cache = false;
   [[nodiscard]] std::string_view name() const { return "full_kv"; }
   void score(const score_context&, std::span<float>, std::span<float>) const {}
-  [[nodiscard]] bool should_compress(int, const compression_params&) const { return false; }
-  [[nodiscard]] int keep_tokens(const compression_params& p) const { return p.keep_tokens(); }
+  [[nodiscard]] bool should_compress(int, const cache_geometry&) const { return false; }
+  [[nodiscard]] int keep_tokens(const cache_geometry& p) const { return p.keep_tokens(); }
 };
 
 }  // namespace zipage

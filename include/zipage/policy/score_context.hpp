@@ -3,28 +3,10 @@
 // recent queries, gathered into contiguous arrays in physical (= original, order-preserving) order.
 #include <span>
 
+#include "zipage/core/cache_geometry.hpp"  // cache_geometry (compression_params), what policies are asked with
 #include "zipage/core/error.hpp"
 
 namespace zipage {
-
-// Runtime settings of Compressed PagedAttention (method defaults: 256 / 8 / 16).
-struct compression_params {
-  int block_size = 256;
-  int budget_blocks = 8;  // B: tokens kept = B · block_size
-  int window = 16;        // W: recent queries recorded per request, and recent tokens always kept
-
-  void validate() const {
-    check(block_size > 0, "compression: block_size must be positive, got ", block_size);
-    check(budget_blocks > 0, "compression: budget_blocks must be positive, got ", budget_blocks);
-    check(window > 0 && window <= block_size, "compression: window must be in [1, block_size = ", block_size,
-          "], got ", window);
-  }
-  [[nodiscard]] int keep_tokens() const { return budget_blocks * block_size; }
-  // At a block boundary with more than B full blocks: B+1 in steady state, more right after a long prompt.
-  [[nodiscard]] bool should_compress(int kv_len) const {
-    return kv_len >= (budget_blocks + 1) * block_size && kv_len % block_size == 0;
-  }
-};
 
 struct score_context {
   int kv_len = 0;  // cached tokens (physical length)

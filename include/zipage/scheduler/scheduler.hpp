@@ -23,13 +23,13 @@ namespace zipage {
 // Queues, query slots, and the ways a request gives way, shared by the built-in schedulers.
 class scheduler_base {
  public:
-  scheduler_base(scheduler_config cfg, block_pool& pool) : cfg_(cfg), blocks_(pool, cfg.block_size) {
+  scheduler_base(scheduler_config cfg, block_pool& pool) : cfg_(cfg), blocks_(pool, cfg.geometry.block_size) {
     cfg_.validate();
     for (int slot = 0; slot < cfg_.num_query_slots; ++slot) free_slots_.push_back(slot);
   }
 
   [[nodiscard]] const scheduler_config& config() const { return cfg_; }
-  [[nodiscard]] int block_size() const { return cfg_.block_size; }
+  [[nodiscard]] int block_size() const { return cfg_.geometry.block_size; }
   [[nodiscard]] int num_waiting() const { return static_cast<int>(waiting_.size()); }
   [[nodiscard]] int num_running() const { return static_cast<int>(running_.size()); }
   [[nodiscard]] int num_swapped() const { return static_cast<int>(swapped_.size()); }
@@ -42,7 +42,7 @@ class scheduler_base {
 
   // Whether a request could ever run: all its tokens fit the pool.
   [[nodiscard]] bool admissible(const sequence& s) const {
-    return blocks_for_tokens(s.num_tokens(), cfg_.block_size) <= blocks_.pool().num_blocks();
+    return blocks_for_tokens(s.num_tokens(), cfg_.geometry.block_size) <= blocks_.pool().num_blocks();
   }
 
   void add(sequence* s) {
@@ -228,7 +228,7 @@ class scheduler_base {
     while (!swapped_.empty()) {
       sequence* s = swapped_.front();
       if (cfg_.order == scheduling_order::priority && !waiting_.empty() && precedes(*waiting_.front(), *s)) return false;
-      const int blocks = blocks_for_tokens(s->kv_len + 1, cfg_.block_size);
+      const int blocks = blocks_for_tokens(s->kv_len + 1, cfg_.geometry.block_size);
       if (!blocks_.pool().can_allocate(blocks) || !has_free_slot()) return false;
       swapped_.pop_front();
       take_slot(*s);
@@ -298,12 +298,12 @@ class scheduler_base {
     if (num_running() >= cfg_.max_num_seqs) return false;
     if (cfg_.compresses() && !cfg_.hybrid && !has_free_slot()) return false;
     const int first_chunk = std::min(s.num_to_prefill(), cfg_.max_batched_tokens);
-    return blocks_.pool().can_allocate(blocks_for_tokens(s.num_computed + first_chunk, cfg_.block_size));
+    return blocks_.pool().can_allocate(blocks_for_tokens(s.num_computed + first_chunk, cfg_.geometry.block_size));
   }
 
   // A request that can never run (it needs more blocks than the whole pool) ends with an error.
   void reject(sequence* s, step_plan& plan) {
-    fail(s, detail::concat("request ", s->id, " needs ", blocks_for_tokens(s->num_tokens(), cfg_.block_size),
+    fail(s, detail::concat("request ", s->id, " needs ", blocks_for_tokens(s->num_tokens(), cfg_.geometry.block_size),
                            " KV blocks for its ", s->num_tokens(), " tokens; the pool has ", blocks_.pool().num_blocks()));
     plan.rejected.push_back(s);
   }

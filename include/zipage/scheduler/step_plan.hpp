@@ -13,8 +13,8 @@
 
 #include "zipage/block/block_pool.hpp"
 #include "zipage/compression/compression_job.hpp"
+#include "zipage/core/cache_geometry.hpp"
 #include "zipage/core/error.hpp"
-#include "zipage/policy/score_context.hpp"
 #include "zipage/request/sequence.hpp"
 
 namespace zipage {
@@ -57,34 +57,35 @@ struct stop_rules {
 struct scheduler_config {
   int max_num_seqs = 256;         // running requests at most
   int max_batched_tokens = 8192;  // tokens fed to the model in one step at most
-  int block_size = 16;
-  // Compressed PagedAttention (zero when the policy does not evict):
-  int budget_blocks = 0;          // B: a compressed request holds at most B + 1 blocks
-  int window = 0;                 // W: queries recorded in the last W slots of a block
+  // Block size, budget (B = budget_tokens / block_size: a compressed request holds at most B + 1 blocks)
+  // and window (W: queries recorded in the last W slots of a block). The budget and the window are used
+  // only when `compress`.
+  cache_geometry geometry{};
+  bool compress = false;          // Compressed PagedAttention (an evicting policy)
   int num_query_slots = 0;        // requests that may record window queries at once
   bool hybrid = true;             // admit requests without a query slot; they run with full KV until they need one
   bool prefix_caching = false;    // share full prompt blocks between requests
   scheduling_order order = scheduling_order::fcfs;
   stop_rules stop{};              // when a request stops (update)
-  // The eviction policy's rule for a compression point (its should_compress(kv_len, params)); empty: the
-  // method's, compression_params::should_compress (a block boundary with more than B full blocks). Asked
+  // The eviction policy's rule for a compression point (its should_compress(kv_len, geometry)); empty: the
+  // method's, cache_geometry::should_compress (a block boundary with more than B full blocks). Asked
   // only when compresses().
   std::function<bool(int kv_len)> compress_at{};
 
   void validate() const {
-    check(max_num_seqs > 0, "scheduler: max_num_seqs must be positive, got ", max_num_seqs);
-    check(max_batched_tokens > 0, "scheduler: max_batched_tokens must be positive, got ", max_batched_tokens);
-    check(block_size > 0, "scheduler: block_size must be positive, got ", block_size);
-    check(budget_blocks >= 0 && window >= 0 && num_query_slots >= 0,
-          "scheduler: budget_blocks, window and num_query_slots must not be negative");
-    check(budget_blocks == 0 || num_query_slots > 0, "scheduler: compression needs at least one query slot");
+    check(max_num_seqs > 0, "scheduler_config::max_num_seqs must be positive, got ", max_num_seqs);
+    check(max_batched_tokens > 0, "scheduler_config::max_batched_tokens must be positive, got ", max_batched_tokens);
+    if (compress) geometry.validate("scheduler_config::geometry.");
+    else geometry.validate_block_size("scheduler_config::geometry.");
+    check(num_query_slots >= 0, "scheduler_config::num_query_slots must not be negative, got ", num_query_slots);
+    check(!compress || num_query_slots > 0, "scheduler: compression needs at least one query slot");
   }
-  [[nodiscard]] bool compresses() const { return budget_blocks > 0; }
+  [[nodiscard]] bool compresses() const { return compress; }
   // Whether a request with kv_len cached tokens is at a compression point: the one place this is decided.
   [[nodiscard]] bool compression_point(int kv_len) const {
     if (!compresses()) return false;
     if (compress_at) return compress_at(kv_len);
-    return compression_params{block_size, budget_blocks, window}.should_compress(kv_len);
+    return geometry.should_compress(kv_len);
   }
 };
 

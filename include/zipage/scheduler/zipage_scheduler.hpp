@@ -37,15 +37,15 @@ class zipage_scheduler : public scheduler_base {
   // Tokens of s, from its next one, that can run before one needs a query slot it does not have.
   [[nodiscard]] int tokens_before_slot_needed(const sequence& s, int tokens) const {
     if (!cfg_.compresses() || s.query_slot >= 0) return tokens;
-    const int bs = cfg_.block_size;
+    const int bs = cfg_.geometry.block_size;
     const int start = s.kv_len;
     // Window queries matter only for the block at which the request will be compressed: the first
     // block at or past the budget that also holds (or follows) the last token its prefill feeds — the
     // prompt's last, or a recomputed request's second to last (see sequence::num_to_prefill). A request
     // without a slot is uncompressed, so its logical and physical positions agree.
     const int last_fed = s.num_computed + s.num_to_prefill() - 1;
-    const int block = std::max({cfg_.budget_blocks, last_fed / bs, start / bs});
-    const int first = std::max(start, block * bs + bs - cfg_.window);
+    const int block = std::max({cfg_.geometry.budget_blocks(), last_fed / bs, start / bs});
+    const int first = std::max(start, block * bs + bs - cfg_.geometry.window);
     return std::min(tokens, first - start);
   }
 
@@ -99,7 +99,7 @@ class zipage_scheduler : public scheduler_base {
   // The longest next chunk of s that fits the budget, the free blocks and its query slot.
   [[nodiscard]] int affordable_chunk(const sequence& s, int budget) const {
     int tokens = tokens_before_slot_needed(s, std::min(s.num_to_prefill(), budget));
-    const int room = (s.table.num_blocks() + blocks_.pool().num_free()) * cfg_.block_size - s.kv_len;
+    const int room = (s.table.num_blocks() + blocks_.pool().num_free()) * cfg_.geometry.block_size - s.kv_len;
     return std::max(0, std::min(tokens, room));
   }
 
