@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <random>
 
+#include "zipage/backend/cpu/cpu_backend.hpp"
 #include "zipage/engine/engine.hpp"
 
 namespace {

@@ -1,6 +1,7 @@
 #pragma once
 // What the compile-fail sources share: a model declared (never defined: the sources only instantiate the
 // engine's class, never run it) on a given backend.
+#include "zipage/backend/cpu/cpu_backend.hpp"
 #include "zipage/engine/engine.hpp"
 
 namespace cf {

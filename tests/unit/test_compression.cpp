@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "zipage/backend/cpu/compaction.hpp"
+#include "zipage/backend/cpu/cpu_backend.hpp"
 #include "zipage/compression/compression_worker.hpp"
 #include "zipage/compression/compressor.hpp"
 #include "zipage/engine/engine.hpp"

@@ -20,7 +20,6 @@
 #include <utility>
 #include <vector>
 
-#include "zipage/backend/cpu/cpu_backend.hpp"
 #include "zipage/block/block_pool.hpp"
 #include "zipage/compression/compression_worker.hpp"
 #include "zipage/concepts.hpp"
