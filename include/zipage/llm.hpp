@@ -18,6 +18,10 @@
 // links zipage::cuda (which defines ZIPAGE_WITH_CUDA) and a GPU is present (llm_options::device).
 //
 // Requests run as one continuous batch per call; one llm is used from one thread.
+//
+// Compile time: the engine and the model loader are instantiated by detail::load_llm below. A program that
+// links zipage::prebuilt (ZIPAGE_PREBUILT) takes them, for the built-in policies on the CPU backend, from that
+// library instead of compiling them itself (docs/packaging.md).
 #include <algorithm>
 #include <cstddef>
 #include <deque>
@@ -267,6 +271,71 @@ class llm_stream {
   bool done_ = false;
 };
 
+namespace detail {
+
+// What basic_llm is made of once its model is loaded: the tokenizer (one of the two; the runtime's
+// detokenizers refer to it, so it must outlive the runtime), the checkpoint's sampling defaults and stop ids,
+// and the engine behind a virtual interface.
+struct llm_parts {
+  std::unique_ptr<const spm_tokenizer> spm;
+  std::unique_ptr<const bpe_tokenizer> bpe;
+  generation_defaults generation;
+  std::vector<token_id> stop_token_ids;
+  std::unique_ptr<llm_runtime> runtime;
+};
+
+// Loads the model at `path` onto `backend` and builds engine<llama_model<Backend>, Policy> around it with the
+// tokenizer's detokenizer wired in. All of basic_llm's template-heavy work is here, in a function template
+// that is not inline: zipage::prebuilt compiles it once for the built-in policies on the CPU backend, and
+// the extern template declarations below (ZIPAGE_PREBUILT) keep a program that links it from compiling it again.
+template <class Policy, class Backend>
+llm_parts load_llm(const std::filesystem::path& path, const engine_config& options, Policy policy, Backend backend,
+                   const char* name) {
+  loaded_model<Backend> loaded = load_model<Backend>(path, backend);
+  llm_parts parts;
+  parts.generation = std::move(loaded.generation);
+  parts.stop_token_ids = std::move(loaded.stop_token_ids);
+  parts.spm = std::move(loaded.spm);
+  parts.bpe = std::move(loaded.bpe);
+  engine_config cfg = options;
+  cfg.make_detokenizer = parts.bpe ? decltype(cfg.make_detokenizer)(detokenizer_factory(*parts.bpe))
+                                   : decltype(cfg.make_detokenizer)(detokenizer_factory(*parts.spm));
+  if constexpr (requires { backend.memory_info(); }) {
+    if (cfg.num_blocks == 0 && cfg.gpu_memory_utilization == 0.0) {
+      cfg.gpu_memory_utilization = 0.9;
+      if (cfg.max_kv_cache_bytes == 0) {
+        const auto& c = loaded.model.config();
+        std::size_t scale_bytes = 0;  // a quantised (FP8) cache's per token-head scales
+        if constexpr (requires { backend.kv_scale_bytes(); }) scale_bytes = backend.kv_scale_bytes();
+        const double per_token =
+            static_cast<double>(kv_bytes_per_token(c, backend.kv_element_bytes(), Policy::evicts, scale_bytes));
+        cfg.max_kv_cache_bytes = static_cast<std::size_t>(per_token * cfg.max_num_seqs * std::max(c.max_context, 4096));
+      }
+    }
+  }
+  using engine_type = engine<llama_model<Backend>, Policy, zipage_scheduler, Backend>;
+  parts.runtime = std::make_unique<llm_runtime_of<engine_type>>(name, std::move(loaded.model), std::move(cfg),
+                                                               std::move(policy), backend);
+  return parts;
+}
+
+}  // namespace detail
+
+// The built-in policies, for X-macros: zipage::prebuilt compiles basic_llm's loader for each on the CPU backend.
+#define ZIPAGE_BUILTIN_POLICIES(X) X(full_kv) X(streaming_llm) X(h2o) X(snapkv) X(rkv) X(gkv) X(zipage_policy)
+
+// Linking zipage::prebuilt defines ZIPAGE_PREBUILT: the CPU backend's model loader and basic_llm's loader for
+// the built-in policies are then taken from the library instead of being compiled in every program (a
+// program that does not link it compiles them itself, as any header-only use).
+#define ZIPAGE_PREBUILT_LLM_DECLARATION(Policy)                                                                   \
+  extern template detail::llm_parts detail::load_llm<Policy, cpu_backend>(const std::filesystem::path&,             \
+                                                                          const engine_config&, Policy, cpu_backend, \
+                                                                          const char*);
+#if ZIPAGE_PREBUILT
+extern template loaded_model<cpu_backend> load_model<cpu_backend>(const std::filesystem::path&, const cpu_backend&);
+ZIPAGE_BUILTIN_POLICIES(ZIPAGE_PREBUILT_LLM_DECLARATION)
+#endif
+
 template <class Policy = zipage_policy>
 class basic_llm {
  public:
@@ -365,32 +434,14 @@ class basic_llm {
  private:
   template <class Backend>
   void load(const std::filesystem::path& path, llm_options& options, Policy policy, Backend backend, const char* name) {
-    loaded_model<Backend> loaded = load_model<Backend>(path, backend);
+    detail::llm_parts parts = detail::load_llm<Policy, Backend>(path, options.engine, std::move(policy), std::move(backend), name);
     defaults_.temperature = 0.0f;  // greedy unless the checkpoint says otherwise
-    loaded.generation.apply(defaults_);
-    model_stop_ids_ = loaded.stop_token_ids;
+    parts.generation.apply(defaults_);
+    model_stop_ids_ = std::move(parts.stop_token_ids);
     defaults_ = with_model_stops(defaults_);
-    spm_ = std::move(loaded.spm);
-    bpe_ = std::move(loaded.bpe);
-    engine_config cfg = options.engine;
-    cfg.make_detokenizer = bpe_ ? decltype(cfg.make_detokenizer)(detokenizer_factory(*bpe_))
-                                : decltype(cfg.make_detokenizer)(detokenizer_factory(*spm_));
-    if constexpr (requires { backend.memory_info(); }) {
-      if (cfg.num_blocks == 0 && cfg.gpu_memory_utilization == 0.0) {
-        cfg.gpu_memory_utilization = 0.9;
-        if (cfg.max_kv_cache_bytes == 0) {
-          const auto& c = loaded.model.config();
-          std::size_t scale_bytes = 0;  // a quantised (FP8) cache's per token-head scales
-          if constexpr (requires { backend.kv_scale_bytes(); }) scale_bytes = backend.kv_scale_bytes();
-          const double per_token =
-              static_cast<double>(kv_bytes_per_token(c, backend.kv_element_bytes(), Policy::evicts, scale_bytes));
-          cfg.max_kv_cache_bytes = static_cast<std::size_t>(per_token * cfg.max_num_seqs * std::max(c.max_context, 4096));
-        }
-      }
-    }
-    using engine_type = engine<llama_model<Backend>, Policy, zipage_scheduler, Backend>;
-    state_->runtime = std::make_unique<detail::llm_runtime_of<engine_type>>(name, std::move(loaded.model), std::move(cfg),
-                                                                            std::move(policy), backend);
+    spm_ = std::move(parts.spm);
+    bpe_ = std::move(parts.bpe);
+    state_->runtime = std::move(parts.runtime);
   }
 
   [[nodiscard]] sampling_params with_model_stops(sampling_params p) const {

@@ -1,5 +1,6 @@
 // A downstream program: builds the engine around its own one-layer model and generates, and reads the
-// bundled model at the path the package exports (zipage_MODEL_DIR).
+// bundled model at the path the package exports (zipage_MODEL_DIR); linked with zipage::prebuilt, it also
+// generates with zipage::llm on that model.
 #include <cstdio>
 
 #include <zipage/zipage.hpp>  // the umbrella header, as installed
@@ -53,7 +54,14 @@ int main() {
   p.ignore_eos = true;
   const auto out = engine.generate({{0, 1}}, p)[0].output;
   const auto model = zipage::gguf::file::open(ZIPAGE_MODEL_DIR "/stories260K.gguf");
-  const bool ok = out == std::vector<zipage::token_id>{2, 3, 4, 5, 6} && model.get_string("general.architecture") == "llama";
+  bool ok = out == std::vector<zipage::token_id>{2, 3, 4, 5, 6} && model.get_string("general.architecture") == "llama";
+#if ZIPAGE_PREBUILT
+  // Linked with zipage::prebuilt: zipage::llm's engine and loader come from the installed library.
+  zipage::llm llm(ZIPAGE_MODEL_DIR "/stories260K.gguf");
+  const auto text = llm.generate({"Once upon a time"}, {.temperature = 0.0f, .max_tokens = 8});
+  std::printf("consumer: zipage::llm (zipage::prebuilt): %zu tokens:%s\n", text[0].token_ids.size(), text[0].text.c_str());
+  ok = ok && text[0].token_ids.size() == 8 && text[0].reason == zipage::finish_reason::length;
+#endif
   std::printf("consumer: %s\n", ok ? "OK" : "WRONG");
   return ok ? 0 : 1;
 }

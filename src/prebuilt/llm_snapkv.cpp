@@ -1,0 +1,4 @@
+// zipage::prebuilt: basic_llm<zipage::snapkv>'s loader and engine on the CPU backend, compiled once.
+#include "instantiate.hpp"
+
+ZIPAGE_PREBUILT_LLM_DEFINITION(snapkv)
