@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Latency against request rate from bench/run_serve.sh's load results (load-POLICY-RATE.json).
 
-    python3 scripts/plot_serve.py OUT_DIR docs/serve.png
+    python3 scripts/plot_serve.py OUT_DIR docs/serve.png [TITLE]
 
 One panel each for TTFT, inter-token latency and end-to-end latency (p50 solid, p99 dashed) and one for the
 server's output tokens per second, against the Poisson request rate, one colour per policy. The `inf` rate
@@ -30,7 +30,7 @@ def load(directory):
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
     runs = load(sys.argv[1])
     if not runs:
@@ -38,6 +38,7 @@ def main():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     finite = sorted({rate for v in runs.values() for rate, _ in v if rate != float("inf")})
     edge = (finite[-1] * 2) if finite else 1.0  # where 'inf' is drawn
     panels = [("TTFT (ms)", "ttft_ms"), ("inter-token latency (ms)", "itl_ms"), ("end-to-end (s)", "e2e_s")]
@@ -56,10 +57,15 @@ def main():
         ax.set_xscale("log")
         ax.set_xticks(ticks)
         ax.set_xticklabels([f"{t:g}" for t in finite] + ["all at once"])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())  # log-scale minor labels collide with ours
         ax.set_xlabel("request rate (requests/s)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
+    if len(sys.argv) == 4:
+        fig.suptitle(sys.argv[3])
+        fig.tight_layout(rect=(0, 0, 1, 0.93))
+    else:
+        fig.tight_layout()
     fig.savefig(sys.argv[2], dpi=110)
     return 0
 
