@@ -99,11 +99,25 @@ void print_summary(const Engine& eng, std::size_t requests, double seconds) {
                static_cast<long long>(st.steps));
 }
 
-template <class Engine, class Encode>
-int run_engine(options& o, Engine& eng, Encode& encode);
+// The prompts and their lengths, read before the model loads so that a bad file fails at once.
+struct inputs {
+  std::vector<std::string> texts;
+  std::vector<int> max_tokens;  // empty: -n for every prompt
+};
 
-// Loads the model and builds the engine (zipage_cli::with_engine), then runs the prompts through it.
+inputs read_inputs(const options& o) {
+  inputs in;
+  in.texts = o.prompts_file.empty() ? std::vector<std::string>{o.prompt} : read_prompts(o.prompts_file);
+  if (!o.max_tokens_file.empty()) in.max_tokens = read_max_tokens(o.max_tokens_file, in.texts.size());
+  return in;
+}
+
+template <class Engine, class Encode>
+int run_engine(options& o, const inputs& in, Engine& eng, Encode& encode);
+
+// Reads the inputs, loads the model and builds the engine (zipage_cli::with_engine), then runs the prompts.
 int run(options& o) {
+  const inputs in = read_inputs(o);
   return zipage_cli::with_engine(o, [&](auto& eng, const zipage_cli::model_text& text) {
     if (o.chat) {
       zipage::check(text.bpe != nullptr, "--chat needs a Hugging Face checkpoint directory as --model");
@@ -118,21 +132,20 @@ int run(options& o) {
       // The template writes any BOS itself.
       return text.encode_templated(text.apply_chat_template(messages, {.enable_thinking = !o.no_thinking}));
     };
-    return run_engine(o, eng, encode);
+    return run_engine(o, in, eng, encode);
   });
 }
 
 template <class Engine, class Encode>
-int run_engine(options& o, Engine& eng, Encode& encode) {
+int run_engine(options& o, const inputs& in, Engine& eng, Encode& encode) {
   if (!o.quiet) {
     std::fprintf(stderr, "%s; policy %s\n", eng.memory().describe().c_str(), std::string(eng.policy().name()).c_str());
     std::fprintf(stderr, "%s\n", o.sampling_line.c_str());
   }
 
   const bool batch = !o.prompts_file.empty();
-  const std::vector<std::string> texts = batch ? read_prompts(o.prompts_file) : std::vector<std::string>{o.prompt};
-  const std::vector<int> lengths = o.max_tokens_file.empty() ? std::vector<int>{}
-                                                              : read_max_tokens(o.max_tokens_file, texts.size());
+  const std::vector<std::string>& texts = in.texts;
+  const std::vector<int>& lengths = in.max_tokens;
   std::vector<zipage::request_id> ids;
   for (std::size_t i = 0; i < texts.size(); ++i) {
     auto params = o.sampling;
