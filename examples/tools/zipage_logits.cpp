@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "zipage/backend/cpu/prefill_logits.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/models/hf_loader.hpp"
 
@@ -39,34 +40,6 @@ std::vector<zipage::token_id> parse_ids(const std::string& text) {
   }
   zipage::check(!ids.empty(), "--tokens: empty list");
   return ids;
-}
-
-// One prefill of `tokens` as a single sequence with full KV; the logits of the rows asked for.
-std::vector<float> prefill_logits(model_type& model, const std::vector<zipage::token_id>& tokens,
-                                  const std::vector<std::int32_t>& rows) {
-  const auto& c = model.config();
-  const int block_size = zipage::default_block_size;
-  const int n = static_cast<int>(tokens.size());
-  const int blocks = (n + block_size - 1) / block_size;
-  zipage::cpu_backend backend;
-  zipage::kv_cache_shape shape;
-  shape.num_layers = c.num_layers;
-  shape.num_blocks = blocks;
-  shape.block_size = block_size;
-  shape.num_kv_heads = c.num_kv_heads;
-  shape.head_dim = c.head_dim;
-  auto kv = backend.allocate_kv(shape);
-  std::vector<std::int32_t> positions(static_cast<std::size_t>(n)), seq(static_cast<std::size_t>(n), 0),
-      kv_len(static_cast<std::size_t>(n)), pages(static_cast<std::size_t>(blocks));
-  std::vector<std::int64_t> slots(static_cast<std::size_t>(n));
-  std::iota(positions.begin(), positions.end(), 0);
-  std::iota(slots.begin(), slots.end(), 0);  // block b holds positions [b·16, b·16 + 16): slot == position
-  std::iota(kv_len.begin(), kv_len.end(), 1);
-  std::iota(pages.begin(), pages.end(), 0);
-  const std::vector<std::int32_t> indptr{0, blocks};
-  zipage::forward_batch batch{tokens, positions, rows, {slots, seq, kv_len, indptr, pages, {}}};
-  zipage::forward_context<zipage::cpu_backend> ctx(backend, kv, batch, c.num_q_heads);
-  return backend.to_host(model.forward(ctx));
 }
 
 void print_floats(const float* p, std::size_t n) {
@@ -100,7 +73,7 @@ int run(const std::string& dir, const std::vector<std::string>& prompt_args, int
     } else {
       rows[i] = {n - 1};
     }
-    logits[i] = prefill_logits(model, prompts[i], rows[i]);
+    logits[i] = zipage::cpu_prefill_logits(model, prompts[i], rows[i]);
   }
 
   std::vector<std::vector<zipage::token_id>> greedy(prompts.size());
