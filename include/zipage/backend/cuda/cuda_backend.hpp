@@ -59,7 +59,7 @@
 #include <utility>
 #include <vector>
 
-#include "zipage/backend/cuda/engine_kernels.hpp"
+#include "zipage/backend/cuda/dtype.hpp"
 #include "zipage/compression/compaction_plan.hpp"
 #include "zipage/compression/compression_job.hpp"
 #include "zipage/core/kv_cache_dtype.hpp"

@@ -8,15 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "zipage/backend/cuda/dtype.hpp"
 #include "zipage/backend/cuda/kernels.hpp"
 
 namespace zipage {
-
-// Element type of a CUDA tensor or KV cache.
-enum class cuda_dtype : std::uint8_t { f32, bf16 };
-
-[[nodiscard]] constexpr std::size_t dtype_bytes(cuda_dtype t) { return t == cuda_dtype::f32 ? 4 : 2; }
-[[nodiscard]] constexpr const char* to_string(cuda_dtype t) { return t == cuda_dtype::f32 ? "f32" : "bf16"; }
 
 namespace cuda::engine {
 

@@ -15,14 +15,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "zipage/backend/cuda/dtype.hpp"  // cuda_stream
 #include "zipage/backend/cuda/paged_kv_view.hpp"
 #include "zipage/model/model_config.hpp"  // rope_style
 
-struct CUstream_st;
-
 namespace zipage::cuda {
-
-using cuda_stream = CUstream_st*;
 
 // ---------------------------------------------------------------------------------------------------
 // Paged decode attention: one query token per sequence.
