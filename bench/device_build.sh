@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds a committed snapshot of the repository on the device, so that what runs there is exactly a commit
+# (helpers' uncommitted edits in the working tree do not leak in).
+#   here:        bench/device_build.sh pack            # .carry-src = `git archive HEAD` (+ nccl.h), no data
+#   on device:   TARGETS="zipage-eval test_cuda_fp8_kv" JOBS=16 bench/device_build.sh build
+# The build goes to $BD (default /tmp/bd, kept between calls while the machine stays warm); models/, data/
+# and tests/data are symlinked from the working tree copy. NCCL: the header comes with the snapshot (the
+# device image has the library only).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+SRC="$root/.carry-src"
+case "${1:-}" in
+  pack)
+    rm -rf "$SRC" && mkdir -p "$SRC/.nccl"
+    git -C "$root" archive HEAD -- . ':!models' ':!data' ':!tests/data' ':!docs' | tar -x -C "$SRC"
+    cp /usr/local/cuda/include/nccl.h "$SRC/.nccl/"
+    echo "packed $(git -C "$root" rev-parse --short HEAD) into $SRC ($(du -sh "$SRC" | cut -f1))" ;;
+  build)
+    BD=${BD:-/tmp/bd}
+    for d in models data tests/data; do ln -sfn "$root/$d" "$SRC/$d"; done
+    nccl_lib=$(ls /usr/lib/x86_64-linux-gnu/libnccl.so* 2>/dev/null | head -1 || true)
+    cmake -S "$SRC" -B "$BD" -DCMAKE_BUILD_TYPE=Release -DZIPAGE_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+      -DZIPAGE_BUILD_PREBUILT=OFF -DZIPAGE_NCCL_INCLUDE_DIR="$SRC/.nccl" ${nccl_lib:+-DZIPAGE_NCCL_LIBRARY=$nccl_lib} \
+      > "${OUT:-/tmp}/cmake_configure.log" 2>&1
+    # shellcheck disable=SC2086
+    cmake --build "$BD" -j "${JOBS:-16}" --target ${TARGETS:?TARGETS names the targets to build} \
+      > "${OUT:-/tmp}/build.log" 2>&1 || { tail -40 "${OUT:-/tmp}/build.log"; exit 1; }
+    echo "built ${TARGETS} in $BD" ;;
+  *) echo "usage: $0 pack|build" >&2; exit 2 ;;
+esac
