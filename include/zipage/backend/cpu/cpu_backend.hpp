@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "zipage/core/error.hpp"
@@ -125,10 +126,13 @@ inline void record_queries(float* rows, std::span<const std::int32_t> token_row,
       std::copy_n(q.row(static_cast<Eigen::Index>(t)).data(), q.cols(), rows + std::int64_t{token_row[t]} * q.cols());
 }
 
-// Causal GQA attention over the paged cache. q, out: [num_tokens][q_heads * head_dim].
-// Token t of sequence s attends to physical slots [0, token_kv_len[t]) of s's page table.
-inline void paged_attention(paged_kv_layer<const float> kv, const attention_metadata& meta, const matrix& q,
-                            int num_q_heads, float scale, matrix& out) {
+namespace detail {
+// Causal GQA attention over the paged cache, each cached key and value head read as fp32 through `rows`
+// (rows.key(slot, head), rows.value(slot, head); rows.kv the layer's geometry): the fp32 cache's own
+// rows, or the FP8 cache's dequantised ones (fp8_kv.hpp), so both run the same operations in the same order.
+template <class Rows>
+void paged_attention(Rows& rows, const attention_metadata& meta, const matrix& q, int num_q_heads, float scale, matrix& out) {
+  const auto& kv = rows.kv;
   const int d = kv.head_dim;
   const int group = num_q_heads / kv.num_kv_heads;
   out.resize(q.rows(), q.cols());
@@ -144,7 +148,7 @@ inline void paged_attention(paged_kv_layer<const float> kv, const attention_meta
       float max_score = -INFINITY;
       for (int j = 0; j < len; ++j) {
         const std::int64_t slot = std::int64_t{pages[j / kv.block_size]} * kv.block_size + j % kv.block_size;
-        const float* kj = kv.k + kv.offset(slot, kvh);
+        const float* kj = rows.key(slot, kvh);
         float dot = 0.0f;
         for (int i = 0; i < d; ++i) dot += qh[i] * kj[i];
         scores[static_cast<std::size_t>(j)] = dot * scale;
@@ -156,12 +160,21 @@ inline void paged_attention(paged_kv_layer<const float> kv, const attention_meta
       std::fill_n(oh, d, 0.0f);
       for (int j = 0; j < len; ++j) {
         const std::int64_t slot = std::int64_t{pages[j / kv.block_size]} * kv.block_size + j % kv.block_size;
-        const float* vj = kv.v + kv.offset(slot, kvh);
+        const float* vj = rows.value(slot, kvh);
         const float p = scores[static_cast<std::size_t>(j)] / denom;
         for (int i = 0; i < d; ++i) oh[i] += p * vj[i];
       }
     }
   }
+}
+}  // namespace detail
+
+// Causal GQA attention over the paged cache. q, out: [num_tokens][q_heads * head_dim].
+// Token t of sequence s attends to physical slots [0, token_kv_len[t]) of s's page table.
+inline void paged_attention(paged_kv_layer<const float> kv, const attention_metadata& meta, const matrix& q,
+                            int num_q_heads, float scale, matrix& out) {
+  f32_rows rows{kv};
+  detail::paged_attention(rows, meta, q, num_q_heads, scale, out);
 }
 
 }  // namespace cpu
@@ -224,8 +237,7 @@ struct cpu_backend {
     auto view = kv.layer(layer);
     cpu::append_kv(view, meta.slot_mapping, k, v);
     if (!meta.token_window_row.empty()) cpu::record_queries(kv.query_rows(layer), meta.token_window_row, q);
-    const paged_kv_layer<const float> read{view.k, view.v, view.block_size, view.num_kv_heads, view.head_dim};
-    cpu::paged_attention(read, meta, q, num_q_heads, 1.0f / std::sqrt(float(view.head_dim)), out);
+    cpu::paged_attention(std::as_const(kv).layer(layer), meta, q, num_q_heads, 1.0f / std::sqrt(float(view.head_dim)), out);
   }
 };
 

@@ -158,96 +158,21 @@ inline void append_kv(paged_fp8_kv_layer<std::uint8_t, float> kv, std::span<cons
   }
 }
 
-// cpu::paged_attention with each key and value row dequantised (x' = float(code) * scale) before use;
-// every other operation and its order is the same, so it equals cpu::paged_attention run on the
-// dequantised cache bit for bit.
-inline void paged_attention(paged_fp8_kv_layer<const std::uint8_t, const float> kv, const attention_metadata& meta,
-                            const matrix& q, int num_q_heads, float scale, matrix& out) {
-  const int d = kv.head_dim;
-  const int group = num_q_heads / kv.num_kv_heads;
-  out.resize(q.rows(), q.cols());
-  std::vector<float> scores;
-  std::vector<float> row(static_cast<std::size_t>(d));
-  for (int t = 0; t < meta.num_tokens(); ++t) {
-    const int s = meta.token_seq[static_cast<std::size_t>(t)];
-    const int len = meta.token_kv_len[static_cast<std::size_t>(t)];
-    const std::int32_t* pages = meta.page_indices.data() + meta.page_indptr[static_cast<std::size_t>(s)];
-    scores.resize(static_cast<std::size_t>(len));
-    for (int h = 0; h < num_q_heads; ++h) {
-      const float* qh = q.row(t).data() + h * d;
-      const int kvh = h / group;
-      float max_score = -INFINITY;
-      for (int j = 0; j < len; ++j) {
-        const std::int64_t slot = std::int64_t{pages[j / kv.block_size]} * kv.block_size + j % kv.block_size;
-        dequantize_head(kv.k + kv.offset(slot, kvh), kv.k_scale[kv.scale_offset(slot, kvh)], d, row.data());
-        float dot = 0.0f;
-        for (int i = 0; i < d; ++i) dot += qh[i] * row[static_cast<std::size_t>(i)];
-        scores[static_cast<std::size_t>(j)] = dot * scale;
-        max_score = std::max(max_score, scores[static_cast<std::size_t>(j)]);
-      }
-      float denom = 0.0f;
-      for (float& sc : scores) denom += (sc = std::exp(sc - max_score));
-      float* oh = out.row(t).data() + h * d;
-      std::fill_n(oh, d, 0.0f);
-      for (int j = 0; j < len; ++j) {
-        const std::int64_t slot = std::int64_t{pages[j / kv.block_size]} * kv.block_size + j % kv.block_size;
-        dequantize_head(kv.v + kv.offset(slot, kvh), kv.v_scale[kv.scale_offset(slot, kvh)], d, row.data());
-        const float p = scores[static_cast<std::size_t>(j)] / denom;
-        for (int i = 0; i < d; ++i) oh[i] += p * row[static_cast<std::size_t>(i)];
-      }
-    }
+// The FP8 cache's row reader: a cached key or value head dequantised (x' = float(code) * scale) into a
+// scratch row, which the shared loops read as they read the fp32 cache's own rows.
+struct dequantized_rows {
+  paged_fp8_kv_layer<const std::uint8_t, const float> kv;
+  std::vector<float> row = std::vector<float>(static_cast<std::size_t>(kv.head_dim));
+
+  [[nodiscard]] const float* key(std::int64_t slot, int head) { return read(kv.k, kv.k_scale, slot, head); }
+  [[nodiscard]] const float* value(std::int64_t slot, int head) { return read(kv.v, kv.v_scale, slot, head); }
+
+ private:
+  const float* read(const std::uint8_t* codes, const float* scales, std::int64_t slot, int head) {
+    dequantize_head(codes + kv.offset(slot, head), scales[kv.scale_offset(slot, head)], kv.head_dim, row.data());
+    return row.data();
   }
-}
-
-// Dequantised keys of one layer as [kv_heads][kv_len][head_dim] (what the compressor scores).
-inline void gather_keys(cpu_fp8_kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len, std::vector<float>& out) {
-  const auto& s = kv.shape;
-  const auto view = kv.layer(layer);
-  out.resize(static_cast<std::size_t>(s.num_kv_heads) * kv_len * s.head_dim);
-  for (int h = 0; h < s.num_kv_heads; ++h)
-    for (int j = 0; j < kv_len; ++j) {
-      const std::int64_t slot = page_slot(pages, s.block_size, j);
-      dequantize_head(view.k + view.offset(slot, h), view.k_scale[view.scale_offset(slot, h)], s.head_dim,
-                      out.data() + (static_cast<std::size_t>(h) * kv_len + j) * s.head_dim);
-    }
-}
-
-// The score cache of one layer as [kv_heads][kv_len] (fp32, as cpu::gather_scores).
-inline void gather_scores(cpu_fp8_kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len, std::vector<float>& out) {
-  const auto& s = kv.shape;
-  out.assign(static_cast<std::size_t>(s.num_kv_heads) * kv_len, 0.0f);
-  if (!s.score_cache) return;
-  const float* scores = kv.layer_scores(layer);
-  for (int h = 0; h < s.num_kv_heads; ++h)
-    for (int j = 0; j < kv_len; ++j)
-      out[static_cast<std::size_t>(h) * kv_len + j] = scores[page_slot(pages, s.block_size, j) * s.num_kv_heads + h];
-}
-
-// cpu::apply_compaction on the FP8 cache: a kept token's codes and scale move together, front to back
-// (kept indices ascend, so the move is safe in place), bit for bit.
-inline void apply_compaction(cpu_fp8_kv_storage& kv, const compaction_plan& plan) {
-  const auto& s = kv.shape;
-  for (int l = 0; l < plan.num_layers; ++l) {
-    const auto view = kv.layer(l);
-    float* scores = s.score_cache ? kv.layer_scores(l) : nullptr;
-    for (int h = 0; h < plan.num_kv_heads; ++h) {
-      const auto kept = plan.kept(l, h);
-      const auto kept_scores = plan.scores(l, h);
-      for (int dst = 0; dst < plan.new_len; ++dst) {
-        const int src = kept[static_cast<std::size_t>(dst)];
-        const std::int64_t to = page_slot(plan.pages, s.block_size, dst);
-        if (src != dst) {
-          const std::int64_t from = page_slot(plan.pages, s.block_size, src);
-          std::copy_n(view.k + view.offset(from, h), s.head_dim, view.k + view.offset(to, h));
-          std::copy_n(view.v + view.offset(from, h), s.head_dim, view.v + view.offset(to, h));
-          view.k_scale[view.scale_offset(to, h)] = view.k_scale[view.scale_offset(from, h)];
-          view.v_scale[view.scale_offset(to, h)] = view.v_scale[view.scale_offset(from, h)];
-        }
-        if (scores && !kept_scores.empty()) scores[to * s.num_kv_heads + h] = kept_scores[static_cast<std::size_t>(dst)];
-      }
-    }
-  }
-}
+};
 
 // A request's FP8 state in host memory while swapped out: its blocks' codes, scales and scores, and its
 // query-window rows (fp32).
@@ -257,70 +182,68 @@ struct swap_blob {
   std::vector<float> k_scale, v_scale, scores, queries;
 };
 
-inline void copy_block(cpu_fp8_kv_storage& kv, block_id from, block_id to) {
-  const auto& s = kv.shape;
-  const auto block_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.token_stride());
-  const auto head_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.num_kv_heads);
-  const auto f = static_cast<std::size_t>(from), t = static_cast<std::size_t>(to);
-  for (int l = 0; l < s.num_layers; ++l) {
+// The FP8 cache's layout for the shared compaction, copy and swap loops (cpu::detail): a kept token's
+// codes and scales move together, bit for bit.
+struct fp8_layout {
+  using storage = cpu_fp8_kv_storage;
+  using blob = swap_blob;
+
+  // f(cache_pointer, elements_per_block, blob_member) for each block-paged array of layer l: K and V
+  // codes, their scales and, with a score cache, the scores.
+  template <class F>
+  static void for_each_block_array(storage& kv, int l, F&& f) {
+    const auto& s = kv.shape;
     const auto view = kv.layer(l);
-    std::copy_n(view.k + block_elems * f, block_elems, view.k + block_elems * t);
-    std::copy_n(view.v + block_elems * f, block_elems, view.v + block_elems * t);
-    std::copy_n(view.k_scale + head_elems * f, head_elems, view.k_scale + head_elems * t);
-    std::copy_n(view.v_scale + head_elems * f, head_elems, view.v_scale + head_elems * t);
-    if (s.score_cache) std::copy_n(kv.layer_scores(l) + head_elems * f, head_elems, kv.layer_scores(l) + head_elems * t);
+    const auto block_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.token_stride());
+    const auto head_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.num_kv_heads);
+    f(view.k, block_elems, &blob::k);
+    f(view.v, block_elems, &blob::v);
+    f(view.k_scale, head_elems, &blob::k_scale);
+    f(view.v_scale, head_elems, &blob::v_scale);
+    if (s.score_cache) f(kv.layer_scores(l), head_elems, &blob::scores);
   }
+  static void move_head(const paged_fp8_kv_layer<std::uint8_t, float>& view, std::int64_t from, std::int64_t to, int h) {
+    std::copy_n(view.k + view.offset(from, h), view.head_dim, view.k + view.offset(to, h));
+    std::copy_n(view.v + view.offset(from, h), view.head_dim, view.v + view.offset(to, h));
+    view.k_scale[view.scale_offset(to, h)] = view.k_scale[view.scale_offset(from, h)];
+    view.v_scale[view.scale_offset(to, h)] = view.v_scale[view.scale_offset(from, h)];
+  }
+};
+
+// cpu::paged_attention with each key and value row dequantised (x' = float(code) * scale) before use;
+// the loop is cpu::paged_attention's, so it equals cpu::paged_attention run on the dequantised cache bit for bit.
+inline void paged_attention(paged_fp8_kv_layer<const std::uint8_t, const float> kv, const attention_metadata& meta,
+                            const matrix& q, int num_q_heads, float scale, matrix& out) {
+  dequantized_rows rows{kv};
+  cpu::detail::paged_attention(rows, meta, q, num_q_heads, scale, out);
 }
 
-namespace detail {
-// Every piece of a request's state (per layer: each page's codes, scales, scores; the slot's window rows),
-// handed to `move(cache_pointer, host_pointer, count)`, so saving and restoring share one walk.
-template <class Move>
-void for_each_state_piece(cpu_fp8_kv_storage& kv, std::span<const block_id> pages, int slot, swap_blob& blob, Move move) {
-  const auto& s = kv.shape;
-  const auto block_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.token_stride());
-  const auto head_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.num_kv_heads);
-  const auto slot_elems = static_cast<std::size_t>(std::int64_t{s.window} * s.query_row_stride());
-  std::size_t i = 0;
-  for (int l = 0; l < s.num_layers; ++l) {
-    const auto view = kv.layer(l);
-    for (block_id b : pages) {
-      const auto at = static_cast<std::size_t>(b);
-      move(view.k + block_elems * at, blob.k.data() + i * block_elems, block_elems);
-      move(view.v + block_elems * at, blob.v.data() + i * block_elems, block_elems);
-      move(view.k_scale + head_elems * at, blob.k_scale.data() + i * head_elems, head_elems);
-      move(view.v_scale + head_elems * at, blob.v_scale.data() + i * head_elems, head_elems);
-      if (s.score_cache) move(kv.layer_scores(l) + head_elems * at, blob.scores.data() + i * head_elems, head_elems);
-      ++i;
-    }
-    if (slot >= 0 && !blob.queries.empty())
-      move(kv.query_rows(l) + slot_elems * static_cast<std::size_t>(slot), blob.queries.data() + slot_elems * static_cast<std::size_t>(l),
-           slot_elems);
-  }
+// Dequantised keys of one layer as [kv_heads][kv_len][head_dim] (what the compressor scores).
+inline void gather_keys(cpu_fp8_kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len, std::vector<float>& out) {
+  dequantized_rows rows{std::as_const(kv).layer(layer)};
+  cpu::detail::gather_keys(rows, pages, kv_len, out);
 }
-}  // namespace detail
+
+// The score cache of one layer as [kv_heads][kv_len] (fp32, as cpu::gather_scores).
+inline void gather_scores(cpu_fp8_kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len, std::vector<float>& out) {
+  cpu::detail::gather_scores(kv, layer, pages, kv_len, out);
+}
+
+// cpu::apply_compaction on the FP8 cache: a kept token's codes and scale move together, front to back
+// (kept indices ascend, so the move is safe in place), bit for bit.
+inline void apply_compaction(cpu_fp8_kv_storage& kv, const compaction_plan& plan) {
+  cpu::detail::apply_compaction<fp8_layout>(kv, plan);
+}
+
+inline void copy_block(cpu_fp8_kv_storage& kv, block_id from, block_id to) { cpu::detail::copy_block<fp8_layout>(kv, from, to); }
 
 inline swap_blob save_request_state(cpu_fp8_kv_storage& kv, std::span<const block_id> pages, int slot) {
-  const auto& s = kv.shape;
-  const std::size_t n = pages.size() * static_cast<std::size_t>(s.num_layers);
-  const auto head_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.num_kv_heads);
-  swap_blob blob;
-  blob.num_pages = pages.size();
-  blob.k.resize(n * static_cast<std::size_t>(s.block_size * s.token_stride()));
-  blob.v.resize(blob.k.size());
-  blob.k_scale.resize(n * head_elems);
-  blob.v_scale.resize(n * head_elems);
-  blob.scores.resize(s.score_cache ? n * head_elems : 0);
-  blob.queries.resize(slot >= 0 ? static_cast<std::size_t>(std::int64_t{s.num_layers} * s.window * s.query_row_stride()) : 0);
-  detail::for_each_state_piece(kv, pages, slot, blob, [](const auto* cache, auto* host, std::size_t n_) { std::copy_n(cache, n_, host); });
-  return blob;
+  return cpu::detail::save_request_state<fp8_layout>(kv, pages, slot);
 }
 
 // Restores into the first blob.num_pages of `pages` (the rest are fresh room for new tokens) and `slot`.
 inline void restore_request_state(cpu_fp8_kv_storage& kv, std::span<const block_id> pages, int slot, swap_blob& blob) {
-  check(pages.size() >= blob.num_pages, "swap-in: ", pages.size(), " pages for ", blob.num_pages, " saved");
-  detail::for_each_state_piece(kv, pages.first(blob.num_pages), slot, blob,
-                               [](auto* cache, const auto* host, std::size_t n_) { std::copy_n(host, n_, cache); });
+  cpu::detail::restore_request_state<fp8_layout>(kv, pages, slot, blob);
 }
 
 }  // namespace cpu::fp8
@@ -351,9 +274,8 @@ struct cpu_fp8kv_backend : cpu_backend {
     cpu::fp8::gather_scores(kv, layer, pages, kv_len, out);
   }
   void gather_window_queries(kv_storage& kv, int layer, int slot, std::vector<float>& out) const {
-    const auto rows = static_cast<std::size_t>(kv.shape.window * kv.shape.query_row_stride());
-    const float* at = kv.query_rows(layer) + static_cast<std::size_t>(slot) * rows;
-    out.assign(at, at + rows);
+    const auto rows = cpu::window_queries(kv, layer, slot);
+    out.assign(rows.begin(), rows.end());
   }
   void apply_compaction(kv_storage& kv, const compaction_plan& plan) const { cpu::fp8::apply_compaction(kv, plan); }
   void copy_block(kv_storage& kv, block_id from, block_id to) const { cpu::fp8::copy_block(kv, from, to); }

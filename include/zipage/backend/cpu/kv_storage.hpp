@@ -33,6 +33,10 @@ struct cpu_kv_storage {
     const auto off = static_cast<std::size_t>(shape.layer_stride() * l);
     return {k.data() + off, v.data() + off, shape.block_size, shape.num_kv_heads, shape.head_dim};
   }
+  [[nodiscard]] paged_kv_layer<const float> layer(int l) const {
+    const auto off = static_cast<std::size_t>(shape.layer_stride() * l);
+    return {k.data() + off, v.data() + off, shape.block_size, shape.num_kv_heads, shape.head_dim};
+  }
   [[nodiscard]] std::size_t bytes() const {
     return (k.size() + v.size() + scores.size() + queries.size()) * sizeof(float);
   }
