@@ -1,12 +1,13 @@
-// Launchers of the elementwise kernels (the kernels live in backend/cuda/elementwise.cuh, which only
-// this translation unit includes: its non-template kernels are defined there).
+// Launchers of the tuned bf16 elementwise kernels (the kernels live in backend/cuda/elementwise.cuh, which
+// only this translation unit includes: its non-template kernels are defined there). Private: the public
+// launchers of backend/cuda/ops.hpp (src/cuda/ops.cpp) call these when an op's rule allows.
 #include <algorithm>
 #include <cstdint>
 
+#include "kernel_launchers.hpp"
 #include "zipage/backend/cuda/elementwise.cuh"
-#include "zipage/backend/cuda/kernels.hpp"
 
-namespace zipage::cuda {
+namespace zipage::cuda::tuned {
 
 namespace {
 
@@ -40,8 +41,8 @@ void append_kv(void* k_cache, void* v_cache, const void* k, const void* v, const
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
-void rms_norm(const void* x, const void* weight, weight_dtype wdtype, void* out, std::int64_t rows, int cols,
-              int width, float eps, cuda_stream stream) {
+void rms_norm(const void* x, cuda_dtype wt, const void* weight, void* out, std::int64_t rows, int cols, int width,
+              float eps, cuda_stream stream) {
   check(width > 0 && width % 8 == 0 && cols % width == 0, "rms_norm: width ", width,
         " must be a multiple of 8 dividing the row of ", cols);
   check(aligned16(x) && aligned16(weight) && aligned16(out), "rms_norm: pointers must be 16-byte aligned");
@@ -53,7 +54,7 @@ void rms_norm(const void* x, const void* weight, weight_dtype wdtype, void* out,
     constexpr int kWarps = 8;
     const std::int64_t blocks = (segments + kWarps - 1) / kWarps;
     check(blocks < (1ll << 31), "rms_norm: too many rows");
-    if (wdtype == weight_dtype::bf16)
+    if (wt == cuda_dtype::bf16)
       detail::rms_norm_warp_kernel<bf16><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
           xb, static_cast<const bf16*>(weight), ob, segments, width, eps);
     else
@@ -61,7 +62,7 @@ void rms_norm(const void* x, const void* weight, weight_dtype wdtype, void* out,
           xb, static_cast<const float*>(weight), ob, segments, width, eps);
   } else {
     check(segments < (1ll << 31), "rms_norm: too many rows");
-    if (wdtype == weight_dtype::bf16)
+    if (wt == cuda_dtype::bf16)
       detail::rms_norm_block_kernel<bf16><<<static_cast<unsigned>(segments), 256, 0, stream>>>(
           xb, static_cast<const bf16*>(weight), ob, width, eps);
     else
@@ -124,4 +125,4 @@ void add(const void* a, const void* b, void* out, std::int64_t n, cuda_stream st
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace zipage::cuda
+}  // namespace zipage::cuda::tuned

@@ -1,14 +1,18 @@
-// Kernels of the engine's CUDA backend for fp32 and bf16 data of any shape (engine_kernels.hpp). They
-// mirror the zipage::cpu reference closely (same formulas, double where the CPU uses double) so that the
-// fp32 engine gives the CPU backend's tokens; speed matters less here than for the tuned bf16 kernels.
+// The reference kernels of the CUDA backend's ops (backend/cuda/ops.hpp), for fp32 and bf16 data of any
+// shape: the `reference` launchers of kernel_launchers.hpp, which ops.cpp picks when an op's tuned bf16
+// kernel cannot take the inputs, and the ops that have one kernel only (compaction, gathers, copies,
+// fills). They mirror the zipage::cpu reference closely (same formulas, double where the CPU uses double)
+// so that the fp32 engine gives the CPU backend's tokens; speed matters less here than for the tuned ones.
 #include <algorithm>
 #include <cstdint>
 
+#include "kernel_launchers.hpp"
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/engine_kernels.hpp"
 #include "zipage/backend/cuda/fp8.cuh"
+#include "zipage/backend/cuda/ops.hpp"
 
-namespace zipage::cuda::engine {
+namespace zipage::cuda {
 
 namespace {
 
@@ -38,13 +42,18 @@ void dispatch(cuda_dtype t, F&& f) {
   for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (n); i += std::int64_t{gridDim.x} * blockDim.x)
 
 // ---- gather rows
+// An id outside [0, num_rows) gives zeros, as the tuned kernel.
 template <class T>
-__global__ void gather_rows_kernel(const T* __restrict__ table, int cols, const std::int32_t* __restrict__ ids,
-                                   std::int64_t total, T* __restrict__ out) {
+__global__ void gather_rows_kernel(const T* __restrict__ table, std::int64_t num_rows, int cols,
+                                   const std::int32_t* __restrict__ ids, std::int64_t total, T* __restrict__ out) {
   GRID_STRIDE(i, total) {
     const std::int64_t t = i / cols;
     const int c = static_cast<int>(i % cols);
-    out[i] = table[std::int64_t{ids[t]} * cols + c];
+    const std::int32_t id = ids[t];
+    if (id >= 0 && id < num_rows)
+      out[i] = table[std::int64_t{id} * cols + c];
+    else
+      store_f(out, i, 0.0f);
   }
 }
 
@@ -68,23 +77,26 @@ __global__ void rms_norm_kernel(const T* x, const W* __restrict__ w, T* out, std
   for (int c = lane; c < width; c += 32) store_f(os, c, load_f(xs, c) * inv * load_f(w, c));
 }
 
-// ---- RoPE: one block per row; cos/sin of the row's angles (double) first, as cpu::rope.
+// ---- RoPE: one block per row; cos/sin of the row's angles (double) first, as cpu::rope. Frequencies
+// from inv_freq (the host's, scaled), else theta^(-2i / head_dim) as the tuned kernel computes them.
 template <class T>
 __global__ void rope_kernel(T* x, const std::int32_t* __restrict__ positions, int num_heads, int head_dim,
-                            const double* __restrict__ inv_freq, bool interleaved) {
+                            std::int64_t row_stride, const double* __restrict__ inv_freq, double theta,
+                            bool interleaved) {
   __shared__ float cs[256];
   __shared__ float sn[256];
   const std::int64_t row = blockIdx.x;
   const int half = head_dim / 2;
   const double pos = positions[row];
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const double f = inv_freq != nullptr ? inv_freq[i] : pow(theta, -2.0 * i / head_dim);
     double s, c;
-    sincos(pos * inv_freq[i], &s, &c);
+    sincos(pos * f, &s, &c);
     cs[i] = static_cast<float>(c);
     sn[i] = static_cast<float>(s);
   }
   __syncthreads();
-  T* xr = x + row * std::int64_t{num_heads} * head_dim;
+  T* xr = x + row * row_stride;
   for (int idx = threadIdx.x; idx < num_heads * half; idx += blockDim.x) {
     const int h = idx / half, i = idx % half;
     const int a = interleaved ? 2 * i : i;
@@ -97,17 +109,19 @@ __global__ void rope_kernel(T* x, const std::int32_t* __restrict__ positions, in
 }
 
 // ---- elementwise
+// out [rows][cols]; gate/up rows at in_stride (== cols: contiguous, read at i).
 template <class T>
-__global__ void silu_mul_kernel(const T* gate, const T* up, T* out, std::int64_t n) {
+__global__ void silu_mul_kernel(const T* gate, const T* up, T* out, std::int64_t n, int cols, std::int64_t in_stride) {
   GRID_STRIDE(i, n) {
-    const float g = load_f(gate, i);
-    store_f(out, i, g / (1.0f + expf(-g)) * load_f(up, i));
+    const std::int64_t at = in_stride == cols ? i : i / cols * in_stride + i % cols;
+    const float g = load_f(gate, at);
+    store_f(out, i, g / (1.0f + expf(-g)) * load_f(up, at));
   }
 }
 
 template <class T>
-__global__ void add_kernel(T* x, const T* y, std::int64_t n) {
-  GRID_STRIDE(i, n) store_f(x, i, load_f(x, i) + load_f(y, i));
+__global__ void add_kernel(const T* a, const T* b, T* out, std::int64_t n) {
+  GRID_STRIDE(i, n) store_f(out, i, load_f(a, i) + load_f(b, i));
 }
 
 template <class T, class B>
@@ -162,14 +176,15 @@ __global__ void __launch_bounds__(256) gemm_kernel(const T* __restrict__ x, cons
 // ---- KV append / window queries
 template <class T>
 __global__ void append_kv_kernel(T* kc, T* vc, const T* __restrict__ k, const T* __restrict__ v,
-                                 const std::int64_t* __restrict__ slots, std::int64_t total, int width) {
+                                 const std::int64_t* __restrict__ slots, std::int64_t total, int width,
+                                 std::int64_t k_stride, std::int64_t v_stride) {
   GRID_STRIDE(i, total) {
     const std::int64_t t = i / width;
     const int c = static_cast<int>(i % width);
     const std::int64_t slot = slots[t];
     if (slot < 0) continue;
-    kc[slot * width + c] = k[i];
-    vc[slot * width + c] = v[i];
+    kc[slot * width + c] = k[t * k_stride + c];
+    vc[slot * width + c] = v[t * v_stride + c];
   }
 }
 
@@ -178,7 +193,7 @@ __global__ void append_kv_kernel(T* kc, T* vc, const T* __restrict__ k, const T*
 template <class T>
 __global__ void append_kv_fp8_kernel(std::uint8_t* kc, std::uint8_t* vc, float* ks, float* vs, const T* __restrict__ k,
                                      const T* __restrict__ v, const std::int64_t* __restrict__ slots, int num_tokens,
-                                     int heads, int d) {
+                                     int heads, int d, std::int64_t k_stride, std::int64_t v_stride) {
   const std::int64_t warp = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (warp >= std::int64_t{num_tokens} * heads) return;
@@ -186,11 +201,10 @@ __global__ void append_kv_fp8_kernel(std::uint8_t* kc, std::uint8_t* vc, float* 
   const int h = static_cast<int>(warp % heads);
   const std::int64_t slot = slots[t];
   if (slot < 0) return;
-  const std::int64_t src = (t * heads + h) * d;
   const std::int64_t dst = (slot * heads + h) * d;
 #pragma unroll
   for (int side = 0; side < 2; ++side) {
-    const T* x = (side == 0 ? k : v) + src;
+    const T* x = side == 0 ? k + t * k_stride + h * d : v + t * v_stride + h * d;
     float amax = 0.0f;
     bool nan = false;
     for (int i = lane; i < d; i += 32) {
@@ -235,7 +249,7 @@ __device__ __forceinline__ float kv_at(const void* cache, const float* scales, s
 }
 
 template <class T, bool FP8>
-__global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(generic_attention_params p) {
+__global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(engine::generic_attention_params p) {
   __shared__ float qs[kAttnMaxDim];
   __shared__ float ss[kAttnChunk];
   const int t = blockIdx.x;
@@ -439,13 +453,17 @@ __global__ void fill_constant_kernel(T* out, std::int64_t n, float value) {
 
 }  // namespace
 
-void gather_rows(cuda_dtype t, const void* table, int cols, const std::int32_t* ids, int num_ids, void* out,
-                 cuda_stream stream) {
+// ---- The reference launchers (kernel_launchers.hpp): ops.cpp calls them when an op's tuned kernel does
+// not apply.
+namespace reference {
+
+void gather_rows(cuda_dtype t, const void* table, std::int64_t num_rows, int cols, const std::int32_t* ids,
+                 int num_ids, void* out, cuda_stream stream) {
   if (num_ids <= 0 || cols <= 0) return;
   const std::int64_t total = std::int64_t{num_ids} * cols;
   dispatch(t, [&]<class T>() {
-    gather_rows_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(static_cast<const T*>(table), cols, ids, total,
-                                                                    static_cast<T*>(out));
+    gather_rows_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(static_cast<const T*>(table), num_rows, cols, ids,
+                                                                    total, static_cast<T*>(out));
   });
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
@@ -467,35 +485,76 @@ void rms_norm(cuda_dtype t, const void* x, cuda_dtype wt, const void* weight, vo
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
-void rope(cuda_dtype t, void* x, const std::int32_t* positions, std::int64_t rows, int num_heads, int head_dim,
-          const double* inv_freq, bool interleaved, cuda_stream stream) {
-  check(head_dim > 0 && head_dim % 2 == 0 && head_dim <= 512, "rope: head_dim ", head_dim, " must be even and <= 512");
-  check(rows < (1ll << 31), "rope: too many rows");
-  if (rows <= 0 || num_heads <= 0) return;
-  const int threads = std::clamp((num_heads * head_dim / 2 + 31) / 32 * 32, 32, 256);
+void rope(cuda_dtype t, const rope_params& p, cuda_stream stream) {
+  check(p.head_dim > 0 && p.head_dim % 2 == 0 && p.head_dim <= 512, "rope: head_dim ", p.head_dim,
+        " must be even and <= 512");
+  check(p.rows < (1ll << 31), "rope: too many rows");
+  if (p.rows <= 0 || p.num_heads <= 0) return;
+  const std::int64_t row_stride = p.row_stride != 0 ? p.row_stride : std::int64_t{p.num_heads} * p.head_dim;
+  const int threads = std::clamp((p.num_heads * p.head_dim / 2 + 31) / 32 * 32, 32, 256);
   dispatch(t, [&]<class T>() {
-    rope_kernel<T><<<static_cast<unsigned>(rows), threads, 0, stream>>>(static_cast<T*>(x), positions, num_heads,
-                                                                         head_dim, inv_freq, interleaved);
+    rope_kernel<T><<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(
+        static_cast<T*>(p.x), p.positions, p.num_heads, p.head_dim, row_stride, p.inv_freq, static_cast<double>(p.theta),
+        p.style == rope_style::interleaved);
   });
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
-void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::int64_t n, cuda_stream stream) {
-  if (n <= 0) return;
+void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::int64_t rows, int cols,
+              std::int64_t in_row_stride, cuda_stream stream) {
+  if (rows <= 0 || cols <= 0) return;
+  const std::int64_t n = rows * cols;
+  const std::int64_t stride = in_row_stride != 0 ? in_row_stride : cols;
   dispatch(t, [&]<class T>() {
     silu_mul_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<const T*>(gate), static_cast<const T*>(up),
-                                                              static_cast<T*>(out), n);
+                                                              static_cast<T*>(out), n, cols, stride);
   });
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
-void add(cuda_dtype t, void* x, const void* y, std::int64_t n, cuda_stream stream) {
+void add(cuda_dtype t, const void* a, const void* b, void* out, std::int64_t n, cuda_stream stream) {
   if (n <= 0) return;
   dispatch(t, [&]<class T>() {
-    add_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<T*>(x), static_cast<const T*>(y), n);
+    add_kernel<T><<<grid_for(n, 256), 256, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                                         static_cast<T*>(out), n);
   });
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
+
+void append_kv(cuda_dtype t, const append_kv_params& p, cuda_stream stream) {
+  const int width = p.kv.num_kv_heads * p.kv.head_dim;
+  const std::int64_t total = std::int64_t{p.num_tokens} * width;
+  if (total <= 0) return;
+  const std::int64_t ks = p.k_row_stride != 0 ? p.k_row_stride : width;
+  const std::int64_t vs = p.v_row_stride != 0 ? p.v_row_stride : width;
+  dispatch(t, [&]<class T>() {
+    append_kv_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(
+        static_cast<T*>(p.kv.k_cache), static_cast<T*>(p.kv.v_cache), static_cast<const T*>(p.k),
+        static_cast<const T*>(p.v), p.slots, total, width, ks, vs);
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void append_kv_fp8(cuda_dtype t, const append_kv_params& p, cuda_stream stream) {
+  const int heads = p.kv.num_kv_heads, d = p.kv.head_dim;
+  check(heads > 0 && d > 0, "append_kv (FP8): num_kv_heads ", heads, " and head_dim ", d, " must be positive");
+  const std::int64_t warps = std::int64_t{p.num_tokens} * heads;
+  if (warps <= 0) return;
+  const std::int64_t blocks = (warps * 32 + 255) / 256;
+  check(blocks < (std::int64_t{1} << 31), "append_kv (FP8): too many tokens (", p.num_tokens, ")");
+  const std::int64_t ks = p.k_row_stride != 0 ? p.k_row_stride : std::int64_t{heads} * d;
+  const std::int64_t vs = p.v_row_stride != 0 ? p.v_row_stride : std::int64_t{heads} * d;
+  dispatch(t, [&]<class T>() {
+    append_kv_fp8_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+        static_cast<std::uint8_t*>(p.kv.k_cache), static_cast<std::uint8_t*>(p.kv.v_cache), p.kv.k_scale, p.kv.v_scale,
+        static_cast<const T*>(p.k), static_cast<const T*>(p.v), p.slots, p.num_tokens, heads, d, ks, vs);
+  });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace reference
+
+// ---- Ops with one kernel (ops.hpp).
 
 void add_bias(cuda_dtype t, void* x, cuda_dtype bt, const void* bias, std::int64_t rows, int cols, cuda_stream stream) {
   const std::int64_t n = rows * cols;
@@ -521,43 +580,6 @@ void gemm_fixed_order(cuda_dtype t, const void* x, const void* w, void* out, int
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
-void append_kv(cuda_dtype t, void* k_cache, void* v_cache, const void* k, const void* v, const std::int64_t* slots,
-               int num_tokens, int width, cuda_stream stream) {
-  const std::int64_t total = std::int64_t{num_tokens} * width;
-  if (total <= 0) return;
-  dispatch(t, [&]<class T>() {
-    append_kv_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(static_cast<T*>(k_cache), static_cast<T*>(v_cache),
-                                                                   static_cast<const T*>(k), static_cast<const T*>(v),
-                                                                   slots, total, width);
-  });
-  ZIPAGE_CUDA_CHECK_LAUNCH();
-}
-
-void append_kv_fp8(cuda_dtype t, std::uint8_t* k_codes, std::uint8_t* v_codes, float* k_scale, float* v_scale,
-                   const void* k, const void* v, const std::int64_t* slots, int num_tokens, int num_kv_heads,
-                   int head_dim, cuda_stream stream) {
-  check(num_kv_heads > 0 && head_dim > 0, "append_kv_fp8: bad shape");
-  const std::int64_t warps = std::int64_t{num_tokens} * num_kv_heads;
-  if (warps <= 0) return;
-  const std::int64_t blocks = (warps * 32 + 255) / 256;
-  check(blocks < (std::int64_t{1} << 31), "append_kv_fp8: too many tokens");
-  dispatch(t, [&]<class T>() {
-    append_kv_fp8_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-        k_codes, v_codes, k_scale, v_scale, static_cast<const T*>(k), static_cast<const T*>(v), slots, num_tokens,
-        num_kv_heads, head_dim);
-  });
-  ZIPAGE_CUDA_CHECK_LAUNCH();
-}
-
-void gather_keys_fp8(const std::uint8_t* k_layer, const float* k_scale_layer, const std::int32_t* pages, int block_size,
-                     int num_kv_heads, int head_dim, int kv_len, float* out, cuda_stream stream) {
-  const std::int64_t total = std::int64_t{num_kv_heads} * kv_len * head_dim;
-  if (total <= 0) return;
-  gather_keys_fp8_kernel<<<grid_for(total, 256), 256, 0, stream>>>(k_layer, k_scale_layer, pages, block_size,
-                                                                   num_kv_heads, head_dim, kv_len, out);
-  ZIPAGE_CUDA_CHECK_LAUNCH();
-}
-
 void record_queries(cuda_dtype t, void* rows, const std::int32_t* token_row, const void* q, int num_tokens, int width,
                     cuda_stream stream) {
   const std::int64_t total = std::int64_t{num_tokens} * width;
@@ -569,30 +591,19 @@ void record_queries(cuda_dtype t, void* rows, const std::int32_t* token_row, con
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
-void paged_attention(cuda_dtype t, const generic_attention_params& p, cuda_stream stream) {
-  check(p.kv.head_dim > 0 && p.kv.head_dim <= kAttnMaxDim, "paged_attention: head_dim ", p.kv.head_dim, " (at most ",
-        kAttnMaxDim, ")");
-  check(p.kv.num_kv_heads > 0 && p.num_q_heads % p.kv.num_kv_heads == 0, "paged_attention: ", p.num_q_heads,
-        " query heads are not a multiple of ", p.kv.num_kv_heads, " KV heads");
-  check(p.num_q_heads < 65536 && p.kv.block_size > 0, "paged_attention: bad head count or block size");
-  if (p.num_tokens <= 0) return;
-  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_q_heads));
-  check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "paged_attention: FP8 needs both k_scale and v_scale");
-  if (p.kv.k_scale != nullptr)
-    dispatch(t, [&]<class T>() { paged_attention_kernel<T, true><<<grid, kAttnThreads, 0, stream>>>(p); });
-  else
-    dispatch(t, [&]<class T>() { paged_attention_kernel<T, false><<<grid, kAttnThreads, 0, stream>>>(p); });
-  ZIPAGE_CUDA_CHECK_LAUNCH();
-}
-
-void gather_keys(cuda_dtype t, const void* k_layer, const std::int32_t* pages, int block_size, int num_kv_heads,
-                 int head_dim, int kv_len, float* out, cuda_stream stream) {
+void gather_keys(cuda_dtype t, const void* k_layer, const float* k_scale_layer, const std::int32_t* pages,
+                 int block_size, int num_kv_heads, int head_dim, int kv_len, float* out, cuda_stream stream) {
   const std::int64_t total = std::int64_t{num_kv_heads} * kv_len * head_dim;
   if (total <= 0) return;
-  dispatch(t, [&]<class T>() {
-    gather_keys_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(static_cast<const T*>(k_layer), pages, block_size,
-                                                                     num_kv_heads, head_dim, kv_len, out);
-  });
+  if (k_scale_layer != nullptr)
+    gather_keys_fp8_kernel<<<grid_for(total, 256), 256, 0, stream>>>(static_cast<const std::uint8_t*>(k_layer),
+                                                                     k_scale_layer, pages, block_size, num_kv_heads,
+                                                                     head_dim, kv_len, out);
+  else
+    dispatch(t, [&]<class T>() {
+      gather_keys_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(static_cast<const T*>(k_layer), pages,
+                                                                       block_size, num_kv_heads, head_dim, kv_len, out);
+    });
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
@@ -659,4 +670,24 @@ void fill_constant(cuda_dtype t, void* out, std::int64_t n, float value, cuda_st
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace zipage::cuda::engine
+namespace engine {
+
+void paged_attention(cuda_dtype t, const generic_attention_params& p, cuda_stream stream) {
+  check(p.kv.head_dim > 0 && p.kv.head_dim <= kAttnMaxDim, "paged_attention: head_dim ", p.kv.head_dim, " (at most ",
+        kAttnMaxDim, ")");
+  check(p.kv.num_kv_heads > 0 && p.num_q_heads % p.kv.num_kv_heads == 0, "paged_attention: ", p.num_q_heads,
+        " query heads are not a multiple of ", p.kv.num_kv_heads, " KV heads");
+  check(p.num_q_heads < 65536 && p.kv.block_size > 0, "paged_attention: bad head count or block size");
+  if (p.num_tokens <= 0) return;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_q_heads));
+  check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "paged_attention: FP8 needs both k_scale and v_scale");
+  if (p.kv.k_scale != nullptr)
+    dispatch(t, [&]<class T>() { paged_attention_kernel<T, true><<<grid, kAttnThreads, 0, stream>>>(p); });
+  else
+    dispatch(t, [&]<class T>() { paged_attention_kernel<T, false><<<grid, kAttnThreads, 0, stream>>>(p); });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace engine
+
+}  // namespace zipage::cuda

@@ -1,4 +1,4 @@
-// Checks every CUDA kernel of zipage::cuda (backend/cuda/kernels.hpp) against its CPU reference
+// Checks every CUDA kernel of zipage::cuda (backend/cuda/kernels.hpp, ops.hpp) against its CPU reference
 // (zipage::cpu::*) run on fp32 copies of the same bf16-rounded inputs, on fresh random inputs over a
 // grid of shapes: head_dim 64/128, GQA ratios 1..8 (and 6, 7, 32), block sizes 16/256, ragged lengths
 // from 0 to several thousand, shuffled page tables. Outputs are poisoned (bf16 NaN) before each run, so
@@ -21,6 +21,7 @@
 #include "cuda_buffers.hpp"
 #include "zipage/backend/cpu/cpu_backend.hpp"
 #include "zipage/backend/cuda/kernels.hpp"
+#include "zipage/backend/cuda/ops.hpp"
 #include "zipage/cuda/device.hpp"
 
 namespace {
@@ -299,7 +300,35 @@ void test_prefill(int d, int qh, int kvh, int bs, const std::vector<std::pair<in
 
 int rand_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g_rng); }
 
-// ---- elementwise
+// ---- elementwise: every op through its one launcher, with both kernel variants on the same inputs.
+// Each result is checked against the CPU reference; where the op's rule (ops.hpp) cannot take the
+// inputs with its tuned kernel (widths not a multiple of 8, misaligned pointers, a frequency table), the
+// tuned request must give the reference kernel's bits exactly, which shows that the launcher fell back.
+constexpr zc::kernel_variant kTuned = zc::kernel_variant::tuned;
+constexpr zc::kernel_variant kReference = zc::kernel_variant::reference;
+constexpr zc::kernel_variant kVariants[] = {kTuned, kReference};
+using zipage::cuda_dtype;
+
+std::string variant_tag(zc::kernel_variant v) { return std::string(" [") + zc::to_string(v) + "]"; }
+
+std::size_t mismatches(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& b) {
+  std::size_t n = a.size() == b.size() ? 0 : std::max(a.size(), b.size());
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) n += a[i] != b[i];
+  return n;
+}
+
+// The tuned request fell back to the reference kernel (bit-identical outputs), or, where the tuned
+// kernel applies, how far apart the two kernels are (informational: both were checked against the CPU).
+void report_choice(const std::string& name, bool expect_reference, const std::vector<std::uint16_t>& tuned,
+                   const std::vector<std::uint16_t>& reference) {
+  const std::size_t diff = mismatches(tuned, reference);
+  if (expect_reference)
+    report_exact(name + " tuned request runs the reference kernel", diff);
+  else
+    std::printf("[INFO] %-72s tuned and reference kernels differ in %zu of %zu elements\n", name.c_str(), diff,
+                tuned.size());
+}
+
 void test_append_kv(int kvh, int d, int bs, int tokens, std::int64_t k_stride_pad) {
   const int width = kvh * d;
   const int blocks = (tokens + bs - 1) / bs + 3;
@@ -317,18 +346,12 @@ void test_append_kv(int kvh, int d, int bs, int tokens, std::int64_t k_stride_pa
   std::vector<std::int64_t> slots(all.begin(), all.begin() + tokens);
   for (int t = 3; t < tokens; t += 7) slots[std::size_t(t)] = -1;  // padding tokens: skipped
 
-  dbuf<std::uint16_t> dkc(kc), dvc(vc), dk(k), dv(v);
-  dbuf<std::int64_t> dslots(slots);
-  zc::append_kv(dkc.p, dvc.p, dk.p, dv.p, dslots.p, tokens, kvh, d, ks, 0, nullptr);
-
   // Reference: cpu::append_kv over the tokens with a slot.
   std::vector<std::int64_t> used;
-  matrix km(0, width), vm(0, width);
   std::vector<int> rows;
   for (int t = 0; t < tokens; ++t)
     if (slots[std::size_t(t)] >= 0) rows.push_back(t);
-  km.resize(Eigen::Index(rows.size()), width);
-  vm.resize(Eigen::Index(rows.size()), width);
+  matrix km(Eigen::Index(rows.size()), width), vm(Eigen::Index(rows.size()), width);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     used.push_back(slots[std::size_t(rows[i])]);
     for (int c = 0; c < width; ++c) {
@@ -343,57 +366,118 @@ void test_append_kv(int kvh, int d, int bs, int tokens, std::int64_t k_stride_pa
   layer.num_kv_heads = kvh;
   layer.head_dim = d;
   zipage::cpu::append_kv(layer, used, km, vm);
-  const auto ko = dkc.get(), vo = dvc.get();
-  std::size_t mism = 0;
-  for (std::size_t i = 0; i < cache_n; ++i) mism += (ko[i] != to_bf16(kcf[i])) + (vo[i] != to_bf16(vcf[i]));
-  char name[128];
-  std::snprintf(name, sizeof name, "append_kv kv=%d D=%d bs=%d tokens=%d k_stride=%lld", kvh, d, bs, tokens,
-                static_cast<long long>(ks));
-  report_exact(name, mism);
+
+  for (const zc::kernel_variant variant : kVariants) {
+    dbuf<std::uint16_t> dkc(kc), dvc(vc), dk(k), dv(v);
+    dbuf<std::int64_t> dslots(slots);
+    zc::append_kv_params p;
+    p.kv.k_cache = dkc.p;
+    p.kv.v_cache = dvc.p;
+    p.kv.num_kv_heads = kvh;
+    p.kv.head_dim = d;
+    p.k = dk.p;
+    p.v = dv.p;
+    p.slots = dslots.p;
+    p.num_tokens = tokens;
+    p.k_row_stride = ks;
+    zc::append_kv(cuda_dtype::bf16, p, variant, nullptr);
+    const auto ko = dkc.get(), vo = dvc.get();
+    std::size_t mism = 0;
+    for (std::size_t i = 0; i < cache_n; ++i) mism += (ko[i] != to_bf16(kcf[i])) + (vo[i] != to_bf16(vcf[i]));
+    char name[128];
+    std::snprintf(name, sizeof name, "append_kv kv=%d D=%d bs=%d tokens=%d k_stride=%lld", kvh, d, bs, tokens,
+                  static_cast<long long>(ks));
+    report_exact(name + variant_tag(variant), mism);
+  }
 }
 
-void test_rms_norm(int rows, int cols, int width, zc::weight_dtype wt, bool in_place) {
+// x and out start `offset` elements into their buffers, the weight `w_offset` elements into its own:
+// an offset that is not a multiple of 8 (bf16) / 4 (fp32 weight) breaks the 16-byte alignment.
+void test_rms_norm(int rows, int cols, int width, cuda_dtype wt, bool in_place, int offset = 0, int w_offset = 0) {
   std::vector<std::uint16_t> xb, wb;
   std::vector<float> xf, wf;
-  random_bf16(std::size_t(rows) * cols, -3, 3, xb, xf);
-  random_bf16(std::size_t(width), 0.5f, 1.5f, wb, wf);  // bf16-representable weights for both dtypes
+  random_bf16(std::size_t(offset) + std::size_t(rows) * cols, -3, 3, xb, xf);
+  random_bf16(std::size_t(w_offset) + std::size_t(width), 0.5f, 1.5f, wb, wf);  // bf16-representable for both dtypes
   const float eps = 1e-5f;
   matrix ref;
-  zipage::cpu::rms_norm(as_matrix(xf, rows, cols), as_matrix(wf, 1, width), eps, ref);
-  dbuf<std::uint16_t> dx(xb), dout(xb.size()), dwb(wb);
+  zipage::cpu::rms_norm(as_matrix(std::vector<float>(xf.begin() + offset, xf.end()), rows, cols),
+                        as_matrix(std::vector<float>(wf.begin() + w_offset, wf.end()), 1, width), eps, ref);
+  dbuf<std::uint16_t> dwb(wb);
   dbuf<float> dwf(wf);
-  const void* w = wt == zc::weight_dtype::bf16 ? static_cast<const void*>(dwb.p) : static_cast<const void*>(dwf.p);
-  if (!in_place) dout.poison();
-  zc::rms_norm(dx.p, w, wt, in_place ? dx.p : dout.p, rows, cols, width, eps, nullptr);
-  char name[128];
-  std::snprintf(name, sizeof name, "rms_norm rows=%d cols=%d width=%d weight=%s%s", rows, cols, width,
-                wt == zc::weight_dtype::bf16 ? "bf16" : "f32", in_place ? " in-place" : "");
-  report(name, compare(in_place ? dx.get() : dout.get(), as_vector(ref)), 1e-2);
+  const void* w = wt == cuda_dtype::bf16 ? static_cast<const void*>(dwb.p + w_offset)
+                                         : static_cast<const void*>(dwf.p + w_offset);
+  char name[160];
+  std::snprintf(name, sizeof name, "rms_norm rows=%d cols=%d width=%d weight=%s%s offset=%d/%d", rows, cols, width,
+                zipage::to_string(wt), in_place ? " in-place" : "", offset, w_offset);
+  std::vector<std::uint16_t> got[2];
+  for (const zc::kernel_variant variant : kVariants) {
+    dbuf<std::uint16_t> dx(xb), dout(xb.size());
+    if (!in_place) dout.poison();
+    zc::rms_norm(cuda_dtype::bf16, dx.p + offset, wt, w, in_place ? dx.p + offset : dout.p + offset, rows, cols, width,
+                 eps, variant, nullptr);
+    std::vector<std::uint16_t> out = in_place ? dx.get() : dout.get();
+    out.erase(out.begin(), out.begin() + offset);
+    report(name + variant_tag(variant), compare(out, as_vector(ref)), 1e-2);
+    got[variant == kTuned ? 0 : 1] = std::move(out);
+  }
+  const std::size_t w_align = wt == cuda_dtype::bf16 ? 8 : 4;  // elements per 16 bytes
+  const bool tuned_applies = width % 8 == 0 && offset % 8 == 0 && w_offset % int(w_align) == 0;
+  report_choice(name, !tuned_applies, got[0], got[1]);
 }
 
-void test_rope(int rows, int heads, int extra_heads, int d, float theta, zipage::rope_style style) {
+// rope on x starting `offset` elements into its buffer; with `scaling`, the launcher gets the host's
+// (Llama 3-scaled) frequency table, which only the reference kernel reads.
+void test_rope(int rows, int heads, int extra_heads, int d, float theta, zipage::rope_style style, int offset = 0,
+               bool scaling = false) {
   const int stride = (heads + extra_heads) * d;
   std::vector<std::uint16_t> xb;
   std::vector<float> xf;
-  random_bf16(std::size_t(rows) * stride, -2, 2, xb, xf);
+  random_bf16(std::size_t(offset) + std::size_t(rows) * stride, -2, 2, xb, xf);
   std::vector<std::int32_t> pos(static_cast<std::size_t>(rows));
   for (auto& p : pos) p = rand_int(0, 40000);
   pos[0] = 0;
+  zipage::rope_scaling_config sc;
+  if (scaling) {
+    sc.type = zipage::rope_scaling_type::llama3;
+    sc.factor = 8.0f;
+  }
+  std::vector<double> inv(static_cast<std::size_t>(d / 2));
+  for (int i = 0; i < d / 2; ++i) inv[std::size_t(i)] = sc.apply(std::pow(double(theta), -2.0 * i / d));
   // Reference: the first `heads` heads of each row rotate, the rest stay.
   matrix sub(rows, heads * d);
   for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < heads * d; ++c) sub(r, c) = xf[std::size_t(r) * stride + c];
-  zipage::cpu::rope(sub, pos, d, theta, style);
-  std::vector<float> ref = xf;
+    for (int c = 0; c < heads * d; ++c) sub(r, c) = xf[std::size_t(offset) + std::size_t(r) * stride + c];
+  zipage::cpu::rope(sub, pos, d, theta, style, sc);
+  std::vector<float> ref(xf.begin() + offset, xf.end());
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < heads * d; ++c) ref[std::size_t(r) * stride + c] = sub(r, c);
-  dbuf<std::uint16_t> dx(xb);
   dbuf<std::int32_t> dpos(pos);
-  zc::rope(dx.p, dpos.p, rows, heads, d, extra_heads ? stride : 0, theta, style, nullptr);
-  char name[128];
-  std::snprintf(name, sizeof name, "rope %s rows=%d heads=%d(+%d untouched) D=%d theta=%g",
-                style == zipage::rope_style::interleaved ? "interleaved" : "half", rows, heads, extra_heads, d, theta);
-  report(name, compare(dx.get(), ref), 1e-2);
+  dbuf<double> dinv(inv);
+  char name[160];
+  std::snprintf(name, sizeof name, "rope %s rows=%d heads=%d(+%d untouched) D=%d theta=%g offset=%d%s",
+                style == zipage::rope_style::interleaved ? "interleaved" : "half", rows, heads, extra_heads, d, theta,
+                offset, scaling ? " llama3-scaled table" : "");
+  std::vector<std::uint16_t> got[2];
+  for (const zc::kernel_variant variant : kVariants) {
+    dbuf<std::uint16_t> dx(xb);
+    zc::rope_params p;
+    p.x = dx.p + offset;
+    p.positions = dpos.p;
+    p.rows = rows;
+    p.num_heads = heads;
+    p.head_dim = d;
+    p.row_stride = extra_heads ? stride : 0;
+    p.style = style;
+    p.theta = theta;
+    p.inv_freq = scaling ? dinv.p : nullptr;
+    zc::rope(cuda_dtype::bf16, p, variant, nullptr);
+    std::vector<std::uint16_t> out = dx.get();
+    out.erase(out.begin(), out.begin() + offset);
+    report(name + variant_tag(variant), compare(out, ref), 1e-2);
+    got[variant == kTuned ? 0 : 1] = std::move(out);
+  }
+  const bool pairs_aligned = style == zipage::rope_style::half || offset % 2 == 0;
+  report_choice(name, scaling || !pairs_aligned, got[0], got[1]);
 }
 
 void test_silu_mul(int rows, int cols, bool fused) {
@@ -409,33 +493,44 @@ void test_silu_mul(int rows, int cols, bool fused) {
       u(r, c) = fused ? gf[std::size_t(r) * in_stride + cols + c] : uf[std::size_t(r) * in_stride + c];
     }
   zipage::cpu::silu_mul(g, u, ref);
-  dbuf<std::uint16_t> dg(gb), du(ub), dout(std::size_t(rows) * cols);
-  dout.poison();
-  zc::silu_mul(dg.p, fused ? dg.p + cols : du.p, dout.p, rows, cols, fused ? in_stride : 0, nullptr);
+  dbuf<std::uint16_t> dg(gb), du(ub);
   char name[128];
   std::snprintf(name, sizeof name, "silu_mul rows=%d cols=%d%s", rows, cols, fused ? " fused gate|up" : "");
-  report(name, compare(dout.get(), as_vector(ref)), 1e-2);
+  for (const zc::kernel_variant variant : kVariants) {
+    dbuf<std::uint16_t> dout(std::size_t(rows) * cols);
+    dout.poison();
+    zc::silu_mul(cuda_dtype::bf16, dg.p, fused ? dg.p + cols : du.p, dout.p, rows, cols, fused ? in_stride : 0, variant,
+                 nullptr);
+    report(name + variant_tag(variant), compare(dout.get(), as_vector(ref)), 1e-2);
+  }
 }
 
-void test_gather(int vocab, int cols, int n) {
+// An id outside the table (with bad_ids: the first is -1, the last is vocab) gives a row of zeros.
+void test_gather(int vocab, int cols, int n, bool bad_ids = false) {
   std::vector<std::uint16_t> tb;
   std::vector<float> tf;
   random_bf16(std::size_t(vocab) * cols, -1, 1, tb, tf);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
   for (auto& id : ids) id = rand_int(0, vocab - 1);
-  matrix ref;
-  zipage::cpu::embedding(as_matrix(tf, vocab, cols), ids, ref);
-  dbuf<std::uint16_t> dt(tb), dout(std::size_t(n) * cols);
+  if (bad_ids) {
+    ids.front() = -1;
+    ids.back() = vocab;
+  }
+  std::vector<std::uint16_t> expect(std::size_t(n) * cols, 0);
+  for (int t = 0; t < n; ++t)
+    if (ids[std::size_t(t)] >= 0 && ids[std::size_t(t)] < vocab)
+      std::copy_n(tb.begin() + std::ptrdiff_t(ids[std::size_t(t)]) * cols, cols, expect.begin() + std::ptrdiff_t(t) * cols);
+  dbuf<std::uint16_t> dt(tb);
   dbuf<std::int32_t> dids(ids);
-  dout.poison();
-  zc::embedding(dt.p, vocab, cols, dids.p, n, dout.p, nullptr);
-  const auto out = dout.get();
-  const auto refv = as_vector(ref);
-  std::size_t mism = 0;
-  for (std::size_t i = 0; i < refv.size(); ++i) mism += out[i] != to_bf16(refv[i]);
   char name[128];
-  std::snprintf(name, sizeof name, "embedding/gather_rows vocab=%d cols=%d ids=%d", vocab, cols, n);
-  report_exact(name, mism);
+  std::snprintf(name, sizeof name, "gather_rows vocab=%d cols=%d ids=%d%s", vocab, cols, n,
+                bad_ids ? " (two ids outside: zero rows)" : "");
+  for (const zc::kernel_variant variant : kVariants) {
+    dbuf<std::uint16_t> dout(std::size_t(n) * cols);
+    dout.poison();
+    zc::gather_rows(cuda_dtype::bf16, dt.p, vocab, cols, dids.p, n, dout.p, variant, nullptr);
+    report_exact(name + variant_tag(variant), mismatches(dout.get(), expect));
+  }
 }
 
 void test_add(std::int64_t n, int offset, bool in_place) {
@@ -445,15 +540,72 @@ void test_add(std::int64_t n, int offset, bool in_place) {
   random_bf16(std::size_t(n + offset), -4, 4, bb, bf);
   std::vector<float> ref(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) ref[std::size_t(i)] = af[std::size_t(i + offset)] + bf[std::size_t(i + offset)];
-  dbuf<std::uint16_t> da(ab), db(bb), dout(std::size_t(n + offset));
-  dout.poison();
-  std::uint16_t* out = in_place ? da.p + offset : dout.p + offset;
-  zc::add(da.p + offset, db.p + offset, out, n, nullptr);
-  std::vector<std::uint16_t> got = in_place ? da.get() : dout.get();
-  got.erase(got.begin(), got.begin() + offset);
   char name[128];
   std::snprintf(name, sizeof name, "add n=%lld offset=%d%s", static_cast<long long>(n), offset, in_place ? " in-place" : "");
-  report(name, compare(got, ref), 1e-2);
+  std::vector<std::uint16_t> got[2];
+  for (const zc::kernel_variant variant : kVariants) {
+    dbuf<std::uint16_t> da(ab), db(bb), dout(std::size_t(n + offset));
+    dout.poison();
+    std::uint16_t* out = in_place ? da.p + offset : dout.p + offset;
+    zc::add(cuda_dtype::bf16, da.p + offset, db.p + offset, out, n, variant, nullptr);
+    std::vector<std::uint16_t> sum = in_place ? da.get() : dout.get();
+    sum.erase(sum.begin(), sum.begin() + offset);
+    report(name + variant_tag(variant), compare(sum, ref), 1e-2);
+    got[variant == kTuned ? 0 : 1] = std::move(sum);
+  }
+  report_exact(std::string(name) + " tuned and reference equal", mismatches(got[0], got[1]));  // one fp32 add
+}
+
+// fp32 data: a tuned request runs the reference kernel (the tuned ones are bf16 only), which matches the
+// CPU reference to fp32 rounding.
+void test_f32_ops() {
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  auto random_f32 = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = dist(g_rng);
+    return v;
+  };
+  auto report_f32 = [](const std::string& name, const std::vector<float>& out, const std::vector<float>& ref) {
+    double num = 0.0, den = 0.0;
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      if (!std::isfinite(out[i])) ++bad;
+      num += (double(out[i]) - ref[i]) * (double(out[i]) - ref[i]);
+      den += double(ref[i]) * ref[i];
+    }
+    error_stats s;
+    s.rel = std::sqrt(num / std::max(den, 1e-30));
+    s.bad = bad;
+    report(name, s, 1e-5);
+  };
+  const int rows = 7, cols = 96, width = 48;
+  const std::vector<float> x = random_f32(std::size_t(rows) * cols), w = random_f32(std::size_t(width));
+  matrix ref;
+  zipage::cpu::rms_norm(as_matrix(x, rows, cols), as_matrix(w, 1, width), 1e-6f, ref);
+  dbuf<float> dx(x), dw(w), dout(x.size());
+  dout.poison();
+  zc::rms_norm(cuda_dtype::f32, dx.p, cuda_dtype::f32, dw.p, dout.p, rows, cols, width, 1e-6f, kTuned, nullptr);
+  report_f32("rms_norm fp32 rows=7 cols=96 width=48 [tuned request]", dout.get(), as_vector(ref));
+
+  const std::vector<float> gu = random_f32(std::size_t(rows) * 2 * cols);  // fused gate|up rows
+  matrix g(rows, cols), u(rows, cols), sref;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      g(r, c) = gu[std::size_t(r) * 2 * cols + c];
+      u(r, c) = gu[std::size_t(r) * 2 * cols + cols + c];
+    }
+  zipage::cpu::silu_mul(g, u, sref);
+  dbuf<float> dgu(gu), dsilu(std::size_t(rows) * cols);
+  dsilu.poison();
+  zc::silu_mul(cuda_dtype::f32, dgu.p, dgu.p + cols, dsilu.p, rows, cols, 2 * cols, kTuned, nullptr);
+  report_f32("silu_mul fp32 rows=7 cols=96 fused gate|up [tuned request]", dsilu.get(), as_vector(sref));
+
+  const std::vector<float> a = random_f32(1001), b = random_f32(1001);
+  std::vector<float> sum(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) sum[i] = a[i] + b[i];
+  dbuf<float> da(a), db(b);
+  zc::add(cuda_dtype::f32, da.p, db.p, da.p, std::int64_t(a.size()), kTuned, nullptr);
+  report_f32("add fp32 n=1001 in-place [tuned request]", da.get(), sum);
 }
 
 }  // namespace
@@ -475,8 +627,8 @@ int main() {
       test_prefill(128, 16, 4, 16, {{0, 70}, {100, 9}});
       test_prefill(64, 6, 1, 256, {{0, 40}, {300, 3}});
       test_append_kv(2, 64, 16, 50, 8);
-      test_rms_norm(3, 4096, 4096, zc::weight_dtype::bf16, false);
-      test_rms_norm(3, 256, 64, zc::weight_dtype::f32, true);
+      test_rms_norm(3, 4096, 4096, cuda_dtype::bf16, false);
+      test_rms_norm(3, 256, 64, cuda_dtype::f32, true);
       test_rope(5, 2, 1, 64, 1e4f, zipage::rope_style::interleaved);
       test_rope(5, 2, 0, 128, 1e4f, zipage::rope_style::half);
       test_silu_mul(3, 64, true);
@@ -485,6 +637,12 @@ int main() {
       test_gather(10, 5, 5);
       test_add(100, 1, false);
       test_add(64, 0, true);
+      test_rms_norm(3, 48, 12, cuda_dtype::bf16, false);         // width 12: reference
+      test_rms_norm(3, 256, 64, cuda_dtype::bf16, false, 1, 0);  // x misaligned: reference
+      test_rope(5, 2, 0, 64, 1e4f, zipage::rope_style::interleaved, 1);       // pairs misaligned: reference
+      test_rope(5, 2, 0, 64, 5e5f, zipage::rope_style::half, 0, true);        // frequency table: reference
+      test_gather(10, 16, 5, true);
+      test_f32_ops();
       CUDA_OK(cudaDeviceSynchronize());
     } catch (const std::exception& e) {
       std::printf("FAIL: exception: %s\n", e.what());
@@ -529,12 +687,12 @@ int main() {
     // Elementwise.
     test_append_kv(8, 128, 16, 300, 0);
     test_append_kv(2, 64, 256, 1000, 3 * 64 + 8);  // K rows inside a wider (fused) buffer
-    test_rms_norm(37, 4096, 4096, zc::weight_dtype::bf16, false);
-    test_rms_norm(64, 2048, 2048, zc::weight_dtype::f32, true);
-    test_rms_norm(100, 32 * 128, 128, zc::weight_dtype::f32, false);
-    test_rms_norm(33, 8 * 64, 64, zc::weight_dtype::bf16, false);
-    test_rms_norm(9, 1024, 1024, zc::weight_dtype::bf16, false);
-    test_rms_norm(5, 64, 8, zc::weight_dtype::f32, false);
+    test_rms_norm(37, 4096, 4096, cuda_dtype::bf16, false);
+    test_rms_norm(64, 2048, 2048, cuda_dtype::f32, true);
+    test_rms_norm(100, 32 * 128, 128, cuda_dtype::f32, false);
+    test_rms_norm(33, 8 * 64, 64, cuda_dtype::bf16, false);
+    test_rms_norm(9, 1024, 1024, cuda_dtype::bf16, false);
+    test_rms_norm(5, 64, 8, cuda_dtype::f32, false);
     test_rope(57, 8, 0, 128, 1e6f, zipage::rope_style::half);
     test_rope(57, 8, 0, 128, 1e4f, zipage::rope_style::interleaved);
     test_rope(31, 16, 4, 64, 1e4f, zipage::rope_style::interleaved);
@@ -548,6 +706,22 @@ int main() {
     test_add((1 << 20) + 3, 0, false);
     test_add(1000, 1, false);
     test_add(4096, 0, true);
+
+    // Shapes and pointers the tuned kernels cannot take: the launcher runs the reference kernel.
+    test_rms_norm(37, 4 * 12, 12, cuda_dtype::bf16, false);      // width not a multiple of 8
+    test_rms_norm(9, 1000, 1000, cuda_dtype::f32, true);         // row not a multiple of 8
+    test_rms_norm(33, 8 * 64, 64, cuda_dtype::bf16, false, 3, 0);  // x and out misaligned
+    test_rms_norm(33, 8 * 64, 64, cuda_dtype::f32, false, 0, 1);   // fp32 weight misaligned
+    test_rms_norm(17, 4096, 4096, cuda_dtype::bf16, true, 0, 4);   // bf16 weight misaligned
+    test_rope(31, 8, 0, 128, 1e4f, zipage::rope_style::interleaved, 1);  // interleaved pairs not 4-byte aligned
+    test_rope(31, 8, 0, 128, 1e4f, zipage::rope_style::half, 1);         // half style: tuned at any alignment
+    test_rope(57, 8, 0, 128, 5e5f, zipage::rope_style::half, 0, true);   // the host's scaled frequency table
+    test_rope(31, 4, 12, 64, 5e5f, zipage::rope_style::interleaved, 0, true);
+    test_append_kv(3, 12, 16, 200, 0);   // row of 36: not a multiple of 8
+    test_append_kv(2, 64, 16, 100, 3);   // K row stride not a multiple of 8
+    test_gather(300, 64, 41, true);
+    test_gather(300, 13, 41, true);
+    test_f32_ops();
 
     // Arguments the kernels do not support are rejected on the host.
     expect_throw("decode rejects head_dim 96", [] {
@@ -573,7 +747,17 @@ int main() {
       zc::paged_prefill_attention(p, nullptr);
     });
     expect_throw("rms_norm rejects a width that does not divide the row", [] {
-      zc::rms_norm(nullptr, nullptr, zc::weight_dtype::f32, nullptr, 1, 100, 64, 1e-5f, nullptr);
+      zc::rms_norm(cuda_dtype::bf16, nullptr, cuda_dtype::f32, nullptr, nullptr, 1, 100, 64, 1e-5f, kTuned, nullptr);
+    });
+    expect_throw("rope rejects an odd head_dim", [] {
+      zc::rope_params p;
+      p.rows = 1, p.num_heads = 1, p.head_dim = 7;
+      zc::rope(cuda_dtype::bf16, p, kReference, nullptr);
+    });
+    expect_throw("append_kv rejects an FP8 cache with one scale array", [] {
+      zc::append_kv_params p;
+      p.kv.num_kv_heads = 1, p.kv.head_dim = 64, p.kv.k_scale = reinterpret_cast<float*>(16);
+      zc::append_kv(cuda_dtype::bf16, p, kTuned, nullptr);
     });
     CUDA_OK(cudaDeviceSynchronize());
   } catch (const std::exception& e) {

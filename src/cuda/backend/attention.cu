@@ -11,6 +11,7 @@
 #include "context.cuh"
 #include "zipage/backend/cuda/engine_kernels.hpp"
 #include "zipage/backend/cuda/kernels.hpp"
+#include "zipage/backend/cuda/ops.hpp"
 
 namespace zipage {
 
@@ -125,12 +126,10 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   float* ksc = fp8 ? static_cast<float*>(kv.k_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
   float* vsc = fp8 ? static_cast<float*>(kv.v_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
   const cuda::cuda_stream stream = as_stream(c.stream);
-  const int width = s.num_kv_heads * d;
   const bool bf16_fast = kv.dtype == cuda_dtype::bf16 && c.opts.fast_kernels;
+  const cuda::kernel_variant variant = c.opts.fast_kernels ? cuda::kernel_variant::tuned : cuda::kernel_variant::reference;
 
   // What to launch, decided before launching anything (a graph record pass launches nothing).
-  const bool fast_append = !fp8 && bf16_fast && width % 8 == 0 && aligned16(kc) && aligned16(vc) &&
-                           aligned16(k.data()) && aligned16(v.data());
   void* window_rows = nullptr;
   if (st.has_window && kv.queries.data() != nullptr) {
     check(s.num_q_heads == num_q_heads, "attention: the query-window cache has ", s.num_q_heads, " heads, q has ",
@@ -184,18 +183,18 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   }
   if (c.skip_launch(10, layer, kc, vc, q.data(), k.data(), v.data(), out.data(), tokens, st.num_seqs, st.max_kv_len,
                     st.slots, st.token_seq, st.token_kv_len, st.page_indptr, st.page_indices, st.q_indptr,
-                    st.window_rows, window_rows, fast_append, kind, c.step.plan.num_splits, c.step.plan.chunk_tokens,
+                    st.window_rows, window_rows, variant, kind, c.step.plan.num_splits, c.step.plan.chunk_tokens,
                     c.step.plan.stages, wsp, ws, num_q_heads, s.num_kv_heads, d, s.block_size, kv.dtype, ksc, vsc))
     return;
 
-  if (fp8)
-    cuda::engine::append_kv_fp8(kv.dtype, static_cast<std::uint8_t*>(kc), static_cast<std::uint8_t*>(vc), ksc, vsc,
-                                k.data(), v.data(), st.slots, tokens, s.num_kv_heads, d, stream);
-  else if (fast_append)
-    cuda::append_kv(kc, vc, k.data(), v.data(), st.slots, tokens, s.num_kv_heads, d, 0, 0, stream);
-  else
-    cuda::engine::append_kv(kv.dtype, kc, vc, k.data(), v.data(), st.slots, tokens, width, stream);
-  if (window_rows) cuda::engine::record_queries(kv.dtype, window_rows, st.window_rows, q.data(), tokens, q.cols(), stream);
+  cuda::append_kv_params ap;
+  ap.kv = view;
+  ap.k = k.data();
+  ap.v = v.data();
+  ap.slots = st.slots;
+  ap.num_tokens = tokens;
+  cuda::append_kv(kv.dtype, ap, variant, stream);  // FP8 (scales set): the quantising kernel
+  if (window_rows) cuda::record_queries(kv.dtype, window_rows, st.window_rows, q.data(), tokens, q.cols(), stream);
 
   if (kind == path::decode) {
     cuda::paged_decode_attention(dp, c.step.plan, wsp, ws, stream);

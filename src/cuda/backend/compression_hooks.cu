@@ -9,7 +9,7 @@
 
 #include "context.cuh"
 #include "zipage/backend/cuda/compression.hpp"
-#include "zipage/backend/cuda/engine_kernels.hpp"
+#include "zipage/backend/cuda/ops.hpp"
 
 namespace zipage {
 
@@ -48,14 +48,10 @@ void cuda_backend::gather_keys(cuda_kv_storage& kv, int layer, std::span<const b
       static_cast<const char*>(kv.k.data()) + static_cast<std::size_t>(s.layer_stride() * layer) * kv.element_bytes();
   const std::size_t n = static_cast<std::size_t>(s.num_kv_heads) * static_cast<std::size_t>(kv_len) * s.head_dim;
   side_gather(c, n, out, [&](float* dev) {
-    if (kv.fp8())
-      cuda::engine::gather_keys_fp8(static_cast<const std::uint8_t*>(k_layer),
-                                    static_cast<const float*>(kv.k_scale.data()) + kv.scale_layer_elements() * layer,
-                                    c.side_up.device<std::int32_t>(0), s.block_size, s.num_kv_heads, s.head_dim, kv_len,
-                                    dev, as_stream(c.side));
-    else
-      cuda::engine::gather_keys(kv.dtype, k_layer, c.side_up.device<std::int32_t>(0), s.block_size, s.num_kv_heads,
-                                s.head_dim, kv_len, dev, as_stream(c.side));
+    const float* k_scale =
+        kv.fp8() ? static_cast<const float*>(kv.k_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
+    cuda::gather_keys(kv.dtype, k_layer, k_scale, c.side_up.device<std::int32_t>(0), s.block_size, s.num_kv_heads,
+                      s.head_dim, kv_len, dev, as_stream(c.side));
   });
   const double dt = cuda_detail::seconds_since(t0);
   c.count([&](cuda_backend_counters& k) {
@@ -83,8 +79,8 @@ void cuda_backend::gather_scores(cuda_kv_storage& kv, int layer, std::span<const
   const float* layer_scores = static_cast<const float*>(kv.scores.data()) +
                               static_cast<std::size_t>(s.num_blocks) * s.block_size * s.num_kv_heads * layer;
   side_gather(c, n, out, [&](float* dev) {
-    cuda::engine::gather_scores(layer_scores, c.side_up.device<std::int32_t>(0), s.block_size, s.num_kv_heads, kv_len,
-                                dev, as_stream(c.side));
+    cuda::gather_scores(layer_scores, c.side_up.device<std::int32_t>(0), s.block_size, s.num_kv_heads, kv_len, dev,
+                        as_stream(c.side));
   });
   const double dt = cuda_detail::seconds_since(t0);
   c.count([&](cuda_backend_counters& k) {
@@ -107,7 +103,7 @@ void cuda_backend::gather_window_queries(cuda_kv_storage& kv, int layer, int slo
                      n * static_cast<std::size_t>(slot)) *
                         kv.query_element_bytes();
   side_gather(c, n, out, [&](float* dev) {
-    cuda::engine::to_f32(kv.dtype, src, dev, static_cast<std::int64_t>(n), as_stream(c.side));
+    cuda::to_f32(kv.dtype, src, dev, static_cast<std::int64_t>(n), as_stream(c.side));
   });
   const double dt = cuda_detail::seconds_since(t0);
   c.count([&](cuda_backend_counters& k) {
@@ -142,7 +138,7 @@ void cuda_backend::apply_compaction(cuda_kv_storage& kv, const compaction_plan& 
                           cuda_detail::span_section(std::span<const std::int32_t>(plan.keep)),
                           scores ? cuda_detail::span_section(std::span<const float>(plan.kept_scores)) : section{nullptr, 0}};
   c.side_up.put(secs, c.side);
-  cuda::engine::compaction_params p;
+  cuda::compaction_params p;
   p.kv.k_cache = kv.k.data();
   p.kv.v_cache = kv.v.data();
   p.scores = scores ? static_cast<float*>(kv.scores.data()) : nullptr;
@@ -161,8 +157,8 @@ void cuda_backend::apply_compaction(cuda_kv_storage& kv, const compaction_plan& 
     // Codes (1 byte each) with the scores, then the scales as rows of one fp32 (head_dim 1): a kept
     // token's codes and scale move together, bit for bit.
     p.element_bytes = 1;
-    cuda::engine::apply_compaction(p, as_stream(c.side));
-    cuda::engine::compaction_params ps = p;
+    cuda::apply_compaction(p, as_stream(c.side));
+    cuda::compaction_params ps = p;
     ps.kv.k_cache = kv.k_scale.data();
     ps.kv.v_cache = kv.v_scale.data();
     ps.scores = nullptr;
@@ -170,9 +166,9 @@ void cuda_backend::apply_compaction(cuda_kv_storage& kv, const compaction_plan& 
     ps.layer_elements = kv.scale_layer_elements();
     ps.kv.head_dim = 1;
     ps.element_bytes = 4;
-    cuda::engine::apply_compaction(ps, as_stream(c.side));
+    cuda::apply_compaction(ps, as_stream(c.side));
   } else {
-    cuda::engine::apply_compaction(p, as_stream(c.side));
+    cuda::apply_compaction(p, as_stream(c.side));
   }
   ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.side));  // done before the engine reuses the freed tail blocks
   const double dt = cuda_detail::seconds_since(t0);

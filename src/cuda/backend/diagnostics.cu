@@ -9,7 +9,7 @@
 
 #include "context.cuh"
 #include "zipage/backend/cuda/event_timer.cuh"
-#include "zipage/backend/cuda/engine_kernels.hpp"
+#include "zipage/backend/cuda/ops.hpp"
 #include "zipage/core/fp8.hpp"
 
 namespace zipage {
@@ -42,8 +42,8 @@ std::vector<float> cuda_backend::kv_to_host(const cuda_kv_storage& kv, bool valu
   const auto n = static_cast<std::size_t>(kv.shape.elements_per_side());
   std::vector<float> out(n);
   void* f = c.to_host_dev.reserve(n * sizeof(float), c.stream);
-  cuda::engine::to_f32(kv.dtype, values ? kv.v.data() : kv.k.data(), static_cast<float*>(f), static_cast<std::int64_t>(n),
-                       as_stream(c.stream));
+  cuda::to_f32(kv.dtype, values ? kv.v.data() : kv.k.data(), static_cast<float*>(f), static_cast<std::int64_t>(n),
+               as_stream(c.stream));
   ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(out.data(), f, n * sizeof(float), cudaMemcpyDeviceToHost, c.stream));
   ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
   return out;
@@ -76,7 +76,7 @@ double cuda_backend::measure_copy_bandwidth(std::size_t bytes, int reps) const {
   void *a = nullptr, *b = nullptr;
   ZIPAGE_CUDA_CHECK(cudaMalloc(&a, bytes));
   ZIPAGE_CUDA_CHECK(cudaMalloc(&b, bytes));
-  cuda::engine::fill_uniform(cuda_dtype::f32, a, static_cast<std::int64_t>(bytes / 4), 1.0f, 7, as_stream(c.stream));
+  cuda::fill_uniform(cuda_dtype::f32, a, static_cast<std::int64_t>(bytes / 4), 1.0f, 7, as_stream(c.stream));
   std::vector<double> times;
   {
     cuda::event_timer timer;

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "context.cuh"
-#include "zipage/backend/cuda/engine_kernels.hpp"
+#include "zipage/backend/cuda/ops.hpp"
 
 namespace zipage {
 
@@ -81,7 +81,7 @@ void cuda_backend::linear(const cuda_tensor& x, const cuda_tensor& w, cuda_tenso
     }
   }
   if (c.skip_launch(4, x.data(), w.data(), out.data(), m, n, k, x.dtype())) return;
-  cuda::engine::gemm_fixed_order(x.dtype(), x.data(), w.data(), out.data(), m, n, k, as_stream(c.stream));
+  cuda::gemm_fixed_order(x.dtype(), x.data(), w.data(), out.data(), m, n, k, as_stream(c.stream));
 }
 
 }  // namespace zipage

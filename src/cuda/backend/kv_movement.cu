@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "context.cuh"
-#include "zipage/backend/cuda/engine_kernels.hpp"
+#include "zipage/backend/cuda/ops.hpp"
 
 namespace zipage {
 
@@ -47,28 +47,28 @@ std::uint64_t addr(const void* p, std::size_t off) {
   return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p) + off);
 }
 
-void run_copies(context& c, const std::vector<cuda::engine::copy_desc>& descs) {
+void run_copies(context& c, const std::vector<cuda::copy_desc>& descs) {
   if (descs.empty()) return;
   std::uint64_t max_bytes = 0;
   for (const auto& d : descs) max_bytes = std::max(max_bytes, d.bytes);
-  const section s{descs.data(), descs.size() * sizeof(cuda::engine::copy_desc)};
+  const section s{descs.data(), descs.size() * sizeof(cuda::copy_desc)};
   c.misc_up.put({&s, 1}, c.stream);
-  cuda::engine::batched_copy(c.misc_up.device<cuda::engine::copy_desc>(0), static_cast<int>(descs.size()), max_bytes,
-                             as_stream(c.stream));
+  cuda::batched_copy(c.misc_up.device<cuda::copy_desc>(0), static_cast<int>(descs.size()), max_bytes,
+                     as_stream(c.stream));
 }
 
 // Pieces of a request's state, in the blob's order: per layer and page K, V, scores; then per layer the
 // slot's query rows. `to_host` picks the direction.
-std::vector<cuda::engine::copy_desc> state_copies(const cuda_kv_storage& kv, std::span<const block_id> pages, int slot,
+std::vector<cuda::copy_desc> state_copies(const cuda_kv_storage& kv, std::span<const block_id> pages, int slot,
                                                   bool queries, void* host, bool to_host) {
   const auto g = geometry(kv);
   const auto& s = kv.shape;
-  std::vector<cuda::engine::copy_desc> descs;
+  std::vector<cuda::copy_desc> descs;
   std::size_t at = 0;
   auto add = [&](const void* dev, std::size_t off, std::size_t bytes) {
     if (bytes == 0) return;
     const std::uint64_t d = addr(dev, off), h = addr(host, at);
-    descs.push_back(to_host ? cuda::engine::copy_desc{d, h, bytes} : cuda::engine::copy_desc{h, d, bytes});
+    descs.push_back(to_host ? cuda::copy_desc{d, h, bytes} : cuda::copy_desc{h, d, bytes});
     at += bytes;
   };
   for (int l = 0; l < s.num_layers; ++l)
@@ -96,7 +96,7 @@ void cuda_backend::copy_block(cuda_kv_storage& kv, block_id from, block_id to) c
   const auto& s = kv.shape;
   check(from >= 0 && from < s.num_blocks && to >= 0 && to < s.num_blocks, "copy_block: block outside the pool");
   const auto g = geometry(kv);
-  std::vector<cuda::engine::copy_desc> descs;
+  std::vector<cuda::copy_desc> descs;
   for (int l = 0; l < s.num_layers; ++l) {
     const std::size_t base = g.layer_bytes * static_cast<std::size_t>(l);
     const std::size_t f = base + g.block_bytes * static_cast<std::size_t>(from);

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "context.cuh"
-#include "zipage/backend/cuda/engine_kernels.hpp"
+#include "zipage/backend/cuda/ops.hpp"
 
 namespace zipage {
 
@@ -83,7 +83,7 @@ std::vector<float> cuda_backend::to_host(const cuda_tensor& t) const {
   const void* src = t.data();
   if (t.dtype() != cuda_dtype::f32) {
     void* f = c.to_host_dev.reserve(n * sizeof(float), c.stream);
-    cuda::engine::to_f32(t.dtype(), t.data(), static_cast<float*>(f), static_cast<std::int64_t>(n), as_stream(c.stream));
+    cuda::to_f32(t.dtype(), t.data(), static_cast<float*>(f), static_cast<std::int64_t>(n), as_stream(c.stream));
     src = f;
   }
   // In chunks, each with an event, so that copying chunk i into the vector overlaps the device-to-host
@@ -152,14 +152,14 @@ cuda_kv_storage cuda_backend::allocate_kv(const kv_cache_shape& shape) const {
 cuda_tensor cuda_backend::random_tensor(int rows, int cols, float scale, std::uint64_t seed) const {
   cuda_tensor t;
   access::shape(ctx_, t, rows, cols, ctx_->opts.dtype);
-  cuda::engine::fill_uniform(t.dtype(), t.data(), t.size(), scale, seed, as_stream(ctx_->stream));
+  cuda::fill_uniform(t.dtype(), t.data(), t.size(), scale, seed, as_stream(ctx_->stream));
   return t;
 }
 
 cuda_tensor cuda_backend::constant_tensor(int rows, int cols, float value) const {
   cuda_tensor t;
   access::shape(ctx_, t, rows, cols, ctx_->opts.dtype);
-  cuda::engine::fill_constant(t.dtype(), t.data(), t.size(), value, as_stream(ctx_->stream));
+  cuda::fill_constant(t.dtype(), t.data(), t.size(), value, as_stream(ctx_->stream));
   return t;
 }
 void cuda_backend::synchronize() const {

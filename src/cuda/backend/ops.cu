@@ -1,6 +1,6 @@
 // zipage::cuda_backend (backend/cuda/cuda_backend.hpp): the elementwise ops of a forward pass — embedding, RMSNorm,
-// bias, RoPE, SwiGLU, residual add, row gathers (tuned bf16 kernels where shapes allow, else the any-shape fp32/bf16
-// ones).
+// bias, RoPE, SwiGLU, residual add, row gathers — one launcher each (backend/cuda/ops.hpp), which picks the tuned
+// bf16 or the reference kernel itself; the backend only says which it prefers (cuda_backend_options::fast_kernels).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -9,10 +9,18 @@
 #include <vector>
 
 #include "context.cuh"
-#include "zipage/backend/cuda/engine_kernels.hpp"
-#include "zipage/backend/cuda/kernels.hpp"
+#include "zipage/backend/cuda/ops.hpp"
 
 namespace zipage {
+
+namespace {
+
+// The kernel the backend asks each op for: tuned unless the options turn the fast kernels off.
+cuda::kernel_variant preferred(const context& c) {
+  return c.opts.fast_kernels ? cuda::kernel_variant::tuned : cuda::kernel_variant::reference;
+}
+
+}  // namespace
 
 void cuda_backend::embedding(const cuda_tensor& table, std::span<const token_id> ids, cuda_tensor& out) const {
   context& c = use(ctx_);
@@ -22,14 +30,10 @@ void cuda_backend::embedding(const cuda_tensor& table, std::span<const token_id>
   const auto* d_ids = c.upload(c.ids_up, cuda_detail::up_ids, {&s, 1}).at<std::int32_t>(0);
   access::shape(ctx_, out, static_cast<int>(ids.size()), table.cols(), table.dtype());
   if (ids.empty()) return;
-  const bool fast = table.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels;
-  if (c.skip_launch(1, table.data(), table.rows(), table.cols(), table.dtype(), d_ids, ids.size(), out.data(), fast)) return;
-  if (fast)
-    cuda::gather_rows(table.data(), table.rows(), table.cols(), d_ids, static_cast<int>(ids.size()), out.data(),
-                      as_stream(c.stream));
-  else
-    cuda::engine::gather_rows(table.dtype(), table.data(), table.cols(), d_ids, static_cast<int>(ids.size()),
-                              out.data(), as_stream(c.stream));
+  const cuda::kernel_variant v = preferred(c);
+  if (c.skip_launch(1, table.data(), table.rows(), table.cols(), table.dtype(), d_ids, ids.size(), out.data(), v)) return;
+  cuda::gather_rows(table.dtype(), table.data(), table.rows(), table.cols(), d_ids, static_cast<int>(ids.size()),
+                    out.data(), v, as_stream(c.stream));
 }
 
 void cuda_backend::rms_norm(const cuda_tensor& x, const cuda_tensor& w, float eps, cuda_tensor& out) const {
@@ -39,20 +43,15 @@ void cuda_backend::rms_norm(const cuda_tensor& x, const cuda_tensor& w, float ep
         width);
   access::shape(ctx_, out, x.rows(), x.cols(), x.dtype());
   if (x.empty()) return;
-  const bool fast = x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels && width % 8 == 0 && aligned16(x.data()) &&
-                    aligned16(w.data()) && aligned16(out.data());
-  if (c.skip_launch(2, x.data(), w.data(), w.dtype(), out.data(), x.rows(), x.cols(), width, eps, fast)) return;
-  if (fast)
-    cuda::rms_norm(x.data(), w.data(), w.dtype() == cuda_dtype::bf16 ? cuda::weight_dtype::bf16 : cuda::weight_dtype::f32,
-                   out.data(), x.rows(), x.cols(), width, eps, as_stream(c.stream));
-  else
-    cuda::engine::rms_norm(x.dtype(), x.data(), w.dtype(), w.data(), out.data(), x.rows(), x.cols(), width, eps,
-                           as_stream(c.stream));
+  const cuda::kernel_variant v = preferred(c);
+  if (c.skip_launch(2, x.data(), w.data(), w.dtype(), out.data(), x.rows(), x.cols(), width, eps, v)) return;
+  cuda::rms_norm(x.dtype(), x.data(), w.dtype(), w.data(), out.data(), x.rows(), x.cols(), width, eps, v,
+                 as_stream(c.stream));
 }
 void cuda_backend::add_bias(cuda_tensor& x, const cuda_tensor& bias) const {
   check(bias.cols() == x.cols() && bias.rows() >= 1, "add_bias: bias of ", bias.cols(), " for rows of ", x.cols());
   if (ctx_->skip_launch(5, x.data(), x.dtype(), bias.data(), bias.dtype(), x.rows(), x.cols())) return;
-  cuda::engine::add_bias(x.dtype(), x.data(), bias.dtype(), bias.data(), x.rows(), x.cols(), as_stream(ctx_->stream));
+  cuda::add_bias(x.dtype(), x.data(), bias.dtype(), bias.data(), x.rows(), x.cols(), as_stream(ctx_->stream));
 }
 
 void cuda_backend::rope(cuda_tensor& x, std::span<const std::int32_t> pos, int head_dim, float theta,
@@ -82,8 +81,16 @@ void cuda_backend::rope(cuda_tensor& x, std::span<const std::int32_t> pos, int h
   const section s{pos.data(), pos.size_bytes()};
   const auto* d_pos = c.upload(c.pos_up, cuda_detail::up_pos, {&s, 1}).at<std::int32_t>(0);
   if (c.skip_launch(6, x.data(), x.dtype(), d_pos, x.rows(), x.cols(), head_dim, table, style)) return;
-  cuda::engine::rope(x.dtype(), x.data(), d_pos, x.rows(), x.cols() / head_dim, head_dim, table,
-                     style == rope_style::interleaved, as_stream(c.stream));
+  cuda::rope_params p;
+  p.x = x.data();
+  p.positions = d_pos;
+  p.rows = x.rows();
+  p.num_heads = x.cols() / head_dim;
+  p.head_dim = head_dim;
+  p.style = style;
+  p.theta = theta;
+  p.inv_freq = table;  // as cpu::rope, scaling included: the reference kernel, whatever the variant
+  cuda::rope(x.dtype(), p, preferred(c), as_stream(c.stream));
 }
 
 void cuda_backend::silu_mul(const cuda_tensor& gate, const cuda_tensor& up, cuda_tensor& out) const {
@@ -92,12 +99,9 @@ void cuda_backend::silu_mul(const cuda_tensor& gate, const cuda_tensor& up, cuda
         "silu_mul: gate and up differ in shape or type");
   access::shape(ctx_, out, gate.rows(), gate.cols(), gate.dtype());
   if (gate.empty()) return;
-  const bool fast = gate.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels;
-  if (c.skip_launch(7, gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), gate.dtype(), fast)) return;
-  if (fast)
-    cuda::silu_mul(gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), 0, as_stream(c.stream));
-  else
-    cuda::engine::silu_mul(gate.dtype(), gate.data(), up.data(), out.data(), gate.size(), as_stream(c.stream));
+  const cuda::kernel_variant v = preferred(c);
+  if (c.skip_launch(7, gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), gate.dtype(), v)) return;
+  cuda::silu_mul(gate.dtype(), gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), 0, v, as_stream(c.stream));
 }
 
 void cuda_backend::add(cuda_tensor& x, const cuda_tensor& y) const {
@@ -105,12 +109,9 @@ void cuda_backend::add(cuda_tensor& x, const cuda_tensor& y) const {
   check(x.rows() == y.rows() && x.cols() == y.cols() && x.dtype() == y.dtype(), "add: shapes or types differ (",
         x.rows(), "x", x.cols(), " and ", y.rows(), "x", y.cols(), ")");
   if (x.empty()) return;
-  const bool fast = x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels;
-  if (c.skip_launch(8, x.data(), y.data(), x.size(), x.dtype(), fast)) return;
-  if (fast)
-    cuda::add(x.data(), y.data(), x.data(), x.size(), as_stream(c.stream));
-  else
-    cuda::engine::add(x.dtype(), x.data(), y.data(), x.size(), as_stream(c.stream));
+  const cuda::kernel_variant v = preferred(c);
+  if (c.skip_launch(8, x.data(), y.data(), x.size(), x.dtype(), v)) return;
+  cuda::add(x.dtype(), x.data(), y.data(), x.data(), x.size(), v, as_stream(c.stream));
 }
 
 void cuda_backend::gather_rows(const cuda_tensor& x, std::span<const std::int32_t> rows, cuda_tensor& out) const {
@@ -121,13 +122,10 @@ void cuda_backend::gather_rows(const cuda_tensor& x, std::span<const std::int32_
   const auto* d_rows = c.upload(c.rows_up, cuda_detail::up_rows, {&s, 1}).at<std::int32_t>(0);
   access::shape(ctx_, out, static_cast<int>(rows.size()), x.cols(), x.dtype());
   if (rows.empty() || x.cols() == 0) return;
-  const bool fast = x.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels;
-  if (c.skip_launch(9, x.data(), x.rows(), x.cols(), x.dtype(), d_rows, rows.size(), out.data(), fast)) return;
-  if (fast)
-    cuda::gather_rows(x.data(), x.rows(), x.cols(), d_rows, static_cast<int>(rows.size()), out.data(), as_stream(c.stream));
-  else
-    cuda::engine::gather_rows(x.dtype(), x.data(), x.cols(), d_rows, static_cast<int>(rows.size()), out.data(),
-                              as_stream(c.stream));
+  const cuda::kernel_variant v = preferred(c);
+  if (c.skip_launch(9, x.data(), x.rows(), x.cols(), x.dtype(), d_rows, rows.size(), out.data(), v)) return;
+  cuda::gather_rows(x.dtype(), x.data(), x.rows(), x.cols(), d_rows, static_cast<int>(rows.size()), out.data(), v,
+                    as_stream(c.stream));
 }
 
 }  // namespace zipage

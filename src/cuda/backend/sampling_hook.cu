@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "context.cuh"
-#include "zipage/backend/cuda/engine_kernels.hpp"
+#include "zipage/backend/cuda/ops.hpp"
 #include "zipage/backend/cuda/sampling.hpp"
 #include "zipage/sampling/sampler.hpp"
 
@@ -143,8 +143,8 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
   const void* src = logits.data();
   if (!identity) {  // the rows to sample, packed (the engine passes them in order, so this is rare)
     auto* packed = c.sample_rows.reserve(un * static_cast<std::size_t>(vocab) * dtype_bytes(logits.dtype()), c.stream);
-    cuda::engine::gather_rows(logits.dtype(), logits.data(), vocab, c.sample_up.device<std::int32_t>(9), n, packed,
-                              as_stream(c.stream));
+    cuda::gather_rows(logits.dtype(), logits.data(), logits.rows(), vocab, c.sample_up.device<std::int32_t>(9), n,
+                      packed, cuda::kernel_variant::reference, as_stream(c.stream));
     src = packed;
   }
   cuda::sampling_batch b;

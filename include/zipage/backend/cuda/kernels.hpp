@@ -1,6 +1,6 @@
 #pragma once
-// Host-callable CUDA kernels of the zipage::cuda library: paged attention (decode and prefill) and the
-// elementwise ops of a Llama-style forward pass, all on bf16 data with fp32 arithmetic.
+// Host-callable tuned paged-attention kernels of the zipage::cuda library (decode and prefill), on bf16
+// data with fp32 arithmetic. The elementwise ops are in ops.hpp.
 //
 // This header includes no CUDA header: device memory is passed as plain pointers (bf16 tensors as
 // `void*`, 16-bit raw bf16 values), streams as `cuda_stream` (a `cudaStream_t`; nullptr = the legacy
@@ -17,7 +17,6 @@
 
 #include "zipage/backend/cuda/dtype.hpp"  // cuda_stream
 #include "zipage/backend/cuda/paged_kv_view.hpp"
-#include "zipage/model/model_config.hpp"  // rope_style
 
 namespace zipage::cuda {
 
@@ -87,45 +86,5 @@ struct prefill_params {
 };
 
 void paged_prefill_attention(const prefill_params& p, cuda_stream stream);
-
-// ---------------------------------------------------------------------------------------------------
-// Elementwise ops. Row strides are in elements; 0 means "contiguous" (the row's own width).
-
-// Writes token t's K/V rows ([num_kv_heads * head_dim] bf16 each) into pool slot slot_mapping[t]
-// (block * block_size + offset) of the layer's cache; a negative slot skips the token (padding).
-// kv_heads * head_dim must be a multiple of 8.
-void append_kv(void* k_cache, void* v_cache, const void* k, const void* v, const std::int64_t* slot_mapping,
-               int num_tokens, int num_kv_heads, int head_dim, std::int64_t k_row_stride,
-               std::int64_t v_row_stride, cuda_stream stream);
-
-enum class weight_dtype { bf16, f32 };
-
-// out = x / sqrt(mean(x^2) + eps) * weight over each `width`-wide segment of every row (width == cols:
-// row-wise RMSNorm; width == head_dim: per-head q/k norm). x, out: bf16 [rows][cols] (out may be x);
-// weight: [width] in bf16 or fp32. width must divide cols and be a multiple of 8.
-void rms_norm(const void* x, const void* weight, weight_dtype wdtype, void* out, std::int64_t rows, int cols,
-              int width, float eps, cuda_stream stream);
-
-// Rotates, in place, every head of every row by positions[row]; heads start at x + row*row_stride
-// + h*head_dim (row_stride 0 = num_heads*head_dim). Style as zipage::rope_style / cpu::rope.
-void rope(void* x, const std::int32_t* positions, std::int64_t rows, int num_heads, int head_dim,
-          std::int64_t row_stride, float theta, rope_style style, cuda_stream stream);
-
-// out[r][c] = silu(gate[r][c]) * up[r][c]; gate/up rows at stride in_row_stride (0 = cols), so a fused
-// [rows][2*cols] gate|up buffer works with up = gate + cols, in_row_stride = 2*cols. out: [rows][cols].
-void silu_mul(const void* gate, const void* up, void* out, std::int64_t rows, int cols, std::int64_t in_row_stride,
-              cuda_stream stream);
-
-// out[t] = table[ids[t]] for bf16 rows of `cols` elements (embedding lookup, gather_rows).
-// An id outside [0, num_rows) yields a row of zeros.
-void gather_rows(const void* table, std::int64_t num_rows, int cols, const std::int32_t* ids, int num_ids, void* out,
-                 cuda_stream stream);
-inline void embedding(const void* table, std::int64_t vocab, int hidden, const std::int32_t* ids, int num_ids,
-                      void* out, cuda_stream stream) {
-  gather_rows(table, vocab, hidden, ids, num_ids, out, stream);
-}
-
-// out = a + b (bf16, fp32 add); out may alias a or b (residual add).
-void add(const void* a, const void* b, void* out, std::int64_t n, cuda_stream stream);
 
 }  // namespace zipage::cuda

@@ -1,0 +1,42 @@
+#pragma once
+// Private to src/cuda/ (not installed): the per-kernel launchers behind the public one-per-op launchers
+// of backend/cuda/ops.hpp, which pick between them (src/cuda/ops.cpp). `tuned` launchers run the bf16
+// kernels of backend/cuda/elementwise.cuh (src/cuda/elementwise.cu) and check their own preconditions;
+// `reference` launchers run the any-shape fp32/bf16 kernels (src/cuda/reference_ops.cu). Arguments and
+// shapes as in ops.hpp.
+#include <cstdint>
+
+#include "zipage/backend/cuda/dtype.hpp"
+#include "zipage/backend/cuda/ops.hpp"
+
+namespace zipage::cuda::tuned {
+
+void gather_rows(const void* table, std::int64_t num_rows, int cols, const std::int32_t* ids, int num_ids, void* out,
+                 cuda_stream stream);
+void rms_norm(const void* x, cuda_dtype wt, const void* weight, void* out, std::int64_t rows, int cols, int width,
+              float eps, cuda_stream stream);
+void rope(void* x, const std::int32_t* positions, std::int64_t rows, int num_heads, int head_dim,
+          std::int64_t row_stride, float theta, rope_style style, cuda_stream stream);
+void silu_mul(const void* gate, const void* up, void* out, std::int64_t rows, int cols, std::int64_t in_row_stride,
+              cuda_stream stream);
+void add(const void* a, const void* b, void* out, std::int64_t n, cuda_stream stream);
+void append_kv(void* k_cache, void* v_cache, const void* k, const void* v, const std::int64_t* slots, int num_tokens,
+               int num_kv_heads, int head_dim, std::int64_t k_row_stride, std::int64_t v_row_stride,
+               cuda_stream stream);
+
+}  // namespace zipage::cuda::tuned
+
+namespace zipage::cuda::reference {
+
+void gather_rows(cuda_dtype t, const void* table, std::int64_t num_rows, int cols, const std::int32_t* ids,
+                 int num_ids, void* out, cuda_stream stream);
+void rms_norm(cuda_dtype t, const void* x, cuda_dtype wt, const void* weight, void* out, std::int64_t rows, int cols,
+              int width, float eps, cuda_stream stream);
+void rope(cuda_dtype t, const rope_params& p, cuda_stream stream);
+void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::int64_t rows, int cols,
+              std::int64_t in_row_stride, cuda_stream stream);
+void add(cuda_dtype t, const void* a, const void* b, void* out, std::int64_t n, cuda_stream stream);
+void append_kv(cuda_dtype t, const append_kv_params& p, cuda_stream stream);      // bf16 / fp32 cache
+void append_kv_fp8(cuda_dtype t, const append_kv_params& p, cuda_stream stream);  // FP8 cache (quantising)
+
+}  // namespace zipage::cuda::reference

@@ -1,0 +1,87 @@
+// The one launcher per op of backend/cuda/ops.hpp: each checks what both of its kernels need, then
+// applies the rule written next to its declaration and calls the tuned bf16 launcher or the reference
+// one (kernel_launchers.hpp). Host code only; the kernels are in elementwise.cu and reference_ops.cu.
+#include <cstdint>
+
+#include "kernel_launchers.hpp"
+#include "zipage/backend/cuda/ops.hpp"
+#include "zipage/core/error.hpp"
+
+namespace zipage::cuda {
+
+namespace {
+
+bool aligned(const void* p, std::uintptr_t bytes) { return (reinterpret_cast<std::uintptr_t>(p) % bytes) == 0; }
+bool aligned16(const void* p) { return aligned(p, 16); }
+
+// The first condition of every rule: the caller asked for the tuned kernel and the data is bf16.
+bool tuned_bf16(cuda_dtype t, kernel_variant v) { return v == kernel_variant::tuned && t == cuda_dtype::bf16; }
+
+}  // namespace
+
+void gather_rows(cuda_dtype t, const void* table, std::int64_t num_rows, int cols, const std::int32_t* ids,
+                 int num_ids, void* out, kernel_variant v, cuda_stream stream) {
+  check(num_rows >= 0 && cols >= 0 && num_ids >= 0, "gather_rows: negative shape (num_rows ", num_rows, ", cols ", cols,
+        ", num_ids ", num_ids, ")");
+  if (tuned_bf16(t, v))
+    tuned::gather_rows(table, num_rows, cols, ids, num_ids, out, stream);
+  else
+    reference::gather_rows(t, table, num_rows, cols, ids, num_ids, out, stream);
+}
+
+void rms_norm(cuda_dtype t, const void* x, cuda_dtype wt, const void* weight, void* out, std::int64_t rows, int cols,
+              int width, float eps, kernel_variant v, cuda_stream stream) {
+  check(width > 0 && cols % width == 0, "rms_norm: width ", width, " does not divide the row of ", cols);
+  if (tuned_bf16(t, v) && width % 8 == 0 && aligned16(x) && aligned16(weight) && aligned16(out))
+    tuned::rms_norm(x, wt, weight, out, rows, cols, width, eps, stream);
+  else
+    reference::rms_norm(t, x, wt, weight, out, rows, cols, width, eps, stream);
+}
+
+void rope(cuda_dtype t, const rope_params& p, kernel_variant v, cuda_stream stream) {
+  check(p.head_dim > 0 && p.head_dim % 2 == 0 && p.head_dim <= 512, "rope: head_dim ", p.head_dim,
+        " must be even and <= 512");
+  check(p.row_stride == 0 || p.row_stride >= std::int64_t{p.num_heads} * p.head_dim, "rope: row_stride ", p.row_stride,
+        " is shorter than num_heads * head_dim");
+  const bool pairs_aligned = p.style == rope_style::half || (aligned(p.x, 4) && p.row_stride % 2 == 0);
+  if (tuned_bf16(t, v) && p.inv_freq == nullptr && pairs_aligned)
+    tuned::rope(p.x, p.positions, p.rows, p.num_heads, p.head_dim, p.row_stride, p.theta, p.style, stream);
+  else
+    reference::rope(t, p, stream);
+}
+
+void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::int64_t rows, int cols,
+              std::int64_t in_row_stride, kernel_variant v, cuda_stream stream) {
+  check(in_row_stride == 0 || in_row_stride >= cols, "silu_mul: in_row_stride ", in_row_stride,
+        " is shorter than the row of ", cols);
+  if (tuned_bf16(t, v))
+    tuned::silu_mul(gate, up, out, rows, cols, in_row_stride, stream);
+  else
+    reference::silu_mul(t, gate, up, out, rows, cols, in_row_stride, stream);
+}
+
+void add(cuda_dtype t, const void* a, const void* b, void* out, std::int64_t n, kernel_variant v, cuda_stream stream) {
+  if (tuned_bf16(t, v))
+    tuned::add(a, b, out, n, stream);
+  else
+    reference::add(t, a, b, out, n, stream);
+}
+
+void append_kv(cuda_dtype t, const append_kv_params& p, kernel_variant v, cuda_stream stream) {
+  check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "append_kv: an FP8 cache needs both kv.k_scale and "
+        "kv.v_scale");
+  const std::int64_t width = std::int64_t{p.kv.num_kv_heads} * p.kv.head_dim;
+  check((p.k_row_stride == 0 || p.k_row_stride >= width) && (p.v_row_stride == 0 || p.v_row_stride >= width),
+        "append_kv: k_row_stride ", p.k_row_stride, " / v_row_stride ", p.v_row_stride, " shorter than the row of ",
+        width);
+  if (p.kv.fp8()) return reference::append_kv_fp8(t, p, stream);
+  const bool vectors = width % 8 == 0 && p.k_row_stride % 8 == 0 && p.v_row_stride % 8 == 0 &&
+                       aligned16(p.kv.k_cache) && aligned16(p.kv.v_cache) && aligned16(p.k) && aligned16(p.v);
+  if (tuned_bf16(t, v) && vectors)
+    tuned::append_kv(p.kv.k_cache, p.kv.v_cache, p.k, p.v, p.slots, p.num_tokens, p.kv.num_kv_heads, p.kv.head_dim,
+                     p.k_row_stride, p.v_row_stride, stream);
+  else
+    reference::append_kv(t, p, stream);
+}
+
+}  // namespace zipage::cuda
