@@ -14,12 +14,14 @@
 //   lm_head.weight                                 [vocab][hidden] (absent, or ignored, when tied)
 // FP8 checkpoints (Qwen3-*-FP8, models/hf_fp8.hpp): a matrix stored as F8_E4M3 needs its
 // `<name>_scale_inv` block scales ([ceil(rows/br)][ceil(cols/bc)], finite and > 0) and a
-// quantization_config in config.json; it is dequantised exactly at load into the backend's weights.
+// quantization_config in config.json; it is dequantised exactly at load into the backend's weights (and, on a
+// backend with FP8 linear weights, re-quantised from those fp32 values: docs/fp8.md "FP8 weights").
 // Every shape is checked; a tensor the model would not use (other than a tied lm_head or old
 // rotary_emb.inv_freq buffers) is an error, so an unsupported variant never loads silently wrong.
 #include <cmath>
 #include <filesystem>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,13 +44,14 @@ class hf_weight_reader {
   hf_weight_reader(const safetensors::checkpoint& ckpt, const Backend& backend, const hf_quantization& quant = {})
       : ckpt_(ckpt), backend_(backend), quant_(quant) {}
 
-  // A 2-D [rows][cols] tensor.
-  tensor matrix(const std::string& name, int rows, int cols) {
+  // A 2-D [rows][cols] tensor. `linear`: a transformer block's linear weight, which a backend with
+  // linear_weight_from_host (cuda_backend: FP8 weights, docs/fp8.md) stores its own way from the fp32 values.
+  tensor matrix(const std::string& name, int rows, int cols, bool linear = false) {
     const auto& t = ckpt_.tensor(name);
     check(t.shape.size() == 2 && t.shape[0] == rows && t.shape[1] == cols, *t.file, ": tensor '", name,
           "' has shape ", t.shape_string(), ", expected [", rows, ", ", cols, "]");
-    if (t.type == safetensors::dtype::f8_e4m3) return load_fp8(t, rows, cols);
-    return load(t, rows, cols);
+    if (t.type == safetensors::dtype::f8_e4m3) return load_fp8(t, rows, cols, linear);
+    return load(t, rows, cols, linear);
   }
   // A 1-D [n] tensor, as a [1][n] backend tensor.
   tensor vector(const std::string& name, int n) {
@@ -71,15 +74,21 @@ class hf_weight_reader {
   }
 
  private:
-  tensor load(const safetensors::tensor_info& t, int rows, int cols) {
+  tensor load(const safetensors::tensor_info& t, int rows, int cols, bool linear = false) {
     used_.insert(t.name);
     buffer_.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
     ckpt_.to_f32(t, buffer_);
+    return upload(rows, cols, linear);
+  }
+
+  tensor upload(int rows, int cols, bool linear) {
+    if constexpr (requires { backend_.linear_weight_from_host(std::span<const float>(buffer_), rows, cols, true); })
+      if (linear) return backend_.linear_weight_from_host(buffer_, rows, cols, quant_.fp8);
     return backend_.from_host(buffer_, rows, cols);
   }
 
   // An F8_E4M3 [rows][cols] weight and its `_scale_inv`, dequantised: decode(code) * scale.
-  tensor load_fp8(const safetensors::tensor_info& t, int rows, int cols) {
+  tensor load_fp8(const safetensors::tensor_info& t, int rows, int cols, bool linear) {
     check(quant_.fp8, *t.file, ": tensor '", json::printable(t.name),
           "' has dtype F8_E4M3 but config.json has no quantization_config (quant_method 'fp8')");
     const std::string scale_name = t.name + "_scale_inv";
@@ -103,7 +112,7 @@ class hf_weight_reader {
     buffer_.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
     dequantize_fp8_blocks(ckpt_.fp8_e4m3_codes(t), rows, cols, scale_, quant_.block_rows, quant_.block_cols, buffer_,
                           *t.file + ": tensor '" + json::printable(t.name) + "'");
-    return backend_.from_host(buffer_, rows, cols);
+    return upload(rows, cols, linear);
   }
 
   const safetensors::checkpoint& ckpt_;
@@ -129,10 +138,10 @@ llama_model<Backend> load_hf_model(const model_config& c, const safetensors::che
     const std::string p = "model.layers." + std::to_string(l) + ".";
     llama_layer_weights<Backend> lw;
     lw.attn_norm = r.vector(p + "input_layernorm.weight", c.hidden_size);
-    lw.wq = r.matrix(p + "self_attn.q_proj.weight", c.q_size(), c.hidden_size);
-    lw.wk = r.matrix(p + "self_attn.k_proj.weight", c.kv_size(), c.hidden_size);
-    lw.wv = r.matrix(p + "self_attn.v_proj.weight", c.kv_size(), c.hidden_size);
-    lw.wo = r.matrix(p + "self_attn.o_proj.weight", c.hidden_size, c.q_size());
+    lw.wq = r.matrix(p + "self_attn.q_proj.weight", c.q_size(), c.hidden_size, true);
+    lw.wk = r.matrix(p + "self_attn.k_proj.weight", c.kv_size(), c.hidden_size, true);
+    lw.wv = r.matrix(p + "self_attn.v_proj.weight", c.kv_size(), c.hidden_size, true);
+    lw.wo = r.matrix(p + "self_attn.o_proj.weight", c.hidden_size, c.q_size(), true);
     if (c.qkv_bias) {
       lw.bq = r.vector(p + "self_attn.q_proj.bias", c.q_size());
       lw.bk = r.vector(p + "self_attn.k_proj.bias", c.kv_size());
@@ -143,9 +152,9 @@ llama_model<Backend> load_hf_model(const model_config& c, const safetensors::che
       lw.k_norm = r.vector(p + "self_attn.k_norm.weight", c.head_dim);
     }
     lw.ffn_norm = r.vector(p + "post_attention_layernorm.weight", c.hidden_size);
-    lw.w_gate = r.matrix(p + "mlp.gate_proj.weight", c.ffn_size, c.hidden_size);
-    lw.w_up = r.matrix(p + "mlp.up_proj.weight", c.ffn_size, c.hidden_size);
-    lw.w_down = r.matrix(p + "mlp.down_proj.weight", c.hidden_size, c.ffn_size);
+    lw.w_gate = r.matrix(p + "mlp.gate_proj.weight", c.ffn_size, c.hidden_size, true);
+    lw.w_up = r.matrix(p + "mlp.up_proj.weight", c.ffn_size, c.hidden_size, true);
+    lw.w_down = r.matrix(p + "mlp.down_proj.weight", c.hidden_size, c.ffn_size, true);
     w.layers.push_back(std::move(lw));
   }
   w.final_norm = r.vector("model.norm.weight", c.hidden_size);

@@ -2,6 +2,7 @@
 // The Llama family as an engine model type: RMSNorm → GQA attention with RoPE → SwiGLU MLP, tied or
 // untied embeddings, with the optional pieces of its descendants (q/k/v bias as in Qwen2, per-head q/k
 // RMSNorm as in Qwen3) so one implementation serves them all. Generic over the backend.
+#include <concepts>
 #include <optional>
 #include <string>
 #include <vector>
@@ -117,6 +118,28 @@ class llama_model {
   tensor logits_;
 };
 
+// A backend that can store linear weights its own way (cuda_backend: FP8 E4M3 with 128x128 block scales,
+// docs/fp8.md "FP8 weights") says so with prepare_linear_weight(tensor&, bool fp8_checkpoint), which converts a
+// loaded weight in place (or leaves it) and returns whether it converted; cpu_backend has none.
+template <class Backend>
+concept prepares_linear_weights = requires(const Backend& b, typename Backend::tensor& t) {
+  { b.prepare_linear_weight(t, true) } -> std::convertible_to<bool>;
+};
+
+// Hands every transformer-block linear weight (q/k/v/o, gate/up/down — never the embedding, lm_head or norms)
+// to the backend's hook, if it has one; returns how many it converted. `fp8_checkpoint`: the weights come from an
+// FP8 checkpoint (a backend's "auto" then converts them, as vLLM runs FP8 checkpoints in FP8).
+template <class Backend>
+int prepare_linear_weights(const Backend& backend, llama_weights<Backend>& w, bool fp8_checkpoint = false) {
+  int converted = 0;
+  if constexpr (prepares_linear_weights<Backend>) {
+    for (auto& l : w.layers)
+      for (auto* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+        converted += backend.prepare_linear_weight(*t, fp8_checkpoint) ? 1 : 0;
+  }
+  return converted;
+}
+
 namespace detail {
 
 inline std::string shape_string(const gguf::tensor_info& t) {
@@ -199,6 +222,7 @@ llama_model<Backend> load_llama_gguf(const gguf::file& f, const Backend& backend
   }
   w.final_norm = m("output_norm.weight", 1, c.hidden_size);
   if (!c.tied_embeddings) w.lm_head = m("output.weight", c.vocab_size, c.hidden_size);
+  prepare_linear_weights(backend, w);
   return llama_model<Backend>(c, std::move(w));
 }
 

@@ -151,6 +151,11 @@ struct context {
 
   graph_state graph;  // run_decode_graph (engine thread, main stream)
 
+  // FP8 linear layers (fp8_linear.cu): the activations' codes and scales of the current linear() (engine thread,
+  // main stream; grown outside stream capture only), and how many linear weights became FP8 or were kept.
+  device_scratch fp8_ws;
+  int fp8_weights = 0, fp8_weights_kept = 0;  // under counters_mu
+
   explicit context(const cuda_backend_options& o) : opts(o), streams(o.device) {
     activate();
     cudaMemPool_t pool = nullptr;
@@ -245,8 +250,22 @@ struct access {
     b.capacity_ = 0;
     b.ctx_.reset();
   }
+  static cuda_buffer& scale(cuda_tensor& t) { return t.scale_; }
+  static const cuda_buffer& scale(const cuda_tensor& t) { return t.scale_; }
+  // Makes `t` an FP8 linear weight [rows][cols]: E4M3 codes and their block scales (cuda_tensor::scales()).
+  static void set_e4m3(cuda_tensor& t, cuda_buffer&& codes, cuda_buffer&& scales, int rows, int cols) {
+    t.buf_ = std::move(codes);
+    t.scale_ = std::move(scales);
+    t.rows_ = rows;
+    t.cols_ = cols;
+    t.dtype_ = cuda_dtype::e4m3;
+  }
   // Gives `t` the shape [rows][cols] of dtype dt, growing its buffer when needed (contents undefined).
+  // Every op sizes its output with its input's dtype here, so this is where an op that cannot take an FP8
+  // weight (anything but linear()'s weight operand) refuses it.
   static void shape(const std::shared_ptr<context>& ctx, cuda_tensor& t, int rows, int cols, cuda_dtype dt) {
+    check(dt != cuda_dtype::e4m3, "cuda_backend: an e4m3 tensor (an FP8 linear weight) can only be the weight of "
+          "linear(); this op takes bf16 or f32 tensors");
     check(rows >= 0 && cols >= 0, "cuda_backend: negative tensor shape ", rows, "x", cols);
     reserve(ctx, t.buf_, static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) * dtype_bytes(dt));
     t.rows_ = rows;

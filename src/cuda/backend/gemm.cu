@@ -1,5 +1,5 @@
 // zipage::cuda_backend (backend/cuda/cuda_backend.hpp): linear layers — cuBLASLt plans cached per shape and
-// alignment, and the fixed-order (batch-invariant) fp32 GEMM.
+// alignment, and the fixed-order (batch-invariant) fp32 GEMM; an FP8 (e4m3) weight goes to fp8_linear.cu.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "context.cuh"
+#include "fp8_linear.cuh"
 #include "zipage/backend/cuda/ops.hpp"
 
 namespace zipage {
@@ -63,8 +64,9 @@ const cuda_detail::gemm_plan& gemm_plan_for(context& c, int m, int n, int k, cud
 void cuda_backend::linear(const cuda_tensor& x, const cuda_tensor& w, cuda_tensor& out) const {
   context& c = use(ctx_);
   check(x.cols() == w.cols(), "linear: input width ", x.cols(), " does not match weight input width ", w.cols());
-  check(x.dtype() == w.dtype(), "linear: input is ", to_string(x.dtype()), " but the weight is ", to_string(w.dtype()));
   check(&x != &out && &w != &out, "linear: the output may not alias an input");
+  if (w.dtype() == cuda_dtype::e4m3) return cuda_detail::fp8_linear(ctx_, x, w, out);  // FP8 weight (fp8_linear.cu)
+  check(x.dtype() == w.dtype(), "linear: input is ", to_string(x.dtype()), " but the weight is ", to_string(w.dtype()));
   access::shape(ctx_, out, x.rows(), w.rows(), x.dtype());
   const int m = x.rows(), n = w.rows(), k = x.cols();
   if (m == 0 || n == 0) return;

@@ -28,6 +28,16 @@ cuda_tensor& cuda_tensor::operator=(const cuda_tensor& o) {
     dtype_ = o.dtype_;
     return *this;
   }
+  if (o.dtype_ == cuda_dtype::e4m3) {  // an FP8 weight: codes and block scales
+    cuda_buffer codes, scales;
+    const std::size_t sbytes = o.scale_.capacity();
+    access::reserve(ctx, codes, o.bytes());
+    access::reserve(ctx, scales, sbytes);
+    ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(codes.data(), o.data(), o.bytes(), cudaMemcpyDeviceToDevice, ctx->stream));
+    ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(scales.data(), o.scales(), sbytes, cudaMemcpyDeviceToDevice, ctx->stream));
+    access::set_e4m3(*this, std::move(codes), std::move(scales), o.rows_, o.cols_);
+    return *this;
+  }
   access::shape(ctx, *this, o.rows_, o.cols_, o.dtype_);
   ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(data(), o.data(), o.bytes(), cudaMemcpyDeviceToDevice, ctx->stream));
   return *this;
@@ -73,6 +83,7 @@ std::vector<float> cuda_backend::to_host(const cuda_tensor& t) const {
   const auto t0 = cuda_detail::clock::now();
   context& c = use(ctx_);
   c.activate();
+  check(t.dtype() != cuda_dtype::e4m3, "to_host: an e4m3 tensor is an FP8 linear weight; read it with fp8_weight_to_host");
   const auto n = static_cast<std::size_t>(t.size());
   std::vector<float> out;
   if (n == 0) {

@@ -8,7 +8,10 @@
 //    stream-ordered memory pool: the model's activation tensors are members, so steady-state steps
 //    allocate nothing from the driver.
 //  * linear: cuBLASLt (bf16 in, fp32 accumulate; fp32 mode: fp32 GEMM, no TF32), or a fixed-order GEMM
-//    whose rows do not depend on the batch (`batch_invariant`, fp32 parity tests).
+//    whose rows do not depend on the batch (`batch_invariant`, fp32 parity tests). FP8 weights
+//    (`weight_dtype`, docs/fp8.md "FP8 weights"): E4M3 codes + 128x128 block scales made at load by
+//    prepare_linear_weight; linear() quantises the bf16 activations per token and 128-column group into a
+//    workspace and runs cuBLASLt's block-scaled FP8 GEMM (bf16 out).
 //  * attention: the step's host attention_metadata is packed, compared with the last step's, and copied
 //    to the device once per step (one pinned staging buffer, one cudaMemcpyAsync); every layer reuses
 //    it. K/V are appended by slot, window queries recorded, then the tuned bf16 prefill kernel (a step
@@ -64,6 +67,7 @@
 #include "zipage/compression/compression_job.hpp"
 #include "zipage/core/kv_cache_dtype.hpp"
 #include "zipage/core/types.hpp"
+#include "zipage/core/weight_dtype.hpp"
 #include "zipage/kv/paged_kv.hpp"
 #include "zipage/model/concepts.hpp"
 #include "zipage/model/model_config.hpp"
@@ -80,6 +84,12 @@ struct cuda_backend_options {
   // gathering (docs/fp8.md; the CPU reference is cpu_fp8kv_backend). The query-window cache stays in `dtype`,
   // the score cache fp32. FP8 needs head_dim % 4 == 0 (checked by allocate_kv).
   kv_cache_dtype kv_dtype = kv_cache_dtype::auto_;
+  // The transformer blocks' linear weights (vLLM's --quantization; docs/fp8.md "FP8 weights"): auto_ = the
+  // compute dtype except for an FP8 checkpoint, compute = always `dtype`, fp8_e4m3 = E4M3 codes + 128x128
+  // block scales, quantised at load by prepare_linear_weight / linear_weight_from_host, multiplied by
+  // cuBLASLt's block-scaled FP8 GEMM with activations quantised per token and 128-column group on the fly.
+  // FP8 needs bf16 compute; a weight whose shape cuBLASLt cannot take stays in `dtype` (counted).
+  zipage::weight_dtype weight_dtype = zipage::weight_dtype::auto_;
   int device = 0;
   // fp32 only: a fixed-order GEMM instead of cuBLASLt, so each row's result is the same whatever the
   // batch (cuBLASLt may pick another kernel, and another summation order, for another batch size).
@@ -142,9 +152,11 @@ class cuda_tensor {
   cuda_tensor(const cuda_tensor& o);
   cuda_tensor& operator=(const cuda_tensor& o);
   cuda_tensor(cuda_tensor&& o) noexcept
-      : buf_(std::move(o.buf_)), rows_(std::exchange(o.rows_, 0)), cols_(std::exchange(o.cols_, 0)), dtype_(o.dtype_) {}
+      : buf_(std::move(o.buf_)), scale_(std::move(o.scale_)), rows_(std::exchange(o.rows_, 0)),
+        cols_(std::exchange(o.cols_, 0)), dtype_(o.dtype_) {}
   cuda_tensor& operator=(cuda_tensor&& o) noexcept {
     buf_ = std::move(o.buf_);
+    scale_ = std::move(o.scale_);
     rows_ = std::exchange(o.rows_, 0);
     cols_ = std::exchange(o.cols_, 0);
     dtype_ = o.dtype_;
@@ -159,10 +171,15 @@ class cuda_tensor {
   [[nodiscard]] std::size_t bytes() const { return static_cast<std::size_t>(size()) * dtype_bytes(dtype_); }
   [[nodiscard]] void* data() { return buf_.data(); }
   [[nodiscard]] const void* data() const { return buf_.data(); }
+  // e4m3 (an FP8 linear weight) only: fp32 block scales [ceil(rows/128)][scale_ld()] (cuBLASLt's
+  // BLK128x128_32F layout: the K blocks of an output block row contiguous, padded with zeros to a multiple of 4).
+  [[nodiscard]] const float* scales() const { return static_cast<const float*>(scale_.data()); }
+  [[nodiscard]] int scale_ld() const { return (((cols_ + 127) / 128) + 3) & ~3; }
 
  private:
   friend struct cuda_detail::access;
   cuda_buffer buf_;
+  cuda_buffer scale_;  // e4m3 only
   int rows_ = 0;
   int cols_ = 0;
   cuda_dtype dtype_ = cuda_dtype::bf16;
@@ -238,6 +255,7 @@ struct cuda_backend_counters {
   std::int64_t graph_captures = 0;        // decode steps captured into a new graph
   std::int64_t graph_updates = 0;         // captures that updated an existing graph in place (cudaGraphExecUpdate)
   double graph_capture_seconds = 0.0;     // capture + instantiate / update
+  std::int64_t fp8_linears = 0;           // linear() calls with an FP8 weight (eager, and graph record passes)
 };
 
 class cuda_backend {
@@ -316,6 +334,28 @@ class cuda_backend {
   // and returns the logits `forward` returns; they are ready in stream order. `forward` may run twice
   // (record, capture) and must return a tensor that outlives the call (a model member).
   const tensor& run_decode_graph(int batch, const std::function<const tensor&()>& forward) const;
+
+  // ---- FP8 linear weights (optional model hooks; docs/fp8.md "FP8 weights")
+  // Whether linear weights become FP8 for a model loaded from a checkpoint that is (`fp8_checkpoint`) or is not
+  // FP8: options().weight_dtype resolved (zipage::fp8_weights), and the compute dtype is bf16.
+  [[nodiscard]] bool fp8_linear_weights(bool fp8_checkpoint) const;
+  // Quantises a [out][in] linear weight in place to E4M3 codes + 128x128 block scales (amax / 448; zero codes for
+  // an all-zero block; bit-exact with fp8_linear::quantize_weight on the same values) when
+  // fp8_linear_weights(fp8_checkpoint) holds and cuBLASLt can run the FP8 GEMM for its shape; otherwise leaves it
+  // as it is (a shape cuBLASLt refuses is counted in counters().fp8_weights_kept). Returns whether it is FP8 now.
+  bool prepare_linear_weight(tensor& w, bool fp8_checkpoint = false) const;
+  // A linear weight from fp32 host values: from_host, then prepare_linear_weight on the fp32 values (so an FP8
+  // checkpoint's dequantised weights are re-quantised from fp32, recovering its codes: docs/fp8.md).
+  [[nodiscard]] tensor linear_weight_from_host(std::span<const float> values, int rows, int cols,
+                                               bool fp8_checkpoint = false) const;
+  // Tests: an e4m3 weight's codes [rows][cols] and scales [ceil(rows/128)][ceil(cols/128)] (row-major, unpadded).
+  void fp8_weight_to_host(const tensor& w, std::vector<std::uint8_t>& codes, std::vector<float>& scales) const;
+  // Tests: the activation quantisation linear() runs on x ([rows][cols], bf16 or fp32): codes [rows][cols] and
+  // scales [rows][ceil(cols/128)] (row-major), from the same kernel and workspace.
+  void quantize_activations_to_host(const tensor& x, std::vector<std::uint8_t>& codes, std::vector<float>& scales) const;
+  // For the `weights:` line: how many linear weights prepare_linear_weight made FP8 over this backend's life, and
+  // how many it kept in the compute dtype because cuBLASLt's FP8 GEMM refuses their shape.
+  [[nodiscard]] std::string describe_weights() const;
 
   // ---- extras
   // A tensor filled on the device: uniform in [-scale, scale) from (seed, index), or a constant.

@@ -1,0 +1,386 @@
+// FP8 linear weights on the GPU (cuda_backend_options::weight_dtype, docs/fp8.md "FP8 weights") against the CPU
+// reference (core/fp8_linear.hpp):
+//  * weight block quantisation (from bf16 device values and from fp32 host values) and per-token activation
+//    quantisation: codes and scales bit-exact with fp8_linear::quantize_weight / quantize_activations;
+//  * linear() with an FP8 weight (cuBLASLt's block-scaled FP8 GEMM) against fp8_linear::gemm on the same codes and
+//    scales, over M in {1, 7, 64, 300, 1024} and (N, K) in {(4096, 4096), (12288, 4096), (4096, 12288),
+//    (1024, 256)}, plus ragged shapes (kept bf16 when cuBLASLt or the 16-byte rule refuses them, reported);
+//    tolerance: |out - ref| <= 2^-7 |ref| + 2^-7 rms(ref) (bf16 output rounding, 2^-9 relative, and fp32
+//    accumulation in another order);
+//  * an FP8 linear inside a CUDA graph (record, capture, replay; same output as eager);
+//  * the whole engine on a random FP8 Qwen3 checkpoint (tests/support/fp8_checkpoint.hpp, the fixture's writer):
+//    FP8 weights against the dequantised bf16 weights, greedy: teacher-forced top-1 agreement, logit drift
+//    (reported; asserted loosely), free-running agreement; the re-quantised codes equal the checkpoint's where
+//    a block's largest code is +-448.
+// Prints SKIPPED and exits 77 where there is no CUDA device.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "zipage/backend/cuda/cuda_backend.hpp"
+#include "zipage/core/fp8_linear.hpp"
+#include "zipage/cuda/device.hpp"
+#include "zipage/engine/engine.hpp"
+#include "zipage/models/hf_loader.hpp"
+#include "zipage/models/llama.hpp"
+#include "zipage/policy/policies.hpp"
+#include "fp8_checkpoint.hpp"
+
+using namespace zipage;
+
+namespace {
+
+cuda_backend fp8_backend(bool graphs = false) {
+  cuda_backend_options o;
+  o.weight_dtype = weight_dtype::fp8_e4m3;
+  o.cuda_graphs = graphs;
+  return cuda_backend(o);
+}
+
+std::vector<float> normal(std::size_t n, float sigma, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// A bf16 device tensor of N(0, sigma) values and the values it holds (bf16-rounded), as floats.
+cuda_tensor device_normal(const cuda_backend& b, int rows, int cols, float sigma, unsigned seed, std::vector<float>& held) {
+  auto t = b.from_host(normal(static_cast<std::size_t>(rows) * cols, sigma, seed), rows, cols);
+  held = b.to_host(t);
+  return t;
+}
+
+int mismatches(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b) {
+  if (a.size() != b.size()) return -1;
+  int n = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+int mismatches(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return -1;
+  int n = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("fp8 weights: block quantisation is bit-exact with the CPU reference (bf16 device values, fp32 host values)") {
+  const auto b = fp8_backend();
+  for (const auto& [n, k] : {std::pair{1024, 256}, std::pair{4096, 4096}, std::pair{256, 384}}) {
+    std::vector<float> held;
+    auto w = device_normal(b, n, k, 0.02f, 7u + static_cast<unsigned>(n), held);
+    for (int j = 0; j < 128; ++j) held[static_cast<std::size_t>(j)] = 0.0f;  // row 0 of block (0, 0) ...
+    w = b.from_host(held, n, k);                                              // (exact: zeros and bf16 values)
+    REQUIRE(b.prepare_linear_weight(w));
+    REQUIRE(w.dtype() == cuda_dtype::e4m3);
+    std::vector<std::uint8_t> codes;
+    std::vector<float> scales;
+    b.fp8_weight_to_host(w, codes, scales);
+    const auto ref = fp8_linear::quantize_weight(held, n, k);
+    CHECK(mismatches(codes, ref.codes) == 0);
+    CHECK(mismatches(scales, ref.scales) == 0);
+    MESSAGE("[", n, "][", k, "]: ", codes.size(), " codes and ", scales.size(), " block scales bit-exact");
+  }
+  // From fp32 host values (the loader's path: no bf16 rounding first), with an all-zero block.
+  const int n = 256, k = 256;
+  auto host = normal(static_cast<std::size_t>(n) * k, 0.05f, 11);
+  for (int i = 128; i < 256; ++i)
+    for (int j = 0; j < 128; ++j) host[static_cast<std::size_t>(i) * k + j] = 0.0f;
+  const auto w = b.linear_weight_from_host(host, n, k);
+  REQUIRE(w.dtype() == cuda_dtype::e4m3);
+  std::vector<std::uint8_t> codes;
+  std::vector<float> scales;
+  b.fp8_weight_to_host(w, codes, scales);
+  const auto ref = fp8_linear::quantize_weight(host, n, k);
+  CHECK(mismatches(codes, ref.codes) == 0);
+  CHECK(mismatches(scales, ref.scales) == 0);
+  CHECK(scales[2] == 0.0f);
+}
+
+TEST_CASE("fp8 weights: per-token activation quantisation is bit-exact with the CPU reference") {
+  const auto b = fp8_backend();
+  for (const auto& [m, k] : {std::pair{1, 4096}, std::pair{7, 300}, std::pair{300, 12288}, std::pair{1024, 256}}) {
+    std::vector<float> held;
+    auto x = device_normal(b, m, k, 1.5f, 100u + static_cast<unsigned>(m), held);
+    held[0] = 0.0f;
+    for (int j = 0; j < std::min(k, 128); ++j) held[static_cast<std::size_t>(j)] = 0.0f;  // token 0, group 0: zeros
+    if (m > 1) held[static_cast<std::size_t>(k) + 3] = 3.0e38f;                           // token 1: a huge amax
+    x = b.from_host(held, m, k);
+    held = b.to_host(x);
+    std::vector<std::uint8_t> codes;
+    std::vector<float> scales;
+    b.quantize_activations_to_host(x, codes, scales);
+    const auto ref = fp8_linear::quantize_activations(held, m, k);
+    CHECK(mismatches(codes, ref.codes) == 0);
+    CHECK(mismatches(scales, ref.scales) == 0);
+    CHECK(scales[0] == 0.0f);
+  }
+}
+
+namespace {
+
+struct linear_error {
+  double max_abs = 0, max_rel_excess = 0, rms_ref = 0, rel_rms = 0;
+  bool ok = true;
+};
+
+// linear(x, w) with an FP8 weight against fp8_linear::gemm on the device's own codes and scales.
+linear_error check_fp8_linear(const cuda_backend& b, int m, int n, int k) {
+  std::vector<float> wv, xv;
+  auto w = device_normal(b, n, k, 1.0f / std::sqrt(float(k)), 17u + static_cast<unsigned>(n + k), wv);
+  auto x = device_normal(b, m, k, 1.0f, 23u + static_cast<unsigned>(m), xv);
+  REQUIRE(b.prepare_linear_weight(w));
+  fp8_linear::quantized wq{n, k, {}, {}}, xq{m, k, {}, {}};
+  b.fp8_weight_to_host(w, wq.codes, wq.scales);
+  b.quantize_activations_to_host(x, xq.codes, xq.scales);
+  cuda_tensor out;
+  b.linear(x, w, out);
+  const auto all = b.to_host(out);
+  // The double reference on every row, or on 24 rows spread over the batch for the big shapes (each row's
+  // quantisation and product depend on that row only).
+  std::vector<int> rows;
+  const int step = std::int64_t{m} * n * k > (std::int64_t{1} << 32) ? std::max(1, m / 24) : 1;
+  for (int r = 0; r < m; r += step) rows.push_back(r);
+  fp8_linear::quantized xs{static_cast<int>(rows.size()), k, {}, {}};
+  std::vector<float> got;
+  const int g = fp8_linear::groups(k);
+  for (const int r : rows) {
+    xs.codes.insert(xs.codes.end(), xq.codes.begin() + std::int64_t{r} * k, xq.codes.begin() + std::int64_t{r + 1} * k);
+    xs.scales.insert(xs.scales.end(), xq.scales.begin() + std::int64_t{r} * g, xq.scales.begin() + std::int64_t{r + 1} * g);
+    got.insert(got.end(), all.begin() + std::int64_t{r} * n, all.begin() + std::int64_t{r + 1} * n);
+  }
+  const auto ref = fp8_linear::gemm(xs, wq);
+  linear_error e;
+  double s2 = 0, d2 = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) s2 += ref[i] * ref[i];
+  e.rms_ref = std::sqrt(s2 / double(ref.size()));
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - ref[i]);
+    d2 += d * d;
+    e.max_abs = std::max(e.max_abs, d);
+    const double allowed = 0x1p-7 * std::fabs(ref[i]) + 0x1p-7 * e.rms_ref;
+    e.max_rel_excess = std::max(e.max_rel_excess, d / allowed);
+    e.ok = e.ok && d <= allowed;
+  }
+  e.rel_rms = std::sqrt(d2 / s2);
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("fp8 weights: linear() (cuBLASLt block-scaled FP8 GEMM) against the CPU reference") {
+  const auto b = fp8_backend();
+  for (const auto& [n, k] : {std::pair{4096, 4096}, std::pair{12288, 4096}, std::pair{4096, 12288}, std::pair{1024, 256}})
+    for (const int m : {1, 7, 64, 300, 1024}) {
+      const auto e = check_fp8_linear(b, m, n, k);
+      MESSAGE("m ", m, " n ", n, " k ", k, ": max |out - ref| ", e.max_abs, " (rms ref ", e.rms_ref, "), relative RMS ",
+              e.rel_rms, ", worst |err| / tolerance ", e.max_rel_excess);
+      CHECK(e.ok);
+    }
+  // Ragged shapes: FP8 where cuBLASLt takes them (checked), else kept bf16 (counted and reported).
+  for (const auto& [n, k] : {std::pair{1040, 400}, std::pair{1000, 333}, std::pair{272, 144}}) {
+    std::vector<float> held;
+    auto w = device_normal(b, n, k, 0.05f, 5, held);
+    const bool fp8 = b.prepare_linear_weight(w);
+    MESSAGE("ragged [", n, "][", k, "]: ", fp8 ? "FP8 (cuBLASLt takes it)" : "kept bf16 (FP8 GEMM refused)");
+    if (k % 16 != 0) CHECK_FALSE(fp8);
+    if (fp8) {
+      const auto e = check_fp8_linear(b, 7, n, k);
+      MESSAGE("  m 7: max |out - ref| ", e.max_abs, ", relative RMS ", e.rel_rms);
+      CHECK(e.ok);
+    }
+  }
+  MESSAGE(b.describe_weights());
+}
+
+TEST_CASE("fp8 weights: other ops refuse an e4m3 tensor, and linear refuses non-bf16 activations") {
+  const auto b = fp8_backend();
+  auto w = b.random_tensor(256, 256, 0.1f, 3);
+  REQUIRE(b.prepare_linear_weight(w));
+  cuda_tensor out;
+  const std::vector<token_id> ids{1, 2};
+  CHECK_THROWS_WITH_AS(b.embedding(w, ids, out), doctest::Contains("e4m3"), error);
+  CHECK_THROWS_WITH_AS((void)b.to_host(w), doctest::Contains("e4m3"), error);
+  cuda_backend_options o;
+  o.dtype = cuda_dtype::f32;
+  o.weight_dtype = weight_dtype::fp8_e4m3;
+  const cuda_backend f(o);
+  auto wf = f.random_tensor(256, 256, 0.1f, 3);
+  CHECK_FALSE(f.prepare_linear_weight(wf));  // FP8 weights need bf16 compute
+}
+
+TEST_CASE("fp8 weights: an FP8 linear inside a CUDA graph replays the eager result") {
+  const auto b = fp8_backend(true);
+  const int n = 4096, k = 4096, m = 24;
+  auto w = b.random_tensor(n, k, 0.02f, 9);
+  REQUIRE(b.prepare_linear_weight(w));
+  const auto x = b.random_tensor(m, k, 1.0f, 10);
+  cuda_tensor eager_out, graph_out;
+  b.linear(x, w, eager_out);
+  const auto eager = b.to_host(eager_out);
+  for (int rep = 0; rep < 3; ++rep) {
+    const cuda_tensor& got = b.run_decode_graph(32, [&]() -> const cuda_tensor& {
+      b.linear(x, w, graph_out);
+      return graph_out;
+    });
+    CHECK(b.to_host(got) == eager);
+  }
+  const auto c = b.counters();
+  MESSAGE(c.graph_captures, " captures, ", c.graph_replays, " replays");
+  CHECK(c.graph_captures == 1);
+  CHECK(c.graph_replays == 2);
+}
+
+namespace {
+
+// llama_model keeping a copy of every logits row; with `force`, step i's row is raised at force[i] so greedy
+// decoding follows the reference tokens while the recorded rows are the model's own (CUDA graphs off).
+struct logging_llama {
+  using backend_type = cuda_backend;
+  using tensor = cuda_tensor;
+  llama_model<cuda_backend> inner;
+  cuda_backend backend;
+  std::vector<std::vector<float>>* rows = nullptr;
+  const std::vector<token_id>* force = nullptr;
+  tensor forced;
+
+  [[nodiscard]] const model_config& config() const { return inner.config(); }
+  const tensor& forward(forward_context<cuda_backend>& ctx) {
+    const tensor& logits = inner.forward(ctx);
+    if (logits.rows() == 0) return logits;
+    auto host = backend.to_host(logits);
+    const auto cols = static_cast<std::size_t>(logits.cols());
+    for (int r = 0; r < logits.rows(); ++r)
+      rows->emplace_back(host.begin() + static_cast<std::ptrdiff_t>(r * cols),
+                         host.begin() + static_cast<std::ptrdiff_t>((r + 1) * cols));
+    if (force == nullptr) return logits;
+    const std::size_t step = rows->size() - 1;
+    if (step < force->size()) {
+      const float mx = *std::max_element(host.end() - static_cast<std::ptrdiff_t>(cols), host.end());
+      host[(static_cast<std::size_t>(logits.rows()) - 1) * cols + static_cast<std::size_t>((*force)[step])] = mx + 1000.0f;
+    }
+    forced = backend.from_host(host, logits.rows(), logits.cols());
+    return forced;
+  }
+};
+
+struct run_result {
+  std::vector<token_id> tokens;
+  std::vector<std::vector<float>> logits;
+};
+
+run_result run(const cuda_backend& b, const std::filesystem::path& dir, const std::vector<token_id>& prompt, int n,
+               const std::vector<token_id>* force = nullptr) {
+  run_result r;
+  engine<logging_llama, full_kv, zipage_scheduler, cuda_backend> eng(
+      logging_llama{load_hf_checkpoint<cuda_backend>(dir, b), b, &r.logits, force, {}},
+      engine_config{.block_size = 16, .num_blocks = 256}, full_kv{}, b);
+  sampling_params p;
+  p.temperature = 0.0f;
+  p.max_tokens = n;
+  p.ignore_eos = true;
+  const request_id id = eng.add_request(prompt, p);
+  eng.run_to_completion();
+  r.tokens = eng.take_output(id).output;
+  return r;
+}
+
+void compare_engine(const std::string& what, const testing::fp8_qwen3_spec& spec) {
+  const auto dir = std::filesystem::temp_directory_path() / ("zipage_fp8w_" + std::to_string(spec.hidden));
+  testing::write_fp8_qwen3(dir / "fp8", dir / "ref", spec);
+  cuda_backend_options bo;
+  bo.cuda_graphs = false;
+  bo.weight_dtype = weight_dtype::compute;  // the dequantised checkpoint in bf16
+  const cuda_backend ref_b(bo);
+  bo.weight_dtype = weight_dtype::auto_;  // an FP8 checkpoint runs in FP8
+  const cuda_backend fp8_b(bo);
+  const std::vector<std::vector<token_id>> prompts{{1, 17, 99, 4, 250, 31}, {1, 400, 401, 402}, {1, 7, 7, 7, 7, 7, 7, 300}};
+  const int n = 48;
+  int tokens = 0, forced_top1 = 0, same = 0;
+  double max_drift = 0, max_logit = 0, sum_drift = 0;
+  for (const auto& prompt : prompts) {
+    const auto ref = run(ref_b, dir / "fp8", prompt, n);
+    const auto free = run(fp8_b, dir / "fp8", prompt, n);
+    const auto forced = run(fp8_b, dir / "fp8", prompt, n, &ref.tokens);
+    REQUIRE(forced.tokens == ref.tokens);
+    REQUIRE(forced.logits.size() == ref.logits.size());
+    for (int i = 0; i < n; ++i) {
+      same += free.tokens[static_cast<std::size_t>(i)] == ref.tokens[static_cast<std::size_t>(i)];
+      const auto& got = forced.logits[forced.logits.size() - static_cast<std::size_t>(n - i)];
+      const auto& want = ref.logits[ref.logits.size() - static_cast<std::size_t>(n - i)];
+      forced_top1 += std::max_element(got.begin(), got.end()) - got.begin() == ref.tokens[static_cast<std::size_t>(i)];
+      double d = 0;
+      for (std::size_t j = 0; j < want.size(); ++j) {
+        d = std::max(d, double(std::fabs(got[j] - want[j])));
+        max_logit = std::max(max_logit, double(std::fabs(want[j])));
+      }
+      max_drift = std::max(max_drift, d);
+      sum_drift += d;
+      ++tokens;
+    }
+  }
+  MESSAGE(what, ": ", fp8_b.describe_weights(), " (bf16 run: ", ref_b.describe_weights(), "). ", tokens,
+          " greedy tokens over ", prompts.size(), " prompts, FP8 weights vs dequantised bf16 weights. Teacher-forced: top-1 "
+          "agreement ", 100.0 * forced_top1 / tokens, "%, max |logit drift| ", max_drift, ", mean per-step max ",
+          sum_drift / tokens, " (max |logit| ", max_logit, "); free-running: same token at the same position ",
+          100.0 * same / tokens, "%");
+  CHECK(std::isfinite(max_drift));
+  CHECK(max_drift < max_logit);
+  CHECK(forced_top1 * 2 >= tokens);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+TEST_CASE("fp8 weights: the engine on a random FP8 Qwen3 checkpoint, FP8 weights vs dequantised bf16 weights") {
+  // The fixture's layout (ragged: hidden 144, q 160, kv 80, ffn 272) and an aligned one (multiples of 128).
+  compare_engine("fixture layout (ragged)", testing::fp8_qwen3_spec{});
+  testing::fp8_qwen3_spec aligned;
+  aligned.hidden = 256;
+  aligned.head_dim = 128;
+  aligned.ffn = 512;
+  compare_engine("aligned layout (hidden 256, head_dim 128, ffn 512)", aligned);
+}
+
+TEST_CASE("fp8 weights: loading an FP8 checkpoint re-quantises to its own codes (blocks whose largest code is +-448)") {
+  testing::fp8_qwen3_spec spec;
+  spec.hidden = 256;
+  spec.head_dim = 128;
+  spec.ffn = 512;
+  const auto dir = std::filesystem::temp_directory_path() / "zipage_fp8w_codes";
+  testing::write_fp8_qwen3(dir / "fp8", dir / "ref", spec);
+  cuda_backend_options bo;
+  bo.cuda_graphs = false;
+  const cuda_backend b(bo);  // auto: FP8 for an FP8 checkpoint
+  const auto model = load_hf_checkpoint<cuda_backend>(dir / "fp8", b);
+  const auto ckpt = safetensors::checkpoint::open(dir / "fp8");
+  const auto& lw = model.weights().layers[0];
+  REQUIRE(lw.w_up.dtype() == cuda_dtype::e4m3);
+  std::vector<std::uint8_t> codes;
+  std::vector<float> scales;
+  b.fp8_weight_to_host(lw.w_up, codes, scales);
+  const auto& t = ckpt.tensor("model.layers.0.mlp.up_proj.weight");
+  const auto stored = ckpt.fp8_e4m3_codes(t);
+  CHECK(mismatches(codes, std::vector<std::uint8_t>(stored.begin(), stored.end())) == 0);
+  std::filesystem::remove_all(dir);
+}
+
+int main(int argc, char** argv) {
+  if (cuda::device_count() == 0) {
+    std::printf("SKIPPED: no CUDA device (%s)\n", cuda::describe_device().c_str());
+    return 77;
+  }
+  std::printf("device 0: %s\n", cuda::describe_device(0).c_str());
+  doctest::Context context(argc, argv);
+  return context.run();
+}
