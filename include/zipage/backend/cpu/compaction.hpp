@@ -39,26 +39,39 @@ struct swap_blob {
   std::vector<float> k, v, scores, queries;
 };
 
-// The fp32 cache's layout for the loops below.
+namespace detail {
+// What every cache's layer holds paged by block, K, V and (with a score cache) the scores:
+// f(cache_pointer, elements_per_block, the Blob member that holds it while swapped out) for each.
+template <class Blob, class Storage, class F>
+void for_each_kv_block_array(Storage& kv, int l, F& f) {
+  const auto& s = kv.shape;
+  const auto view = kv.layer(l);
+  const auto block_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.token_stride());
+  f(view.k, block_elems, &Blob::k);
+  f(view.v, block_elems, &Blob::v);
+  if (s.score_cache) f(kv.layer_scores(l), static_cast<std::size_t>(std::int64_t{s.block_size} * s.num_kv_heads), &Blob::scores);
+}
+
+// Moves one token head's K and V rows (values or codes) from slot `from` to slot `to` of a layer view.
+template <class View>
+void move_kv_head(const View& view, std::int64_t from, std::int64_t to, int h) {
+  std::copy_n(view.k + view.offset(from, h), view.head_dim, view.k + view.offset(to, h));
+  std::copy_n(view.v + view.offset(from, h), view.head_dim, view.v + view.offset(to, h));
+}
+}  // namespace detail
+
+// The fp32 cache's layout for the loops below: its block-paged arrays (for_each_block_array) and how
+// one token head moves (move_head).
 struct f32_layout {
   using storage = cpu_kv_storage;
   using blob = swap_blob;
 
-  // f(cache_pointer, elements_per_block, blob_member) for each array of layer l that is paged by block:
-  // K, V and, with a score cache, the scores. Every layer has the same arrays.
   template <class F>
   static void for_each_block_array(storage& kv, int l, F&& f) {
-    const auto& s = kv.shape;
-    const auto view = kv.layer(l);
-    const auto block_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.token_stride());
-    f(view.k, block_elems, &blob::k);
-    f(view.v, block_elems, &blob::v);
-    if (s.score_cache) f(kv.layer_scores(l), static_cast<std::size_t>(std::int64_t{s.block_size} * s.num_kv_heads), &blob::scores);
+    detail::for_each_kv_block_array<blob>(kv, l, f);
   }
-  // Moves one token head's K and V from slot `from` to slot `to` of layer view `view`.
   static void move_head(const paged_kv_layer<float>& view, std::int64_t from, std::int64_t to, int h) {
-    std::copy_n(view.k + view.offset(from, h), view.head_dim, view.k + view.offset(to, h));
-    std::copy_n(view.v + view.offset(from, h), view.head_dim, view.v + view.offset(to, h));
+    detail::move_kv_head(view, from, to, h);
   }
 };
 

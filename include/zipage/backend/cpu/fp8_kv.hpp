@@ -188,23 +188,17 @@ struct fp8_layout {
   using storage = cpu_fp8_kv_storage;
   using blob = swap_blob;
 
-  // f(cache_pointer, elements_per_block, blob_member) for each block-paged array of layer l: K and V
-  // codes, their scales and, with a score cache, the scores.
+  // The fp32 cache's arrays (K and V codes here, scores), then the scales beside the codes.
   template <class F>
   static void for_each_block_array(storage& kv, int l, F&& f) {
-    const auto& s = kv.shape;
+    cpu::detail::for_each_kv_block_array<blob>(kv, l, f);
     const auto view = kv.layer(l);
-    const auto block_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.token_stride());
-    const auto head_elems = static_cast<std::size_t>(std::int64_t{s.block_size} * s.num_kv_heads);
-    f(view.k, block_elems, &blob::k);
-    f(view.v, block_elems, &blob::v);
+    const auto head_elems = static_cast<std::size_t>(std::int64_t{kv.shape.block_size} * kv.shape.num_kv_heads);
     f(view.k_scale, head_elems, &blob::k_scale);
     f(view.v_scale, head_elems, &blob::v_scale);
-    if (s.score_cache) f(kv.layer_scores(l), head_elems, &blob::scores);
   }
   static void move_head(const paged_fp8_kv_layer<std::uint8_t, float>& view, std::int64_t from, std::int64_t to, int h) {
-    std::copy_n(view.k + view.offset(from, h), view.head_dim, view.k + view.offset(to, h));
-    std::copy_n(view.v + view.offset(from, h), view.head_dim, view.v + view.offset(to, h));
+    cpu::detail::move_kv_head(view, from, to, h);
     view.k_scale[view.scale_offset(to, h)] = view.k_scale[view.scale_offset(from, h)];
     view.v_scale[view.scale_offset(to, h)] = view.v_scale[view.scale_offset(from, h)];
   }
