@@ -5,7 +5,7 @@
 // A request is compressed from (B+1)*256 = 2304 tokens back to 2048, then decodes 256 steps (2048 ->
 // 2304 tokens) before the next compression. So one compression of a batch is amortised over
 //   decode = 36 layers x 256 steps x (decode attention time per layer at 2048..2304 tokens),
-// the last factor by Simpson's rule over 2048 / 2176 / 2304 tokens (paged_decode_attention, kernels.hpp,
+// the last factor by Simpson's rule over 2048 / 2176 / 2304 tokens (paged_decode_attention, attention.hpp,
 // same batch, same pool). The fraction compress / decode is the overhead of compression on attention.
 //
 // Every built-in policy's recipe (policies.hpp) is timed at batches 1 / 16 / 64 / 128 (per request: the
@@ -34,10 +34,10 @@
 #include <vector>
 
 #include "cuda_buffers.hpp"
+#include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/common.cuh"
-#include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/backend/cuda/compression.hpp"
-#include "zipage/backend/cuda/kernels.hpp"
+#include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/cuda/device.hpp"
 #include "zipage/policy/policies.hpp"
 

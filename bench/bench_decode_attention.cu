@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "cuda_buffers.hpp"
+#include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/event_timer.cuh"
-#include "zipage/backend/cuda/kernels.hpp"
 #include "zipage/cuda/device.hpp"
 
 namespace {

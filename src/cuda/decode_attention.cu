@@ -6,7 +6,7 @@
 #include <mutex>
 
 #include "zipage/backend/cuda/attention.cuh"
-#include "zipage/backend/cuda/kernels.hpp"
+#include "zipage/backend/cuda/attention.hpp"
 
 namespace zipage::cuda {
 

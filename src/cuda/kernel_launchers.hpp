@@ -1,11 +1,13 @@
 #pragma once
 // Private to src/cuda/ (not installed): the per-kernel launchers behind the public one-per-op launchers
-// of backend/cuda/ops.hpp, which pick between them (src/cuda/ops.cpp). `tuned` launchers run the bf16
+// of backend/cuda/ops.hpp and attention.hpp, which pick between them (src/cuda/ops.cpp,
+// src/cuda/paged_attention.cpp; the tuned attention kernels' launchers are public, in attention.hpp). `tuned` launchers run the bf16
 // kernels of backend/cuda/elementwise.cuh (src/cuda/elementwise.cu) and check their own preconditions;
 // `reference` launchers run the any-shape fp32/bf16 kernels (src/cuda/reference_ops.cu). Arguments and
 // shapes as in ops.hpp.
 #include <cstdint>
 
+#include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/dtype.hpp"
 #include "zipage/backend/cuda/ops.hpp"
 
@@ -38,5 +40,8 @@ void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::in
 void add(cuda_dtype t, const void* a, const void* b, void* out, std::int64_t n, cuda_stream stream);
 void append_kv(cuda_dtype t, const append_kv_params& p, cuda_stream stream);      // bf16 / fp32 cache
 void append_kv_fp8(cuda_dtype t, const append_kv_params& p, cuda_stream stream);  // FP8 cache (quantising)
+// Generic paged attention (any head_dim <= 512, any block size; FP8 cache when kv.k_scale is set): one CTA
+// per (token, query head), the softmax over the token's whole KV range, as cpu::paged_attention.
+void paged_attention(cuda_dtype t, const attention_params& p, cuda_stream stream);
 
 }  // namespace zipage::cuda::reference

@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "zipage/backend/cuda/attention.cuh"
-#include "zipage/backend/cuda/kernels.hpp"
+#include "zipage/backend/cuda/attention.hpp"
 
 namespace zipage::cuda {
 

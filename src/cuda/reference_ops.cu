@@ -1,14 +1,15 @@
 // The reference kernels of the CUDA backend's ops (backend/cuda/ops.hpp), for fp32 and bf16 data of any
-// shape: the `reference` launchers of kernel_launchers.hpp, which ops.cpp picks when an op's tuned bf16
-// kernel cannot take the inputs, and the ops that have one kernel only (compaction, gathers, copies,
-// fills). They mirror the zipage::cpu reference closely (same formulas, double where the CPU uses double)
-// so that the fp32 engine gives the CPU backend's tokens; speed matters less here than for the tuned ones.
+// shape: the `reference` launchers of kernel_launchers.hpp, which ops.cpp and paged_attention.cpp pick
+// when an op's tuned bf16 kernel cannot take the inputs or the caller asks for the reference kernel, and
+// the ops that have one kernel only (compaction, gathers, copies, fills). They mirror the zipage::cpu
+// reference closely (same formulas, double where the CPU uses double) so that the fp32 engine gives the
+// CPU backend's tokens; speed matters less here than for the tuned ones.
 #include <algorithm>
 #include <cstdint>
 
 #include "kernel_launchers.hpp"
 #include "zipage/backend/cuda/common.cuh"
-#include "zipage/backend/cuda/engine_kernels.hpp"
+#include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/fp8.cuh"
 #include "zipage/backend/cuda/ops.hpp"
 
@@ -249,7 +250,7 @@ __device__ __forceinline__ float kv_at(const void* cache, const float* scales, s
 }
 
 template <class T, bool FP8>
-__global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(engine::generic_attention_params p) {
+__global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(attention_params p) {
   __shared__ float qs[kAttnMaxDim];
   __shared__ float ss[kAttnChunk];
   const int t = blockIdx.x;
@@ -552,6 +553,22 @@ void append_kv_fp8(cuda_dtype t, const append_kv_params& p, cuda_stream stream) 
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
+void paged_attention(cuda_dtype t, const attention_params& p, cuda_stream stream) {
+  check(p.kv.head_dim > 0 && p.kv.head_dim <= kAttnMaxDim, "paged_attention: head_dim ", p.kv.head_dim, " (at most ",
+        kAttnMaxDim, ")");
+  check(p.kv.num_kv_heads > 0 && p.num_q_heads % p.kv.num_kv_heads == 0, "paged_attention: ", p.num_q_heads,
+        " query heads are not a multiple of ", p.kv.num_kv_heads, " KV heads");
+  check(p.num_q_heads < 65536 && p.kv.block_size > 0, "paged_attention: bad head count or block size");
+  if (p.num_tokens <= 0) return;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_q_heads));
+  check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "paged_attention: FP8 needs both k_scale and v_scale");
+  if (p.kv.k_scale != nullptr)
+    dispatch(t, [&]<class T>() { paged_attention_kernel<T, true><<<grid, kAttnThreads, 0, stream>>>(p); });
+  else
+    dispatch(t, [&]<class T>() { paged_attention_kernel<T, false><<<grid, kAttnThreads, 0, stream>>>(p); });
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace reference
 
 // ---- Ops with one kernel (ops.hpp).
@@ -669,25 +686,5 @@ void fill_constant(cuda_dtype t, void* out, std::int64_t n, float value, cuda_st
   });
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
-
-namespace engine {
-
-void paged_attention(cuda_dtype t, const generic_attention_params& p, cuda_stream stream) {
-  check(p.kv.head_dim > 0 && p.kv.head_dim <= kAttnMaxDim, "paged_attention: head_dim ", p.kv.head_dim, " (at most ",
-        kAttnMaxDim, ")");
-  check(p.kv.num_kv_heads > 0 && p.num_q_heads % p.kv.num_kv_heads == 0, "paged_attention: ", p.num_q_heads,
-        " query heads are not a multiple of ", p.kv.num_kv_heads, " KV heads");
-  check(p.num_q_heads < 65536 && p.kv.block_size > 0, "paged_attention: bad head count or block size");
-  if (p.num_tokens <= 0) return;
-  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_q_heads));
-  check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "paged_attention: FP8 needs both k_scale and v_scale");
-  if (p.kv.k_scale != nullptr)
-    dispatch(t, [&]<class T>() { paged_attention_kernel<T, true><<<grid, kAttnThreads, 0, stream>>>(p); });
-  else
-    dispatch(t, [&]<class T>() { paged_attention_kernel<T, false><<<grid, kAttnThreads, 0, stream>>>(p); });
-  ZIPAGE_CUDA_CHECK_LAUNCH();
-}
-
-}  // namespace engine
 
 }  // namespace zipage::cuda

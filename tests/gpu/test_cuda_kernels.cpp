@@ -1,4 +1,4 @@
-// Checks every CUDA kernel of zipage::cuda (backend/cuda/kernels.hpp, ops.hpp) against its CPU reference
+// Checks every CUDA kernel of zipage::cuda (backend/cuda/attention.hpp, ops.hpp) against its CPU reference
 // (zipage::cpu::*) run on fp32 copies of the same bf16-rounded inputs, on fresh random inputs over a
 // grid of shapes: head_dim 64/128, GQA ratios 1..8 (and 6, 7, 32), block sizes 16/256, ragged lengths
 // from 0 to several thousand, shuffled page tables. Outputs are poisoned (bf16 NaN) before each run, so
@@ -20,7 +20,7 @@
 
 #include "cuda_buffers.hpp"
 #include "zipage/backend/cpu/cpu_backend.hpp"
-#include "zipage/backend/cuda/kernels.hpp"
+#include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/ops.hpp"
 #include "zipage/cuda/device.hpp"
 
@@ -608,6 +608,90 @@ void test_f32_ops() {
   report_f32("add fp32 n=1001 in-place [tuned request]", da.get(), sum);
 }
 
+// ---- the attention entry point: paged_attention() with both variants on the same inputs, the kernel
+// select_attention_kernel() names for the tuned request checked against `expect`, both outputs against
+// the CPU reference, and, when the rule falls back, the tuned request's output bit-identical to the
+// reference kernel's. q and out start `offset` elements into their buffers (1: not 16-byte aligned).
+const char* kernel_name(zc::attention_kernel k) {
+  return k == zc::attention_kernel::tuned_decode    ? "tuned_decode"
+         : k == zc::attention_kernel::tuned_prefill ? "tuned_prefill"
+                                                    : "reference";
+}
+
+void test_attention_entry(int d, int qh, int kvh, int bs, const std::vector<std::pair<int, int>>& seqs_cached_new,
+                          int offset, zc::attention_kernel expect) {
+  std::vector<int> lens;
+  std::vector<std::int32_t> q_indptr{0}, token_seq, token_len;
+  bool one_token_per_seq = true;
+  for (std::size_t s = 0; s < seqs_cached_new.size(); ++s) {
+    const auto [cached, fresh] = seqs_cached_new[s];
+    lens.push_back(cached + fresh);
+    one_token_per_seq &= fresh == 1;
+    for (int i = 0; i < fresh; ++i) {
+      token_seq.push_back(static_cast<std::int32_t>(s));
+      token_len.push_back(cached + i + 1);
+    }
+    q_indptr.push_back(q_indptr.back() + fresh);
+  }
+  const int tokens = q_indptr.back();
+  const paged_cache c = make_cache(d, kvh, bs, lens);
+  std::vector<std::uint16_t> qb;
+  std::vector<float> qf;
+  random_bf16(std::size_t(offset) + std::size_t(tokens) * qh * d, -2.0f, 2.0f, qb, qf);
+  const float scale = 1.0f / std::sqrt(float(d));
+  const std::vector<float> ref =
+      reference_attention(c, token_seq, token_len, std::vector<float>(qf.begin() + offset, qf.end()), qh, scale);
+
+  dbuf<std::uint16_t> dk(c.k), dv(c.v), dq(qb);
+  dbuf<std::int32_t> dindptr(c.page_indptr), dindices(c.page_indices), dqptr(q_indptr), dseq(token_seq),
+      dtlen(token_len);
+  zc::attention_params p;
+  p.q = dq.p + offset;
+  p.kv.k_cache = dk.p;
+  p.kv.v_cache = dv.p;
+  p.kv.page_indptr = dindptr.p;
+  p.kv.page_indices = dindices.p;
+  p.kv.num_blocks = c.num_blocks;
+  p.kv.block_size = bs;
+  p.kv.num_kv_heads = kvh;
+  p.kv.head_dim = d;
+  p.token_seq = dseq.p;
+  p.token_kv_len = dtlen.p;
+  p.q_indptr = dqptr.p;
+  p.num_tokens = tokens;
+  p.num_seqs = static_cast<int>(seqs_cached_new.size());
+  p.num_q_heads = qh;
+  p.max_kv_len = *std::max_element(lens.begin(), lens.end());
+  p.one_token_per_seq = one_token_per_seq;
+  p.scale = scale;
+  char name[160];
+  std::snprintf(name, sizeof name, "%s seqs=%zu tokens=%d offset=%d",
+                shape_name("paged_attention", d, qh, kvh, bs).c_str(), seqs_cached_new.size(), tokens, offset);
+  std::vector<std::uint16_t> got[2];
+  for (const zc::kernel_variant variant : kVariants) {
+    dbuf<std::uint16_t> dout(std::size_t(offset) + std::size_t(tokens) * qh * d);
+    p.out = dout.p + offset;
+    const zc::attention_kernel kind = zc::select_attention_kernel(cuda_dtype::bf16, p, variant);
+    const zc::attention_kernel want = variant == kTuned ? expect : zc::attention_kernel::reference;
+    ++g_checks;
+    if (kind != want) ++g_failures;
+    std::printf("[%s] %-72s selects %s (expected %s)\n", kind == want ? "PASS" : "FAIL",
+                (name + variant_tag(variant)).c_str(), kernel_name(kind), kernel_name(want));
+    zc::attention_workspace ws;
+    if (kind == zc::attention_kernel::tuned_decode) ws.plan = zc::plan_decode(zc::as_decode_params(p));
+    ws.bytes = kind == zc::attention_kernel::tuned_decode ? zc::decode_workspace_bytes(zc::as_decode_params(p), ws.plan) : 0;
+    dbuf<unsigned char> scratch(ws.bytes);
+    ws.data = ws.bytes ? scratch.p : nullptr;
+    dout.poison();
+    zc::paged_attention(cuda_dtype::bf16, p, variant, ws, nullptr);
+    std::vector<std::uint16_t> out = dout.get();
+    out.erase(out.begin(), out.begin() + offset);
+    report(name + variant_tag(variant), compare(out, ref), 1e-2);
+    got[variant == kTuned ? 0 : 1] = std::move(out);
+  }
+  report_choice(name, expect == zc::attention_kernel::reference, got[0], got[1]);
+}
+
 }  // namespace
 
 int main() {
@@ -643,6 +727,10 @@ int main() {
       test_rope(5, 2, 0, 64, 5e5f, zipage::rope_style::half, 0, true);        // frequency table: reference
       test_gather(10, 16, 5, true);
       test_f32_ops();
+      test_attention_entry(128, 16, 4, 16, {{0, 1}, {700, 1}}, 0, zc::attention_kernel::tuned_decode);
+      test_attention_entry(64, 8, 2, 16, {{0, 40}, {100, 9}}, 0, zc::attention_kernel::tuned_prefill);
+      test_attention_entry(96, 8, 2, 16, {{0, 40}, {100, 1}}, 0, zc::attention_kernel::reference);
+      test_attention_entry(128, 8, 2, 16, {{0, 20}, {50, 3}}, 1, zc::attention_kernel::reference);
       CUDA_OK(cudaDeviceSynchronize());
     } catch (const std::exception& e) {
       std::printf("FAIL: exception: %s\n", e.what());
@@ -722,6 +810,22 @@ int main() {
     test_gather(300, 64, 41, true);
     test_gather(300, 13, 41, true);
     test_f32_ops();
+
+    // paged_attention(): the kernel the rule picks, and the reference kernel where the tuned ones cannot run.
+    using zc::attention_kernel;
+    test_attention_entry(128, 32, 8, 16, {{0, 1}, {3000, 1}, {64, 1}, {5, 1}}, 0, attention_kernel::tuned_decode);
+    test_attention_entry(64, 8, 8, 256, {{300, 1}, {0, 1}}, 0, attention_kernel::tuned_decode);
+    test_attention_entry(64, 96, 1, 16, {{100, 1}, {2000, 1}}, 0, attention_kernel::tuned_decode);  // any group
+    test_attention_entry(128, 16, 4, 16, {{0, 200}, {700, 129}, {5, 1}}, 0, attention_kernel::tuned_prefill);
+    test_attention_entry(64, 28, 4, 256, {{0, 1}, {0, 333}}, 0, attention_kernel::tuned_prefill);  // one row: prefill
+    test_attention_entry(64, 96, 1, 16, {{0, 50}, {100, 3}}, 0, attention_kernel::reference);  // group 96 > 64
+    test_attention_entry(96, 8, 2, 16, {{0, 70}, {500, 1}}, 0, attention_kernel::reference);   // head_dim 96
+    test_attention_entry(96, 8, 2, 16, {{400, 1}, {9, 1}}, 0, attention_kernel::reference);    // ... also decoding
+    test_attention_entry(32, 4, 4, 16, {{0, 33}, {64, 1}}, 0, attention_kernel::reference);    // head_dim 32
+    test_attention_entry(128, 8, 2, 24, {{0, 70}, {100, 5}}, 0, attention_kernel::reference);  // block size 24
+    test_attention_entry(128, 8, 2, 1, {{0, 9}, {30, 1}}, 0, attention_kernel::reference);     // block size 1
+    test_attention_entry(128, 8, 2, 16, {{0, 70}, {100, 5}}, 1, attention_kernel::reference);  // q, out misaligned
+    test_attention_entry(64, 8, 2, 16, {{300, 1}, {70, 1}}, 4, attention_kernel::reference);   // ... also decoding
 
     // Arguments the kernels do not support are rejected on the host.
     expect_throw("decode rejects head_dim 96", [] {

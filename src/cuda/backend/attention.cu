@@ -1,5 +1,6 @@
 // zipage::cuda_backend (backend/cuda/cuda_backend.hpp): the paged attention step — the step's metadata uploaded once
-// for every layer, K/V appended (bf16 or FP8), window queries recorded, then the decode, prefill or generic kernel.
+// for every layer, K/V appended (bf16 or FP8), window queries recorded, then paged attention (backend/cuda/attention.hpp
+// picks the tuned decode, tuned prefill or reference kernel).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -9,8 +10,7 @@
 #include <cstdint>
 
 #include "context.cuh"
-#include "zipage/backend/cuda/engine_kernels.hpp"
-#include "zipage/backend/cuda/kernels.hpp"
+#include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/ops.hpp"
 
 namespace zipage {
@@ -89,6 +89,24 @@ const cuda_detail::step_state& prepare_step(context& c, const attention_metadata
   return st;
 }
 
+// The decode kernel's split plan for this step's shape (planned once per shape, every layer after the first
+// reuses it) and its workspace.
+cuda::attention_workspace decode_workspace(context& c, const cuda::attention_params& ap) {
+  const cuda::decode_params dp = cuda::as_decode_params(ap);
+  auto& st = c.step;
+  const std::array<int, 6> key{ap.num_seqs, ap.max_kv_len, ap.num_q_heads, ap.kv.num_kv_heads, ap.kv.head_dim,
+                               ap.kv.block_size};
+  if (st.plan_key != key) {
+    st.plan = cuda::plan_decode(dp);
+    st.plan_key = key;
+  }
+  cuda::attention_workspace ws;
+  ws.plan = st.plan;
+  ws.bytes = cuda::decode_workspace_bytes(dp, st.plan);
+  ws.data = ws.bytes ? c.decode_ws.reserve(ws.bytes, c.stream) : nullptr;
+  return ws;
+}
+
 }  // namespace
 
 void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_metadata& meta, const cuda_tensor& q,
@@ -126,7 +144,6 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   float* ksc = fp8 ? static_cast<float*>(kv.k_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
   float* vsc = fp8 ? static_cast<float*>(kv.v_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
   const cuda::cuda_stream stream = as_stream(c.stream);
-  const bool bf16_fast = kv.dtype == cuda_dtype::bf16 && c.opts.fast_kernels;
   const cuda::kernel_variant variant = c.opts.fast_kernels ? cuda::kernel_variant::tuned : cuda::kernel_variant::reference;
 
   // What to launch, decided before launching anything (a graph record pass launches nothing).
@@ -137,15 +154,7 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
     window_rows = static_cast<char*>(kv.queries.data()) + static_cast<std::size_t>(s.query_layer_stride()) *
                                                                 static_cast<std::size_t>(layer) * kv.query_element_bytes();
   }
-  const float scale = 1.0f / std::sqrt(float(d));
-  const int group = num_q_heads / s.num_kv_heads;
-  const bool tuned = bf16_fast && (d == 64 || d == 128) && power_of_two(s.block_size) && s.block_size >= 2 &&
-                     aligned16(q.data()) && aligned16(out.data());
-  enum class path { decode, prefill, generic };
-  const path kind = tuned && st.decode && st.num_seqs <= 65535 ? path::decode
-                    : tuned && group <= 64                     ? path::prefill
-                                                               : path::generic;
-  // This layer's paged cache as every attention kernel sees it, and the fields their parameters share.
+  // This layer's paged cache as every kernel sees it (append and attention).
   cuda::paged_kv_view view;
   view.k_cache = kc;
   view.v_cache = vc;
@@ -157,65 +166,39 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   view.block_size = s.block_size;
   view.num_kv_heads = s.num_kv_heads;
   view.head_dim = d;
-  auto common = [&](auto& p) {
-    p.q = q.data();
-    p.out = out.data();
-    p.kv = view;
-    p.num_q_heads = num_q_heads;
-    p.scale = scale;
-  };
-  cuda::decode_params dp;
-  void* wsp = nullptr;
-  std::size_t ws = 0;
-  if (kind == path::decode) {
-    common(dp);
-    dp.kv.kv_len = st.token_kv_len;  // one token per sequence: token t is sequence t
-    dp.num_seqs = st.num_seqs;
-    dp.max_kv_len = st.max_kv_len;
-    auto& mst = c.step;
-    const std::array<int, 6> key{st.num_seqs, st.max_kv_len, num_q_heads, s.num_kv_heads, d, s.block_size};
-    if (mst.plan_key != key) {
-      mst.plan = cuda::plan_decode(dp);
-      mst.plan_key = key;
-    }
-    ws = cuda::decode_workspace_bytes(dp, mst.plan);
-    wsp = ws ? c.decode_ws.reserve(ws, c.stream) : nullptr;
-  }
+  cuda::attention_params ap;
+  ap.q = q.data();
+  ap.out = out.data();
+  ap.kv = view;
+  ap.token_seq = st.token_seq;
+  ap.token_kv_len = st.token_kv_len;
+  ap.q_indptr = st.q_indptr;
+  ap.num_tokens = tokens;
+  ap.num_seqs = st.num_seqs;
+  ap.num_q_heads = num_q_heads;
+  ap.max_kv_len = st.max_kv_len;
+  ap.one_token_per_seq = st.decode;
+  ap.scale = 1.0f / std::sqrt(float(d));
+  // The kernel paged_attention() will run; the decode kernel needs its split plan and workspace first.
+  const cuda::attention_kernel kind = cuda::select_attention_kernel(kv.dtype, ap, variant);
+  const cuda::attention_workspace ws =
+      kind == cuda::attention_kernel::tuned_decode ? decode_workspace(c, ap) : cuda::attention_workspace{};
   if (c.skip_launch(10, layer, kc, vc, q.data(), k.data(), v.data(), out.data(), tokens, st.num_seqs, st.max_kv_len,
                     st.slots, st.token_seq, st.token_kv_len, st.page_indptr, st.page_indices, st.q_indptr,
                     st.window_rows, window_rows, variant, kind, c.step.plan.num_splits, c.step.plan.chunk_tokens,
-                    c.step.plan.stages, wsp, ws, num_q_heads, s.num_kv_heads, d, s.block_size, kv.dtype, ksc, vsc))
+                    c.step.plan.stages, ws.data, ws.bytes, num_q_heads, s.num_kv_heads, d, s.block_size, kv.dtype, ksc,
+                    vsc))
     return;
 
-  cuda::append_kv_params ap;
-  ap.kv = view;
-  ap.k = k.data();
-  ap.v = v.data();
-  ap.slots = st.slots;
-  ap.num_tokens = tokens;
-  cuda::append_kv(kv.dtype, ap, variant, stream);  // FP8 (scales set): the quantising kernel
+  cuda::append_kv_params append;
+  append.kv = view;
+  append.k = k.data();
+  append.v = v.data();
+  append.slots = st.slots;
+  append.num_tokens = tokens;
+  cuda::append_kv(kv.dtype, append, variant, stream);  // FP8 (scales set): the quantising kernel
   if (window_rows) cuda::record_queries(kv.dtype, window_rows, st.window_rows, q.data(), tokens, q.cols(), stream);
-
-  if (kind == path::decode) {
-    cuda::paged_decode_attention(dp, c.step.plan, wsp, ws, stream);
-    return;
-  }
-  if (kind == path::prefill) {
-    cuda::prefill_params p;
-    common(p);
-    p.q_indptr = st.q_indptr;
-    p.token_kv_len = st.token_kv_len;
-    p.num_tokens = tokens;
-    p.num_seqs = st.num_seqs;
-    cuda::paged_prefill_attention(p, stream);
-    return;
-  }
-  cuda::engine::generic_attention_params p;
-  common(p);
-  p.token_seq = st.token_seq;
-  p.token_kv_len = st.token_kv_len;
-  p.num_tokens = tokens;
-  cuda::engine::paged_attention(kv.dtype, p, stream);
+  cuda::paged_attention(kv.dtype, ap, variant, ws, stream);
 }
 
 }  // namespace zipage

@@ -21,7 +21,7 @@
 #include "staging.cuh"
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/cuda_backend.hpp"
-#include "zipage/backend/cuda/kernels.hpp"
+#include "zipage/backend/cuda/attention.hpp"  // decode_plan
 #include "zipage/sampling/sampler.hpp"
 
 #define ZIPAGE_LT_CHECK(expr)                                                                          \

@@ -7,7 +7,7 @@
 // (backend/cpu/compaction.hpp).
 //
 // This header includes no CUDA header: device memory is passed as plain pointers (bf16 tensors as
-// `void*`), streams as `cuda_stream` (kernels.hpp). Every function launches asynchronously on `stream`
+// `void*`), streams as `cuda_stream` (dtype.hpp). Every function launches asynchronously on `stream`
 // and throws zipage::error when its arguments are out of range or a CUDA call fails.
 //
 // Stages (each one launch for the whole batch):
@@ -27,7 +27,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "zipage/backend/cuda/kernels.hpp"  // cuda_stream
+#include "zipage/backend/cuda/dtype.hpp"  // cuda_stream
+#include "zipage/backend/cuda/paged_kv_view.hpp"
 #include "zipage/policy/score_recipe.hpp"
 
 namespace zipage::cuda {

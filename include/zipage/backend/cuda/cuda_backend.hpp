@@ -94,7 +94,7 @@ struct cuda_backend_options {
   // fp32 only: a fixed-order GEMM instead of cuBLASLt, so each row's result is the same whatever the
   // batch (cuBLASLt may pick another kernel, and another summation order, for another batch size).
   bool batch_invariant = false;
-  // bf16: use the tuned paged-attention / elementwise kernels of kernels.hpp where shapes allow.
+  // Ask every op for its tuned bf16 kernel (kernel_variant::tuned; ops.hpp, attention.hpp), used where shapes allow.
   bool fast_kernels = true;
   // Draw tokens on the device (sample()); false: sample() copies the logits to the host and runs the CPU
   // sampler there (same tokens, for comparisons).

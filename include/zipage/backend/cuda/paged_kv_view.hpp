@@ -1,8 +1,8 @@
 #pragma once
 // The paged KV cache as the CUDA kernels see it: one small copyable value (FlashInfer's paged_kv_t is
 // the model) held by the parameters of every kernel that reads or moves the cache — decode, prefill and
-// generic attention (kernels.hpp, engine_kernels.hpp), compression (compression.hpp) and compaction
-// (engine_kernels.hpp) — instead of each spelling the pointers, the block table and the geometry again.
+// generic attention (attention.hpp), KV append and compaction (ops.hpp) and compression (compression.hpp)
+// — instead of each spelling the pointers, the block table and the geometry again.
 // It is the device-side counterpart of kv/paged_kv.hpp's paged_kv_layer.
 //
 // No CUDA header here (device memory as plain pointers); the struct is a plain aggregate, so kernels may

@@ -20,12 +20,12 @@
 // other rows of the batch.
 //
 // This header includes no CUDA header: device memory is passed as plain pointers, streams as cuda_stream
-// (kernels.hpp). sample_tokens() launches asynchronously on `stream` and throws zipage::error when its
+// (dtype.hpp). sample_tokens() launches asynchronously on `stream` and throws zipage::error when its
 // arguments are out of range or a launch fails. Stream-capturable (no allocation, no synchronisation).
 #include <cstddef>
 #include <cstdint>
 
-#include "zipage/backend/cuda/kernels.hpp"  // cuda_stream
+#include "zipage/backend/cuda/dtype.hpp"  // cuda_stream
 
 namespace zipage::cuda {
 

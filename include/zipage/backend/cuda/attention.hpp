@@ -1,12 +1,17 @@
 #pragma once
-// Host-callable tuned paged-attention kernels of the zipage::cuda library (decode and prefill), on bf16
-// data with fp32 arithmetic. The elementwise ops are in ops.hpp.
+// Paged attention on the CUDA device, one entry point: paged_attention() runs the tuned bf16 decode or
+// prefill kernel when the kernel variant, the data type, head_dim, the block size, the batch's shape and
+// the alignment allow it, else the reference kernel (fp32 or bf16, any head_dim up to 512, any block
+// size), which mirrors cpu::paged_attention. The rule is select_attention_kernel(), written once below;
+// the backend asks it first only to know whether a decode split plan and its workspace are needed. The two
+// tuned kernels keep their own launchers (paged_decode_attention, paged_prefill_attention) for tests and
+// benchmarks that choose a split plan or a pipeline depth. The other ops are in ops.hpp.
 //
-// This header includes no CUDA header: device memory is passed as plain pointers (bf16 tensors as
-// `void*`, 16-bit raw bf16 values), streams as `cuda_stream` (a `cudaStream_t`; nullptr = the legacy
-// default stream). Every function launches asynchronously on `stream` and throws zipage::error when a
+// This header includes no CUDA header: device memory is passed as plain pointers (tensors of dtype `t`
+// as `void*`), streams as `cuda_stream` (a `cudaStream_t`; nullptr = the legacy default stream). Every
+// function launches asynchronously on `stream` and throws zipage::error, naming the argument, when a
 // CUDA call or launch fails or when its arguments are out of range. Each kernel computes the same
-// function as its zipage::cpu reference (backend/cpu/cpu_backend.hpp) up to bf16 rounding.
+// function as cpu::paged_attention (backend/cpu/cpu_backend.hpp), the tuned ones up to bf16 rounding.
 //
 // Layouts (row-major, elements):
 //   KV cache of one layer   K, V: [num_blocks][block_size][num_kv_heads][head_dim]   (paged_kv_view)
@@ -15,13 +20,14 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "zipage/backend/cuda/dtype.hpp"  // cuda_stream
+#include "zipage/backend/cuda/dtype.hpp"
+#include "zipage/backend/cuda/kernel_variant.hpp"
 #include "zipage/backend/cuda/paged_kv_view.hpp"
 
 namespace zipage::cuda {
 
 // ---------------------------------------------------------------------------------------------------
-// Paged decode attention: one query token per sequence.
+// The tuned decode kernel: one query token per sequence (bf16 q/out; bf16 or FP8 cache).
 //
 // Sequence s attends to physical slots [0, kv_len[s]) of its page table (its own K/V must already be
 // appended). One CTA handles one (sequence, KV head, KV split) and all query heads of that KV group
@@ -65,7 +71,7 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
                             std::size_t workspace_bytes, cuda_stream stream);
 
 // ---------------------------------------------------------------------------------------------------
-// Paged prefill attention: causal GQA attention for a batch of sequences whose new tokens lie back to
+// The tuned prefill kernel: causal GQA attention for a batch of sequences whose new tokens lie back to
 // back in q/out. Sequence s owns the query rows [q_indptr[s], q_indptr[s+1]); token t attends to the
 // physical slots [0, token_kv_len[t]) of its sequence's page table (as attention_metadata::token_kv_len:
 // the new tokens' K/V must already be appended, so a chunk appended to an existing cache works, and so
@@ -86,5 +92,52 @@ struct prefill_params {
 };
 
 void paged_prefill_attention(const prefill_params& p, cuda_stream stream);
+
+// ---------------------------------------------------------------------------------------------------
+// The entry point: causal GQA attention of a step's tokens over the paged cache of one layer. Sequence s
+// owns the query rows [q_indptr[s], q_indptr[s + 1]) (tokens of a sequence back to back, sequences in
+// order); token i attends to the physical slots [0, token_kv_len[i]) of its sequence's page table (its
+// own K/V already appended).
+struct attention_params {
+  const void* q = nullptr;  // [num_tokens][num_q_heads][head_dim] of dtype t
+  void* out = nullptr;      // [num_tokens][num_q_heads][head_dim] of dtype t
+  // One layer's cache (dtype t, or FP8 codes with kv.k_scale / kv.v_scale set: read as float(code) *
+  // scale) and the num_seqs page tables; lengths are per token, so kv.kv_len is unused.
+  paged_kv_view kv;
+  const std::int32_t* token_seq = nullptr;     // [num_tokens] (reference kernel)
+  const std::int32_t* token_kv_len = nullptr;  // [num_tokens]
+  const std::int32_t* q_indptr = nullptr;      // [num_seqs + 1] (tuned prefill kernel)
+  int num_tokens = 0;
+  int num_seqs = 0;
+  int num_q_heads = 0;
+  int max_kv_len = 0;  // host-side upper bound of token_kv_len (sizes the decode split plan)
+  // Host-side: every sequence has exactly one query token (num_tokens == num_seqs, token i is sequence
+  // i), so the decode kernel may run.
+  bool one_token_per_seq = false;
+  float scale = 0.0f;  // softmax scale, usually 1/sqrt(head_dim)
+};
+
+enum class attention_kernel : std::uint8_t { tuned_decode, tuned_prefill, reference };
+
+// The rule. Tuned kernels need v == tuned, t == bf16, head_dim 64 or 128, a power-of-two block size >= 2
+// and 16-byte aligned q and out; then the decode kernel when one_token_per_seq and num_seqs <= 65535,
+// else the prefill kernel when num_q_heads / num_kv_heads <= 64. Anything else: the reference kernel.
+[[nodiscard]] attention_kernel select_attention_kernel(cuda_dtype t, const attention_params& p, kernel_variant v);
+
+// The decode kernel's view of `p` (kv.kv_len = token_kv_len: token i is sequence i), for plan_decode()
+// and decode_workspace_bytes() when select_attention_kernel() chose tuned_decode.
+[[nodiscard]] decode_params as_decode_params(const attention_params& p);
+
+// The decode kernel's split plan and its scratch (decode_workspace_bytes(as_decode_params(p), plan)
+// bytes of device memory); unused by the other kernels.
+struct attention_workspace {
+  decode_plan plan{};
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+// Runs the kernel select_attention_kernel(t, p, v) names.
+void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, const attention_workspace& ws,
+                     cuda_stream stream);
 
 }  // namespace zipage::cuda

@@ -1,0 +1,70 @@
+// The entry point of backend/cuda/attention.hpp: select_attention_kernel() (the rule, documented next to
+// its declaration) and paged_attention(), which runs the kernel it names. Host code only; the kernels are
+// in decode_attention.cu, prefill_attention.cu and reference_ops.cu.
+#include <cstdint>
+
+#include "kernel_launchers.hpp"
+#include "zipage/backend/cuda/attention.hpp"
+#include "zipage/core/error.hpp"
+
+namespace zipage::cuda {
+
+namespace {
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+bool power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
+
+prefill_params as_prefill_params(const attention_params& p) {
+  prefill_params f;
+  f.q = p.q;
+  f.out = p.out;
+  f.kv = p.kv;
+  f.q_indptr = p.q_indptr;
+  f.token_kv_len = p.token_kv_len;
+  f.num_tokens = p.num_tokens;
+  f.num_seqs = p.num_seqs;
+  f.num_q_heads = p.num_q_heads;
+  f.scale = p.scale;
+  return f;
+}
+
+}  // namespace
+
+attention_kernel select_attention_kernel(cuda_dtype t, const attention_params& p, kernel_variant v) {
+  const int d = p.kv.head_dim;
+  const bool tuned = v == kernel_variant::tuned && t == cuda_dtype::bf16 && (d == 64 || d == 128) &&
+                     p.kv.block_size >= 2 && power_of_two(p.kv.block_size) && aligned16(p.q) && aligned16(p.out);
+  if (!tuned || p.kv.num_kv_heads <= 0) return attention_kernel::reference;
+  if (p.one_token_per_seq && p.num_seqs <= 65535) return attention_kernel::tuned_decode;
+  if (p.num_q_heads / p.kv.num_kv_heads <= 64) return attention_kernel::tuned_prefill;
+  return attention_kernel::reference;
+}
+
+decode_params as_decode_params(const attention_params& p) {
+  decode_params d;
+  d.q = p.q;
+  d.out = p.out;
+  d.kv = p.kv;
+  d.kv.kv_len = p.token_kv_len;  // one token per sequence: token i is sequence i
+  d.num_seqs = p.num_seqs;
+  d.num_q_heads = p.num_q_heads;
+  d.max_kv_len = p.max_kv_len;
+  d.scale = p.scale;
+  return d;
+}
+
+void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, const attention_workspace& ws,
+                     cuda_stream stream) {
+  switch (select_attention_kernel(t, p, v)) {
+    case attention_kernel::tuned_decode:
+      check(p.num_tokens == p.num_seqs, "paged_attention: one_token_per_seq, but ", p.num_tokens, " tokens for ",
+            p.num_seqs, " sequences");
+      return paged_decode_attention(as_decode_params(p), ws.plan, ws.data, ws.bytes, stream);
+    case attention_kernel::tuned_prefill:
+      return paged_prefill_attention(as_prefill_params(p), stream);
+    case attention_kernel::reference:
+      return reference::paged_attention(t, p, stream);
+  }
+}
+
+}  // namespace zipage::cuda
