@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "zipage/core/kv_cache_dtype.hpp"
+#include "zipage/core/weight_dtype.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/gguf/gguf.hpp"
 #include "zipage/models/hf_loader.hpp"
@@ -53,6 +54,7 @@ struct engine_options {
   std::string device = "auto";  // auto | cpu | cuda
   std::string dtype = "bf16";   // cuda: bf16 | fp32
   std::string kv_cache_dtype = "auto";  // auto (= dtype) | fp8 | fp8_e4m3 (cuda)
+  std::string quantization = "auto";    // linear weights: auto (the checkpoint's) | none | fp8 | fp8_e4m3 (cuda)
   double gpu_memory_utilization = 0.9;
   std::string policy = "zipage";
   std::string scheduling = "fcfs";  // fcfs | priority
@@ -178,6 +180,10 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   app.add_option("--kv-cache-dtype", o.kv_cache_dtype,
                  "GPU: KV cache storage, auto (the model's dtype) or fp8 / fp8_e4m3 (E4M3 with per token-head scales)")
       ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}));
+  app.add_option("--quantization", o.quantization,
+                 "GPU: linear weights, as vLLM's flag: auto (the checkpoint's: FP8 for an FP8 checkpoint, else --dtype), "
+                 "fp8 / fp8_e4m3 (E4M3 with 128x128 block scales, FP8 GEMMs) or none (--dtype; FP8 checkpoints dequantised)")
+      ->check(CLI::IsMember({"auto", "none", "fp8", "fp8_e4m3"}));
   app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
                  "GPU: fraction of device memory for weights + KV pool (as vLLM)")
       ->check(in_range(0.05, 1.0));
@@ -367,6 +373,14 @@ int build_engine(engine_options& o, zipage::llama_model<Backend> model, const Ba
   return rc;
 }
 
+// The device's word on the linear weights once they are loaded (cuda_backend: how many are FP8, how many stayed
+// in the compute dtype because cuBLASLt's FP8 GEMM refuses their shape).
+template <class Backend>
+void print_linear_weights(const engine_options& o, const Backend& backend) {
+  if constexpr (requires { backend.describe_weights(); })
+    if (!o.quiet) std::fprintf(stderr, "weights: %s\n", backend.describe_weights().c_str());
+}
+
 template <class Backend, class F>
 int load_and_run(engine_options& o, const Backend& backend, F& f) {
   if (o.model.empty()) o.model = default_model_path();
@@ -382,6 +396,7 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
     if (const auto q = zipage::load_hf_quantization(o.model); q.fp8 && !o.quiet)
       std::fprintf(stderr, "weights: FP8 e4m3 with %dx%d block scales (quantization_config), dequantised at load\n",
                    q.block_rows, q.block_cols);
+    print_linear_weights(o, backend);
     // The engine stops at every end-of-sequence id of the config (eos and extra_eos); the tokenizer's
     // own EOS ends a turn too (e.g. Qwen3's <|im_end|>).
     if (tokenizer.eos() >= 0 && tokenizer.eos() != model.config().eos) o.sampling.stop_token_ids.push_back(tokenizer.eos());
@@ -395,6 +410,7 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
   zipage::check_vocabulary_pair(config, tokenizer, o.model + " (token_embd.weight)", o.model + " (tokenizer.ggml.tokens)");
   if (o.tensor_parallel_size > 1) (void)zipage::parallel::tp_layout::make(config, o.tensor_parallel_size);  // before the weights
   auto model = zipage::load_llama_gguf<Backend>(file, backend);
+  print_linear_weights(o, backend);
   o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
   return build_engine(o, std::move(model), backend, model_text{.spm = &tokenizer}, f);
 }
@@ -407,6 +423,7 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
 template <class F>
 int with_engine(engine_options& o, F&& f) {
   const zipage::kv_cache_dtype kv_dtype = zipage::parse_kv_cache_dtype(o.kv_cache_dtype);
+  const zipage::weight_dtype weights = zipage::parse_weight_quantization(o.quantization);
 #if ZIPAGE_CLI_CUDA
   const bool gpu = o.device == "cuda" || (o.device == "auto" && zipage::cuda::device_count() > 0);
   if (gpu) {
@@ -418,12 +435,19 @@ int with_engine(engine_options& o, F&& f) {
     zipage::cuda_backend_options bo;
     bo.dtype = o.dtype == "fp32" ? zipage::cuda_dtype::f32 : zipage::cuda_dtype::bf16;
     bo.kv_dtype = kv_dtype;
+    bo.weight_dtype = weights;
+    zipage::check(weights != zipage::weight_dtype::fp8_e4m3 || bo.dtype == zipage::cuda_dtype::bf16, "--quantization ",
+                  o.quantization, ": FP8 weights run with --dtype bf16 (the FP8 GEMM writes bf16), not ", o.dtype);
     // The pool comes from the device's memory unless --num-blocks fixes it.
     o.engine.gpu_memory_utilization = o.gpu_memory_utilization;
     const zipage::cuda_backend backend(bo);
     if (!o.quiet)
-      std::fprintf(stderr, "device: %s (%s, KV cache %s)\n", zipage::cuda::describe_device(0).c_str(), o.dtype.c_str(),
-                   kv_dtype == zipage::kv_cache_dtype::fp8_e4m3 ? "fp8_e4m3 + per token-head scales" : o.dtype.c_str());
+      std::fprintf(stderr, "device: %s (%s, KV cache %s, linear weights %s)\n", zipage::cuda::describe_device(0).c_str(),
+                   o.dtype.c_str(),
+                   kv_dtype == zipage::kv_cache_dtype::fp8_e4m3 ? "fp8_e4m3 + per token-head scales" : o.dtype.c_str(),
+                   weights == zipage::weight_dtype::fp8_e4m3 ? "fp8_e4m3 + 128x128 block scales"
+                   : weights == zipage::weight_dtype::auto_ ? "auto (fp8_e4m3 for an FP8 checkpoint)"
+                                                            : o.dtype.c_str());
     return detail::load_and_run(o, backend, f);
   }
 #else
@@ -431,6 +455,8 @@ int with_engine(engine_options& o, F&& f) {
 #endif
   zipage::check(kv_dtype == zipage::kv_cache_dtype::auto_, "--kv-cache-dtype ", o.kv_cache_dtype,
                 ": the CPU backend keeps an fp32 KV cache; the FP8 KV cache runs on the GPU (--device cuda)");
+  zipage::check(weights != zipage::weight_dtype::fp8_e4m3, "--quantization ", o.quantization,
+                ": the CPU backend keeps fp32 weights; FP8 weights run on the GPU (--device cuda)");
   if (!o.quiet) std::fprintf(stderr, "device: cpu (fp32 reference backend)\n");
   const zipage::cpu_backend backend{};
   return detail::load_and_run(o, backend, f);

@@ -40,6 +40,7 @@ struct grid_options {
   std::string device = "auto";  // auto | cpu | cuda
   std::string dtype = "bf16";    // cuda: bf16 | fp32
   std::string kv_cache_dtype = "auto";  // cuda: auto (= dtype) | fp8 | fp8_e4m3
+  std::string quantization = "auto";    // cuda linear weights: auto (the checkpoint's) | none | fp8 | fp8_e4m3
   double gpu_memory_utilization = 0.9;
   double kv_cache_mib = 256.0;  // CPU pool
   int num_blocks = 0;

@@ -20,6 +20,7 @@
 #include "eval_common.hpp"
 #include "zipage/core/json.hpp"
 #include "zipage/core/kv_cache_dtype.hpp"
+#include "zipage/core/weight_dtype.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/eval/stats.hpp"
 #include "zipage/gguf/gguf.hpp"
@@ -351,6 +352,7 @@ void report(run_context& ctx, const std::vector<cell_result>& results, std::ofst
         {"data", o.data},
         {"device", ctx.device_name},
         {"kv_cache_dtype", o.kv_cache_dtype},
+        {"quantization", o.quantization},
         {"policy", r.c.policy},
         {"budget", r.c.policy == "full_kv" ? nlohmann::json(nullptr) : nlohmann::json(r.c.budget)},
         {"budget_fraction", r.c.fraction > 0 ? nlohmann::json(r.c.fraction) : nlohmann::json(nullptr)},
@@ -433,6 +435,8 @@ int run_backend(run_context& ctx, const Backend& backend) {
     return hf ? zipage::load_hf_checkpoint<Backend>(o.model, backend) : zipage::load_llama_gguf<Backend>(*gguf, backend);
   };
   std::optional<zipage::llama_model<Backend>> first(load());
+  if constexpr (requires { backend.describe_weights(); })  // how many linear weights are FP8 (--quantization)
+    if (!o.quiet) std::fprintf(stderr, "weights: %s\n", backend.describe_weights().c_str());
   const zipage::model_config config = first->config();
   // The model and its tokenizer must agree (else a batch fails halfway at an id one side lacks).
   if (hf) zipage::check_vocabulary_pair(config, *bpe, o.model + "/config.json", o.model + "/tokenizer.json");
@@ -543,6 +547,10 @@ void add_grid_flags(CLI::App& app, grid_options& o) {
   app.add_option("--kv-cache-dtype", o.kv_cache_dtype,
                  "GPU: KV cache element type: auto (= --dtype) or fp8 / fp8_e4m3 (E4M3 with per token-head scales)")
       ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}));
+  app.add_option("--quantization", o.quantization,
+                 "GPU: linear weights (vLLM's flag): auto (FP8 for an FP8 checkpoint), fp8 / fp8_e4m3 (E4M3 + 128x128 "
+                 "block scales, FP8 GEMMs) or none (--dtype)")
+      ->check(CLI::IsMember({"auto", "none", "fp8", "fp8_e4m3"}));
   app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization, "GPU: fraction of device memory for weights + KV")
       ->check(CLI::Range(0.05, 1.0));
   app.add_option("--kv-cache-mib", o.kv_cache_mib, "CPU: KV pool size in MiB")->check(CLI::PositiveNumber);
@@ -574,15 +582,21 @@ int run_grid(grid_options& o, const std::vector<problem>& problems, const task& 
     zipage::cuda_backend_options bo;
     bo.dtype = o.dtype == "fp32" ? zipage::cuda_dtype::f32 : zipage::cuda_dtype::bf16;
     bo.kv_dtype = zipage::parse_kv_cache_dtype(o.kv_cache_dtype);
+    bo.weight_dtype = zipage::parse_weight_quantization(o.quantization);
     const zipage::cuda_backend backend(bo);
     ctx.device_name = zipage::cuda::describe_device(0) + " (" + o.dtype +
-                      (bo.kv_dtype == zipage::kv_cache_dtype::fp8_e4m3 ? ", fp8 KV" : "") + ")";
+                      (bo.kv_dtype == zipage::kv_cache_dtype::fp8_e4m3 ? ", fp8 KV" : "") +
+                      (bo.weight_dtype == zipage::weight_dtype::fp8_e4m3 ? ", fp8 weights"
+                       : bo.weight_dtype == zipage::weight_dtype::auto_ ? ", weights auto (fp8 for an FP8 checkpoint)"
+                                                                         : "") + ")";
     if (!o.quiet) std::fprintf(stderr, "device: %s\n", ctx.device_name.c_str());
     return run_backend(ctx, backend);
   }
 #else
   zipage::check(o.device != "cuda", "--device cuda: this build has no CUDA backend (configure with a CUDA compiler)");
 #endif
+  zipage::check(zipage::parse_weight_quantization(o.quantization) != zipage::weight_dtype::fp8_e4m3, "--quantization ",
+                o.quantization, ": the CPU backend keeps fp32 weights (FP8 weights run with --device cuda)");
   zipage::check(o.kv_cache_dtype == "auto", "--kv-cache-dtype ", o.kv_cache_dtype,
                 ": the CPU backend keeps fp32 KV (an FP8 cache runs with --device cuda)");
   ctx.device_name = "cpu (fp32 reference backend)";

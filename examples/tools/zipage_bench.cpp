@@ -128,6 +128,8 @@ timed_model build_model(const cuda_backend& b, const model_config& c, std::uint6
     lw.w_gate = uniform(c.ffn_size, c.hidden_size, s_in);
     lw.w_up = uniform(c.ffn_size, c.hidden_size, s_in);
     lw.w_down = uniform(c.hidden_size, c.ffn_size, 1.0f / std::sqrt(static_cast<float>(c.ffn_size)));
+    // --quantization fp8: the linear weights become E4M3 + 128x128 block scales (as a loaded checkpoint's would).
+    for (cuda_tensor* t : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) b.prepare_linear_weight(*t);
     for (const cuda_tensor* t : {&lw.attn_norm, &lw.ffn_norm, &lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up,
                                  &lw.w_down}) {
       ws.bytes_per_step += static_cast<double>(t->bytes());
@@ -170,8 +172,56 @@ struct options {
   float temperature = 0.0f;
   std::string json;
   std::string kv_cache_dtype = "auto";  // auto (bf16) | fp8 | fp8_e4m3
+  std::string quantization = "auto";    // linear weights: auto / none (bf16) | fp8 | fp8_e4m3
+  bool linear_bench = false;            // FP8 vs bf16 linear() TFLOP/s at the shape's GEMMs, then exit
   bool sync_compression = false;
 };
+
+// FP8 linear() (activation quantisation + cuBLASLt block-scaled FP8 GEMM) against bf16 linear() (cuBLASLt bf16
+// GEMM) at the shape's linear layers and M tokens, timed in the same process: host clock around `reps` calls
+// after a warm-up, synchronised at both ends (median of 5 such runs). Nothing is asserted.
+void linear_bench(const cuda_backend& b, const model_config& c) {
+  struct layer {
+    const char* name;
+    int n, k;
+  };
+  const layer layers[] = {{"q/o", c.q_size(), c.hidden_size}, {"k/v", c.kv_size(), c.hidden_size},
+                          {"gate/up", c.ffn_size, c.hidden_size}, {"down", c.hidden_size, c.ffn_size}};
+  std::printf("| layer | N x K | M | bf16 us | bf16 TFLOP/s | fp8 us | fp8 TFLOP/s | fp8 / bf16 |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  auto time_us = [&](const cuda_tensor& x, const cuda_tensor& w, cuda_tensor& out) {
+    constexpr int reps = 50;
+    for (int i = 0; i < 5; ++i) b.linear(x, w, out);
+    std::vector<double> runs;
+    for (int r = 0; r < 5; ++r) {
+      b.synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) b.linear(x, w, out);
+      b.synchronize();
+      runs.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps);
+    }
+    std::sort(runs.begin(), runs.end());
+    return runs[runs.size() / 2];
+  };
+  for (const layer& l : layers) {
+    const cuda_tensor w16 = b.random_tensor(l.n, l.k, 1.0f / std::sqrt(static_cast<float>(l.k)), 77);
+    cuda_tensor w8 = w16;
+    const bool fp8 = b.prepare_linear_weight(w8);
+    for (const int m : {64, 256, 512, 1024}) {
+      const cuda_tensor x = b.random_tensor(m, l.k, 1.0f, 78);
+      cuda_tensor out;
+      const double flop = 2.0 * m * l.n * static_cast<double>(l.k);
+      const double t16 = time_us(x, w16, out);
+      const double t8 = fp8 ? time_us(x, w8, out) : 0.0;
+      if (fp8)
+        std::printf("| %s | %d x %d | %d | %.1f | %.0f | %.1f | %.0f | %.2fx |\n", l.name, l.n, l.k, m, t16,
+                    flop / t16 / 1e6, t8, flop / t8 / 1e6, t16 / t8);
+      else
+        std::printf("| %s | %d x %d | %d | %.1f | %.0f | - | - | (FP8 GEMM refused this shape) |\n", l.name, l.n, l.k, m,
+                    t16, flop / t16 / 1e6);
+    }
+  }
+}
 
 struct run_result {
   std::string workload, mode, policy;
@@ -383,6 +433,12 @@ int main(int argc, char** argv) {
   app.add_option("--json", o.json, "append results as JSON lines to this file");
   app.add_option("--kv-cache-dtype", o.kv_cache_dtype, "KV cache: auto (bf16) or fp8 / fp8_e4m3 (E4M3 + per token-head scales)")
       ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}));
+  app.add_option("--quantization", o.quantization,
+                 "linear weights (vLLM's flag): auto / none (bf16: the random model is no FP8 checkpoint) or fp8 / fp8_e4m3 "
+                 "(E4M3 + 128x128 block scales, FP8 GEMMs)")
+      ->check(CLI::IsMember({"auto", "none", "fp8", "fp8_e4m3"}));
+  app.add_flag("--linear-bench", o.linear_bench,
+               "only measure FP8 vs bf16 linear() TFLOP/s at the shape's linear layers, M = 64, 256, 512, 1024");
   app.add_flag("--sync-compression", o.sync_compression, "compress on the engine thread");
   app.add_option("--tensor-parallel-size,--tp", o.tensor_parallel_size,
                  "GPUs to shard the model over (as zipage-generate's); only 1 until multi-GPU tensor parallelism "
@@ -419,17 +475,25 @@ int main(int argc, char** argv) {
     cuda_backend_options bo;
     bo.cuda_graphs = !o.no_graphs;
     bo.kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
+    bo.weight_dtype = o.linear_bench ? weight_dtype::fp8_e4m3 : parse_weight_quantization(o.quantization);
     bo.max_graph_batch = std::max(bo.max_graph_batch, o.max_num_seqs);
     const cuda_backend b(bo);
     const double bw = b.measure_copy_bandwidth();
     const double tflops = b.measure_gemm_tflops();
-    std::printf("device: %s; copy bandwidth %.0f GB/s (2 GiB D2D, read+write), bf16 GEMM %.0f TFLOP/s (8192^3); KV cache %s\n",
-                cuda::describe_device(0).c_str(), bw, tflops, to_string(bo.kv_dtype));
+    std::printf("device: %s; copy bandwidth %.0f GB/s (2 GiB D2D, read+write), bf16 GEMM %.0f TFLOP/s (8192^3); KV cache %s; "
+                "linear weights %s\n",
+                cuda::describe_device(0).c_str(), bw, tflops, to_string(bo.kv_dtype),
+                fp8_weights(bo.weight_dtype, false) ? "fp8_e4m3 + 128x128 block scales" : "bf16");
+    if (o.linear_bench) {
+      linear_bench(b, c);
+      return 0;
+    }
     weight_stats ws;
     {
       // Weight statistics from one build (freed again before the runs build their own).
       timed_model probe = build_model(b, c, o.seed, ws);
     }
+    std::printf("weights: %s\n", b.describe_weights().c_str());
     std::printf("shape %s: %d layers, hidden %d, q/kv heads %d/%d, head_dim %d, ffn %d, vocab %d; weights read per "
                 "step %.2f GB (%.2f B params incl. vocabulary projection)\n",
                 o.shape.c_str(), c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.ffn_size,

@@ -10,9 +10,10 @@
 // (The name is the exporter's: the tensor holds the dequantisation multiplier, amax / 448 per block.)
 // Embeddings, norms and lm_head stay in bf16.
 //
-// zipage dequantises at load, exactly (fp32 = decode(code) * scale, one float product), and runs its GEMMs
-// on those weights: fp32 on the CPU backend, converted to bf16 by the CUDA backend's upload as for any
-// checkpoint. FP8 GEMMs are future work (docs/fp8.md, "FP8 checkpoints").
+// zipage dequantises at load, exactly (fp32 = decode(code) * scale, one float product): the CPU backend runs
+// its GEMMs on those fp32 weights; the CUDA backend re-quantises the blocks' linear weights from them to E4M3
+// with 128x128 block scales (recovering the checkpoint's codes; `--quantization auto`, the default) and runs FP8
+// GEMMs, or converts them to bf16 with `--quantization none` (docs/fp8.md, "FP8 weights").
 #include <algorithm>
 #include <array>
 #include <cmath>
