@@ -36,38 +36,21 @@
 #include "zipage/models/llama.hpp"
 #include "zipage/policy/policies.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
+#include "gpu_doctest_main.hpp"
+#include "greedy.hpp"
+#include "random_llama.hpp"
 #include "stories_model.hpp"
 
 using namespace zipage;
+using zipage::testing::greedy;
+using zipage::testing::random_llama;
 using zipage::testing::stories;
+using zipage::testing::story_prompts;
 
 namespace {
 
-// Known-good greedy continuation of stories260K (tests/unit/test_engine.cpp): the prompt "Once upon a
-// time" is the first four ids, the rest are generated.
-const std::vector<token_id> golden = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317,
-                                      426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282,
-                                      295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352};
-
-std::vector<std::vector<token_id>> story_prompts(int n) {
-  const char* subjects[] = {"a little girl", "a big dog", "the old man", "a happy cat",
-                            "Tom", "a small bird", "the princess", "a red car"};
-  const char* actions[] = {"went to the park", "found a box", "wanted to play", "was very sad",
-                           "saw a tree", "liked to sing", "had a ball", "ran home"};
-  std::vector<std::vector<token_id>> prompts;
-  for (int i = 0; i < n; ++i) {
-    const std::string text = std::string("Once upon a time, ") + subjects[i % 8] + " " + actions[(i / 8 + i) % 8] + ".";
-    prompts.push_back(stories().tokenizer.encode(text, true));
-  }
-  return prompts;
-}
-
-sampling_params greedy(int max_tokens) {
-  sampling_params p;
-  p.temperature = 0.0f;
-  p.max_tokens = max_tokens;
-  return p;
-}
+// stories260K's known-good greedy continuation (tests/support/stories_model.hpp; test_engine checks it on the CPU).
+const std::vector<token_id>& golden = zipage::testing::stories_golden;
 
 cuda_backend fp32_backend(bool batch_invariant) {
   cuda_backend_options o;
@@ -97,40 +80,6 @@ std::size_t common_prefix(const std::vector<token_id>& a, const std::vector<toke
   std::size_t n = 0;
   while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
   return n;
-}
-
-// A random Llama (optionally Qwen3-style q/k norm) with the same weights on any backend.
-template <class B>
-llama_model<B> random_llama(const B& b, const model_config& c, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto random = [&](int rows, int cols, float scale, float offset = 0.0f) {
-    std::vector<float> v(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
-    for (float& x : v) x = offset + normal(rng) * scale;
-    return b.from_host(v, rows, cols);
-  };
-  llama_weights<B> w;
-  w.embedding = random(c.vocab_size, c.hidden_size, 1.0f);
-  const float s = 1.0f / std::sqrt(static_cast<float>(c.hidden_size));
-  for (int l = 0; l < c.num_layers; ++l) {
-    llama_layer_weights<B> lw;
-    lw.attn_norm = random(1, c.hidden_size, 0.1f, 1.0f);
-    lw.ffn_norm = random(1, c.hidden_size, 0.1f, 1.0f);
-    lw.wq = random(c.q_size(), c.hidden_size, 2 * s);
-    lw.wk = random(c.kv_size(), c.hidden_size, 2 * s);
-    lw.wv = random(c.kv_size(), c.hidden_size, s);
-    lw.wo = random(c.hidden_size, c.q_size(), 1.0f / std::sqrt(static_cast<float>(c.q_size())));
-    if (c.qk_norm) {
-      lw.q_norm = random(1, c.head_dim, 0.1f, 1.0f);
-      lw.k_norm = random(1, c.head_dim, 0.1f, 1.0f);
-    }
-    lw.w_gate = random(c.ffn_size, c.hidden_size, s);
-    lw.w_up = random(c.ffn_size, c.hidden_size, s);
-    lw.w_down = random(c.hidden_size, c.ffn_size, 1.0f / std::sqrt(static_cast<float>(c.ffn_size)));
-    w.layers.push_back(std::move(lw));
-  }
-  w.final_norm = random(1, c.hidden_size, 0.1f, 1.0f);
-  return llama_model<B>(c, std::move(w));
 }
 
 model_config small_config(int head_dim, int q_heads, int kv_heads, bool qk_norm) {
@@ -1115,12 +1064,4 @@ TEST_CASE("memory plan: max_batched_tokens 32768 at gpu_memory_utilization 0.9 r
   CHECK(used_after <= 0.9 * static_cast<double>(total_after) + 2.0 * gib);
 }
 
-int main(int argc, char** argv) {
-  if (cuda::device_count() == 0) {
-    std::printf("SKIPPED: no CUDA device (%s)\n", cuda::describe_device().c_str());
-    return 77;
-  }
-  std::printf("device 0: %s\n", cuda::describe_device(0).c_str());
-  doctest::Context context(argc, argv);
-  return context.run();
-}
+int main(int argc, char** argv) { return zipage::testing::gpu_doctest_main(argc, argv); }

@@ -32,10 +32,14 @@
 #include "zipage/gguf/gguf.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/policy/policies.hpp"
+#include "gpu_doctest_main.hpp"
+#include "greedy.hpp"
+#include "kv_agreement.hpp"
+#include "random_llama.hpp"
 #include "stories_model.hpp"
 
 using namespace zipage;
-using zipage::testing::stories;
+using namespace zipage::testing;  // stories(), the agreement measure, random_llama
 
 namespace {
 
@@ -348,37 +352,18 @@ struct logging_llama {
   }
 };
 
-sampling_params greedy(int max_tokens) {
-  sampling_params p;
-  p.temperature = 0.0f;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
-
-struct greedy_run {
-  std::vector<token_id> tokens;
-  std::vector<std::vector<float>> logits;
-  std::int64_t compressions = 0;
-};
-
 template <class Policy, class MakeModel>
 greedy_run run_greedy(const cuda_backend& b, MakeModel&& make, const std::vector<token_id>& prompt, int n,
                       const engine_config& cfg, const std::vector<token_id>* force = nullptr) {
   greedy_run r;
   engine<logging_llama, Policy, zipage_scheduler, cuda_backend> eng(logging_llama{make(b), b, &r.logits, force, {}}, cfg,
                                                                     Policy{}, b);
-  const request_id id = eng.add_request(prompt, greedy(n));
+  const request_id id = eng.add_request(prompt, greedy_ignoring_eos(n));
   eng.run_to_completion();
   r.tokens = eng.take_output(id).output;
   r.compressions = eng.stats().compressions;
   return r;
 }
-
-struct agreement {
-  int tokens = 0, same_position = 0, common_prefix = 0, diverged = 0, forced_top1 = 0, requests = 0;
-  double max_drift = 0.0, sum_drift = 0.0, max_logit = 0.0;
-};
 
 cuda_backend eager_backend(kv_cache_dtype kv) {
   cuda_backend_options o;
@@ -403,27 +388,7 @@ agreement compare_to_bf16(MakeModel&& make, const std::vector<std::vector<token_
     REQUIRE(forced.tokens == ref.tokens);
     REQUIRE(forced.logits.size() == ref.logits.size());
     if constexpr (Policy::evicts) CHECK(forced.compressions > 0);
-    ++a.requests;
-    std::size_t prefix = 0;
-    while (prefix < ref.tokens.size() && prefix < free.tokens.size() && ref.tokens[prefix] == free.tokens[prefix]) ++prefix;
-    a.tokens += n;
-    a.common_prefix += static_cast<int>(prefix);
-    a.diverged += prefix < ref.tokens.size();
-    for (std::size_t i = 0; i < ref.tokens.size(); ++i) {
-      a.same_position += i < free.tokens.size() && ref.tokens[i] == free.tokens[i];
-      // logits row i + (prompt rows of the first step - 1): the engine samples from the last row of the
-      // prefill, then one row per decode step.
-      const auto& got = forced.logits[forced.logits.size() - ref.tokens.size() + i];
-      const auto& want = ref.logits[ref.logits.size() - ref.tokens.size() + i];
-      a.forced_top1 += std::max_element(got.begin(), got.end()) - got.begin() == ref.tokens[i];
-      double step_drift = 0.0;
-      for (std::size_t j = 0; j < want.size(); ++j) {
-        step_drift = std::max(step_drift, double(std::abs(got[j] - want[j])));
-        a.max_logit = std::max(a.max_logit, double(std::abs(want[j])));
-      }
-      a.max_drift = std::max(a.max_drift, step_drift);
-      a.sum_drift += step_drift;
-    }
+    add_request(a, ref, free, forced);
   }
   return a;
 }
@@ -434,21 +399,6 @@ void report(const std::string& what, const agreement& a) {
           a.sum_drift / a.tokens, " (max |logit| ", a.max_logit, "). Free-running: same token at the same position ",
           100.0 * a.same_position / a.tokens, "%, before the first difference ", 100.0 * a.common_prefix / a.tokens, "% (",
           a.diverged, " of ", a.requests, " diverge)");
-}
-
-void check_sane(const agreement& a) {
-  CHECK(std::isfinite(a.max_drift));
-  CHECK(a.max_drift < a.max_logit);
-  CHECK(a.forced_top1 * 2 >= a.tokens);  // teacher-forced top-1 agreement >= 50%
-}
-
-std::vector<std::vector<token_id>> story_prompts() {
-  const char* texts[] = {"Once upon a time", "Once upon a time, a little girl went to the park.",
-                         "Tom had a big red ball. One day", "The cat and the dog were friends. They",
-                         "Lily wanted to play in the garden, but", "One day, a small bird found a shiny box"};
-  std::vector<std::vector<token_id>> prompts;
-  for (const char* t : texts) prompts.push_back(stories().tokenizer.encode(t, true));
-  return prompts;
 }
 
 // A random-initialised small Qwen3 (q/k RMSNorm, GQA 16:8, head_dim 128, 4 layers), same weights on any backend.
@@ -469,36 +419,7 @@ model_config qwen3_config() {
   return c;
 }
 
-llama_model<cuda_backend> random_qwen3(const cuda_backend& b) {
-  const model_config c = qwen3_config();
-  std::mt19937 rng(2024);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto random = [&](int rows, int cols, float scale, float offset = 0.0f) {
-    std::vector<float> v(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
-    for (float& x : v) x = offset + normal(rng) * scale;
-    return b.from_host(v, rows, cols);
-  };
-  llama_weights<cuda_backend> w;
-  w.embedding = random(c.vocab_size, c.hidden_size, 1.0f);
-  const float s = 1.0f / std::sqrt(static_cast<float>(c.hidden_size));
-  for (int l = 0; l < c.num_layers; ++l) {
-    llama_layer_weights<cuda_backend> lw;
-    lw.attn_norm = random(1, c.hidden_size, 0.1f, 1.0f);
-    lw.ffn_norm = random(1, c.hidden_size, 0.1f, 1.0f);
-    lw.wq = random(c.q_size(), c.hidden_size, 2 * s);
-    lw.wk = random(c.kv_size(), c.hidden_size, 2 * s);
-    lw.wv = random(c.kv_size(), c.hidden_size, s);
-    lw.wo = random(c.hidden_size, c.q_size(), 1.0f / std::sqrt(static_cast<float>(c.q_size())));
-    lw.q_norm = random(1, c.head_dim, 0.1f, 1.0f);
-    lw.k_norm = random(1, c.head_dim, 0.1f, 1.0f);
-    lw.w_gate = random(c.ffn_size, c.hidden_size, s);
-    lw.w_up = random(c.ffn_size, c.hidden_size, s);
-    lw.w_down = random(c.hidden_size, c.ffn_size, 1.0f / std::sqrt(static_cast<float>(c.ffn_size)));
-    w.layers.push_back(std::move(lw));
-  }
-  w.final_norm = random(1, c.hidden_size, 0.1f, 1.0f);
-  return llama_model<cuda_backend>(c, std::move(w));
-}
+llama_model<cuda_backend> random_qwen3(const cuda_backend& b) { return random_llama(b, qwen3_config(), 2024); }
 
 std::vector<std::vector<token_id>> qwen3_prompts() {
   std::mt19937 rng(5);
@@ -517,11 +438,11 @@ std::vector<std::vector<token_id>> qwen3_prompts() {
 TEST_CASE("fp8 kv engine: stories260K (generic kernels, head_dim 8), full_kv and zipage_policy, vs bf16 KV") {
   const auto make = [](const cuda_backend& b) { return load_llama_gguf<cuda_backend>(stories().file, b); };
   const engine_config full{.block_size = 8, .num_blocks = 256};
-  const auto a = compare_to_bf16<full_kv>(make, story_prompts(), 200, full);
+  const auto a = compare_to_bf16<full_kv>(make, kv_agreement_prompts(), 200, full);
   report("stories260K, full_kv", a);
   check_sane(a);
   const engine_config zip{.block_size = 8, .num_blocks = 256, .budget_tokens = 64, .window = 4, .async_compression = false};
-  const auto z = compare_to_bf16<zipage_policy>(make, story_prompts(), 200, zip);
+  const auto z = compare_to_bf16<zipage_policy>(make, kv_agreement_prompts(), 200, zip);
   report("stories260K, zipage_policy (budget 64, W 4)", z);
   check_sane(z);
 }
@@ -547,7 +468,7 @@ TEST_CASE("fp8 kv engine: decode steps run through CUDA graphs (agreement with e
     const auto b = fp8_backend(cuda_dtype::bf16, graphs);
     engine<llama_model<cuda_backend>, zipage_policy, zipage_scheduler, cuda_backend> eng(random_qwen3(b), cfg, {}, b);
     b.reset_counters();
-    for (const auto& r : eng.generate(prompts, greedy(200))) {
+    for (const auto& r : eng.generate(prompts, greedy_ignoring_eos(200))) {
       CHECK(r.output.size() == 200u);
       outs[graphs].push_back(r.output);
     }
@@ -586,7 +507,7 @@ TEST_CASE("fp8 kv engine: compression on the device (cuda::compress on FP8 keys)
     const cuda_backend b(o);
     engine<llama_model<cuda_backend>, zipage_policy, zipage_scheduler, cuda_backend> eng(random_qwen3(b), cfg, {}, b);
     b.reset_counters();
-    outs[device] = eng.generate(prompts, greedy(300));
+    outs[device] = eng.generate(prompts, greedy_ignoring_eos(300));
     compressions[device] = eng.stats().compressions;
     k[device] = b.counters();
     CHECK(eng.pool().num_used() == 0);
@@ -619,12 +540,4 @@ TEST_CASE("fp8 kv: head_dim not a multiple of 4 is refused with a clear error") 
                        doctest::Contains("head_dim % 4"), zipage::error);
 }
 
-int main(int argc, char** argv) {
-  if (cuda::device_count() == 0) {
-    std::printf("SKIPPED: no CUDA device (%s)\n", cuda::describe_device().c_str());
-    return 77;
-  }
-  std::printf("device 0: %s\n", cuda::describe_device(0).c_str());
-  doctest::Context context(argc, argv);
-  return context.run();
-}
+int main(int argc, char** argv) { return zipage::testing::gpu_doctest_main(argc, argv); }

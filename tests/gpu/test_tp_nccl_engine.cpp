@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "gpu_doctest_main.hpp"
+#include "greedy.hpp"
 #include "stories_model.hpp"
 #include "zipage/backend/cuda/cuda_backend.hpp"
 #include "zipage/cuda/device.hpp"
@@ -18,23 +20,14 @@
 #include "zipage/policy/policies.hpp"
 
 using namespace zipage;
+using zipage::testing::greedy_ignoring_eos;
 using zipage::testing::stories;
 
 namespace {
 
-sampling_params greedy(int max_tokens) {
-  sampling_params p;
-  p.temperature = 0.0f;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
-
 std::vector<std::vector<token_id>> prompts() {
-  std::vector<std::vector<token_id>> out;
-  for (const char* text : {"Once upon a time", "Once upon a time, a little girl went to the park.", "Tom had a ball."})
-    out.push_back(stories().tokenizer.encode(text, true));
-  return out;
+  return zipage::testing::encode_stories(
+      {"Once upon a time", "Once upon a time, a little girl went to the park.", "Tom had a ball."});
 }
 
 std::size_t common_prefix(const std::vector<token_id>& a, const std::vector<token_id>& b) {
@@ -54,7 +47,7 @@ void compare(cuda_dtype dtype, const engine_config& cfg, bool exact) {
   engine<llama_model<cuda_backend>, Policy, zipage_scheduler, cuda_backend> plain(
       load_llama_gguf<cuda_backend>(stories().file, b), cfg, Policy{}, b);
   const auto ps = prompts();
-  const auto expected = plain.generate(ps, greedy(64));
+  const auto expected = plain.generate(ps, greedy_ignoring_eos(64));
 
   const std::vector<int> devices{0};
   auto group = parallel::nccl_group(devices);
@@ -62,7 +55,7 @@ void compare(cuda_dtype dtype, const engine_config& cfg, bool exact) {
   tensor_parallel_backend<cuda_backend> tpb(group, host.config(), {b});
   engine<tensor_parallel_llama<cuda_backend>, Policy, zipage_scheduler, tensor_parallel_backend<cuda_backend>> tp(
       tensor_parallel_llama<cuda_backend>(host, tpb), cfg, Policy{}, tpb);
-  const auto out = tp.generate(ps, greedy(64));
+  const auto out = tp.generate(ps, greedy_ignoring_eos(64));
   CHECK(tp.stats().compressions == plain.stats().compressions);
   for (std::size_t i = 0; i < ps.size(); ++i) {
     MESSAGE(Policy{}.name(), (dtype == cuda_dtype::f32 ? " fp32" : " bf16"), " request ", i, ": ",
@@ -84,11 +77,5 @@ TEST_CASE("N = 1 through NCCL in bf16 (reported; the plain engine decodes throug
 }
 
 int main(int argc, char** argv) {
-  if (cuda::device_count() == 0) {
-    std::printf("SKIPPED: no CUDA device (%s)\n", cuda::describe_device().c_str());
-    return 77;
-  }
-  std::printf("device 0: %s; NCCL %s\n", cuda::describe_device(0).c_str(), parallel::nccl_version().c_str());
-  doctest::Context context(argc, argv);
-  return context.run();
+  return zipage::testing::gpu_doctest_main(argc, argv, [] { return "; NCCL " + parallel::nccl_version(); });
 }

@@ -9,11 +9,14 @@
 #include "zipage/gguf/gguf.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
+#include "greedy.hpp"
 #include "counting_model.hpp"
 #include "stories_model.hpp"
 
 using namespace zipage;
+using zipage::testing::greedy;
 using zipage::testing::stories;
+using zipage::testing::story_prompts;
 
 namespace {
 
@@ -25,31 +28,8 @@ llama_engine make_engine(engine_config cfg = {}) {
   return llama_engine(load_llama_gguf<cpu_backend>(m.file), cfg);
 }
 
-sampling_params greedy(int max_tokens) {
-  sampling_params p;
-  p.temperature = 0.0f;
-  p.max_tokens = max_tokens;
-  return p;
-}
-
-// Known-good greedy continuation of stories260K (from its publisher's reference run): prompt
-// "Once upon a time" is the first four ids, the rest are generated.
-const std::vector<token_id> golden = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317,
-                                      426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282,
-                                      295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352};
-
-std::vector<std::vector<token_id>> story_prompts(int n) {
-  const char* subjects[] = {"a little girl", "a big dog", "the old man", "a happy cat",
-                            "Tom", "a small bird", "the princess", "a red car"};
-  const char* actions[] = {"went to the park", "found a box", "wanted to play", "was very sad",
-                           "saw a tree", "liked to sing", "had a ball", "ran home"};
-  std::vector<std::vector<token_id>> prompts;
-  for (int i = 0; i < n; ++i) {
-    const std::string text = std::string("Once upon a time, ") + subjects[i % 8] + " " + actions[(i / 8 + i) % 8] + ".";
-    prompts.push_back(stories().tokenizer.encode(text, true));
-  }
-  return prompts;
-}
+// stories260K's known-good greedy continuation (tests/support/stories_model.hpp).
+const std::vector<token_id>& golden = zipage::testing::stories_golden;
 
 using zipage::testing::counting_model;
 

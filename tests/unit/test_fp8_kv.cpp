@@ -21,10 +21,12 @@
 #include "zipage/gguf/gguf.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/policy/policies.hpp"
+#include "greedy.hpp"
+#include "kv_agreement.hpp"
 #include "stories_model.hpp"
 
 using namespace zipage;
-using zipage::testing::stories;
+using namespace zipage::testing;  // stories() and the agreement measure (kv_agreement.hpp)
 
 static_assert(backend<cpu_fp8kv_backend>);
 static_assert(evicting_backend<cpu_fp8kv_backend>);
@@ -435,56 +437,22 @@ struct logging_llama {
   }
 };
 
-struct greedy_run {
-  std::vector<token_id> tokens;
-  std::vector<std::vector<float>> logits;
-  std::int64_t compressions = 0;
-};
-
-sampling_params greedy(int max_tokens) {
-  sampling_params p;
-  p.temperature = 0.0f;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
-
 template <class B, class Policy>
 greedy_run run_greedy(const std::vector<token_id>& prompt, int n, const engine_config& cfg,
                       const std::vector<token_id>* force = nullptr) {
   greedy_run r;
   engine<logging_llama<B>, Policy> eng(logging_llama<B>{load_llama_gguf<B>(stories().file), &r.logits, force, {}}, cfg);
-  const request_id id = eng.add_request(prompt, greedy(n));
+  const request_id id = eng.add_request(prompt, greedy_ignoring_eos(n));
   eng.run_to_completion();
   r.tokens = eng.take_output(id).output;
   r.compressions = eng.stats().compressions;
   return r;
 }
 
-std::vector<std::vector<token_id>> fp8_prompts() {
-  const char* texts[] = {"Once upon a time", "Once upon a time, a little girl went to the park.",
-                         "Tom had a big red ball. One day", "The cat and the dog were friends. They",
-                         "Lily wanted to play in the garden, but", "One day, a small bird found a shiny box"};
-  std::vector<std::vector<token_id>> prompts;
-  for (const char* t : texts) prompts.push_back(stories().tokenizer.encode(t, true));
-  return prompts;
-}
-
-struct agreement {
-  int tokens = 0;            // generated tokens compared
-  int same_position = 0;     // free-running: tokens equal at the same position
-  int common_prefix = 0;     // free-running: tokens before the first difference, summed over requests
-  int diverged = 0;          // free-running: requests whose outputs differ somewhere
-  int forced_top1 = 0;       // teacher-forced on the fp32 tokens: steps whose argmax is the fp32 token
-  double max_drift = 0.0;    // teacher-forced: max |logit - logit_fp32| over every step and vocabulary entry
-  double sum_drift = 0.0;    // teacher-forced: sum over steps of max |logit - logit_fp32| (mean = / tokens)
-  double max_logit = 0.0;    // max |logit_fp32| (the drift's scale)
-};
-
 template <class B, class Policy>
 agreement compare_to_fp32(const engine_config& cfg, int n) {
   agreement a;
-  for (const auto& prompt : fp8_prompts()) {
+  for (const auto& prompt : kv_agreement_prompts()) {
     const auto ref = run_greedy<cpu_backend, Policy>(prompt, n, cfg);
     const auto free = run_greedy<B, Policy>(prompt, n, cfg);
     const auto forced = run_greedy<B, Policy>(prompt, n, cfg, &ref.tokens);
@@ -494,24 +462,7 @@ agreement compare_to_fp32(const engine_config& cfg, int n) {
     REQUIRE(ref.logits.size() == ref.tokens.size());
     REQUIRE(forced.logits.size() == ref.tokens.size());
     if constexpr (Policy::evicts) CHECK(forced.compressions > 0);
-    std::size_t prefix = 0;
-    while (prefix < ref.tokens.size() && ref.tokens[prefix] == free.tokens[prefix]) ++prefix;
-    a.tokens += n;
-    a.common_prefix += static_cast<int>(prefix);
-    a.diverged += prefix < ref.tokens.size();
-    for (std::size_t i = 0; i < ref.tokens.size(); ++i) {
-      a.same_position += ref.tokens[i] == free.tokens[i];
-      const auto& got = forced.logits[i];
-      const auto& want = ref.logits[i];
-      a.forced_top1 += std::max_element(got.begin(), got.end()) - got.begin() == ref.tokens[i];
-      double step_drift = 0.0;
-      for (std::size_t j = 0; j < want.size(); ++j) {
-        step_drift = std::max(step_drift, double(std::abs(got[j] - want[j])));
-        a.max_logit = std::max(a.max_logit, double(std::abs(want[j])));
-      }
-      a.max_drift = std::max(a.max_drift, step_drift);
-      a.sum_drift += step_drift;
-    }
+    add_request(a, ref, free, forced);
   }
   return a;
 }
@@ -521,12 +472,6 @@ void report(const std::string& what, const agreement& a) {
           100.0 * a.forced_top1 / a.tokens, "%, max |logit drift| ", a.max_drift, ", mean per-step max ", a.sum_drift / a.tokens,
           " (max |logit| ", a.max_logit, "). Free-running: same token at the same position ", 100.0 * a.same_position / a.tokens,
           "%, before the first difference ", 100.0 * a.common_prefix / a.tokens, "% (", a.diverged, " of 6 requests diverge)");
-}
-
-void check_sane(const agreement& a) {
-  CHECK(std::isfinite(a.max_drift));
-  CHECK(a.max_drift < a.max_logit);
-  CHECK(a.forced_top1 * 2 >= a.tokens);  // teacher-forced top-1 agreement >= 50%
 }
 
 }  // namespace
@@ -566,13 +511,13 @@ void check_swapped_request_matches_unconstrained_run(bool stagger) {
                             .num_query_slots = 4, .prefix_caching = false, .async_compression = false};
   using test_engine = engine<llama_model<B>, zipage_policy>;
   test_engine reference(load_llama_gguf<B>(m.file), roomy);
-  const auto expected = reference.generate(prompts, greedy(100));
+  const auto expected = reference.generate(prompts, greedy_ignoring_eos(100));
   engine_config tight = roomy;
   tight.num_blocks = 7;
   test_engine eng(load_llama_gguf<B>(m.file), tight);
-  const request_id older = eng.add_request(prompts[0], greedy(100));
+  const request_id older = eng.add_request(prompts[0], greedy_ignoring_eos(100));
   if (stagger) eng.step();
-  const request_id newer = eng.add_request(prompts[1], greedy(100));
+  const request_id newer = eng.add_request(prompts[1], greedy_ignoring_eos(100));
   eng.run_to_completion();
   const auto st = eng.stats();
   MESSAGE(std::string(B::name), ", stagger ", stagger, ": swaps ", st.swaps, ", preemptions ", st.preemptions, ", compressions ",
@@ -619,7 +564,7 @@ TEST_CASE("fp8 kv engine: requests sharing a prompt prefix give the same tokens 
     engine<llama_model<cpu_fp8kv_backend>, zipage_policy> eng(
         load_llama_gguf<cpu_fp8kv_backend>(m.file),
         {.block_size = 8, .num_blocks = 512, .budget_tokens = 32, .window = 4, .prefix_caching = sharing, .async_compression = false});
-    auto out = eng.generate(prompts, greedy(40));
+    auto out = eng.generate(prompts, greedy_ignoring_eos(40));
     return std::make_pair(std::move(out), eng.stats());
   };
   const auto [shared, shared_stats] = run(true);
@@ -726,7 +671,8 @@ TEST_CASE("fp8 kv: per token-head vs per block-head scales on stories260K's real
   {
     engine<llama_model<capturing_backend>, full_kv> eng(load_llama_gguf<capturing_backend>(stories().file),
                                                         {.block_size = 16, .num_blocks = 64});
-    eng.generate({stories().tokenizer.encode("Once upon a time, a little girl went to the park.", true)}, greedy(240));
+    eng.generate({stories().tokenizer.encode("Once upon a time, a little girl went to the park.", true)},
+                 greedy_ignoring_eos(240));
   }
   g_capture = nullptr;
   const model_config cfg = load_llama_gguf(stories().file).config();

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "greedy.hpp"
 #include "tiny_llama.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/gguf/gguf.hpp"
@@ -13,16 +14,9 @@
 #include "zipage/tokenizer/spm_tokenizer.hpp"
 
 using namespace zipage;
+using zipage::testing::greedy_ignoring_eos;
 
 namespace {
-
-sampling_params greedy(int max_tokens) {
-  sampling_params p;
-  p.temperature = 0.0f;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
 
 struct workload {
   std::vector<std::vector<token_id>> prompts;
@@ -77,7 +71,7 @@ namespace {
 void random_load(scheduling_order order) {
   const workload w = random_workload(1200, 11);
   auto params_of = [&](std::size_t i) {
-    sampling_params p = greedy(w.max_tokens[i]);
+    sampling_params p = greedy_ignoring_eos(w.max_tokens[i]);
     if (order == scheduling_order::priority) p.priority = static_cast<int>(i % 4);
     return p;
   };
@@ -90,7 +84,8 @@ void random_load(scheduling_order order) {
                                                                           .window = 4, .num_query_slots = 256,
                                                                           .prefix_caching = false,
                                                                           .async_compression = false});
-    for (std::size_t i = 0; i < w.prompts.size(); ++i) expected.push_back(eng.generate({w.prompts[i]}, greedy(w.max_tokens[i]))[0].output);
+    for (std::size_t i = 0; i < w.prompts.size(); ++i)
+      expected.push_back(eng.generate({w.prompts[i]}, greedy_ignoring_eos(w.max_tokens[i]))[0].output);
   }
   // Tight: 60 blocks, 6 query slots (hybrid), prefix caching, chunked prefill, async compression,
   // arrivals spread over time and random cancellations.
@@ -153,16 +148,16 @@ TEST_CASE("compressed requests that give way are swapped to host memory and resu
   const engine_config roomy{.block_size = 8, .num_blocks = 200, .budget_tokens = 24, .window = 4,
                             .num_query_slots = 4, .prefix_caching = false, .async_compression = false};
   engine<llama_model<cpu_backend>, zipage_policy> reference(testing::tiny_llama(), roomy);
-  const auto expected = reference.generate(prompts, greedy(100));
+  const auto expected = reference.generate(prompts, greedy_ignoring_eos(100));
   for (const bool async : {false, true}) {
     CAPTURE(async);
     engine_config tight = roomy;
     tight.num_blocks = 7;
     tight.async_compression = async;
     engine<llama_model<cpu_backend>, zipage_policy> eng(testing::tiny_llama(), tight);
-    const request_id older = eng.add_request(prompts[0], greedy(100));
+    const request_id older = eng.add_request(prompts[0], greedy_ignoring_eos(100));
     eng.step();
-    const request_id newer = eng.add_request(prompts[1], greedy(100));
+    const request_id newer = eng.add_request(prompts[1], greedy_ignoring_eos(100));
     eng.run_to_completion();
     const auto st = eng.stats();
     MESSAGE("swaps ", st.swaps, ", preemptions ", st.preemptions, ", compressions ", st.compressions);
@@ -193,7 +188,7 @@ TEST_CASE("a request preempted at its compression point is recomputed and compre
     engine_config cfg{.block_size = 8, .num_blocks = 200, .max_num_seqs = 1, .budget_tokens = 16, .window = 4,
                       .num_query_slots = 1, .prefix_caching = caching, .async_compression = false,
                       .scheduling = scheduling_order::priority};
-    sampling_params a_params = greedy(40);
+    sampling_params a_params = greedy_ignoring_eos(40);
     a_params.priority = 5;
     engine<llama_model<cpu_backend>, zipage_policy> reference(testing::tiny_llama(), cfg);
     const auto expected = reference.generate({a_prompt}, a_params)[0];
@@ -204,7 +199,7 @@ TEST_CASE("a request preempted at its compression point is recomputed and compre
     for (int i = 0; i < 100 && !eng.request(a).needs_compression; ++i) eng.step();
     REQUIRE(eng.request(a).needs_compression);
     REQUIRE(eng.request(a).kv_len == 24);
-    sampling_params b_params = greedy(1);
+    sampling_params b_params = greedy_ignoring_eos(1);
     b_params.priority = 0;
     const request_id b = eng.add_request(b_prompt, b_params);
     eng.run_to_completion();
@@ -225,9 +220,9 @@ TEST_CASE("cancellation frees a request's blocks and slot at once, wherever it i
   engine<llama_model<cpu_backend>, zipage_policy> eng(testing::tiny_llama(), {.block_size = 8, .num_blocks = 40,
                                                                                .budget_tokens = 16, .window = 4,
                                                                                .num_query_slots = 2});
-  const auto a = eng.add_request(std::vector<token_id>(20, 3), greedy(200));
-  const auto b = eng.add_request(std::vector<token_id>(20, 5), greedy(200));
-  const auto c = eng.add_request(std::vector<token_id>(20, 7), greedy(200));  // no slot: hybrid
+  const auto a = eng.add_request(std::vector<token_id>(20, 3), greedy_ignoring_eos(200));
+  const auto b = eng.add_request(std::vector<token_id>(20, 5), greedy_ignoring_eos(200));
+  const auto c = eng.add_request(std::vector<token_id>(20, 7), greedy_ignoring_eos(200));  // no slot: hybrid
   for (int i = 0; i < 40; ++i) eng.step();
   const int used = eng.pool().num_used();
   CHECK(eng.stats().slots_in_use == 2);
@@ -257,7 +252,7 @@ TEST_CASE("128 requests sharing a long system prompt: same outputs with and with
                                                                      .max_num_seqs = 128, .max_batched_tokens = 16384,
                                                                      .budget_tokens = 96, .window = 8,
                                                                      .prefix_caching = sharing});
-    auto out = eng.generate(prompts, greedy(48));
+    auto out = eng.generate(prompts, greedy_ignoring_eos(48));
     return std::make_pair(std::move(out), eng.stats());
   };
   for (int with_compression = 0; with_compression < 2; ++with_compression) {
@@ -293,8 +288,8 @@ TEST_CASE("a request whose compression fails ends with a finished error event (s
     engine<llama_model<cpu_backend>, failing_policy> eng(testing::tiny_llama(),
                                                           {.block_size = 8, .num_blocks = 40, .budget_tokens = 16,
                                                            .window = 4, .async_compression = async});
-    const request_id a = eng.add_request({0, 5, 9}, greedy(60));
-    const request_id b = eng.add_request({0, 7}, greedy(60));
+    const request_id a = eng.add_request({0, 5, 9}, greedy_ignoring_eos(60));
+    const request_id b = eng.add_request({0, 7}, greedy_ignoring_eos(60));
     std::map<request_id, finish_reason> ended;
     for (int i = 0; i < 500 && eng.has_unfinished(); ++i)
       for (const auto& ev : eng.step())

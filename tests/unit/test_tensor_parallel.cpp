@@ -16,11 +16,15 @@
 #include "zipage/parallel/communicator.hpp"
 #include "zipage/parallel/sharding.hpp"
 #include "zipage/policy/policies.hpp"
+#include "greedy.hpp"
+#include "random_llama.hpp"
 #include "stories_model.hpp"
 
 using namespace zipage;
 using zipage::parallel::tp_group;
 using zipage::parallel::tp_layout;
+using zipage::testing::greedy_ignoring_eos;
+using zipage::testing::random_llama;
 using zipage::testing::stories;
 
 namespace {
@@ -228,28 +232,20 @@ TEST_CASE("in-process communicator: a failing rank fails the run without hanging
 
 namespace {
 
-sampling_params greedy(int max_tokens) {
-  sampling_params p;
-  p.temperature = 0.0f;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
-
 // The engine over N ranks and over the plain model, same config, same prompts: the same greedy tokens.
 template <class Policy>
 void check_tp_matches(const llama_model<cpu_backend>& full, const llama_model<cpu_backend>& plain_copy,
                       const std::vector<std::vector<token_id>>& prompts, int max_tokens, const engine_config& cfg,
                       std::initializer_list<int> sizes, bool expect_compressions) {
   engine<llama_model<cpu_backend>, Policy> plain(plain_copy, cfg);
-  const auto expected = plain.generate(prompts, greedy(max_tokens));
+  const auto expected = plain.generate(prompts, greedy_ignoring_eos(max_tokens));
   CHECK((plain.stats().compressions > 0) == expect_compressions);
   for (int n : sizes) {
     CAPTURE(n);
     auto model = make_tensor_parallel_llama(full, n);
     const auto backend = model.backend();
     engine<tensor_parallel_llama<cpu_backend>, Policy> eng(std::move(model), cfg, Policy{}, backend);
-    const auto out = eng.generate(prompts, greedy(max_tokens));
+    const auto out = eng.generate(prompts, greedy_ignoring_eos(max_tokens));
     CHECK(eng.stats().compressions == plain.stats().compressions);
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       CAPTURE(i);
@@ -261,10 +257,8 @@ void check_tp_matches(const llama_model<cpu_backend>& full, const llama_model<cp
 }
 
 std::vector<std::vector<token_id>> story_prompts() {
-  std::vector<std::vector<token_id>> prompts;
-  for (const char* text : {"Once upon a time", "Once upon a time, a little girl went to the park.", "Tom had a ball."})
-    prompts.push_back(stories().tokenizer.encode(text, true));
-  return prompts;
+  return zipage::testing::encode_stories(
+      {"Once upon a time", "Once upon a time, a little girl went to the park.", "Tom had a ball."});
 }
 
 // A small random Qwen3: per-head q/k RMSNorm, half-split RoPE with theta 1e6, untied LM head, GQA 4:2,
@@ -288,40 +282,7 @@ llama_model<cpu_backend> random_qwen3(unsigned seed, bool qwen2 = false) {
   c.tied_embeddings = false;
   c.bos = 0;
   c.eos = 202;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto random = [&](int rows, int cols, float scale, float offset = 0.0f) {
-    cpu::matrix m(rows, cols);
-    for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = offset + normal(rng) * scale;
-    return m;
-  };
-  const float s = 1.0f / std::sqrt(static_cast<float>(c.hidden_size));
-  llama_weights<cpu_backend> w;
-  w.embedding = random(c.vocab_size, c.hidden_size, 1.0f);
-  for (int l = 0; l < c.num_layers; ++l) {
-    llama_layer_weights<cpu_backend> lw;
-    lw.attn_norm = random(1, c.hidden_size, 0.1f, 1.0f);
-    lw.ffn_norm = random(1, c.hidden_size, 0.1f, 1.0f);
-    lw.wq = random(c.q_size(), c.hidden_size, 2 * s);
-    lw.wk = random(c.kv_size(), c.hidden_size, 2 * s);
-    lw.wv = random(c.kv_size(), c.hidden_size, s);
-    lw.wo = random(c.hidden_size, c.q_size(), 1.0f / std::sqrt(static_cast<float>(c.q_size())));
-    if (qwen2) {
-      lw.bq = random(1, c.q_size(), 0.5f);
-      lw.bk = random(1, c.kv_size(), 0.5f);
-      lw.bv = random(1, c.kv_size(), 0.5f);
-    } else {
-      lw.q_norm = random(1, c.head_dim, 0.1f, 1.0f);
-      lw.k_norm = random(1, c.head_dim, 0.1f, 1.0f);
-    }
-    lw.w_gate = random(c.ffn_size, c.hidden_size, s);
-    lw.w_up = random(c.ffn_size, c.hidden_size, s);
-    lw.w_down = random(c.hidden_size, c.ffn_size, 1.0f / std::sqrt(static_cast<float>(c.ffn_size)));
-    w.layers.push_back(std::move(lw));
-  }
-  w.final_norm = random(1, c.hidden_size, 0.1f, 1.0f);
-  w.lm_head = random(c.vocab_size, c.hidden_size, 1.0f);
-  return llama_model<cpu_backend>(c, std::move(w));
+  return random_llama(cpu_backend{}, c, seed);
 }
 
 std::vector<std::vector<token_id>> random_prompts(int n, int vocab, unsigned seed) {
@@ -409,7 +370,7 @@ TEST_CASE("tensor parallel under memory pressure: swaps, recomputation and share
   const engine_config cfg{.block_size = 8, .num_blocks = 18, .max_num_seqs = 8, .budget_tokens = 24, .window = 4,
                           .num_query_slots = 8, .async_compression = false};
   engine<llama_model<cpu_backend>, zipage_policy> plain(full, cfg);
-  const auto expected = plain.generate(prompts, greedy(72));
+  const auto expected = plain.generate(prompts, greedy_ignoring_eos(72));
   const auto ps = plain.stats();
   MESSAGE("plain: ", ps.swaps, " swaps, ", ps.preemptions, " preemptions, ", ps.compressions, " compressions, ",
           ps.prefix_hit_tokens, " prefix-hit tokens");
@@ -421,7 +382,7 @@ TEST_CASE("tensor parallel under memory pressure: swaps, recomputation and share
     auto model = make_tensor_parallel_llama(full, n);
     const auto backend = model.backend();
     engine<tensor_parallel_llama<cpu_backend>, zipage_policy> eng(std::move(model), cfg, zipage_policy{}, backend);
-    const auto out = eng.generate(prompts, greedy(72));
+    const auto out = eng.generate(prompts, greedy_ignoring_eos(72));
     const auto st = eng.stats();
     CHECK(st.swaps == ps.swaps);
     CHECK(st.preemptions == ps.preemptions);
