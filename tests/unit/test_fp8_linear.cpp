@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "zipage/core/fp8_linear.hpp"
+#include "zipage/core/weight_dtype.hpp"
 #include "zipage/models/hf_fp8.hpp"
 
 using namespace zipage;
@@ -24,6 +25,18 @@ std::vector<float> normal(int n, float sigma, unsigned seed) {
 }
 
 }  // namespace
+
+TEST_CASE("weight_dtype: --quantization values, and auto runs FP8 checkpoints in FP8") {
+  CHECK(parse_weight_quantization("auto") == weight_dtype::auto_);
+  CHECK(parse_weight_quantization("none") == weight_dtype::compute);
+  CHECK(parse_weight_quantization("fp8") == weight_dtype::fp8_e4m3);
+  CHECK(parse_weight_quantization("fp8_e4m3") == weight_dtype::fp8_e4m3);
+  CHECK_THROWS_WITH_AS((void)parse_weight_quantization("int8"), doctest::Contains("--quantization: 'int8'"), error);
+  CHECK(fp8_weights(weight_dtype::auto_, true));
+  CHECK_FALSE(fp8_weights(weight_dtype::auto_, false));
+  CHECK_FALSE(fp8_weights(weight_dtype::compute, true));
+  CHECK(fp8_weights(weight_dtype::fp8_e4m3, false));
+}
 
 TEST_CASE("fp8_linear: weight blocks take amax / 448 and round each value to nearest even") {
   // [130][259]: 2 x 3 blocks, the last row and column ragged; block (1, 2) is all zeros.
