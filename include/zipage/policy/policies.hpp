@@ -42,6 +42,39 @@ concept recipe_scored = requires(const P& p) {
                    std::is_same_v<decltype(&P::score), decltype(&P::recipe_base::score)>;
 };
 
+// The pieces the built-in recipes share, so that a policy made of another's parts (Zipage = G-KV's
+// global score + R-KV's redundancy) says so, and each part is set in one place.
+namespace recipe_pieces {
+
+// SnapKV's score: this compression's window attention, pooled with a kernel of `pool_kernel` tokens.
+[[nodiscard]] inline score_recipe pooled_window(int pool_kernel) {
+  score_recipe r;
+  r.pooling = score_recipe::pool_when::always;
+  r.pool_kernel = pool_kernel;
+  return r;
+}
+
+// G-KV's global score: the decayed max (gamma) of this compression's attention and the cached scores,
+// pooled only at the first compression.
+[[nodiscard]] inline score_recipe global_score(float gamma, int first_pool_kernel) {
+  score_recipe r;
+  r.history = score_recipe::history_kind::decayed_max;
+  r.gamma = gamma;
+  r.pooling = score_recipe::pool_when::first_compression;
+  r.pool_kernel = first_pool_kernel;
+  return r;
+}
+
+// R-KV's redundancy term (measured as `kind`, weight lambda, similarity threshold tau) added to `r`.
+[[nodiscard]] inline score_recipe with_redundancy(score_recipe r, score_recipe::redundancy_kind kind, float lambda, float tau) {
+  r.redundancy = kind;
+  r.lambda = lambda;
+  r.tau = tau;
+  return r;
+}
+
+}  // namespace recipe_pieces
+
 // StreamingLLM: keep the attention sinks and the most recent tokens; no attention needed at all.
 struct streaming_llm : recipe_policy<streaming_llm> {
   using recipe_base = recipe_policy<streaming_llm>;
@@ -75,12 +108,7 @@ struct snapkv : recipe_policy<snapkv> {
   int pool_kernel = 5;
 
   [[nodiscard]] std::string_view name() const { return "snapkv"; }
-  [[nodiscard]] score_recipe recipe() const {
-    score_recipe r;
-    r.pooling = score_recipe::pool_when::always;
-    r.pool_kernel = pool_kernel;
-    return r;
-  }
+  [[nodiscard]] score_recipe recipe() const { return recipe_pieces::pooled_window(pool_kernel); }
 };
 
 // R-KV: pooled window attention traded against redundancy over the whole sequence.
@@ -92,13 +120,8 @@ struct rkv : recipe_policy<rkv> {
 
   [[nodiscard]] std::string_view name() const { return "rkv"; }
   [[nodiscard]] score_recipe recipe() const {
-    score_recipe r;
-    r.pooling = score_recipe::pool_when::always;
-    r.pool_kernel = pool_kernel;
-    r.redundancy = score_recipe::redundancy_kind::full_sequence;
-    r.lambda = lambda;
-    r.tau = tau;
-    return r;
+    return recipe_pieces::with_redundancy(recipe_pieces::pooled_window(pool_kernel), score_recipe::redundancy_kind::full_sequence,
+                                          lambda, tau);
   }
 };
 
@@ -111,14 +134,7 @@ struct gkv : recipe_policy<gkv> {
   int first_pool_kernel = 5;
 
   [[nodiscard]] std::string_view name() const { return "gkv"; }
-  [[nodiscard]] score_recipe recipe() const {
-    score_recipe r;
-    r.history = score_recipe::history_kind::decayed_max;
-    r.gamma = gamma;
-    r.pooling = score_recipe::pool_when::first_compression;
-    r.pool_kernel = first_pool_kernel;
-    return r;
-  }
+  [[nodiscard]] score_recipe recipe() const { return recipe_pieces::global_score(gamma, first_pool_kernel); }
 };
 
 // Zipage (the method's reference default): G-KV's global score, pooled at the first compression,
@@ -136,14 +152,9 @@ struct zipage_policy : recipe_policy<zipage_policy> {
 
   [[nodiscard]] std::string_view name() const { return "zipage"; }
   [[nodiscard]] score_recipe recipe() const {
-    score_recipe r;
-    r.history = score_recipe::history_kind::decayed_max;
-    r.gamma = gamma;
-    r.pooling = score_recipe::pool_when::first_compression;
-    r.pool_kernel = first_pool_kernel;
-    r.redundancy = full_redundancy ? score_recipe::redundancy_kind::full_sequence : score_recipe::redundancy_kind::block_local;
-    r.lambda = lambda;
-    r.tau = tau;
+    score_recipe r = recipe_pieces::with_redundancy(
+        recipe_pieces::global_score(gamma, first_pool_kernel),
+        full_redundancy ? score_recipe::redundancy_kind::full_sequence : score_recipe::redundancy_kind::block_local, lambda, tau);
     r.sinks = sinks;
     return r;
   }
