@@ -35,11 +35,12 @@
 #include "gpu_doctest_main.hpp"
 #include "greedy.hpp"
 #include "kv_agreement.hpp"
+#include "logging_llama.hpp"
 #include "random_llama.hpp"
 #include "stories_model.hpp"
 
 using namespace zipage;
-using namespace zipage::testing;  // stories(), the agreement measure, random_llama
+using namespace zipage::testing;  // stories(), the agreement measure, logging_llama, random_llama
 
 namespace {
 
@@ -318,46 +319,12 @@ TEST_CASE("fp8 kv kernels: compaction, copy-on-write and swap move codes, scales
 
 namespace {
 
-// llama_model<B> keeping a copy of every logits row it returns (one request per engine). With `force`,
-// step i's logits are raised at force[i], so greedy sampling emits the given tokens (teacher forcing through
-// the engine's own decode and compression path) while the recorded rows are the model's own. Copies the
-// logits to the host every step, so it runs with CUDA graphs off.
-struct logging_llama {
-  using backend_type = cuda_backend;
-  using tensor = cuda_tensor;
-  llama_model<cuda_backend> inner;
-  cuda_backend backend;
-  std::vector<std::vector<float>>* rows = nullptr;
-  const std::vector<token_id>* force = nullptr;
-  tensor forced;
-
-  [[nodiscard]] const model_config& config() const { return inner.config(); }
-  const tensor& forward(forward_context<cuda_backend>& ctx) {
-    const tensor& logits = inner.forward(ctx);
-    if (logits.rows() == 0) return logits;
-    const auto host = backend.to_host(logits);
-    const auto cols = static_cast<std::size_t>(logits.cols());
-    for (int r = 0; r < logits.rows(); ++r)
-      rows->emplace_back(host.begin() + static_cast<std::ptrdiff_t>(r * cols),
-                         host.begin() + static_cast<std::ptrdiff_t>((r + 1) * cols));
-    if (force == nullptr) return logits;
-    const std::size_t step = rows->size() - 1;
-    auto raised = host;
-    if (step < force->size()) {
-      const float mx = *std::max_element(host.end() - static_cast<std::ptrdiff_t>(cols), host.end());
-      raised[(static_cast<std::size_t>(logits.rows()) - 1) * cols + static_cast<std::size_t>((*force)[step])] = mx + 1000.0f;
-    }
-    forced = backend.from_host(raised, logits.rows(), logits.cols());
-    return forced;
-  }
-};
-
 template <class Policy, class MakeModel>
 greedy_run run_greedy(const cuda_backend& b, MakeModel&& make, const std::vector<token_id>& prompt, int n,
                       const engine_config& cfg, const std::vector<token_id>* force = nullptr) {
   greedy_run r;
-  engine<logging_llama, Policy, zipage_scheduler, cuda_backend> eng(logging_llama{make(b), b, &r.logits, force, {}}, cfg,
-                                                                    Policy{}, b);
+  engine<logging_llama<cuda_backend>, Policy, zipage_scheduler, cuda_backend> eng(
+      logging_llama<cuda_backend>{make(b), b, &r.logits, force, {}}, cfg, Policy{}, b);
   const request_id id = eng.add_request(prompt, greedy_ignoring_eos(n));
   eng.run_to_completion();
   r.tokens = eng.take_output(id).output;

@@ -23,10 +23,11 @@
 #include "zipage/policy/policies.hpp"
 #include "greedy.hpp"
 #include "kv_agreement.hpp"
+#include "logging_llama.hpp"
 #include "stories_model.hpp"
 
 using namespace zipage;
-using namespace zipage::testing;  // stories() and the agreement measure (kv_agreement.hpp)
+using namespace zipage::testing;  // stories(), the agreement measure, logging_llama
 
 static_assert(backend<cpu_fp8kv_backend>);
 static_assert(evicting_backend<cpu_fp8kv_backend>);
@@ -412,36 +413,11 @@ struct bf16kv_backend : cpu_backend {
   }
 };
 
-// llama_model<B> keeping a copy of every logits row it returns (one request per engine: one row per
-// token). With `force`, step i's returned logits are raised at force[i], so greedy sampling emits the
-// given tokens (teacher forcing through the engine's own decode and compression path) while the
-// recorded rows are the model's own.
-template <class B>
-struct logging_llama {
-  using backend_type = B;
-  using tensor = typename B::tensor;
-  llama_model<B> inner;
-  std::vector<std::vector<float>>* rows = nullptr;
-  const std::vector<token_id>* force = nullptr;
-  tensor forced;
-
-  [[nodiscard]] const model_config& config() const { return inner.config(); }
-  const tensor& forward(forward_context<B>& ctx) {
-    const tensor& logits = inner.forward(ctx);
-    for (Eigen::Index r = 0; r < logits.rows(); ++r) rows->emplace_back(logits.row(r).data(), logits.row(r).data() + logits.cols());
-    if (force == nullptr || logits.rows() == 0) return logits;
-    forced = logits;
-    const std::size_t step = rows->size() - 1;
-    if (step < force->size()) forced(0, (*force)[step]) = logits.row(0).maxCoeff() + 1000.0f;
-    return forced;
-  }
-};
-
 template <class B, class Policy>
 greedy_run run_greedy(const std::vector<token_id>& prompt, int n, const engine_config& cfg,
                       const std::vector<token_id>* force = nullptr) {
   greedy_run r;
-  engine<logging_llama<B>, Policy> eng(logging_llama<B>{load_llama_gguf<B>(stories().file), &r.logits, force, {}}, cfg);
+  engine<logging_llama<B>, Policy> eng(logging_llama<B>{load_llama_gguf<B>(stories().file), B{}, &r.logits, force, {}}, cfg);
   const request_id id = eng.add_request(prompt, greedy_ignoring_eos(n));
   eng.run_to_completion();
   r.tokens = eng.take_output(id).output;
