@@ -155,6 +155,7 @@ struct context {
   // main stream; grown outside stream capture only), and how many linear weights became FP8 or were kept.
   device_scratch fp8_ws;
   int fp8_weights = 0, fp8_weights_kept = 0;  // under counters_mu
+  int fp8_self_test = -1;  // the FP8 GEMM's check against the CPU reference: -1 not run, 0 failed, 1 passed
 
   explicit context(const cuda_backend_options& o) : opts(o), streams(o.device) {
     activate();

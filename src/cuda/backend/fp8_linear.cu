@@ -15,13 +15,18 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "context.cuh"
 #include "fp8_linear.cuh"
 #include "zipage/backend/cuda/fp8_gemm.hpp"
+#include "zipage/core/fp8_linear.hpp"
 
 namespace zipage {
 
@@ -105,6 +110,72 @@ bool fp8_gemm_supported(context& c, int n, int k, const float* w_scales) {
 
 }  // namespace
 
+namespace {
+
+// Once per backend, before the first weight becomes FP8: a small GEMM whose every 128x128 weight block and
+// every (token, group) has its own scale, against the CPU reference (core/fp8_linear.hpp). The scale layouts
+// this file gives cuBLASLt come from NVIDIA's sample and torch users, not from its documentation; if they were
+// wrong the product would be far off, and then no weight becomes FP8 (a line on stderr says why) instead of a
+// model running on garbage.
+bool fp8_self_test(const std::shared_ptr<context>& ctx) {
+  context& c = *ctx;
+  if (c.fp8_self_test >= 0) return c.fp8_self_test == 1;
+  constexpr int m = 6, n = 256, k = 384;
+  std::vector<float> w(static_cast<std::size_t>(n) * k), x(static_cast<std::size_t>(m) * k);
+  std::uint32_t h = 12345u;
+  auto next = [&h] { return (h = h * 1664525u + 1013904223u) >> 8; };
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < k; ++j)  // block (i/128, j/128) spans (1 + 2 bi + 5 bj) times [-1, 1)
+      w[static_cast<std::size_t>(i) * k + j] = (float(next() % 2048) / 1024.0f - 1.0f) * float(1 + 2 * (i / 128) + 5 * (j / 128));
+  std::vector<std::uint16_t> xb(x.size());
+  for (int r = 0; r < m; ++r)
+    for (int j = 0; j < k; ++j) {  // small integers times 2^-4: exact in bf16; each (token, group) its own range
+      const float v = float(static_cast<int>(next() % 255) - 127) * 0.0625f * float(1 + r + 3 * (j / 128));
+      x[static_cast<std::size_t>(r) * k + j] = v;
+      std::uint32_t u;
+      std::memcpy(&u, &v, 4);
+      xb[static_cast<std::size_t>(r) * k + j] = static_cast<std::uint16_t>(u >> 16);
+    }
+  cuda_tensor wt, xt, out;
+  access::shape(ctx, wt, n, k, cuda_dtype::f32);
+  access::shape(ctx, xt, m, k, cuda_dtype::bf16);
+  ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(wt.data(), w.data(), wt.bytes(), cudaMemcpyHostToDevice, c.stream));
+  ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(xt.data(), xb.data(), xt.bytes(), cudaMemcpyHostToDevice, c.stream));
+  cuda_buffer codes, scales;
+  access::reserve(ctx, codes, static_cast<std::size_t>(n) * k);
+  access::reserve(ctx, scales, static_cast<std::size_t>(n / 128) * cuda::fp8::weight_scale_ld(k) * 4);
+  cuda::fp8::quantize_weight_blocks(cuda_dtype::f32, wt.data(), n, k, static_cast<std::uint8_t*>(codes.data()),
+                                    static_cast<float*>(scales.data()), as_stream(c.stream));
+  double worst = -1.0;
+  if (fp8_gemm_supported(c, n, k, static_cast<const float*>(scales.data()))) {
+    access::set_e4m3(wt, std::move(codes), std::move(scales), n, k);
+    fp8_linear(ctx, xt, wt, out);
+    std::vector<std::uint16_t> ob(static_cast<std::size_t>(m) * n);
+    ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(ob.data(), out.data(), ob.size() * 2, cudaMemcpyDeviceToHost, c.stream));
+    ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+    const auto ref = fp8_linear::linear(x, m, fp8_linear::quantize_weight(w, n, k));
+    double s2 = 0;
+    for (const double v : ref) s2 += v * v;
+    const double rms = std::sqrt(s2 / double(ref.size()));
+    worst = 0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      const std::uint32_t u = std::uint32_t{ob[i]} << 16;
+      float got;
+      std::memcpy(&got, &u, 4);
+      worst = std::max(worst, std::fabs(double(got) - ref[i]) / (0x1p-7 * std::fabs(ref[i]) + 0x1p-7 * rms));
+    }
+  }
+  c.fp8_self_test = worst >= 0.0 && worst <= 1.0 ? 1 : 0;
+  if (c.fp8_self_test == 0)
+    std::fprintf(stderr, "cuda_backend: FP8 weights disabled: cuBLASLt's block-scaled FP8 GEMM %s (weights stay %s)\n",
+                 worst < 0 ? "is not available for a 6 x 256 x 384 product"
+                           : ("is off the CPU reference (worst error " + std::to_string(worst) + " x the tolerance)").c_str(),
+                 to_string(c.opts.dtype));
+  return c.fp8_self_test == 1;
+}
+
+}  // namespace
+
 void fp8_linear(const std::shared_ptr<context>& ctx, const cuda_tensor& x, const cuda_tensor& w, cuda_tensor& out) {
   context& c = use(ctx);
   check(x.dtype() == cuda_dtype::bf16, "linear: an FP8 (e4m3) weight takes bf16 activations, got ", to_string(x.dtype()));
@@ -142,6 +213,10 @@ bool cuda_backend::prepare_linear_weight(cuda_tensor& w, bool fp8_checkpoint) co
   if (w.dtype() == cuda_dtype::e4m3) return true;
   if (!fp8_linear_weights(fp8_checkpoint) || w.empty()) return false;
   context& c = use(ctx_);
+  if (!cuda_detail::fp8_self_test(ctx_)) {
+    c.count([&](cuda_backend_counters&) { ++c.fp8_weights_kept; });
+    return false;
+  }
   const int n = w.rows(), k = w.cols();
   cuda_buffer codes, scales;
   const auto sbytes = static_cast<std::size_t>((n + 127) / 128) * static_cast<std::size_t>(cuda::fp8::weight_scale_ld(k)) * 4;
