@@ -32,6 +32,7 @@
 #include "zipage/models/llama.hpp"
 #include "zipage/policy/policies.hpp"
 #include "fp8_checkpoint.hpp"
+#include "logging_llama.hpp"
 
 using namespace zipage;
 
@@ -243,37 +244,6 @@ TEST_CASE("fp8 weights: an FP8 linear inside a CUDA graph replays the eager resu
 
 namespace {
 
-// llama_model keeping a copy of every logits row; with `force`, step i's row is raised at force[i] so greedy
-// decoding follows the reference tokens while the recorded rows are the model's own (CUDA graphs off).
-struct logging_llama {
-  using backend_type = cuda_backend;
-  using tensor = cuda_tensor;
-  llama_model<cuda_backend> inner;
-  cuda_backend backend;
-  std::vector<std::vector<float>>* rows = nullptr;
-  const std::vector<token_id>* force = nullptr;
-  tensor forced;
-
-  [[nodiscard]] const model_config& config() const { return inner.config(); }
-  const tensor& forward(forward_context<cuda_backend>& ctx) {
-    const tensor& logits = inner.forward(ctx);
-    if (logits.rows() == 0) return logits;
-    auto host = backend.to_host(logits);
-    const auto cols = static_cast<std::size_t>(logits.cols());
-    for (int r = 0; r < logits.rows(); ++r)
-      rows->emplace_back(host.begin() + static_cast<std::ptrdiff_t>(r * cols),
-                         host.begin() + static_cast<std::ptrdiff_t>((r + 1) * cols));
-    if (force == nullptr) return logits;
-    const std::size_t step = rows->size() - 1;
-    if (step < force->size()) {
-      const float mx = *std::max_element(host.end() - static_cast<std::ptrdiff_t>(cols), host.end());
-      host[(static_cast<std::size_t>(logits.rows()) - 1) * cols + static_cast<std::size_t>((*force)[step])] = mx + 1000.0f;
-    }
-    forced = backend.from_host(host, logits.rows(), logits.cols());
-    return forced;
-  }
-};
-
 struct run_result {
   std::vector<token_id> tokens;
   std::vector<std::vector<float>> logits;
@@ -282,8 +252,9 @@ struct run_result {
 run_result run(const cuda_backend& b, const std::filesystem::path& dir, const std::vector<token_id>& prompt, int n,
                const std::vector<token_id>* force = nullptr) {
   run_result r;
-  engine<logging_llama, full_kv, zipage_scheduler, cuda_backend> eng(
-      logging_llama{load_hf_checkpoint<cuda_backend>(dir, b), b, &r.logits, force, {}},
+  using logged = testing::logging_llama<cuda_backend>;  // teacher forcing, logits kept (CUDA graphs off)
+  engine<logged, full_kv, zipage_scheduler, cuda_backend> eng(
+      logged{load_hf_checkpoint<cuda_backend>(dir, b), b, &r.logits, force, {}},
       engine_config{.block_size = 16, .num_blocks = 256}, full_kv{}, b);
   sampling_params p;
   p.temperature = 0.0f;
