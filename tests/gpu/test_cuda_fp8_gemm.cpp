@@ -193,7 +193,7 @@ TEST_CASE("fp8 weights: linear() (cuBLASLt block-scaled FP8 GEMM) against the CP
     std::vector<float> held;
     auto w = device_normal(b, n, k, 0.05f, 5, held);
     const bool fp8 = b.prepare_linear_weight(w);
-    MESSAGE("ragged [", n, "][", k, "]: ", fp8 ? "FP8 (cuBLASLt takes it)" : "kept bf16 (FP8 GEMM refused)");
+    MESSAGE("ragged [", n, "][", k, "]: ", std::string(fp8 ? "FP8 (cuBLASLt takes it)" : "kept bf16 (FP8 GEMM refused)"));
     if (k % 16 != 0) CHECK_FALSE(fp8);
     if (fp8) {
       const auto e = check_fp8_linear(b, 7, n, k);
@@ -305,9 +305,11 @@ void compare_engine(const std::string& what, const testing::fp8_qwen3_spec& spec
           "agreement ", 100.0 * forced_top1 / tokens, "%, max |logit drift| ", max_drift, ", mean per-step max ",
           sum_drift / tokens, " (max |logit| ", max_logit, "); free-running: same token at the same position ",
           100.0 * same / tokens, "%");
+  // Bounds from the H200 run of 2026-12-01 (max drift 0.75 and 1.0 against logits up to 75 and 133, top-1
+  // 100%), with room for other seeds: FP8 weights move a logit by a few per cent of the largest at most.
   CHECK(std::isfinite(max_drift));
-  CHECK(max_drift < max_logit);
-  CHECK(forced_top1 * 2 >= tokens);
+  CHECK(max_drift < 0.05 * max_logit);
+  CHECK(forced_top1 * 10 >= tokens * 9);
   std::filesystem::remove_all(dir);
 }
 
