@@ -30,13 +30,16 @@ unsigned grid_for(std::int64_t items, int threads) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(blocks, std::int64_t{sms} * 32)));
 }
 
-// Calls f.template operator()<T>() with T = float or bf16.
+// Calls f.template operator()<T>() with T = float or bf16. An e4m3 tensor (an FP8 linear weight, which only
+// linear() reads) is refused here, so every op but linear names the mistake instead of reading codes as bf16.
 template <class F>
 void dispatch(cuda_dtype t, F&& f) {
   if (t == cuda_dtype::f32)
     f.template operator()<float>();
-  else
+  else if (t == cuda_dtype::bf16)
     f.template operator()<bf16>();
+  else
+    fail("CUDA op on an ", to_string(t), " tensor: only linear() takes FP8 (e4m3) weights; other ops need f32 or bf16");
 }
 
 #define GRID_STRIDE(i, n) \

@@ -212,6 +212,12 @@ TEST_CASE("fp8 weights: other ops refuse an e4m3 tensor, and linear refuses non-
   const std::vector<token_id> ids{1, 2};
   CHECK_THROWS_WITH_AS(b.embedding(w, ids, out), doctest::Contains("e4m3"), error);
   CHECK_THROWS_WITH_AS((void)b.to_host(w), doctest::Contains("e4m3"), error);
+  // Ops that keep their output's shape reach the kernel launchers, which refuse e4m3 by name too.
+  auto w2 = b.random_tensor(256, 256, 0.1f, 4);
+  REQUIRE(b.prepare_linear_weight(w2));
+  CHECK_THROWS_WITH_AS(b.add(w, w2), doctest::Contains("e4m3"), error);
+  const std::vector<std::int32_t> pos(256, 0);
+  CHECK_THROWS_WITH_AS(b.rope(w, pos, 128, 1e6f, rope_style::half), doctest::Contains("e4m3"), error);
   cuda_backend_options o;
   o.dtype = cuda_dtype::f32;
   o.weight_dtype = weight_dtype::fp8_e4m3;
