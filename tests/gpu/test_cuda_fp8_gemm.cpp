@@ -313,6 +313,9 @@ void compare_engine(const std::string& what, const testing::fp8_qwen3_spec& spec
           100.0 * same / tokens, "%");
   // Bounds from the H200 run of 2026-12-01 (max drift 0.75 and 1.0 against logits up to 75 and 133, top-1
   // 100%), with room for other seeds: FP8 weights move a logit by a few per cent of the largest at most.
+  // The FP8 run must really have run FP8 GEMMs (a backend that kept every weight bf16 would pass the rest).
+  CHECK(fp8_b.counters().fp8_linears > 0);
+  CHECK(ref_b.counters().fp8_linears == 0);
   CHECK(std::isfinite(max_drift));
   CHECK(max_drift < 0.05 * max_logit);
   CHECK(forced_top1 * 10 >= tokens * 9);
