@@ -71,6 +71,13 @@ struct gemm_plan {
   }
 };
 
+struct context;
+// Asks cuBLASLt's heuristic for an algorithm for `plan` (descriptor and layouts set by the caller) within the
+// backend's GEMM workspace and, when min_alignment > 0, for operands aligned to that many bytes; stores the plan
+// under `key` in c.gemms (ok = false when there is none, so the caller decides what a refused shape means).
+const gemm_plan& cache_gemm_plan(context& c, const gemm_key& key, std::unique_ptr<gemm_plan> plan,
+                                 std::uint32_t min_alignment);
+
 // What the step's attention metadata became on the device (shared by every layer of the step).
 struct step_state {
   bool decode = false;  // every sequence has exactly one new token

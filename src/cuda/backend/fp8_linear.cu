@@ -79,22 +79,7 @@ const gemm_plan& fp8_plan_for(context& c, int mp, int n, int k, const float* w_s
   ZIPAGE_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, u(k), u(n), k));
   ZIPAGE_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, u(k), u(mp), k));
   ZIPAGE_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_16BF, u(n), u(mp), n));
-  cublasLtMatmulPreference_t pref = nullptr;
-  ZIPAGE_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const std::uint64_t ws = c.opts.gemm_workspace_bytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  cublasLtMatmulHeuristicResult_t result{};
-  int returned = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(c.lt, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &returned);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-    plan->algo = result.algo;
-    plan->ok = true;
-  }
-  auto& ref = *plan;
-  c.gemms.emplace(key, std::move(plan));
-  return ref;
+  return cache_gemm_plan(c, key, std::move(plan), 0);
 }
 
 // Whether the FP8 GEMM runs for a weight [n][k] (decided once, at load): 16-byte leading dimensions (k codes,

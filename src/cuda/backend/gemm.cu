@@ -13,6 +13,30 @@
 
 namespace zipage {
 
+const cuda_detail::gemm_plan& cuda_detail::cache_gemm_plan(context& c, const gemm_key& key,
+                                                           std::unique_ptr<gemm_plan> plan, std::uint32_t min_alignment) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  ZIPAGE_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const std::uint64_t ws = c.opts.gemm_workspace_bytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (min_alignment > 0)
+    for (const auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      cublasLtMatmulPreferenceSetAttribute(pref, attr, &min_alignment, sizeof min_alignment);
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(c.lt, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+    plan->algo = result.algo;
+    plan->ok = true;
+  }
+  auto& ref = *plan;
+  c.gemms.emplace(key, std::move(plan));
+  return ref;
+}
+
 namespace {
 
 int alignment_of(const void* p) {
@@ -36,27 +60,7 @@ const cuda_detail::gemm_plan& gemm_plan_for(context& c, int m, int n, int k, cud
   ZIPAGE_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->a, dt, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(n), k));
   ZIPAGE_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->b, dt, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(m), k));
   ZIPAGE_LT_CHECK(cublasLtMatrixLayoutCreate(&plan->c, dt, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m), n));
-  cublasLtMatmulPreference_t pref = nullptr;
-  ZIPAGE_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const std::uint64_t ws = c.opts.gemm_workspace_bytes;
-  const std::uint32_t al = static_cast<std::uint32_t>(align);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al);
-  cublasLtMatmulHeuristicResult_t result{};
-  int returned = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(c.lt, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &returned);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-    plan->algo = result.algo;
-    plan->ok = true;
-  }
-  auto& ref = *plan;
-  c.gemms.emplace(key, std::move(plan));
-  return ref;
+  return cuda_detail::cache_gemm_plan(c, key, std::move(plan), static_cast<std::uint32_t>(align));
 }
 
 }  // namespace
