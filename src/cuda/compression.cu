@@ -1,12 +1,13 @@
-// Launchers of the compression step (kernels in backend/cuda/compression.cuh): validation, the
+// Launchers of the compression step (kernels in backend/cuda/compression_{scores,select}.cuh): validation, the
 // workspace layout, and one launch per stage for the whole batch.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 
-#include "zipage/backend/cuda/compression.cuh"
 #include "zipage/backend/cuda/compression.hpp"
+#include "zipage/backend/cuda/compression_scores.cuh"
+#include "zipage/backend/cuda/compression_select.cuh"
 
 namespace zipage::cuda {
 

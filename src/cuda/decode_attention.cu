@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <mutex>
 
-#include "zipage/backend/cuda/attention.cuh"
 #include "zipage/backend/cuda/attention.hpp"
+#include "zipage/backend/cuda/decode_kernel.cuh"
 
 namespace zipage::cuda {
 

@@ -2,8 +2,8 @@
 #include <atomic>
 #include <cstdint>
 
-#include "zipage/backend/cuda/attention.cuh"
 #include "zipage/backend/cuda/attention.hpp"
+#include "zipage/backend/cuda/prefill_kernel.cuh"
 
 namespace zipage::cuda {
 

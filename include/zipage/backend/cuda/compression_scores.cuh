@@ -1,0 +1,482 @@
+#pragma once
+// Compression kernels, stages 1-5: window attention and the global score, redundancy, the final score.
+// Arguments, segments and shared helpers: compression.cuh (with the overview of every stage).
+#include "zipage/backend/cuda/compression.cuh"
+
+namespace zipage::cuda::detail {
+
+// ---------------------------------------------------------------------------------------------------
+// Stages 1-2: window attention (two passes) and the global score.
+
+template <int D>
+struct attn_config {
+  static constexpr int kKBytes = kAttnChunk * D * 2;
+  static constexpr int kQBytes = kAttnMaxRows * D * 2;
+  static constexpr int kCgs = kAttnChunk / 16;                 // 16-token column groups per chunk
+  static constexpr int kCgsPerWarp = kCgs / (kAttnThreads / 32);
+  static constexpr int kPartBytes = kAttnMaxRows * kCgs * 8;  // stats pass: (max, sum) per row and column group
+  static constexpr int kSmemBytes = kKBytes + kQBytes + kPartBytes;  // at most
+  // For q_rows rows of window queries: K chunk | Q tile | per-row statistics.
+  static constexpr int smem_bytes(int q_rows, bool score) { return kKBytes + q_rows * (D * 2 + (score ? 8 : kCgs * 8)); }
+};
+
+template <int D, bool SCORE>
+__global__ void __launch_bounds__(kAttnThreads) window_attention_kernel(const compress_args a) {
+  using cfg = attn_config<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int sh = blockIdx.x;
+  const int chunk = blockIdx.y;
+  const segment sg = decompose(a, sh);
+  const int len = a.kv_len[sg.req];
+  const int start = chunk * kAttnChunk;
+  if (start >= len) return;
+  const std::int32_t* pages = a.page_indices + a.page_indptr[sg.req];
+  const int qslot = a.slot[sg.req];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int gp = 1 << a.gp_shift;
+
+  const std::uint32_t sk = smem_addr(smem);
+  const std::uint32_t sq = sk + cfg::kKBytes;
+  float2* part = reinterpret_cast<float2*>(smem + cfg::kKBytes + a.q_rows * D * 2);  // [rows][kCgs] or row (M, 1/L)
+
+  load_keys<D, kAttnThreads>(a, sg, sk, pages, start, kAttnChunk, len, tid);
+  cp_async_commit();
+
+  const int n_cgs = min(cfg::kCgs, (len - start + 15) / 16);  // column groups holding tokens
+  const int first_window_pos = len - a.window;                 // query w sits at first_window_pos + w
+  const bf16* qbase = a.q + sg.layer * a.q_layer_stride +
+                      (static_cast<std::int64_t>(qslot) * a.window * a.num_q_heads + sg.head * a.group) * D;
+  const std::int64_t q_row_stride = std::int64_t{a.num_q_heads} * D;  // between window positions w
+
+  float acc[cfg::kCgsPerWarp][2][2];  // SCORE: sum over w of max over g of p, per owned column
+  float runmax[cfg::kCgsPerWarp][2][2];
+#pragma unroll
+  for (int i = 0; i < cfg::kCgsPerWarp; ++i)
+#pragma unroll
+    for (int n = 0; n < 2; ++n) acc[i][n][0] = acc[i][n][1] = runmax[i][n][0] = runmax[i][n][1] = 0.0f;
+
+  for (int row0 = 0; row0 < a.rows_pad; row0 += kAttnMaxRows) {
+    const int rows = min(kAttnMaxRows, a.rows_pad - row0);
+    __syncthreads();  // the previous pass's Q tile and row data are no longer read
+    for (int c = tid; c < rows * (D / 8); c += kAttnThreads) {
+      const int r = c / (D / 8), ch = c % (D / 8);
+      const int gr = row0 + r;
+      const int w = gr >> a.gp_shift, g = gr & (gp - 1);
+      const bool valid = w < a.window && g < a.group;
+      cp_async_16(sq + swz<D>(r, ch), valid ? qbase + w * q_row_stride + g * D + ch * 8 : qbase, valid);
+    }
+    cp_async_commit();
+    if constexpr (SCORE) {
+      // Softmax normaliser of each row over the whole request: merge the per-chunk statistics.
+      const int chunks = (len + kAttnChunk - 1) / kAttnChunk;
+      for (int r = tid; r < rows; r += kAttnThreads) {
+        const float2* st = a.stats + (static_cast<std::int64_t>(sh) * a.rows_pad + row0 + r) * a.attn_chunks;
+        float m = -INFINITY;
+        for (int c = 0; c < chunks; ++c) m = fmaxf(m, st[c].x);
+        float l = 0.0f;
+        if (m != -INFINITY)
+          for (int c = 0; c < chunks; ++c)
+            if (st[c].x != -INFINITY) l += st[c].y * exp2f(st[c].x - m);
+        part[r] = make_float2(m, l > 0.0f ? 1.0f / l : 0.0f);
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    const int rts = rows / 16;
+#pragma unroll
+    for (int ci = 0; ci < cfg::kCgsPerWarp; ++ci) {
+      const int cg = warp + ci * (kAttnThreads / 32);
+      if (cg >= n_cgs) continue;  // warp-uniform
+      for (int rt = 0; rt < rts; ++rt) {
+        std::uint32_t qf[D / 16][4];
+        load_q_fragments<D>(qf, sq, rt * 16, lane);
+        float s[2][4] = {};
+        qk_tile<D, 2>(s, qf, sk, cg * 16, lane);
+        // Mask: invalid rows (padding of the group or the window), tokens past the end, and tokens
+        // after the query's own position (causal inside the current block).
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int gr = row0 + rt * 16 + (lane >> 2) + 8 * hr;
+          const int w = gr >> a.gp_shift, g = gr & (gp - 1);
+          const bool row_ok = w < a.window && g < a.group;
+          const int limit = first_window_pos + w;  // last token the query may see
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = start + cg * 16 + n * 8 + 2 * (lane & 3) + e;
+              float& v = s[n][2 * hr + e];
+              v = (row_ok && j < len && j <= limit) ? v * a.scale_log2 : -INFINITY;
+            }
+        }
+        if constexpr (!SCORE) {
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            float mx = fmaxf(fmaxf(s[0][2 * hr], s[0][2 * hr + 1]), fmaxf(s[1][2 * hr], s[1][2 * hr + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float base = mx == -INFINITY ? 0.0f : mx;
+            float l = exp2f(s[0][2 * hr] - base) + exp2f(s[0][2 * hr + 1] - base) + exp2f(s[1][2 * hr] - base) +
+                      exp2f(s[1][2 * hr + 1] - base);
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            if ((lane & 3) == 0) part[(rt * 16 + (lane >> 2) + 8 * hr) * cfg::kCgs + cg] = make_float2(mx, l);
+          }
+        } else {
+          float p[2][2][2];  // [half][n][e]
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const float2 ml = part[rt * 16 + (lane >> 2) + 8 * hr];
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const float v = s[n][2 * hr + e];
+                p[hr][n][e] = v == -INFINITY ? 0.0f : exp2f(v - ml.x) * ml.y;
+              }
+          }
+          if (gp < 16) {
+            // Rows lane/4 and lane/4 + 8 of the tile are (w, g) = (r / Gp, r % Gp): max over g is a
+            // shuffle over lane bits 2 .. 2 + log2(Gp) - 1, sum over w over the remaining bits and the halves.
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                float x0 = p[0][n][e], x1 = p[1][n][e];
+                for (int o = 4; o < 4 * gp; o <<= 1) {
+                  x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o));
+                  x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o));
+                }
+                for (int o = 4 * gp; o < 32; o <<= 1) {
+                  x0 += __shfl_xor_sync(0xffffffffu, x0, o);
+                  x1 += __shfl_xor_sync(0xffffffffu, x1, o);
+                }
+                acc[ci][n][e] += x0 + x1;
+              }
+          } else {
+            // The tile is (part of) one window query: max over its 16 rows, then over its Gp/16 tiles.
+            const bool last_tile_of_w = (((row0 >> 4) + rt + 1) & ((gp >> 4) - 1)) == 0;
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                float x = fmaxf(p[0][n][e], p[1][n][e]);
+                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+                runmax[ci][n][e] = fmaxf(runmax[ci][n][e], x);
+                if (last_tile_of_w) {
+                  acc[ci][n][e] += runmax[ci][n][e];
+                  runmax[ci][n][e] = 0.0f;
+                }
+              }
+          }
+        }
+      }
+    }
+    if constexpr (!SCORE) {
+      __syncthreads();
+      for (int r = tid; r < rows; r += kAttnThreads) {
+        float m = -INFINITY;
+        for (int cg = 0; cg < n_cgs; ++cg) m = fmaxf(m, part[r * cfg::kCgs + cg].x);
+        float l = 0.0f;
+        if (m != -INFINITY)
+          for (int cg = 0; cg < n_cgs; ++cg) {
+            const float2 x = part[r * cfg::kCgs + cg];
+            if (x.x != -INFINITY) l += x.y * exp2f(x.x - m);
+          }
+        a.stats[(static_cast<std::int64_t>(sh) * a.rows_pad + row0 + r) * a.attn_chunks + chunk] = make_float2(m, l);
+      }
+    }
+  }
+
+  if constexpr (SCORE) {
+    // A = sum / W; merged with the history (S) into the workspace, and into the score cache if kept.
+    if (lane < 4) {
+      const bool first = a.first[sg.req] != 0;
+      const int history = (first || a.history == 0) ? 0 : max(0, len - (1 << a.bs_shift));
+      float* sbase = a.scores == nullptr ? nullptr : a.scores + sg.layer * a.score_layer_stride + sg.head;
+      float* ibase = a.imp + static_cast<std::int64_t>(sh) * a.max_len;
+      const float inv_w = 1.0f / static_cast<float>(a.window);
+#pragma unroll
+      for (int ci = 0; ci < cfg::kCgsPerWarp; ++ci) {
+        const int cg = warp + ci * (kAttnThreads / 32);
+        if (cg >= n_cgs) continue;
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = start + cg * 16 + n * 8 + 2 * lane + e;
+            if (j >= len) continue;
+            const float attn = acc[ci][n][e] * inv_w;
+            float* dst = sbase == nullptr ? nullptr : sbase + token_slot(pages, a.bs_shift, j) * a.num_kv_heads;
+            float sc = attn;
+            if (j < history) sc = a.history == 1 ? fmaxf(attn, a.gamma * *dst) : attn + *dst;
+            ibase[j] = sc;
+            if (a.history != 0) *dst = sc;
+          }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Stages 3-5: redundancy (similarity sums), then one finalize pass: softmax over the sequence, pooling,
+// final score.
+
+template <int D>
+__host__ __device__ constexpr int block_similarity_smem_bytes(int chunk) {
+  return chunk * (D * 2 + 4 + 4 + 8);  // keys | 1/norm | row sums | newest duplicate
+}
+
+// Gram tile of 16 rows (fragments qf, inv norms of the rows in row_inv) against 16 columns of a key tile
+// (sk, column tokens col_base..+15 of the tile, global index col0 + ...): adds each row's cosines to
+// rs[hr] and folds each column's newest duplicate (largest row with cos > 0.5) into dup_out via
+// atomicMax; `pair_ok(m, c)` says which (row, column) pairs count (global indices).
+template <int D, class PairOk, class DupOut>
+__device__ __forceinline__ void gram_tile_16x16(const std::uint32_t (&qf)[D / 16][4], std::uint32_t sk, int col_base,
+                                                int row0, int col0, const float* row_inv, const float* col_inv,
+                                                int lane, float (&rs)[2], PairOk pair_ok, DupOut dup_out) {
+  float s[2][4] = {};
+  qk_tile<D, 2>(s, qf, sk, col_base, lane);
+  unsigned long long best[2][2] = {{0ull, 0ull}, {0ull, 0ull}};  // per column (n, e): newest duplicate
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int mr = (lane >> 2) + 8 * hr;
+#pragma unroll
+    for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int cc = nn * 8 + 2 * (lane & 3) + e;
+        const int m = row0 + mr, c = col0 + cc;
+        const bool ok = pair_ok(m, c);
+        const float cs = ok ? s[nn][2 * hr + e] * row_inv[mr] * col_inv[col_base + cc] : 0.0f;
+        rs[hr] += cs;
+        if (ok && cs > 0.5f) {
+          const unsigned long long key = (static_cast<unsigned long long>(m + 1) << 32) | __float_as_uint(cs);
+          best[nn][e] = key > best[nn][e] ? key : best[nn][e];
+        }
+      }
+  }
+#pragma unroll
+  for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      unsigned long long b = best[nn][e];
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        const unsigned long long y = __shfl_xor_sync(0xffffffffu, b, o);
+        b = y > b ? y : b;
+      }
+      if ((lane >> 2) == 0 && b != 0ull) dup_out(col0 + nn * 8 + 2 * (lane & 3) + e, b);
+    }
+}
+
+// Norms (fp32 over the bf16 values) of rows [0, n) of a swizzled [rows][D] tile; an all-zero key gets
+// 1 / 1e-8 and so similarity 0.
+template <int D, int THREADS>
+__device__ __forceinline__ void tile_inv_norms(const unsigned char* kbytes, int n, float* inv_norm, int tid) {
+  for (int t = tid; t < n; t += THREADS) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < D / 8; ++ch) {
+      float f[8];
+      bf16x8_to_float(*reinterpret_cast<const uint4*>(kbytes + swz<D>(t, ch)), f);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss = fmaf(f[i], f[i], ss);
+    }
+    inv_norm[t] = 1.0f / (sqrtf(ss) + 1e-8f);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kRedThreads) block_similarity_kernel(const compress_args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int sh = blockIdx.x;
+  const int cf = a.red_chunk;
+  const int start = blockIdx.y * cf;
+  const segment sg = decompose(a, sh);
+  const int len = a.kv_len[sg.req];
+  if (start >= len) return;
+  const int n = min(cf, len - start);
+  const std::int32_t* pages = a.page_indices + a.page_indptr[sg.req];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int bs = 1 << a.bs_shift;
+
+  const std::uint32_t sk = smem_addr(smem);
+  float* inv_norm = reinterpret_cast<float*>(smem + cf * D * 2);
+  float* rowsum = inv_norm + cf;
+  unsigned long long* dup = reinterpret_cast<unsigned long long*>(rowsum + cf);  // (row + 1) << 32 | cos bits
+
+  load_keys<D, kRedThreads>(a, sg, sk, pages, start, cf, len, tid);
+  cp_async_commit();
+  for (int t = tid; t < cf; t += kRedThreads) dup[t] = 0ull;
+  cp_async_wait<0>();
+  __syncthreads();
+  tile_inv_norms<D, kRedThreads>(smem, n, inv_norm, tid);
+  __syncthreads();
+
+  // Gram matrix of the chunk's keys, block-diagonal part only, one 16-row tile per warp at a time.
+  const int row_tiles = (n + 15) / 16;
+  for (int rt = warp; rt < row_tiles; rt += kRedThreads / 32) {
+    std::uint32_t qf[D / 16][4];
+    load_q_fragments<D>(qf, sk, rt * 16, lane);
+    // Columns: the blocks the tile's rows lie in (the tile itself when blocks are shorter than 16).
+    const int col_lo = bs >= 16 ? ((rt * 16) & ~(bs - 1)) : rt * 16;
+    const int col_hi = min(n, bs >= 16 ? col_lo + bs : rt * 16 + 16);
+    float rs[2] = {0.0f, 0.0f};
+    for (int cg = col_lo / 16; cg * 16 < col_hi; ++cg)
+      gram_tile_16x16<D>(
+          qf, sk, cg * 16, rt * 16, cg * 16, inv_norm + rt * 16, inv_norm, lane, rs,
+          // chunk starts are block-aligned, so "same block" is a test on chunk-local indices
+          [&](int m, int c) { return m < n && c < n && m != c && ((m ^ c) >> a.bs_shift) == 0; },
+          [&](int c, unsigned long long b) { atomicMax(&dup[c], b); });
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 1);
+      rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 2);
+      const int m = rt * 16 + (lane >> 2) + 8 * hr;
+      if ((lane & 3) == 0 && m < n) rowsum[m] = rs[hr];
+    }
+  }
+  __syncthreads();
+
+  // The newest duplicate of each column does not count that column.
+  float* red = a.red + static_cast<std::int64_t>(sh) * a.max_len + start;
+  for (int t = tid; t < n; t += kRedThreads) {
+    const int b0 = t & ~(bs - 1), b1 = min(n, b0 + bs);
+    float r = rowsum[t];
+    for (int c = b0; c < b1; ++c) {
+      const unsigned long long d = dup[c];
+      if (d != 0ull && static_cast<int>(d >> 32) - 1 == t) r -= __uint_as_float(static_cast<unsigned>(d));
+    }
+    red[t] = r;
+  }
+}
+
+inline constexpr int kFullRows = 64;     // rows per full-similarity CTA (4 warps x 16)
+inline constexpr int kFullThreads = 128;
+
+template <int D>
+__host__ __device__ constexpr int full_similarity_smem_bytes() {
+  return 2 * kFullRows * (D * 2 + 4);  // row keys | column keys | 1/norms of each
+}
+
+// Whole-sequence similarity sums: row tile blockIdx.y of the segment against every column tile. Row sums
+// go to the workspace (r, before the newest-duplicate correction); each column's newest duplicate is
+// combined across CTAs with atomicMax in the workspace (zeroed before the launch). The finalize kernel
+// subtracts the duplicates' terms.
+template <int D>
+__global__ void __launch_bounds__(kFullThreads) full_similarity_kernel(const compress_args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int sh = blockIdx.x;
+  const int row0 = blockIdx.y * kFullRows;
+  const segment sg = decompose(a, sh);
+  const int len = a.kv_len[sg.req];
+  if (row0 >= len) return;
+  const std::int32_t* pages = a.page_indices + a.page_indptr[sg.req];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const std::uint32_t srow = smem_addr(smem);
+  const std::uint32_t scol = srow + kFullRows * D * 2;
+  float* row_inv = reinterpret_cast<float*>(smem + 2 * kFullRows * D * 2);
+  float* col_inv = row_inv + kFullRows;
+  unsigned long long* dup = a.dup + static_cast<std::int64_t>(sh) * a.max_len;
+
+  load_keys<D, kFullThreads>(a, sg, srow, pages, row0, kFullRows, len, tid);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  tile_inv_norms<D, kFullThreads>(smem, min(kFullRows, len - row0), row_inv, tid);
+  __syncthreads();
+  std::uint32_t qf[D / 16][4];
+  load_q_fragments<D>(qf, srow, warp * 16, lane);
+
+  float rs[2] = {0.0f, 0.0f};
+  for (int col0 = 0; col0 < len; col0 += kFullRows) {
+    __syncthreads();  // the previous column tile is no longer read
+    load_keys<D, kFullThreads>(a, sg, scol, pages, col0, kFullRows, len, tid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    tile_inv_norms<D, kFullThreads>(smem + kFullRows * D * 2, min(kFullRows, len - col0), col_inv, tid);
+    __syncthreads();
+    for (int cg = 0; cg < kFullRows / 16 && col0 + cg * 16 < len; ++cg)
+      gram_tile_16x16<D>(
+          qf, scol, cg * 16, row0 + warp * 16, col0 + cg * 16, row_inv + warp * 16, col_inv, lane, rs,
+          [&](int m, int c) { return m < len && c < len && m != c; },
+          [&](int c, unsigned long long b) { atomicMax(&dup[c], b); });
+  }
+  float* red = a.red + static_cast<std::int64_t>(sh) * a.max_len;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 1);
+    rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 2);
+    const int m = row0 + warp * 16 + (lane >> 2) + 8 * hr;
+    if ((lane & 3) == 0 && m < len) red[m] = rs[hr];
+  }
+}
+
+inline constexpr int kFinalThreads = 256;
+
+// Per segment: R = softmax over the sequence of r / (tau * n); S' = pooled S (or the position, for
+// recency); F = lambda * S' - (1 - lambda) * R (or S' without redundancy); window and sinks +inf.
+__global__ void __launch_bounds__(kFinalThreads) finalize_kernel(const compress_args a) {
+  using reduce = cub::BlockReduce<float, kFinalThreads>;
+  __shared__ typename reduce::TempStorage temp;
+  __shared__ float s_max, s_sum;
+  const int sh = blockIdx.x;
+  const segment sg = decompose(a, sh);
+  const int len = a.kv_len[sg.req];
+  if (len <= 0) return;
+  const int tid = threadIdx.x;
+  const std::int64_t row = static_cast<std::int64_t>(sh) * a.max_len;
+  const float* imp = a.imp + row;
+  float* red = a.red + row;
+  float* out = a.fscore + row;
+
+  if (a.redundancy != 0) {
+    if (a.redundancy == 2) {
+      // Each column's newest duplicate does not count that column (global atomics; visible after the barrier).
+      const unsigned long long* dup = a.dup + row;
+      for (int c = tid; c < len; c += kFinalThreads) {
+        const unsigned long long d = dup[c];
+        if (d != 0ull) atomicAdd(&red[static_cast<int>(d >> 32) - 1], -__uint_as_float(static_cast<unsigned>(d)));
+      }
+      __syncthreads();
+    }
+    const float inv_div =
+        1.0f / (a.tau * static_cast<float>(a.redundancy == 2 ? len : (1 << a.bs_shift)));
+    float mx = -INFINITY;
+    for (int j = tid; j < len; j += kFinalThreads) mx = fmaxf(mx, red[j] * inv_div);
+    mx = reduce(temp).Reduce(mx, [](float x, float y) { return fmaxf(x, y); });
+    if (tid == 0) s_max = mx;
+    __syncthreads();
+    float sum = 0.0f;
+    for (int j = tid; j < len; j += kFinalThreads) sum += expf(red[j] * inv_div - s_max);
+    sum = reduce(temp).Sum(sum);
+    if (tid == 0) s_sum = sum;
+    __syncthreads();
+    for (int j = tid; j < len; j += kFinalThreads) red[j] = expf(red[j] * inv_div - s_max) / s_sum;
+    __syncthreads();
+  }
+
+  const bool first = a.first[sg.req] != 0;
+  const bool pool = a.pool_radius > 0 && (a.pool_mode == 2 || (a.pool_mode == 1 && first));
+  auto importance = [&](int i) { return a.recency ? static_cast<float>(i) : imp[i]; };
+  for (int j = tid; j < len; j += kFinalThreads) {
+    float s;
+    if (pool) {
+      s = -INFINITY;
+      const int lo = max(0, j - a.pool_radius), hi = min(len - 1, j + a.pool_radius);
+      for (int i = lo; i <= hi; ++i) s = fmaxf(s, importance(i));
+    } else {
+      s = importance(j);
+    }
+    float f = a.redundancy != 0 ? a.lambda * s - (1.0f - a.lambda) * red[j] : s;
+    if (j >= len - a.window || j < a.sinks) f = INFINITY;
+    out[j] = f;
+  }
+}
+
+}  // namespace zipage::cuda::detail
