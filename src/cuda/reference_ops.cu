@@ -3,11 +3,13 @@
 // when an op's tuned bf16 kernel cannot take the inputs or the caller asks for the reference kernel, and
 // the ops that have one kernel only (compaction, gathers, copies, fills). They mirror the zipage::cpu
 // reference closely (same formulas, double where the CPU uses double) so that the fp32 engine gives the
-// CPU backend's tokens; speed matters less here than for the tuned ones.
+// CPU backend's tokens; speed matters less here than for the tuned ones. The generic paged attention is in
+// reference_attention.cu.
 #include <algorithm>
 #include <cstdint>
 
 #include "kernel_launchers.hpp"
+#include "reference_common.cuh"
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/fp8.cuh"
@@ -17,33 +19,7 @@ namespace zipage::cuda {
 
 namespace {
 
-using detail::bf16;
-
-__device__ __forceinline__ float load_f(const float* p, std::int64_t i) { return p[i]; }
-__device__ __forceinline__ float load_f(const bf16* p, std::int64_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ void store_f(float* p, std::int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void store_f(bf16* p, std::int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
-
-unsigned grid_for(std::int64_t items, int threads) {
-  static const int sms = detail::device_multiprocessors();
-  const std::int64_t blocks = (items + threads - 1) / threads;
-  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(blocks, std::int64_t{sms} * 32)));
-}
-
-// Calls f.template operator()<T>() with T = float or bf16. An e4m3 tensor (an FP8 linear weight, which only
-// linear() reads) is refused here, so every op but linear names the mistake instead of reading codes as bf16.
-template <class F>
-void dispatch(cuda_dtype t, F&& f) {
-  if (t == cuda_dtype::f32)
-    f.template operator()<float>();
-  else if (t == cuda_dtype::bf16)
-    f.template operator()<bf16>();
-  else
-    fail("CUDA op on an ", to_string(t), " tensor: only linear() takes FP8 (e4m3) weights; other ops need f32 or bf16");
-}
-
-#define GRID_STRIDE(i, n) \
-  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (n); i += std::int64_t{gridDim.x} * blockDim.x)
+// load_f / store_f, grid_for, dispatch and GRID_STRIDE: reference_common.cuh.
 
 // ---- gather rows
 // An id outside [0, num_rows) gives zeros, as the tuned kernel.
@@ -234,81 +210,6 @@ __global__ void record_queries_kernel(T* rows, const std::int32_t* __restrict__ 
     const int c = static_cast<int>(i % width);
     const std::int32_t r = token_row[t];
     if (r >= 0) rows[std::int64_t{r} * width + c] = q[i];
-  }
-}
-
-// ---- generic paged attention: one 128-thread CTA per (token, query head).
-constexpr int kAttnThreads = 128;
-constexpr int kAttnChunk = 64;
-constexpr int kAttnMaxDim = 512;
-
-// K/V element i of the head at `row` (= slot * kv_heads + head): bf16/fp32 as stored, or FP8
-// float(code) * scale.
-template <class T, bool FP8>
-__device__ __forceinline__ float kv_at(const void* cache, const float* scales, std::int64_t row, int d, int i) {
-  if constexpr (FP8)
-    return detail::e4m3_to_f32(static_cast<const std::uint8_t*>(cache)[row * d + i]) * scales[row];
-  else
-    return load_f(static_cast<const T*>(cache), row * d + i);
-}
-
-template <class T, bool FP8>
-__global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(attention_params p) {
-  __shared__ float qs[kAttnMaxDim];
-  __shared__ float ss[kAttnChunk];
-  const int t = blockIdx.x;
-  const int h = blockIdx.y;
-  const int d = p.kv.head_dim;
-  const int kvh = h / (p.num_q_heads / p.kv.num_kv_heads);
-  const T* q = static_cast<const T*>(p.q) + (std::int64_t{t} * p.num_q_heads + h) * d;
-  T* out = static_cast<T*>(p.out) + (std::int64_t{t} * p.num_q_heads + h) * d;
-  const int s = p.token_seq[t];
-  const int len = p.token_kv_len[t];
-  const std::int32_t* pages = p.kv.page_indices + p.kv.page_indptr[s];
-  for (int i = threadIdx.x; i < d; i += kAttnThreads) qs[i] = load_f(q, i);
-  __syncthreads();
-
-  constexpr int kPer = kAttnMaxDim / kAttnThreads;
-  float acc[kPer] = {};
-  float m = -INFINITY, l = 0.0f;
-  for (int j0 = 0; j0 < len; j0 += kAttnChunk) {
-    const int n = min(kAttnChunk, len - j0);
-    for (int jj = threadIdx.x; jj < n; jj += kAttnThreads) {
-      const int j = j0 + jj;
-      const std::int64_t slot = std::int64_t{pages[j / p.kv.block_size]} * p.kv.block_size + j % p.kv.block_size;
-      const std::int64_t row = slot * p.kv.num_kv_heads + kvh;
-      float dot = 0.0f;
-      for (int i = 0; i < d; ++i) dot += qs[i] * kv_at<T, FP8>(p.kv.k_cache, p.kv.k_scale, row, d, i);
-      ss[jj] = dot * p.scale;
-    }
-    __syncthreads();
-    float cm = -INFINITY;
-    for (int jj = 0; jj < n; ++jj) cm = fmaxf(cm, ss[jj]);
-    const float m_new = fmaxf(m, cm);
-    const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);
-    l *= corr;
-#pragma unroll
-    for (int r = 0; r < kPer; ++r) acc[r] *= corr;
-    for (int jj = 0; jj < n; ++jj) {
-      const int j = j0 + jj;
-      const float pj = expf(ss[jj] - m_new);
-      l += pj;
-      const std::int64_t slot = std::int64_t{pages[j / p.kv.block_size]} * p.kv.block_size + j % p.kv.block_size;
-      const std::int64_t row = slot * p.kv.num_kv_heads + kvh;
-#pragma unroll
-      for (int r = 0; r < kPer; ++r) {
-        const int i = threadIdx.x + r * kAttnThreads;
-        if (i < d) acc[r] += pj * kv_at<T, FP8>(p.kv.v_cache, p.kv.v_scale, row, d, i);
-      }
-    }
-    m = m_new;
-    __syncthreads();
-  }
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-#pragma unroll
-  for (int r = 0; r < kPer; ++r) {
-    const int i = threadIdx.x + r * kAttnThreads;
-    if (i < d) store_f(out, i, acc[r] * inv);
   }
 }
 
@@ -553,22 +454,6 @@ void append_kv_fp8(cuda_dtype t, const append_kv_params& p, cuda_stream stream) 
         static_cast<std::uint8_t*>(p.kv.k_cache), static_cast<std::uint8_t*>(p.kv.v_cache), p.kv.k_scale, p.kv.v_scale,
         static_cast<const T*>(p.k), static_cast<const T*>(p.v), p.slots, p.num_tokens, heads, d, ks, vs);
   });
-  ZIPAGE_CUDA_CHECK_LAUNCH();
-}
-
-void paged_attention(cuda_dtype t, const attention_params& p, cuda_stream stream) {
-  check(p.kv.head_dim > 0 && p.kv.head_dim <= kAttnMaxDim, "paged_attention: head_dim ", p.kv.head_dim, " (at most ",
-        kAttnMaxDim, ")");
-  check(p.kv.num_kv_heads > 0 && p.num_q_heads % p.kv.num_kv_heads == 0, "paged_attention: ", p.num_q_heads,
-        " query heads are not a multiple of ", p.kv.num_kv_heads, " KV heads");
-  check(p.num_q_heads < 65536 && p.kv.block_size > 0, "paged_attention: bad head count or block size");
-  if (p.num_tokens <= 0) return;
-  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.num_q_heads));
-  check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "paged_attention: FP8 needs both k_scale and v_scale");
-  if (p.kv.k_scale != nullptr)
-    dispatch(t, [&]<class T>() { paged_attention_kernel<T, true><<<grid, kAttnThreads, 0, stream>>>(p); });
-  else
-    dispatch(t, [&]<class T>() { paged_attention_kernel<T, false><<<grid, kAttnThreads, 0, stream>>>(p); });
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,9 +1,10 @@
-// Launcher of batched sampling (kernels: backend/cuda/sampling.cuh, which only this translation unit
-// includes).
+// Launcher of batched sampling (kernels: backend/cuda/sampling.cuh and logprob_kernel.cuh, which only this
+// translation unit includes).
 #include <atomic>
 #include <bit>
 #include <cstdint>
 
+#include "zipage/backend/cuda/logprob_kernel.cuh"
 #include "zipage/backend/cuda/sampling.cuh"
 #include "zipage/backend/cuda/sampling.hpp"
 
