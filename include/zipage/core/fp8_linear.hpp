@@ -41,42 +41,37 @@ struct quantized {
   std::vector<float> scales;
 };
 
-// A weight [rows][cols] in 128x128 blocks; scales [groups(rows)][groups(cols)].
-[[nodiscard]] inline quantized quantize_weight(std::span<const float> w, int rows, int cols) {
+// A [rows][cols] matrix in block_rows x block_cols blocks: scale = amax / 448 over the block, or
+// `zero_block_scale` for an all-zero block; code = e4m3(x / scale), zero codes under a zero scale. Scales
+// row-major [ceil(rows/block_rows)][ceil(cols/block_cols)]. `what` names the caller in the size error.
+[[nodiscard]] inline quantized quantize_blocks(std::span<const float> x, int rows, int cols, int block_rows,
+                                               int block_cols, float zero_block_scale = 0.0f,
+                                               const char* what = "fp8_linear::quantize_blocks") {
   const std::size_t R = static_cast<std::size_t>(rows), C = static_cast<std::size_t>(cols);
-  check(rows >= 0 && cols >= 0 && w.size() == R * C, "fp8_linear::quantize_weight: ", w.size(), " values for [", rows,
-        ", ", cols, "]");
-  quantized q{rows, cols, std::vector<std::uint8_t>(R * C), {}};
-  const std::size_t sc = static_cast<std::size_t>(groups(cols));
-  q.scales.assign(static_cast<std::size_t>(groups(rows)) * sc, 0.0f);
+  check(rows >= 0 && cols >= 0 && x.size() == R * C, what, ": ", x.size(), " values for [", rows, ", ", cols, "]");
+  check(block_rows > 0 && block_cols > 0, what, ": block ", block_rows, "x", block_cols, " is empty");
+  const std::size_t br = static_cast<std::size_t>(block_rows), bc = static_cast<std::size_t>(block_cols);
+  const std::size_t sc = (C + bc - 1) / bc;
+  quantized q{rows, cols, std::vector<std::uint8_t>(R * C), std::vector<float>((R + br - 1) / br * sc, 0.0f)};
   for (std::size_t i = 0; i < R; ++i)
     for (std::size_t j = 0; j < C; ++j) {
-      float& a = q.scales[(i / block) * sc + j / block];
-      a = std::fmax(a, std::fabs(w[i * C + j]));
+      float& a = q.scales[(i / br) * sc + j / bc];
+      a = std::fmax(a, std::fabs(x[i * C + j]));
     }
-  for (float& s : q.scales) s = scale_of(s);
+  for (float& s : q.scales) s = s > 0.0f ? scale_of(s) : zero_block_scale;
   for (std::size_t i = 0; i < R; ++i)
-    for (std::size_t j = 0; j < C; ++j) q.codes[i * C + j] = code_of(w[i * C + j], q.scales[(i / block) * sc + j / block]);
+    for (std::size_t j = 0; j < C; ++j) q.codes[i * C + j] = code_of(x[i * C + j], q.scales[(i / br) * sc + j / bc]);
   return q;
 }
 
-// Activations [rows][cols] per token and 128-column group; scales [rows][groups(cols)].
+// A weight [rows][cols] in 128x128 blocks; scales [groups(rows)][groups(cols)].
+[[nodiscard]] inline quantized quantize_weight(std::span<const float> w, int rows, int cols) {
+  return quantize_blocks(w, rows, cols, block, block, 0.0f, "fp8_linear::quantize_weight");
+}
+
+// Activations [rows][cols] per token and 128-column group (1 x 128 blocks); scales [rows][groups(cols)].
 [[nodiscard]] inline quantized quantize_activations(std::span<const float> x, int rows, int cols) {
-  const std::size_t R = static_cast<std::size_t>(rows), C = static_cast<std::size_t>(cols);
-  check(rows >= 0 && cols >= 0 && x.size() == R * C, "fp8_linear::quantize_activations: ", x.size(), " values for [",
-        rows, ", ", cols, "]");
-  quantized q{rows, cols, std::vector<std::uint8_t>(R * C), {}};
-  const std::size_t G = static_cast<std::size_t>(groups(cols));
-  q.scales.assign(R * G, 0.0f);
-  for (std::size_t i = 0; i < R; ++i)
-    for (std::size_t g = 0; g < G; ++g) {
-      float amax = 0.0f;
-      for (std::size_t j = g * block; j < std::min(C, (g + 1) * block); ++j) amax = std::fmax(amax, std::fabs(x[i * C + j]));
-      const float s = scale_of(amax);
-      q.scales[i * G + g] = s;
-      for (std::size_t j = g * block; j < std::min(C, (g + 1) * block); ++j) q.codes[i * C + j] = code_of(x[i * C + j], s);
-    }
-  return q;
+  return quantize_blocks(x, rows, cols, 1, block, 0.0f, "fp8_linear::quantize_activations");
 }
 
 // Dequantised weight value [i][j] and activation value [i][j] (exact in double).

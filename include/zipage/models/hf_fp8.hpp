@@ -26,6 +26,7 @@
 
 #include "zipage/core/error.hpp"
 #include "zipage/core/fp8.hpp"
+#include "zipage/core/fp8_linear.hpp"
 #include "zipage/core/json.hpp"
 
 namespace zipage {
@@ -124,21 +125,9 @@ inline void dequantize_fp8_blocks(std::span<const std::uint8_t> codes, int rows,
 // receives [ceil(rows/br)][ceil(cols/bc)] multipliers (the checkpoint's `_scale_inv`).
 inline std::vector<std::uint8_t> quantize_fp8_blocks(std::span<const float> w, int rows, int cols, int block_rows,
                                                      int block_cols, std::vector<float>& scale) {
-  const std::size_t R = static_cast<std::size_t>(rows), C = static_cast<std::size_t>(cols);
-  const std::size_t br = static_cast<std::size_t>(block_rows), bc = static_cast<std::size_t>(block_cols);
-  const std::size_t sr = (R + br - 1) / br, sc = (C + bc - 1) / bc;
-  check(w.size() == R * C, "quantize_fp8_blocks: ", w.size(), " values for [", rows, ", ", cols, "]");
-  scale.assign(sr * sc, 0.0f);
-  for (std::size_t i = 0; i < R; ++i)
-    for (std::size_t j = 0; j < C; ++j) {
-      float& s = scale[(i / br) * sc + j / bc];
-      s = std::max(s, std::fabs(w[i * C + j]));
-    }
-  for (float& s : scale) s = s > 0.0f ? s / fp8_e4m3_max : 1.0f;
-  std::vector<std::uint8_t> codes(R * C);
-  for (std::size_t i = 0; i < R; ++i)
-    for (std::size_t j = 0; j < C; ++j) codes[i * C + j] = f32_to_fp8_e4m3(w[i * C + j] / scale[(i / br) * sc + j / bc]);
-  return codes;
+  auto q = fp8_linear::quantize_blocks(w, rows, cols, block_rows, block_cols, 1.0f, "quantize_fp8_blocks");
+  scale = std::move(q.scales);
+  return std::move(q.codes);
 }
 
 }  // namespace zipage
