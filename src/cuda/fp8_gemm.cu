@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "reference_common.cuh"
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/fp8.cuh"
 #include "zipage/backend/cuda/fp8_gemm.hpp"
@@ -16,23 +17,6 @@ namespace zipage::cuda::fp8 {
 namespace {
 
 constexpr int kBlock = 128;
-
-template <class T>
-__device__ __forceinline__ float load(const T* p, std::int64_t i) {
-  if constexpr (sizeof(T) == 2)
-    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
-  else
-    return p[i];
-}
-
-__device__ __forceinline__ std::uint8_t code_of(float x, float scale) {
-  return scale == 0.0f ? std::uint8_t{0} : detail::f32_to_e4m3(__fdiv_rn(x, scale));
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 // One CTA of 256 threads per 128x128 block (blockIdx.x: column block, blockIdx.y: row block); the padding
 // scales of a row of blocks are written by its CTAs past the last column block (gridDim.x = scale ld).
@@ -48,9 +32,9 @@ __global__ void quantize_weight_kernel(const T* __restrict__ w, int rows, int co
   const int nr = min(kBlock, rows - r0), nc = min(kBlock, cols - c0);
   float amax = 0.0f;
   for (int i = threadIdx.x; i < nr * nc; i += blockDim.x)
-    amax = fmaxf(amax, fabsf(load(w, static_cast<std::int64_t>(r0 + i / nc) * cols + c0 + i % nc)));
+    amax = fmaxf(amax, fabsf(load_f(w, static_cast<std::int64_t>(r0 + i / nc) * cols + c0 + i % nc)));
   __shared__ float part[8];
-  amax = warp_max(amax);
+  amax = detail::warp_max(amax);
   if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = amax;
   __syncthreads();
   amax = part[0];
@@ -59,7 +43,7 @@ __global__ void quantize_weight_kernel(const T* __restrict__ w, int rows, int co
   if (threadIdx.x == 0) scales[static_cast<std::int64_t>(br) * ld + bc] = scale;
   for (int i = threadIdx.x; i < nr * nc; i += blockDim.x) {
     const std::int64_t at = static_cast<std::int64_t>(r0 + i / nc) * cols + c0 + i % nc;
-    codes[at] = code_of(load(w, at), scale);
+    codes[at] = detail::e4m3_code(load_f(w, at), scale);
   }
 }
 
@@ -83,15 +67,15 @@ __global__ void quantize_activations_kernel(const T* __restrict__ x, int rows, i
 #pragma unroll
   for (int i = 0; i < kBlock / 32; ++i) {
     const int j = lane + 32 * i;
-    v[i] = j < nc ? load(x, base + j) : 0.0f;
+    v[i] = j < nc ? load_f(x, base + j) : 0.0f;
     amax = fmaxf(amax, fabsf(v[i]));
   }
-  amax = warp_max(amax);
+  amax = detail::warp_max(amax);
   const float scale = __fdiv_rn(amax, detail::kFp8E4m3Max);
 #pragma unroll
   for (int i = 0; i < kBlock / 32; ++i) {
     const int j = lane + 32 * i;
-    if (j < nc) codes[base + j] = code_of(v[i], scale);
+    if (j < nc) codes[base + j] = detail::e4m3_code(v[i], scale);
   }
   if (lane == 0) scales[static_cast<std::int64_t>(g) * padded + r] = scale;
 }
@@ -104,10 +88,9 @@ void quantize_weight_blocks(cuda_dtype t, const void* w, int rows, int cols, std
   const int ld = weight_scale_ld(cols);
   const dim3 grid(static_cast<unsigned>(ld), static_cast<unsigned>((rows + kBlock - 1) / kBlock));
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  if (t == cuda_dtype::bf16)
-    quantize_weight_kernel<<<grid, 256, 0, s>>>(static_cast<const std::uint16_t*>(w), rows, cols, codes, scales, ld);
-  else
-    quantize_weight_kernel<<<grid, 256, 0, s>>>(static_cast<const float*>(w), rows, cols, codes, scales, ld);
+  dispatch(t, [&]<class T>() {
+    quantize_weight_kernel<<<grid, 256, 0, s>>>(static_cast<const T*>(w), rows, cols, codes, scales, ld);
+  });
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
@@ -118,12 +101,10 @@ void quantize_activations(cuda_dtype t, const void* x, int rows, int padded, int
   const std::int64_t threads = static_cast<std::int64_t>(padded) * groups * 32;
   const auto blocks = static_cast<unsigned>((threads + 255) / 256);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  if (t == cuda_dtype::bf16)
-    quantize_activations_kernel<<<blocks, 256, 0, s>>>(static_cast<const std::uint16_t*>(x), rows, padded, cols, groups,
-                                                       codes, scales);
-  else
-    quantize_activations_kernel<<<blocks, 256, 0, s>>>(static_cast<const float*>(x), rows, padded, cols, groups, codes,
+  dispatch(t, [&]<class T>() {
+    quantize_activations_kernel<<<blocks, 256, 0, s>>>(static_cast<const T*>(x), rows, padded, cols, groups, codes,
                                                        scales);
+  });
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,6 +1,7 @@
 #pragma once
-// Private to src/cuda/: what the reference kernels (reference_ops.cu, reference_attention.cu) share — element
-// loads and stores in fp32 arithmetic, a grid size, the f32/bf16 dispatch, and the grid-stride loop.
+// Private to src/cuda/: what the any-shape kernels (reference_ops.cu, reference_attention.cu, fp8_gemm.cu)
+// share — element loads and stores in fp32 arithmetic, a grid size, the f32/bf16 dispatch, and the
+// grid-stride loop.
 #include <algorithm>
 #include <cstdint>
 

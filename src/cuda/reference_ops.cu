@@ -197,7 +197,7 @@ __global__ void append_kv_fp8_kernel(std::uint8_t* kc, std::uint8_t* vc, float* 
     const float scale = nan ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, detail::kFp8E4m3Max);
     std::uint8_t* codes = (side == 0 ? kc : vc) + dst;
     for (int i = lane; i < d; i += 32)
-      codes[i] = scale == 0.0f ? std::uint8_t{0} : detail::f32_to_e4m3(__fdiv_rn(load_f(x, i), scale));
+      codes[i] = detail::e4m3_code(load_f(x, i), scale);
     if (lane == 0) (side == 0 ? ks : vs)[slot * heads + h] = scale;
   }
 }

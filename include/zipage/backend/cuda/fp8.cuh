@@ -15,6 +15,11 @@ __device__ __forceinline__ std::uint8_t f32_to_e4m3(float x) {
   return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
 }
 
+// x's code under `scale` (IEEE division, as the CPU's x / scale): zero codes under a zero scale.
+__device__ __forceinline__ std::uint8_t e4m3_code(float x, float scale) {
+  return scale == 0.0f ? std::uint8_t{0} : f32_to_e4m3(__fdiv_rn(x, scale));
+}
+
 __device__ __forceinline__ float e4m3_to_f32(std::uint8_t code) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
   return __half2float(__half(h));
