@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "launch_checks.hpp"
 #include "zipage/backend/cuda/compression.hpp"
 #include "zipage/backend/cuda/compression_scores.cuh"
 #include "zipage/backend/cuda/compression_select.cuh"
@@ -13,6 +14,7 @@ namespace zipage::cuda {
 
 namespace {
 
+using detail::aligned16;
 using detail::compress_args;
 
 int log2_exact(int x) {
@@ -25,7 +27,6 @@ int log2_ceil(int x) {
   while ((1 << s) < x) ++s;
   return s;
 }
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 std::size_t align_up(std::size_t x) { return (x + 255) & ~std::size_t{255}; }
 
 constexpr int kSelectSmemLimit = 96 * 1024;  // keys in shared memory up to 24,576 tokens, else from F at each pass

@@ -5,15 +5,15 @@
 #include <cstdint>
 
 #include "kernel_launchers.hpp"
+#include "launch_checks.hpp"
 #include "zipage/backend/cuda/elementwise.cuh"
 
 namespace zipage::cuda::tuned {
 
 namespace {
 
+using detail::aligned16;
 using detail::bf16;
-
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
 // Grid for a grid-stride loop over `items` threads' worth of work.
 unsigned grid_for(std::int64_t items, int threads) {

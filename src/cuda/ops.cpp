@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernel_launchers.hpp"
+#include "launch_checks.hpp"
 #include "zipage/backend/cuda/ops.hpp"
 #include "zipage/core/error.hpp"
 
@@ -11,8 +12,8 @@ namespace zipage::cuda {
 
 namespace {
 
-bool aligned(const void* p, std::uintptr_t bytes) { return (reinterpret_cast<std::uintptr_t>(p) % bytes) == 0; }
-bool aligned16(const void* p) { return aligned(p, 16); }
+using detail::aligned;
+using detail::aligned16;
 
 // The first condition of every rule: the caller asked for the tuned kernel and the data is bf16.
 bool tuned_bf16(cuda_dtype t, kernel_variant v) { return v == kernel_variant::tuned && t == cuda_dtype::bf16; }

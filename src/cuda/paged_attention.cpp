@@ -1,9 +1,10 @@
 // The entry point of backend/cuda/attention.hpp: select_attention_kernel() (the rule, documented next to
 // its declaration) and paged_attention(), which runs the kernel it names. Host code only; the kernels are
-// in decode_attention.cu, prefill_attention.cu and reference_ops.cu.
+// in decode_attention.cu, prefill_attention.cu and reference_attention.cu.
 #include <cstdint>
 
 #include "kernel_launchers.hpp"
+#include "launch_checks.hpp"
 #include "zipage/backend/cuda/attention.hpp"
 #include "zipage/core/error.hpp"
 
@@ -11,8 +12,8 @@ namespace zipage::cuda {
 
 namespace {
 
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
-bool power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
+using detail::aligned16;
+using detail::power_of_two;
 
 prefill_params as_prefill_params(const attention_params& p) {
   prefill_params f;

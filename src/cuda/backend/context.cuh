@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../launch_checks.hpp"
 #include "graph_state.cuh"
 #include "staging.cuh"
 #include "zipage/backend/cuda/common.cuh"
@@ -283,17 +284,15 @@ struct access {
   static std::shared_ptr<context> owner(const cuda_tensor& t) { return t.buf_.ctx_; }
 };
 
-
 inline cuda::cuda_stream as_stream(cudaStream_t s) { return reinterpret_cast<cuda::cuda_stream>(s); }
 
-inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+using cuda::detail::aligned16;
+using cuda::detail::power_of_two;
 
 inline context& use(const std::shared_ptr<context>& p) {
   p->activate();
   return *p;
 }
-
-inline bool power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
 // The pages of a request hold kv_len tokens and are all inside the pool (compression hooks, swapping).
 inline void check_pages(const kv_cache_shape& s, std::span<const block_id> pages, int kv_len) {
