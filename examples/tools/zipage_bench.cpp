@@ -129,7 +129,7 @@ timed_model build_model(const cuda_backend& b, const model_config& c, std::uint6
     lw.w_up = uniform(c.ffn_size, c.hidden_size, s_in);
     lw.w_down = uniform(c.hidden_size, c.ffn_size, 1.0f / std::sqrt(static_cast<float>(c.ffn_size)));
     // --quantization fp8: the linear weights become E4M3 + 128x128 block scales (as a loaded checkpoint's would).
-    for (cuda_tensor* t : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) b.prepare_linear_weight(*t);
+    prepare_linear_weights(b, lw);
     for (const cuda_tensor* t : {&lw.attn_norm, &lw.ffn_norm, &lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up,
                                  &lw.w_down}) {
       ws.bytes_per_step += static_cast<double>(t->bytes());

@@ -129,14 +129,21 @@ concept prepares_linear_weights = requires(const Backend& b, typename Backend::t
 // Hands every transformer-block linear weight (q/k/v/o, gate/up/down — never the embedding, lm_head or norms)
 // to the backend's hook, if it has one; returns how many it converted. `fp8_checkpoint`: the weights come from an
 // FP8 checkpoint (a backend's "auto" then converts them, as vLLM runs FP8 checkpoints in FP8).
+// One layer's (a builder that makes layers one at a time converts each as it goes, so the unconverted weights
+// of the whole model never coexist), or every layer's.
+template <class Backend>
+int prepare_linear_weights(const Backend& backend, llama_layer_weights<Backend>& l, bool fp8_checkpoint = false) {
+  int converted = 0;
+  if constexpr (prepares_linear_weights<Backend>) {
+    for (auto* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      converted += backend.prepare_linear_weight(*t, fp8_checkpoint) ? 1 : 0;
+  }
+  return converted;
+}
 template <class Backend>
 int prepare_linear_weights(const Backend& backend, llama_weights<Backend>& w, bool fp8_checkpoint = false) {
   int converted = 0;
-  if constexpr (prepares_linear_weights<Backend>) {
-    for (auto& l : w.layers)
-      for (auto* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-        converted += backend.prepare_linear_weight(*t, fp8_checkpoint) ? 1 : 0;
-  }
+  for (auto& l : w.layers) converted += prepare_linear_weights(backend, l, fp8_checkpoint);
   return converted;
 }
 
