@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #define ZIPAGE_TEST_CUDA_OK(expr)                                                                            \
@@ -34,6 +35,12 @@ struct device_buffer {
   explicit device_buffer(const std::vector<T>& h) : device_buffer(h.size()) { put(h); }
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
+  device_buffer(device_buffer&& o) noexcept : p(o.p), n(o.n) { o.p = nullptr, o.n = 0; }
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    std::swap(p, o.p);
+    std::swap(n, o.n);
+    return *this;
+  }
   ~device_buffer() {
     if (p) cudaFree(p);
   }
