@@ -175,6 +175,7 @@ struct options {
   std::string quantization = "auto";    // linear weights: auto / none (bf16) | fp8 | fp8_e4m3
   bool linear_bench = false;            // FP8 vs bf16 linear() TFLOP/s at the shape's GEMMs, then exit
   bool sync_compression = false;
+  int overlap_min_batch = cuda_backend_options{}.overlap_min_batch;  // nano-batch overlap from this batch (0: off)
 };
 
 // FP8 linear() (activation quantisation + cuBLASLt block-scaled FP8 GEMM) against bf16 linear() (cuBLASLt bf16
@@ -229,7 +230,7 @@ struct run_result {
   std::int64_t steps = 0, decode_steps = 0, prefill_steps = 0;
   int peak_running = 0, finished = 0, requests = 0;
   std::int64_t preemptions = 0, swaps = 0, compressions = 0, evicted = 0;
-  std::int64_t graph_replays = 0, graph_captures = 0;
+  std::int64_t graph_replays = 0, graph_captures = 0, nano_batch_steps = 0;
   double graph_capture_s = 0;
   int max_concurrency = 0;
   double host_ms_per_step = 0, forward_ms_per_step = 0, launch_ms_per_step = 0, to_host_ms_per_step = 0;
@@ -343,6 +344,7 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   const auto st = eng.stats();
   const auto k = b.counters();
   r.output_tokens = static_cast<double>(generated);
+  r.nano_batch_steps = st.nano_batch_steps;
   r.prompt_tokens = prompt_tokens;
   r.tok_s = r.output_tokens / r.seconds;
   // Steady state: the second half of the run (time), generated tokens over time.
@@ -440,6 +442,9 @@ int main(int argc, char** argv) {
   app.add_flag("--linear-bench", o.linear_bench,
                "only measure FP8 vs bf16 linear() TFLOP/s at the shape's linear layers, M = 64, 256, 512, 1024");
   app.add_flag("--sync-compression", o.sync_compression, "compress on the engine thread");
+  app.add_option("--overlap-min-batch", o.overlap_min_batch,
+                 "decode steps of at least this many sequences run as two overlapped nano-batches (0: off)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--tensor-parallel-size,--tp", o.tensor_parallel_size,
                  "GPUs to shard the model over (as zipage-generate's); only 1 until multi-GPU tensor parallelism "
                  "is wired into the CUDA backend (docs/tensor-parallel.md)")
@@ -477,6 +482,7 @@ int main(int argc, char** argv) {
     bo.kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
     bo.weight_dtype = o.linear_bench ? weight_dtype::fp8_e4m3 : parse_weight_quantization(o.quantization);
     bo.max_graph_batch = std::max(bo.max_graph_batch, o.max_num_seqs);
+    bo.overlap_min_batch = o.overlap_min_batch;
     const cuda_backend b(bo);
     const double bw = b.measure_copy_bandwidth();
     const double tflops = b.measure_gemm_tflops();
@@ -534,11 +540,12 @@ int main(int argc, char** argv) {
                       1e3 * r.device_compress_s / static_cast<double>(std::max<std::int64_t>(1, r.device_compressions)),
                       static_cast<double>(r.device_compressions) / static_cast<double>(std::max<std::int64_t>(1, r.device_batches)),
                       1e3 * r.gather_s / static_cast<double>(r.compressions), 100.0 * r.compaction_s / r.seconds);
-        std::printf("\n");
+        std::printf("; nano-batch overlap: %lld of %lld decode steps (from batch %d)\n",
+                    static_cast<long long>(r.nano_batch_steps), static_cast<long long>(r.decode_steps), o.overlap_min_batch);
         results.push_back(r);
         if (!o.json.empty()) {
           std::ofstream js(o.json, std::ios::app);
-          char buf[1024];
+          char buf[1536];
           std::snprintf(buf, sizeof buf,
                         "{\"shape\":\"%s\",\"workload\":\"%s\",\"mode\":\"%s\",\"requests\":%d,\"finished\":%d,"
                         "\"seconds\":%.3f,\"output_tokens\":%.0f,\"tok_s\":%.1f,\"steady_tok_s\":%.1f,\"steps\":%lld,"
@@ -547,7 +554,8 @@ int main(int argc, char** argv) {
                         "\"bandwidth_gbs\":%.0f,\"gemm_tflops\":%.0f,\"device_compress_s\":%.2f,\"gather_s\":%.2f,"
                         "\"graphs\":%s,\"graph_replays\":%lld,\"graph_captures\":%lld,\"max_concurrency\":%d,"
                         "\"kv_gib\":%.1f,\"steady_s\":%.1f,\"policy\":\"%s\",\"compaction_s\":%.3f,"
-                        "\"device_batches\":%lld,\"kv_cache_dtype\":\"%s\"}\n",
+                        "\"device_batches\":%lld,\"kv_cache_dtype\":\"%s\",\"overlap_min_batch\":%d,"
+                        "\"nano_batch_steps\":%lld,\"decode_steps\":%lld,\"quantization\":\"%s\"}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
                         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
@@ -555,7 +563,9 @@ int main(int argc, char** argv) {
                         r.ceiling_fraction, r.forward_ceiling_fraction, bw, tflops, r.device_compress_s, r.gather_s,
                         o.no_graphs ? "false" : "true", static_cast<long long>(r.graph_replays),
                         static_cast<long long>(r.graph_captures), r.max_concurrency, r.kv_gib, r.seconds / 2,
-                        r.policy.c_str(), r.compaction_s, static_cast<long long>(r.device_batches), to_string(b.kv_dtype()));
+                        r.policy.c_str(), r.compaction_s, static_cast<long long>(r.device_batches), to_string(b.kv_dtype()),
+                        o.overlap_min_batch, static_cast<long long>(r.nano_batch_steps),
+                        static_cast<long long>(r.decode_steps), o.quantization.c_str());
           js << buf;
         }
         }

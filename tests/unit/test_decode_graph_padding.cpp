@@ -131,3 +131,61 @@ TEST_CASE("padded decode-graph steps give the plain engine's tokens (full KV and
     }
   }
 }
+
+// Nano-batches (model/forward_context.hpp): a decode step split in two halves whose layers the model interleaves
+// (llama_model::forward_overlapped) must give the whole batch's tokens — eagerly and in padded graph steps, full
+// KV and compressed, greedy and sampled, under preemption. On the CPU attention_async attends at once, so this
+// checks the split itself: renumbered sequences, page offsets and logits rows, and the halves' order.
+TEST_CASE("decode steps split into two nano-batches give the whole batch's tokens") {
+  struct variant {
+    const char* name;
+    engine_config cfg;
+    bool compressed;
+  };
+  const variant variants[] = {
+      {"full KV", engine_config{.block_size = 16, .num_blocks = 256}, false},
+      {"full KV, small pool (preemption)", engine_config{.block_size = 16, .num_blocks = 40}, false},
+      {"compressed (zipage, budget 3 blocks, window 8)",
+       engine_config{.block_size = 16, .num_blocks = 256, .budget_tokens = 48, .window = 8}, true},
+  };
+  for (const auto& v : variants) {
+    for (const bool sampled : {false, true}) {
+      for (const bool graphs : {false, true}) {
+        CAPTURE(v.name);
+        CAPTURE(sampled);
+        CAPTURE(graphs);
+        engine_stats st;
+        std::vector<std::vector<token_id>> want, got;
+        cpu_backend plain;
+        plain.overlap_min_batch = 3;  // 11 requests: split while 3 or more decode together
+        padding_backend padded;
+        padded.overlap_min_batch = 3;
+        if (v.compressed) {
+          want = run<zipage_policy, cpu_backend>(v.cfg, sampled);
+          got = graphs ? run<zipage_policy, padding_backend>(v.cfg, sampled, padded, &st)
+                       : run<zipage_policy, cpu_backend>(v.cfg, sampled, plain, &st);
+          CHECK(st.compressions > 0);
+        } else {
+          want = run<full_kv, cpu_backend>(v.cfg, sampled);
+          got = graphs ? run<full_kv, padding_backend>(v.cfg, sampled, padded, &st)
+                       : run<full_kv, cpu_backend>(v.cfg, sampled, plain, &st);
+        }
+        CHECK(got == want);
+        CHECK(st.nano_batch_steps > 0);
+        CHECK(st.nano_batch_steps < st.steps);  // prefill steps and small tails are never split
+        if (graphs) CHECK(st.graph_steps > 0);
+        if (v.cfg.num_blocks == 40) CHECK(st.preemptions > 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("nano_batch_split: halves from the minimum batch on, the first a multiple of 16 from 32") {
+  CHECK(nano_batch_split(100, 0) == 0);
+  CHECK(nano_batch_split(255, 256) == 0);
+  CHECK(nano_batch_split(256, 256) == 128);
+  CHECK(nano_batch_split(3, 3) == 1);
+  CHECK(nano_batch_split(40, 2) == 20);
+  CHECK(nano_batch_split(100, 2) == 48);
+  CHECK(nano_batch_split(1, 1) == 0);
+}

@@ -191,6 +191,7 @@ class engine {
     st.tokens_evicted = scheduler_.num_tokens_evicted();
     st.graph_steps = executor_.graph_steps();
     st.graph_padding_rows = executor_.graph_padding_rows();
+    st.nano_batch_steps = executor_.nano_batch_steps();
     st.num_blocks = pool_.num_blocks();
     st.peak_blocks_used = pool_.peak_used();
     st.blocks_in_use = pool_.num_used();

@@ -89,6 +89,7 @@ struct engine_stats {
   std::int64_t prefix_lookups = 0, prefix_hits = 0;  // full-block lookups
   std::int64_t graph_steps = 0;       // decode steps run through the backend's decode graphs
   std::int64_t graph_padding_rows = 0;  // padding rows those steps added to reach the graph's batch size
+  std::int64_t nano_batch_steps = 0;  // decode steps run as two overlapped nano-batches (overlapping_backend)
   int num_blocks = 0;
   int peak_blocks_used = 0;
   int blocks_in_use = 0;

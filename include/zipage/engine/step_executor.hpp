@@ -6,6 +6,7 @@
 // sampling — on the device when the backend can, else on the host, with the requested log-probabilities
 // (a request's output, written here).
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <numeric>
 #include <span>
@@ -86,6 +87,41 @@ class batch_layout {
     return batch_;
   }
 
+  // The current batch (as built or padded) as two nano-batches, sequences [0, first) and [first, n), each with
+  // its own tokens, positions, logits rows and attention metadata (sequence indices, page offsets and logits
+  // rows renumbered from 0); they view this layout and the whole batch until the next build or pad.
+  std::span<const forward_batch> split(int first) {
+    const forward_batch& b = batch_;
+    const attention_metadata& m = b.attention;
+    const int num_seqs = m.num_seqs();
+    check(first > 0 && first < num_seqs, "batch_layout: a nano-batch split at ", first, " of ", num_seqs, " sequences");
+    // Tokens of a sequence are contiguous and sequences in order, so token_seq is sorted.
+    const auto tokens = static_cast<std::size_t>(
+        std::lower_bound(m.token_seq.begin(), m.token_seq.end(), first) - m.token_seq.begin());
+    const auto pages = static_cast<std::size_t>(m.page_indptr[static_cast<std::size_t>(first)]);
+    const auto seqs = static_cast<std::size_t>(first);
+    second_seq_.assign(m.token_seq.begin() + static_cast<std::ptrdiff_t>(tokens), m.token_seq.end());
+    for (auto& s : second_seq_) s -= first;
+    second_indptr_.assign(m.page_indptr.begin() + static_cast<std::ptrdiff_t>(seqs), m.page_indptr.end());
+    for (auto& p : second_indptr_) p -= static_cast<std::int32_t>(pages);
+    for (auto& rows : split_rows_) rows.clear();
+    for (const std::int32_t r : b.logits_rows) {
+      const bool second = static_cast<std::size_t>(r) >= tokens;
+      split_rows_[second].push_back(second ? r - static_cast<std::int32_t>(tokens) : r);
+    }
+    auto window = [&](std::size_t from, std::size_t count) {
+      return m.token_window_row.empty() ? m.token_window_row : m.token_window_row.subspan(from, count);
+    };
+    const std::size_t rest = b.tokens.size() - tokens;
+    halves_[0] = {b.tokens.first(tokens), b.positions.first(tokens), split_rows_[0],
+                  {m.slot_mapping.first(tokens), m.token_seq.first(tokens), m.token_kv_len.first(tokens),
+                   m.page_indptr.first(seqs + 1), m.page_indices.first(pages), window(0, tokens)}};
+    halves_[1] = {b.tokens.subspan(tokens), b.positions.subspan(tokens), split_rows_[1],
+                  {m.slot_mapping.subspan(tokens), second_seq_, m.token_kv_len.subspan(tokens), second_indptr_,
+                   m.page_indices.subspan(pages), window(tokens, rest)}};
+    return halves_;
+  }
+
   [[nodiscard]] const forward_batch& batch() const { return batch_; }
   // Rows of the logits the model returns for the plan's sampling entries, in batch order (before padding).
   [[nodiscard]] std::size_t num_sampled_rows() const { return logits_rows_.size(); }
@@ -115,6 +151,10 @@ class batch_layout {
   std::vector<std::int32_t> window_rows_;
   std::vector<std::int32_t> graph_rows_;  // logits rows of a padded decode-graph step (all of them)
   forward_batch batch_;
+  // split(): the second nano-batch's renumbered sequences and page offsets, each half's logits rows
+  std::vector<std::int32_t> second_seq_, second_indptr_;
+  std::array<std::vector<std::int32_t>, 2> split_rows_;
+  std::array<forward_batch, 2> halves_;
 };
 
 template <class Model, class Backend, bool Evicts>
@@ -158,6 +198,8 @@ class step_executor {
 
   [[nodiscard]] std::int64_t graph_steps() const { return graph_steps_; }
   [[nodiscard]] std::int64_t graph_padding_rows() const { return graph_padding_rows_; }
+  // Steps run as two nano-batches (overlapping_backend).
+  [[nodiscard]] std::int64_t nano_batch_steps() const { return nano_steps_; }
 
  private:
   [[nodiscard]] const model_config& config() const { return model_->config(); }
@@ -167,17 +209,41 @@ class step_executor {
       if (const int padded = graph_batch_size(plan); padded > 0) {
         graph_steps_ += 1;
         graph_padding_rows_ += padded - static_cast<int>(plan.batch.size());
-        forward_context<Backend> ctx(*backend_, *kv_, layout_.pad(padded), config().num_q_heads);
+        layout_.pad(padded);
+        forward_context<Backend> ctx = context(nano_batches(padded));
         return backend_->run_decode_graph(padded, [&]() -> const tensor& { return model_->forward(ctx); });
       }
     }
-    forward_context<Backend> ctx(*backend_, *kv_, layout_.batch(), config().num_q_heads);
+    forward_context<Backend> ctx = context(decode_only(plan) ? nano_batches(static_cast<int>(plan.batch.size()))
+                                                               : std::span<const forward_batch>{});
     if constexpr (forward_returns_reference<Model>) {
       return model_->forward(ctx);
     } else {
       logits_ = model_->forward(ctx);
       return logits_;
     }
+  }
+
+  forward_context<Backend> context(std::span<const forward_batch> nano) {
+    return forward_context<Backend>(*backend_, *kv_, layout_.batch(), config().num_q_heads, nano);
+  }
+
+  // A decode step of `num_seqs` sequences as two nano-batches when the backend overlaps them (it says from
+  // which batch size on), else none.
+  std::span<const forward_batch> nano_batches(int num_seqs) {
+    if constexpr (overlapping_backend<Backend>) {
+      const int first = backend_->nano_batch_split(num_seqs);
+      if (first > 0 && first < num_seqs) {
+        nano_steps_ += 1;
+        return layout_.split(first);
+      }
+    }
+    return {};
+  }
+
+  [[nodiscard]] static bool decode_only(const step_plan& plan) {
+    return !plan.batch.empty() &&
+           std::all_of(plan.batch.begin(), plan.batch.end(), [](const scheduled_seq& e) { return e.tokens == 1; });
   }
 
   // The graph batch size for this step, or 0: only steps where every sequence decodes one token and
@@ -242,7 +308,7 @@ class step_executor {
   std::vector<sample_row> sample_rows_;
   tensor logits_;  // the last step's logits, for models that return them by value
   std::unordered_map<request_id, typename Backend::swap_blob> swapped_;  // host copies of swapped-out requests
-  std::int64_t graph_steps_ = 0, graph_padding_rows_ = 0;
+  std::int64_t graph_steps_ = 0, graph_padding_rows_ = 0, nano_steps_ = 0;
 };
 
 }  // namespace zipage

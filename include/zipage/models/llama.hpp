@@ -58,38 +58,95 @@ class llama_model {
   // logits [logits_rows][vocab], kept in the model until the next forward (stable storage, so a backend
   // can capture the step into a graph).
   const tensor& forward(forward_context<Backend>& ctx) {
+    if constexpr (overlapping_backend<Backend>) {
+      if (ctx.num_nano_batches() == 2) return forward_overlapped(ctx);
+    }
     const auto& c = config_;
     Backend& ops = ctx.backend();
-    ops.embedding(w_.embedding, ctx.tokens(), x_);
+    activations& a = act_[0];
+    ops.embedding(w_.embedding, ctx.tokens(), a.x);
     for (int l = 0; l < c.num_layers; ++l) {
-      const auto& lw = w_.layers[static_cast<std::size_t>(l)];
-      ops.rms_norm(x_, lw.attn_norm, c.rms_eps, h_);
-      project(ops, h_, lw.wq, lw.bq, q_);
-      project(ops, h_, lw.wk, lw.bk, k_);
-      project(ops, h_, lw.wv, lw.bv, v_);
-      if (lw.q_norm) ops.rms_norm(q_, *lw.q_norm, c.rms_eps, q_);
-      if (lw.k_norm) ops.rms_norm(k_, *lw.k_norm, c.rms_eps, k_);
-      rope(ops, q_, ctx.positions());
-      rope(ops, k_, ctx.positions());
-      ctx.attention(l, q_, k_, v_, attn_);
-      ops.linear(attn_, lw.wo, h_);
-      ops.add(x_, h_);
-
-      ops.rms_norm(x_, lw.ffn_norm, c.rms_eps, h_);
-      ops.linear(h_, lw.w_gate, gate_);
-      ops.linear(h_, lw.w_up, up_);
-      ops.silu_mul(gate_, up_, gate_);
-      ops.linear(gate_, lw.w_down, h_);
-      ops.add(x_, h_);
+      attention_input(ops, layer(l), a, ctx.positions());
+      ctx.attention(l, a.q, a.k, a.v, a.attn);
+      attention_output_and_mlp(ops, layer(l), a);
     }
     // Only the rows the engine samples from go through the final norm and the vocabulary projection.
-    ops.gather_rows(x_, ctx.logits_rows(), h_);
-    ops.rms_norm(h_, w_.final_norm, c.rms_eps, h_);
-    ops.linear(h_, w_.lm_head ? *w_.lm_head : w_.embedding, logits_);
-    return logits_;
+    ops.gather_rows(a.x, ctx.logits_rows(), a.h);
+    return logits(ops, a.h);
   }
 
  private:
+  // A batch's activations, reused across steps (one set per nano-batch).
+  struct activations {
+    tensor x, h, q, k, v, attn, gate, up;
+  };
+
+  [[nodiscard]] const llama_layer_weights<Backend>& layer(int l) const { return w_.layers[static_cast<std::size_t>(l)]; }
+
+  // RMSNorm, q/k/v (with bias and q/k norm where the checkpoint has them), RoPE: a.q, a.k, a.v from a.x.
+  void attention_input(Backend& ops, const llama_layer_weights<Backend>& lw, activations& a,
+                       std::span<const std::int32_t> positions) const {
+    const auto& c = config_;
+    ops.rms_norm(a.x, lw.attn_norm, c.rms_eps, a.h);
+    project(ops, a.h, lw.wq, lw.bq, a.q);
+    project(ops, a.h, lw.wk, lw.bk, a.k);
+    project(ops, a.h, lw.wv, lw.bv, a.v);
+    if (lw.q_norm) ops.rms_norm(a.q, *lw.q_norm, c.rms_eps, a.q);
+    if (lw.k_norm) ops.rms_norm(a.k, *lw.k_norm, c.rms_eps, a.k);
+    rope(ops, a.q, positions);
+    rope(ops, a.k, positions);
+  }
+
+  // Output projection and residual, then the SwiGLU MLP and residual: a.x from a.attn.
+  void attention_output_and_mlp(Backend& ops, const llama_layer_weights<Backend>& lw, activations& a) const {
+    ops.linear(a.attn, lw.wo, a.h);
+    ops.add(a.x, a.h);
+    ops.rms_norm(a.x, lw.ffn_norm, config_.rms_eps, a.h);
+    ops.linear(a.h, lw.w_gate, a.gate);
+    ops.linear(a.h, lw.w_up, a.up);
+    ops.silu_mul(a.gate, a.up, a.gate);
+    ops.linear(a.gate, lw.w_down, a.h);
+    ops.add(a.x, a.h);
+  }
+
+  // Final norm and vocabulary projection of the gathered rows `h` (overwritten).
+  const tensor& logits(Backend& ops, tensor& h) {
+    ops.rms_norm(h, w_.final_norm, config_.rms_eps, h);
+    ops.linear(h, w_.lm_head ? *w_.lm_head : w_.embedding, logits_);
+    return logits_;
+  }
+
+  // The same layers over two nano-batches, ordered so that one's attention runs beside the other's GEMMs
+  // (NanoFlow's idea; the backend runs attention on a stream of its own): A's attention of layer l beside B's
+  // q/k/v of layer l and its o/MLP of layer l-1, B's attention beside A's o/MLP of layer l and q/k/v of l+1.
+  // Each nano-batch runs exactly the ops of forward() on its rows, so the logits are those of the whole batch
+  // up to GEMM rounding at the smaller M.
+  const tensor& forward_overlapped(forward_context<Backend>& ctx) {
+    const auto& c = config_;
+    Backend& ops = ctx.backend();
+    const forward_context<Backend> half[2] = {ctx.nano_batch(0), ctx.nano_batch(1)};
+    for (int i = 0; i < 2; ++i) ops.embedding(w_.embedding, half[i].tokens(), act_[i].x);
+    auto attend = [&](int i, int l) {
+      activations& a = act_[i];
+      attention_input(ops, layer(l), a, half[i].positions());
+      half[i].attention(l, a.q, a.k, a.v, a.attn);
+    };
+    auto finish = [&](int i, int l) {
+      half[i].wait_attention();
+      attention_output_and_mlp(ops, layer(l), act_[i]);
+    };
+    attend(0, 0);
+    for (int l = 0; l < c.num_layers; ++l) {
+      attend(1, l);
+      finish(0, l);
+      if (l + 1 < c.num_layers) attend(0, l + 1);
+      finish(1, l);
+    }
+    for (int i = 0; i < 2; ++i) ops.gather_rows(act_[i].x, half[i].logits_rows(), act_[i].h);
+    ops.concat_rows(act_[0].h, act_[1].h, gathered_);
+    return logits(ops, gathered_);
+  }
+
   // Backends that take a rope_scaling_config get it; the others only see unscaled configs (checked above).
   static constexpr bool backend_scales_rope =
       requires(Backend& b, tensor& x, std::span<const std::int32_t> p, const rope_scaling_config& s) {
@@ -114,7 +171,8 @@ class llama_model {
 
   model_config config_;
   llama_weights<Backend> w_;
-  tensor x_, h_, q_, k_, v_, attn_, gate_, up_;  // activations reused across steps
+  activations act_[2];  // the whole batch's (or nano-batch 0's), nano-batch 1's
+  tensor gathered_;     // both nano-batches' sampled rows
   tensor logits_;
 };
 

@@ -24,16 +24,23 @@ int context_bucket(int len) {
   return (b + step - 1) / step * step;
 }
 
-// Copies the step's attention metadata to the device unless the last call already did (every layer
-// after the first), and derives what the kernels need besides (prefill q_indptr, decode or not).
-const cuda_detail::step_state& prepare_step(context& c, const attention_metadata& meta) {
+// Copies the step's attention metadata to the device unless one of the last two calls already did (every
+// layer after the first; two: the nano-batches of an overlapped step alternate), and derives what the kernels
+// need besides (prefill q_indptr, decode or not).
+cuda_detail::step_state& prepare_step(context& c, const attention_metadata& meta) {
   const section raw[] = {cuda_detail::span_section(meta.slot_mapping), cuda_detail::span_section(meta.token_seq),
                          cuda_detail::span_section(meta.token_kv_len), cuda_detail::span_section(meta.page_indptr),
                          cuda_detail::span_section(meta.page_indices), cuda_detail::span_section(meta.token_window_row)};
   const bool graphed = c.graph.phase != cuda_detail::graph_phase::off;
-  if (graphed ? c.graph.same(cuda_detail::up_meta, raw) : c.meta_up.same(raw)) return c.step;
+  if (const int e = graphed ? c.graph.find(cuda_detail::up_meta, raw) : c.meta_up.find(raw, false); e >= 0) {
+    if (graphed)
+      c.graph.recent[cuda_detail::up_meta] = e;
+    else
+      c.meta_up.touch(e);
+    return c.steps[static_cast<std::size_t>(e)];
+  }
 
-  auto& st = c.step;
+  cuda_detail::step_state st;
   st.num_tokens = meta.num_tokens();
   st.num_seqs = meta.num_seqs();
   check(meta.token_seq.size() == meta.slot_mapping.size() && meta.token_kv_len.size() == meta.slot_mapping.size(),
@@ -65,17 +72,18 @@ const cuda_detail::step_state& prepare_step(context& c, const attention_metadata
   if (graphed) {
     // A graph bakes the split-KV plan in, so it is made for a bucket of context lengths, not the exact one.
     st.max_kv_len = context_bucket(st.max_kv_len);
-    c.graph.kv_bucket = st.max_kv_len;
+    c.graph.kv_bucket = std::max(c.graph.kv_bucket, st.max_kv_len);
   }
 
   const section all[] = {raw[0], raw[1], raw[2], raw[3], raw[4], raw[5],
                          section{qi.data(), qi.size() * sizeof(std::int32_t)}};
   cuda_detail::staged d;
+  int entry = 0;
   if (graphed) {
-    d = c.graph.stage(cuda_detail::up_meta, all);
+    d = c.graph.stage(cuda_detail::up_meta, all, &entry);
   } else {
-    c.meta_up.put(all, c.stream);
-    for (std::size_t i = 0; i < std::size(all); ++i) d.p[i] = c.meta_up.device<char>(i);
+    entry = c.meta_up.put(all, c.stream);
+    for (std::size_t i = 0; i < std::size(all); ++i) d.p[i] = c.meta_up.entry(entry).device<char>(i);
   }
   st.slots = d.at<std::int64_t>(0);
   st.token_seq = d.at<std::int32_t>(1);
@@ -86,14 +94,14 @@ const cuda_detail::step_state& prepare_step(context& c, const attention_metadata
   st.q_indptr = d.at<std::int32_t>(6);
   st.plan_key.fill(-1);
   if (!c.capturing()) c.count([&](cuda_backend_counters& k) { ++k.metadata_uploads; });
-  return st;
+  return c.steps[static_cast<std::size_t>(entry)] = st;
 }
 
 // The decode kernel's split plan for this step's shape (planned once per shape, every layer after the first
-// reuses it) and its workspace.
-cuda::attention_workspace decode_workspace(context& c, const cuda::attention_params& ap) {
+// reuses it) and its workspace (one per nano-batch: `nano`, 0 for the whole batch).
+cuda::attention_workspace decode_workspace(context& c, cuda_detail::step_state& st, const cuda::attention_params& ap,
+                                          int nano) {
   const cuda::decode_params dp = cuda::as_decode_params(ap);
-  auto& st = c.step;
   const std::array<int, 6> key{ap.num_seqs, ap.max_kv_len, ap.num_q_heads, ap.kv.num_kv_heads, ap.kv.head_dim,
                                ap.kv.block_size};
   if (st.plan_key != key) {
@@ -103,14 +111,37 @@ cuda::attention_workspace decode_workspace(context& c, const cuda::attention_par
   cuda::attention_workspace ws;
   ws.plan = st.plan;
   ws.bytes = cuda::decode_workspace_bytes(dp, st.plan);
-  ws.data = ws.bytes ? c.decode_ws.reserve(ws.bytes, c.stream) : nullptr;
+  ws.data = ws.bytes ? c.decode_ws[static_cast<std::size_t>(nano)].reserve(ws.bytes, c.stream) : nullptr;
   return ws;
 }
 
 }  // namespace
 
+int cuda_backend::nano_batch_split(int num_seqs) const { return zipage::nano_batch_split(num_seqs, ctx_->opts.overlap_min_batch); }
+
 void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_metadata& meta, const cuda_tensor& q,
                              const cuda_tensor& k, const cuda_tensor& v, int num_q_heads, cuda_tensor& out) const {
+  attend(kv, layer, meta, q, k, v, num_q_heads, out, -1);
+}
+
+void cuda_backend::attention_async(cuda_kv_storage& kv, int layer, const attention_metadata& meta, const cuda_tensor& q,
+                                   const cuda_tensor& k, const cuda_tensor& v, int num_q_heads, cuda_tensor& out,
+                                   int nano) const {
+  check(nano == 0 || nano == 1, "attention_async: nano-batch ", nano, " (0 or 1)");
+  attend(kv, layer, meta, q, k, v, num_q_heads, out, nano);
+}
+
+void cuda_backend::wait_attention(int nano) const {
+  context& c = use(ctx_);
+  check(nano == 0 || nano == 1, "wait_attention: nano-batch ", nano, " (0 or 1)");
+  if (c.skip_launch(14, nano)) return;
+  ZIPAGE_CUDA_CHECK(cudaStreamWaitEvent(c.stream, c.attention_finished[static_cast<std::size_t>(nano)], 0));
+}
+
+// nano: -1 for the whole batch on the main stream, else the nano-batch whose attention runs on the attention
+// stream after the main stream's work so far (its end recorded for wait_attention).
+void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metadata& meta, const cuda_tensor& q,
+                          const cuda_tensor& k, const cuda_tensor& v, int num_q_heads, cuda_tensor& out, int nano) const {
   context& c = use(ctx_);
   const auto& s = kv.shape;
   const int d = s.head_dim;
@@ -127,12 +158,13 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   access::shape(ctx_, out, tokens, q.cols(), q.dtype());
   if (tokens == 0) return;
 
-  const auto& st = prepare_step(c, meta);
+  auto& st = prepare_step(c, meta);
   if (layer == 0 && !c.capturing())
     c.count([&](cuda_backend_counters& kc) {
-      ++kc.forward_steps;
       kc.attention_tokens += tokens;
       kc.kv_tokens_read += st.kv_read;
+      if (nano > 0) return;  // a step's second nano-batch: the same forward pass
+      ++kc.forward_steps;
       st.decode ? ++kc.decode_steps : ++kc.prefill_steps;
     });
   const std::size_t eb = kv.element_bytes();
@@ -143,7 +175,8 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   const bool fp8 = kv.fp8();
   float* ksc = fp8 ? static_cast<float*>(kv.k_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
   float* vsc = fp8 ? static_cast<float*>(kv.v_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
-  const cuda::cuda_stream stream = as_stream(c.stream);
+  const cudaStream_t launch_stream = nano < 0 ? c.stream : c.attention_stream;
+  const cuda::cuda_stream stream = as_stream(launch_stream);
   const cuda::kernel_variant variant = c.opts.fast_kernels ? cuda::kernel_variant::tuned : cuda::kernel_variant::reference;
 
   // What to launch, decided before launching anything (a graph record pass launches nothing).
@@ -181,14 +214,20 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   ap.scale = 1.0f / std::sqrt(float(d));
   // The kernel paged_attention() will run; the decode kernel needs its split plan and workspace first.
   const cuda::attention_kernel kind = cuda::select_attention_kernel(kv.dtype, ap, variant);
-  const cuda::attention_workspace ws =
-      kind == cuda::attention_kernel::tuned_decode ? decode_workspace(c, ap) : cuda::attention_workspace{};
+  const cuda::attention_workspace ws = kind == cuda::attention_kernel::tuned_decode
+                                           ? decode_workspace(c, st, ap, std::max(nano, 0))
+                                           : cuda::attention_workspace{};
   if (c.skip_launch(10, layer, kc, vc, q.data(), k.data(), v.data(), out.data(), tokens, st.num_seqs, st.max_kv_len,
                     st.slots, st.token_seq, st.token_kv_len, st.page_indptr, st.page_indices, st.q_indptr,
-                    st.window_rows, window_rows, variant, kind, c.step.plan.num_splits, c.step.plan.chunk_tokens,
-                    c.step.plan.stages, ws.data, ws.bytes, num_q_heads, s.num_kv_heads, d, s.block_size, kv.dtype, ksc,
-                    vsc))
+                    st.window_rows, window_rows, variant, kind, st.plan.num_splits, st.plan.chunk_tokens,
+                    st.plan.stages, ws.data, ws.bytes, num_q_heads, s.num_kv_heads, d, s.block_size, kv.dtype, ksc,
+                    vsc, nano))
     return;
+  if (nano >= 0) {
+    const auto i = static_cast<std::size_t>(nano);
+    ZIPAGE_CUDA_CHECK(cudaEventRecord(c.attention_launched[i], c.stream));
+    ZIPAGE_CUDA_CHECK(cudaStreamWaitEvent(c.attention_stream, c.attention_launched[i], 0));
+  }
 
   cuda::append_kv_params append;
   append.kv = view;
@@ -199,6 +238,8 @@ void cuda_backend::attention(cuda_kv_storage& kv, int layer, const attention_met
   cuda::append_kv(kv.dtype, append, variant, stream);  // FP8 (scales set): the quantising kernel
   if (window_rows) cuda::record_queries(kv.dtype, window_rows, st.window_rows, q.data(), tokens, q.cols(), stream);
   cuda::paged_attention(kv.dtype, ap, variant, ws, stream);
+  if (nano >= 0)
+    ZIPAGE_CUDA_CHECK(cudaEventRecord(c.attention_finished[static_cast<std::size_t>(nano)], c.attention_stream));
 }
 
 }  // namespace zipage

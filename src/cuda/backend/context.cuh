@@ -99,38 +99,45 @@ struct step_state {
   std::array<int, 6> plan_key{-1, -1, -1, -1, -1, -1};
 };
 
-// The two streams, created first and destroyed last (after every member that frees in stream order).
-struct stream_pair {
+// The streams, created first and destroyed last (after every member that frees in stream order).
+struct stream_set {
   cudaStream_t main = nullptr;
   cudaStream_t side = nullptr;
-  explicit stream_pair(int device) {
+  cudaStream_t attention = nullptr;
+  explicit stream_set(int device) {
     ZIPAGE_CUDA_CHECK(cudaSetDevice(device));
     ZIPAGE_CUDA_CHECK(cudaStreamCreateWithFlags(&main, cudaStreamNonBlocking));
     ZIPAGE_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    ZIPAGE_CUDA_CHECK(cudaStreamCreateWithFlags(&attention, cudaStreamNonBlocking));
   }
-  stream_pair(const stream_pair&) = delete;
-  stream_pair& operator=(const stream_pair&) = delete;
-  ~stream_pair() {
-    cudaStreamSynchronize(main);
-    cudaStreamSynchronize(side);
-    cudaStreamDestroy(main);
-    cudaStreamDestroy(side);
+  stream_set(const stream_set&) = delete;
+  stream_set& operator=(const stream_set&) = delete;
+  ~stream_set() {
+    for (cudaStream_t s : {main, side, attention}) cudaStreamSynchronize(s);
+    for (cudaStream_t s : {main, side, attention}) cudaStreamDestroy(s);
   }
 };
 
 struct context {
   cuda_backend_options opts;
-  stream_pair streams;
+  stream_set streams;
   cudaStream_t stream = streams.main;  // every op of the engine's thread
   cudaStream_t side = streams.side;    // compression hooks (worker thread)
+  // Nano-batches' attention (attention_async, engine thread): joined to the main stream by events, per nano-batch
+  // `launched` (the main stream's work before the attention) and `finished` (the attention).
+  cudaStream_t attention_stream = streams.attention;
+  std::array<cudaEvent_t, 2> attention_launched{}, attention_finished{};
   cublasLtHandle_t lt = nullptr;
   void* lt_workspace = nullptr;
   std::unordered_map<gemm_key, std::unique_ptr<gemm_plan>, gemm_key_hash> gemms;
 
-  uploader ids_up, pos_up, rows_up, meta_up, misc_up;
+  // Two entries each, one per nano-batch (upload_cache); steps[i] is what meta_up's entry i became.
+  upload_cache ids_up, pos_up, rows_up, meta_up;
+  uploader misc_up;
   std::vector<std::int32_t> q_indptr_host;
-  step_state step;
-  device_scratch decode_ws, to_host_dev;
+  std::array<step_state, 2> steps;
+  std::array<device_scratch, 2> decode_ws;  // split-KV workspace per nano-batch (the whole batch: 0)
+  device_scratch to_host_dev;
   pinned_buffer to_host_pinned;
   std::unordered_map<std::string, double*> rope_tables;
 
@@ -173,6 +180,8 @@ struct context {
     ZIPAGE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     ZIPAGE_LT_CHECK(cublasLtCreate(&lt));
     for (auto& e : chunk_events) ZIPAGE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    for (auto* events : {&attention_launched, &attention_finished})
+      for (auto& e : *events) ZIPAGE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     if (opts.gemm_workspace_bytes) ZIPAGE_CUDA_CHECK(cudaMalloc(&lt_workspace, opts.gemm_workspace_bytes));
   }
   context(const context&) = delete;
@@ -181,12 +190,16 @@ struct context {
     cudaSetDevice(opts.device);
     cudaStreamSynchronize(stream);
     cudaStreamSynchronize(side);
+    cudaStreamSynchronize(attention_stream);
     gemms.clear();
     for (auto& [key, p] : rope_tables) cudaFree(p);
     if (lt_workspace) cudaFree(lt_workspace);
     if (lt) cublasLtDestroy(lt);
     for (auto& e : chunk_events)
       if (e) cudaEventDestroy(e);
+    for (auto* events : {&attention_launched, &attention_finished})
+      for (auto& e : *events)
+        if (e) cudaEventDestroy(e);
     // The scratch buffers and uploaders free in stream order as members; `streams` goes last.
   }
 
@@ -212,11 +225,11 @@ struct context {
 
   // A small host-input upload: through the uploader (skipped when equal to its last upload) outside a
   // graph pass, into the graph arena inside one.
-  staged upload(uploader& u, int who, std::span<const section> secs) {
+  staged upload(upload_cache& u, int who, std::span<const section> secs) {
     if (graph.phase != graph_phase::off) return graph.stage(who, secs);
-    u.upload(secs, stream);
+    const uploader& e = u.entry(u.upload(secs, stream));
     staged out;
-    for (std::size_t i = 0; i < secs.size(); ++i) out.p[i] = u.device<char>(i);
+    for (std::size_t i = 0; i < secs.size(); ++i) out.p[i] = e.device<char>(i);
     return out;
   }
 

@@ -59,7 +59,9 @@ struct graph_state {
     std::size_t first = 0, count = 0;  // its sections in `layout`
     bool valid = false;
   };
-  std::array<last_upload, num_uploaders> last{};
+  // Per uploader its last two stagings (one per nano-batch of an overlapped step), and which is the newer.
+  std::array<std::array<last_upload, 2>, num_uploaders> last{};
+  std::array<int, num_uploaders> recent{};
   std::vector<placed> layout;  // this pass's sections
   std::map<std::pair<int, int>, graph_entry> graphs;  // (padded batch, kv bucket)
 
@@ -111,6 +113,8 @@ struct graph_state {
     layout.clear();
     capture_index = 0;
     last.fill({});
+    recent.fill(0);
+    kv_bucket = 0;
     arena_moved = false;
     if (p == graph_phase::record) {
       if (copied == nullptr) ZIPAGE_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
@@ -124,28 +128,44 @@ struct graph_state {
     }
   }
 
-  [[nodiscard]] bool same(int who, std::span<const section> secs) const {
-    const auto& l = last[static_cast<std::size_t>(who)];
-    if (!l.valid || l.count < secs.size()) return false;
-    for (std::size_t i = 0; i < secs.size(); ++i) {
-      const placed& pl = layout[l.first + i];
-      if (pl.bytes != secs[i].bytes) return false;
-      if (pl.bytes && std::memcmp(host.as() + pl.offset, secs[i].data, pl.bytes) != 0) return false;
+  // The entry of `who`'s last two stagings that starts with `secs` (all of it when `exact`), or -1.
+  [[nodiscard]] int find(int who, std::span<const section> secs, bool exact = false) const {
+    const auto w = static_cast<std::size_t>(who);
+    for (int e : {recent[w], 1 - recent[w]}) {
+      const auto& l = last[w][static_cast<std::size_t>(e)];
+      if (!l.valid || l.count < secs.size() || (exact && l.count != secs.size())) continue;
+      bool equal = true;
+      for (std::size_t i = 0; i < secs.size() && equal; ++i) {
+        const placed& pl = layout[l.first + i];
+        equal = pl.bytes == secs[i].bytes &&
+                (pl.bytes == 0 || std::memcmp(host.as() + pl.offset, secs[i].data, pl.bytes) == 0);
+      }
+      if (equal) return e;
     }
-    return true;
+    return -1;
   }
 
-  // Places the sections in the arena (record: copies them into `host`; capture: the record pass's places).
-  staged stage(int who, std::span<const section> secs) {
+  // Places the sections in the arena (record: copies them into `host`; capture: the record pass's places),
+  // unless one of `who`'s last two stagings holds them; `entry` (optional) gets which of the two it is.
+  staged stage(int who, std::span<const section> secs, int* entry = nullptr) {
     check(secs.size() <= staged{}.p.size(), "cuda graphs: too many sections in one upload");
     staged out;
-    auto& l = last[static_cast<std::size_t>(who)];
-    if (same(who, secs) && l.count == secs.size()) {
-      for (std::size_t i = 0; i < secs.size(); ++i)
-        out.p[i] = layout[l.first + i].bytes ? static_cast<const char*>(dev) + layout[l.first + i].offset : nullptr;
-      return out;
+    const auto w = static_cast<std::size_t>(who);
+    int e = find(who, secs, true);
+    if (e < 0) {
+      e = 1 - recent[w];
+      last[w][static_cast<std::size_t>(e)] = {layout.size(), secs.size(), true};
+      place(secs);
     }
-    l = {layout.size(), secs.size(), true};
+    recent[w] = e;
+    if (entry) *entry = e;
+    const auto& l = last[w][static_cast<std::size_t>(e)];
+    for (std::size_t i = 0; i < secs.size(); ++i)
+      out.p[i] = layout[l.first + i].bytes ? static_cast<const char*>(dev) + layout[l.first + i].offset : nullptr;
+    return out;
+  }
+
+  void place(std::span<const section> secs) {
     for (std::size_t i = 0; i < secs.size(); ++i) {
       const std::size_t bytes = secs[i].bytes;
       // Size classes (powers of two) keep later offsets put while a page table grows a little.
@@ -162,9 +182,7 @@ struct graph_state {
       }
       layout.push_back(pl);
       used += cap;
-      out.p[i] = bytes ? static_cast<const char*>(dev) + pl.offset : nullptr;
     }
-    return out;
   }
 
   void grow(std::size_t need) {

@@ -128,4 +128,17 @@ void cuda_backend::gather_rows(const cuda_tensor& x, std::span<const std::int32_
                     as_stream(c.stream));
 }
 
+void cuda_backend::concat_rows(const cuda_tensor& a, const cuda_tensor& b, cuda_tensor& out) const {
+  context& c = use(ctx_);
+  check(&a != &out && &b != &out, "concat_rows: the output may not alias an input");
+  check(a.cols() == b.cols() && a.dtype() == b.dtype(), "concat_rows: ", a.rows(), "x", a.cols(), " ",
+        to_string(a.dtype()), " over ", b.rows(), "x", b.cols(), " ", to_string(b.dtype()));
+  access::shape(ctx_, out, a.rows() + b.rows(), a.cols(), a.dtype());
+  if (c.skip_launch(13, a.data(), b.data(), out.data(), a.bytes(), b.bytes())) return;
+  if (a.bytes()) ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(out.data(), a.data(), a.bytes(), cudaMemcpyDeviceToDevice, c.stream));
+  if (b.bytes())
+    ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(out.data()) + a.bytes(), b.data(), b.bytes(),
+                                      cudaMemcpyDeviceToDevice, c.stream));
+}
+
 }  // namespace zipage

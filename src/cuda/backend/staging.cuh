@@ -135,6 +135,7 @@ class uploader {
 
   // Forget the last upload, so the next one copies even if equal (its users were pointed elsewhere).
   void invalidate() { valid_ = false; }
+  [[nodiscard]] std::size_t num_sections() const { return sizes_.size(); }
 
  private:
   pinned_buffer host_;
@@ -144,6 +145,42 @@ class uploader {
   cudaEvent_t done_ = nullptr;
   std::vector<std::size_t> offsets_, sizes_;
   bool valid_ = false;
+};
+
+// Two uploaders used in turn, so that each nano-batch of an overlapped step (their ops alternate layer by layer)
+// keeps its own last upload: an upload equal to either one's is skipped, otherwise it replaces the older one.
+// (A device copy the other nano-batch's kernels still read is never overwritten within a step.)
+class upload_cache {
+ public:
+  // The entry whose last upload starts with `secs` (every section when `exact`), or -1.
+  [[nodiscard]] int find(std::span<const section> secs, bool exact) const {
+    for (int i : {recent_, 1 - recent_})
+      if (u_[i].same(secs) && (!exact || u_[i].num_sections() == secs.size())) return i;
+    return -1;
+  }
+  // Copies `secs` into the older entry; returns it.
+  int put(std::span<const section> secs, cudaStream_t s) {
+    recent_ = 1 - recent_;
+    u_[recent_].put(secs, s);
+    return recent_;
+  }
+  // The entry holding `secs` (copying them when neither holds them).
+  int upload(std::span<const section> secs, cudaStream_t s) {
+    const int i = find(secs, true);
+    if (i < 0) return put(secs, s);
+    recent_ = i;
+    return i;
+  }
+  [[nodiscard]] const uploader& entry(int i) const { return u_[i]; }
+  void touch(int i) { recent_ = i; }  // entry i was just used (find), so the other is the older
+  void invalidate() {
+    u_[0].invalidate();
+    u_[1].invalidate();
+  }
+
+ private:
+  uploader u_[2];
+  int recent_ = 0;
 };
 
 template <class T>

@@ -15,6 +15,7 @@
 #include "zipage/backend/cpu/compaction.hpp"
 #include "zipage/backend/cpu/kv_storage.hpp"
 #include "zipage/kv/paged_kv.hpp"
+#include "zipage/model/forward_context.hpp"
 #include "zipage/model/model_config.hpp"
 
 namespace zipage {
@@ -238,6 +239,23 @@ struct cpu_backend {
     cpu::append_kv(view, meta.slot_mapping, k, v);
     if (!meta.token_window_row.empty()) cpu::record_queries(kv.query_rows(layer), meta.token_window_row, q);
     cpu::paged_attention(std::as_const(kv).layer(layer), meta, q, num_q_heads, 1.0f / std::sqrt(float(view.head_dim)), out);
+  }
+
+  // Nano-batches (model/forward_context.hpp overlapping_backend). The CPU has nothing to overlap: attention_async
+  // attends at once. Off unless overlap_min_batch > 0, which tests set to run the engine's and the model's
+  // split path on the reference backend.
+  int overlap_min_batch = 0;
+  [[nodiscard]] int nano_batch_split(int num_seqs) const { return zipage::nano_batch_split(num_seqs, overlap_min_batch); }
+  void attention_async(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k,
+                       const tensor& v, int num_q_heads, tensor& out, int /*nano*/) const {
+    attention(kv, layer, meta, q, k, v, num_q_heads, out);
+  }
+  void wait_attention(int /*nano*/) const {}
+  void concat_rows(const tensor& a, const tensor& b, tensor& out) const {
+    check(a.cols() == b.cols(), "concat_rows: ", a.cols(), " and ", b.cols(), " columns");
+    tensor stacked(a.rows() + b.rows(), a.cols());
+    stacked << a, b;
+    out.swap(stacked);
   }
 };
 

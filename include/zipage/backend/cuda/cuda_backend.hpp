@@ -108,6 +108,10 @@ struct cuda_backend_options {
   int max_graph_batch = 1024;
   // Captured graphs kept (one per (padded batch, context bucket)); beyond it the cache starts afresh.
   int max_graphs = 256;
+  // Decode steps of at least this many sequences run as two nano-batches whose attention overlaps the other's
+  // GEMMs (attention_async on a stream of its own; model/forward_context.hpp, docs/architecture.md "Overlap
+  // inside a decode step"); 0: never.
+  int overlap_min_batch = 256;
 };
 
 namespace cuda_detail {
@@ -298,6 +302,17 @@ class cuda_backend {
   void attention(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k,
                  const tensor& v, int num_q_heads, tensor& out) const;
 
+  // ---- nano-batches (model/forward_context.hpp overlapping_backend)
+  // nano_batch_split: the first nano-batch's size for a decode step of num_seqs (overlap_min_batch; 0 = no split).
+  // attention_async: attention() of nano-batch `nano` (0 or 1) on the attention stream, after the main stream's
+  // work so far; wait_attention(nano): the main stream's later work waits for it. Both work inside a decode graph
+  // (the capture forks and joins through events). concat_rows: out = [a; b] (same columns and dtype).
+  [[nodiscard]] int nano_batch_split(int num_seqs) const;
+  void attention_async(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k,
+                       const tensor& v, int num_q_heads, tensor& out, int nano) const;
+  void wait_attention(int nano) const;
+  void concat_rows(const tensor& a, const tensor& b, tensor& out) const;
+
   // ---- compression and swapping (engine hooks; see backend/cpu/compaction.hpp for the layouts)
   void gather_keys(kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len, std::vector<float>& out) const;
   void gather_scores(kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len,
@@ -380,6 +395,10 @@ class cuda_backend {
   [[nodiscard]] double measure_gemm_tflops(int n = 8192, int reps = 5) const;
 
  private:
+  // attention() (nano = -1, main stream) and attention_async() (the attention stream).
+  void attend(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k,
+              const tensor& v, int num_q_heads, tensor& out, int nano) const;
+
   std::shared_ptr<cuda_detail::context> ctx_;
 };
 
