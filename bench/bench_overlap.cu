@@ -11,7 +11,9 @@
 //   nano2     two nano-batches of B/2: A's attention runs on a second stream beside B's GEMMs and the other
 //             way round (compute stream: A.qkv, B.post(l-1)+B.qkv, A.post+A.qkv(l+1), ...; attention stream:
 //             A.attn, B.attn, ... joined by events), captured into one graph;
-//   nano2_hp  nano2 with the attention stream at the higher priority.
+//   nano2_hp  nano2 with the attention stream at the higher priority;
+//   nano2_smN nano2 with every GEMM asking cuBLASLt for N SMs (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET), leaving the
+//             others to the attention beside it.
 // Per-layer times (us) and the ratio of each to the ceiling max(gemm, attn) measured in the same run.
 //
 //   bench_overlap [--benchmark_filter=...]   (prints a Markdown summary at the end)
@@ -78,9 +80,13 @@ struct gemm_plan {
   cublasLtMatrixLayout_t a{}, b{}, c{};
   cublasLtMatmulAlgo_t algo{};
 };
-gemm_plan make_plan(cublasLtHandle_t lt, int m, int n, int k) {
+gemm_plan make_plan(cublasLtHandle_t lt, int m, int n, int k, int sms) {
   gemm_plan p;
   LT(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  if (sms > 0) {
+    const std::int32_t v = sms;
+    LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &v, sizeof v));
+  }
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
@@ -114,12 +120,13 @@ struct model {
   cublasLtHandle_t lt{};
   linear wq{kHidden, kHidden, 1}, wk{kKvHeads * kHeadDim, kHidden, 2}, wv{kKvHeads * kHeadDim, kHidden, 3},
       wo{kHidden, kHidden, 4}, wg{kFfn, kHidden, 5}, wu{kFfn, kHidden, 6}, wd{kHidden, kFfn, 7};
-  std::map<std::tuple<int, int, int>, gemm_plan> plans;
+  std::map<std::tuple<int, int, int, int>, gemm_plan> plans;
+  int sms = 0;  // SM count target of the GEMMs issued now (0: all)
   model() { LT(cublasLtCreate(&lt)); }
   const gemm_plan& plan(int m, int n, int k) {
-    auto key = std::make_tuple(m, n, k);
+    auto key = std::make_tuple(m, n, k, sms);
     auto it = plans.find(key);
-    if (it == plans.end()) it = plans.emplace(key, make_plan(lt, m, n, k)).first;
+    if (it == plans.end()) it = plans.emplace(key, make_plan(lt, m, n, k, sms)).first;
     return it->second;
   }
   void gemm(const linear& l, const void* x, void* out, int m, void* ws, cudaStream_t s) {
@@ -211,8 +218,10 @@ const char* name_of(mode m) {
 }
 
 std::map<int, std::map<std::string, double>> g_us;  // batch -> mode -> us per layer
+constexpr int kSmTargets[] = {16, 32, 48, 66, 88};
 
-void bm_layer(benchmark::State& state, int batch, mode md) {
+void bm_layer(benchmark::State& state, int batch, mode md, int sms = 0) {
+  g_model->sms = sms;
   std::mt19937_64 rng(batch);
   const bool nano = md == mode::nano2 || md == mode::nano2_hp;
   std::vector<half_batch> parts;
@@ -288,7 +297,8 @@ void bm_layer(benchmark::State& state, int batch, mode md) {
     state.SetIterationTime(s);
   }
   const double s = median(per_layer);
-  g_us[batch][name_of(md)] = s * 1e6;
+  g_us[batch][sms ? std::string(name_of(md)) + "_sm" + std::to_string(sms) : std::string(name_of(md))] = s * 1e6;
+  g_model->sms = 0;
   state.counters["us_per_layer"] = s * 1e6;
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
@@ -299,14 +309,22 @@ void bm_layer(benchmark::State& state, int batch, mode md) {
 
 void print_summary() {
   std::printf("\n## one Qwen3-8B decoder layer, decode batch B, KV 2048-2304 (us per layer)\n\n");
-  std::printf("| B | gemm | attn | ceiling max | serial | nano2 | nano2_hp | serial / ceiling | best nano / ceiling | best nano / serial |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| B | gemm | attn | ceiling max | serial | nano2 | nano2_hp |");
+  for (int t : kSmTargets) std::printf(" nano2_sm%d |", t);
+  std::printf(" serial / ceiling | best nano / ceiling | best nano / serial | best |\n|");
+  for (std::size_t i = 0; i < 11 + std::size(kSmTargets); ++i) std::printf("---:|");
+  std::printf("\n");
   for (auto& [b, m] : g_us) {
     const double ceil = std::max(m["gemm"], m["attn"]);
-    const double best = std::min(m["nano2"], m["nano2_hp"]);
-    std::printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f%% | %.1f%% | %.2fx |\n", b, m["gemm"], m["attn"], ceil,
-                m["serial"], m["nano2"], m["nano2_hp"], 100.0 * ceil / m["serial"], 100.0 * ceil / best,
-                m["serial"] / best);
+    std::string best_name = "nano2";
+    for (const auto& [name, us] : m)
+      if (name.rfind("nano2", 0) == 0 && us > 0 && us < m[best_name]) best_name = name;
+    const double best = m[best_name];
+    std::printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |", b, m["gemm"], m["attn"], ceil, m["serial"], m["nano2"],
+                m["nano2_hp"]);
+    for (int t : kSmTargets) std::printf(" %.1f |", m["nano2_sm" + std::to_string(t)]);
+    std::printf(" %.1f%% | %.1f%% | %.2fx | %s |\n", 100.0 * ceil / m["serial"], 100.0 * ceil / best, m["serial"] / best,
+                best_name.c_str());
   }
 }
 
@@ -336,6 +354,12 @@ int main(int argc, char** argv) {
         const std::string name = "layer/B" + std::to_string(batch) + "/" + name_of(m);
         benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) { bm_layer(st, batch, m); })
             ->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
+        if (m != mode::nano2) continue;
+        for (int sms : kSmTargets) {
+          const std::string n2 = name + "_sm" + std::to_string(sms);
+          benchmark::RegisterBenchmark(n2.c_str(), [=](benchmark::State& st) { bm_layer(st, batch, m, sms); })
+              ->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
+        }
       }
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();

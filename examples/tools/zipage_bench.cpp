@@ -176,6 +176,7 @@ struct options {
   bool linear_bench = false;            // FP8 vs bf16 linear() TFLOP/s at the shape's GEMMs, then exit
   bool sync_compression = false;
   int overlap_min_batch = cuda_backend_options{}.overlap_min_batch;  // nano-batch overlap from this batch (0: off)
+  int overlap_gemm_sms = cuda_backend_options{}.overlap_gemm_sms;    // SMs of a GEMM beside attention (0: all)
 };
 
 // FP8 linear() (activation quantisation + cuBLASLt block-scaled FP8 GEMM) against bf16 linear() (cuBLASLt bf16
@@ -445,6 +446,9 @@ int main(int argc, char** argv) {
   app.add_option("--overlap-min-batch", o.overlap_min_batch,
                  "decode steps of at least this many sequences run as two overlapped nano-batches (0: off)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--overlap-gemm-sms", o.overlap_gemm_sms,
+                 "GEMMs that run beside a nano-batch's attention target this many SMs (0: all)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--tensor-parallel-size,--tp", o.tensor_parallel_size,
                  "GPUs to shard the model over (as zipage-generate's); only 1 until multi-GPU tensor parallelism "
                  "is wired into the CUDA backend (docs/tensor-parallel.md)")
@@ -483,6 +487,7 @@ int main(int argc, char** argv) {
     bo.weight_dtype = o.linear_bench ? weight_dtype::fp8_e4m3 : parse_weight_quantization(o.quantization);
     bo.max_graph_batch = std::max(bo.max_graph_batch, o.max_num_seqs);
     bo.overlap_min_batch = o.overlap_min_batch;
+    bo.overlap_gemm_sms = o.overlap_gemm_sms;
     const cuda_backend b(bo);
     const double bw = b.measure_copy_bandwidth();
     const double tflops = b.measure_gemm_tflops();
@@ -540,8 +545,9 @@ int main(int argc, char** argv) {
                       1e3 * r.device_compress_s / static_cast<double>(std::max<std::int64_t>(1, r.device_compressions)),
                       static_cast<double>(r.device_compressions) / static_cast<double>(std::max<std::int64_t>(1, r.device_batches)),
                       1e3 * r.gather_s / static_cast<double>(r.compressions), 100.0 * r.compaction_s / r.seconds);
-        std::printf("; nano-batch overlap: %lld of %lld decode steps (from batch %d)\n",
-                    static_cast<long long>(r.nano_batch_steps), static_cast<long long>(r.decode_steps), o.overlap_min_batch);
+        std::printf("; nano-batch overlap: %lld of %lld decode steps (from batch %d, GEMM SMs %d)\n",
+                    static_cast<long long>(r.nano_batch_steps), static_cast<long long>(r.decode_steps), o.overlap_min_batch,
+                    o.overlap_gemm_sms);
         results.push_back(r);
         if (!o.json.empty()) {
           std::ofstream js(o.json, std::ios::app);

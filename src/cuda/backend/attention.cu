@@ -129,11 +129,13 @@ void cuda_backend::attention_async(cuda_kv_storage& kv, int layer, const attenti
                                    int nano) const {
   check(nano == 0 || nano == 1, "attention_async: nano-batch ", nano, " (0 or 1)");
   attend(kv, layer, meta, q, k, v, num_q_heads, out, nano);
+  use(ctx_).attention_pending[static_cast<std::size_t>(nano)] = true;
 }
 
 void cuda_backend::wait_attention(int nano) const {
   context& c = use(ctx_);
   check(nano == 0 || nano == 1, "wait_attention: nano-batch ", nano, " (0 or 1)");
+  c.attention_pending[static_cast<std::size_t>(nano)] = false;
   if (c.skip_launch(14, nano)) return;
   ZIPAGE_CUDA_CHECK(cudaStreamWaitEvent(c.stream, c.attention_finished[static_cast<std::size_t>(nano)], 0));
 }

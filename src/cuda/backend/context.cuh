@@ -44,6 +44,7 @@ struct gemm_key {
   int m, n, k;
   cuda_dtype t;
   int align;
+  int sms = 0;  // cuBLASLt's SM count target (0: all SMs)
   bool operator==(const gemm_key&) const = default;
 };
 struct gemm_key_hash {
@@ -52,6 +53,7 @@ struct gemm_key_hash {
     h = h * 1000003u ^ static_cast<std::size_t>(g.n);
     h = h * 1000003u ^ static_cast<std::size_t>(g.k);
     h = h * 31u ^ static_cast<std::size_t>(g.t);
+    h = h * 31u ^ static_cast<std::size_t>(g.sms);
     return h * 31u ^ static_cast<std::size_t>(g.align);
   }
 };
@@ -73,8 +75,8 @@ struct gemm_plan {
 };
 
 struct context;
-// Asks cuBLASLt's heuristic for an algorithm for `plan` (descriptor and layouts set by the caller) within the
-// backend's GEMM workspace and, when min_alignment > 0, for operands aligned to that many bytes; stores the plan
+// Asks cuBLASLt's heuristic for an algorithm for `plan` (descriptor and layouts set by the caller; key.sms > 0
+// restricts it to that many SMs) within the backend's GEMM workspace and, when min_alignment > 0, for operands aligned to that many bytes; stores the plan
 // under `key` in c.gemms (ok = false when there is none, so the caller decides what a refused shape means).
 const gemm_plan& cache_gemm_plan(context& c, const gemm_key& key, std::unique_ptr<gemm_plan> plan,
                                  std::uint32_t min_alignment);
@@ -127,6 +129,12 @@ struct context {
   // `launched` (the main stream's work before the attention) and `finished` (the attention).
   cudaStream_t attention_stream = streams.attention;
   std::array<cudaEvent_t, 2> attention_launched{}, attention_finished{};
+  // Nano-batches whose attention was launched and not yet waited for: GEMMs issued meanwhile run beside it and
+  // target opts.overlap_gemm_sms SMs.
+  std::array<bool, 2> attention_pending{};
+  [[nodiscard]] int gemm_sms() const {
+    return attention_pending[0] || attention_pending[1] ? std::max(0, opts.overlap_gemm_sms) : 0;
+  }
   cublasLtHandle_t lt = nullptr;
   void* lt_workspace = nullptr;
   std::unordered_map<gemm_key, std::unique_ptr<gemm_plan>, gemm_key_hash> gemms;

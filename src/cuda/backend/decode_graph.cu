@@ -32,6 +32,7 @@ const cuda_tensor& cuda_backend::run_decode_graph(int batch, const std::function
   // Eager steps compare their metadata with the uploader's last copy; the graph passes point the step
   // state elsewhere, so that copy may no longer be what the step state uses.
   c.meta_up.invalidate();
+  c.attention_pending.fill(false);  // a forward that threw may have left one set
   struct reset_phase {
     cuda_detail::graph_state& g;
     ~reset_phase() { g.phase = graph_phase::off; }

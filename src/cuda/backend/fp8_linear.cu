@@ -59,7 +59,7 @@ fp8_workspace fp8_workspace_for(context& c, int m, int k) {
 // The plan for padded m tokens, cached per shape like gemm_plan_for (key dtype e4m3). Scale pointers are set
 // per call (each weight has its own); those given here only let the heuristic see a complete descriptor.
 const gemm_plan& fp8_plan_for(context& c, int mp, int n, int k, const float* w_scales, const float* x_scales) {
-  const gemm_key key{mp, n, k, cuda_dtype::e4m3, 16};
+  const gemm_key key{mp, n, k, cuda_dtype::e4m3, 16, c.gemm_sms()};
   if (auto it = c.gemms.find(key); it != c.gemms.end()) return *it->second;
   auto plan = std::make_unique<gemm_plan>();
   ZIPAGE_LT_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));

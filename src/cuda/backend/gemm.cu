@@ -15,6 +15,10 @@ namespace zipage {
 
 const cuda_detail::gemm_plan& cuda_detail::cache_gemm_plan(context& c, const gemm_key& key,
                                                            std::unique_ptr<gemm_plan> plan, std::uint32_t min_alignment) {
+  if (key.sms > 0) {
+    const std::int32_t sms = key.sms;
+    ZIPAGE_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof sms));
+  }
   cublasLtMatmulPreference_t pref = nullptr;
   ZIPAGE_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const std::uint64_t ws = c.opts.gemm_workspace_bytes;
@@ -47,7 +51,7 @@ int alignment_of(const void* p) {
 }
 
 const cuda_detail::gemm_plan& gemm_plan_for(context& c, int m, int n, int k, cuda_dtype t, int align) {
-  const cuda_detail::gemm_key key{m, n, k, t, align};
+  const cuda_detail::gemm_key key{m, n, k, t, align, c.gemm_sms()};
   auto it = c.gemms.find(key);
   if (it != c.gemms.end()) return *it->second;
   auto plan = std::make_unique<cuda_detail::gemm_plan>();

@@ -112,6 +112,9 @@ struct cuda_backend_options {
   // GEMMs (attention_async on a stream of its own; model/forward_context.hpp, docs/architecture.md "Overlap
   // inside a decode step"); 0: never.
   int overlap_min_batch = 256;
+  // GEMMs issued while a nano-batch's attention runs ask cuBLASLt for this many SMs (its SM count target), leaving
+  // the others to the attention; 0: all SMs.
+  int overlap_gemm_sms = 0;
 };
 
 namespace cuda_detail {
