@@ -13,12 +13,15 @@
 //             A.attn, B.attn, ... joined by events), captured into one graph;
 //   nano2_hp  nano2 with the attention stream at the higher priority;
 //   nano2_smN nano2 with every GEMM asking cuBLASLt for N SMs (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET), leaving the
-//             others to the attention beside it.
+//             others to the attention beside it;
+//   green_aN  nano2 with the SMs partitioned by green contexts: the attention stream's context gets N SMs, the GEMM
+//             stream's the rest (eager launches, no graph); attn_aN / gemm_aN: each alone in its partition.
 // Per-layer times (us) and the ratio of each to the ceiling max(gemm, attn) measured in the same run.
 //
 //   bench_overlap [--benchmark_filter=...]   (prints a Markdown summary at the end)
 #include <benchmark/benchmark.h>
 #include <cublasLt.h>
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,6 +31,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -44,10 +48,8 @@ namespace zc = zipage::cuda;
 #define LT(expr)                                                                                 \
   do {                                                                                           \
     const cublasStatus_t s_ = (expr);                                                            \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                           \
-      std::fprintf(stderr, "cuBLASLt error %d at %s:%d: %s\n", int(s_), __FILE__, __LINE__, #expr); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                             \
+      throw std::runtime_error("cuBLASLt error " + std::to_string(int(s_)) + " in " #expr);     \
   } while (0)
 
 template <class T>
@@ -205,7 +207,49 @@ struct half_batch {
   }
 };
 
-enum class mode { gemm, attn, serial, nano2, nano2_hp };
+// Two green contexts splitting the SMs: `attn_sms` (rounded by the driver) for attention, the rest for GEMMs; a
+// stream in each. ok = false (with the driver's error) where the driver cannot.
+struct green_split {
+  bool ok = false;
+  std::string error;
+  CUcontext attn_ctx{}, gemm_ctx{};
+  cudaStream_t attn{}, gemm{};
+  int attn_sms = 0, gemm_sms = 0;
+};
+green_split make_green_split(int attn_sms) {
+  green_split g;
+  auto ok = [&](CUresult r, const char* what) {
+    if (r == CUDA_SUCCESS) return true;
+    const char* msg = nullptr;
+    cuGetErrorString(r, &msg);
+    g.error = std::string(what) + ": " + (msg ? msg : "?");
+    return false;
+  };
+  CUdevice dev;
+  CUdevResource all{}, part{}, rest{};
+  unsigned groups = 1;
+  CUdevResourceDesc d_part{}, d_rest{};
+  CUgreenCtx g_part{}, g_rest{};
+  CUstream s_part{}, s_rest{};
+  if (!ok(cuDeviceGet(&dev, 0), "cuDeviceGet") || !ok(cuDeviceGetDevResource(dev, &all, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource") ||
+      !ok(cuDevSmResourceSplitByCount(&part, &groups, &all, &rest, 0, static_cast<unsigned>(attn_sms)), "cuDevSmResourceSplitByCount") ||
+      !ok(cuDevResourceGenerateDesc(&d_part, &part, 1), "cuDevResourceGenerateDesc") ||
+      !ok(cuDevResourceGenerateDesc(&d_rest, &rest, 1), "cuDevResourceGenerateDesc") ||
+      !ok(cuGreenCtxCreate(&g_part, d_part, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate") ||
+      !ok(cuGreenCtxCreate(&g_rest, d_rest, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate") ||
+      !ok(cuGreenCtxStreamCreate(&s_part, g_part, CU_STREAM_NON_BLOCKING, 0), "cuGreenCtxStreamCreate") ||
+      !ok(cuGreenCtxStreamCreate(&s_rest, g_rest, CU_STREAM_NON_BLOCKING, 0), "cuGreenCtxStreamCreate") ||
+      !ok(cuCtxFromGreenCtx(&g.attn_ctx, g_part), "cuCtxFromGreenCtx") || !ok(cuCtxFromGreenCtx(&g.gemm_ctx, g_rest), "cuCtxFromGreenCtx"))
+    return g;
+  g.attn = reinterpret_cast<cudaStream_t>(s_part);
+  g.gemm = reinterpret_cast<cudaStream_t>(s_rest);
+  g.attn_sms = static_cast<int>(part.sm.smCount);
+  g.gemm_sms = static_cast<int>(rest.sm.smCount);
+  g.ok = true;
+  return g;
+}
+
+enum class mode { gemm, attn, serial, nano2, nano2_hp, green, green_attn, green_gemm };
 const char* name_of(mode m) {
   switch (m) {
     case mode::gemm: return "gemm";
@@ -213,6 +257,9 @@ const char* name_of(mode m) {
     case mode::serial: return "serial";
     case mode::nano2: return "nano2";
     case mode::nano2_hp: return "nano2_hp";
+    case mode::green: return "green";
+    case mode::green_attn: return "green_attn";
+    case mode::green_gemm: return "green_gemm";
   }
   return "?";
 }
@@ -307,6 +354,113 @@ void bm_layer(benchmark::State& state, int batch, mode md, int sms = 0) {
   CK(cudaStreamDestroy(as));
 }
 
+// nano2's schedule with each stream in its own green context (current context switched per launch), timed eagerly
+// (events on the primary context's legacy-free stream around the whole pass; no graph).
+void bm_green_run(benchmark::State& state, int batch, int attn_sms, mode md);
+void bm_green(benchmark::State& state, int batch, int attn_sms, mode md) {
+  CUcontext primary{};
+  cuCtxGetCurrent(&primary);
+  try {
+    bm_green_run(state, batch, attn_sms, md);
+  } catch (const std::exception& e) {
+    cuCtxSetCurrent(primary);
+    cudaGetLastError();
+    state.SkipWithError(e.what());
+  }
+}
+void bm_green_run(benchmark::State& state, int batch, int attn_sms, mode md) {
+  static std::map<int, green_split> splits;  // green contexts live for the program
+  auto it = splits.find(attn_sms);
+  if (it == splits.end()) it = splits.emplace(attn_sms, make_green_split(attn_sms)).first;
+  green_split& g = it->second;
+  if (!g.ok) {
+    state.SkipWithError(("green contexts: " + g.error).c_str());
+    return;
+  }
+  CUcontext primary{};
+  cuCtxGetCurrent(&primary);
+  std::mt19937_64 rng(batch);
+  std::vector<half_batch> parts;
+  parts.reserve(2);
+  parts.emplace_back(batch / 2, 0, rng);
+  parts.emplace_back(batch - batch / 2, batch / 2, rng);
+  cudaEvent_t ready[2], done[2], start, stop;
+  for (cudaEvent_t* e : {&ready[0], &ready[1], &done[0], &done[1]}) CK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  CK(cudaEventCreate(&start));
+  CK(cudaEventCreate(&stop));
+  auto on = [&](CUcontext c) { cuCtxSetCurrent(c); };
+  half_batch &A = parts[0], &B = parts[1];
+  auto pass = [&] {
+    if (md == mode::green_attn) {
+      on(g.attn_ctx);
+      for (int l = 0; l < kLayers; ++l) A.attention(g.attn), B.attention(g.attn);
+      return;
+    }
+    if (md == mode::green_gemm) {
+      on(g.gemm_ctx);
+      for (int l = 0; l < kLayers; ++l) A.pre(g.gemm), A.post(g.gemm), B.pre(g.gemm), B.post(g.gemm);
+      return;
+    }
+    on(g.gemm_ctx);
+    A.pre(g.gemm);
+    for (int l = 0; l < kLayers; ++l) {
+      on(g.gemm_ctx);
+      CK(cudaEventRecord(ready[0], g.gemm));
+      on(g.attn_ctx);
+      CK(cudaStreamWaitEvent(g.attn, ready[0], 0));
+      A.attention(g.attn);
+      CK(cudaEventRecord(done[0], g.attn));
+      on(g.gemm_ctx);
+      if (l > 0) {
+        CK(cudaStreamWaitEvent(g.gemm, done[1], 0));
+        B.post(g.gemm);
+      }
+      B.pre(g.gemm);
+      CK(cudaEventRecord(ready[1], g.gemm));
+      on(g.attn_ctx);
+      CK(cudaStreamWaitEvent(g.attn, ready[1], 0));
+      B.attention(g.attn);
+      CK(cudaEventRecord(done[1], g.attn));
+      on(g.gemm_ctx);
+      CK(cudaStreamWaitEvent(g.gemm, done[0], 0));
+      A.post(g.gemm);
+      if (l + 1 < kLayers) A.pre(g.gemm);
+    }
+    CK(cudaStreamWaitEvent(g.gemm, done[1], 0));
+    B.post(g.gemm);
+  };
+  // Timed on the GEMM stream (the attention stream joins it at the end of the pass).
+  auto timed = [&] {
+    on(g.gemm_ctx);
+    cudaStream_t t = md == mode::green_attn ? g.attn : g.gemm;
+    if (md == mode::green_attn) on(g.attn_ctx);
+    CK(cudaEventRecord(start, t));
+    pass();
+    on(md == mode::green_attn ? g.attn_ctx : g.gemm_ctx);
+    CK(cudaEventRecord(stop, t));
+    CK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, start, stop));
+    return ms * 1e-3;
+  };
+  timed();  // warm-up (plans, kernel attributes and modules in both contexts)
+  std::vector<double> per_layer;
+  for (auto _ : state) {
+    const double s = timed() / kLayers;
+    per_layer.push_back(s);
+    state.SetIterationTime(s);
+  }
+  cuCtxSetCurrent(primary);
+  const double s = median(per_layer);
+  g_us[batch][std::string(name_of(md)) + "_a" + std::to_string(attn_sms)] = s * 1e6;
+  state.counters["us_per_layer"] = s * 1e6;
+  state.counters["attn_sms"] = g.attn_sms;
+  state.counters["gemm_sms"] = g.gemm_sms;
+  for (cudaEvent_t e : {ready[0], ready[1], done[0], done[1], start, stop}) CK(cudaEventDestroy(e));
+}
+
+constexpr int kGreenAttnSms[] = {88, 104, 120};
+
 void print_summary() {
   std::printf("\n## one Qwen3-8B decoder layer, decode batch B, KV 2048-2304 (us per layer)\n\n");
   std::printf("| B | gemm | attn | ceiling max | serial | nano2 | nano2_hp |");
@@ -326,6 +480,16 @@ void print_summary() {
     std::printf(" %.1f%% | %.1f%% | %.2fx | %s |\n", 100.0 * ceil / m["serial"], 100.0 * ceil / best, m["serial"] / best,
                 best_name.c_str());
   }
+  std::printf("\n## green contexts: attention on N SMs, GEMMs on the rest (eager; us per layer)\n\n");
+  std::printf("| B | attn SMs | attention alone | GEMMs alone | both, nano2 schedule | serial (graph, all SMs) | green / serial |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (auto& [b, m] : g_us)
+    for (int a : kGreenAttnSms) {
+      const std::string k = "_a" + std::to_string(a);
+      if (m.count("green" + k) == 0) continue;
+      std::printf("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.2fx |\n", b, a, m["green_attn" + k], m["green_gemm" + k],
+                  m["green" + k], m["serial"], m["serial"] / m["green" + k]);
+    }
 }
 
 }  // namespace
@@ -361,6 +525,13 @@ int main(int argc, char** argv) {
               ->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
         }
       }
+    for (int batch : {512, 1024})
+      for (int a : kGreenAttnSms)
+        for (mode m : {mode::green_attn, mode::green_gemm, mode::green}) {
+          const std::string name = "green/B" + std::to_string(batch) + "/a" + std::to_string(a) + "/" + name_of(m);
+          benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) { bm_green(st, batch, a, m); })
+              ->UseManualTime()->Iterations(10)->Unit(benchmark::kMicrosecond);
+        }
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     print_summary();
