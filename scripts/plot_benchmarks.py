@@ -26,6 +26,13 @@ def label(r):
         what += f", {r['seconds']:.0f} s box"
     if r.get("graphs") is False:
         what += ", no graphs"
+    # Storage formats (runs since issue 14 record them): KV cache and linear weights, and the nano-batch overlap.
+    kv = {"fp8_e4m3": "FP8"}.get(r.get("kv_cache_dtype", "auto"), "bf16")
+    weights = "FP8" if r.get("quantization") in ("fp8", "fp8_e4m3") else "bf16"
+    if "kv_cache_dtype" in r:
+        what += f"\nKV {kv}, weights {weights}"
+    if r.get("nano_batch_steps"):
+        what += ", 2 nano-batches"
     return f"{r['shape']} {r['workload']}, {r['mode']}\n{what}"
 
 
@@ -45,7 +52,7 @@ def main(src, dst):
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([label(r) for r in rows], fontsize=7, rotation=20, ha="right")
     ax.set_ylabel("output tokens / s")
-    ax.set_title("Zipage on one H200 (bf16): throughput by workload and mode", fontsize=10)
+    ax.set_title("Zipage on one H200: throughput by workload and mode (bf16 unless marked FP8)", fontsize=10)
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
     print(f"plot_benchmarks: {len(rows)} bars -> {dst}")

@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtype_flags.hpp"
 #include "zipage/core/kv_cache_dtype.hpp"
 #include "zipage/core/weight_dtype.hpp"
 #include "zipage/engine/engine.hpp"
@@ -177,13 +178,8 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   app.add_option("--device", o.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--dtype", o.dtype, "GPU: bf16 or fp32 weights, activations and KV")->check(CLI::IsMember({"bf16", "fp32"}));
-  app.add_option("--kv-cache-dtype", o.kv_cache_dtype,
-                 "GPU: KV cache storage, auto (the model's dtype) or fp8 / fp8_e4m3 (E4M3 with per token-head scales)")
-      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}));
-  app.add_option("--quantization", o.quantization,
-                 "GPU: linear weights, as vLLM's flag: auto (the checkpoint's: FP8 for an FP8 checkpoint, else --dtype), "
-                 "fp8 / fp8_e4m3 (E4M3 with 128x128 block scales, FP8 GEMMs) or none (--dtype; FP8 checkpoints dequantised)")
-      ->check(CLI::IsMember({"auto", "none", "fp8", "fp8_e4m3"}));
+  add_kv_cache_dtype_flag(app, o.kv_cache_dtype, "GPU: ", "the model's dtype");
+  add_quantization_flag(app, o.quantization, "GPU: ", "the checkpoint's: FP8 for an FP8 checkpoint, else --dtype");
   app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
                  "GPU: fraction of device memory for weights + KV pool (as vLLM)")
       ->check(in_range(0.05, 1.0));

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/dtype_flags.hpp"
 #include "eval_common.hpp"
 #include "zipage/core/json.hpp"
 #include "zipage/core/kv_cache_dtype.hpp"
@@ -544,13 +545,8 @@ void add_grid_flags(CLI::App& app, grid_options& o) {
   app.add_option("--device", o.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--dtype", o.dtype, "GPU: bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
-  app.add_option("--kv-cache-dtype", o.kv_cache_dtype,
-                 "GPU: KV cache element type: auto (= --dtype) or fp8 / fp8_e4m3 (E4M3 with per token-head scales)")
-      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}));
-  app.add_option("--quantization", o.quantization,
-                 "GPU: linear weights (vLLM's flag): auto (FP8 for an FP8 checkpoint), fp8 / fp8_e4m3 (E4M3 + 128x128 "
-                 "block scales, FP8 GEMMs) or none (--dtype)")
-      ->check(CLI::IsMember({"auto", "none", "fp8", "fp8_e4m3"}));
+  zipage_cli::add_kv_cache_dtype_flag(app, o.kv_cache_dtype, "GPU: ", "= --dtype");
+  zipage_cli::add_quantization_flag(app, o.quantization, "GPU: ", "FP8 for an FP8 checkpoint, else --dtype");
   app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization, "GPU: fraction of device memory for weights + KV")
       ->check(CLI::Range(0.05, 1.0));
   app.add_option("--kv-cache-mib", o.kv_cache_mib, "CPU: KV pool size in MiB")->check(CLI::PositiveNumber);

@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/dtype_flags.hpp"
 #include "zipage/backend/cuda/cuda_backend.hpp"
 #include "zipage/cuda/device.hpp"
 #include "zipage/engine/engine.hpp"
@@ -434,12 +435,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-graphs", o.no_graphs, "decode steps without CUDA graphs");
   app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)");
   app.add_option("--json", o.json, "append results as JSON lines to this file");
-  app.add_option("--kv-cache-dtype", o.kv_cache_dtype, "KV cache: auto (bf16) or fp8 / fp8_e4m3 (E4M3 + per token-head scales)")
-      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}));
-  app.add_option("--quantization", o.quantization,
-                 "linear weights (vLLM's flag): auto / none (bf16: the random model is no FP8 checkpoint) or fp8 / fp8_e4m3 "
-                 "(E4M3 + 128x128 block scales, FP8 GEMMs)")
-      ->check(CLI::IsMember({"auto", "none", "fp8", "fp8_e4m3"}));
+  zipage_cli::add_kv_cache_dtype_flag(app, o.kv_cache_dtype, "", "bf16");
+  zipage_cli::add_quantization_flag(app, o.quantization, "", "bf16: the random model is no FP8 checkpoint");
   app.add_flag("--linear-bench", o.linear_bench,
                "only measure FP8 vs bf16 linear() TFLOP/s at the shape's linear layers, M = 64, 256, 512, 1024");
   app.add_flag("--sync-compression", o.sync_compression, "compress on the engine thread");

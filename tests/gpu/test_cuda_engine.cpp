@@ -890,6 +890,25 @@ TEST_CASE("CUDA graphs: replayed decode steps equal the eager forward bit for bi
   }
 }
 
+namespace {
+
+// Greedy bf16 runs of the same prompts (100 tokens each) on a reference backend and on `b`: the mean length of
+// the prefix where they agree, and b's engine stats.
+struct agreement {
+  double mean_prefix = 0.0;
+  engine_stats stats;
+};
+agreement bf16_agreement(const cuda_backend& reference, const cuda_backend& b, const std::vector<std::vector<token_id>>& prompts) {
+  const auto ref = make_gpu(reference, {.block_size = 16, .num_blocks = 512}).generate(prompts, greedy(100));
+  auto gpu = make_gpu(b, {.block_size = 16, .num_blocks = 512});
+  const auto out = gpu.generate(prompts, greedy(100));
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < prompts.size(); ++i) total += common_prefix(out[i].output, ref[i].output);
+  return {double(total) / double(prompts.size()), gpu.stats()};
+}
+
+}  // namespace
+
 TEST_CASE("CUDA graphs: the engine with graphs gives the eager engine's tokens (fp32, fixed-order GEMM) and bf16 agrees") {
   const auto prompts = story_prompts(13);
   for (const bool graphs : {false, true}) {
@@ -930,17 +949,12 @@ TEST_CASE("CUDA graphs: the engine with graphs gives the eager engine's tokens (
     }
   }
   // bf16 with cuBLASLt: padding may change the GEMM algorithm, so tokens are compared, not required equal.
-  const auto ref = make_gpu(cuda_backend(cuda_backend_options{.cuda_graphs = false}), {.block_size = 16, .num_blocks = 512})
-                       .generate(prompts, greedy(100));
   const cuda_backend b;
-  auto gpu = make_gpu(b, {.block_size = 16, .num_blocks = 512});
-  const auto out = gpu.generate(prompts, greedy(100));
-  std::size_t total = 0;
-  for (std::size_t i = 0; i < prompts.size(); ++i) total += common_prefix(out[i].output, ref[i].output);
-  MESSAGE("bf16 engine, graphs vs eager: mean matching prefix ", double(total) / double(prompts.size()), " of 100; ",
-          b.counters().graph_replays, " replays");
+  const auto run = bf16_agreement(cuda_backend(cuda_backend_options{.cuda_graphs = false}), b, prompts);
+  MESSAGE("bf16 engine, graphs vs eager: mean matching prefix ", run.mean_prefix, " of 100; ", b.counters().graph_replays,
+          " replays");
   CHECK(b.counters().graph_replays > 0);
-  CHECK(double(total) / double(prompts.size()) >= 8.0);
+  CHECK(run.mean_prefix >= 8.0);
 }
 
 TEST_CASE("nano-batches: overlapped decode steps give the whole batch's tokens (fp32, fixed-order GEMM; graphs on and off) and bf16 agrees") {
@@ -983,17 +997,12 @@ TEST_CASE("nano-batches: overlapped decode steps give the whole batch's tokens (
     if (graphs) CHECK(k.graph_replays > k.graph_captures);
   }
   // bf16 (cuBLASLt picks kernels by M, so halves may round differently): compared, not required equal.
-  const auto ref = make_gpu(cuda_backend(cuda_backend_options{.overlap_min_batch = 0}), {.block_size = 16, .num_blocks = 512})
-                       .generate(prompts, greedy(100));
-  const cuda_backend b(cuda_backend_options{.overlap_min_batch = 4});
-  auto gpu = make_gpu(b, {.block_size = 16, .num_blocks = 512});
-  const auto out = gpu.generate(prompts, greedy(100));
-  std::size_t total = 0;
-  for (std::size_t i = 0; i < prompts.size(); ++i) total += common_prefix(out[i].output, ref[i].output);
-  MESSAGE("bf16 engine, nano-batches vs whole: mean matching prefix ", double(total) / double(prompts.size()), " of 100; ",
-          gpu.stats().nano_batch_steps, " split steps");
-  CHECK(gpu.stats().nano_batch_steps > 0);
-  CHECK(double(total) / double(prompts.size()) >= 8.0);
+  const auto run = bf16_agreement(cuda_backend(cuda_backend_options{.overlap_min_batch = 0}),
+                                  cuda_backend(cuda_backend_options{.overlap_min_batch = 4}), prompts);
+  MESSAGE("bf16 engine, nano-batches vs whole: mean matching prefix ", run.mean_prefix, " of 100; ",
+          run.stats.nano_batch_steps, " split steps");
+  CHECK(run.stats.nano_batch_steps > 0);
+  CHECK(run.mean_prefix >= 8.0);
 }
 
 namespace {

@@ -93,20 +93,22 @@ std::vector<std::vector<token_id>> run(const engine_config& cfg, bool sampled, c
   return out;
 }
 
+// The engine configurations both cases run: full KV, full KV under preemption, compressed.
+struct variant {
+  const char* name;
+  engine_config cfg;
+  bool compressed;
+};
+const variant variants[] = {
+    {"full KV", engine_config{.block_size = 16, .num_blocks = 256}, false},
+    {"full KV, small pool (preemption)", engine_config{.block_size = 16, .num_blocks = 40}, false},
+    {"compressed (zipage, budget 3 blocks, window 8)",
+     engine_config{.block_size = 16, .num_blocks = 256, .budget_tokens = 48, .window = 8}, true},
+};
+
 }  // namespace
 
 TEST_CASE("padded decode-graph steps give the plain engine's tokens (full KV and compressed, greedy and sampled)") {
-  struct variant {
-    const char* name;
-    engine_config cfg;
-    bool compressed;
-  };
-  const variant variants[] = {
-      {"full KV", engine_config{.block_size = 16, .num_blocks = 256}, false},
-      {"full KV, small pool (preemption)", engine_config{.block_size = 16, .num_blocks = 40}, false},
-      {"compressed (zipage, budget 3 blocks, window 8)",
-       engine_config{.block_size = 16, .num_blocks = 256, .budget_tokens = 48, .window = 8}, true},
-  };
   for (const auto& v : variants) {
     for (const bool sampled : {false, true}) {
       CAPTURE(v.name);
@@ -137,17 +139,6 @@ TEST_CASE("padded decode-graph steps give the plain engine's tokens (full KV and
 // KV and compressed, greedy and sampled, under preemption. On the CPU attention_async attends at once, so this
 // checks the split itself: renumbered sequences, page offsets and logits rows, and the halves' order.
 TEST_CASE("decode steps split into two nano-batches give the whole batch's tokens") {
-  struct variant {
-    const char* name;
-    engine_config cfg;
-    bool compressed;
-  };
-  const variant variants[] = {
-      {"full KV", engine_config{.block_size = 16, .num_blocks = 256}, false},
-      {"full KV, small pool (preemption)", engine_config{.block_size = 16, .num_blocks = 40}, false},
-      {"compressed (zipage, budget 3 blocks, window 8)",
-       engine_config{.block_size = 16, .num_blocks = 256, .budget_tokens = 48, .window = 8}, true},
-  };
   for (const auto& v : variants) {
     for (const bool sampled : {false, true}) {
       for (const bool graphs : {false, true}) {

@@ -6,6 +6,7 @@
 //   fp8_e4m3  E4M3 codes with one fp32 scale per 128x128 block, quantised at load, multiplied by FP8 GEMMs
 //             with activations quantised per token and 128-column group on the fly.
 // The CPU backend keeps fp32 weights and ignores it.
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -24,6 +25,9 @@ enum class weight_dtype : std::uint8_t { auto_, compute, fp8_e4m3 };
 [[nodiscard]] constexpr bool fp8_weights(weight_dtype t, bool fp8_checkpoint) {
   return t == weight_dtype::fp8_e4m3 || (t == weight_dtype::auto_ && fp8_checkpoint);
 }
+
+// --quantization's spellings (vLLM's flag).
+inline constexpr std::array<std::string_view, 4> weight_quantization_names{"auto", "none", "fp8", "fp8_e4m3"};
 
 // --quantization: "auto" (the checkpoint's own: FP8 for an FP8 checkpoint), "fp8" / "fp8_e4m3", or "none"
 // (the compute dtype; an FP8 checkpoint is dequantised); anything else is an error naming the flag.
