@@ -950,11 +950,11 @@ TEST_CASE("CUDA graphs: the engine with graphs gives the eager engine's tokens (
   }
   // bf16 with cuBLASLt: padding may change the GEMM algorithm, so tokens are compared, not required equal.
   const cuda_backend b;
-  const auto run = bf16_agreement(cuda_backend(cuda_backend_options{.cuda_graphs = false}), b, prompts);
-  MESSAGE("bf16 engine, graphs vs eager: mean matching prefix ", run.mean_prefix, " of 100; ", b.counters().graph_replays,
+  const auto bf16 = bf16_agreement(cuda_backend(cuda_backend_options{.cuda_graphs = false}), b, prompts);
+  MESSAGE("bf16 engine, graphs vs eager: mean matching prefix ", bf16.mean_prefix, " of 100; ", b.counters().graph_replays,
           " replays");
   CHECK(b.counters().graph_replays > 0);
-  CHECK(run.mean_prefix >= 8.0);
+  CHECK(bf16.mean_prefix >= 8.0);
 }
 
 TEST_CASE("nano-batches: overlapped decode steps give the whole batch's tokens (fp32, fixed-order GEMM; graphs on and off) and bf16 agrees") {
@@ -997,12 +997,12 @@ TEST_CASE("nano-batches: overlapped decode steps give the whole batch's tokens (
     if (graphs) CHECK(k.graph_replays > k.graph_captures);
   }
   // bf16 (cuBLASLt picks kernels by M, so halves may round differently): compared, not required equal.
-  const auto run = bf16_agreement(cuda_backend(cuda_backend_options{.overlap_min_batch = 0}),
-                                  cuda_backend(cuda_backend_options{.overlap_min_batch = 4}), prompts);
-  MESSAGE("bf16 engine, nano-batches vs whole: mean matching prefix ", run.mean_prefix, " of 100; ",
-          run.stats.nano_batch_steps, " split steps");
-  CHECK(run.stats.nano_batch_steps > 0);
-  CHECK(run.mean_prefix >= 8.0);
+  const auto bf16 = bf16_agreement(cuda_backend(cuda_backend_options{.overlap_min_batch = 0}),
+                                   cuda_backend(cuda_backend_options{.overlap_min_batch = 4}), prompts);
+  MESSAGE("bf16 engine, nano-batches vs whole: mean matching prefix ", bf16.mean_prefix, " of 100; ",
+          bf16.stats.nano_batch_steps, " split steps");
+  CHECK(bf16.stats.nano_batch_steps > 0);
+  CHECK(bf16.mean_prefix >= 8.0);
 }
 
 namespace {
