@@ -36,6 +36,48 @@ struct llama_weights {
   std::optional<tensor> lm_head;    // [vocab][hidden]; empty when tied to the embedding
 };
 
+// The attention block's input half, shared by llama_model and tensor_parallel_llama (models/llama_tp.hpp, which
+// runs it on each rank's shard): any layer-weights type with llama_layer_weights' field names.
+namespace llama_block {
+
+// Backends that take a rope_scaling_config get it; the models check that others only see unscaled configs.
+template <class Backend>
+inline constexpr bool scales_rope = requires(Backend& b, typename Backend::tensor& x, std::span<const std::int32_t> p,
+                                             const rope_scaling_config& s) { b.rope(x, p, 2, 1.0f, rope_style::half, s); };
+
+template <class Backend>
+void rope(Backend& ops, const model_config& c, typename Backend::tensor& x, std::span<const std::int32_t> positions) {
+  if constexpr (scales_rope<Backend>) {
+    if (c.rope_scaling.enabled()) {
+      ops.rope(x, positions, c.head_dim, c.rope_theta, c.rope, c.rope_scaling);
+      return;
+    }
+  }
+  ops.rope(x, positions, c.head_dim, c.rope_theta, c.rope);
+}
+
+template <class Backend, class Tensor>
+void project(Backend& ops, const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias, Tensor& out) {
+  ops.linear(x, w, out);
+  if (bias) ops.add_bias(out, *bias);
+}
+
+// RMSNorm, q/k/v (with bias and q/k norm where the checkpoint has them), RoPE: q, k, v from x (h: scratch).
+template <class Backend, class Layer, class Tensor>
+void attention_input(Backend& ops, const model_config& c, const Layer& lw, const Tensor& x, Tensor& h, Tensor& q,
+                     Tensor& k, Tensor& v, std::span<const std::int32_t> positions) {
+  ops.rms_norm(x, lw.attn_norm, c.rms_eps, h);
+  project(ops, h, lw.wq, lw.bq, q);
+  project(ops, h, lw.wk, lw.bk, k);
+  project(ops, h, lw.wv, lw.bv, v);
+  if (lw.q_norm) ops.rms_norm(q, *lw.q_norm, c.rms_eps, q);
+  if (lw.k_norm) ops.rms_norm(k, *lw.k_norm, c.rms_eps, k);
+  rope(ops, c, q, positions);
+  rope(ops, c, k, positions);
+}
+
+}  // namespace llama_block
+
 template <class Backend = cpu_backend>
 class llama_model {
  public:
@@ -47,7 +89,7 @@ class llama_model {
     config_.validate();
     check(static_cast<int>(w_.layers.size()) == config_.num_layers, "llama: ", w_.layers.size(),
           " layers of weights for a config of ", config_.num_layers);
-    check(!config_.rope_scaling.enabled() || backend_scales_rope,
+    check(!config_.rope_scaling.enabled() || llama_block::scales_rope<Backend>,
           "llama: the config asks for RoPE frequency scaling, which this backend does not implement");
   }
 
@@ -83,18 +125,9 @@ class llama_model {
 
   [[nodiscard]] const llama_layer_weights<Backend>& layer(int l) const { return w_.layers[static_cast<std::size_t>(l)]; }
 
-  // RMSNorm, q/k/v (with bias and q/k norm where the checkpoint has them), RoPE: a.q, a.k, a.v from a.x.
   void attention_input(Backend& ops, const llama_layer_weights<Backend>& lw, activations& a,
                        std::span<const std::int32_t> positions) const {
-    const auto& c = config_;
-    ops.rms_norm(a.x, lw.attn_norm, c.rms_eps, a.h);
-    project(ops, a.h, lw.wq, lw.bq, a.q);
-    project(ops, a.h, lw.wk, lw.bk, a.k);
-    project(ops, a.h, lw.wv, lw.bv, a.v);
-    if (lw.q_norm) ops.rms_norm(a.q, *lw.q_norm, c.rms_eps, a.q);
-    if (lw.k_norm) ops.rms_norm(a.k, *lw.k_norm, c.rms_eps, a.k);
-    rope(ops, a.q, positions);
-    rope(ops, a.k, positions);
+    llama_block::attention_input(ops, config_, lw, a.x, a.h, a.q, a.k, a.v, positions);
   }
 
   // Output projection and residual, then the SwiGLU MLP and residual: a.x from a.attn.
@@ -145,28 +178,6 @@ class llama_model {
     for (int i = 0; i < 2; ++i) ops.gather_rows(act_[i].x, half[i].logits_rows(), act_[i].h);
     ops.concat_rows(act_[0].h, act_[1].h, gathered_);
     return logits(ops, gathered_);
-  }
-
-  // Backends that take a rope_scaling_config get it; the others only see unscaled configs (checked above).
-  static constexpr bool backend_scales_rope =
-      requires(Backend& b, tensor& x, std::span<const std::int32_t> p, const rope_scaling_config& s) {
-        b.rope(x, p, 2, 1.0f, rope_style::half, s);
-      };
-
-  void rope(Backend& ops, tensor& x, std::span<const std::int32_t> positions) const {
-    const auto& c = config_;
-    if constexpr (backend_scales_rope) {
-      if (c.rope_scaling.enabled()) {
-        ops.rope(x, positions, c.head_dim, c.rope_theta, c.rope, c.rope_scaling);
-        return;
-      }
-    }
-    ops.rope(x, positions, c.head_dim, c.rope_theta, c.rope);
-  }
-
-  static void project(Backend& ops, const tensor& x, const tensor& w, const std::optional<tensor>& bias, tensor& out) {
-    ops.linear(x, w, out);
-    if (bias) ops.add_bias(out, *bias);
   }
 
   model_config config_;

@@ -394,7 +394,7 @@ class tensor_parallel_llama {
     check(backend_.layout().num_q_heads == config_.num_q_heads && backend_.layout().num_kv_heads == config_.num_kv_heads &&
               backend_.layout().vocab_size == config_.vocab_size,
           "tensor parallel: the backend was laid out for another model");
-    check(!config_.rope_scaling.enabled() || scales_rope,
+    check(!config_.rope_scaling.enabled() || llama_block::scales_rope<B>,
           "llama: the config asks for RoPE frequency scaling, which this backend does not implement");
     for (int r = 0; r < backend_.size(); ++r) shards_.push_back(make_shard(full.weights(), r));
   }
@@ -414,10 +414,6 @@ class tensor_parallel_llama {
   }
 
  private:
-  static constexpr bool scales_rope = requires(B& b, tensor& x, std::span<const std::int32_t> p, const rope_scaling_config& s) {
-    b.rope(x, p, 2, 1.0f, rope_style::half, s);
-  };
-
   static std::span<const float> host(const cpu::matrix& m) { return {m.data(), static_cast<std::size_t>(m.size())}; }
 
   llama_shard<B> make_shard(const llama_weights<cpu_backend>& w, int r) const {
@@ -469,22 +465,6 @@ class tensor_parallel_llama {
     return s;
   }
 
-  void rope(B& ops, tensor& x, std::span<const std::int32_t> positions) const {
-    const auto& c = config_;
-    if constexpr (scales_rope) {
-      if (c.rope_scaling.enabled()) {
-        ops.rope(x, positions, c.head_dim, c.rope_theta, c.rope, c.rope_scaling);
-        return;
-      }
-    }
-    ops.rope(x, positions, c.head_dim, c.rope_theta, c.rope);
-  }
-
-  static void project(B& ops, const tensor& x, const tensor& w, const std::optional<tensor>& bias, tensor& out) {
-    ops.linear(x, w, out);
-    if (bias) ops.add_bias(out, *bias);
-  }
-
   // llama_model::forward on rank r's shard, with the collectives where the shards' partial results meet.
   void forward_rank(int r, typename B::kv_storage& kv, const forward_batch& batch) {
     const auto& c = config_;
@@ -508,14 +488,7 @@ class tensor_parallel_llama {
     forward_context<B> ctx(ops, kv, batch, l.q_heads_per_rank);
     for (int layer = 0; layer < c.num_layers; ++layer) {
       const auto& lw = s.layers[static_cast<std::size_t>(layer)];
-      ops.rms_norm(s.x, lw.attn_norm, c.rms_eps, s.h);
-      project(ops, s.h, lw.wq, lw.bq, s.q);
-      project(ops, s.h, lw.wk, lw.bk, s.k);
-      project(ops, s.h, lw.wv, lw.bv, s.v);
-      if (lw.q_norm) ops.rms_norm(s.q, *lw.q_norm, c.rms_eps, s.q);
-      if (lw.k_norm) ops.rms_norm(s.k, *lw.k_norm, c.rms_eps, s.k);
-      rope(ops, s.q, batch.positions);
-      rope(ops, s.k, batch.positions);
+      llama_block::attention_input(ops, c, lw, s.x, s.h, s.q, s.k, s.v, batch.positions);
       ctx.attention(layer, s.q, s.k, s.v, s.attn);
       ops.linear(s.attn, lw.wo, s.h);
       coll::all_reduce(ops, comm, s.h);
