@@ -52,13 +52,30 @@ class channel {
     }
     cv_.notify_all();
   }
-  // Everything queued, waiting up to `timeout` for the first event.
+  // Everything queued, waiting up to `timeout` for the first event or the client's hang-up.
   std::vector<choice_event> pop_all(std::chrono::milliseconds timeout) {
     std::unique_lock lock(m_);
+    cv_.wait_for(lock, timeout, [&] { return !events_.empty() || hung_up_; });
+    return take(lock);
+  }
+  // Everything queued, waiting up to `timeout` for the first event only (draining a cancelled request,
+  // whose hang-up would otherwise end every wait at once).
+  std::vector<choice_event> pop_events(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(m_);
     cv_.wait_for(lock, timeout, [&] { return !events_.empty(); });
-    std::vector<choice_event> out(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
-    events_.clear();
-    return out;
+    return take(lock);
+  }
+  // The request's client closed its connection (reported by the hang-up watch); wakes pop_all.
+  void hang_up() {
+    {
+      std::lock_guard lock(m_);
+      hung_up_ = true;
+    }
+    cv_.notify_all();
+  }
+  [[nodiscard]] bool hung_up() {
+    std::lock_guard lock(m_);
+    return hung_up_;
   }
   // The engine thread's answer to the submission: 1 accepted, -1 refused (with `refusal`).
   void settle(int state, std::string refusal = {}) {
@@ -78,10 +95,17 @@ class channel {
   }
 
  private:
+  std::vector<choice_event> take(std::unique_lock<std::mutex>&) {
+    std::vector<choice_event> out(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+    events_.clear();
+    return out;
+  }
+
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<choice_event> events_;
   int accepted_ = 0;
+  bool hung_up_ = false;
   std::string refusal_;
 };
 

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "hangup_watch.hpp"
 #include "zipage/core/json.hpp"
 
 namespace zipage_serve {
@@ -375,9 +377,9 @@ class api {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Client liveness: the handler finds its connection's socket (by the addresses httplib reports) and
-// peeks at it while it waits for tokens, so a client that goes away is noticed within ~50 ms even when
-// nothing is being written (queued requests, non-streaming requests).
+// Client liveness: the handler finds its connection's socket (by the addresses httplib reports) and hands
+// it to the hang-up watch, so a client that goes away is noticed at once even when nothing is being
+// written (queued requests, non-streaming requests).
 // ---------------------------------------------------------------------------------------------
 
 bool same_endpoint(const sockaddr_storage& a, const std::string& addr, int port) {
@@ -395,9 +397,10 @@ bool same_endpoint(const sockaddr_storage& a, const std::string& addr, int port)
   return false;
 }
 
-// This process's sockets: f(fd, local address, peer address or nullptr for a socket without a peer, such
-// as a listener); f returns false to stop. httplib 0.11 does not hand out its sockets, so they are found
-// by their addresses.
+// This process's sockets: f(fd, peer address or nullptr for a socket without a peer, such as a listener,
+// local address) returns false to stop. httplib 0.11 does not hand out its sockets, so they are found by
+// their addresses. `local` is a callable: most sockets are ruled out by their peer alone, and with 1,000
+// connections open every request's lookup walks all of them.
 template <class F>
 void for_each_socket(F&& f) {
   DIR* dir = opendir("/proc/self/fd");
@@ -405,11 +408,15 @@ void for_each_socket(F&& f) {
   while (const dirent* e = readdir(dir)) {
     const int fd = std::atoi(e->d_name);
     if (fd <= 2) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t ll = sizeof local, pl = sizeof peer;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    sockaddr_storage peer{};
+    socklen_t pl = sizeof peer;
     const bool connected = getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0;
-    if (!f(fd, local, connected ? &peer : nullptr)) break;
+    if (!connected && errno == ENOTSOCK) continue;
+    const auto local = [fd](sockaddr_storage& out) {
+      socklen_t ll = sizeof out;
+      return getsockname(fd, reinterpret_cast<sockaddr*>(&out), &ll) == 0;
+    };
+    if (!f(fd, connected ? &peer : nullptr, local)) break;
   }
   closedir(dir);
 }
@@ -420,11 +427,16 @@ int port_of(const sockaddr_storage& a) {
   return -1;
 }
 
+// A handler's wait for its request's events is woken by tokens and by the client's hang-up; the timeout
+// only bounds a missed wake-up.
+constexpr std::chrono::milliseconds handler_wait = 1s;
+
 int find_client_socket(const httplib::Request& req) {
   int found = -1;
-  for_each_socket([&](int fd, const sockaddr_storage& local, const sockaddr_storage* peer) {
-    if (peer == nullptr || !same_endpoint(*peer, req.remote_addr, req.remote_port) ||
-        !same_endpoint(local, req.local_addr, req.local_port))
+  for_each_socket([&](int fd, const sockaddr_storage* peer, auto local) {
+    sockaddr_storage here{};
+    if (peer == nullptr || !same_endpoint(*peer, req.remote_addr, req.remote_port) || !local(here) ||
+        !same_endpoint(here, req.local_addr, req.local_port))
       return true;
     found = fd;
     return false;
@@ -432,12 +444,22 @@ int find_client_socket(const httplib::Request& req) {
   return found;
 }
 
-// Debian's httplib 0.11 listens with a backlog of 5 (compiled into the library): a burst of connects
-// beyond it waits for a SYN retransmit (~1 s). Listening again on the bound socket widens the queue
-// (Linux updates the backlog of a listening socket); the listener is the socket on `port` without a peer.
-void widen_listen_backlog(int port) {
-  for_each_socket([&](int fd, const sockaddr_storage& local, const sockaddr_storage* peer) {
-    if (peer == nullptr && port_of(local) == port) ::listen(fd, SOMAXCONN);
+// Tunes the listener (the socket on `port` without a peer) that httplib 0.11 made:
+// - its backlog of 5 (compiled into the library) made a burst of connects beyond it wait for a SYN
+//   retransmit (~1 s); listening again on the bound socket widens the queue (Linux updates it in place);
+// - TCP_DEFER_ACCEPT (nginx's `deferred`): a connection is accepted once its request has arrived. httplib
+//   gives each accepted connection a thread that polls every ~11 ms until the first request comes, and
+//   closes the connection after the keep-alive timeout; a busy client that connects a thousand sockets
+//   and writes to them over tens of seconds cost a core of polling, and its last requests were cut off.
+//   A client that never writes is still accepted after defer_accept_s, then meets the timeout as before.
+void tune_listener(int port) {
+  constexpr int defer_accept_s = 30;
+  for_each_socket([&](int fd, const sockaddr_storage* peer, auto local) {
+    sockaddr_storage here{};
+    if (peer != nullptr || !local(here) || port_of(here) != port) return true;
+    ::listen(fd, SOMAXCONN);
+    if (here.ss_family == AF_INET || here.ss_family == AF_INET6)
+      setsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer_accept_s, sizeof defer_accept_s);
     return true;
   });
 }
@@ -445,20 +467,11 @@ void widen_listen_backlog(int port) {
 // At shutdown, once no request is in flight: closes the connections still open to `port` (idle keep-alive
 // ones, whose httplib threads would otherwise wait out the keep-alive timeout before the server can stop).
 void close_connections(int port) {
-  for_each_socket([&](int fd, const sockaddr_storage& local, const sockaddr_storage* peer) {
-    if (peer != nullptr && port_of(local) == port) ::shutdown(fd, SHUT_RDWR);
+  for_each_socket([&](int fd, const sockaddr_storage* peer, auto local) {
+    sockaddr_storage here{};
+    if (peer != nullptr && local(here) && port_of(here) == port) ::shutdown(fd, SHUT_RDWR);
     return true;
   });
-}
-
-// False once the peer has closed (or reset) the connection; pipelined bytes count as alive.
-bool client_alive(int fd) {
-  if (fd < 0) return true;
-  char c;
-  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n > 0) return true;
-  if (n == 0) return false;
-  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -570,7 +583,7 @@ struct generation {
   std::time_t created = std::time(nullptr);
   std::string model;
   int prompt_tokens = 0;
-  int fd = -1;
+  hangup_watch::ticket watched;  // while the request waits on its connection
   std::size_t open = 0;  // choices not yet finished
   bool done = false;     // [DONE] written (streaming) or the body built
 
@@ -741,6 +754,7 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
   const std::size_t threads =
       so.http_threads > 0 ? static_cast<std::size_t>(so.http_threads) : std::min<std::size_t>(4096, limit + 16);
 
+  hangup_watch hangups;  // before svr: handlers hold its tickets until the listener has stopped
   httplib::Server svr;
   svr.new_task_queue = [threads] { return new growing_pool(threads); };
   svr.set_payload_max_length(so.max_body_bytes);
@@ -748,8 +762,10 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
   // keep-alive connection just as the server's keep-alive ran out lost that request ("other side closed",
   // seen under 1,000 streams), and httplib 0.11 keeps a thread polling each idle connection every ~11 ms.
   // A new loopback/LAN connection costs microseconds, a generation seconds. The timeout is then only the
-  // wait for a connection's first request, which a client juggling a thousand streams may send seconds
-  // after it connected (Node did, 4-10 s, in the load test).
+  // wait for a connection's first request. A client juggling a thousand streams may send it tens of seconds
+  // after it connected (Node did, in the load test, on a loaded 2-core machine: past 60 s, until the
+  // server's own polling stopped taking its CPU); tune_listener's TCP_DEFER_ACCEPT hands httplib a
+  // connection only once the request is there, so this wait starts late and ends at once.
   svr.set_keep_alive_timeout(60);
   svr.set_keep_alive_max_count(1);
   svr.set_read_timeout(30);
@@ -802,6 +818,12 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
     }
   });
 
+  // Cancels what is left of a request whose client went away and waits for the engine's last events.
+  const auto cancel_and_drain = [&service](generation& g) {
+    service.cancel(g.ch);
+    while (g.open > 0)
+      for (auto& e : g.ch->pop_events(handler_wait)) g.absorb(e);
+  };
   auto generate = [&](const httplib::Request& req, httplib::Response& res, bool chat) {
     const auto arrival = clock_type::now();
     auto g = std::make_shared<generation>();
@@ -855,19 +877,18 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
       return;
     }
     ++a.in_flight;
-    g->fd = find_client_socket(req);
+    g->watched = hangups.watch(find_client_socket(req), [ch = g->ch] { ch->hang_up(); });
 
     if (!g->req.stream) {
       while (g->open > 0) {
-        for (auto& e : g->ch->pop_all(50ms)) g->absorb(e);
-        if (g->open > 0 && !client_alive(g->fd)) {
-          service.cancel(g->ch);
-          while (g->open > 0)
-            for (auto& e : g->ch->pop_all(50ms)) g->absorb(e);
+        for (auto& e : g->ch->pop_all(handler_wait)) g->absorb(e);
+        if (g->open > 0 && g->ch->hung_up()) {
+          cancel_and_drain(*g);
           --a.in_flight;
           return;  // nobody to answer
         }
       }
+      g->watched = {};
       --a.in_flight;
       for (const auto& c : g->choices) {
         if (c.finish_reason == "error") return send_error(res, api_error(500, c.error, {}, "server_error"));
@@ -884,21 +905,17 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
     res.set_chunked_content_provider(
         "text/event-stream",
         [g](std::size_t, httplib::DataSink& sink) {
-          auto events = g->ch->pop_all(50ms);
-          for (auto& e : events) g->absorb(e);
-          if (events.empty() && !client_alive(g->fd)) return false;
+          for (auto& e : g->ch->pop_all(handler_wait)) g->absorb(e);
+          if (g->ch->hung_up()) return false;
           const std::string out = g->drain_sse();
           if (!out.empty() && !sink.write(out.data(), out.size())) return false;
           if (g->done) sink.done();
           return true;
         },
-        [g, &service, &a](bool) {
-          if (g->open > 0) {
-            // The client went away (or the write failed): cancel now; the engine frees its KV blocks.
-            service.cancel(g->ch);
-            while (g->open > 0)
-              for (auto& e : g->ch->pop_all(50ms)) g->absorb(e);
-          }
+        [g, &cancel_and_drain, &a](bool) {
+          // The client went away (or the write failed): cancel now; the engine frees its KV blocks.
+          if (g->open > 0) cancel_and_drain(*g);
+          g->watched = {};
           --a.in_flight;
         });
   };
@@ -913,7 +930,7 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
     zipage::check(svr.bind_to_port(so.host, port), "cannot listen on ", so.host, ":", port,
                   " (in use, or not an address of this machine)");
   }
-  widen_listen_backlog(port);
+  tune_listener(port);
   service.start();
 
   std::fprintf(stderr, "%s\n%s\n", model.memory_line.c_str(), eo.sampling_line.c_str());

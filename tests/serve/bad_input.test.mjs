@@ -122,7 +122,7 @@ await run('serve_bad_input', async (servers) => {
 });
 
 // The bounded queue: --max-num-seqs 2 --max-queue 1 takes 3 choices; the 4th gets 429, and a client that
-// disconnects frees its place (and its KV blocks) at once.
+// disconnects frees its place (and its KV blocks) at once: queued or running, streaming or not.
 await run('serve_queue_bound', async (servers) => {
   const server = await startServer(['--max-num-seqs', '2', '--max-queue', '1']);
   servers.push(server);
@@ -144,10 +144,43 @@ await run('serve_queue_bound', async (servers) => {
   assert.equal((await post(base, '/v1/completions', { prompt: 'x', max_tokens: 2, n: 2 })).status, 429);
   const before = await metrics(base);
   assert.ok(before.zipage_kv_blocks_used > 0);
-  for (const ac of controllers) ac.abort();
+  assert.equal(before.zipage_num_requests_waiting, 1, 'the third stream should be queued behind the two running');
+
+  // A queued request gets no tokens, so only the hang-up watch can notice its client leave.
+  const waitMetrics = async (pred, what, ms = 3000) => {
+    const until = Date.now() + ms;
+    let m;
+    while (Date.now() < until) {
+      m = await metrics(base);
+      if (pred(m)) return m;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    throw new Error(`${what} within ${ms} ms: ${JSON.stringify(m)}`);
+  };
+  // Seen while both running requests still run (2,000 tokens each: over a second), the cancelled one was
+  // cancelled in the queue; without the watch it would be cancelled only once it ran, a failed write later.
+  controllers[2].abort();
+  let m = await waitMetrics((m) => m.zipage_request_cancelled_total === 1 && m.zipage_num_requests_waiting === 0,
+                            'a queued stream whose client left was not cancelled');
+  assert.equal(m.zipage_num_requests_running, 2, 'the queued stream was cancelled only after it ran');
+  // The same for a non-streaming request: nothing is written to its socket until it finishes.
+  const ac = new AbortController();
+  const pending = fetch(`${base}/v1/completions`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, signal: ac.signal,
+    body: JSON.stringify({ prompt: 'Once upon a time', max_tokens: 2000, ignore_eos: true }),
+  }).catch((e) => e);
+  await waitMetrics((m) => m.zipage_num_requests_waiting === 1, 'the non-streaming request was not queued');
+  ac.abort();
+  assert.equal((await pending).name, 'AbortError');
+  m = await waitMetrics((m) => m.zipage_request_cancelled_total === 2 && m.zipage_num_requests_waiting === 0,
+                        'a queued non-streaming request whose client left was not cancelled');
+  assert.equal(m.zipage_num_requests_running, 2, 'the queued non-streaming request was cancelled only after it ran');
+
+  controllers[0].abort();
+  controllers[1].abort();
   const after = await waitIdle(base, 5000);
   assert.equal(after.zipage_kv_blocks_used, 0);
-  assert.equal(after.zipage_request_cancelled_total, 3);
+  assert.equal(after.zipage_request_cancelled_total, 4);
   const again = await post(base, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 3 });
   assert.equal(again.status, 200, again.text);
 });

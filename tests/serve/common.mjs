@@ -33,7 +33,12 @@ export async function startServer(args, { quiet = true } = {}) {
   if (!bin) throw new Error('ZIPAGE_SERVE_BIN is not set');
   const proc = spawn(bin, ['--host', '127.0.0.1', '--port', '0', ...args], { stdio: ['ignore', 'inherit', 'pipe'] });
   let log = '';
-  const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
+  let exitStatus = null;  // set if the server exits, e.g. killed by a signal mid-test
+  const exited = new Promise((resolve) =>
+    proc.on('exit', (code, signal) => {
+      exitStatus = { code, signal, at: new Date().toISOString() };
+      resolve(exitStatus);
+    }));
   const port = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`zipage-serve did not start in 30 s:\n${log}`)), 30000);
     proc.stderr.on('data', (d) => {
@@ -60,6 +65,7 @@ export async function startServer(args, { quiet = true } = {}) {
     base,
     exited,
     log: () => log,
+    exitStatus: () => exitStatus,
     async stop() {
       if (proc.exitCode === null) proc.kill('SIGTERM');
       return exited;
@@ -124,7 +130,11 @@ export async function run(name, main) {
   } catch (e) {
     failed = true;
     console.error(`${name}: FAIL: ${e.stack ?? e}`);
-    for (const s of servers) console.error(`--- server log ---\n${s.log().slice(-4000)}`);
+    for (const s of servers) {
+      const st = s.exitStatus();
+      console.error(`--- server log (${st ? `the server had exited: code ${st.code}, signal ${st.signal}, at ${st.at}` :
+                                          'the server was still running'}) ---\n${s.log().slice(-4000)}`);
+    }
   } finally {
     for (const s of servers) await s.stop();
   }
