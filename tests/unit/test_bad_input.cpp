@@ -1,10 +1,12 @@
 // Bad input found by a probe of malformed files and flags (issue 13): a FIFO given as a model, config or
 // tokenizer file is refused instead of blocking forever; a model and a tokenizer whose vocabularies
-// disagree are refused at load instead of failing a batch halfway.
+// disagree are refused at load instead of failing a batch halfway. Misused library options are refused
+// before anything runs, naming the field.
 #include <doctest/doctest.h>
 
 #include "test_support.hpp"
 
+#include <zipage/backend/cuda/cuda_backend.hpp>
 #include <zipage/gguf/gguf.hpp>
 #include <zipage/models/hf_config.hpp>
 #include <zipage/models/hf_loader.hpp>
@@ -94,4 +96,41 @@ TEST_CASE("a model vocabulary and its tokenizer's must agree at load") {
   c.vocab_size = 151000;
   CHECK(contains(error_of([&] { zipage::check_vocabulary_pair(c, qwen3); }),
                  "defines 151669 tokens but the model (model) has a vocabulary of 151000"));
+}
+
+// cuda_backend_options::validate runs in the backend's constructor before any CUDA call, so it is checked
+// here, on any machine: every wrong field is named, the defaults pass.
+TEST_CASE("cuda_backend_options: a wrong field is named before the backend touches a device") {
+  using zipage::cuda_backend_options;
+  using zipage::cuda_dtype;
+  CHECK_NOTHROW(cuda_backend_options{}.validate());
+  const auto error_with = [](auto edit) {
+    cuda_backend_options o;
+    edit(o);
+    return error_of([&] { o.validate(); });
+  };
+  CHECK(contains(error_with([](auto& o) { o.dtype = cuda_dtype::e4m3; }), "cuda_backend_options::dtype"));
+  CHECK(contains(error_with([](auto& o) { o.kv_dtype = static_cast<zipage::kv_cache_dtype>(9); }),
+                 "cuda_backend_options::kv_dtype"));
+  CHECK(contains(error_with([](auto& o) { o.weight_dtype = static_cast<zipage::weight_dtype>(9); }),
+                 "cuda_backend_options::weight_dtype"));
+  CHECK(contains(error_with([](auto& o) {
+                   o.dtype = cuda_dtype::f32;
+                   o.weight_dtype = zipage::weight_dtype::fp8_e4m3;
+                 }),
+                 "weight_dtype fp8_e4m3 needs dtype bf16"));
+  CHECK(contains(error_with([](auto& o) { o.device = -1; }), "cuda_backend_options::device"));
+  CHECK(contains(error_with([](auto& o) { o.batch_invariant = true; }), "cuda_backend_options::batch_invariant"));
+  CHECK(contains(error_with([](auto& o) { o.max_graph_batch = 0; }), "cuda_backend_options::max_graph_batch"));
+  CHECK(contains(error_with([](auto& o) { o.max_graphs = 0; }), "cuda_backend_options::max_graphs"));
+  CHECK(contains(error_with([](auto& o) { o.overlap_min_batch = -2; }), "cuda_backend_options::overlap_min_batch"));
+  CHECK(contains(error_with([](auto& o) { o.overlap_gemm_sms = -1; }), "cuda_backend_options::overlap_gemm_sms"));
+  // What the library's own users set stays valid.
+  CHECK(error_with([](auto& o) {
+          o.dtype = cuda_dtype::f32;
+          o.batch_invariant = true;
+          o.cuda_graphs = false;
+          o.overlap_min_batch = 256;
+          o.overlap_gemm_sms = 88;
+        }) == "<no error>");
 }

@@ -57,7 +57,15 @@ std::uint16_t to_bf16_bits(float f) {
 
 cuda_backend::cuda_backend() : cuda_backend(cuda_backend_options{}) {}
 
-cuda_backend::cuda_backend(const cuda_backend_options& options) : ctx_(std::make_shared<context>(options)) {}
+namespace {
+const cuda_backend_options& validated(const cuda_backend_options& o) {
+  o.validate();
+  return o;
+}
+}  // namespace
+
+cuda_backend::cuda_backend(const cuda_backend_options& options)
+    : ctx_(std::make_shared<context>(validated(options))) {}
 
 const cuda_backend_options& cuda_backend::options() const { return ctx_->opts; }
 

@@ -65,6 +65,7 @@
 #include "zipage/backend/cuda/dtype.hpp"
 #include "zipage/compression/compaction_plan.hpp"
 #include "zipage/compression/compression_job.hpp"
+#include "zipage/core/error.hpp"
 #include "zipage/core/kv_cache_dtype.hpp"
 #include "zipage/core/types.hpp"
 #include "zipage/core/weight_dtype.hpp"
@@ -116,6 +117,32 @@ struct cuda_backend_options {
   // GEMMs issued while a nano-batch's attention runs ask cuBLASLt for this many SMs (its SM count target), leaving
   // the others to the attention; 0: all SMs.
   int overlap_gemm_sms = 0;
+
+  // Every field, before the backend touches a device (the constructor calls it): the first wrong one is
+  // named, instead of a CUDA error later or an option silently ignored.
+  void validate() const {
+    check(dtype == cuda_dtype::f32 || dtype == cuda_dtype::bf16, "cuda_backend_options::dtype must be f32 or bf16 (the ",
+          "compute dtype), got ", to_string(dtype), "; FP8 storage is kv_dtype / weight_dtype");
+    check(kv_dtype == kv_cache_dtype::auto_ || kv_dtype == kv_cache_dtype::fp8_e4m3,
+          "cuda_backend_options::kv_dtype: not a kv_cache_dtype (", static_cast<int>(kv_dtype), ")");
+    check(weight_dtype == zipage::weight_dtype::auto_ || weight_dtype == zipage::weight_dtype::compute ||
+              weight_dtype == zipage::weight_dtype::fp8_e4m3,
+          "cuda_backend_options::weight_dtype: not a weight_dtype (", static_cast<int>(weight_dtype), ")");
+    check(weight_dtype != zipage::weight_dtype::fp8_e4m3 || dtype == cuda_dtype::bf16,
+          "cuda_backend_options::weight_dtype fp8_e4m3 needs dtype bf16 (the FP8 GEMM writes bf16), got dtype ",
+          to_string(dtype));
+    check(device >= 0, "cuda_backend_options::device must be a device index (>= 0), got ", device);
+    check(!batch_invariant || dtype == cuda_dtype::f32,
+          "cuda_backend_options::batch_invariant needs dtype f32 (the fixed-order GEMM is fp32 only), got dtype ",
+          to_string(dtype));
+    check(max_graph_batch >= 1, "cuda_backend_options::max_graph_batch must be >= 1, got ", max_graph_batch,
+          " (cuda_graphs = false turns graphs off)");
+    check(max_graphs >= 1, "cuda_backend_options::max_graphs must be >= 1, got ", max_graphs);
+    check(overlap_min_batch >= 0, "cuda_backend_options::overlap_min_batch must be >= 0 (0: no nano-batches), got ",
+          overlap_min_batch);
+    check(overlap_gemm_sms >= 0, "cuda_backend_options::overlap_gemm_sms must be >= 0 (0: every SM), got ",
+          overlap_gemm_sms);
+  }
 };
 
 namespace cuda_detail {
