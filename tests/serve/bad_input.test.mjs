@@ -1,7 +1,9 @@
 // zipage-serve on bad input: malformed JSON, wrong types, out-of-range values, a prompt longer than the
 // context, an unknown model, a missing or wrong API key, an oversized body, a full queue -> the right status
-// and OpenAI's error object; and the server keeps serving. Raw HTTP (fetch), so malformed bodies get through.
+// and OpenAI's error object; and the server keeps serving. Slow clients (connected, silent for a while, or
+// sending a request in pieces) are answered, and do not hold up the others. Raw HTTP (fetch), so malformed bodies get through.
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import { deadline, metrics, post, run, startServer, waitIdle } from './common.mjs';
 
 deadline(90);
@@ -111,6 +113,26 @@ await run('serve_bad_input', async (servers) => {
   // An oversized body (--max-body-bytes 65536): 413 with an error object.
   const big = JSON.stringify({ model: MODEL, prompt: 'a'.repeat(100000) });
   isErrorObject(await post(base, '/v1/completions', big, KEY), 413);
+
+  // Slow clients. The listener defers accept until a request's first bytes arrive (TCP_DEFER_ACCEPT): a
+  // client that connects and stays silent, then writes its request in two pieces, is still answered, and
+  // requests on other connections go on meanwhile.
+  const slow = await new Promise((resolve, reject) => {
+    const sock = net.connect(server.port, '127.0.0.1');
+    let reply = '';
+    sock.on('data', (d) => { reply += d.toString(); });
+    sock.on('end', () => resolve(reply));
+    sock.on('error', reject);
+    sock.on('connect', async () => {
+      await new Promise((r) => setTimeout(r, 1500));
+      sock.write('GET /health HTTP/1.1\r\nHost: x\r\n');
+      await ok();  // another client, served while this one is half-way through its request
+      await new Promise((r) => setTimeout(r, 300));
+      sock.write('\r\n');
+    });
+  });
+  assert.match(slow, /^HTTP\/1\.1 200 /, slow);
+  assert.match(slow, /"status":"ok"/, slow);
 
   // Unknown fields are ignored.
   const r = await post(base, '/v1/completions', { model: MODEL, prompt: 'Once upon a time', max_tokens: 3, user: 'u',
