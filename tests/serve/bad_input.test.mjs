@@ -1,7 +1,8 @@
 // zipage-serve on bad input: malformed JSON, wrong types, out-of-range values, a prompt longer than the
 // context, an unknown model, a missing or wrong API key, an oversized body, a full queue -> the right status
 // and OpenAI's error object; and the server keeps serving. Slow clients (connected, silent for a while, or
-// sending a request in pieces) are answered, and do not hold up the others. Raw HTTP (fetch), so malformed bodies get through.
+// sending a request in pieces) are answered, and do not hold up the others. Raw HTTP (fetch), so malformed
+// bodies get through.
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import { deadline, metrics, post, run, startServer, waitIdle } from './common.mjs';
@@ -164,11 +165,7 @@ await run('serve_queue_bound', async (servers) => {
   const full = await post(base, '/v1/completions', { prompt: 'x', max_tokens: 2 });
   assert.equal(isErrorObject(full, 429).code, 'queue_full');
   assert.equal((await post(base, '/v1/completions', { prompt: 'x', max_tokens: 2, n: 2 })).status, 429);
-  const before = await metrics(base);
-  assert.ok(before.zipage_kv_blocks_used > 0);
-  assert.equal(before.zipage_num_requests_waiting, 1, 'the third stream should be queued behind the two running');
-
-  // A queued request gets no tokens, so only the hang-up watch can notice its client leave.
+  // /metrics shows the engine's counters as of its last step, so conditions on them are waited for.
   const waitMetrics = async (pred, what, ms = 3000) => {
     const until = Date.now() + ms;
     let m;
@@ -179,6 +176,11 @@ await run('serve_queue_bound', async (servers) => {
     }
     throw new Error(`${what} within ${ms} ms: ${JSON.stringify(m)}`);
   };
+  const before = await waitMetrics((m) => m.zipage_num_requests_waiting === 1 && m.zipage_num_requests_running === 2,
+                                   'the third stream is not queued behind the two running');
+  assert.ok(before.zipage_kv_blocks_used > 0);
+
+  // A queued request gets no tokens, so only the hang-up watch can notice its client leave.
   // Seen while both running requests still run (2,000 tokens each: over a second), the cancelled one was
   // cancelled in the queue; without the watch it would be cancelled only once it ran, a failed write later.
   controllers[2].abort();
