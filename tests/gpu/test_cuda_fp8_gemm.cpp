@@ -218,12 +218,16 @@ TEST_CASE("fp8 weights: other ops refuse an e4m3 tensor, and linear refuses non-
   CHECK_THROWS_WITH_AS(b.add(w, w2), doctest::Contains("e4m3"), error);
   const std::vector<std::int32_t> pos(256, 0);
   CHECK_THROWS_WITH_AS(b.rope(w, pos, 128, 1e6f, rope_style::half), doctest::Contains("e4m3"), error);
+  // FP8 weights need bf16 compute: asked for with f32, the backend is refused when it is made, naming the
+  // field (it used to keep the weights in f32 without a word).
   cuda_backend_options o;
   o.dtype = cuda_dtype::f32;
   o.weight_dtype = weight_dtype::fp8_e4m3;
-  const cuda_backend f(o);
+  CHECK_THROWS_WITH_AS(cuda_backend{o}, doctest::Contains("cuda_backend_options::weight_dtype"), error);
+  // An f32 backend never quantises a weight (weight_dtype auto: an FP8 checkpoint is dequantised).
+  const cuda_backend f(cuda_backend_options{.dtype = cuda_dtype::f32});
   auto wf = f.random_tensor(256, 256, 0.1f, 3);
-  CHECK_FALSE(f.prepare_linear_weight(wf));  // FP8 weights need bf16 compute
+  CHECK_FALSE(f.prepare_linear_weight(wf));
 }
 
 TEST_CASE("fp8 weights: an FP8 linear inside a CUDA graph replays the eager result") {
