@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "zipage/core/error.hpp"
 #include "zipage/core/kv_cache_dtype.hpp"
 #include "zipage/core/weight_dtype.hpp"
 
@@ -36,6 +37,13 @@ inline CLI::Option* add_quantization_flag(CLI::App& app, std::string& value, con
                       "), fp8 / fp8_e4m3 (E4M3 with 128x128 block scales, FP8 GEMMs) or none (the compute dtype; an "
                       "FP8 checkpoint is dequantised)")
       ->check(CLI::IsMember(flag_values(zipage::weight_quantization_names)));
+}
+
+// On the GPU, FP8 weights need --dtype bf16 (the FP8 GEMM writes bf16): an error naming the flags otherwise.
+inline void check_quantization_dtype(zipage::weight_dtype weights, const std::string& quantization,
+                                     const std::string& dtype) {
+  zipage::check(weights != zipage::weight_dtype::fp8_e4m3 || dtype != "fp32", "--quantization ", quantization,
+                ": FP8 weights run with --dtype bf16 (the FP8 GEMM writes bf16), not ", dtype);
 }
 
 }  // namespace zipage_cli

@@ -432,8 +432,7 @@ int with_engine(engine_options& o, F&& f) {
     bo.dtype = o.dtype == "fp32" ? zipage::cuda_dtype::f32 : zipage::cuda_dtype::bf16;
     bo.kv_dtype = kv_dtype;
     bo.weight_dtype = weights;
-    zipage::check(weights != zipage::weight_dtype::fp8_e4m3 || bo.dtype == zipage::cuda_dtype::bf16, "--quantization ",
-                  o.quantization, ": FP8 weights run with --dtype bf16 (the FP8 GEMM writes bf16), not ", o.dtype);
+    check_quantization_dtype(weights, o.quantization, o.dtype);
     // The pool comes from the device's memory unless --num-blocks fixes it.
     o.engine.gpu_memory_utilization = o.gpu_memory_utilization;
     const zipage::cuda_backend backend(bo);

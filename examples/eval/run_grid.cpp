@@ -579,9 +579,7 @@ int run_grid(grid_options& o, const std::vector<problem>& problems, const task& 
     bo.dtype = o.dtype == "fp32" ? zipage::cuda_dtype::f32 : zipage::cuda_dtype::bf16;
     bo.kv_dtype = zipage::parse_kv_cache_dtype(o.kv_cache_dtype);
     bo.weight_dtype = zipage::parse_weight_quantization(o.quantization);
-    zipage::check(bo.weight_dtype != zipage::weight_dtype::fp8_e4m3 || bo.dtype == zipage::cuda_dtype::bf16,
-                  "--quantization ", o.quantization, ": FP8 weights run with --dtype bf16 (the FP8 GEMM writes bf16), not ",
-                  o.dtype);
+    zipage_cli::check_quantization_dtype(bo.weight_dtype, o.quantization, o.dtype);
     const zipage::cuda_backend backend(bo);
     ctx.device_name = zipage::cuda::describe_device(0) + " (" + o.dtype +
                       (bo.kv_dtype == zipage::kv_cache_dtype::fp8_e4m3 ? ", fp8 KV" : "") +

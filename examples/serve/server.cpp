@@ -384,19 +384,27 @@ class api {
 // written (queued requests, non-streaming requests).
 // ---------------------------------------------------------------------------------------------
 
-bool same_endpoint(const sockaddr_storage& a, const std::string& addr, int port) {
+// "address|port", as httplib reports a request's ends (numeric address text).
+std::string endpoint_key(const std::string& addr, int port) { return addr + "|" + std::to_string(port); }
+
+// The same key for a socket address; empty for a family other than IPv4/IPv6.
+std::string endpoint_key(const sockaddr_storage& a) {
   char buf[INET6_ADDRSTRLEN] = {};
   if (a.ss_family == AF_INET) {
     const auto& in = reinterpret_cast<const sockaddr_in&>(a);
     inet_ntop(AF_INET, &in.sin_addr, buf, sizeof buf);
-    return ntohs(in.sin_port) == port && addr == buf;
+    return endpoint_key(buf, ntohs(in.sin_port));
   }
   if (a.ss_family == AF_INET6) {
     const auto& in6 = reinterpret_cast<const sockaddr_in6&>(a);
     inet_ntop(AF_INET6, &in6.sin6_addr, buf, sizeof buf);
-    return ntohs(in6.sin6_port) == port && addr == buf;
+    return endpoint_key(buf, ntohs(in6.sin6_port));
   }
-  return false;
+  return {};
+}
+
+bool same_endpoint(const sockaddr_storage& a, const std::string& addr, int port) {
+  return endpoint_key(a) == endpoint_key(addr, port);
 }
 
 // This process's sockets: f(fd, peer address or nullptr for a socket without a peer, such as a listener,
@@ -433,17 +441,6 @@ int port_of(const sockaddr_storage& a) {
 // only bounds a missed wake-up.
 constexpr std::chrono::milliseconds handler_wait = 1s;
 
-std::string endpoint_key(const sockaddr_storage& a) {
-  char buf[INET6_ADDRSTRLEN] = {};
-  if (a.ss_family == AF_INET)
-    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(a).sin_addr, buf, sizeof buf);
-  else if (a.ss_family == AF_INET6)
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(a).sin6_addr, buf, sizeof buf);
-  else
-    return {};
-  return std::string(buf) + "|" + std::to_string(port_of(a));
-}
-
 // Finds the socket of a request's connection (-1 if none). A walk of /proc/self/fd costs a syscall per open
 // socket, and requests come in bursts: one walk records every connection by its peer, so the rest of a
 // burst finds its socket with one check of the recorded number (which may have been reused meanwhile: the
@@ -451,7 +448,7 @@ std::string endpoint_key(const sockaddr_storage& a) {
 class socket_finder {
  public:
   int find(const httplib::Request& req) {
-    const std::string key = req.remote_addr + "|" + std::to_string(req.remote_port);
+    const std::string key = endpoint_key(req.remote_addr, req.remote_port);
     {
       std::lock_guard lock(m_);
       if (auto it = seen_.find(key); it != seen_.end()) {

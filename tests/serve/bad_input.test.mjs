@@ -5,7 +5,7 @@
 // bodies get through.
 import assert from 'node:assert/strict';
 import net from 'node:net';
-import { deadline, metrics, post, run, startServer, waitIdle } from './common.mjs';
+import { deadline, metrics, post, run, startServer, waitIdle, waitMetrics } from './common.mjs';
 
 deadline(90);
 const KEY = { Authorization: 'Bearer test-key' };
@@ -166,17 +166,8 @@ await run('serve_queue_bound', async (servers) => {
   assert.equal(isErrorObject(full, 429).code, 'queue_full');
   assert.equal((await post(base, '/v1/completions', { prompt: 'x', max_tokens: 2, n: 2 })).status, 429);
   // /metrics shows the engine's counters as of its last step, so conditions on them are waited for.
-  const waitMetrics = async (pred, what, ms = 3000) => {
-    const until = Date.now() + ms;
-    let m;
-    while (Date.now() < until) {
-      m = await metrics(base);
-      if (pred(m)) return m;
-      await new Promise((r) => setTimeout(r, 20));
-    }
-    throw new Error(`${what} within ${ms} ms: ${JSON.stringify(m)}`);
-  };
-  const before = await waitMetrics((m) => m.zipage_num_requests_waiting === 1 && m.zipage_num_requests_running === 2,
+  const waitFor = (pred, what) => waitMetrics(base, pred, what);
+  const before = await waitFor((m) => m.zipage_num_requests_waiting === 1 && m.zipage_num_requests_running === 2,
                                    'the third stream is not queued behind the two running');
   assert.ok(before.zipage_kv_blocks_used > 0);
 
@@ -184,7 +175,7 @@ await run('serve_queue_bound', async (servers) => {
   // Seen while both running requests still run (2,000 tokens each: over a second), the cancelled one was
   // cancelled in the queue; without the watch it would be cancelled only once it ran, a failed write later.
   controllers[2].abort();
-  let m = await waitMetrics((m) => m.zipage_request_cancelled_total === 1 && m.zipage_num_requests_waiting === 0,
+  let m = await waitFor((m) => m.zipage_request_cancelled_total === 1 && m.zipage_num_requests_waiting === 0,
                             'a queued stream whose client left was not cancelled');
   assert.equal(m.zipage_num_requests_running, 2, 'the queued stream was cancelled only after it ran');
   // The same for a non-streaming request: nothing is written to its socket until it finishes.
@@ -193,10 +184,10 @@ await run('serve_queue_bound', async (servers) => {
     method: 'POST', headers: { 'Content-Type': 'application/json' }, signal: ac.signal,
     body: JSON.stringify({ prompt: 'Once upon a time', max_tokens: 2000, ignore_eos: true }),
   }).catch((e) => e);
-  await waitMetrics((m) => m.zipage_num_requests_waiting === 1, 'the non-streaming request was not queued');
+  await waitFor((m) => m.zipage_num_requests_waiting === 1, 'the non-streaming request was not queued');
   ac.abort();
   assert.equal((await pending).name, 'AbortError');
-  m = await waitMetrics((m) => m.zipage_request_cancelled_total === 2 && m.zipage_num_requests_waiting === 0,
+  m = await waitFor((m) => m.zipage_request_cancelled_total === 2 && m.zipage_num_requests_waiting === 0,
                         'a queued non-streaming request whose client left was not cancelled');
   assert.equal(m.zipage_num_requests_running, 2, 'the queued non-streaming request was cancelled only after it ran');
 

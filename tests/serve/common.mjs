@@ -99,18 +99,24 @@ export async function metrics(base) {
   return out;
 }
 
-// Waits until /metrics shows no KV block in use and nothing running or waiting.
-export async function waitIdle(base, ms = 10000) {
+// Polls /metrics (the engine's counters as of its last step) until pred(samples) holds; returns them, or
+// throws `${what} within ${ms} ms` with the last samples.
+export async function waitMetrics(base, pred, what, ms = 3000) {
   const until = Date.now() + ms;
   let m;
   while (Date.now() < until) {
     m = await metrics(base);
-    if (m.zipage_kv_blocks_used === 0 && m.zipage_num_requests_running === 0 && m.zipage_num_requests_waiting === 0 &&
-        m.zipage_num_requests_swapped === 0)
-      return m;
-    await new Promise((r) => setTimeout(r, 50));
+    if (pred(m)) return m;
+    await new Promise((r) => setTimeout(r, 20));
   }
-  throw new Error(`the server is not idle after ${ms} ms: ${JSON.stringify(m)}`);
+  throw new Error(`${what} within ${ms} ms: ${JSON.stringify(m)}`);
+}
+
+// Waits until /metrics shows no KV block in use and nothing running or waiting.
+export function waitIdle(base, ms = 10000) {
+  return waitMetrics(base, (m) => m.zipage_kv_blocks_used === 0 && m.zipage_num_requests_running === 0 &&
+                                  m.zipage_num_requests_waiting === 0 && m.zipage_num_requests_swapped === 0,
+                     'the server is not idle', ms);
 }
 
 export function percentile(values, p) {
