@@ -105,7 +105,8 @@ struct weight_stats {
   double total_bytes = 0;
 };
 
-timed_model build_model(const cuda_backend& b, const model_config& c, std::uint64_t seed, weight_stats& ws) {
+// fuse: q/k/v and gate/up as one GEMM each (fuse_projections, as the loaders do); off for an A/B run.
+timed_model build_model(const cuda_backend& b, const model_config& c, std::uint64_t seed, bool fuse, weight_stats& ws) {
   std::uint64_t next = seed * 1000;
   auto uniform = [&](int rows, int cols, float std_dev) {
     return b.random_tensor(rows, cols, std_dev * std::sqrt(3.0f), ++next);
@@ -137,6 +138,7 @@ timed_model build_model(const cuda_backend& b, const model_config& c, std::uint6
       ws.params += static_cast<double>(t->size());
     }
     if (lw.q_norm) ws.bytes_per_step += static_cast<double>(lw.q_norm->bytes() + lw.k_norm->bytes());
+    if (fuse) fuse_projections(b, lw);
     w.layers.push_back(std::move(lw));
   }
   w.final_norm = ones(c.hidden_size);
@@ -170,6 +172,7 @@ struct options {
   double kv_gib = 0.0;
   int num_query_slots = 0;
   bool no_graphs = false;
+  bool unfused_projections = false;  // q/k/v and gate/up as separate GEMMs (the loaders fuse them)
   float temperature = 0.0f;
   std::string json;
   std::string kv_cache_dtype = "auto";  // auto (bf16) | fp8 | fp8_e4m3
@@ -188,8 +191,12 @@ void linear_bench(const cuda_backend& b, const model_config& c) {
     const char* name;
     int n, k;
   };
-  const layer layers[] = {{"q/o", c.q_size(), c.hidden_size}, {"k/v", c.kv_size(), c.hidden_size},
-                          {"gate/up", c.ffn_size, c.hidden_size}, {"down", c.hidden_size, c.ffn_size}};
+  const layer layers[] = {{"q/o", c.q_size(), c.hidden_size},
+                          {"k/v", c.kv_size(), c.hidden_size},
+                          {"q|k|v (fused)", c.q_size() + 2 * c.kv_size(), c.hidden_size},
+                          {"gate/up", c.ffn_size, c.hidden_size},
+                          {"gate|up (fused)", 2 * c.ffn_size, c.hidden_size},
+                          {"down", c.hidden_size, c.ffn_size}};
   std::printf("| layer | N x K | M | bf16 us | bf16 TFLOP/s | fp8 us | fp8 TFLOP/s | fp8 / bf16 |\n"
               "|---|---|---|---|---|---|---|---|\n");
   auto time_us = [&](const cuda_tensor& x, const cuda_tensor& w, cuda_tensor& out) {
@@ -265,7 +272,7 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   cfg.num_query_slots = o.num_query_slots;
   cfg.async_compression = !o.sync_compression;
   weight_stats ws_model;
-  timed_model m = build_model(b, c, o.seed, ws_model);
+  timed_model m = build_model(b, c, o.seed, !o.unfused_projections, ws_model);
   auto clock = m.clock;
   engine<timed_model, Policy, zipage_scheduler, cuda_backend> eng(std::move(m), cfg, Policy{}, b);
   const std::size_t block_bytes = eng.memory().block_bytes;
@@ -433,6 +440,8 @@ int main(int argc, char** argv) {
   app.add_option("--kv-gib", o.kv_gib, "KV pool size (0: from --gpu-memory-utilization)");
   app.add_option("--num-query-slots", o.num_query_slots, "compressed: query slots (0: the memory plan's max concurrency)");
   app.add_flag("--no-graphs", o.no_graphs, "decode steps without CUDA graphs");
+  app.add_flag("--unfused-projections", o.unfused_projections,
+               "q/k/v and gate/up as separate GEMMs, as before fuse_projections (for A/B runs)");
   app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)");
   app.add_option("--json", o.json, "append results as JSON lines to this file");
   zipage_cli::add_kv_cache_dtype_flag(app, o.kv_cache_dtype, "", "bf16");
@@ -499,9 +508,10 @@ int main(int argc, char** argv) {
     weight_stats ws;
     {
       // Weight statistics from one build (freed again before the runs build their own).
-      timed_model probe = build_model(b, c, o.seed, ws);
+      timed_model probe = build_model(b, c, o.seed, !o.unfused_projections, ws);
     }
-    std::printf("weights: %s\n", b.describe_weights().c_str());
+    std::printf("weights: %s; q/k/v and gate/up %s\n", b.describe_weights().c_str(),
+                o.unfused_projections ? "as separate GEMMs (--unfused-projections)" : "fused (one GEMM each)");
     std::printf("shape %s: %d layers, hidden %d, q/kv heads %d/%d, head_dim %d, ffn %d, vocab %d; weights read per "
                 "step %.2f GB (%.2f B params incl. vocabulary projection)\n",
                 o.shape.c_str(), c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.ffn_size,
@@ -558,7 +568,7 @@ int main(int argc, char** argv) {
                         "\"graphs\":%s,\"graph_replays\":%lld,\"graph_captures\":%lld,\"max_concurrency\":%d,"
                         "\"kv_gib\":%.1f,\"steady_s\":%.1f,\"policy\":\"%s\",\"compaction_s\":%.3f,"
                         "\"device_batches\":%lld,\"kv_cache_dtype\":\"%s\",\"overlap_min_batch\":%d,"
-                        "\"nano_batch_steps\":%lld,\"decode_steps\":%lld,\"quantization\":\"%s\"}\n",
+                        "\"nano_batch_steps\":%lld,\"decode_steps\":%lld,\"quantization\":\"%s\",\"fused_projections\":%s}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
                         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
@@ -568,7 +578,8 @@ int main(int argc, char** argv) {
                         static_cast<long long>(r.graph_captures), r.max_concurrency, r.kv_gib, r.seconds / 2,
                         r.policy.c_str(), r.compaction_s, static_cast<long long>(r.device_batches), to_string(b.kv_dtype()),
                         o.overlap_min_batch, static_cast<long long>(r.nano_batch_steps),
-                        static_cast<long long>(r.decode_steps), o.quantization.c_str());
+                        static_cast<long long>(r.decode_steps), o.quantization.c_str(),
+                        o.unfused_projections ? "false" : "true");
           js << buf;
         }
         }

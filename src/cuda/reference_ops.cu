@@ -332,6 +332,29 @@ __global__ void batched_copy_kernel(const copy_desc* __restrict__ descs) {
   }
 }
 
+// ---- column split: grid.y = the part; `Unit`-byte words (16, 4 or 2) of each row's block.
+struct split_args {
+  const char* x = nullptr;
+  std::int64_t rows = 0;
+  std::int64_t row_bytes = 0;
+  char* out[column_split::max_parts] = {};
+  std::int64_t begin[column_split::max_parts] = {};  // bytes into an input row
+  std::int64_t bytes[column_split::max_parts] = {};  // per row
+};
+
+template <class Unit>
+__global__ void split_columns_kernel(split_args a) {
+  const int part = static_cast<int>(blockIdx.y);
+  const std::int64_t words = a.bytes[part] / static_cast<std::int64_t>(sizeof(Unit));
+  const std::int64_t total = a.rows * words;
+  const char* src = a.x + a.begin[part];
+  char* dst = a.out[part];
+  GRID_STRIDE(i, total) {
+    const std::int64_t r = i / words, w = i % words;
+    reinterpret_cast<Unit*>(dst + r * a.bytes[part])[w] = reinterpret_cast<const Unit*>(src + r * a.row_bytes)[w];
+  }
+}
+
 // ---- fills
 __device__ __forceinline__ std::uint64_t mix64(std::uint64_t z) {
   z += 0x9e3779b97f4a7c15ull;
@@ -556,6 +579,44 @@ void batched_copy(const copy_desc* descs, int count, std::uint64_t max_bytes, cu
   const std::uint64_t splits = std::clamp<std::uint64_t>((max_bytes + 65535) / 65536, 1, 1024);
   const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(splits));
   batched_copy_kernel<<<grid, 256, 0, stream>>>(descs);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+void split_columns(cuda_dtype t, const void* x, std::int64_t rows, const column_split& parts, cuda_stream stream) {
+  check(parts.parts >= 1 && parts.parts <= column_split::max_parts, "split_columns: ", parts.parts,
+        " parts (1 to ", column_split::max_parts, ")");
+  check(t != cuda_dtype::e4m3, "split_columns: takes bf16 or fp32 data");
+  check(rows >= 0, "split_columns: negative row count ", rows);
+  const std::int64_t eb = static_cast<std::int64_t>(dtype_bytes(t));
+  split_args a;
+  a.x = static_cast<const char*>(x);
+  a.rows = rows;
+  std::int64_t largest = 0;
+  std::uint64_t alignment_bits = reinterpret_cast<std::uintptr_t>(x);
+  for (int i = 0; i < parts.parts; ++i) {
+    check(parts.width[i] >= 0, "split_columns: part ", i, " has negative width ", parts.width[i]);
+    check(parts.width[i] == 0 || parts.out[i] != nullptr, "split_columns: part ", i, " has no output");
+    a.out[i] = static_cast<char*>(parts.out[i]);
+    a.begin[i] = a.row_bytes;
+    a.bytes[i] = parts.width[i] * eb;
+    a.row_bytes += a.bytes[i];
+    largest = std::max(largest, a.bytes[i]);
+    alignment_bits |= reinterpret_cast<std::uintptr_t>(parts.out[i]) | static_cast<std::uint64_t>(a.begin[i]) |
+                      static_cast<std::uint64_t>(a.bytes[i]);
+  }
+  if (rows == 0 || largest == 0) return;
+  alignment_bits |= static_cast<std::uint64_t>(a.row_bytes);
+  auto launch = [&]<class Unit>() {
+    const dim3 grid(grid_for(rows * largest / static_cast<std::int64_t>(sizeof(Unit)), 256),
+                    static_cast<unsigned>(parts.parts));
+    split_columns_kernel<Unit><<<grid, 256, 0, stream>>>(a);
+  };
+  if (alignment_bits % 16 == 0)
+    launch.template operator()<uint4>();
+  else if (alignment_bits % 4 == 0)
+    launch.template operator()<std::uint32_t>();
+  else
+    launch.template operator()<std::uint16_t>();
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

@@ -1005,6 +1005,100 @@ TEST_CASE("nano-batches: overlapped decode steps give the whole batch's tokens (
   CHECK(bf16.mean_prefix >= 8.0);
 }
 
+TEST_CASE("fused projections: split_columns, swiglu and stack_rows on the device as on the CPU") {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto values = [&](int rows, int cols) {
+    std::vector<float> v(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  const cpu_backend host;
+  for (const cuda_dtype dt : {cuda_dtype::bf16, cuda_dtype::f32}) {
+    const cuda_backend b(cuda_backend_options{.dtype = dt});
+    // The kernel's 16-byte words (256 | 128 | 128), 4-byte words (fp32 5 | 3 | 3, 7 | 2 | 3) and 2-byte words (bf16 5 | 3 | 3, 7 | 2 | 3).
+    for (const std::vector<int>& widths : {std::vector<int>{256, 128, 128}, {5, 3, 3}, {7, 2, 3}}) {
+      CAPTURE(to_string(dt));
+      CAPTURE(widths[0]);
+      const int rows = 37, cols = widths[0] + widths[1] + widths[2];
+      const auto x_host = values(rows, cols);
+      const cuda_tensor x = b.from_host(x_host, rows, cols);
+      // The reference: the device's own (rounded) values, cut on the CPU.
+      const cpu::matrix x_cpu = host.from_host(b.to_host(x), rows, cols);
+      cuda_tensor q, k, v;
+      cuda_tensor* outs[] = {&q, &k, &v};
+      b.split_columns(x, widths, outs);
+      cpu::matrix cq, ck, cv;
+      cpu::matrix* couts[] = {&cq, &ck, &cv};
+      host.split_columns(x_cpu, widths, couts);
+      CHECK(b.to_host(q) == host.to_host(cq));
+      CHECK(b.to_host(k) == host.to_host(ck));
+      CHECK(b.to_host(v) == host.to_host(cv));
+      CHECK(q.cols() == widths[0]);
+    }
+    // swiglu of [gate | up] on the device is the device's silu_mul(gate, up), bit for bit.
+    const int rows = 19, ffn = 264;
+    const auto gate_host = values(rows, ffn), up_host = values(rows, ffn);
+    std::vector<float> gu_host;
+    for (int r = 0; r < rows; ++r) {
+      gu_host.insert(gu_host.end(), gate_host.begin() + r * ffn, gate_host.begin() + (r + 1) * ffn);
+      gu_host.insert(gu_host.end(), up_host.begin() + r * ffn, up_host.begin() + (r + 1) * ffn);
+    }
+    const cuda_tensor gate = b.from_host(gate_host, rows, ffn), up = b.from_host(up_host, rows, ffn);
+    const cuda_tensor gate_up = b.from_host(gu_host, rows, 2 * ffn);
+    cuda_tensor act, expected;
+    b.swiglu(gate_up, act);
+    b.silu_mul(gate, up, expected);
+    CHECK(b.to_host(act) == b.to_host(expected));
+    CHECK_THROWS_WITH_AS(b.swiglu(gate_up, const_cast<cuda_tensor&>(gate_up)), doctest::Contains("may not alias"), error);
+    // stack_rows: the parts' rows, in order.
+    const cuda_tensor w1 = b.from_host(values(6, 40), 6, 40), w2 = b.from_host(values(3, 40), 3, 40);
+    const cuda_tensor* parts[] = {&w1, &w2};
+    const auto stacked = b.stack_rows(parts);
+    REQUIRE(stacked);
+    auto both = b.to_host(w1);
+    const auto second = b.to_host(w2);
+    both.insert(both.end(), second.begin(), second.end());
+    CHECK(b.to_host(*stacked) == both);
+    const int bad[] = {5, 3, 3};
+    cuda_tensor a1, a2, a3;
+    cuda_tensor* three[] = {&a1, &a2, &a3};
+    CHECK_THROWS_WITH_AS(b.split_columns(*stacked, bad, three), doctest::Contains("add up to 11, not the row of 40"), error);
+  }
+}
+
+TEST_CASE("fused projections: the fused model's logits equal the unfused model's (fp32 fixed-order GEMM: bit for bit; bf16: close)") {
+  const std::vector<int> lens = {37, 5, 64, 17};
+  for (const bool qk_norm : {true, false}) {
+    CAPTURE(qk_norm);
+    const model_config c = small_config(128, 4, 2, qk_norm);
+    {
+      const cuda_backend b = fp32_backend(true);
+      auto fused = random_llama(b, c, 29, true);
+      auto unfused = random_llama(b, c, 29, false);
+      REQUIRE(fused.weights().layers[0].wqkv.has_value());
+      REQUIRE(fused.weights().layers[0].w_gate_up.has_value());
+      const auto got = forward_steps(fused, b, lens, 6);
+      const auto want = forward_steps(unfused, b, lens, 6);
+      for (std::size_t s = 0; s < want.size(); ++s) {
+        CAPTURE(s);
+        CHECK(got[s] == want[s]);
+      }
+    }
+    {
+      const cuda_backend b;
+      auto fused = random_llama(b, c, 29, true);
+      auto unfused = random_llama(b, c, 29, false);
+      const auto got = forward_steps(fused, b, lens, 6);
+      const auto want = forward_steps(unfused, b, lens, 6);
+      double worst = 0.0;
+      for (std::size_t s = 0; s < want.size(); ++s) worst = std::max(worst, rel_error(got[s], want[s]));
+      MESSAGE("bf16, qk_norm ", qk_norm, ": fused vs unfused logits, worst step rel. error ", worst);
+      CHECK(worst < 2e-2);
+    }
+  }
+}
+
 namespace {
 
 // Qwen3-8B's shape (151,936-token vocabulary) with weights drawn on the device (no host copies).
@@ -1040,6 +1134,7 @@ llama_model<cuda_backend> device_random_llama(const cuda_backend& b, const model
     lw.w_gate = uniform(c.ffn_size, c.hidden_size, s_in);
     lw.w_up = uniform(c.ffn_size, c.hidden_size, s_in);
     lw.w_down = uniform(c.hidden_size, c.ffn_size, 1.0f / std::sqrt(static_cast<float>(c.ffn_size)));
+    fuse_projections(b, lw);  // as the loaders do: the activation peak includes the fused outputs
     w.layers.push_back(std::move(lw));
   }
   w.final_norm = ones(c.hidden_size);

@@ -11,7 +11,9 @@
 //  * the whole engine on a random FP8 Qwen3 checkpoint (tests/support/fp8_checkpoint.hpp, the fixture's writer):
 //    FP8 weights against the dequantised bf16 weights, greedy: teacher-forced top-1 agreement, logit drift
 //    (reported; asserted loosely), free-running agreement; the re-quantised codes equal the checkpoint's where
-//    a block's largest code is +-448.
+//    a block's largest code is +-448;
+//  * stacked FP8 weights (the loaders' fused q|k|v and gate|up): codes and scales of each part, the fused
+//    GEMM's output against each part's own GEMM, and what cannot be stacked refused.
 // Prints SKIPPED and exits 77 where there is no CUDA device.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -350,15 +352,80 @@ TEST_CASE("fp8 weights: loading an FP8 checkpoint re-quantises to its own codes 
   const cuda_backend b(bo);  // auto: FP8 for an FP8 checkpoint
   const auto model = load_hf_checkpoint<cuda_backend>(dir / "fp8", b);
   const auto ckpt = safetensors::checkpoint::open(dir / "fp8");
+  // The loader fused gate|up (both whole 128-row blocks): up_proj is the second half of the stacked codes.
   const auto& lw = model.weights().layers[0];
-  REQUIRE(lw.w_up.dtype() == cuda_dtype::e4m3);
+  REQUIRE(lw.w_gate_up.has_value());
+  REQUIRE(lw.w_gate_up->dtype() == cuda_dtype::e4m3);
   std::vector<std::uint8_t> codes;
   std::vector<float> scales;
-  b.fp8_weight_to_host(lw.w_up, codes, scales);
+  b.fp8_weight_to_host(*lw.w_gate_up, codes, scales);
   const auto& t = ckpt.tensor("model.layers.0.mlp.up_proj.weight");
   const auto stored = ckpt.fp8_e4m3_codes(t);
-  CHECK(mismatches(codes, std::vector<std::uint8_t>(stored.begin(), stored.end())) == 0);
+  REQUIRE(codes.size() == 2 * stored.size());
+  CHECK(mismatches(std::vector<std::uint8_t>(codes.begin() + static_cast<std::ptrdiff_t>(stored.size()), codes.end()),
+                   std::vector<std::uint8_t>(stored.begin(), stored.end())) == 0);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("fp8 weights: stacked FP8 weights (fused q|k|v) keep each part's codes and scales, and the fused GEMM each part's output") {
+  const auto b = fp8_backend();
+  const int k = 512, m = 45;
+  std::vector<float> held;
+  // Qwen3-like proportions: q 512 rows, k and v 128 each, all whole 128-row blocks.
+  std::vector<cuda_tensor> parts;
+  for (const int n : {512, 128, 128}) {
+    parts.push_back(device_normal(b, n, k, 0.05f, static_cast<unsigned>(40 + n), held));
+    REQUIRE(b.prepare_linear_weight(parts.back()));
+  }
+  const cuda_tensor* ptrs[] = {&parts[0], &parts[1], &parts[2]};
+  const auto fused = b.stack_rows(ptrs);
+  REQUIRE(fused);
+  CHECK(fused->dtype() == cuda_dtype::e4m3);
+  CHECK(fused->rows() == 768);
+  std::vector<std::uint8_t> codes, part_codes, all_codes;
+  std::vector<float> scales, part_scales, all_scales;
+  b.fp8_weight_to_host(*fused, codes, scales);
+  for (const auto& p : parts) {
+    b.fp8_weight_to_host(p, part_codes, part_scales);
+    all_codes.insert(all_codes.end(), part_codes.begin(), part_codes.end());
+    all_scales.insert(all_scales.end(), part_scales.begin(), part_scales.end());
+  }
+  CHECK(mismatches(codes, all_codes) == 0);
+  CHECK(mismatches(scales, all_scales) == 0);
+
+  // One FP8 GEMM cut in three against three FP8 GEMMs: the same codes and scales, so the same products up to
+  // the fp32 accumulation order of the kernel cuBLASLt picks for the wider N.
+  const cuda_tensor x = b.random_tensor(m, k, 1.0f, 47);
+  cuda_tensor out, q, kk, v;
+  b.linear(x, *fused, out);
+  const int widths[] = {512, 128, 128};
+  cuda_tensor* outs[] = {&q, &kk, &v};
+  b.split_columns(out, widths, outs);
+  double worst = 0.0;
+  for (int i = 0; i < 3; ++i) {
+    cuda_tensor alone;
+    b.linear(x, parts[static_cast<std::size_t>(i)], alone);
+    const auto want = b.to_host(alone), got = b.to_host(*outs[i]);
+    double s2 = 0.0;
+    for (const float w : want) s2 += double(w) * w;
+    const double rms = std::sqrt(s2 / double(want.size()));
+    for (std::size_t j = 0; j < want.size(); ++j)
+      worst = std::max(worst, std::fabs(double(got[j]) - want[j]) / (0x1p-7 * std::fabs(double(want[j])) + 0x1p-7 * rms));
+  }
+  MESSAGE("fused vs separate FP8 GEMMs: worst |difference| / tolerance ", worst);
+  CHECK(worst <= 1.0);
+
+  // What cannot be stacked is refused (the layer then stays unfused): a part that ends inside a 128-row scale
+  // block before another part, and parts of different storage.
+  auto ragged = device_normal(b, 160, k, 0.05f, 48, held);
+  REQUIRE(b.prepare_linear_weight(ragged));
+  const cuda_tensor* ragged_first[] = {&ragged, &parts[1]};
+  CHECK_FALSE(b.stack_rows(ragged_first).has_value());
+  const cuda_tensor* ragged_last[] = {&parts[1], &ragged};  // the last part may end mid-block
+  CHECK(b.stack_rows(ragged_last).has_value());
+  const cuda_tensor plain = b.random_tensor(128, k, 0.05f, 49);
+  const cuda_tensor* mixed[] = {&parts[1], &plain};
+  CHECK_FALSE(b.stack_rows(mixed).has_value());
 }
 
 int main(int argc, char** argv) {

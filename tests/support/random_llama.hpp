@@ -16,8 +16,9 @@ namespace zipage::testing {
 // c.qkv_bias), q_norm, k_norm (with c.qk_norm), w_gate, w_up, w_down; the final norm; the LM head (when
 // c.tied_embeddings is off). Norm weights are 1 + N(0, 0.1²); projections are scaled by their fan-in
 // (wq and wk twice as wide, so attention is not uniform).
+// `fuse`: the layers' q/k/v and gate/up projections fused (fuse_projections), as the loaders make them.
 template <class B>
-llama_model<B> random_llama(const B& b, const model_config& c, unsigned seed) {
+llama_model<B> random_llama(const B& b, const model_config& c, unsigned seed, bool fuse = false) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto random = [&](int rows, int cols, float scale, float offset = 0.0f) {
@@ -49,6 +50,7 @@ llama_model<B> random_llama(const B& b, const model_config& c, unsigned seed) {
     lw.w_gate = random(c.ffn_size, c.hidden_size, s);
     lw.w_up = random(c.ffn_size, c.hidden_size, s);
     lw.w_down = random(c.hidden_size, c.ffn_size, fan_in(c.ffn_size));
+    if (fuse) fuse_projections(b, lw);
     w.layers.push_back(std::move(lw));
   }
   w.final_norm = random(1, c.hidden_size, 0.1f, 1.0f);

@@ -1,6 +1,8 @@
 // Tensor parallelism on the CPU (issue 15): the sharding math, the in-process communicator of N threads,
 // and the engine over tensor_parallel_llama giving the non-TP engine's greedy tokens (fp32) on stories260K
-// and a random Qwen3, with full KV and with compression.
+// and a random Qwen3, with full KV and with compression. Also the fused q/k/v and gate/up projections
+// (fuse_projections, which the loaders apply): the ops, the fused model against the unfused one, and tensor
+// parallelism sharding a fused model.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -264,7 +266,7 @@ std::vector<std::vector<token_id>> story_prompts() {
 // A small random Qwen3: per-head q/k RMSNorm, half-split RoPE with theta 1e6, untied LM head, GQA 4:2,
 // an MLP width (100) and a vocabulary (203) that do not divide by 4.
 // With `qwen2`: q/k/v biases instead of the q/k norms (Qwen2's shape).
-llama_model<cpu_backend> random_qwen3(unsigned seed, bool qwen2 = false) {
+llama_model<cpu_backend> random_qwen3(unsigned seed, bool qwen2 = false, bool fuse = false) {
   model_config c;
   c.architecture = qwen2 ? "qwen2" : "qwen3";
   c.vocab_size = 203;
@@ -282,7 +284,7 @@ llama_model<cpu_backend> random_qwen3(unsigned seed, bool qwen2 = false) {
   c.tied_embeddings = false;
   c.bos = 0;
   c.eos = 202;
-  return random_llama(cpu_backend{}, c, seed);
+  return random_llama(cpu_backend{}, c, seed, fuse);
 }
 
 std::vector<std::vector<token_id>> random_prompts(int n, int vocab, unsigned seed) {
@@ -389,5 +391,90 @@ TEST_CASE("tensor parallel under memory pressure: swaps, recomputation and share
     CHECK(st.compressions == ps.compressions);
     for (std::size_t i = 0; i < prompts.size(); ++i) CHECK(out[i].output == expected[i].output);
     CHECK(eng.pool().num_used() == 0);
+  }
+}
+
+// ---- fused projections
+
+TEST_CASE("fused projections: stack_rows, split_columns and swiglu on the CPU backend") {
+  const cpu_backend b;
+  const auto wq = b.from_host(random_values(6 * 4, 1), 6, 4), wk = b.from_host(random_values(2 * 4, 2), 2, 4),
+             wv = b.from_host(random_values(3 * 4, 3), 3, 4);
+  const cpu::matrix* parts[] = {&wq, &wk, &wv};
+  const auto stacked = b.stack_rows(parts);
+  REQUIRE(stacked);
+  CHECK(stacked->rows() == 11);
+  CHECK(stacked->cols() == 4);
+  CHECK(stacked->middleRows(6, 2) == wk);
+  CHECK(stacked->bottomRows(3) == wv);
+
+  // One fused GEMM cut in three = three GEMMs.
+  const auto x = b.from_host(random_values(5 * 4, 4), 5, 4);
+  cpu::matrix fused, q, k, v, q1, k1, v1;
+  b.linear(x, *stacked, fused);
+  const int widths[] = {6, 2, 3};
+  cpu::matrix* outs[] = {&q, &k, &v};
+  b.split_columns(fused, widths, outs);
+  b.linear(x, wq, q1);
+  b.linear(x, wk, k1);
+  b.linear(x, wv, v1);
+  CHECK(q == q1);
+  CHECK(k == k1);
+  CHECK(v == v1);
+
+  // swiglu of [gate | up] is silu_mul(gate, up), bit for bit.
+  const auto gate = b.from_host(random_values(3 * 7, 5), 3, 7), up = b.from_host(random_values(3 * 7, 6), 3, 7);
+  cpu::matrix gate_up(3, 14), act, expected;
+  gate_up << gate, up;
+  b.swiglu(gate_up, act);
+  b.silu_mul(gate, up, expected);
+  CHECK(act == expected);
+
+  // Misuse names what is wrong.
+  const int short_widths[] = {6, 2, 2};
+  CHECK_THROWS_WITH_AS(b.split_columns(fused, short_widths, outs), doctest::Contains("add up to 10, not the row of 11"),
+                       error);
+  const auto other = b.from_host(random_values(2 * 5, 7), 2, 5);
+  const cpu::matrix* mixed[] = {&wq, &other};
+  CHECK_THROWS_WITH_AS((void)b.stack_rows(mixed), doctest::Contains("parts of 4 and 5 columns"), error);
+  cpu::matrix odd(2, 5);
+  CHECK_THROWS_WITH_AS(b.swiglu(odd, act), doctest::Contains("not two halves"), error);
+}
+
+TEST_CASE("fused projections: a fused model gives the unfused model's greedy tokens (Qwen3, Qwen2 biases, stories260K)") {
+  for (const bool qwen2 : {false, true}) {
+    CAPTURE(qwen2);
+    const auto fused = random_qwen3(7, qwen2, true);
+    const auto unfused = random_qwen3(7, qwen2, false);
+    REQUIRE(fused.weights().layers[0].wqkv.has_value());
+    REQUIRE(fused.weights().layers[1].w_gate_up.has_value());
+    CHECK(fused.weights().layers[0].wq.size() == 0);  // the parts are released
+    CHECK(fused.weights().layers[0].w_up.size() == 0);
+    CHECK_FALSE(unfused.weights().layers[0].wqkv.has_value());
+    const auto prompts = random_prompts(4, unfused.config().vocab_size, 17);
+    const engine_config cfg{.block_size = 8, .num_blocks = 96, .budget_tokens = 24, .window = 4};
+    engine<llama_model<cpu_backend>, zipage_policy> a(fused, cfg), ref(unfused, cfg);
+    const auto got = a.generate(prompts, greedy_ignoring_eos(48));
+    const auto want = ref.generate(prompts, greedy_ignoring_eos(48));
+    CHECK(a.stats().compressions > 0);
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      CAPTURE(i);
+      CHECK(got[i].output == want[i].output);
+    }
+  }
+  // The GGUF loader fuses (stories260K: q 64 rows, k/v 32, ffn 172).
+  const auto stories_model = load_llama_gguf<cpu_backend>(stories().file);
+  CHECK(stories_model.weights().layers[0].wqkv.has_value());
+  CHECK(stories_model.weights().layers[0].w_gate_up.has_value());
+}
+
+TEST_CASE("fused projections: tensor parallelism shards a fused model like the unfused one (Qwen3, Qwen2), N = 2, 4") {
+  for (const bool qwen2 : {false, true}) {
+    CAPTURE(qwen2);
+    const auto fused = random_qwen3(8, qwen2, true);
+    const auto unfused = random_qwen3(8, qwen2, false);
+    const auto prompts = random_prompts(3, unfused.config().vocab_size, 19);
+    // Ranks slice q, k, v (gate, up) out of the fused weights; the plain engine runs the unfused model.
+    check_tp_matches<full_kv>(fused, unfused, prompts, 32, {.block_size = 8, .num_blocks = 64}, {2, 4}, false);
   }
 }

@@ -155,6 +155,7 @@ llama_model<Backend> load_hf_model(const model_config& c, const safetensors::che
     lw.w_gate = r.matrix(p + "mlp.gate_proj.weight", c.ffn_size, c.hidden_size, true);
     lw.w_up = r.matrix(p + "mlp.up_proj.weight", c.ffn_size, c.hidden_size, true);
     lw.w_down = r.matrix(p + "mlp.down_proj.weight", c.hidden_size, c.ffn_size, true);
+    fuse_projections(backend, lw);  // one layer at a time: the unfused copies never add up
     w.layers.push_back(std::move(lw));
   }
   w.final_norm = r.vector("model.norm.weight", c.hidden_size);

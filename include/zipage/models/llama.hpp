@@ -3,7 +3,9 @@
 // untied embeddings, with the optional pieces of its descendants (q/k/v bias as in Qwen2, per-head q/k
 // RMSNorm as in Qwen3) so one implementation serves them all. Generic over the backend.
 #include <concepts>
+#include <initializer_list>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,10 @@ struct llama_layer_weights {
   std::optional<tensor> q_norm, k_norm;      // [1][head_dim] (Qwen3)
   tensor ffn_norm;              // [1][hidden]
   tensor w_gate, w_up, w_down;  // [out][in]
+  // The fused projections (fuse_projections): one GEMM instead of three and of two. When set, they replace
+  // wq/wk/wv and w_gate/w_up, which are then left empty.
+  std::optional<tensor> wqkv;       // [q_size + 2 kv_size][hidden]: wq | wk | wv
+  std::optional<tensor> w_gate_up;  // [2 ffn][hidden]: w_gate | w_up
 };
 
 template <class Backend>
@@ -62,18 +68,54 @@ void project(Backend& ops, const Tensor& x, const Tensor& w, const std::optional
   if (bias) ops.add_bias(out, *bias);
 }
 
-// RMSNorm, q/k/v (with bias and q/k norm where the checkpoint has them), RoPE: q, k, v from x (h: scratch).
+// q, k and v of x (normed, in h): by the fused projection when the layer has one (then split, scratch: qkv),
+// else by three.
 template <class Backend, class Layer, class Tensor>
-void attention_input(Backend& ops, const model_config& c, const Layer& lw, const Tensor& x, Tensor& h, Tensor& q,
-                     Tensor& k, Tensor& v, std::span<const std::int32_t> positions) {
-  ops.rms_norm(x, lw.attn_norm, c.rms_eps, h);
+void project_qkv(Backend& ops, const model_config& c, const Layer& lw, const Tensor& h, Tensor& qkv, Tensor& q,
+                 Tensor& k, Tensor& v) {
+  if constexpr (requires { lw.wqkv.has_value(); }) {
+    if (lw.wqkv) {
+      ops.linear(h, *lw.wqkv, qkv);
+      const int widths[] = {c.q_size(), c.kv_size(), c.kv_size()};
+      Tensor* const parts[] = {&q, &k, &v};
+      ops.split_columns(qkv, widths, parts);
+      if (lw.bq) ops.add_bias(q, *lw.bq);
+      if (lw.bk) ops.add_bias(k, *lw.bk);
+      if (lw.bv) ops.add_bias(v, *lw.bv);
+      return;
+    }
+  }
   project(ops, h, lw.wq, lw.bq, q);
   project(ops, h, lw.wk, lw.bk, k);
   project(ops, h, lw.wv, lw.bv, v);
+}
+
+// RMSNorm, q/k/v (with bias and q/k norm where the checkpoint has them), RoPE: q, k, v from x (h, qkv: scratch).
+template <class Backend, class Layer, class Tensor>
+void attention_input(Backend& ops, const model_config& c, const Layer& lw, const Tensor& x, Tensor& h, Tensor& qkv,
+                     Tensor& q, Tensor& k, Tensor& v, std::span<const std::int32_t> positions) {
+  ops.rms_norm(x, lw.attn_norm, c.rms_eps, h);
+  project_qkv(ops, c, lw, h, qkv, q, k, v);
   if (lw.q_norm) ops.rms_norm(q, *lw.q_norm, c.rms_eps, q);
   if (lw.k_norm) ops.rms_norm(k, *lw.k_norm, c.rms_eps, k);
   rope(ops, c, q, positions);
   rope(ops, c, k, positions);
+}
+
+// silu(h · w_gateᵀ) * (h · w_upᵀ) into act, by the fused projection when the layer has one (scratch: gate_up,
+// up).
+template <class Backend, class Layer, class Tensor>
+void gated_mlp_input(Backend& ops, const Layer& lw, const Tensor& h, Tensor& gate_up, Tensor& up, Tensor& act) {
+  if constexpr (requires { lw.w_gate_up.has_value(); }) {
+    if (lw.w_gate_up) {
+      ops.linear(h, *lw.w_gate_up, gate_up);
+      ops.swiglu(gate_up, act);
+      return;
+    }
+  }
+  ops.linear(h, lw.w_gate, act);
+  ops.linear(h, lw.w_up, up);
+  ops.silu_mul(act, up, act);
 }
 
 }  // namespace llama_block
@@ -120,14 +162,14 @@ class llama_model {
  private:
   // A batch's activations, reused across steps (one set per nano-batch).
   struct activations {
-    tensor x, h, q, k, v, attn, gate, up;
+    tensor x, h, qkv, q, k, v, attn, gate_up, gate, up;
   };
 
   [[nodiscard]] const llama_layer_weights<Backend>& layer(int l) const { return w_.layers[static_cast<std::size_t>(l)]; }
 
   void attention_input(Backend& ops, const llama_layer_weights<Backend>& lw, activations& a,
                        std::span<const std::int32_t> positions) const {
-    llama_block::attention_input(ops, config_, lw, a.x, a.h, a.q, a.k, a.v, positions);
+    llama_block::attention_input(ops, config_, lw, a.x, a.h, a.qkv, a.q, a.k, a.v, positions);
   }
 
   // Output projection and residual, then the SwiGLU MLP and residual: a.x from a.attn.
@@ -135,9 +177,7 @@ class llama_model {
     ops.linear(a.attn, lw.wo, a.h);
     ops.add(a.x, a.h);
     ops.rms_norm(a.x, lw.ffn_norm, config_.rms_eps, a.h);
-    ops.linear(a.h, lw.w_gate, a.gate);
-    ops.linear(a.h, lw.w_up, a.up);
-    ops.silu_mul(a.gate, a.up, a.gate);
+    llama_block::gated_mlp_input(ops, lw, a.h, a.gate_up, a.up, a.gate);
     ops.linear(a.gate, lw.w_down, a.h);
     ops.add(a.x, a.h);
   }
@@ -187,6 +227,12 @@ class llama_model {
   tensor logits_;
 };
 
+// Whether a backend tensor holds no elements (cpu::matrix and cuda_tensor both have size()).
+template <class Tensor>
+bool is_empty(const Tensor& t) {
+  return t.size() == 0;
+}
+
 // A backend that can store linear weights its own way (cuda_backend: FP8 E4M3 with 128x128 block scales,
 // docs/fp8.md "FP8 weights") says so with prepare_linear_weight(tensor&, bool fp8_checkpoint), which converts a
 // loaded weight in place (or leaves it) and returns whether it converted; cpu_backend has none.
@@ -205,7 +251,9 @@ int prepare_linear_weights(const Backend& backend, llama_layer_weights<Backend>&
   int converted = 0;
   if constexpr (prepares_linear_weights<Backend>) {
     for (auto* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-      converted += backend.prepare_linear_weight(*t, fp8_checkpoint) ? 1 : 0;
+      if (!is_empty(*t)) converted += backend.prepare_linear_weight(*t, fp8_checkpoint) ? 1 : 0;
+    for (auto* t : {&l.wqkv, &l.w_gate_up})
+      if (*t) converted += backend.prepare_linear_weight(**t, fp8_checkpoint) ? 1 : 0;
   }
   return converted;
 }
@@ -214,6 +262,54 @@ int prepare_linear_weights(const Backend& backend, llama_weights<Backend>& w, bo
   int converted = 0;
   for (auto& l : w.layers) converted += prepare_linear_weights(backend, l, fp8_checkpoint);
   return converted;
+}
+
+// A backend that can run a layer's q/k/v and gate/up projections as one GEMM each says so with three ops:
+// stack_rows(parts) stacks linear weights [n_i][in] into one [sum n_i][in] in the backend's storage (nullopt
+// when that storage cannot be stacked: cuda_backend's FP8 weights unless every part but the last is a whole
+// number of 128-row scale blocks, or parts of different storage); split_columns(x, widths, outs) cuts x
+// [rows][sum widths] into outs [rows][width_i]; swiglu(gate_up, out) is silu_mul of gate_up's two halves.
+template <class Backend>
+concept fuses_projections = requires(const Backend& b, const typename Backend::tensor& ct, typename Backend::tensor& t,
+                                     std::span<const typename Backend::tensor* const> parts, std::span<const int> widths,
+                                     std::span<typename Backend::tensor* const> outs) {
+  { b.stack_rows(parts) } -> std::same_as<std::optional<typename Backend::tensor>>;
+  b.split_columns(ct, widths, outs);
+  b.swiglu(ct, t);
+};
+
+// Fuses a layer's q/k/v weights into wqkv and gate/up into w_gate_up (as vLLM's QKVParallelLinear and
+// MergedColumnParallelLinear do), when the backend fuses projections and can stack these weights; the parts
+// are released. Call it after the weights have their final storage (prepare_linear_weights): FP8 weights stack
+// their codes and block scales. Biases stay per projection. Returns how many of the two fusions were made.
+// The results equal the unfused layer's up to the GEMM's summation order (a wider product may pick another
+// kernel).
+template <class Backend>
+int fuse_projections(const Backend& backend, llama_layer_weights<Backend>& l) {
+  int fused = 0;
+  if constexpr (fuses_projections<Backend>) {
+    using tensor = typename Backend::tensor;
+    auto fuse = [&](std::optional<tensor>& into, std::initializer_list<tensor*> parts) {
+      if (into) return;
+      for (const tensor* p : parts)
+        if (is_empty(*p)) return;
+      std::vector<const tensor*> list(parts.begin(), parts.end());
+      auto stacked = backend.stack_rows(list);
+      if (!stacked) return;
+      into = std::move(*stacked);
+      for (tensor* p : parts) *p = tensor{};
+      ++fused;
+    };
+    fuse(l.wqkv, {&l.wq, &l.wk, &l.wv});
+    fuse(l.w_gate_up, {&l.w_gate, &l.w_up});
+  }
+  return fused;
+}
+template <class Backend>
+int fuse_projections(const Backend& backend, llama_weights<Backend>& w) {
+  int fused = 0;
+  for (auto& l : w.layers) fused += fuse_projections(backend, l);
+  return fused;
 }
 
 namespace detail {
@@ -299,6 +395,7 @@ llama_model<Backend> load_llama_gguf(const gguf::file& f, const Backend& backend
   w.final_norm = m("output_norm.weight", 1, c.hidden_size);
   if (!c.tied_embeddings) w.lm_head = m("output.weight", c.vocab_size, c.hidden_size);
   prepare_linear_weights(backend, w);
+  fuse_projections(backend, w);
   return llama_model<Backend>(c, std::move(w));
 }
 

@@ -377,7 +377,7 @@ struct llama_shard {
   std::vector<layer> layers;
   tensor final_norm;
   tensor lm_head;    // [V'][hidden]
-  tensor x, h, q, k, v, attn, gate, up, local_logits, logits;
+  tensor x, h, qkv, q, k, v, attn, gate, up, local_logits, logits;  // qkv: unused (shards are not fused)
   std::vector<token_id> local_ids;
   std::vector<float> gathered;
 };
@@ -444,9 +444,11 @@ class tensor_parallel_llama {
     for (const auto& lw : w.layers) {
       typename llama_shard<B>::layer sl;
       sl.attn_norm = whole(lw.attn_norm);
-      sl.wq = rows(lw.wq, q0, qn);
-      sl.wk = rows(lw.wk, k0, kn);
-      sl.wv = rows(lw.wv, k0, kn);
+      // A fused q|k|v (gate|up) weight is sliced where its parts begin: each rank's shard stays unfused.
+      const int q_rows = c.q_size(), kv_rows = c.kv_size();
+      sl.wq = lw.wqkv ? rows(*lw.wqkv, q0, qn) : rows(lw.wq, q0, qn);
+      sl.wk = lw.wqkv ? rows(*lw.wqkv, q_rows + k0, kn) : rows(lw.wk, k0, kn);
+      sl.wv = lw.wqkv ? rows(*lw.wqkv, q_rows + kv_rows + k0, kn) : rows(lw.wv, k0, kn);
       sl.bq = bias(lw.bq, q0, qn);
       sl.bk = bias(lw.bk, k0, kn);
       sl.bv = bias(lw.bv, k0, kn);
@@ -454,8 +456,8 @@ class tensor_parallel_llama {
       if (lw.k_norm) sl.k_norm = whole(*lw.k_norm);
       sl.wo = cols(lw.wo, q0, qn);
       sl.ffn_norm = whole(lw.ffn_norm);
-      sl.w_gate = rows(lw.w_gate, f0, fn);
-      sl.w_up = rows(lw.w_up, f0, fn);
+      sl.w_gate = lw.w_gate_up ? rows(*lw.w_gate_up, f0, fn) : rows(lw.w_gate, f0, fn);
+      sl.w_up = lw.w_gate_up ? rows(*lw.w_gate_up, c.ffn_size + f0, fn) : rows(lw.w_up, f0, fn);
       sl.w_down = cols(lw.w_down, f0, fn);
       s.layers.push_back(std::move(sl));
     }
@@ -488,7 +490,7 @@ class tensor_parallel_llama {
     forward_context<B> ctx(ops, kv, batch, l.q_heads_per_rank);
     for (int layer = 0; layer < c.num_layers; ++layer) {
       const auto& lw = s.layers[static_cast<std::size_t>(layer)];
-      llama_block::attention_input(ops, c, lw, s.x, s.h, s.q, s.k, s.v, batch.positions);
+      llama_block::attention_input(ops, c, lw, s.x, s.h, s.qkv, s.q, s.k, s.v, batch.positions);
       ctx.attention(layer, s.q, s.k, s.v, s.attn);
       ops.linear(s.attn, lw.wo, s.h);
       coll::all_reduce(ops, comm, s.h);

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -219,6 +220,53 @@ bool cuda_backend::prepare_linear_weight(cuda_tensor& w, bool fp8_checkpoint) co
   access::set_e4m3(w, std::move(codes), std::move(scales), n, k);
   c.count([&](cuda_backend_counters&) { ++c.fp8_weights; });
   return true;
+}
+
+std::optional<cuda_tensor> cuda_backend::stack_rows(std::span<const cuda_tensor* const> parts) const {
+  check(!parts.empty(), "stack_rows: no parts");
+  context& c = use(ctx_);
+  check(!c.capturing(), "stack_rows: weights are stacked at load, not inside a graph capture");
+  const cuda_tensor& first = *parts.front();
+  int rows = 0;
+  for (const cuda_tensor* p : parts) {
+    check(p->cols() == first.cols(), "stack_rows: parts of ", first.cols(), " and ", p->cols(), " columns");
+    if (p->dtype() != first.dtype()) return std::nullopt;  // e.g. one part kept bf16 where cuBLASLt refused FP8
+    rows += p->rows();
+  }
+  const int cols = first.cols();
+  if (first.dtype() != cuda_dtype::e4m3) {
+    cuda_tensor out;
+    access::shape(ctx_, out, rows, cols, first.dtype());
+    auto* at = static_cast<char*>(out.data());
+    for (const cuda_tensor* p : parts) {
+      if (p->bytes()) ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(at, p->data(), p->bytes(), cudaMemcpyDeviceToDevice, c.stream));
+      at += p->bytes();
+    }
+    return out;
+  }
+  // FP8: the codes stack as bytes; the block scales stack by 128-row block rows, which is exact only when every
+  // part but the last ends on a block boundary.
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i)
+    if (parts[i]->rows() % 128 != 0) return std::nullopt;
+  const auto ld_bytes = static_cast<std::size_t>(first.scale_ld()) * sizeof(float);
+  cuda_buffer codes, scales;
+  access::reserve(ctx_, codes, static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
+  access::reserve(ctx_, scales, static_cast<std::size_t>((rows + 127) / 128) * ld_bytes);
+  auto* code_at = static_cast<char*>(codes.data());
+  auto* scale_at = static_cast<char*>(scales.data());
+  for (const cuda_tensor* p : parts) {
+    const std::size_t code_bytes = static_cast<std::size_t>(p->size());
+    const std::size_t scale_bytes = static_cast<std::size_t>((p->rows() + 127) / 128) * ld_bytes;
+    if (code_bytes) ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(code_at, p->data(), code_bytes, cudaMemcpyDeviceToDevice, c.stream));
+    if (scale_bytes)
+      ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(scale_at, p->scales(), scale_bytes, cudaMemcpyDeviceToDevice, c.stream));
+    code_at += code_bytes;
+    scale_at += scale_bytes;
+  }
+  if (!cuda_detail::fp8_gemm_supported(c, rows, cols, static_cast<const float*>(scales.data()))) return std::nullopt;
+  cuda_tensor out;
+  access::set_e4m3(out, std::move(codes), std::move(scales), rows, cols);
+  return out;
 }
 
 cuda_tensor cuda_backend::linear_weight_from_host(std::span<const float> values, int rows, int cols,

@@ -104,6 +104,44 @@ void cuda_backend::silu_mul(const cuda_tensor& gate, const cuda_tensor& up, cuda
   cuda::silu_mul(gate.dtype(), gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), 0, v, as_stream(c.stream));
 }
 
+void cuda_backend::swiglu(const cuda_tensor& gate_up, cuda_tensor& out) const {
+  context& c = use(ctx_);
+  check(gate_up.cols() % 2 == 0, "swiglu: a gate|up row of ", gate_up.cols(), " columns is not two halves");
+  check(&gate_up != &out, "swiglu: the output may not alias the input");
+  const int cols = gate_up.cols() / 2;
+  access::shape(ctx_, out, gate_up.rows(), cols, gate_up.dtype());
+  if (out.empty()) return;
+  const cuda::kernel_variant v = preferred(c);
+  if (c.skip_launch(15, gate_up.data(), out.data(), gate_up.rows(), cols, gate_up.dtype(), v)) return;
+  const auto* gate = static_cast<const char*>(gate_up.data());
+  cuda::silu_mul(gate_up.dtype(), gate, gate + static_cast<std::size_t>(cols) * dtype_bytes(gate_up.dtype()), out.data(),
+                 gate_up.rows(), cols, gate_up.cols(), v, as_stream(c.stream));
+}
+
+void cuda_backend::split_columns(const cuda_tensor& x, std::span<const int> widths, std::span<cuda_tensor* const> outs) const {
+  context& c = use(ctx_);
+  check(widths.size() == outs.size(), "split_columns: ", widths.size(), " widths for ", outs.size(), " outputs");
+  check(!outs.empty() && outs.size() <= cuda::column_split::max_parts, "split_columns: ", outs.size(), " outputs (1 to ",
+        cuda::column_split::max_parts, ")");
+  std::int64_t sum = 0;
+  cuda::column_split parts;
+  parts.parts = static_cast<int>(outs.size());
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    check(widths[i] >= 0, "split_columns: negative width ", widths[i]);
+    check(outs[i] != &x, "split_columns: an output may not alias the input");
+    sum += widths[i];
+    access::shape(ctx_, *outs[i], x.rows(), widths[i], x.dtype());
+    parts.out[i] = outs[i]->data();
+    parts.width[i] = widths[i];
+  }
+  check(sum == x.cols(), "split_columns: widths add up to ", sum, ", not the row of ", x.cols());
+  if (x.empty()) return;
+  if (c.skip_launch(16, x.data(), x.rows(), x.dtype(), parts.out[0], parts.out[1], parts.out[2], parts.out[3],
+                    parts.width[0], parts.width[1], parts.width[2], parts.width[3]))
+    return;
+  cuda::split_columns(x.dtype(), x.data(), x.rows(), parts, as_stream(c.stream));
+}
+
 void cuda_backend::add(cuda_tensor& x, const cuda_tensor& y) const {
   context& c = use(ctx_);
   check(x.rows() == y.rows() && x.cols() == y.cols() && x.dtype() == y.dtype(), "add: shapes or types differ (",

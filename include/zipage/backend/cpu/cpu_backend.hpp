@@ -6,6 +6,7 @@
 #include <Eigen/Core>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -102,6 +103,53 @@ inline void silu_mul(const matrix& gate, const matrix& up, matrix& out) {
       const float g = gate(r, c);
       out(r, c) = g / (1.0f + std::exp(-g)) * up(r, c);
     }
+}
+
+// The same function of a fused [rows][2 * cols] gate|up matrix: out = silu(gate_up[:, :cols]) * gate_up[:, cols:].
+inline void swiglu(const matrix& gate_up, matrix& out) {
+  check(gate_up.cols() % 2 == 0, "swiglu: a gate|up row of ", gate_up.cols(), " columns is not two halves");
+  const Eigen::Index cols = gate_up.cols() / 2;
+  matrix result(gate_up.rows(), cols);  // out may be gate_up
+  for (Eigen::Index r = 0; r < gate_up.rows(); ++r)
+    for (Eigen::Index c = 0; c < cols; ++c) {
+      const float g = gate_up(r, c);
+      result(r, c) = g / (1.0f + std::exp(-g)) * gate_up(r, cols + c);
+    }
+  out.swap(result);
+}
+
+// Linear weights [n_i][in] stacked into one [sum n_i][in] (a fused projection's weight).
+inline matrix stack_rows(std::span<const matrix* const> parts) {
+  check(!parts.empty(), "stack_rows: no parts");
+  Eigen::Index rows = 0;
+  for (const matrix* p : parts) {
+    check(p->cols() == parts[0]->cols(), "stack_rows: parts of ", parts[0]->cols(), " and ", p->cols(), " columns");
+    rows += p->rows();
+  }
+  matrix out(rows, parts[0]->cols());
+  Eigen::Index r = 0;
+  for (const matrix* p : parts) {
+    out.middleRows(r, p->rows()) = *p;
+    r += p->rows();
+  }
+  return out;
+}
+
+// outs[i] = the widths[i] columns of x after those of outs[0..i) (a fused projection's output, cut).
+inline void split_columns(const matrix& x, std::span<const int> widths, std::span<matrix* const> outs) {
+  check(widths.size() == outs.size(), "split_columns: ", widths.size(), " widths for ", outs.size(), " outputs");
+  Eigen::Index sum = 0;
+  for (const int w : widths) {
+    check(w >= 0, "split_columns: negative width ", w);
+    sum += w;
+  }
+  check(sum == x.cols(), "split_columns: widths add up to ", sum, ", not the row of ", x.cols());
+  Eigen::Index c = 0;
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    check(outs[i] != &x, "split_columns: an output may not alias the input");
+    *outs[i] = x.middleCols(c, widths[i]);
+    c += widths[i];
+  }
 }
 
 inline void gather_rows(const matrix& x, std::span<const std::int32_t> rows, matrix& out) {
@@ -208,6 +256,12 @@ struct cpu_backend {
     cpu::rope(x, pos, head_dim, theta, style, scaling);
   }
   void silu_mul(const tensor& gate, const tensor& up, tensor& out) const { cpu::silu_mul(gate, up, out); }
+  // Fused projections (models/llama.hpp fuses_projections).
+  [[nodiscard]] std::optional<tensor> stack_rows(std::span<const tensor* const> parts) const { return cpu::stack_rows(parts); }
+  void split_columns(const tensor& x, std::span<const int> widths, std::span<tensor* const> outs) const {
+    cpu::split_columns(x, widths, outs);
+  }
+  void swiglu(const tensor& gate_up, tensor& out) const { cpu::swiglu(gate_up, out); }
   void add(tensor& x, const tensor& y) const { x += y; }
   void gather_rows(const tensor& x, std::span<const std::int32_t> rows, tensor& out) const { cpu::gather_rows(x, rows, out); }
 

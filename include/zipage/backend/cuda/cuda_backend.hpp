@@ -57,6 +57,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -329,6 +330,14 @@ class cuda_backend {
             const rope_scaling_config& scaling) const;
   void silu_mul(const tensor& gate, const tensor& up, tensor& out) const;
   void add(tensor& x, const tensor& y) const;
+  // ---- fused projections (models/llama.hpp fuses_projections)
+  // stack_rows: linear weights [n_i][in] of one storage stacked into [sum n_i][in], at load (not in a graph); FP8
+  // weights stack codes and block scales, which needs every part but the last to be a whole number of 128-row
+  // blocks (nullopt otherwise, or when the parts' storage differs, or cuBLASLt refuses the stacked FP8 shape).
+  // split_columns: one kernel. swiglu: silu_mul's kernel on the two halves of a gate|up row.
+  [[nodiscard]] std::optional<tensor> stack_rows(std::span<const tensor* const> parts) const;
+  void split_columns(const tensor& x, std::span<const int> widths, std::span<tensor* const> outs) const;
+  void swiglu(const tensor& gate_up, tensor& out) const;
   void gather_rows(const tensor& x, std::span<const std::int32_t> rows, tensor& out) const;
   void attention(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k,
                  const tensor& v, int num_q_heads, tensor& out) const;

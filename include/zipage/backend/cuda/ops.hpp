@@ -65,6 +65,17 @@ void rope(cuda_dtype t, const rope_params& p, kernel_variant v, cuda_stream stre
 void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::int64_t rows, int cols,
               std::int64_t in_row_stride, kernel_variant v, cuda_stream stream);
 
+// Cuts x [rows][sum of widths] (dtype t) into its column blocks: parts.out[i] [rows][parts.width[i]] gets the
+// width[i] columns after those of parts 0..i-1 (a fused projection's output: q | k | v). One kernel, which
+// copies bits (16-byte vectors where every row and block boundary allows).
+struct column_split {
+  static constexpr int max_parts = 4;
+  void* out[max_parts] = {};
+  int width[max_parts] = {};
+  int parts = 0;
+};
+void split_columns(cuda_dtype t, const void* x, std::int64_t rows, const column_split& parts, cuda_stream stream);
+
 // out = a + b over n elements of dtype t (fp32 sum, rounded once); out may be a or b (residual add).
 // Tuned: t == bf16 (16-byte vectors when a, b and out are 16-byte aligned). Both give the same values.
 void add(cuda_dtype t, const void* a, const void* b, void* out, std::int64_t n, kernel_variant v, cuda_stream stream);

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One device session, detached (it outlives a 10-minute call; `bench/run_fused_ab.sh wait` collects it): build
+# the GPU targets of .carry-src (bench/device_build.sh), every GPU test, `zipage-bench --linear-bench` (the
+# fused q|k|v and gate|up GEMMs beside the separate ones), then the Qwen3-8B long workload, compressed, with
+# fused and with unfused projections (--unfused-projections) in boxes of AB_BOX s, FP8 KV + FP8 weights, then
+# bf16 + bf16 when AB_BF16=1; then, if BUDGET_S leaves room for it, one cell of the 16k steady-state grid
+# (bench/run_grid_cell.sh's command, GRID_BOX s).
+#   call 1: bench/run_fused_ab.sh start; bench/run_fused_ab.sh wait
+#   call 2: bench/run_fused_ab.sh wait     (issued at once; repeat until it says done)
+set -u
+cd "$(dirname "$0")/.."
+D=${DRIVE_DIR:-/tmp/drive}
+OUT=${OUT:-out}
+mkdir -p "$D" "$OUT"
+case "${1:-}" in
+  start)
+    rm -rf "$D" && mkdir -p "$D"
+    setsid nohup bash "$0" run > "$D/driver.log" 2>&1 < /dev/null &
+    echo "started at $(date -u +%H:%M:%S)" ;;
+  run)
+    T0=$(date +%s)
+    st() { echo "[$(( $(date +%s) - T0 )) s] $*" >> "$D/status.txt"; }
+    TARGETS="test_gpu_device test_cuda_engine test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_cuda_fp8_gemm test_nccl_communicator test_tp_nccl_engine zipage-bench" \
+      JOBS=16 OUT="$D" bench/device_build.sh build > "$D/build_status.txt" 2>&1
+    st "build rc=$?"
+    mkdir -p .dev-bin
+    find /tmp/bd -maxdepth 3 -type f -perm -u+x \( -name 'test_*' -o -name zipage-bench \) -exec ln -sfn {} .dev-bin/ \;
+    OUT="$D" DEADLINE_S=260 BIN=.dev-bin TESTS="test_gpu_device test_cuda_engine test_cuda_fp8_gemm" \
+      CONCURRENT="test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_nccl_communicator test_tp_nccl_engine" \
+      bench/run_gpu_tests.sh > /dev/null 2>&1
+    cp /tmp/test_cuda_engine.log /tmp/test_cuda_fp8_gemm.log "$D/" 2>/dev/null
+    st "tests done"
+    timeout 150 .dev-bin/zipage-bench --shape qwen3-8b --linear-bench > "$D/linear.txt" 2>&1
+    st "linear bench rc=$?"
+    ab() {  # ab KV WEIGHTS FLAG
+      local name="ab_kv$1_w$2${3:+_unfused}"
+      timeout $(( ${AB_BOX:-100} + 150 )) .dev-bin/zipage-bench --shape qwen3-8b --workload long --mode compressed \
+        --num-requests 1024 --output-len 16384 --max-num-seqs 1024 --seconds "${AB_BOX:-100}" --kv-cache-dtype "$1" \
+        --quantization "$2" $3 --json "$D/ab.jsonl" > "$D/$name.txt" 2>&1
+      st "$name rc=$?: $(grep -E '^\| long' "$D/$name.txt" | head -1)"
+    }
+    ab fp8 fp8 ""
+    ab fp8 fp8 --unfused-projections
+    if [ "${AB_BF16:-0}" = 1 ]; then ab auto none ""; ab auto none --unfused-projections; fi
+    left=$(( ${BUDGET_S:-1700} - ($(date +%s) - T0) ))
+    if [ "$left" -gt $(( ${GRID_BOX:-900} + 90 )) ]; then
+      st "grid cell: box ${GRID_BOX:-900} s ($left s of budget left)"
+      timeout $(( ${GRID_BOX:-900} + 120 )) .dev-bin/zipage-bench --shape qwen3-8b --workload long --mode compressed \
+        --num-requests 1024 --output-len 16384 --max-num-seqs 1024 --seconds "${GRID_BOX:-900}" --kv-cache-dtype fp8 \
+        --quantization fp8 --json "$D/grid.jsonl" > "$D/grid_kvfp8_wfp8.txt" 2>&1
+      st "grid cell rc=$?: $(grep -E '^\| long' "$D/grid_kvfp8_wfp8.txt" | head -1)"
+    else
+      st "grid cell skipped: $left s of budget left"
+    fi
+    touch "$D/done" ;;
+  wait)
+    t=$(date +%s)
+    while [ ! -f "$D/done" ] && [ $(( $(date +%s) - t )) -lt "${WAIT_S:-560}" ]; do sleep 5; done
+    cp -r "$D"/. "$OUT/" 2>/dev/null
+    cat "$D/status.txt" 2>/dev/null
+    [ -f "$D/done" ] && echo "done" || echo "still running: call wait again (at once)" ;;
+  *) echo "usage: $0 start|wait" >&2; exit 2 ;;
+esac
