@@ -23,18 +23,21 @@ case "${1:-}" in
     TARGETS="test_gpu_device test_cuda_engine test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_cuda_fp8_gemm test_nccl_communicator test_tp_nccl_engine zipage-bench" \
       JOBS=16 OUT="$D" bench/device_build.sh build > "$D/build_status.txt" 2>&1
     st "build rc=$?"
-    mkdir -p .dev-bin
-    find /tmp/bd -maxdepth 3 -type f -perm -u+x \( -name 'test_*' -o -name zipage-bench \) -exec ln -sfn {} .dev-bin/ \;
-    OUT="$D" DEADLINE_S=260 BIN=.dev-bin TESTS="test_gpu_device test_cuda_engine test_cuda_fp8_gemm" \
+    # The binaries' links live under /tmp: each `run` call copies the working tree anew, which would remove an
+    # untracked folder in it while this driver still runs.
+    B=/tmp/dev-bin
+    mkdir -p "$B"
+    find /tmp/bd -maxdepth 3 -type f -perm -u+x \( -name 'test_*' -o -name zipage-bench \) -exec ln -sfn {} "$B"/ \;
+    OUT="$D" DEADLINE_S=260 BIN="$B" TESTS="test_gpu_device test_cuda_engine test_cuda_fp8_gemm" \
       CONCURRENT="test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_nccl_communicator test_tp_nccl_engine" \
       bench/run_gpu_tests.sh > /dev/null 2>&1
     cp /tmp/test_cuda_engine.log /tmp/test_cuda_fp8_gemm.log "$D/" 2>/dev/null
     st "tests done"
-    timeout 150 .dev-bin/zipage-bench --shape qwen3-8b --linear-bench > "$D/linear.txt" 2>&1
+    timeout 150 "$B"/zipage-bench --shape qwen3-8b --linear-bench > "$D/linear.txt" 2>&1
     st "linear bench rc=$?"
     ab() {  # ab KV WEIGHTS FLAG
       local name="ab_kv$1_w$2${3:+_unfused}"
-      timeout $(( ${AB_BOX:-100} + 150 )) .dev-bin/zipage-bench --shape qwen3-8b --workload long --mode compressed \
+      timeout $(( ${AB_BOX:-100} + 150 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode compressed \
         --num-requests 1024 --output-len 16384 --max-num-seqs 1024 --seconds "${AB_BOX:-100}" --kv-cache-dtype "$1" \
         --quantization "$2" $3 --json "$D/ab.jsonl" > "$D/$name.txt" 2>&1
       st "$name rc=$?: $(grep -E '^\| long' "$D/$name.txt" | head -1)"
@@ -45,7 +48,7 @@ case "${1:-}" in
     left=$(( ${BUDGET_S:-1700} - ($(date +%s) - T0) ))
     if [ "$left" -gt $(( ${GRID_BOX:-900} + 90 )) ]; then
       st "grid cell: box ${GRID_BOX:-900} s ($left s of budget left)"
-      timeout $(( ${GRID_BOX:-900} + 120 )) .dev-bin/zipage-bench --shape qwen3-8b --workload long --mode compressed \
+      timeout $(( ${GRID_BOX:-900} + 120 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode compressed \
         --num-requests 1024 --output-len 16384 --max-num-seqs 1024 --seconds "${GRID_BOX:-900}" --kv-cache-dtype fp8 \
         --quantization fp8 --json "$D/grid.jsonl" > "$D/grid_kvfp8_wfp8.txt" 2>&1
       st "grid cell rc=$?: $(grep -E '^\| long' "$D/grid_kvfp8_wfp8.txt" | head -1)"

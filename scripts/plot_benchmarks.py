@@ -33,6 +33,8 @@ def label(r):
         what += f"\nKV {kv}, weights {weights}"
     if r.get("nano_batch_steps"):
         what += ", 2 nano-batches"
+    if r.get("fused_projections") is False:  # runs since the fused q|k|v, gate|up projections record it
+        what += ", unfused"
     return f"{r['shape']} {r['workload']}, {r['mode']}\n{what}"
 
 
