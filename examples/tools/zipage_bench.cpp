@@ -173,6 +173,7 @@ struct options {
   int num_query_slots = 0;
   bool no_graphs = false;
   bool unfused_projections = false;  // q/k/v and gate/up as separate GEMMs (the loaders fuse them)
+  bool op_timing = false;            // per-op GPU time of the decode steps (implies --no-graphs)
   float temperature = 0.0f;
   std::string json;
   std::string kv_cache_dtype = "auto";  // auto (bf16) | fp8 | fp8_e4m3
@@ -245,6 +246,7 @@ struct run_result {
   double host_ms_per_step = 0, forward_ms_per_step = 0, launch_ms_per_step = 0, to_host_ms_per_step = 0;
   double decode_host_ms = 0, decode_forward_ms = 0;
   double ceiling_fraction = 0, decode_mem_ceiling_fraction = 0, floor_seconds = 0, forward_ceiling_fraction = 0;
+  std::vector<cuda_op_time> decode_ops;  // --op-timing: per-op GPU time summed over the decode steps
   double forward_seconds = 0;
   double gather_s = 0, compaction_s = 0, device_compress_s = 0;
   std::int64_t device_compressions = 0, device_batches = 0;
@@ -333,6 +335,16 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
     const double mem = weight_floor + static_cast<double>(kv_read) * kv_per_layer_token / (bandwidth_gbs * 1e9);
     const double flops = 2.0 * ws.params * static_cast<double>(tokens) / (gemm_tflops * 1e12);
     if (tokens > 0) floor_s += std::max(mem, flops);
+    if (o.op_timing) {
+      // The step's ops (it has synchronised on its tokens): decode steps' into the table, prefill steps' dropped.
+      for (const cuda_op_time& t : b.take_op_times()) {
+        if (!decode) continue;
+        auto at = std::find_if(r.decode_ops.begin(), r.decode_ops.end(), [&](const auto& x) { return x.op == t.op; });
+        if (at == r.decode_ops.end()) at = r.decode_ops.insert(r.decode_ops.end(), cuda_op_time{t.op, 0, 0.0});
+        at->calls += t.calls;
+        at->ms += t.ms;
+      }
+    }
     if (decode) {
       decode_floor_mem += mem;
       decode_wall += wall;
@@ -397,6 +409,22 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   return r;
 }
 
+// --op-timing: where a decode step's GPU time goes, op by op, largest first.
+void print_op_times(const run_result& r) {
+  auto ops = r.decode_ops;
+  std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.ms > b.ms; });
+  double total = 0;
+  for (const auto& t : ops) total += t.ms;
+  const double steps = static_cast<double>(std::max<std::int64_t>(1, r.decode_steps));
+  std::printf("    decode steps, GPU time by op (%lld steps, mean batch %.0f; timed ops %.2f ms per step, forward %.2f ms "
+              "per step):\n    | op | calls per step | ms per step | us per call | share |\n    |---|---:|---:|---:|---:|\n",
+              static_cast<long long>(r.decode_steps), r.mean_batch_decode, total / steps, r.decode_forward_ms);
+  for (const auto& t : ops)
+    std::printf("    | %s | %.1f | %.3f | %.1f | %.1f%% |\n", t.op.c_str(), static_cast<double>(t.calls) / steps,
+                t.ms / steps, 1e3 * t.ms / static_cast<double>(std::max<std::int64_t>(1, t.calls)),
+                total > 0 ? 100.0 * t.ms / total : 0.0);
+}
+
 void print(const run_result& r) {
   std::printf(
       "| %s | %s | %d/%d | %.1f | %.0f | %.0f | %lld (%lld dec, mean batch %.0f) | %d | %lld | %lld | %lld | %.2f | "
@@ -440,6 +468,9 @@ int main(int argc, char** argv) {
   app.add_option("--kv-gib", o.kv_gib, "KV pool size (0: from --gpu-memory-utilization)");
   app.add_option("--num-query-slots", o.num_query_slots, "compressed: query slots (0: the memory plan's max concurrency)");
   app.add_flag("--no-graphs", o.no_graphs, "decode steps without CUDA graphs");
+  app.add_flag("--op-timing", o.op_timing,
+               "per-op GPU time of the decode steps (cuda_backend_options::op_timing; implies --no-graphs and syncs "
+               "every step, so its throughput is not comparable)");
   app.add_flag("--unfused-projections", o.unfused_projections,
                "q/k/v and gate/up as separate GEMMs, as before fuse_projections (for A/B runs)");
   app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)");
@@ -488,7 +519,9 @@ int main(int argc, char** argv) {
     }
     const model_config c = shape_config(o.shape);
     cuda_backend_options bo;
+    if (o.op_timing) o.no_graphs = true;  // a graph's ops are not timed one by one
     bo.cuda_graphs = !o.no_graphs;
+    bo.op_timing = o.op_timing;
     bo.kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
     bo.weight_dtype = o.linear_bench ? weight_dtype::fp8_e4m3 : parse_weight_quantization(o.quantization);
     bo.max_graph_batch = std::max(bo.max_graph_batch, o.max_num_seqs);
@@ -555,6 +588,7 @@ int main(int argc, char** argv) {
         std::printf("; nano-batch overlap: %lld of %lld decode steps (from batch %d, GEMM SMs %d)\n",
                     static_cast<long long>(r.nano_batch_steps), static_cast<long long>(r.decode_steps), o.overlap_min_batch,
                     o.overlap_gemm_sms);
+        if (!r.decode_ops.empty()) print_op_times(r);
         results.push_back(r);
         if (!o.json.empty()) {
           std::ofstream js(o.json, std::ios::app);

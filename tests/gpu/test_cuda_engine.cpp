@@ -1099,6 +1099,44 @@ TEST_CASE("fused projections: the fused model's logits equal the unfused model's
   }
 }
 
+TEST_CASE("op timing: eager ops are timed by name and counted per call; nothing is timed when it is off") {
+  const model_config c = small_config(128, 4, 2, true);  // q 512, k/v 256 each: the fused q|k|v is 1024 x 256
+  cuda_backend_options o;
+  o.op_timing = true;
+  o.cuda_graphs = false;
+  const cuda_backend b(o);
+  auto model = random_llama(b, c, 31, true);
+  (void)forward_steps(model, b, {12, 5}, 2);  // one prefill step, two decode steps
+  const auto times = b.take_op_times();
+  auto find = [&](const std::string& op) -> const cuda_op_time* {
+    for (const auto& t : times)
+      if (t.op == op) return &t;
+    return nullptr;
+  };
+  struct expected {
+    const char* op;
+    std::int64_t calls;
+  };
+  // Per forward: 2 layers x (attn_norm, q_norm, k_norm, ffn_norm) + the final norm; one fused q|k|v GEMM, one split
+  // and one SwiGLU per layer; attention on each layer (prefill once, then decode twice).
+  for (const expected& e : {expected{"rms_norm", 27}, expected{"linear bf16 1024x256", 6}, expected{"split_columns", 6},
+                            expected{"swiglu", 6}, expected{"attention prefill", 2}, expected{"attention decode", 4},
+                            expected{"append_kv", 6}, expected{"embedding", 3}}) {
+    CAPTURE(e.op);
+    const cuda_op_time* t = find(e.op);
+    REQUIRE(t != nullptr);
+    CHECK(t->calls == e.calls);
+    CHECK(t->ms > 0.0);
+  }
+  CHECK(find("silu_mul") == nullptr);  // the fused model runs swiglu instead
+  CHECK(b.take_op_times().empty());    // taken once
+
+  const cuda_backend quiet(cuda_backend_options{.cuda_graphs = false});
+  auto model2 = random_llama(quiet, c, 31, true);
+  (void)forward_steps(model2, quiet, {12, 5}, 1);
+  CHECK(quiet.take_op_times().empty());
+}
+
 namespace {
 
 // Qwen3-8B's shape (151,936-token vocabulary) with weights drawn on the device (no host copies).

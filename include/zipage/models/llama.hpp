@@ -160,16 +160,18 @@ class llama_model {
   }
 
  private:
-  // A batch's activations, reused across steps (one set per nano-batch).
+  // A batch's activations, reused across steps (one set per nano-batch). `fused`: the output of a fused projection
+  // (q|k|v, then gate|up): each is scratch within its half of the layer, so one buffer, sized by the larger, serves
+  // both.
   struct activations {
-    tensor x, h, qkv, q, k, v, attn, gate_up, gate, up;
+    tensor x, h, q, k, v, attn, fused, gate, up;
   };
 
   [[nodiscard]] const llama_layer_weights<Backend>& layer(int l) const { return w_.layers[static_cast<std::size_t>(l)]; }
 
   void attention_input(Backend& ops, const llama_layer_weights<Backend>& lw, activations& a,
                        std::span<const std::int32_t> positions) const {
-    llama_block::attention_input(ops, config_, lw, a.x, a.h, a.qkv, a.q, a.k, a.v, positions);
+    llama_block::attention_input(ops, config_, lw, a.x, a.h, a.fused, a.q, a.k, a.v, positions);
   }
 
   // Output projection and residual, then the SwiGLU MLP and residual: a.x from a.attn.
@@ -177,7 +179,7 @@ class llama_model {
     ops.linear(a.attn, lw.wo, a.h);
     ops.add(a.x, a.h);
     ops.rms_norm(a.x, lw.ffn_norm, config_.rms_eps, a.h);
-    llama_block::gated_mlp_input(ops, lw, a.h, a.gate_up, a.up, a.gate);
+    llama_block::gated_mlp_input(ops, lw, a.h, a.fused, a.up, a.gate);
     ops.linear(a.gate, lw.w_down, a.h);
     ops.add(a.x, a.h);
   }

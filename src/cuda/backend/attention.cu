@@ -237,8 +237,19 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
   append.v = v.data();
   append.slots = st.slots;
   append.num_tokens = tokens;
-  cuda::append_kv(kv.dtype, append, variant, stream);  // FP8 (scales set): the quantising kernel
-  if (window_rows) cuda::record_queries(kv.dtype, window_rows, st.window_rows, q.data(), tokens, q.cols(), stream);
+  // Timed (op_timing) on the main stream only: a nano-batch's attention runs on a stream of its own.
+  auto timed_on_main = [&](const char* name) {
+    return nano < 0 ? time_op(c, [&] { return std::string(name); }) : cuda_detail::op_scope{};
+  };
+  {
+    const auto timed = timed_on_main("append_kv");
+    cuda::append_kv(kv.dtype, append, variant, stream);  // FP8 (scales set): the quantising kernel
+  }
+  if (window_rows) {
+    const auto timed = timed_on_main("record_queries");
+    cuda::record_queries(kv.dtype, window_rows, st.window_rows, q.data(), tokens, q.cols(), stream);
+  }
+  const auto timed = timed_on_main(st.decode ? "attention decode" : "attention prefill");
   cuda::paged_attention(kv.dtype, ap, variant, ws, stream);
   if (nano >= 0)
     ZIPAGE_CUDA_CHECK(cudaEventRecord(c.attention_finished[static_cast<std::size_t>(nano)], c.attention_stream));

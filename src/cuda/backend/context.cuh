@@ -180,6 +180,25 @@ struct context {
   int fp8_weights = 0, fp8_weights_kept = 0;  // under counters_mu
   int fp8_self_test = -1;  // the FP8 GEMM's check against the CPU reference: -1 not run, 0 failed, 1 passed
 
+  // op_timing: the event pairs of timed ops not yet read by take_op_times (engine thread, main stream), and
+  // events to reuse.
+  struct timed_op {
+    std::string name;
+    cudaEvent_t start, stop;
+  };
+  std::vector<timed_op> timed_ops;
+  std::vector<cudaEvent_t> spare_events;
+  cudaEvent_t timing_event() {
+    cudaEvent_t e = nullptr;
+    if (spare_events.empty()) {
+      ZIPAGE_CUDA_CHECK(cudaEventCreate(&e));
+    } else {
+      e = spare_events.back();
+      spare_events.pop_back();
+    }
+    return e;
+  }
+
   explicit context(const cuda_backend_options& o) : opts(o), streams(o.device) {
     activate();
     cudaMemPool_t pool = nullptr;
@@ -208,6 +227,11 @@ struct context {
     for (auto* events : {&attention_launched, &attention_finished})
       for (auto& e : *events)
         if (e) cudaEventDestroy(e);
+    for (const timed_op& t : timed_ops) {
+      cudaEventDestroy(t.start);
+      cudaEventDestroy(t.stop);
+    }
+    for (cudaEvent_t e : spare_events) cudaEventDestroy(e);
     // The scratch buffers and uploaders free in stream order as members; `streams` goes last.
   }
 
@@ -248,6 +272,37 @@ struct context {
   }
 };
 
+// An op's timing scope (cuda_backend_options::op_timing): records a start event on the main stream when made and
+// a stop event when it ends. Inert when op timing is off or a graph pass runs. Make it with time_op just before
+// the op's launches.
+class op_scope {
+ public:
+  op_scope() = default;
+  op_scope(context& c, std::string name) : c_(&c), name_(std::move(name)), start_(c.timing_event()) {
+    ZIPAGE_CUDA_CHECK(cudaEventRecord(start_, c.stream));
+  }
+  op_scope(const op_scope&) = delete;
+  op_scope& operator=(const op_scope&) = delete;
+  ~op_scope() {
+    if (c_ == nullptr) return;
+    cudaEvent_t stop = c_->timing_event();
+    cudaEventRecord(stop, c_->stream);
+    c_->timed_ops.push_back({std::move(name_), start_, stop});
+  }
+
+ private:
+  context* c_ = nullptr;
+  std::string name_;
+  cudaEvent_t start_ = nullptr;
+};
+
+// `name()` is called only when the op is timed (it may format shapes).
+template <class NameFn>
+[[nodiscard]] op_scope time_op(context& c, NameFn&& name) {
+  if (!c.opts.op_timing || c.graph.phase != graph_phase::off) return {};
+  return op_scope(c, name());
+}
+
 struct access {
   static cuda_buffer& buf(cuda_tensor& t) { return t.buf_; }
   static const cuda_buffer& buf(const cuda_tensor& t) { return t.buf_; }
@@ -256,6 +311,9 @@ struct access {
     if (b.ptr_ != nullptr && b.capacity_ >= bytes && b.ctx_ == ctx) return;
     // The record pass sized every tensor the capture pass touches.
     check(!ctx->capturing(), "cuda graphs: a tensor grew during stream capture");
+    // A buffer that moves in a record pass (one tensor reused at two sizes in a step: llama_model's fused
+    // projection output) leaves its old address in the launches signed before: the pass runs again.
+    if (b.ptr_ != nullptr && ctx->graph.phase == graph_phase::record) ctx->graph.arena_moved = true;
     release(b);
     if (bytes == 0) return;
     ctx->activate();
@@ -331,6 +389,7 @@ using cuda_detail::check_pages;
 using cuda_detail::context;
 using cuda_detail::power_of_two;
 using cuda_detail::section;
+using cuda_detail::time_op;
 using cuda_detail::use;
 
 }  // namespace zipage

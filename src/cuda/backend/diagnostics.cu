@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "context.cuh"
@@ -57,6 +58,26 @@ void cuda_backend::reset_counters() const {
   std::lock_guard lock(ctx_->counters_mu);
   ctx_->counters = {};
 }
+std::vector<cuda_op_time> cuda_backend::take_op_times() const {
+  context& c = use(ctx_);
+  std::vector<cuda_op_time> out;
+  std::unordered_map<std::string, std::size_t> index;
+  for (auto& t : c.timed_ops) {
+    ZIPAGE_CUDA_CHECK(cudaEventSynchronize(t.stop));
+    float ms = 0.0f;
+    ZIPAGE_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
+    const auto [at, fresh] = index.try_emplace(t.name, out.size());
+    if (fresh) out.push_back({t.name, 0, 0.0});
+    cuda_op_time& sum = out[at->second];
+    ++sum.calls;
+    sum.ms += ms;
+    c.spare_events.push_back(t.start);
+    c.spare_events.push_back(t.stop);
+  }
+  c.timed_ops.clear();
+  return out;
+}
+
 std::string cuda_backend::device_name() const {
   cudaDeviceProp p{};
   ZIPAGE_CUDA_CHECK(cudaGetDeviceProperties(&p, ctx_->opts.device));

@@ -182,7 +182,11 @@ void fp8_linear(const std::shared_ptr<context>& ctx, const cuda_tensor& x, const
         "] (the weight passed the load-time check at 4, 256 and 2048 tokens)");
   c.count([](cuda_backend_counters& t) { ++t.fp8_linears; });
   if (c.skip_launch(11, x.data(), w.data(), w.scales(), out.data(), m, n, k, ws.codes, &plan, c.lt_workspace)) return;
-  cuda::fp8::quantize_activations(cuda_dtype::bf16, x.data(), m, mp, k, ws.codes, ws.scales, as_stream(c.stream));
+  {
+    const auto timed = time_op(c, [&] { return "fp8 quantize " + std::to_string(k); });
+    cuda::fp8::quantize_activations(cuda_dtype::bf16, x.data(), m, mp, k, ws.codes, ws.scales, as_stream(c.stream));
+  }
+  const auto timed = time_op(c, [&] { return "linear fp8 " + std::to_string(n) + "x" + std::to_string(k); });
   const float* w_scales = w.scales();
   const float* x_scales = ws.scales;
   ZIPAGE_LT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof w_scales));

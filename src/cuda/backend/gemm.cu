@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "context.cuh"
 #include "fp8_linear.cuh"
@@ -42,6 +43,11 @@ const cuda_detail::gemm_plan& cuda_detail::cache_gemm_plan(context& c, const gem
 }
 
 namespace {
+
+// "linear bf16 6144x4096": an op timing name (cuda_backend_options::op_timing) of a weight [n][k].
+std::string shape_name(const char* what, cuda_dtype t, int n, int k) {
+  return what + std::string(to_string(t)) + " " + std::to_string(n) + "x" + std::to_string(k);
+}
 
 int alignment_of(const void* p) {
   const auto v = reinterpret_cast<std::uintptr_t>(p);
@@ -83,6 +89,7 @@ void cuda_backend::linear(const cuda_tensor& x, const cuda_tensor& w, cuda_tenso
     const auto& plan = gemm_plan_for(c, m, n, k, x.dtype(), align);
     if (plan.ok) {
       if (c.skip_launch(3, x.data(), w.data(), out.data(), m, n, k, x.dtype(), &plan, c.lt_workspace)) return;
+      const auto timed = time_op(c, [&] { return shape_name("linear ", x.dtype(), n, k); });
       const float alpha = 1.0f, beta = 0.0f;
       ZIPAGE_LT_CHECK(cublasLtMatmul(c.lt, plan.desc, &alpha, w.data(), plan.a, x.data(), plan.b, &beta, out.data(),
                                      plan.c, out.data(), plan.c, &plan.algo, c.lt_workspace, c.opts.gemm_workspace_bytes,
@@ -91,6 +98,7 @@ void cuda_backend::linear(const cuda_tensor& x, const cuda_tensor& w, cuda_tenso
     }
   }
   if (c.skip_launch(4, x.data(), w.data(), out.data(), m, n, k, x.dtype())) return;
+  const auto timed = time_op(c, [&] { return shape_name("linear fixed-order ", x.dtype(), n, k); });
   cuda::gemm_fixed_order(x.dtype(), x.data(), w.data(), out.data(), m, n, k, as_stream(c.stream));
 }
 

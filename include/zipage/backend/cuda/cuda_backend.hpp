@@ -118,6 +118,10 @@ struct cuda_backend_options {
   // GEMMs issued while a nano-batch's attention runs ask cuBLASLt for this many SMs (its SM count target), leaving
   // the others to the attention; 0: all SMs.
   int overlap_gemm_sms = 0;
+  // Per-op GPU time, for finding where a step's time goes (take_op_times; zipage-bench --op-timing): every op launched
+  // outside a CUDA graph pass records an event pair around its kernels on the main stream. Off by default: two event
+  // records per op, and a graph's ops are not timed one by one.
+  bool op_timing = false;
 
   // Every field, before the backend touches a device (the constructor calls it): the first wrong one is
   // named, instead of a CUDA error later or an option silently ignored.
@@ -294,6 +298,13 @@ struct cuda_backend_counters {
   std::int64_t fp8_linears = 0;           // linear() calls with an FP8 weight (eager, and graph record passes)
 };
 
+// One op's GPU time (cuda_backend_options::op_timing): `calls` launches of `op` took `ms` in all.
+struct cuda_op_time {
+  std::string op;  // e.g. "rms_norm", "linear bf16 6144x4096", "fp8 quantize 4096", "attention decode"
+  std::int64_t calls = 0;
+  double ms = 0.0;
+};
+
 class cuda_backend {
  public:
   using tensor = cuda_tensor;
@@ -426,6 +437,9 @@ class cuda_backend {
   void synchronize() const;
   [[nodiscard]] cuda_backend_counters counters() const;
   void reset_counters() const;
+  // With cuda_backend_options::op_timing: the ops timed since the last call, summed by op in first-seen order
+  // (waits for them). Empty when op timing is off.
+  [[nodiscard]] std::vector<cuda_op_time> take_op_times() const;
   // Free and total device memory in bytes (cudaMemGetInfo).
   [[nodiscard]] std::pair<std::size_t, std::size_t> memory_info() const;
   [[nodiscard]] std::string device_name() const;
