@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# One device session, detached (it outlives a 10-minute call; `bench/run_fused_ab.sh wait` collects it): build
-# the GPU targets of .carry-src (bench/device_build.sh), every GPU test, `zipage-bench --linear-bench` (the
-# fused q|k|v and gate|up GEMMs beside the separate ones), then the Qwen3-8B long workload, compressed, with
-# fused and with unfused projections (--unfused-projections) in boxes of AB_BOX s, FP8 KV + FP8 weights, then
-# bf16 + bf16 when AB_BF16=1; then, if BUDGET_S leaves room for it, one cell of the 16k steady-state grid
-# (bench/run_grid_cell.sh's command, GRID_BOX s).
+# One device session, detached (it outlives a 10-minute call; `bench/run_fused_ab.sh wait` collects it):
+#  1. build the GPU targets of .carry-src (bench/device_build.sh) and run every GPU test;
+#  2. `zipage-bench --linear-bench` (the fused q|k|v and gate|up GEMMs beside the separate ones);
+#  3. with OP_TIMING_BOX=60: `zipage-bench --op-timing` (FP8 KV and weights, compressed), the decode step's GPU
+#     time op by op;
+#  4. the Qwen3-8B long workload, compressed, fused and unfused (--unfused-projections), in boxes of AB_BOX s
+#     (0: skip): FP8 KV + FP8 weights, then bf16 + bf16 when AB_BF16=1;
+#  5. if BUDGET_S leaves room, one cell of the 16k steady-state grid: GRID_BOX s (900), GRID_MODE compressed|full,
+#     GRID_KV fp8|auto, GRID_QUANT fp8|none.
 #   call 1: bench/run_fused_ab.sh start; bench/run_fused_ab.sh wait
 #   call 2: bench/run_fused_ab.sh wait     (issued at once; repeat until it says done)
 set -u
@@ -35,6 +38,12 @@ case "${1:-}" in
     st "tests done"
     timeout 150 "$B"/zipage-bench --shape qwen3-8b --linear-bench > "$D/linear.txt" 2>&1
     st "linear bench rc=$?"
+    if [ "${OP_TIMING_BOX:-0}" -gt 0 ]; then  # where a decode step's GPU time goes, op by op (eager, synchronised)
+      timeout $(( OP_TIMING_BOX + 150 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode compressed \
+        --num-requests 1024 --output-len 16384 --max-num-seqs 1024 --seconds "$OP_TIMING_BOX" --kv-cache-dtype fp8 \
+        --quantization fp8 --op-timing > "$D/op_timing.txt" 2>&1
+      st "op timing rc=$?"
+    fi
     ab() {  # ab KV WEIGHTS FLAG
       local name="ab_kv$1_w$2${3:+_unfused}"
       timeout $(( ${AB_BOX:-100} + 150 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode compressed \
@@ -42,16 +51,19 @@ case "${1:-}" in
         --quantization "$2" $3 --json "$D/ab.jsonl" > "$D/$name.txt" 2>&1
       st "$name rc=$?: $(grep -E '^\| long' "$D/$name.txt" | head -1)"
     }
-    ab fp8 fp8 ""
-    ab fp8 fp8 --unfused-projections
-    if [ "${AB_BF16:-0}" = 1 ]; then ab auto none ""; ab auto none --unfused-projections; fi
+    if [ "${AB_BOX:-100}" -gt 0 ]; then
+      ab fp8 fp8 ""
+      ab fp8 fp8 --unfused-projections
+      if [ "${AB_BF16:-0}" = 1 ]; then ab auto none ""; ab auto none --unfused-projections; fi
+    fi
     left=$(( ${BUDGET_S:-1700} - ($(date +%s) - T0) ))
     if [ "$left" -gt $(( ${GRID_BOX:-900} + 90 )) ]; then
-      st "grid cell: box ${GRID_BOX:-900} s ($left s of budget left)"
-      timeout $(( ${GRID_BOX:-900} + 120 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode compressed \
-        --num-requests 1024 --output-len 16384 --max-num-seqs 1024 --seconds "${GRID_BOX:-900}" --kv-cache-dtype fp8 \
-        --quantization fp8 --json "$D/grid.jsonl" > "$D/grid_kvfp8_wfp8.txt" 2>&1
-      st "grid cell rc=$?: $(grep -E '^\| long' "$D/grid_kvfp8_wfp8.txt" | head -1)"
+      cell="grid_${GRID_MODE:-compressed}_kv${GRID_KV:-fp8}_w${GRID_QUANT:-fp8}"
+      st "$cell: box ${GRID_BOX:-900} s ($left s of budget left)"
+      timeout $(( ${GRID_BOX:-900} + 120 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode "${GRID_MODE:-compressed}" \
+        --num-requests 1024 --output-len 16384 --max-num-seqs 1024 --seconds "${GRID_BOX:-900}" --kv-cache-dtype "${GRID_KV:-fp8}" \
+        --quantization "${GRID_QUANT:-fp8}" --json "$D/grid.jsonl" > "$D/$cell.txt" 2>&1
+      st "$cell rc=$?: $(grep -E '^\| long' "$D/$cell.txt" | head -1)"
     else
       st "grid cell skipped: $left s of budget left"
     fi
