@@ -213,9 +213,9 @@ void launch_select(const compress_args& a, unsigned segments, cudaStream_t strea
 template <int D>
 void launch_compact(const compress_args& a, unsigned segments, cudaStream_t stream) {
   if (a.k8 != nullptr)
-    detail::compact_fp8_kernel<D><<<segments, detail::kCompactThreads, 0, stream>>>(a);
+    detail::compact_kernel<D, true><<<segments, detail::kCompactThreads, 0, stream>>>(a);
   else
-    detail::compact_kernel<D><<<segments, detail::kCompactThreads, 0, stream>>>(a);
+    detail::compact_kernel<D, false><<<segments, detail::kCompactThreads, 0, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

@@ -32,13 +32,8 @@ cuda_detail::step_state& prepare_step(context& c, const attention_metadata& meta
                          cuda_detail::span_section(meta.token_kv_len), cuda_detail::span_section(meta.page_indptr),
                          cuda_detail::span_section(meta.page_indices), cuda_detail::span_section(meta.token_window_row)};
   const bool graphed = c.graph.phase != cuda_detail::graph_phase::off;
-  if (const int e = graphed ? c.graph.find(cuda_detail::up_meta, raw) : c.meta_up.find(raw, false); e >= 0) {
-    if (graphed)
-      c.graph.recent[cuda_detail::up_meta] = e;
-    else
-      c.meta_up.touch(e);
+  if (const int e = graphed ? c.graph.reuse(cuda_detail::up_meta, raw) : c.meta_up.reuse(raw); e >= 0)
     return c.steps[static_cast<std::size_t>(e)];
-  }
 
   cuda_detail::step_state st;
   st.num_tokens = meta.num_tokens();

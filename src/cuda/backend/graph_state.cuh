@@ -145,6 +145,13 @@ struct graph_state {
     return -1;
   }
 
+  // find(who, secs), and the entry found becomes `who`'s most recent (so the next staging replaces the other one).
+  int reuse(int who, std::span<const section> secs) {
+    const int e = find(who, secs);
+    if (e >= 0) recent[static_cast<std::size_t>(who)] = e;
+    return e;
+  }
+
   // Places the sections in the arena (record: copies them into `host`; capture: the record pass's places),
   // unless one of `who`'s last two stagings holds them; `entry` (optional) gets which of the two it is.
   staged stage(int who, std::span<const section> secs, int* entry = nullptr) {

@@ -171,8 +171,13 @@ class upload_cache {
     recent_ = i;
     return i;
   }
+  // find(secs, false), and the entry found becomes the most recent (so the next put replaces the other one).
+  int reuse(std::span<const section> secs) {
+    const int i = find(secs, false);
+    if (i >= 0) recent_ = i;
+    return i;
+  }
   [[nodiscard]] const uploader& entry(int i) const { return u_[i]; }
-  void touch(int i) { recent_ = i; }  // entry i was just used (find), so the other is the older
   void invalidate() {
     u_[0].invalidate();
     u_[1].invalidate();

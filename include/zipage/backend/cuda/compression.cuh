@@ -23,7 +23,7 @@
 //  select_kernel   per segment: radix select (4 x 8-bit digits, warp-aggregated shared histograms, CUB
 //      block scans) of the keep-th largest F; a final ordered pass emits the kept indices ascending,
 //      ties to the older token.
-//  compact_kernel<D>   per segment: moves kept token i from slot kept[i] to slot i (K, V, score), front
+//  compact_kernel<D, fp8> per segment: moves kept token i from slot kept[i] to slot i (K, V, score), front
 //      to back in 64-token tiles, every read of a tile before any write of it (dst <= src).
 //
 // Matrix products use the attention helpers (attention.cuh): K tiles in swizzled shared memory,

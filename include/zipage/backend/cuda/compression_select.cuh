@@ -116,86 +116,15 @@ __global__ void __launch_bounds__(kSelThreads) select_kernel(const compress_args
 // ---------------------------------------------------------------------------------------------------
 // Stage 7: in-place compaction.
 
-// FP8 cache: codes move in 16-byte chunks (D / 16 per token) and each kept token's K and V scales with
-// them, bit for bit; the score cache as in compact_kernel.
-template <int D>
-__global__ void __launch_bounds__(kCompactThreads) compact_fp8_kernel(const compress_args a) {
-  constexpr int kChunks = D / 16;
-  constexpr int kPer = (kCompactTile * kChunks + kCompactThreads - 1) / kCompactThreads;
-  const int sh = blockIdx.x;
-  const segment sg = decompose(a, sh);
-  const int len = a.kv_len[sg.req];
-  const int k = min(a.keep, len);
-  if (k >= len) return;
-  const std::int32_t* kept = a.kept + static_cast<std::int64_t>(sh) * a.keep;
-  const std::int32_t* pages = a.page_indices + a.page_indptr[sg.req];
-  const std::int64_t token_stride = std::int64_t{a.num_kv_heads} * D;
-  std::uint8_t* kb = a.k8 + sg.layer * a.kv_layer_stride + sg.head * D;
-  std::uint8_t* vb = a.v8 + sg.layer * a.kv_layer_stride + sg.head * D;
-  const std::int64_t sl = sg.layer * a.score_layer_stride + sg.head;
-  float* sb = a.scores == nullptr ? nullptr : a.scores + sl;
-  float* ksb = a.k_scale + sl;
-  float* vsb = a.v_scale + sl;
-  const int tid = threadIdx.x;
-
-  for (int t0 = 0; t0 < k; t0 += kCompactTile) {
-    const int t1 = min(k, t0 + kCompactTile);
-    if (kept[t1 - 1] == t1 - 1) continue;
-    uint4 kr[kPer], vr[kPer];
-    std::int64_t dst_off[kPer];
-    bool move[kPer];
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int item = tid + i * kCompactThreads;
-      const int dst = t0 + item / kChunks, ch = item % kChunks;
-      move[i] = false;
-      if (item < kCompactTile * kChunks && dst < t1) {
-        const int src = kept[dst];
-        if (src != dst) {
-          move[i] = true;
-          const std::int64_t so = token_slot(pages, a.bs_shift, src) * token_stride + ch * 16;
-          dst_off[i] = token_slot(pages, a.bs_shift, dst) * token_stride + ch * 16;
-          kr[i] = *reinterpret_cast<const uint4*>(kb + so);
-          vr[i] = *reinterpret_cast<const uint4*>(vb + so);
-        }
-      }
-    }
-    float sv = 0.0f, ks = 0.0f, vs = 0.0f;
-    std::int64_t s_dst = -1;
-    if (tid < kCompactTile) {
-      const int dst = t0 + tid;
-      if (dst < t1) {
-        const int src = kept[dst];
-        if (src != dst) {
-          const std::int64_t from = token_slot(pages, a.bs_shift, src) * a.num_kv_heads;
-          s_dst = token_slot(pages, a.bs_shift, dst) * a.num_kv_heads;
-          ks = ksb[from];
-          vs = vsb[from];
-          if (sb != nullptr) sv = sb[from];
-        }
-      }
-    }
-    __syncthreads();  // every source of the tile is read before any slot of it is written
-#pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if (move[i]) {
-        *reinterpret_cast<uint4*>(kb + dst_off[i]) = kr[i];
-        *reinterpret_cast<uint4*>(vb + dst_off[i]) = vr[i];
-      }
-    if (s_dst >= 0) {
-      ksb[s_dst] = ks;
-      vsb[s_dst] = vs;
-      if (sb != nullptr) sb[s_dst] = sv;
-    }
-    __syncthreads();
-  }
-}
-
-template <int D>
+// One segment (layer, request, KV head) per CTA: kept token i moves from slot kept[i] to slot i, front to back in
+// tiles of kCompactTile tokens. Its K and V rows move in 16-byte chunks (bf16: D / 8 per token; FP8 codes:
+// D / 16), and with them its score-cache entry and, in an FP8 cache, its K and V scales, bit for bit.
+template <int D, bool kFp8>
 __global__ void __launch_bounds__(kCompactThreads) compact_kernel(const compress_args a) {
-  constexpr int kChunks = D / 8;
-  constexpr int kPer = kCompactTile * kChunks / kCompactThreads;  // 16-byte chunks per thread per side
-  static_assert(kCompactTile * kChunks % kCompactThreads == 0 && kCompactTile <= kCompactThreads);
+  constexpr int kElementBytes = kFp8 ? 1 : 2;
+  constexpr int kChunks = D * kElementBytes / 16;
+  constexpr int kPer = (kCompactTile * kChunks + kCompactThreads - 1) / kCompactThreads;  // chunks per thread per side
+  static_assert(kCompactTile <= kCompactThreads);
   const int sh = blockIdx.x;
   const segment sg = decompose(a, sh);
   const int len = a.kv_len[sg.req];
@@ -203,10 +132,12 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(const compress
   if (k >= len) return;  // nothing evicted
   const std::int32_t* kept = a.kept + static_cast<std::int64_t>(sh) * a.keep;
   const std::int32_t* pages = a.page_indices + a.page_indptr[sg.req];
-  const std::int64_t token_stride = std::int64_t{a.num_kv_heads} * D;
-  bf16* kb = a.k + sg.layer * a.kv_layer_stride + sg.head * D;
-  bf16* vb = a.v + sg.layer * a.kv_layer_stride + sg.head * D;
-  float* sb = a.scores == nullptr ? nullptr : a.scores + sg.layer * a.score_layer_stride + sg.head;
+  const std::int64_t token_bytes = std::int64_t{a.num_kv_heads} * D * kElementBytes;
+  const std::int64_t head_off = (sg.layer * a.kv_layer_stride + sg.head * D) * kElementBytes;
+  char* kb = (kFp8 ? reinterpret_cast<char*>(a.k8) : reinterpret_cast<char*>(a.k)) + head_off;
+  char* vb = (kFp8 ? reinterpret_cast<char*>(a.v8) : reinterpret_cast<char*>(a.v)) + head_off;
+  const std::int64_t sl = sg.layer * a.score_layer_stride + sg.head;
+  float* sb = a.scores == nullptr ? nullptr : a.scores + sl;
   const int tid = threadIdx.x;
 
   for (int t0 = 0; t0 < k; t0 += kCompactTile) {
@@ -220,26 +151,32 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(const compress
       const int item = tid + i * kCompactThreads;
       const int dst = t0 + item / kChunks, ch = item % kChunks;
       move[i] = false;
-      if (dst < t1) {
+      if (item < kCompactTile * kChunks && dst < t1) {
         const int src = kept[dst];
         if (src != dst) {
           move[i] = true;
-          const std::int64_t so = token_slot(pages, a.bs_shift, src) * token_stride + ch * 8;
-          dst_off[i] = token_slot(pages, a.bs_shift, dst) * token_stride + ch * 8;
+          const std::int64_t so = token_slot(pages, a.bs_shift, src) * token_bytes + ch * 16;
+          dst_off[i] = token_slot(pages, a.bs_shift, dst) * token_bytes + ch * 16;
           kr[i] = *reinterpret_cast<const uint4*>(kb + so);
           vr[i] = *reinterpret_cast<const uint4*>(vb + so);
         }
       }
     }
-    float sv = 0.0f;
+    // The token's per-(slot, head) floats: score-cache entry, FP8 scales.
+    float sv = 0.0f, ks = 0.0f, vs = 0.0f;
     std::int64_t s_dst = -1;
-    if (sb != nullptr && tid < kCompactTile) {
+    if ((kFp8 || sb != nullptr) && tid < kCompactTile) {
       const int dst = t0 + tid;
       if (dst < t1) {
         const int src = kept[dst];
         if (src != dst) {
-          sv = sb[token_slot(pages, a.bs_shift, src) * a.num_kv_heads];
+          const std::int64_t from = token_slot(pages, a.bs_shift, src) * a.num_kv_heads;
           s_dst = token_slot(pages, a.bs_shift, dst) * a.num_kv_heads;
+          if constexpr (kFp8) {
+            ks = a.k_scale[sl + from];
+            vs = a.v_scale[sl + from];
+          }
+          if (sb != nullptr) sv = sb[from];
         }
       }
     }
@@ -250,7 +187,13 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(const compress
         *reinterpret_cast<uint4*>(kb + dst_off[i]) = kr[i];
         *reinterpret_cast<uint4*>(vb + dst_off[i]) = vr[i];
       }
-    if (s_dst >= 0) sb[s_dst] = sv;
+    if (s_dst >= 0) {
+      if constexpr (kFp8) {
+        a.k_scale[sl + s_dst] = ks;
+        a.v_scale[sl + s_dst] = vs;
+      }
+      if (sb != nullptr) sb[s_dst] = sv;
+    }
     __syncthreads();
   }
 }
