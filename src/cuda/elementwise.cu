@@ -125,4 +125,11 @@ void add(const void* a, const void* b, void* out, std::int64_t n, cuda_stream st
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
+void qkv_epilogue(const qkv_epilogue_params& p, cuda_stream stream) {
+  check(p.rows < (1ll << 31), "qkv_epilogue: too many rows");
+  if (p.rows <= 0) return;
+  detail::qkv_epilogue_kernel<<<static_cast<unsigned>(p.rows), 256, 0, stream>>>(p);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace zipage::cuda::tuned

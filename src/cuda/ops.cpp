@@ -61,6 +61,22 @@ void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::in
     reference::silu_mul(t, gate, up, out, rows, cols, in_row_stride, stream);
 }
 
+bool qkv_epilogue_supported(const qkv_epilogue_params& p) {
+  const int d = p.head_dim;
+  bool ok = d > 0 && d % 16 == 0 && d <= 256 && p.num_q_heads > 0 && p.num_kv_heads > 0;
+  for (const void* ptr : {p.qkv, static_cast<const void*>(p.q), static_cast<const void*>(p.k), static_cast<const void*>(p.v)})
+    ok = ok && ptr != nullptr && aligned16(ptr);
+  for (const void* ptr : {p.q_bias, p.k_bias, p.v_bias, p.q_norm, p.k_norm}) ok = ok && (ptr == nullptr || aligned16(ptr));
+  return ok;
+}
+
+void qkv_epilogue(const qkv_epilogue_params& p, cuda_stream stream) {
+  check(qkv_epilogue_supported(p), "qkv_epilogue: head_dim ", p.head_dim,
+        " must be a multiple of 16 and at most 256, with 16-byte aligned tensors");
+  check(p.positions != nullptr && p.inv_freq != nullptr, "qkv_epilogue: positions and inv_freq are required");
+  tuned::qkv_epilogue(p, stream);
+}
+
 void add(cuda_dtype t, const void* a, const void* b, void* out, std::int64_t n, kernel_variant v, cuda_stream stream) {
   if (tuned_bf16(t, v))
     tuned::add(a, b, out, n, stream);

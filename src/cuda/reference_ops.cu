@@ -83,8 +83,9 @@ __global__ void rope_kernel(T* x, const std::int32_t* __restrict__ positions, in
     const int b = interleaved ? 2 * i + 1 : i + half;
     T* v = xr + h * head_dim;
     const float x0 = load_f(v, a), x1 = load_f(v, b);
-    store_f(v, a, x0 * cs[i] - x1 * sn[i]);
-    store_f(v, b, x0 * sn[i] + x1 * cs[i]);
+    // Each product rounded, no fused multiply-add: cpu::rope's arithmetic, and qkv_epilogue_kernel's.
+    store_f(v, a, __fsub_rn(__fmul_rn(x0, cs[i]), __fmul_rn(x1, sn[i])));
+    store_f(v, b, __fadd_rn(__fmul_rn(x0, sn[i]), __fmul_rn(x1, cs[i])));
   }
 }
 

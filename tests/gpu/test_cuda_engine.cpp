@@ -1067,6 +1067,78 @@ TEST_CASE("fused projections: split_columns, swiglu and stack_rows on the device
   }
 }
 
+TEST_CASE("fused projections: qkv_epilogue in one kernel gives the separate ops' bits (bf16: head_dim 128/64/48, biases, q/k norms, both RoPE styles, llama3 scaling; head_dim 40 falls back)") {
+  std::mt19937 rng(41);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto values = [&](int rows, int cols, float scale, float offset = 0.0f) {
+    std::vector<float> v(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
+    for (float& x : v) x = offset + scale * normal(rng);
+    return v;
+  };
+  struct shape {
+    int d, hq, hkv;
+    bool bias, norm;
+    rope_style style;
+    bool scaled;
+  };
+  const cuda_backend b;  // bf16, tuned kernels
+  for (const shape& g : {shape{128, 32, 8, false, true, rope_style::half, false}, shape{64, 8, 1, true, false, rope_style::half, false},
+                         shape{48, 4, 2, true, true, rope_style::half, true}, shape{128, 4, 4, false, true, rope_style::interleaved, false},
+                         shape{64, 4, 2, true, true, rope_style::interleaved, true}, shape{40, 4, 2, false, true, rope_style::half, false}}) {
+    CAPTURE(g.d);
+    CAPTURE(g.hq);
+    CAPTURE(g.bias);
+    CAPTURE(g.norm);
+    CAPTURE(static_cast<int>(g.style));
+    CAPTURE(g.scaled);
+    const int rows = 53, qw = g.hq * g.d, kvw = g.hkv * g.d;
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(rows));
+    std::uniform_int_distribution<int> p(0, 40000);
+    for (auto& x : pos) x = p(rng);
+    const cuda_tensor qkv = b.from_host(values(rows, qw + 2 * kvw, 2.0f), rows, qw + 2 * kvw);
+    const cuda_tensor bq = b.from_host(values(1, qw, 0.5f), 1, qw), bk = b.from_host(values(1, kvw, 0.5f), 1, kvw),
+                      bv = b.from_host(values(1, kvw, 0.5f), 1, kvw);
+    const cuda_tensor qn = b.from_host(values(1, g.d, 0.1f, 1.0f), 1, g.d), kn = b.from_host(values(1, g.d, 0.1f, 1.0f), 1, g.d);
+    qkv_epilogue<cuda_tensor> e;
+    e.num_q_heads = g.hq;
+    e.num_kv_heads = g.hkv;
+    e.head_dim = g.d;
+    if (g.bias) e.q_bias = &bq, e.k_bias = &bk, e.v_bias = &bv;
+    if (g.norm) e.q_norm = &qn, e.k_norm = &kn;
+    e.rms_eps = 1e-6f;
+    e.positions = pos;
+    e.rope_theta = 1e6f;
+    e.style = g.style;
+    if (g.scaled) {
+      e.scaling.type = rope_scaling_type::llama3;
+      e.scaling.factor = 8.0f;
+    }
+    cuda_tensor q, k, v;
+    b.qkv_epilogue(qkv, e, q, k, v);
+    cuda_tensor q2, k2, v2;
+    const int widths[] = {qw, kvw, kvw};
+    cuda_tensor* outs[] = {&q2, &k2, &v2};
+    b.split_columns(qkv, widths, outs);
+    if (g.bias) {
+      b.add_bias(q2, bq);
+      b.add_bias(k2, bk);
+      b.add_bias(v2, bv);
+    }
+    if (g.norm) {
+      b.rms_norm(q2, qn, 1e-6f, q2);
+      b.rms_norm(k2, kn, 1e-6f, k2);
+    }
+    b.rope(q2, pos, g.d, 1e6f, g.style, e.scaling);
+    b.rope(k2, pos, g.d, 1e6f, g.style, e.scaling);
+    const auto hq = b.to_host(q), hq2 = b.to_host(q2), hk = b.to_host(k), hk2 = b.to_host(k2);
+    int differ = 0;
+    for (std::size_t i = 0; i < hq.size(); ++i) differ += hq[i] != hq2[i];
+    for (std::size_t i = 0; i < hk.size(); ++i) differ += hk[i] != hk2[i];
+    CHECK(differ == 0);
+    CHECK(b.to_host(v) == b.to_host(v2));
+  }
+}
+
 TEST_CASE("fused projections: the fused model's logits equal the unfused model's (fp32 fixed-order GEMM: bit for bit; bf16: close)") {
   const std::vector<int> lens = {37, 5, 64, 17};
   for (const bool qk_norm : {true, false}) {
@@ -1117,9 +1189,10 @@ TEST_CASE("op timing: eager ops are timed by name and counted per call; nothing 
     const char* op;
     std::int64_t calls;
   };
-  // Per forward: 2 layers x (attn_norm, q_norm, k_norm, ffn_norm) + the final norm; one fused q|k|v GEMM, one split
-  // and one SwiGLU per layer; attention on each layer (prefill once, then decode twice).
-  for (const expected& e : {expected{"rms_norm", 27}, expected{"linear bf16 1024x256", 6}, expected{"split_columns", 6},
+  // Per forward: 2 layers x (attn_norm, ffn_norm) + the final norm; one fused q|k|v GEMM, one epilogue (cut, q/k
+  // norms, RoPE) and one SwiGLU per layer; attention on each layer (prefill once, then decode twice).
+  // (bf16: the cut, the q/k norms and RoPE are one qkv_epilogue kernel.)
+  for (const expected& e : {expected{"rms_norm", 15}, expected{"linear bf16 1024x256", 6}, expected{"qkv_epilogue", 6},
                             expected{"swiglu", 6}, expected{"attention prefill", 2}, expected{"attention decode", 4},
                             expected{"append_kv", 6}, expected{"embedding", 3}}) {
     CAPTURE(e.op);
@@ -1129,6 +1202,8 @@ TEST_CASE("op timing: eager ops are timed by name and counted per call; nothing 
     CHECK(t->ms > 0.0);
   }
   CHECK(find("silu_mul") == nullptr);  // the fused model runs swiglu instead
+  CHECK(find("rope") == nullptr);      // ... and RoPE inside the epilogue
+  CHECK(find("split_columns") == nullptr);
   CHECK(b.take_op_times().empty());    // taken once
 
   const cuda_backend quiet(cuda_backend_options{.cuda_graphs = false});

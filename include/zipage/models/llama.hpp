@@ -15,6 +15,7 @@
 #include "zipage/model/concepts.hpp"
 #include "zipage/model/forward_context.hpp"
 #include "zipage/model/model_config.hpp"
+#include "zipage/model/qkv_epilogue.hpp"
 
 namespace zipage {
 
@@ -90,11 +91,45 @@ void project_qkv(Backend& ops, const model_config& c, const Layer& lw, const Ten
   project(ops, h, lw.wv, lw.bv, v);
 }
 
+// A backend with one op for what follows the fused q|k|v projection (model/qkv_epilogue.hpp).
+template <class Backend>
+concept fuses_qkv_epilogue = requires(const Backend& b, const typename Backend::tensor& ct, typename Backend::tensor& t,
+                                      const qkv_epilogue<typename Backend::tensor>& e) {
+  b.qkv_epilogue(ct, e, t, t, t);
+};
+
+template <class Layer, class Tensor>
+qkv_epilogue<Tensor> epilogue_of(const model_config& c, const Layer& lw, std::span<const std::int32_t> positions) {
+  auto ptr = [](const std::optional<Tensor>& t) { return t ? &*t : nullptr; };
+  qkv_epilogue<Tensor> e;
+  e.num_q_heads = c.num_q_heads;
+  e.num_kv_heads = c.num_kv_heads;
+  e.head_dim = c.head_dim;
+  e.q_bias = ptr(lw.bq);
+  e.k_bias = ptr(lw.bk);
+  e.v_bias = ptr(lw.bv);
+  e.q_norm = ptr(lw.q_norm);
+  e.k_norm = ptr(lw.k_norm);
+  e.rms_eps = c.rms_eps;
+  e.positions = positions;
+  e.rope_theta = c.rope_theta;
+  e.style = c.rope;
+  e.scaling = c.rope_scaling;
+  return e;
+}
+
 // RMSNorm, q/k/v (with bias and q/k norm where the checkpoint has them), RoPE: q, k, v from x (h, qkv: scratch).
 template <class Backend, class Layer, class Tensor>
 void attention_input(Backend& ops, const model_config& c, const Layer& lw, const Tensor& x, Tensor& h, Tensor& qkv,
                      Tensor& q, Tensor& k, Tensor& v, std::span<const std::int32_t> positions) {
   ops.rms_norm(x, lw.attn_norm, c.rms_eps, h);
+  if constexpr (fuses_qkv_epilogue<Backend> && requires { lw.wqkv.has_value(); }) {
+    if (lw.wqkv) {  // the fused projection, then cut, biases, q/k norms and RoPE in one op
+      ops.linear(h, *lw.wqkv, qkv);
+      ops.qkv_epilogue(qkv, epilogue_of<Layer, Tensor>(c, lw, positions), q, k, v);
+      return;
+    }
+  }
   project_qkv(ops, c, lw, h, qkv, q, k, v);
   if (lw.q_norm) ops.rms_norm(q, *lw.q_norm, c.rms_eps, q);
   if (lw.k_norm) ops.rms_norm(k, *lw.k_norm, c.rms_eps, k);

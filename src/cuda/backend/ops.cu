@@ -21,6 +21,23 @@ cuda::kernel_variant preferred(const context& c) {
   return c.opts.fast_kernels ? cuda::kernel_variant::tuned : cuda::kernel_variant::reference;
 }
 
+// The (scaled) inverse frequencies on the device, in double as cpu::rope computes them, once per configuration.
+const double* rope_table(context& c, int head_dim, float theta, const rope_scaling_config& scaling) {
+  char key[160];
+  std::snprintf(key, sizeof key, "%d/%.9g/%d/%.9g/%.9g/%.9g/%d", head_dim, double(theta), int(scaling.type),
+                double(scaling.factor), double(scaling.low_freq_factor), double(scaling.high_freq_factor),
+                scaling.original_max_position);
+  double*& table = c.rope_tables[key];
+  if (table == nullptr) {
+    std::vector<double> inv(static_cast<std::size_t>(head_dim / 2));
+    for (int i = 0; i < head_dim / 2; ++i)
+      inv[static_cast<std::size_t>(i)] = scaling.apply(std::pow(double(theta), -2.0 * i / head_dim));
+    ZIPAGE_CUDA_CHECK(cudaMalloc(&table, inv.size() * sizeof(double)));
+    ZIPAGE_CUDA_CHECK(cudaMemcpy(table, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
+  }
+  return table;
+}
+
 }  // namespace
 
 void cuda_backend::embedding(const cuda_tensor& table, std::span<const token_id> ids, cuda_tensor& out) const {
@@ -69,19 +86,7 @@ void cuda_backend::rope(cuda_tensor& x, std::span<const std::int32_t> pos, int h
   check(static_cast<std::size_t>(x.rows()) == pos.size(), "rope: ", x.rows(), " rows but ", pos.size(), " positions");
   check(head_dim > 0 && x.cols() % head_dim == 0, "rope: row of ", x.cols(), " is not a multiple of head_dim ", head_dim);
   if (x.empty()) return;
-  // The (scaled) inverse frequencies, in double as cpu::rope computes them, once per configuration.
-  char key[160];
-  std::snprintf(key, sizeof key, "%d/%.9g/%d/%.9g/%.9g/%.9g/%d", head_dim, double(theta), int(scaling.type),
-                double(scaling.factor), double(scaling.low_freq_factor), double(scaling.high_freq_factor),
-                scaling.original_max_position);
-  double*& table = c.rope_tables[key];
-  if (table == nullptr) {
-    std::vector<double> inv(static_cast<std::size_t>(head_dim / 2));
-    for (int i = 0; i < head_dim / 2; ++i)
-      inv[static_cast<std::size_t>(i)] = scaling.apply(std::pow(double(theta), -2.0 * i / head_dim));
-    ZIPAGE_CUDA_CHECK(cudaMalloc(&table, inv.size() * sizeof(double)));
-    ZIPAGE_CUDA_CHECK(cudaMemcpy(table, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
-  }
+  const double* table = rope_table(c, head_dim, theta, scaling);
   const section s{pos.data(), pos.size_bytes()};
   const auto* d_pos = c.upload(c.pos_up, cuda_detail::up_pos, {&s, 1}).at<std::int32_t>(0);
   if (c.skip_launch(6, x.data(), x.dtype(), d_pos, x.rows(), x.cols(), head_dim, table, style)) return;
@@ -148,6 +153,66 @@ void cuda_backend::split_columns(const cuda_tensor& x, std::span<const int> widt
     return;
   const auto timed = time_op(c, [] { return std::string("split_columns"); });
   cuda::split_columns(x.dtype(), x.data(), x.rows(), parts, as_stream(c.stream));
+}
+
+void cuda_backend::qkv_epilogue(const cuda_tensor& qkv, const zipage::qkv_epilogue<cuda_tensor>& e, cuda_tensor& q,
+                                cuda_tensor& k, cuda_tensor& v) const {
+  context& c = use(ctx_);
+  const int d = e.head_dim, qw = e.num_q_heads * d, kvw = e.num_kv_heads * d;
+  check(d > 0 && e.num_q_heads > 0 && e.num_kv_heads > 0, "qkv_epilogue: ", e.num_q_heads, " q heads, ",
+        e.num_kv_heads, " KV heads of ", d);
+  check(qkv.cols() == qw + 2 * kvw, "qkv_epilogue: a row of ", qkv.cols(), " is not q|k|v of ", qw, " + 2 x ", kvw);
+  check(static_cast<std::size_t>(qkv.rows()) == e.positions.size(), "qkv_epilogue: ", qkv.rows(), " rows but ",
+        e.positions.size(), " positions");
+  auto bf16_or_none = [](const cuda_tensor* t) { return t == nullptr || t->dtype() == cuda_dtype::bf16; };
+  auto data = [](const cuda_tensor* t) -> const void* { return t ? t->data() : nullptr; };
+  cuda::qkv_epilogue_params p;
+  p.qkv = qkv.data();
+  p.q_bias = data(e.q_bias);
+  p.k_bias = data(e.k_bias);
+  p.v_bias = data(e.v_bias);
+  p.q_norm = data(e.q_norm);
+  p.k_norm = data(e.k_norm);
+  p.rows = qkv.rows();
+  p.num_q_heads = e.num_q_heads;
+  p.num_kv_heads = e.num_kv_heads;
+  p.head_dim = d;
+  p.eps = e.rms_eps;
+  p.style = e.style;
+  const bool one_kernel = qkv.dtype() == cuda_dtype::bf16 && c.opts.fast_kernels && bf16_or_none(e.q_bias) &&
+                          bf16_or_none(e.k_bias) && bf16_or_none(e.v_bias) && bf16_or_none(e.q_norm) &&
+                          bf16_or_none(e.k_norm) && (e.q_norm == nullptr || e.q_norm->cols() == d) &&
+                          (e.k_norm == nullptr || e.k_norm->cols() == d);
+  if (one_kernel) {
+    access::shape(ctx_, q, qkv.rows(), qw, qkv.dtype());
+    access::shape(ctx_, k, qkv.rows(), kvw, qkv.dtype());
+    access::shape(ctx_, v, qkv.rows(), kvw, qkv.dtype());
+    p.q = q.data();
+    p.k = k.data();
+    p.v = v.data();
+  }
+  if (!one_kernel || !cuda::qkv_epilogue_supported(p)) {  // the same ops one after another
+    const int widths[] = {qw, kvw, kvw};
+    cuda_tensor* const outs[] = {&q, &k, &v};
+    split_columns(qkv, widths, outs);
+    if (e.q_bias) add_bias(q, *e.q_bias);
+    if (e.k_bias) add_bias(k, *e.k_bias);
+    if (e.v_bias) add_bias(v, *e.v_bias);
+    if (e.q_norm) rms_norm(q, *e.q_norm, e.rms_eps, q);
+    if (e.k_norm) rms_norm(k, *e.k_norm, e.rms_eps, k);
+    rope(q, e.positions, d, e.rope_theta, e.style, e.scaling);
+    rope(k, e.positions, d, e.rope_theta, e.style, e.scaling);
+    return;
+  }
+  if (qkv.empty()) return;
+  p.inv_freq = rope_table(c, d, e.rope_theta, e.scaling);
+  const section s{e.positions.data(), e.positions.size_bytes()};
+  p.positions = c.upload(c.pos_up, cuda_detail::up_pos, {&s, 1}).at<std::int32_t>(0);
+  if (c.skip_launch(17, p.qkv, p.q, p.k, p.v, p.q_bias, p.k_bias, p.v_bias, p.q_norm, p.k_norm, p.positions, p.inv_freq,
+                    p.rows, qw, kvw, d, p.eps, p.style))
+    return;
+  const auto timed = time_op(c, [] { return std::string("qkv_epilogue"); });
+  cuda::qkv_epilogue(p, as_stream(c.stream));
 }
 
 void cuda_backend::add(cuda_tensor& x, const cuda_tensor& y) const {

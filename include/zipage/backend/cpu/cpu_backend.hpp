@@ -18,6 +18,7 @@
 #include "zipage/kv/paged_kv.hpp"
 #include "zipage/model/forward_context.hpp"
 #include "zipage/model/model_config.hpp"
+#include "zipage/model/qkv_epilogue.hpp"
 
 namespace zipage {
 
@@ -262,6 +263,19 @@ struct cpu_backend {
     cpu::split_columns(x, widths, outs);
   }
   void swiglu(const tensor& gate_up, tensor& out) const { cpu::swiglu(gate_up, out); }
+  // What follows a fused q|k|v projection (model/qkv_epilogue.hpp): the ops above, one after another.
+  void qkv_epilogue(const tensor& qkv, const zipage::qkv_epilogue<tensor>& e, tensor& q, tensor& k, tensor& v) const {
+    const int widths[] = {e.num_q_heads * e.head_dim, e.num_kv_heads * e.head_dim, e.num_kv_heads * e.head_dim};
+    tensor* const outs[] = {&q, &k, &v};
+    cpu::split_columns(qkv, widths, outs);
+    if (e.q_bias) cpu::add_bias(q, *e.q_bias);
+    if (e.k_bias) cpu::add_bias(k, *e.k_bias);
+    if (e.v_bias) cpu::add_bias(v, *e.v_bias);
+    if (e.q_norm) cpu::rms_norm(q, *e.q_norm, e.rms_eps, q);
+    if (e.k_norm) cpu::rms_norm(k, *e.k_norm, e.rms_eps, k);
+    cpu::rope(q, e.positions, e.head_dim, e.rope_theta, e.style, e.scaling);
+    cpu::rope(k, e.positions, e.head_dim, e.rope_theta, e.style, e.scaling);
+  }
   void add(tensor& x, const tensor& y) const { x += y; }
   void gather_rows(const tensor& x, std::span<const std::int32_t> rows, tensor& out) const { cpu::gather_rows(x, rows, out); }
 

@@ -73,6 +73,7 @@
 #include "zipage/kv/paged_kv.hpp"
 #include "zipage/model/concepts.hpp"
 #include "zipage/model/model_config.hpp"
+#include "zipage/model/qkv_epilogue.hpp"
 #include "zipage/policy/score_context.hpp"
 #include "zipage/policy/score_recipe.hpp"
 #include "zipage/request/sequence.hpp"
@@ -349,6 +350,9 @@ class cuda_backend {
   [[nodiscard]] std::optional<tensor> stack_rows(std::span<const tensor* const> parts) const;
   void split_columns(const tensor& x, std::span<const int> widths, std::span<tensor* const> outs) const;
   void swiglu(const tensor& gate_up, tensor& out) const;
+  // What follows a fused q|k|v projection (model/qkv_epilogue.hpp): one kernel in bf16 (cuda::qkv_epilogue; the
+  // same bits as the separate ops), else split_columns, add_bias, rms_norm and rope one after another.
+  void qkv_epilogue(const tensor& qkv, const zipage::qkv_epilogue<tensor>& e, tensor& q, tensor& k, tensor& v) const;
   void gather_rows(const tensor& x, std::span<const std::int32_t> rows, tensor& out) const;
   void attention(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k,
                  const tensor& v, int num_q_heads, tensor& out) const;

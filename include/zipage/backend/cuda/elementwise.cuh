@@ -3,6 +3,7 @@
 // heads), RoPE (interleaved and half-split), SwiGLU silu_mul, row gather (embedding), add. Memory-bound:
 // 16-byte vector accesses where the shapes allow (widths multiple of 8 elements).
 #include "zipage/backend/cuda/common.cuh"
+#include "zipage/backend/cuda/ops.hpp"  // qkv_epilogue_params
 
 namespace zipage::cuda::detail {
 
@@ -52,13 +53,17 @@ __device__ __forceinline__ void rms_norm_apply(const bf16* xs, const W* w, bf16*
   }
 }
 
-__device__ __forceinline__ float sum_squares8(const bf16* p) {
-  float f[8];
-  bf16x8_to_float(*reinterpret_cast<const uint4*>(p), f);
+// The sum of squares of 8 values, in this order (qkv_epilogue_kernel sums its values as the tuned rms_norm does).
+__device__ __forceinline__ float sum_squares8(const float (&f)[8]) {
   float s = 0.0f;
 #pragma unroll
   for (int e = 0; e < 8; ++e) s += f[e] * f[e];
   return s;
+}
+__device__ __forceinline__ float sum_squares8(const bf16* p) {
+  float f[8];
+  bf16x8_to_float(*reinterpret_cast<const uint4*>(p), f);
+  return sum_squares8(f);
 }
 
 // One warp per segment (width <= 1024).
@@ -127,6 +132,90 @@ __global__ void rope_kernel(bf16* x, const std::int32_t* __restrict__ positions,
       p[0] = __float2bfloat16_rn(x0 * cs[i] - x1 * sn[i]);
       p[half] = __float2bfloat16_rn(x0 * sn[i] + x1 * cs[i]);
     }
+  }
+}
+
+// ---- qkv_epilogue (ops.hpp): one 256-thread block per row, one warp per head, lane l holding the head's
+// elements [8l, 8l + 8). Each step rounds to bf16 where the separate ops store their output (bias, norm, RoPE),
+// sums squares as rms_norm_warp_kernel and rotates with unfused multiplies as the reference rope kernel, so the
+// bits are theirs.
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+__global__ void __launch_bounds__(256) qkv_epilogue_kernel(const qkv_epilogue_params p) {
+  __shared__ float cs[128];
+  __shared__ float sn[128];
+  const std::int64_t row = blockIdx.x;
+  const int d = p.head_dim, half = d / 2, chunks = d / 8;
+  const double pos = p.positions[row];
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    double s, c;
+    sincos(pos * p.inv_freq[i], &s, &c);
+    cs[i] = static_cast<float>(c);
+    sn[i] = static_cast<float>(s);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const bool active = lane < chunks;
+  const int hq = p.num_q_heads, hkv = p.num_kv_heads, heads = hq + 2 * hkv;
+  const bf16* in = static_cast<const bf16*>(p.qkv) + row * std::int64_t{heads} * d;
+  for (int h = static_cast<int>(threadIdx.x >> 5); h < heads; h += warps) {  // warp-uniform
+    const int kind = h < hq ? 0 : (h < hq + hkv ? 1 : 2);  // q, k, v
+    const int local = kind == 0 ? h : (kind == 1 ? h - hq : h - hq - hkv);
+    const std::int64_t width = std::int64_t{kind == 0 ? hq : hkv} * d;
+    bf16* out = static_cast<bf16*>(kind == 0 ? p.q : (kind == 1 ? p.k : p.v)) + row * width + std::int64_t{local} * d;
+    const void* bias = kind == 0 ? p.q_bias : (kind == 1 ? p.k_bias : p.v_bias);
+    const void* norm = kind == 0 ? p.q_norm : (kind == 1 ? p.k_norm : nullptr);
+    float f[8] = {};
+    if (active) bf16x8_to_float(*reinterpret_cast<const uint4*>(in + std::int64_t{h} * d + lane * 8), f);
+    if (bias != nullptr && active) {
+      float b[8];
+      bf16x8_to_float(*reinterpret_cast<const uint4*>(static_cast<const bf16*>(bias) + std::int64_t{local} * d + lane * 8), b);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = round_bf16(f[e] + b[e]);
+    }
+    if (kind == 2) {
+      if (active) *reinterpret_cast<uint4*>(out + lane * 8) = float_to_bf16x8(f);
+      continue;
+    }
+    if (norm != nullptr) {
+      float ss = 0.0f;
+      if (active) ss += sum_squares8(f);
+      ss = warp_sum(ss);
+      const float inv = rsqrtf(ss / static_cast<float>(d) + p.eps);
+      if (active) {
+        float w[8];
+        bf16x8_to_float(*reinterpret_cast<const uint4*>(static_cast<const bf16*>(norm) + lane * 8), w);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] = round_bf16(f[e] * inv * w[e]);
+      }
+    }
+    float r[8];
+    if (p.style == rope_style::interleaved) {
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const int i = (lane * 8 + e) / 2;
+        const float c = active ? cs[i] : 0.0f, s = active ? sn[i] : 0.0f;
+        r[e] = __fsub_rn(__fmul_rn(f[e], c), __fmul_rn(f[e + 1], s));
+        r[e + 1] = __fadd_rn(__fmul_rn(f[e], s), __fmul_rn(f[e + 1], c));
+      }
+    } else {
+      // Element j pairs with j + half: lane l with lane l + half / 8 (half is a multiple of 8).
+      const int step = half / 8;
+      const bool first = lane < step;
+      const int partner = active ? (first ? lane + step : lane - step) : lane;
+      float g[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) g[e] = __shfl_sync(0xffffffffu, f[e], partner);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int i = active ? (first ? lane * 8 + e : lane * 8 + e - half) : 0;
+        if (first)
+          r[e] = __fsub_rn(__fmul_rn(f[e], cs[i]), __fmul_rn(g[e], sn[i]));  // x0 = f, x1 = g
+        else
+          r[e] = __fadd_rn(__fmul_rn(g[e], sn[i]), __fmul_rn(f[e], cs[i]));  // x0 = g, x1 = f
+      }
+    }
+    if (active) *reinterpret_cast<uint4*>(out + lane * 8) = float_to_bf16x8(r);
   }
 }
 

@@ -76,6 +76,34 @@ struct column_split {
 };
 void split_columns(cuda_dtype t, const void* x, std::int64_t rows, const column_split& parts, cuda_stream stream);
 
+// What follows a fused q|k|v projection (model/qkv_epilogue.hpp), in one kernel, bf16 only. Row r of qkv
+// [rows][(Hq + 2 Hkv) * D] is cut into q [rows][Hq * D], k and v [rows][Hkv * D]. Then the biases are added
+// (when set), each q and k head is RMSNormed with its weights (when set; sum of squares in fp32) and rotated by
+// positions[r] with the angles positions[r] * inv_freq[i] (double). The bits are those of split_columns,
+// add_bias, the tuned rms_norm and rope run one after another. Needs qkv_epilogue_supported: D a multiple of 16
+// and at most 256, every pointer 16-byte aligned, the biases and norm weights bf16.
+struct qkv_epilogue_params {
+  const void* qkv = nullptr;
+  void* q = nullptr;
+  void* k = nullptr;
+  void* v = nullptr;
+  const void* q_bias = nullptr;  // [Hq * D] bf16, or null
+  const void* k_bias = nullptr;  // [Hkv * D]
+  const void* v_bias = nullptr;
+  const void* q_norm = nullptr;  // [D] bf16, or null
+  const void* k_norm = nullptr;
+  const std::int32_t* positions = nullptr;  // [rows]
+  const double* inv_freq = nullptr;         // [D / 2]
+  std::int64_t rows = 0;
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  float eps = 1e-6f;
+  rope_style style = rope_style::half;
+};
+[[nodiscard]] bool qkv_epilogue_supported(const qkv_epilogue_params& p);
+void qkv_epilogue(const qkv_epilogue_params& p, cuda_stream stream);
+
 // out = a + b over n elements of dtype t (fp32 sum, rounded once); out may be a or b (residual add).
 // Tuned: t == bf16 (16-byte vectors when a, b and out are 16-byte aligned). Both give the same values.
 void add(cuda_dtype t, const void* a, const void* b, void* out, std::int64_t n, kernel_variant v, cuda_stream stream);
