@@ -125,6 +125,36 @@ void add(const void* a, const void* b, void* out, std::int64_t n, cuda_stream st
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
+void add_rms_norm(void* x, const void* y, cuda_dtype wt, const void* weight, void* out, std::int64_t rows, int width,
+                  float eps, cuda_stream stream) {
+  check(width > 0 && width % 8 == 0, "add_rms_norm: width ", width, " must be a multiple of 8");
+  check(aligned16(x) && aligned16(y) && aligned16(weight) && aligned16(out), "add_rms_norm: pointers must be 16-byte aligned");
+  if (rows <= 0) return;
+  auto* xb = static_cast<bf16*>(x);
+  const auto* yb = static_cast<const bf16*>(y);
+  auto* ob = static_cast<bf16*>(out);
+  if (width <= 1024) {
+    constexpr int kWarps = 8;
+    const std::int64_t blocks = (rows + kWarps - 1) / kWarps;
+    check(blocks < (1ll << 31), "add_rms_norm: too many rows");
+    if (wt == cuda_dtype::bf16)
+      detail::add_rms_norm_warp_kernel<bf16><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
+          xb, yb, static_cast<const bf16*>(weight), ob, rows, width, eps);
+    else
+      detail::add_rms_norm_warp_kernel<float><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
+          xb, yb, static_cast<const float*>(weight), ob, rows, width, eps);
+  } else {
+    check(rows < (1ll << 31), "add_rms_norm: too many rows");
+    if (wt == cuda_dtype::bf16)
+      detail::add_rms_norm_block_kernel<bf16><<<static_cast<unsigned>(rows), 256, 0, stream>>>(
+          xb, yb, static_cast<const bf16*>(weight), ob, width, eps);
+    else
+      detail::add_rms_norm_block_kernel<float><<<static_cast<unsigned>(rows), 256, 0, stream>>>(
+          xb, yb, static_cast<const float*>(weight), ob, width, eps);
+  }
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
 void qkv_epilogue(const qkv_epilogue_params& p, cuda_stream stream) {
   check(p.rows < (1ll << 31), "qkv_epilogue: too many rows");
   if (p.rows <= 0) return;

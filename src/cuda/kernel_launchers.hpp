@@ -23,6 +23,8 @@ void silu_mul(const void* gate, const void* up, void* out, std::int64_t rows, in
               cuda_stream stream);
 void add(const void* a, const void* b, void* out, std::int64_t n, cuda_stream stream);
 void qkv_epilogue(const qkv_epilogue_params& p, cuda_stream stream);
+void add_rms_norm(void* x, const void* y, cuda_dtype wt, const void* weight, void* out, std::int64_t rows, int width,
+                  float eps, cuda_stream stream);
 void append_kv(void* k_cache, void* v_cache, const void* k, const void* v, const std::int64_t* slots, int num_tokens,
                int num_kv_heads, int head_dim, std::int64_t k_row_stride, std::int64_t v_row_stride,
                cuda_stream stream);

@@ -61,6 +61,17 @@ void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::in
     reference::silu_mul(t, gate, up, out, rows, cols, in_row_stride, stream);
 }
 
+void add_rms_norm(cuda_dtype t, void* x, const void* y, cuda_dtype wt, const void* weight, void* out, std::int64_t rows,
+                  int cols, float eps, kernel_variant v, cuda_stream stream) {
+  check(rows >= 0 && cols > 0, "add_rms_norm: shape ", rows, "x", cols);
+  if (tuned_bf16(t, v) && cols % 8 == 0 && aligned16(x) && aligned16(y) && aligned16(weight) && aligned16(out)) {
+    tuned::add_rms_norm(x, y, wt, weight, out, rows, cols, eps, stream);
+    return;
+  }
+  add(t, x, y, x, rows * cols, v, stream);
+  rms_norm(t, x, wt, weight, out, rows, cols, cols, eps, v, stream);
+}
+
 bool qkv_epilogue_supported(const qkv_epilogue_params& p) {
   const int d = p.head_dim;
   bool ok = d > 0 && d % 16 == 0 && d <= 256 && p.num_q_heads > 0 && p.num_kv_heads > 0;

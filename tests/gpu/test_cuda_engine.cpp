@@ -1139,6 +1139,38 @@ TEST_CASE("fused projections: qkv_epilogue in one kernel gives the separate ops'
   }
 }
 
+TEST_CASE("add_rms_norm: one kernel gives add's then rms_norm's bits (bf16: warp and block kernels; out = y; fallback widths)") {
+  std::mt19937 rng(43);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto values = [&](int rows, int cols, float scale, float offset = 0.0f) {
+    std::vector<float> v(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
+    for (float& x : v) x = offset + scale * normal(rng);
+    return v;
+  };
+  for (const cuda_dtype dt : {cuda_dtype::bf16, cuda_dtype::f32}) {
+    const cuda_backend b(cuda_backend_options{.dtype = dt});
+    for (const int cols : {256, 1024, 4096, 200}) {  // warp kernel, warp kernel at its limit, block kernel, fallback
+      CAPTURE(to_string(dt));
+      CAPTURE(cols);
+      const int rows = 37;
+      const auto xv = values(rows, cols, 3.0f), yv = values(rows, cols, 1.0f);
+      const cuda_tensor w = b.from_host(values(1, cols, 0.1f, 1.0f), 1, cols);
+      // Fused, with the output in y's place (as llama_model calls it).
+      cuda_tensor x1 = b.from_host(xv, rows, cols), y1 = b.from_host(yv, rows, cols);
+      b.add_rms_norm(x1, y1, w, 1e-6f, y1);
+      // Separate.
+      cuda_tensor x2 = b.from_host(xv, rows, cols), y2 = b.from_host(yv, rows, cols), out2;
+      b.add(x2, y2);
+      b.rms_norm(x2, w, 1e-6f, out2);
+      CHECK(b.to_host(x1) == b.to_host(x2));
+      CHECK(b.to_host(y1) == b.to_host(out2));
+    }
+    cuda_tensor x = b.from_host(values(2, 64, 1.0f), 2, 64);
+    const cuda_tensor w = b.from_host(values(1, 64, 0.1f, 1.0f), 1, 64);
+    CHECK_THROWS_WITH_AS(b.add_rms_norm(x, x, w, 1e-6f, x), doctest::Contains("may not be x"), error);
+  }
+}
+
 TEST_CASE("fused projections: the fused model's logits equal the unfused model's (fp32 fixed-order GEMM: bit for bit; bf16: close)") {
   const std::vector<int> lens = {37, 5, 64, 17};
   for (const bool qk_norm : {true, false}) {
@@ -1189,10 +1221,13 @@ TEST_CASE("op timing: eager ops are timed by name and counted per call; nothing 
     const char* op;
     std::int64_t calls;
   };
-  // Per forward: 2 layers x (attn_norm, ffn_norm) + the final norm; one fused q|k|v GEMM, one epilogue (cut, q/k
-  // norms, RoPE) and one SwiGLU per layer; attention on each layer (prefill once, then decode twice).
-  // (bf16: the cut, the q/k norms and RoPE are one qkv_epilogue kernel.)
-  for (const expected& e : {expected{"rms_norm", 15}, expected{"linear bf16 1024x256", 6}, expected{"qkv_epilogue", 6},
+  // Per forward: layer 0's attn_norm and the final norm; per layer a residual add + ffn_norm, and (layer 0) the
+  // residual add + layer 1's attn_norm, the last layer's residual alone; one fused q|k|v GEMM, one epilogue (cut,
+  // q/k norms, RoPE) and one SwiGLU per layer; attention on each layer (prefill once, then decode twice).
+  // (bf16: the cut, the q/k norms and RoPE are one qkv_epilogue kernel; each residual add but the last is fused with
+  // the RMSNorm after it.)
+  for (const expected& e : {expected{"rms_norm", 6}, expected{"add_rms_norm", 9}, expected{"add", 3},
+                            expected{"linear bf16 1024x256", 6}, expected{"qkv_epilogue", 6},
                             expected{"swiglu", 6}, expected{"attention prefill", 2}, expected{"attention decode", 4},
                             expected{"append_kv", 6}, expected{"embedding", 3}}) {
     CAPTURE(e.op);

@@ -98,6 +98,12 @@ concept fuses_qkv_epilogue = requires(const Backend& b, const typename Backend::
   b.qkv_epilogue(ct, e, t, t, t);
 };
 
+// A backend with one op for a residual add followed by RMSNorm: x += y; out = rms_norm(x, w) (out may be y).
+template <class Backend>
+concept fuses_add_rms_norm = requires(const Backend& b, typename Backend::tensor& t, const typename Backend::tensor& ct) {
+  b.add_rms_norm(t, ct, ct, 1e-5f, t);
+};
+
 template <class Layer, class Tensor>
 qkv_epilogue<Tensor> epilogue_of(const model_config& c, const Layer& lw, std::span<const std::int32_t> positions) {
   auto ptr = [](const std::optional<Tensor>& t) { return t ? &*t : nullptr; };
@@ -119,10 +125,11 @@ qkv_epilogue<Tensor> epilogue_of(const model_config& c, const Layer& lw, std::sp
 }
 
 // RMSNorm, q/k/v (with bias and q/k norm where the checkpoint has them), RoPE: q, k, v from x (h, qkv: scratch).
+// `normed`: h already holds RMSNorm(x) (the previous layer's add_rms_norm wrote it).
 template <class Backend, class Layer, class Tensor>
 void attention_input(Backend& ops, const model_config& c, const Layer& lw, const Tensor& x, Tensor& h, Tensor& qkv,
-                     Tensor& q, Tensor& k, Tensor& v, std::span<const std::int32_t> positions) {
-  ops.rms_norm(x, lw.attn_norm, c.rms_eps, h);
+                     Tensor& q, Tensor& k, Tensor& v, std::span<const std::int32_t> positions, bool normed = false) {
+  if (!normed) ops.rms_norm(x, lw.attn_norm, c.rms_eps, h);
   if constexpr (fuses_qkv_epilogue<Backend> && requires { lw.wqkv.has_value(); }) {
     if (lw.wqkv) {  // the fused projection, then cut, biases, q/k norms and RoPE in one op
       ops.linear(h, *lw.wqkv, qkv);
@@ -183,11 +190,11 @@ class llama_model {
     const auto& c = config_;
     Backend& ops = ctx.backend();
     activations& a = act_[0];
-    ops.embedding(w_.embedding, ctx.tokens(), a.x);
+    embed(ops, ctx.tokens(), a);
     for (int l = 0; l < c.num_layers; ++l) {
       attention_input(ops, layer(l), a, ctx.positions());
       ctx.attention(l, a.q, a.k, a.v, a.attn);
-      attention_output_and_mlp(ops, layer(l), a);
+      attention_output_and_mlp(ops, l, a);
     }
     // Only the rows the engine samples from go through the final norm and the vocabulary projection.
     ops.gather_rows(a.x, ctx.logits_rows(), a.h);
@@ -204,19 +211,42 @@ class llama_model {
 
   [[nodiscard]] const llama_layer_weights<Backend>& layer(int l) const { return w_.layers[static_cast<std::size_t>(l)]; }
 
-  void attention_input(Backend& ops, const llama_layer_weights<Backend>& lw, activations& a,
-                       std::span<const std::int32_t> positions) const {
-    llama_block::attention_input(ops, config_, lw, a.x, a.h, a.fused, a.q, a.k, a.v, positions);
+  // With a backend that fuses the residual add into the RMSNorm after it, each layer's attention input arrives
+  // normed: by the embedding step for layer 0, by the previous layer's last add for the others.
+  static constexpr bool fused_add_norm = llama_block::fuses_add_rms_norm<Backend>;
+
+  void embed(Backend& ops, std::span<const token_id> tokens, activations& a) const {
+    ops.embedding(w_.embedding, tokens, a.x);
+    if constexpr (fused_add_norm) ops.rms_norm(a.x, layer(0).attn_norm, config_.rms_eps, a.h);
   }
 
-  // Output projection and residual, then the SwiGLU MLP and residual: a.x from a.attn.
-  void attention_output_and_mlp(Backend& ops, const llama_layer_weights<Backend>& lw, activations& a) const {
+  void attention_input(Backend& ops, const llama_layer_weights<Backend>& lw, activations& a,
+                       std::span<const std::int32_t> positions) const {
+    llama_block::attention_input(ops, config_, lw, a.x, a.h, a.fused, a.q, a.k, a.v, positions, fused_add_norm);
+  }
+
+  // x += y, then h = RMSNorm(x) with w: one op where the backend fuses them.
+  void add_then_norm(Backend& ops, tensor& x, tensor& y_then_h, const tensor& w) const {
+    if constexpr (fused_add_norm) {
+      ops.add_rms_norm(x, y_then_h, w, config_.rms_eps, y_then_h);
+    } else {
+      ops.add(x, y_then_h);
+      ops.rms_norm(x, w, config_.rms_eps, y_then_h);
+    }
+  }
+
+  // Output projection and residual, then the SwiGLU MLP and residual: a.x from a.attn (layer l). With a fused
+  // add+norm the last residual also norms a.x for layer l + 1 into a.h.
+  void attention_output_and_mlp(Backend& ops, int l, activations& a) const {
+    const llama_layer_weights<Backend>& lw = layer(l);
     ops.linear(a.attn, lw.wo, a.h);
-    ops.add(a.x, a.h);
-    ops.rms_norm(a.x, lw.ffn_norm, config_.rms_eps, a.h);
+    add_then_norm(ops, a.x, a.h, lw.ffn_norm);
     llama_block::gated_mlp_input(ops, lw, a.h, a.fused, a.up, a.gate);
     ops.linear(a.gate, lw.w_down, a.h);
-    ops.add(a.x, a.h);
+    if (fused_add_norm && l + 1 < config_.num_layers)
+      add_then_norm(ops, a.x, a.h, layer(l + 1).attn_norm);
+    else
+      ops.add(a.x, a.h);
   }
 
   // Final norm and vocabulary projection of the gathered rows `h` (overwritten).
@@ -235,7 +265,7 @@ class llama_model {
     const auto& c = config_;
     Backend& ops = ctx.backend();
     const forward_context<Backend> half[2] = {ctx.nano_batch(0), ctx.nano_batch(1)};
-    for (int i = 0; i < 2; ++i) ops.embedding(w_.embedding, half[i].tokens(), act_[i].x);
+    for (int i = 0; i < 2; ++i) embed(ops, half[i].tokens(), act_[i]);
     auto attend = [&](int i, int l) {
       activations& a = act_[i];
       attention_input(ops, layer(l), a, half[i].positions());
@@ -243,7 +273,7 @@ class llama_model {
     };
     auto finish = [&](int i, int l) {
       half[i].wait_attention();
-      attention_output_and_mlp(ops, layer(l), act_[i]);
+      attention_output_and_mlp(ops, l, act_[i]);
     };
     attend(0, 0);
     for (int l = 0; l < c.num_layers; ++l) {

@@ -155,6 +155,22 @@ void cuda_backend::split_columns(const cuda_tensor& x, std::span<const int> widt
   cuda::split_columns(x.dtype(), x.data(), x.rows(), parts, as_stream(c.stream));
 }
 
+void cuda_backend::add_rms_norm(cuda_tensor& x, const cuda_tensor& y, const cuda_tensor& w, float eps,
+                                cuda_tensor& out) const {
+  context& c = use(ctx_);
+  check(x.rows() == y.rows() && x.cols() == y.cols() && x.dtype() == y.dtype(), "add_rms_norm: shapes or types differ (",
+        x.rows(), "x", x.cols(), " and ", y.rows(), "x", y.cols(), ")");
+  check(w.cols() == x.cols(), "add_rms_norm: a weight of ", w.cols(), " for rows of ", x.cols());
+  check(&out != &x, "add_rms_norm: the output may not be x (it may be y)");
+  access::shape(ctx_, out, x.rows(), x.cols(), x.dtype());
+  if (x.empty()) return;
+  const cuda::kernel_variant v = preferred(c);
+  if (c.skip_launch(18, x.data(), y.data(), w.data(), w.dtype(), out.data(), x.rows(), x.cols(), x.dtype(), eps, v)) return;
+  const auto timed = time_op(c, [] { return std::string("add_rms_norm"); });
+  cuda::add_rms_norm(x.dtype(), x.data(), y.data(), w.dtype(), w.data(), out.data(), x.rows(), x.cols(), eps, v,
+                     as_stream(c.stream));
+}
+
 void cuda_backend::qkv_epilogue(const cuda_tensor& qkv, const zipage::qkv_epilogue<cuda_tensor>& e, cuda_tensor& q,
                                 cuda_tensor& k, cuda_tensor& v) const {
   context& c = use(ctx_);

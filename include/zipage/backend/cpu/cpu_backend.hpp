@@ -263,6 +263,15 @@ struct cpu_backend {
     cpu::split_columns(x, widths, outs);
   }
   void swiglu(const tensor& gate_up, tensor& out) const { cpu::swiglu(gate_up, out); }
+  // Residual add then RMSNorm: x += y; out = rms_norm(x, w) (out may be y, not x).
+  void add_rms_norm(tensor& x, const tensor& y, const tensor& w, float eps, tensor& out) const {
+    check(&out != &x, "add_rms_norm: the output may not be x (it may be y)");
+    check(x.rows() == y.rows() && x.cols() == y.cols(), "add_rms_norm: shapes differ (", x.rows(), "x", x.cols(), " and ",
+          y.rows(), "x", y.cols(), ")");
+    check(w.cols() == x.cols(), "add_rms_norm: a weight of ", w.cols(), " for rows of ", x.cols());
+    x += y;
+    cpu::rms_norm(x, w, eps, out);
+  }
   // What follows a fused q|k|v projection (model/qkv_epilogue.hpp): the ops above, one after another.
   void qkv_epilogue(const tensor& qkv, const zipage::qkv_epilogue<tensor>& e, tensor& q, tensor& k, tensor& v) const {
     const int widths[] = {e.num_q_heads * e.head_dim, e.num_kv_heads * e.head_dim, e.num_kv_heads * e.head_dim};

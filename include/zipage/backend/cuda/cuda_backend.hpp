@@ -353,6 +353,9 @@ class cuda_backend {
   // What follows a fused q|k|v projection (model/qkv_epilogue.hpp): one kernel in bf16 (cuda::qkv_epilogue; the
   // same bits as the separate ops), else split_columns, add_bias, rms_norm and rope one after another.
   void qkv_epilogue(const tensor& qkv, const zipage::qkv_epilogue<tensor>& e, tensor& q, tensor& k, tensor& v) const;
+  // Residual add then RMSNorm (models/llama.hpp fuses_add_rms_norm): x += y; out = rms_norm(x, w) (out may be y, not
+  // x). One kernel in bf16 with the bits of add then rms_norm.
+  void add_rms_norm(tensor& x, const tensor& y, const tensor& w, float eps, tensor& out) const;
   void gather_rows(const tensor& x, std::span<const std::int32_t> rows, tensor& out) const;
   void attention(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k,
                  const tensor& v, int num_q_heads, tensor& out) const;

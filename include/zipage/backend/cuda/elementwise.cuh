@@ -100,6 +100,56 @@ __global__ void __launch_bounds__(256) rms_norm_block_kernel(const bf16* x, cons
   rms_norm_apply<W>(xs, w, out + seg * width, width, inv, threadIdx.x * 8, 256 * 8);
 }
 
+// ---- add_rms_norm: x = x + y (rounded to bf16, as add_kernel), then out = rms_norm(x) * w, with the tuned
+// rms_norm kernels' chunk-to-thread mapping and reduction order (warp per row up to 1024 wide, else a 256-thread
+// block), so the bits are add's then rms_norm's. Each thread reads y and writes out at the same chunks, so out may
+// be y.
+__device__ __forceinline__ float add_store_sum_squares8(bf16* x, const bf16* y) {
+  float f[8], g[8];
+  bf16x8_to_float(*reinterpret_cast<const uint4*>(x), f);
+  bf16x8_to_float(*reinterpret_cast<const uint4*>(y), g);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] += g[e];
+  const uint4 sum = float_to_bf16x8(f);
+  *reinterpret_cast<uint4*>(x) = sum;
+  bf16x8_to_float(sum, f);
+  return sum_squares8(f);
+}
+
+template <class W>
+__global__ void add_rms_norm_warp_kernel(bf16* x, const bf16* y, const W* __restrict__ w, bf16* out, std::int64_t rows,
+                                         int width, float eps) {
+  const std::int64_t row = std::int64_t{blockIdx.x} * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  bf16* xs = x + row * width;
+  const bf16* ys = y + row * width;
+  float ss = 0.0f;
+  for (int c = lane * 8; c < width; c += 256) ss += add_store_sum_squares8(xs + c, ys + c);
+  ss = warp_sum(ss);
+  const float inv = rsqrtf(ss / static_cast<float>(width) + eps);
+  rms_norm_apply<W>(xs, w, out + row * width, width, inv, lane * 8, 256);
+}
+
+template <class W>
+__global__ void __launch_bounds__(256) add_rms_norm_block_kernel(bf16* x, const bf16* y, const W* __restrict__ w,
+                                                                 bf16* out, int width, float eps) {
+  __shared__ float partial[8];
+  const std::int64_t row = blockIdx.x;
+  bf16* xs = x + row * width;
+  const bf16* ys = y + row * width;
+  float ss = 0.0f;
+  for (int c = threadIdx.x * 8; c < width; c += 256 * 8) ss += add_store_sum_squares8(xs + c, ys + c);
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) total += partial[i];
+  const float inv = rsqrtf(total / static_cast<float>(width) + eps);
+  rms_norm_apply<W>(xs, w, out + row * width, width, inv, threadIdx.x * 8, 256 * 8);
+}
+
 // ---- RoPE: one block per row; the row's cos/sin table (double-precision angles, as cpu::rope) first.
 __global__ void rope_kernel(bf16* x, const std::int32_t* __restrict__ positions, int num_heads, int head_dim,
                             std::int64_t row_stride, double theta, bool interleaved) {

@@ -104,6 +104,12 @@ struct qkv_epilogue_params {
 [[nodiscard]] bool qkv_epilogue_supported(const qkv_epilogue_params& p);
 void qkv_epilogue(const qkv_epilogue_params& p, cuda_stream stream);
 
+// Residual add, then row-wise RMSNorm: x += y, out = x / sqrt(mean(x^2) + eps) * weight (x, y, out [rows][cols]
+// of dtype t; out may be y; weight [cols] of dtype wt). Tuned: t == bf16, cols % 8 == 0 and every pointer 16-byte
+// aligned: one kernel with add's and the tuned rms_norm's bits; else add then rms_norm.
+void add_rms_norm(cuda_dtype t, void* x, const void* y, cuda_dtype wt, const void* weight, void* out, std::int64_t rows,
+                  int cols, float eps, kernel_variant v, cuda_stream stream);
+
 // out = a + b over n elements of dtype t (fp32 sum, rounded once); out may be a or b (residual add).
 // Tuned: t == bf16 (16-byte vectors when a, b and out are 16-byte aligned). Both give the same values.
 void add(cuda_dtype t, const void* a, const void* b, void* out, std::int64_t n, kernel_variant v, cuda_stream stream);
