@@ -99,6 +99,14 @@ model_config small_config(int head_dim, int q_heads, int kv_heads, bool qk_norm)
   return c;
 }
 
+// rows x cols values offset + scale * N(0, 1) from rng.
+std::vector<float> normal_values(std::mt19937& rng, int rows, int cols, float scale, float offset = 0.0f) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
+  for (float& x : v) x = offset + scale * normal(rng);
+  return v;
+}
+
 double rel_error(const std::vector<float>& out, const std::vector<float>& ref) {
   double num = 0.0, den = 0.0;
   for (std::size_t i = 0; i < ref.size(); ++i) {
@@ -1007,12 +1015,7 @@ TEST_CASE("nano-batches: overlapped decode steps give the whole batch's tokens (
 
 TEST_CASE("fused projections: split_columns, swiglu and stack_rows on the device as on the CPU") {
   std::mt19937 rng(23);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto values = [&](int rows, int cols) {
-    std::vector<float> v(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
-    for (float& x : v) x = normal(rng);
-    return v;
-  };
+  auto values = [&](int rows, int cols) { return normal_values(rng, rows, cols, 1.0f); };
   const cpu_backend host;
   for (const cuda_dtype dt : {cuda_dtype::bf16, cuda_dtype::f32}) {
     const cuda_backend b(cuda_backend_options{.dtype = dt});
@@ -1069,11 +1072,8 @@ TEST_CASE("fused projections: split_columns, swiglu and stack_rows on the device
 
 TEST_CASE("fused projections: qkv_epilogue in one kernel gives the separate ops' bits (bf16: head_dim 128/64/48, biases, q/k norms, both RoPE styles, llama3 scaling; head_dim 40 falls back)") {
   std::mt19937 rng(41);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   auto values = [&](int rows, int cols, float scale, float offset = 0.0f) {
-    std::vector<float> v(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
-    for (float& x : v) x = offset + scale * normal(rng);
-    return v;
+    return normal_values(rng, rows, cols, scale, offset);
   };
   struct shape {
     int d, hq, hkv;
@@ -1141,11 +1141,8 @@ TEST_CASE("fused projections: qkv_epilogue in one kernel gives the separate ops'
 
 TEST_CASE("add_rms_norm: one kernel gives add's then rms_norm's bits (bf16: warp and block kernels; out = y; fallback widths)") {
   std::mt19937 rng(43);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   auto values = [&](int rows, int cols, float scale, float offset = 0.0f) {
-    std::vector<float> v(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
-    for (float& x : v) x = offset + scale * normal(rng);
-    return v;
+    return normal_values(rng, rows, cols, scale, offset);
   };
   for (const cuda_dtype dt : {cuda_dtype::bf16, cuda_dtype::f32}) {
     const cuda_backend b(cuda_backend_options{.dtype = dt});

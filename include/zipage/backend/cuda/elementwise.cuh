@@ -66,6 +66,23 @@ __device__ __forceinline__ float sum_squares8(const bf16* p) {
   return sum_squares8(f);
 }
 
+// A row's 1 / RMS from each thread's sum of squares over its chunks, reduced in a fixed order: over a warp (one
+// row per warp), or over a 256-thread block (one row per block; every thread must call it).
+__device__ __forceinline__ float warp_inv_rms(float ss, int width, float eps) {
+  ss = warp_sum(ss);
+  return rsqrtf(ss / static_cast<float>(width) + eps);
+}
+__device__ __forceinline__ float block_inv_rms(float ss, int width, float eps) {
+  __shared__ float partial[8];
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) total += partial[i];
+  return rsqrtf(total / static_cast<float>(width) + eps);
+}
+
 // One warp per segment (width <= 1024).
 template <class W>
 __global__ void rms_norm_warp_kernel(const bf16* x, const W* __restrict__ w, bf16* out, std::int64_t num_segments,
@@ -76,28 +93,18 @@ __global__ void rms_norm_warp_kernel(const bf16* x, const W* __restrict__ w, bf1
   const bf16* xs = x + seg * width;
   float ss = 0.0f;
   for (int c = lane * 8; c < width; c += 256) ss += sum_squares8(xs + c);
-  ss = warp_sum(ss);
-  const float inv = rsqrtf(ss / static_cast<float>(width) + eps);
-  rms_norm_apply<W>(xs, w, out + seg * width, width, inv, lane * 8, 256);
+  rms_norm_apply<W>(xs, w, out + seg * width, width, warp_inv_rms(ss, width, eps), lane * 8, 256);
 }
 
 // One 256-thread block per segment (wide rows).
 template <class W>
 __global__ void __launch_bounds__(256) rms_norm_block_kernel(const bf16* x, const W* __restrict__ w, bf16* out,
                                                              int width, float eps) {
-  __shared__ float partial[8];
   const std::int64_t seg = blockIdx.x;
   const bf16* xs = x + seg * width;
   float ss = 0.0f;
   for (int c = threadIdx.x * 8; c < width; c += 256 * 8) ss += sum_squares8(xs + c);
-  ss = warp_sum(ss);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) total += partial[i];
-  const float inv = rsqrtf(total / static_cast<float>(width) + eps);
-  rms_norm_apply<W>(xs, w, out + seg * width, width, inv, threadIdx.x * 8, 256 * 8);
+  rms_norm_apply<W>(xs, w, out + seg * width, width, block_inv_rms(ss, width, eps), threadIdx.x * 8, 256 * 8);
 }
 
 // ---- add_rms_norm: x = x + y (rounded to bf16, as add_kernel), then out = rms_norm(x) * w, with the tuned
@@ -126,28 +133,18 @@ __global__ void add_rms_norm_warp_kernel(bf16* x, const bf16* y, const W* __rest
   const bf16* ys = y + row * width;
   float ss = 0.0f;
   for (int c = lane * 8; c < width; c += 256) ss += add_store_sum_squares8(xs + c, ys + c);
-  ss = warp_sum(ss);
-  const float inv = rsqrtf(ss / static_cast<float>(width) + eps);
-  rms_norm_apply<W>(xs, w, out + row * width, width, inv, lane * 8, 256);
+  rms_norm_apply<W>(xs, w, out + row * width, width, warp_inv_rms(ss, width, eps), lane * 8, 256);
 }
 
 template <class W>
 __global__ void __launch_bounds__(256) add_rms_norm_block_kernel(bf16* x, const bf16* y, const W* __restrict__ w,
                                                                  bf16* out, int width, float eps) {
-  __shared__ float partial[8];
   const std::int64_t row = blockIdx.x;
   bf16* xs = x + row * width;
   const bf16* ys = y + row * width;
   float ss = 0.0f;
   for (int c = threadIdx.x * 8; c < width; c += 256 * 8) ss += add_store_sum_squares8(xs + c, ys + c);
-  ss = warp_sum(ss);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) total += partial[i];
-  const float inv = rsqrtf(total / static_cast<float>(width) + eps);
-  rms_norm_apply<W>(xs, w, out + row * width, width, inv, threadIdx.x * 8, 256 * 8);
+  rms_norm_apply<W>(xs, w, out + row * width, width, block_inv_rms(ss, width, eps), threadIdx.x * 8, 256 * 8);
 }
 
 // ---- RoPE: one block per row; the row's cos/sin table (double-precision angles, as cpu::rope) first.
@@ -230,8 +227,7 @@ __global__ void __launch_bounds__(256) qkv_epilogue_kernel(const qkv_epilogue_pa
     if (norm != nullptr) {
       float ss = 0.0f;
       if (active) ss += sum_squares8(f);
-      ss = warp_sum(ss);
-      const float inv = rsqrtf(ss / static_cast<float>(d) + p.eps);
+      const float inv = warp_inv_rms(ss, d, p.eps);
       if (active) {
         float w[8];
         bf16x8_to_float(*reinterpret_cast<const uint4*>(static_cast<const bf16*>(norm) + lane * 8), w);
