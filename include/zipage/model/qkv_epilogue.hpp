@@ -2,7 +2,8 @@
 // What follows a fused q|k|v projection in a Llama-family attention block, as one backend op: cut the row into
 // q, k and v, add the biases (Qwen2), RMSNorm each q and k head (Qwen3), rotate q and k (RoPE). A backend that has
 // `qkv_epilogue(qkv, epilogue, q, k, v)` may do it in one kernel; it must give what split_columns, add_bias,
-// rms_norm and rope give one after another (models/llama.hpp fuses_qkv_epilogue).
+// rms_norm and rope give one after another: separate_qkv_epilogue below, which a backend without such a kernel
+// (or for shapes its kernel cannot take) calls itself (models/llama.hpp fuses_projections).
 #include <cstdint>
 #include <span>
 
@@ -26,5 +27,22 @@ struct qkv_epilogue {
   rope_style style = rope_style::half;
   rope_scaling_config scaling;  // applied to the inverse frequencies (none: unscaled)
 };
+
+// The epilogue as the separate ops, one after another, on any backend `ops` with split_columns, add_bias, rms_norm
+// and rope (with RoPE scaling).
+template <class Ops, class Tensor>
+void separate_qkv_epilogue(const Ops& ops, const Tensor& qkv, const qkv_epilogue<Tensor>& e, Tensor& q, Tensor& k,
+                           Tensor& v) {
+  const int widths[] = {e.num_q_heads * e.head_dim, e.num_kv_heads * e.head_dim, e.num_kv_heads * e.head_dim};
+  Tensor* const outs[] = {&q, &k, &v};
+  ops.split_columns(qkv, widths, outs);
+  if (e.q_bias) ops.add_bias(q, *e.q_bias);
+  if (e.k_bias) ops.add_bias(k, *e.k_bias);
+  if (e.v_bias) ops.add_bias(v, *e.v_bias);
+  if (e.q_norm) ops.rms_norm(q, *e.q_norm, e.rms_eps, q);
+  if (e.k_norm) ops.rms_norm(k, *e.k_norm, e.rms_eps, k);
+  ops.rope(q, e.positions, e.head_dim, e.rope_theta, e.style, e.scaling);
+  ops.rope(k, e.positions, e.head_dim, e.rope_theta, e.style, e.scaling);
+}
 
 }  // namespace zipage

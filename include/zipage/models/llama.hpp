@@ -43,6 +43,24 @@ struct llama_weights {
   std::optional<tensor> lm_head;    // [vocab][hidden]; empty when tied to the embedding
 };
 
+// A backend that can run a layer's q/k/v and gate/up projections as one GEMM each says so with four ops:
+// stack_rows(parts) stacks linear weights [n_i][in] into one [sum n_i][in] in the backend's storage (nullopt
+// when that storage cannot be stacked: cuda_backend's FP8 weights unless every part but the last is a whole
+// number of 128-row scale blocks, or parts of different storage); split_columns(x, widths, outs) cuts x
+// [rows][sum widths] into outs [rows][width_i]; swiglu(gate_up, out) is silu_mul of gate_up's two halves;
+// qkv_epilogue(qkv, e, q, k, v) is what follows the fused q|k|v GEMM (model/qkv_epilogue.hpp; a backend without
+// a kernel of its own for it calls separate_qkv_epilogue).
+template <class Backend>
+concept fuses_projections = requires(const Backend& b, const typename Backend::tensor& ct, typename Backend::tensor& t,
+                                     std::span<const typename Backend::tensor* const> parts, std::span<const int> widths,
+                                     std::span<typename Backend::tensor* const> outs,
+                                     const qkv_epilogue<typename Backend::tensor>& e) {
+  { b.stack_rows(parts) } -> std::same_as<std::optional<typename Backend::tensor>>;
+  b.split_columns(ct, widths, outs);
+  b.swiglu(ct, t);
+  b.qkv_epilogue(ct, e, t, t, t);
+};
+
 // The attention block's input half, shared by llama_model and tensor_parallel_llama (models/llama_tp.hpp, which
 // runs it on each rank's shard): any layer-weights type with llama_layer_weights' field names.
 namespace llama_block {
@@ -69,34 +87,6 @@ void project(Backend& ops, const Tensor& x, const Tensor& w, const std::optional
   if (bias) ops.add_bias(out, *bias);
 }
 
-// q, k and v of x (normed, in h): by the fused projection when the layer has one (then split, scratch: qkv),
-// else by three.
-template <class Backend, class Layer, class Tensor>
-void project_qkv(Backend& ops, const model_config& c, const Layer& lw, const Tensor& h, Tensor& qkv, Tensor& q,
-                 Tensor& k, Tensor& v) {
-  if constexpr (requires { lw.wqkv.has_value(); }) {
-    if (lw.wqkv) {
-      ops.linear(h, *lw.wqkv, qkv);
-      const int widths[] = {c.q_size(), c.kv_size(), c.kv_size()};
-      Tensor* const parts[] = {&q, &k, &v};
-      ops.split_columns(qkv, widths, parts);
-      if (lw.bq) ops.add_bias(q, *lw.bq);
-      if (lw.bk) ops.add_bias(k, *lw.bk);
-      if (lw.bv) ops.add_bias(v, *lw.bv);
-      return;
-    }
-  }
-  project(ops, h, lw.wq, lw.bq, q);
-  project(ops, h, lw.wk, lw.bk, k);
-  project(ops, h, lw.wv, lw.bv, v);
-}
-
-// A backend with one op for what follows the fused q|k|v projection (model/qkv_epilogue.hpp).
-template <class Backend>
-concept fuses_qkv_epilogue = requires(const Backend& b, const typename Backend::tensor& ct, typename Backend::tensor& t,
-                                      const qkv_epilogue<typename Backend::tensor>& e) {
-  b.qkv_epilogue(ct, e, t, t, t);
-};
 
 // A backend with one op for a residual add followed by RMSNorm: x += y; out = rms_norm(x, w) (out may be y).
 template <class Backend>
@@ -124,20 +114,23 @@ qkv_epilogue<Tensor> epilogue_of(const model_config& c, const Layer& lw, std::sp
   return e;
 }
 
-// RMSNorm, q/k/v (with bias and q/k norm where the checkpoint has them), RoPE: q, k, v from x (h, qkv: scratch).
+// RMSNorm, q/k/v (with bias and q/k norm where the checkpoint has them), RoPE: q, k, v from x (h, qkv: scratch;
+// a fused layer's q|k|v output).
 // `normed`: h already holds RMSNorm(x) (the previous layer's add_rms_norm wrote it).
 template <class Backend, class Layer, class Tensor>
 void attention_input(Backend& ops, const model_config& c, const Layer& lw, const Tensor& x, Tensor& h, Tensor& qkv,
                      Tensor& q, Tensor& k, Tensor& v, std::span<const std::int32_t> positions, bool normed = false) {
   if (!normed) ops.rms_norm(x, lw.attn_norm, c.rms_eps, h);
-  if constexpr (fuses_qkv_epilogue<Backend> && requires { lw.wqkv.has_value(); }) {
+  if constexpr (fuses_projections<Backend> && requires { lw.wqkv.has_value(); }) {
     if (lw.wqkv) {  // the fused projection, then cut, biases, q/k norms and RoPE in one op
       ops.linear(h, *lw.wqkv, qkv);
       ops.qkv_epilogue(qkv, epilogue_of<Layer, Tensor>(c, lw, positions), q, k, v);
       return;
     }
   }
-  project_qkv(ops, c, lw, h, qkv, q, k, v);
+  project(ops, h, lw.wq, lw.bq, q);
+  project(ops, h, lw.wk, lw.bk, k);
+  project(ops, h, lw.wv, lw.bv, v);
   if (lw.q_norm) ops.rms_norm(q, *lw.q_norm, c.rms_eps, q);
   if (lw.k_norm) ops.rms_norm(k, *lw.k_norm, c.rms_eps, k);
   rope(ops, c, q, positions);
@@ -148,7 +141,7 @@ void attention_input(Backend& ops, const model_config& c, const Layer& lw, const
 // up).
 template <class Backend, class Layer, class Tensor>
 void gated_mlp_input(Backend& ops, const Layer& lw, const Tensor& h, Tensor& gate_up, Tensor& up, Tensor& act) {
-  if constexpr (requires { lw.w_gate_up.has_value(); }) {
+  if constexpr (fuses_projections<Backend> && requires { lw.w_gate_up.has_value(); }) {
     if (lw.w_gate_up) {
       ops.linear(h, *lw.w_gate_up, gate_up);
       ops.swiglu(gate_up, act);
@@ -330,20 +323,6 @@ int prepare_linear_weights(const Backend& backend, llama_weights<Backend>& w, bo
   for (auto& l : w.layers) converted += prepare_linear_weights(backend, l, fp8_checkpoint);
   return converted;
 }
-
-// A backend that can run a layer's q/k/v and gate/up projections as one GEMM each says so with three ops:
-// stack_rows(parts) stacks linear weights [n_i][in] into one [sum n_i][in] in the backend's storage (nullopt
-// when that storage cannot be stacked: cuda_backend's FP8 weights unless every part but the last is a whole
-// number of 128-row scale blocks, or parts of different storage); split_columns(x, widths, outs) cuts x
-// [rows][sum widths] into outs [rows][width_i]; swiglu(gate_up, out) is silu_mul of gate_up's two halves.
-template <class Backend>
-concept fuses_projections = requires(const Backend& b, const typename Backend::tensor& ct, typename Backend::tensor& t,
-                                     std::span<const typename Backend::tensor* const> parts, std::span<const int> widths,
-                                     std::span<typename Backend::tensor* const> outs) {
-  { b.stack_rows(parts) } -> std::same_as<std::optional<typename Backend::tensor>>;
-  b.split_columns(ct, widths, outs);
-  b.swiglu(ct, t);
-};
 
 // Fuses a layer's q/k/v weights into wqkv and gate/up into w_gate_up (as vLLM's QKVParallelLinear and
 // MergedColumnParallelLinear do), when the backend fuses projections and can stack these weights; the parts

@@ -234,7 +234,7 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
   append.num_tokens = tokens;
   // Timed (op_timing) on the main stream only: a nano-batch's attention runs on a stream of its own.
   auto timed_on_main = [&](const char* name) {
-    return nano < 0 ? time_op(c, [&] { return std::string(name); }) : cuda_detail::op_scope{};
+    return nano < 0 ? time_op(c, name) : cuda_detail::op_scope{};
   };
   {
     const auto timed = timed_on_main("append_kv");

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -296,11 +297,14 @@ class op_scope {
   cudaEvent_t start_ = nullptr;
 };
 
-// `name()` is called only when the op is timed (it may format shapes).
-template <class NameFn>
-[[nodiscard]] op_scope time_op(context& c, NameFn&& name) {
+// `name` is an op's fixed name, or a function making it, called only when the op is timed (it may format shapes).
+template <class Name>
+[[nodiscard]] op_scope time_op(context& c, Name&& name) {
   if (!c.opts.op_timing || c.graph.phase != graph_phase::off) return {};
-  return op_scope(c, name());
+  if constexpr (std::is_invocable_v<Name>)
+    return op_scope(c, name());
+  else
+    return op_scope(c, std::string(name));
 }
 
 struct access {

@@ -50,7 +50,7 @@ void cuda_backend::embedding(const cuda_tensor& table, std::span<const token_id>
   if (ids.empty()) return;
   const cuda::kernel_variant v = preferred(c);
   if (c.skip_launch(1, table.data(), table.rows(), table.cols(), table.dtype(), d_ids, ids.size(), out.data(), v)) return;
-  const auto timed = time_op(c, [] { return std::string("embedding"); });
+  const auto timed = time_op(c, "embedding");
   cuda::gather_rows(table.dtype(), table.data(), table.rows(), table.cols(), d_ids, static_cast<int>(ids.size()),
                     out.data(), v, as_stream(c.stream));
 }
@@ -64,14 +64,14 @@ void cuda_backend::rms_norm(const cuda_tensor& x, const cuda_tensor& w, float ep
   if (x.empty()) return;
   const cuda::kernel_variant v = preferred(c);
   if (c.skip_launch(2, x.data(), w.data(), w.dtype(), out.data(), x.rows(), x.cols(), width, eps, v)) return;
-  const auto timed = time_op(c, [] { return std::string("rms_norm"); });
+  const auto timed = time_op(c, "rms_norm");
   cuda::rms_norm(x.dtype(), x.data(), w.dtype(), w.data(), out.data(), x.rows(), x.cols(), width, eps, v,
                  as_stream(c.stream));
 }
 void cuda_backend::add_bias(cuda_tensor& x, const cuda_tensor& bias) const {
   check(bias.cols() == x.cols() && bias.rows() >= 1, "add_bias: bias of ", bias.cols(), " for rows of ", x.cols());
   if (ctx_->skip_launch(5, x.data(), x.dtype(), bias.data(), bias.dtype(), x.rows(), x.cols())) return;
-  const auto timed = time_op(*ctx_, [] { return std::string("add_bias"); });
+  const auto timed = time_op(*ctx_, "add_bias");
   cuda::add_bias(x.dtype(), x.data(), bias.dtype(), bias.data(), x.rows(), x.cols(), as_stream(ctx_->stream));
 }
 
@@ -99,7 +99,7 @@ void cuda_backend::rope(cuda_tensor& x, std::span<const std::int32_t> pos, int h
   p.style = style;
   p.theta = theta;
   p.inv_freq = table;  // as cpu::rope, scaling included: the reference kernel, whatever the variant
-  const auto timed = time_op(c, [] { return std::string("rope"); });
+  const auto timed = time_op(c, "rope");
   cuda::rope(x.dtype(), p, preferred(c), as_stream(c.stream));
 }
 
@@ -111,7 +111,7 @@ void cuda_backend::silu_mul(const cuda_tensor& gate, const cuda_tensor& up, cuda
   if (gate.empty()) return;
   const cuda::kernel_variant v = preferred(c);
   if (c.skip_launch(7, gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), gate.dtype(), v)) return;
-  const auto timed = time_op(c, [] { return std::string("silu_mul"); });
+  const auto timed = time_op(c, "silu_mul");
   cuda::silu_mul(gate.dtype(), gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), 0, v, as_stream(c.stream));
 }
 
@@ -125,7 +125,7 @@ void cuda_backend::swiglu(const cuda_tensor& gate_up, cuda_tensor& out) const {
   const cuda::kernel_variant v = preferred(c);
   if (c.skip_launch(15, gate_up.data(), out.data(), gate_up.rows(), cols, gate_up.dtype(), v)) return;
   const auto* gate = static_cast<const char*>(gate_up.data());
-  const auto timed = time_op(c, [] { return std::string("swiglu"); });
+  const auto timed = time_op(c, "swiglu");
   cuda::silu_mul(gate_up.dtype(), gate, gate + static_cast<std::size_t>(cols) * dtype_bytes(gate_up.dtype()), out.data(),
                  gate_up.rows(), cols, gate_up.cols(), v, as_stream(c.stream));
 }
@@ -151,7 +151,7 @@ void cuda_backend::split_columns(const cuda_tensor& x, std::span<const int> widt
   if (c.skip_launch(16, x.data(), x.rows(), x.dtype(), parts.out[0], parts.out[1], parts.out[2], parts.out[3],
                     parts.width[0], parts.width[1], parts.width[2], parts.width[3]))
     return;
-  const auto timed = time_op(c, [] { return std::string("split_columns"); });
+  const auto timed = time_op(c, "split_columns");
   cuda::split_columns(x.dtype(), x.data(), x.rows(), parts, as_stream(c.stream));
 }
 
@@ -166,7 +166,7 @@ void cuda_backend::add_rms_norm(cuda_tensor& x, const cuda_tensor& y, const cuda
   if (x.empty()) return;
   const cuda::kernel_variant v = preferred(c);
   if (c.skip_launch(18, x.data(), y.data(), w.data(), w.dtype(), out.data(), x.rows(), x.cols(), x.dtype(), eps, v)) return;
-  const auto timed = time_op(c, [] { return std::string("add_rms_norm"); });
+  const auto timed = time_op(c, "add_rms_norm");
   cuda::add_rms_norm(x.dtype(), x.data(), y.data(), w.dtype(), w.data(), out.data(), x.rows(), x.cols(), eps, v,
                      as_stream(c.stream));
 }
@@ -207,17 +207,8 @@ void cuda_backend::qkv_epilogue(const cuda_tensor& qkv, const zipage::qkv_epilog
     p.k = k.data();
     p.v = v.data();
   }
-  if (!one_kernel || !cuda::qkv_epilogue_supported(p)) {  // the same ops one after another
-    const int widths[] = {qw, kvw, kvw};
-    cuda_tensor* const outs[] = {&q, &k, &v};
-    split_columns(qkv, widths, outs);
-    if (e.q_bias) add_bias(q, *e.q_bias);
-    if (e.k_bias) add_bias(k, *e.k_bias);
-    if (e.v_bias) add_bias(v, *e.v_bias);
-    if (e.q_norm) rms_norm(q, *e.q_norm, e.rms_eps, q);
-    if (e.k_norm) rms_norm(k, *e.k_norm, e.rms_eps, k);
-    rope(q, e.positions, d, e.rope_theta, e.style, e.scaling);
-    rope(k, e.positions, d, e.rope_theta, e.style, e.scaling);
+  if (!one_kernel || !cuda::qkv_epilogue_supported(p)) {
+    separate_qkv_epilogue(*this, qkv, e, q, k, v);
     return;
   }
   if (qkv.empty()) return;
@@ -227,7 +218,7 @@ void cuda_backend::qkv_epilogue(const cuda_tensor& qkv, const zipage::qkv_epilog
   if (c.skip_launch(17, p.qkv, p.q, p.k, p.v, p.q_bias, p.k_bias, p.v_bias, p.q_norm, p.k_norm, p.positions, p.inv_freq,
                     p.rows, qw, kvw, d, p.eps, p.style))
     return;
-  const auto timed = time_op(c, [] { return std::string("qkv_epilogue"); });
+  const auto timed = time_op(c, "qkv_epilogue");
   cuda::qkv_epilogue(p, as_stream(c.stream));
 }
 
@@ -238,7 +229,7 @@ void cuda_backend::add(cuda_tensor& x, const cuda_tensor& y) const {
   if (x.empty()) return;
   const cuda::kernel_variant v = preferred(c);
   if (c.skip_launch(8, x.data(), y.data(), x.size(), x.dtype(), v)) return;
-  const auto timed = time_op(c, [] { return std::string("add"); });
+  const auto timed = time_op(c, "add");
   cuda::add(x.dtype(), x.data(), y.data(), x.data(), x.size(), v, as_stream(c.stream));
 }
 
@@ -252,7 +243,7 @@ void cuda_backend::gather_rows(const cuda_tensor& x, std::span<const std::int32_
   if (rows.empty() || x.cols() == 0) return;
   const cuda::kernel_variant v = preferred(c);
   if (c.skip_launch(9, x.data(), x.rows(), x.cols(), x.dtype(), d_rows, rows.size(), out.data(), v)) return;
-  const auto timed = time_op(c, [] { return std::string("gather_rows"); });
+  const auto timed = time_op(c, "gather_rows");
   cuda::gather_rows(x.dtype(), x.data(), x.rows(), x.cols(), d_rows, static_cast<int>(rows.size()), out.data(), v,
                     as_stream(c.stream));
 }
@@ -264,7 +255,7 @@ void cuda_backend::concat_rows(const cuda_tensor& a, const cuda_tensor& b, cuda_
         to_string(a.dtype()), " over ", b.rows(), "x", b.cols(), " ", to_string(b.dtype()));
   access::shape(ctx_, out, a.rows() + b.rows(), a.cols(), a.dtype());
   if (c.skip_launch(13, a.data(), b.data(), out.data(), a.bytes(), b.bytes())) return;
-  const auto timed = time_op(c, [] { return std::string("concat_rows"); });
+  const auto timed = time_op(c, "concat_rows");
   if (a.bytes()) ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(out.data(), a.data(), a.bytes(), cudaMemcpyDeviceToDevice, c.stream));
   if (b.bytes())
     ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(out.data()) + a.bytes(), b.data(), b.bytes(),

@@ -96,14 +96,13 @@ inline void rope(matrix& x, std::span<const std::int32_t> positions, int head_di
   }
 }
 
+inline float silu_times(float g, float u) { return g / (1.0f + std::exp(-g)) * u; }
+
 // out = silu(gate) * up
 inline void silu_mul(const matrix& gate, const matrix& up, matrix& out) {
   out.resize(gate.rows(), gate.cols());
   for (Eigen::Index r = 0; r < gate.rows(); ++r)
-    for (Eigen::Index c = 0; c < gate.cols(); ++c) {
-      const float g = gate(r, c);
-      out(r, c) = g / (1.0f + std::exp(-g)) * up(r, c);
-    }
+    for (Eigen::Index c = 0; c < gate.cols(); ++c) out(r, c) = silu_times(gate(r, c), up(r, c));
 }
 
 // The same function of a fused [rows][2 * cols] gate|up matrix: out = silu(gate_up[:, :cols]) * gate_up[:, cols:].
@@ -112,10 +111,7 @@ inline void swiglu(const matrix& gate_up, matrix& out) {
   const Eigen::Index cols = gate_up.cols() / 2;
   matrix result(gate_up.rows(), cols);  // out may be gate_up
   for (Eigen::Index r = 0; r < gate_up.rows(); ++r)
-    for (Eigen::Index c = 0; c < cols; ++c) {
-      const float g = gate_up(r, c);
-      result(r, c) = g / (1.0f + std::exp(-g)) * gate_up(r, cols + c);
-    }
+    for (Eigen::Index c = 0; c < cols; ++c) result(r, c) = silu_times(gate_up(r, c), gate_up(r, cols + c));
   out.swap(result);
 }
 
@@ -274,16 +270,7 @@ struct cpu_backend {
   }
   // What follows a fused q|k|v projection (model/qkv_epilogue.hpp): the ops above, one after another.
   void qkv_epilogue(const tensor& qkv, const zipage::qkv_epilogue<tensor>& e, tensor& q, tensor& k, tensor& v) const {
-    const int widths[] = {e.num_q_heads * e.head_dim, e.num_kv_heads * e.head_dim, e.num_kv_heads * e.head_dim};
-    tensor* const outs[] = {&q, &k, &v};
-    cpu::split_columns(qkv, widths, outs);
-    if (e.q_bias) cpu::add_bias(q, *e.q_bias);
-    if (e.k_bias) cpu::add_bias(k, *e.k_bias);
-    if (e.v_bias) cpu::add_bias(v, *e.v_bias);
-    if (e.q_norm) cpu::rms_norm(q, *e.q_norm, e.rms_eps, q);
-    if (e.k_norm) cpu::rms_norm(k, *e.k_norm, e.rms_eps, k);
-    cpu::rope(q, e.positions, e.head_dim, e.rope_theta, e.style, e.scaling);
-    cpu::rope(k, e.positions, e.head_dim, e.rope_theta, e.style, e.scaling);
+    separate_qkv_epilogue(*this, qkv, e, q, k, v);
   }
   void add(tensor& x, const tensor& y) const { x += y; }
   void gather_rows(const tensor& x, std::span<const std::int32_t> rows, tensor& out) const { cpu::gather_rows(x, rows, out); }
