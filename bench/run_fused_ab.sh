@@ -6,8 +6,8 @@
 #     time op by op;
 #  4. the Qwen3-8B long workload, compressed, fused and unfused (--unfused-projections), in boxes of AB_BOX s
 #     (0: skip): FP8 KV + FP8 weights, then bf16 + bf16 when AB_BF16=1;
-#  5. if BUDGET_S leaves room, one cell of the 16k steady-state grid: GRID_BOX s (900), GRID_MODE compressed|full,
-#     GRID_KV fp8|auto, GRID_QUANT fp8|none.
+#  5. if BUDGET_S leaves room, one cell of the 16k steady-state grid through bench/run_grid_cell.sh: GRID_BOX s
+#     (900), GRID_MODE compressed|full, GRID_KV fp8|bf16, GRID_WEIGHTS fp8|bf16.
 #   call 1: bench/run_fused_ab.sh start; bench/run_fused_ab.sh wait
 #   call 2: bench/run_fused_ab.sh wait     (issued at once; repeat until it says done)
 set -u
@@ -38,19 +38,17 @@ case "${1:-}" in
     st "tests done"
     timeout 150 "$B"/zipage-bench --shape qwen3-8b --linear-bench > "$D/linear.txt" 2>&1
     st "linear bench rc=$?"
-    if [ "${OP_TIMING_BOX:-0}" -gt 0 ]; then  # where a decode step's GPU time goes, op by op (eager, synchronised)
-      timeout $(( OP_TIMING_BOX + 150 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode compressed \
-        --num-requests 1024 --output-len 16384 --max-num-seqs 1024 --seconds "$OP_TIMING_BOX" --kv-cache-dtype fp8 \
-        --quantization fp8 --op-timing > "$D/op_timing.txt" 2>&1
-      st "op timing rc=$?"
-    fi
-    ab() {  # ab KV WEIGHTS FLAG
-      local name="ab_kv$1_w$2${3:+_unfused}"
-      timeout $(( ${AB_BOX:-100} + 150 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode compressed \
-        --num-requests 1024 --output-len 16384 --max-num-seqs 1024 --seconds "${AB_BOX:-100}" --kv-cache-dtype "$1" \
-        --quantization "$2" $3 --json "$D/ab.jsonl" > "$D/$name.txt" 2>&1
+    long_run() {  # long_run NAME BOX KV QUANT [FLAGS]: the 8B long workload, compressed, into $D/NAME.txt
+      local name=$1 box=$2 kv=$3 quant=$4
+      shift 4
+      timeout $(( box + 150 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode compressed --num-requests 1024 \
+        --output-len 16384 --max-num-seqs 1024 --seconds "$box" --kv-cache-dtype "$kv" --quantization "$quant" "$@" \
+        > "$D/$name.txt" 2>&1
       st "$name rc=$?: $(grep -E '^\| long' "$D/$name.txt" | head -1)"
     }
+    # Where a decode step's GPU time goes, op by op (eager, synchronised).
+    if [ "${OP_TIMING_BOX:-0}" -gt 0 ]; then long_run op_timing "$OP_TIMING_BOX" fp8 fp8 --op-timing; fi
+    ab() { long_run "ab_kv$1_w$2${3:+_unfused}" "${AB_BOX:-100}" "$1" "$2" --json "$D/ab.jsonl" ${3:+"$3"}; }
     if [ "${AB_BOX:-100}" -gt 0 ]; then
       ab fp8 fp8 ""
       ab fp8 fp8 --unfused-projections
@@ -58,12 +56,12 @@ case "${1:-}" in
     fi
     left=$(( ${BUDGET_S:-1700} - ($(date +%s) - T0) ))
     if [ "$left" -gt $(( ${GRID_BOX:-900} + 90 )) ]; then
-      cell="grid_${GRID_MODE:-compressed}_kv${GRID_KV:-fp8}_w${GRID_QUANT:-fp8}"
-      st "$cell: box ${GRID_BOX:-900} s ($left s of budget left)"
-      timeout $(( ${GRID_BOX:-900} + 120 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode "${GRID_MODE:-compressed}" \
-        --num-requests 1024 --output-len 16384 --max-num-seqs 1024 --seconds "${GRID_BOX:-900}" --kv-cache-dtype "${GRID_KV:-fp8}" \
-        --quantization "${GRID_QUANT:-fp8}" --json "$D/grid.jsonl" > "$D/$cell.txt" 2>&1
-      st "$cell rc=$?: $(grep -E '^\| long' "$D/$cell.txt" | head -1)"
+      st "grid cell: box ${GRID_BOX:-900} s ($left s of budget left)"
+      # bench/run_grid_cell.sh's own command, waited for here (this driver is already detached).
+      KV=${GRID_KV:-fp8} WEIGHTS=${GRID_WEIGHTS:-fp8} MODE=${GRID_MODE:-compressed} BOX=${GRID_BOX:-900} ZB="$B/zipage-bench" \
+        OUT="$D" bench/run_grid_cell.sh start > /dev/null
+      WAIT_S=$(( ${GRID_BOX:-900} + 150 )) OUT="$D" bench/run_grid_cell.sh wait > "$D/grid_status.txt" 2>&1
+      st "grid cell: $(tr '\n' ' ' < "$D/grid_status.txt")"
     else
       st "grid cell skipped: $left s of budget left"
     fi
