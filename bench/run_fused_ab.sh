@@ -4,8 +4,9 @@
 #  2. `zipage-bench --linear-bench` (the fused q|k|v and gate|up GEMMs beside the separate ones);
 #  3. with OP_TIMING_BOX=60: `zipage-bench --op-timing` (FP8 KV and weights, compressed), the decode step's GPU
 #     time op by op;
-#  4. the Qwen3-8B long workload, compressed, fused and unfused (--unfused-projections), in boxes of AB_BOX s
-#     (0: skip): FP8 KV + FP8 weights, then bf16 + bf16 when AB_BF16=1;
+#     (with OP_TIMING_AB=1 a second time with AB_FLAG);
+#  4. the Qwen3-8B long workload, compressed, without and with AB_FLAG (default --unfused-projections; e.g.
+#     --no-fused-quantize), in boxes of AB_BOX s (0: skip): FP8 KV + FP8 weights, then bf16 + bf16 when AB_BF16=1;
 #  5. if BUDGET_S leaves room, one cell of the 16k steady-state grid through bench/run_grid_cell.sh: GRID_BOX s
 #     (900), GRID_MODE compressed|full, GRID_KV fp8|bf16, GRID_WEIGHTS fp8|bf16.
 #   call 1: bench/run_fused_ab.sh start; bench/run_fused_ab.sh wait
@@ -47,12 +48,17 @@ case "${1:-}" in
       st "$name rc=$?: $(grep -E '^\| long' "$D/$name.txt" | head -1)"
     }
     # Where a decode step's GPU time goes, op by op (eager, synchronised).
-    if [ "${OP_TIMING_BOX:-0}" -gt 0 ]; then long_run op_timing "$OP_TIMING_BOX" fp8 fp8 --op-timing; fi
-    ab() { long_run "ab_kv$1_w$2${3:+_unfused}" "${AB_BOX:-100}" "$1" "$2" --json "$D/ab.jsonl" ${3:+"$3"}; }
+    flag=${AB_FLAG:---unfused-projections}
+    tag=${flag#--}
+    if [ "${OP_TIMING_BOX:-0}" -gt 0 ]; then
+      long_run op_timing "$OP_TIMING_BOX" fp8 fp8 --op-timing
+      if [ "${OP_TIMING_AB:-0}" = 1 ]; then long_run "op_timing_$tag" "$OP_TIMING_BOX" fp8 fp8 --op-timing "$flag"; fi
+    fi
+    ab() { long_run "ab_kv$1_w$2${3:+_$tag}" "${AB_BOX:-100}" "$1" "$2" --json "$D/ab.jsonl" ${3:+"$3"}; }
     if [ "${AB_BOX:-100}" -gt 0 ]; then
       ab fp8 fp8 ""
-      ab fp8 fp8 --unfused-projections
-      if [ "${AB_BF16:-0}" = 1 ]; then ab auto none ""; ab auto none --unfused-projections; fi
+      ab fp8 fp8 "$flag"
+      if [ "${AB_BF16:-0}" = 1 ]; then ab auto none ""; ab auto none "$flag"; fi
     fi
     left=$(( ${BUDGET_S:-1700} - ($(date +%s) - T0) ))
     if [ "$left" -gt $(( ${GRID_BOX:-900} + 90 )) ]; then

@@ -174,6 +174,7 @@ struct options {
   bool no_graphs = false;
   bool unfused_projections = false;  // q/k/v and gate/up as separate GEMMs (the loaders fuse them)
   bool op_timing = false;            // per-op GPU time of the decode steps (implies --no-graphs)
+  bool unfused_quantize = false;     // FP8 weights: every linear quantises its own input (A/B of fuse_fp8_quantize)
   float temperature = 0.0f;
   std::string json;
   std::string kv_cache_dtype = "auto";  // auto (bf16) | fp8 | fp8_e4m3
@@ -473,6 +474,9 @@ int main(int argc, char** argv) {
                "every step, so its throughput is not comparable)");
   app.add_flag("--unfused-projections", o.unfused_projections,
                "q/k/v and gate/up as separate GEMMs, as before fuse_projections (for A/B runs)");
+  app.add_flag("--no-fused-quantize", o.unfused_quantize,
+               "FP8 weights: each linear quantises its input itself, instead of the norm or SwiGLU before it writing the "
+               "FP8 copy (cuda_backend_options::fuse_fp8_quantize = false, for A/B runs)");
   app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)");
   app.add_option("--json", o.json, "append results as JSON lines to this file");
   zipage_cli::add_kv_cache_dtype_flag(app, o.kv_cache_dtype, "", "bf16");
@@ -522,6 +526,7 @@ int main(int argc, char** argv) {
     if (o.op_timing) o.no_graphs = true;  // a graph's ops are not timed one by one
     bo.cuda_graphs = !o.no_graphs;
     bo.op_timing = o.op_timing;
+    bo.fuse_fp8_quantize = !o.unfused_quantize;
     bo.kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
     bo.weight_dtype = o.linear_bench ? weight_dtype::fp8_e4m3 : parse_weight_quantization(o.quantization);
     bo.max_graph_batch = std::max(bo.max_graph_batch, o.max_num_seqs);
@@ -543,8 +548,9 @@ int main(int argc, char** argv) {
       // Weight statistics from one build (freed again before the runs build their own).
       timed_model probe = build_model(b, c, o.seed, !o.unfused_projections, ws);
     }
-    std::printf("weights: %s; q/k/v and gate/up %s\n", b.describe_weights().c_str(),
-                o.unfused_projections ? "as separate GEMMs (--unfused-projections)" : "fused (one GEMM each)");
+    std::printf("weights: %s; q/k/v and gate/up %s; FP8 activation quantisation %s\n", b.describe_weights().c_str(),
+                o.unfused_projections ? "as separate GEMMs (--unfused-projections)" : "fused (one GEMM each)",
+                o.unfused_quantize ? "in each linear (--no-fused-quantize)" : "written by the op before each linear");
     std::printf("shape %s: %d layers, hidden %d, q/kv heads %d/%d, head_dim %d, ffn %d, vocab %d; weights read per "
                 "step %.2f GB (%.2f B params incl. vocabulary projection)\n",
                 o.shape.c_str(), c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.ffn_size,
@@ -602,7 +608,7 @@ int main(int argc, char** argv) {
                         "\"graphs\":%s,\"graph_replays\":%lld,\"graph_captures\":%lld,\"max_concurrency\":%d,"
                         "\"kv_gib\":%.1f,\"steady_s\":%.1f,\"policy\":\"%s\",\"compaction_s\":%.3f,"
                         "\"device_batches\":%lld,\"kv_cache_dtype\":\"%s\",\"overlap_min_batch\":%d,"
-                        "\"nano_batch_steps\":%lld,\"decode_steps\":%lld,\"quantization\":\"%s\",\"fused_projections\":%s}\n",
+                        "\"nano_batch_steps\":%lld,\"decode_steps\":%lld,\"quantization\":\"%s\",\"fused_projections\":%s,\"fused_quantize\":%s}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
                         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
@@ -613,7 +619,7 @@ int main(int argc, char** argv) {
                         r.policy.c_str(), r.compaction_s, static_cast<long long>(r.device_batches), to_string(b.kv_dtype()),
                         o.overlap_min_batch, static_cast<long long>(r.nano_batch_steps),
                         static_cast<long long>(r.decode_steps), o.quantization.c_str(),
-                        o.unfused_projections ? "false" : "true");
+                        o.unfused_projections ? "false" : "true", o.unfused_quantize ? "false" : "true");
           js << buf;
         }
         }

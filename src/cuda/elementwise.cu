@@ -102,6 +102,17 @@ void silu_mul(const void* gate, const void* up, void* out, std::int64_t rows, in
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
+void silu_mul_fp8(const void* gate, const void* up, void* out, std::int64_t rows, int cols, std::int64_t in_row_stride,
+                  const fp8_copy& copy, cuda_stream stream) {
+  check(cols % 128 == 0 && in_row_stride % 8 == 0 && aligned16(gate) && aligned16(up) && aligned16(out),
+        "silu_mul: an FP8 copy needs whole 128-column groups (", cols, "), 8-element strides and aligned tensors");
+  if (copy.padded <= 0) return;
+  detail::silu_mul_fp8_kernel<<<grid_for(std::int64_t{copy.padded} * (cols / 8), 256), 256, 0, stream>>>(
+      static_cast<const bf16*>(gate), static_cast<const bf16*>(up), static_cast<bf16*>(out), rows, cols, in_row_stride,
+      copy);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
 void gather_rows(const void* table, std::int64_t num_rows, int cols, const std::int32_t* ids, int num_ids, void* out,
                  cuda_stream stream) {
   if (num_ids <= 0 || cols <= 0) return;
@@ -126,32 +137,34 @@ void add(const void* a, const void* b, void* out, std::int64_t n, cuda_stream st
 }
 
 void add_rms_norm(void* x, const void* y, cuda_dtype wt, const void* weight, void* out, std::int64_t rows, int width,
-                  float eps, cuda_stream stream) {
+                  float eps, const fp8_copy& copy, cuda_stream stream) {
   check(width > 0 && width % 8 == 0, "add_rms_norm: width ", width, " must be a multiple of 8");
   check(aligned16(x) && aligned16(y) && aligned16(weight) && aligned16(out), "add_rms_norm: pointers must be 16-byte aligned");
-  if (rows <= 0) return;
+  check(!copy.wanted() || width % 128 == 0, "add_rms_norm: an FP8 copy needs whole 128-column groups, not ", width);
+  const std::int64_t grid_rows = copy.wanted() ? std::max<std::int64_t>(rows, copy.padded) : rows;
+  if (grid_rows <= 0) return;
   auto* xb = static_cast<bf16*>(x);
   const auto* yb = static_cast<const bf16*>(y);
   auto* ob = static_cast<bf16*>(out);
-  if (width <= 1024) {
-    constexpr int kWarps = 8;
-    const std::int64_t blocks = (rows + kWarps - 1) / kWarps;
-    check(blocks < (1ll << 31), "add_rms_norm: too many rows");
-    if (wt == cuda_dtype::bf16)
-      detail::add_rms_norm_warp_kernel<bf16><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
-          xb, yb, static_cast<const bf16*>(weight), ob, rows, width, eps);
-    else
-      detail::add_rms_norm_warp_kernel<float><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
-          xb, yb, static_cast<const float*>(weight), ob, rows, width, eps);
-  } else {
-    check(rows < (1ll << 31), "add_rms_norm: too many rows");
-    if (wt == cuda_dtype::bf16)
-      detail::add_rms_norm_block_kernel<bf16><<<static_cast<unsigned>(rows), 256, 0, stream>>>(
-          xb, yb, static_cast<const bf16*>(weight), ob, width, eps);
-    else
-      detail::add_rms_norm_block_kernel<float><<<static_cast<unsigned>(rows), 256, 0, stream>>>(
-          xb, yb, static_cast<const float*>(weight), ob, width, eps);
-  }
+  // One launch per (weight dtype, copy or not): the kernels' template arguments.
+  auto launch = [&]<class W, bool kFp8>() {
+    const auto* wp = static_cast<const W*>(weight);
+    if (width <= 1024) {
+      constexpr int kWarps = 8;
+      const std::int64_t blocks = (grid_rows + kWarps - 1) / kWarps;
+      check(blocks < (1ll << 31), "add_rms_norm: too many rows");
+      detail::add_rms_norm_warp_kernel<W, kFp8><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
+          xb, yb, wp, ob, rows, width, eps, copy);
+    } else {
+      check(grid_rows < (1ll << 31), "add_rms_norm: too many rows");
+      detail::add_rms_norm_block_kernel<W, kFp8><<<static_cast<unsigned>(grid_rows), 256, 0, stream>>>(
+          xb, yb, wp, ob, rows, width, eps, copy);
+    }
+  };
+  if (wt == cuda_dtype::bf16)
+    copy.wanted() ? launch.template operator()<bf16, true>() : launch.template operator()<bf16, false>();
+  else
+    copy.wanted() ? launch.template operator()<float, true>() : launch.template operator()<float, false>();
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

@@ -21,10 +21,12 @@ void rope(void* x, const std::int32_t* positions, std::int64_t rows, int num_hea
           std::int64_t row_stride, float theta, rope_style style, cuda_stream stream);
 void silu_mul(const void* gate, const void* up, void* out, std::int64_t rows, int cols, std::int64_t in_row_stride,
               cuda_stream stream);
+void silu_mul_fp8(const void* gate, const void* up, void* out, std::int64_t rows, int cols, std::int64_t in_row_stride,
+                  const fp8_copy& copy, cuda_stream stream);
 void add(const void* a, const void* b, void* out, std::int64_t n, cuda_stream stream);
 void qkv_epilogue(const qkv_epilogue_params& p, cuda_stream stream);
 void add_rms_norm(void* x, const void* y, cuda_dtype wt, const void* weight, void* out, std::int64_t rows, int width,
-                  float eps, cuda_stream stream);
+                  float eps, const fp8_copy& copy, cuda_stream stream);
 void append_kv(void* k_cache, void* v_cache, const void* k, const void* v, const std::int64_t* slots, int num_tokens,
                int num_kv_heads, int head_dim, std::int64_t k_row_stride, std::int64_t v_row_stride,
                cuda_stream stream);

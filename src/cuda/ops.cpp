@@ -65,11 +65,46 @@ void add_rms_norm(cuda_dtype t, void* x, const void* y, cuda_dtype wt, const voi
                   int cols, float eps, kernel_variant v, cuda_stream stream) {
   check(rows >= 0 && cols > 0, "add_rms_norm: shape ", rows, "x", cols);
   if (tuned_bf16(t, v) && cols % 8 == 0 && aligned16(x) && aligned16(y) && aligned16(weight) && aligned16(out)) {
-    tuned::add_rms_norm(x, y, wt, weight, out, rows, cols, eps, stream);
+    tuned::add_rms_norm(x, y, wt, weight, out, rows, cols, eps, fp8_copy{}, stream);
     return;
   }
   add(t, x, y, x, rows * cols, v, stream);
   rms_norm(t, x, wt, weight, out, rows, cols, cols, eps, v, stream);
+}
+
+bool fp8_copy_supported(cuda_dtype t, kernel_variant v, int cols, std::int64_t in_row_stride,
+                        std::initializer_list<const void*> pointers) {
+  bool ok = tuned_bf16(t, v) && cols > 0 && cols % 128 == 0 && in_row_stride % 8 == 0;
+  for (const void* p : pointers) ok = ok && aligned16(p);
+  return ok;
+}
+
+namespace {
+void check_fp8_copy(const char* op, const fp8_copy& copy, std::int64_t rows) {
+  check(copy.codes != nullptr && copy.scales != nullptr && reinterpret_cast<std::uintptr_t>(copy.codes) % 8 == 0,
+        op, ": an FP8 copy needs 8-byte aligned codes and scales");
+  check(copy.padded >= rows && copy.padded % 4 == 0, op, ": an FP8 copy of ", rows, " rows padded to ", copy.padded,
+        " (fp8::padded_rows)");
+}
+}  // namespace
+
+void add_rms_norm(cuda_dtype t, void* x, const void* y, cuda_dtype wt, const void* weight, void* out, std::int64_t rows,
+                  int cols, float eps, kernel_variant v, const fp8_copy& copy, cuda_stream stream) {
+  check(rows >= 0 && cols > 0, "add_rms_norm: shape ", rows, "x", cols);
+  check(fp8_copy_supported(t, v, cols, 0, {x, y, weight, out}), "add_rms_norm: an FP8 copy needs the tuned bf16 kernel, ",
+        "rows of whole 128-column groups (got ", cols, ") and 16-byte aligned tensors");
+  check_fp8_copy("add_rms_norm", copy, rows);
+  tuned::add_rms_norm(x, y, wt, weight, out, rows, cols, eps, copy, stream);
+}
+
+void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::int64_t rows, int cols,
+              std::int64_t in_row_stride, kernel_variant v, const fp8_copy& copy, cuda_stream stream) {
+  if (in_row_stride == 0) in_row_stride = cols;
+  check(in_row_stride >= cols, "silu_mul: in_row_stride ", in_row_stride, " is shorter than the row of ", cols);
+  check(fp8_copy_supported(t, v, cols, in_row_stride, {gate, up, out}), "silu_mul: an FP8 copy needs the tuned bf16 ",
+        "kernel, rows of whole 128-column groups (got ", cols, "), a stride of whole 8-element vectors and 16-byte aligned tensors");
+  check_fp8_copy("silu_mul", copy, rows);
+  tuned::silu_mul_fp8(gate, up, out, rows, cols, in_row_stride, copy, stream);
 }
 
 bool qkv_epilogue_supported(const qkv_epilogue_params& p) {

@@ -437,3 +437,128 @@ int main(int argc, char** argv) {
   doctest::Context context(argc, argv);
   return context.run();
 }
+
+namespace {
+
+cuda_backend quantize_backend(bool fused, bool graphs = false) {
+  cuda_backend_options o;
+  o.weight_dtype = weight_dtype::fp8_e4m3;
+  o.fuse_fp8_quantize = fused;
+  o.cuda_graphs = graphs;
+  return cuda_backend(o);
+}
+
+// What one backend computes in a sequence of ops that exercises every way an FP8 linear's input can have been
+// quantised already (or must not be taken as such), and how many linears found theirs done.
+struct quantize_run {
+  std::vector<std::vector<float>> outputs;
+  std::int64_t prequantized = 0;
+  bool fp8 = false;
+};
+
+quantize_run run_quantize_sequence(const cuda_backend& b, int m, int k) {
+  quantize_run r;
+  const std::int64_t before = b.counters().fp8_inputs_prequantized;
+  auto w = b.random_tensor(384, k, 0.05f, 21);
+  auto w2 = b.random_tensor(256, k, 0.05f, 22);
+  r.fp8 = b.prepare_linear_weight(w) && b.prepare_linear_weight(w2);
+  if (!r.fp8) return r;
+  auto x = b.random_tensor(m, k, 1.0f, 23);
+  const auto y = b.random_tensor(m, k, 1.0f, 24);
+  const auto norm = b.random_tensor(1, k, 1.0f, 25);
+  cuda_tensor h, o1, o2, o3, act, o4, act2, o5;
+  b.add_rms_norm(x, y, norm, 1e-6f, h);
+  b.linear(h, w, o1);   // h's copy, written by add_rms_norm
+  b.linear(h, w2, o2);  // the same input as the linear before it
+  b.rms_norm(h, norm, 1e-6f, h);  // h changes in place: its recorded codes are stale
+  b.linear(h, w, o3);
+  const auto gate_up = b.random_tensor(m, 2 * k, 3.0f, 26);
+  b.swiglu(gate_up, act);
+  b.linear(act, w, o4);
+  const auto g = b.random_tensor(m, k, 3.0f, 27), u = b.random_tensor(m, k, 3.0f, 28);
+  b.silu_mul(g, u, act2);
+  b.linear(act2, w2, o5);
+  for (const cuda_tensor* t : {&x, &h, &act, &act2, &o1, &o2, &o3, &o4, &o5}) r.outputs.push_back(b.to_host(*t));
+  r.prequantized = b.counters().fp8_inputs_prequantized - before;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("fp8 weights: the FP8 copy that add_rms_norm / swiglu / silu_mul write gives linear() the same bits as its own quantisation") {
+  const auto fused = quantize_backend(true), separate = quantize_backend(false);
+  // k: the warp kernel (256), the block kernel with a partial second pass (1280), the 8B hidden (4096), a row of
+  // no whole 128-column groups (400: no copy, the linear-after-linear reuse only). m: padding rows (5 -> 8).
+  for (const int k : {256, 1280, 4096, 400})
+    for (const int m : {1, 5, 64}) {
+      CAPTURE(k);
+      CAPTURE(m);
+      const auto a = run_quantize_sequence(fused, m, k);
+      const auto b = run_quantize_sequence(separate, m, k);
+      REQUIRE(a.fp8 == b.fp8);
+      if (!a.fp8) {
+        MESSAGE("k ", k, ": cuBLASLt keeps the weight bf16; nothing to compare");
+        continue;
+      }
+      REQUIRE(a.outputs.size() == b.outputs.size());
+      for (std::size_t i = 0; i < a.outputs.size(); ++i) {
+        CAPTURE(i);
+        CHECK(mismatches(a.outputs[i], b.outputs[i]) == 0);
+      }
+      // Fused: o1, o4, o5 from the ops' copies and o2 from o1's quantisation; o3 quantises afresh. Without whole
+      // groups only o2. Separate: every linear quantises its own input.
+      CHECK(a.prequantized == (k % 128 == 0 ? 4 : 1));
+      CHECK(b.prequantized == 0);
+    }
+}
+
+TEST_CASE("fp8 weights: the engine with fused FP8 quantisation gives the separate quantisation's logits bit for bit, with and without CUDA graphs") {
+  testing::fp8_qwen3_spec spec;
+  spec.hidden = 256;
+  spec.head_dim = 128;
+  spec.ffn = 512;
+  const auto dir = std::filesystem::temp_directory_path() / "zipage_fp8_fused_quantize";
+  testing::write_fp8_qwen3(dir / "fp8", dir / "ref", spec);
+  const std::vector<std::vector<token_id>> prompts{{1, 17, 99, 4, 250, 31}, {1, 400, 401, 402}};
+  const int n = 32;
+  {
+    const auto fused = quantize_backend(true), separate = quantize_backend(false);
+    for (const auto& prompt : prompts) {
+      const auto a = run(fused, dir / "fp8", prompt, n);
+      const auto b = run(separate, dir / "fp8", prompt, n);
+      CHECK(a.tokens == b.tokens);
+      REQUIRE(a.logits.size() == b.logits.size());
+      int differing = 0;
+      for (std::size_t i = 0; i < a.logits.size(); ++i) differing += a.logits[i] != b.logits[i];
+      CHECK(differing == 0);
+    }
+    MESSAGE("eager: ", fused.counters().fp8_inputs_prequantized, " of ", fused.counters().fp8_linears,
+            " FP8 linears found their input quantised (separate: ", separate.counters().fp8_inputs_prequantized, ")");
+    // Per layer and step: q|k|v from add_rms_norm's copy (rms_norm's before layer 0 writes none), down from swiglu's.
+    CHECK(fused.counters().fp8_inputs_prequantized * 2 >= fused.counters().fp8_linears);
+    CHECK(separate.counters().fp8_inputs_prequantized == 0);
+  }
+  // Graphs: a batch of the prompts, greedy tokens against the separate quantisation's, replays counted.
+  auto greedy = [&](const cuda_backend& b) {
+    auto model = load_hf_checkpoint<cuda_backend>(dir / "fp8", b);
+    engine<llama_model<cuda_backend>, full_kv, zipage_scheduler, cuda_backend> eng(
+        std::move(model), engine_config{.block_size = 16, .num_blocks = 256}, full_kv{}, b);
+    sampling_params p;
+    p.temperature = 0.0f;
+    p.max_tokens = n;
+    p.ignore_eos = true;
+    std::vector<request_id> ids;
+    for (const auto& prompt : prompts) ids.push_back(eng.add_request(prompt, p));
+    eng.run_to_completion();
+    std::vector<std::vector<token_id>> out;
+    for (const request_id id : ids) out.push_back(eng.take_output(id).output);
+    return out;
+  };
+  const auto fused = quantize_backend(true, true), separate = quantize_backend(false, true);
+  CHECK(greedy(fused) == greedy(separate));
+  MESSAGE("graphs: ", fused.counters().graph_replays, " replays, ", fused.counters().graph_captures, " captures; ",
+          fused.counters().fp8_inputs_prequantized, " prequantised inputs in eager steps and record passes");
+  CHECK(fused.counters().graph_replays > 0);
+  CHECK(fused.counters().fp8_inputs_prequantized > 0);
+  std::filesystem::remove_all(dir);
+}

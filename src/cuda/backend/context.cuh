@@ -180,6 +180,19 @@ struct context {
   device_scratch fp8_ws;
   int fp8_weights = 0, fp8_weights_kept = 0;  // under counters_mu
   int fp8_self_test = -1;  // the FP8 GEMM's check against the CPU reference: -1 not run, 0 failed, 1 passed
+  bool fp8_weights_in_use = false;  // some linear weight is e4m3 (access::set_e4m3): worth an FP8 copy of its input
+  // Ops run so far (skip_launch counts them; so do host writes into new tensors): what fp8_ws holds is known to be
+  // the quantisation of `fp8_ws_holds` only while no op has run since.
+  std::uint64_t launch_seq = 0;
+  struct quantized_rows {
+    const void* x = nullptr;  // the bf16 activations [rows][cols] whose codes and scales fp8_ws holds
+    int rows = 0, cols = 0;
+    const void* codes = nullptr;  // fp8_ws's codes when they were written (the workspace may move)
+    std::uint64_t seq = 0;        // launch_seq just after the op that wrote them
+    [[nodiscard]] bool holds(const void* x_, int rows_, int cols_, const void* codes_, std::uint64_t now) const {
+      return x != nullptr && x == x_ && rows == rows_ && cols == cols_ && codes == codes_ && seq == now;
+    }
+  } fp8_ws_holds;
 
   // op_timing: the event pairs of timed ops not yet read by take_op_times (engine thread, main stream), and
   // events to reuse.
@@ -250,6 +263,7 @@ struct context {
   // tells the op to skip the launch (the pass only stages inputs and sizes outputs).
   template <class... A>
   bool skip_launch(int op, const A&... args) {
+    ++launch_seq;
     if (graph.phase == graph_phase::off) return false;
     graph.note(op, args...);
     return graph.phase == graph_phase::record;

@@ -180,9 +180,18 @@ void fp8_linear(const std::shared_ptr<context>& ctx, const cuda_tensor& x, const
   const gemm_plan& plan = fp8_plan_for(c, mp, n, k, w.scales(), ws.scales);
   check(plan.ok, "linear: cuBLASLt has no block-scaled FP8 GEMM for ", m, " tokens (padded to ", mp, ") x [", n, "][", k,
         "] (the weight passed the load-time check at 4, 256 and 2048 tokens)");
-  c.count([](cuda_backend_counters& t) { ++t.fp8_linears; });
-  if (c.skip_launch(11, x.data(), w.data(), w.scales(), out.data(), m, n, k, ws.codes, &plan, c.lt_workspace)) return;
-  {
+  // x's codes may be in the workspace already: written beside x by the op that made it (fp8_copy_for), or by the
+  // previous linear() on x (q, k and v projections of one input), with no op run since.
+  const bool quantized = c.opts.fuse_fp8_quantize && c.fp8_ws_holds.holds(x.data(), m, k, ws.codes, c.launch_seq);
+  c.count([&](cuda_backend_counters& t) {
+    ++t.fp8_linears;
+    t.fp8_inputs_prequantized += quantized ? 1 : 0;
+  });
+  const bool skip =
+      c.skip_launch(11, x.data(), w.data(), w.scales(), out.data(), m, n, k, ws.codes, &plan, c.lt_workspace, quantized);
+  c.fp8_ws_holds = {x.data(), m, k, ws.codes, c.launch_seq};
+  if (skip) return;
+  if (!quantized) {
     const auto timed = time_op(c, [&] { return "fp8 quantize " + std::to_string(k); });
     cuda::fp8::quantize_activations(cuda_dtype::bf16, x.data(), m, mp, k, ws.codes, ws.scales, as_stream(c.stream));
   }
@@ -194,6 +203,19 @@ void fp8_linear(const std::shared_ptr<context>& ctx, const cuda_tensor& x, const
   const float alpha = 1.0f, beta = 0.0f;
   ZIPAGE_LT_CHECK(cublasLtMatmul(c.lt, plan.desc, &alpha, w.data(), plan.a, ws.codes, plan.b, &beta, out.data(), plan.c,
                                  out.data(), plan.c, &plan.algo, c.lt_workspace, c.opts.gemm_workspace_bytes, c.stream));
+}
+
+cuda::fp8_copy fp8_copy_for(context& c, const cuda_tensor& out, cuda::kernel_variant v, std::int64_t in_row_stride,
+                            std::initializer_list<const void*> pointers) {
+  if (!c.opts.fuse_fp8_quantize || !c.fp8_weights_in_use || out.empty() ||
+      !cuda::fp8_copy_supported(out.dtype(), v, out.cols(), in_row_stride, pointers))
+    return {};
+  const fp8_workspace ws = fp8_workspace_for(c, out.rows(), out.cols());
+  return {ws.codes, ws.scales, cuda::fp8::padded_rows(out.rows())};
+}
+
+void fp8_copy_written(context& c, const cuda_tensor& out, const cuda::fp8_copy& copy) {
+  if (copy.wanted()) c.fp8_ws_holds = {out.data(), out.rows(), out.cols(), copy.codes, c.launch_seq};
 }
 
 }  // namespace cuda_detail
@@ -222,6 +244,7 @@ bool cuda_backend::prepare_linear_weight(cuda_tensor& w, bool fp8_checkpoint) co
     return false;  // the codes are freed in stream order; w stays as it was
   }
   access::set_e4m3(w, std::move(codes), std::move(scales), n, k);
+  c.fp8_weights_in_use = true;
   c.count([&](cuda_backend_counters&) { ++c.fp8_weights; });
   return true;
 }
@@ -270,6 +293,7 @@ std::optional<cuda_tensor> cuda_backend::stack_rows(std::span<const cuda_tensor*
   if (!cuda_detail::fp8_gemm_supported(c, rows, cols, static_cast<const float*>(scales.data()))) return std::nullopt;
   cuda_tensor out;
   access::set_e4m3(out, std::move(codes), std::move(scales), rows, cols);
+  c.fp8_weights_in_use = true;
   return out;
 }
 
@@ -309,6 +333,7 @@ void cuda_backend::quantize_activations_to_host(const cuda_tensor& x, std::vecto
   context& c = use(ctx_);
   const int m = x.rows(), k = x.cols(), mp = cuda::fp8::padded_rows(m), g = (k + 127) / 128;
   const auto ws = cuda_detail::fp8_workspace_for(c, m, k);
+  ++c.launch_seq;  // the workspace no longer holds what fp8_ws_holds says
   cuda::fp8::quantize_activations(x.dtype(), x.data(), m, mp, k, ws.codes, ws.scales, as_stream(c.stream));
   codes.resize(static_cast<std::size_t>(m) * static_cast<std::size_t>(k));
   std::vector<float> cols(static_cast<std::size_t>(g) * static_cast<std::size_t>(mp));

@@ -73,6 +73,7 @@ cuda_tensor cuda_backend::from_host(std::span<const float> values, int rows, int
   check(values.size() == static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols), "cuda_backend: ",
         values.size(), " values do not fill a ", rows, "x", cols, " tensor");
   ctx_->activate();
+  ++ctx_->launch_seq;  // a host write: new memory may reuse that of an activation whose FP8 codes are recorded
   cuda_tensor t;
   access::shape(ctx_, t, rows, cols, ctx_->opts.dtype);
   if (t.empty()) return t;
@@ -169,6 +170,7 @@ cuda_kv_storage cuda_backend::allocate_kv(const kv_cache_shape& shape) const {
 // extras
 
 cuda_tensor cuda_backend::random_tensor(int rows, int cols, float scale, std::uint64_t seed) const {
+  ++ctx_->launch_seq;  // as from_host
   cuda_tensor t;
   access::shape(ctx_, t, rows, cols, ctx_->opts.dtype);
   cuda::fill_uniform(t.dtype(), t.data(), t.size(), scale, seed, as_stream(ctx_->stream));
@@ -176,6 +178,7 @@ cuda_tensor cuda_backend::random_tensor(int rows, int cols, float scale, std::ui
 }
 
 cuda_tensor cuda_backend::constant_tensor(int rows, int cols, float value) const {
+  ++ctx_->launch_seq;  // as from_host
   cuda_tensor t;
   access::shape(ctx_, t, rows, cols, ctx_->opts.dtype);
   cuda::fill_constant(t.dtype(), t.data(), t.size(), value, as_stream(ctx_->stream));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "context.cuh"
+#include "fp8_linear.cuh"  // fp8_copy_for
 #include "zipage/backend/cuda/ops.hpp"
 
 namespace zipage {
@@ -110,9 +111,15 @@ void cuda_backend::silu_mul(const cuda_tensor& gate, const cuda_tensor& up, cuda
   access::shape(ctx_, out, gate.rows(), gate.cols(), gate.dtype());
   if (gate.empty()) return;
   const cuda::kernel_variant v = preferred(c);
-  if (c.skip_launch(7, gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), gate.dtype(), v)) return;
-  const auto timed = time_op(c, "silu_mul");
-  cuda::silu_mul(gate.dtype(), gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), 0, v, as_stream(c.stream));
+  const cuda::fp8_copy copy = cuda_detail::fp8_copy_for(c, out, v, gate.cols(), {gate.data(), up.data(), out.data()});
+  const bool skip = c.skip_launch(7, gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), gate.dtype(), v, copy.codes);
+  cuda_detail::fp8_copy_written(c, out, copy);
+  if (skip) return;
+  const auto timed = time_op(c, copy.wanted() ? "silu_mul + fp8 quantize" : "silu_mul");
+  if (copy.wanted())
+    cuda::silu_mul(gate.dtype(), gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), 0, v, copy, as_stream(c.stream));
+  else
+    cuda::silu_mul(gate.dtype(), gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), 0, v, as_stream(c.stream));
 }
 
 void cuda_backend::swiglu(const cuda_tensor& gate_up, cuda_tensor& out) const {
@@ -123,11 +130,17 @@ void cuda_backend::swiglu(const cuda_tensor& gate_up, cuda_tensor& out) const {
   access::shape(ctx_, out, gate_up.rows(), cols, gate_up.dtype());
   if (out.empty()) return;
   const cuda::kernel_variant v = preferred(c);
-  if (c.skip_launch(15, gate_up.data(), out.data(), gate_up.rows(), cols, gate_up.dtype(), v)) return;
   const auto* gate = static_cast<const char*>(gate_up.data());
-  const auto timed = time_op(c, "swiglu");
-  cuda::silu_mul(gate_up.dtype(), gate, gate + static_cast<std::size_t>(cols) * dtype_bytes(gate_up.dtype()), out.data(),
-                 gate_up.rows(), cols, gate_up.cols(), v, as_stream(c.stream));
+  const char* up = gate + static_cast<std::size_t>(cols) * dtype_bytes(gate_up.dtype());
+  const cuda::fp8_copy copy = cuda_detail::fp8_copy_for(c, out, v, gate_up.cols(), {gate, up, out.data()});
+  const bool skip = c.skip_launch(15, gate_up.data(), out.data(), gate_up.rows(), cols, gate_up.dtype(), v, copy.codes);
+  cuda_detail::fp8_copy_written(c, out, copy);
+  if (skip) return;
+  const auto timed = time_op(c, copy.wanted() ? "swiglu + fp8 quantize" : "swiglu");
+  if (copy.wanted())
+    cuda::silu_mul(gate_up.dtype(), gate, up, out.data(), gate_up.rows(), cols, gate_up.cols(), v, copy, as_stream(c.stream));
+  else
+    cuda::silu_mul(gate_up.dtype(), gate, up, out.data(), gate_up.rows(), cols, gate_up.cols(), v, as_stream(c.stream));
 }
 
 void cuda_backend::split_columns(const cuda_tensor& x, std::span<const int> widths, std::span<cuda_tensor* const> outs) const {
@@ -165,10 +178,18 @@ void cuda_backend::add_rms_norm(cuda_tensor& x, const cuda_tensor& y, const cuda
   access::shape(ctx_, out, x.rows(), x.cols(), x.dtype());
   if (x.empty()) return;
   const cuda::kernel_variant v = preferred(c);
-  if (c.skip_launch(18, x.data(), y.data(), w.data(), w.dtype(), out.data(), x.rows(), x.cols(), x.dtype(), eps, v)) return;
-  const auto timed = time_op(c, "add_rms_norm");
-  cuda::add_rms_norm(x.dtype(), x.data(), y.data(), w.dtype(), w.data(), out.data(), x.rows(), x.cols(), eps, v,
-                     as_stream(c.stream));
+  const cuda::fp8_copy copy = cuda_detail::fp8_copy_for(c, out, v, 0, {x.data(), y.data(), w.data(), out.data()});
+  const bool skip = c.skip_launch(18, x.data(), y.data(), w.data(), w.dtype(), out.data(), x.rows(), x.cols(), x.dtype(),
+                                  eps, v, copy.codes);
+  cuda_detail::fp8_copy_written(c, out, copy);
+  if (skip) return;
+  const auto timed = time_op(c, copy.wanted() ? "add_rms_norm + fp8 quantize" : "add_rms_norm");
+  if (copy.wanted())
+    cuda::add_rms_norm(x.dtype(), x.data(), y.data(), w.dtype(), w.data(), out.data(), x.rows(), x.cols(), eps, v, copy,
+                       as_stream(c.stream));
+  else
+    cuda::add_rms_norm(x.dtype(), x.data(), y.data(), w.dtype(), w.data(), out.data(), x.rows(), x.cols(), eps, v,
+                       as_stream(c.stream));
 }
 
 void cuda_backend::qkv_epilogue(const cuda_tensor& qkv, const zipage::qkv_epilogue<cuda_tensor>& e, cuda_tensor& q,

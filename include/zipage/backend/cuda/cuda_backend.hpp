@@ -123,6 +123,11 @@ struct cuda_backend_options {
   // outside a CUDA graph pass records an event pair around its kernels on the main stream. Off by default: two event
   // records per op, and a graph's ops are not timed one by one.
   bool op_timing = false;
+  // With FP8 linear weights: add_rms_norm, swiglu and silu_mul also write their output's FP8 codes and scales (one
+  // kernel), and a linear() reading that output next uses them instead of launching its own quantisation; a linear()
+  // on the same input as the one before it (unfused q, k, v) reuses that one's. The same bytes either way; false: for
+  // an A/B (zipage-bench --no-fused-quantize).
+  bool fuse_fp8_quantize = true;
 
   // Every field, before the backend touches a device (the constructor calls it): the first wrong one is
   // named, instead of a CUDA error later or an option silently ignored.
@@ -297,6 +302,7 @@ struct cuda_backend_counters {
   std::int64_t graph_updates = 0;         // captures that updated an existing graph in place (cudaGraphExecUpdate)
   double graph_capture_seconds = 0.0;     // capture + instantiate / update
   std::int64_t fp8_linears = 0;           // linear() calls with an FP8 weight (eager, and graph record passes)
+  std::int64_t fp8_inputs_prequantized = 0;  // of which found their input's codes already written (fuse_fp8_quantize)
 };
 
 // One op's GPU time (cuda_backend_options::op_timing): `calls` launches of `op` took `ms` in all.

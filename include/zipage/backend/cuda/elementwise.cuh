@@ -3,6 +3,7 @@
 // heads), RoPE (interleaved and half-split), SwiGLU silu_mul, row gather (embedding), add. Memory-bound:
 // 16-byte vector accesses where the shapes allow (widths multiple of 8 elements).
 #include "zipage/backend/cuda/common.cuh"
+#include "zipage/backend/cuda/fp8.cuh"
 #include "zipage/backend/cuda/ops.hpp"  // qkv_epilogue_params
 
 namespace zipage::cuda::detail {
@@ -40,16 +41,47 @@ __device__ __forceinline__ void load_weight8<float>(const float* w, float (&f)[8
   f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 }
 
-template <class W>
+// ---- fp8_copy (ops.hpp): the FP8 codes and scale of 8 bf16 outputs at column c of a row, as
+// fp8::quantize_activations computes them from those outputs. The 16 threads holding a 128-column group are the
+// consecutive lanes of one half-warp, active together (the callers' rows are whole groups), and share its amax.
+__device__ __forceinline__ void store_fp8_copy8(const fp8_copy& q, std::int64_t row, int cols, int c, const uint4& packed) {
+  float f[8];
+  bf16x8_to_float(packed, f);
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(f[e]));
+  const unsigned half_warp = 0xffffu << (threadIdx.x & 16);
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(half_warp, amax, o));
+  const float scale = __fdiv_rn(amax, kFp8E4m3Max);
+  std::uint32_t lo = 0, hi = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    lo |= std::uint32_t{e4m3_code(f[e], scale)} << (8 * e);
+    hi |= std::uint32_t{e4m3_code(f[e + 4], scale)} << (8 * e);
+  }
+  *reinterpret_cast<uint2*>(q.codes + row * cols + c) = make_uint2(lo, hi);
+  if ((threadIdx.x & 15) == 0) q.scales[std::int64_t{c / 128} * q.padded + row] = scale;
+}
+// A padding row's (row >= the op's rows): zero codes and scale, so the GEMM's padding rows stay finite.
+__device__ __forceinline__ void zero_fp8_copy8(const fp8_copy& q, std::int64_t row, int cols, int c) {
+  *reinterpret_cast<uint2*>(q.codes + row * cols + c) = make_uint2(0, 0);
+  if ((threadIdx.x & 15) == 0) q.scales[std::int64_t{c / 128} * q.padded + row] = 0.0f;
+}
+
+// kFp8: also the FP8 copy of row `row` of the output (q).
+template <class W, bool kFp8 = false>
 __device__ __forceinline__ void rms_norm_apply(const bf16* xs, const W* w, bf16* os, int width, float inv, int first,
-                                               int step) {
+                                               int step, const fp8_copy& q = {}, std::int64_t row = 0) {
   for (int c = first; c < width; c += step) {
     float f[8], wf[8];
     bf16x8_to_float(*reinterpret_cast<const uint4*>(xs + c), f);
     load_weight8<W>(w + c, wf);
 #pragma unroll
     for (int e = 0; e < 8; ++e) f[e] = f[e] * inv * wf[e];
-    *reinterpret_cast<uint4*>(os + c) = float_to_bf16x8(f);
+    const uint4 o = float_to_bf16x8(f);
+    *reinterpret_cast<uint4*>(os + c) = o;
+    if constexpr (kFp8) store_fp8_copy8(q, row, width, c, o);
   }
 }
 
@@ -123,28 +155,41 @@ __device__ __forceinline__ float add_store_sum_squares8(bf16* x, const bf16* y) 
   return sum_squares8(f);
 }
 
-template <class W>
+// kFp8: also out's FP8 copy q (width % 128 == 0); the grid then covers q.padded rows, the padding ones zeroed.
+template <class W, bool kFp8>
 __global__ void add_rms_norm_warp_kernel(bf16* x, const bf16* y, const W* __restrict__ w, bf16* out, std::int64_t rows,
-                                         int width, float eps) {
+                                         int width, float eps, fp8_copy q) {
   const std::int64_t row = std::int64_t{blockIdx.x} * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= rows) return;
   const int lane = threadIdx.x & 31;
+  if constexpr (kFp8)
+    if (row >= rows && row < q.padded) {
+      for (int c = lane * 8; c < width; c += 256) zero_fp8_copy8(q, row, width, c);
+      return;
+    }
+  if (row >= rows) return;
   bf16* xs = x + row * width;
   const bf16* ys = y + row * width;
   float ss = 0.0f;
   for (int c = lane * 8; c < width; c += 256) ss += add_store_sum_squares8(xs + c, ys + c);
-  rms_norm_apply<W>(xs, w, out + row * width, width, warp_inv_rms(ss, width, eps), lane * 8, 256);
+  rms_norm_apply<W, kFp8>(xs, w, out + row * width, width, warp_inv_rms(ss, width, eps), lane * 8, 256, q, row);
 }
 
-template <class W>
+template <class W, bool kFp8>
 __global__ void __launch_bounds__(256) add_rms_norm_block_kernel(bf16* x, const bf16* y, const W* __restrict__ w,
-                                                                 bf16* out, int width, float eps) {
+                                                                 bf16* out, std::int64_t rows, int width, float eps,
+                                                                 fp8_copy q) {
   const std::int64_t row = blockIdx.x;
+  if constexpr (kFp8)
+    if (row >= rows) {  // the whole block: padding row of the copy
+      for (int c = threadIdx.x * 8; c < width; c += 256 * 8) zero_fp8_copy8(q, row, width, c);
+      return;
+    }
   bf16* xs = x + row * width;
   const bf16* ys = y + row * width;
   float ss = 0.0f;
   for (int c = threadIdx.x * 8; c < width; c += 256 * 8) ss += add_store_sum_squares8(xs + c, ys + c);
-  rms_norm_apply<W>(xs, w, out + row * width, width, block_inv_rms(ss, width, eps), threadIdx.x * 8, 256 * 8);
+  rms_norm_apply<W, kFp8>(xs, w, out + row * width, width, block_inv_rms(ss, width, eps), threadIdx.x * 8, 256 * 8, q,
+                          row);
 }
 
 // ---- RoPE: one block per row; the row's cos/sin table (double-precision angles, as cpu::rope) first.
@@ -282,6 +327,31 @@ __global__ void silu_mul_vec_kernel(const bf16* __restrict__ gate, const bf16* _
 #pragma unroll
     for (int e = 0; e < 8; ++e) g[e] = silu_times(g[e], u[e]);
     *reinterpret_cast<uint4*>(out + r * cols + c) = float_to_bf16x8(g);
+  }
+}
+
+// silu_mul_vec_kernel writing out's FP8 copy q too (cols % 128 == 0): over q.padded rows, the padding ones zeroed.
+// A 128-column group is 16 consecutive chunks, so 16 consecutive threads (a half-warp) of the grid-stride loop.
+__global__ void silu_mul_fp8_kernel(const bf16* __restrict__ gate, const bf16* __restrict__ up, bf16* __restrict__ out,
+                                    std::int64_t rows, int cols, std::int64_t in_stride, fp8_copy q) {
+  const int chunks = cols / 8;
+  const std::int64_t total = std::int64_t{q.padded} * chunks;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t r = i / chunks;
+    const int c = static_cast<int>(i % chunks) * 8;
+    if (r >= rows) {
+      zero_fp8_copy8(q, r, cols, c);
+      continue;
+    }
+    float g[8], u[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(gate + r * in_stride + c), g);
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(up + r * in_stride + c), u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) g[e] = silu_times(g[e], u[e]);
+    const uint4 o = float_to_bf16x8(g);
+    *reinterpret_cast<uint4*>(out + r * cols + c) = o;
+    store_fp8_copy8(q, r, cols, c, o);
   }
 }
 

@@ -12,6 +12,7 @@
 // launch fails. Shapes are row-major, in elements; row strides are in elements, 0 meaning contiguous.
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "zipage/backend/cuda/dtype.hpp"
 #include "zipage/backend/cuda/kernel_variant.hpp"
@@ -65,6 +66,24 @@ void rope(cuda_dtype t, const rope_params& p, kernel_variant v, cuda_stream stre
 void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::int64_t rows, int cols,
               std::int64_t in_row_stride, kernel_variant v, cuda_stream stream);
 
+// An FP8 copy of a bf16 op's output [rows][cols], byte for byte what fp8::quantize_activations writes from that
+// output: codes [padded][cols], scales [cols / 128][padded] (one per token and 128-column group), the padding rows'
+// codes and scales zero. add_rms_norm and silu_mul write it beside their output when asked, so that the FP8
+// linear reading the output next need not launch a quantisation of its own (cuda_backend_options::fuse_fp8_quantize).
+struct fp8_copy {
+  std::uint8_t* codes = nullptr;  // 8-byte aligned
+  float* scales = nullptr;
+  int padded = 0;  // rows rounded up by fp8::padded_rows
+  [[nodiscard]] bool wanted() const { return codes != nullptr; }
+};
+// Whether the tuned kernels can write an fp8_copy: bf16, the tuned variant, rows of whole 128-column groups,
+// 16-byte vectors (in_row_stride: silu_mul's, a multiple of 8; 0 for add_rms_norm).
+[[nodiscard]] bool fp8_copy_supported(cuda_dtype t, kernel_variant v, int cols, std::int64_t in_row_stride,
+                                      std::initializer_list<const void*> pointers);
+// silu_mul, also writing `copy` (fp8_copy_supported must hold).
+void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::int64_t rows, int cols,
+              std::int64_t in_row_stride, kernel_variant v, const fp8_copy& copy, cuda_stream stream);
+
 // Cuts x [rows][sum of widths] (dtype t) into its column blocks: parts.out[i] [rows][parts.width[i]] gets the
 // width[i] columns after those of parts 0..i-1 (a fused projection's output: q | k | v). One kernel, which
 // copies bits (16-byte vectors where every row and block boundary allows).
@@ -109,6 +128,9 @@ void qkv_epilogue(const qkv_epilogue_params& p, cuda_stream stream);
 // aligned: one kernel with add's and the tuned rms_norm's bits; else add then rms_norm.
 void add_rms_norm(cuda_dtype t, void* x, const void* y, cuda_dtype wt, const void* weight, void* out, std::int64_t rows,
                   int cols, float eps, kernel_variant v, cuda_stream stream);
+// add_rms_norm, also writing out's FP8 copy (fp8_copy_supported must hold, weight 16-byte aligned too).
+void add_rms_norm(cuda_dtype t, void* x, const void* y, cuda_dtype wt, const void* weight, void* out, std::int64_t rows,
+                  int cols, float eps, kernel_variant v, const fp8_copy& copy, cuda_stream stream);
 
 // out = a + b over n elements of dtype t (fp32 sum, rounded once); out may be a or b (residual add).
 // Tuned: t == bf16 (16-byte vectors when a, b and out are 16-byte aligned). Both give the same values.
