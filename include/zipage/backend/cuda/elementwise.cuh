@@ -199,10 +199,12 @@ __global__ void rope_kernel(bf16* x, const std::int32_t* __restrict__ positions,
   }
 }
 
-// ---- qkv_epilogue (ops.hpp): one 256-thread block per row, one warp per head, lane l holding the head's
-// elements [8l, 8l + 8). Each step rounds to bf16 where the separate ops store their output (bias, norm, RoPE),
-// sums squares as rms_norm_warp_kernel and rotates with unfused multiplies as the reference rope kernel, so the
-// bits are theirs.
+// ---- qkv_epilogue (ops.hpp): one 256-thread block per row; a head per group of L lanes (L = head_dim / 8
+// rounded up to a power of two: two heads per warp at head_dim 128, so every lane works and twice the bytes are in
+// flight), lane l of a group holding the head's elements [8l, 8l + 8). Each step rounds to bf16 where the separate
+// ops store their output (bias, norm, RoPE), sums squares as rms_norm_warp_kernel (its warp_sum over one head's
+// lanes, the others adding zeros, is this group sum: the same bits) and rotates with unfused multiplies as the
+// reference rope kernel, so the bits are theirs.
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 __global__ void __launch_bounds__(256) qkv_epilogue_kernel(const qkv_epilogue_params p) {
@@ -218,11 +220,17 @@ __global__ void __launch_bounds__(256) qkv_epilogue_kernel(const qkv_epilogue_pa
     sn[i] = static_cast<float>(s);
   }
   __syncthreads();
-  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  const bool active = lane < chunks;
+  int group = 1;  // lanes per head
+  while (group < chunks) group <<= 1;
+  const int lane = threadIdx.x & 31, heads_per_warp = 32 / group, warps = blockDim.x >> 5;
+  const int slot = lane / group, gl = lane % group;  // the warp's head slot, the lane within the head
+  const unsigned mask = group == 32 ? 0xffffffffu : ((1u << group) - 1u) << (slot * group);
+  const bool active = gl < chunks;
   const int hq = p.num_q_heads, hkv = p.num_kv_heads, heads = hq + 2 * hkv;
   const bf16* in = static_cast<const bf16*>(p.qkv) + row * std::int64_t{heads} * d;
-  for (int h = static_cast<int>(threadIdx.x >> 5); h < heads; h += warps) {  // warp-uniform
+  for (int h0 = static_cast<int>(threadIdx.x >> 5) * heads_per_warp; h0 < heads; h0 += warps * heads_per_warp) {
+    const int h = h0 + slot;
+    if (h >= heads) continue;  // uniform in the group: its shuffles below name only its own lanes
     const int kind = h < hq ? 0 : (h < hq + hkv ? 1 : 2);  // q, k, v
     const int local = kind == 0 ? h : (kind == 1 ? h - hq : h - hq - hkv);
     const std::int64_t width = std::int64_t{kind == 0 ? hq : hkv} * d;
@@ -230,24 +238,24 @@ __global__ void __launch_bounds__(256) qkv_epilogue_kernel(const qkv_epilogue_pa
     const void* bias = kind == 0 ? p.q_bias : (kind == 1 ? p.k_bias : p.v_bias);
     const void* norm = kind == 0 ? p.q_norm : (kind == 1 ? p.k_norm : nullptr);
     float f[8] = {};
-    if (active) bf16x8_to_float(*reinterpret_cast<const uint4*>(in + std::int64_t{h} * d + lane * 8), f);
+    if (active) bf16x8_to_float(*reinterpret_cast<const uint4*>(in + std::int64_t{h} * d + gl * 8), f);
     if (bias != nullptr && active) {
       float b[8];
-      bf16x8_to_float(*reinterpret_cast<const uint4*>(static_cast<const bf16*>(bias) + std::int64_t{local} * d + lane * 8), b);
+      bf16x8_to_float(*reinterpret_cast<const uint4*>(static_cast<const bf16*>(bias) + std::int64_t{local} * d + gl * 8), b);
 #pragma unroll
       for (int e = 0; e < 8; ++e) f[e] = round_bf16(f[e] + b[e]);
     }
     if (kind == 2) {
-      if (active) *reinterpret_cast<uint4*>(out + lane * 8) = float_to_bf16x8(f);
+      if (active) *reinterpret_cast<uint4*>(out + gl * 8) = float_to_bf16x8(f);
       continue;
     }
     if (norm != nullptr) {
-      float ss = 0.0f;
-      if (active) ss += sum_squares8(f);
-      const float inv = warp_inv_rms(ss, d, p.eps);
+      float ss = active ? sum_squares8(f) : 0.0f;
+      for (int o = group / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(mask, ss, o);
+      const float inv = rsqrtf(ss / static_cast<float>(d) + p.eps);  // as warp_inv_rms
       if (active) {
         float w[8];
-        bf16x8_to_float(*reinterpret_cast<const uint4*>(static_cast<const bf16*>(norm) + lane * 8), w);
+        bf16x8_to_float(*reinterpret_cast<const uint4*>(static_cast<const bf16*>(norm) + gl * 8), w);
 #pragma unroll
         for (int e = 0; e < 8; ++e) f[e] = round_bf16(f[e] * inv * w[e]);
       }
@@ -256,29 +264,29 @@ __global__ void __launch_bounds__(256) qkv_epilogue_kernel(const qkv_epilogue_pa
     if (p.style == rope_style::interleaved) {
 #pragma unroll
       for (int e = 0; e < 8; e += 2) {
-        const int i = (lane * 8 + e) / 2;
+        const int i = (gl * 8 + e) / 2;
         const float c = active ? cs[i] : 0.0f, s = active ? sn[i] : 0.0f;
         r[e] = __fsub_rn(__fmul_rn(f[e], c), __fmul_rn(f[e + 1], s));
         r[e + 1] = __fadd_rn(__fmul_rn(f[e], s), __fmul_rn(f[e + 1], c));
       }
     } else {
-      // Element j pairs with j + half: lane l with lane l + half / 8 (half is a multiple of 8).
+      // Element j pairs with j + half: lane l with lane l + half / 8 of the group (half is a multiple of 8).
       const int step = half / 8;
-      const bool first = lane < step;
-      const int partner = active ? (first ? lane + step : lane - step) : lane;
+      const bool first = gl < step;
+      const int partner = active ? (first ? gl + step : gl - step) : gl;
       float g[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) g[e] = __shfl_sync(0xffffffffu, f[e], partner);
+      for (int e = 0; e < 8; ++e) g[e] = __shfl_sync(mask, f[e], partner, group);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const int i = active ? (first ? lane * 8 + e : lane * 8 + e - half) : 0;
+        const int i = active ? (first ? gl * 8 + e : gl * 8 + e - half) : 0;
         if (first)
           r[e] = __fsub_rn(__fmul_rn(f[e], cs[i]), __fmul_rn(g[e], sn[i]));  // x0 = f, x1 = g
         else
           r[e] = __fadd_rn(__fmul_rn(g[e], sn[i]), __fmul_rn(f[e], cs[i]));  // x0 = g, x1 = f
       }
     }
-    if (active) *reinterpret_cast<uint4*>(out + lane * 8) = float_to_bf16x8(r);
+    if (active) *reinterpret_cast<uint4*>(out + gl * 8) = float_to_bf16x8(r);
   }
 }
 
