@@ -1070,7 +1070,7 @@ TEST_CASE("fused projections: split_columns, swiglu and stack_rows on the device
   }
 }
 
-TEST_CASE("fused projections: qkv_epilogue in one kernel gives the separate ops' bits (bf16: head_dim 128/64/48, biases, q/k norms, both RoPE styles, llama3 scaling; head_dim 40 falls back)") {
+TEST_CASE("fused projections: qkv_epilogue in one kernel gives the separate ops' bits (bf16: head_dim 128/64/48, biases, q/k norms, both RoPE styles, llama3 scaling, q/k/v heads sharing a warp; head_dim 40 falls back)") {
   std::mt19937 rng(41);
   auto values = [&](int rows, int cols, float scale, float offset = 0.0f) {
     return normal_values(rng, rows, cols, scale, offset);
@@ -1084,7 +1084,9 @@ TEST_CASE("fused projections: qkv_epilogue in one kernel gives the separate ops'
   const cuda_backend b;  // bf16, tuned kernels
   for (const shape& g : {shape{128, 32, 8, false, true, rope_style::half, false}, shape{64, 8, 1, true, false, rope_style::half, false},
                          shape{48, 4, 2, true, true, rope_style::half, true}, shape{128, 4, 4, false, true, rope_style::interleaved, false},
-                         shape{64, 4, 2, true, true, rope_style::interleaved, true}, shape{40, 4, 2, false, true, rope_style::half, false}}) {
+                         shape{64, 4, 2, true, true, rope_style::interleaved, true}, shape{40, 4, 2, false, true, rope_style::half, false},
+                         // q, k and v heads sharing a warp (the kernel runs two heads per warp at 128, four at 64)
+                         shape{128, 3, 1, true, true, rope_style::half, false}, shape{64, 5, 1, true, true, rope_style::interleaved, false}}) {
     CAPTURE(g.d);
     CAPTURE(g.hq);
     CAPTURE(g.bias);
