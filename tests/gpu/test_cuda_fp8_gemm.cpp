@@ -47,6 +47,15 @@ cuda_backend fp8_backend(bool graphs = false) {
   return cuda_backend(o);
 }
 
+// The FP8 test checkpoint with every quantised matrix in whole 128-blocks (hidden 256, head_dim 128, ffn 512).
+testing::fp8_qwen3_spec aligned_spec() {
+  testing::fp8_qwen3_spec spec;
+  spec.hidden = 256;
+  spec.head_dim = 128;
+  spec.ffn = 512;
+  return spec;
+}
+
 std::vector<float> normal(std::size_t n, float sigma, unsigned seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.0f, sigma);
@@ -333,18 +342,11 @@ void compare_engine(const std::string& what, const testing::fp8_qwen3_spec& spec
 TEST_CASE("fp8 weights: the engine on a random FP8 Qwen3 checkpoint, FP8 weights vs dequantised bf16 weights") {
   // The fixture's layout (ragged: hidden 144, q 160, kv 80, ffn 272) and an aligned one (multiples of 128).
   compare_engine("fixture layout (ragged)", testing::fp8_qwen3_spec{});
-  testing::fp8_qwen3_spec aligned;
-  aligned.hidden = 256;
-  aligned.head_dim = 128;
-  aligned.ffn = 512;
-  compare_engine("aligned layout (hidden 256, head_dim 128, ffn 512)", aligned);
+  compare_engine("aligned layout (hidden 256, head_dim 128, ffn 512)", aligned_spec());
 }
 
 TEST_CASE("fp8 weights: loading an FP8 checkpoint re-quantises to its own codes (blocks whose largest code is +-448)") {
-  testing::fp8_qwen3_spec spec;
-  spec.hidden = 256;
-  spec.head_dim = 128;
-  spec.ffn = 512;
+  const testing::fp8_qwen3_spec spec = aligned_spec();
   const auto dir = std::filesystem::temp_directory_path() / "zipage_fp8w_codes";
   testing::write_fp8_qwen3(dir / "fp8", dir / "ref", spec);
   cuda_backend_options bo;
@@ -513,10 +515,7 @@ TEST_CASE("fp8 weights: the FP8 copy that add_rms_norm / swiglu / silu_mul write
 }
 
 TEST_CASE("fp8 weights: the engine with fused FP8 quantisation gives the separate quantisation's logits bit for bit, with and without CUDA graphs") {
-  testing::fp8_qwen3_spec spec;
-  spec.hidden = 256;
-  spec.head_dim = 128;
-  spec.ffn = 512;
+  const testing::fp8_qwen3_spec spec = aligned_spec();
   const auto dir = std::filesystem::temp_directory_path() / "zipage_fp8_fused_quantize";
   testing::write_fp8_qwen3(dir / "fp8", dir / "ref", spec);
   const std::vector<std::vector<token_id>> prompts{{1, 17, 99, 4, 250, 31}, {1, 400, 401, 402}};
