@@ -180,7 +180,7 @@ struct context {
   device_scratch fp8_ws;
   int fp8_weights = 0, fp8_weights_kept = 0;  // under counters_mu
   int fp8_self_test = -1;  // the FP8 GEMM's check against the CPU reference: -1 not run, 0 failed, 1 passed
-  bool fp8_weights_in_use = false;  // some linear weight is e4m3 (access::set_e4m3): worth an FP8 copy of its input
+  bool fp8_weights_in_use = false;  // a linear weight became e4m3 (prepare_linear_weight, stack_rows): FP8 copies pay
   // Ops run so far (skip_launch counts them; so do host writes into new tensors): what fp8_ws holds is known to be
   // the quantisation of `fp8_ws_holds` only while no op has run since.
   std::uint64_t launch_seq = 0;
