@@ -11,6 +11,9 @@
 #     (900), GRID_MODE compressed|full, GRID_KV fp8|bf16, GRID_WEIGHTS fp8|bf16.
 #   call 1: bench/run_fused_ab.sh start; bench/run_fused_ab.sh wait
 #   call 2: bench/run_fused_ab.sh wait     (issued at once; repeat until it says done)
+# "At once" matters: the device machine is released after ~30 s idle between calls, and the driver and its
+# results go with it (2026-12-02 08:33: call 3's op-timing tables were lost that way). Each `wait` copies what
+# is there so far into $OUT, so a call's files are safe once it returns.
 set -u
 cd "$(dirname "$0")/.."
 D=${DRIVE_DIR:-/tmp/drive}
