@@ -12,8 +12,9 @@
 #   call 1: bench/run_fused_ab.sh start; bench/run_fused_ab.sh wait
 #   call 2: bench/run_fused_ab.sh wait     (issued at once; repeat until it says done)
 # "At once" matters: the device machine is released after ~30 s idle between calls, and the driver and its
-# results go with it (2026-12-02 08:33: call 3's op-timing tables were lost that way). Each `wait` copies what
-# is there so far into $OUT, so a call's files are safe once it returns.
+# results go with it. A call returns at most 8 files, so each `wait` packs everything so far into one
+# $OUT/drive.tgz beside status.txt and gpu_tests_summary.txt: once a call returns, its results are here
+# (2026-12-02 08:33: call 3's op-timing tables were left out by the file limit, then lost with the machine).
 set -u
 cd "$(dirname "$0")/.."
 D=${DRIVE_DIR:-/tmp/drive}
@@ -78,7 +79,8 @@ case "${1:-}" in
   wait)
     t=$(date +%s)
     while [ ! -f "$D/done" ] && [ $(( $(date +%s) - t )) -lt "${WAIT_S:-560}" ]; do sleep 5; done
-    cp -r "$D"/. "$OUT/" 2>/dev/null
+    tar czf "$OUT/drive.tgz" -C "$D" . 2>/dev/null
+    cp "$D/status.txt" "$D/gpu_tests_summary.txt" "$OUT/" 2>/dev/null
     cat "$D/status.txt" 2>/dev/null
     [ -f "$D/done" ] && echo "done" || echo "still running: call wait again (at once)" ;;
   *) echo "usage: $0 start|wait" >&2; exit 2 ;;
