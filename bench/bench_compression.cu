@@ -37,6 +37,7 @@
 #include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/compression.hpp"
+#include "zipage/backend/cuda/ops.hpp"  // fill_uniform
 #include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/cuda/device.hpp"
 #include "zipage/policy/policies.hpp"
@@ -53,21 +54,6 @@ constexpr int kPagesPerReq = kBudget + 1;
 constexpr int kMaxBatch = 128;
 constexpr int kSteps = kBlock;  // decode steps between two compressions
 
-__global__ void fill_random_bf16(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
-    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed ^ static_cast<std::uint32_t>(i >> 32) * 40503u;
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
-    const float f = (x & 0xffffff) / float(0x1000000) * 2.0f - 1.0f;  // [-1, 1)
-    p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(f));
-  }
-}
-__global__ void fill_const_f32(float* p, std::size_t n, float v) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) p[i] = v;
-}
 
 template <class T>
 using dbuf = zipage::testing::device_buffer<T>;
@@ -90,11 +76,13 @@ struct model_pool {
     CK(cudaMalloc(&v, layer_elems * kLayers * 2));
     CK(cudaMalloc(&scores, score_layer * kLayers * 4));
     CK(cudaMalloc(&q, q_layer * kLayers * 2));
-    fill_random_bf16<<<8192, 256>>>(k, layer_elems * kLayers, 1);
-    fill_random_bf16<<<8192, 256>>>(v, layer_elems * kLayers, 2);
-    fill_random_bf16<<<1024, 256>>>(q, q_layer * kLayers, 3);
-    fill_const_f32<<<1024, 256>>>(scores, score_layer * kLayers, 1.0f / kCompressLen);
-    CK(cudaGetLastError());
+    // Uniform in [-1, 1) (zipage's own device fill, as the models built on the device use).
+    const auto bf16 = zipage::cuda_dtype::bf16;
+    zc::fill_uniform(bf16, k, static_cast<std::int64_t>(layer_elems) * kLayers, 1.0f, 1, nullptr);
+    zc::fill_uniform(bf16, v, static_cast<std::int64_t>(layer_elems) * kLayers, 1.0f, 2, nullptr);
+    zc::fill_uniform(bf16, q, static_cast<std::int64_t>(q_layer) * kLayers, 1.0f, 3, nullptr);
+    zc::fill_constant(zipage::cuda_dtype::f32, scores, static_cast<std::int64_t>(score_layer) * kLayers,
+                      1.0f / kCompressLen, nullptr);
     CK(cudaDeviceSynchronize());
   }
 } g_pool;
@@ -222,8 +210,7 @@ void bm_decode(benchmark::State& state, int n, int ctx) {
   dbuf<std::int32_t> indptr(b.indptr), indices(b.indices),
       lens(std::vector<std::int32_t>(static_cast<std::size_t>(n), ctx));
   dbuf<std::uint16_t> q(std::size_t(n) * kQHeads * kHeadDim), out(std::size_t(n) * kQHeads * kHeadDim);
-  fill_random_bf16<<<64, 256>>>(q.p, std::size_t(n) * kQHeads * kHeadDim, 9);
-  CK(cudaGetLastError());
+  zc::fill_uniform(zipage::cuda_dtype::bf16, q.p, std::int64_t{n} * kQHeads * kHeadDim, 1.0f, 9, nullptr);
   zc::decode_params p;
   p.q = q.p;
   p.out = out.p;

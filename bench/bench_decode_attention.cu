@@ -28,6 +28,7 @@
 
 #include "cuda_buffers.hpp"
 #include "zipage/backend/cuda/attention.hpp"
+#include "zipage/backend/cuda/ops.hpp"  // fill_uniform
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/cuda/device.hpp"
@@ -53,22 +54,10 @@ struct kv_pool {
   float* v_scale = nullptr;
 } g_pool;
 
-__global__ void fill_random_bf16(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
-    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed ^ static_cast<std::uint32_t>(i >> 32) * 40503u;
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
-    const float f = (x & 0xffffff) / float(0x1000000) * 2.0f - 1.0f;  // [-1, 1)
-    p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(f));
-  }
-}
 
+// bf16 uniform in [-1, 1) (zipage's own device fill).
 void fill_random(void* p, std::size_t elements, std::uint32_t seed) {
-  fill_random_bf16<<<4096, 256>>>(static_cast<std::uint16_t*>(p), elements, seed);
-  CK(cudaGetLastError());
+  zipage::cuda::fill_uniform(zipage::cuda_dtype::bf16, p, static_cast<std::int64_t>(elements), 1.0f, seed, nullptr);
 }
 
 template <class T>
