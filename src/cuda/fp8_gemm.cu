@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "launch_checks.hpp"
 #include "reference_common.cuh"
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/fp8.cuh"
@@ -116,8 +117,7 @@ void quantize_activations(cuda_dtype t, const void* x, int rows, int padded, int
   if (padded <= 0 || cols <= 0) return;
   const int groups = (cols + kBlock - 1) / kBlock;
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  const auto aligned = [](const void* p, std::uintptr_t n) { return reinterpret_cast<std::uintptr_t>(p) % n == 0; };
-  if (t == cuda_dtype::bf16 && cols % kBlock == 0 && aligned(x, 16) && aligned(codes, 8)) {
+  if (t == cuda_dtype::bf16 && cols % kBlock == 0 && detail::aligned16(x) && detail::aligned(codes, 8)) {
     const std::int64_t threads = static_cast<std::int64_t>(padded) * (cols / 8);
     quantize_bf16_rows_kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, s>>>(
         static_cast<const __nv_bfloat16*>(x), rows, cols, fp8_copy{codes, scales, padded});

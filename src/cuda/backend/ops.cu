@@ -116,10 +116,7 @@ void cuda_backend::silu_mul(const cuda_tensor& gate, const cuda_tensor& up, cuda
   cuda_detail::fp8_copy_written(c, out, copy);
   if (skip) return;
   const auto timed = time_op(c, copy.wanted() ? "silu_mul + fp8 quantize" : "silu_mul");
-  if (copy.wanted())
-    cuda::silu_mul(gate.dtype(), gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), 0, v, copy, as_stream(c.stream));
-  else
-    cuda::silu_mul(gate.dtype(), gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), 0, v, as_stream(c.stream));
+  cuda::silu_mul(gate.dtype(), gate.data(), up.data(), out.data(), gate.rows(), gate.cols(), 0, v, copy, as_stream(c.stream));
 }
 
 void cuda_backend::swiglu(const cuda_tensor& gate_up, cuda_tensor& out) const {
@@ -137,10 +134,7 @@ void cuda_backend::swiglu(const cuda_tensor& gate_up, cuda_tensor& out) const {
   cuda_detail::fp8_copy_written(c, out, copy);
   if (skip) return;
   const auto timed = time_op(c, copy.wanted() ? "swiglu + fp8 quantize" : "swiglu");
-  if (copy.wanted())
-    cuda::silu_mul(gate_up.dtype(), gate, up, out.data(), gate_up.rows(), cols, gate_up.cols(), v, copy, as_stream(c.stream));
-  else
-    cuda::silu_mul(gate_up.dtype(), gate, up, out.data(), gate_up.rows(), cols, gate_up.cols(), v, as_stream(c.stream));
+  cuda::silu_mul(gate_up.dtype(), gate, up, out.data(), gate_up.rows(), cols, gate_up.cols(), v, copy, as_stream(c.stream));
 }
 
 void cuda_backend::split_columns(const cuda_tensor& x, std::span<const int> widths, std::span<cuda_tensor* const> outs) const {
@@ -184,12 +178,8 @@ void cuda_backend::add_rms_norm(cuda_tensor& x, const cuda_tensor& y, const cuda
   cuda_detail::fp8_copy_written(c, out, copy);
   if (skip) return;
   const auto timed = time_op(c, copy.wanted() ? "add_rms_norm + fp8 quantize" : "add_rms_norm");
-  if (copy.wanted())
-    cuda::add_rms_norm(x.dtype(), x.data(), y.data(), w.dtype(), w.data(), out.data(), x.rows(), x.cols(), eps, v, copy,
-                       as_stream(c.stream));
-  else
-    cuda::add_rms_norm(x.dtype(), x.data(), y.data(), w.dtype(), w.data(), out.data(), x.rows(), x.cols(), eps, v,
-                       as_stream(c.stream));
+  cuda::add_rms_norm(x.dtype(), x.data(), y.data(), w.dtype(), w.data(), out.data(), x.rows(), x.cols(), eps, v, copy,
+                     as_stream(c.stream));
 }
 
 void cuda_backend::qkv_epilogue(const cuda_tensor& qkv, const zipage::qkv_epilogue<cuda_tensor>& e, cuda_tensor& q,

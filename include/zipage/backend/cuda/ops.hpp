@@ -80,7 +80,7 @@ struct fp8_copy {
 // 16-byte vectors (in_row_stride: silu_mul's, a multiple of 8; 0 for add_rms_norm).
 [[nodiscard]] bool fp8_copy_supported(cuda_dtype t, kernel_variant v, int cols, std::int64_t in_row_stride,
                                       std::initializer_list<const void*> pointers);
-// silu_mul, also writing `copy` (fp8_copy_supported must hold).
+// silu_mul, also writing `copy` (fp8_copy_supported must hold); with no copy wanted (fp8_copy{}), plain silu_mul.
 void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::int64_t rows, int cols,
               std::int64_t in_row_stride, kernel_variant v, const fp8_copy& copy, cuda_stream stream);
 
@@ -128,7 +128,8 @@ void qkv_epilogue(const qkv_epilogue_params& p, cuda_stream stream);
 // aligned: one kernel with add's and the tuned rms_norm's bits; else add then rms_norm.
 void add_rms_norm(cuda_dtype t, void* x, const void* y, cuda_dtype wt, const void* weight, void* out, std::int64_t rows,
                   int cols, float eps, kernel_variant v, cuda_stream stream);
-// add_rms_norm, also writing out's FP8 copy (fp8_copy_supported must hold, weight 16-byte aligned too).
+// add_rms_norm, also writing out's FP8 copy (fp8_copy_supported must hold, weight 16-byte aligned too); with no copy
+// wanted (fp8_copy{}), plain add_rms_norm.
 void add_rms_norm(cuda_dtype t, void* x, const void* y, cuda_dtype wt, const void* weight, void* out, std::int64_t rows,
                   int cols, float eps, kernel_variant v, const fp8_copy& copy, cuda_stream stream);
 
