@@ -28,6 +28,7 @@
 
 #include "cuda_buffers.hpp"
 #include "zipage/backend/cuda/attention.hpp"
+#include "zipage/backend/cuda/cuda_backend.hpp"  // measure_gemm_tflops
 #include "zipage/backend/cuda/ops.hpp"  // fill_uniform
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/event_timer.cuh"
@@ -44,6 +45,7 @@ constexpr int kHeadDim = 128;
 
 double g_copy_bytes_per_s = 0.0;
 double g_read_bytes_per_s = 0.0;  // read-only stream (a second, tighter ceiling for decode)
+double g_gemm_flops_per_s = 0.0;  // bf16 cuBLASLt GEMM, 8192^3 (the ceiling prefill attention is read against)
 
 // One pool of random bf16 K and V, shared by all cases (a case reinterprets its first blocks).
 struct kv_pool {
@@ -219,7 +221,8 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
 }
 
 // ---- prefill: `seqs` fresh prompts of `n` tokens each (causal), or chunks of n after `cached` tokens.
-void bm_prefill(benchmark::State& state, int seqs, int n, int cached, int qh, int kvh, int bs, std::string key) {
+void bm_prefill(benchmark::State& state, int seqs, int n, int cached, int qh, int kvh, int bs, std::string key,
+                zc::prefill_kernel kernel) {
   const int len = cached + n;
   const std::size_t token_bytes = std::size_t(kvh) * kHeadDim * 2;
   const int pages_per_seq = (len + bs - 1) / bs;
@@ -255,6 +258,7 @@ void bm_prefill(benchmark::State& state, int seqs, int n, int cached, int qh, in
   p.kv.head_dim = kHeadDim;
   p.kv.block_size = bs;
   p.scale = 1.0f / std::sqrt(float(kHeadDim));
+  p.kernel = kernel;
   double pairs = 0;
   for (int l : token_len) pairs += l;
   const double flops = 4.0 * pairs * qh * kHeadDim;
@@ -275,7 +279,8 @@ void bm_prefill(benchmark::State& state, int seqs, int n, int cached, int qh, in
   CK(cudaGraphDestroy(graph));
   CK(cudaStreamDestroy(stream));
   state.counters["TFLOPs"] = flops / s / 1e12;
-  g_rows[key] = {"prefill", seqs, len, qh, kvh, bs, n, 0, s, 0.0, flops};
+  g_rows[key] = {kernel == zc::prefill_kernel::wgmma ? "prefill_wgmma" : "prefill", seqs, len, qh, kvh, bs, n, 0, s, 0.0,
+                 flops};
 }
 
 void bm_copy(benchmark::State& state) {
@@ -321,12 +326,22 @@ void print_summary() {
     if (r.kind == "splits")
       std::printf("| %d | %d | %d/%d | %d | %d | %.1f | %.0f | %.1f%% |\n", r.batch, r.ctx, r.qh, r.kvh, r.bs, r.splits,
                   r.seconds * 1e6, r.bytes / r.seconds / 1e9, 100.0 * r.bytes / r.seconds / g_copy_bytes_per_s);
-  std::printf("\n## prefill (head_dim %d, causal)\n\n", kHeadDim);
-  std::printf("| seqs | kv len | new tokens/seq | q/kv heads | block | time (ms) | TFLOP/s |\n|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (const auto& [key, r] : g_rows)
-    if (r.kind == "prefill")
-      std::printf("| %d | %d | %d | %d/%d | %d | %.3f | %.1f |\n", r.batch, r.ctx, r.splits, r.qh, r.kvh, r.bs,
-                  r.seconds * 1e3, r.flops / r.seconds / 1e12);
+  std::printf("\n## prefill (head_dim %d, causal; bf16 GEMM %.0f TFLOP/s, 8192^3, measured in this run)\n\n", kHeadDim,
+              g_gemm_flops_per_s / 1e12);
+  std::printf("| seqs | kv len | new tokens/seq | q/kv heads | block | kernel | time (ms) | TFLOP/s | of GEMM | vs mma.sync |\n"
+              "|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n");
+  for (const auto& [key, r] : g_rows) {
+    if (r.kind != "prefill" && r.kind != "prefill_wgmma") continue;
+    double base_s = 0.0;
+    for (const auto& [k2, b] : g_rows)
+      if (b.kind == "prefill" && b.batch == r.batch && b.ctx == r.ctx && b.splits == r.splits && b.qh == r.qh &&
+          b.kvh == r.kvh && b.bs == r.bs)
+        base_s = b.seconds;
+    const double tflops = r.flops / r.seconds / 1e12;
+    std::printf("| %d | %d | %d | %d/%d | %d | %s | %.3f | %.1f | %.1f%% | %.2fx |\n", r.batch, r.ctx, r.splits, r.qh, r.kvh,
+                r.bs, r.kind == "prefill" ? "mma.sync" : "wgmma", r.seconds * 1e3, tflops,
+                100.0 * tflops * 1e12 / g_gemm_flops_per_s, base_s > 0 ? base_s / r.seconds : 0.0);
+  }
 }
 
 }  // namespace
@@ -342,6 +357,8 @@ int main(int argc, char** argv) {
     g_copy_bytes_per_s = measure_copy_bandwidth();
     std::printf("device-to-device copy: %.1f GB/s (bytes read + written, 2 GiB cudaMemcpy, median of 15)\n",
                 g_copy_bytes_per_s / 1e9);
+    g_gemm_flops_per_s = zipage::cuda_backend(zipage::cuda_backend_options{}).measure_gemm_tflops() * 1e12;
+    std::printf("bf16 GEMM (cuBLASLt, 8192^3, median of 5): %.0f TFLOP/s\n", g_gemm_flops_per_s / 1e12);
 
     g_pool.bytes_per_side = static_cast<std::size_t>(kMaxCaseBytes / 2) + (std::size_t(64) << 20);
     CK(cudaMalloc(&g_pool.k, g_pool.bytes_per_side));
@@ -446,9 +463,18 @@ int main(int argc, char** argv) {
                     c.cached);
       std::snprintf(key, sizeof key, "p%05d", order++);
       benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-        bm_prefill(st, c.seqs, c.n, c.cached, c.qh, c.kvh, c.bs, key);
+        bm_prefill(st, c.seqs, c.n, c.cached, c.qh, c.kvh, c.bs, key, zc::prefill_kernel::mma_sync);
+      })->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+      if (!zc::wgmma_prefill_available()) continue;
+      std::snprintf(name, sizeof name, "prefill_wgmma/bs%d/q%d_kv%d/seqs%d/new%d/cached%d", c.bs, c.qh, c.kvh, c.seqs,
+                    c.n, c.cached);
+      std::snprintf(key, sizeof key, "p%05d", order++);
+      benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+        bm_prefill(st, c.seqs, c.n, c.cached, c.qh, c.kvh, c.bs, key, zc::prefill_kernel::wgmma);
       })->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
     }
+    if (!zc::wgmma_prefill_available())
+      std::printf("prefill on wgmma: skipped (needs an sm_90a build and a compute-capability-9.0 device)\n");
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     print_summary();

@@ -1,4 +1,5 @@
-// Paged prefill attention (causal, GQA) for head_dim 64 and 128.
+// Paged prefill attention (causal, GQA) for head_dim 64 and 128: the mma.sync kernel, and on Hopper the
+// wgmma kernel for bf16 K/V at head_dim 128.
 #include <atomic>
 #include <cstdint>
 
@@ -50,6 +51,14 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   while ((1 << shift) < p.kv.block_size) ++shift;
   check(p.kv.block_size >= 2 && (1 << shift) == p.kv.block_size, "paged_prefill_attention: block_size ", p.kv.block_size,
         " is not a power of two >= 2");
+  const bool fp8_kv = p.kv.k_scale != nullptr;
+  if (p.kernel == prefill_kernel::wgmma) {
+    check(!fp8_kv, "paged_prefill_attention: the wgmma kernel reads bf16 K/V (FP8 K/V: prefill_kernel::mma_sync)");
+    check(p.kv.head_dim == 128, "paged_prefill_attention: the wgmma kernel needs head_dim 128, not ", p.kv.head_dim);
+    check(wgmma_prefill_available(),
+          "paged_prefill_attention: the wgmma kernel needs an sm_90a build (CMAKE_CUDA_ARCHITECTURES=90a) and a "
+          "compute-capability-9.0 device");
+  }
   if (p.num_tokens == 0 || p.num_seqs == 0) return;
 
   detail::prefill_args a{};
@@ -74,6 +83,10 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   a.tokens_per_tile = prefill_config<128>::kRows / group;
   a.bs_shift = shift;
   a.scale_log2 = p.scale * detail::kLog2e;
+  if (p.kernel == prefill_kernel::wgmma) {
+    detail::launch_prefill_wgmma(a, p.num_tokens, stream);  // prefill_wgmma.cu
+    return;
+  }
   if (p.kv.head_dim == 128)
     fp8 ? launch<128, true>(a, p.num_tokens, stream) : launch<128, false>(a, p.num_tokens, stream);
   else

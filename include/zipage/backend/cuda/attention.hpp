@@ -77,6 +77,18 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
 // the new tokens' K/V must already be appended, so a chunk appended to an existing cache works, and so
 // does a whole prompt). Tiles of query rows pack the tokens x query heads of one KV group, so one K/V
 // tile serves the whole group. head_dim: 64 or 128; q_heads / kv_heads <= 64; block_size: power of two.
+// Which implementation runs it (prefill_params::kernel).
+enum class prefill_kernel : std::uint8_t {
+  automatic,  // mma_sync (wgmma once it has been validated on the GPU: docs/architecture.md)
+  mma_sync,   // mma.sync m16n8k16, any GPU the library builds for (prefill_kernel.cuh)
+  wgmma,      // Hopper warpgroup MMAs (prefill_wgmma.cuh): bf16 K/V, head_dim 128, an sm_90a build on a
+              // compute-capability-9.0 device (wgmma_prefill_available); anything else is an error
+};
+
+// Whether the wgmma prefill kernel can run on the current device: the library was built for sm_90a and the
+// device has compute capability 9.0.
+bool wgmma_prefill_available();
+
 struct prefill_params {
   const void* q = nullptr;  // bf16 [num_tokens][num_q_heads][head_dim]
   void* out = nullptr;      // bf16 [num_tokens][num_q_heads][head_dim]
@@ -89,6 +101,7 @@ struct prefill_params {
   int num_seqs = 0;
   int num_q_heads = 0;
   float scale = 0.0f;
+  prefill_kernel kernel = prefill_kernel::automatic;
 };
 
 void paged_prefill_attention(const prefill_params& p, cuda_stream stream);

@@ -2,6 +2,7 @@
 // Paged prefill attention kernel (chunked prefill: causal over earlier chunks and the new tokens).
 // The tiles, MMA helpers, online softmax and FP8 K/V path they are built from are in attention.cuh.
 #include "zipage/backend/cuda/attention.cuh"
+#include "zipage/backend/cuda/dtype.hpp"  // cuda_stream
 
 namespace zipage::cuda::detail {
 
@@ -30,6 +31,46 @@ struct prefill_args {
   float scale_log2;
 };
 
+// Which (sequence, query tile) the CTA with index `target` owns, tiles of `tq` tokens counted over the
+// sequences in order: a warp-wide scan over the sequences' tile counts (every warp computes the same answer).
+// False past the last tile. The longest-KV tiles of a sequence come first, so they start first.
+__device__ __forceinline__ bool locate_query_tile(const prefill_args& a, int target, int tq, int lane, int& seq,
+                                                  int& tile) {
+  seq = -1;
+  tile = 0;
+  int seq_tiles = 0;
+  for (int base = 0; base < a.num_seqs; base += 32) {
+    const int s = base + lane;
+    const int n = s < a.num_seqs ? a.q_indptr[s + 1] - a.q_indptr[s] : 0;
+    const int cnt = (n + tq - 1) / tq;
+    int incl = cnt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    const int total = __shfl_sync(0xffffffffu, incl, 31);
+    if (target < total) {
+      const unsigned hit = __ballot_sync(0xffffffffu, target < incl);
+      const int f = __ffs(hit) - 1;
+      const int f_incl = __shfl_sync(0xffffffffu, incl, f);
+      const int f_cnt = __shfl_sync(0xffffffffu, cnt, f);
+      seq = base + f;
+      seq_tiles = f_cnt;
+      tile = target - (f_incl - f_cnt);
+      break;
+    }
+    target -= total;
+  }
+  if (seq < 0) return false;
+  tile = seq_tiles - 1 - tile;
+  return true;
+}
+
+// Launches paged_prefill_wgmma_kernel (prefill_wgmma.cu) over the query tiles of `a` (it sets tokens_per_tile
+// for its own tile height).
+void launch_prefill_wgmma(prefill_args a, int num_tokens, cuda_stream stream);
+
 template <int D, bool FP8 = false>
 struct prefill_config {
   static constexpr int kThreads = 128;  // 4 warps x 16 query rows
@@ -55,37 +96,8 @@ __global__ void __launch_bounds__(prefill_config<D, FP8>::kThreads) paged_prefil
   const int kvh = blockIdx.y;
   const int tq = a.tokens_per_tile;
 
-  // Which (sequence, query tile) this CTA owns: a warp-wide scan over the sequences' tile counts
-  // (every warp computes the same answer).
-  int seq = -1, tile = 0, seq_tiles = 0;
-  {
-    int target = blockIdx.x;
-    for (int base = 0; base < a.num_seqs; base += 32) {
-      const int s = base + lane;
-      const int n = s < a.num_seqs ? a.q_indptr[s + 1] - a.q_indptr[s] : 0;
-      const int cnt = (n + tq - 1) / tq;
-      int incl = cnt;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-      }
-      const int total = __shfl_sync(0xffffffffu, incl, 31);
-      if (target < total) {
-        const unsigned hit = __ballot_sync(0xffffffffu, target < incl);
-        const int f = __ffs(hit) - 1;
-        const int f_incl = __shfl_sync(0xffffffffu, incl, f);
-        const int f_cnt = __shfl_sync(0xffffffffu, cnt, f);
-        seq = base + f;
-        seq_tiles = f_cnt;
-        tile = target - (f_incl - f_cnt);
-        break;
-      }
-      target -= total;
-    }
-  }
-  if (seq < 0) return;
-  tile = seq_tiles - 1 - tile;  // the longest-KV tiles of a sequence start first
+  int seq, tile;
+  if (!locate_query_tile(a, blockIdx.x, tq, lane, seq, tile)) return;
 
   const int qoff = a.q_indptr[seq];
   const int n = a.q_indptr[seq + 1] - qoff;

@@ -1,0 +1,225 @@
+#pragma once
+// Paged prefill attention on Hopper's warpgroup MMAs (wgmma, sm_90a): bf16 K/V, head_dim 128.
+//
+// The work split is paged_prefill_kernel's (prefill_kernel.cuh): a CTA owns a query tile of tokens x the query
+// heads of one KV head, packed token-major into rows, and walks the 64-token K/V tiles of its sequence through
+// the page table with cp.async (pages may be as small as 2 tokens, too small for TMA boxes). What changes:
+//  * two warpgroups per CTA, 64 query rows each (128 rows per CTA), sharing every K/V tile;
+//  * Q, K and V live in shared memory in wgmma's 128-byte-swizzled layout (wgmma.cuh), and the products are
+//    warpgroup MMAs: S = Q K^T as 8 m64n64k16 steps with both operands read from shared memory, O += P V as
+//    4 m64n128k16 steps with P from registers (re-packed S accumulators) and V read N-major (transposed by
+//    the hardware: no ldmatrix.trans);
+//  * three K/V stages in flight.
+// The online softmax, masking and epilogue are the mma.sync kernel's, since the accumulator layout is the same.
+// The FA3 structure this does not have yet (producer warps with TMA and setmaxnreg, ping-pong between the
+// warpgroups' softmax and MMAs) is listed in docs/architecture.md.
+#include "zipage/backend/cuda/prefill_kernel.cuh"
+#include "zipage/backend/cuda/wgmma.cuh"
+
+namespace zipage::cuda::detail {
+
+// Byte offset of 16-byte chunk `chunk` (of 16: 128 bf16) of row `row` in a [ROWS][128] bf16 tile in wgmma's
+// 128-byte-swizzled layout: column block chunk / 8 ([ROWS][64] bf16, ROWS * 128 bytes), row `row` of it,
+// chunk (chunk % 8) ^ (row % 8).
+template <int ROWS>
+__device__ __forceinline__ std::uint32_t sw128_offset(int row, int chunk) {
+  return static_cast<std::uint32_t>((chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+// kv_tile_loader's page walk and copies, into the 128-byte-swizzled layout (K and V tiles [64 tokens][128]).
+template <int THREADS>
+struct wgmma_kv_loader : kv_tile_loader<128, THREADS> {
+  using base = kv_tile_loader<128, THREADS>;
+  using base::base;
+  static constexpr int kTileBytes = kKvTile * 128 * 2;
+
+  __device__ __forceinline__ void issue(std::uint32_t stage, int tile_start, int end) const {
+    const std::uint32_t sk = stage, sv = stage + kTileBytes;
+    const int first = tile_start >> this->bs_shift;
+    const int mask = (1 << this->bs_shift) - 1;
+#pragma unroll
+    for (int i = 0; i < base::kPasses; ++i) {
+      const int row = this->row0 + i * base::kRowsPerPass;
+      const int tok = tile_start + row;
+      const bool valid = tok < end;
+      const std::int32_t page = __shfl_sync(0xffffffffu, this->next_page, ((tok >> this->bs_shift) - first) & 31);
+      const std::int64_t off =
+          ((static_cast<std::int64_t>(page) << this->bs_shift) | (tok & mask)) * this->token_stride + this->part * 8;
+      const std::uint32_t so = sw128_offset<kKvTile>(row, this->part);
+      cp_async_16(sk + so, valid ? this->k + off : this->k, valid);
+      cp_async_16(sv + so, valid ? this->v + off : this->v, valid);
+    }
+  }
+};
+
+struct prefill_wgmma_config {
+  static constexpr int kD = 128;
+  static constexpr int kWarpGroups = 2;
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kRows = 64 * kWarpGroups;
+  static constexpr int kStages = 3;
+  using loader = wgmma_kv_loader<kThreads>;
+  static constexpr int kQGroupBytes = 64 * kD * 2;  // one warpgroup's Q rows
+  static constexpr int kQBytes = kWarpGroups * kQGroupBytes;
+  // [kv bounds: 4 ints][pad to 1024][Q: kWarpGroups x 2 x [64][64] bf16][stages x (K, V: 2 x [64][64] bf16)]
+  static constexpr int kSmemBytes = 2048 + kQBytes + kStages * loader::kStageBytes;
+};
+
+// grid (upper bound on query tiles, kv_heads); a query tile is tokens_per_tile = kRows / group tokens.
+__global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1) paged_prefill_wgmma_kernel(const prefill_args a) {
+#if ZIPAGE_WGMMA_DEVICE
+  using cfg = prefill_wgmma_config;
+  constexpr int D = cfg::kD;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  int* const s_bounds = reinterpret_cast<int*>(smem_raw);  // kv max, kv min, per-warpgroup kv max [2]
+  const std::uint32_t raw = smem_addr(smem_raw);
+  const std::uint32_t sq = (raw + 16 + 1023) & ~1023u;
+  const std::uint32_t skv = sq + cfg::kQBytes;
+
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;
+  const int warp = (tid >> 5) & 3;  // within the warpgroup
+  const int lane = tid & 31;
+  const int kvh = blockIdx.y;
+  const int tq = a.tokens_per_tile;
+
+  int seq, tile;
+  if (!locate_query_tile(a, blockIdx.x, tq, lane, seq, tile)) return;
+  const int qoff = a.q_indptr[seq];
+  const int n = a.q_indptr[seq + 1] - qoff;
+  const int tok0 = tile * tq;
+  const int ntok = min(tq, n - tok0);
+  const int rows = ntok * a.group;
+
+  if (tid < 4) s_bounds[tid] = tid == 1 ? INT_MAX : 0;
+  __syncthreads();
+  if (tid < ntok) {
+    const int L = a.token_kv_len[qoff + tok0 + tid];
+    atomicMax(&s_bounds[0], L);
+    atomicMin(&s_bounds[1], L);
+    // The warpgroups whose rows hold this token's heads.
+    for (int w = (tid * a.group) / 64; w <= (tid * a.group + a.group - 1) / 64 && w < cfg::kWarpGroups; ++w)
+      atomicMax(&s_bounds[2 + w], L);
+  }
+
+  // Q rows: row r = token (r / group) x head (r % group); warpgroup r / 64 reads rows [64w, 64w + 64).
+  for (int c = tid; c < cfg::kRows * (D / 8); c += cfg::kThreads) {
+    const int r = c / (D / 8), ch = c % (D / 8);
+    const bool ok = r < rows;
+    const bf16* src = a.q;
+    if (ok) {
+      const int tk = r / a.group, h = r % a.group;
+      src = a.q + ((std::int64_t{qoff} + tok0 + tk) * a.num_q_heads + kvh * a.group + h) * D + ch * 8;
+    }
+    cp_async_16(sq + (r >> 6) * cfg::kQGroupBytes + sw128_offset<64>(r & 63, ch), src, ok);
+  }
+  __syncthreads();
+  const int kv_end = s_bounds[0];
+  const int kv_min = s_bounds[1];
+  const int wg_len = s_bounds[2 + wg];  // uniform over the warpgroup: its MMAs are issued by all four warps
+
+  // Lengths of this thread's two rows (0 for padding rows: fully masked).
+  const int g = lane >> 2, t = lane & 3;
+  int row_len[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = wg * 64 + warp * 16 + g + 8 * r;
+    row_len[r] = row < rows ? a.token_kv_len[qoff + tok0 + row / a.group] : 0;
+  }
+
+  typename cfg::loader loader(a.k, a.v, a.page_indices + a.page_indptr[seq], a.num_kv_heads, kvh, a.bs_shift, tid);
+  loader.prefetch(0, kv_end);
+  const int ntiles = (kv_end + kKvTile - 1) / kKvTile;
+  // The Q copies are the first cp.async group; the first K/V stages follow (kv_pipeline_start).
+  kv_pipeline_start<cfg::kStages>(loader, skv, 0, kv_end, ntiles);
+
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  float o[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  const std::uint32_t sq_wg = sq + wg * cfg::kQGroupBytes;
+
+  for (int it = 0; it < ntiles; ++it) {
+    const int nxt = it + cfg::kStages - 1;
+    if (nxt < ntiles) {
+      loader.issue(skv + (nxt % cfg::kStages) * cfg::loader::kStageBytes, nxt * kKvTile, kv_end);
+      loader.prefetch((nxt + 1) * kKvTile, kv_end);
+    }
+    cp_async_commit();
+    cp_async_wait<cfg::kStages - 1>();
+    wgmma::fence_proxy_async();  // the landed tile (and Q) become visible to wgmma's reads
+    __syncthreads();
+
+    const int tile_start = it * kKvTile;
+    if (tile_start < wg_len) {
+      const std::uint32_t sk = skv + (it % cfg::kStages) * cfg::loader::kStageBytes;
+      const std::uint32_t sv = sk + cfg::loader::kTileBytes;
+      // S = Q K^T: 8 k-steps of 16 over head_dim; k-step kk is column block kk / 4, byte 32 * (kk % 4) of it.
+      float s[kKvTile / 8][4];
+#pragma unroll
+      for (int j = 0; j < kKvTile / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const std::uint32_t koff = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+        wgmma::mma_m64n64k16_ss(s, wgmma::desc_sw128(sq_wg + koff, 16, 1024),
+                                wgmma::desc_sw128(sk + (kk >> 2) * (kKvTile * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_operands(s);
+
+      if (tile_start + kKvTile > kv_min) {
+#pragma unroll
+        for (int nt = 0; nt < kKvTile / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = tile_start + nt * 8 + 2 * t + (e & 1);
+            s[nt][e] = col < row_len[e >> 1] ? s[nt][e] * a.scale_log2 : -INFINITY;
+          }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < kKvTile / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[nt][e] *= a.scale_log2;
+      }
+      softmax_step<D, kKvTile / 8>(s, m, l, o);
+
+      // O += P V: 4 k-steps of 16 tokens; V is N-major, 16 token rows of 128 bytes per step, its two
+      // 64-column blocks kKvTile * 128 bytes apart (LBO).
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kKvTile / 16; ++kk) {
+        const std::uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                     pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                     pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        wgmma::mma_m64n128k16_rs(o, pa, wgmma::desc_sw128(sv + kk * 16 * 128, kKvTile * 128, 1024));
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_operands(o);
+    }
+    __syncthreads();  // every warpgroup is done with this stage before it is refilled
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int row = wg * 64 + warp * 16 + g + 8 * r;
+    if (row >= rows) continue;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    const int tk = row / a.group, h = row % a.group;
+    bf16* dst = a.out + ((std::int64_t{qoff} + tok0 + tk) * a.num_q_heads + kvh * a.group + h) * D + 2 * t;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<std::uint32_t*>(dst + j * 8) = pack_bf16(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+  }
+#else
+  __trap();  // launched only where wgmma_prefill_available(): an sm_90a build on a compute-capability-9.0 device
+#endif
+}
+
+}  // namespace zipage::cuda::detail
