@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # One device session, detached (it outlives a 10-minute call; `bench/run_fused_ab.sh wait` collects it):
 #  1. build the GPU targets of .carry-src (bench/device_build.sh) and run every GPU test;
-#  2. `zipage-bench --linear-bench` (the fused q|k|v and gate|up GEMMs beside the separate ones);
+#  2. `zipage-bench --linear-bench` (the fused q|k|v and gate|up GEMMs beside the separate ones; LINEAR_BENCH=0: not);
 #  3. with OP_TIMING_BOX=60: `zipage-bench --op-timing` (FP8 KV and weights, compressed), the decode step's GPU
 #     time op by op;
 #     (with OP_TIMING_AB=1 a second time with AB_FLAG);
 #  4. the Qwen3-8B long workload, compressed, without and with AB_FLAG (default --unfused-projections; e.g.
 #     --no-fused-quantize), in boxes of AB_BOX s (0: skip): FP8 KV + FP8 weights, then bf16 + bf16 when AB_BF16=1;
-#  5. if BUDGET_S leaves room, one cell of the 16k steady-state grid through bench/run_grid_cell.sh: GRID_BOX s
-#     (900), GRID_MODE compressed|full, GRID_KV fp8|bf16, GRID_WEIGHTS fp8|bf16.
+#  5. cells of the 16k steady-state grid through bench/run_grid_cell.sh, one after another while BUDGET_S leaves
+#     room: GRID_CELLS="MODE:KV:WEIGHTS:BOX ..." (e.g. "full:fp8:fp8:900 compressed:fp8:fp8:300": the ratio
+#     compressed / full KV measured in one session), else the one cell GRID_MODE compressed|full, GRID_KV
+#     fp8|bf16, GRID_WEIGHTS fp8|bf16, GRID_BOX s (900). GRID_BOX=0 or GRID_CELLS=none: no grid.
+# With PREFILL_BENCH=1, after the tests: bench_decode_attention's prefill cases (mma.sync and wgmma kernels
+# against a bf16 GEMM measured in the same run) into prefill_bench.txt; OP_TIMING_BOX=0 and AB_BOX=0 skip
+# steps 3-4.
 #   call 1: bench/run_fused_ab.sh start; bench/run_fused_ab.sh wait
 #   call 2: bench/run_fused_ab.sh wait     (issued at once; repeat until it says done)
 # "At once" matters: the device machine is released after ~30 s idle between calls, and the driver and its
@@ -28,21 +33,27 @@ case "${1:-}" in
   run)
     T0=$(date +%s)
     st() { echo "[$(( $(date +%s) - T0 )) s] $*" >> "$D/status.txt"; }
-    TARGETS="test_gpu_device test_cuda_engine test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_cuda_fp8_gemm test_nccl_communicator test_tp_nccl_engine zipage-bench" \
+    TARGETS="test_gpu_device test_cuda_engine test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_cuda_fp8_gemm test_nccl_communicator test_tp_nccl_engine zipage-bench bench_decode_attention test_cuda_wgmma" \
       JOBS=16 OUT="$D" bench/device_build.sh build > "$D/build_status.txt" 2>&1
     st "build rc=$?"
     # The binaries' links live under /tmp: each `run` call copies the working tree anew, which would remove an
     # untracked folder in it while this driver still runs.
     B=/tmp/dev-bin
     mkdir -p "$B"
-    find /tmp/bd -maxdepth 3 -type f -perm -u+x \( -name 'test_*' -o -name zipage-bench \) -exec ln -sfn {} "$B"/ \;
+    find /tmp/bd -maxdepth 3 -type f -perm -u+x \( -name 'test_*' -o -name zipage-bench -o -name bench_decode_attention \) -exec ln -sfn {} "$B"/ \;
     OUT="$D" DEADLINE_S=260 BIN="$B" TESTS="test_gpu_device test_cuda_engine test_cuda_fp8_gemm" \
-      CONCURRENT="test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_nccl_communicator test_tp_nccl_engine" \
+      CONCURRENT="test_cuda_wgmma test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_nccl_communicator test_tp_nccl_engine" \
       bench/run_gpu_tests.sh > /dev/null 2>&1
-    cp /tmp/test_cuda_engine.log /tmp/test_cuda_fp8_gemm.log "$D/" 2>/dev/null
-    st "tests done"
-    timeout 150 "$B"/zipage-bench --shape qwen3-8b --linear-bench > "$D/linear.txt" 2>&1
-    st "linear bench rc=$?"
+    cp /tmp/test_cuda_engine.log /tmp/test_cuda_fp8_gemm.log /tmp/test_cuda_kernels.log "$D/" 2>/dev/null
+    st "tests done: test_cuda_kernels $(tail -1 "$D/test_cuda_kernels.log" 2>/dev/null); $(grep -c '^\[FAIL\]' "$D/test_cuda_kernels.log" 2>/dev/null) [FAIL] lines"
+    if [ "${PREFILL_BENCH:-0}" = 1 ]; then
+      timeout 240 "$B"/bench_decode_attention --benchmark_filter='prefill' > "$D/prefill_bench.txt" 2>&1
+      st "prefill bench rc=$?"
+    fi
+    if [ "${LINEAR_BENCH:-1}" = 1 ]; then
+      timeout 150 "$B"/zipage-bench --shape qwen3-8b --linear-bench > "$D/linear.txt" 2>&1
+      st "linear bench rc=$?"
+    fi
     long_run() {  # long_run NAME BOX KV QUANT [FLAGS]: the 8B long workload, compressed, into $D/NAME.txt
       local name=$1 box=$2 kv=$3 quant=$4
       shift 4
@@ -64,17 +75,19 @@ case "${1:-}" in
       ab fp8 fp8 "$flag"
       if [ "${AB_BF16:-0}" = 1 ]; then ab auto none ""; ab auto none "$flag"; fi
     fi
-    left=$(( ${BUDGET_S:-1700} - ($(date +%s) - T0) ))
-    if [ "$left" -gt $(( ${GRID_BOX:-900} + 90 )) ]; then
-      st "grid cell: box ${GRID_BOX:-900} s ($left s of budget left)"
+    cells=${GRID_CELLS:-${GRID_MODE:-compressed}:${GRID_KV:-fp8}:${GRID_WEIGHTS:-fp8}:${GRID_BOX:-900}}
+    [ "${GRID_BOX:-900}" = 0 ] && cells=none
+    for cell in $cells; do
+      [ "$cell" = none ] && break
+      IFS=: read -r mode kv weights box <<< "$cell"
+      left=$(( ${BUDGET_S:-1700} - ($(date +%s) - T0) ))
+      if [ "$left" -le $(( box + 90 )) ]; then st "grid cell $cell skipped: $left s of budget left"; continue; fi
+      st "grid cell $cell: box $box s ($left s of budget left)"
       # bench/run_grid_cell.sh's own command, waited for here (this driver is already detached).
-      KV=${GRID_KV:-fp8} WEIGHTS=${GRID_WEIGHTS:-fp8} MODE=${GRID_MODE:-compressed} BOX=${GRID_BOX:-900} ZB="$B/zipage-bench" \
-        OUT="$D" bench/run_grid_cell.sh start > /dev/null
-      WAIT_S=$(( ${GRID_BOX:-900} + 150 )) OUT="$D" bench/run_grid_cell.sh wait > "$D/grid_status.txt" 2>&1
-      st "grid cell: $(tr '\n' ' ' < "$D/grid_status.txt")"
-    else
-      st "grid cell skipped: $left s of budget left"
-    fi
+      KV=$kv WEIGHTS=$weights MODE=$mode BOX=$box ZB="$B/zipage-bench" OUT="$D" bench/run_grid_cell.sh start > /dev/null
+      WAIT_S=$(( box + 150 )) OUT="$D" bench/run_grid_cell.sh wait > "$D/grid_status.txt" 2>&1
+      st "grid cell $cell: $(tr '\n' ' ' < "$D/grid_status.txt")"
+    done
     touch "$D/done" ;;
   wait)
     t=$(date +%s)

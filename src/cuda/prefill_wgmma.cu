@@ -30,14 +30,14 @@ void launch_prefill_wgmma(prefill_args a, int num_tokens, cuda_stream stream) {
   ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
   const std::uint64_t bit = std::uint64_t{1} << (dev & 63);
   if (!(done.load(std::memory_order_acquire) & bit)) {
-    ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(paged_prefill_wgmma_kernel,
+    ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(paged_prefill_wgmma_kernel<cfg::kD>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, cfg::kSmemBytes));
     done.fetch_or(bit, std::memory_order_release);
   }
   const long long tiles = static_cast<long long>(num_tokens) / a.tokens_per_tile + a.num_seqs;
   check(tiles < (1ll << 31), "paged_prefill_attention: too many query tiles");
   const dim3 grid(static_cast<unsigned>(tiles), a.num_kv_heads);
-  paged_prefill_wgmma_kernel<<<grid, cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
+  paged_prefill_wgmma_kernel<cfg::kD><<<grid, cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

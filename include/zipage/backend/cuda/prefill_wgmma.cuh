@@ -66,10 +66,12 @@ struct prefill_wgmma_config {
 };
 
 // grid (upper bound on query tiles, kv_heads); a query tile is tokens_per_tile = kRows / group tokens.
+// (A template, like the other kernels, so that including this header in several translation units is fine.)
+template <int D>
 __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1) paged_prefill_wgmma_kernel(const prefill_args a) {
+  static_assert(D == prefill_wgmma_config::kD, "the wgmma prefill kernel is written for head_dim 128");
 #if ZIPAGE_WGMMA_DEVICE
   using cfg = prefill_wgmma_config;
-  constexpr int D = cfg::kD;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   int* const s_bounds = reinterpret_cast<int*>(smem_raw);  // kv max, kv min, per-warpgroup kv max [2]
   const std::uint32_t raw = smem_addr(smem_raw);

@@ -1,0 +1,200 @@
+// The Hopper warpgroup-MMA building blocks of the wgmma prefill kernel (backend/cuda/wgmma.cuh,
+// prefill_wgmma.cuh), one at a time, against fp32 products on the host: the 128-byte-swizzled tile layout
+// (sw128_offset) with K-major descriptors (S = Q K^T from shared memory), the N-major descriptor of V with P from
+// registers (O = P V), and the accumulator layout the kernel's softmax and epilogue read. When the whole prefill
+// kernel disagrees with the reference (test_cuda_kernels), these say which piece is wrong.
+// Skipped (exit 77, reported) without a device that runs wgmma (an sm_90a build on compute capability 9.0).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda_buffers.hpp"
+#include "zipage/backend/cuda/attention.hpp"
+#include "zipage/backend/cuda/prefill_wgmma.cuh"
+#include "zipage/cuda/device.hpp"
+
+namespace {
+
+namespace zd = zipage::cuda::detail;
+template <class T>
+using dbuf = zipage::testing::device_buffer<T>;
+
+// [64][128] bf16 row-major (global) -> the swizzled shared tile (sw128_offset<64>), by one warpgroup.
+__device__ void load_tile(unsigned char* smem, const std::uint16_t* src) {
+  for (int c = threadIdx.x; c < 64 * 16; c += 128) {
+    const int r = c / 16, ch = c % 16;
+    *reinterpret_cast<uint4*>(smem + zd::sw128_offset<64>(r, ch)) = *reinterpret_cast<const uint4*>(src + r * 128 + ch * 8);
+  }
+}
+
+// The accumulators' layout as the kernel reads it: d[j][e] is row 16 * warp + lane / 4 + 8 * (e / 2), column
+// 8j + 2 * (lane % 4) + e % 2.
+template <int NT>
+__device__ void store_accumulators(const float (&d)[NT][4], float* out, int ld) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int j = 0; j < NT; ++j)
+    for (int e = 0; e < 4; ++e)
+      out[(16 * warp + lane / 4 + 8 * (e / 2)) * ld + 8 * j + 2 * (lane % 4) + (e & 1)] = d[j][e];
+}
+
+// s[64][64] = q[64][128] . k[64][128]^T (8 k-steps, operands from shared memory, K-major).
+__global__ void qk_kernel(const std::uint16_t* q, const std::uint16_t* k, float* s) {
+#if ZIPAGE_WGMMA_DEVICE
+  extern __shared__ unsigned char raw[];
+  unsigned char* base = raw + ((1024 - (zd::smem_addr(raw) & 1023)) & 1023);
+  unsigned char* sq = base;
+  unsigned char* sk = base + 64 * 256;
+  load_tile(sq, q);
+  load_tile(sk, k);
+  zd::wgmma::fence_proxy_async();
+  __syncthreads();
+  const std::uint32_t aq = zd::smem_addr(sq), ak = zd::smem_addr(sk);
+  float d[8][4] = {};
+  zd::wgmma::fence();
+  for (int kk = 0; kk < 8; ++kk) {
+    const std::uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+    zd::wgmma::mma_m64n64k16_ss(d, zd::wgmma::desc_sw128(aq + off, 16, 1024), zd::wgmma::desc_sw128(ak + off, 16, 1024),
+                                kk > 0);
+  }
+  zd::wgmma::commit();
+  zd::wgmma::wait<0>();
+  zd::wgmma::fence_operands(d);
+  store_accumulators(d, s, 64);
+#endif
+}
+
+// o[64][128] = p[64][64] . v[64][128] (4 k-steps, P from registers in the m16n8k16 A layout, V N-major).
+__global__ void pv_kernel(const float* p, const std::uint16_t* v, float* o) {
+#if ZIPAGE_WGMMA_DEVICE
+  extern __shared__ unsigned char raw[];
+  unsigned char* sv = raw + ((1024 - (zd::smem_addr(raw) & 1023)) & 1023);
+  load_tile(sv, v);
+  zd::wgmma::fence_proxy_async();
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // P as S accumulators (the kernel's s[j][e] layout), re-packed the kernel's way.
+  float s[8][4];
+  for (int j = 0; j < 8; ++j)
+    for (int e = 0; e < 4; ++e) s[j][e] = p[(16 * warp + g + 8 * (e / 2)) * 64 + 8 * j + 2 * t + (e & 1)];
+  float d[16][4] = {};
+  const std::uint32_t av = zd::smem_addr(sv);
+  zd::wgmma::fence();
+  for (int kk = 0; kk < 4; ++kk) {
+    const std::uint32_t pa[4] = {zd::pack_bf16(s[2 * kk][0], s[2 * kk][1]), zd::pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                 zd::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                 zd::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+    zd::wgmma::mma_m64n128k16_rs(d, pa, zd::wgmma::desc_sw128(av + kk * 16 * 128, 64 * 128, 1024));
+  }
+  zd::wgmma::commit();
+  zd::wgmma::wait<0>();
+  zd::wgmma::fence_operands(d);
+  store_accumulators(d, o, 128);
+#endif
+}
+
+std::uint16_t to_bf16(float x) {  // round to nearest even (finite inputs)
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+float from_bf16(std::uint16_t b) {
+  const std::uint32_t u = std::uint32_t{b} << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// n bf16 values uniform in [-1, 1) and their exact floats.
+void random_bf16(std::size_t n, unsigned seed, std::vector<std::uint16_t>& bits, std::vector<float>& values) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  bits.resize(n);
+  values.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    bits[i] = to_bf16(u(rng));
+    values[i] = from_bf16(bits[i]);
+  }
+}
+
+// Largest |got - want| over the elements, relative to the largest |want|.
+double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double err = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    err = std::max(err, std::fabs(double(got[i]) - want[i]));
+    scale = std::max(scale, std::fabs(double(want[i])));
+  }
+  return err / scale;
+}
+
+constexpr int kSmem = 1024 + 2 * 64 * 256;
+
+TEST_CASE("wgmma m64n64k16: S = Q K^T from 128-byte-swizzled K-major tiles") {
+  std::vector<std::uint16_t> qb, kb;
+  std::vector<float> qf, kf;
+  random_bf16(64 * 128, 1, qb, qf);
+  random_bf16(64 * 128, 2, kb, kf);
+  std::vector<float> want(64 * 64, 0.0f);
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < 64; ++j) {
+      double acc = 0.0;
+      for (int c = 0; c < 128; ++c) acc += double(qf[i * 128 + c]) * kf[j * 128 + c];
+      want[i * 64 + j] = static_cast<float>(acc);
+    }
+  dbuf<std::uint16_t> dq(qb), dk(kb);
+  dbuf<float> ds(std::size_t{64 * 64});
+  ds.poison();
+  ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(qk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  qk_kernel<<<1, 128, kSmem>>>(dq.p, dk.p, ds.p);
+  ZIPAGE_CUDA_CHECK(cudaDeviceSynchronize());
+  const double err = rel_error(ds.get(), want);
+  INFO("max |S - S_ref| / max |S_ref| = " << err);
+  CHECK(err < 1e-5);  // fp32 accumulation of exact bf16 products
+}
+
+TEST_CASE("wgmma m64n128k16: O = P V with P from registers and V N-major") {
+  std::vector<std::uint16_t> pb, vb;
+  std::vector<float> pf, vf;
+  random_bf16(64 * 64, 3, pb, pf);  // bf16 values, so the kernel's re-packing is exact
+  random_bf16(64 * 128, 4, vb, vf);
+  std::vector<float> want(64 * 128, 0.0f);
+  for (int i = 0; i < 64; ++i)
+    for (int j = 0; j < 128; ++j) {
+      double acc = 0.0;
+      for (int t = 0; t < 64; ++t) acc += double(pf[i * 64 + t]) * vf[t * 128 + j];
+      want[i * 128 + j] = static_cast<float>(acc);
+    }
+  dbuf<float> dp(pf);
+  dbuf<std::uint16_t> dv(vb);
+  dbuf<float> dout(std::size_t{64 * 128});
+  dout.poison();
+  ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(pv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  pv_kernel<<<1, 128, kSmem>>>(dp.p, dv.p, dout.p);
+  ZIPAGE_CUDA_CHECK(cudaDeviceSynchronize());
+  const double err = rel_error(dout.get(), want);
+  INFO("max |O - O_ref| / max |O_ref| = " << err);
+  CHECK(err < 1e-5);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (zipage::cuda::device_count() == 0) {
+    std::printf("SKIPPED: no CUDA device (%s)\n", zipage::cuda::describe_device().c_str());
+    return 77;
+  }
+  if (!zipage::cuda::wgmma_prefill_available()) {
+    std::printf("SKIPPED: wgmma needs an sm_90a build and a compute-capability-9.0 device (%s)\n",
+                zipage::cuda::describe_device(0).c_str());
+    return 77;
+  }
+  std::printf("device 0: %s\n", zipage::cuda::describe_device(0).c_str());
+  doctest::Context context(argc, argv);
+  return context.run();
+}
