@@ -279,8 +279,10 @@ void bm_prefill(benchmark::State& state, int seqs, int n, int cached, int qh, in
   CK(cudaGraphDestroy(graph));
   CK(cudaStreamDestroy(stream));
   state.counters["TFLOPs"] = flops / s / 1e12;
-  g_rows[key] = {kernel == zc::prefill_kernel::wgmma ? "prefill_wgmma" : "prefill", seqs, len, qh, kvh, bs, n, 0, s, 0.0,
-                 flops};
+  g_rows[key] = {kernel == zc::prefill_kernel::wgmma             ? "prefill_wgmma"
+                 : kernel == zc::prefill_kernel::wgmma_pipelined ? "prefill_wgmma_pipelined"
+                                                                 : "prefill",
+                 seqs, len, qh, kvh, bs, n, 0, s, 0.0, flops};
 }
 
 void bm_copy(benchmark::State& state) {
@@ -331,7 +333,7 @@ void print_summary() {
   std::printf("| seqs | kv len | new tokens/seq | q/kv heads | block | kernel | time (ms) | TFLOP/s | of GEMM | vs mma.sync |\n"
               "|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n");
   for (const auto& [key, r] : g_rows) {
-    if (r.kind != "prefill" && r.kind != "prefill_wgmma") continue;
+    if (r.kind.rfind("prefill", 0) != 0) continue;
     double base_s = 0.0;
     for (const auto& [k2, b] : g_rows)
       if (b.kind == "prefill" && b.batch == r.batch && b.ctx == r.ctx && b.splits == r.splits && b.qh == r.qh &&
@@ -339,7 +341,7 @@ void print_summary() {
         base_s = b.seconds;
     const double tflops = r.flops / r.seconds / 1e12;
     std::printf("| %d | %d | %d | %d/%d | %d | %s | %.3f | %.1f | %.1f%% | %.2fx |\n", r.batch, r.ctx, r.splits, r.qh, r.kvh,
-                r.bs, r.kind == "prefill" ? "mma.sync" : "wgmma", r.seconds * 1e3, tflops,
+                r.bs, r.kind == "prefill" ? "mma.sync" : r.kind.substr(8).c_str(), r.seconds * 1e3, tflops,
                 100.0 * tflops * 1e12 / g_gemm_flops_per_s, base_s > 0 ? base_s / r.seconds : 0.0);
   }
 }
@@ -466,12 +468,15 @@ int main(int argc, char** argv) {
         bm_prefill(st, c.seqs, c.n, c.cached, c.qh, c.kvh, c.bs, key, zc::prefill_kernel::mma_sync);
       })->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
       if (!zc::wgmma_prefill_available()) continue;
-      std::snprintf(name, sizeof name, "prefill_wgmma/bs%d/q%d_kv%d/seqs%d/new%d/cached%d", c.bs, c.qh, c.kvh, c.seqs,
-                    c.n, c.cached);
-      std::snprintf(key, sizeof key, "p%05d", order++);
-      benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-        bm_prefill(st, c.seqs, c.n, c.cached, c.qh, c.kvh, c.bs, key, zc::prefill_kernel::wgmma);
-      })->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+      for (auto k : {zc::prefill_kernel::wgmma, zc::prefill_kernel::wgmma_pipelined}) {
+        std::snprintf(name, sizeof name, "prefill_%s/bs%d/q%d_kv%d/seqs%d/new%d/cached%d",
+                      k == zc::prefill_kernel::wgmma ? "wgmma" : "wgmma_pipelined", c.bs, c.qh, c.kvh, c.seqs, c.n,
+                      c.cached);
+        std::snprintf(key, sizeof key, "p%05d", order++);
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+          bm_prefill(st, c.seqs, c.n, c.cached, c.qh, c.kvh, c.bs, key, k);
+        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+      }
     }
     if (!zc::wgmma_prefill_available())
       std::printf("prefill on wgmma: skipped (needs an sm_90a build and a compute-capability-9.0 device)\n");

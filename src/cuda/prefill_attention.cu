@@ -52,7 +52,8 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   check(p.kv.block_size >= 2 && (1 << shift) == p.kv.block_size, "paged_prefill_attention: block_size ", p.kv.block_size,
         " is not a power of two >= 2");
   const bool fp8_kv = p.kv.k_scale != nullptr;
-  if (p.kernel == prefill_kernel::wgmma) {
+  const bool wgmma = p.kernel == prefill_kernel::wgmma || p.kernel == prefill_kernel::wgmma_pipelined;
+  if (wgmma) {
     check(!fp8_kv, "paged_prefill_attention: the wgmma kernel reads bf16 K/V (FP8 K/V: prefill_kernel::mma_sync)");
     check(p.kv.head_dim == 128, "paged_prefill_attention: the wgmma kernel needs head_dim 128, not ", p.kv.head_dim);
     check(wgmma_prefill_available(),
@@ -83,8 +84,8 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   a.tokens_per_tile = prefill_config<128>::kRows / group;
   a.bs_shift = shift;
   a.scale_log2 = p.scale * detail::kLog2e;
-  if (p.kernel == prefill_kernel::wgmma) {
-    detail::launch_prefill_wgmma(a, p.num_tokens, stream);  // prefill_wgmma.cu
+  if (wgmma) {
+    detail::launch_prefill_wgmma(a, p.num_tokens, p.kernel == prefill_kernel::wgmma_pipelined, stream);
     return;
   }
   if (p.kv.head_dim == 128)

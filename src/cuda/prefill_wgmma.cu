@@ -22,23 +22,32 @@ bool wgmma_prefill_available() {
 
 namespace detail {
 
-void launch_prefill_wgmma(prefill_args a, int num_tokens, cuda_stream stream) {
-  using cfg = prefill_wgmma_config;
-  a.tokens_per_tile = cfg::kRows / a.group;
+namespace {
+
+template <bool PIPELINED>
+void launch(prefill_args a, int num_tokens, cuda_stream stream) {
+  using cfg = prefill_wgmma_config<PIPELINED>;
+  constexpr auto kernel = paged_prefill_wgmma_kernel<cfg::kD, PIPELINED>;
   static std::atomic<std::uint64_t> done{0};
   int dev = 0;
   ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
   const std::uint64_t bit = std::uint64_t{1} << (dev & 63);
   if (!(done.load(std::memory_order_acquire) & bit)) {
-    ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(paged_prefill_wgmma_kernel<cfg::kD>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, cfg::kSmemBytes));
+    ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cfg::kSmemBytes));
     done.fetch_or(bit, std::memory_order_release);
   }
+  a.tokens_per_tile = cfg::kRows / a.group;
   const long long tiles = static_cast<long long>(num_tokens) / a.tokens_per_tile + a.num_seqs;
   check(tiles < (1ll << 31), "paged_prefill_attention: too many query tiles");
   const dim3 grid(static_cast<unsigned>(tiles), a.num_kv_heads);
-  paged_prefill_wgmma_kernel<cfg::kD><<<grid, cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
+  kernel<<<grid, cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_prefill_wgmma(const prefill_args& a, int num_tokens, bool pipelined, cuda_stream stream) {
+  pipelined ? launch<true>(a, num_tokens, stream) : launch<false>(a, num_tokens, stream);
 }
 
 }  // namespace detail

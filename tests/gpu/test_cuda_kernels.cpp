@@ -296,7 +296,10 @@ void test_prefill(int d, int qh, int kvh, int bs, const std::vector<std::pair<in
   const std::vector<std::uint16_t> out = dout.get();
   char name[160];
   std::snprintf(name, sizeof name, "%s%s seqs=%zu tokens=%d max_len=%d", shape_name("prefill", d, qh, kvh, bs).c_str(),
-                kernel == zc::prefill_kernel::wgmma ? " wgmma" : "", seqs_cached_new.size(), tokens,
+                kernel == zc::prefill_kernel::wgmma             ? " wgmma"
+                : kernel == zc::prefill_kernel::wgmma_pipelined ? " wgmma_pipelined"
+                                                                : "",
+                seqs_cached_new.size(), tokens,
                 *std::max_element(lens.begin(), lens.end()));
   report(name, compare(out, ref), 1e-2);
 }
@@ -713,7 +716,9 @@ int main() {
       test_decode(64, 8, 2, 16, {4096, 100}, {{64, 0}});
       test_prefill(128, 16, 4, 16, {{0, 70}, {100, 9}});
       test_prefill(64, 6, 1, 256, {{0, 40}, {300, 3}});
-      if (zc::wgmma_prefill_available()) test_prefill(128, 16, 4, 16, {{0, 70}, {100, 9}}, zc::prefill_kernel::wgmma);
+      if (zc::wgmma_prefill_available())
+        for (auto k : {zc::prefill_kernel::wgmma, zc::prefill_kernel::wgmma_pipelined})
+          test_prefill(128, 16, 4, 16, {{0, 70}, {100, 9}}, k);
       test_append_kv(2, 64, 16, 50, 8);
       test_rms_norm(3, 4096, 4096, cuda_dtype::bf16, false);
       test_rms_norm(3, 256, 64, cuda_dtype::f32, true);
@@ -779,15 +784,16 @@ int main() {
     // Prefill on Hopper's wgmma (bf16 K/V, head_dim 128): the same cases, and longer prompts whose tiles run
     // the whole K/V pipeline many times over.
     if (zc::wgmma_prefill_available()) {
-      constexpr auto wg = zc::prefill_kernel::wgmma;
-      for (auto [qh, kvh] : gqa)
-        for (int bs : {2, 16, 256})
-          test_prefill(128, qh, kvh, bs, {{0, 1}, {0, 50}, {0, 200}, {64, 64}, {700, 129}, {1500, 77}, {3, 300}}, wg);
-      test_prefill(128, 28, 4, 16, {{0, 333}, {1000, 100}}, wg);  // group 7: 18 tokens x 7 heads = 126 rows
-      test_prefill(128, 12, 2, 256, {{0, 257}, {40, 1}}, wg);     // group 6
-      test_prefill(128, 64, 1, 16, {{0, 70}, {10, 3}}, wg);       // group 64: a token per warpgroup
-      test_prefill(128, 32, 8, 16, {{0, 2048}, {1000, 500}}, wg);
-      test_prefill(128, 16, 8, 256, {{0, 1500}}, wg);
+      for (auto wg : {zc::prefill_kernel::wgmma, zc::prefill_kernel::wgmma_pipelined}) {
+        for (auto [qh, kvh] : gqa)
+          for (int bs : {2, 16, 256})
+            test_prefill(128, qh, kvh, bs, {{0, 1}, {0, 50}, {0, 200}, {64, 64}, {700, 129}, {1500, 77}, {3, 300}}, wg);
+        test_prefill(128, 28, 4, 16, {{0, 333}, {1000, 100}}, wg);  // group 7: 18 tokens x 7 heads = 126 rows
+        test_prefill(128, 12, 2, 256, {{0, 257}, {40, 1}}, wg);     // group 6
+        test_prefill(128, 64, 1, 16, {{0, 70}, {10, 3}}, wg);       // group 64: a token per warpgroup
+        test_prefill(128, 32, 8, 16, {{0, 2048}, {1000, 500}}, wg);
+        test_prefill(128, 16, 8, 256, {{0, 1500}}, wg);
+      }
     } else {
       std::printf("SKIPPED: prefill on wgmma (%s)\n",
                   "needs an sm_90a build (CMAKE_CUDA_ARCHITECTURES=90a) and a compute-capability-9.0 device");

@@ -83,6 +83,8 @@ enum class prefill_kernel : std::uint8_t {
   mma_sync,   // mma.sync m16n8k16, any GPU the library builds for (prefill_kernel.cuh)
   wgmma,      // Hopper warpgroup MMAs (prefill_wgmma.cuh): bf16 K/V, head_dim 128, an sm_90a build on a
               // compute-capability-9.0 device (wgmma_prefill_available); anything else is an error
+  wgmma_pipelined,  // the same, with each tile's softmax overlapping the previous tile's P.V product
+                    // (FlashAttention-3's intra-warpgroup overlap); the faster of the two stays once measured
 };
 
 // Whether the wgmma prefill kernel can run on the current device: the library was built for sm_90a and the

@@ -67,9 +67,9 @@ __device__ __forceinline__ bool locate_query_tile(const prefill_args& a, int tar
   return true;
 }
 
-// Launches paged_prefill_wgmma_kernel (prefill_wgmma.cu) over the query tiles of `a` (it sets tokens_per_tile
-// for its own tile height).
-void launch_prefill_wgmma(prefill_args a, int num_tokens, cuda_stream stream);
+// Launches paged_prefill_wgmma_kernel (prefill_wgmma.cu) over the query tiles of `a` (with its own tile height,
+// whatever a.tokens_per_tile says); `pipelined`: the variant with the softmax overlapping the P.V product.
+void launch_prefill_wgmma(const prefill_args& a, int num_tokens, bool pipelined, cuda_stream stream);
 
 template <int D, bool FP8 = false>
 struct prefill_config {

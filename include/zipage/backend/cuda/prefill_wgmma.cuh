@@ -52,12 +52,17 @@ struct wgmma_kv_loader : kv_tile_loader<128, THREADS> {
   }
 };
 
+// PIPELINED: FlashAttention-3's intra-warpgroup overlap. Iteration `it` issues S(it) = Q K(it)^T and then
+// O += P(it-1) V(it-1) back to back, computes tile it's softmax while the P.V product runs, and rescales O once
+// it is done; P(it-1) stays in registers the MMA reads until then. V(it-1) is still read during iteration it,
+// so the K/V of tile it+2 goes to the stage of tile it-2: four stages, two tiles in flight ahead.
+template <bool PIPELINED>
 struct prefill_wgmma_config {
   static constexpr int kD = 128;
   static constexpr int kWarpGroups = 2;
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kRows = 64 * kWarpGroups;
-  static constexpr int kStages = 3;
+  static constexpr int kStages = PIPELINED ? 4 : 3;
   using loader = wgmma_kv_loader<kThreads>;
   static constexpr int kQGroupBytes = 64 * kD * 2;  // one warpgroup's Q rows
   static constexpr int kQBytes = kWarpGroups * kQGroupBytes;
@@ -65,13 +70,110 @@ struct prefill_wgmma_config {
   static constexpr int kSmemBytes = 2048 + kQBytes + kStages * loader::kStageBytes;
 };
 
+#if ZIPAGE_WGMMA_DEVICE
+
+namespace wgmma_prefill {
+
+constexpr int kNT = kKvTile / 8;  // 8-token column tiles of S
+
+// Issues S (+)= Q K^T for one warpgroup's 64 rows and a 64-token tile: 8 k-steps of 16 over head_dim 128; k-step
+// kk is column block kk / 4 of both tiles, byte 32 * (kk % 4) of it.
+__device__ __forceinline__ void issue_qk(float (&s)[kNT][4], std::uint32_t sq, std::uint32_t sk) {
+#pragma unroll
+  for (int kk = 0; kk < 128 / 16; ++kk) {
+    const std::uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+    wgmma::mma_m64n64k16_ss(s, wgmma::desc_sw128(sq + off, 16, 1024), wgmma::desc_sw128(sk + off, 16, 1024), kk > 0);
+  }
+}
+
+// P (the probabilities in the S accumulators) as the A fragments of the 4 P.V k-steps.
+__device__ __forceinline__ void pack_p(const float (&s)[kNT][4], std::uint32_t (&pa)[kKvTile / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kKvTile / 16; ++kk) {
+    pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
+// Issues O += P V: 4 k-steps of 16 tokens; V is N-major, 16 token rows of 128 bytes per step, its two 64-column
+// blocks kKvTile * 128 bytes apart (LBO).
+__device__ __forceinline__ void issue_pv(float (&o)[128 / 8][4], const std::uint32_t (&pa)[kKvTile / 16][4],
+                                         std::uint32_t sv) {
+#pragma unroll
+  for (int kk = 0; kk < kKvTile / 16; ++kk)
+    wgmma::mma_m64n128k16_rs(o, pa[kk], wgmma::desc_sw128(sv + kk * 16 * 128, kKvTile * 128, 1024));
+}
+
+// Scores to the log2 domain; columns at or past a row's length to -inf (only tiles that reach past the
+// shortest row need the test).
+__device__ __forceinline__ void mask_and_scale(float (&s)[kNT][4], int tile_start, int kv_min, const int (&row_len)[2],
+                                               int t, float scale_log2) {
+  if (tile_start + kKvTile > kv_min) {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = tile_start + nt * 8 + 2 * t + (e & 1);
+        s[nt][e] = col < row_len[e >> 1] ? s[nt][e] * scale_log2 : -INFINITY;
+      }
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+  }
+}
+
+// softmax_step without touching O: the running max and sum of the thread's two rows, s turned into
+// probabilities, and the factor O must be multiplied by (once the P.V product still reading it is done).
+__device__ __forceinline__ void online_softmax(float (&s)[kNT][4], float (&m)[2], float (&l)[2], float (&corr)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[r], mx);
+    const float base = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row keeps p = 0
+    corr[r] = fast_exp2(m[r] - base);
+    m[r] = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      s[n][2 * r] = fast_exp2(s[n][2 * r] - base);
+      s[n][2 * r + 1] = fast_exp2(s[n][2 * r + 1] - base);
+      sum += s[n][2 * r] + s[n][2 * r + 1];
+    }
+    l[r] = l[r] * corr[r] + sum;
+  }
+}
+
+__device__ __forceinline__ void rescale(float (&o)[128 / 8][4], const float (&corr)[2]) {
+#pragma unroll
+  for (int j = 0; j < 128 / 8; ++j) {
+    o[j][0] *= corr[0];
+    o[j][1] *= corr[0];
+    o[j][2] *= corr[1];
+    o[j][3] *= corr[1];
+  }
+}
+
+}  // namespace wgmma_prefill
+
+#endif  // ZIPAGE_WGMMA_DEVICE
+
 // grid (upper bound on query tiles, kv_heads); a query tile is tokens_per_tile = kRows / group tokens.
 // (A template, like the other kernels, so that including this header in several translation units is fine.)
-template <int D>
-__global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1) paged_prefill_wgmma_kernel(const prefill_args a) {
-  static_assert(D == prefill_wgmma_config::kD, "the wgmma prefill kernel is written for head_dim 128");
+template <int D, bool PIPELINED>
+__global__ void __launch_bounds__(prefill_wgmma_config<PIPELINED>::kThreads, 1)
+    paged_prefill_wgmma_kernel(const prefill_args a) {
+  using cfg = prefill_wgmma_config<PIPELINED>;
+  static_assert(D == cfg::kD, "the wgmma prefill kernel is written for head_dim 128");
 #if ZIPAGE_WGMMA_DEVICE
-  using cfg = prefill_wgmma_config;
+  namespace wp = wgmma_prefill;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   int* const s_bounds = reinterpret_cast<int*>(smem_raw);  // kv max, kv min, per-warpgroup kv max [2]
   const std::uint32_t raw = smem_addr(smem_raw);
@@ -118,7 +220,8 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1) paged_prefi
   __syncthreads();
   const int kv_end = s_bounds[0];
   const int kv_min = s_bounds[1];
-  const int wg_len = s_bounds[2 + wg];  // uniform over the warpgroup: its MMAs are issued by all four warps
+  // Uniform over the warpgroup (its MMAs are issued by all four warps): the tiles it computes.
+  const int wg_tiles = (s_bounds[2 + wg] + kKvTile - 1) / kKvTile;
 
   // Lengths of this thread's two rows (0 for padding rows: fully masked).
   const int g = lane >> 2, t = lane & 3;
@@ -132,8 +235,8 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1) paged_prefi
   typename cfg::loader loader(a.k, a.v, a.page_indices + a.page_indptr[seq], a.num_kv_heads, kvh, a.bs_shift, tid);
   loader.prefetch(0, kv_end);
   const int ntiles = (kv_end + kKvTile - 1) / kKvTile;
-  // The Q copies are the first cp.async group; the first K/V stages follow (kv_pipeline_start).
-  kv_pipeline_start<cfg::kStages>(loader, skv, 0, kv_end, ntiles);
+  constexpr int kStage = cfg::loader::kStageBytes;
+  auto stage_k = [&](int tile_index) { return skv + (tile_index % cfg::kStages) * kStage; };
 
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
@@ -141,68 +244,98 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1) paged_prefi
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   const std::uint32_t sq_wg = sq + wg * cfg::kQGroupBytes;
+  float s[wp::kNT][4];
+  std::uint32_t pa[kKvTile / 16][4];
 
-  for (int it = 0; it < ntiles; ++it) {
-    const int nxt = it + cfg::kStages - 1;
-    if (nxt < ntiles) {
-      loader.issue(skv + (nxt % cfg::kStages) * cfg::loader::kStageBytes, nxt * kKvTile, kv_end);
-      loader.prefetch((nxt + 1) * kKvTile, kv_end);
+  if constexpr (!PIPELINED) {
+    // The Q copies are the first cp.async group; the first K/V stages follow.
+    kv_pipeline_start<cfg::kStages>(loader, skv, 0, kv_end, ntiles);
+    for (int it = 0; it < ntiles; ++it) {
+      const int nxt = it + cfg::kStages - 1;
+      if (nxt < ntiles) {
+        loader.issue(stage_k(nxt), nxt * kKvTile, kv_end);
+        loader.prefetch((nxt + 1) * kKvTile, kv_end);
+      }
+      cp_async_commit();
+      cp_async_wait<cfg::kStages - 1>();
+      wgmma::fence_proxy_async();  // the landed tile (and Q) become visible to wgmma's reads
+      __syncthreads();
+      if (it < wg_tiles) {
+        const std::uint32_t sk = stage_k(it);
+#pragma unroll
+        for (int j = 0; j < wp::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        wgmma::fence();
+        wp::issue_qk(s, sq_wg, sk);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::fence_operands(s);
+        wp::mask_and_scale(s, it * kKvTile, kv_min, row_len, t, a.scale_log2);
+        softmax_step<D, wp::kNT>(s, m, l, o);
+        wp::pack_p(s, pa);
+        wgmma::fence();
+        wp::issue_pv(o, pa, sk + cfg::loader::kTileBytes);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::fence_operands(o);
+      }
+      __syncthreads();  // every warpgroup is done with this stage before it is refilled
     }
-    cp_async_commit();
-    cp_async_wait<cfg::kStages - 1>();
-    wgmma::fence_proxy_async();  // the landed tile (and Q) become visible to wgmma's reads
-    __syncthreads();
-
-    const int tile_start = it * kKvTile;
-    if (tile_start < wg_len) {
-      const std::uint32_t sk = skv + (it % cfg::kStages) * cfg::loader::kStageBytes;
-      const std::uint32_t sv = sk + cfg::loader::kTileBytes;
-      // S = Q K^T: 8 k-steps of 16 over head_dim; k-step kk is column block kk / 4, byte 32 * (kk % 4) of it.
-      float s[kKvTile / 8][4];
+  } else {
+    // Tiles 0 and 1 (with Q in tile 0's group); iteration it issues tile it + 2.
 #pragma unroll
-      for (int j = 0; j < kKvTile / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const std::uint32_t koff = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
-        wgmma::mma_m64n64k16_ss(s, wgmma::desc_sw128(sq_wg + koff, 16, 1024),
-                                wgmma::desc_sw128(sk + (kk >> 2) * (kKvTile * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    for (int st = 0; st < 2; ++st) {
+      if (st < ntiles) {
+        loader.issue(stage_k(st), st * kKvTile, kv_end);
+        loader.prefetch((st + 1) * kKvTile, kv_end);
       }
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::fence_operands(s);
-
-      if (tile_start + kKvTile > kv_min) {
-#pragma unroll
-        for (int nt = 0; nt < kKvTile / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = tile_start + nt * 8 + 2 * t + (e & 1);
-            s[nt][e] = col < row_len[e >> 1] ? s[nt][e] * a.scale_log2 : -INFINITY;
-          }
-      } else {
-#pragma unroll
-        for (int nt = 0; nt < kKvTile / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[nt][e] *= a.scale_log2;
-      }
-      softmax_step<D, kKvTile / 8>(s, m, l, o);
-
-      // O += P V: 4 k-steps of 16 tokens; V is N-major, 16 token rows of 128 bytes per step, its two
-      // 64-column blocks kKvTile * 128 bytes apart (LBO).
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < kKvTile / 16; ++kk) {
-        const std::uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                                     pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                     pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-        wgmma::mma_m64n128k16_rs(o, pa, wgmma::desc_sw128(sv + kk * 16 * 128, kKvTile * 128, 1024));
-      }
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::fence_operands(o);
+      cp_async_commit();
     }
-    __syncthreads();  // every warpgroup is done with this stage before it is refilled
+    float corr[2];
+    for (int it = 0; it <= ntiles; ++it) {
+      if (it < ntiles) {
+        cp_async_wait<1>();  // tile it has landed; tile it + 1 may still be in flight
+        wgmma::fence_proxy_async();
+      }
+      // Tile it is visible, and every warpgroup is past iteration it - 1, whose wait finished the P.V product
+      // that read tile it - 2: its stage takes tile it + 2.
+      __syncthreads();
+      if (it + 2 < ntiles) {
+        loader.issue(stage_k(it + 2), (it + 2) * kKvTile, kv_end);
+        loader.prefetch((it + 3) * kKvTile, kv_end);
+      }
+      cp_async_commit();
+
+      const bool qk = it < wg_tiles;                // S of tile it
+      const bool pv = it >= 1 && it <= wg_tiles;    // O += P V of tile it - 1
+      if (qk || pv) wgmma::fence();
+      if (qk) {
+#pragma unroll
+        for (int j = 0; j < wp::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        wp::issue_qk(s, sq_wg, stage_k(it));
+        wgmma::commit();
+      }
+      if (pv) {
+        wp::issue_pv(o, pa, stage_k(it - 1) + cfg::loader::kTileBytes);
+        wgmma::commit();
+      }
+      if (qk) {
+        if (pv)
+          wgmma::wait<1>();  // the S group (issued first) is done; P.V may still run
+        else
+          wgmma::wait<0>();
+        wgmma::fence_operands(s);
+        wp::mask_and_scale(s, it * kKvTile, kv_min, row_len, t, a.scale_log2);
+        wp::online_softmax(s, m, l, corr);
+      }
+      if (pv) {
+        wgmma::wait<0>();
+        wgmma::fence_operands(o);
+      }
+      if (qk) {
+        wp::rescale(o, corr);
+        wp::pack_p(s, pa);  // read by the next iteration's P.V
+      }
+    }
   }
   cp_async_wait<0>();
 
