@@ -9,9 +9,9 @@
 //    warpgroup MMAs: S = Q K^T as 8 m64n64k16 steps with both operands read from shared memory, O += P V as
 //    4 m64n128k16 steps with P from registers (re-packed S accumulators) and V read N-major (transposed by
 //    the hardware: no ldmatrix.trans);
-//  * three K/V stages in flight.
-// The online softmax, masking and epilogue are the mma.sync kernel's, since the accumulator layout is the same.
-// The FA3 structure this does not have yet (producer warps with TMA and setmaxnreg, ping-pong between the
+//  * three K/V stages in flight (four in the pipelined variant, below).
+// Masking, the online softmax and the epilogue are the mma.sync kernel's, since the accumulator layout is the
+// same. The FA3 structure this does not have yet (producer warps with TMA and setmaxnreg, ping-pong between the
 // warpgroups' softmax and MMAs) is listed in docs/architecture.md.
 #include "zipage/backend/cuda/prefill_kernel.cuh"
 #include "zipage/backend/cuda/wgmma.cuh"
