@@ -175,6 +175,7 @@ struct options {
   bool unfused_projections = false;  // q/k/v and gate/up as separate GEMMs (the loaders fuse them)
   bool op_timing = false;            // per-op GPU time of the decode steps (implies --no-graphs)
   bool unfused_quantize = false;     // FP8 weights: every linear quantises its own input (A/B of fuse_fp8_quantize)
+  std::string prefill_kernel = "automatic";  // cuda::prefill_kernel by name
   float temperature = 0.0f;
   std::string json;
   std::string kv_cache_dtype = "auto";  // auto (bf16) | fp8 | fp8_e4m3
@@ -477,6 +478,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-fused-quantize", o.unfused_quantize,
                "FP8 weights: each linear quantises its input itself, instead of the norm or SwiGLU before it writing the "
                "FP8 copy (cuda_backend_options::fuse_fp8_quantize = false, for A/B runs)");
+  app.add_option("--prefill-kernel", o.prefill_kernel,
+                 "prefill attention: automatic, mma_sync, wgmma or wgmma_pipelined (cuda_backend_options::prefill_kernel; "
+                 "the wgmma ones need bf16 K/V and an sm_90a build on an H100/H200)")
+      ->check(CLI::IsMember({"automatic", "mma_sync", "wgmma", "wgmma_pipelined"}));
   app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)");
   app.add_option("--json", o.json, "append results as JSON lines to this file");
   zipage_cli::add_kv_cache_dtype_flag(app, o.kv_cache_dtype, "", "bf16");
@@ -527,6 +532,9 @@ int main(int argc, char** argv) {
     bo.cuda_graphs = !o.no_graphs;
     bo.op_timing = o.op_timing;
     bo.fuse_fp8_quantize = !o.unfused_quantize;
+    for (auto k : {cuda::prefill_kernel::automatic, cuda::prefill_kernel::mma_sync, cuda::prefill_kernel::wgmma,
+                   cuda::prefill_kernel::wgmma_pipelined})
+      if (o.prefill_kernel == cuda::to_string(k)) bo.prefill_kernel = k;
     bo.kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
     bo.weight_dtype = o.linear_bench ? weight_dtype::fp8_e4m3 : parse_weight_quantization(o.quantization);
     bo.max_graph_batch = std::max(bo.max_graph_batch, o.max_num_seqs);
@@ -548,9 +556,11 @@ int main(int argc, char** argv) {
       // Weight statistics from one build (freed again before the runs build their own).
       timed_model probe = build_model(b, c, o.seed, !o.unfused_projections, ws);
     }
-    std::printf("weights: %s; q/k/v and gate/up %s; FP8 activation quantisation %s\n", b.describe_weights().c_str(),
+    std::printf("weights: %s; q/k/v and gate/up %s; FP8 activation quantisation %s; prefill attention %s\n",
+                b.describe_weights().c_str(),
                 o.unfused_projections ? "as separate GEMMs (--unfused-projections)" : "fused (one GEMM each)",
-                o.unfused_quantize ? "in each linear (--no-fused-quantize)" : "written by the op before each linear");
+                o.unfused_quantize ? "in each linear (--no-fused-quantize)" : "written by the op before each linear",
+                cuda::to_string(bo.prefill_kernel));
     std::printf("shape %s: %d layers, hidden %d, q/kv heads %d/%d, head_dim %d, ffn %d, vocab %d; weights read per "
                 "step %.2f GB (%.2f B params incl. vocabulary projection)\n",
                 o.shape.c_str(), c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.ffn_size,

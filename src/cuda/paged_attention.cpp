@@ -26,6 +26,7 @@ prefill_params as_prefill_params(const attention_params& p) {
   f.num_seqs = p.num_seqs;
   f.num_q_heads = p.num_q_heads;
   f.scale = p.scale;
+  f.kernel = p.prefill;
   return f;
 }
 

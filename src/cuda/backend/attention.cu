@@ -209,6 +209,7 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
   ap.max_kv_len = st.max_kv_len;
   ap.one_token_per_seq = st.decode;
   ap.scale = 1.0f / std::sqrt(float(d));
+  ap.prefill = c.opts.prefill_kernel;
   // The kernel paged_attention() will run; the decode kernel needs its split plan and workspace first.
   const cuda::attention_kernel kind = cuda::select_attention_kernel(kv.dtype, ap, variant);
   const cuda::attention_workspace ws = kind == cuda::attention_kernel::tuned_decode

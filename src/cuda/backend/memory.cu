@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "context.cuh"
+#include "zipage/backend/cuda/attention.hpp"  // wgmma_prefill_available
 #include "zipage/backend/cuda/ops.hpp"
+#include "zipage/cuda/device.hpp"
 
 namespace zipage {
 
@@ -65,7 +67,14 @@ const cuda_backend_options& validated(const cuda_backend_options& o) {
 }  // namespace
 
 cuda_backend::cuda_backend(const cuda_backend_options& options)
-    : ctx_(std::make_shared<context>(validated(options))) {}
+    : ctx_(std::make_shared<context>(validated(options))) {
+  if (options.wgmma_prefill()) {
+    ctx_->activate();
+    check(cuda::wgmma_prefill_available(), "cuda_backend_options::prefill_kernel ", cuda::to_string(options.prefill_kernel),
+          " needs an sm_90a build of zipage (CMAKE_CUDA_ARCHITECTURES=90a) and a compute-capability-9.0 device; ",
+          "this is ", cuda::describe_device(options.device));
+  }
+}
 
 const cuda_backend_options& cuda_backend::options() const { return ctx_->opts; }
 
@@ -143,6 +152,8 @@ cuda_kv_storage cuda_backend::allocate_kv(const kv_cache_shape& shape) const {
   kv.kv_dtype = ctx_->opts.kv_dtype;
   check(!kv.fp8() || shape.head_dim % 4 == 0, "cuda_backend: an FP8 KV cache needs head_dim % 4 == 0 (got ",
         shape.head_dim, ")");
+  check(!ctx_->opts.wgmma_prefill() || shape.head_dim == 128, "cuda_backend_options::prefill_kernel ",
+        cuda::to_string(ctx_->opts.prefill_kernel), " needs head_dim 128; this model has ", shape.head_dim);
   const std::size_t eb = kv.element_bytes();
   const auto side = static_cast<std::size_t>(shape.elements_per_side()) * eb;
   access::reserve(ctx_, kv.k, side, false);

@@ -77,16 +77,6 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
 // the new tokens' K/V must already be appended, so a chunk appended to an existing cache works, and so
 // does a whole prompt). Tiles of query rows pack the tokens x query heads of one KV group, so one K/V
 // tile serves the whole group. head_dim: 64 or 128; q_heads / kv_heads <= 64; block_size: power of two.
-// Which implementation runs it (prefill_params::kernel).
-enum class prefill_kernel : std::uint8_t {
-  automatic,  // mma_sync (wgmma once it has been validated on the GPU: docs/architecture.md)
-  mma_sync,   // mma.sync m16n8k16, any GPU the library builds for (prefill_kernel.cuh)
-  wgmma,      // Hopper warpgroup MMAs (prefill_wgmma.cuh): bf16 K/V, head_dim 128, an sm_90a build on a
-              // compute-capability-9.0 device (wgmma_prefill_available); anything else is an error
-  wgmma_pipelined,  // the same, with each tile's softmax overlapping the previous tile's P.V product
-                    // (FlashAttention-3's intra-warpgroup overlap); the faster of the two stays once measured
-};
-
 // Whether the wgmma prefill kernel can run on the current device: the library was built for sm_90a and the
 // device has compute capability 9.0.
 bool wgmma_prefill_available();
@@ -130,6 +120,7 @@ struct attention_params {
   // i), so the decode kernel may run.
   bool one_token_per_seq = false;
   float scale = 0.0f;  // softmax scale, usually 1/sqrt(head_dim)
+  prefill_kernel prefill = prefill_kernel::automatic;  // when the tuned prefill kernel runs: which one
 };
 
 enum class attention_kernel : std::uint8_t { tuned_decode, tuned_prefill, reference };

@@ -64,6 +64,7 @@
 #include <vector>
 
 #include "zipage/backend/cuda/dtype.hpp"
+#include "zipage/backend/cuda/kernel_variant.hpp"
 #include "zipage/compression/compaction_plan.hpp"
 #include "zipage/compression/compression_job.hpp"
 #include "zipage/core/error.hpp"
@@ -128,6 +129,14 @@ struct cuda_backend_options {
   // on the same input as the one before it (unfused q, k, v) reuses that one's. The same bytes either way; false: for
   // an A/B (zipage-bench --no-fused-quantize).
   bool fuse_fp8_quantize = true;
+  // The prefill attention kernel (cuda::prefill_kernel; zipage-bench --prefill-kernel). The wgmma ones need bf16 K/V
+  // (dtype bf16, kv_dtype auto_), head_dim 128 (checked by allocate_kv) and a device that runs them
+  // (cuda::wgmma_prefill_available(), checked by the constructor).
+  cuda::prefill_kernel prefill_kernel = cuda::prefill_kernel::automatic;
+
+  [[nodiscard]] bool wgmma_prefill() const {
+    return prefill_kernel == cuda::prefill_kernel::wgmma || prefill_kernel == cuda::prefill_kernel::wgmma_pipelined;
+  }
 
   // Every field, before the backend touches a device (the constructor calls it): the first wrong one is
   // named, instead of a CUDA error later or an option silently ignored.
@@ -153,6 +162,12 @@ struct cuda_backend_options {
           overlap_min_batch);
     check(overlap_gemm_sms >= 0, "cuda_backend_options::overlap_gemm_sms must be >= 0 (0: every SM), got ",
           overlap_gemm_sms);
+    check(static_cast<int>(prefill_kernel) <= static_cast<int>(cuda::prefill_kernel::wgmma_pipelined),
+          "cuda_backend_options::prefill_kernel: not a cuda::prefill_kernel (", static_cast<int>(prefill_kernel), ")");
+    check(!wgmma_prefill() || (dtype == cuda_dtype::bf16 && kv_dtype == kv_cache_dtype::auto_),
+          "cuda_backend_options::prefill_kernel ", cuda::to_string(prefill_kernel),
+          " reads bf16 K/V: it needs dtype bf16 and kv_dtype auto_ (got ", to_string(dtype), ", ",
+          kv_dtype == kv_cache_dtype::fp8_e4m3 ? "fp8_e4m3" : "auto_", ")");
   }
 };
 

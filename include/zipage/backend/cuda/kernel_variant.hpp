@@ -21,4 +21,25 @@ enum class kernel_variant : std::uint8_t {
   return v == kernel_variant::tuned ? "tuned" : "reference";
 }
 
+// Which implementation runs paged prefill attention (prefill_params::kernel, attention_params::prefill,
+// cuda_backend_options::prefill_kernel).
+enum class prefill_kernel : std::uint8_t {
+  automatic,  // mma_sync (wgmma once it has been validated on the GPU: docs/architecture.md)
+  mma_sync,   // mma.sync m16n8k16, any GPU the library builds for (backend/cuda/prefill_kernel.cuh)
+  wgmma,      // Hopper warpgroup MMAs (backend/cuda/prefill_wgmma.cuh): bf16 K/V, head_dim 128, an sm_90a build on a
+              // compute-capability-9.0 device (wgmma_prefill_available); anything else is an error
+  wgmma_pipelined,  // the same, with each tile's softmax overlapping the previous tile's P.V product
+                    // (FlashAttention-3's intra-warpgroup overlap); the faster of the two stays once measured
+};
+
+[[nodiscard]] constexpr const char* to_string(prefill_kernel k) {
+  switch (k) {
+    case prefill_kernel::automatic: return "automatic";
+    case prefill_kernel::mma_sync: return "mma_sync";
+    case prefill_kernel::wgmma: return "wgmma";
+    case prefill_kernel::wgmma_pipelined: return "wgmma_pipelined";
+  }
+  return "?";
+}
+
 }  // namespace zipage::cuda
