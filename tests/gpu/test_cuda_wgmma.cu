@@ -70,7 +70,8 @@ __global__ void qk_kernel(const std::uint16_t* q, const std::uint16_t* k, float*
 }
 
 // o[64][128] = p[64][64] . v[64][128] (4 k-steps, P from registers in the m16n8k16 A layout, V N-major).
-__global__ void pv_kernel(const float* p, const std::uint16_t* v, float* o) {
+// lbo / sbo: the V descriptor's strides (the kernel's: 64 * 128 and 1024).
+__global__ void pv_kernel(const float* p, const std::uint16_t* v, float* o, std::uint32_t lbo, std::uint32_t sbo) {
 #if ZIPAGE_WGMMA_DEVICE
   extern __shared__ unsigned char raw[];
   unsigned char* sv = raw + ((1024 - (zd::smem_addr(raw) & 1023)) & 1023);
@@ -89,7 +90,7 @@ __global__ void pv_kernel(const float* p, const std::uint16_t* v, float* o) {
     const std::uint32_t pa[4] = {zd::pack_bf16(s[2 * kk][0], s[2 * kk][1]), zd::pack_bf16(s[2 * kk][2], s[2 * kk][3]),
                                  zd::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                  zd::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-    zd::wgmma::mma_m64n128k16_rs(d, pa, zd::wgmma::desc_sw128(av + kk * 16 * 128, 64 * 128, 1024));
+    zd::wgmma::mma_m64n128k16_rs(d, pa, zd::wgmma::desc_sw128(av + kk * 16 * 128, lbo, sbo));
   }
   zd::wgmma::commit();
   zd::wgmma::wait<0>();
@@ -175,11 +176,18 @@ TEST_CASE("wgmma m64n128k16: O = P V with P from registers and V N-major") {
   dbuf<float> dout(std::size_t{64 * 128});
   dout.poison();
   ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(pv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  pv_kernel<<<1, 128, kSmem>>>(dp.p, dv.p, dout.p);
+  pv_kernel<<<1, 128, kSmem>>>(dp.p, dv.p, dout.p, 64 * 128, 1024);
   ZIPAGE_CUDA_CHECK(cudaDeviceSynchronize());
   const double err = rel_error(dout.get(), want);
   INFO("max |O - O_ref| / max |O_ref| = " << err);
   CHECK(err < 1e-5);
+  if (err >= 1e-5) {
+    // Which stride convention the hardware wants, should the kernel's be wrong: LBO and SBO swapped.
+    dout.poison();
+    pv_kernel<<<1, 128, kSmem>>>(dp.p, dv.p, dout.p, 1024, 64 * 128);
+    ZIPAGE_CUDA_CHECK(cudaDeviceSynchronize());
+    MESSAGE("with LBO 1024 and SBO 8192 instead: error " << rel_error(dout.get(), want));
+  }
 }
 
 }  // namespace
