@@ -11,6 +11,8 @@
 #     room: GRID_CELLS="MODE:KV:WEIGHTS:BOX ..." (e.g. "full:fp8:fp8:900 compressed:fp8:fp8:300": the ratio
 #     compressed / full KV measured in one session), else the one cell GRID_MODE compressed|full, GRID_KV
 #     fp8|bf16, GRID_WEIGHTS fp8|bf16, GRID_BOX s (900). GRID_BOX=0 or GRID_CELLS=none: no grid.
+# SERIAL_TESTS / CONCURRENT_TESTS: the GPU tests to build and run (default: all; e.g. SERIAL_TESTS="" and
+# CONCURRENT_TESTS="test_cuda_wgmma test_cuda_kernels" for a short build when only the kernels changed).
 # With PREFILL_BENCH=1, after the tests: bench_decode_attention's prefill cases (mma.sync and wgmma kernels
 # against a bf16 GEMM measured in the same run) into prefill_bench.txt; OP_TIMING_BOX=0 and AB_BOX=0 skip
 # steps 3-4.
@@ -33,7 +35,11 @@ case "${1:-}" in
   run)
     T0=$(date +%s)
     st() { echo "[$(( $(date +%s) - T0 )) s] $*" >> "$D/status.txt"; }
-    TARGETS="test_gpu_device test_cuda_engine test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_cuda_fp8_gemm test_nccl_communicator test_tp_nccl_engine zipage-bench bench_decode_attention test_cuda_wgmma" \
+    ALL_SERIAL="test_gpu_device test_cuda_engine test_cuda_fp8_gemm"
+    ALL_CONCURRENT="test_cuda_wgmma test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_nccl_communicator test_tp_nccl_engine"
+    SERIAL=${SERIAL_TESTS-$ALL_SERIAL}
+    CONC=${CONCURRENT_TESTS-$ALL_CONCURRENT}
+    TARGETS="$SERIAL $CONC zipage-bench bench_decode_attention" \
       JOBS=16 OUT="$D" bench/device_build.sh build > "$D/build_status.txt" 2>&1
     st "build rc=$?"
     # The binaries' links live under /tmp: each `run` call copies the working tree anew, which would remove an
@@ -41,10 +47,8 @@ case "${1:-}" in
     B=/tmp/dev-bin
     mkdir -p "$B"
     find /tmp/bd -maxdepth 3 -type f -perm -u+x \( -name 'test_*' -o -name zipage-bench -o -name bench_decode_attention \) -exec ln -sfn {} "$B"/ \;
-    OUT="$D" DEADLINE_S=260 BIN="$B" TESTS="test_gpu_device test_cuda_engine test_cuda_fp8_gemm" \
-      CONCURRENT="test_cuda_wgmma test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_nccl_communicator test_tp_nccl_engine" \
-      bench/run_gpu_tests.sh > /dev/null 2>&1
-    cp /tmp/test_cuda_engine.log /tmp/test_cuda_fp8_gemm.log /tmp/test_cuda_kernels.log "$D/" 2>/dev/null
+    OUT="$D" DEADLINE_S=260 BIN="$B" TESTS="$SERIAL" CONCURRENT="$CONC" bench/run_gpu_tests.sh > /dev/null 2>&1
+    cp /tmp/test_cuda_engine.log /tmp/test_cuda_fp8_gemm.log /tmp/test_cuda_kernels.log /tmp/test_cuda_wgmma.log "$D/" 2>/dev/null
     st "tests done: test_cuda_kernels $(tail -1 "$D/test_cuda_kernels.log" 2>/dev/null); $(grep -c '^\[FAIL\]' "$D/test_cuda_kernels.log" 2>/dev/null) [FAIL] lines"
     if [ "${PREFILL_BENCH:-0}" = 1 ]; then
       timeout 240 "$B"/bench_decode_attention --benchmark_filter='prefill' > "$D/prefill_bench.txt" 2>&1
