@@ -272,32 +272,39 @@ __device__ __forceinline__ void pv_tile(float (&o)[D / 8][4], const float (&s)[N
   }
 }
 
-// Online-softmax step for the thread's two rows (r = 0: row lane/4, r = 1: row lane/4 + 8): updates the
-// running max m and (thread-partial) sum l, rescales o (times o_rescale too: the FP8 path's change of V
-// normalisation), and turns s into probabilities.
+// Online softmax of row r of the thread (r = 0: row lane/4, r = 1: row lane/4 + 8) over a new tile of scores:
+// updates the running max m and (thread-partial) sum l, turns the row of s into probabilities, and returns the
+// factor the row's output accumulated so far must be multiplied by.
+template <int NT>
+__device__ __forceinline__ float softmax_row(float (&s)[NT][4], int r, float& m, float& l) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m, mx);
+  const float base = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row keeps p = 0
+  const float corr = fast_exp2(m - base);
+  m = m_new;
+  float sum = 0.0f;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    s[n][2 * r] = fast_exp2(s[n][2 * r] - base);
+    s[n][2 * r + 1] = fast_exp2(s[n][2 * r + 1] - base);
+    sum += s[n][2 * r] + s[n][2 * r + 1];
+  }
+  l = l * corr + sum;
+  return corr;
+}
+
+// Online-softmax step for the thread's two rows: softmax_row, then o rescaled (times o_rescale too: the FP8
+// path's change of V normalisation).
 template <int D, int NT>
 __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&o)[D / 8][4],
                                              float o_rescale = 1.0f) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[r], mx);
-    const float base = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row keeps p = 0
-    const float corr = fast_exp2(m[r] - base);
-    m[r] = m_new;
-    float sum = 0.0f;
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      s[n][2 * r] = fast_exp2(s[n][2 * r] - base);
-      s[n][2 * r + 1] = fast_exp2(s[n][2 * r + 1] - base);
-      sum += s[n][2 * r] + s[n][2 * r + 1];
-    }
-    l[r] = l[r] * corr + sum;
-    const float oc = corr * o_rescale;
+    const float oc = softmax_row(s, r, m[r], l[r]) * o_rescale;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       o[j][2 * r] *= oc;

@@ -31,14 +31,18 @@ struct prefill_args {
   float scale_log2;
 };
 
-// Which (sequence, query tile) the CTA with index `target` owns, tiles of `tq` tokens counted over the
+// A CTA's query tile: tokens [tok0, tok0 + ntok) of sequence `seq`, whose first query row is qoff; `rows`
+// = ntok x group MMA rows.
+struct query_tile {
+  int seq, qoff, tok0, ntok, rows;
+};
+
+// Which query tile the CTA with index `target` owns, tiles of a.tokens_per_tile tokens counted over the
 // sequences in order: a warp-wide scan over the sequences' tile counts (every warp computes the same answer).
 // False past the last tile. The longest-KV tiles of a sequence come first, so they start first.
-__device__ __forceinline__ bool locate_query_tile(const prefill_args& a, int target, int tq, int lane, int& seq,
-                                                  int& tile) {
-  seq = -1;
-  tile = 0;
-  int seq_tiles = 0;
+__device__ __forceinline__ bool locate_query_tile(const prefill_args& a, int target, int lane, query_tile& q) {
+  const int tq = a.tokens_per_tile;
+  int seq = -1, tile = 0, seq_tiles = 0;
   for (int base = 0; base < a.num_seqs; base += 32) {
     const int s = base + lane;
     const int n = s < a.num_seqs ? a.q_indptr[s + 1] - a.q_indptr[s] : 0;
@@ -64,6 +68,11 @@ __device__ __forceinline__ bool locate_query_tile(const prefill_args& a, int tar
   }
   if (seq < 0) return false;
   tile = seq_tiles - 1 - tile;
+  q.seq = seq;
+  q.qoff = a.q_indptr[seq];
+  q.tok0 = tile * tq;
+  q.ntok = min(tq, a.q_indptr[seq + 1] - q.qoff - q.tok0);
+  q.rows = q.ntok * a.group;
   return true;
 }
 
@@ -94,16 +103,10 @@ __global__ void __launch_bounds__(prefill_config<D, FP8>::kThreads) paged_prefil
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int kvh = blockIdx.y;
-  const int tq = a.tokens_per_tile;
 
-  int seq, tile;
-  if (!locate_query_tile(a, blockIdx.x, tq, lane, seq, tile)) return;
-
-  const int qoff = a.q_indptr[seq];
-  const int n = a.q_indptr[seq + 1] - qoff;
-  const int tok0 = tile * tq;
-  const int ntok = min(tq, n - tok0);
-  const int rows = ntok * a.group;
+  query_tile qt;
+  if (!locate_query_tile(a, blockIdx.x, lane, qt)) return;
+  const int seq = qt.seq, qoff = qt.qoff, tok0 = qt.tok0, ntok = qt.ntok, rows = qt.rows;
 
   if (tid == 0) {
     s_kv_max = 0;

@@ -126,31 +126,6 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kNT][4], int tile_star
   }
 }
 
-// softmax_step without touching O: the running max and sum of the thread's two rows, s turned into
-// probabilities, and the factor O must be multiplied by (once the P.V product still reading it is done).
-__device__ __forceinline__ void online_softmax(float (&s)[kNT][4], float (&m)[2], float (&l)[2], float (&corr)[2]) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[r], mx);
-    const float base = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row keeps p = 0
-    corr[r] = fast_exp2(m[r] - base);
-    m[r] = m_new;
-    float sum = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kNT; ++n) {
-      s[n][2 * r] = fast_exp2(s[n][2 * r] - base);
-      s[n][2 * r + 1] = fast_exp2(s[n][2 * r + 1] - base);
-      sum += s[n][2 * r] + s[n][2 * r + 1];
-    }
-    l[r] = l[r] * corr[r] + sum;
-  }
-}
-
 __device__ __forceinline__ void rescale(float (&o)[128 / 8][4], const float (&corr)[2]) {
 #pragma unroll
   for (int j = 0; j < 128 / 8; ++j) {
@@ -185,15 +160,10 @@ __global__ void __launch_bounds__(prefill_wgmma_config<PIPELINED>::kThreads, 1)
   const int warp = (tid >> 5) & 3;  // within the warpgroup
   const int lane = tid & 31;
   const int kvh = blockIdx.y;
-  const int tq = a.tokens_per_tile;
 
-  int seq, tile;
-  if (!locate_query_tile(a, blockIdx.x, tq, lane, seq, tile)) return;
-  const int qoff = a.q_indptr[seq];
-  const int n = a.q_indptr[seq + 1] - qoff;
-  const int tok0 = tile * tq;
-  const int ntok = min(tq, n - tok0);
-  const int rows = ntok * a.group;
+  query_tile qt;
+  if (!locate_query_tile(a, blockIdx.x, lane, qt)) return;
+  const int seq = qt.seq, qoff = qt.qoff, tok0 = qt.tok0, ntok = qt.ntok, rows = qt.rows;
 
   if (tid < 4) s_bounds[tid] = tid == 1 ? INT_MAX : 0;
   __syncthreads();
@@ -325,7 +295,8 @@ __global__ void __launch_bounds__(prefill_wgmma_config<PIPELINED>::kThreads, 1)
           wgmma::wait<0>();
         wgmma::fence_operands(s);
         wp::mask_and_scale(s, it * kKvTile, kv_min, row_len, t, a.scale_log2);
-        wp::online_softmax(s, m, l, corr);
+        corr[0] = softmax_row(s, 0, m[0], l[0]);  // O is rescaled once the P.V product reading it is done
+        corr[1] = softmax_row(s, 1, m[1], l[1]);
       }
       if (pv) {
         wgmma::wait<0>();
