@@ -76,6 +76,15 @@ __device__ __forceinline__ bool locate_query_tile(const prefill_args& a, int tar
   return true;
 }
 
+// Chunk ch (8 values) of query row r of the tile: token r / group, head r % group of KV head kvh; nullptr for a
+// padding row (r >= rows).
+template <int D>
+__device__ __forceinline__ const bf16* q_chunk(const prefill_args& a, const query_tile& qt, int kvh, int r, int ch) {
+  if (r >= qt.rows) return nullptr;
+  const int tk = r / a.group, h = r % a.group;
+  return a.q + ((std::int64_t{qt.qoff} + qt.tok0 + tk) * a.num_q_heads + kvh * a.group + h) * D + ch * 8;
+}
+
 // Launches paged_prefill_wgmma_kernel (prefill_wgmma.cu) over the query tiles of `a` (with its own tile height,
 // whatever a.tokens_per_tile says); `pipelined`: the variant with the softmax overlapping the P.V product.
 void launch_prefill_wgmma(const prefill_args& a, int num_tokens, bool pipelined, cuda_stream stream);
@@ -125,13 +134,8 @@ __global__ void __launch_bounds__(prefill_config<D, FP8>::kThreads) paged_prefil
   // Q rows: row r = token (r / group) x head (r % group) of this KV group.
   for (int c = tid; c < cfg::kRows * (D / 8); c += cfg::kThreads) {
     const int r = c / (D / 8), ch = c % (D / 8);
-    const bool ok = r < rows;
-    const bf16* src = a.q;
-    if (ok) {
-      const int tk = r / a.group, h = r % a.group;
-      src = a.q + ((std::int64_t{qoff} + tok0 + tk) * a.num_q_heads + kvh * a.group + h) * D + ch * 8;
-    }
-    cp_async_16(sq + swz<D>(r, ch), src, ok);
+    const bf16* src = q_chunk<D>(a, qt, kvh, r, ch);
+    cp_async_16(sq + swz<D>(r, ch), src != nullptr ? src : a.q, src != nullptr);
   }
   __syncthreads();
   const int kv_end = s_kv_max;

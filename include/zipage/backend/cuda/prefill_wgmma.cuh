@@ -179,13 +179,9 @@ __global__ void __launch_bounds__(prefill_wgmma_config<PIPELINED>::kThreads, 1)
   // Q rows: row r = token (r / group) x head (r % group); warpgroup r / 64 reads rows [64w, 64w + 64).
   for (int c = tid; c < cfg::kRows * (D / 8); c += cfg::kThreads) {
     const int r = c / (D / 8), ch = c % (D / 8);
-    const bool ok = r < rows;
-    const bf16* src = a.q;
-    if (ok) {
-      const int tk = r / a.group, h = r % a.group;
-      src = a.q + ((std::int64_t{qoff} + tok0 + tk) * a.num_q_heads + kvh * a.group + h) * D + ch * 8;
-    }
-    cp_async_16(sq + (r >> 6) * cfg::kQGroupBytes + sw128_offset<64>(r & 63, ch), src, ok);
+    const bf16* src = q_chunk<D>(a, qt, kvh, r, ch);
+    cp_async_16(sq + (r >> 6) * cfg::kQGroupBytes + sw128_offset<64>(r & 63, ch), src != nullptr ? src : a.q,
+                src != nullptr);
   }
   __syncthreads();
   const int kv_end = s_bounds[0];
