@@ -136,6 +136,24 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& want) 
 
 constexpr int kSmem = 1024 + 2 * 64 * 256;
 
+// sw128_offset against the 128-byte swizzle as the PTX ISA states it for a 1024-byte-aligned block of 128-byte rows
+// (CUTLASS's Swizzle<3, 4, 3>): byte address bits [4:6] XOR bits [7:9]. Each column block of 64 bf16 is one such
+// block of ROWS rows; the tile is a bijection onto its ROWS * 256 bytes.
+template <int ROWS>
+constexpr bool sw128_matches_ptx_swizzle() {
+  bool seen[ROWS * 16] = {};
+  for (int row = 0; row < ROWS; ++row)
+    for (int chunk = 0; chunk < 16; ++chunk) {
+      const std::uint32_t linear = row * 128 + (chunk & 7) * 16;
+      const std::uint32_t swizzled = linear ^ (((linear >> 7) & 7u) << 4);
+      const std::uint32_t off = zd::sw128_offset<ROWS>(row, chunk);
+      if (off != (chunk >> 3) * ROWS * 128 + swizzled || off % 16 != 0 || off >= ROWS * 256u || seen[off / 16]) return false;
+      seen[off / 16] = true;
+    }
+  return true;
+}
+static_assert(sw128_matches_ptx_swizzle<64>() && sw128_matches_ptx_swizzle<128>());
+
 TEST_CASE("wgmma m64n64k16: S = Q K^T from 128-byte-swizzled K-major tiles") {
   std::vector<std::uint16_t> qb, kb;
   std::vector<float> qf, kf;

@@ -22,7 +22,7 @@ namespace zipage::cuda::detail {
 // 128-byte-swizzled layout: column block chunk / 8 ([ROWS][64] bf16, ROWS * 128 bytes), row `row` of it,
 // chunk (chunk % 8) ^ (row % 8).
 template <int ROWS>
-__device__ __forceinline__ std::uint32_t sw128_offset(int row, int chunk) {
+__host__ __device__ constexpr std::uint32_t sw128_offset(int row, int chunk) {
   return static_cast<std::uint32_t>((chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
