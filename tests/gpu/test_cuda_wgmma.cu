@@ -43,7 +43,7 @@ __device__ void store_accumulators(const float (&d)[NT][4], float* out, int ld) 
       out[(16 * warp + lane / 4 + 8 * (e / 2)) * ld + 8 * j + 2 * (lane % 4) + (e & 1)] = d[j][e];
 }
 
-// s[64][64] = q[64][128] . k[64][128]^T (8 k-steps, operands from shared memory, K-major).
+// s[64][64] = q[64][128] . k[64][128]^T (the kernel's issue_qk: 8 k-steps, operands from shared memory, K-major).
 __global__ void qk_kernel(const std::uint16_t* q, const std::uint16_t* k, float* s) {
 #if ZIPAGE_WGMMA_DEVICE
   extern __shared__ unsigned char raw[];
@@ -57,11 +57,7 @@ __global__ void qk_kernel(const std::uint16_t* q, const std::uint16_t* k, float*
   const std::uint32_t aq = zd::smem_addr(sq), ak = zd::smem_addr(sk);
   float d[8][4] = {};
   zd::wgmma::fence();
-  for (int kk = 0; kk < 8; ++kk) {
-    const std::uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
-    zd::wgmma::mma_m64n64k16_ss(d, zd::wgmma::desc_sw128(aq + off, 16, 1024), zd::wgmma::desc_sw128(ak + off, 16, 1024),
-                                kk > 0);
-  }
+  zd::wgmma_prefill::issue_qk(d, aq, ak);  // the kernel's 8 k-steps
   zd::wgmma::commit();
   zd::wgmma::wait<0>();
   zd::wgmma::fence_operands(d);
@@ -84,14 +80,12 @@ __global__ void pv_kernel(const float* p, const std::uint16_t* v, float* o, std:
   for (int j = 0; j < 8; ++j)
     for (int e = 0; e < 4; ++e) s[j][e] = p[(16 * warp + g + 8 * (e / 2)) * 64 + 8 * j + 2 * t + (e & 1)];
   float d[16][4] = {};
+  std::uint32_t pa[4][4];
+  zd::wgmma_prefill::pack_p(s, pa);  // before the fence: the MMAs read these registers
   const std::uint32_t av = zd::smem_addr(sv);
   zd::wgmma::fence();
-  for (int kk = 0; kk < 4; ++kk) {
-    const std::uint32_t pa[4] = {zd::pack_bf16(s[2 * kk][0], s[2 * kk][1]), zd::pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                                 zd::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                 zd::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-    zd::wgmma::mma_m64n128k16_rs(d, pa, zd::wgmma::desc_sw128(av + kk * 16 * 128, lbo, sbo));
-  }
+  for (int kk = 0; kk < 4; ++kk)
+    zd::wgmma::mma_m64n128k16_rs(d, pa[kk], zd::wgmma::desc_sw128(av + kk * 16 * 128, lbo, sbo));
   zd::wgmma::commit();
   zd::wgmma::wait<0>();
   zd::wgmma::fence_operands(d);

@@ -273,10 +273,12 @@ __global__ void __launch_bounds__(prefill_wgmma_config<PIPELINED>::kThreads, 1)
 
       const bool qk = it < wg_tiles;                // S of tile it
       const bool pv = it >= 1 && it <= wg_tiles;    // O += P V of tile it - 1
-      if (qk || pv) wgmma::fence();
       if (qk) {
 #pragma unroll
         for (int j = 0; j < wp::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      }
+      if (qk || pv) wgmma::fence();  // after every register write the MMAs below read (s, pa, the rescaled o)
+      if (qk) {
         wp::issue_qk(s, sq_wg, stage_k(it));
         wgmma::commit();
       }
