@@ -119,6 +119,17 @@ double rel_error(const std::vector<float>& out, const std::vector<float>& ref) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
+// The largest rel_error over the steps of two forward_steps results (same step count and shapes required).
+double worst_step_error(const std::vector<std::vector<float>>& out, const std::vector<std::vector<float>>& ref) {
+  REQUIRE(out.size() == ref.size());
+  double worst = 0.0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    REQUIRE(out[i].size() == ref[i].size());
+    worst = std::max(worst, rel_error(out[i], ref[i]));
+  }
+  return worst;
+}
+
 // Runs one model over fixed batches (hand-built metadata: shuffled pages, block 16) and returns the
 // logits of every step: one prefill step of several sequences (ragged lengths), then decode steps of
 // all of them. The same batches for every backend.
@@ -392,12 +403,7 @@ TEST_CASE("bf16: tuned attention kernels inside the forward pass vs the CPU forw
       const cuda_backend gb(o);
       auto gpu_model = random_llama(gb, c, 11);
       const auto out = forward_steps(gpu_model, gb, lens, 40);
-      REQUIRE(out.size() == ref.size());
-      double worst = 0.0;
-      for (std::size_t i = 0; i < ref.size(); ++i) {
-        REQUIRE(out[i].size() == ref[i].size());
-        worst = std::max(worst, rel_error(out[i], ref[i]));
-      }
+      const double worst = worst_step_error(out, ref);
       MESSAGE("bf16 ", std::string(fast ? "tuned" : "generic"), " kernels, head_dim ", sc.head_dim, ", q/kv ", sc.q_heads, "/",
               sc.kv_heads, ": prefill logits rel. error ", rel_error(out[0], ref[0]), ", worst over 41 steps ", worst);
       CHECK(worst < 5e-2);
@@ -426,9 +432,7 @@ TEST_CASE("bf16: the wgmma prefill kernels inside the forward pass vs the CPU fo
       const cuda_backend gb(o);
       auto gpu_model = random_llama(gb, c, 11);
       const auto out = forward_steps(gpu_model, gb, lens, 10);
-      REQUIRE(out.size() == ref.size());
-      double worst = 0.0;
-      for (std::size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, rel_error(out[i], ref[i]));
+      const double worst = worst_step_error(out, ref);
       MESSAGE(zipage::cuda::to_string(kernel), " prefill, q/kv ", q_heads, "/", kv_heads, ": prefill logits rel. error ",
               rel_error(out[0], ref[0]), ", worst over 11 steps ", worst);
       CHECK(worst < 5e-2);
