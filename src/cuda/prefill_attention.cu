@@ -51,15 +51,9 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   while ((1 << shift) < p.kv.block_size) ++shift;
   check(p.kv.block_size >= 2 && (1 << shift) == p.kv.block_size, "paged_prefill_attention: block_size ", p.kv.block_size,
         " is not a power of two >= 2");
-  const bool fp8_kv = p.kv.k_scale != nullptr;
-  const bool wgmma = p.kernel == prefill_kernel::wgmma || p.kernel == prefill_kernel::wgmma_pipelined;
-  if (wgmma) {
-    check(!fp8_kv, "paged_prefill_attention: the wgmma kernel reads bf16 K/V (FP8 K/V: prefill_kernel::mma_sync)");
-    check(p.kv.head_dim == 128, "paged_prefill_attention: the wgmma kernel needs head_dim 128, not ", p.kv.head_dim);
-    check(wgmma_prefill_available(),
-          "paged_prefill_attention: the wgmma kernel needs an sm_90a build (CMAKE_CUDA_ARCHITECTURES=90a) and a "
-          "compute-capability-9.0 device");
-  }
+  const bool wants_wgmma = p.kernel == prefill_kernel::wgmma || p.kernel == prefill_kernel::wgmma_pipelined;
+  const prefill_kernel kernel = resolve_prefill_kernel(p.kernel, p.kv.head_dim, p.kv.k_scale != nullptr,
+                                                       wants_wgmma && wgmma_prefill_available());
   if (p.num_tokens == 0 || p.num_seqs == 0) return;
 
   detail::prefill_args a{};
@@ -84,8 +78,8 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   a.tokens_per_tile = prefill_config<128>::kRows / group;
   a.bs_shift = shift;
   a.scale_log2 = p.scale * detail::kLog2e;
-  if (wgmma) {
-    detail::launch_prefill_wgmma(a, p.num_tokens, p.kernel == prefill_kernel::wgmma_pipelined, stream);
+  if (kernel != prefill_kernel::mma_sync) {
+    detail::launch_prefill_wgmma(a, p.num_tokens, kernel == prefill_kernel::wgmma_pipelined, stream);
     return;
   }
   if (p.kv.head_dim == 128)

@@ -149,3 +149,24 @@ TEST_CASE("cuda_backend_options: a wrong field is named before the backend touch
   // Whether the device runs wgmma is the constructor's question, not validate()'s.
   CHECK(error_with([](auto& o) { o.prefill_kernel = zipage::cuda::prefill_kernel::wgmma; }) == "<no error>");
 }
+
+// The prefill kernel a launch runs (host rule, no device): automatic and mma_sync run mma.sync; a wgmma kernel
+// runs only on bf16 K/V at head_dim 128 where the device has wgmma, and otherwise the error says which is missing.
+TEST_CASE("resolve_prefill_kernel: the prefill kernel that runs, or why a wgmma kernel cannot") {
+  using zipage::cuda::prefill_kernel;
+  using zipage::cuda::resolve_prefill_kernel;
+  for (const bool available : {false, true}) {
+    CHECK(resolve_prefill_kernel(prefill_kernel::automatic, 128, false, available) == prefill_kernel::mma_sync);
+    CHECK(resolve_prefill_kernel(prefill_kernel::automatic, 64, true, available) == prefill_kernel::mma_sync);
+    CHECK(resolve_prefill_kernel(prefill_kernel::mma_sync, 128, false, available) == prefill_kernel::mma_sync);
+  }
+  CHECK(resolve_prefill_kernel(prefill_kernel::wgmma, 128, false, true) == prefill_kernel::wgmma);
+  CHECK(resolve_prefill_kernel(prefill_kernel::wgmma_pipelined, 128, false, true) == prefill_kernel::wgmma_pipelined);
+  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma, 128, true, true); }), "reads bf16 K/V"));
+  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma, 64, false, true); }),
+                 "needs head_dim 128, not 64"));
+  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma_pipelined, 128, false, false); }),
+                 "needs an sm_90a build"));
+  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(static_cast<prefill_kernel>(7), 128, false, true); }),
+                 "not a cuda::prefill_kernel"));
+}

@@ -4,6 +4,8 @@
 // the rule for each op is written next to its declaration. No CUDA header here.
 #include <cstdint>
 
+#include "zipage/core/error.hpp"
+
 namespace zipage::cuda {
 
 enum class kernel_variant : std::uint8_t {
@@ -40,6 +42,20 @@ enum class prefill_kernel : std::uint8_t {
     case prefill_kernel::wgmma_pipelined: return "wgmma_pipelined";
   }
   return "?";
+}
+
+// The kernel a prefill launch runs: `requested` made concrete (automatic: mma_sync for now), or an error naming
+// why a wgmma kernel cannot run here. `wgmma_available`: cuda::wgmma_prefill_available() (attention.hpp).
+[[nodiscard]] inline prefill_kernel resolve_prefill_kernel(prefill_kernel requested, int head_dim, bool fp8_kv,
+                                                          bool wgmma_available) {
+  if (requested == prefill_kernel::automatic || requested == prefill_kernel::mma_sync) return prefill_kernel::mma_sync;
+  check(requested == prefill_kernel::wgmma || requested == prefill_kernel::wgmma_pipelined,
+        "prefill kernel: not a cuda::prefill_kernel (", static_cast<int>(requested), ")");
+  check(!fp8_kv, "prefill kernel ", to_string(requested), " reads bf16 K/V (FP8 K/V: prefill_kernel::mma_sync)");
+  check(head_dim == 128, "prefill kernel ", to_string(requested), " needs head_dim 128, not ", head_dim);
+  check(wgmma_available, "prefill kernel ", to_string(requested),
+        " needs an sm_90a build (CMAKE_CUDA_ARCHITECTURES=90a) and a compute-capability-9.0 device");
+  return requested;
 }
 
 }  // namespace zipage::cuda
