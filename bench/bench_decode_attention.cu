@@ -130,6 +130,7 @@ struct summary_row {
   std::string kind;
   int batch, ctx, qh, kvh, bs, splits, stages;
   double seconds, bytes, flops;
+  const char* kernel = "";  // prefill rows: cuda::to_string(prefill_kernel)
 };
 std::map<std::string, summary_row> g_rows;
 
@@ -279,10 +280,7 @@ void bm_prefill(benchmark::State& state, int seqs, int n, int cached, int qh, in
   CK(cudaGraphDestroy(graph));
   CK(cudaStreamDestroy(stream));
   state.counters["TFLOPs"] = flops / s / 1e12;
-  g_rows[key] = {kernel == zc::prefill_kernel::wgmma             ? "prefill_wgmma"
-                 : kernel == zc::prefill_kernel::wgmma_pipelined ? "prefill_wgmma_pipelined"
-                                                                 : "prefill",
-                 seqs, len, qh, kvh, bs, n, 0, s, 0.0, flops};
+  g_rows[key] = {"prefill", seqs, len, qh, kvh, bs, n, 0, s, 0.0, flops, zc::to_string(kernel)};
 }
 
 void bm_copy(benchmark::State& state) {
@@ -333,15 +331,15 @@ void print_summary() {
   std::printf("| seqs | kv len | new tokens/seq | q/kv heads | block | kernel | time (ms) | TFLOP/s | of GEMM | vs mma.sync |\n"
               "|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n");
   for (const auto& [key, r] : g_rows) {
-    if (r.kind.rfind("prefill", 0) != 0) continue;
+    if (r.kind != "prefill") continue;
     double base_s = 0.0;
     for (const auto& [k2, b] : g_rows)
-      if (b.kind == "prefill" && b.batch == r.batch && b.ctx == r.ctx && b.splits == r.splits && b.qh == r.qh &&
+      if (b.kind == "prefill" && std::string(b.kernel) == "mma_sync" && b.batch == r.batch && b.ctx == r.ctx && b.splits == r.splits && b.qh == r.qh &&
           b.kvh == r.kvh && b.bs == r.bs)
         base_s = b.seconds;
     const double tflops = r.flops / r.seconds / 1e12;
     std::printf("| %d | %d | %d | %d/%d | %d | %s | %.3f | %.1f | %.1f%% | %.2fx |\n", r.batch, r.ctx, r.splits, r.qh, r.kvh,
-                r.bs, r.kind == "prefill" ? "mma.sync" : r.kind.substr(8).c_str(), r.seconds * 1e3, tflops,
+                r.bs, r.kernel, r.seconds * 1e3, tflops,
                 100.0 * tflops * 1e12 / g_gemm_flops_per_s, base_s > 0 ? base_s / r.seconds : 0.0);
   }
 }
@@ -469,9 +467,8 @@ int main(int argc, char** argv) {
       })->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
       if (!zc::wgmma_prefill_available()) continue;
       for (auto k : {zc::prefill_kernel::wgmma, zc::prefill_kernel::wgmma_pipelined}) {
-        std::snprintf(name, sizeof name, "prefill_%s/bs%d/q%d_kv%d/seqs%d/new%d/cached%d",
-                      k == zc::prefill_kernel::wgmma ? "wgmma" : "wgmma_pipelined", c.bs, c.qh, c.kvh, c.seqs, c.n,
-                      c.cached);
+        std::snprintf(name, sizeof name, "prefill_%s/bs%d/q%d_kv%d/seqs%d/new%d/cached%d", zc::to_string(k), c.bs, c.qh,
+                      c.kvh, c.seqs, c.n, c.cached);
         std::snprintf(key, sizeof key, "p%05d", order++);
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
           bm_prefill(st, c.seqs, c.n, c.cached, c.qh, c.kvh, c.bs, key, k);

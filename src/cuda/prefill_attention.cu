@@ -51,9 +51,9 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   while ((1 << shift) < p.kv.block_size) ++shift;
   check(p.kv.block_size >= 2 && (1 << shift) == p.kv.block_size, "paged_prefill_attention: block_size ", p.kv.block_size,
         " is not a power of two >= 2");
-  const bool wants_wgmma = p.kernel == prefill_kernel::wgmma || p.kernel == prefill_kernel::wgmma_pipelined;
+  // (the device is asked only when a wgmma kernel is)
   const prefill_kernel kernel = resolve_prefill_kernel(p.kernel, p.kv.head_dim, p.kv.k_scale != nullptr,
-                                                       wants_wgmma && wgmma_prefill_available());
+                                                       is_wgmma(p.kernel) && wgmma_prefill_available());
   if (p.num_tokens == 0 || p.num_seqs == 0) return;
 
   detail::prefill_args a{};
@@ -78,7 +78,7 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   a.tokens_per_tile = prefill_config<128>::kRows / group;
   a.bs_shift = shift;
   a.scale_log2 = p.scale * detail::kLog2e;
-  if (kernel != prefill_kernel::mma_sync) {
+  if (is_wgmma(kernel)) {
     detail::launch_prefill_wgmma(a, p.num_tokens, kernel == prefill_kernel::wgmma_pipelined, stream);
     return;
   }

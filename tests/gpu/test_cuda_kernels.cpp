@@ -296,11 +296,8 @@ void test_prefill(int d, int qh, int kvh, int bs, const std::vector<std::pair<in
   const std::vector<std::uint16_t> out = dout.get();
   char name[160];
   std::snprintf(name, sizeof name, "%s%s seqs=%zu tokens=%d max_len=%d", shape_name("prefill", d, qh, kvh, bs).c_str(),
-                kernel == zc::prefill_kernel::wgmma             ? " wgmma"
-                : kernel == zc::prefill_kernel::wgmma_pipelined ? " wgmma_pipelined"
-                                                                : "",
-                seqs_cached_new.size(), tokens,
-                *std::max_element(lens.begin(), lens.end()));
+                kernel == zc::prefill_kernel::automatic ? "" : (std::string(" ") + zc::to_string(kernel)).c_str(),
+                seqs_cached_new.size(), tokens, *std::max_element(lens.begin(), lens.end()));
   report(name, compare(out, ref), 1e-2);
 }
 

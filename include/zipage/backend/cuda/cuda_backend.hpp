@@ -134,9 +134,7 @@ struct cuda_backend_options {
   // (cuda::wgmma_prefill_available(), checked by the constructor).
   cuda::prefill_kernel prefill_kernel = cuda::prefill_kernel::automatic;
 
-  [[nodiscard]] bool wgmma_prefill() const {
-    return prefill_kernel == cuda::prefill_kernel::wgmma || prefill_kernel == cuda::prefill_kernel::wgmma_pipelined;
-  }
+  [[nodiscard]] bool wgmma_prefill() const { return cuda::is_wgmma(prefill_kernel); }
 
   // Every field, before the backend touches a device (the constructor calls it): the first wrong one is
   // named, instead of a CUDA error later or an option silently ignored.

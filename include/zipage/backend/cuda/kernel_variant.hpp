@@ -44,13 +44,17 @@ enum class prefill_kernel : std::uint8_t {
   return "?";
 }
 
+// One of the Hopper wgmma kernels (bf16 K/V, head_dim 128, a device with wgmma).
+[[nodiscard]] constexpr bool is_wgmma(prefill_kernel k) {
+  return k == prefill_kernel::wgmma || k == prefill_kernel::wgmma_pipelined;
+}
+
 // The kernel a prefill launch runs: `requested` made concrete (automatic: mma_sync for now), or an error naming
 // why a wgmma kernel cannot run here. `wgmma_available`: cuda::wgmma_prefill_available() (attention.hpp).
 [[nodiscard]] inline prefill_kernel resolve_prefill_kernel(prefill_kernel requested, int head_dim, bool fp8_kv,
                                                           bool wgmma_available) {
   if (requested == prefill_kernel::automatic || requested == prefill_kernel::mma_sync) return prefill_kernel::mma_sync;
-  check(requested == prefill_kernel::wgmma || requested == prefill_kernel::wgmma_pipelined,
-        "prefill kernel: not a cuda::prefill_kernel (", static_cast<int>(requested), ")");
+  check(is_wgmma(requested), "prefill kernel: not a cuda::prefill_kernel (", static_cast<int>(requested), ")");
   check(!fp8_kv, "prefill kernel ", to_string(requested), " reads bf16 K/V (FP8 K/V: prefill_kernel::mma_sync)");
   check(head_dim == 128, "prefill kernel ", to_string(requested), " needs head_dim 128, not ", head_dim);
   check(wgmma_available, "prefill kernel ", to_string(requested),
