@@ -70,12 +70,14 @@ __device__ __forceinline__ float sum_squares8(const bf16* p) {
   return sum_squares8(f);
 }
 
+// 1 / RMS of a row of `width` values from the sum of their squares (every kernel's, so the bits agree).
+__device__ __forceinline__ float inv_rms(float sum_squares, int width, float eps) {
+  return rsqrtf(sum_squares / static_cast<float>(width) + eps);
+}
+
 // A row's 1 / RMS from each thread's sum of squares over its chunks, reduced in a fixed order: over a warp (one
 // row per warp), or over a 256-thread block (one row per block; every thread must call it).
-__device__ __forceinline__ float warp_inv_rms(float ss, int width, float eps) {
-  ss = warp_sum(ss);
-  return rsqrtf(ss / static_cast<float>(width) + eps);
-}
+__device__ __forceinline__ float warp_inv_rms(float ss, int width, float eps) { return inv_rms(warp_sum(ss), width, eps); }
 __device__ __forceinline__ float block_inv_rms(float ss, int width, float eps) {
   __shared__ float partial[8];
   ss = warp_sum(ss);
@@ -84,7 +86,7 @@ __device__ __forceinline__ float block_inv_rms(float ss, int width, float eps) {
   float total = 0.0f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) total += partial[i];
-  return rsqrtf(total / static_cast<float>(width) + eps);
+  return inv_rms(total, width, eps);
 }
 
 // One warp per segment (width <= 1024).
@@ -252,7 +254,7 @@ __global__ void __launch_bounds__(256) qkv_epilogue_kernel(const qkv_epilogue_pa
     if (norm != nullptr) {
       float ss = active ? sum_squares8(f) : 0.0f;
       for (int o = group / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(mask, ss, o);
-      const float inv = rsqrtf(ss / static_cast<float>(d) + p.eps);  // as warp_inv_rms
+      const float inv = inv_rms(ss, d, p.eps);
       if (active) {
         float w[8];
         bf16x8_to_float(*reinterpret_cast<const uint4*>(static_cast<const bf16*>(norm) + gl * 8), w);
