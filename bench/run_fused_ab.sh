@@ -3,7 +3,7 @@
 #  1. build the GPU targets of .carry-src (bench/device_build.sh) and run every GPU test;
 #  2. `zipage-bench --linear-bench` (the fused q|k|v and gate|up GEMMs beside the separate ones; LINEAR_BENCH=0: not);
 #  3. with OP_TIMING_BOX=60: `zipage-bench --op-timing` (FP8 KV and weights, compressed), the decode step's GPU
-#     time op by op;
+#     time op by op (OP_TIMING_FLAGS: more zipage-bench flags, e.g. "--prompt-len 2048");
 #     (with OP_TIMING_AB=1 a second time with AB_FLAG);
 #  4. the Qwen3-8B long workload, compressed, without and with AB_FLAG (default --unfused-projections; e.g.
 #     --no-fused-quantize), in boxes of AB_BOX s (0: skip): FP8 KV + FP8 weights, then bf16 + bf16 when AB_BF16=1;
@@ -70,7 +70,10 @@ case "${1:-}" in
     flag=${AB_FLAG:---unfused-projections}
     tag=${flag#--}
     if [ "${OP_TIMING_BOX:-0}" -gt 0 ]; then
-      long_run op_timing "$OP_TIMING_BOX" fp8 fp8 --op-timing
+      # OP_TIMING_FLAGS="--prompt-len 2048": every request starts at its budget, so after the prompts' prefill the
+      # box times the compressed steady state's steps (batch ~663, ~2.2k cached tokens) instead of short requests.
+      # shellcheck disable=SC2086
+      long_run op_timing "$OP_TIMING_BOX" fp8 fp8 --op-timing ${OP_TIMING_FLAGS:-}
       if [ "${OP_TIMING_AB:-0}" = 1 ]; then long_run "op_timing_$tag" "$OP_TIMING_BOX" fp8 fp8 --op-timing "$flag"; fi
     fi
     ab() { long_run "ab_kv$1_w$2${3:+_$tag}" "${AB_BOX:-100}" "$1" "$2" --json "$D/ab.jsonl" ${3:+"$3"}; }

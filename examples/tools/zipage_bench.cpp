@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "../common/dtype_flags.hpp"
+#include "zipage/backend/cuda/attention.hpp"  // prefill_kernel_on_device
 #include "zipage/backend/cuda/cuda_backend.hpp"
 #include "zipage/cuda/device.hpp"
 #include "zipage/engine/engine.hpp"
@@ -479,9 +480,10 @@ int main(int argc, char** argv) {
                "FP8 weights: each linear quantises its input itself, instead of the norm or SwiGLU before it writing the "
                "FP8 copy (cuda_backend_options::fuse_fp8_quantize = false, for A/B runs)");
   app.add_option("--prefill-kernel", o.prefill_kernel,
-                 "prefill attention: automatic, mma_sync, wgmma or wgmma_pipelined (cuda_backend_options::prefill_kernel; "
-                 "the wgmma ones need bf16 K/V and an sm_90a build on an H100/H200)")
-      ->check(CLI::IsMember({"automatic", "mma_sync", "wgmma", "wgmma_pipelined"}));
+                 "prefill attention: automatic (wgmma where it runs, else mma_sync), mma_sync, wgmma or wgmma_ws "
+                 "(cuda_backend_options::prefill_kernel; the wgmma ones need bf16 K/V and an sm_90a build on an "
+                 "H100/H200)")
+      ->check(CLI::IsMember({"automatic", "mma_sync", "wgmma", "wgmma_ws"}));
   app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)");
   app.add_option("--json", o.json, "append results as JSON lines to this file");
   zipage_cli::add_kv_cache_dtype_flag(app, o.kv_cache_dtype, "", "bf16");
@@ -533,7 +535,7 @@ int main(int argc, char** argv) {
     bo.op_timing = o.op_timing;
     bo.fuse_fp8_quantize = !o.unfused_quantize;
     for (auto k : {cuda::prefill_kernel::automatic, cuda::prefill_kernel::mma_sync, cuda::prefill_kernel::wgmma,
-                   cuda::prefill_kernel::wgmma_pipelined})
+                   cuda::prefill_kernel::wgmma_ws})
       if (o.prefill_kernel == cuda::to_string(k)) bo.prefill_kernel = k;
     bo.kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
     bo.weight_dtype = o.linear_bench ? weight_dtype::fp8_e4m3 : parse_weight_quantization(o.quantization);
@@ -560,7 +562,8 @@ int main(int argc, char** argv) {
                 b.describe_weights().c_str(),
                 o.unfused_projections ? "as separate GEMMs (--unfused-projections)" : "fused (one GEMM each)",
                 o.unfused_quantize ? "in each linear (--no-fused-quantize)" : "written by the op before each linear",
-                cuda::to_string(bo.prefill_kernel));
+                cuda::to_string(cuda::prefill_kernel_on_device(bo.prefill_kernel, c.head_dim,
+                                                               bo.kv_dtype == kv_cache_dtype::fp8_e4m3)));
     std::printf("shape %s: %d layers, hidden %d, q/kv heads %d/%d, head_dim %d, ffn %d, vocab %d; weights read per "
                 "step %.2f GB (%.2f B params incl. vocabulary projection)\n",
                 o.shape.c_str(), c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.ffn_size,

@@ -51,9 +51,7 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   while ((1 << shift) < p.kv.block_size) ++shift;
   check(p.kv.block_size >= 2 && (1 << shift) == p.kv.block_size, "paged_prefill_attention: block_size ", p.kv.block_size,
         " is not a power of two >= 2");
-  // (the device is asked only when a wgmma kernel is)
-  const prefill_kernel kernel = resolve_prefill_kernel(p.kernel, p.kv.head_dim, p.kv.k_scale != nullptr,
-                                                       is_wgmma(p.kernel) && wgmma_prefill_available());
+  const prefill_kernel kernel = prefill_kernel_on_device(p.kernel, p.kv.head_dim, p.kv.k_scale != nullptr);
   if (p.num_tokens == 0 || p.num_seqs == 0) return;
 
   detail::prefill_args a{};
@@ -79,7 +77,7 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   a.bs_shift = shift;
   a.scale_log2 = p.scale * detail::kLog2e;
   if (is_wgmma(kernel)) {
-    detail::launch_prefill_wgmma(a, p.num_tokens, kernel == prefill_kernel::wgmma_pipelined, stream);
+    detail::launch_prefill_wgmma(a, p.num_tokens, kernel, stream);
     return;
   }
   if (p.kv.head_dim == 128)

@@ -10,44 +10,59 @@ namespace zipage::cuda {
 
 bool wgmma_prefill_available() {
 #if defined(ZIPAGE_CUDA_SM90A)
+  // Asked before every automatic prefill launch: the answer per device is kept (bit d of `known`: device d was
+  // asked; of `yes`: it runs wgmma). Devices past 63 are asked every time.
+  static std::atomic<std::uint64_t> known{0}, yes{0};
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  const std::uint64_t bit = dev < 64 ? std::uint64_t{1} << dev : 0;
+  if (known.load(std::memory_order_acquire) & bit) return (yes.load(std::memory_order_relaxed) & bit) != 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
-  return major == 9 && minor == 0;
+  const bool runs = major == 9 && minor == 0;
+  if (runs) yes.fetch_or(bit, std::memory_order_relaxed);
+  known.fetch_or(bit, std::memory_order_release);
+  return runs;
 #else
   return false;  // the library was not built for sm_90a (CMAKE_CUDA_ARCHITECTURES)
 #endif
+}
+
+prefill_kernel prefill_kernel_on_device(prefill_kernel requested, int head_dim, bool fp8_kv) {
+  const bool may_run =
+      is_wgmma(requested) || (requested == prefill_kernel::automatic && wgmma_prefill_fits(head_dim, fp8_kv));
+  return resolve_prefill_kernel(requested, head_dim, fp8_kv, may_run && wgmma_prefill_available());
 }
 
 namespace detail {
 
 namespace {
 
-template <bool PIPELINED>
-void launch(prefill_args a, int num_tokens, cuda_stream stream) {
-  using cfg = prefill_wgmma_config<PIPELINED>;
-  constexpr auto kernel = paged_prefill_wgmma_kernel<cfg::kD, PIPELINED>;
+template <class Config, class Kernel>
+void launch(Kernel kernel, prefill_args a, int num_tokens, cuda_stream stream) {
   static std::atomic<std::uint64_t> done{0};
   int dev = 0;
   ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
   const std::uint64_t bit = std::uint64_t{1} << (dev & 63);
   if (!(done.load(std::memory_order_acquire) & bit)) {
-    ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cfg::kSmemBytes));
+    ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes));
     done.fetch_or(bit, std::memory_order_release);
   }
-  a.tokens_per_tile = cfg::kRows / a.group;
+  a.tokens_per_tile = Config::kRows / a.group;
   const long long tiles = static_cast<long long>(num_tokens) / a.tokens_per_tile + a.num_seqs;
   check(tiles < (1ll << 31), "paged_prefill_attention: too many query tiles");
   const dim3 grid(static_cast<unsigned>(tiles), a.num_kv_heads);
-  kernel<<<grid, cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void launch_prefill_wgmma(const prefill_args& a, int num_tokens, bool pipelined, cuda_stream stream) {
-  pipelined ? launch<true>(a, num_tokens, stream) : launch<false>(a, num_tokens, stream);
+void launch_prefill_wgmma(const prefill_args& a, int num_tokens, prefill_kernel kernel, cuda_stream stream) {
+  if (kernel == prefill_kernel::wgmma_ws)
+    launch<prefill_wgmma_ws_config>(paged_prefill_wgmma_ws_kernel<128>, a, num_tokens, stream);
+  else
+    launch<prefill_wgmma_config>(paged_prefill_wgmma_kernel<128>, a, num_tokens, stream);
 }
 
 }  // namespace detail

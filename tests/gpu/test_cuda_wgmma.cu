@@ -2,7 +2,10 @@
 // prefill_wgmma.cuh), one at a time, against fp32 products on the host: the 128-byte-swizzled tile layout
 // (sw128_offset) with K-major descriptors (S = Q K^T from shared memory), the N-major descriptor of V with P from
 // registers (O = P V), and the accumulator layout the kernel's softmax and epilogue read. When the whole prefill
-// kernel disagrees with the reference (test_cuda_kernels), these say which piece is wrong.
+// kernel disagrees with the reference (test_cuda_kernels), these say which piece is wrong. The last case checks
+// the synchronisation of the warp-specialised kernel (wgmma_ws): stages handed over by mbarriers (cp.async
+// arrivals, consumer-warp releases) and the two consumers' alternating turns on named barriers; a hang there
+// (the runner's timeout) points at that protocol.
 // Skipped (exit 77, reported) without a device that runs wgmma (an sm_90a build on compute capability 9.0).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -41,6 +44,68 @@ __device__ void store_accumulators(const float (&d)[NT][4], float* out, int ld) 
   for (int j = 0; j < NT; ++j)
     for (int e = 0; e < 4; ++e)
       out[(16 * warp + lane / 4 + 8 * (e / 2)) * ld + 8 * j + 2 * (lane % 4) + (e & 1)] = d[j][e];
+}
+
+// The warp-specialised kernel's protocol on plain data: warpgroup 0 copies `tiles` tiles of 1,024 ints through
+// kStages shared stages (cp.async, mbar_arrive_on_cp_async on `full`); warpgroups 1 and 2 each wait for every
+// tile, sum it (sums[tile][consumer]), release the stage (`empty`, one arrival per warp) and take two turns per
+// tile on named barriers 1 and 2, logging each turn as consumer + 2 * tile (turns[]).
+__global__ void handover_kernel(const int* src, int tiles, long long* sums, int* turns) {
+#if ZIPAGE_WGMMA_DEVICE
+  constexpr int kStages = 3, kInts = 1024;
+  __shared__ __align__(16) int stage_data[kStages][kInts];
+  __shared__ __align__(8) unsigned long long bars[2 * kStages];
+  __shared__ int next_turn;
+  __shared__ long long partial[2][4];
+  const std::uint32_t full = zd::smem_addr(&bars[0]), empty = zd::smem_addr(&bars[kStages]);
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), lane = tid & 31;
+  if (tid < kStages) {
+    zd::wgmma::mbar_init(full + tid * 8, 128);
+    zd::wgmma::mbar_init(empty + tid * 8, 8);
+  }
+  if (tid == 0) next_turn = 0;
+  __syncthreads();
+  if (wg == 0) {
+    for (int it = 0; it < tiles; ++it) {
+      const int st = it % kStages;
+      if (it >= kStages) zd::wgmma::mbar_wait(empty + st * 8, (it / kStages - 1) & 1);
+      for (int c = tid; c < kInts / 4; c += 128)
+        zd::cp_async_16(zd::smem_addr(&stage_data[st][4 * c]), src + std::size_t(it) * kInts + 4 * c, true);
+      zd::wgmma::mbar_arrive_on_cp_async(full + st * 8);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+  const int cw = wg - 1, ctid = tid - 128 * wg, warp = ctid >> 5;
+  const int my_turn = 1 + cw, other_turn = 1 + (cw ^ 1);
+  auto log_turn = [&](int it) {
+    if (ctid == 0) turns[atomicAdd(&next_turn, 1)] = cw + 2 * it;
+  };
+  if (cw == 1 && tiles > 0) zd::wgmma::named_arrive(1, 256);
+  for (int it = 0; it < tiles; ++it) {
+    const int st = it % kStages;
+    zd::wgmma::mbar_wait(full + st * 8, (it / kStages) & 1);
+    long long sum = 0;
+    for (int c = ctid; c < kInts; c += 128) sum += stage_data[st][c];
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    __syncwarp();
+    if (lane == 0) {
+      partial[cw][warp] = sum;
+      zd::wgmma::mbar_arrive(empty + st * 8);
+    }
+    zd::wgmma::named_sync(my_turn, 256);
+    log_turn(it);
+    __threadfence_block();
+    zd::wgmma::named_arrive(other_turn, 256);
+    zd::wgmma::named_sync(my_turn, 256);
+    log_turn(it);
+    __threadfence_block();
+    if (!(cw == 1 && it == tiles - 1)) zd::wgmma::named_arrive(other_turn, 256);
+    zd::wgmma::named_sync(3 + cw, 128);  // this warpgroup's partial sums are written
+    if (ctid == 0) sums[2 * it + cw] = partial[cw][0] + partial[cw][1] + partial[cw][2] + partial[cw][3];
+    zd::wgmma::named_sync(3 + cw, 128);  // ... and read before the next tile overwrites them
+  }
+#endif
 }
 
 // s[64][64] = q[64][128] . k[64][128]^T (the kernel's issue_qk: 8 k-steps, operands from shared memory, K-major).
@@ -199,6 +264,33 @@ TEST_CASE("wgmma m64n128k16: O = P V with P from registers and V N-major") {
     pv_kernel<<<1, 128, kSmem>>>(dp.p, dv.p, dout.p, 1024, 64 * 128);
     ZIPAGE_CUDA_CHECK(cudaDeviceSynchronize());
     MESSAGE("with LBO 1024 and SBO 8192 instead: error " << rel_error(dout.get(), want));
+  }
+}
+
+TEST_CASE("warp specialisation: mbarrier stage hand-over and the consumers' alternating turns") {
+  for (const int tiles : {1, 2, 3, 7, 40}) {
+    CAPTURE(tiles);
+    std::vector<int> src(std::size_t(tiles) * 1024);
+    std::mt19937 rng(static_cast<unsigned>(tiles));
+    for (auto& x : src) x = static_cast<int>(rng() % 2001) - 1000;
+    dbuf<int> dsrc(src), dturns(std::size_t(4 * tiles));
+    dbuf<long long> dsums(std::size_t(2 * tiles));
+    dturns.poison();
+    dsums.poison();
+    handover_kernel<<<1, 384>>>(dsrc.p, tiles, dsums.p, dturns.p);
+    ZIPAGE_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<long long> sums = dsums.get();
+    const std::vector<int> turns = dturns.get();
+    int wrong_sums = 0, wrong_turns = 0;
+    for (int it = 0; it < tiles; ++it) {
+      long long want = 0;
+      for (int c = 0; c < 1024; ++c) want += src[std::size_t(it) * 1024 + c];
+      wrong_sums += (sums[2 * it] != want) + (sums[2 * it + 1] != want);
+      // Turn order: c0, c1, c0, c1 per tile.
+      for (int k = 0; k < 4; ++k) wrong_turns += turns[4 * it + k] != (k & 1) + 2 * it;
+    }
+    CHECK(wrong_sums == 0);
+    CHECK(wrong_turns == 0);
   }
 }
 

@@ -133,10 +133,10 @@ TEST_CASE("cuda_backend_options: a wrong field is named before the backend touch
                  }),
                  "prefill_kernel wgmma reads bf16 K/V"));
   CHECK(contains(error_with([](auto& o) {
-                   o.prefill_kernel = zipage::cuda::prefill_kernel::wgmma_pipelined;
+                   o.prefill_kernel = zipage::cuda::prefill_kernel::wgmma_ws;
                    o.dtype = cuda_dtype::f32;
                  }),
-                 "prefill_kernel wgmma_pipelined reads bf16 K/V"));
+                 "prefill_kernel wgmma_ws reads bf16 K/V: it needs dtype bf16"));
   // What the library's own users set stays valid.
   CHECK(error_with([](auto& o) {
           o.dtype = cuda_dtype::f32;
@@ -150,22 +150,28 @@ TEST_CASE("cuda_backend_options: a wrong field is named before the backend touch
   CHECK(error_with([](auto& o) { o.prefill_kernel = zipage::cuda::prefill_kernel::wgmma; }) == "<no error>");
 }
 
-// The prefill kernel a launch runs (host rule, no device): automatic and mma_sync run mma.sync; a wgmma kernel
-// runs only on bf16 K/V at head_dim 128 where the device has wgmma, and otherwise the error says which is missing.
+// The prefill kernel a launch runs (host rule, no device): automatic runs wgmma on bf16 K/V at head_dim 128 where
+// the device has it and mma.sync otherwise; mma_sync always runs mma.sync; a requested wgmma runs only where it
+// fits, and otherwise the error says which condition is missing.
 TEST_CASE("resolve_prefill_kernel: the prefill kernel that runs, or why a wgmma kernel cannot") {
   using zipage::cuda::prefill_kernel;
   using zipage::cuda::resolve_prefill_kernel;
+  CHECK(resolve_prefill_kernel(prefill_kernel::automatic, 128, false, true) == prefill_kernel::wgmma);
+  CHECK(resolve_prefill_kernel(prefill_kernel::automatic, 128, false, false) == prefill_kernel::mma_sync);
   for (const bool available : {false, true}) {
-    CHECK(resolve_prefill_kernel(prefill_kernel::automatic, 128, false, available) == prefill_kernel::mma_sync);
+    CHECK(resolve_prefill_kernel(prefill_kernel::automatic, 128, true, available) == prefill_kernel::mma_sync);
+    CHECK(resolve_prefill_kernel(prefill_kernel::automatic, 64, false, available) == prefill_kernel::mma_sync);
     CHECK(resolve_prefill_kernel(prefill_kernel::automatic, 64, true, available) == prefill_kernel::mma_sync);
     CHECK(resolve_prefill_kernel(prefill_kernel::mma_sync, 128, false, available) == prefill_kernel::mma_sync);
   }
   CHECK(resolve_prefill_kernel(prefill_kernel::wgmma, 128, false, true) == prefill_kernel::wgmma);
-  CHECK(resolve_prefill_kernel(prefill_kernel::wgmma_pipelined, 128, false, true) == prefill_kernel::wgmma_pipelined);
+  CHECK(resolve_prefill_kernel(prefill_kernel::wgmma_ws, 128, false, true) == prefill_kernel::wgmma_ws);
+  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma_ws, 128, false, false); }),
+                 "prefill kernel wgmma_ws needs an sm_90a build"));
   CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma, 128, true, true); }), "reads bf16 K/V"));
   CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma, 64, false, true); }),
                  "needs head_dim 128, not 64"));
-  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma_pipelined, 128, false, false); }),
+  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma, 128, false, false); }),
                  "needs an sm_90a build"));
   CHECK(contains(error_of([] { (void)resolve_prefill_kernel(static_cast<prefill_kernel>(7), 128, false, true); }),
                  "not a cuda::prefill_kernel"));

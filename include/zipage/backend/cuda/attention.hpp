@@ -80,6 +80,9 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
 // Whether the wgmma prefill kernel can run on the current device: the library was built for sm_90a and the
 // device has compute capability 9.0.
 bool wgmma_prefill_available();
+// resolve_prefill_kernel on the current device (asked only when wgmma may run): the kernel a prefill launch with
+// `requested` runs, or the error naming why a requested wgmma kernel cannot.
+prefill_kernel prefill_kernel_on_device(prefill_kernel requested, int head_dim, bool fp8_kv);
 
 struct prefill_params {
   const void* q = nullptr;  // bf16 [num_tokens][num_q_heads][head_dim]

@@ -26,12 +26,14 @@ enum class kernel_variant : std::uint8_t {
 // Which implementation runs paged prefill attention (prefill_params::kernel, attention_params::prefill,
 // cuda_backend_options::prefill_kernel).
 enum class prefill_kernel : std::uint8_t {
-  automatic,  // mma_sync (wgmma once it has been validated on the GPU: docs/architecture.md)
+  automatic,  // wgmma where it can run (bf16 K/V, head_dim 128, wgmma_prefill_available), else mma_sync
   mma_sync,   // mma.sync m16n8k16, any GPU the library builds for (backend/cuda/prefill_kernel.cuh)
   wgmma,      // Hopper warpgroup MMAs (backend/cuda/prefill_wgmma.cuh): bf16 K/V, head_dim 128, an sm_90a build on a
-              // compute-capability-9.0 device (wgmma_prefill_available); anything else is an error
-  wgmma_pipelined,  // the same, with each tile's softmax overlapping the previous tile's P.V product
-                    // (FlashAttention-3's intra-warpgroup overlap); the faster of the two stays once measured
+              // compute-capability-9.0 device (wgmma_prefill_available); anything else is an error. 1.43-1.49x
+              // mma_sync on the H200 (docs/benchmarks.md, 2026-12-02 13:34)
+  wgmma_ws,   // the same products, warp-specialised as FlashAttention-3: a producer warpgroup copying K/V, two
+              // consumer warpgroups taking turns on the tensor cores; same conditions. Not yet run on a GPU: the
+              // slower of wgmma and wgmma_ws goes once the device has timed both
 };
 
 [[nodiscard]] constexpr const char* to_string(prefill_kernel k) {
@@ -39,21 +41,28 @@ enum class prefill_kernel : std::uint8_t {
     case prefill_kernel::automatic: return "automatic";
     case prefill_kernel::mma_sync: return "mma_sync";
     case prefill_kernel::wgmma: return "wgmma";
-    case prefill_kernel::wgmma_pipelined: return "wgmma_pipelined";
+    case prefill_kernel::wgmma_ws: return "wgmma_ws";
   }
   return "?";
 }
 
 // One of the Hopper wgmma kernels (bf16 K/V, head_dim 128, a device with wgmma).
 [[nodiscard]] constexpr bool is_wgmma(prefill_kernel k) {
-  return k == prefill_kernel::wgmma || k == prefill_kernel::wgmma_pipelined;
+  return k == prefill_kernel::wgmma || k == prefill_kernel::wgmma_ws;
 }
 
-// The kernel a prefill launch runs: `requested` made concrete (automatic: mma_sync for now), or an error naming
-// why a wgmma kernel cannot run here. `wgmma_available`: cuda::wgmma_prefill_available() (attention.hpp).
+// Whether automatic may pick the wgmma kernel for this cache before the device is asked (callers skip the
+// device query when it cannot).
+[[nodiscard]] constexpr bool wgmma_prefill_fits(int head_dim, bool fp8_kv) { return head_dim == 128 && !fp8_kv; }
+
+// The kernel a prefill launch runs: `requested` made concrete (automatic: wgmma where it fits and the device runs
+// it, else mma_sync), or an error naming why a requested wgmma kernel cannot run here. `wgmma_available`:
+// cuda::wgmma_prefill_available() (attention.hpp).
 [[nodiscard]] inline prefill_kernel resolve_prefill_kernel(prefill_kernel requested, int head_dim, bool fp8_kv,
                                                           bool wgmma_available) {
-  if (requested == prefill_kernel::automatic || requested == prefill_kernel::mma_sync) return prefill_kernel::mma_sync;
+  if (requested == prefill_kernel::automatic)
+    return wgmma_prefill_fits(head_dim, fp8_kv) && wgmma_available ? prefill_kernel::wgmma : prefill_kernel::mma_sync;
+  if (requested == prefill_kernel::mma_sync) return prefill_kernel::mma_sync;
   check(is_wgmma(requested), "prefill kernel: not a cuda::prefill_kernel (", static_cast<int>(requested), ")");
   check(!fp8_kv, "prefill kernel ", to_string(requested), " reads bf16 K/V (FP8 K/V: prefill_kernel::mma_sync)");
   check(head_dim == 128, "prefill kernel ", to_string(requested), " needs head_dim 128, not ", head_dim);

@@ -9,7 +9,7 @@
 //    warpgroup MMAs: S = Q K^T as 8 m64n64k16 steps with both operands read from shared memory, O += P V as
 //    4 m64n128k16 steps with P from registers (re-packed S accumulators) and V read N-major (transposed by
 //    the hardware: no ldmatrix.trans);
-//  * three K/V stages in flight (four in the pipelined variant, below).
+//  * three K/V stages in flight.
 // Masking, the online softmax and the epilogue are the mma.sync kernel's, since the accumulator layout is the
 // same. The FA3 structure this does not have yet (producer warps with TMA and setmaxnreg, ping-pong between the
 // warpgroups' softmax and MMAs) is listed in docs/architecture.md.
@@ -52,17 +52,12 @@ struct wgmma_kv_loader : kv_tile_loader<128, THREADS> {
   }
 };
 
-// PIPELINED: FlashAttention-3's intra-warpgroup overlap. Iteration `it` issues S(it) = Q K(it)^T and then
-// O += P(it-1) V(it-1) back to back, computes tile it's softmax while the P.V product runs, and rescales O once
-// it is done; P(it-1) stays in registers the MMA reads until then. V(it-1) is still read during iteration it,
-// so the K/V of tile it+2 goes to the stage of tile it-2: four stages, two tiles in flight ahead.
-template <bool PIPELINED>
 struct prefill_wgmma_config {
   static constexpr int kD = 128;
   static constexpr int kWarpGroups = 2;
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kRows = 64 * kWarpGroups;
-  static constexpr int kStages = PIPELINED ? 4 : 3;
+  static constexpr int kStages = 3;
   using loader = wgmma_kv_loader<kThreads>;
   static constexpr int kQGroupBytes = 64 * kD * 2;  // one warpgroup's Q rows
   static constexpr int kQBytes = kWarpGroups * kQGroupBytes;
@@ -142,10 +137,10 @@ __device__ __forceinline__ void rescale(float (&o)[128 / 8][4], const float (&co
 
 // grid (upper bound on query tiles, kv_heads); a query tile is tokens_per_tile = kRows / group tokens.
 // (A template, like the other kernels, so that including this header in several translation units is fine.)
-template <int D, bool PIPELINED>
-__global__ void __launch_bounds__(prefill_wgmma_config<PIPELINED>::kThreads, 1)
+template <int D>
+__global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
     paged_prefill_wgmma_kernel(const prefill_args a) {
-  using cfg = prefill_wgmma_config<PIPELINED>;
+  using cfg = prefill_wgmma_config;
   static_assert(D == cfg::kD, "the wgmma prefill kernel is written for head_dim 128");
 #if ZIPAGE_WGMMA_DEVICE
   namespace wp = wgmma_prefill;
@@ -213,98 +208,37 @@ __global__ void __launch_bounds__(prefill_wgmma_config<PIPELINED>::kThreads, 1)
   float s[wp::kNT][4];
   std::uint32_t pa[kKvTile / 16][4];
 
-  if constexpr (!PIPELINED) {
-    // The Q copies are the first cp.async group; the first K/V stages follow.
-    kv_pipeline_start<cfg::kStages>(loader, skv, 0, kv_end, ntiles);
-    for (int it = 0; it < ntiles; ++it) {
-      const int nxt = it + cfg::kStages - 1;
-      if (nxt < ntiles) {
-        loader.issue(stage_k(nxt), nxt * kKvTile, kv_end);
-        loader.prefetch((nxt + 1) * kKvTile, kv_end);
-      }
-      cp_async_commit();
-      cp_async_wait<cfg::kStages - 1>();
-      wgmma::fence_proxy_async();  // the landed tile (and Q) become visible to wgmma's reads
-      __syncthreads();
-      if (it < wg_tiles) {
-        const std::uint32_t sk = stage_k(it);
-#pragma unroll
-        for (int j = 0; j < wp::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-        wgmma::fence();
-        wp::issue_qk(s, sq_wg, sk);
-        wgmma::commit();
-        wgmma::wait<0>();
-        wgmma::fence_operands(s);
-        wp::mask_and_scale(s, it * kKvTile, kv_min, row_len, t, a.scale_log2);
-        softmax_step<D, wp::kNT>(s, m, l, o);
-        wp::pack_p(s, pa);
-        wgmma::fence();
-        wp::issue_pv(o, pa, sk + cfg::loader::kTileBytes);
-        wgmma::commit();
-        wgmma::wait<0>();
-        wgmma::fence_operands(o);
-      }
-      __syncthreads();  // every warpgroup is done with this stage before it is refilled
+  // The Q copies are the first cp.async group; the first K/V stages follow.
+  kv_pipeline_start<cfg::kStages>(loader, skv, 0, kv_end, ntiles);
+  for (int it = 0; it < ntiles; ++it) {
+    const int nxt = it + cfg::kStages - 1;
+    if (nxt < ntiles) {
+      loader.issue(stage_k(nxt), nxt * kKvTile, kv_end);
+      loader.prefetch((nxt + 1) * kKvTile, kv_end);
     }
-  } else {
-    // Tiles 0 and 1 (with Q in tile 0's group); iteration it issues tile it + 2.
+    cp_async_commit();
+    cp_async_wait<cfg::kStages - 1>();
+    wgmma::fence_proxy_async();  // the landed tile (and Q) become visible to wgmma's reads
+    __syncthreads();
+    if (it < wg_tiles) {
+      const std::uint32_t sk = stage_k(it);
 #pragma unroll
-    for (int st = 0; st < 2; ++st) {
-      if (st < ntiles) {
-        loader.issue(stage_k(st), st * kKvTile, kv_end);
-        loader.prefetch((st + 1) * kKvTile, kv_end);
-      }
-      cp_async_commit();
+      for (int j = 0; j < wp::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      wgmma::fence();
+      wp::issue_qk(s, sq_wg, sk);
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_operands(s);
+      wp::mask_and_scale(s, it * kKvTile, kv_min, row_len, t, a.scale_log2);
+      softmax_step<D, wp::kNT>(s, m, l, o);
+      wp::pack_p(s, pa);
+      wgmma::fence();
+      wp::issue_pv(o, pa, sk + cfg::loader::kTileBytes);
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_operands(o);
     }
-    float corr[2];
-    for (int it = 0; it <= ntiles; ++it) {
-      if (it < ntiles) {
-        cp_async_wait<1>();  // tile it has landed; tile it + 1 may still be in flight
-        wgmma::fence_proxy_async();
-      }
-      // Tile it is visible, and every warpgroup is past iteration it - 1, whose wait finished the P.V product
-      // that read tile it - 2: its stage takes tile it + 2.
-      __syncthreads();
-      if (it + 2 < ntiles) {
-        loader.issue(stage_k(it + 2), (it + 2) * kKvTile, kv_end);
-        loader.prefetch((it + 3) * kKvTile, kv_end);
-      }
-      cp_async_commit();
-
-      const bool qk = it < wg_tiles;                // S of tile it
-      const bool pv = it >= 1 && it <= wg_tiles;    // O += P V of tile it - 1
-      if (qk) {
-#pragma unroll
-        for (int j = 0; j < wp::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-      }
-      if (qk || pv) wgmma::fence();  // after every register write the MMAs below read (s, pa, the rescaled o)
-      if (qk) {
-        wp::issue_qk(s, sq_wg, stage_k(it));
-        wgmma::commit();
-      }
-      if (pv) {
-        wp::issue_pv(o, pa, stage_k(it - 1) + cfg::loader::kTileBytes);
-        wgmma::commit();
-      }
-      if (qk) {
-        if (pv)
-          wgmma::wait<1>();  // the S group (issued first) is done; P.V may still run
-        else
-          wgmma::wait<0>();
-        wgmma::fence_operands(s);
-        wp::mask_and_scale(s, it * kKvTile, kv_min, row_len, t, a.scale_log2);
-        corr[0] = softmax_row(s, 0, m[0], l[0]);  // O is rescaled once the P.V product reading it is done
-        corr[1] = softmax_row(s, 1, m[1], l[1]);
-      }
-      if (pv) {
-        wgmma::wait<0>();
-        wgmma::fence_operands(o);
-      }
-      if (qk) {
-        wp::rescale(o, corr);
-        wp::pack_p(s, pa);  // read by the next iteration's P.V
-      }
-    }
+    __syncthreads();  // every warpgroup is done with this stage before it is refilled
   }
   cp_async_wait<0>();
 
@@ -313,6 +247,187 @@ __global__ void __launch_bounds__(prefill_wgmma_config<PIPELINED>::kThreads, 1)
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     const int row = wg * 64 + warp * 16 + g + 8 * r;
+    if (row >= rows) continue;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    const int tk = row / a.group, h = row % a.group;
+    bf16* dst = a.out + ((std::int64_t{qoff} + tok0 + tk) * a.num_q_heads + kvh * a.group + h) * D + 2 * t;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<std::uint32_t*>(dst + j * 8) = pack_bf16(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+  }
+#else
+  __trap();  // launched only where wgmma_prefill_available(): an sm_90a build on a compute-capability-9.0 device
+#endif
+}
+
+}  // namespace zipage::cuda::detail
+
+namespace zipage::cuda::detail {
+
+// The warp-specialised variant (prefill_kernel::wgmma_ws), FlashAttention-3's structure on the same tiles and
+// products: warpgroup 0 only copies K/V (cp.async through the page table), warpgroups 1 and 2 only compute, 64
+// query rows each. Instead of __syncthreads, a stage is handed over by two mbarriers: `full` (the producer's 128
+// threads arrive as their copies land) and `empty` (each consumer warp arrives when its MMAs have read the
+// stage). The consumers take turns on the tensor cores (ping-pong): each issues an MMA only after the other has
+// issued its previous one, so one's softmax runs while the other's MMA does.
+struct prefill_wgmma_ws_config {
+  static constexpr int kD = 128;
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kRows = 64 * kConsumers;
+  static constexpr int kStages = 4;
+  using loader = wgmma_kv_loader<128>;  // the producer warpgroup's threads
+  static constexpr int kQGroupBytes = 64 * kD * 2;
+  static constexpr int kQBytes = kConsumers * kQGroupBytes;
+  static constexpr int kHeaderBytes = 128;  // kv bounds (4 ints) at 0, the mbarriers from 64
+  static_assert(64 + 2 * kStages * 8 <= kHeaderBytes);
+  // [header][pad to 1024][Q: kConsumers x 2 x [64][64] bf16][kStages x (K, V: 2 x [64][64] bf16)]
+  static constexpr int kSmemBytes = kHeaderBytes + 1024 + kQBytes + kStages * loader::kStageBytes;
+};
+
+// grid (upper bound on query tiles, kv_heads), 384 threads; a query tile is kRows / group tokens.
+template <int D>
+__global__ void __launch_bounds__(prefill_wgmma_ws_config::kThreads, 1)
+    paged_prefill_wgmma_ws_kernel(const prefill_args a) {
+  using cfg = prefill_wgmma_ws_config;
+  static_assert(D == cfg::kD, "the wgmma prefill kernel is written for head_dim 128");
+#if ZIPAGE_WGMMA_DEVICE
+  namespace wp = wgmma_prefill;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  int* const s_bounds = reinterpret_cast<int*>(smem_raw);  // kv max, kv min, per-consumer kv max [2]
+  const std::uint32_t raw = smem_addr(smem_raw);
+  const std::uint32_t full_bar = raw + 64, empty_bar = full_bar + cfg::kStages * 8;  // [kStages] each
+  const std::uint32_t sq = (raw + cfg::kHeaderBytes + 1023) & ~1023u;
+  const std::uint32_t skv = sq + cfg::kQBytes;
+  constexpr int kStage = cfg::loader::kStageBytes;
+
+  const int tid = threadIdx.x;
+  // 0: producer; 1, 2: consumers. Through a shuffle, so that the compiler sees a warp-uniform value: branches on
+  // it (and on wg_tiles below) would otherwise make ptxas serialise the wgmma instructions (C7518).
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  const int lane = tid & 31;
+  const int kvh = blockIdx.y;
+
+  query_tile qt;
+  if (!locate_query_tile(a, blockIdx.x, lane, qt)) return;
+  const int seq = qt.seq, qoff = qt.qoff, tok0 = qt.tok0, ntok = qt.ntok, rows = qt.rows;
+
+  if (tid < 4) s_bounds[tid] = tid == 1 ? INT_MAX : 0;
+  if (tid < cfg::kStages) {
+    wgmma::mbar_init(full_bar + tid * 8, 128);                   // the producer's threads
+    wgmma::mbar_init(empty_bar + tid * 8, 4 * cfg::kConsumers);  // the consumers' warps
+  }
+  __syncthreads();
+  if (tid < ntok) {
+    const int L = a.token_kv_len[qoff + tok0 + tid];
+    atomicMax(&s_bounds[0], L);
+    atomicMin(&s_bounds[1], L);
+    for (int c = (tid * a.group) / 64; c <= (tid * a.group + a.group - 1) / 64 && c < cfg::kConsumers; ++c)
+      atomicMax(&s_bounds[2 + c], L);
+  }
+  __syncthreads();  // the last CTA-wide barrier: from here on the roles only meet at the mbarriers
+  const int kv_end = s_bounds[0];
+  const int ntiles = (kv_end + kKvTile - 1) / kKvTile;
+
+  if (wg == 0) {
+    // Producer: tile it goes to stage it % kStages once the consumers have released the tile before it there.
+    typename cfg::loader loader(a.k, a.v, a.page_indices + a.page_indptr[seq], a.num_kv_heads, kvh, a.bs_shift, tid);
+    loader.prefetch(0, kv_end);
+    for (int it = 0; it < ntiles; ++it) {
+      const int st = it % cfg::kStages;
+      if (it >= cfg::kStages) wgmma::mbar_wait(empty_bar + st * 8, (it / cfg::kStages - 1) & 1);
+      loader.issue(skv + st * kStage, it * kKvTile, kv_end);
+      loader.prefetch((it + 1) * kKvTile, kv_end);
+      wgmma::mbar_arrive_on_cp_async(full_bar + st * 8);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  const int cw = wg - 1;            // consumer 0 or 1
+  const int ctid = tid - 128 * wg;  // thread within the consumer warpgroup
+  const int warp = ctid >> 5;
+  const int kv_min = s_bounds[1];
+  const int wg_tiles = __shfl_sync(0xffffffffu, (s_bounds[2 + cw] + kKvTile - 1) / kKvTile, 0);  // uniform
+  // Named barriers: 1 + c is consumer c's turn on the tensor cores, 3 + c its own Q barrier.
+  const int my_turn = 1 + cw, other_turn = 1 + (cw ^ 1);
+
+  // This warpgroup's 64 Q rows (rows 64 cw .. 64 cw + 63 of the tile), copied by its own threads.
+  const std::uint32_t sq_wg = sq + cw * cfg::kQGroupBytes;
+  for (int c = ctid; c < 64 * (D / 8); c += 128) {
+    const int r = c / (D / 8), ch = c % (D / 8);
+    const bf16* src = q_chunk<D>(a, qt, kvh, cw * 64 + r, ch);
+    cp_async_16(sq_wg + sw128_offset<64>(r, ch), src != nullptr ? src : a.q, src != nullptr);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  wgmma::fence_proxy_async();
+  wgmma::named_sync(3 + cw, 128);
+
+  const int g = lane >> 2, t = lane & 3;
+  int row_len[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = cw * 64 + warp * 16 + g + 8 * r;
+    row_len[r] = row < rows ? a.token_kv_len[qoff + tok0 + row / a.group] : 0;
+  }
+
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  float o[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float s[wp::kNT][4];
+  std::uint32_t pa[kKvTile / 16][4];
+
+  // Turns alternate strictly: c0's S, c1's S, c0's P.V, c1's P.V, ... Every consumer takes both turns of every
+  // tile (also the tiles past its rows, without the MMAs), so the arrivals pair up: consumer 1 opens with one
+  // arrival for consumer 0 and leaves out its last.
+  if (cw == 1 && ntiles > 0) wgmma::named_arrive(1, 256);
+  for (int it = 0; it < ntiles; ++it) {
+    const int st = it % cfg::kStages;
+    const std::uint32_t sk = skv + st * kStage;
+    const bool work = it < wg_tiles;
+    wgmma::mbar_wait(full_bar + st * 8, (it / cfg::kStages) & 1);
+    wgmma::fence_proxy_async();  // the producer's cp.async writes, now visible here, to wgmma's async proxy
+
+    // (Each product's issue and wait sit in one branch, with the turn handed over in both: split over two
+    // branches, ptxas injects waits of its own.)
+    const bool hand_over_pv = !(cw == 1 && it == ntiles - 1);
+    wgmma::named_sync(my_turn, 256);
+    if (work) {
+#pragma unroll
+      for (int j = 0; j < wp::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      wgmma::fence();
+      wp::issue_qk(s, sq_wg, sk);
+      wgmma::commit();
+      wgmma::named_arrive(other_turn, 256);
+      wgmma::wait<0>();
+      wgmma::fence_operands(s);
+      wp::mask_and_scale(s, it * kKvTile, kv_min, row_len, t, a.scale_log2);
+      softmax_step<D, wp::kNT>(s, m, l, o);
+      wp::pack_p(s, pa);
+      wgmma::named_sync(my_turn, 256);
+      wgmma::fence();
+      wp::issue_pv(o, pa, sk + cfg::loader::kTileBytes);
+      wgmma::commit();
+      if (hand_over_pv) wgmma::named_arrive(other_turn, 256);
+      wgmma::wait<0>();
+      wgmma::fence_operands(o);
+    } else {
+      wgmma::named_arrive(other_turn, 256);
+      wgmma::named_sync(my_turn, 256);
+      if (hand_over_pv) wgmma::named_arrive(other_turn, 256);
+    }
+    __syncwarp();
+    if (lane == 0) wgmma::mbar_arrive(empty_bar + st * 8);  // this warp is done reading the stage
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int row = cw * 64 + warp * 16 + g + 8 * r;
     if (row >= rows) continue;
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     const int tk = row / a.group, h = row % a.group;

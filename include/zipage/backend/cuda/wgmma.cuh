@@ -59,6 +59,38 @@ __device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
+// ---- Synchronisation of the warp-specialised kernel (prefill_wgmma.cuh) ----
+// An mbarrier (8 bytes of shared memory) completes a phase when `count` arrivals have come; waiters name the
+// phase by its parity. A fresh barrier is in phase 0.
+__device__ __forceinline__ void mbar_init(std::uint32_t bar, std::uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// One arrival once every cp.async this thread has issued so far has landed (the barrier's count includes it:
+// .noinc).
+__device__ __forceinline__ void mbar_arrive_on_cp_async(std::uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Spins until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nspin:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra spin;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Named hardware barriers (0 is __syncthreads'): sync waits until `threads` threads have arrived or synced on
+// barrier `id`; arrive counts this warp in without waiting.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // d[8][4] (+)= A[64x16] . B[16x64] (A, B: K-major, 128-byte swizzled, in shared memory).
 __device__ __forceinline__ void mma_m64n64k16_ss(float (&d)[8][4], std::uint64_t desc_a, std::uint64_t desc_b,
                                                  int accumulate) {
