@@ -11,8 +11,10 @@
 //    the hardware: no ldmatrix.trans);
 //  * three K/V stages in flight.
 // Masking, the online softmax and the epilogue are the mma.sync kernel's, since the accumulator layout is the
-// same. The FA3 structure this does not have yet (producer warps with TMA and setmaxnreg, ping-pong between the
-// warpgroups' softmax and MMAs) is listed in docs/architecture.md.
+// same. Two kernels: paged_prefill_wgmma_kernel (prefill_kernel::wgmma, every thread copies and computes) and
+// paged_prefill_wgmma_ws_kernel (prefill_kernel::wgmma_ws, FlashAttention-3's warp specialisation and ping-pong;
+// below). What FA3 has that neither has yet (TMA, setmaxnreg, 128-token K/V tiles) is listed in
+// docs/architecture.md.
 #include "zipage/backend/cuda/prefill_kernel.cuh"
 #include "zipage/backend/cuda/wgmma.cuh"
 
@@ -131,6 +133,48 @@ __device__ __forceinline__ void rescale(float (&o)[128 / 8][4], const float (&co
   }
 }
 
+// The CTA's K/V bounds in shared memory: bounds[0] the longest row's kv length, bounds[1] the shortest, bounds[2 + w]
+// the longest of warpgroup w's 64 rows (its tile count). Thread `tid` < 4 resets them before a barrier
+// (reset_kv_bounds), then thread tid < ntok adds its token (add_token_kv_bounds) before the next.
+__device__ __forceinline__ void reset_kv_bounds(int* bounds, int tid) {
+  if (tid < 4) bounds[tid] = tid == 1 ? INT_MAX : 0;
+}
+template <int GROUPS>
+__device__ __forceinline__ void add_token_kv_bounds(const prefill_args& a, const query_tile& qt, int tid, int* bounds) {
+  if (tid >= qt.ntok) return;
+  const int L = a.token_kv_len[qt.qoff + qt.tok0 + tid];
+  atomicMax(&bounds[0], L);
+  atomicMin(&bounds[1], L);
+  // The warpgroups whose rows hold this token's heads.
+  for (int w = (tid * a.group) / 64; w <= (tid * a.group + a.group - 1) / 64 && w < GROUPS; ++w)
+    atomicMax(&bounds[2 + w], L);
+}
+
+// Lengths of a thread's two accumulator rows, rows `row` and `row + 8` of the tile (0 for padding rows: fully masked).
+__device__ __forceinline__ void row_lengths(const prefill_args& a, const query_tile& qt, int row, int (&row_len)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    row_len[r] = row + 8 * r < qt.rows ? a.token_kv_len[qt.qoff + qt.tok0 + (row + 8 * r) / a.group] : 0;
+}
+
+// O / l of a thread's two rows (`row`, `row + 8`) to out; l is summed over the quad of lanes sharing the rows first.
+__device__ __forceinline__ void store_rows(const prefill_args& a, const query_tile& qt, int kvh, int row, int t,
+                                           const float (&o)[128 / 8][4], float (&l)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int rr = row + 8 * r;
+    if (rr >= qt.rows) continue;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    const int tk = rr / a.group, h = rr % a.group;
+    bf16* dst = a.out + ((std::int64_t{qt.qoff} + qt.tok0 + tk) * a.num_q_heads + kvh * a.group + h) * 128 + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 128 / 8; ++j)
+      *reinterpret_cast<std::uint32_t*>(dst + j * 8) = pack_bf16(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+  }
+}
+
 }  // namespace wgmma_prefill
 
 #endif  // ZIPAGE_WGMMA_DEVICE
@@ -158,18 +202,11 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
 
   query_tile qt;
   if (!locate_query_tile(a, blockIdx.x, lane, qt)) return;
-  const int seq = qt.seq, qoff = qt.qoff, tok0 = qt.tok0, ntok = qt.ntok, rows = qt.rows;
+  const int seq = qt.seq;
 
-  if (tid < 4) s_bounds[tid] = tid == 1 ? INT_MAX : 0;
+  wp::reset_kv_bounds(s_bounds, tid);
   __syncthreads();
-  if (tid < ntok) {
-    const int L = a.token_kv_len[qoff + tok0 + tid];
-    atomicMax(&s_bounds[0], L);
-    atomicMin(&s_bounds[1], L);
-    // The warpgroups whose rows hold this token's heads.
-    for (int w = (tid * a.group) / 64; w <= (tid * a.group + a.group - 1) / 64 && w < cfg::kWarpGroups; ++w)
-      atomicMax(&s_bounds[2 + w], L);
-  }
+  wp::add_token_kv_bounds<cfg::kWarpGroups>(a, qt, tid, s_bounds);
 
   // Q rows: row r = token (r / group) x head (r % group); warpgroup r / 64 reads rows [64w, 64w + 64).
   for (int c = tid; c < cfg::kRows * (D / 8); c += cfg::kThreads) {
@@ -184,14 +221,10 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
   // Uniform over the warpgroup (its MMAs are issued by all four warps): the tiles it computes.
   const int wg_tiles = (s_bounds[2 + wg] + kKvTile - 1) / kKvTile;
 
-  // Lengths of this thread's two rows (0 for padding rows: fully masked).
   const int g = lane >> 2, t = lane & 3;
+  const int row = wg * 64 + warp * 16 + g;  // this thread's rows: row, row + 8
   int row_len[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = wg * 64 + warp * 16 + g + 8 * r;
-    row_len[r] = row < rows ? a.token_kv_len[qoff + tok0 + row / a.group] : 0;
-  }
+  wp::row_lengths(a, qt, row, row_len);
 
   typename cfg::loader loader(a.k, a.v, a.page_indices + a.page_indptr[seq], a.num_kv_heads, kvh, a.bs_shift, tid);
   loader.prefetch(0, kv_end);
@@ -241,28 +274,12 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
     __syncthreads();  // every warpgroup is done with this stage before it is refilled
   }
   cp_async_wait<0>();
-
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int row = wg * 64 + warp * 16 + g + 8 * r;
-    if (row >= rows) continue;
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    const int tk = row / a.group, h = row % a.group;
-    bf16* dst = a.out + ((std::int64_t{qoff} + tok0 + tk) * a.num_q_heads + kvh * a.group + h) * D + 2 * t;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<std::uint32_t*>(dst + j * 8) = pack_bf16(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-  }
+  wp::store_rows(a, qt, kvh, row, t, o, l);
 #else
   __trap();  // launched only where wgmma_prefill_available(): an sm_90a build on a compute-capability-9.0 device
 #endif
 }
 
-}  // namespace zipage::cuda::detail
-
-namespace zipage::cuda::detail {
 
 // The warp-specialised variant (prefill_kernel::wgmma_ws), FlashAttention-3's structure on the same tiles and
 // products: warpgroup 0 only copies K/V (cp.async through the page table), warpgroups 1 and 2 only compute, 64
@@ -310,21 +327,15 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config::kThreads, 1)
 
   query_tile qt;
   if (!locate_query_tile(a, blockIdx.x, lane, qt)) return;
-  const int seq = qt.seq, qoff = qt.qoff, tok0 = qt.tok0, ntok = qt.ntok, rows = qt.rows;
+  const int seq = qt.seq;
 
-  if (tid < 4) s_bounds[tid] = tid == 1 ? INT_MAX : 0;
+  wp::reset_kv_bounds(s_bounds, tid);
   if (tid < cfg::kStages) {
     wgmma::mbar_init(full_bar + tid * 8, 128);                   // the producer's threads
     wgmma::mbar_init(empty_bar + tid * 8, 4 * cfg::kConsumers);  // the consumers' warps
   }
   __syncthreads();
-  if (tid < ntok) {
-    const int L = a.token_kv_len[qoff + tok0 + tid];
-    atomicMax(&s_bounds[0], L);
-    atomicMin(&s_bounds[1], L);
-    for (int c = (tid * a.group) / 64; c <= (tid * a.group + a.group - 1) / 64 && c < cfg::kConsumers; ++c)
-      atomicMax(&s_bounds[2 + c], L);
-  }
+  wp::add_token_kv_bounds<cfg::kConsumers>(a, qt, tid, s_bounds);
   __syncthreads();  // the last CTA-wide barrier: from here on the roles only meet at the mbarriers
   const int kv_end = s_bounds[0];
   const int ntiles = (kv_end + kKvTile - 1) / kKvTile;
@@ -365,12 +376,9 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config::kThreads, 1)
   wgmma::named_sync(3 + cw, 128);
 
   const int g = lane >> 2, t = lane & 3;
+  const int row = cw * 64 + warp * 16 + g;  // this thread's rows: row, row + 8
   int row_len[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = cw * 64 + warp * 16 + g + 8 * r;
-    row_len[r] = row < rows ? a.token_kv_len[qoff + tok0 + row / a.group] : 0;
-  }
+  wp::row_lengths(a, qt, row, row_len);
 
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
@@ -422,20 +430,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config::kThreads, 1)
     __syncwarp();
     if (lane == 0) wgmma::mbar_arrive(empty_bar + st * 8);  // this warp is done reading the stage
   }
-
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int row = cw * 64 + warp * 16 + g + 8 * r;
-    if (row >= rows) continue;
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    const int tk = row / a.group, h = row % a.group;
-    bf16* dst = a.out + ((std::int64_t{qoff} + tok0 + tk) * a.num_q_heads + kvh * a.group + h) * D + 2 * t;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<std::uint32_t*>(dst + j * 8) = pack_bf16(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-  }
+  wp::store_rows(a, qt, kvh, row, t, o, l);
 #else
   __trap();  // launched only where wgmma_prefill_available(): an sm_90a build on a compute-capability-9.0 device
 #endif
