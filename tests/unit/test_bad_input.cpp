@@ -166,6 +166,9 @@ TEST_CASE("resolve_prefill_kernel: the prefill kernel that runs, or why a wgmma 
   }
   CHECK(resolve_prefill_kernel(prefill_kernel::wgmma, 128, false, true) == prefill_kernel::wgmma);
   CHECK(resolve_prefill_kernel(prefill_kernel::wgmma_ws, 128, false, true) == prefill_kernel::wgmma_ws);
+  CHECK(resolve_prefill_kernel(prefill_kernel::wgmma_ws128, 128, false, true) == prefill_kernel::wgmma_ws128);
+  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma_ws128, 128, true, true); }),
+                 "prefill kernel wgmma_ws128 reads bf16 K/V"));
   CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma_ws, 128, false, false); }),
                  "prefill kernel wgmma_ws needs an sm_90a build"));
   CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma, 128, true, true); }), "reads bf16 K/V"));

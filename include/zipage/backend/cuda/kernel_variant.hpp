@@ -32,8 +32,9 @@ enum class prefill_kernel : std::uint8_t {
               // compute-capability-9.0 device (wgmma_prefill_available); anything else is an error. 1.43-1.49x
               // mma_sync on the H200 (docs/benchmarks.md, 2026-12-02 13:34)
   wgmma_ws,   // the same products, warp-specialised as FlashAttention-3: a producer warpgroup copying K/V, two
-              // consumer warpgroups taking turns on the tensor cores; same conditions. Not yet run on a GPU: the
-              // slower of wgmma and wgmma_ws goes once the device has timed both
+              // consumer warpgroups taking turns on the tensor cores; same conditions
+  wgmma_ws128,  // wgmma_ws over 128-token K/V steps (half the softmax and hand-over work per token). Neither has
+                // run on a GPU yet: of wgmma, wgmma_ws and wgmma_ws128 the fastest stays once the device has timed them
 };
 
 [[nodiscard]] constexpr const char* to_string(prefill_kernel k) {
@@ -42,13 +43,14 @@ enum class prefill_kernel : std::uint8_t {
     case prefill_kernel::mma_sync: return "mma_sync";
     case prefill_kernel::wgmma: return "wgmma";
     case prefill_kernel::wgmma_ws: return "wgmma_ws";
+    case prefill_kernel::wgmma_ws128: return "wgmma_ws128";
   }
   return "?";
 }
 
 // One of the Hopper wgmma kernels (bf16 K/V, head_dim 128, a device with wgmma).
 [[nodiscard]] constexpr bool is_wgmma(prefill_kernel k) {
-  return k == prefill_kernel::wgmma || k == prefill_kernel::wgmma_ws;
+  return k == prefill_kernel::wgmma || k == prefill_kernel::wgmma_ws || k == prefill_kernel::wgmma_ws128;
 }
 
 // Whether automatic may pick the wgmma kernel for this cache before the device is asked (callers skip the

@@ -83,15 +83,24 @@ __device__ __forceinline__ void issue_qk(float (&s)[kNT][4], std::uint32_t sq, s
   }
 }
 
-// P (the probabilities in the S accumulators) as the A fragments of the 4 P.V k-steps.
-__device__ __forceinline__ void pack_p(const float (&s)[kNT][4], std::uint32_t (&pa)[kKvTile / 16][4]) {
+// P (the probabilities in the S accumulators, NT 8-token column tiles) as the A fragments of the NT / 2 P.V
+// k-steps.
+template <int NT>
+__device__ __forceinline__ void pack_p(const float (&s)[NT][4], std::uint32_t (&pa)[NT / 2][4]) {
 #pragma unroll
-  for (int kk = 0; kk < kKvTile / 16; ++kk) {
+  for (int kk = 0; kk < NT / 2; ++kk) {
     pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
     pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
     pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
     pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
   }
+}
+
+// The accumulators (or P fragments) of 64-token sub-tile `sub` of a wider tile: rows [N * sub, N * sub + N).
+template <int N, class T, int M>
+__device__ __forceinline__ T (&sub_tile(T (&x)[M][4], int sub))[N][4] {
+  static_assert(M % N == 0);
+  return *reinterpret_cast<T(*)[N][4]>(&x[N * sub]);
 }
 
 // Issues O += P V: 4 k-steps of 16 tokens; V is N-major, 16 token rows of 128 bytes per step, its two 64-column
@@ -103,13 +112,14 @@ __device__ __forceinline__ void issue_pv(float (&o)[128 / 8][4], const std::uint
     wgmma::mma_m64n128k16_rs(o, pa[kk], wgmma::desc_sw128(sv + kk * 16 * 128, kKvTile * 128, 1024));
 }
 
-// Scores to the log2 domain; columns at or past a row's length to -inf (only tiles that reach past the
-// shortest row need the test).
-__device__ __forceinline__ void mask_and_scale(float (&s)[kNT][4], int tile_start, int kv_min, const int (&row_len)[2],
+// Scores (NT 8-token column tiles from tile_start) to the log2 domain; columns at or past a row's length to -inf
+// (only tiles that reach past the shortest row need the test).
+template <int NT>
+__device__ __forceinline__ void mask_and_scale(float (&s)[NT][4], int tile_start, int kv_min, const int (&row_len)[2],
                                                int t, float scale_log2) {
-  if (tile_start + kKvTile > kv_min) {
+  if (tile_start + NT * 8 > kv_min) {
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = tile_start + nt * 8 + 2 * t + (e & 1);
@@ -117,19 +127,9 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[kNT][4], int tile_star
       }
   } else {
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
-  }
-}
-
-__device__ __forceinline__ void rescale(float (&o)[128 / 8][4], const float (&corr)[2]) {
-#pragma unroll
-  for (int j = 0; j < 128 / 8; ++j) {
-    o[j][0] *= corr[0];
-    o[j][1] *= corr[0];
-    o[j][2] *= corr[1];
-    o[j][3] *= corr[1];
   }
 }
 
@@ -281,32 +281,41 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
 }
 
 
-// The warp-specialised variant (prefill_kernel::wgmma_ws), FlashAttention-3's structure on the same tiles and
+// The warp-specialised variants (prefill_kernel::wgmma_ws, wgmma_ws128), FlashAttention-3's structure on the same
 // products: warpgroup 0 only copies K/V (cp.async through the page table), warpgroups 1 and 2 only compute, 64
 // query rows each. Instead of __syncthreads, a stage is handed over by two mbarriers: `full` (the producer's 128
 // threads arrive as their copies land) and `empty` (each consumer warp arrives when its MMAs have read the
 // stage). The consumers take turns on the tensor cores (ping-pong): each issues an MMA only after the other has
 // issued its previous one, so one's softmax runs while the other's MMA does.
+// SUBTILES: 64-token K/V sub-tiles per step (1 or 2). With 2, a step's S is 64 x 128 (two m64n64 products) and its
+// softmax, rescale of O and hand-overs serve 128 tokens: half the per-token overhead, for 32 more accumulator
+// registers per thread and 64 KiB stages.
+template <int SUBTILES>
 struct prefill_wgmma_ws_config {
+  static_assert(SUBTILES == 1 || SUBTILES == 2);
   static constexpr int kD = 128;
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kRows = 64 * kConsumers;
-  static constexpr int kStages = 4;
-  using loader = wgmma_kv_loader<128>;  // the producer warpgroup's threads
+  static constexpr int kTile = kKvTile * SUBTILES;  // tokens per step
+  static constexpr int kNT = kTile / 8;             // 8-token column tiles of a step's S
+  static constexpr int kStages = SUBTILES == 1 ? 4 : 3;
+  using loader = wgmma_kv_loader<128>;  // the producer warpgroup's threads, one 64-token sub-tile at a time
+  static constexpr int kStageBytes = SUBTILES * loader::kStageBytes;  // per sub-tile: K [64][128], V [64][128]
   static constexpr int kQGroupBytes = 64 * kD * 2;
   static constexpr int kQBytes = kConsumers * kQGroupBytes;
   static constexpr int kHeaderBytes = 128;  // kv bounds (4 ints) at 0, the mbarriers from 64
   static_assert(64 + 2 * kStages * 8 <= kHeaderBytes);
-  // [header][pad to 1024][Q: kConsumers x 2 x [64][64] bf16][kStages x (K, V: 2 x [64][64] bf16)]
-  static constexpr int kSmemBytes = kHeaderBytes + 1024 + kQBytes + kStages * loader::kStageBytes;
+  // [header][pad to 1024][Q: kConsumers x 2 x [64][64] bf16][kStages x SUBTILES x (K, V: 2 x [64][64] bf16)]
+  static constexpr int kSmemBytes = kHeaderBytes + 1024 + kQBytes + kStages * kStageBytes;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than a Hopper CTA may have");
 };
 
 // grid (upper bound on query tiles, kv_heads), 384 threads; a query tile is kRows / group tokens.
-template <int D>
-__global__ void __launch_bounds__(prefill_wgmma_ws_config::kThreads, 1)
+template <int D, int SUBTILES>
+__global__ void __launch_bounds__(prefill_wgmma_ws_config<SUBTILES>::kThreads, 1)
     paged_prefill_wgmma_ws_kernel(const prefill_args a) {
-  using cfg = prefill_wgmma_ws_config;
+  using cfg = prefill_wgmma_ws_config<SUBTILES>;
   static_assert(D == cfg::kD, "the wgmma prefill kernel is written for head_dim 128");
 #if ZIPAGE_WGMMA_DEVICE
   namespace wp = wgmma_prefill;
@@ -316,7 +325,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config::kThreads, 1)
   const std::uint32_t full_bar = raw + 64, empty_bar = full_bar + cfg::kStages * 8;  // [kStages] each
   const std::uint32_t sq = (raw + cfg::kHeaderBytes + 1023) & ~1023u;
   const std::uint32_t skv = sq + cfg::kQBytes;
-  constexpr int kStage = cfg::loader::kStageBytes;
+  constexpr int kSub = cfg::loader::kStageBytes;  // bytes of one 64-token sub-tile (K then V)
 
   const int tid = threadIdx.x;
   // 0: producer; 1, 2: consumers. Through a shuffle, so that the compiler sees a warp-uniform value: branches on
@@ -327,7 +336,6 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config::kThreads, 1)
 
   query_tile qt;
   if (!locate_query_tile(a, blockIdx.x, lane, qt)) return;
-  const int seq = qt.seq;
 
   wp::reset_kv_bounds(s_bounds, tid);
   if (tid < cfg::kStages) {
@@ -338,17 +346,22 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config::kThreads, 1)
   wp::add_token_kv_bounds<cfg::kConsumers>(a, qt, tid, s_bounds);
   __syncthreads();  // the last CTA-wide barrier: from here on the roles only meet at the mbarriers
   const int kv_end = s_bounds[0];
-  const int ntiles = (kv_end + kKvTile - 1) / kKvTile;
+  const int ntiles = (kv_end + cfg::kTile - 1) / cfg::kTile;
 
   if (wg == 0) {
-    // Producer: tile it goes to stage it % kStages once the consumers have released the tile before it there.
-    typename cfg::loader loader(a.k, a.v, a.page_indices + a.page_indptr[seq], a.num_kv_heads, kvh, a.bs_shift, tid);
+    // Producer: step it goes to stage it % kStages once the consumers have released the step before it there.
+    typename cfg::loader loader(a.k, a.v, a.page_indices + a.page_indptr[qt.seq], a.num_kv_heads, kvh, a.bs_shift,
+                                tid);
     loader.prefetch(0, kv_end);
     for (int it = 0; it < ntiles; ++it) {
       const int st = it % cfg::kStages;
       if (it >= cfg::kStages) wgmma::mbar_wait(empty_bar + st * 8, (it / cfg::kStages - 1) & 1);
-      loader.issue(skv + st * kStage, it * kKvTile, kv_end);
-      loader.prefetch((it + 1) * kKvTile, kv_end);
+#pragma unroll
+      for (int sub = 0; sub < SUBTILES; ++sub) {
+        const int start = it * cfg::kTile + sub * kKvTile;
+        loader.issue(skv + st * cfg::kStageBytes + sub * kSub, start, kv_end);  // zero-filled past kv_end
+        loader.prefetch(start + kKvTile, kv_end);
+      }
       wgmma::mbar_arrive_on_cp_async(full_bar + st * 8);
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -359,7 +372,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config::kThreads, 1)
   const int ctid = tid - 128 * wg;  // thread within the consumer warpgroup
   const int warp = ctid >> 5;
   const int kv_min = s_bounds[1];
-  const int wg_tiles = __shfl_sync(0xffffffffu, (s_bounds[2 + cw] + kKvTile - 1) / kKvTile, 0);  // uniform
+  const int wg_tiles = __shfl_sync(0xffffffffu, (s_bounds[2 + cw] + cfg::kTile - 1) / cfg::kTile, 0);  // uniform
   // Named barriers: 1 + c is consumer c's turn on the tensor cores, 3 + c its own Q barrier.
   const int my_turn = 1 + cw, other_turn = 1 + (cw ^ 1);
 
@@ -385,16 +398,16 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config::kThreads, 1)
   float o[D / 8][4];
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  float s[wp::kNT][4];
-  std::uint32_t pa[kKvTile / 16][4];
+  float s[cfg::kNT][4];
+  std::uint32_t pa[cfg::kNT / 2][4];
 
   // Turns alternate strictly: c0's S, c1's S, c0's P.V, c1's P.V, ... Every consumer takes both turns of every
-  // tile (also the tiles past its rows, without the MMAs), so the arrivals pair up: consumer 1 opens with one
+  // step (also the steps past its rows, without the MMAs), so the arrivals pair up: consumer 1 opens with one
   // arrival for consumer 0 and leaves out its last.
   if (cw == 1 && ntiles > 0) wgmma::named_arrive(1, 256);
   for (int it = 0; it < ntiles; ++it) {
     const int st = it % cfg::kStages;
-    const std::uint32_t sk = skv + st * kStage;
+    const std::uint32_t stage = skv + st * cfg::kStageBytes;
     const bool work = it < wg_tiles;
     wgmma::mbar_wait(full_bar + st * 8, (it / cfg::kStages) & 1);
     wgmma::fence_proxy_async();  // the producer's cp.async writes, now visible here, to wgmma's async proxy
@@ -405,19 +418,22 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config::kThreads, 1)
     wgmma::named_sync(my_turn, 256);
     if (work) {
 #pragma unroll
-      for (int j = 0; j < wp::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      for (int j = 0; j < cfg::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
       wgmma::fence();
-      wp::issue_qk(s, sq_wg, sk);
+#pragma unroll
+      for (int sub = 0; sub < SUBTILES; ++sub) wp::issue_qk(wp::sub_tile<wp::kNT>(s, sub), sq_wg, stage + sub * kSub);
       wgmma::commit();
       wgmma::named_arrive(other_turn, 256);
       wgmma::wait<0>();
       wgmma::fence_operands(s);
-      wp::mask_and_scale(s, it * kKvTile, kv_min, row_len, t, a.scale_log2);
-      softmax_step<D, wp::kNT>(s, m, l, o);
+      wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
+      softmax_step<D, cfg::kNT>(s, m, l, o);
       wp::pack_p(s, pa);
       wgmma::named_sync(my_turn, 256);
       wgmma::fence();
-      wp::issue_pv(o, pa, sk + cfg::loader::kTileBytes);
+#pragma unroll
+      for (int sub = 0; sub < SUBTILES; ++sub)
+        wp::issue_pv(o, wp::sub_tile<kKvTile / 16>(pa, sub), stage + sub * kSub + cfg::loader::kTileBytes);
       wgmma::commit();
       if (hand_over_pv) wgmma::named_arrive(other_turn, 256);
       wgmma::wait<0>();
