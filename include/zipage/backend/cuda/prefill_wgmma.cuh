@@ -12,9 +12,9 @@
 //  * three K/V stages in flight.
 // Masking, the online softmax and the epilogue are the mma.sync kernel's, since the accumulator layout is the
 // same. Two kernels: paged_prefill_wgmma_kernel (prefill_kernel::wgmma, every thread copies and computes) and
-// paged_prefill_wgmma_ws_kernel (prefill_kernel::wgmma_ws, FlashAttention-3's warp specialisation and ping-pong;
-// below). What FA3 has that neither has yet (TMA, setmaxnreg, 128-token K/V tiles) is listed in
-// docs/architecture.md.
+// paged_prefill_wgmma_ws_kernel (prefill_kernel::wgmma_ws / wgmma_ws128, FlashAttention-3's warp specialisation
+// and ping-pong over 64- or 128-token K/V steps; below). What FA3 has that none of them has yet (TMA, setmaxnreg,
+// the intra-warpgroup overlap on top of the ping-pong) is listed in docs/architecture.md.
 #include "zipage/backend/cuda/prefill_kernel.cuh"
 #include "zipage/backend/cuda/wgmma.cuh"
 
