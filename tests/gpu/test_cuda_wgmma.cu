@@ -25,6 +25,7 @@
 namespace {
 
 namespace zd = zipage::cuda::detail;
+namespace wsp = zipage::cuda::ws_protocol;
 template <class T>
 using dbuf = zipage::testing::device_buffer<T>;
 
@@ -46,7 +47,7 @@ __device__ void store_accumulators(const float (&d)[NT][4], float* out, int ld) 
       out[(16 * warp + lane / 4 + 8 * (e / 2)) * ld + 8 * j + 2 * (lane % 4) + (e & 1)] = d[j][e];
 }
 
-// The warp-specialised kernel's protocol on plain data: warpgroup 0 copies `tiles` tiles of 1,024 ints through
+// The warp-specialised kernel's protocol (ws_protocol.hpp's rules, as the kernel calls them) on plain data: warpgroup 0 copies `tiles` tiles of 1,024 ints through
 // kStages shared stages (cp.async, mbar_arrive_on_cp_async on `full`); warpgroups 1 and 2 each wait for every
 // tile, sum it (sums[tile][consumer]), release the stage (`empty`, one arrival per warp) and take two turns per
 // tile on named barriers 1 and 2, logging each turn as consumer + 2 * tile (turns[]).
@@ -67,8 +68,8 @@ __global__ void handover_kernel(const int* src, int tiles, long long* sums, int*
   __syncthreads();
   if (wg == 0) {
     for (int it = 0; it < tiles; ++it) {
-      const int st = it % kStages;
-      if (it >= kStages) zd::wgmma::mbar_wait(empty + st * 8, (it / kStages - 1) & 1);
+      const int st = wsp::stage_of(it, kStages);
+      if (wsp::producer_waits(it, kStages)) zd::wgmma::mbar_wait(empty + st * 8, wsp::empty_parity(it, kStages));
       for (int c = tid; c < kInts / 4; c += 128)
         zd::cp_async_16(zd::smem_addr(&stage_data[st][4 * c]), src + std::size_t(it) * kInts + 4 * c, true);
       zd::wgmma::mbar_arrive_on_cp_async(full + st * 8);
@@ -81,10 +82,10 @@ __global__ void handover_kernel(const int* src, int tiles, long long* sums, int*
   auto log_turn = [&](int it) {
     if (ctid == 0) turns[atomicAdd(&next_turn, 1)] = cw + 2 * it;
   };
-  if (cw == 1 && tiles > 0) zd::wgmma::named_arrive(1, 256);
+  if (wsp::opens_turns(cw, tiles)) zd::wgmma::named_arrive(other_turn, 256);
   for (int it = 0; it < tiles; ++it) {
-    const int st = it % kStages;
-    zd::wgmma::mbar_wait(full + st * 8, (it / kStages) & 1);
+    const int st = wsp::stage_of(it, kStages);
+    zd::wgmma::mbar_wait(full + st * 8, wsp::full_parity(it, kStages));
     long long sum = 0;
     for (int c = ctid; c < kInts; c += 128) sum += stage_data[st][c];
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
@@ -100,7 +101,7 @@ __global__ void handover_kernel(const int* src, int tiles, long long* sums, int*
     zd::wgmma::named_sync(my_turn, 256);
     log_turn(it);
     __threadfence_block();
-    if (!(cw == 1 && it == tiles - 1)) zd::wgmma::named_arrive(other_turn, 256);
+    if (wsp::hands_over_after_pv(cw, it, tiles)) zd::wgmma::named_arrive(other_turn, 256);
     zd::wgmma::named_sync(3 + cw, 128);  // this warpgroup's partial sums are written
     if (ctid == 0) sums[2 * it + cw] = partial[cw][0] + partial[cw][1] + partial[cw][2] + partial[cw][3];
     zd::wgmma::named_sync(3 + cw, 128);  // ... and read before the next tile overwrites them

@@ -17,6 +17,7 @@
 // the intra-warpgroup overlap on top of the ping-pong) is listed in docs/architecture.md.
 #include "zipage/backend/cuda/prefill_kernel.cuh"
 #include "zipage/backend/cuda/wgmma.cuh"
+#include "zipage/backend/cuda/ws_protocol.hpp"
 
 namespace zipage::cuda::detail {
 
@@ -354,8 +355,9 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config<SUBTILES>::kThreads, 1
                                 tid);
     loader.prefetch(0, kv_end);
     for (int it = 0; it < ntiles; ++it) {
-      const int st = it % cfg::kStages;
-      if (it >= cfg::kStages) wgmma::mbar_wait(empty_bar + st * 8, (it / cfg::kStages - 1) & 1);
+      const int st = ws_protocol::stage_of(it, cfg::kStages);
+      if (ws_protocol::producer_waits(it, cfg::kStages))
+        wgmma::mbar_wait(empty_bar + st * 8, ws_protocol::empty_parity(it, cfg::kStages));
 #pragma unroll
       for (int sub = 0; sub < SUBTILES; ++sub) {
         const int start = it * cfg::kTile + sub * kKvTile;
@@ -404,17 +406,17 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config<SUBTILES>::kThreads, 1
   // Turns alternate strictly: c0's S, c1's S, c0's P.V, c1's P.V, ... Every consumer takes both turns of every
   // step (also the steps past its rows, without the MMAs), so the arrivals pair up: consumer 1 opens with one
   // arrival for consumer 0 and leaves out its last.
-  if (cw == 1 && ntiles > 0) wgmma::named_arrive(1, 256);
+  if (ws_protocol::opens_turns(cw, ntiles)) wgmma::named_arrive(other_turn, 256);
   for (int it = 0; it < ntiles; ++it) {
-    const int st = it % cfg::kStages;
+    const int st = ws_protocol::stage_of(it, cfg::kStages);
     const std::uint32_t stage = skv + st * cfg::kStageBytes;
     const bool work = it < wg_tiles;
-    wgmma::mbar_wait(full_bar + st * 8, (it / cfg::kStages) & 1);
+    wgmma::mbar_wait(full_bar + st * 8, ws_protocol::full_parity(it, cfg::kStages));
     wgmma::fence_proxy_async();  // the producer's cp.async writes, now visible here, to wgmma's async proxy
 
     // (Each product's issue and wait sit in one branch, with the turn handed over in both: split over two
     // branches, ptxas injects waits of its own.)
-    const bool hand_over_pv = !(cw == 1 && it == ntiles - 1);
+    const bool hand_over_pv = ws_protocol::hands_over_after_pv(cw, it, ntiles);
     wgmma::named_sync(my_turn, 256);
     if (work) {
 #pragma unroll

@@ -1,0 +1,35 @@
+#pragma once
+// The synchronisation rules of the warp-specialised wgmma prefill kernel (paged_prefill_wgmma_ws_kernel,
+// prefill_wgmma.cuh), as plain constexpr functions: the kernel calls them, and tests/unit/test_ws_protocol.cpp
+// runs them on the host against a model of the barriers under random interleavings (no deadlock, no stage
+// refilled while it is read, no named-barrier arrival banked or left over). No CUDA header here.
+//
+// Roles: a producer fills K/V stage it % stages for step it; consumers 0 and 1 read every step.
+//  * mbarrier full[stage]: one phase per step put there (the producer's arrivals); consumers wait on it;
+//  * mbarrier empty[stage]: one phase per step read there (every consumer warp arrives); the producer waits on it
+//    before refilling the stage;
+//  * named barriers 1 and 2: consumer c's turn on the tensor cores is barrier 1 + c; a consumer syncs on its own
+//    barrier before each of its two products per step and then arrives on the other's.
+namespace zipage::cuda::ws_protocol {
+
+// The stage step `it` uses.
+[[nodiscard]] constexpr int stage_of(int it, int stages) { return it % stages; }
+
+// The parity of the `full` phase that completes when step `it` has landed (a fresh mbarrier is in phase 0).
+[[nodiscard]] constexpr unsigned full_parity(int it, int stages) { return static_cast<unsigned>(it / stages) & 1u; }
+
+// Whether the producer waits before putting step `it` in its stage (the stage held step it - stages), and the
+// parity of the `empty` phase it waits for: the release of step it - stages.
+[[nodiscard]] constexpr bool producer_waits(int it, int stages) { return it >= stages; }
+[[nodiscard]] constexpr unsigned empty_parity(int it, int stages) {
+  return static_cast<unsigned>(it / stages - 1) & 1u;
+}
+
+// Consumer 1 gives consumer 0 the first turn with one arrival before the loop ...
+[[nodiscard]] constexpr bool opens_turns(int consumer, int nsteps) { return consumer == 1 && nsteps > 0; }
+// ... and does not hand over after its last product, so that every arrival is matched by a sync.
+[[nodiscard]] constexpr bool hands_over_after_pv(int consumer, int it, int nsteps) {
+  return !(consumer == 1 && it == nsteps - 1);
+}
+
+}  // namespace zipage::cuda::ws_protocol
