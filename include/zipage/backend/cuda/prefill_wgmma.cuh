@@ -335,11 +335,8 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config<SUBTILES>::kThreads, 1
   const int lane = tid & 31;
   const int kvh = blockIdx.y;
 
-  // Query tiles in reverse order: a sequence's last tiles see the most K/V (causal), so launching them first leaves
-  // the short ones for the end of the grid instead of a tail of long CTAs on a few SMs (FA3 does the same). The
-  // grid's spare CTAs (it is an upper bound) come first and return at once.
-  query_tile qt;
-  if (!locate_query_tile(a, static_cast<int>(gridDim.x - 1 - blockIdx.x), lane, qt)) return;
+  query_tile qt;  // (a sequence's longest-KV tiles come first: locate_query_tile)
+  if (!locate_query_tile(a, blockIdx.x, lane, qt)) return;
 
   wp::reset_kv_bounds(s_bounds, tid);
   if (tid < cfg::kStages) {
