@@ -60,9 +60,11 @@ void launch(Kernel kernel, prefill_args a, int num_tokens, cuda_stream stream) {
 
 void launch_prefill_wgmma(const prefill_args& a, int num_tokens, prefill_kernel kernel, cuda_stream stream) {
   if (kernel == prefill_kernel::wgmma_ws)
-    launch<prefill_wgmma_ws_config<1>>(paged_prefill_wgmma_ws_kernel<128, 1>, a, num_tokens, stream);
+    launch<prefill_wgmma_ws_config<1>>(paged_prefill_wgmma_ws_kernel<128, 1, false>, a, num_tokens, stream);
   else if (kernel == prefill_kernel::wgmma_ws128)
-    launch<prefill_wgmma_ws_config<2>>(paged_prefill_wgmma_ws_kernel<128, 2>, a, num_tokens, stream);
+    launch<prefill_wgmma_ws_config<2>>(paged_prefill_wgmma_ws_kernel<128, 2, false>, a, num_tokens, stream);
+  else if (kernel == prefill_kernel::wgmma_ws_overlap)
+    launch<prefill_wgmma_ws_config<1>>(paged_prefill_wgmma_ws_kernel<128, 1, true>, a, num_tokens, stream);
   else
     launch<prefill_wgmma_config>(paged_prefill_wgmma_kernel<128>, a, num_tokens, stream);
 }

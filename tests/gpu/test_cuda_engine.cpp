@@ -427,7 +427,8 @@ TEST_CASE("bf16: each prefill kernel inside the forward pass vs the CPU forward 
     const auto ref = forward_steps(cpu_model, cpu_backend{}, lens, 10);
     // (mma_sync explicitly: on Hopper the other tests' automatic runs wgmma)
     for (const auto kernel : {zipage::cuda::prefill_kernel::mma_sync, zipage::cuda::prefill_kernel::wgmma,
-                              zipage::cuda::prefill_kernel::wgmma_ws, zipage::cuda::prefill_kernel::wgmma_ws128}) {
+                              zipage::cuda::prefill_kernel::wgmma_ws, zipage::cuda::prefill_kernel::wgmma_ws128,
+                              zipage::cuda::prefill_kernel::wgmma_ws_overlap}) {
       if (zipage::cuda::is_wgmma(kernel) && !wgmma) continue;
       CAPTURE(zipage::cuda::to_string(kernel));
       cuda_backend_options o;

@@ -714,7 +714,8 @@ int main() {
       test_prefill(128, 16, 4, 16, {{0, 70}, {100, 9}});
       test_prefill(64, 6, 1, 256, {{0, 40}, {300, 3}});
       if (zc::wgmma_prefill_available())
-        for (auto k : {zc::prefill_kernel::wgmma, zc::prefill_kernel::wgmma_ws, zc::prefill_kernel::wgmma_ws128})
+        for (auto k : {zc::prefill_kernel::wgmma, zc::prefill_kernel::wgmma_ws, zc::prefill_kernel::wgmma_ws128,
+                       zc::prefill_kernel::wgmma_ws_overlap})
           test_prefill(128, 16, 4, 16, {{0, 70}, {100, 9}}, k);
       test_append_kv(2, 64, 16, 50, 8);
       test_rms_norm(3, 4096, 4096, cuda_dtype::bf16, false);
@@ -784,7 +785,8 @@ int main() {
     // Prefill on Hopper's wgmma (bf16 K/V, head_dim 128): the same cases, and longer prompts whose tiles run
     // the whole K/V pipeline many times over.
     if (zc::wgmma_prefill_available()) {
-      for (auto wg : {zc::prefill_kernel::wgmma, zc::prefill_kernel::wgmma_ws, zc::prefill_kernel::wgmma_ws128}) {
+      for (auto wg : {zc::prefill_kernel::wgmma, zc::prefill_kernel::wgmma_ws, zc::prefill_kernel::wgmma_ws128,
+                      zc::prefill_kernel::wgmma_ws_overlap}) {
         for (auto [qh, kvh] : gqa)
           for (int bs : {2, 16, 256})
             test_prefill(128, qh, kvh, bs, {{0, 1}, {0, 50}, {0, 200}, {64, 64}, {700, 129}, {1500, 77}, {3, 300}}, wg);

@@ -82,7 +82,8 @@ __global__ void handover_kernel(const int* src, int tiles, long long* sums, int*
   auto log_turn = [&](int it) {
     if (ctid == 0) turns[atomicAdd(&next_turn, 1)] = cw + 2 * it;
   };
-  if (wsp::opens_turns(cw, tiles)) zd::wgmma::named_arrive(other_turn, 256);
+  const int nturns = wsp::turns(tiles, false);  // two per tile
+  if (wsp::opens_turns(cw, nturns)) zd::wgmma::named_arrive(other_turn, 256);
   for (int it = 0; it < tiles; ++it) {
     const int st = wsp::stage_of(it, kStages);
     zd::wgmma::mbar_wait(full + st * 8, wsp::full_parity(it, kStages));
@@ -97,11 +98,11 @@ __global__ void handover_kernel(const int* src, int tiles, long long* sums, int*
     zd::wgmma::named_sync(my_turn, 256);
     log_turn(it);
     __threadfence_block();
-    zd::wgmma::named_arrive(other_turn, 256);
+    if (wsp::hands_over(cw, 2 * it, nturns)) zd::wgmma::named_arrive(other_turn, 256);
     zd::wgmma::named_sync(my_turn, 256);
     log_turn(it);
     __threadfence_block();
-    if (wsp::hands_over_after_pv(cw, it, tiles)) zd::wgmma::named_arrive(other_turn, 256);
+    if (wsp::hands_over(cw, 2 * it + 1, nturns)) zd::wgmma::named_arrive(other_turn, 256);
     zd::wgmma::named_sync(3 + cw, 128);  // this warpgroup's partial sums are written
     if (ctid == 0) sums[2 * it + cw] = partial[cw][0] + partial[cw][1] + partial[cw][2] + partial[cw][3];
     zd::wgmma::named_sync(3 + cw, 128);  // ... and read before the next tile overwrites them

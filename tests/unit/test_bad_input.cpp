@@ -167,6 +167,9 @@ TEST_CASE("resolve_prefill_kernel: the prefill kernel that runs, or why a wgmma 
   CHECK(resolve_prefill_kernel(prefill_kernel::wgmma, 128, false, true) == prefill_kernel::wgmma);
   CHECK(resolve_prefill_kernel(prefill_kernel::wgmma_ws, 128, false, true) == prefill_kernel::wgmma_ws);
   CHECK(resolve_prefill_kernel(prefill_kernel::wgmma_ws128, 128, false, true) == prefill_kernel::wgmma_ws128);
+  CHECK(resolve_prefill_kernel(prefill_kernel::wgmma_ws_overlap, 128, false, true) == prefill_kernel::wgmma_ws_overlap);
+  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma_ws_overlap, 64, false, true); }),
+                 "prefill kernel wgmma_ws_overlap needs head_dim 128, not 64"));
   CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma_ws128, 128, true, true); }),
                  "prefill kernel wgmma_ws128 reads bf16 K/V"));
   CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma_ws, 128, false, false); }),

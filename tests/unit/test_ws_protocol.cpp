@@ -2,7 +2,8 @@
 // the kernel calls) run on the host against a model of its barriers, one warpgroup per role, under random
 // interleavings: every schedule finishes (no deadlock), a consumer always finds the step it waits for in its stage,
 // the producer never refills a stage a consumer still reads, no mbarrier wait is two phases behind, and the named
-// barriers never bank two arrivals nor keep one at the end. The device runs the same protocol on plain data in
+// barriers never bank two arrivals nor keep one at the end; with two turns per step (wgmma_ws, wgmma_ws128) and with
+// the intra-warpgroup overlap's one turn per step and a last one (wgmma_ws_overlap). The device runs the same protocol on plain data in
 // test_cuda_wgmma ("warp specialisation: ...").
 #include <doctest/doctest.h>
 
@@ -90,51 +91,87 @@ struct producer {
   }
 };
 
+// A consumer's program, as the kernel runs it: open the turns, then per step wait for it, take its turns (a turn
+// issues the products: S reads the step's stage, so a stage is being read from its S turn until its release) and
+// release a stage.
 struct consumer {
-  int c, it = 0, pc = -1;
-  bool finished(const model& m) const { return it >= m.steps && pc != -1; }
-  bool step(model& m) {
-    const int my = 1 + c, other = 1 + (c ^ 1);
-    if (pc == -1) {
-      if (wp::opens_turns(c, m.steps)) m.arrive_turn(other);
-      pc = 0;
-      return true;
+  enum class op { open, wait_full, turn, release };
+  struct action {
+    op what;
+    int step = -1;  // wait_full / release: the step; turn: the step whose stage S starts reading (-1: none)
+    int turn = -1;  // turn: its number
+    int pv = -1;    // turn: the step whose V its P.V reads (-1: none)
+  };
+  int c;
+  std::vector<action> program;
+  std::size_t pc = 0;
+
+  consumer(int which, int steps, int work_steps, bool overlap) : c(which) {
+    const int nturns = wp::turns(steps, overlap);
+    program.push_back({op::open});
+    for (int it = 0; it < steps; ++it) {
+      const int reads = it < work_steps ? it : -1;
+      program.push_back({op::wait_full, it});
+      if (!overlap) {
+        program.push_back({op::turn, reads, 2 * it});
+        program.push_back({op::turn, -1, 2 * it + 1, reads});
+      } else {
+        // S(it) with P(it-1).V(it-1)
+        program.push_back({op::turn, reads, it, it >= 1 && it - 1 < work_steps ? it - 1 : -1});
+      }
+      const int released = wp::released_after_step(it, overlap);
+      if (released >= 0) program.push_back({op::release, released});
     }
-    const int st = wp::stage_of(it, m.stages);
-    const bool work = it < m.consumer_steps[static_cast<std::size_t>(c)];
-    switch (pc) {
-      case 0:  // wait for the step
-        if (!m.full[st].done(wp::full_parity(it, m.stages))) return false;
-        m.check_not_behind(m.full[st], it / m.stages, "full");
-        if (m.stage_step[st] != it) m.fail("a consumer finds another step in its stage");
-        pc = 1;
-        return true;
-      case 1:  // my turn: S = Q K^T reads the stage
+    if (overlap && steps > 0) {
+      program.push_back({op::turn, -1, steps, steps - 1 < work_steps ? steps - 1 : -1});  // the last P.V
+      program.push_back({op::release, steps - 1});
+    }
+    turns_total = nturns;
+  }
+  int turns_total = 0;
+
+  bool finished(const model&) const { return pc >= program.size(); }
+  bool step(model& m) {
+    const action& x = program[pc];
+    const int my = 1 + c, other = 1 + (c ^ 1);
+    switch (x.what) {
+      case op::open:
+        if (wp::opens_turns(c, turns_total)) m.arrive_turn(other);
+        break;
+      case op::wait_full: {
+        const int st = wp::stage_of(x.step, m.stages);
+        if (!m.full[st].done(wp::full_parity(x.step, m.stages))) return false;
+        m.check_not_behind(m.full[st], x.step / m.stages, "full");
+        if (m.stage_step[st] != x.step) m.fail("a consumer finds another step in its stage");
+        break;
+      }
+      case op::turn:
         if (!m.sync_turn(my)) return false;
-        if (work) m.reads[st][c] = true;
-        m.arrive_turn(other);
-        pc = 2;
-        return true;
-      case 2:  // my turn again: O += P V
-        if (!m.sync_turn(my)) return false;
-        if (wp::hands_over_after_pv(c, it, m.steps)) m.arrive_turn(other);
-        pc = 3;
-        return true;
-      default:  // the products are done: release the stage
-        if (m.stage_step[st] != it) m.fail("a stage changed while a consumer read it");
+        if (x.step >= 0) m.reads[wp::stage_of(x.step, m.stages)][c] = true;
+        if (x.pv >= 0) {  // V of step x.pv: its stage must still hold it, and is read until released
+          const int st = wp::stage_of(x.pv, m.stages);
+          if (m.stage_step[st] != x.pv) m.fail("a P.V reads a stage that was refilled");
+          m.reads[st][c] = true;
+        }
+        if (wp::hands_over(c, x.turn, turns_total)) m.arrive_turn(other);
+        break;
+      case op::release: {
+        const int st = wp::stage_of(x.step, m.stages);
+        if (m.reads[st][c] && m.stage_step[st] != x.step) m.fail("a stage changed while a consumer read it");
         m.reads[st][c] = false;
         m.empty[st].arrive();
-        pc = 0;
-        ++it;
-        return true;
+        break;
+      }
     }
+    ++pc;
+    return true;
   }
 };
 
-std::string run(int steps, int stages, std::array<int, 2> work, unsigned seed) {
+std::string run(int steps, int stages, std::array<int, 2> work, bool overlap, unsigned seed) {
   model m(steps, stages, work);
   producer p;
-  std::array<consumer, 2> cs{consumer{0}, consumer{1}};
+  std::array<consumer, 2> cs{consumer(0, steps, work[0], overlap), consumer(1, steps, work[1], overlap)};
   std::mt19937 rng(seed);
   for (int moves = 0; m.error.empty(); ++moves) {
     std::vector<int> runnable;
@@ -161,18 +198,20 @@ std::string run(int steps, int stages, std::array<int, 2> work, unsigned seed) {
 
 TEST_CASE("ws_protocol: stage hand-over and consumer turns finish and never race, for every step count") {
   int schedules = 0;
+  for (const bool overlap : {false, true})
   for (const int stages : {3, 4})
     for (int steps = 0; steps <= 13; ++steps)
       for (int w0 = 0; w0 <= steps; ++w0)
         for (int w1 = 0; w1 <= steps; ++w1) {
           if (std::max(w0, w1) != steps) continue;  // the kernel's step count is the longer consumer's
           for (unsigned seed = 0; seed < 12; ++seed) {
+            CAPTURE(overlap);
             CAPTURE(stages);
             CAPTURE(steps);
             CAPTURE(w0);
             CAPTURE(w1);
             CAPTURE(seed);
-            const std::string r = run(steps, stages, {w0, w1}, seed);
+            const std::string r = run(steps, stages, {w0, w1}, overlap, seed);
             if (r != "ok") {
               CHECK(r == "ok");
               return;
@@ -181,13 +220,13 @@ TEST_CASE("ws_protocol: stage hand-over and consumer turns finish and never race
           }
         }
   MESSAGE(schedules, " schedules");
-  CHECK(schedules > 1000);
+  CHECK(schedules > 2000);
 }
 
 TEST_CASE("ws_protocol: a wrong rule is caught (the model can fail)") {
   // Without consumer 1's opening arrival consumer 0 never gets its first turn (the deadlock run() reports).
   model m(3, 3, {3, 3});
-  consumer c0{0};
+  consumer c0(0, 3, 3, false);
   CHECK(c0.step(m));        // consumer 0 opens nothing
   CHECK_FALSE(c0.step(m));  // step 0 has not landed
   producer p;

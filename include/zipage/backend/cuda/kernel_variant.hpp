@@ -33,8 +33,10 @@ enum class prefill_kernel : std::uint8_t {
               // mma_sync on the H200 (docs/benchmarks.md, 2026-12-02 13:34)
   wgmma_ws,   // the same products, warp-specialised as FlashAttention-3: a producer warpgroup copying K/V, two
               // consumer warpgroups taking turns on the tensor cores; same conditions
-  wgmma_ws128,  // wgmma_ws over 128-token K/V steps (half the softmax and hand-over work per token). Neither has
-                // run on a GPU yet: of wgmma, wgmma_ws and wgmma_ws128 the fastest stays once the device has timed them
+  wgmma_ws128,  // wgmma_ws over 128-token K/V steps (half the softmax and hand-over work per token)
+  wgmma_ws_overlap,  // wgmma_ws with FA3's intra-warpgroup overlap too (each step's softmax beside the previous
+                     // step's P.V). None of the wgmma_ws* has run on a GPU yet: of wgmma and them the fastest stays
+                     // once the device has timed them
 };
 
 [[nodiscard]] constexpr const char* to_string(prefill_kernel k) {
@@ -44,13 +46,15 @@ enum class prefill_kernel : std::uint8_t {
     case prefill_kernel::wgmma: return "wgmma";
     case prefill_kernel::wgmma_ws: return "wgmma_ws";
     case prefill_kernel::wgmma_ws128: return "wgmma_ws128";
+    case prefill_kernel::wgmma_ws_overlap: return "wgmma_ws_overlap";
   }
   return "?";
 }
 
 // One of the Hopper wgmma kernels (bf16 K/V, head_dim 128, a device with wgmma).
 [[nodiscard]] constexpr bool is_wgmma(prefill_kernel k) {
-  return k == prefill_kernel::wgmma || k == prefill_kernel::wgmma_ws || k == prefill_kernel::wgmma_ws128;
+  return k == prefill_kernel::wgmma || k == prefill_kernel::wgmma_ws || k == prefill_kernel::wgmma_ws128 ||
+         k == prefill_kernel::wgmma_ws_overlap;
 }
 
 // Whether automatic may pick the wgmma kernel for this cache before the device is asked (callers skip the

@@ -12,9 +12,9 @@
 //  * three K/V stages in flight.
 // Masking, the online softmax and the epilogue are the mma.sync kernel's, since the accumulator layout is the
 // same. Two kernels: paged_prefill_wgmma_kernel (prefill_kernel::wgmma, every thread copies and computes) and
-// paged_prefill_wgmma_ws_kernel (prefill_kernel::wgmma_ws / wgmma_ws128, FlashAttention-3's warp specialisation
-// and ping-pong over 64- or 128-token K/V steps; below). What FA3 has that none of them has yet (TMA, setmaxnreg,
-// the intra-warpgroup overlap on top of the ping-pong) is listed in docs/architecture.md.
+// paged_prefill_wgmma_ws_kernel (prefill_kernel::wgmma_ws / wgmma_ws128 / wgmma_ws_overlap, FlashAttention-3's warp
+// specialisation and ping-pong over 64- or 128-token K/V steps, with or without its intra-warpgroup overlap; below).
+// What FA3 has that none of them has yet (TMA, setmaxnreg) is listed in docs/architecture.md.
 #include "zipage/backend/cuda/prefill_kernel.cuh"
 #include "zipage/backend/cuda/wgmma.cuh"
 #include "zipage/backend/cuda/ws_protocol.hpp"
@@ -131,6 +131,17 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[NT][4], int tile_start
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+  }
+}
+
+// O's two rows of this thread times their softmax corrections.
+__device__ __forceinline__ void rescale_rows(float (&o)[128 / 8][4], float corr0, float corr1) {
+#pragma unroll
+  for (int j = 0; j < 128 / 8; ++j) {
+    o[j][0] *= corr0;
+    o[j][1] *= corr0;
+    o[j][2] *= corr1;
+    o[j][3] *= corr1;
   }
 }
 
@@ -282,15 +293,16 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
 }
 
 
-// The warp-specialised variants (prefill_kernel::wgmma_ws, wgmma_ws128), FlashAttention-3's structure on the same
-// products: warpgroup 0 only copies K/V (cp.async through the page table), warpgroups 1 and 2 only compute, 64
-// query rows each. Instead of __syncthreads, a stage is handed over by two mbarriers: `full` (the producer's 128
-// threads arrive as their copies land) and `empty` (each consumer warp arrives when its MMAs have read the
-// stage). The consumers take turns on the tensor cores (ping-pong): each issues an MMA only after the other has
-// issued its previous one, so one's softmax runs while the other's MMA does.
+// The warp-specialised variants (prefill_kernel::wgmma_ws, wgmma_ws128, wgmma_ws_overlap), FlashAttention-3's
+// structure on the same products: warpgroup 0 only copies K/V (cp.async through the page table), warpgroups 1 and 2
+// only compute, 64 query rows each. Instead of __syncthreads, a stage is handed over by two mbarriers: `full` (the
+// producer's 128 threads arrive as their copies land) and `empty` (each consumer warp arrives when its MMAs have
+// read the stage). The consumers take turns on the tensor cores (ping-pong): each issues its MMAs only after the
+// other has issued its previous ones, so one's softmax runs while the other's MMAs do. The rules are ws_protocol's.
 // SUBTILES: 64-token K/V sub-tiles per step (1 or 2). With 2, a step's S is 64 x 128 (two m64n64 products) and its
 // softmax, rescale of O and hand-overs serve 128 tokens: half the per-token overhead, for 32 more accumulator
 // registers per thread and 64 KiB stages.
+// OVERLAP (kernel): FA3's intra-warpgroup overlap too; a turn issues S(i) and P(i-1).V(i-1).
 template <int SUBTILES>
 struct prefill_wgmma_ws_config {
   static_assert(SUBTILES == 1 || SUBTILES == 2);
@@ -313,7 +325,7 @@ struct prefill_wgmma_ws_config {
 };
 
 // grid (upper bound on query tiles, kv_heads), 384 threads; a query tile is kRows / group tokens.
-template <int D, int SUBTILES>
+template <int D, int SUBTILES, bool OVERLAP>
 __global__ void __launch_bounds__(prefill_wgmma_ws_config<SUBTILES>::kThreads, 1)
     paged_prefill_wgmma_ws_kernel(const prefill_args a) {
   using cfg = prefill_wgmma_ws_config<SUBTILES>;
@@ -403,50 +415,119 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config<SUBTILES>::kThreads, 1
   float s[cfg::kNT][4];
   std::uint32_t pa[cfg::kNT / 2][4];
 
-  // Turns alternate strictly: c0's S, c1's S, c0's P.V, c1's P.V, ... Every consumer takes both turns of every
-  // step (also the steps past its rows, without the MMAs), so the arrivals pair up: consumer 1 opens with one
-  // arrival for consumer 0 and leaves out its last.
-  if (ws_protocol::opens_turns(cw, ntiles)) wgmma::named_arrive(other_turn, 256);
-  for (int it = 0; it < ntiles; ++it) {
+  // Turns alternate strictly between the consumers (c0, c1, c0, ...). Every consumer takes every turn (also those
+  // of steps past its rows, without the MMAs), so the arrivals pair up: consumer 1 opens with one arrival for
+  // consumer 0 and leaves out its last (ws_protocol). Each product's issue and wait sit in one branch, with the turn
+  // handed over in every branch: split over two branches, ptxas injects waits of its own (C7517).
+  const int nturns = ws_protocol::turns(ntiles, OVERLAP);
+  if (ws_protocol::opens_turns(cw, nturns)) wgmma::named_arrive(other_turn, 256);
+  auto wait_step = [&](int it) {
     const int st = ws_protocol::stage_of(it, cfg::kStages);
-    const std::uint32_t stage = skv + st * cfg::kStageBytes;
-    const bool work = it < wg_tiles;
     wgmma::mbar_wait(full_bar + st * 8, ws_protocol::full_parity(it, cfg::kStages));
     wgmma::fence_proxy_async();  // the producer's cp.async writes, now visible here, to wgmma's async proxy
-
-    // (Each product's issue and wait sit in one branch, with the turn handed over in both: split over two
-    // branches, ptxas injects waits of its own.)
-    const bool hand_over_pv = ws_protocol::hands_over_after_pv(cw, it, ntiles);
-    wgmma::named_sync(my_turn, 256);
-    if (work) {
-#pragma unroll
-      for (int j = 0; j < cfg::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-      wgmma::fence();
-#pragma unroll
-      for (int sub = 0; sub < SUBTILES; ++sub) wp::issue_qk(wp::sub_tile<wp::kNT>(s, sub), sq_wg, stage + sub * kSub);
-      wgmma::commit();
-      wgmma::named_arrive(other_turn, 256);
-      wgmma::wait<0>();
-      wgmma::fence_operands(s);
-      wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
-      softmax_step<D, cfg::kNT>(s, m, l, o);
-      wp::pack_p(s, pa);
-      wgmma::named_sync(my_turn, 256);
-      wgmma::fence();
-#pragma unroll
-      for (int sub = 0; sub < SUBTILES; ++sub)
-        wp::issue_pv(o, wp::sub_tile<kKvTile / 16>(pa, sub), stage + sub * kSub + cfg::loader::kTileBytes);
-      wgmma::commit();
-      if (hand_over_pv) wgmma::named_arrive(other_turn, 256);
-      wgmma::wait<0>();
-      wgmma::fence_operands(o);
-    } else {
-      wgmma::named_arrive(other_turn, 256);
-      wgmma::named_sync(my_turn, 256);
-      if (hand_over_pv) wgmma::named_arrive(other_turn, 256);
-    }
+    return skv + st * cfg::kStageBytes;
+  };
+  auto release_step = [&](int it) {
     __syncwarp();
-    if (lane == 0) wgmma::mbar_arrive(empty_bar + st * 8);  // this warp is done reading the stage
+    if (lane == 0) wgmma::mbar_arrive(empty_bar + ws_protocol::stage_of(it, cfg::kStages) * 8);
+  };
+  auto issue_s = [&](std::uint32_t stage) {
+#pragma unroll
+    for (int j = 0; j < cfg::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    wgmma::fence();
+#pragma unroll
+    for (int sub = 0; sub < SUBTILES; ++sub) wp::issue_qk(wp::sub_tile<wp::kNT>(s, sub), sq_wg, stage + sub * kSub);
+    wgmma::commit();
+  };
+  auto issue_pv = [&](std::uint32_t stage) {
+    wgmma::fence();
+#pragma unroll
+    for (int sub = 0; sub < SUBTILES; ++sub)
+      wp::issue_pv(o, wp::sub_tile<kKvTile / 16>(pa, sub), stage + sub * kSub + cfg::loader::kTileBytes);
+    wgmma::commit();
+  };
+  auto hand_over = [&](int turn) {
+    if (ws_protocol::hands_over(cw, turn, nturns)) wgmma::named_arrive(other_turn, 256);
+  };
+
+  if constexpr (!OVERLAP) {
+    // Step it: turn 2 it issues S, turn 2 it + 1 issues P.V, each waited for before the next.
+    for (int it = 0; it < ntiles; ++it) {
+      const std::uint32_t stage = wait_step(it);
+      wgmma::named_sync(my_turn, 256);
+      if (it < wg_tiles) {
+        issue_s(stage);
+        hand_over(2 * it);
+        wgmma::wait<0>();
+        wgmma::fence_operands(s);
+        wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
+        softmax_step<D, cfg::kNT>(s, m, l, o);
+        wp::pack_p(s, pa);
+        wgmma::named_sync(my_turn, 256);
+        issue_pv(stage);
+        hand_over(2 * it + 1);
+        wgmma::wait<0>();
+        wgmma::fence_operands(o);
+      } else {
+        hand_over(2 * it);
+        wgmma::named_sync(my_turn, 256);
+        hand_over(2 * it + 1);
+      }
+      release_step(ws_protocol::released_after_step(it, false));
+    }
+  } else {
+    // FlashAttention-3's intra-warpgroup overlap: turn it issues S(it) and then P(it-1).V(it-1); the softmax of
+    // step it runs while that P.V does, and O is rescaled (and P(it) packed over P(it-1)) once it is done. The
+    // last turn multiplies the last P.
+    std::uint32_t prev_stage = 0;
+    for (int it = 0; it < ntiles; ++it) {
+      const std::uint32_t stage = wait_step(it);
+      const bool pv = it >= 1 && it - 1 < wg_tiles;  // P(it-1).V(it-1) to issue
+      wgmma::named_sync(my_turn, 256);
+      // (The four cases in separate branches: with `pv` tested inside one, ptxas serialises the MMAs, C7514.)
+      if (it < wg_tiles && pv) {
+        issue_s(stage);
+        issue_pv(prev_stage);
+        hand_over(it);
+        wgmma::wait<1>();  // S(it) (committed first) is done; the P.V may still run
+        wgmma::fence_operands(s);
+        wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
+        const float corr0 = softmax_row(s, 0, m[0], l[0]), corr1 = softmax_row(s, 1, m[1], l[1]);
+        wgmma::wait<0>();
+        wgmma::fence_operands(o);
+        wp::rescale_rows(o, corr0, corr1);
+        wp::pack_p(s, pa);  // the P.V reading the previous P is done
+      } else if (it < wg_tiles) {  // the first step: nothing to multiply yet
+        issue_s(stage);
+        hand_over(it);
+        wgmma::wait<0>();
+        wgmma::fence_operands(s);
+        wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
+        softmax_step<D, cfg::kNT>(s, m, l, o);
+        wp::pack_p(s, pa);
+      } else if (pv) {  // past this consumer's rows: the last P.V
+        issue_pv(prev_stage);
+        hand_over(it);
+        wgmma::wait<0>();
+        wgmma::fence_operands(o);
+      } else {
+        hand_over(it);
+      }
+      if (it >= 1) release_step(ws_protocol::released_after_step(it, true));
+      prev_stage = stage;
+    }
+    if (ntiles > 0) {
+      wgmma::named_sync(my_turn, 256);
+      if (ntiles - 1 < wg_tiles) {
+        issue_pv(prev_stage);
+        hand_over(ntiles);
+        wgmma::wait<0>();
+        wgmma::fence_operands(o);
+      } else {
+        hand_over(ntiles);
+      }
+      release_step(ntiles - 1);
+    }
   }
   wp::store_rows(a, qt, kvh, row, t, o, l);
 #else
