@@ -1,7 +1,6 @@
 // Paged decode attention: split-KV planning, the decode kernel for head_dim 64 and 128, and the merge.
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <mutex>
 
@@ -33,17 +32,9 @@ void validate(const decode_params& p) {
   check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "paged_decode_attention: FP8 needs both k_scale and v_scale");
 }
 
-// Shared memory above 48 KB needs an opt-in per kernel and device; done once per device.
 template <int D, int S, bool F8>
 void prepare_kernel() {
-  static std::atomic<std::uint64_t> done{0};
-  int dev = 0;
-  ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
-  const std::uint64_t bit = std::uint64_t{1} << (dev & 63);
-  if (done.load(std::memory_order_acquire) & bit) return;
-  ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(detail::paged_decode_kernel<D, S, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         decode_config<D, S, F8>::kSmemBytes));
-  done.fetch_or(bit, std::memory_order_release);
+  detail::opt_in_smem<detail::paged_decode_kernel<D, S, F8>>(decode_config<D, S, F8>::kSmemBytes);
 }
 
 int default_stages(int head_dim, bool fp8) {

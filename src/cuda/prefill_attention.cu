@@ -1,6 +1,5 @@
 // Paged prefill attention (causal, GQA) for head_dim 64 and 128: the mma.sync kernel, and on Hopper the
 // wgmma kernel for bf16 K/V at head_dim 128.
-#include <atomic>
 #include <cstdint>
 
 #include "zipage/backend/cuda/attention.hpp"
@@ -13,20 +12,8 @@ namespace {
 using detail::prefill_config;
 
 template <int D, bool F8>
-void prepare_kernel() {
-  static std::atomic<std::uint64_t> done{0};
-  int dev = 0;
-  ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
-  const std::uint64_t bit = std::uint64_t{1} << (dev & 63);
-  if (done.load(std::memory_order_acquire) & bit) return;
-  ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(detail::paged_prefill_kernel<D, F8>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, prefill_config<D, F8>::kSmemBytes));
-  done.fetch_or(bit, std::memory_order_release);
-}
-
-template <int D, bool F8>
 void launch(const detail::prefill_args& a, int num_tokens, cuda_stream stream) {
-  prepare_kernel<D, F8>();
+  detail::opt_in_smem<detail::paged_prefill_kernel<D, F8>>(prefill_config<D, F8>::kSmemBytes);
   // Upper bound on the query tiles: sum over sequences of ceil(n_s / tq) <= num_tokens / tq + num_seqs.
   const long long tiles = static_cast<long long>(num_tokens) / a.tokens_per_tile + a.num_seqs;
   check(tiles < (1ll << 31), "paged_prefill_attention: too many query tiles");

@@ -38,21 +38,16 @@ namespace detail {
 
 namespace {
 
-template <class Config, class Kernel>
-void launch(Kernel kernel, prefill_args a, int num_tokens, cuda_stream stream) {
-  static std::atomic<std::uint64_t> done{0};
-  int dev = 0;
-  ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
-  const std::uint64_t bit = std::uint64_t{1} << (dev & 63);
-  if (!(done.load(std::memory_order_acquire) & bit)) {
-    ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes));
-    done.fetch_or(bit, std::memory_order_release);
-  }
+// (The kernel is a template argument: wgmma_ws and wgmma_ws_overlap share their Config, and each kernel needs its
+// own shared-memory opt-in.)
+template <class Config, auto Kernel>
+void launch(prefill_args a, int num_tokens, cuda_stream stream) {
+  opt_in_smem<Kernel>(Config::kSmemBytes);
   a.tokens_per_tile = Config::kRows / a.group;
   const long long tiles = static_cast<long long>(num_tokens) / a.tokens_per_tile + a.num_seqs;
   check(tiles < (1ll << 31), "paged_prefill_attention: too many query tiles");
   const dim3 grid(static_cast<unsigned>(tiles), a.num_kv_heads);
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(a);
+  Kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
@@ -60,13 +55,13 @@ void launch(Kernel kernel, prefill_args a, int num_tokens, cuda_stream stream) {
 
 void launch_prefill_wgmma(const prefill_args& a, int num_tokens, prefill_kernel kernel, cuda_stream stream) {
   if (kernel == prefill_kernel::wgmma_ws)
-    launch<prefill_wgmma_ws_config<1>>(paged_prefill_wgmma_ws_kernel<128, 1, false>, a, num_tokens, stream);
+    launch<prefill_wgmma_ws_config<1>, paged_prefill_wgmma_ws_kernel<128, 1, false>>(a, num_tokens, stream);
   else if (kernel == prefill_kernel::wgmma_ws128)
-    launch<prefill_wgmma_ws_config<2>>(paged_prefill_wgmma_ws_kernel<128, 2, false>, a, num_tokens, stream);
+    launch<prefill_wgmma_ws_config<2>, paged_prefill_wgmma_ws_kernel<128, 2, false>>(a, num_tokens, stream);
   else if (kernel == prefill_kernel::wgmma_ws_overlap)
-    launch<prefill_wgmma_ws_config<1>>(paged_prefill_wgmma_ws_kernel<128, 1, true>, a, num_tokens, stream);
+    launch<prefill_wgmma_ws_config<1>, paged_prefill_wgmma_ws_kernel<128, 1, true>>(a, num_tokens, stream);
   else
-    launch<prefill_wgmma_config>(paged_prefill_wgmma_kernel<128>, a, num_tokens, stream);
+    launch<prefill_wgmma_config, paged_prefill_wgmma_kernel<128>>(a, num_tokens, stream);
 }
 
 }  // namespace detail

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "zipage/core/error.hpp"
@@ -30,6 +31,19 @@ namespace zipage::cuda::detail {
 namespace zipage::cuda::detail {
 
 using bf16 = __nv_bfloat16;
+
+// Dynamic shared memory above 48 KB needs an opt-in per kernel and device: raises Kernel's limit to `bytes` once per
+// device (a template argument, so that the record of devices done is one per kernel).
+template <auto Kernel>
+void opt_in_smem(int bytes) {
+  static std::atomic<std::uint64_t> done{0};
+  int dev = 0;
+  ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::uint64_t bit = std::uint64_t{1} << (dev & 63);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.fetch_or(bit, std::memory_order_release);
+}
 
 inline int device_multiprocessors() {
   int dev = 0;
