@@ -466,8 +466,8 @@ int main(int argc, char** argv) {
         bm_prefill(st, c.seqs, c.n, c.cached, c.qh, c.kvh, c.bs, key, zc::prefill_kernel::mma_sync);
       })->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
       if (!zc::wgmma_prefill_available()) continue;
-      for (auto k : {zc::prefill_kernel::wgmma, zc::prefill_kernel::wgmma_ws, zc::prefill_kernel::wgmma_ws128,
-                     zc::prefill_kernel::wgmma_ws_overlap}) {
+      for (const auto k : zc::all_prefill_kernels) {
+        if (!zc::is_wgmma(k)) continue;
         std::snprintf(name, sizeof name, "prefill_%s/bs%d/q%d_kv%d/seqs%d/new%d/cached%d", zc::to_string(k), c.bs, c.qh,
                       c.kvh, c.seqs, c.n, c.cached);
         std::snprintf(key, sizeof key, "p%05d", order++);

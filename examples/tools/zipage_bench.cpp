@@ -479,11 +479,13 @@ int main(int argc, char** argv) {
   app.add_flag("--no-fused-quantize", o.unfused_quantize,
                "FP8 weights: each linear quantises its input itself, instead of the norm or SwiGLU before it writing the "
                "FP8 copy (cuda_backend_options::fuse_fp8_quantize = false, for A/B runs)");
+  std::vector<std::string> prefill_kernel_names;
+  for (const auto k : cuda::all_prefill_kernels) prefill_kernel_names.emplace_back(cuda::to_string(k));
   app.add_option("--prefill-kernel", o.prefill_kernel,
-                 "prefill attention: automatic (wgmma where it runs, else mma_sync), mma_sync, wgmma, wgmma_ws, "
-                 "wgmma_ws128 or wgmma_ws_overlap (cuda_backend_options::prefill_kernel; the wgmma ones need bf16 K/V "
-                 "and an sm_90a build on an H100/H200)")
-      ->check(CLI::IsMember({"automatic", "mma_sync", "wgmma", "wgmma_ws", "wgmma_ws128", "wgmma_ws_overlap"}));
+                 "prefill attention: automatic (wgmma where it runs, else mma_sync) or a kernel by name "
+                 "(cuda_backend_options::prefill_kernel; the wgmma ones need bf16 K/V and an sm_90a build on an "
+                 "H100/H200)")
+      ->check(CLI::IsMember(prefill_kernel_names));
   app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)");
   app.add_option("--json", o.json, "append results as JSON lines to this file");
   zipage_cli::add_kv_cache_dtype_flag(app, o.kv_cache_dtype, "", "bf16");
@@ -534,8 +536,7 @@ int main(int argc, char** argv) {
     bo.cuda_graphs = !o.no_graphs;
     bo.op_timing = o.op_timing;
     bo.fuse_fp8_quantize = !o.unfused_quantize;
-    for (auto k : {cuda::prefill_kernel::automatic, cuda::prefill_kernel::mma_sync, cuda::prefill_kernel::wgmma,
-                   cuda::prefill_kernel::wgmma_ws, cuda::prefill_kernel::wgmma_ws128, cuda::prefill_kernel::wgmma_ws_overlap})
+    for (const auto k : cuda::all_prefill_kernels)
       if (o.prefill_kernel == cuda::to_string(k)) bo.prefill_kernel = k;
     bo.kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
     bo.weight_dtype = o.linear_bench ? weight_dtype::fp8_e4m3 : parse_weight_quantization(o.quantization);

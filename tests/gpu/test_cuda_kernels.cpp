@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <initializer_list>
 #include <numeric>
 #include <random>
 #include <string>
@@ -252,14 +251,17 @@ void test_decode(int d, int qh, int kvh, int bs, std::vector<int> lens, std::vec
 }
 
 // Every Hopper wgmma prefill kernel (run where wgmma_prefill_available()).
-constexpr std::initializer_list<zc::prefill_kernel> kWgmmaKernels = {
-    zc::prefill_kernel::wgmma, zc::prefill_kernel::wgmma_ws, zc::prefill_kernel::wgmma_ws128,
-    zc::prefill_kernel::wgmma_ws_overlap};
+std::vector<zc::prefill_kernel> wgmma_kernels() {
+  std::vector<zc::prefill_kernel> ks;
+  for (const auto k : zc::all_prefill_kernels)
+    if (zc::is_wgmma(k)) ks.push_back(k);
+  return ks;
+}
 
 // ---- prefill: sequences with `cached` tokens already in the cache and `fresh` new tokens appended; each kernel of
 // `kernels` against one reference (its cost, not the GPU's, dominates this test).
 void test_prefill(int d, int qh, int kvh, int bs, const std::vector<std::pair<int, int>>& seqs_cached_new,
-                  std::initializer_list<zc::prefill_kernel> kernels = {zc::prefill_kernel::mma_sync}) {
+                  const std::vector<zc::prefill_kernel>& kernels = {zc::prefill_kernel::mma_sync}) {
   std::vector<int> lens;
   std::vector<std::int32_t> q_indptr{0}, token_seq, token_len;
   for (std::size_t s = 0; s < seqs_cached_new.size(); ++s) {
@@ -722,7 +724,7 @@ int main() {
       test_decode(64, 8, 2, 16, {4096, 100}, {{64, 0}});
       test_prefill(128, 16, 4, 16, {{0, 70}, {100, 9}});
       test_prefill(64, 6, 1, 256, {{0, 40}, {300, 3}});
-      if (zc::wgmma_prefill_available()) test_prefill(128, 16, 4, 16, {{0, 70}, {100, 9}}, kWgmmaKernels);
+      if (zc::wgmma_prefill_available()) test_prefill(128, 16, 4, 16, {{0, 70}, {100, 9}}, wgmma_kernels());
       test_append_kv(2, 64, 16, 50, 8);
       test_rms_norm(3, 4096, 4096, cuda_dtype::bf16, false);
       test_rms_norm(3, 256, 64, cuda_dtype::f32, true);
@@ -791,7 +793,7 @@ int main() {
     // Prefill on Hopper's wgmma (bf16 K/V, head_dim 128): the same cases, and longer prompts whose tiles run
     // the whole K/V pipeline many times over.
     if (zc::wgmma_prefill_available()) {
-      const auto wg = kWgmmaKernels;  // each case's reference serves every kernel
+      const auto wg = wgmma_kernels();  // each case's reference serves every kernel
       for (auto [qh, kvh] : gqa)
         for (int bs : {2, 16, 256})
           test_prefill(128, qh, kvh, bs, {{0, 1}, {0, 50}, {0, 200}, {64, 64}, {700, 129}, {1500, 77}, {3, 300}}, wg);

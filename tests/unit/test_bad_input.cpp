@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <set>
 #include <string>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -179,6 +180,16 @@ TEST_CASE("resolve_prefill_kernel: the prefill kernel that runs, or why a wgmma 
                  "needs head_dim 128, not 64"));
   CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma, 128, false, false); }),
                  "needs an sm_90a build"));
+  // The one list of kernels: every name distinct, the wgmma ones every concrete kernel but mma_sync, nothing else.
+  std::set<std::string> names;
+  for (const prefill_kernel k : zipage::cuda::all_prefill_kernels) {
+    CHECK(zipage::cuda::is_prefill_kernel(k));
+    CHECK(zipage::cuda::is_wgmma(k) == (k != prefill_kernel::automatic && k != prefill_kernel::mma_sync));
+    names.insert(zipage::cuda::to_string(k));
+  }
+  CHECK(names.size() == std::size(zipage::cuda::all_prefill_kernels));
+  CHECK_FALSE(zipage::cuda::is_prefill_kernel(static_cast<prefill_kernel>(7)));
+  CHECK_FALSE(zipage::cuda::is_wgmma(static_cast<prefill_kernel>(7)));
   CHECK(contains(error_of([] { (void)resolve_prefill_kernel(static_cast<prefill_kernel>(7), 128, false, true); }),
                  "not a cuda::prefill_kernel"));
 }

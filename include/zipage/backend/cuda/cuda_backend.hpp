@@ -160,7 +160,7 @@ struct cuda_backend_options {
           overlap_min_batch);
     check(overlap_gemm_sms >= 0, "cuda_backend_options::overlap_gemm_sms must be >= 0 (0: every SM), got ",
           overlap_gemm_sms);
-    check(static_cast<int>(prefill_kernel) <= static_cast<int>(cuda::prefill_kernel::wgmma_ws_overlap),
+    check(cuda::is_prefill_kernel(prefill_kernel),
           "cuda_backend_options::prefill_kernel: not a cuda::prefill_kernel (", static_cast<int>(prefill_kernel), ")");
     check(!wgmma_prefill() || (dtype == cuda_dtype::bf16 && kv_dtype == kv_cache_dtype::auto_),
           "cuda_backend_options::prefill_kernel ", cuda::to_string(prefill_kernel),

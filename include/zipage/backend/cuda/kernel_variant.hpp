@@ -51,10 +51,21 @@ enum class prefill_kernel : std::uint8_t {
   return "?";
 }
 
-// One of the Hopper wgmma kernels (bf16 K/V, head_dim 128, a device with wgmma).
+// Every prefill_kernel, in declaration order: what the tools parse and list, and the tests and benches loop over.
+inline constexpr prefill_kernel all_prefill_kernels[] = {
+    prefill_kernel::automatic, prefill_kernel::mma_sync,    prefill_kernel::wgmma,
+    prefill_kernel::wgmma_ws,  prefill_kernel::wgmma_ws128, prefill_kernel::wgmma_ws_overlap};
+
+// Whether k is a prefill_kernel at all (an options struct may hold any value of the underlying type).
+[[nodiscard]] constexpr bool is_prefill_kernel(prefill_kernel k) {
+  for (const prefill_kernel x : all_prefill_kernels)
+    if (x == k) return true;
+  return false;
+}
+
+// One of the Hopper wgmma kernels (bf16 K/V, head_dim 128, a device with wgmma): every concrete kernel but mma_sync.
 [[nodiscard]] constexpr bool is_wgmma(prefill_kernel k) {
-  return k == prefill_kernel::wgmma || k == prefill_kernel::wgmma_ws || k == prefill_kernel::wgmma_ws128 ||
-         k == prefill_kernel::wgmma_ws_overlap;
+  return is_prefill_kernel(k) && k != prefill_kernel::automatic && k != prefill_kernel::mma_sync;
 }
 
 // Whether automatic may pick the wgmma kernel for this cache before the device is asked (callers skip the
