@@ -297,20 +297,23 @@ __device__ __forceinline__ float softmax_row(float (&s)[NT][4], int r, float& m,
   return corr;
 }
 
+// Row r of the thread's output accumulators times c (softmax_row's correction).
+template <int D>
+__device__ __forceinline__ void rescale_row(float (&o)[D / 8][4], int r, float c) {
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    o[j][2 * r] *= c;
+    o[j][2 * r + 1] *= c;
+  }
+}
+
 // Online-softmax step for the thread's two rows: softmax_row, then o rescaled (times o_rescale too: the FP8
 // path's change of V normalisation).
 template <int D, int NT>
 __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&o)[D / 8][4],
                                              float o_rescale = 1.0f) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float oc = softmax_row(s, r, m[r], l[r]) * o_rescale;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[j][2 * r] *= oc;
-      o[j][2 * r + 1] *= oc;
-    }
-  }
+  for (int r = 0; r < 2; ++r) rescale_row<D>(o, r, softmax_row(s, r, m[r], l[r]) * o_rescale);
 }
 
 // ---------------------------------------------------------------------------------------------------

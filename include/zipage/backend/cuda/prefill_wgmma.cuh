@@ -134,17 +134,6 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[NT][4], int tile_start
   }
 }
 
-// O's two rows of this thread times their softmax corrections.
-__device__ __forceinline__ void rescale_rows(float (&o)[128 / 8][4], float corr0, float corr1) {
-#pragma unroll
-  for (int j = 0; j < 128 / 8; ++j) {
-    o[j][0] *= corr0;
-    o[j][1] *= corr0;
-    o[j][2] *= corr1;
-    o[j][3] *= corr1;
-  }
-}
-
 // The CTA's K/V bounds in shared memory: bounds[0] the longest row's kv length, bounds[1] the shortest, bounds[2 + w]
 // the longest of warpgroup w's 64 rows (its tile count). Thread `tid` < 4 resets them before a barrier
 // (reset_kv_bounds), then thread tid < ntok adds its token (add_token_kv_bounds) before the next.
@@ -495,7 +484,8 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config<SUBTILES>::kThreads, 1
         const float corr0 = softmax_row(s, 0, m[0], l[0]), corr1 = softmax_row(s, 1, m[1], l[1]);
         wgmma::wait<0>();
         wgmma::fence_operands(o);
-        wp::rescale_rows(o, corr0, corr1);
+        rescale_row<D>(o, 0, corr0);
+        rescale_row<D>(o, 1, corr1);
         wp::pack_p(s, pa);  // the P.V reading the previous P is done
       } else if (it < wg_tiles) {  // the first step: nothing to multiply yet
         issue_s(stage);
