@@ -382,6 +382,19 @@ TEST_CASE("fp32: compressed requests swapped to host memory resume with identica
   }
 }
 
+// The forward pass on a GPU backend with options `o` (model seed 11) against the CPU's logits `ref` of the same
+// batches: the relative error of the prefill step's logits and the worst over all steps.
+struct forward_error {
+  double prefill, worst;
+};
+forward_error gpu_forward_error(const model_config& c, const cuda_backend_options& o, const std::vector<int>& lens,
+                                int decode_steps, const std::vector<std::vector<float>>& ref) {
+  const cuda_backend gb(o);
+  auto gpu_model = random_llama(gb, c, 11);
+  const auto out = forward_steps(gpu_model, gb, lens, decode_steps);
+  return {rel_error(out[0], ref[0]), worst_step_error(out, ref)};
+}
+
 TEST_CASE("bf16: tuned attention kernels inside the forward pass vs the CPU forward pass (rel. logits error < 5e-2)") {
   struct shape_case {
     int head_dim, q_heads, kv_heads;
@@ -400,13 +413,10 @@ TEST_CASE("bf16: tuned attention kernels inside the forward pass vs the CPU forw
       CAPTURE(fast);
       cuda_backend_options o;
       o.fast_kernels = fast;
-      const cuda_backend gb(o);
-      auto gpu_model = random_llama(gb, c, 11);
-      const auto out = forward_steps(gpu_model, gb, lens, 40);
-      const double worst = worst_step_error(out, ref);
+      const forward_error e = gpu_forward_error(c, o, lens, 40, ref);
       MESSAGE("bf16 ", std::string(fast ? "tuned" : "generic"), " kernels, head_dim ", sc.head_dim, ", q/kv ", sc.q_heads, "/",
-              sc.kv_heads, ": prefill logits rel. error ", rel_error(out[0], ref[0]), ", worst over 41 steps ", worst);
-      CHECK(worst < 5e-2);
+              sc.kv_heads, ": prefill logits rel. error ", e.prefill, ", worst over 41 steps ", e.worst);
+      CHECK(e.worst < 5e-2);
     }
   }
 }
@@ -426,20 +436,15 @@ TEST_CASE("bf16: each prefill kernel inside the forward pass vs the CPU forward 
     auto cpu_model = random_llama(cpu_backend{}, c, 11);
     const auto ref = forward_steps(cpu_model, cpu_backend{}, lens, 10);
     // (mma_sync explicitly: on Hopper the other tests' automatic runs wgmma)
-    for (const auto kernel : {zipage::cuda::prefill_kernel::mma_sync, zipage::cuda::prefill_kernel::wgmma,
-                              zipage::cuda::prefill_kernel::wgmma_ws, zipage::cuda::prefill_kernel::wgmma_ws128,
-                              zipage::cuda::prefill_kernel::wgmma_ws_overlap}) {
-      if (zipage::cuda::is_wgmma(kernel) && !wgmma) continue;
+    for (const auto kernel : zipage::cuda::all_prefill_kernels) {
+      if (kernel == zipage::cuda::prefill_kernel::automatic || (zipage::cuda::is_wgmma(kernel) && !wgmma)) continue;
       CAPTURE(zipage::cuda::to_string(kernel));
       cuda_backend_options o;
       o.prefill_kernel = kernel;
-      const cuda_backend gb(o);
-      auto gpu_model = random_llama(gb, c, 11);
-      const auto out = forward_steps(gpu_model, gb, lens, 10);
-      const double worst = worst_step_error(out, ref);
+      const forward_error e = gpu_forward_error(c, o, lens, 10, ref);
       MESSAGE(zipage::cuda::to_string(kernel), " prefill, q/kv ", q_heads, "/", kv_heads, ": prefill logits rel. error ",
-              rel_error(out[0], ref[0]), ", worst over 11 steps ", worst);
-      CHECK(worst < 5e-2);
+              e.prefill, ", worst over 11 steps ", e.worst);
+      CHECK(e.worst < 5e-2);
     }
   }
 }
