@@ -15,7 +15,9 @@
 # CONCURRENT_TESTS="test_cuda_wgmma test_cuda_kernels" for a short build when only the kernels changed).
 # With PREFILL_BENCH=1, after the tests: bench_decode_attention's prefill cases (mma.sync and wgmma kernels
 # against a bf16 GEMM measured in the same run) into prefill_bench.txt; OP_TIMING_BOX=0 and AB_BOX=0 skip
-# steps 3-4.
+# steps 3-4. With PREFILL_ENGINE_BOX=60: prefill end to end, zipage-bench on 128 prompts of 8,192 tokens (bf16 KV and
+# weights, full KV, 16 output tokens) once per kernel of PREFILL_ENGINE_KERNELS (default "mma_sync automatic"):
+# prefill tok/s = the "prompt tokens" over the "wall" seconds of prefill_engine_KERNEL.txt.
 #   call 1: bench/run_fused_ab.sh start; bench/run_fused_ab.sh wait
 #   call 2: bench/run_fused_ab.sh wait     (issued at once; repeat until it says done)
 # "At once" matters: the device machine is released after ~30 s idle between calls, and the driver and its
@@ -54,6 +56,14 @@ case "${1:-}" in
     if [ "${PREFILL_BENCH:-0}" = 1 ]; then
       timeout 240 "$B"/bench_decode_attention --benchmark_filter='prefill' > "$D/prefill_bench.txt" 2>&1
       st "prefill bench rc=$?"
+    fi
+    if [ "${PREFILL_ENGINE_BOX:-0}" -gt 0 ]; then
+      for k in ${PREFILL_ENGINE_KERNELS:-mma_sync automatic}; do
+        timeout $(( PREFILL_ENGINE_BOX + 150 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode full \
+          --num-requests 128 --prompt-len 8192 --output-len 16 --max-num-seqs 128 --seconds "$PREFILL_ENGINE_BOX" \
+          --kv-cache-dtype auto --quantization none --prefill-kernel "$k" > "$D/prefill_engine_$k.txt" 2>&1
+        st "prefill engine $k rc=$?: $(grep -oE 'prompt tokens [0-9]+|[0-9.]+ s wall|prefill attention [a-z_]+' "$D/prefill_engine_$k.txt" | tr '\n' ' ')"
+      done
     fi
     if [ "${LINEAR_BENCH:-1}" = 1 ]; then
       timeout 150 "$B"/zipage-bench --shape qwen3-8b --linear-bench > "$D/linear.txt" 2>&1

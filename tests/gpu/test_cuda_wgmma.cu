@@ -3,7 +3,7 @@
 // (sw128_offset) with K-major descriptors (S = Q K^T from shared memory), the N-major descriptor of V with P from
 // registers (O = P V), and the accumulator layout the kernel's softmax and epilogue read. When the whole prefill
 // kernel disagrees with the reference (test_cuda_kernels), these say which piece is wrong. The last case checks
-// the synchronisation of the warp-specialised kernel (wgmma_ws): stages handed over by mbarriers (cp.async
+// the synchronisation of the warp-specialised kernel: stages handed over by mbarriers (cp.async
 // arrivals, consumer-warp releases) and the two consumers' alternating turns on named barriers; a hang there
 // (the runner's timeout) points at that protocol.
 // Skipped (exit 77, reported) without a device that runs wgmma (an sm_90a build on compute capability 9.0).

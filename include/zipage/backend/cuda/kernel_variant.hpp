@@ -28,15 +28,15 @@ enum class kernel_variant : std::uint8_t {
 enum class prefill_kernel : std::uint8_t {
   automatic,  // wgmma where it can run (bf16 K/V, head_dim 128, wgmma_prefill_available), else mma_sync
   mma_sync,   // mma.sync m16n8k16, any GPU the library builds for (backend/cuda/prefill_kernel.cuh)
-  wgmma,      // Hopper warpgroup MMAs (backend/cuda/prefill_wgmma.cuh): bf16 K/V, head_dim 128, an sm_90a build on a
-              // compute-capability-9.0 device (wgmma_prefill_available); anything else is an error. 1.43-1.49x
-              // mma_sync on the H200 (docs/benchmarks.md, 2026-12-02 13:34)
-  wgmma_ws,   // the same products, warp-specialised as FlashAttention-3: a producer warpgroup copying K/V, two
-              // consumer warpgroups taking turns on the tensor cores; same conditions
-  wgmma_ws128,  // wgmma_ws over 128-token K/V steps (half the softmax and hand-over work per token)
-  wgmma_ws_overlap,  // wgmma_ws with FA3's intra-warpgroup overlap too (each step's softmax beside the previous
-                     // step's P.V). None of the wgmma_ws* has run on a GPU yet: of wgmma and them the fastest stays
-                     // once the device has timed them
+  wgmma,      // Hopper warpgroup MMAs (backend/cuda/prefill_wgmma.cuh), FlashAttention-3's structure: a producer
+              // warpgroup copying K/V, two consumer warpgroups taking turns on the tensor cores, 128-token K/V steps,
+              // persistent CTAs (one per SM). bf16 K/V, head_dim 128, an sm_90a build on a compute-capability-9.0
+              // device (wgmma_prefill_available); anything else is an error
+  wgmma_overlap,     // the same over 64-token steps with FA3's intra-warpgroup overlap (each step's softmax beside
+                     // the previous step's P.V); same conditions
+  wgmma_ws128,       // wgmma with one CTA per query tile instead of persistent CTAs
+  wgmma_ws_overlap,  // wgmma_overlap with one CTA per query tile. These three are timed against wgmma
+                     // (docs/benchmarks.md); the fastest of the four stays
 };
 
 [[nodiscard]] constexpr const char* to_string(prefill_kernel k) {
@@ -44,7 +44,7 @@ enum class prefill_kernel : std::uint8_t {
     case prefill_kernel::automatic: return "automatic";
     case prefill_kernel::mma_sync: return "mma_sync";
     case prefill_kernel::wgmma: return "wgmma";
-    case prefill_kernel::wgmma_ws: return "wgmma_ws";
+    case prefill_kernel::wgmma_overlap: return "wgmma_overlap";
     case prefill_kernel::wgmma_ws128: return "wgmma_ws128";
     case prefill_kernel::wgmma_ws_overlap: return "wgmma_ws_overlap";
   }
@@ -53,8 +53,8 @@ enum class prefill_kernel : std::uint8_t {
 
 // Every prefill_kernel, in declaration order: what the tools parse and list, and the tests and benches loop over.
 inline constexpr prefill_kernel all_prefill_kernels[] = {
-    prefill_kernel::automatic, prefill_kernel::mma_sync,    prefill_kernel::wgmma,
-    prefill_kernel::wgmma_ws,  prefill_kernel::wgmma_ws128, prefill_kernel::wgmma_ws_overlap};
+    prefill_kernel::automatic,     prefill_kernel::mma_sync,    prefill_kernel::wgmma,
+    prefill_kernel::wgmma_overlap, prefill_kernel::wgmma_ws128, prefill_kernel::wgmma_ws_overlap};
 
 // Whether k is a prefill_kernel at all (an options struct may hold any value of the underlying type).
 [[nodiscard]] constexpr bool is_prefill_kernel(prefill_kernel k) {

@@ -43,4 +43,12 @@ namespace zipage::cuda::ws_protocol {
 // the last turn.
 [[nodiscard]] constexpr int released_after_step(int it, bool overlap) { return overlap ? it - 1 : it; }
 
+// The work item (query tile x KV head, longest K/V first) a CTA takes in its round `round` of `ctas` CTAs: round r
+// covers items [r ctas, r ctas + ctas), in turn forwards and backwards (a snake), so that the CTAs' totals stay
+// nearly equal while the items shrink. A CTA stops at its first item past the last; with one CTA per item, round 0
+// is the whole grid.
+[[nodiscard]] constexpr int persistent_item(int round, int cta, int ctas) {
+  return round * ctas + ((round & 1) != 0 ? ctas - 1 - cta : cta);
+}
+
 }  // namespace zipage::cuda::ws_protocol
