@@ -1,6 +1,5 @@
 // Paged prefill attention on Hopper's warpgroup MMAs (prefill_wgmma.cuh). A translation unit of its own: the
 // kernel's 1024-byte-aligned dynamic shared memory would otherwise pad the other prefill kernels' too.
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -37,37 +36,16 @@ prefill_kernel prefill_kernel_on_device(prefill_kernel requested, int head_dim, 
 
 namespace detail {
 
-namespace {
-
-// (The kernel is a template argument: kernels that share a Config still each need their own shared-memory opt-in.)
-// Persistent: one CTA per SM, each walking through work items (ws_protocol::persistent_item); otherwise one CTA per
-// item.
-template <class Config, auto Kernel>
-void launch(prefill_args a, int num_tokens, bool persistent, cuda_stream stream) {
-  opt_in_smem<Kernel>(Config::kSmemBytes);
-  a.tokens_per_tile = Config::kRows / a.group;
+void launch_prefill_wgmma(prefill_args a, int num_tokens, cuda_stream stream) {
+  using cfg = prefill_wgmma_config;
+  constexpr auto kernel = paged_prefill_wgmma_kernel<128>;
+  opt_in_smem<kernel>(cfg::kSmemBytes);
+  a.tokens_per_tile = cfg::kRows / a.group;
   const long long tiles = static_cast<long long>(num_tokens) / a.tokens_per_tile + a.num_seqs;
-  const long long items = tiles * a.num_kv_heads;
-  check(items < (1ll << 30), "paged_prefill_attention: too many query tiles");
-  const long long ctas = persistent ? std::min<long long>(items, device_multiprocessors()) : items;
-  Kernel<<<static_cast<unsigned>(ctas), Config::kThreads, Config::kSmemBytes, stream>>>(a);
+  check(tiles < (1ll << 31), "paged_prefill_attention: too many query tiles");
+  const dim3 grid(static_cast<unsigned>(tiles), a.num_kv_heads);
+  kernel<<<grid, cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
-}
-
-}  // namespace
-
-void launch_prefill_wgmma(const prefill_args& a, int num_tokens, prefill_kernel kernel, cuda_stream stream) {
-  using ws128 = prefill_wgmma_ws_config<2>;
-  using ws64 = prefill_wgmma_ws_config<1>;
-  constexpr auto k128 = paged_prefill_wgmma_ws_kernel<128, 2, false>;
-  constexpr auto k64_overlap = paged_prefill_wgmma_ws_kernel<128, 1, true>;
-  switch (kernel) {
-    case prefill_kernel::wgmma: launch<ws128, k128>(a, num_tokens, true, stream); break;
-    case prefill_kernel::wgmma_overlap: launch<ws64, k64_overlap>(a, num_tokens, true, stream); break;
-    case prefill_kernel::wgmma_ws128: launch<ws128, k128>(a, num_tokens, false, stream); break;
-    case prefill_kernel::wgmma_ws_overlap: launch<ws64, k64_overlap>(a, num_tokens, false, stream); break;
-    default: check(false, "launch_prefill_wgmma: not a wgmma kernel: ", to_string(kernel));
-  }
 }
 
 }  // namespace detail

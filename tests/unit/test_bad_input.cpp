@@ -134,10 +134,10 @@ TEST_CASE("cuda_backend_options: a wrong field is named before the backend touch
                  }),
                  "prefill_kernel wgmma reads bf16 K/V"));
   CHECK(contains(error_with([](auto& o) {
-                   o.prefill_kernel = zipage::cuda::prefill_kernel::wgmma_overlap;
+                   o.prefill_kernel = zipage::cuda::prefill_kernel::wgmma;
                    o.dtype = cuda_dtype::f32;
                  }),
-                 "prefill_kernel wgmma_overlap reads bf16 K/V: it needs dtype bf16"));
+                 "prefill_kernel wgmma reads bf16 K/V: it needs dtype bf16"));
   // What the library's own users set stays valid.
   CHECK(error_with([](auto& o) {
           o.dtype = cuda_dtype::f32;
@@ -166,21 +166,13 @@ TEST_CASE("resolve_prefill_kernel: the prefill kernel that runs, or why a wgmma 
     CHECK(resolve_prefill_kernel(prefill_kernel::mma_sync, 128, false, available) == prefill_kernel::mma_sync);
   }
   CHECK(resolve_prefill_kernel(prefill_kernel::wgmma, 128, false, true) == prefill_kernel::wgmma);
-  CHECK(resolve_prefill_kernel(prefill_kernel::wgmma_overlap, 128, false, true) == prefill_kernel::wgmma_overlap);
-  CHECK(resolve_prefill_kernel(prefill_kernel::wgmma_ws128, 128, false, true) == prefill_kernel::wgmma_ws128);
-  CHECK(resolve_prefill_kernel(prefill_kernel::wgmma_ws_overlap, 128, false, true) == prefill_kernel::wgmma_ws_overlap);
-  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma_ws_overlap, 64, false, true); }),
-                 "prefill kernel wgmma_ws_overlap needs head_dim 128, not 64"));
-  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma_ws128, 128, true, true); }),
-                 "prefill kernel wgmma_ws128 reads bf16 K/V"));
-  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma_overlap, 128, false, false); }),
-                 "prefill kernel wgmma_overlap needs an sm_90a build"));
-  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma, 128, true, true); }), "reads bf16 K/V"));
+  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma, 128, true, true); }),
+                 "prefill kernel wgmma reads bf16 K/V"));
   CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma, 64, false, true); }),
-                 "needs head_dim 128, not 64"));
+                 "prefill kernel wgmma needs head_dim 128, not 64"));
   CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma, 128, false, false); }),
-                 "needs an sm_90a build"));
-  // The one list of kernels: every name distinct, the wgmma ones every concrete kernel but mma_sync, nothing else.
+                 "prefill kernel wgmma needs an sm_90a build"));
+  // The one list of kernels: every name distinct, wgmma the one concrete kernel besides mma_sync.
   std::set<std::string> names;
   for (const prefill_kernel k : zipage::cuda::all_prefill_kernels) {
     CHECK(zipage::cuda::is_prefill_kernel(k));

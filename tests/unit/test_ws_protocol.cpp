@@ -2,10 +2,8 @@
 // the kernel calls) run on the host against a model of its barriers, one warpgroup per role, under random
 // interleavings: every schedule finishes (no deadlock), a consumer always finds the step it waits for in its stage,
 // the producer never refills a stage a consumer still reads, no mbarrier wait is two phases behind, and the named
-// barriers never bank two arrivals nor keep one at the end; with two turns per step (wgmma, wgmma_ws128) and with
-// the intra-warpgroup overlap's one turn per step and a last one (wgmma_overlap, wgmma_ws_overlap); for one work item
-// and for a persistent CTA's items back to back. The device runs the same protocol on plain data in test_cuda_wgmma
-// ("warp specialisation: ...").
+// barriers never bank two arrivals nor keep one at the end (two turns per step: S, then P.V). The device runs the
+// same protocol on plain data in test_cuda_wgmma ("warp specialisation: ...").
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -35,14 +33,16 @@ struct mbarrier {
 };
 
 struct model {
-  int steps, stages;  // steps: over all the CTA's items
+  int steps, stages;
+  std::array<int, 2> consumer_steps;
   std::vector<mbarrier> full, empty;
   std::vector<int> stage_step;             // the step a stage holds, -1 while its copies are in flight
   std::vector<std::array<bool, 2>> reads;  // consumer c is reading stage s
   std::array<int, 3> banked{};             // named barriers 1 and 2: arrivals not yet matched by a sync
   std::string error;
 
-  model(int n, int s) : steps(n), stages(s), full(s), empty(s), stage_step(s, -1), reads(s, {false, false}) {
+  model(int n, int s, std::array<int, 2> work)
+      : steps(n), stages(s), consumer_steps(work), full(s), empty(s), stage_step(s, -1), reads(s, {false, false}) {
     for (auto& b : empty) b.expected = 2;  // both consumers (each consumer's warps count as one here)
   }
 
@@ -90,56 +90,34 @@ struct producer {
   }
 };
 
-// A work item of a CTA: its steps, and how many of them each consumer computes (the others it only takes turns in).
-struct work_item {
-  int steps;
-  std::array<int, 2> work;
-};
-
-// A consumer's program, as the kernel runs it: per work item, open the turns, then per step wait for it, take its
-// turns (a turn issues the products: S reads the step's stage, so a stage is being read from its S turn until its
-// release) and release a stage. Steps are numbered over the CTA's items (the stage ring runs on across them); turns
-// per item.
+// A consumer's program, as the kernel runs it: open the turns, then per step wait for it, take its turns (a turn
+// issues the products: S reads the step's stage, so a stage is being read from its S turn until its release) and
+// release a stage.
 struct consumer {
   enum class op { open, wait_full, turn, release };
   struct action {
     op what;
-    int step = -1;    // wait_full / release: the step; turn: the step whose stage S starts reading (-1: none)
-    int turn = -1;    // turn: its number in the item
-    int pv = -1;      // turn: the step whose V its P.V reads (-1: none)
-    int nturns = 0;   // open, turn: the item's turns
+    int step = -1;  // wait_full / release: the step; turn: the step whose stage S starts reading (-1: none)
+    int turn = -1;  // turn: its number
+    int pv = -1;    // turn: the step whose V its P.V reads (-1: none)
   };
   int c;
   std::vector<action> program;
   std::size_t pc = 0;
 
-  consumer(int which, const std::vector<work_item>& items, bool overlap) : c(which) {
-    int base = 0;
-    for (const work_item& item : items) add_item(base, item.steps, item.work[static_cast<std::size_t>(c)], overlap);
-  }
-
-  void add_item(int& base, int steps, int work_steps, bool overlap) {
-    const int nturns = wp::turns(steps, overlap);
-    program.push_back({op::open, -1, -1, -1, nturns});
+  consumer(int which, int steps, int work_steps) : c(which) {
+    const int nturns = wp::turns(steps);
+    program.push_back({op::open});
     for (int it = 0; it < steps; ++it) {
-      const int reads = it < work_steps ? base + it : -1;
-      program.push_back({op::wait_full, base + it});
-      if (!overlap) {
-        program.push_back({op::turn, reads, 2 * it, -1, nturns});
-        program.push_back({op::turn, -1, 2 * it + 1, reads, nturns});
-      } else {
-        // S(it) with P(it-1).V(it-1)
-        program.push_back({op::turn, reads, it, it >= 1 && it - 1 < work_steps ? base + it - 1 : -1, nturns});
-      }
-      const int released = wp::released_after_step(it, overlap);
-      if (released >= 0) program.push_back({op::release, base + released});
+      const int reads = it < work_steps ? it : -1;
+      program.push_back({op::wait_full, it});
+      program.push_back({op::turn, reads, 2 * it});
+      program.push_back({op::turn, -1, 2 * it + 1, reads});
+      program.push_back({op::release, it});
     }
-    if (overlap && steps > 0) {
-      program.push_back({op::turn, -1, steps, steps - 1 < work_steps ? base + steps - 1 : -1, nturns});  // last P.V
-      program.push_back({op::release, base + steps - 1});
-    }
-    base += steps;
+    turns_total = nturns;
   }
+  int turns_total = 0;
 
   bool finished(const model&) const { return pc >= program.size(); }
   bool step(model& m) {
@@ -147,7 +125,7 @@ struct consumer {
     const int my = 1 + c, other = 1 + (c ^ 1);
     switch (x.what) {
       case op::open:
-        if (wp::opens_turns(c, x.nturns)) m.arrive_turn(other);
+        if (wp::opens_turns(c, turns_total)) m.arrive_turn(other);
         break;
       case op::wait_full: {
         const int st = wp::stage_of(x.step, m.stages);
@@ -164,7 +142,7 @@ struct consumer {
           if (m.stage_step[st] != x.pv) m.fail("a P.V reads a stage that was refilled");
           m.reads[st][c] = true;
         }
-        if (wp::hands_over(c, x.turn, x.nturns)) m.arrive_turn(other);
+        if (wp::hands_over(c, x.turn, turns_total)) m.arrive_turn(other);
         break;
       case op::release: {
         const int st = wp::stage_of(x.step, m.stages);
@@ -179,12 +157,10 @@ struct consumer {
   }
 };
 
-std::string run(const std::vector<work_item>& items, int stages, bool overlap, unsigned seed) {
-  int steps = 0;
-  for (const work_item& item : items) steps += item.steps;
-  model m(steps, stages);
+std::string run(int steps, int stages, std::array<int, 2> work, unsigned seed) {
+  model m(steps, stages, work);
   producer p;
-  std::array<consumer, 2> cs{consumer(0, items, overlap), consumer(1, items, overlap)};
+  std::array<consumer, 2> cs{consumer(0, steps, work[0]), consumer(1, steps, work[1])};
   std::mt19937 rng(seed);
   for (int moves = 0; m.error.empty(); ++moves) {
     std::vector<int> runnable;
@@ -211,20 +187,18 @@ std::string run(const std::vector<work_item>& items, int stages, bool overlap, u
 
 TEST_CASE("ws_protocol: stage hand-over and consumer turns finish and never race, for every step count") {
   int schedules = 0;
-  for (const bool overlap : {false, true})
   for (const int stages : {3, 4})
     for (int steps = 0; steps <= 13; ++steps)
       for (int w0 = 0; w0 <= steps; ++w0)
         for (int w1 = 0; w1 <= steps; ++w1) {
           if (std::max(w0, w1) != steps) continue;  // the kernel's step count is the longer consumer's
           for (unsigned seed = 0; seed < 12; ++seed) {
-            CAPTURE(overlap);
             CAPTURE(stages);
             CAPTURE(steps);
             CAPTURE(w0);
             CAPTURE(w1);
             CAPTURE(seed);
-            const std::string r = run({{steps, {w0, w1}}}, stages, overlap, seed);
+            const std::string r = run(steps, stages, {w0, w1}, seed);
             if (r != "ok") {
               CHECK(r == "ok");
               return;
@@ -238,8 +212,8 @@ TEST_CASE("ws_protocol: stage hand-over and consumer turns finish and never race
 
 TEST_CASE("ws_protocol: a wrong rule is caught (the model can fail)") {
   // Without consumer 1's opening arrival consumer 0 never gets its first turn (the deadlock run() reports).
-  model m(3, 3);
-  consumer c0(0, {{3, {3, 3}}}, false);
+  model m(3, 3, {3, 3});
+  consumer c0(0, 3, 3);
   CHECK(c0.step(m));        // consumer 0 opens nothing
   CHECK_FALSE(c0.step(m));  // step 0 has not landed
   producer p;
@@ -248,62 +222,11 @@ TEST_CASE("ws_protocol: a wrong rule is caught (the model can fail)") {
   CHECK(c0.step(m));        // step 0 has landed
   CHECK_FALSE(c0.step(m));  // its turn never comes: consumer 1 has not arrived
   // A stage read past its release is reported.
-  model m2(4, 1);
+  model m2(4, 1, {4, 4});
   m2.reads[0][0] = true;
   producer p2;
   p2.it = 1;
   m2.empty[0].phase = 1;  // step 0 released (as far as the barrier knows)
   CHECK(p2.step(m2));
   CHECK(m2.error == "the producer refills a stage that is being read");
-}
-
-TEST_CASE("ws_protocol: a persistent CTA's items run back to back on one stage ring and one turn order") {
-  // Items as the persistent kernel meets them: 1-4 items of 1-7 steps each, every split of a step count between
-  // the consumers possible (the kernel's step count is the longer consumer's), random interleavings.
-  std::mt19937 rng(7);
-  int schedules = 0;
-  for (const bool overlap : {false, true})
-    for (const int stages : {3, 4})
-      for (int trial = 0; trial < 400; ++trial) {
-        std::vector<work_item> items(1 + rng() % 4);
-        for (work_item& item : items) {
-          item.steps = 1 + static_cast<int>(rng() % 7);
-          const int other = static_cast<int>(rng() % static_cast<unsigned>(item.steps + 1));
-          item.work = rng() % 2 ? std::array<int, 2>{item.steps, other} : std::array<int, 2>{other, item.steps};
-        }
-        const unsigned seed = static_cast<unsigned>(rng());
-        const std::string r = run(items, stages, overlap, seed);
-        if (r != "ok") {
-          CAPTURE(overlap);
-          CAPTURE(stages);
-          CAPTURE(trial);
-          CHECK(r == "ok");
-          return;
-        }
-        ++schedules;
-      }
-  MESSAGE(schedules, " schedules");
-  CHECK(schedules == 1600);
-}
-
-TEST_CASE("ws_protocol: persistent CTAs take every work item exactly once") {
-  for (int ctas = 1; ctas <= 9; ++ctas)
-    for (int items = 0; items <= 40; ++items) {
-      std::vector<int> taken(static_cast<std::size_t>(items), 0);
-      for (int cta = 0; cta < ctas; ++cta)
-        for (int round = 0;; ++round) {  // as the kernel: up to the first item past the last
-          const int item = wp::persistent_item(round, cta, ctas);
-          if (item >= items) break;
-          ++taken[static_cast<std::size_t>(item)];
-        }
-      CAPTURE(ctas);
-      CAPTURE(items);
-      CHECK(std::all_of(taken.begin(), taken.end(), [](int n) { return n == 1; }));
-    }
-  // Rounds alternate direction: the CTA with the longest first item gets the shortest second one.
-  CHECK(wp::persistent_item(0, 0, 4) == 0);
-  CHECK(wp::persistent_item(1, 0, 4) == 7);
-  CHECK(wp::persistent_item(1, 3, 4) == 4);
-  // One CTA per item: round 0 is the whole grid and round 1 is past it.
-  for (int cta = 0; cta < 6; ++cta) CHECK(wp::persistent_item(1, cta, 6) >= 6);
 }

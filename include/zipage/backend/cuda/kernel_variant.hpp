@@ -28,15 +28,11 @@ enum class kernel_variant : std::uint8_t {
 enum class prefill_kernel : std::uint8_t {
   automatic,  // wgmma where it can run (bf16 K/V, head_dim 128, wgmma_prefill_available), else mma_sync
   mma_sync,   // mma.sync m16n8k16, any GPU the library builds for (backend/cuda/prefill_kernel.cuh)
-  wgmma,      // Hopper warpgroup MMAs (backend/cuda/prefill_wgmma.cuh), FlashAttention-3's structure: a producer
-              // warpgroup copying K/V, two consumer warpgroups taking turns on the tensor cores, 128-token K/V steps,
-              // persistent CTAs (one per SM). bf16 K/V, head_dim 128, an sm_90a build on a compute-capability-9.0
-              // device (wgmma_prefill_available); anything else is an error
-  wgmma_overlap,     // the same over 64-token steps with FA3's intra-warpgroup overlap (each step's softmax beside
-                     // the previous step's P.V); same conditions
-  wgmma_ws128,       // wgmma with one CTA per query tile instead of persistent CTAs
-  wgmma_ws_overlap,  // wgmma_overlap with one CTA per query tile. These three are timed against wgmma
-                     // (docs/benchmarks.md); the fastest of the four stays
+  wgmma,      // Hopper warpgroup MMAs in FlashAttention-3's structure (backend/cuda/prefill_wgmma.cuh): a producer
+              // warpgroup copying K/V, two consumer warpgroups taking turns on the tensor cores, 128-token K/V steps.
+              // bf16 K/V, head_dim 128, an sm_90a build on a compute-capability-9.0 device (wgmma_prefill_available);
+              // anything else is an error. 1.8-1.9x mma_sync on the H200, 50-57% of the GEMM rate
+              // (docs/benchmarks.md, 2026-12-02 16:08)
 };
 
 [[nodiscard]] constexpr const char* to_string(prefill_kernel k) {
@@ -44,17 +40,13 @@ enum class prefill_kernel : std::uint8_t {
     case prefill_kernel::automatic: return "automatic";
     case prefill_kernel::mma_sync: return "mma_sync";
     case prefill_kernel::wgmma: return "wgmma";
-    case prefill_kernel::wgmma_overlap: return "wgmma_overlap";
-    case prefill_kernel::wgmma_ws128: return "wgmma_ws128";
-    case prefill_kernel::wgmma_ws_overlap: return "wgmma_ws_overlap";
   }
   return "?";
 }
 
 // Every prefill_kernel, in declaration order: what the tools parse and list, and the tests and benches loop over.
 inline constexpr prefill_kernel all_prefill_kernels[] = {
-    prefill_kernel::automatic,     prefill_kernel::mma_sync,    prefill_kernel::wgmma,
-    prefill_kernel::wgmma_overlap, prefill_kernel::wgmma_ws128, prefill_kernel::wgmma_ws_overlap};
+    prefill_kernel::automatic, prefill_kernel::mma_sync, prefill_kernel::wgmma};
 
 // Whether k is a prefill_kernel at all (an options struct may hold any value of the underlying type).
 [[nodiscard]] constexpr bool is_prefill_kernel(prefill_kernel k) {
@@ -63,10 +55,8 @@ inline constexpr prefill_kernel all_prefill_kernels[] = {
   return false;
 }
 
-// One of the Hopper wgmma kernels (bf16 K/V, head_dim 128, a device with wgmma): every concrete kernel but mma_sync.
-[[nodiscard]] constexpr bool is_wgmma(prefill_kernel k) {
-  return is_prefill_kernel(k) && k != prefill_kernel::automatic && k != prefill_kernel::mma_sync;
-}
+// The Hopper wgmma kernel (bf16 K/V, head_dim 128, a device with wgmma).
+[[nodiscard]] constexpr bool is_wgmma(prefill_kernel k) { return k == prefill_kernel::wgmma; }
 
 // Whether automatic may pick the wgmma kernel for this cache before the device is asked (callers skip the
 // device query when it cannot).

@@ -1,18 +1,20 @@
 #pragma once
-// Paged prefill attention on Hopper's warpgroup MMAs (wgmma, sm_90a): bf16 K/V, head_dim 128.
+// Paged prefill attention on Hopper's warpgroup MMAs (wgmma, sm_90a): bf16 K/V, head_dim 128
+// (prefill_kernel::wgmma).
 //
-// The work split is paged_prefill_kernel's (prefill_kernel.cuh): a work item is a query tile of tokens x the query
-// heads of one KV head, packed token-major into rows, and walks the 64-token K/V tiles of its sequence through
-// the page table with cp.async (pages may be as small as 2 tokens, too small for TMA boxes). What changes:
-//  * two consumer warpgroups per CTA, 64 query rows each (128 rows per CTA), sharing every K/V tile;
+// The work split is paged_prefill_kernel's (prefill_kernel.cuh): a CTA owns a query tile of tokens x the query
+// heads of one KV head, packed token-major into rows, and walks the K/V of its sequence through the page table
+// with cp.async (pages may be as small as 2 tokens, too small for TMA boxes). What changes:
+//  * FlashAttention-3's warp specialisation: a producer warpgroup copies K/V, two consumer warpgroups compute, 64
+//    query rows each (128 rows per CTA), sharing every K/V tile and taking turns on the tensor cores (below);
 //  * Q, K and V live in shared memory in wgmma's 128-byte-swizzled layout (wgmma.cuh), and the products are
-//    warpgroup MMAs: S = Q K^T as 8 m64n64k16 steps with both operands read from shared memory, O += P V as
-//    4 m64n128k16 steps with P from registers (re-packed S accumulators) and V read N-major (transposed by
-//    the hardware: no ldmatrix.trans);
-//  * three or four K/V stages in flight, filled by a third (producer) warpgroup.
+//    warpgroup MMAs: S = Q K^T as 8 m64n64k16 steps per 64 tokens with both operands read from shared memory,
+//    O += P V as 4 m64n128k16 steps per 64 tokens with P from registers (re-packed S accumulators) and V read
+//    N-major (transposed by the hardware: no ldmatrix.trans);
+//  * 128-token K/V steps, three stages in flight.
 // Masking, the online softmax and the epilogue are the mma.sync kernel's, since the accumulator layout is the
-// same. One kernel, paged_prefill_wgmma_ws_kernel (below): FlashAttention-3's warp specialisation and ping-pong,
-// persistent CTAs. What FA3 has that it has not yet (TMA, setmaxnreg) is listed in docs/architecture.md.
+// same. What FA3 has that this kernel has not yet (TMA, setmaxnreg) and the variants measured against it are in
+// docs/architecture.md.
 #include "zipage/backend/cuda/prefill_kernel.cuh"
 #include "zipage/backend/cuda/wgmma.cuh"
 #include "zipage/backend/cuda/ws_protocol.hpp"
@@ -119,6 +121,23 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[NT][4], int tile_start
   }
 }
 
+// The CTA's K/V bounds in shared memory: bounds[0] the longest row's kv length, bounds[1] the shortest, bounds[2 + w]
+// the longest of warpgroup w's 64 rows (its tile count). Thread `tid` < 4 resets them before a barrier
+// (reset_kv_bounds), then thread tid < ntok adds its token (add_token_kv_bounds) before the next.
+__device__ __forceinline__ void reset_kv_bounds(int* bounds, int tid) {
+  if (tid < 4) bounds[tid] = tid == 1 ? INT_MAX : 0;
+}
+template <int GROUPS>
+__device__ __forceinline__ void add_token_kv_bounds(const prefill_args& a, const query_tile& qt, int tid, int* bounds) {
+  if (tid >= qt.ntok) return;
+  const int L = a.token_kv_len[qt.qoff + qt.tok0 + tid];
+  atomicMax(&bounds[0], L);
+  atomicMin(&bounds[1], L);
+  // The warpgroups whose rows hold this token's heads.
+  for (int w = (tid * a.group) / 64; w <= (tid * a.group + a.group - 1) / 64 && w < GROUPS; ++w)
+    atomicMax(&bounds[2 + w], L);
+}
+
 // Lengths of a thread's two accumulator rows, rows `row` and `row + 8` of the tile (0 for padding rows: fully masked).
 __device__ __forceinline__ void row_lengths(const prefill_args& a, const query_tile& qt, int row, int (&row_len)[2]) {
 #pragma unroll
@@ -144,81 +163,48 @@ __device__ __forceinline__ void store_rows(const prefill_args& a, const query_ti
   }
 }
 
-// The K/V bounds of a query tile, computed by every warp for itself (so the roles need no CTA-wide barrier per
-// tile): `end` the longest row's kv length, `min` the shortest, `consumer_end` the longest of consumer c's 64 rows
-// (c < 0: not wanted).
-struct tile_kv_bounds {
-  int end, min, consumer_end;
-};
-__device__ __forceinline__ tile_kv_bounds warp_kv_bounds(const prefill_args& a, const query_tile& qt, int c, int lane) {
-  int hi = 0, lo = INT_MAX, mine = 0;
-  for (int tk = lane; tk < qt.ntok; tk += 32) {
-    const int L = a.token_kv_len[qt.qoff + qt.tok0 + tk];
-    hi = max(hi, L);
-    lo = min(lo, L);
-    // Token tk's rows are tk * group .. tk * group + group - 1; consumer c holds rows [64 c, 64 c + 64).
-    if (c >= 0 && tk * a.group < 64 * (c + 1) && tk * a.group + a.group > 64 * c) mine = max(mine, L);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-    mine = max(mine, __shfl_xor_sync(0xffffffffu, mine, o));
-  }
-  return {hi, lo, mine};
-}
-
 }  // namespace wgmma_prefill
 
 #endif  // ZIPAGE_WGMMA_DEVICE
 
-// The prefill kernel on Hopper (prefill_kernel::wgmma; the variants still timed against it: wgmma_ws128,
-// wgmma_overlap, wgmma_ws_overlap), FlashAttention-3's structure on the products above: warpgroup 0 only copies K/V
-// (cp.async through the page table), warpgroups 1 and 2 only compute, 64 query rows each. Instead of __syncthreads,
-// a stage is handed over by two mbarriers: `full` (the producer's 128 threads arrive as their copies land) and
-// `empty` (each consumer warp arrives when its MMAs have read the stage). The consumers take turns on the tensor
-// cores (ping-pong): each issues its MMAs only after the other has issued its previous ones, so one's softmax runs
-// while the other's MMAs do. The rules are ws_protocol's.
-// Work items: query tile x KV head, item w = tile * kv_heads + kv head, so that item order is longest K/V first over
-// all heads. A CTA takes items ws_protocol::persistent_item(0, 1, ...) until one is past the last tile: launched
-// with one CTA per item it takes one; launched persistent (one CTA per SM) it walks through many, and its producer
-// copies the next tile's K/V while the consumers still finish the last one (the stage ring runs on across items:
-// `base` counts the steps before the current item, the same in every role).
-// SUBTILES: 64-token K/V sub-tiles per step (1 or 2). With 2, a step's S is 64 x 128 (two m64n64 products) and its
-// softmax, rescale of O and hand-overs serve 128 tokens: half the per-token overhead, for 32 more accumulator
-// registers per thread and 64 KiB stages.
-// OVERLAP: FA3's intra-warpgroup overlap too; a turn issues S(i) and P(i-1).V(i-1).
-template <int SUBTILES>
-struct prefill_wgmma_ws_config {
-  static_assert(SUBTILES == 1 || SUBTILES == 2);
+// FlashAttention-3's structure on the products above: warpgroup 0 only copies K/V (cp.async through the page table),
+// warpgroups 1 and 2 only compute, 64 query rows each. Instead of __syncthreads, a stage is handed over by two
+// mbarriers: `full` (the producer's 128 threads arrive as their copies land) and `empty` (each consumer warp arrives
+// when its MMAs have read the stage). The consumers take turns on the tensor cores (ping-pong): each issues its MMAs
+// only after the other has issued its previous ones, so one's softmax runs while the other's MMAs do. The rules are
+// ws_protocol's. A step is 128 tokens, two 64-token sub-tiles: S is 64 x 128 (two m64n64 products), and its softmax,
+// rescale of O and hand-overs serve 128 tokens.
+struct prefill_wgmma_config {
   static constexpr int kD = 128;
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kRows = 64 * kConsumers;
-  static constexpr int kTile = kKvTile * SUBTILES;  // tokens per step
-  static constexpr int kNT = kTile / 8;             // 8-token column tiles of a step's S
-  static constexpr int kStages = SUBTILES == 1 ? 4 : 3;
+  static constexpr int kSubTiles = 2;                 // 64-token K/V sub-tiles per step
+  static constexpr int kTile = kKvTile * kSubTiles;  // tokens per step
+  static constexpr int kNT = kTile / 8;              // 8-token column tiles of a step's S
+  static constexpr int kStages = 3;
   using loader = wgmma_kv_loader<128>;  // the producer warpgroup's threads, one 64-token sub-tile at a time
-  static constexpr int kStageBytes = SUBTILES * loader::kStageBytes;  // per sub-tile: K [64][128], V [64][128]
+  static constexpr int kStageBytes = kSubTiles * loader::kStageBytes;  // per sub-tile: K [64][128], V [64][128]
   static constexpr int kQGroupBytes = 64 * kD * 2;
   static constexpr int kQBytes = kConsumers * kQGroupBytes;
-  static constexpr int kHeaderBytes = 128;  // the mbarriers from 64
+  static constexpr int kHeaderBytes = 128;  // kv bounds (4 ints) at 0, the mbarriers from 64
   static_assert(64 + 2 * kStages * 8 <= kHeaderBytes);
-  // [header][pad to 1024][Q: kConsumers x 2 x [64][64] bf16][kStages x SUBTILES x (K, V: 2 x [64][64] bf16)]
+  // [header][pad to 1024][Q: kConsumers x 2 x [64][64] bf16][kStages x kSubTiles x (K, V: 2 x [64][64] bf16)]
   static constexpr int kSmemBytes = kHeaderBytes + 1024 + kQBytes + kStages * kStageBytes;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than a Hopper CTA may have");
 };
 
-// grid: one CTA per work item (an upper bound on query tiles x kv_heads) or fewer (persistent), 384 threads; a query
-// tile is kRows / group tokens.
-template <int D, int SUBTILES, bool OVERLAP>
-__global__ void __launch_bounds__(prefill_wgmma_ws_config<SUBTILES>::kThreads, 1)
-    paged_prefill_wgmma_ws_kernel(const prefill_args a) {
-  using cfg = prefill_wgmma_ws_config<SUBTILES>;
+// grid (upper bound on query tiles, kv_heads), 384 threads; a query tile is kRows / group tokens.
+// (A template, like the other kernels, so that including this header in several translation units is fine.)
+template <int D>
+__global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
+    paged_prefill_wgmma_kernel(const prefill_args a) {
+  using cfg = prefill_wgmma_config;
   static_assert(D == cfg::kD, "the wgmma prefill kernel is written for head_dim 128");
 #if ZIPAGE_WGMMA_DEVICE
   namespace wp = wgmma_prefill;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
+  int* const s_bounds = reinterpret_cast<int*>(smem_raw);  // kv max, kv min, per-consumer kv max [2]
   const std::uint32_t raw = smem_addr(smem_raw);
   const std::uint32_t full_bar = raw + 64, empty_bar = full_bar + cfg::kStages * 8;  // [kStages] each
   const std::uint32_t sq = (raw + cfg::kHeaderBytes + 1023) & ~1023u;
@@ -230,48 +216,39 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config<SUBTILES>::kThreads, 1
   // it (and on wg_tiles below) would otherwise make ptxas serialise the wgmma instructions (C7518).
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
   const int lane = tid & 31;
+  const int kvh = blockIdx.y;
 
-  int round = 0;
-  int item = ws_protocol::persistent_item(0, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
-  query_tile qt;  // (longest K/V first: locate_query_tile and the item order)
-  auto next_item = [&] {
-    item = ws_protocol::persistent_item(++round, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
-    return locate_query_tile(a, item / a.num_kv_heads, lane, qt);
-  };
-  if (!locate_query_tile(a, item / a.num_kv_heads, lane, qt)) return;
+  query_tile qt;  // (a sequence's longest-KV tiles come first: locate_query_tile)
+  if (!locate_query_tile(a, blockIdx.x, lane, qt)) return;
 
+  wp::reset_kv_bounds(s_bounds, tid);
   if (tid < cfg::kStages) {
     wgmma::mbar_init(full_bar + tid * 8, 128);                   // the producer's threads
     wgmma::mbar_init(empty_bar + tid * 8, 4 * cfg::kConsumers);  // the consumers' warps
   }
-  __syncthreads();  // the only CTA-wide barrier: from here on the roles only meet at the mbarriers
+  __syncthreads();
+  wp::add_token_kv_bounds<cfg::kConsumers>(a, qt, tid, s_bounds);
+  __syncthreads();  // the last CTA-wide barrier: from here on the roles only meet at the mbarriers
+  const int kv_end = s_bounds[0];
+  const int ntiles = (kv_end + cfg::kTile - 1) / cfg::kTile;
 
   if (wg == 0) {
-    // Producer: step it of the item (step base + it of the CTA) goes to its stage once the consumers have released
-    // the step before it there.
-    int base = 0;
-    do {
-      const int kvh = item % a.num_kv_heads;
-      const int kv_end = wp::warp_kv_bounds(a, qt, -1, lane).end;
-      const int ntiles = (kv_end + cfg::kTile - 1) / cfg::kTile;
-      typename cfg::loader loader(a.k, a.v, a.page_indices + a.page_indptr[qt.seq], a.num_kv_heads, kvh, a.bs_shift,
-                                  tid);
-      loader.prefetch(0, kv_end);
-      for (int it = 0; it < ntiles; ++it) {
-        const int step = base + it;
-        const int st = ws_protocol::stage_of(step, cfg::kStages);
-        if (ws_protocol::producer_waits(step, cfg::kStages))
-          wgmma::mbar_wait(empty_bar + st * 8, ws_protocol::empty_parity(step, cfg::kStages));
+    // Producer: step it goes to stage it % kStages once the consumers have released the step before it there.
+    typename cfg::loader loader(a.k, a.v, a.page_indices + a.page_indptr[qt.seq], a.num_kv_heads, kvh, a.bs_shift,
+                                tid);
+    loader.prefetch(0, kv_end);
+    for (int it = 0; it < ntiles; ++it) {
+      const int st = ws_protocol::stage_of(it, cfg::kStages);
+      if (ws_protocol::producer_waits(it, cfg::kStages))
+        wgmma::mbar_wait(empty_bar + st * 8, ws_protocol::empty_parity(it, cfg::kStages));
 #pragma unroll
-        for (int sub = 0; sub < SUBTILES; ++sub) {
-          const int start = it * cfg::kTile + sub * kKvTile;
-          loader.issue(skv + st * cfg::kStageBytes + sub * kSub, start, kv_end);  // zero-filled past kv_end
-          loader.prefetch(start + kKvTile, kv_end);
-        }
-        wgmma::mbar_arrive_on_cp_async(full_bar + st * 8);
+      for (int sub = 0; sub < cfg::kSubTiles; ++sub) {
+        const int start = it * cfg::kTile + sub * kKvTile;
+        loader.issue(skv + st * cfg::kStageBytes + sub * kSub, start, kv_end);  // zero-filled past kv_end
+        loader.prefetch(start + kKvTile, kv_end);
       }
-      base += ntiles;
-    } while (next_item());
+      wgmma::mbar_arrive_on_cp_async(full_bar + st * 8);
+    }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
   }
@@ -279,163 +256,96 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_config<SUBTILES>::kThreads, 1
   const int cw = wg - 1;            // consumer 0 or 1
   const int ctid = tid - 128 * wg;  // thread within the consumer warpgroup
   const int warp = ctid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int row = cw * 64 + warp * 16 + g;  // this thread's rows: row, row + 8
+  const int kv_min = s_bounds[1];
+  const int wg_tiles = __shfl_sync(0xffffffffu, (s_bounds[2 + cw] + cfg::kTile - 1) / cfg::kTile, 0);  // uniform
   // Named barriers: 1 + c is consumer c's turn on the tensor cores, 3 + c its own Q barrier.
   const int my_turn = 1 + cw, other_turn = 1 + (cw ^ 1);
-  const std::uint32_t sq_wg = sq + cw * cfg::kQGroupBytes;
 
+  // This warpgroup's 64 Q rows (rows 64 cw .. 64 cw + 63 of the tile), copied by its own threads.
+  const std::uint32_t sq_wg = sq + cw * cfg::kQGroupBytes;
+  for (int c = ctid; c < 64 * (D / 8); c += 128) {
+    const int r = c / (D / 8), ch = c % (D / 8);
+    const bf16* src = q_chunk<D>(a, qt, kvh, cw * 64 + r, ch);
+    cp_async_16(sq_wg + sw128_offset<64>(r, ch), src != nullptr ? src : a.q, src != nullptr);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  wgmma::fence_proxy_async();
+  wgmma::named_sync(3 + cw, 128);
+
+  const int g = lane >> 2, t = lane & 3;
+  const int row = cw * 64 + warp * 16 + g;  // this thread's rows: row, row + 8
+  int row_len[2];
+  wp::row_lengths(a, qt, row, row_len);
+
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  float o[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float s[cfg::kNT][4];
   std::uint32_t pa[cfg::kNT / 2][4];
-  float o[D / 8][4];
-  int base = 0;
-  do {
-    const int kvh = item % a.num_kv_heads;
-    // This warpgroup's 64 Q rows (rows 64 cw .. 64 cw + 63 of the tile), copied by its own threads, over the last
-    // item's: every warp of the warpgroup has waited for its last MMA reading them.
-    if (round > 0) {
-      wgmma::named_sync(3 + cw, 128);
-      wgmma::fence_proxy_async();
-    }
-    for (int c = ctid; c < 64 * (D / 8); c += 128) {
-      const int r = c / (D / 8), ch = c % (D / 8);
-      const bf16* src = q_chunk<D>(a, qt, kvh, cw * 64 + r, ch);
-      cp_async_16(sq_wg + sw128_offset<64>(r, ch), src != nullptr ? src : a.q, src != nullptr);
-    }
-    cp_async_commit();
-    const wp::tile_kv_bounds kv = wp::warp_kv_bounds(a, qt, cw, lane);
-    const int ntiles = (kv.end + cfg::kTile - 1) / cfg::kTile;
-    const int wg_tiles = __shfl_sync(0xffffffffu, (kv.consumer_end + cfg::kTile - 1) / cfg::kTile, 0);  // uniform
-    int row_len[2];
-    wp::row_lengths(a, qt, row, row_len);
-    cp_async_wait<0>();
-    wgmma::fence_proxy_async();
-    wgmma::named_sync(3 + cw, 128);
 
-    float m[2] = {-INFINITY, -INFINITY};
-    float l[2] = {0.0f, 0.0f};
+  // Turns alternate strictly between the consumers (c0, c1, c0, ...). Every consumer takes every turn (also those
+  // of steps past its rows, without the MMAs), so the arrivals pair up: consumer 1 opens with one arrival for
+  // consumer 0 and leaves out its last (ws_protocol). Each product's issue and wait sit in one branch, with the turn
+  // handed over in every branch: split over two branches, ptxas injects waits of its own (C7517).
+  const int nturns = ws_protocol::turns(ntiles);
+  if (ws_protocol::opens_turns(cw, nturns)) wgmma::named_arrive(other_turn, 256);
+  auto wait_step = [&](int it) {
+    const int st = ws_protocol::stage_of(it, cfg::kStages);
+    wgmma::mbar_wait(full_bar + st * 8, ws_protocol::full_parity(it, cfg::kStages));
+    wgmma::fence_proxy_async();  // the producer's cp.async writes, now visible here, to wgmma's async proxy
+    return skv + st * cfg::kStageBytes;
+  };
+  auto release_step = [&](int it) {
+    __syncwarp();
+    if (lane == 0) wgmma::mbar_arrive(empty_bar + ws_protocol::stage_of(it, cfg::kStages) * 8);
+  };
+  auto issue_s = [&](std::uint32_t stage) {
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    for (int j = 0; j < cfg::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    wgmma::fence();
+#pragma unroll
+    for (int sub = 0; sub < cfg::kSubTiles; ++sub) wp::issue_qk(wp::sub_tile<wp::kNT>(s, sub), sq_wg, stage + sub * kSub);
+    wgmma::commit();
+  };
+  auto issue_pv = [&](std::uint32_t stage) {
+    wgmma::fence();
+#pragma unroll
+    for (int sub = 0; sub < cfg::kSubTiles; ++sub)
+      wp::issue_pv(o, wp::sub_tile<kKvTile / 16>(pa, sub), stage + sub * kSub + cfg::loader::kTileBytes);
+    wgmma::commit();
+  };
+  auto hand_over = [&](int turn) {
+    if (ws_protocol::hands_over(cw, turn, nturns)) wgmma::named_arrive(other_turn, 256);
+  };
 
-    // Turns alternate strictly between the consumers (c0, c1, c0, ...). Every consumer takes every turn (also those
-    // of steps past its rows, without the MMAs), so the arrivals pair up: consumer 1 opens each item with one
-    // arrival for consumer 0 and leaves out its last (ws_protocol). Each product's issue and wait sit in one branch,
-    // with the turn handed over in every branch: split over two branches, ptxas injects waits of its own (C7517).
-    const int nturns = ws_protocol::turns(ntiles, OVERLAP);
-    if (ws_protocol::opens_turns(cw, nturns)) wgmma::named_arrive(other_turn, 256);
-    auto wait_step = [&](int it) {
-      const int st = ws_protocol::stage_of(base + it, cfg::kStages);
-      wgmma::mbar_wait(full_bar + st * 8, ws_protocol::full_parity(base + it, cfg::kStages));
-      wgmma::fence_proxy_async();  // the producer's cp.async writes, now visible here, to wgmma's async proxy
-      return skv + st * cfg::kStageBytes;
-    };
-    auto release_step = [&](int it) {
-      __syncwarp();
-      if (lane == 0) wgmma::mbar_arrive(empty_bar + ws_protocol::stage_of(base + it, cfg::kStages) * 8);
-    };
-    auto issue_s = [&](std::uint32_t stage) {
-#pragma unroll
-      for (int j = 0; j < cfg::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-      wgmma::fence();
-#pragma unroll
-      for (int sub = 0; sub < SUBTILES; ++sub)
-        wp::issue_qk(wp::sub_tile<wp::kNT>(s, sub), sq_wg, stage + sub * kSub);
-      wgmma::commit();
-    };
-    auto issue_pv = [&](std::uint32_t stage) {
-      wgmma::fence();
-#pragma unroll
-      for (int sub = 0; sub < SUBTILES; ++sub)
-        wp::issue_pv(o, wp::sub_tile<kKvTile / 16>(pa, sub), stage + sub * kSub + cfg::loader::kTileBytes);
-      wgmma::commit();
-    };
-    auto hand_over = [&](int turn) {
-      if (ws_protocol::hands_over(cw, turn, nturns)) wgmma::named_arrive(other_turn, 256);
-    };
-
-    if constexpr (!OVERLAP) {
-      // Step it: turn 2 it issues S, turn 2 it + 1 issues P.V, each waited for before the next.
-      for (int it = 0; it < ntiles; ++it) {
-        const std::uint32_t stage = wait_step(it);
-        wgmma::named_sync(my_turn, 256);
-        if (it < wg_tiles) {
-          issue_s(stage);
-          hand_over(2 * it);
-          wgmma::wait<0>();
-          wgmma::fence_operands(s);
-          wp::mask_and_scale(s, it * cfg::kTile, kv.min, row_len, t, a.scale_log2);
-          softmax_step<D, cfg::kNT>(s, m, l, o);
-          wp::pack_p(s, pa);
-          wgmma::named_sync(my_turn, 256);
-          issue_pv(stage);
-          hand_over(2 * it + 1);
-          wgmma::wait<0>();
-          wgmma::fence_operands(o);
-        } else {
-          hand_over(2 * it);
-          wgmma::named_sync(my_turn, 256);
-          hand_over(2 * it + 1);
-        }
-        release_step(ws_protocol::released_after_step(it, false));
-      }
+  // Step it: turn 2 it issues S, turn 2 it + 1 issues P.V, each waited for before the next.
+  for (int it = 0; it < ntiles; ++it) {
+    const std::uint32_t stage = wait_step(it);
+    wgmma::named_sync(my_turn, 256);
+    if (it < wg_tiles) {
+      issue_s(stage);
+      hand_over(2 * it);
+      wgmma::wait<0>();
+      wgmma::fence_operands(s);
+      wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
+      softmax_step<D, cfg::kNT>(s, m, l, o);
+      wp::pack_p(s, pa);
+      wgmma::named_sync(my_turn, 256);
+      issue_pv(stage);
+      hand_over(2 * it + 1);
+      wgmma::wait<0>();
+      wgmma::fence_operands(o);
     } else {
-      // FlashAttention-3's intra-warpgroup overlap: turn it issues S(it) and then P(it-1).V(it-1); the softmax of
-      // step it runs while that P.V does, and O is rescaled (and P(it) packed over P(it-1)) once it is done. The
-      // last turn multiplies the last P.
-      std::uint32_t prev_stage = 0;
-      for (int it = 0; it < ntiles; ++it) {
-        const std::uint32_t stage = wait_step(it);
-        const bool pv = it >= 1 && it - 1 < wg_tiles;  // P(it-1).V(it-1) to issue
-        wgmma::named_sync(my_turn, 256);
-        // (The four cases in separate branches: with `pv` tested inside one, ptxas serialises the MMAs, C7514.)
-        if (it < wg_tiles && pv) {
-          issue_s(stage);
-          issue_pv(prev_stage);
-          hand_over(it);
-          wgmma::wait<1>();  // S(it) (committed first) is done; the P.V may still run
-          wgmma::fence_operands(s);
-          wp::mask_and_scale(s, it * cfg::kTile, kv.min, row_len, t, a.scale_log2);
-          const float corr0 = softmax_row(s, 0, m[0], l[0]), corr1 = softmax_row(s, 1, m[1], l[1]);
-          wgmma::wait<0>();
-          wgmma::fence_operands(o);
-          rescale_row<D>(o, 0, corr0);
-          rescale_row<D>(o, 1, corr1);
-          wp::pack_p(s, pa);  // the P.V reading the previous P is done
-        } else if (it < wg_tiles) {  // the first step: nothing to multiply yet
-          issue_s(stage);
-          hand_over(it);
-          wgmma::wait<0>();
-          wgmma::fence_operands(s);
-          wp::mask_and_scale(s, it * cfg::kTile, kv.min, row_len, t, a.scale_log2);
-          softmax_step<D, cfg::kNT>(s, m, l, o);
-          wp::pack_p(s, pa);
-        } else if (pv) {  // past this consumer's rows: the last P.V
-          issue_pv(prev_stage);
-          hand_over(it);
-          wgmma::wait<0>();
-          wgmma::fence_operands(o);
-        } else {
-          hand_over(it);
-        }
-        if (it >= 1) release_step(ws_protocol::released_after_step(it, true));
-        prev_stage = stage;
-      }
-      if (ntiles > 0) {
-        wgmma::named_sync(my_turn, 256);
-        if (ntiles - 1 < wg_tiles) {
-          issue_pv(prev_stage);
-          hand_over(ntiles);
-          wgmma::wait<0>();
-          wgmma::fence_operands(o);
-        } else {
-          hand_over(ntiles);
-        }
-        release_step(ntiles - 1);
-      }
+      hand_over(2 * it);
+      wgmma::named_sync(my_turn, 256);
+      hand_over(2 * it + 1);
     }
-    wp::store_rows(a, qt, kvh, row, t, o, l);
-    base += ntiles;
-  } while (next_item());
+    release_step(it);
+  }
+  wp::store_rows(a, qt, kvh, row, t, o, l);
 #else
   __trap();  // launched only where wgmma_prefill_available(): an sm_90a build on a compute-capability-9.0 device
 #endif
