@@ -41,6 +41,8 @@ namespace zc = zipage::cuda;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kMaxCaseBytes = 60.0 * kGiB;  // K + V of one case
+constexpr int kRaggedCtx = -1;  // context label of the ragged cases (lengths uniform in 1-16384)
+constexpr int kSteadyCtx = -2;  // ... of the compressed steady-state cases (lengths uniform in 2048-2304)
 constexpr int kHeadDim = 128;
 
 double g_copy_bytes_per_s = 0.0;
@@ -289,6 +291,11 @@ void bm_copy(benchmark::State& state) {
   state.counters["read_GBps"] = g_read_bytes_per_s / 1e9;
 }
 
+// A case's context column: its length, or how its lengths were drawn (ragged cases).
+std::string ctx_name(int ctx) {
+  return ctx == kRaggedCtx ? "ragged 1-16384" : ctx == kSteadyCtx ? "2048-2304" : std::to_string(ctx);
+}
+
 void print_summary() {
   std::printf("\n## decode (head_dim %d, bf16 KV; copy bandwidth %.0f GB/s read+write, read-only %.0f GB/s)\n\n",
               kHeadDim, g_copy_bytes_per_s / 1e9, g_read_bytes_per_s / 1e9);
@@ -296,8 +303,7 @@ void print_summary() {
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& [key, r] : g_rows)
     if (r.kind == "decode")
-      std::printf("| %d | %s | %d/%d | %d | %d | %.1f | %.0f | %.1f%% | %.1f%% |\n", r.batch,
-                  r.ctx < 0 ? "ragged" : std::to_string(r.ctx).c_str(), r.qh, r.kvh, r.bs, r.splits, r.seconds * 1e6,
+      std::printf("| %d | %s | %d/%d | %d | %d | %.1f | %.0f | %.1f%% | %.1f%% |\n", r.batch, ctx_name(r.ctx).c_str(), r.qh, r.kvh, r.bs, r.splits, r.seconds * 1e6,
                   r.bytes / r.seconds / 1e9, 100.0 * r.bytes / r.seconds / g_copy_bytes_per_s,
                   100.0 * r.bytes / r.seconds / g_read_bytes_per_s);
   std::printf("\n## decode, FP8 KV (E4M3 codes + per token-head fp32 scales; KV bytes count both)\n\n");
@@ -309,7 +315,8 @@ void print_summary() {
     for (const auto& [k2, b] : g_rows)
       if (b.kind == "decode" && b.batch == r.batch && b.ctx == r.ctx && b.qh == r.qh && b.kvh == r.kvh && b.bs == r.bs)
         bf16_s = b.seconds;
-    std::printf("| %d | %d | %d/%d | %d | %d | %.1f | %.0f | %.1f%% | %.1f | %.2fx |\n", r.batch, r.ctx, r.qh, r.kvh, r.bs,
+    std::printf("| %d | %s | %d/%d | %d | %d | %.1f | %.0f | %.1f%% | %.1f | %.2fx |\n", r.batch, ctx_name(r.ctx).c_str(),
+                r.qh, r.kvh, r.bs,
                 r.splits, r.seconds * 1e6, r.bytes / r.seconds / 1e9, 100.0 * r.bytes / r.seconds / g_copy_bytes_per_s,
                 bf16_s * 1e6, bf16_s > 0 ? bf16_s / r.seconds : 0.0);
   }
@@ -417,9 +424,24 @@ int main(int argc, char** argv) {
         char name[128], key[32];
         std::snprintf(name, sizeof name, "decode/bs%d/q32_kv8/batch%d/ragged1-16384", bs, batch);
         std::snprintf(key, sizeof key, "r%05d", order++);
-        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) { bm_decode(st, lens, 32, 8, bs, key, -1); })
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) { bm_decode(st, lens, 32, 8, bs, key, kRaggedCtx); })
             ->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
+    // The compressed engine's steady state on Qwen3-8B (docs/benchmarks.md, 2026-12-02 16:08): every request at its
+    // 2,048-token budget plus up to 256 new tokens, 256-token blocks; FP8 KV at the FP8 pool's 662 requests and
+    // bf16 KV at the bf16 pool's 329 (each pool ~105-110 GiB). What the engine's decode attention should reach.
+    for (const auto& [batch, fp8] : {std::pair{662, true}, std::pair{329, false}}) {
+      std::mt19937_64 rng(static_cast<unsigned>(batch));
+      std::vector<int> lens(static_cast<std::size_t>(batch));
+      for (auto& l : lens) l = std::uniform_int_distribution<int>(2048, 2304)(rng);
+      char name[128], key[32];
+      std::snprintf(name, sizeof name, "%s/bs256/q32_kv8/batch%d/steady2048-2304", fp8 ? "decode_fp8" : "decode",
+                    batch);
+      std::snprintf(key, sizeof key, "%c%05d", fp8 ? 'f' : 'd', order++);
+      benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+        bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 0, 0, fp8);
+      })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+    }
     // Pipeline depth sweep on a few shapes.
     struct sweep_case {
       int batch, ctx, qh, kvh, bs;

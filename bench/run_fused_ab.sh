@@ -14,7 +14,8 @@
 # SERIAL_TESTS / CONCURRENT_TESTS: the GPU tests to build and run (default: all; e.g. SERIAL_TESTS="" and
 # CONCURRENT_TESTS="test_cuda_wgmma test_cuda_kernels" for a short build when only the kernels changed).
 # With PREFILL_BENCH=1, after the tests: bench_decode_attention's prefill cases (mma.sync and wgmma kernels
-# against a bf16 GEMM measured in the same run) into prefill_bench.txt; OP_TIMING_BOX=0 and AB_BOX=0 skip
+# against a bf16 GEMM measured in the same run) into prefill_bench.txt, or the cases ATTN_BENCH_FILTER names (e.g.
+# 'prefill|steady': also decode at the compressed engine's steady-state shape, against the copy bandwidth); OP_TIMING_BOX=0 and AB_BOX=0 skip
 # steps 3-4. With PREFILL_ENGINE_BOX=60: prefill end to end, zipage-bench on 128 prompts of 8,192 tokens (bf16 KV and
 # weights, full KV, 16 output tokens) once per kernel of PREFILL_ENGINE_KERNELS (default "mma_sync automatic"):
 # prefill tok/s = the "prompt tokens" over the "wall" seconds of prefill_engine_KERNEL.txt.
@@ -54,7 +55,7 @@ case "${1:-}" in
     st "tests done: test_cuda_kernels $(tail -1 "$D/test_cuda_kernels.log" 2>/dev/null); $(grep -c '^\[FAIL\]' "$D/test_cuda_kernels.log" 2>/dev/null) [FAIL] lines"
     st "test_cuda_wgmma: $(grep -E 'test cases:|SKIPPED' "$D/test_cuda_wgmma.log" 2>/dev/null | tr -s ' ' | tr '\n' ' ')"
     if [ "${PREFILL_BENCH:-0}" = 1 ]; then
-      timeout 240 "$B"/bench_decode_attention --benchmark_filter='prefill' > "$D/prefill_bench.txt" 2>&1
+      timeout 240 "$B"/bench_decode_attention --benchmark_filter="${ATTN_BENCH_FILTER:-prefill}" > "$D/prefill_bench.txt" 2>&1
       st "prefill bench rc=$?"
     fi
     if [ "${PREFILL_ENGINE_BOX:-0}" -gt 0 ]; then
