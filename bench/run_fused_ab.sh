@@ -55,7 +55,7 @@ case "${1:-}" in
     st "tests done: test_cuda_kernels $(tail -1 "$D/test_cuda_kernels.log" 2>/dev/null); $(grep -c '^\[FAIL\]' "$D/test_cuda_kernels.log" 2>/dev/null) [FAIL] lines"
     st "test_cuda_wgmma: $(grep -E 'test cases:|SKIPPED' "$D/test_cuda_wgmma.log" 2>/dev/null | tr -s ' ' | tr '\n' ' ')"
     if [ "${PREFILL_BENCH:-0}" = 1 ]; then
-      timeout 240 "$B"/bench_decode_attention --benchmark_filter="${ATTN_BENCH_FILTER:-prefill}" > "$D/prefill_bench.txt" 2>&1
+      timeout 120 "$B"/bench_decode_attention --benchmark_filter="${ATTN_BENCH_FILTER:-prefill}" > "$D/prefill_bench.txt" 2>&1
       st "prefill bench rc=$?"
     fi
     if [ "${PREFILL_ENGINE_BOX:-0}" -gt 0 ]; then

@@ -483,7 +483,7 @@ int main(int argc, char** argv) {
   for (const auto k : cuda::all_prefill_kernels) prefill_kernel_names.emplace_back(cuda::to_string(k));
   app.add_option("--prefill-kernel", o.prefill_kernel,
                  "prefill attention: automatic (wgmma where it runs, else mma_sync) or a kernel by name "
-                 "(cuda_backend_options::prefill_kernel; wgmma needs bf16 K/V and an sm_90a build on an "
+                 "(cuda_backend_options::prefill_kernel; the wgmma ones need bf16 K/V and an sm_90a build on an "
                  "H100/H200)")
       ->check(CLI::IsMember(prefill_kernel_names));
   app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)");

@@ -64,7 +64,7 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   a.bs_shift = shift;
   a.scale_log2 = p.scale * detail::kLog2e;
   if (is_wgmma(kernel)) {
-    detail::launch_prefill_wgmma(a, p.num_tokens, stream);
+    detail::launch_prefill_wgmma(a, p.num_tokens, kernel, stream);
     return;
   }
   if (p.kv.head_dim == 128)

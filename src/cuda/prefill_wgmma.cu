@@ -36,16 +36,27 @@ prefill_kernel prefill_kernel_on_device(prefill_kernel requested, int head_dim, 
 
 namespace detail {
 
-void launch_prefill_wgmma(prefill_args a, int num_tokens, cuda_stream stream) {
+namespace {
+
+template <auto Kernel>  // (each kernel needs its own shared-memory opt-in)
+void launch(prefill_args a, int num_tokens, cuda_stream stream) {
   using cfg = prefill_wgmma_config;
-  constexpr auto kernel = paged_prefill_wgmma_kernel<128>;
-  opt_in_smem<kernel>(cfg::kSmemBytes);
+  opt_in_smem<Kernel>(cfg::kSmemBytes);
   a.tokens_per_tile = cfg::kRows / a.group;
   const long long tiles = static_cast<long long>(num_tokens) / a.tokens_per_tile + a.num_seqs;
   check(tiles < (1ll << 31), "paged_prefill_attention: too many query tiles");
   const dim3 grid(static_cast<unsigned>(tiles), a.num_kv_heads);
-  kernel<<<grid, cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
+  Kernel<<<grid, cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_prefill_wgmma(const prefill_args& a, int num_tokens, prefill_kernel kernel, cuda_stream stream) {
+  if (kernel == prefill_kernel::wgmma_overlap)
+    launch<paged_prefill_wgmma_kernel<128, true>>(a, num_tokens, stream);
+  else
+    launch<paged_prefill_wgmma_kernel<128, false>>(a, num_tokens, stream);
 }
 
 }  // namespace detail

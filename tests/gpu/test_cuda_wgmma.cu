@@ -82,7 +82,7 @@ __global__ void handover_kernel(const int* src, int tiles, long long* sums, int*
   auto log_turn = [&](int it) {
     if (ctid == 0) turns[atomicAdd(&next_turn, 1)] = cw + 2 * it;
   };
-  const int nturns = wsp::turns(tiles);  // two per tile
+  const int nturns = wsp::turns(tiles, false);  // two per tile
   if (wsp::opens_turns(cw, nturns)) zd::wgmma::named_arrive(other_turn, 256);
   for (int it = 0; it < tiles; ++it) {
     const int st = wsp::stage_of(it, kStages);

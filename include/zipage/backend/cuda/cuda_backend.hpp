@@ -129,8 +129,8 @@ struct cuda_backend_options {
   // on the same input as the one before it (unfused q, k, v) reuses that one's. The same bytes either way; false: for
   // an A/B (zipage-bench --no-fused-quantize).
   bool fuse_fp8_quantize = true;
-  // The prefill attention kernel (cuda::prefill_kernel; zipage-bench --prefill-kernel). wgmma needs bf16 K/V
-  // (dtype bf16, kv_dtype auto_), head_dim 128 (checked by allocate_kv) and a device that runs it
+  // The prefill attention kernel (cuda::prefill_kernel; zipage-bench --prefill-kernel). The wgmma ones need bf16 K/V
+  // (dtype bf16, kv_dtype auto_), head_dim 128 (checked by allocate_kv) and a device that runs them
   // (cuda::wgmma_prefill_available(), checked by the constructor).
   cuda::prefill_kernel prefill_kernel = cuda::prefill_kernel::automatic;
 

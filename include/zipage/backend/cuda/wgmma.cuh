@@ -91,6 +91,20 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// A warpgroup's register budget per thread (setmaxnreg): every warp of the warpgroup runs the same one. A role that
+// needs few registers releases them (regs_release) and one that needs more claims them (regs_claim, which waits
+// until they are free); N is a multiple of 8 in [24, 256].
+template <int N>
+__device__ __forceinline__ void regs_release() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256);
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_claim() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256);
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 // d[8][4] (+)= A[64x16] . B[16x64] (A, B: K-major, 128-byte swizzled, in shared memory).
 __device__ __forceinline__ void mma_m64n64k16_ss(float (&d)[8][4], std::uint64_t desc_a, std::uint64_t desc_b,
                                                  int accumulate) {
