@@ -1,6 +1,5 @@
 #pragma once
-// Paged prefill attention on Hopper's warpgroup MMAs (wgmma, sm_90a): bf16 K/V, head_dim 128
-// (prefill_kernel::wgmma).
+// Paged prefill attention on Hopper's warpgroup MMAs (wgmma, sm_90a): bf16 K/V, head_dim 128.
 //
 // The work split is paged_prefill_kernel's (prefill_kernel.cuh): a CTA owns a query tile of tokens x the query
 // heads of one KV head, packed token-major into rows, and walks the K/V of its sequence through the page table
@@ -13,8 +12,9 @@
 //    N-major (transposed by the hardware: no ldmatrix.trans);
 //  * 128-token K/V steps, three stages in flight.
 // Masking, the online softmax and the epilogue are the mma.sync kernel's, since the accumulator layout is the
-// same. What FA3 has that this kernel has not yet (TMA, setmaxnreg) and the variants measured against it are in
-// docs/architecture.md.
+// same. One kernel template: paged_prefill_wgmma_kernel<128, false> (prefill_kernel::wgmma) and <128, true>
+// (prefill_kernel::wgmma_overlap: FA3's intra-warpgroup overlap too, with setmaxnreg). What FA3 has that they
+// have not yet (TMA, a tile scheduler) and the variants measured against them are in docs/architecture.md.
 #include "zipage/backend/cuda/prefill_kernel.cuh"
 #include "zipage/backend/cuda/wgmma.cuh"
 #include "zipage/backend/cuda/ws_protocol.hpp"
