@@ -328,6 +328,23 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
   auto hand_over = [&](int turn) {
     if (ws_protocol::hands_over(cw, turn, nturns)) wgmma::named_arrive(other_turn, 256);
   };
+  // A turn that multiplies S(it) out alone: S, then its softmax into O and P.
+  auto score_turn = [&](std::uint32_t stage, int turn, int it) {
+    issue_s(stage);
+    hand_over(turn);
+    wgmma::wait<0>();
+    wgmma::fence_operands(s);
+    wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
+    softmax_step<D, cfg::kNT>(s, m, l, o);
+    wp::pack_p(s, pa);
+  };
+  // A turn that only adds P V (V from `stage`) to O.
+  auto pv_turn = [&](std::uint32_t stage, int turn) {
+    issue_pv(stage);
+    hand_over(turn);
+    wgmma::wait<0>();
+    wgmma::fence_operands(o);
+  };
 
   if constexpr (!OVERLAP) {
     // Step it: turn 2 it issues S, turn 2 it + 1 issues P.V, each waited for before the next.
@@ -335,18 +352,9 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
       const std::uint32_t stage = wait_step(it);
       wgmma::named_sync(my_turn, 256);
       if (it < wg_tiles) {
-        issue_s(stage);
-        hand_over(2 * it);
-        wgmma::wait<0>();
-        wgmma::fence_operands(s);
-        wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
-        softmax_step<D, cfg::kNT>(s, m, l, o);
-        wp::pack_p(s, pa);
+        score_turn(stage, 2 * it, it);
         wgmma::named_sync(my_turn, 256);
-        issue_pv(stage);
-        hand_over(2 * it + 1);
-        wgmma::wait<0>();
-        wgmma::fence_operands(o);
+        pv_turn(stage, 2 * it + 1);
       } else {
         hand_over(2 * it);
         wgmma::named_sync(my_turn, 256);
@@ -378,18 +386,9 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
         rescale_row<D>(o, 1, corr1);
         wp::pack_p(s, pa);  // the P.V reading the previous P is done
       } else if (it < wg_tiles) {  // the first step: nothing to multiply yet
-        issue_s(stage);
-        hand_over(it);
-        wgmma::wait<0>();
-        wgmma::fence_operands(s);
-        wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
-        softmax_step<D, cfg::kNT>(s, m, l, o);
-        wp::pack_p(s, pa);
+        score_turn(stage, it, it);
       } else if (pv) {  // past this consumer's rows: the last P.V
-        issue_pv(prev_stage);
-        hand_over(it);
-        wgmma::wait<0>();
-        wgmma::fence_operands(o);
+        pv_turn(prev_stage, it);
       } else {
         hand_over(it);
       }
@@ -399,10 +398,7 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
     if (ntiles > 0) {
       wgmma::named_sync(my_turn, 256);
       if (ntiles - 1 < wg_tiles) {
-        issue_pv(prev_stage);
-        hand_over(ntiles);
-        wgmma::wait<0>();
-        wgmma::fence_operands(o);
+        pv_turn(prev_stage, ntiles);
       } else {
         hand_over(ntiles);
       }
