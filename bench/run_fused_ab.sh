@@ -16,9 +16,10 @@
 # With PREFILL_BENCH=1, after the tests: bench_decode_attention's prefill cases (mma.sync and wgmma kernels
 # against a bf16 GEMM measured in the same run) into prefill_bench.txt, or the cases ATTN_BENCH_FILTER names (e.g.
 # 'prefill|steady': also decode at the compressed engine's steady-state shape, against the copy bandwidth); OP_TIMING_BOX=0 and AB_BOX=0 skip
-# steps 3-4. With PREFILL_ENGINE_BOX=60: prefill end to end, zipage-bench on 128 prompts of 8,192 tokens (bf16 KV and
-# weights, full KV, 16 output tokens) once per kernel of PREFILL_ENGINE_KERNELS (default "mma_sync automatic"):
-# prefill tok/s = the "prompt tokens" over the "wall" seconds of prefill_engine_KERNEL.txt.
+# steps 3-4. With PREFILL_ENGINE_BOX=60: prefill end to end, zipage-bench on PREFILL_ENGINE_SHAPES ("REQUESTS:PROMPT
+# ...", default "128:8192": 128 prompts of 8,192 tokens; bf16 KV and weights, full KV, 16 output tokens) once per
+# kernel of PREFILL_ENGINE_KERNELS (default "mma_sync automatic"): prefill tok/s = the "prompt tokens" over the
+# "wall" seconds of prefill_engine_PROMPT_KERNEL.txt.
 #   call 1: bench/run_fused_ab.sh start; bench/run_fused_ab.sh wait
 #   call 2: bench/run_fused_ab.sh wait     (issued at once; repeat until it says done)
 # "At once" matters: the device machine is released after ~30 s idle between calls, and the driver and its
@@ -59,11 +60,15 @@ case "${1:-}" in
       st "prefill bench rc=$?"
     fi
     if [ "${PREFILL_ENGINE_BOX:-0}" -gt 0 ]; then
-      for k in ${PREFILL_ENGINE_KERNELS:-mma_sync automatic}; do
-        timeout $(( PREFILL_ENGINE_BOX + 150 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode full \
-          --num-requests 128 --prompt-len 8192 --output-len 16 --max-num-seqs 128 --seconds "$PREFILL_ENGINE_BOX" \
-          --kv-cache-dtype auto --quantization none --prefill-kernel "$k" > "$D/prefill_engine_$k.txt" 2>&1
-        st "prefill engine $k rc=$?: $(grep -oE 'prompt tokens [0-9]+|[0-9.]+ s wall|prefill attention [a-z_]+' "$D/prefill_engine_$k.txt" | tr '\n' ' ')"
+      for shape in ${PREFILL_ENGINE_SHAPES:-128:8192}; do
+        n=${shape%%:*} len=${shape##*:}
+        for k in ${PREFILL_ENGINE_KERNELS:-mma_sync automatic}; do
+          f="$D/prefill_engine_${len}_$k.txt"
+          timeout $(( PREFILL_ENGINE_BOX + 150 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode full \
+            --num-requests "$n" --prompt-len "$len" --output-len 16 --max-num-seqs "$n" --seconds "$PREFILL_ENGINE_BOX" \
+            --kv-cache-dtype auto --quantization none --prefill-kernel "$k" > "$f" 2>&1
+          st "prefill engine $n x $len $k rc=$?: $(grep -oE 'prompt tokens [0-9]+|[0-9.]+ s wall|prefill attention [a-z_]+' "$f" | tr '\n' ' ')"
+        done
       done
     fi
     if [ "${LINEAR_BENCH:-1}" = 1 ]; then

@@ -63,8 +63,8 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   a.tokens_per_tile = prefill_config<128>::kRows / group;
   a.bs_shift = shift;
   a.scale_log2 = p.scale * detail::kLog2e;
-  if (is_wgmma(kernel)) {
-    detail::launch_prefill_wgmma(a, p.num_tokens, kernel, stream);
+  if (kernel == prefill_kernel::wgmma) {
+    detail::launch_prefill_wgmma(a, p.num_tokens, stream);
     return;
   }
   if (p.kv.head_dim == 128)

@@ -52,11 +52,8 @@ void launch(prefill_args a, int num_tokens, cuda_stream stream) {
 
 }  // namespace
 
-void launch_prefill_wgmma(const prefill_args& a, int num_tokens, prefill_kernel kernel, cuda_stream stream) {
-  if (kernel == prefill_kernel::wgmma_overlap)
-    launch<paged_prefill_wgmma_kernel<128, true>>(a, num_tokens, stream);
-  else
-    launch<paged_prefill_wgmma_kernel<128, false>>(a, num_tokens, stream);
+void launch_prefill_wgmma(const prefill_args& a, int num_tokens, cuda_stream stream) {
+  launch<paged_prefill_wgmma_kernel<128>>(a, num_tokens, stream);
 }
 
 }  // namespace detail

@@ -49,8 +49,9 @@ __device__ void store_accumulators(const float (&d)[NT][4], float* out, int ld) 
 
 // The warp-specialised kernel's protocol (ws_protocol.hpp's rules, as the kernel calls them) on plain data: warpgroup 0 copies `tiles` tiles of 1,024 ints through
 // kStages shared stages (cp.async, mbar_arrive_on_cp_async on `full`); warpgroups 1 and 2 each wait for every
-// tile, sum it (sums[tile][consumer]), release the stage (`empty`, one arrival per warp) and take two turns per
-// tile on named barriers 1 and 2, logging each turn as consumer + 2 * tile (turns[]).
+// tile, sum it (sums[tile][consumer]) and take one turn per tile and a last one on named barriers 1 and 2, logging
+// each as consumer + 2 * turn (turns[]); a tile's stage is released (`empty`, one arrival per warp) after the
+// next tile's turn, as the kernel's P.V of a step reads it then, and the last after the last turn.
 __global__ void handover_kernel(const int* src, int tiles, long long* sums, int* turns) {
 #if ZIPAGE_WGMMA_DEVICE
   constexpr int kStages = 3, kInts = 1024;
@@ -79,10 +80,17 @@ __global__ void handover_kernel(const int* src, int tiles, long long* sums, int*
   }
   const int cw = wg - 1, ctid = tid - 128 * wg, warp = ctid >> 5;
   const int my_turn = 1 + cw, other_turn = 1 + (cw ^ 1);
-  auto log_turn = [&](int it) {
-    if (ctid == 0) turns[atomicAdd(&next_turn, 1)] = cw + 2 * it;
+  const int nturns = wsp::turns(tiles);  // one per tile and a last one
+  auto take_turn = [&](int turn) {
+    zd::wgmma::named_sync(my_turn, 256);
+    if (ctid == 0) turns[atomicAdd(&next_turn, 1)] = cw + 2 * turn;
+    __threadfence_block();
+    if (wsp::hands_over(cw, turn, nturns)) zd::wgmma::named_arrive(other_turn, 256);
   };
-  const int nturns = wsp::turns(tiles, false);  // two per tile
+  auto release = [&](int it) {
+    __syncwarp();
+    if (it >= 0 && lane == 0) zd::wgmma::mbar_arrive(empty + wsp::stage_of(it, kStages) * 8);
+  };
   if (wsp::opens_turns(cw, nturns)) zd::wgmma::named_arrive(other_turn, 256);
   for (int it = 0; it < tiles; ++it) {
     const int st = wsp::stage_of(it, kStages);
@@ -90,22 +98,16 @@ __global__ void handover_kernel(const int* src, int tiles, long long* sums, int*
     long long sum = 0;
     for (int c = ctid; c < kInts; c += 128) sum += stage_data[st][c];
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    __syncwarp();
-    if (lane == 0) {
-      partial[cw][warp] = sum;
-      zd::wgmma::mbar_arrive(empty + st * 8);
-    }
-    zd::wgmma::named_sync(my_turn, 256);
-    log_turn(it);
-    __threadfence_block();
-    if (wsp::hands_over(cw, 2 * it, nturns)) zd::wgmma::named_arrive(other_turn, 256);
-    zd::wgmma::named_sync(my_turn, 256);
-    log_turn(it);
-    __threadfence_block();
-    if (wsp::hands_over(cw, 2 * it + 1, nturns)) zd::wgmma::named_arrive(other_turn, 256);
+    if (lane == 0) partial[cw][warp] = sum;
+    take_turn(it);
+    release(wsp::released_after_step(it));
     zd::wgmma::named_sync(3 + cw, 128);  // this warpgroup's partial sums are written
     if (ctid == 0) sums[2 * it + cw] = partial[cw][0] + partial[cw][1] + partial[cw][2] + partial[cw][3];
     zd::wgmma::named_sync(3 + cw, 128);  // ... and read before the next tile overwrites them
+  }
+  if (tiles > 0) {
+    take_turn(tiles);
+    release(tiles - 1);
   }
 #endif
 }
@@ -275,7 +277,7 @@ TEST_CASE("warp specialisation: mbarrier stage hand-over and the consumers' alte
     std::vector<int> src(std::size_t(tiles) * 1024);
     std::mt19937 rng(static_cast<unsigned>(tiles));
     for (auto& x : src) x = static_cast<int>(rng() % 2001) - 1000;
-    dbuf<int> dsrc(src), dturns(std::size_t(4 * tiles));
+    dbuf<int> dsrc(src), dturns(std::size_t(2 * (tiles + 1)));
     dbuf<long long> dsums(std::size_t(2 * tiles));
     dturns.poison();
     dsums.poison();
@@ -288,9 +290,9 @@ TEST_CASE("warp specialisation: mbarrier stage hand-over and the consumers' alte
       long long want = 0;
       for (int c = 0; c < 1024; ++c) want += src[std::size_t(it) * 1024 + c];
       wrong_sums += (sums[2 * it] != want) + (sums[2 * it + 1] != want);
-      // Turn order: c0, c1, c0, c1 per tile.
-      for (int k = 0; k < 4; ++k) wrong_turns += turns[4 * it + k] != (k & 1) + 2 * it;
     }
+    // Turn order: c0, c1 per turn, tiles + 1 turns.
+    for (int k = 0; k < 2 * (tiles + 1); ++k) wrong_turns += turns[std::size_t(k)] != k;
     CHECK(wrong_sums == 0);
     CHECK(wrong_turns == 0);
   }

@@ -29,13 +29,10 @@ enum class prefill_kernel : std::uint8_t {
   automatic,  // wgmma where it can run (bf16 K/V, head_dim 128, wgmma_prefill_available), else mma_sync
   mma_sync,   // mma.sync m16n8k16, any GPU the library builds for (backend/cuda/prefill_kernel.cuh)
   wgmma,      // Hopper warpgroup MMAs in FlashAttention-3's structure (backend/cuda/prefill_wgmma.cuh): a producer
-              // warpgroup copying K/V, two consumer warpgroups taking turns on the tensor cores, 128-token K/V steps.
-              // bf16 K/V, head_dim 128, an sm_90a build on a compute-capability-9.0 device (wgmma_prefill_available);
-              // anything else is an error. 1.8-1.9x mma_sync on the H200, 50-57% of the GEMM rate
-              // (docs/benchmarks.md, 2026-12-02 16:08)
-  wgmma_overlap,  // wgmma with FA3's intra-warpgroup overlap too (each step's softmax beside the previous step's
-                  // P.V), its consumers claiming registers from the producer (setmaxnreg); same conditions. Not yet
-                  // run on a GPU: it stays if it beats wgmma there
+              // warpgroup copying K/V, two consumer warpgroups taking turns on the tensor cores, each overlapping a
+              // step's softmax with the previous step's P.V, 128-token K/V steps. bf16 K/V, head_dim 128, an sm_90a
+              // build on a compute-capability-9.0 device (wgmma_prefill_available); anything else is an error.
+              // 1.9-2.0x mma_sync on the H100, 53-61% of the GEMM rate (docs/benchmarks.md, 2026-12-02 18:34)
 };
 
 [[nodiscard]] constexpr const char* to_string(prefill_kernel k) {
@@ -43,14 +40,13 @@ enum class prefill_kernel : std::uint8_t {
     case prefill_kernel::automatic: return "automatic";
     case prefill_kernel::mma_sync: return "mma_sync";
     case prefill_kernel::wgmma: return "wgmma";
-    case prefill_kernel::wgmma_overlap: return "wgmma_overlap";
   }
   return "?";
 }
 
 // Every prefill_kernel, in declaration order: what the tools parse and list, and the tests and benches loop over.
 inline constexpr prefill_kernel all_prefill_kernels[] = {
-    prefill_kernel::automatic, prefill_kernel::mma_sync, prefill_kernel::wgmma, prefill_kernel::wgmma_overlap};
+    prefill_kernel::automatic, prefill_kernel::mma_sync, prefill_kernel::wgmma};
 
 // Whether k is a prefill_kernel at all (an options struct may hold any value of the underlying type).
 [[nodiscard]] constexpr bool is_prefill_kernel(prefill_kernel k) {
@@ -59,10 +55,8 @@ inline constexpr prefill_kernel all_prefill_kernels[] = {
   return false;
 }
 
-// One of the Hopper wgmma kernels (bf16 K/V, head_dim 128, a device with wgmma).
-[[nodiscard]] constexpr bool is_wgmma(prefill_kernel k) {
-  return k == prefill_kernel::wgmma || k == prefill_kernel::wgmma_overlap;
-}
+// The Hopper wgmma kernel (bf16 K/V, head_dim 128, a device with wgmma).
+[[nodiscard]] constexpr bool is_wgmma(prefill_kernel k) { return k == prefill_kernel::wgmma; }
 
 // Whether automatic may pick the wgmma kernel for this cache before the device is asked (callers skip the
 // device query when it cannot).

@@ -86,9 +86,9 @@ __device__ __forceinline__ const bf16* q_chunk(const prefill_args& a, const quer
   return a.q + ((std::int64_t{qt.qoff} + qt.tok0 + tk) * a.num_q_heads + kvh * a.group + h) * D + ch * 8;
 }
 
-// Launches the wgmma kernel `kernel` names (prefill_wgmma.cu: paged_prefill_wgmma_kernel, with or without the
-// overlap) over the query tiles of `a` (with its own tile height, whatever a.tokens_per_tile says).
-void launch_prefill_wgmma(const prefill_args& a, int num_tokens, prefill_kernel kernel, cuda_stream stream);
+// Launches the wgmma kernel (prefill_wgmma.cu: paged_prefill_wgmma_kernel) over the query tiles of `a` (with its own
+// tile height, whatever a.tokens_per_tile says).
+void launch_prefill_wgmma(const prefill_args& a, int num_tokens, cuda_stream stream);
 
 template <int D, bool FP8 = false>
 struct prefill_config {

@@ -10,11 +10,12 @@
 //    warpgroup MMAs: S = Q K^T as 8 m64n64k16 steps per 64 tokens with both operands read from shared memory,
 //    O += P V as 4 m64n128k16 steps per 64 tokens with P from registers (re-packed S accumulators) and V read
 //    N-major (transposed by the hardware: no ldmatrix.trans);
-//  * 128-token K/V steps, three stages in flight.
+//  * 128-token K/V steps, three stages in flight;
+//  * FA3's intra-warpgroup overlap: each step's softmax runs beside the previous step's P.V, the consumers holding
+//    the registers that needs by taking them from the producer (setmaxnreg).
 // Masking, the online softmax and the epilogue are the mma.sync kernel's, since the accumulator layout is the
-// same. One kernel template: paged_prefill_wgmma_kernel<128, false> (prefill_kernel::wgmma) and <128, true>
-// (prefill_kernel::wgmma_overlap: FA3's intra-warpgroup overlap too, with setmaxnreg). What FA3 has that they
-// have not yet (TMA, a tile scheduler) and the variants measured against them are in docs/architecture.md.
+// same. What FA3 has that this kernel has not yet (TMA, a tile scheduler) and the variants measured against it are
+// in docs/architecture.md.
 #include "zipage/backend/cuda/prefill_kernel.cuh"
 #include "zipage/backend/cuda/wgmma.cuh"
 #include "zipage/backend/cuda/ws_protocol.hpp"
@@ -173,11 +174,11 @@ __device__ __forceinline__ void store_rows(const prefill_args& a, const query_ti
 // when its MMAs have read the stage). The consumers take turns on the tensor cores (ping-pong): each issues its MMAs
 // only after the other has issued its previous ones, so one's softmax runs while the other's MMAs do. The rules are
 // ws_protocol's. A step is 128 tokens, two 64-token sub-tiles: S is 64 x 128 (two m64n64 products), and its softmax,
-// rescale of O and hand-overs serve 128 tokens.
-// OVERLAP (prefill_kernel::wgmma_overlap): FA3's intra-warpgroup overlap too, a turn issuing S(i) and then
-// P(i-1).V(i-1). Its S, P and O fragments need more registers than the 168 a 384-thread CTA gives each thread, so
-// the producer releases registers (setmaxnreg) and the consumers claim them: 128 x kProducerRegs + 256 x
-// kConsumerRegs = 384 x 168 (the producer's copies need 56: with 40 it spills).
+// rescale of O and hand-overs serve 128 tokens. Within a consumer, FA3's intra-warpgroup overlap: a turn issues S(i)
+// and then P(i-1).V(i-1). Its S, P and O fragments need more registers than the 168 a 384-thread CTA gives each
+// thread, so the producer releases registers (setmaxnreg) and the consumers claim them: 128 x kProducerRegs + 256 x
+// kConsumerRegs = 384 x 168 (the producer's copies need 56: with 40 it spills; the counts must add up exactly, or
+// setmaxnreg.inc waits for ever).
 struct prefill_wgmma_config {
   static constexpr int kD = 128;
   static constexpr int kConsumers = 2;
@@ -196,13 +197,13 @@ struct prefill_wgmma_config {
   // [header][pad to 1024][Q: kConsumers x 2 x [64][64] bf16][kStages x kSubTiles x (K, V: 2 x [64][64] bf16)]
   static constexpr int kSmemBytes = kHeaderBytes + 1024 + kQBytes + kStages * kStageBytes;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than a Hopper CTA may have");
-  static constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // OVERLAP only
+  static constexpr int kProducerRegs = 56, kConsumerRegs = 224;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs == kThreads * 168);
 };
 
 // grid (upper bound on query tiles, kv_heads), 384 threads; a query tile is kRows / group tokens.
 // (A template, like the other kernels, so that including this header in several translation units is fine.)
-template <int D, bool OVERLAP = false>
+template <int D>
 __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
     paged_prefill_wgmma_kernel(const prefill_args a) {
   using cfg = prefill_wgmma_config;
@@ -240,7 +241,7 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
 
   if (wg == 0) {
     // Producer: step it goes to stage it % kStages once the consumers have released the step before it there.
-    if constexpr (OVERLAP) wgmma::regs_release<cfg::kProducerRegs>();
+    wgmma::regs_release<cfg::kProducerRegs>();
     typename cfg::loader loader(a.k, a.v, a.page_indices + a.page_indptr[qt.seq], a.num_kv_heads, kvh, a.bs_shift,
                                 tid);
     loader.prefetch(0, kv_end);
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
     return;
   }
 
-  if constexpr (OVERLAP) wgmma::regs_claim<cfg::kConsumerRegs>();
+  wgmma::regs_claim<cfg::kConsumerRegs>();
   const int cw = wg - 1;            // consumer 0 or 1
   const int ctid = tid - 128 * wg;  // thread within the consumer warpgroup
   const int warp = ctid >> 5;
@@ -298,7 +299,7 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
   // of steps past its rows, without the MMAs), so the arrivals pair up: consumer 1 opens with one arrival for
   // consumer 0 and leaves out its last (ws_protocol). Each product's issue and wait sit in one branch, with the turn
   // handed over in every branch: split over two branches, ptxas injects waits of its own (C7517).
-  const int nturns = ws_protocol::turns(ntiles, OVERLAP);
+  const int nturns = ws_protocol::turns(ntiles);
   if (ws_protocol::opens_turns(cw, nturns)) wgmma::named_arrive(other_turn, 256);
   auto wait_step = [&](int it) {
     const int st = ws_protocol::stage_of(it, cfg::kStages);
@@ -346,64 +347,46 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
     wgmma::fence_operands(o);
   };
 
-  if constexpr (!OVERLAP) {
-    // Step it: turn 2 it issues S, turn 2 it + 1 issues P.V, each waited for before the next.
-    for (int it = 0; it < ntiles; ++it) {
-      const std::uint32_t stage = wait_step(it);
-      wgmma::named_sync(my_turn, 256);
-      if (it < wg_tiles) {
-        score_turn(stage, 2 * it, it);
-        wgmma::named_sync(my_turn, 256);
-        pv_turn(stage, 2 * it + 1);
-      } else {
-        hand_over(2 * it);
-        wgmma::named_sync(my_turn, 256);
-        hand_over(2 * it + 1);
-      }
-      release_step(ws_protocol::released_after_step(it, false));
+  // FlashAttention-3's intra-warpgroup overlap: turn it issues S(it) and then P(it-1).V(it-1); the softmax of
+  // step it runs while that P.V does, and O is rescaled (and P(it) packed over P(it-1)) once it is done. The
+  // last turn multiplies the last P.
+  std::uint32_t prev_stage = 0;
+  for (int it = 0; it < ntiles; ++it) {
+    const std::uint32_t stage = wait_step(it);
+    const bool pv = it >= 1 && it - 1 < wg_tiles;  // P(it-1).V(it-1) to issue
+    wgmma::named_sync(my_turn, 256);
+    // (The four cases in separate branches: with `pv` tested inside one, ptxas serialises the MMAs, C7514.)
+    if (it < wg_tiles && pv) {
+      issue_s(stage);
+      issue_pv(prev_stage);
+      hand_over(it);
+      wgmma::wait<1>();  // S(it) (committed first) is done; the P.V may still run
+      wgmma::fence_operands(s);
+      wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
+      const float corr0 = softmax_row(s, 0, m[0], l[0]), corr1 = softmax_row(s, 1, m[1], l[1]);
+      wgmma::wait<0>();
+      wgmma::fence_operands(o);
+      rescale_row<D>(o, 0, corr0);
+      rescale_row<D>(o, 1, corr1);
+      wp::pack_p(s, pa);  // the P.V reading the previous P is done
+    } else if (it < wg_tiles) {  // the first step: nothing to multiply yet
+      score_turn(stage, it, it);
+    } else if (pv) {  // past this consumer's rows: the last P.V
+      pv_turn(prev_stage, it);
+    } else {
+      hand_over(it);
     }
-  } else {
-    // FlashAttention-3's intra-warpgroup overlap: turn it issues S(it) and then P(it-1).V(it-1); the softmax of
-    // step it runs while that P.V does, and O is rescaled (and P(it) packed over P(it-1)) once it is done. The
-    // last turn multiplies the last P.
-    std::uint32_t prev_stage = 0;
-    for (int it = 0; it < ntiles; ++it) {
-      const std::uint32_t stage = wait_step(it);
-      const bool pv = it >= 1 && it - 1 < wg_tiles;  // P(it-1).V(it-1) to issue
-      wgmma::named_sync(my_turn, 256);
-      // (The four cases in separate branches: with `pv` tested inside one, ptxas serialises the MMAs, C7514.)
-      if (it < wg_tiles && pv) {
-        issue_s(stage);
-        issue_pv(prev_stage);
-        hand_over(it);
-        wgmma::wait<1>();  // S(it) (committed first) is done; the P.V may still run
-        wgmma::fence_operands(s);
-        wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
-        const float corr0 = softmax_row(s, 0, m[0], l[0]), corr1 = softmax_row(s, 1, m[1], l[1]);
-        wgmma::wait<0>();
-        wgmma::fence_operands(o);
-        rescale_row<D>(o, 0, corr0);
-        rescale_row<D>(o, 1, corr1);
-        wp::pack_p(s, pa);  // the P.V reading the previous P is done
-      } else if (it < wg_tiles) {  // the first step: nothing to multiply yet
-        score_turn(stage, it, it);
-      } else if (pv) {  // past this consumer's rows: the last P.V
-        pv_turn(prev_stage, it);
-      } else {
-        hand_over(it);
-      }
-      if (it >= 1) release_step(ws_protocol::released_after_step(it, true));
-      prev_stage = stage;
+    if (it >= 1) release_step(ws_protocol::released_after_step(it));
+    prev_stage = stage;
+  }
+  if (ntiles > 0) {
+    wgmma::named_sync(my_turn, 256);
+    if (ntiles - 1 < wg_tiles) {
+      pv_turn(prev_stage, ntiles);
+    } else {
+      hand_over(ntiles);
     }
-    if (ntiles > 0) {
-      wgmma::named_sync(my_turn, 256);
-      if (ntiles - 1 < wg_tiles) {
-        pv_turn(prev_stage, ntiles);
-      } else {
-        hand_over(ntiles);
-      }
-      release_step(ntiles - 1);
-    }
+    release_step(ntiles - 1);
   }
   wp::store_rows(a, qt, kvh, row, t, o, l);
 #else

@@ -25,12 +25,9 @@ namespace zipage::cuda::ws_protocol {
   return static_cast<unsigned>(it / stages - 1) & 1u;
 }
 
-// Turns each consumer takes on the tensor cores over `nsteps` steps: two per step (S, then P.V) without the
-// intra-warpgroup overlap; with it one per step (S of the step with P.V of the step before) and a last one for the
-// last step's P.V.
-[[nodiscard]] constexpr int turns(int nsteps, bool overlap) {
-  return nsteps <= 0 ? 0 : overlap ? nsteps + 1 : 2 * nsteps;
-}
+// Turns each consumer takes on the tensor cores over `nsteps` steps: one per step (FlashAttention-3's
+// intra-warpgroup overlap: the S of the step with the P.V of the step before) and a last one for the last step's P.V.
+[[nodiscard]] constexpr int turns(int nsteps) { return nsteps <= 0 ? 0 : nsteps + 1; }
 // Consumer 1 gives consumer 0 the first turn with one arrival before its loop ...
 [[nodiscard]] constexpr bool opens_turns(int consumer, int nturns) { return consumer == 1 && nturns > 0; }
 // ... and does not hand over after its last turn, so that every arrival is matched by a sync.
@@ -38,9 +35,8 @@ namespace zipage::cuda::ws_protocol {
   return !(consumer == 1 && turn == nturns - 1);
 }
 
-// The step whose stage a consumer releases at the end of step `it` (-1: none): the step itself without the
-// overlap; with it the step before (its V is read by this step's P.V turn). The last step's stage is released after
-// the last turn.
-[[nodiscard]] constexpr int released_after_step(int it, bool overlap) { return overlap ? it - 1 : it; }
+// The step whose stage a consumer releases at the end of step `it` (-1: none): the step before, whose V this step's
+// P.V turn reads. The last step's stage is released after the last turn.
+[[nodiscard]] constexpr int released_after_step(int it) { return it - 1; }
 
 }  // namespace zipage::cuda::ws_protocol
