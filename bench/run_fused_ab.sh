@@ -7,6 +7,7 @@
 #     (with OP_TIMING_AB=1 a second time with AB_FLAG);
 #  4. the Qwen3-8B long workload, compressed, without and with AB_FLAG (default --unfused-projections; e.g.
 #     --no-fused-quantize), in boxes of AB_BOX s (0: skip): FP8 KV + FP8 weights, then bf16 + bf16 when AB_BF16=1;
+#     AB_FLAGS: more zipage-bench flags for both (e.g. "--prompt-len 2048": the compressed steady state at once);
 #  5. cells of the 16k steady-state grid through bench/run_grid_cell.sh, one after another while BUDGET_S leaves
 #     room: GRID_CELLS="MODE:KV:WEIGHTS:BOX ..." (e.g. "full:fp8:fp8:900 compressed:fp8:fp8:300": the ratio
 #     compressed / full KV measured in one session), else the one cell GRID_MODE compressed|full, GRID_KV
@@ -91,9 +92,11 @@ case "${1:-}" in
       # box times the compressed steady state's steps (batch ~663, ~2.2k cached tokens) instead of short requests.
       # shellcheck disable=SC2086
       long_run op_timing "$OP_TIMING_BOX" fp8 fp8 --op-timing ${OP_TIMING_FLAGS:-}
-      if [ "${OP_TIMING_AB:-0}" = 1 ]; then long_run "op_timing_$tag" "$OP_TIMING_BOX" fp8 fp8 --op-timing "$flag"; fi
+      # shellcheck disable=SC2086
+      if [ "${OP_TIMING_AB:-0}" = 1 ]; then long_run "op_timing_$tag" "$OP_TIMING_BOX" fp8 fp8 --op-timing ${OP_TIMING_FLAGS:-} "$flag"; fi
     fi
-    ab() { long_run "ab_kv$1_w$2${3:+_$tag}" "${AB_BOX:-100}" "$1" "$2" --json "$D/ab.jsonl" ${3:+"$3"}; }
+    # shellcheck disable=SC2086
+    ab() { long_run "ab_kv$1_w$2${3:+_$tag}" "${AB_BOX:-100}" "$1" "$2" --json "$D/ab.jsonl" ${AB_FLAGS:-} ${3:+"$3"}; }
     if [ "${AB_BOX:-100}" -gt 0 ]; then
       ab fp8 fp8 ""
       ab fp8 fp8 "$flag"
