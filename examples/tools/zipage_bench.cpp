@@ -175,7 +175,6 @@ struct options {
   bool no_graphs = false;
   bool unfused_projections = false;  // q/k/v and gate/up as separate GEMMs (the loaders fuse them)
   bool op_timing = false;            // per-op GPU time of the decode steps (implies --no-graphs)
-  bool equal_stream_priority = false;  // every stream at the default priority (A/B of prioritize_decode)
   bool unfused_quantize = false;     // FP8 weights: every linear quantises its own input (A/B of fuse_fp8_quantize)
   std::string prefill_kernel = "automatic";  // cuda::prefill_kernel by name
   float temperature = 0.0f;
@@ -480,9 +479,6 @@ int main(int argc, char** argv) {
   app.add_flag("--no-fused-quantize", o.unfused_quantize,
                "FP8 weights: each linear quantises its input itself, instead of the norm or SwiGLU before it writing the "
                "FP8 copy (cuda_backend_options::fuse_fp8_quantize = false, for A/B runs)");
-  app.add_flag("--equal-stream-priority", o.equal_stream_priority,
-               "the compression stream at the decode step's priority instead of below it "
-               "(cuda_backend_options::prioritize_decode = false, for A/B runs)");
   std::vector<std::string> prefill_kernel_names;
   for (const auto k : cuda::all_prefill_kernels) prefill_kernel_names.emplace_back(cuda::to_string(k));
   app.add_option("--prefill-kernel", o.prefill_kernel,
@@ -540,7 +536,6 @@ int main(int argc, char** argv) {
     bo.cuda_graphs = !o.no_graphs;
     bo.op_timing = o.op_timing;
     bo.fuse_fp8_quantize = !o.unfused_quantize;
-    bo.prioritize_decode = !o.equal_stream_priority;
     for (const auto k : cuda::all_prefill_kernels)
       if (o.prefill_kernel == cuda::to_string(k)) bo.prefill_kernel = k;
     bo.kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
@@ -564,15 +559,12 @@ int main(int argc, char** argv) {
       // Weight statistics from one build (freed again before the runs build their own).
       timed_model probe = build_model(b, c, o.seed, !o.unfused_projections, ws);
     }
-    std::printf("weights: %s; q/k/v and gate/up %s; FP8 activation quantisation %s; prefill attention %s; "
-                "compression stream %s\n",
+    std::printf("weights: %s; q/k/v and gate/up %s; FP8 activation quantisation %s; prefill attention %s\n",
                 b.describe_weights().c_str(),
                 o.unfused_projections ? "as separate GEMMs (--unfused-projections)" : "fused (one GEMM each)",
                 o.unfused_quantize ? "in each linear (--no-fused-quantize)" : "written by the op before each linear",
                 cuda::to_string(cuda::prefill_kernel_on_device(bo.prefill_kernel, c.head_dim,
-                                                               bo.kv_dtype == kv_cache_dtype::fp8_e4m3)),
-                bo.prioritize_decode ? "below the decode step's priority"
-                                     : "at the decode step's priority (--equal-stream-priority)");
+                                                               bo.kv_dtype == kv_cache_dtype::fp8_e4m3)));
     std::printf("shape %s: %d layers, hidden %d, q/kv heads %d/%d, head_dim %d, ffn %d, vocab %d; weights read per "
                 "step %.2f GB (%.2f B params incl. vocabulary projection)\n",
                 o.shape.c_str(), c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.ffn_size,

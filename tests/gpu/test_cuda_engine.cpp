@@ -462,30 +462,23 @@ TEST_CASE("bf16: compressed, swapping engine on a head_dim-128 model runs clean;
   const engine_config cfg{.block_size = 16, .num_blocks = 60, .max_num_seqs = 12, .budget_tokens = 64, .window = 8};
   cpu_engine<zipage_policy> cpu(random_llama(cpu_backend{}, c, 9), cfg);
   const auto ref = cpu.generate(prompts, greedy(150));
-  // Compression beside the decode steps on a stream below theirs (the default), and at the same priority.
-  for (const bool prioritize_decode : {true, false}) {
-    CAPTURE(prioritize_decode);
-    cuda_backend_options o;
-    o.prioritize_decode = prioritize_decode;
-    const cuda_backend b(o);
-    gpu_engine<zipage_policy> gpu(random_llama(b, c, 9), cfg, {}, b);
-    const auto out = gpu.generate(prompts, greedy(150));
-    const auto st = gpu.stats();
-    std::size_t total = 0;
-    std::string prefixes;
-    for (std::size_t i = 0; i < prompts.size(); ++i) {
-      CHECK(out[i].output.size() == 150);
-      CHECK(out[i].reason == finish_reason::length);
-      const auto n = common_prefix(out[i].output, ref[i].output);
-      total += n;
-      prefixes += std::to_string(n) + " ";
-    }
-    MESSAGE("bf16 compressed (prioritize_decode ", prioritize_decode, "): compressions ", st.compressions, ", swaps ",
-            st.swaps, ", preemptions ", st.preemptions, "; matching prefixes vs CPU [", prefixes, "], mean ",
-            double(total) / double(prompts.size()));
-    CHECK(st.compressions > 0);
-    CHECK(gpu.pool().num_used() == 0);
+  const cuda_backend b;
+  gpu_engine<zipage_policy> gpu(random_llama(b, c, 9), cfg, {}, b);
+  const auto out = gpu.generate(prompts, greedy(150));
+  const auto st = gpu.stats();
+  std::size_t total = 0;
+  std::string prefixes;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    CHECK(out[i].output.size() == 150);
+    CHECK(out[i].reason == finish_reason::length);
+    const auto n = common_prefix(out[i].output, ref[i].output);
+    total += n;
+    prefixes += std::to_string(n) + " ";
   }
+  MESSAGE("bf16 compressed: compressions ", st.compressions, ", swaps ", st.swaps, ", preemptions ", st.preemptions,
+          "; matching prefixes vs CPU [", prefixes, "], mean ", double(total) / double(prompts.size()));
+  CHECK(st.compressions > 0);
+  CHECK(gpu.pool().num_used() == 0);
 }
 
 // ---- device sampling (cuda_backend::sample) and device compression (cuda_backend::compress_on_device)

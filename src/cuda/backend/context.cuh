@@ -107,16 +107,11 @@ struct stream_set {
   cudaStream_t main = nullptr;
   cudaStream_t side = nullptr;
   cudaStream_t attention = nullptr;
-  // prioritize_decode: main and attention at the greatest priority, side (compression) at the least
-  // (cuda_backend_options::prioritize_decode); else all three at the default, which is the least.
-  stream_set(int device, bool prioritize_decode) {
+  explicit stream_set(int device) {
     ZIPAGE_CUDA_CHECK(cudaSetDevice(device));
-    int least = 0, greatest = 0;
-    ZIPAGE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    const int step = prioritize_decode ? greatest : least;
-    ZIPAGE_CUDA_CHECK(cudaStreamCreateWithPriority(&main, cudaStreamNonBlocking, step));
-    ZIPAGE_CUDA_CHECK(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, least));
-    ZIPAGE_CUDA_CHECK(cudaStreamCreateWithPriority(&attention, cudaStreamNonBlocking, step));
+    ZIPAGE_CUDA_CHECK(cudaStreamCreateWithFlags(&main, cudaStreamNonBlocking));
+    ZIPAGE_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    ZIPAGE_CUDA_CHECK(cudaStreamCreateWithFlags(&attention, cudaStreamNonBlocking));
   }
   stream_set(const stream_set&) = delete;
   stream_set& operator=(const stream_set&) = delete;
@@ -218,7 +213,7 @@ struct context {
     return e;
   }
 
-  explicit context(const cuda_backend_options& o) : opts(o), streams(o.device, o.prioritize_decode) {
+  explicit context(const cuda_backend_options& o) : opts(o), streams(o.device) {
     activate();
     cudaMemPool_t pool = nullptr;
     ZIPAGE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, opts.device));

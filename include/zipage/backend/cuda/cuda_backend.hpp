@@ -129,11 +129,6 @@ struct cuda_backend_options {
   // on the same input as the one before it (unfused q, k, v) reuses that one's. The same bytes either way; false: for
   // an A/B (zipage-bench --no-fused-quantize).
   bool fuse_fp8_quantize = true;
-  // The decode step's streams (main, nano-batch attention) at the device's greatest priority and the compression
-  // stream at its least, so that the compression kernels running beside a step (async compression) fill the SMs the
-  // step leaves idle instead of delaying it; a graph launched on the main stream runs at its priority. false: every
-  // stream at the default priority (for A/B runs: zipage-bench --equal-stream-priority).
-  bool prioritize_decode = true;
   // The prefill attention kernel (cuda::prefill_kernel; zipage-bench --prefill-kernel). The wgmma ones need bf16 K/V
   // (dtype bf16, kv_dtype auto_), head_dim 128 (checked by allocate_kv) and a device that runs them
   // (cuda::wgmma_prefill_available(), checked by the constructor).
