@@ -220,7 +220,13 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
   state.counters["splits"] = plan.num_splits;
   state.counters["passes"] = passes;
   state.counters["stages"] = plan.stages;
-  g_rows[key] = {fp8 ? "fp8" : force_splits ? "splits" : stages ? "sweep" : "decode", batch, ctx_label, qh, kvh, bs, plan.num_splits, plan.stages, s, kv_bytes, 0.0};
+  const bool steady_sweep = ctx_label == kSteadyCtx && (force_splits > 0 || stages > 0);
+  g_rows[key] = {steady_sweep ? (fp8 ? "steady_fp8" : "steady_bf16")
+                 : fp8        ? "fp8"
+                 : force_splits ? "splits"
+                 : stages     ? "sweep"
+                              : "decode",
+                 batch, ctx_label, qh, kvh, bs, plan.num_splits, plan.stages, s, kv_bytes, 0.0};
 }
 
 // ---- prefill: `seqs` fresh prompts of `n` tokens each (causal), or chunks of n after `cached` tokens.
@@ -319,6 +325,19 @@ void print_summary() {
                 r.qh, r.kvh, r.bs,
                 r.splits, r.seconds * 1e6, r.bytes / r.seconds / 1e9, 100.0 * r.bytes / r.seconds / g_copy_bytes_per_s,
                 bf16_s * 1e6, bf16_s > 0 ? bf16_s / r.seconds : 0.0);
+  }
+  std::printf("\n## decode at the compressed steady state under forced plans (32/8 heads, 256-token blocks, lengths "
+              "2048-2304)\n\n| KV | batch | splits | stages | time (us) | KV GB/s | of copy bw | vs automatic plan |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const auto& [key, r] : g_rows) {
+    if (r.kind != "steady_fp8" && r.kind != "steady_bf16") continue;
+    const bool fp8 = r.kind == "steady_fp8";
+    double auto_s = 0.0;
+    for (const auto& [k2, b] : g_rows)
+      if (b.kind == (fp8 ? "fp8" : "decode") && b.ctx == kSteadyCtx && b.batch == r.batch) auto_s = b.seconds;
+    std::printf("| %s | %d | %d | %d | %.1f | %.0f | %.1f%% | %.3fx |\n", fp8 ? "fp8" : "bf16", r.batch, r.splits,
+                r.stages, r.seconds * 1e6, r.bytes / r.seconds / 1e9, 100.0 * r.bytes / r.seconds / g_copy_bytes_per_s,
+                auto_s > 0 ? auto_s / r.seconds : 0.0);
   }
   std::printf("\n## decode pipeline depth sweep\n\n| batch | context | q/kv heads | block | stages | splits | time (us) | KV GB/s | of copy bw |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
@@ -430,6 +449,8 @@ int main(int argc, char** argv) {
     // The compressed engine's steady state on Qwen3-8B (docs/benchmarks.md, 2026-12-02 16:08): every request at its
     // 2,048-token budget plus up to 256 new tokens, 256-token blocks; FP8 KV at the FP8 pool's 662 requests and
     // bf16 KV at the bf16 pool's 329 (each pool ~105-110 GiB). What the engine's decode attention should reach.
+    // Then the same batches under forced plans (splits 1-4 x stages 2-4: decode_steady_plans/...), against the
+    // automatic plan: whether another split count fills the last wave better than plan_decode's cost model says.
     for (const auto& [batch, fp8] : {std::pair{662, true}, std::pair{329, false}}) {
       std::mt19937_64 rng(static_cast<unsigned>(batch));
       std::vector<int> lens(static_cast<std::size_t>(batch));
@@ -441,6 +462,15 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
         bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 0, 0, fp8);
       })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+      for (int splits : {1, 2, 3, 4})
+        for (int stages : {2, 3, 4}) {
+          std::snprintf(name, sizeof name, "decode_steady_plans/%s/batch%d/splits%d/stages%d", fp8 ? "fp8" : "bf16",
+                        batch, splits, stages);
+          std::snprintf(key, sizeof key, "p%05d", order++);
+          benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+            bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, stages, splits, fp8);
+          })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+        }
     }
     // Pipeline depth sweep on a few shapes.
     struct sweep_case {
