@@ -21,6 +21,8 @@
 # ...", default "128:8192": 128 prompts of 8,192 tokens; bf16 KV and weights, full KV, 16 output tokens) once per
 # kernel of PREFILL_ENGINE_KERNELS (default "mma_sync automatic"): prefill tok/s = the "prompt tokens" over the
 # "wall" seconds of prefill_engine_PROMPT_KERNEL.txt.
+# Every zipage-bench run of steps 3-4 and the attention bench also sample the GPU's SM clock, power and clock-event
+# reasons (nvidia-smi every 200 ms; CLOCKS=0: not) into NAME_clocks.csv, with a summary line in status.txt.
 #   call 1: bench/run_fused_ab.sh start; bench/run_fused_ab.sh wait
 #   call 2: bench/run_fused_ab.sh wait     (issued at once; repeat until it says done)
 # "At once" matters: the device machine is released after ~30 s idle between calls, and the driver and its
@@ -40,6 +42,23 @@ case "${1:-}" in
   run)
     T0=$(date +%s)
     st() { echo "[$(( $(date +%s) - T0 )) s] $*" >> "$D/status.txt"; }
+    # SM clock, power and clock-event reasons every 200 ms while a run goes (CLOCKS=0: not), into NAME_clocks.csv,
+    # summarised in status.txt: whether a run's kernels ran at lower clocks than the same kernels alone.
+    clock_fields=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
+    nvidia-smi --query-gpu=$clock_fields --format=csv,noheader > /dev/null 2>&1 ||
+      clock_fields=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active
+    clocks_start() {
+      [ "${CLOCKS:-1}" = 1 ] || return 0
+      nvidia-smi --query-gpu=$clock_fields --format=csv,noheader,nounits -lms 200 > "$D/$1_clocks.csv" 2>&1 &
+      CLOCKS_PID=$!
+    }
+    clocks_stop() {
+      [ "${CLOCKS:-1}" = 1 ] || return 0
+      kill "$CLOCKS_PID" 2> /dev/null; wait "$CLOCKS_PID" 2> /dev/null
+      st "$1 clocks: $(awk -F', *' 'NF >= 6 && $2 + 0 > 0 { n++; sm += $2; p += $4; if (min == "" || $2 < min) min = $2;
+        if ($2 > max) max = $2; r[$6]++ } END { if (n) { printf "%d samples, SM MHz mean %.0f (min %d, max %d), power mean %.0f W, reasons", n, sm / n, min, max, p / n;
+        for (k in r) printf " %s x%d", k, r[k] } else printf "none" }' "$D/$1_clocks.csv")"
+    }
     ALL_SERIAL="test_gpu_device test_cuda_engine test_cuda_fp8_gemm"
     ALL_CONCURRENT="test_cuda_wgmma test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_nccl_communicator test_tp_nccl_engine"
     SERIAL=${SERIAL_TESTS-$ALL_SERIAL}
@@ -57,8 +76,10 @@ case "${1:-}" in
     st "tests done: test_cuda_kernels $(tail -1 "$D/test_cuda_kernels.log" 2>/dev/null); $(grep -c '^\[FAIL\]' "$D/test_cuda_kernels.log" 2>/dev/null) [FAIL] lines"
     st "test_cuda_wgmma: $(grep -E 'test cases:|SKIPPED' "$D/test_cuda_wgmma.log" 2>/dev/null | tr -s ' ' | tr '\n' ' ')"
     if [ "${PREFILL_BENCH:-0}" = 1 ]; then
+      clocks_start prefill_bench
       timeout 120 "$B"/bench_decode_attention --benchmark_filter="${ATTN_BENCH_FILTER:-prefill}" > "$D/prefill_bench.txt" 2>&1
       st "prefill bench rc=$?"
+      clocks_stop prefill_bench
     fi
     if [ "${PREFILL_ENGINE_BOX:-0}" -gt 0 ]; then
       for shape in ${PREFILL_ENGINE_SHAPES:-128:8192}; do
@@ -77,12 +98,15 @@ case "${1:-}" in
       st "linear bench rc=$?"
     fi
     long_run() {  # long_run NAME BOX KV QUANT [FLAGS]: the 8B long workload, compressed, into $D/NAME.txt
-      local name=$1 box=$2 kv=$3 quant=$4
+      local name=$1 box=$2 kv=$3 quant=$4 rc
       shift 4
+      clocks_start "$name"
       timeout $(( box + 150 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode compressed --num-requests 1024 \
         --output-len 16384 --max-num-seqs 1024 --seconds "$box" --kv-cache-dtype "$kv" --quantization "$quant" "$@" \
         > "$D/$name.txt" 2>&1
-      st "$name rc=$?: $(grep -E '^\| long' "$D/$name.txt" | head -1)"
+      rc=$?
+      st "$name rc=$rc: $(grep -E '^\| long' "$D/$name.txt" | head -1)"
+      clocks_stop "$name"
     }
     # Where a decode step's GPU time goes, op by op (eager, synchronised).
     flag=${AB_FLAG:---unfused-projections}
