@@ -297,7 +297,7 @@ void bm_copy(benchmark::State& state) {
   state.counters["read_GBps"] = g_read_bytes_per_s / 1e9;
 }
 
-// A case's context column: its length, or how its lengths were drawn (ragged cases).
+// A case's context column: its length, or how its lengths were drawn (ragged and steady-state cases).
 std::string ctx_name(int ctx) {
   return ctx == kRaggedCtx ? "ragged 1-16384" : ctx == kSteadyCtx ? "2048-2304" : std::to_string(ctx);
 }

@@ -63,7 +63,7 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   a.tokens_per_tile = prefill_config<128>::kRows / group;
   a.bs_shift = shift;
   a.scale_log2 = p.scale * detail::kLog2e;
-  if (kernel == prefill_kernel::wgmma) {
+  if (is_wgmma(kernel)) {
     detail::launch_prefill_wgmma(a, p.num_tokens, stream);
     return;
   }

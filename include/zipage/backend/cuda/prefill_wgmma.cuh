@@ -329,10 +329,10 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
   auto hand_over = [&](int turn) {
     if (ws_protocol::hands_over(cw, turn, nturns)) wgmma::named_arrive(other_turn, 256);
   };
-  // A turn that multiplies S(it) out alone: S, then its softmax into O and P.
-  auto score_turn = [&](std::uint32_t stage, int turn, int it) {
+  // Turn `it` multiplying S(it) out alone (the first step: no P.V yet): S, then its softmax into O and P.
+  auto score_turn = [&](std::uint32_t stage, int it) {
     issue_s(stage);
-    hand_over(turn);
+    hand_over(it);
     wgmma::wait<0>();
     wgmma::fence_operands(s);
     wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
       rescale_row<D>(o, 1, corr1);
       wp::pack_p(s, pa);  // the P.V reading the previous P is done
     } else if (it < wg_tiles) {  // the first step: nothing to multiply yet
-      score_turn(stage, it, it);
+      score_turn(stage, it);
     } else if (pv) {  // past this consumer's rows: the last P.V
       pv_turn(prev_stage, it);
     } else {
