@@ -32,6 +32,16 @@ void validate(const decode_params& p) {
   check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "paged_decode_attention: FP8 needs both k_scale and v_scale");
 }
 
+void validate_fp8_copy(const decode_params& p, const decode_plan& plan) {
+  if (!p.out_fp8.wanted()) return;
+  check(decode_writes_fp8_copy(p, plan), "paged_decode_attention: out_fp8 needs head_dim 128 (got ", p.kv.head_dim,
+        ") and a plan of one split (got ", plan.num_splits, ")");
+  check(p.out_fp8.scales != nullptr && reinterpret_cast<std::uintptr_t>(p.out_fp8.codes) % 8 == 0,
+        "paged_decode_attention: out_fp8 needs 8-byte aligned codes and scales");
+  check(p.out_fp8.padded >= p.num_seqs && p.out_fp8.padded % 4 == 0, "paged_decode_attention: out_fp8 of ",
+        p.num_seqs, " rows padded to ", p.out_fp8.padded, " (fp8::padded_rows)");
+}
+
 template <int D, int S, bool F8>
 void prepare_kernel() {
   detail::opt_in_smem<detail::paged_decode_kernel<D, S, F8>>(decode_config<D, S, F8>::kSmemBytes);
@@ -109,6 +119,8 @@ void launch(const decode_params& p, const decode_plan& plan, void* workspace, cu
   a.chunk = plan.chunk_tokens;
   a.num_splits = plan.num_splits;
   a.scale_log2 = p.scale * detail::kLog2e;
+  a.out_fp8 = p.out_fp8;
+  a.num_seqs = p.num_seqs;
   if (plan.num_splits > 1) {
     a.ws_o = static_cast<float*>(workspace);
     a.ws_lse = a.ws_o + std::size_t(p.num_seqs) * p.num_q_heads * plan.num_splits * D;
@@ -174,6 +186,10 @@ decode_plan plan_decode(const decode_params& p, int force_splits, int stages) {
   return best;
 }
 
+bool decode_writes_fp8_copy(const decode_params& p, const decode_plan& plan) {
+  return p.kv.head_dim == 128 && plan.num_splits == 1;
+}
+
 std::size_t decode_workspace_bytes(const decode_params& p, const decode_plan& plan) {
   if (plan.num_splits <= 1) return 0;
   return std::size_t(p.num_seqs) * p.num_q_heads * plan.num_splits * (p.kv.head_dim + 1) * sizeof(float);
@@ -192,6 +208,7 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
         "paged_decode_attention: workspace of ", workspace_bytes, " bytes, the plan needs ",
         decode_workspace_bytes(p, plan));
   check(plan.stages == 0 || (plan.stages >= 2 && plan.stages <= 4), "paged_decode_attention: plan.stages ", plan.stages);
+  validate_fp8_copy(p, plan);
   if (p.num_seqs == 0) return;
   const int stages = plan.stages == 0 ? default_stages(p.kv.head_dim, p.kv.k_scale != nullptr) : plan.stages;
   dispatch(p.kv.head_dim, stages, p.kv.k_scale != nullptr,

@@ -30,6 +30,10 @@ void add_rms_norm(void* x, const void* y, cuda_dtype wt, const void* weight, voi
 void append_kv(void* k_cache, void* v_cache, const void* k, const void* v, const std::int64_t* slots, int num_tokens,
                int num_kv_heads, int head_dim, std::int64_t k_row_stride, std::int64_t v_row_stride,
                cuda_stream stream);
+// Into an FP8 cache (kv.k_scale set): bf16 K/V, head_dim 128, strides of whole 8-element vectors, k and v 16-byte
+// and the caches 8-byte aligned (append_kv_fp8_supported); the same bytes as reference::append_kv_fp8.
+[[nodiscard]] bool append_kv_fp8_supported(const append_kv_params& p);
+void append_kv_fp8(const append_kv_params& p, cuda_stream stream);
 
 }  // namespace zipage::cuda::tuned
 

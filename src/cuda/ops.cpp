@@ -145,7 +145,11 @@ void append_kv(cuda_dtype t, const append_kv_params& p, kernel_variant v, cuda_s
   check((p.k_row_stride == 0 || p.k_row_stride >= width) && (p.v_row_stride == 0 || p.v_row_stride >= width),
         "append_kv: k_row_stride ", p.k_row_stride, " / v_row_stride ", p.v_row_stride, " shorter than the row of ",
         width);
-  if (p.kv.fp8()) return reference::append_kv_fp8(t, p, stream);
+  if (p.kv.fp8()) {
+    // Both quantise bit-exactly alike; the tuned kernel spreads a head over a half-warp (bf16, head_dim 128).
+    if (tuned_bf16(t, v) && tuned::append_kv_fp8_supported(p)) return tuned::append_kv_fp8(p, stream);
+    return reference::append_kv_fp8(t, p, stream);
+  }
   const bool vectors = width % 8 == 0 && p.k_row_stride % 8 == 0 && p.v_row_stride % 8 == 0 &&
                        aligned16(p.kv.k_cache) && aligned16(p.kv.v_cache) && aligned16(p.k) && aligned16(p.v);
   if (tuned_bf16(t, v) && vectors)

@@ -52,12 +52,17 @@ decode_params as_decode_params(const attention_params& p) {
   d.num_q_heads = p.num_q_heads;
   d.max_kv_len = p.max_kv_len;
   d.scale = p.scale;
+  d.out_fp8 = p.out_fp8;
   return d;
 }
 
 void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, const attention_workspace& ws,
                      cuda_stream stream) {
-  switch (select_attention_kernel(t, p, v)) {
+  const attention_kernel kernel = select_attention_kernel(t, p, v);
+  check(!p.out_fp8.wanted() || kernel == attention_kernel::tuned_decode,
+        "paged_attention: out_fp8 is written by the tuned decode kernel only (bf16, head_dim 128, one query token per "
+        "sequence)");
+  switch (kernel) {
     case attention_kernel::tuned_decode:
       check(p.num_tokens == p.num_seqs, "paged_attention: one_token_per_seq, but ", p.num_tokens, " tokens for ",
             p.num_seqs, " sequences");

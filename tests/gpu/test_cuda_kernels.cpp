@@ -21,7 +21,9 @@
 #include "cuda_buffers.hpp"
 #include "zipage/backend/cpu/cpu_backend.hpp"
 #include "zipage/backend/cuda/attention.hpp"
+#include "zipage/backend/cuda/fp8_gemm.hpp"
 #include "zipage/backend/cuda/ops.hpp"
+#include "zipage/core/fp8.hpp"
 #include "zipage/cuda/device.hpp"
 
 namespace {
@@ -200,6 +202,40 @@ std::string shape_name(const char* what, int d, int qh, int kvh, int bs) {
 }
 
 // ---- decode
+// Bytes of two device buffers that differ.
+template <class T>
+std::size_t byte_mismatches(const dbuf<T>& a, const dbuf<T>& b) {
+  const std::vector<T> x = a.get(), y = b.get();
+  std::size_t bad = x.size() != y.size();
+  for (std::size_t i = 0; i < std::min(x.size(), y.size()); ++i) bad += std::memcmp(&x[i], &y[i], sizeof(T)) != 0;
+  return bad;
+}
+
+// The decode kernel's FP8 copy of its output (decode_params::out_fp8, head_dim 128, one split): the output is the
+// same as without it, and the codes and scales are byte for byte what fp8::quantize_activations makes of that
+// output, padding rows zero (the copy's buffers start poisoned). p: a decode of any KV cache (bf16 or FP8).
+void check_decode_fp8_copy(zc::decode_params p, const std::string& name) {
+  const zc::decode_plan plan = zc::plan_decode(p, 1);
+  const int cols = p.num_q_heads * p.kv.head_dim;
+  const int padded = zc::fp8::padded_rows(p.num_seqs);
+  const std::size_t out_n = std::size_t(p.num_seqs) * cols;
+  const std::size_t codes_n = std::size_t(padded) * cols, scales_n = std::size_t(cols / 128) * padded;
+  dbuf<std::uint16_t> plain(out_n), fused(out_n);
+  dbuf<std::uint8_t> codes(codes_n), want_codes(codes_n);
+  dbuf<float> scales(scales_n), want_scales(scales_n);
+  codes.poison();
+  scales.poison();
+  p.out = plain.p;
+  zc::paged_decode_attention(p, plan, nullptr, 0, nullptr);
+  p.out = fused.p;
+  p.out_fp8 = {codes.p, scales.p, padded};
+  zc::paged_decode_attention(p, plan, nullptr, 0, nullptr);
+  zc::fp8::quantize_activations(zipage::cuda_dtype::bf16, fused.p, p.num_seqs, padded, cols, want_codes.p, want_scales.p,
+                                nullptr);
+  report_exact(name + " + fp8 copy: output unchanged", byte_mismatches(plain, fused));
+  report_exact(name + " + fp8 copy: codes, scales", byte_mismatches(codes, want_codes) + byte_mismatches(scales, want_scales));
+}
+
 // runs: (forced split count or 0 = automatic plan, pipeline stages or 0 = default).
 void test_decode(int d, int qh, int kvh, int bs, std::vector<int> lens, std::vector<std::pair<int, int>> runs) {
   const int seqs = static_cast<int>(lens.size());
@@ -248,6 +284,7 @@ void test_decode(int d, int qh, int kvh, int bs, std::vector<int> lens, std::vec
     const std::vector<std::uint16_t> again = dout.get();
     if (again != out) report_exact(std::string(name) + " rerun", 1);
   }
+  if (d == 128) check_decode_fp8_copy(p, shape_name("decode", d, qh, kvh, bs));
 }
 
 // Every Hopper wgmma prefill kernel (run where wgmma_prefill_available()).
@@ -403,6 +440,169 @@ void test_append_kv(int kvh, int d, int bs, int tokens, std::int64_t k_stride_pa
                   static_cast<long long>(ks));
     report_exact(name + variant_tag(variant), mism);
   }
+}
+
+// The cache of `c` quantised into an FP8 cache on the device by append_kv (the live tokens' slots only: the others
+// keep poisoned codes and scales, as the bf16 cache keeps NaN there), with the tuned and the reference kernel:
+// their codes and scales must agree byte for byte. On return `c` holds the dequantised values (float(code) * scale)
+// the FP8 kernels compute with.
+struct fp8_cache {
+  dbuf<std::uint8_t> k, v;
+  dbuf<float> k_scale, v_scale;
+};
+fp8_cache quantise_cache(paged_cache& c, const std::string& name) {
+  const std::size_t row = std::size_t(c.kv_heads) * c.head_dim;
+  const std::size_t slots_n = std::size_t(c.num_blocks) * c.block_size;
+  std::vector<std::int64_t> slots;
+  std::vector<std::uint16_t> k, v;
+  for (std::size_t s = 0; s < c.kv_len.size(); ++s)
+    for (int t = 0; t < c.kv_len[s]; ++t) {
+      const std::int64_t slot =
+          std::int64_t{c.page_indices[std::size_t(c.page_indptr[s] + t / c.block_size)]} * c.block_size + t % c.block_size;
+      slots.push_back(slot);
+      k.insert(k.end(), c.k.begin() + slot * std::int64_t(row), c.k.begin() + (slot + 1) * std::int64_t(row));
+      v.insert(v.end(), c.v.begin() + slot * std::int64_t(row), c.v.begin() + (slot + 1) * std::int64_t(row));
+    }
+  dbuf<std::uint16_t> dk(k), dv(v);
+  dbuf<std::int64_t> dslots(slots);
+  fp8_cache out[2] = {{dbuf<std::uint8_t>(slots_n * row), dbuf<std::uint8_t>(slots_n * row),
+                       dbuf<float>(slots_n * c.kv_heads), dbuf<float>(slots_n * c.kv_heads)},
+                      {dbuf<std::uint8_t>(slots_n * row), dbuf<std::uint8_t>(slots_n * row),
+                       dbuf<float>(slots_n * c.kv_heads), dbuf<float>(slots_n * c.kv_heads)}};
+  for (int i = 0; i < 2; ++i) {
+    fp8_cache& f = out[i];
+    f.k.poison(), f.v.poison(), f.k_scale.poison(), f.v_scale.poison();
+    zc::append_kv_params p;
+    p.kv.k_cache = f.k.p;
+    p.kv.v_cache = f.v.p;
+    p.kv.k_scale = f.k_scale.p;
+    p.kv.v_scale = f.v_scale.p;
+    p.kv.num_kv_heads = c.kv_heads;
+    p.kv.head_dim = c.head_dim;
+    p.k = dk.p;
+    p.v = dv.p;
+    p.slots = dslots.p;
+    p.num_tokens = static_cast<int>(slots.size());
+    zc::append_kv(cuda_dtype::bf16, p, kVariants[i], nullptr);
+  }
+  report_exact(name + " append_kv fp8 tuned == reference",
+               byte_mismatches(out[0].k, out[1].k) + byte_mismatches(out[0].v, out[1].v) +
+                   byte_mismatches(out[0].k_scale, out[1].k_scale) + byte_mismatches(out[0].v_scale, out[1].v_scale));
+  const std::vector<std::uint8_t> kc = out[0].k.get(), vc = out[0].v.get();
+  const std::vector<float> ks = out[0].k_scale.get(), vs = out[0].v_scale.get();
+  for (const std::int64_t slot : slots)
+    for (std::size_t i = 0; i < row; ++i) {
+      const std::size_t e = std::size_t(slot) * row + i, h = std::size_t(slot) * c.kv_heads + i / c.head_dim;
+      c.kf[e] = zipage::fp8_e4m3_to_f32(kc[e]) * ks[h];
+      c.vf[e] = zipage::fp8_e4m3_to_f32(vc[e]) * vs[h];
+    }
+  return std::move(out[0]);
+}
+
+// Decode over an FP8 cache (the kernel's FP8 path: scales applied to scores and probabilities) against the CPU
+// reference on the dequantised cache; then its FP8 copy of the output (the strided epilogue) where head_dim is 128.
+void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, std::vector<int> forced_splits) {
+  const int seqs = static_cast<int>(lens.size());
+  paged_cache c = make_cache(d, kvh, bs, lens);
+  const std::string shape = shape_name("decode fp8 kv", d, qh, kvh, bs);
+  const fp8_cache f = quantise_cache(c, shape);
+  std::vector<std::uint16_t> qb;
+  std::vector<float> qf;
+  random_bf16(std::size_t(seqs) * qh * d, -2.0f, 2.0f, qb, qf);
+  const float scale = 1.0f / std::sqrt(float(d));
+  std::vector<std::int32_t> token_seq(static_cast<std::size_t>(seqs)), token_len(lens.begin(), lens.end());
+  std::iota(token_seq.begin(), token_seq.end(), 0);
+  const std::vector<float> ref = reference_attention(c, token_seq, token_len, qf, qh, scale);
+
+  dbuf<std::uint16_t> dq(qb), dout(qb.size());
+  dbuf<std::int32_t> dindptr(c.page_indptr), dindices(c.page_indices), dlen(token_len);
+  zc::decode_params p;
+  p.q = dq.p;
+  p.out = dout.p;
+  p.kv.k_cache = f.k.p;
+  p.kv.v_cache = f.v.p;
+  p.kv.k_scale = f.k_scale.p;
+  p.kv.v_scale = f.v_scale.p;
+  p.kv.page_indptr = dindptr.p;
+  p.kv.page_indices = dindices.p;
+  p.kv.kv_len = dlen.p;
+  p.num_seqs = seqs;
+  p.num_q_heads = qh;
+  p.kv.num_kv_heads = kvh;
+  p.kv.head_dim = d;
+  p.kv.block_size = bs;
+  p.max_kv_len = *std::max_element(lens.begin(), lens.end());
+  p.scale = scale;
+  for (const int fs : forced_splits) {
+    const zc::decode_plan plan = zc::plan_decode(p, fs);
+    const std::size_t ws_bytes = zc::decode_workspace_bytes(p, plan);
+    dbuf<unsigned char> ws(ws_bytes);
+    dout.poison();
+    zc::paged_decode_attention(p, plan, ws.p, ws_bytes, nullptr);
+    char name[160];
+    std::snprintf(name, sizeof name, "%s seqs=%d max_len=%d splits=%d%s", shape.c_str(), seqs, p.max_kv_len,
+                  plan.num_splits, fs ? "" : "[auto]");
+    report(name, compare(dout.get(), ref), 1e-2);
+  }
+  if (d == 128) check_decode_fp8_copy(p, shape);
+}
+
+// append_kv into an FP8 cache: the tuned kernel (bf16, head_dim 128) writes the reference kernel's bytes, including
+// heads that are all zero, hold a NaN or an infinity, saturate, or are subnormal in e4m3; padding tokens skipped.
+void test_append_kv_fp8(int kvh, int tokens, std::int64_t k_stride_pad) {
+  constexpr int d = 128;
+  const int width = kvh * d, bs = 16;
+  const int blocks = (tokens + bs - 1) / bs + 3;
+  const std::size_t slots_n = std::size_t(blocks) * bs;
+  const std::int64_t ks = width + k_stride_pad;
+  std::vector<std::uint16_t> k, v;
+  std::vector<float> unused;
+  random_bf16(std::size_t(tokens) * ks, -3, 3, k, unused);
+  random_bf16(std::size_t(tokens) * width, -3, 3, v, unused);
+  auto head = [&](std::vector<std::uint16_t>& x, std::int64_t stride, int t, int h) { return &x[std::size_t(t * stride + h * d)]; };
+  for (int t = 0; t < tokens; t += 5) {  // a special head per five tokens, K and V in turn
+    const int h = t % kvh;
+    std::uint16_t* x = (t / 5) % 2 ? head(v, width, t, h) : head(k, ks, t, h);
+    switch ((t / 10) % 5) {
+      case 0: std::fill_n(x, d, std::uint16_t{0}); break;                          // all zero: scale 0, codes 0
+      case 1: x[(t * 7) % d] = kBf16NaN; break;                                       // NaN: NaN scale
+      case 2: x[(t * 3) % d] = to_bf16(INFINITY); break;                              // inf: inf scale
+      case 3: for (int i = 0; i < d; ++i) x[i] = to_bf16((i % 2 ? -1e30f : 1e30f) * (1 + i)); break;  // huge
+      case 4: for (int i = 0; i < d; ++i) x[i] = to_bf16(1e-38f * float(i % 9)); break;  // tiny, some zero
+    }
+  }
+  std::vector<std::int64_t> all(slots_n);
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), g_rng);
+  std::vector<std::int64_t> slots(all.begin(), all.begin() + tokens);
+  for (int t = 2; t < tokens; t += 9) slots[std::size_t(t)] = -1;
+  dbuf<std::uint16_t> dk(k), dv(v);
+  dbuf<std::int64_t> dslots(slots);
+  std::vector<fp8_cache> out;
+  for (const zc::kernel_variant variant : kVariants) {
+    fp8_cache f{dbuf<std::uint8_t>(slots_n * width), dbuf<std::uint8_t>(slots_n * width), dbuf<float>(slots_n * kvh),
+                dbuf<float>(slots_n * kvh)};
+    f.k.poison(), f.v.poison(), f.k_scale.poison(), f.v_scale.poison();
+    zc::append_kv_params p;
+    p.kv.k_cache = f.k.p;
+    p.kv.v_cache = f.v.p;
+    p.kv.k_scale = f.k_scale.p;
+    p.kv.v_scale = f.v_scale.p;
+    p.kv.num_kv_heads = kvh;
+    p.kv.head_dim = d;
+    p.k = dk.p;
+    p.v = dv.p;
+    p.slots = dslots.p;
+    p.num_tokens = tokens;
+    p.k_row_stride = ks;
+    zc::append_kv(cuda_dtype::bf16, p, variant, nullptr);
+    out.push_back(std::move(f));
+  }
+  char name[128];
+  std::snprintf(name, sizeof name, "append_kv fp8 kv=%d D=%d tokens=%d k_stride=%lld: tuned == reference", kvh, d,
+                tokens, static_cast<long long>(ks));
+  report_exact(name, byte_mismatches(out[0].k, out[1].k) + byte_mismatches(out[0].v, out[1].v) +
+                         byte_mismatches(out[0].k_scale, out[1].k_scale) + byte_mismatches(out[0].v_scale, out[1].v_scale));
 }
 
 // x and out start `offset` elements into their buffers, the weight `w_offset` elements into its own:
@@ -726,6 +926,8 @@ int main() {
       test_prefill(64, 6, 1, 256, {{0, 40}, {300, 3}});
       if (zc::wgmma_prefill_available()) test_prefill(128, 16, 4, 16, {{0, 70}, {100, 9}}, wgmma_kernels());
       test_append_kv(2, 64, 16, 50, 8);
+      test_append_kv_fp8(2, 60, 8);
+      test_decode_fp8_kv(128, 16, 4, 16, {1, 64, 700, 0, 65}, {0, 3});
       test_rms_norm(3, 4096, 4096, cuda_dtype::bf16, false);
       test_rms_norm(3, 256, 64, cuda_dtype::f32, true);
       test_rope(5, 2, 1, 64, 1e4f, zipage::rope_style::interleaved);
@@ -776,6 +978,15 @@ int main() {
       for (auto& l : lens) l = rand_int(1, 3000);
       test_decode(128, 32, 8, 16, lens, {{0, 0}});  // a wide batch
     }
+    // Decode over an FP8 cache made by append_kv (both kernels), and its FP8 output copy.
+    for (int d : {64, 128})
+      for (auto [qh, kvh] : gqa) {
+        std::vector<int> lens = {1, 63, 64, 65, 257, rand_int(300, 1500), rand_int(1500, 4000), 0};
+        std::shuffle(lens.begin(), lens.end(), g_rng);
+        test_decode_fp8_kv(d, qh, kvh, 16, lens, {0, 1, 5});
+      }
+    test_decode_fp8_kv(128, 28, 4, 256, {2304, 1, 2048, 3}, {0, 1});  // group 7, padding rows in the copy
+    test_decode_fp8_kv(128, 32, 1, 16, {100, 2000, 1}, {0});          // group 32: two head chunks
 
     // Prefill: whole prompts and chunks appended to an existing cache.
     for (int d : {64, 128})
@@ -810,6 +1021,9 @@ int main() {
     // Elementwise.
     test_append_kv(8, 128, 16, 300, 0);
     test_append_kv(2, 64, 256, 1000, 3 * 64 + 8);  // K rows inside a wider (fused) buffer
+    test_append_kv_fp8(8, 300, 0);
+    test_append_kv_fp8(4, 777, 2 * 4 * 128 + 8);  // K rows inside a fused q|k|v buffer
+    test_append_kv_fp8(1, 33, 0);
     test_rms_norm(37, 4096, 4096, cuda_dtype::bf16, false);
     test_rms_norm(64, 2048, 2048, cuda_dtype::f32, true);
     test_rms_norm(100, 32 * 128, 128, cuda_dtype::f32, false);
@@ -878,6 +1092,25 @@ int main() {
       p.kv.head_dim = 128, p.num_q_heads = 8, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
       p.max_kv_len = 4096;
       zc::paged_decode_attention(p, zc::plan_decode(p, 4), nullptr, 0, nullptr);
+    });
+    expect_throw("decode rejects an FP8 copy of a split plan", [] {
+      zc::decode_params p;
+      p.kv.head_dim = 128, p.num_q_heads = 8, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
+      p.max_kv_len = 4096;
+      p.out_fp8 = {reinterpret_cast<std::uint8_t*>(16), reinterpret_cast<float*>(16), 4};
+      zc::paged_decode_attention(p, zc::plan_decode(p, 4), reinterpret_cast<void*>(16), 1 << 30, nullptr);
+    });
+    expect_throw("decode rejects an FP8 copy at head_dim 64", [] {
+      zc::decode_params p;
+      p.kv.head_dim = 64, p.num_q_heads = 8, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
+      p.out_fp8 = {reinterpret_cast<std::uint8_t*>(16), reinterpret_cast<float*>(16), 4};
+      zc::paged_decode_attention(p, zc::plan_decode(p, 1), nullptr, 0, nullptr);
+    });
+    expect_throw("decode rejects an FP8 copy with too few padded rows", [] {
+      zc::decode_params p;
+      p.kv.head_dim = 128, p.num_q_heads = 8, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 5;
+      p.out_fp8 = {reinterpret_cast<std::uint8_t*>(16), reinterpret_cast<float*>(16), 4};
+      zc::paged_decode_attention(p, zc::plan_decode(p, 1), nullptr, 0, nullptr);
     });
     expect_throw("prefill rejects 9 q heads over 2 kv heads", [] {
       zc::prefill_params p;

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "zipage/backend/cuda/dtype.hpp"
+#include "zipage/backend/cuda/fp8_copy.hpp"
 #include "zipage/backend/cuda/kernel_variant.hpp"
 #include "zipage/backend/cuda/paged_kv_view.hpp"
 
@@ -46,6 +47,10 @@ struct decode_params {
   int num_q_heads = 0;
   int max_kv_len = 0;  // host-side upper bound of kv.kv_len (sizes the split-KV plan)
   float scale = 0.0f;  // softmax scale, usually 1/sqrt(head_dim)
+  // When wanted, also out's FP8 copy (fp8_copy.hpp: out as [num_seqs][num_q_heads * head_dim], a 128-column group
+  // per head), written by the kernel's epilogue so that an FP8 o projection needs no quantisation launch of its
+  // own. Only where decode_writes_fp8_copy(*this, plan) holds.
+  fp8_copy out_fp8{};
 };
 
 // How the KV range of each sequence is split: split i covers tokens [i*chunk_tokens, (i+1)*chunk_tokens).
@@ -60,6 +65,10 @@ struct decode_plan {
 // occupancy; `force_splits` > 0 asks for that many (tests), `stages` > 0 a pipeline depth (tuning).
 // Host-only, no synchronisation.
 decode_plan plan_decode(const decode_params& p, int force_splits = 0, int stages = 0);
+
+// Whether the kernel can write out_fp8 under `plan`: head_dim 128 (a head is one 128-column group) and one split
+// (each output row is finished by one CTA, with no merge pass).
+[[nodiscard]] bool decode_writes_fp8_copy(const decode_params& p, const decode_plan& plan);
 
 // Device workspace the plan needs (0 when num_splits == 1): fp32 partial outputs and log-sum-exps.
 std::size_t decode_workspace_bytes(const decode_params& p, const decode_plan& plan);
@@ -124,6 +133,9 @@ struct attention_params {
   bool one_token_per_seq = false;
   float scale = 0.0f;  // softmax scale, usually 1/sqrt(head_dim)
   prefill_kernel prefill = prefill_kernel::automatic;  // when the tuned prefill kernel runs: which one
+  // When wanted, out's FP8 copy too (decode_params::out_fp8): only with the tuned decode kernel under a plan where
+  // decode_writes_fp8_copy(as_decode_params(p), plan) holds; anything else is an error.
+  fp8_copy out_fp8{};
 };
 
 enum class attention_kernel : std::uint8_t { tuned_decode, tuned_prefill, reference };

@@ -2,6 +2,7 @@
 // Paged decode attention kernel (one query token per sequence, split-KV) and its merge pass.
 // The tiles, MMA helpers, online softmax and FP8 K/V path they are built from are in attention.cuh.
 #include "zipage/backend/cuda/attention.cuh"
+#include "zipage/backend/cuda/fp8_copy.cuh"
 
 namespace zipage::cuda::detail {
 
@@ -30,6 +31,8 @@ struct decode_args {
   int chunk;  // tokens per split, multiple of kKvTile
   int num_splits;
   float scale_log2;
+  fp8_copy out_fp8;  // when wanted (head_dim 128, one split): out's FP8 copy too (decode_params::out_fp8)
+  int num_seqs;      // rows of out (out_fp8's padding rows follow them)
 };
 
 // Default pipeline depth (64-token K/V tiles in flight per CTA, incl. the one being consumed). FP8 at
@@ -196,6 +199,10 @@ __global__ void __launch_bounds__(decode_config<D, STAGES, FP8>::kThreads, decod
   }
   __syncthreads();
 
+  if constexpr (D == 128)  // the copy's padding rows: by one CTA, the last sequence's first
+    if (a.out_fp8.wanted() && seq == a.num_seqs - 1 && blockIdx.y == 0 && split == 0)
+      zero_fp8_copy_padding(a.out_fp8, a.num_seqs, a.num_q_heads * D);
+
   const bool direct = seq_splits == 1;
   for (int item = tid; item < rows * (D / 8); item += cfg::kThreads) {
     const int r = item / (D / 8), c = item % (D / 8);
@@ -223,8 +230,16 @@ __global__ void __launch_bounds__(decode_config<D, STAGES, FP8>::kThreads, decod
       // acc[i] is column i * D/8 + c. Per store instruction a warp's lanes (consecutive c) write consecutive
       // columns.
       if (direct) {
+        float rounded[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) a.out[row * D + i * (D / 8) + c] = __float2bfloat16_rn(acc[i]);
+        for (int i = 0; i < 8; ++i) {
+          const bf16 b = __float2bfloat16_rn(acc[i]);
+          a.out[row * D + i * (D / 8) + c] = b;
+          rounded[i] = __bfloat162float(b);
+        }
+        // A head's 16 items (c = 0..15) are one half-warp's lanes: kThreads and rows * D/8 are multiples of 16.
+        if constexpr (D == 128)
+          if (a.out_fp8.wanted()) store_fp8_copy_strided8(a.out_fp8, seq, a.num_q_heads * D, (qhead0 + r) * D, rounded);
       } else {
         float* dst = a.ws_o + (row * a.num_splits + split) * D + c;
 #pragma unroll
@@ -232,7 +247,10 @@ __global__ void __launch_bounds__(decode_config<D, STAGES, FP8>::kThreads, decod
         if (c == 0) a.ws_lse[row * a.num_splits + split] = lt > 0.0f ? base + __log2f(lt) : -INFINITY;
       }
     } else if (direct) {
-      *reinterpret_cast<uint4*>(a.out + row * D + c * 8) = float_to_bf16x8(acc);
+      const uint4 packed = float_to_bf16x8(acc);
+      *reinterpret_cast<uint4*>(a.out + row * D + c * 8) = packed;
+      if constexpr (D == 128)
+        if (a.out_fp8.wanted()) store_fp8_copy8(a.out_fp8, seq, a.num_q_heads * D, (qhead0 + r) * D + c * 8, packed);
     } else {
       float* dst = a.ws_o + (row * a.num_splits + split) * D + c * 8;
       *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);

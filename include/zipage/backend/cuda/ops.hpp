@@ -15,6 +15,7 @@
 #include <initializer_list>
 
 #include "zipage/backend/cuda/dtype.hpp"
+#include "zipage/backend/cuda/fp8_copy.hpp"
 #include "zipage/backend/cuda/kernel_variant.hpp"
 #include "zipage/backend/cuda/paged_kv_view.hpp"
 #include "zipage/model/model_config.hpp"  // rope_style
@@ -66,16 +67,6 @@ void rope(cuda_dtype t, const rope_params& p, kernel_variant v, cuda_stream stre
 void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::int64_t rows, int cols,
               std::int64_t in_row_stride, kernel_variant v, cuda_stream stream);
 
-// An FP8 copy of a bf16 op's output [rows][cols], byte for byte what fp8::quantize_activations writes from that
-// output: codes [padded][cols], scales [cols / 128][padded] (one per token and 128-column group), the padding rows'
-// codes and scales zero. add_rms_norm and silu_mul write it beside their output when asked, so that the FP8
-// linear reading the output next need not launch a quantisation of its own (cuda_backend_options::fuse_fp8_quantize).
-struct fp8_copy {
-  std::uint8_t* codes = nullptr;  // 8-byte aligned
-  float* scales = nullptr;
-  int padded = 0;  // rows rounded up by fp8::padded_rows
-  [[nodiscard]] bool wanted() const { return codes != nullptr; }
-};
 // Whether the tuned kernels can write an fp8_copy: bf16, the tuned variant, rows of whole 128-column groups,
 // 16-byte vectors (in_row_stride: silu_mul's, a multiple of 8; 0 for add_rms_norm).
 [[nodiscard]] bool fp8_copy_supported(cuda_dtype t, kernel_variant v, int cols, std::int64_t in_row_stride,
