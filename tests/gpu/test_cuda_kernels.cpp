@@ -236,6 +236,30 @@ void check_decode_fp8_copy(zc::decode_params p, const std::string& name) {
   report_exact(name + " + fp8 copy: codes, scales", byte_mismatches(codes, want_codes) + byte_mismatches(scales, want_scales));
 }
 
+// The device side of a decode over `c` (one query token per sequence, queries qb): q, out, page tables and lengths,
+// and the params naming them. The K/V pointers are the caller's (a bf16 or an FP8 cache).
+struct decode_setup {
+  dbuf<std::uint16_t> q, out;
+  dbuf<std::int32_t> indptr, indices, len;
+  zc::decode_params p;
+  decode_setup(const paged_cache& c, const std::vector<std::uint16_t>& qb, int qh, float scale)
+      : q(qb), out(qb.size()), indptr(c.page_indptr), indices(c.page_indices),
+        len(std::vector<std::int32_t>(c.kv_len.begin(), c.kv_len.end())) {
+    p.q = q.p;
+    p.out = out.p;
+    p.kv.page_indptr = indptr.p;
+    p.kv.page_indices = indices.p;
+    p.kv.kv_len = len.p;
+    p.num_seqs = static_cast<int>(c.kv_len.size());
+    p.num_q_heads = qh;
+    p.kv.num_kv_heads = c.kv_heads;
+    p.kv.head_dim = c.head_dim;
+    p.kv.block_size = c.block_size;
+    p.max_kv_len = c.kv_len.empty() ? 0 : *std::max_element(c.kv_len.begin(), c.kv_len.end());
+    p.scale = scale;
+  }
+};
+
 // runs: (forced split count or 0 = automatic plan, pipeline stages or 0 = default).
 void test_decode(int d, int qh, int kvh, int bs, std::vector<int> lens, std::vector<std::pair<int, int>> runs) {
   const int seqs = static_cast<int>(lens.size());
@@ -248,23 +272,12 @@ void test_decode(int d, int qh, int kvh, int bs, std::vector<int> lens, std::vec
   std::iota(token_seq.begin(), token_seq.end(), 0);
   const std::vector<float> ref = reference_attention(c, token_seq, token_len, qf, qh, scale);
 
-  dbuf<std::uint16_t> dk(c.k), dv(c.v), dq(qb), dout(qb.size());
-  dbuf<std::int32_t> dindptr(c.page_indptr), dindices(c.page_indices), dlen(token_len);
-  zc::decode_params p;
-  p.q = dq.p;
-  p.out = dout.p;
+  dbuf<std::uint16_t> dk(c.k), dv(c.v);
+  decode_setup setup(c, qb, qh, scale);
+  zc::decode_params& p = setup.p;
+  dbuf<std::uint16_t>& dout = setup.out;
   p.kv.k_cache = dk.p;
   p.kv.v_cache = dv.p;
-  p.kv.page_indptr = dindptr.p;
-  p.kv.page_indices = dindices.p;
-  p.kv.kv_len = dlen.p;
-  p.num_seqs = seqs;
-  p.num_q_heads = qh;
-  p.kv.num_kv_heads = kvh;
-  p.kv.head_dim = d;
-  p.kv.block_size = bs;
-  p.max_kv_len = *std::max_element(lens.begin(), lens.end());
-  p.scale = scale;
   int max_len = p.max_kv_len;
   for (auto [fs, stages] : runs) {
     const zc::decode_plan plan = zc::plan_decode(p, fs, stages);
@@ -449,7 +462,35 @@ void test_append_kv(int kvh, int d, int bs, int tokens, std::int64_t k_stride_pa
 struct fp8_cache {
   dbuf<std::uint8_t> k, v;
   dbuf<float> k_scale, v_scale;
+  // Bytes that differ from another cache's, codes and scales.
+  [[nodiscard]] std::size_t mismatches(const fp8_cache& o) const {
+    return byte_mismatches(k, o.k) + byte_mismatches(v, o.v) + byte_mismatches(k_scale, o.k_scale) +
+           byte_mismatches(v_scale, o.v_scale);
+  }
 };
+
+// A poisoned FP8 cache of `slots` slots, then append_kv of `tokens` K/V rows (bf16 on the device) into it.
+fp8_cache append_fp8(std::size_t slots, int kvh, int d, const void* k, const void* v, std::int64_t k_stride,
+                     const std::int64_t* slot_of, int tokens, zc::kernel_variant variant) {
+  const std::size_t width = std::size_t(kvh) * d;
+  fp8_cache f{dbuf<std::uint8_t>(slots * width), dbuf<std::uint8_t>(slots * width), dbuf<float>(slots * kvh),
+              dbuf<float>(slots * kvh)};
+  f.k.poison(), f.v.poison(), f.k_scale.poison(), f.v_scale.poison();
+  zc::append_kv_params p;
+  p.kv.k_cache = f.k.p;
+  p.kv.v_cache = f.v.p;
+  p.kv.k_scale = f.k_scale.p;
+  p.kv.v_scale = f.v_scale.p;
+  p.kv.num_kv_heads = kvh;
+  p.kv.head_dim = d;
+  p.k = k;
+  p.v = v;
+  p.slots = slot_of;
+  p.num_tokens = tokens;
+  p.k_row_stride = k_stride;
+  zc::append_kv(zipage::cuda_dtype::bf16, p, variant, nullptr);
+  return f;
+}
 fp8_cache quantise_cache(paged_cache& c, const std::string& name) {
   const std::size_t row = std::size_t(c.kv_heads) * c.head_dim;
   const std::size_t slots_n = std::size_t(c.num_blocks) * c.block_size;
@@ -465,29 +506,10 @@ fp8_cache quantise_cache(paged_cache& c, const std::string& name) {
     }
   dbuf<std::uint16_t> dk(k), dv(v);
   dbuf<std::int64_t> dslots(slots);
-  fp8_cache out[2] = {{dbuf<std::uint8_t>(slots_n * row), dbuf<std::uint8_t>(slots_n * row),
-                       dbuf<float>(slots_n * c.kv_heads), dbuf<float>(slots_n * c.kv_heads)},
-                      {dbuf<std::uint8_t>(slots_n * row), dbuf<std::uint8_t>(slots_n * row),
-                       dbuf<float>(slots_n * c.kv_heads), dbuf<float>(slots_n * c.kv_heads)}};
-  for (int i = 0; i < 2; ++i) {
-    fp8_cache& f = out[i];
-    f.k.poison(), f.v.poison(), f.k_scale.poison(), f.v_scale.poison();
-    zc::append_kv_params p;
-    p.kv.k_cache = f.k.p;
-    p.kv.v_cache = f.v.p;
-    p.kv.k_scale = f.k_scale.p;
-    p.kv.v_scale = f.v_scale.p;
-    p.kv.num_kv_heads = c.kv_heads;
-    p.kv.head_dim = c.head_dim;
-    p.k = dk.p;
-    p.v = dv.p;
-    p.slots = dslots.p;
-    p.num_tokens = static_cast<int>(slots.size());
-    zc::append_kv(cuda_dtype::bf16, p, kVariants[i], nullptr);
-  }
-  report_exact(name + " append_kv fp8 tuned == reference",
-               byte_mismatches(out[0].k, out[1].k) + byte_mismatches(out[0].v, out[1].v) +
-                   byte_mismatches(out[0].k_scale, out[1].k_scale) + byte_mismatches(out[0].v_scale, out[1].v_scale));
+  const int tokens = static_cast<int>(slots.size());
+  fp8_cache out[2] = {append_fp8(slots_n, c.kv_heads, c.head_dim, dk.p, dv.p, 0, dslots.p, tokens, kTuned),
+                      append_fp8(slots_n, c.kv_heads, c.head_dim, dk.p, dv.p, 0, dslots.p, tokens, kReference)};
+  report_exact(name + " append_kv fp8 tuned == reference", out[0].mismatches(out[1]));
   const std::vector<std::uint8_t> kc = out[0].k.get(), vc = out[0].v.get();
   const std::vector<float> ks = out[0].k_scale.get(), vs = out[0].v_scale.get();
   for (const std::int64_t slot : slots)
@@ -514,25 +536,13 @@ void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, s
   std::iota(token_seq.begin(), token_seq.end(), 0);
   const std::vector<float> ref = reference_attention(c, token_seq, token_len, qf, qh, scale);
 
-  dbuf<std::uint16_t> dq(qb), dout(qb.size());
-  dbuf<std::int32_t> dindptr(c.page_indptr), dindices(c.page_indices), dlen(token_len);
-  zc::decode_params p;
-  p.q = dq.p;
-  p.out = dout.p;
+  decode_setup setup(c, qb, qh, scale);
+  zc::decode_params& p = setup.p;
+  dbuf<std::uint16_t>& dout = setup.out;
   p.kv.k_cache = f.k.p;
   p.kv.v_cache = f.v.p;
   p.kv.k_scale = f.k_scale.p;
   p.kv.v_scale = f.v_scale.p;
-  p.kv.page_indptr = dindptr.p;
-  p.kv.page_indices = dindices.p;
-  p.kv.kv_len = dlen.p;
-  p.num_seqs = seqs;
-  p.num_q_heads = qh;
-  p.kv.num_kv_heads = kvh;
-  p.kv.head_dim = d;
-  p.kv.block_size = bs;
-  p.max_kv_len = *std::max_element(lens.begin(), lens.end());
-  p.scale = scale;
   for (const int fs : forced_splits) {
     const zc::decode_plan plan = zc::plan_decode(p, fs);
     const std::size_t ws_bytes = zc::decode_workspace_bytes(p, plan);
@@ -578,31 +588,12 @@ void test_append_kv_fp8(int kvh, int tokens, std::int64_t k_stride_pad) {
   for (int t = 2; t < tokens; t += 9) slots[std::size_t(t)] = -1;
   dbuf<std::uint16_t> dk(k), dv(v);
   dbuf<std::int64_t> dslots(slots);
-  std::vector<fp8_cache> out;
-  for (const zc::kernel_variant variant : kVariants) {
-    fp8_cache f{dbuf<std::uint8_t>(slots_n * width), dbuf<std::uint8_t>(slots_n * width), dbuf<float>(slots_n * kvh),
-                dbuf<float>(slots_n * kvh)};
-    f.k.poison(), f.v.poison(), f.k_scale.poison(), f.v_scale.poison();
-    zc::append_kv_params p;
-    p.kv.k_cache = f.k.p;
-    p.kv.v_cache = f.v.p;
-    p.kv.k_scale = f.k_scale.p;
-    p.kv.v_scale = f.v_scale.p;
-    p.kv.num_kv_heads = kvh;
-    p.kv.head_dim = d;
-    p.k = dk.p;
-    p.v = dv.p;
-    p.slots = dslots.p;
-    p.num_tokens = tokens;
-    p.k_row_stride = ks;
-    zc::append_kv(cuda_dtype::bf16, p, variant, nullptr);
-    out.push_back(std::move(f));
-  }
+  const fp8_cache tuned = append_fp8(slots_n, kvh, d, dk.p, dv.p, ks, dslots.p, tokens, kTuned);
+  const fp8_cache reference = append_fp8(slots_n, kvh, d, dk.p, dv.p, ks, dslots.p, tokens, kReference);
   char name[128];
   std::snprintf(name, sizeof name, "append_kv fp8 kv=%d D=%d tokens=%d k_stride=%lld: tuned == reference", kvh, d,
                 tokens, static_cast<long long>(ks));
-  report_exact(name, byte_mismatches(out[0].k, out[1].k) + byte_mismatches(out[0].v, out[1].v) +
-                         byte_mismatches(out[0].k_scale, out[1].k_scale) + byte_mismatches(out[0].v_scale, out[1].v_scale));
+  report_exact(name, tuned.mismatches(reference));
 }
 
 // x and out start `offset` elements into their buffers, the weight `w_offset` elements into its own:
