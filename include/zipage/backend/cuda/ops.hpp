@@ -152,9 +152,11 @@ struct append_kv_params {
   std::int64_t k_row_stride = 0;  // 0 = num_kv_heads * head_dim
   std::int64_t v_row_stride = 0;
 };
-// FP8 cache (kv.k_scale and kv.v_scale set; docs/fp8.md): the quantising kernel, whatever the variant —
-// per (token, KV head) scale = amax / 448 (0 for an all-zero head, then zero codes), code =
-// e4m3(x / scale) with IEEE division and the SATFINITE conversion, bit-exact with cpu::fp8::append_kv.
+// FP8 cache (kv.k_scale and kv.v_scale set; docs/fp8.md): a quantising kernel — per (token, KV head)
+// scale = amax / 448 (0 for an all-zero head, then zero codes), code = e4m3(x / scale) with IEEE division and the
+// SATFINITE conversion, bit-exact with cpu::fp8::append_kv. Tuned (a half-warp per head and side): t == bf16,
+// head_dim 128, both row strides multiples of 8, k and v 16-byte and the caches 8-byte aligned; else the
+// reference kernel (a warp per head and side). Both write the same bytes.
 // Otherwise tuned: t == bf16, num_kv_heads * head_dim and both row strides multiples of 8, and
 // kv.k_cache, kv.v_cache, k, v 16-byte aligned; else the reference kernel. Both copy bits.
 void append_kv(cuda_dtype t, const append_kv_params& p, kernel_variant v, cuda_stream stream);
