@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "launch_checks.hpp"
 #include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/decode_kernel.cuh"
 
@@ -36,10 +37,7 @@ void validate_fp8_copy(const decode_params& p, const decode_plan& plan) {
   if (!p.out_fp8.wanted()) return;
   check(decode_writes_fp8_copy(p, plan), "paged_decode_attention: out_fp8 needs head_dim 128 (got ", p.kv.head_dim,
         ") and a plan of one split (got ", plan.num_splits, ")");
-  check(p.out_fp8.scales != nullptr && reinterpret_cast<std::uintptr_t>(p.out_fp8.codes) % 8 == 0,
-        "paged_decode_attention: out_fp8 needs 8-byte aligned codes and scales");
-  check(p.out_fp8.padded >= p.num_seqs && p.out_fp8.padded % 4 == 0, "paged_decode_attention: out_fp8 of ",
-        p.num_seqs, " rows padded to ", p.out_fp8.padded, " (fp8::padded_rows)");
+  detail::check_fp8_copy("paged_decode_attention (out_fp8)", p.out_fp8, p.num_seqs);
 }
 
 template <int D, int S, bool F8>

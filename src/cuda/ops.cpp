@@ -79,15 +79,6 @@ bool fp8_copy_supported(cuda_dtype t, kernel_variant v, int cols, std::int64_t i
   return ok;
 }
 
-namespace {
-void check_fp8_copy(const char* op, const fp8_copy& copy, std::int64_t rows) {
-  check(copy.scales != nullptr && detail::aligned(copy.codes, 8),
-        op, ": an FP8 copy needs 8-byte aligned codes and scales");
-  check(copy.padded >= rows && copy.padded % 4 == 0, op, ": an FP8 copy of ", rows, " rows padded to ", copy.padded,
-        " (fp8::padded_rows)");
-}
-}  // namespace
-
 void add_rms_norm(cuda_dtype t, void* x, const void* y, cuda_dtype wt, const void* weight, void* out, std::int64_t rows,
                   int cols, float eps, kernel_variant v, const fp8_copy& copy, cuda_stream stream) {
   if (!copy.wanted()) {
@@ -97,7 +88,7 @@ void add_rms_norm(cuda_dtype t, void* x, const void* y, cuda_dtype wt, const voi
   check(rows >= 0 && cols > 0, "add_rms_norm: shape ", rows, "x", cols);
   check(fp8_copy_supported(t, v, cols, 0, {x, y, weight, out}), "add_rms_norm: an FP8 copy needs the tuned bf16 kernel, ",
         "rows of whole 128-column groups (got ", cols, ") and 16-byte aligned tensors");
-  check_fp8_copy("add_rms_norm", copy, rows);
+  detail::check_fp8_copy("add_rms_norm", copy, rows);
   tuned::add_rms_norm(x, y, wt, weight, out, rows, cols, eps, copy, stream);
 }
 
@@ -111,7 +102,7 @@ void silu_mul(cuda_dtype t, const void* gate, const void* up, void* out, std::in
   check(in_row_stride >= cols, "silu_mul: in_row_stride ", in_row_stride, " is shorter than the row of ", cols);
   check(fp8_copy_supported(t, v, cols, in_row_stride, {gate, up, out}), "silu_mul: an FP8 copy needs the tuned bf16 ",
         "kernel, rows of whole 128-column groups (got ", cols, "), a stride of whole 8-element vectors and 16-byte aligned tensors");
-  check_fp8_copy("silu_mul", copy, rows);
+  detail::check_fp8_copy("silu_mul", copy, rows);
   tuned::silu_mul_fp8(gate, up, out, rows, cols, in_row_stride, copy, stream);
 }
 

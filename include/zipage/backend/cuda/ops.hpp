@@ -157,7 +157,7 @@ struct append_kv_params {
 // SATFINITE conversion, bit-exact with cpu::fp8::append_kv. Tuned (a half-warp per head and side): t == bf16,
 // head_dim 128, both row strides multiples of 8, k and v 16-byte and the caches 8-byte aligned; else the
 // reference kernel (a warp per head and side). Both write the same bytes.
-// Otherwise tuned: t == bf16, num_kv_heads * head_dim and both row strides multiples of 8, and
+// A bf16 / fp32 cache: tuned when t == bf16, num_kv_heads * head_dim and both row strides multiples of 8, and
 // kv.k_cache, kv.v_cache, k, v 16-byte aligned; else the reference kernel. Both copy bits.
 void append_kv(cuda_dtype t, const append_kv_params& p, kernel_variant v, cuda_stream stream);
 
