@@ -42,9 +42,8 @@ void append_kv(void* k_cache, void* v_cache, const void* k, const void* v, const
 }
 
 bool append_kv_fp8_supported(const append_kv_params& p) {
-  const std::int64_t ks = p.k_row_stride != 0 ? p.k_row_stride : std::int64_t{p.kv.num_kv_heads} * p.kv.head_dim;
-  const std::int64_t vs = p.v_row_stride != 0 ? p.v_row_stride : std::int64_t{p.kv.num_kv_heads} * p.kv.head_dim;
-  return p.kv.fp8() && p.kv.head_dim == 128 && p.kv.num_kv_heads > 0 && ks % 8 == 0 && vs % 8 == 0 && aligned16(p.k) &&
+  return p.kv.fp8() && p.kv.head_dim == 128 && p.kv.num_kv_heads > 0 && p.k_stride() % 8 == 0 &&
+         p.v_stride() % 8 == 0 && aligned16(p.k) &&
          aligned16(p.v) && detail::aligned(p.kv.k_cache, 8) && detail::aligned(p.kv.v_cache, 8);
 }
 
@@ -56,11 +55,9 @@ void append_kv_fp8(const append_kv_params& p, cuda_stream stream) {
   if (warps <= 0) return;
   const std::int64_t blocks = (warps * 32 + 255) / 256;
   check(blocks < (std::int64_t{1} << 31), "append_kv (FP8): too many tokens (", p.num_tokens, ")");
-  const std::int64_t ks = p.k_row_stride != 0 ? p.k_row_stride : std::int64_t{heads} * 128;
-  const std::int64_t vs = p.v_row_stride != 0 ? p.v_row_stride : std::int64_t{heads} * 128;
   detail::append_kv_fp8_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
       static_cast<std::uint8_t*>(p.kv.k_cache), static_cast<std::uint8_t*>(p.kv.v_cache), p.kv.k_scale, p.kv.v_scale,
-      static_cast<const bf16*>(p.k), static_cast<const bf16*>(p.v), p.slots, p.num_tokens, heads, ks, vs);
+      static_cast<const bf16*>(p.k), static_cast<const bf16*>(p.v), p.slots, p.num_tokens, heads, p.k_stride(), p.v_stride());
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

@@ -132,20 +132,19 @@ void add(cuda_dtype t, const void* a, const void* b, void* out, std::int64_t n, 
 void append_kv(cuda_dtype t, const append_kv_params& p, kernel_variant v, cuda_stream stream) {
   check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "append_kv: an FP8 cache needs both kv.k_scale and "
         "kv.v_scale");
-  const std::int64_t width = std::int64_t{p.kv.num_kv_heads} * p.kv.head_dim;
-  check((p.k_row_stride == 0 || p.k_row_stride >= width) && (p.v_row_stride == 0 || p.v_row_stride >= width),
-        "append_kv: k_row_stride ", p.k_row_stride, " / v_row_stride ", p.v_row_stride, " shorter than the row of ",
-        width);
+  const std::int64_t width = p.packed_row();
+  check(p.k_stride() >= width && p.v_stride() >= width, "append_kv: k_row_stride ", p.k_row_stride, " / v_row_stride ",
+        p.v_row_stride, " shorter than the row of ", width);
   if (p.kv.fp8()) {
     // Both quantise bit-exactly alike; the tuned kernel spreads a head over a half-warp (bf16, head_dim 128).
     if (tuned_bf16(t, v) && tuned::append_kv_fp8_supported(p)) return tuned::append_kv_fp8(p, stream);
     return reference::append_kv_fp8(t, p, stream);
   }
-  const bool vectors = width % 8 == 0 && p.k_row_stride % 8 == 0 && p.v_row_stride % 8 == 0 &&
+  const bool vectors = width % 8 == 0 && p.k_stride() % 8 == 0 && p.v_stride() % 8 == 0 &&
                        aligned16(p.kv.k_cache) && aligned16(p.kv.v_cache) && aligned16(p.k) && aligned16(p.v);
   if (tuned_bf16(t, v) && vectors)
     tuned::append_kv(p.kv.k_cache, p.kv.v_cache, p.k, p.v, p.slots, p.num_tokens, p.kv.num_kv_heads, p.kv.head_dim,
-                     p.k_row_stride, p.v_row_stride, stream);
+                     p.k_stride(), p.v_stride(), stream);
   else
     reference::append_kv(t, p, stream);
 }

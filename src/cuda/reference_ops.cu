@@ -454,12 +454,10 @@ void append_kv(cuda_dtype t, const append_kv_params& p, cuda_stream stream) {
   const int width = p.kv.num_kv_heads * p.kv.head_dim;
   const std::int64_t total = std::int64_t{p.num_tokens} * width;
   if (total <= 0) return;
-  const std::int64_t ks = p.k_row_stride != 0 ? p.k_row_stride : width;
-  const std::int64_t vs = p.v_row_stride != 0 ? p.v_row_stride : width;
   dispatch(t, [&]<class T>() {
     append_kv_kernel<T><<<grid_for(total, 256), 256, 0, stream>>>(
         static_cast<T*>(p.kv.k_cache), static_cast<T*>(p.kv.v_cache), static_cast<const T*>(p.k),
-        static_cast<const T*>(p.v), p.slots, total, width, ks, vs);
+        static_cast<const T*>(p.v), p.slots, total, width, p.k_stride(), p.v_stride());
   });
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
@@ -471,12 +469,10 @@ void append_kv_fp8(cuda_dtype t, const append_kv_params& p, cuda_stream stream) 
   if (warps <= 0) return;
   const std::int64_t blocks = (warps * 32 + 255) / 256;
   check(blocks < (std::int64_t{1} << 31), "append_kv (FP8): too many tokens (", p.num_tokens, ")");
-  const std::int64_t ks = p.k_row_stride != 0 ? p.k_row_stride : std::int64_t{heads} * d;
-  const std::int64_t vs = p.v_row_stride != 0 ? p.v_row_stride : std::int64_t{heads} * d;
   dispatch(t, [&]<class T>() {
     append_kv_fp8_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
         static_cast<std::uint8_t*>(p.kv.k_cache), static_cast<std::uint8_t*>(p.kv.v_cache), p.kv.k_scale, p.kv.v_scale,
-        static_cast<const T*>(p.k), static_cast<const T*>(p.v), p.slots, p.num_tokens, heads, d, ks, vs);
+        static_cast<const T*>(p.k), static_cast<const T*>(p.v), p.slots, p.num_tokens, heads, d, p.k_stride(), p.v_stride());
   });
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }

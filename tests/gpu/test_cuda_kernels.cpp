@@ -258,6 +258,14 @@ struct decode_setup {
     p.max_kv_len = c.kv_len.empty() ? 0 : *std::max_element(c.kv_len.begin(), c.kv_len.end());
     p.scale = scale;
   }
+  // One decode under `plan` into a poisoned output, with a fresh workspace; the output back on the host.
+  std::vector<std::uint16_t> run(const zc::decode_plan& plan) {
+    const std::size_t ws_bytes = zc::decode_workspace_bytes(p, plan);
+    dbuf<unsigned char> ws(ws_bytes);
+    out.poison();
+    zc::paged_decode_attention(p, plan, ws.p, ws_bytes, nullptr);
+    return out.get();
+  }
 };
 
 // runs: (forced split count or 0 = automatic plan, pipeline stages or 0 = default).
@@ -275,27 +283,19 @@ void test_decode(int d, int qh, int kvh, int bs, std::vector<int> lens, std::vec
   dbuf<std::uint16_t> dk(c.k), dv(c.v);
   decode_setup setup(c, qb, qh, scale);
   zc::decode_params& p = setup.p;
-  dbuf<std::uint16_t>& dout = setup.out;
   p.kv.k_cache = dk.p;
   p.kv.v_cache = dv.p;
   int max_len = p.max_kv_len;
   for (auto [fs, stages] : runs) {
     const zc::decode_plan plan = zc::plan_decode(p, fs, stages);
-    const std::size_t ws_bytes = zc::decode_workspace_bytes(p, plan);
-    dbuf<unsigned char> ws(ws_bytes);
-    dout.poison();
-    zc::paged_decode_attention(p, plan, ws.p, ws_bytes, nullptr);
-    const std::vector<std::uint16_t> out = dout.get();
+    const std::vector<std::uint16_t> out = setup.run(plan);
     char name[160];
     std::snprintf(name, sizeof name, "%s seqs=%d max_len=%d splits=%d%s(chunk %d) stages=%d",
                   shape_name("decode", d, qh, kvh, bs).c_str(), seqs, max_len, plan.num_splits, fs ? "" : "[auto]",
                   plan.chunk_tokens, plan.stages);
     report(name, compare(out, ref), 1e-2);
     // Same inputs again: the result must be bit-identical (no races, no atomics).
-    dout.poison();
-    zc::paged_decode_attention(p, plan, ws.p, ws_bytes, nullptr);
-    const std::vector<std::uint16_t> again = dout.get();
-    if (again != out) report_exact(std::string(name) + " rerun", 1);
+    if (setup.run(plan) != out) report_exact(std::string(name) + " rerun", 1);
   }
   if (d == 128) check_decode_fp8_copy(p, shape_name("decode", d, qh, kvh, bs));
 }
@@ -538,21 +538,16 @@ void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, s
 
   decode_setup setup(c, qb, qh, scale);
   zc::decode_params& p = setup.p;
-  dbuf<std::uint16_t>& dout = setup.out;
   p.kv.k_cache = f.k.p;
   p.kv.v_cache = f.v.p;
   p.kv.k_scale = f.k_scale.p;
   p.kv.v_scale = f.v_scale.p;
   for (const int fs : forced_splits) {
     const zc::decode_plan plan = zc::plan_decode(p, fs);
-    const std::size_t ws_bytes = zc::decode_workspace_bytes(p, plan);
-    dbuf<unsigned char> ws(ws_bytes);
-    dout.poison();
-    zc::paged_decode_attention(p, plan, ws.p, ws_bytes, nullptr);
     char name[160];
     std::snprintf(name, sizeof name, "%s seqs=%d max_len=%d splits=%d%s", shape.c_str(), seqs, p.max_kv_len,
                   plan.num_splits, fs ? "" : "[auto]");
-    report(name, compare(dout.get(), ref), 1e-2);
+    report(name, compare(setup.run(plan), ref), 1e-2);
   }
   if (d == 128) check_decode_fp8_copy(p, shape);
 }

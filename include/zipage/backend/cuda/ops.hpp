@@ -151,6 +151,11 @@ struct append_kv_params {
   int num_tokens = 0;
   std::int64_t k_row_stride = 0;  // 0 = num_kv_heads * head_dim
   std::int64_t v_row_stride = 0;
+
+  // The strides in use: the ones set, else a packed row (every launcher resolves the default the same way).
+  [[nodiscard]] std::int64_t k_stride() const { return k_row_stride != 0 ? k_row_stride : packed_row(); }
+  [[nodiscard]] std::int64_t v_stride() const { return v_row_stride != 0 ? v_row_stride : packed_row(); }
+  [[nodiscard]] std::int64_t packed_row() const { return std::int64_t{kv.num_kv_heads} * kv.head_dim; }
 };
 // FP8 cache (kv.k_scale and kv.v_scale set; docs/fp8.md): a quantising kernel — per (token, KV head)
 // scale = amax / 448 (0 for an all-zero head, then zero codes), code = e4m3(x / scale) with IEEE division and the
