@@ -33,6 +33,7 @@
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/cuda/device.hpp"
+#include "zipage/cuda/energy.hpp"
 
 namespace {
 
@@ -115,6 +116,31 @@ double measure_read_bandwidth(const void* src, std::size_t bytes) {
 }
 
 // Times `graph` (R passes) `state.iterations()` times; returns the median seconds of one pass.
+// The energy of one pass: `graph` (of `passes` passes, `seconds_per_pass` each) replayed back to back for ~2 s
+// while a power sampler reads NVML every 20 ms. Counters mJ_pass (joules per pass), W (mean power), SM_MHz (mean
+// SM clock) and capped (share of samples under the software power cap); none when NVML is not there.
+void measure_energy(benchmark::State& state, cudaGraphExec_t graph, cudaStream_t stream, int passes,
+                    double seconds_per_pass) {
+  static const zc::energy_meter meter;
+  if (!meter.available()) return;
+  const int launches = static_cast<int>(std::clamp(std::ceil(2.0 / (seconds_per_pass * passes)), 1.0, 20000.0));
+  zc::power_sampler sampler(meter, 20);
+  CK(cudaStreamSynchronize(stream));
+  const double t0 = sampler.now();
+  for (int i = 0; i < launches; ++i) CK(cudaGraphLaunch(graph, stream));
+  CK(cudaStreamSynchronize(stream));
+  const double t1 = sampler.now();
+  sampler.stop();
+  const zc::power_sampler::span e = sampler.summary(t0, t1);
+  if (e.samples < 10) return;  // too short a span to read the counter against
+  // The counter's span is the samples', slightly shorter than the launches': scale to the passes run in it.
+  const double passes_in_span = static_cast<double>(launches) * passes * e.seconds / (t1 - t0);
+  state.counters["mJ_pass"] = 1e3 * e.joules / passes_in_span;
+  state.counters["W"] = e.watts();
+  state.counters["SM_MHz"] = e.sm_mhz;
+  state.counters["capped"] = e.power_capped;
+}
+
 double time_graph(benchmark::State& state, cudaGraphExec_t graph, cudaStream_t stream, int passes) {
   zc::event_timer timer;
   CK(cudaGraphLaunch(graph, stream));  // warm-up
@@ -210,6 +236,7 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
   CK(cudaStreamEndCapture(stream, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
   const double s = time_graph(state, exec, stream, passes);
+  if (ctx_label == kSteadyCtx && force_splits == 0 && stages == 0) measure_energy(state, exec, stream, passes, s);
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
   CK(cudaStreamDestroy(stream));

@@ -40,6 +40,7 @@
 #include "zipage/backend/cuda/attention.hpp"  // prefill_kernel_on_device
 #include "zipage/backend/cuda/cuda_backend.hpp"
 #include "zipage/cuda/device.hpp"
+#include "zipage/cuda/energy.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/policy/policies.hpp"
@@ -189,7 +190,9 @@ struct options {
 
 // FP8 linear() (activation quantisation + cuBLASLt block-scaled FP8 GEMM) against bf16 linear() (cuBLASLt bf16
 // GEMM) at the shape's linear layers and M tokens, timed in the same process: host clock around `reps` calls
-// after a warm-up, synchronised at both ends (median of 5 such runs). Nothing is asserted.
+// after a warm-up, synchronised at both ends (median of 5 such runs). From M = 512 (662 is the compressed FP8
+// engine's steady batch) also the energy per FLOP: ~1 s of back-to-back calls under a power sampler (NVML;
+// "-" without it), with the mean SM clock of the FP8 loop. Nothing is asserted.
 void linear_bench(const cuda_backend& b, const model_config& c) {
   struct layer {
     const char* name;
@@ -201,8 +204,9 @@ void linear_bench(const cuda_backend& b, const model_config& c) {
                           {"gate/up", c.ffn_size, c.hidden_size},
                           {"gate|up (fused)", 2 * c.ffn_size, c.hidden_size},
                           {"down", c.hidden_size, c.ffn_size}};
-  std::printf("| layer | N x K | M | bf16 us | bf16 TFLOP/s | fp8 us | fp8 TFLOP/s | fp8 / bf16 |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+  const zipage::cuda::energy_meter meter;
+  std::printf("| layer | N x K | M | bf16 us | bf16 TFLOP/s | fp8 us | fp8 TFLOP/s | fp8 / bf16 | bf16 pJ/FLOP | fp8 pJ/FLOP "
+              "| fp8 W, SM MHz |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   auto time_us = [&](const cuda_tensor& x, const cuda_tensor& w, cuda_tensor& out) {
     constexpr int reps = 50;
     for (int i = 0; i < 5; ++i) b.linear(x, w, out);
@@ -217,24 +221,54 @@ void linear_bench(const cuda_backend& b, const model_config& c) {
     std::sort(runs.begin(), runs.end());
     return runs[runs.size() / 2];
   };
+  // Joules per call over ~1 s of calls (`us`: one call's time); samples == 0 when NVML is not there.
+  auto energy = [&](const cuda_tensor& x, const cuda_tensor& w, cuda_tensor& out, double us) {
+    const int calls = static_cast<int>(std::ceil(1e6 / us));
+    zipage::cuda::power_sampler sampler(meter, 20);
+    b.synchronize();
+    const double t0 = sampler.now();
+    for (int i = 0; i < calls; ++i) b.linear(x, w, out);
+    b.synchronize();
+    const double t1 = sampler.now();
+    sampler.stop();
+    auto e = sampler.summary(t0, t1);
+    if (e.samples >= 10) e.joules /= calls * e.seconds / (t1 - t0);  // per call (the samples span a little less)
+    else e.samples = 0;
+    return e;
+  };
   for (const layer& l : layers) {
     const cuda_tensor w16 = b.random_tensor(l.n, l.k, 1.0f / std::sqrt(static_cast<float>(l.k)), 77);
     cuda_tensor w8 = w16;
     const bool fp8 = b.prepare_linear_weight(w8);
-    for (const int m : {64, 256, 512, 1024}) {
+    for (const int m : {64, 256, 512, 662, 1024}) {
       const cuda_tensor x = b.random_tensor(m, l.k, 1.0f, 78);
       cuda_tensor out;
       const double flop = 2.0 * m * l.n * static_cast<double>(l.k);
       const double t16 = time_us(x, w16, out);
       const double t8 = fp8 ? time_us(x, w8, out) : 0.0;
+      std::string pj16 = "-", pj8 = "-", clocks = "-";
+      if (meter.available() && m >= 512) {
+        char buf[64];
+        if (const auto e = energy(x, w16, out, t16); e.samples > 0) {
+          std::snprintf(buf, sizeof buf, "%.3f", e.joules / flop * 1e12);
+          pj16 = buf;
+        }
+        if (const auto e = fp8 ? energy(x, w8, out, t8) : zipage::cuda::power_sampler::span{}; e.samples > 0) {
+          std::snprintf(buf, sizeof buf, "%.3f", e.joules / flop * 1e12);
+          pj8 = buf;
+          std::snprintf(buf, sizeof buf, "%.0f W, %.0f MHz", e.watts(), e.sm_mhz);
+          clocks = buf;
+        }
+      }
       if (fp8)
-        std::printf("| %s | %d x %d | %d | %.1f | %.0f | %.1f | %.0f | %.2fx |\n", l.name, l.n, l.k, m, t16,
-                    flop / t16 / 1e6, t8, flop / t8 / 1e6, t16 / t8);
+        std::printf("| %s | %d x %d | %d | %.1f | %.0f | %.1f | %.0f | %.2fx | %s | %s | %s |\n", l.name, l.n, l.k, m, t16,
+                    flop / t16 / 1e6, t8, flop / t8 / 1e6, t16 / t8, pj16.c_str(), pj8.c_str(), clocks.c_str());
       else
-        std::printf("| %s | %d x %d | %d | %.1f | %.0f | - | - | (FP8 GEMM refused this shape) |\n", l.name, l.n, l.k, m,
-                    t16, flop / t16 / 1e6);
+        std::printf("| %s | %d x %d | %d | %.1f | %.0f | - | - | (FP8 GEMM refused this shape) | %s | - | - |\n", l.name,
+                    l.n, l.k, m, t16, flop / t16 / 1e6, pj16.c_str());
     }
   }
+  if (!meter.available()) std::printf("(no energy columns: %s)\n", meter.why_unavailable().c_str());
 }
 
 struct run_result {
@@ -256,6 +290,9 @@ struct run_result {
   int num_blocks = 0, num_query_slots = 0, peak_blocks = 0;
   double kv_gib = 0;
   double mean_batch_decode = 0;
+  // The steady half's energy (NVML; 0 without it): mJ per generated token, mean W, mean SM MHz, share of samples
+  // under the software power cap.
+  double steady_mj_per_token = 0, steady_watts = 0, steady_sm_mhz = 0, steady_power_capped = 0;
 };
 
 template <class Policy>
@@ -317,6 +354,11 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   double host_total = 0, fwd_total = 0, launch_total = 0;
   std::int64_t generated = 0;
   std::vector<std::pair<double, std::int64_t>> timeline;  // (time, generated) after each step
+  // The GPU's energy counter, power and SM clock every 200 ms (NVML; nothing without it): the steady half's joules
+  // per generated token, and whether the power cap held the clock down.
+  const zipage::cuda::energy_meter meter;
+  zipage::cuda::power_sampler power(meter, 200);
+  const double power_t0 = power.now();
   const auto t_start = clock_type::now();
   auto prev = b.counters();
   while (eng.has_unfinished()) {
@@ -375,8 +417,18 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   {
     const double half = r.seconds / 2;
     auto it = std::find_if(timeline.begin(), timeline.end(), [&](const auto& p) { return p.first >= half; });
-    if (it != timeline.end() && timeline.back().first > it->first)
+    if (it != timeline.end() && timeline.back().first > it->first) {
       r.steady_tok_s = static_cast<double>(timeline.back().second - it->second) / (timeline.back().first - it->first);
+      power.stop();
+      const auto e = power.summary(power_t0 + it->first, power_t0 + timeline.back().first);
+      if (e.samples >= 2 && e.seconds > 0) {
+        // Tokens at the steady state's rate over the samples' span (a little inside the half).
+        r.steady_mj_per_token = 1e3 * e.joules / (r.steady_tok_s * e.seconds);
+        r.steady_watts = e.watts();
+        r.steady_sm_mhz = e.sm_mhz;
+        r.steady_power_capped = e.power_capped;
+      }
+    }
   }
   r.peak_running = st.peak_running;
   r.preemptions = st.preemptions;
@@ -608,6 +660,10 @@ int main(int argc, char** argv) {
         std::printf("; nano-batch overlap: %lld of %lld decode steps (from batch %d, GEMM SMs %d)\n",
                     static_cast<long long>(r.nano_batch_steps), static_cast<long long>(r.decode_steps), o.overlap_min_batch,
                     o.overlap_gemm_sms);
+        if (r.steady_watts > 0)
+          std::printf("    energy, steady half: %.2f mJ per output token, %.0f W mean, SM clock %.0f MHz mean, %.0f%% of "
+                      "samples under the software power cap\n",
+                      r.steady_mj_per_token, r.steady_watts, r.steady_sm_mhz, 100.0 * r.steady_power_capped);
         if (!r.decode_ops.empty()) print_op_times(r);
         results.push_back(r);
         if (!o.json.empty()) {
@@ -622,7 +678,8 @@ int main(int argc, char** argv) {
                         "\"graphs\":%s,\"graph_replays\":%lld,\"graph_captures\":%lld,\"max_concurrency\":%d,"
                         "\"kv_gib\":%.1f,\"steady_s\":%.1f,\"policy\":\"%s\",\"compaction_s\":%.3f,"
                         "\"device_batches\":%lld,\"kv_cache_dtype\":\"%s\",\"overlap_min_batch\":%d,"
-                        "\"nano_batch_steps\":%lld,\"decode_steps\":%lld,\"quantization\":\"%s\",\"fused_projections\":%s,\"fused_quantize\":%s}\n",
+                        "\"nano_batch_steps\":%lld,\"decode_steps\":%lld,\"quantization\":\"%s\",\"fused_projections\":%s,\"fused_quantize\":%s,"
+                        "\"steady_mj_per_token\":%.3f,\"steady_watts\":%.1f,\"steady_sm_mhz\":%.0f,\"steady_power_capped\":%.3f}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
                         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
@@ -633,7 +690,8 @@ int main(int argc, char** argv) {
                         r.policy.c_str(), r.compaction_s, static_cast<long long>(r.device_batches), to_string(b.kv_dtype()),
                         o.overlap_min_batch, static_cast<long long>(r.nano_batch_steps),
                         static_cast<long long>(r.decode_steps), o.quantization.c_str(),
-                        o.unfused_projections ? "false" : "true", o.unfused_quantize ? "false" : "true");
+                        o.unfused_projections ? "false" : "true", o.unfused_quantize ? "false" : "true",
+                        r.steady_mj_per_token, r.steady_watts, r.steady_sm_mhz, r.steady_power_capped);
           js << buf;
         }
         }
