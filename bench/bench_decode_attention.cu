@@ -115,14 +115,43 @@ double measure_read_bandwidth(const void* src, std::size_t bytes) {
   return bytes / median(times);
 }
 
-// Times `graph` (R passes) `state.iterations()` times; returns the median seconds of one pass.
+// The read-only stream's energy per byte, the floor a memory-bound kernel's energy is read against: the stream
+// kernel back to back for ~2 s under a power sampler (NVML), printed; nothing without NVML.
+void print_read_stream_energy(const void* src, std::size_t bytes) {
+  const zc::energy_meter meter;
+  if (!meter.available()) {
+    std::printf("read-only stream energy: not measured (%s)\n", meter.why_unavailable().c_str());
+    return;
+  }
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int launches = static_cast<int>(std::ceil(2.0 * g_read_bytes_per_s / static_cast<double>(bytes)));
+  dbuf<unsigned> sink(1);
+  zc::power_sampler sampler(meter, 20);
+  CK(cudaDeviceSynchronize());
+  const double t0 = sampler.now();
+  for (int i = 0; i < launches; ++i)
+    read_stream_kernel<<<sms * 8, 256>>>(static_cast<const uint4*>(src), bytes / 16, sink.p);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  const double t1 = sampler.now();
+  sampler.stop();
+  const auto e = sampler.summary(t0, t1);
+  if (e.samples < 10) return;
+  const double bytes_in_span = static_cast<double>(launches) * static_cast<double>(bytes) * e.seconds / (t1 - t0);
+  std::printf("read-only stream energy: %.1f pJ per byte (%.0f W, %.0f GB/s, SM %.0f MHz, %.0f%% of samples "
+              "power-capped)\n", e.joules / bytes_in_span * 1e12, e.watts(), bytes_in_span / e.seconds / 1e9,
+              e.sm_mhz, 100 * e.power_capped);
+}
+
 // The energy of one pass: `graph` (of `passes` passes, `seconds_per_pass` each) replayed back to back for ~2 s
 // while a power sampler reads NVML every 20 ms. Counters mJ_pass (joules per pass), W (mean power), SM_MHz (mean
 // SM clock) and capped (share of samples under the software power cap); none when NVML is not there.
-void measure_energy(benchmark::State& state, cudaGraphExec_t graph, cudaStream_t stream, int passes,
-                    double seconds_per_pass) {
+// Returns the joules of one pass (0: not measured).
+double measure_energy(benchmark::State& state, cudaGraphExec_t graph, cudaStream_t stream, int passes,
+                      double seconds_per_pass) {
   static const zc::energy_meter meter;
-  if (!meter.available()) return;
+  if (!meter.available()) return 0;
   const int launches = static_cast<int>(std::clamp(std::ceil(2.0 / (seconds_per_pass * passes)), 1.0, 20000.0));
   zc::power_sampler sampler(meter, 20);
   CK(cudaStreamSynchronize(stream));
@@ -132,15 +161,17 @@ void measure_energy(benchmark::State& state, cudaGraphExec_t graph, cudaStream_t
   const double t1 = sampler.now();
   sampler.stop();
   const zc::power_sampler::span e = sampler.summary(t0, t1);
-  if (e.samples < 10) return;  // too short a span to read the counter against
+  if (e.samples < 10) return 0;  // too short a span to read the counter against
   // The counter's span is the samples', slightly shorter than the launches': scale to the passes run in it.
   const double passes_in_span = static_cast<double>(launches) * passes * e.seconds / (t1 - t0);
   state.counters["mJ_pass"] = 1e3 * e.joules / passes_in_span;
   state.counters["W"] = e.watts();
   state.counters["SM_MHz"] = e.sm_mhz;
   state.counters["capped"] = e.power_capped;
+  return e.joules / passes_in_span;
 }
 
+// Times `graph` (R passes) `state.iterations()` times; returns the median seconds of one pass.
 double time_graph(benchmark::State& state, cudaGraphExec_t graph, cudaStream_t stream, int passes) {
   zc::event_timer timer;
   CK(cudaGraphLaunch(graph, stream));  // warm-up
@@ -236,7 +267,9 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
   CK(cudaStreamEndCapture(stream, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
   const double s = time_graph(state, exec, stream, passes);
-  if (ctx_label == kSteadyCtx && force_splits == 0 && stages == 0) measure_energy(state, exec, stream, passes, s);
+  if (ctx_label == kSteadyCtx && force_splits == 0 && stages == 0)
+    if (const double joules = measure_energy(state, exec, stream, passes, s); joules > 0)
+      state.counters["pJ_B"] = joules / kv_bytes * 1e12;  // against the read-only stream's (printed at the start)
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
   CK(cudaStreamDestroy(stream));
@@ -420,6 +453,7 @@ int main(int argc, char** argv) {
     fill_random(g_pool.v, g_pool.bytes_per_side / 2, 2);
     CK(cudaDeviceSynchronize());
     g_read_bytes_per_s = measure_read_bandwidth(g_pool.k, std::size_t(8) << 30);
+    print_read_stream_energy(g_pool.k, std::size_t(8) << 30);
     // FP8 cases read the pool's bytes as E4M3 codes (random bits; NaN codes do not change the timing) with
     // one scale per (token, KV head): bytes_per_side / head_dim scales cover every token of the pool.
     {

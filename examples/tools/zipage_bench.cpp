@@ -186,6 +186,7 @@ struct options {
   bool sync_compression = false;
   int overlap_min_batch = cuda_backend_options{}.overlap_min_batch;  // nano-batch overlap from this batch (0: off)
   int overlap_gemm_sms = cuda_backend_options{}.overlap_gemm_sms;    // SMs of a GEMM beside attention (0: all)
+  int gemm_autotune = cuda_backend_options{}.gemm_autotune;          // cuBLASLt candidates timed per GEMM shape
 };
 
 // FP8 linear() (activation quantisation + cuBLASLt block-scaled FP8 GEMM) against bf16 linear() (cuBLASLt bf16
@@ -221,7 +222,7 @@ void linear_bench(const cuda_backend& b, const model_config& c) {
     std::sort(runs.begin(), runs.end());
     return runs[runs.size() / 2];
   };
-  // Joules per call over ~1 s of calls (`us`: one call's time); samples == 0 when NVML is not there.
+  // Joules per call over ~1 s of calls (`us`: one call's time; 0 when NVML is not there) and the sampler's span.
   auto energy = [&](const cuda_tensor& x, const cuda_tensor& w, cuda_tensor& out, double us) {
     const int calls = static_cast<int>(std::ceil(1e6 / us));
     zipage::cuda::power_sampler sampler(meter, 20);
@@ -231,10 +232,9 @@ void linear_bench(const cuda_backend& b, const model_config& c) {
     b.synchronize();
     const double t1 = sampler.now();
     sampler.stop();
-    auto e = sampler.summary(t0, t1);
-    if (e.samples >= 10) e.joules /= calls * e.seconds / (t1 - t0);  // per call (the samples span a little less)
-    else e.samples = 0;
-    return e;
+    const auto e = sampler.summary(t0, t1);
+    // Per call: the samples span a little less than the calls.
+    return std::pair{e.samples >= 10 ? e.joules / (calls * e.seconds / (t1 - t0)) : 0.0, e};
   };
   for (const layer& l : layers) {
     const cuda_tensor w16 = b.random_tensor(l.n, l.k, 1.0f / std::sqrt(static_cast<float>(l.k)), 77);
@@ -249,16 +249,17 @@ void linear_bench(const cuda_backend& b, const model_config& c) {
       std::string pj16 = "-", pj8 = "-", clocks = "-";
       if (meter.available() && m >= 512) {
         char buf[64];
-        if (const auto e = energy(x, w16, out, t16); e.samples > 0) {
-          std::snprintf(buf, sizeof buf, "%.3f", e.joules / flop * 1e12);
+        if (const auto [joules, e] = energy(x, w16, out, t16); joules > 0) {
+          std::snprintf(buf, sizeof buf, "%.3f", joules / flop * 1e12);
           pj16 = buf;
         }
-        if (const auto e = fp8 ? energy(x, w8, out, t8) : zipage::cuda::power_sampler::span{}; e.samples > 0) {
-          std::snprintf(buf, sizeof buf, "%.3f", e.joules / flop * 1e12);
-          pj8 = buf;
-          std::snprintf(buf, sizeof buf, "%.0f W, %.0f MHz", e.watts(), e.sm_mhz);
-          clocks = buf;
-        }
+        if (fp8)
+          if (const auto [joules, e] = energy(x, w8, out, t8); joules > 0) {
+            std::snprintf(buf, sizeof buf, "%.3f", joules / flop * 1e12);
+            pj8 = buf;
+            std::snprintf(buf, sizeof buf, "%.0f W, %.0f MHz", e.watts(), e.sm_mhz);
+            clocks = buf;
+          }
       }
       if (fp8)
         std::printf("| %s | %d x %d | %d | %.1f | %.0f | %.1f | %.0f | %.2fx | %s | %s | %s |\n", l.name, l.n, l.k, m, t16,
@@ -548,6 +549,10 @@ int main(int argc, char** argv) {
   app.add_option("--overlap-min-batch", o.overlap_min_batch,
                  "decode steps of at least this many sequences run as two overlapped nano-batches (0: off)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--gemm-autotune", o.gemm_autotune,
+                 "time up to N of cuBLASLt's heuristic algorithms per GEMM shape on its first call and keep the fastest "
+                 "(cuda_backend_options::gemm_autotune; 0: its first choice)")
+      ->check(CLI::Range(0, 16));
   app.add_option("--overlap-gemm-sms", o.overlap_gemm_sms,
                  "GEMMs that run beside a nano-batch's attention target this many SMs (0: all)")
       ->check(CLI::NonNegativeNumber);
@@ -595,6 +600,7 @@ int main(int argc, char** argv) {
     bo.max_graph_batch = std::max(bo.max_graph_batch, o.max_num_seqs);
     bo.overlap_min_batch = o.overlap_min_batch;
     bo.overlap_gemm_sms = o.overlap_gemm_sms;
+    bo.gemm_autotune = o.gemm_autotune;
     const cuda_backend b(bo);
     const double bw = b.measure_copy_bandwidth();
     const double tflops = b.measure_gemm_tflops();
