@@ -186,7 +186,6 @@ struct options {
   bool sync_compression = false;
   int overlap_min_batch = cuda_backend_options{}.overlap_min_batch;  // nano-batch overlap from this batch (0: off)
   int overlap_gemm_sms = cuda_backend_options{}.overlap_gemm_sms;    // SMs of a GEMM beside attention (0: all)
-  int gemm_autotune = cuda_backend_options{}.gemm_autotune;          // cuBLASLt candidates timed per GEMM shape
 };
 
 // FP8 linear() (activation quantisation + cuBLASLt block-scaled FP8 GEMM) against bf16 linear() (cuBLASLt bf16
@@ -549,10 +548,6 @@ int main(int argc, char** argv) {
   app.add_option("--overlap-min-batch", o.overlap_min_batch,
                  "decode steps of at least this many sequences run as two overlapped nano-batches (0: off)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--gemm-autotune", o.gemm_autotune,
-                 "time up to N of cuBLASLt's heuristic algorithms per GEMM shape on its first call and keep the fastest "
-                 "(cuda_backend_options::gemm_autotune; 0: its first choice)")
-      ->check(CLI::Range(0, 16));
   app.add_option("--overlap-gemm-sms", o.overlap_gemm_sms,
                  "GEMMs that run beside a nano-batch's attention target this many SMs (0: all)")
       ->check(CLI::NonNegativeNumber);
@@ -600,7 +595,6 @@ int main(int argc, char** argv) {
     bo.max_graph_batch = std::max(bo.max_graph_batch, o.max_num_seqs);
     bo.overlap_min_batch = o.overlap_min_batch;
     bo.overlap_gemm_sms = o.overlap_gemm_sms;
-    bo.gemm_autotune = o.gemm_autotune;
     const cuda_backend b(bo);
     const double bw = b.measure_copy_bandwidth();
     const double tflops = b.measure_gemm_tflops();

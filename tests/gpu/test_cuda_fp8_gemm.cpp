@@ -215,54 +215,6 @@ TEST_CASE("fp8 weights: linear() (cuBLASLt block-scaled FP8 GEMM) against the CP
   MESSAGE(b.describe_weights());
 }
 
-// cuda_backend_options::gemm_autotune: the first eager call of a shape times cuBLASLt's candidates and keeps the
-// fastest. Whatever it keeps, FP8 products stay within the CPU reference's tolerance (662 rows: the compressed FP8
-// engine's batch, where the first heuristic pays for a second wave of tiles), and a bf16 product agrees with the
-// untuned backend's to bf16 rounding. The bf16 GEMM has several candidates, so at least one shape is tuned.
-TEST_CASE("gemm_autotune: the kept algorithm's products match the reference; shapes are tuned once") {
-  cuda_backend_options o;
-  o.weight_dtype = weight_dtype::fp8_e4m3;
-  o.cuda_graphs = false;
-  o.gemm_autotune = 16;
-  const cuda_backend tuned(o);
-  for (const auto& [n, k] : {std::pair{4096, 4096}, std::pair{24576, 4096}, std::pair{4096, 12288}})
-    for (const int m : {7, 662}) {
-      const auto e = check_fp8_linear(tuned, m, n, k);
-      MESSAGE("tuned FP8 m ", m, " n ", n, " k ", k, ": relative RMS ", e.rel_rms, ", worst |err| / tolerance ",
-              e.max_rel_excess);
-      CHECK(e.ok);
-    }
-  const auto fp8_counts = tuned.counters();
-  MESSAGE("FP8 shapes tuned by timing: ", fp8_counts.gemm_shapes_tuned, ", of which to another algorithm than the "
-          "first heuristic's: ", fp8_counts.gemm_tuned_to_other);
-
-  const cuda_backend plain(cuda_backend_options{.cuda_graphs = false});
-  std::vector<float> held;
-  auto relative_rms = [](const std::vector<float>& a, const std::vector<float>& b) {
-    double d2 = 0, s2 = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) d2 += double(a[i] - b[i]) * (a[i] - b[i]), s2 += double(b[i]) * b[i];
-    return std::sqrt(d2 / std::max(s2, 1e-30));
-  };
-  for (const int m : {662, 1000}) {
-    std::vector<float> outs[2];
-    int i = 0;
-    for (const cuda_backend* b : {&tuned, &plain}) {
-      const auto w = device_normal(*b, 4096, 4096, 1.0f / 64.0f, 31, held);  // bf16 weight: prepare_linear_weight not called
-      const auto x = device_normal(*b, m, 4096, 1.0f, 37 + m, held);
-      cuda_tensor out;
-      b->linear(x, w, out);
-      outs[i++] = b->to_host(out);
-    }
-    const double r = relative_rms(outs[0], outs[1]);
-    MESSAGE("bf16 m ", m, ": tuned vs first heuristic, relative RMS ", r);
-    CHECK(r < 1e-2);
-  }
-  const auto all = tuned.counters();
-  MESSAGE("all shapes tuned: ", all.gemm_shapes_tuned, ", to another algorithm: ", all.gemm_tuned_to_other);
-  CHECK(all.gemm_shapes_tuned > fp8_counts.gemm_shapes_tuned);  // the bf16 shapes were
-  CHECK(plain.counters().gemm_shapes_tuned == 0);
-}
-
 TEST_CASE("fp8 weights: other ops refuse an e4m3 tensor, and linear refuses non-bf16 activations") {
   const auto b = fp8_backend();
   auto w = b.random_tensor(256, 256, 0.1f, 3);

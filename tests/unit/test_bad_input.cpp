@@ -126,8 +126,6 @@ TEST_CASE("cuda_backend_options: a wrong field is named before the backend touch
   CHECK(contains(error_with([](auto& o) { o.max_graphs = 0; }), "cuda_backend_options::max_graphs"));
   CHECK(contains(error_with([](auto& o) { o.overlap_min_batch = -2; }), "cuda_backend_options::overlap_min_batch"));
   CHECK(contains(error_with([](auto& o) { o.overlap_gemm_sms = -1; }), "cuda_backend_options::overlap_gemm_sms"));
-  CHECK(contains(error_with([](auto& o) { o.gemm_autotune = -1; }), "cuda_backend_options::gemm_autotune"));
-  CHECK(contains(error_with([](auto& o) { o.gemm_autotune = 17; }), "cuda_backend_options::gemm_autotune"));
   CHECK(contains(error_with([](auto& o) { o.prefill_kernel = static_cast<zipage::cuda::prefill_kernel>(9); }),
                  "cuda_backend_options::prefill_kernel"));
   CHECK(contains(error_with([](auto& o) {
@@ -147,7 +145,6 @@ TEST_CASE("cuda_backend_options: a wrong field is named before the backend touch
           o.cuda_graphs = false;
           o.overlap_min_batch = 256;
           o.overlap_gemm_sms = 88;
-          o.gemm_autotune = 16;
           o.prefill_kernel = zipage::cuda::prefill_kernel::mma_sync;
         }) == "<no error>");
   // Whether the device runs wgmma is the constructor's question, not validate()'s.

@@ -10,7 +10,6 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -65,8 +64,6 @@ struct gemm_plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool ok = false;
-  std::uint32_t min_alignment = 0;  // the heuristic's operand alignment (cache_gemm_plan), for autotune_gemm_plan
-  bool tuned = false;               // autotune_gemm_plan has chosen algo
   gemm_plan() = default;
   gemm_plan(const gemm_plan&) = delete;
   gemm_plan& operator=(const gemm_plan&) = delete;
@@ -84,12 +81,6 @@ struct context;
 // under `key` in c.gemms (ok = false when there is none, so the caller decides what a refused shape means).
 const gemm_plan& cache_gemm_plan(context& c, const gemm_key& key, std::unique_ptr<gemm_plan> plan,
                                  std::uint32_t min_alignment);
-// cuda_backend_options::gemm_autotune: once per plan, outside graph capture, times up to that many of cuBLASLt's
-// heuristic algorithms for it with `run(algo)` (one GEMM on the caller's real operands, on c.stream: a warm-up,
-// then the best of 3 event-timed runs) and keeps the fastest in plan.algo. Why: at batches just past a wave of
-// tiles (e.g. 662 rows of the block-scaled FP8 GEMM) the first heuristic can cost what twice the rows would.
-// A no-op when the option is 0, the plan is tuned or not ok, or the stream is capturing.
-void autotune_gemm_plan(context& c, const gemm_plan& plan, const std::function<void(const cublasLtMatmulAlgo_t&)>& run);
 
 // What the step's attention metadata became on the device (shared by every layer of the step).
 struct step_state {

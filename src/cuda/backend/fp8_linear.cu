@@ -195,19 +195,14 @@ void fp8_linear(const std::shared_ptr<context>& ctx, const cuda_tensor& x, const
     const auto timed = time_op(c, [&] { return "fp8 quantize " + std::to_string(k); });
     cuda::fp8::quantize_activations(cuda_dtype::bf16, x.data(), m, mp, k, ws.codes, ws.scales, as_stream(c.stream));
   }
+  const auto timed = time_op(c, [&] { return "linear fp8 " + std::to_string(n) + "x" + std::to_string(k); });
   const float* w_scales = w.scales();
   const float* x_scales = ws.scales;
   ZIPAGE_LT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof w_scales));
   ZIPAGE_LT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof x_scales));
   const float alpha = 1.0f, beta = 0.0f;
-  auto gemm = [&](const cublasLtMatmulAlgo_t& algo) {
-    ZIPAGE_LT_CHECK(cublasLtMatmul(c.lt, plan.desc, &alpha, w.data(), plan.a, ws.codes, plan.b, &beta, out.data(),
-                                   plan.c, out.data(), plan.c, &algo, c.lt_workspace, c.opts.gemm_workspace_bytes,
-                                   c.stream));
-  };
-  autotune_gemm_plan(c, plan, gemm);  // first eager call of this shape only (gemm_autotune)
-  const auto timed = time_op(c, [&] { return "linear fp8 " + std::to_string(n) + "x" + std::to_string(k); });
-  gemm(plan.algo);
+  ZIPAGE_LT_CHECK(cublasLtMatmul(c.lt, plan.desc, &alpha, w.data(), plan.a, ws.codes, plan.b, &beta, out.data(), plan.c,
+                                 out.data(), plan.c, &plan.algo, c.lt_workspace, c.opts.gemm_workspace_bytes, c.stream));
 }
 
 cuda::fp8_copy fp8_copy_for(context& c, const cuda_tensor& out, cuda::kernel_variant v, std::int64_t in_row_stride,

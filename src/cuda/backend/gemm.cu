@@ -14,88 +14,27 @@
 
 namespace zipage {
 
-namespace {
-
-// Up to `count` (at most kMaxHeuristics) of cuBLASLt's algorithms for `plan`, best first by its heuristic, into
-// `out`; returns how many. Within the backend's GEMM workspace and, when plan.min_alignment > 0, for operands
-// aligned to that many bytes.
-constexpr int kMaxHeuristics = 16;
-int heuristic_algos(context& c, const cuda_detail::gemm_plan& plan, int count,
-                    cublasLtMatmulHeuristicResult_t (&out)[kMaxHeuristics]) {
-  cublasLtMatmulPreference_t pref = nullptr;
-  ZIPAGE_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const std::uint64_t ws = c.opts.gemm_workspace_bytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  if (plan.min_alignment > 0)
-    for (const auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      cublasLtMatmulPreferenceSetAttribute(pref, attr, &plan.min_alignment, sizeof plan.min_alignment);
-  int returned = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c.lt, plan.desc, plan.a, plan.b, plan.c, plan.c, pref,
-                                                           std::clamp(count, 1, kMaxHeuristics), out, &returned);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS) return 0;
-  int n = 0;
-  for (int i = 0; i < returned; ++i)
-    if (out[i].state == CUBLAS_STATUS_SUCCESS) out[n++] = out[i];
-  return n;
-}
-
-}  // namespace
-
-void cuda_detail::autotune_gemm_plan(context& c, const gemm_plan& plan,
-                                     const std::function<void(const cublasLtMatmulAlgo_t&)>& run) {
-  if (c.opts.gemm_autotune <= 0 || plan.tuned || !plan.ok) return;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  ZIPAGE_CUDA_CHECK(cudaStreamIsCapturing(c.stream, &capturing));
-  if (capturing != cudaStreamCaptureStatusNone) return;
-  auto& p = const_cast<gemm_plan&>(plan);  // the cached plan's algorithm is what tuning changes
-  p.tuned = true;
-  cublasLtMatmulHeuristicResult_t found[kMaxHeuristics];
-  const int candidates = heuristic_algos(c, p, c.opts.gemm_autotune, found);
-  if (candidates < 2) return;
-  cudaEvent_t e0, e1;
-  ZIPAGE_CUDA_CHECK(cudaEventCreate(&e0));
-  ZIPAGE_CUDA_CHECK(cudaEventCreate(&e1));
-  float best = 0;
-  int chosen = 0;
-  for (int i = 0; i < candidates; ++i) {
-    const cublasLtMatmulAlgo_t& algo = found[i].algo;
-    run(algo);  // warm-up
-    float fastest = 0;
-    for (int r = 0; r < 3; ++r) {
-      ZIPAGE_CUDA_CHECK(cudaEventRecord(e0, c.stream));
-      run(algo);
-      ZIPAGE_CUDA_CHECK(cudaEventRecord(e1, c.stream));
-      ZIPAGE_CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      ZIPAGE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      fastest = r == 0 ? ms : std::min(fastest, ms);
-    }
-    if (i == 0 || fastest < best) {
-      best = fastest;
-      chosen = i;
-    }
-  }
-  p.algo = found[chosen].algo;
-  c.count([&](cuda_backend_counters& t) {
-    ++t.gemm_shapes_tuned;
-    t.gemm_tuned_to_other += chosen != 0 ? 1 : 0;
-  });
-  ZIPAGE_CUDA_CHECK(cudaEventDestroy(e0));
-  ZIPAGE_CUDA_CHECK(cudaEventDestroy(e1));
-}
-
 const cuda_detail::gemm_plan& cuda_detail::cache_gemm_plan(context& c, const gemm_key& key,
                                                            std::unique_ptr<gemm_plan> plan, std::uint32_t min_alignment) {
   if (key.sms > 0) {
     const std::int32_t sms = key.sms;
     ZIPAGE_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof sms));
   }
-  plan->min_alignment = min_alignment;
-  cublasLtMatmulHeuristicResult_t found[kMaxHeuristics];
-  if (heuristic_algos(c, *plan, 1, found) > 0) {
-    plan->algo = found[0].algo;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ZIPAGE_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const std::uint64_t ws = c.opts.gemm_workspace_bytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (min_alignment > 0)
+    for (const auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      cublasLtMatmulPreferenceSetAttribute(pref, attr, &min_alignment, sizeof min_alignment);
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(c.lt, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+    plan->algo = result.algo;
     plan->ok = true;
   }
   auto& ref = *plan;
@@ -150,15 +89,11 @@ void cuda_backend::linear(const cuda_tensor& x, const cuda_tensor& w, cuda_tenso
     const auto& plan = gemm_plan_for(c, m, n, k, x.dtype(), align);
     if (plan.ok) {
       if (c.skip_launch(3, x.data(), w.data(), out.data(), m, n, k, x.dtype(), &plan, c.lt_workspace)) return;
-      const float alpha = 1.0f, beta = 0.0f;
-      auto gemm = [&](const cublasLtMatmulAlgo_t& algo) {
-        ZIPAGE_LT_CHECK(cublasLtMatmul(c.lt, plan.desc, &alpha, w.data(), plan.a, x.data(), plan.b, &beta, out.data(),
-                                       plan.c, out.data(), plan.c, &algo, c.lt_workspace, c.opts.gemm_workspace_bytes,
-                                       c.stream));
-      };
-      cuda_detail::autotune_gemm_plan(c, plan, gemm);
       const auto timed = time_op(c, [&] { return shape_name("linear ", x.dtype(), n, k); });
-      gemm(plan.algo);
+      const float alpha = 1.0f, beta = 0.0f;
+      ZIPAGE_LT_CHECK(cublasLtMatmul(c.lt, plan.desc, &alpha, w.data(), plan.a, x.data(), plan.b, &beta, out.data(),
+                                     plan.c, out.data(), plan.c, &plan.algo, c.lt_workspace, c.opts.gemm_workspace_bytes,
+                                     c.stream));
       return;
     }
   }

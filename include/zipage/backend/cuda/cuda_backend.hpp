@@ -107,10 +107,6 @@ struct cuda_backend_options {
   // decline, so the engine's host path (gather, score on the host, apply_compaction) runs.
   bool device_compression = true;
   std::size_t gemm_workspace_bytes = std::size_t{32} << 20;
-  // Time up to this many of cuBLASLt's heuristic algorithms for each new GEMM shape (bf16 and FP8 linears), once,
-  // on its first eager call, and keep the fastest; 0: cuBLASLt's first choice. Off by default: the choice rests on
-  // timings, so two processes may pick different algorithms and differ in the last bits of their outputs.
-  int gemm_autotune = 0;
   // Decode steps through CUDA graphs (run_decode_graph), for batches up to max_graph_batch sequences.
   bool cuda_graphs = true;
   int max_graph_batch = 1024;
@@ -164,8 +160,6 @@ struct cuda_backend_options {
           overlap_min_batch);
     check(overlap_gemm_sms >= 0, "cuda_backend_options::overlap_gemm_sms must be >= 0 (0: every SM), got ",
           overlap_gemm_sms);
-    check(gemm_autotune >= 0 && gemm_autotune <= 16,
-          "cuda_backend_options::gemm_autotune must be 0 (off) to 16 candidate algorithms, got ", gemm_autotune);
     check(cuda::is_prefill_kernel(prefill_kernel),
           "cuda_backend_options::prefill_kernel: not a cuda::prefill_kernel (", static_cast<int>(prefill_kernel), ")");
     check(!wgmma_prefill() || (dtype == cuda_dtype::bf16 && kv_dtype == kv_cache_dtype::auto_),
@@ -322,8 +316,6 @@ struct cuda_backend_counters {
   double graph_capture_seconds = 0.0;     // capture + instantiate / update
   std::int64_t fp8_linears = 0;           // linear() calls with an FP8 weight (eager, and graph record passes)
   std::int64_t fp8_inputs_prequantized = 0;  // of which found their input's codes already written (fuse_fp8_quantize)
-  std::int64_t gemm_shapes_tuned = 0;     // GEMM shapes whose algorithm gemm_autotune chose by timing
-  std::int64_t gemm_tuned_to_other = 0;   // of which kept another algorithm than cuBLASLt's first choice
 };
 
 // One op's GPU time (cuda_backend_options::op_timing): `calls` launches of `op` took `ms` in all.
