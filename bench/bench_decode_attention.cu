@@ -10,6 +10,10 @@
 // flops per (query, key) pair attended). decode_fp8 cases read an FP8 KV cache (E4M3 codes + one fp32 scale
 // per token and KV head, docs/fp8.md); their KV bytes count codes and scales, and the summary gives the
 // speed-up over the same bf16 case.
+// Energy (NVML, when the driver has it): the read-only stream's pJ per byte is printed at the start; the
+// compressed steady-state cases (steady2048) add mJ_pass, pJ_B, W, SM_MHz and capped over ~2 s of back-to-back
+// passes, and decode_fp8_ablation/... runs the FP8 kernel with parts of its tile work skipped (attention.cuh's
+// kAblate*: no QK or PV MMAs, no E4M3 conversions, no tile work at all) to attribute its energy.
 //
 //   bench_decode_attention [--benchmark_filter=...] [--benchmark_out=file.json --benchmark_out_format=json]
 // prints a Markdown summary table at the end.
@@ -22,6 +26,7 @@
 #include <cstdio>
 #include <map>
 #include <numeric>
+#include <span>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,6 +36,7 @@
 #include "zipage/backend/cuda/cuda_backend.hpp"  // measure_gemm_tflops
 #include "zipage/backend/cuda/ops.hpp"  // fill_uniform
 #include "zipage/backend/cuda/common.cuh"
+#include "zipage/backend/cuda/decode_kernel.cuh"  // the FP8 decode kernel's energy ablations
 #include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/cuda/device.hpp"
 #include "zipage/cuda/energy.hpp"
@@ -194,9 +200,64 @@ struct summary_row {
 std::map<std::string, summary_row> g_rows;
 
 // ---- decode
-// lens: the KV length of each sequence (ragged allowed).
+// The FP8 decode kernel (head_dim 128, 4 stages, one split) with the tile work that ABLATE's bits name skipped
+// (attention.cuh's kAblate*; outputs wrong on purpose), launched as paged_decode_attention launches it.
+template <int ABLATE>
+void launch_fp8_ablation(const zc::decode_params& p, cudaStream_t stream) {
+  namespace d = zipage::cuda::detail;
+  using cfg = d::decode_config<128, 4, true>;
+  const auto kernel = d::paged_decode_kernel<128, 4, true, ABLATE>;
+  static const bool attribute_set = [&] {
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cfg::kSmemBytes));
+    return true;
+  }();
+  (void)attribute_set;
+  const int group = p.num_q_heads / p.kv.num_kv_heads;
+  d::decode_args a{};
+  a.q = static_cast<const d::bf16*>(p.q);
+  a.out = static_cast<d::bf16*>(p.out);
+  a.k8 = static_cast<const std::uint8_t*>(p.kv.k_cache);
+  a.v8 = static_cast<const std::uint8_t*>(p.kv.v_cache);
+  a.k_scale = p.kv.k_scale;
+  a.v_scale = p.kv.v_scale;
+  a.page_indptr = p.kv.page_indptr;
+  a.page_indices = p.kv.page_indices;
+  a.kv_len = p.kv.kv_len;
+  a.num_q_heads = p.num_q_heads;
+  a.num_kv_heads = p.kv.num_kv_heads;
+  a.group = group;
+  a.head_chunks = (group + 15) / 16;
+  a.bs_shift = 0;
+  while ((1 << a.bs_shift) < p.kv.block_size) ++a.bs_shift;
+  a.chunk = (p.max_kv_len + d::kKvTile - 1) / d::kKvTile * d::kKvTile;
+  a.num_splits = 1;
+  a.scale_log2 = p.scale * d::kLog2e;
+  a.num_seqs = p.num_seqs;
+  const dim3 grid(1, static_cast<unsigned>(p.kv.num_kv_heads * a.head_chunks), static_cast<unsigned>(p.num_seqs));
+  kernel<<<grid, cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
+  CK(cudaGetLastError());
+}
+
+void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void* ws, std::size_t ws_bytes,
+                   int ablate, cudaStream_t stream) {
+  namespace d = zipage::cuda::detail;
+  switch (ablate) {
+    case d::kAblateNone: return zc::paged_decode_attention(p, plan, ws, ws_bytes, stream);
+    case d::kAblateQkMma: return launch_fp8_ablation<d::kAblateQkMma>(p, stream);
+    case d::kAblatePvMma: return launch_fp8_ablation<d::kAblatePvMma>(p, stream);
+    case d::kAblateQkMma | d::kAblatePvMma: return launch_fp8_ablation<d::kAblateQkMma | d::kAblatePvMma>(p, stream);
+    case d::kAblateConvert: return launch_fp8_ablation<d::kAblateConvert>(p, stream);
+    case d::kAblateQkMma | d::kAblatePvMma | d::kAblateConvert:
+      return launch_fp8_ablation<d::kAblateQkMma | d::kAblatePvMma | d::kAblateConvert>(p, stream);
+    case d::kAblateTile: return launch_fp8_ablation<d::kAblateTile>(p, stream);
+    default: std::fprintf(stderr, "no ablation %d\n", ablate); std::abort();
+  }
+}
+
+// lens: the KV length of each sequence (ragged allowed). ablate > 0: an FP8 energy ablation (launch_fp8_ablation)
+// instead of the library's kernel, timed and metered the same way.
 void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, int bs, std::string key, int ctx_label,
-               int stages = 0, int force_splits = 0, bool fp8 = false) {
+               int stages = 0, int force_splits = 0, bool fp8 = false, int ablate = 0) {
   const int batch = static_cast<int>(lens.size());
   const std::size_t token_bytes = std::size_t(kvh) * kHeadDim * (fp8 ? 1 : 2);  // one side (codes for FP8)
   std::vector<std::int32_t> indptr{0};
@@ -250,7 +311,7 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   p.kv.page_indices = d_indices.p;
-  zc::paged_decode_attention(p, plan, ws.p, ws_bytes, stream);  // sets kernel attributes before capture
+  launch_decode(p, plan, ws.p, ws_bytes, ablate, stream);  // sets kernel attributes before capture
   CK(cudaStreamSynchronize(stream));
 
   // R passes per graph: enough for ~2 ms of work (estimate at 4 TB/s), a multiple of the rotation.
@@ -262,12 +323,12 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   for (int i = 0; i < passes; ++i) {
     p.kv.page_indices = d_indices.p + (i % rot) * case_blocks;
-    zc::paged_decode_attention(p, plan, ws.p, ws_bytes, stream);
+    launch_decode(p, plan, ws.p, ws_bytes, ablate, stream);
   }
   CK(cudaStreamEndCapture(stream, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
   const double s = time_graph(state, exec, stream, passes);
-  if (ctx_label == kSteadyCtx && force_splits == 0 && stages == 0)
+  if (ctx_label == kSteadyCtx && ((force_splits == 0 && stages == 0) || ablate > 0))
     if (const double joules = measure_energy(state, exec, stream, passes, s); joules > 0)
       state.counters["pJ_B"] = joules / kv_bytes * 1e12;  // against the read-only stream's (printed at the start)
   CK(cudaGraphExecDestroy(exec));
@@ -280,8 +341,9 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
   state.counters["splits"] = plan.num_splits;
   state.counters["passes"] = passes;
   state.counters["stages"] = plan.stages;
-  const bool steady_sweep = ctx_label == kSteadyCtx && (force_splits > 0 || stages > 0);
-  g_rows[key] = {steady_sweep ? (fp8 ? "steady_fp8" : "steady_bf16")
+  const bool steady_sweep = ctx_label == kSteadyCtx && (force_splits > 0 || stages > 0) && ablate == 0;
+  g_rows[key] = {ablate > 0     ? "ablation"
+                 : steady_sweep ? (fp8 ? "steady_fp8" : "steady_bf16")
                  : fp8        ? "fp8"
                  : force_splits ? "splits"
                  : stages     ? "sweep"
@@ -532,6 +594,23 @@ int main(int argc, char** argv) {
             bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, stages, splits, fp8);
           })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
         }
+      // The FP8 kernel's energy ablations at the same shape (one split, 4 stages, as the automatic plan): which
+      // part of its energy above the read-only stream's goes to the MMAs, the E4M3 conversions or the rest.
+      namespace d = zipage::cuda::detail;
+      const std::pair<int, const char*> ablations[] = {
+          {d::kAblateQkMma, "no_qk_mma"},
+          {d::kAblatePvMma, "no_pv_mma"},
+          {d::kAblateQkMma | d::kAblatePvMma, "no_mma"},
+          {d::kAblateConvert, "no_convert"},
+          {d::kAblateQkMma | d::kAblatePvMma | d::kAblateConvert, "no_mma_no_convert"},
+          {d::kAblateTile, "no_tile_work"}};
+      for (const auto& [ablate, what] : fp8 ? std::span(ablations) : std::span<const std::pair<int, const char*>>{}) {
+        std::snprintf(name, sizeof name, "decode_fp8_ablation/batch%d/steady2048-2304/%s", batch, what);
+        std::snprintf(key, sizeof key, "a%05d", order++);
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, ablate);
+        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+      }
     }
     // Pipeline depth sweep on a few shapes.
     struct sweep_case {

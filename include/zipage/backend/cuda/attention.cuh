@@ -349,6 +349,16 @@ __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&m)[2], f
 //    the thread reads the D/8 contiguous codes [g*D/8, (g+1)*D/8) of four token rows and interleaves row
 //    pairs with one prmt per 4 codes. So o[j][0..1] (and [2..3], row g+8) is output column (2t + {0,1})*D/8 + j.
 
+// Energy ablations of the FP8 decode path, for bench_decode_attention only (their outputs are wrong on purpose):
+// bits of work a tile skips, to tell how much of the kernel's energy above a read-only stream's each part costs.
+// A skipped MMA folds its B operand into the accumulator's bits (one logic op, so the conversions stay live); a
+// skipped conversion passes the codes' bytes as fp16 bits; kAblateTile skips a warp's whole tile (the copies remain).
+enum : int { kAblateNone = 0, kAblateQkMma = 1, kAblatePvMma = 2, kAblateConvert = 4, kAblateTile = 8 };
+
+__device__ __forceinline__ void fold_bits(float& acc, std::uint32_t b0, std::uint32_t b1) {
+  acc = __uint_as_float(__float_as_uint(acc) ^ b0 ^ b1);
+}
+
 __device__ __forceinline__ void mma_f16(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
@@ -400,7 +410,7 @@ __device__ __forceinline__ float load_q_fragments_fp8(std::uint32_t (&qf)[D / 16
 
 // s[n] += Q . C^T for the NT n-tiles of 8 tokens at tok_base + 8n of an FP8 K code tile (kc: generic pointer
 // to shared memory). The scores still lack the K scales and Q's factor.
-template <int D, int NT>
+template <int D, int NT, int ABLATE = kAblateNone>
 __device__ __forceinline__ void qk_tile_fp8(float (&s)[NT][4], const std::uint32_t (&qf)[D / 16][4],
                                             const unsigned char* kc, int tok_base, int lane) {
   const int g = lane >> 2, t = lane & 3;
@@ -413,8 +423,10 @@ __device__ __forceinline__ void qk_tile_fp8(float (&s)[NT][4], const std::uint32
 #pragma unroll
       for (int i = 0; i < 4; ++i) {  // 4 codes: d = t*D/4 + 4kk + {0..3}, kk = 4c + i
         std::uint32_t b0, b1;
-        e4m3x4_to_f16x4(xs[i], b0, b1);
-        mma_f16(s[n], qf[4 * c + i], b0, b1);
+        if constexpr ((ABLATE & kAblateConvert) != 0) b0 = xs[i], b1 = xs[i] >> 8;
+        else e4m3x4_to_f16x4(xs[i], b0, b1);
+        if constexpr ((ABLATE & kAblateQkMma) != 0) fold_bits(s[n][0], b0, b1);
+        else mma_f16(s[n], qf[4 * c + i], b0, b1);
       }
     }
 }
@@ -445,7 +457,7 @@ __device__ __forceinline__ float normalise_v_scales(float (&vs)[NT][2], int& v_e
 
 // o += P' V over the NT/2 16-token steps at tok_base of an FP8 V code tile (vc); P' = p * vsn, s holding the
 // probabilities p and vsn[n][e] the normalised V scale of token 8n + 2t + e, packed to fp16.
-template <int D, int NT>
+template <int D, int NT, int ABLATE = kAblateNone>
 __device__ __forceinline__ void pv_tile_fp8(float (&o)[D / 8][4], const float (&s)[NT][4], const float (&vsn)[NT][2],
                                             const unsigned char* vc, int tok_base, int lane) {
   const int g = lane >> 2, t = lane & 3;
@@ -473,12 +485,22 @@ __device__ __forceinline__ void pv_tile_fp8(float (&o)[D / 8][4], const float (&
     for (int w = 0; w < kWords; ++w) {
       // Row pairs interleaved byte by byte: (2t, 2t+1) codes of columns 4w, 4w+1 | 4w+2, 4w+3.
       std::uint32_t b0[4], b1[4];
-      e4m3x4_to_f16x4(__byte_perm(r[0][w], r[1][w], 0x5140), b0[0], b0[1]);
-      e4m3x4_to_f16x4(__byte_perm(r[0][w], r[1][w], 0x7362), b0[2], b0[3]);
-      e4m3x4_to_f16x4(__byte_perm(r[2][w], r[3][w], 0x5140), b1[0], b1[1]);
-      e4m3x4_to_f16x4(__byte_perm(r[2][w], r[3][w], 0x7362), b1[2], b1[3]);
+      if constexpr ((ABLATE & kAblateConvert) != 0) {
+        const std::uint32_t c0 = __byte_perm(r[0][w], r[1][w], 0x5140), c1 = __byte_perm(r[0][w], r[1][w], 0x7362);
+        const std::uint32_t c2 = __byte_perm(r[2][w], r[3][w], 0x5140), c3 = __byte_perm(r[2][w], r[3][w], 0x7362);
+        b0[0] = c0, b0[1] = c0 >> 8, b0[2] = c1, b0[3] = c1 >> 8;
+        b1[0] = c2, b1[1] = c2 >> 8, b1[2] = c3, b1[3] = c3 >> 8;
+      } else {
+        e4m3x4_to_f16x4(__byte_perm(r[0][w], r[1][w], 0x5140), b0[0], b0[1]);
+        e4m3x4_to_f16x4(__byte_perm(r[0][w], r[1][w], 0x7362), b0[2], b0[3]);
+        e4m3x4_to_f16x4(__byte_perm(r[2][w], r[3][w], 0x5140), b1[0], b1[1]);
+        e4m3x4_to_f16x4(__byte_perm(r[2][w], r[3][w], 0x7362), b1[2], b1[3]);
+      }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) mma_f16(o[4 * w + i], pa, b0[i], b1[i]);
+      for (int i = 0; i < 4; ++i) {
+        if constexpr ((ABLATE & kAblatePvMma) != 0) fold_bits(o[4 * w + i][0], b0[i] ^ pa[i], b1[i]);
+        else mma_f16(o[4 * w + i], pa, b0[i], b1[i]);
+      }
     }
   }
 }

@@ -59,10 +59,12 @@ struct decode_config {
 };
 
 // grid (num_splits, kv_heads * head_chunks, num_seqs). CTA: one KV split of one (sequence, KV head)
-// for up to 16 query heads of its group.
-template <int D, int STAGES, bool FP8 = false>
+// for up to 16 query heads of its group. ABLATE (FP8 only; attention.cuh's kAblate* bits): bench_decode_attention's
+// energy ablations, never launched by the library.
+template <int D, int STAGES, bool FP8 = false, int ABLATE = kAblateNone>
 __global__ void __launch_bounds__(decode_config<D, STAGES, FP8>::kThreads, decode_config<D, STAGES, FP8>::kMinBlocks)
     paged_decode_kernel(const decode_args a) {
+  static_assert(ABLATE == kAblateNone || FP8, "the energy ablations are of the FP8 path");
   using cfg = decode_config<D, STAGES, FP8>;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float s_m[cfg::kWarps][16];
@@ -125,9 +127,10 @@ __global__ void __launch_bounds__(decode_config<D, STAGES, FP8>::kThreads, decod
       if (it == 0) q_mul *= load_q_fragments_fp8<D>(qf, smem, 0, lane);
       const int tile_start = start + it * kKvTile;
       const unsigned char* stage = smem + cfg::kQBytes + (it % cfg::kStages) * cfg::loader::kStageBytes;
-      if (tile_start + warp * 16 < end) {  // this warp's 16 tokens are not all past the end
+      // (this warp's 16 tokens are not all past the end)
+      if ((ABLATE & kAblateTile) == 0 && tile_start + warp * 16 < end) {
         float s[2][4] = {};
-        qk_tile_fp8<D, 2>(s, qf, stage + cfg::loader::kKOffset, warp * 16, lane);
+        qk_tile_fp8<D, 2, ABLATE>(s, qf, stage + cfg::loader::kKOffset, warp * 16, lane);
         // This thread's tokens: warp*16 + 8n + 2t + {0, 1}.
         const float* scales = reinterpret_cast<const float*>(stage + cfg::loader::kScaleOffset) + warp * 16 + 2 * (lane & 3);
         float ks[2][2], vs[2][2];
@@ -147,7 +150,7 @@ __global__ void __launch_bounds__(decode_config<D, STAGES, FP8>::kThreads, decod
           }
         const float o_rescale = normalise_v_scales<2>(vs, v_exp);
         softmax_step<D, 2>(s, m, l, o, o_rescale);
-        pv_tile_fp8<D, 2>(o, s, vs, stage + cfg::loader::kVOffset, warp * 16, lane);
+        pv_tile_fp8<D, 2, ABLATE>(o, s, vs, stage + cfg::loader::kVOffset, warp * 16, lane);
       }
     } else {  // (statement order as tuned: it changes the bf16 kernels' register allocation)
       if (it == 0) load_q_fragments<D>(qf, sq, 0, lane);
