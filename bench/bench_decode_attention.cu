@@ -13,7 +13,8 @@
 // Energy (NVML, when the driver has it): the read-only stream's pJ per byte is printed at the start; the
 // compressed steady-state cases (steady2048) add mJ_pass, pJ_B, W, SM_MHz and capped over ~2 s of back-to-back
 // passes, and decode_fp8_ablation/... runs the FP8 kernel with parts of its tile work skipped (attention.cuh's
-// kAblate*: no QK or PV MMAs, no E4M3 conversions, no tile work at all) to attribute its energy.
+// kAblate*: no QK or PV MMAs, no E4M3 conversions, no tile work at all) to attribute its energy;
+// decode_fp8_swapped/... the swapped-operand prototype (paged_decode_attention_swapped) at the same shape.
 //
 //   bench_decode_attention [--benchmark_filter=...] [--benchmark_out=file.json --benchmark_out_format=json]
 // prints a Markdown summary table at the end.
@@ -238,10 +239,14 @@ void launch_fp8_ablation(const zc::decode_params& p, cudaStream_t stream) {
   CK(cudaGetLastError());
 }
 
+// bm_decode's `ablate` value for the swapped-operand prototype (paged_decode_attention_swapped) instead.
+constexpr int kSwappedPrototype = 1 << 8;
+
 void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void* ws, std::size_t ws_bytes,
                    int ablate, cudaStream_t stream) {
   namespace d = zipage::cuda::detail;
   switch (ablate) {
+    case kSwappedPrototype: return zc::paged_decode_attention_swapped(p, stream);
     case d::kAblateNone: return zc::paged_decode_attention(p, plan, ws, ws_bytes, stream);
     case d::kAblateQkMma: return launch_fp8_ablation<d::kAblateQkMma>(p, stream);
     case d::kAblatePvMma: return launch_fp8_ablation<d::kAblatePvMma>(p, stream);
@@ -254,8 +259,8 @@ void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void
   }
 }
 
-// lens: the KV length of each sequence (ragged allowed). ablate > 0: an FP8 energy ablation (launch_fp8_ablation)
-// instead of the library's kernel, timed and metered the same way.
+// lens: the KV length of each sequence (ragged allowed). ablate > 0: an FP8 energy ablation (launch_fp8_ablation) or
+// kSwappedPrototype instead of the library's kernel, timed and metered the same way.
 void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, int bs, std::string key, int ctx_label,
                int stages = 0, int force_splits = 0, bool fp8 = false, int ablate = 0) {
   const int batch = static_cast<int>(lens.size());
@@ -604,6 +609,13 @@ int main(int argc, char** argv) {
           {d::kAblateConvert, "no_convert"},
           {d::kAblateQkMma | d::kAblatePvMma | d::kAblateConvert, "no_mma_no_convert"},
           {d::kAblateTile, "no_tile_work"}};
+      if (fp8) {  // the swapped-operand prototype at the same shape (docs/architecture.md)
+        std::snprintf(name, sizeof name, "decode_fp8_swapped/batch%d/steady2048-2304", batch);
+        std::snprintf(key, sizeof key, "a%05d", order++);
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, kSwappedPrototype);
+        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+      }
       for (const auto& [ablate, what] : fp8 ? std::span(ablations) : std::span<const std::pair<int, const char*>>{}) {
         std::snprintf(name, sizeof name, "decode_fp8_ablation/batch%d/steady2048-2304/%s", batch, what);
         std::snprintf(key, sizeof key, "a%05d", order++);

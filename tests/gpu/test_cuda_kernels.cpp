@@ -549,6 +549,14 @@ void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, s
                   plan.num_splits, fs ? "" : "[auto]");
     report(name, compare(setup.run(plan), ref), 1e-2);
   }
+  if (zc::decode_swapped_supported(p)) {  // the swapped-operand prototype (not the engine's), same reference
+    setup.out.poison();
+    zc::paged_decode_attention_swapped(p, nullptr);
+    char name[160];
+    std::snprintf(name, sizeof name, "%s seqs=%d max_len=%d swapped-operand prototype", shape.c_str(), seqs,
+                  p.max_kv_len);
+    report(name, compare(setup.out.get(), ref), 1e-2);
+  }
   if (d == 128) check_decode_fp8_copy(p, shape);
 }
 
@@ -1091,6 +1099,17 @@ int main() {
       p.kv.head_dim = 64, p.num_q_heads = 8, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
       p.out_fp8 = {reinterpret_cast<std::uint8_t*>(16), reinterpret_cast<float*>(16), 4};
       zc::paged_decode_attention(p, zc::plan_decode(p, 1), nullptr, 0, nullptr);
+    });
+    expect_throw("the swapped-operand decode rejects a bf16 cache", [] {
+      zc::decode_params p;
+      p.kv.head_dim = 128, p.num_q_heads = 32, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
+      zc::paged_decode_attention_swapped(p, nullptr);
+    });
+    expect_throw("the swapped-operand decode rejects a group of 16 heads", [] {
+      zc::decode_params p;
+      p.kv.head_dim = 128, p.num_q_heads = 16, p.kv.num_kv_heads = 1, p.kv.block_size = 16, p.num_seqs = 1;
+      p.kv.k_scale = p.kv.v_scale = reinterpret_cast<float*>(16);
+      zc::paged_decode_attention_swapped(p, nullptr);
     });
     expect_throw("decode rejects an FP8 copy with too few padded rows", [] {
       zc::decode_params p;

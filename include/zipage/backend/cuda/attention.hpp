@@ -79,6 +79,13 @@ std::size_t decode_workspace_bytes(const decode_params& p, const decode_plan& pl
 void paged_decode_attention(const decode_params& p, const decode_plan& plan, void* workspace,
                             std::size_t workspace_bytes, cuda_stream stream);
 
+// Prototype, not used by the engine (docs/architecture.md, "Decode attention and the power cap"): the FP8 decode
+// kernel with K and V as the MMAs' A operands, half the MMAs of paged_decode_attention's at groups of up to 8
+// heads. It runs where decode_swapped_supported holds (FP8 K/V, head_dim 128, at most 8 query heads per KV head,
+// no out_fp8); the whole cache of a sequence in one CTA (no split, no workspace). Stream-capturable.
+[[nodiscard]] bool decode_swapped_supported(const decode_params& p);
+void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream);
+
 // ---------------------------------------------------------------------------------------------------
 // The tuned prefill kernel: causal GQA attention for a batch of sequences whose new tokens lie back to
 // back in q/out. Sequence s owns the query rows [q_indptr[s], q_indptr[s+1]); token t attends to the

@@ -1,0 +1,244 @@
+#pragma once
+// Prototype: the FP8 decode kernel with K and V as the MMAs' A operands (docs/architecture.md, "Decode attention
+// and the power cap"). Today's kernel (decode_kernel.cuh) puts a group's query heads on the 16 rows of m16n8k16;
+// at 32/8 heads 12 of them are padding. Here the rows are tokens (QK) and head-dimension values (PV) and the heads
+// the 8 columns, which halves the MMAs per 16-token step and the registers of Q and of the accumulators. FP8 K/V
+// only, head_dim 128, groups of up to 8 heads, one split, bf16 output. Not launched by the engine: measured first
+// (bench_decode_attention's decode_fp8_swapped cases; test_cuda_kernels checks it against the CPU reference).
+#include "zipage/backend/cuda/decode_kernel.cuh"
+
+namespace zipage::cuda::detail {
+
+inline constexpr int kSwappedStages = 4;
+
+// Q^T's B fragments for the swapped QK MMA, head g (= lane / 4) of the swizzled bf16 Q tile: qb[kk] holds
+// d = 32t + 4kk + {0, 1} and + {2, 3} (t = lane % 4; qk_tile_fp8's reduction order), times the warp's power
+// of two (load_q_fragments_fp8's ranges). Returns its inverse.
+__device__ __forceinline__ float load_qT_fragments_fp8(std::uint32_t (&qb)[8][2], const unsigned char* q_tile, int lane) {
+  constexpr int D = 128;
+  const int g = lane >> 2, t = lane & 3;
+  std::uint32_t w[16];  // bf16 pairs of row g, elements [32t, 32t + 32)
+  float amax = 0.0f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const uint4 x = *reinterpret_cast<const uint4*>(q_tile + swz<D>(g, 4 * t + c));
+    const std::uint32_t xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[4 * c + i] = xs[i];
+      amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(xs[i] << 16)), fabsf(__uint_as_float(xs[i] & 0xffff0000u))));
+    }
+  }
+  amax = warp_max(amax);
+  const int fb = min(267 - static_cast<int>(__float_as_uint(amax) >> 23), 253);
+  const float f = __uint_as_float(static_cast<std::uint32_t>(fb) << 23);
+  auto h2 = [f](std::uint32_t x) { return pack_f16(__uint_as_float(x << 16) * f, __uint_as_float(x & 0xffff0000u) * f); };
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    qb[kk][0] = h2(w[2 * kk]);
+    qb[kk][1] = h2(w[2 * kk + 1]);
+  }
+  return __uint_as_float(static_cast<std::uint32_t>(254 - fb) << 23);
+}
+
+// grid (1, kv_heads, num_seqs); CTA: one (sequence, KV head), its whole cache, up to 8 query heads. Each of the
+// 4 warps takes 16 tokens of every 64-token tile. Thread (g, t): S^T rows (tokens) g and g + 8, columns (heads)
+// 2t and 2t + 1; O^T rows d = 16g + i and 16g + 8 + i of d-tile i, the same two heads.
+template <int STAGES>
+__global__ void __launch_bounds__(128, 3) paged_decode_swapped_kernel(const decode_args a) {
+  constexpr int D = 128, kThreads = 128, kWarps = 4;
+  using loader_t = fp8_kv_tile_loader<D, kThreads>;
+  constexpr int kQBytes = 16 * D * 2;  // the swizzled tile of decode_kernel.cuh (rows 8-15 unused)
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float s_m[kWarps][8];
+  __shared__ float s_l[kWarps][8];
+
+  const int kvh = blockIdx.y;
+  const int seq = blockIdx.z;
+  const int end = a.kv_len[seq];
+  const std::int32_t page_base = a.page_indptr[seq];
+  const int group = a.group;
+  const int qhead0 = kvh * group;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+
+  const std::uint32_t sq = smem_addr(smem);
+  const std::uint32_t skv = sq + kQBytes;
+  loader_t loader(a.k8, a.v8, a.k_scale, a.v_scale, a.page_indices + page_base, a.num_kv_heads, kvh, a.bs_shift, tid);
+  loader.prefetch(0, end);
+  const bf16* qsrc = a.q + (std::int64_t{seq} * a.num_q_heads + qhead0) * D;
+  for (int c = tid; c < 8 * (D / 8); c += kThreads) {
+    const int r = c / (D / 8), ch = c % (D / 8);
+    cp_async_16(sq + swz<D>(r, ch), r < group ? qsrc + r * D + ch * 8 : qsrc, r < group);
+  }
+  const int ntiles = (end + kKvTile - 1) / kKvTile;
+  kv_pipeline_start<STAGES>(loader, skv, 0, end, ntiles);
+
+  float m[2] = {-INFINITY, -INFINITY};  // heads 2t, 2t + 1 (the same in every g after the reductions)
+  float l[2] = {0.0f, 0.0f};            // this thread's tokens only, until the epilogue
+  float o[8][4];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  std::uint32_t qb[8][2];
+  float q_mul = a.scale_log2;
+  int v_exp = 127;
+
+  for (int it = 0; it < ntiles; ++it) {
+    kv_pipeline_wait<STAGES>(loader, skv, it, 0, end, ntiles);
+    if (it == 0) q_mul *= load_qT_fragments_fp8(qb, smem, lane);
+    const int tile_start = it * kKvTile;
+    const unsigned char* stage = smem + kQBytes + (it % STAGES) * loader_t::kStageBytes;
+    if (tile_start + warp * 16 < end) {
+      // S^T = K Q^T: rows tokens g, g + 8 of the warp's 16; A = their codes at d = 32t + 16c + 4i + {0..3}.
+      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const unsigned char* kc = stage + loader_t::kKOffset;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const uint4 x0 = *reinterpret_cast<const uint4*>(kc + k8_off<D>(warp * 16 + g, 2 * t + c));
+        const uint4 x1 = *reinterpret_cast<const uint4*>(kc + k8_off<D>(warp * 16 + g + 8, 2 * t + c));
+        const std::uint32_t r0[4] = {x0.x, x0.y, x0.z, x0.w}, r1[4] = {x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          std::uint32_t fa[4];  // (row g | g + 8) x (d + {0, 1} | d + {2, 3})
+          e4m3x4_to_f16x4(r0[i], fa[0], fa[2]);
+          e4m3x4_to_f16x4(r1[i], fa[1], fa[3]);
+          mma_f16(s, fa, qb[4 * c + i][0], qb[4 * c + i][1]);
+        }
+      }
+      const float* scales = reinterpret_cast<const float*>(stage + loader_t::kScaleOffset) + warp * 16;
+      const int tok0 = tile_start + warp * 16 + g;
+      const float ks0 = scales[g] * q_mul, ks1 = scales[g + 8] * q_mul;
+      float vs0 = scales[kKvTile + g], vs1 = scales[kKvTile + g + 8];
+      s[0] = tok0 < end ? s[0] * ks0 : -INFINITY;
+      s[1] = tok0 < end ? s[1] * ks0 : -INFINITY;
+      s[2] = tok0 + 8 < end ? s[2] * ks1 : -INFINITY;
+      s[3] = tok0 + 8 < end ? s[3] * ks1 : -INFINITY;
+
+      // Online softmax per head column: the maximum over the warp's 16 tokens (lanes of equal t).
+      float corr[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = fmaxf(s[h], s[h + 2]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(m[h], mx);
+        const float base = m_new == -INFINITY ? 0.0f : m_new;
+        corr[h] = fast_exp2(m[h] - base);
+        m[h] = m_new;
+        s[h] = fast_exp2(s[h] - base);
+        s[h + 2] = fast_exp2(s[h + 2] - base);
+        l[h] = l[h] * corr[h] + s[h] + s[h + 2];
+      }
+      // The warp's V scale exponent (normalise_v_scales' rule; the tokens vary with g only).
+      std::uint32_t mxv = max(__float_as_uint(vs0), __float_as_uint(vs1));
+      mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 4));
+      mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 8));
+      mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 16));
+      const int ev = static_cast<int>((mxv >> 23) & 0xffu);
+      const int e_new = ev == 0 ? v_exp : min(ev, 253);
+      const float rescale = __uint_as_float(static_cast<std::uint32_t>(min(max(127 + v_exp - e_new, 1), 254)) << 23);
+      v_exp = e_new;
+      const float norm = __uint_as_float(static_cast<std::uint32_t>(254 - e_new) << 23);
+      vs0 *= norm, vs1 *= norm;
+      const float c0 = corr[0] * rescale, c1 = corr[1] * rescale;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i][0] *= c0, o[i][1] *= c1, o[i][2] *= c0, o[i][3] *= c1;
+
+      // P'^T's B fragment: lane (g, t) needs head g at tokens 2t, 2t+1, 2t+8, 2t+9. Shuffle j sends each lane's
+      // value of token half j >> 1 and head parity (g + j) & 1 and reads lane (2t + ((g + j) & 1), g >> 1); odd g
+      // receive each token pair swapped (docs/architecture.md).
+      const float pp[4] = {s[0] * vs0, s[1] * vs0, s[2] * vs1, s[3] * vs1};  // (g | g+8) x (2t | 2t+1)
+      float recv[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int par = (g + j) & 1;
+        const float send = par ? pp[2 * (j >> 1) + 1] : pp[2 * (j >> 1)];  // a select, not a local-memory index
+        recv[j] = __shfl_sync(0xffffffffu, send, 4 * (2 * t + par) + (g >> 1));
+      }
+      const bool odd = (g & 1) != 0;
+      const std::uint32_t pb0 = odd ? pack_f16(recv[1], recv[0]) : pack_f16(recv[0], recv[1]);
+      const std::uint32_t pb1 = odd ? pack_f16(recv[3], recv[2]) : pack_f16(recv[2], recv[3]);
+
+      // O^T += V^T P'^T: V rows 2t, 2t+1, 2t+8, 2t+9, codes d = 16g .. 16g + 15 (one 16-byte load each).
+      const unsigned char* vc = stage + loader_t::kVOffset;
+      std::uint32_t r[4][4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint4 x = *reinterpret_cast<const uint4*>(vc + v8_off<D>(warp * 16 + 2 * t + (k & 1) + 8 * (k >> 1), g));
+        r[k][0] = x.x, r[k][1] = x.y, r[k][2] = x.z, r[k][3] = x.w;
+      }
+#pragma unroll
+      for (int wp = 0; wp < 2; ++wp) {
+        // top[h][e]: tokens (2t, 2t+1) at d = 16g + 4(wp + 2h) + e; bottom: tokens (2t+8, 2t+9).
+        std::uint32_t top[2][4], bottom[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int w = wp + 2 * h;
+          e4m3x4_to_f16x4(__byte_perm(r[0][w], r[1][w], 0x5140), top[h][0], top[h][1]);
+          e4m3x4_to_f16x4(__byte_perm(r[0][w], r[1][w], 0x7362), top[h][2], top[h][3]);
+          e4m3x4_to_f16x4(__byte_perm(r[2][w], r[3][w], 0x5140), bottom[h][0], bottom[h][1]);
+          e4m3x4_to_f16x4(__byte_perm(r[2][w], r[3][w], 0x7362), bottom[h][2], bottom[h][3]);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {  // d-tile i = 4wp + e: rows d = 16g + i (h 0) and 16g + 8 + i (h 1)
+          const std::uint32_t fa[4] = {top[0][e], top[1][e], bottom[0][e], bottom[1][e]};
+          mma_f16(o[4 * wp + e], fa, pb0, pb1);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const float ov = __uint_as_float(static_cast<std::uint32_t>(v_exp) << 23);  // o back to units of 1
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 4);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 8);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 16);
+  }
+  float* so = reinterpret_cast<float*>(smem);  // [warps][8 heads][D]
+  if (g == 0) {
+    s_m[warp][2 * t] = m[0], s_m[warp][2 * t + 1] = m[1];
+    s_l[warp][2 * t] = l[0], s_l[warp][2 * t + 1] = l[1];
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float* row = so + (warp * 8 + 2 * t + h) * D + 16 * g;
+    *reinterpret_cast<float4*>(row) = make_float4(o[0][h] * ov, o[1][h] * ov, o[2][h] * ov, o[3][h] * ov);
+    *reinterpret_cast<float4*>(row + 4) = make_float4(o[4][h] * ov, o[5][h] * ov, o[6][h] * ov, o[7][h] * ov);
+    *reinterpret_cast<float4*>(row + 8) =
+        make_float4(o[0][h + 2] * ov, o[1][h + 2] * ov, o[2][h + 2] * ov, o[3][h + 2] * ov);
+    *reinterpret_cast<float4*>(row + 12) =
+        make_float4(o[4][h + 2] * ov, o[5][h + 2] * ov, o[6][h + 2] * ov, o[7][h + 2] * ov);
+  }
+  __syncthreads();
+
+  for (int item = tid; item < group * (D / 8); item += kThreads) {
+    const int h = item / (D / 8), c = item % (D / 8);
+    float mt = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, s_m[w][h]);
+    const float base = mt == -INFINITY ? 0.0f : mt;
+    float lt = 0.0f;
+    float acc[8] = {};
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float wt = fast_exp2(s_m[w][h] - base);
+      lt += s_l[w][h] * wt;
+      const float4 x0 = *reinterpret_cast<const float4*>(so + (w * 8 + h) * D + c * 8);
+      const float4 x1 = *reinterpret_cast<const float4*>(so + (w * 8 + h) * D + c * 8 + 4);
+      acc[0] += wt * x0.x, acc[1] += wt * x0.y, acc[2] += wt * x0.z, acc[3] += wt * x0.w;
+      acc[4] += wt * x1.x, acc[5] += wt * x1.y, acc[6] += wt * x1.z, acc[7] += wt * x1.w;
+    }
+    const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] *= inv;
+    const std::int64_t row = std::int64_t{seq} * a.num_q_heads + qhead0 + h;
+    *reinterpret_cast<uint4*>(a.out + row * D + c * 8) = float_to_bf16x8(acc);
+  }
+}
+
+}  // namespace zipage::cuda::detail

@@ -1,0 +1,53 @@
+// The swapped-operand FP8 decode prototype's launcher (decode_swapped.cuh; attention.hpp says what it takes).
+#include "launch_checks.hpp"
+#include "zipage/backend/cuda/attention.hpp"
+#include "zipage/backend/cuda/decode_swapped.cuh"
+
+namespace zipage::cuda {
+
+bool decode_swapped_supported(const decode_params& p) {
+  const int kvh = p.kv.num_kv_heads;
+  const int bs = p.kv.block_size;
+  return p.kv.k_scale != nullptr && p.kv.v_scale != nullptr && p.kv.head_dim == 128 && kvh > 0 && p.num_q_heads > 0 &&
+         p.num_q_heads % kvh == 0 && p.num_q_heads / kvh <= 8 && bs >= 2 && (bs & (bs - 1)) == 0 &&
+         !p.out_fp8.wanted() && p.num_seqs >= 0 && p.num_seqs <= 65535 && kvh <= 65535;
+}
+
+void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream) {
+  check(decode_swapped_supported(p), "paged_decode_attention_swapped: needs FP8 K/V (k_scale and v_scale), head_dim "
+        "128 (got ", p.kv.head_dim, "), at most 8 query heads per KV head (got ", p.num_q_heads, " / ",
+        p.kv.num_kv_heads, "), a power-of-two block size (got ", p.kv.block_size, ") and no out_fp8");
+  if (p.num_seqs == 0) return;
+  namespace d = detail;
+  constexpr int S = d::kSwappedStages;
+  constexpr int kSmem = 16 * 128 * 2 + S * d::fp8_kv_tile_loader<128, 128>::kStageBytes;
+  static const bool attribute_set = [] {
+    ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(d::paged_decode_swapped_kernel<S>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    return true;
+  }();
+  (void)attribute_set;
+  d::decode_args a{};
+  a.q = static_cast<const d::bf16*>(p.q);
+  a.out = static_cast<d::bf16*>(p.out);
+  a.k8 = static_cast<const std::uint8_t*>(p.kv.k_cache);
+  a.v8 = static_cast<const std::uint8_t*>(p.kv.v_cache);
+  a.k_scale = p.kv.k_scale;
+  a.v_scale = p.kv.v_scale;
+  a.page_indptr = p.kv.page_indptr;
+  a.page_indices = p.kv.page_indices;
+  a.kv_len = p.kv.kv_len;
+  a.num_q_heads = p.num_q_heads;
+  a.num_kv_heads = p.kv.num_kv_heads;
+  a.group = p.num_q_heads / p.kv.num_kv_heads;
+  a.head_chunks = 1;
+  while ((1 << a.bs_shift) < p.kv.block_size) ++a.bs_shift;
+  a.num_splits = 1;
+  a.scale_log2 = p.scale * d::kLog2e;
+  a.num_seqs = p.num_seqs;
+  const dim3 grid(1, static_cast<unsigned>(p.kv.num_kv_heads), static_cast<unsigned>(p.num_seqs));
+  d::paged_decode_swapped_kernel<S><<<grid, 128, kSmem, stream>>>(a);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace zipage::cuda
