@@ -177,6 +177,7 @@ struct options {
   bool unfused_projections = false;  // q/k/v and gate/up as separate GEMMs (the loaders fuse them)
   bool op_timing = false;            // per-op GPU time of the decode steps (implies --no-graphs)
   bool unfused_quantize = false;     // FP8 weights: every linear quantises its own input (A/B of fuse_fp8_quantize)
+  bool swapped_fp8_decode = false;   // FP8 KV: the swapped-operand decode prototype (cuda_backend_options)
   std::string prefill_kernel = "automatic";  // cuda::prefill_kernel by name
   float temperature = 0.0f;
   std::string json;
@@ -528,6 +529,9 @@ int main(int argc, char** argv) {
                "every step, so its throughput is not comparable)");
   app.add_flag("--unfused-projections", o.unfused_projections,
                "q/k/v and gate/up as separate GEMMs, as before fuse_projections (for A/B runs)");
+  app.add_flag("--swapped-fp8-decode", o.swapped_fp8_decode,
+               "FP8 KV: decode attention by the swapped-operand prototype where it applies "
+               "(cuda_backend_options::swapped_fp8_decode, for A/B runs)");
   app.add_flag("--no-fused-quantize", o.unfused_quantize,
                "FP8 weights: each linear quantises its input itself, instead of the norm or SwiGLU before it writing the "
                "FP8 copy (cuda_backend_options::fuse_fp8_quantize = false, for A/B runs)");
@@ -588,6 +592,7 @@ int main(int argc, char** argv) {
     bo.cuda_graphs = !o.no_graphs;
     bo.op_timing = o.op_timing;
     bo.fuse_fp8_quantize = !o.unfused_quantize;
+    bo.swapped_fp8_decode = o.swapped_fp8_decode;
     for (const auto k : cuda::all_prefill_kernels)
       if (o.prefill_kernel == cuda::to_string(k)) bo.prefill_kernel = k;
     bo.kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
@@ -611,12 +616,15 @@ int main(int argc, char** argv) {
       // Weight statistics from one build (freed again before the runs build their own).
       timed_model probe = build_model(b, c, o.seed, !o.unfused_projections, ws);
     }
-    std::printf("weights: %s; q/k/v and gate/up %s; FP8 activation quantisation %s; prefill attention %s\n",
+    std::printf("weights: %s; q/k/v and gate/up %s; FP8 activation quantisation %s; prefill attention %s; decode "
+                "attention %s\n",
                 b.describe_weights().c_str(),
                 o.unfused_projections ? "as separate GEMMs (--unfused-projections)" : "fused (one GEMM each)",
                 o.unfused_quantize ? "in each linear (--no-fused-quantize)" : "written by the op before each linear",
                 cuda::to_string(cuda::prefill_kernel_on_device(bo.prefill_kernel, c.head_dim,
-                                                               bo.kv_dtype == kv_cache_dtype::fp8_e4m3)));
+                                                               bo.kv_dtype == kv_cache_dtype::fp8_e4m3)),
+                o.swapped_fp8_decode ? "the swapped-operand prototype where it applies (--swapped-fp8-decode)"
+                                     : "split-KV");
     std::printf("shape %s: %d layers, hidden %d, q/kv heads %d/%d, head_dim %d, ffn %d, vocab %d; weights read per "
                 "step %.2f GB (%.2f B params incl. vocabulary projection)\n",
                 o.shape.c_str(), c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.ffn_size,
@@ -679,7 +687,8 @@ int main(int argc, char** argv) {
                         "\"kv_gib\":%.1f,\"steady_s\":%.1f,\"policy\":\"%s\",\"compaction_s\":%.3f,"
                         "\"device_batches\":%lld,\"kv_cache_dtype\":\"%s\",\"overlap_min_batch\":%d,"
                         "\"nano_batch_steps\":%lld,\"decode_steps\":%lld,\"quantization\":\"%s\",\"fused_projections\":%s,\"fused_quantize\":%s,"
-                        "\"steady_mj_per_token\":%.3f,\"steady_watts\":%.1f,\"steady_sm_mhz\":%.0f,\"steady_power_capped\":%.3f}\n",
+                        "\"steady_mj_per_token\":%.3f,\"steady_watts\":%.1f,\"steady_sm_mhz\":%.0f,\"steady_power_capped\":%.3f,"
+                        "\"swapped_fp8_decode\":%s}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
                         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
@@ -691,7 +700,8 @@ int main(int argc, char** argv) {
                         o.overlap_min_batch, static_cast<long long>(r.nano_batch_steps),
                         static_cast<long long>(r.decode_steps), o.quantization.c_str(),
                         o.unfused_projections ? "false" : "true", o.unfused_quantize ? "false" : "true",
-                        r.steady_mj_per_token, r.steady_watts, r.steady_sm_mhz, r.steady_power_capped);
+                        r.steady_mj_per_token, r.steady_watts, r.steady_sm_mhz, r.steady_power_capped,
+                        o.swapped_fp8_decode ? "true" : "false");
           js << buf;
         }
         }

@@ -10,13 +10,14 @@ bool decode_swapped_supported(const decode_params& p) {
   const int bs = p.kv.block_size;
   return p.kv.k_scale != nullptr && p.kv.v_scale != nullptr && p.kv.head_dim == 128 && kvh > 0 && p.num_q_heads > 0 &&
          p.num_q_heads % kvh == 0 && p.num_q_heads / kvh <= 8 && bs >= 2 && (bs & (bs - 1)) == 0 &&
-         !p.out_fp8.wanted() && p.num_seqs >= 0 && p.num_seqs <= 65535 && kvh <= 65535;
+         p.num_seqs >= 0 && p.num_seqs <= 65535 && kvh <= 65535;
 }
 
 void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream) {
   check(decode_swapped_supported(p), "paged_decode_attention_swapped: needs FP8 K/V (k_scale and v_scale), head_dim "
         "128 (got ", p.kv.head_dim, "), at most 8 query heads per KV head (got ", p.num_q_heads, " / ",
-        p.kv.num_kv_heads, "), a power-of-two block size (got ", p.kv.block_size, ") and no out_fp8");
+        p.kv.num_kv_heads, ") and a power-of-two block size (got ", p.kv.block_size, ")");
+  if (p.out_fp8.wanted()) detail::check_fp8_copy("paged_decode_attention_swapped (out_fp8)", p.out_fp8, p.num_seqs);
   if (p.num_seqs == 0) return;
   namespace d = detail;
   constexpr int S = d::kSwappedStages;
@@ -45,6 +46,7 @@ void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream) 
   a.num_splits = 1;
   a.scale_log2 = p.scale * d::kLog2e;
   a.num_seqs = p.num_seqs;
+  a.out_fp8 = p.out_fp8;
   const dim3 grid(1, static_cast<unsigned>(p.kv.num_kv_heads), static_cast<unsigned>(p.num_seqs));
   d::paged_decode_swapped_kernel<S><<<grid, 128, kSmem, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();

@@ -66,6 +66,7 @@ void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, 
     case attention_kernel::tuned_decode:
       check(p.num_tokens == p.num_seqs, "paged_attention: one_token_per_seq, but ", p.num_tokens, " tokens for ",
             p.num_seqs, " sequences");
+      if (p.swapped_fp8_decode) return paged_decode_attention_swapped(as_decode_params(p), stream);
       return paged_decode_attention(as_decode_params(p), ws.plan, ws.data, ws.bytes, stream);
     case attention_kernel::tuned_prefill:
       return paged_prefill_attention(as_prefill_params(p), stream);

@@ -425,6 +425,41 @@ TEST_CASE("fp8 kv engine: random-initialised Qwen3 (tuned kernels, head_dim 128)
   check_sane(z);
 }
 
+// The swapped-operand decode prototype (cuda_backend_options::swapped_fp8_decode) in the engine: the same FP8 cache
+// and math as the split-KV kernel, summed in another order, so teacher-forced logits stay close to its.
+TEST_CASE("fp8 kv engine: swapped_fp8_decode runs the swapped-operand prototype, close to the split-KV kernel") {
+  cuda_backend_options o;
+  o.kv_dtype = kv_cache_dtype::fp8_e4m3;
+  o.cuda_graphs = false;
+  const cuda_backend split(o);
+  o.swapped_fp8_decode = true;
+  const cuda_backend swapped(o);
+  for (const bool compress : {false, true}) {
+    const engine_config cfg = compress ? engine_config{.block_size = 16, .num_blocks = 512, .budget_tokens = 128,
+                                                       .window = 16, .async_compression = false}
+                                       : engine_config{.block_size = 16, .num_blocks = 512};
+    agreement a;
+    for (const auto& prompt : qwen3_prompts()) {
+      const auto ref = compress ? run_greedy<zipage_policy>(split, random_qwen3, prompt, 200, cfg)
+                                : run_greedy<full_kv>(split, random_qwen3, prompt, 200, cfg);
+      const auto free = compress ? run_greedy<zipage_policy>(swapped, random_qwen3, prompt, 200, cfg)
+                                 : run_greedy<full_kv>(swapped, random_qwen3, prompt, 200, cfg);
+      const auto forced = compress ? run_greedy<zipage_policy>(swapped, random_qwen3, prompt, 200, cfg, &ref.tokens)
+                                   : run_greedy<full_kv>(swapped, random_qwen3, prompt, 200, cfg, &ref.tokens);
+      REQUIRE(forced.tokens == ref.tokens);
+      add_request(a, ref, free, forced);
+    }
+    MESSAGE(std::string(compress ? "zipage_policy" : "full_kv"), ": swapped vs split-KV decode, ", a.tokens, " tokens: teacher-forced "
+            "top-1 ", 100.0 * a.forced_top1 / a.tokens, "%, max |logit drift| ", a.max_drift, " (max |logit| ",
+            a.max_logit, "); free-running same position ", 100.0 * a.same_position / a.tokens, "%");
+    CHECK(std::isfinite(a.max_drift));
+    CHECK(a.max_drift < 0.05 * a.max_logit);
+    CHECK(a.forced_top1 * 10 >= a.tokens * 9);
+  }
+  CHECK(swapped.counters().swapped_decodes > 0);
+  CHECK(split.counters().swapped_decodes == 0);
+}
+
 TEST_CASE("fp8 kv engine: decode steps run through CUDA graphs (agreement with eager reported); the memory plan counts the scales") {
   // A graph is made for a padded batch and a bucketed context, so its split-KV plan and GEMM shapes can
   // differ from the eager step's (another summation order): tokens are compared and reported, not asserted.

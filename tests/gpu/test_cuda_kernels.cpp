@@ -214,8 +214,13 @@ std::size_t byte_mismatches(const dbuf<T>& a, const dbuf<T>& b) {
 // The decode kernel's FP8 copy of its output (decode_params::out_fp8, head_dim 128, one split): the output is the
 // same as without it, and the codes and scales are byte for byte what fp8::quantize_activations makes of that
 // output, padding rows zero (the copy's buffers start poisoned). p: a decode of any KV cache (bf16 or FP8).
-void check_decode_fp8_copy(zc::decode_params p, const std::string& name) {
+// swapped: the same of paged_decode_attention_swapped.
+void check_decode_fp8_copy(zc::decode_params p, const std::string& name, bool swapped = false) {
   const zc::decode_plan plan = zc::plan_decode(p, 1);
+  auto run = [&] {
+    if (swapped) zc::paged_decode_attention_swapped(p, nullptr);
+    else zc::paged_decode_attention(p, plan, nullptr, 0, nullptr);
+  };
   const int cols = p.num_q_heads * p.kv.head_dim;
   const int padded = zc::fp8::padded_rows(p.num_seqs);
   const std::size_t out_n = std::size_t(p.num_seqs) * cols;
@@ -226,10 +231,10 @@ void check_decode_fp8_copy(zc::decode_params p, const std::string& name) {
   codes.poison();
   scales.poison();
   p.out = plain.p;
-  zc::paged_decode_attention(p, plan, nullptr, 0, nullptr);
+  run();
   p.out = fused.p;
   p.out_fp8 = {codes.p, scales.p, padded};
-  zc::paged_decode_attention(p, plan, nullptr, 0, nullptr);
+  run();
   zc::fp8::quantize_activations(zipage::cuda_dtype::bf16, fused.p, p.num_seqs, padded, cols, want_codes.p, want_scales.p,
                                 nullptr);
   report_exact(name + " + fp8 copy: output unchanged", byte_mismatches(plain, fused));
@@ -556,6 +561,7 @@ void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, s
     std::snprintf(name, sizeof name, "%s seqs=%d max_len=%d swapped-operand prototype", shape.c_str(), seqs,
                   p.max_kv_len);
     report(name, compare(setup.out.get(), ref), 1e-2);
+    check_decode_fp8_copy(p, shape + " swapped-operand prototype", true);
   }
   if (d == 128) check_decode_fp8_copy(p, shape);
 }

@@ -79,10 +79,11 @@ std::size_t decode_workspace_bytes(const decode_params& p, const decode_plan& pl
 void paged_decode_attention(const decode_params& p, const decode_plan& plan, void* workspace,
                             std::size_t workspace_bytes, cuda_stream stream);
 
-// Prototype, not used by the engine (docs/architecture.md, "Decode attention and the power cap"): the FP8 decode
-// kernel with K and V as the MMAs' A operands, half the MMAs of paged_decode_attention's at groups of up to 8
-// heads. It runs where decode_swapped_supported holds (FP8 K/V, head_dim 128, at most 8 query heads per KV head,
-// no out_fp8); the whole cache of a sequence in one CTA (no split, no workspace). Stream-capturable.
+// Prototype (docs/architecture.md, "Decode attention and the power cap"; the engine runs it only with
+// cuda_backend_options::swapped_fp8_decode): the FP8 decode kernel with K and V as the MMAs' A operands, half the
+// MMAs of paged_decode_attention's at groups of up to 8 heads. It runs where decode_swapped_supported holds (FP8
+// K/V, head_dim 128, at most 8 query heads per KV head, a power-of-two block size); the whole cache of a sequence
+// in one CTA (no split, no workspace); out_fp8 as paged_decode_attention writes it. Stream-capturable.
 [[nodiscard]] bool decode_swapped_supported(const decode_params& p);
 void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream);
 
@@ -143,6 +144,9 @@ struct attention_params {
   // When wanted, out's FP8 copy too (decode_params::out_fp8): only with the tuned decode kernel under a plan where
   // decode_writes_fp8_copy(as_decode_params(p), plan) holds; anything else is an error.
   fp8_copy out_fp8{};
+  // Where select_attention_kernel() picks tuned_decode: run paged_decode_attention_swapped instead (the caller has
+  // checked decode_swapped_supported(as_decode_params(p)); the plan and workspace are then unused).
+  bool swapped_fp8_decode = false;
 };
 
 enum class attention_kernel : std::uint8_t { tuned_decode, tuned_prefill, reference };

@@ -129,6 +129,11 @@ struct cuda_backend_options {
   // on the same input as the one before it (unfused q, k, v) reuses that one's. The same bytes either way; false: for
   // an A/B (zipage-bench --no-fused-quantize).
   bool fuse_fp8_quantize = true;
+  // With an FP8 KV cache: decode steps whose attention cuda::decode_swapped_supported takes (head_dim 128, at most 8
+  // query heads per KV head) run the swapped-operand prototype (paged_decode_attention_swapped: half the MMAs, one
+  // CTA per sequence and KV head) instead of the split-KV kernel. Off by default: a prototype, to be measured
+  // (docs/architecture.md, "Decode attention and the power cap"; zipage-bench --swapped-fp8-decode).
+  bool swapped_fp8_decode = false;
   // The prefill attention kernel (cuda::prefill_kernel; zipage-bench --prefill-kernel). The wgmma ones need bf16 K/V
   // (dtype bf16, kv_dtype auto_), head_dim 128 (checked by allocate_kv) and a device that runs them
   // (cuda::wgmma_prefill_available(), checked by the constructor).
@@ -316,6 +321,7 @@ struct cuda_backend_counters {
   double graph_capture_seconds = 0.0;     // capture + instantiate / update
   std::int64_t fp8_linears = 0;           // linear() calls with an FP8 weight (eager, and graph record passes)
   std::int64_t fp8_inputs_prequantized = 0;  // of which found their input's codes already written (fuse_fp8_quantize)
+  std::int64_t swapped_decodes = 0;       // layers' decode attention run by the swapped prototype (swapped_fp8_decode)
 };
 
 // One op's GPU time (cuda_backend_options::op_timing): `calls` launches of `op` took `ms` in all.

@@ -3,8 +3,9 @@
 // and the power cap"). Today's kernel (decode_kernel.cuh) puts a group's query heads on the 16 rows of m16n8k16;
 // at 32/8 heads 12 of them are padding. Here the rows are tokens (QK) and head-dimension values (PV) and the heads
 // the 8 columns, which halves the MMAs per 16-token step and the registers of Q and of the accumulators. FP8 K/V
-// only, head_dim 128, groups of up to 8 heads, one split, bf16 output. Not launched by the engine: measured first
-// (bench_decode_attention's decode_fp8_swapped cases; test_cuda_kernels checks it against the CPU reference).
+// only, head_dim 128, groups of up to 8 heads, one split, bf16 output and, when wanted, its FP8 copy. The engine runs it
+// only with cuda_backend_options::swapped_fp8_decode (bench_decode_attention's decode_fp8_swapped cases measure it;
+// test_cuda_kernels checks it against the CPU reference).
 #include "zipage/backend/cuda/decode_kernel.cuh"
 
 namespace zipage::cuda::detail {
@@ -192,6 +193,8 @@ __global__ void __launch_bounds__(128, 3) paged_decode_swapped_kernel(const deco
   cp_async_wait<0>();
   __syncthreads();
 
+  if (a.out_fp8.wanted() && seq == a.num_seqs - 1 && kvh == 0)  // the copy's padding rows, by one CTA
+    zero_fp8_copy_padding(a.out_fp8, a.num_seqs, a.num_q_heads * D);
   const float ov = __uint_as_float(static_cast<std::uint32_t>(v_exp) << 23);  // o back to units of 1
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -237,7 +240,10 @@ __global__ void __launch_bounds__(128, 3) paged_decode_swapped_kernel(const deco
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= inv;
     const std::int64_t row = std::int64_t{seq} * a.num_q_heads + qhead0 + h;
-    *reinterpret_cast<uint4*>(a.out + row * D + c * 8) = float_to_bf16x8(acc);
+    const uint4 packed = float_to_bf16x8(acc);
+    *reinterpret_cast<uint4*>(a.out + row * D + c * 8) = packed;
+    // A head's 16 items are 16 consecutive threads, one half-warp (the copy's group scale is a half-warp's amax).
+    if (a.out_fp8.wanted()) store_fp8_copy8(a.out_fp8, seq, a.num_q_heads * D, (qhead0 + h) * D + c * 8, packed);
   }
 }
 
