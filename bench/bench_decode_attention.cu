@@ -207,35 +207,11 @@ template <int ABLATE>
 void launch_fp8_ablation(const zc::decode_params& p, cudaStream_t stream) {
   namespace d = zipage::cuda::detail;
   using cfg = d::decode_config<128, 4, true>;
-  const auto kernel = d::paged_decode_kernel<128, 4, true, ABLATE>;
-  static const bool attribute_set = [&] {
-    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cfg::kSmemBytes));
-    return true;
-  }();
-  (void)attribute_set;
-  const int group = p.num_q_heads / p.kv.num_kv_heads;
-  d::decode_args a{};
-  a.q = static_cast<const d::bf16*>(p.q);
-  a.out = static_cast<d::bf16*>(p.out);
-  a.k8 = static_cast<const std::uint8_t*>(p.kv.k_cache);
-  a.v8 = static_cast<const std::uint8_t*>(p.kv.v_cache);
-  a.k_scale = p.kv.k_scale;
-  a.v_scale = p.kv.v_scale;
-  a.page_indptr = p.kv.page_indptr;
-  a.page_indices = p.kv.page_indices;
-  a.kv_len = p.kv.kv_len;
-  a.num_q_heads = p.num_q_heads;
-  a.num_kv_heads = p.kv.num_kv_heads;
-  a.group = group;
-  a.head_chunks = (group + 15) / 16;
-  a.bs_shift = 0;
-  while ((1 << a.bs_shift) < p.kv.block_size) ++a.bs_shift;
-  a.chunk = (p.max_kv_len + d::kKvTile - 1) / d::kKvTile * d::kKvTile;
-  a.num_splits = 1;
-  a.scale_log2 = p.scale * d::kLog2e;
-  a.num_seqs = p.num_seqs;
+  d::opt_in_smem<d::paged_decode_kernel<128, 4, true, ABLATE>>(cfg::kSmemBytes);
+  const int chunk = std::max(1, (p.max_kv_len + d::kKvTile - 1) / d::kKvTile) * d::kKvTile;  // the whole cache
+  const d::decode_args a = d::make_decode_args(p, 1, chunk);
   const dim3 grid(1, static_cast<unsigned>(p.kv.num_kv_heads * a.head_chunks), static_cast<unsigned>(p.num_seqs));
-  kernel<<<grid, cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
+  d::paged_decode_kernel<128, 4, true, ABLATE><<<grid, cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
   CK(cudaGetLastError());
 }
 

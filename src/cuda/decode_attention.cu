@@ -94,31 +94,7 @@ int round_up(int x, int m) { return (x + m - 1) / m * m; }
 template <int D, int S, bool F8>
 void launch(const decode_params& p, const decode_plan& plan, void* workspace, cuda_stream stream) {
   prepare_kernel<D, S, F8>();
-  const int group = p.num_q_heads / p.kv.num_kv_heads;
-  decode_args a{};
-  a.q = static_cast<const detail::bf16*>(p.q);
-  a.out = static_cast<detail::bf16*>(p.out);
-  a.k = static_cast<const detail::bf16*>(p.kv.k_cache);
-  a.v = static_cast<const detail::bf16*>(p.kv.v_cache);
-  if constexpr (F8) {
-    a.k8 = static_cast<const std::uint8_t*>(p.kv.k_cache);
-    a.v8 = static_cast<const std::uint8_t*>(p.kv.v_cache);
-    a.k_scale = p.kv.k_scale;
-    a.v_scale = p.kv.v_scale;
-  }
-  a.page_indptr = p.kv.page_indptr;
-  a.page_indices = p.kv.page_indices;
-  a.kv_len = p.kv.kv_len;
-  a.num_q_heads = p.num_q_heads;
-  a.num_kv_heads = p.kv.num_kv_heads;
-  a.group = group;
-  a.head_chunks = (group + 15) / 16;
-  a.bs_shift = log2_exact(p.kv.block_size);
-  a.chunk = plan.chunk_tokens;
-  a.num_splits = plan.num_splits;
-  a.scale_log2 = p.scale * detail::kLog2e;
-  a.out_fp8 = p.out_fp8;
-  a.num_seqs = p.num_seqs;
+  decode_args a = detail::make_decode_args(p, plan.num_splits, plan.chunk_tokens);
   if (plan.num_splits > 1) {
     a.ws_o = static_cast<float*>(workspace);
     a.ws_lse = a.ws_o + std::size_t(p.num_seqs) * p.num_q_heads * plan.num_splits * D;

@@ -22,31 +22,8 @@ void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream) 
   namespace d = detail;
   constexpr int S = d::kSwappedStages;
   constexpr int kSmem = 16 * 128 * 2 + S * d::fp8_kv_tile_loader<128, 128>::kStageBytes;
-  static const bool attribute_set = [] {
-    ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(d::paged_decode_swapped_kernel<S>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return true;
-  }();
-  (void)attribute_set;
-  d::decode_args a{};
-  a.q = static_cast<const d::bf16*>(p.q);
-  a.out = static_cast<d::bf16*>(p.out);
-  a.k8 = static_cast<const std::uint8_t*>(p.kv.k_cache);
-  a.v8 = static_cast<const std::uint8_t*>(p.kv.v_cache);
-  a.k_scale = p.kv.k_scale;
-  a.v_scale = p.kv.v_scale;
-  a.page_indptr = p.kv.page_indptr;
-  a.page_indices = p.kv.page_indices;
-  a.kv_len = p.kv.kv_len;
-  a.num_q_heads = p.num_q_heads;
-  a.num_kv_heads = p.kv.num_kv_heads;
-  a.group = p.num_q_heads / p.kv.num_kv_heads;
-  a.head_chunks = 1;
-  while ((1 << a.bs_shift) < p.kv.block_size) ++a.bs_shift;
-  a.num_splits = 1;
-  a.scale_log2 = p.scale * d::kLog2e;
-  a.num_seqs = p.num_seqs;
-  a.out_fp8 = p.out_fp8;
+  d::opt_in_smem<d::paged_decode_swapped_kernel<S>>(kSmem);
+  const d::decode_args a = d::make_decode_args(p, 1, 0);  // head_chunks is unused: grid.y is the KV head
   const dim3 grid(1, static_cast<unsigned>(p.kv.num_kv_heads), static_cast<unsigned>(p.num_seqs));
   d::paged_decode_swapped_kernel<S><<<grid, 128, kSmem, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();

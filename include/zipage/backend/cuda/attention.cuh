@@ -372,6 +372,30 @@ __device__ __forceinline__ std::uint32_t pack_f16(float lo, float hi) {
   return *reinterpret_cast<const std::uint32_t*>(&h);
 }
 
+// The larger magnitude of a word's two bf16 values.
+__device__ __forceinline__ float bf16x2_amax(std::uint32_t x) {
+  return fmaxf(fabsf(__uint_as_float(x << 16)), fabsf(__uint_as_float(x & 0xffff0000u)));
+}
+
+// Q's power of two for the fp16 MMAs (the ranges above), from the largest magnitude of the warp's Q values:
+// f = 2^(fb - 127) with fb = 267 - (amax's exponent field e), so that amax * f lies in [2^13, 2^14). A zero,
+// subnormal or tiny amax gives fb 253 (f = 2^126); inf / NaN give fb 12.
+struct q_fp16_scale {
+  int fb;
+  float f;
+  __device__ __forceinline__ explicit q_fp16_scale(float amax) {
+    fb = min(267 - static_cast<int>(__float_as_uint(amax) >> 23), 253);
+    f = __uint_as_float(static_cast<std::uint32_t>(fb) << 23);
+  }
+  // Two bf16 values (low, high) times f, packed as fp16.
+  __device__ __forceinline__ std::uint32_t pack(std::uint32_t x) const {
+    return pack_f16(__uint_as_float(x << 16) * f, __uint_as_float(x & 0xffff0000u) * f);
+  }
+  __device__ __forceinline__ float inverse() const {  // 1 / f (fb <= 253: normal)
+    return __uint_as_float(static_cast<std::uint32_t>(254 - fb) << 23);
+  }
+};
+
 // fp16 A fragments of Q rows row_base .. row_base + 15 (a swizzled bf16 tile at q_tile, generic pointer to
 // shared memory) in the d order of qk_tile_fp8, times the warp's power of two (above). Returns its inverse.
 template <int D>
@@ -389,23 +413,18 @@ __device__ __forceinline__ float load_q_fragments_fp8(std::uint32_t (&qf)[D / 16
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         w[r][4 * c + i] = xs[i];
-        amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(xs[i] << 16)), fabsf(__uint_as_float(xs[i] & 0xffff0000u))));
+        amax = fmaxf(amax, bf16x2_amax(xs[i]));
       }
     }
-  amax = warp_max(amax);
-  // f = 2^(fb - 127) with fb = 267 - (amax's exponent field e): amax * f in [2^13, 2^14). A zero, subnormal or
-  // tiny amax gives fb 253 (f = 2^126); inf / NaN give fb 12.
-  const int fb = min(267 - static_cast<int>(__float_as_uint(amax) >> 23), 253);
-  const float f = __uint_as_float(static_cast<std::uint32_t>(fb) << 23);
-  auto h2 = [f](std::uint32_t x) { return pack_f16(__uint_as_float(x << 16) * f, __uint_as_float(x & 0xffff0000u) * f); };
+  const q_fp16_scale q(warp_max(amax));
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    qf[kk][0] = h2(w[0][2 * kk]);      // row g,     d = t*D/4 + 4kk + {0, 1}
-    qf[kk][1] = h2(w[1][2 * kk]);      // row g + 8
-    qf[kk][2] = h2(w[0][2 * kk + 1]);  // row g,     d = t*D/4 + 4kk + {2, 3}
-    qf[kk][3] = h2(w[1][2 * kk + 1]);  // row g + 8
+    qf[kk][0] = q.pack(w[0][2 * kk]);      // row g,     d = t*D/4 + 4kk + {0, 1}
+    qf[kk][1] = q.pack(w[1][2 * kk]);      // row g + 8
+    qf[kk][2] = q.pack(w[0][2 * kk + 1]);  // row g,     d = t*D/4 + 4kk + {2, 3}
+    qf[kk][3] = q.pack(w[1][2 * kk + 1]);  // row g + 8
   }
-  return __uint_as_float(static_cast<std::uint32_t>(254 - fb) << 23);  // 1 / f (fb <= 253: normal)
+  return q.inverse();
 }
 
 // s[n] += Q . C^T for the NT n-tiles of 8 tokens at tok_base + 8n of an FP8 K code tile (kc: generic pointer

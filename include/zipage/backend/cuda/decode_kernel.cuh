@@ -2,6 +2,7 @@
 // Paged decode attention kernel (one query token per sequence, split-KV) and its merge pass.
 // The tiles, MMA helpers, online softmax and FP8 K/V path they are built from are in attention.cuh.
 #include "zipage/backend/cuda/attention.cuh"
+#include "zipage/backend/cuda/attention.hpp"  // decode_params
 #include "zipage/backend/cuda/fp8_copy.cuh"
 
 namespace zipage::cuda::detail {
@@ -34,6 +35,63 @@ struct decode_args {
   fp8_copy out_fp8;  // when wanted (head_dim 128, one split): out's FP8 copy too (decode_params::out_fp8)
   int num_seqs;      // rows of out (out_fp8's padding rows follow them)
 };
+
+// A decode's kernel arguments (FP8 codes and scales when the cache has scales) for a plan of `num_splits` splits of
+// `chunk` tokens; the split workspace (ws_o, ws_lse) is the launcher's to set.
+inline decode_args make_decode_args(const decode_params& p, int num_splits, int chunk) {
+  decode_args a{};
+  a.q = static_cast<const bf16*>(p.q);
+  a.out = static_cast<bf16*>(p.out);
+  const bool fp8 = p.kv.k_scale != nullptr;
+  a.k = fp8 ? nullptr : static_cast<const bf16*>(p.kv.k_cache);
+  a.v = fp8 ? nullptr : static_cast<const bf16*>(p.kv.v_cache);
+  a.k8 = fp8 ? static_cast<const std::uint8_t*>(p.kv.k_cache) : nullptr;
+  a.v8 = fp8 ? static_cast<const std::uint8_t*>(p.kv.v_cache) : nullptr;
+  a.k_scale = p.kv.k_scale;
+  a.v_scale = p.kv.v_scale;
+  a.page_indptr = p.kv.page_indptr;
+  a.page_indices = p.kv.page_indices;
+  a.kv_len = p.kv.kv_len;
+  a.num_q_heads = p.num_q_heads;
+  a.num_kv_heads = p.kv.num_kv_heads;
+  a.group = p.num_q_heads / p.kv.num_kv_heads;
+  a.head_chunks = (a.group + 15) / 16;
+  while ((1 << a.bs_shift) < p.kv.block_size) ++a.bs_shift;
+  a.chunk = chunk;
+  a.num_splits = num_splits;
+  a.scale_log2 = p.scale * kLog2e;
+  a.out_fp8 = p.out_fp8;
+  a.num_seqs = p.num_seqs;
+  return a;
+}
+
+// Row r's output columns [8c, 8c + 8) merged from a CTA's kWarps partial softmax states: per warp and row the
+// running max s_m and sum s_l, and the unnormalised output at so + (w * kRows + r) * D. acc gets the normalised
+// values (0 when nothing was attended); returns the max used as the base (0 when none) and, in lt, the sum.
+template <int D, int kWarps, int kRows>
+__device__ __forceinline__ float merge_warp_states(const float (&s_m)[kWarps][kRows], const float (&s_l)[kWarps][kRows],
+                                                   const float* so, int r, int c, float (&acc)[8], float& lt) {
+  float mt = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, s_m[w][r]);
+  const float base = mt == -INFINITY ? 0.0f : mt;
+  lt = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const float wt = fast_exp2(s_m[w][r] - base);
+    lt += s_l[w][r] * wt;
+    const float4 x0 = *reinterpret_cast<const float4*>(so + (w * kRows + r) * D + c * 8);
+    const float4 x1 = *reinterpret_cast<const float4*>(so + (w * kRows + r) * D + c * 8 + 4);
+    acc[0] += wt * x0.x, acc[1] += wt * x0.y, acc[2] += wt * x0.z, acc[3] += wt * x0.w;
+    acc[4] += wt * x1.x, acc[5] += wt * x1.y, acc[6] += wt * x1.z, acc[7] += wt * x1.w;
+  }
+  const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] *= inv;
+  return base;
+}
 
 // Default pipeline depth (64-token K/V tiles in flight per CTA, incl. the one being consumed). FP8 at
 // head_dim 128: registers allow 3 CTAs per multiprocessor (kMinBlocks) and 4 stages of 16.5 KB fit 3 times.
@@ -209,24 +267,8 @@ __global__ void __launch_bounds__(decode_config<D, STAGES, FP8>::kThreads, decod
   const bool direct = seq_splits == 1;
   for (int item = tid; item < rows * (D / 8); item += cfg::kThreads) {
     const int r = item / (D / 8), c = item % (D / 8);
-    float mt = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < cfg::kWarps; ++w) mt = fmaxf(mt, s_m[w][r]);
-    const float base = mt == -INFINITY ? 0.0f : mt;
-    float lt = 0.0f;
-    float acc[8] = {};
-#pragma unroll
-    for (int w = 0; w < cfg::kWarps; ++w) {
-      const float wt = fast_exp2(s_m[w][r] - base);
-      lt += s_l[w][r] * wt;
-      const float4 x0 = *reinterpret_cast<const float4*>(so + (w * 16 + r) * D + c * 8);
-      const float4 x1 = *reinterpret_cast<const float4*>(so + (w * 16 + r) * D + c * 8 + 4);
-      acc[0] += wt * x0.x, acc[1] += wt * x0.y, acc[2] += wt * x0.z, acc[3] += wt * x0.w;
-      acc[4] += wt * x1.x, acc[5] += wt * x1.y, acc[6] += wt * x1.z, acc[7] += wt * x1.w;
-    }
-    const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] *= inv;
+    float acc[8], lt;
+    const float base = merge_warp_states<D>(s_m, s_l, so, r, c, acc, lt);
     const std::int64_t row = std::int64_t{seq} * a.num_q_heads + qhead0 + r;
     if constexpr (FP8) {
       // so holds the PV MMA's column order (pv_tile_fp8): so[.][8j + i] is output column i * D/8 + j, so

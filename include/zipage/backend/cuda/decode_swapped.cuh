@@ -27,19 +27,16 @@ __device__ __forceinline__ float load_qT_fragments_fp8(std::uint32_t (&qb)[8][2]
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       w[4 * c + i] = xs[i];
-      amax = fmaxf(amax, fmaxf(fabsf(__uint_as_float(xs[i] << 16)), fabsf(__uint_as_float(xs[i] & 0xffff0000u))));
+      amax = fmaxf(amax, bf16x2_amax(xs[i]));
     }
   }
-  amax = warp_max(amax);
-  const int fb = min(267 - static_cast<int>(__float_as_uint(amax) >> 23), 253);
-  const float f = __uint_as_float(static_cast<std::uint32_t>(fb) << 23);
-  auto h2 = [f](std::uint32_t x) { return pack_f16(__uint_as_float(x << 16) * f, __uint_as_float(x & 0xffff0000u) * f); };
+  const q_fp16_scale q(warp_max(amax));
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
-    qb[kk][0] = h2(w[2 * kk]);
-    qb[kk][1] = h2(w[2 * kk + 1]);
+    qb[kk][0] = q.pack(w[2 * kk]);
+    qb[kk][1] = q.pack(w[2 * kk + 1]);
   }
-  return __uint_as_float(static_cast<std::uint32_t>(254 - fb) << 23);
+  return q.inverse();
 }
 
 // grid (1, kv_heads, num_seqs); CTA: one (sequence, KV head), its whole cache, up to 8 query heads. Each of the
@@ -221,24 +218,8 @@ __global__ void __launch_bounds__(128, 3) paged_decode_swapped_kernel(const deco
 
   for (int item = tid; item < group * (D / 8); item += kThreads) {
     const int h = item / (D / 8), c = item % (D / 8);
-    float mt = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, s_m[w][h]);
-    const float base = mt == -INFINITY ? 0.0f : mt;
-    float lt = 0.0f;
-    float acc[8] = {};
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float wt = fast_exp2(s_m[w][h] - base);
-      lt += s_l[w][h] * wt;
-      const float4 x0 = *reinterpret_cast<const float4*>(so + (w * 8 + h) * D + c * 8);
-      const float4 x1 = *reinterpret_cast<const float4*>(so + (w * 8 + h) * D + c * 8 + 4);
-      acc[0] += wt * x0.x, acc[1] += wt * x0.y, acc[2] += wt * x0.z, acc[3] += wt * x0.w;
-      acc[4] += wt * x1.x, acc[5] += wt * x1.y, acc[6] += wt * x1.z, acc[7] += wt * x1.w;
-    }
-    const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] *= inv;
+    float acc[8], lt;
+    merge_warp_states<D>(s_m, s_l, so, h, c, acc, lt);
     const std::int64_t row = std::int64_t{seq} * a.num_q_heads + qhead0 + h;
     const uint4 packed = float_to_bf16x8(acc);
     *reinterpret_cast<uint4*>(a.out + row * D + c * 8) = packed;
