@@ -454,6 +454,17 @@ __device__ __forceinline__ void qk_tile_fp8(float (&s)[NT][4], const std::uint32
 // threads hold all of the warp's tokens), which become vs * 2^-(E - 127); v_exp is E (biased, 1..253),
 // updated; returns the factor 2^(E_old - E_new) by which o must be rescaled. A tile whose scales are all
 // zero (or subnormal) keeps E.
+// The exponent step of normalise_v_scales given the bits of the warp's largest V scale: updates v_exp, sets norm
+// (the factor that divides a scale by 2^E) and returns o's rescale factor.
+__device__ __forceinline__ float v_exponent_step(std::uint32_t max_scale_bits, int& v_exp, float& norm) {
+  const int ev = static_cast<int>((max_scale_bits >> 23) & 0xffu);
+  const int e_new = ev == 0 ? v_exp : min(ev, 253);
+  const float rescale = __uint_as_float(static_cast<std::uint32_t>(min(max(127 + v_exp - e_new, 1), 254)) << 23);
+  v_exp = e_new;
+  norm = __uint_as_float(static_cast<std::uint32_t>(254 - e_new) << 23);
+  return rescale;
+}
+
 template <int NT>
 __device__ __forceinline__ float normalise_v_scales(float (&vs)[NT][2], int& v_exp) {
   std::uint32_t mx = 0;
@@ -461,11 +472,8 @@ __device__ __forceinline__ float normalise_v_scales(float (&vs)[NT][2], int& v_e
   for (int n = 0; n < NT; ++n) mx = max(mx, max(__float_as_uint(vs[n][0]), __float_as_uint(vs[n][1])));
   mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  const int ev = static_cast<int>((mx >> 23) & 0xffu);
-  const int e_new = ev == 0 ? v_exp : min(ev, 253);
-  const float rescale = __uint_as_float(static_cast<std::uint32_t>(min(max(127 + v_exp - e_new, 1), 254)) << 23);
-  v_exp = e_new;
-  const float norm = __uint_as_float(static_cast<std::uint32_t>(254 - e_new) << 23);
+  float norm;
+  const float rescale = v_exponent_step(mx, v_exp, norm);
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
     vs[n][0] *= norm;

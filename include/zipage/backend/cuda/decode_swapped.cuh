@@ -133,11 +133,8 @@ __global__ void __launch_bounds__(128, 3) paged_decode_swapped_kernel(const deco
       mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 4));
       mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 8));
       mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 16));
-      const int ev = static_cast<int>((mxv >> 23) & 0xffu);
-      const int e_new = ev == 0 ? v_exp : min(ev, 253);
-      const float rescale = __uint_as_float(static_cast<std::uint32_t>(min(max(127 + v_exp - e_new, 1), 254)) << 23);
-      v_exp = e_new;
-      const float norm = __uint_as_float(static_cast<std::uint32_t>(254 - e_new) << 23);
+      float norm;
+      const float rescale = v_exponent_step(mxv, v_exp, norm);
       vs0 *= norm, vs1 *= norm;
       const float c0 = corr[0] * rescale, c1 = corr[1] * rescale;
 #pragma unroll
