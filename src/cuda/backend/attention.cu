@@ -216,10 +216,10 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
   const cuda::attention_workspace ws = kind == cuda::attention_kernel::tuned_decode
                                            ? decode_workspace(c, st, ap, std::max(nano, 0))
                                            : cuda::attention_workspace{};
-  // The FP8 o projection's input, written by the decode kernel's epilogue instead of a quantisation launch. Not for
-  // a nano-batch: the two nano-batches' outputs would take turns in the one activation workspace.
   ap.swapped_fp8_decode = c.opts.swapped_fp8_decode && kind == cuda::attention_kernel::tuned_decode &&
                           cuda::decode_swapped_supported(cuda::as_decode_params(ap));
+  // The FP8 o projection's input, written by the decode kernel's epilogue instead of a quantisation launch. Not for
+  // a nano-batch: the two nano-batches' outputs would take turns in the one activation workspace.
   if (nano < 0 && kind == cuda::attention_kernel::tuned_decode) {
     const cuda::fp8_copy copy = cuda_detail::fp8_copy_for(c, out, variant, 0, {out.data()});
     // The swapped prototype finishes every output row in one CTA whatever the plan says.
