@@ -93,11 +93,7 @@ std::optional<power_reading> energy_meter::read() const {
   return r;
 }
 
-}  // namespace zipage::cuda
-
 // ---- power_sampler
-
-namespace zipage::cuda {
 
 struct power_sampler::state {
   const energy_meter& meter;
