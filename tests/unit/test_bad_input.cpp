@@ -126,6 +126,7 @@ TEST_CASE("cuda_backend_options: a wrong field is named before the backend touch
   CHECK(contains(error_with([](auto& o) { o.max_graphs = 0; }), "cuda_backend_options::max_graphs"));
   CHECK(contains(error_with([](auto& o) { o.overlap_min_batch = -2; }), "cuda_backend_options::overlap_min_batch"));
   CHECK(contains(error_with([](auto& o) { o.overlap_gemm_sms = -1; }), "cuda_backend_options::overlap_gemm_sms"));
+  CHECK(contains(error_with([](auto& o) { o.swapped_fp8_decode = true; }), "cuda_backend_options::swapped_fp8_decode"));
   CHECK(contains(error_with([](auto& o) { o.prefill_kernel = static_cast<zipage::cuda::prefill_kernel>(9); }),
                  "cuda_backend_options::prefill_kernel"));
   CHECK(contains(error_with([](auto& o) {
@@ -146,6 +147,10 @@ TEST_CASE("cuda_backend_options: a wrong field is named before the backend touch
           o.overlap_min_batch = 256;
           o.overlap_gemm_sms = 88;
           o.prefill_kernel = zipage::cuda::prefill_kernel::mma_sync;
+        }) == "<no error>");
+  CHECK(error_with([](auto& o) {
+          o.kv_dtype = zipage::kv_cache_dtype::fp8_e4m3;
+          o.swapped_fp8_decode = true;
         }) == "<no error>");
   // Whether the device runs wgmma is the constructor's question, not validate()'s.
   CHECK(error_with([](auto& o) { o.prefill_kernel = zipage::cuda::prefill_kernel::wgmma; }) == "<no error>");

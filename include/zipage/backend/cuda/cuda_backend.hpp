@@ -165,6 +165,8 @@ struct cuda_backend_options {
           overlap_min_batch);
     check(overlap_gemm_sms >= 0, "cuda_backend_options::overlap_gemm_sms must be >= 0 (0: every SM), got ",
           overlap_gemm_sms);
+    check(!swapped_fp8_decode || kv_dtype == kv_cache_dtype::fp8_e4m3,
+          "cuda_backend_options::swapped_fp8_decode is a decode kernel for an FP8 KV cache: it needs kv_dtype fp8_e4m3");
     check(cuda::is_prefill_kernel(prefill_kernel),
           "cuda_backend_options::prefill_kernel: not a cuda::prefill_kernel (", static_cast<int>(prefill_kernel), ")");
     check(!wgmma_prefill() || (dtype == cuda_dtype::bf16 && kv_dtype == kv_cache_dtype::auto_),
