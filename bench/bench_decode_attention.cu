@@ -222,7 +222,8 @@ void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void
                    int ablate, cudaStream_t stream) {
   namespace d = zipage::cuda::detail;
   switch (ablate) {
-    case kSwappedPrototype: return zc::paged_decode_attention_swapped(p, stream);
+    case kSwappedPrototype: return zc::paged_decode_attention_swapped(p, stream, 4);
+    case kSwappedPrototype | 3: return zc::paged_decode_attention_swapped(p, stream, 3);
     case d::kAblateNone: return zc::paged_decode_attention(p, plan, ws, ws_bytes, stream);
     case d::kAblateQkMma: return launch_fp8_ablation<d::kAblateQkMma>(p, stream);
     case d::kAblatePvMma: return launch_fp8_ablation<d::kAblatePvMma>(p, stream);
@@ -585,11 +586,13 @@ int main(int argc, char** argv) {
           {d::kAblateConvert, "no_convert"},
           {d::kAblateQkMma | d::kAblatePvMma | d::kAblateConvert, "no_mma_no_convert"},
           {d::kAblateTile, "no_tile_work"}};
-      if (fp8) {  // the swapped-operand prototype at the same shape (docs/architecture.md)
-        std::snprintf(name, sizeof name, "decode_fp8_swapped/batch%d/steady2048-2304", batch);
+      // The swapped-operand prototype at the same shape (docs/architecture.md): 4 stages x 3 CTAs per multiprocessor,
+      // and 3 x 4.
+      for (const int stages : fp8 ? std::vector<int>{4, 3} : std::vector<int>{}) {
+        std::snprintf(name, sizeof name, "decode_fp8_swapped/batch%d/steady2048-2304/stages%d", batch, stages);
         std::snprintf(key, sizeof key, "a%05d", order++);
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, kSwappedPrototype);
+          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, stages == 3 ? kSwappedPrototype | 3 : kSwappedPrototype);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
       for (const auto& [ablate, what] : fp8 ? std::span(ablations) : std::span<const std::pair<int, const char*>>{}) {

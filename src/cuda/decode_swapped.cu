@@ -13,19 +13,23 @@ bool decode_swapped_supported(const decode_params& p) {
          p.num_seqs >= 0 && p.num_seqs <= 65535 && kvh <= 65535;
 }
 
-void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream) {
+void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages) {
   check(decode_swapped_supported(p), "paged_decode_attention_swapped: needs FP8 K/V (k_scale and v_scale), head_dim "
         "128 (got ", p.kv.head_dim, "), at most 8 query heads per KV head (got ", p.num_q_heads, " / ",
         p.kv.num_kv_heads, ") and a power-of-two block size (got ", p.kv.block_size, ")");
+  check(stages == 0 || stages == 3 || stages == 4, "paged_decode_attention_swapped: stages ", stages,
+        " (3, 4, or 0 for the default 4)");
   if (p.out_fp8.wanted()) detail::check_fp8_copy("paged_decode_attention_swapped (out_fp8)", p.out_fp8, p.num_seqs);
   if (p.num_seqs == 0) return;
   namespace d = detail;
-  constexpr int S = d::kSwappedStages;
-  constexpr int kSmem = 16 * 128 * 2 + S * d::fp8_kv_tile_loader<128, 128>::kStageBytes;
-  d::opt_in_smem<d::paged_decode_swapped_kernel<S>>(kSmem);
   const d::decode_args a = d::make_decode_args(p, 1, 0);  // head_chunks is unused: grid.y is the KV head
   const dim3 grid(1, static_cast<unsigned>(p.kv.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  d::paged_decode_swapped_kernel<S><<<grid, 128, kSmem, stream>>>(a);
+  auto run = [&]<int S>() {
+    d::opt_in_smem<d::paged_decode_swapped_kernel<S>>(d::kSwappedSmemBytes<S>);
+    d::paged_decode_swapped_kernel<S><<<grid, 128, d::kSwappedSmemBytes<S>, stream>>>(a);
+  };
+  if (stages == 3) run.template operator()<3>();
+  else run.template operator()<d::kSwappedStages>();
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

@@ -554,13 +554,15 @@ void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, s
                   plan.num_splits, fs ? "" : "[auto]");
     report(name, compare(setup.run(plan), ref), 1e-2);
   }
-  if (zc::decode_swapped_supported(p)) {  // the swapped-operand prototype (not the engine's), same reference
-    setup.out.poison();
-    zc::paged_decode_attention_swapped(p, nullptr);
-    char name[160];
-    std::snprintf(name, sizeof name, "%s seqs=%d max_len=%d swapped-operand prototype", shape.c_str(), seqs,
-                  p.max_kv_len);
-    report(name, compare(setup.out.get(), ref), 1e-2);
+  if (zc::decode_swapped_supported(p)) {  // the swapped-operand prototype (off in the engine), same reference
+    for (const int stages : {4, 3}) {
+      setup.out.poison();
+      zc::paged_decode_attention_swapped(p, nullptr, stages);
+      char name[160];
+      std::snprintf(name, sizeof name, "%s seqs=%d max_len=%d swapped-operand prototype, %d stages", shape.c_str(),
+                    seqs, p.max_kv_len, stages);
+      report(name, compare(setup.out.get(), ref), 1e-2);
+    }
     check_decode_fp8_copy(p, shape + " swapped-operand prototype", true);
   }
   if (d == 128) check_decode_fp8_copy(p, shape);
@@ -1110,6 +1112,12 @@ int main() {
       zc::decode_params p;
       p.kv.head_dim = 128, p.num_q_heads = 32, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
       zc::paged_decode_attention_swapped(p, nullptr);
+    });
+    expect_throw("the swapped-operand decode rejects 2 stages", [] {
+      zc::decode_params p;
+      p.kv.head_dim = 128, p.num_q_heads = 32, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
+      p.kv.k_scale = p.kv.v_scale = reinterpret_cast<float*>(16);
+      zc::paged_decode_attention_swapped(p, nullptr, 2);
     });
     expect_throw("the swapped-operand decode rejects a group of 16 heads", [] {
       zc::decode_params p;

@@ -83,9 +83,10 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
 // cuda_backend_options::swapped_fp8_decode): the FP8 decode kernel with K and V as the MMAs' A operands, half the
 // MMAs of paged_decode_attention's at groups of up to 8 heads. It runs where decode_swapped_supported holds (FP8
 // K/V, head_dim 128, at most 8 query heads per KV head, a power-of-two block size); the whole cache of a sequence
-// in one CTA (no split, no workspace); out_fp8 as paged_decode_attention writes it. Stream-capturable.
+// in one CTA (no split, no workspace); out_fp8 as paged_decode_attention writes it. Stream-capturable. stages: 4
+// (0: the default; 3 CTAs per multiprocessor) or 3 (4 CTAs per multiprocessor).
 [[nodiscard]] bool decode_swapped_supported(const decode_params& p);
-void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream);
+void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages = 0);
 
 // ---------------------------------------------------------------------------------------------------
 // The tuned prefill kernel: causal GQA attention for a batch of sequences whose new tokens lie back to

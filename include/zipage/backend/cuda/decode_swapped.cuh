@@ -10,7 +10,15 @@
 
 namespace zipage::cuda::detail {
 
+// Pipeline depths: 4 stages and 3 CTAs per multiprocessor (the split-KV kernel's), or 3 stages and 4 CTAs (its
+// 128 registers and 3 stages' 52.7 KB of shared memory fit 4 times).
 inline constexpr int kSwappedStages = 4;
+template <int STAGES>
+inline constexpr int kSwappedMinBlocks = STAGES == 3 ? 4 : 3;
+// Q's swizzled bf16 tile: 8 rows (a group of at most 8 heads).
+inline constexpr int kSwappedQBytes = 8 * 128 * 2;
+template <int STAGES>
+inline constexpr int kSwappedSmemBytes = kSwappedQBytes + STAGES * fp8_kv_tile_loader<128, 128>::kStageBytes;
 
 // Q^T's B fragments for the swapped QK MMA, head g (= lane / 4) of the swizzled bf16 Q tile: qb[kk] holds
 // d = 32t + 4kk + {0, 1} and + {2, 3} (t = lane % 4; qk_tile_fp8's reduction order), times the warp's power
@@ -43,10 +51,11 @@ __device__ __forceinline__ float load_qT_fragments_fp8(std::uint32_t (&qb)[8][2]
 // 4 warps takes 16 tokens of every 64-token tile. Thread (g, t): S^T rows (tokens) g and g + 8, columns (heads)
 // 2t and 2t + 1; O^T rows d = 16g + i and 16g + 8 + i of d-tile i, the same two heads.
 template <int STAGES>
-__global__ void __launch_bounds__(128, 3) paged_decode_swapped_kernel(const decode_args a) {
+__global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_swapped_kernel(const decode_args a) {
   constexpr int D = 128, kThreads = 128, kWarps = 4;
   using loader_t = fp8_kv_tile_loader<D, kThreads>;
-  constexpr int kQBytes = 16 * D * 2;  // the swizzled tile of decode_kernel.cuh (rows 8-15 unused)
+  constexpr int kQBytes = kSwappedQBytes;
+  static_assert(kWarps * 8 * D * 4 <= kSwappedSmemBytes<STAGES>, "the epilogue's partial outputs reuse the stages");
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float s_m[kWarps][8];
   __shared__ float s_l[kWarps][8];
