@@ -14,6 +14,8 @@
 #     fp8|bf16, GRID_WEIGHTS fp8|bf16, GRID_BOX s (900). GRID_BOX=0 or GRID_CELLS=none: no grid.
 # SERIAL_TESTS / CONCURRENT_TESTS: the GPU tests to build and run (default: all; e.g. SERIAL_TESTS="" and
 # CONCURRENT_TESTS="test_cuda_wgmma test_cuda_kernels" for a short build when only the kernels changed).
+# With FP8_GEMM_CONFIGS=1, after the tests: bench_fp8_gemm_configs (every cuBLASLt configuration of the block-scaled
+# FP8 GEMM at 512-1,024 rows against the heuristic's) into fp8_gemm_configs.txt.
 # With PREFILL_BENCH=1, after the tests: bench_decode_attention's prefill cases (mma.sync and wgmma kernels
 # against a bf16 GEMM measured in the same run) into prefill_bench.txt, or the cases ATTN_BENCH_FILTER names (e.g.
 # 'prefill|steady': also decode at the compressed engine's steady-state shape, against the copy bandwidth); OP_TIMING_BOX=0 and AB_BOX=0 skip
@@ -63,14 +65,14 @@ case "${1:-}" in
     ALL_CONCURRENT="test_cuda_wgmma test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_nccl_communicator test_tp_nccl_engine"
     SERIAL=${SERIAL_TESTS-$ALL_SERIAL}
     CONC=${CONCURRENT_TESTS-$ALL_CONCURRENT}
-    TARGETS="$SERIAL $CONC zipage-bench bench_decode_attention" \
+    TARGETS="$SERIAL $CONC zipage-bench bench_decode_attention bench_fp8_gemm_configs" \
       JOBS=16 OUT="$D" bench/device_build.sh build > "$D/build_status.txt" 2>&1
     st "build rc=$?"
     # The binaries' links live under /tmp: each `run` call copies the working tree anew, which would remove an
     # untracked folder in it while this driver still runs.
     B=/tmp/dev-bin
     mkdir -p "$B"
-    find /tmp/bd -maxdepth 3 -type f -perm -u+x \( -name 'test_*' -o -name zipage-bench -o -name bench_decode_attention \) -exec ln -sfn {} "$B"/ \;
+    find /tmp/bd -maxdepth 3 -type f -perm -u+x \( -name 'test_*' -o -name zipage-bench -o -name 'bench_*' \) -exec ln -sfn {} "$B"/ \;
     OUT="$D" DEADLINE_S=260 BIN="$B" TESTS="$SERIAL" CONCURRENT="$CONC" bench/run_gpu_tests.sh > /dev/null 2>&1
     cp /tmp/test_cuda_engine.log /tmp/test_cuda_fp8_gemm.log /tmp/test_cuda_kernels.log /tmp/test_cuda_wgmma.log "$D/" 2>/dev/null
     st "tests done: test_cuda_kernels $(tail -1 "$D/test_cuda_kernels.log" 2>/dev/null); $(grep -c '^\[FAIL\]' "$D/test_cuda_kernels.log" 2>/dev/null) [FAIL] lines"
@@ -80,6 +82,10 @@ case "${1:-}" in
       timeout 120 "$B"/bench_decode_attention --benchmark_filter="${ATTN_BENCH_FILTER:-prefill}" > "$D/prefill_bench.txt" 2>&1
       st "prefill bench rc=$?"
       clocks_stop prefill_bench
+    fi
+    if [ "${FP8_GEMM_CONFIGS:-0}" = 1 ]; then
+      timeout 150 "$B"/bench_fp8_gemm_configs > "$D/fp8_gemm_configs.txt" 2>&1
+      st "fp8 gemm configs rc=$?: $(grep -cE '^\| (o|q|gate|down)' "$D/fp8_gemm_configs.txt") rows"
     fi
     if [ "${PREFILL_ENGINE_BOX:-0}" -gt 0 ]; then
       for shape in ${PREFILL_ENGINE_SHAPES:-128:8192}; do

@@ -1,0 +1,241 @@
+// Which cuBLASLt configurations run the engine's block-scaled FP8 GEMM (e4m3 weights with 128x128 block scales,
+// e4m3 activations with per-token 128-group scales, bf16 out; the layout of src/cuda/backend/fp8_linear.cu) at
+// the decode batches the compressed engine runs, and how fast. cuBLASLt's heuristic offers one algorithm for this
+// GEMM, and at 513-1,023 rows it costs what 1,024 rows cost (docs/benchmarks.md, 2026-12-03): a second, mostly
+// idle wave of tiles. Here every algorithm id cuBLASLt lists for the types, with every tile, cluster shape and
+// split-K count cublasLtMatmulAlgoCheck accepts, is timed (CUDA events, median of 15 after 3 warm-ups) against
+// the heuristic's choice, in the same process. Random finite codes and unit scales; nothing is asserted.
+//
+//   bench_fp8_gemm_configs [M ...]      (default: 512 662 704 1024)
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "zipage/backend/cuda/event_timer.cuh"
+#include "zipage/backend/cuda/fp8_gemm.hpp"  // padded_rows, weight_scale_ld
+
+namespace {
+
+#define CK(expr) ZIPAGE_CUDA_CHECK(expr)
+#define LT(expr)                                                                          \
+  do {                                                                                    \
+    const cublasStatus_t st_ = (expr);                                                    \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                   \
+      std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #expr, st_); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+// Finite positive e4m3 codes (bit 3 and the sign cleared: exponent field <= 14, never the NaN code).
+__global__ void fill_codes(std::uint8_t* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    p[i] = static_cast<std::uint8_t>((h >> 8) & 0x77u);
+  }
+}
+__global__ void fill_ones(float* p, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
+    p[i] = 1.0f;
+}
+
+struct config {
+  cublasLtMatmulAlgo_t algo;
+  int id = 0, tile = 0, cluster = 0, splitk = 1;
+  float waves = 0;
+  double us = 0;
+};
+
+// One GEMM shape: out^T [n x mp] = W [k x n]^T * x^T [k x mp], as fp8_plan_for builds it.
+struct gemm_case {
+  cublasLtHandle_t lt;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  std::uint8_t *w = nullptr, *x = nullptr;
+  float *ws_scale = nullptr, *xs_scale = nullptr;
+  void* out = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = std::size_t{32} << 20;
+  int m, n, k;
+
+  gemm_case(cublasLtHandle_t h, int m_, int n_, int k_) : lt(h), m(m_), n(n_), k(k_) {
+    const int mp = zipage::cuda::fp8::padded_rows(m);
+    const std::size_t w_scales = std::size_t((n + 127) / 128) * zipage::cuda::fp8::weight_scale_ld(k);
+    const std::size_t x_scales = std::size_t((k + 127) / 128) * mp;
+    CK(cudaMalloc(&w, std::size_t(n) * k));
+    CK(cudaMalloc(&x, std::size_t(mp) * k));
+    CK(cudaMalloc(&ws_scale, w_scales * 4));
+    CK(cudaMalloc(&xs_scale, x_scales * 4));
+    CK(cudaMalloc(&out, std::size_t(n) * mp * 2));
+    CK(cudaMalloc(&workspace, workspace_bytes));
+    fill_codes<<<1024, 256>>>(w, std::size_t(n) * k, 1);
+    fill_codes<<<1024, 256>>>(x, std::size_t(mp) * k, 2);
+    fill_ones<<<64, 256>>>(ws_scale, w_scales);
+    fill_ones<<<64, 256>>>(xs_scale, x_scales);
+    CK(cudaDeviceSynchronize());
+    LT(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const std::int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode));
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode));
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws_scale, sizeof ws_scale));
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs_scale, sizeof xs_scale));
+    const auto u = [](int v) { return static_cast<std::uint64_t>(v); };
+    LT(cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, u(k), u(n), k));
+    LT(cublasLtMatrixLayoutCreate(&b, CUDA_R_8F_E4M3, u(k), u(mp), k));
+    LT(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, u(n), u(mp), n));
+  }
+  ~gemm_case() {
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatmulDescDestroy(desc);
+    for (void* p : {static_cast<void*>(w), static_cast<void*>(x), static_cast<void*>(ws_scale),
+                    static_cast<void*>(xs_scale), out, workspace})
+      cudaFree(p);
+  }
+
+  bool run(const cublasLtMatmulAlgo_t& algo) const {
+    const float alpha = 1.0f, beta = 0.0f;
+    return cublasLtMatmul(lt, desc, &alpha, w, a, x, b, &beta, out, c, out, c, &algo, workspace, workspace_bytes,
+                          nullptr) == CUBLAS_STATUS_SUCCESS;
+  }
+  // Median µs of 15 timed runs after 3 warm-ups; < 0 when a run fails.
+  double time_us(const cublasLtMatmulAlgo_t& algo) const {
+    zipage::cuda::event_timer timer;
+    for (int i = 0; i < 3; ++i)
+      if (!run(algo)) return -1;
+    if (cudaDeviceSynchronize() != cudaSuccess) return -1;
+    std::vector<double> t;
+    for (int i = 0; i < 15; ++i) t.push_back(timer.time(nullptr, [&] { run(algo); }) * 1e6);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+  // The configuration's waves and required workspace, if cuBLASLt accepts it for this shape.
+  bool check(const cublasLtMatmulAlgo_t& algo, float& waves) const {
+    cublasLtMatmulHeuristicResult_t r{};
+    if (cublasLtMatmulAlgoCheck(lt, desc, a, b, c, c, &algo, &r) != CUBLAS_STATUS_SUCCESS) return false;
+    waves = r.wavesCount;
+    return r.workspaceSize <= workspace_bytes;
+  }
+};
+
+template <class T>
+std::vector<T> cap_list(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attr) {
+  std::size_t bytes = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS || bytes == 0) return {};
+  std::vector<T> v(bytes / sizeof(T));
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, v.data(), bytes, &bytes) != CUBLAS_STATUS_SUCCESS) return {};
+  return v;
+}
+
+int config_attr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  std::uint32_t v = 0;
+  std::size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof v, &written);
+  return static_cast<int>(v);
+}
+
+void survey(cublasLtHandle_t lt, const char* name, int n, int k, int m) {
+  const gemm_case g(lt, m, n, k);
+  const double flop = 2.0 * m * n * static_cast<double>(k);
+  // cuBLASLt's heuristic (what the engine runs).
+  cublasLtMatmulPreference_t pref = nullptr;
+  LT(cublasLtMatmulPreferenceCreate(&pref));
+  LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &g.workspace_bytes,
+                                          sizeof g.workspace_bytes));
+  cublasLtMatmulHeuristicResult_t h[8];
+  int returned = 0;
+  LT(cublasLtMatmulAlgoGetHeuristic(lt, g.desc, g.a, g.b, g.c, g.c, pref, 8, h, &returned));
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (returned == 0) {
+    std::printf("| %s | %d x %d | %d | no heuristic result | | | |\n", name, n, k, m);
+    return;
+  }
+  const double base_us = g.time_us(h[0].algo);
+  // Every listed algorithm x tile x cluster shape x split-K count that cuBLASLt accepts.
+  int ids[128], nids = 0;
+  LT(cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF,
+                              CUDA_R_16BF, 128, ids, &nids));
+  std::vector<config> found;
+  int checked = 0;
+  for (int i = 0; i < nids; ++i) {
+    cublasLtMatmulAlgo_t algo{};
+    if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF,
+                               CUDA_R_16BF, ids[i], &algo) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    std::vector<std::uint32_t> tiles = cap_list<std::uint32_t>(algo, CUBLASLT_ALGO_CAP_TILE_IDS);
+    if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
+    std::int32_t splitk_support = 0;
+    std::size_t written = 0;
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splitk_support, sizeof splitk_support,
+                                      &written);
+    for (const std::uint32_t tile : tiles)
+      for (const std::uint32_t cluster : {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1,
+                                          CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1})
+        for (const std::int32_t splitk : {1, 2, 3, 4}) {
+          if (splitk > 1 && !splitk_support) continue;
+          cublasLtMatmulAlgo_t cfg = algo;
+          cublasLtMatmulAlgoConfigSetAttribute(&cfg, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile);
+          cublasLtMatmulAlgoConfigSetAttribute(&cfg, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster);
+          cublasLtMatmulAlgoConfigSetAttribute(&cfg, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk);
+          float waves = 0;
+          ++checked;
+          if (!g.check(cfg, waves)) continue;
+          config c{cfg, ids[i], static_cast<int>(tile), static_cast<int>(cluster), splitk, waves, 0};
+          c.us = g.time_us(cfg);
+          if (c.us > 0) found.push_back(c);
+        }
+  }
+  std::sort(found.begin(), found.end(), [](const config& a, const config& b) { return a.us < b.us; });
+  const int hid = config_attr(h[0].algo, CUBLASLT_ALGO_CONFIG_ID), htile = config_attr(h[0].algo, CUBLASLT_ALGO_CONFIG_TILE_ID);
+  if (found.empty()) {
+    std::printf("| %s | %d x %d | %d | %.1f (algo %d, tile %d, %.2f waves, %d heuristic results) | none of %d accepted | | |\n",
+                name, n, k, m, base_us, hid, htile, h[0].wavesCount, returned, checked);
+    return;
+  }
+  const config& best = found.front();
+  std::printf("| %s | %d x %d | %d | %.1f (algo %d, tile %d, %.2f waves; %d heuristic results) | %.1f (algo %d, tile %d, "
+              "cluster %d, split-K %d, %.2f waves; %zu of %d configurations ran) | %.0f | %.2fx |\n",
+              name, n, k, m, base_us, hid, htile, h[0].wavesCount, returned, best.us, best.id, best.tile, best.cluster,
+              best.splitk, best.waves, found.size(), checked, flop / best.us / 1e6, base_us / best.us);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> ms;
+  for (int i = 1; i < argc; ++i) ms.push_back(std::atoi(argv[i]));
+  if (ms.empty()) ms = {512, 662, 704, 1024};
+  for (const int m : ms)
+    if (m <= 0) {
+      std::fprintf(stderr, "bench_fp8_gemm_configs: rows must be positive, got %d\n", m);
+      return 2;
+    }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIPPED: no CUDA device\n");
+    return 0;
+  }
+  cublasLtHandle_t lt;
+  LT(cublasLtCreate(&lt));
+  std::printf("| GEMM | N x K | M | cuBLASLt heuristic, us | fastest configuration, us | its TFLOP/s | speed-up |\n"
+              "|---|---|---:|---|---|---:|---:|\n");
+  const struct {
+    const char* name;
+    int n, k;
+  } shapes[] = {{"o", 4096, 4096}, {"q|k|v", 6144, 4096}, {"gate|up", 24576, 4096}, {"down", 4096, 12288}};
+  for (const auto& s : shapes)
+    for (const int m : ms) survey(lt, s.name, s.n, s.k, m);
+  cublasLtDestroy(lt);
+  return 0;
+}
