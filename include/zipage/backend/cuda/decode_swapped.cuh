@@ -10,8 +10,8 @@
 
 namespace zipage::cuda::detail {
 
-// Pipeline depths: 4 stages and 3 CTAs per multiprocessor (the split-KV kernel's), or 3 stages and 4 CTAs (its
-// 128 registers and 3 stages' 52.7 KB of shared memory fit 4 times).
+// Pipeline depths: 4 stages and 3 CTAs per multiprocessor (as the split-KV kernel), or 3 stages and 4 CTAs (at most
+// 128 registers, and 3 stages of shared memory, 52.7 KB, fit 4 times).
 inline constexpr int kSwappedStages = 4;
 template <int STAGES>
 inline constexpr int kSwappedMinBlocks = STAGES == 3 ? 4 : 3;
