@@ -134,21 +134,18 @@ void print_read_stream_energy(const void* src, std::size_t bytes) {
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int launches = static_cast<int>(std::ceil(2.0 * g_read_bytes_per_s / static_cast<double>(bytes)));
   dbuf<unsigned> sink(1);
-  zc::power_sampler sampler(meter, 20);
   CK(cudaDeviceSynchronize());
-  const double t0 = sampler.now();
-  for (int i = 0; i < launches; ++i)
-    read_stream_kernel<<<sms * 8, 256>>>(static_cast<const uint4*>(src), bytes / 16, sink.p);
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-  const double t1 = sampler.now();
-  sampler.stop();
-  const auto e = sampler.summary(t0, t1);
-  if (e.samples < 10) return;
-  const double bytes_in_span = static_cast<double>(launches) * static_cast<double>(bytes) * e.seconds / (t1 - t0);
+  const auto e = zc::measure_work_energy(meter, 20, [&] {
+    for (int i = 0; i < launches; ++i)
+      read_stream_kernel<<<sms * 8, 256>>>(static_cast<const uint4*>(src), bytes / 16, sink.p);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+  });
+  if (e.samples == 0) return;
+  const double total = static_cast<double>(launches) * static_cast<double>(bytes);
   std::printf("read-only stream energy: %.1f pJ per byte (%.0f W, %.0f GB/s, SM %.0f MHz, %.0f%% of samples "
-              "power-capped)\n", e.joules / bytes_in_span * 1e12, e.watts(), bytes_in_span / e.seconds / 1e9,
-              e.sm_mhz, 100 * e.power_capped);
+              "power-capped)\n", e.joules / total * 1e12, e.watts(), total / e.seconds / 1e9, e.sm_mhz,
+              100 * e.power_capped);
 }
 
 // The energy of one pass: `graph` (of `passes` passes, `seconds_per_pass` each) replayed back to back for ~2 s
@@ -160,22 +157,18 @@ double measure_energy(benchmark::State& state, cudaGraphExec_t graph, cudaStream
   static const zc::energy_meter meter;
   if (!meter.available()) return 0;
   const int launches = static_cast<int>(std::clamp(std::ceil(2.0 / (seconds_per_pass * passes)), 1.0, 20000.0));
-  zc::power_sampler sampler(meter, 20);
   CK(cudaStreamSynchronize(stream));
-  const double t0 = sampler.now();
-  for (int i = 0; i < launches; ++i) CK(cudaGraphLaunch(graph, stream));
-  CK(cudaStreamSynchronize(stream));
-  const double t1 = sampler.now();
-  sampler.stop();
-  const zc::power_sampler::span e = sampler.summary(t0, t1);
-  if (e.samples < 10) return 0;  // too short a span to read the counter against
-  // The counter's span is the samples', slightly shorter than the launches': scale to the passes run in it.
-  const double passes_in_span = static_cast<double>(launches) * passes * e.seconds / (t1 - t0);
-  state.counters["mJ_pass"] = 1e3 * e.joules / passes_in_span;
+  const zc::power_sampler::span e = zc::measure_work_energy(meter, 20, [&] {
+    for (int i = 0; i < launches; ++i) CK(cudaGraphLaunch(graph, stream));
+    CK(cudaStreamSynchronize(stream));
+  });
+  if (e.samples == 0) return 0;  // too short a span to read the counter against
+  const double joules_per_pass = e.joules / (static_cast<double>(launches) * passes);
+  state.counters["mJ_pass"] = 1e3 * joules_per_pass;
   state.counters["W"] = e.watts();
   state.counters["SM_MHz"] = e.sm_mhz;
   state.counters["capped"] = e.power_capped;
-  return e.joules / passes_in_span;
+  return joules_per_pass;
 }
 
 // Times `graph` (R passes) `state.iterations()` times; returns the median seconds of one pass.

@@ -222,19 +222,15 @@ void linear_bench(const cuda_backend& b, const model_config& c) {
     std::sort(runs.begin(), runs.end());
     return runs[runs.size() / 2];
   };
-  // Joules per call over ~1 s of calls (`us`: one call's time; 0 when NVML is not there) and the sampler's span.
+  // Joules per call over ~1 s of calls (`us`: one call's time; 0 when NVML is not there) and the span measured.
   auto energy = [&](const cuda_tensor& x, const cuda_tensor& w, cuda_tensor& out, double us) {
     const int calls = static_cast<int>(std::ceil(1e6 / us));
-    zipage::cuda::power_sampler sampler(meter, 20);
     b.synchronize();
-    const double t0 = sampler.now();
-    for (int i = 0; i < calls; ++i) b.linear(x, w, out);
-    b.synchronize();
-    const double t1 = sampler.now();
-    sampler.stop();
-    const auto e = sampler.summary(t0, t1);
-    // Per call: the samples span a little less than the calls.
-    return std::pair{e.samples >= 10 ? e.joules / (calls * e.seconds / (t1 - t0)) : 0.0, e};
+    const auto e = zipage::cuda::measure_work_energy(meter, 20, [&] {
+      for (int i = 0; i < calls; ++i) b.linear(x, w, out);
+      b.synchronize();
+    });
+    return std::pair{e.samples > 0 ? e.joules / calls : 0.0, e};
   };
   for (const layer& l : layers) {
     const cuda_tensor w16 = b.random_tensor(l.n, l.k, 1.0f / std::sqrt(static_cast<float>(l.k)), 77);

@@ -440,12 +440,13 @@ TEST_CASE("fp8 kv engine: swapped_fp8_decode runs the swapped-operand prototype,
                                        : engine_config{.block_size = 16, .num_blocks = 512};
     agreement a;
     for (const auto& prompt : qwen3_prompts()) {
-      const auto ref = compress ? run_greedy<zipage_policy>(split, random_qwen3, prompt, 200, cfg)
-                                : run_greedy<full_kv>(split, random_qwen3, prompt, 200, cfg);
-      const auto free = compress ? run_greedy<zipage_policy>(swapped, random_qwen3, prompt, 200, cfg)
-                                 : run_greedy<full_kv>(swapped, random_qwen3, prompt, 200, cfg);
-      const auto forced = compress ? run_greedy<zipage_policy>(swapped, random_qwen3, prompt, 200, cfg, &ref.tokens)
-                                   : run_greedy<full_kv>(swapped, random_qwen3, prompt, 200, cfg, &ref.tokens);
+      auto run = [&](const cuda_backend& b, const std::vector<token_id>* force) {
+        return compress ? run_greedy<zipage_policy>(b, random_qwen3, prompt, 200, cfg, force)
+                        : run_greedy<full_kv>(b, random_qwen3, prompt, 200, cfg, force);
+      };
+      const auto ref = run(split, nullptr);
+      const auto free = run(swapped, nullptr);
+      const auto forced = run(swapped, &ref.tokens);
       REQUIRE(forced.tokens == ref.tokens);
       add_request(a, ref, free, forced);
     }

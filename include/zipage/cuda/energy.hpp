@@ -71,4 +71,23 @@ class power_sampler {
   std::unique_ptr<state> s_;
 };
 
+// The energy of `work`, a callable that returns once the GPU has finished what it queued (the caller synchronises
+// before, so that earlier work is not counted): a sampler reads the meter every period_ms while it runs, and the
+// samples' joules are scaled from their span to work's whole wall time (seconds). samples == 0 (nothing measured)
+// when the meter is unavailable or fewer than 10 samples fell inside.
+template <class F>
+power_sampler::span measure_work_energy(const energy_meter& meter, int period_ms, F&& work) {
+  if (!meter.available()) return {};
+  power_sampler sampler(meter, period_ms);
+  const double t0 = sampler.now();
+  work();
+  const double t1 = sampler.now();
+  sampler.stop();
+  power_sampler::span e = sampler.summary(t0, t1);
+  if (e.samples < 10 || e.seconds <= 0) return {};
+  e.joules *= (t1 - t0) / e.seconds;
+  e.seconds = t1 - t0;
+  return e;
+}
+
 }  // namespace zipage::cuda

@@ -213,18 +213,17 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
   ap.prefill = c.opts.prefill_kernel;
   // The kernel paged_attention() will run; the decode kernel needs its split plan and workspace first.
   const cuda::attention_kernel kind = cuda::select_attention_kernel(kv.dtype, ap, variant);
-  const cuda::attention_workspace ws = kind == cuda::attention_kernel::tuned_decode
-                                           ? decode_workspace(c, st, ap, std::max(nano, 0))
-                                           : cuda::attention_workspace{};
-  ap.swapped_fp8_decode = c.opts.swapped_fp8_decode && kind == cuda::attention_kernel::tuned_decode &&
-                          cuda::decode_swapped_supported(cuda::as_decode_params(ap));
+  const bool tuned_decode = kind == cuda::attention_kernel::tuned_decode;
+  const cuda::attention_workspace ws =
+      tuned_decode ? decode_workspace(c, st, ap, std::max(nano, 0)) : cuda::attention_workspace{};
+  const cuda::decode_params dp = tuned_decode ? cuda::as_decode_params(ap) : cuda::decode_params{};
+  ap.swapped_fp8_decode = c.opts.swapped_fp8_decode && tuned_decode && cuda::decode_swapped_supported(dp);
   // The FP8 o projection's input, written by the decode kernel's epilogue instead of a quantisation launch. Not for
   // a nano-batch: the two nano-batches' outputs would take turns in the one activation workspace.
-  if (nano < 0 && kind == cuda::attention_kernel::tuned_decode) {
+  if (nano < 0 && tuned_decode) {
     const cuda::fp8_copy copy = cuda_detail::fp8_copy_for(c, out, variant, 0, {out.data()});
     // The swapped prototype finishes every output row in one CTA whatever the plan says.
-    if (copy.wanted() && (ap.swapped_fp8_decode || cuda::decode_writes_fp8_copy(cuda::as_decode_params(ap), ws.plan)))
-      ap.out_fp8 = copy;
+    if (copy.wanted() && (ap.swapped_fp8_decode || cuda::decode_writes_fp8_copy(dp, ws.plan))) ap.out_fp8 = copy;
   }
   const bool skip = c.skip_launch(10, layer, kc, vc, q.data(), k.data(), v.data(), out.data(), tokens, st.num_seqs, st.max_kv_len,
                     st.slots, st.token_seq, st.token_kv_len, st.page_indptr, st.page_indices, st.q_indptr,
