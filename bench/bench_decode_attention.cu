@@ -14,7 +14,7 @@
 // compressed steady-state cases (steady2048) add mJ_pass, pJ_B, W, SM_MHz and capped over ~2 s of back-to-back
 // passes, and decode_fp8_ablation/... runs the FP8 kernel with parts of its tile work skipped (attention.cuh's
 // kAblate*: no QK or PV MMAs, no E4M3 conversions, no tile work at all) to attribute its energy;
-// decode_fp8_swapped/... the swapped-operand prototype (paged_decode_attention_swapped) at the same shape.
+// decode_fp8_swapped/... the swapped-operand kernel (paged_decode_attention_swapped) at the same shape.
 //
 //   bench_decode_attention [--benchmark_filter=...] [--benchmark_out=file.json --benchmark_out_format=json]
 // prints a Markdown summary table at the end.
@@ -208,15 +208,15 @@ void launch_fp8_ablation(const zc::decode_params& p, cudaStream_t stream) {
   CK(cudaGetLastError());
 }
 
-// bm_decode's `ablate` value for the swapped-operand prototype (paged_decode_attention_swapped) instead.
-constexpr int kSwappedPrototype = 1 << 8;
+// bm_decode's `ablate` value for the swapped-operand kernel (paged_decode_attention_swapped) instead.
+constexpr int kSwappedKernel = 1 << 8;
 
 void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void* ws, std::size_t ws_bytes,
                    int ablate, cudaStream_t stream) {
   namespace d = zipage::cuda::detail;
   switch (ablate) {
-    case kSwappedPrototype: return zc::paged_decode_attention_swapped(p, stream, 4);
-    case kSwappedPrototype | 3: return zc::paged_decode_attention_swapped(p, stream, 3);
+    case kSwappedKernel: return zc::paged_decode_attention_swapped(p, stream, 4);
+    case kSwappedKernel | 3: return zc::paged_decode_attention_swapped(p, stream, 3);
     case d::kAblateNone: return zc::paged_decode_attention(p, plan, ws, ws_bytes, stream);
     case d::kAblateQkMma: return launch_fp8_ablation<d::kAblateQkMma>(p, stream);
     case d::kAblatePvMma: return launch_fp8_ablation<d::kAblatePvMma>(p, stream);
@@ -230,7 +230,7 @@ void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void
 }
 
 // lens: the KV length of each sequence (ragged allowed). ablate > 0: an FP8 energy ablation (launch_fp8_ablation) or
-// kSwappedPrototype instead of the library's kernel, timed and metered the same way.
+// kSwappedKernel instead of the library's kernel, timed and metered the same way.
 void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, int bs, std::string key, int ctx_label,
                int stages = 0, int force_splits = 0, bool fp8 = false, int ablate = 0) {
   const int batch = static_cast<int>(lens.size());
@@ -532,6 +532,19 @@ int main(int argc, char** argv) {
               bm_decode(st, std::vector<int>(std::size_t(batch), ctx), qh, kvh, bs, key, ctx, 0, 0, true);
             })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
           }
+    // The swapped-operand kernel at the FP8 shapes above with 32/8 heads and 256-token blocks, against the split-KV
+    // kernel under its automatic plan (decode_fp8/..., whose splits counter says whether fp8_decode_kernel::automatic
+    // would take the swapped kernel there: only at one split).
+    for (int batch : {16, 64, 256, 512})
+      for (int ctx : {2048, 8192, 16384}) {
+        if (2.0 * batch * double(ctx) * 8 * kHeadDim * 2 > kMaxCaseBytes) continue;
+        char name[128], key[32];
+        std::snprintf(name, sizeof name, "decode_fp8_swapped/bs256/q32_kv8/batch%d/ctx%d", batch, ctx);
+        std::snprintf(key, sizeof key, "w%05d", order++);
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+          bm_decode(st, std::vector<int>(std::size_t(batch), ctx), 32, 8, 256, key, ctx, 4, 1, true, kSwappedKernel);
+        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+      }
     // Ragged batches: lengths uniform in [1, 2 * mean].
     for (int bs : {256, 16})
       for (int batch : {64, 256}) {
@@ -579,13 +592,13 @@ int main(int argc, char** argv) {
           {d::kAblateConvert, "no_convert"},
           {d::kAblateQkMma | d::kAblatePvMma | d::kAblateConvert, "no_mma_no_convert"},
           {d::kAblateTile, "no_tile_work"}};
-      // The swapped-operand prototype at the same shape (docs/architecture.md): 4 stages x 3 CTAs per multiprocessor,
+      // The swapped-operand kernel at the same shape (docs/architecture.md): 4 stages x 3 CTAs per multiprocessor,
       // and 3 x 4.
       for (const int stages : fp8 ? std::vector<int>{4, 3} : std::vector<int>{}) {
         std::snprintf(name, sizeof name, "decode_fp8_swapped/batch%d/steady2048-2304/stages%d", batch, stages);
         std::snprintf(key, sizeof key, "a%05d", order++);
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, stages == 3 ? kSwappedPrototype | 3 : kSwappedPrototype);
+          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, stages == 3 ? kSwappedKernel | 3 : kSwappedKernel);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
       for (const auto& [ablate, what] : fp8 ? std::span(ablations) : std::span<const std::pair<int, const char*>>{}) {

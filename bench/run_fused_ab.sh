@@ -6,7 +6,7 @@
 #     time op by op (OP_TIMING_FLAGS: more zipage-bench flags, e.g. "--prompt-len 2048");
 #     (with OP_TIMING_AB=1 a second time with AB_FLAG);
 #  4. the Qwen3-8B long workload, compressed, without and with AB_FLAG (default --unfused-projections; e.g.
-#     --no-fused-quantize or --swapped-fp8-decode), in boxes of AB_BOX s (0: skip): FP8 KV + FP8 weights, then bf16 + bf16 when AB_BF16=1;
+#     --no-fused-quantize or --fp8-decode-kernel=split_kv: one word), in boxes of AB_BOX s (0: skip): FP8 KV + FP8 weights, then bf16 + bf16 when AB_BF16=1;
 #     AB_FLAGS: more zipage-bench flags for both (e.g. "--prompt-len 2048": the compressed steady state at once);
 #  5. cells of the 16k steady-state grid through bench/run_grid_cell.sh, one after another while BUDGET_S leaves
 #     room: GRID_CELLS="MODE:KV:WEIGHTS:BOX ..." (e.g. "full:fp8:fp8:900 compressed:fp8:fp8:300": the ratio

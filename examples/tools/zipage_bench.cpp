@@ -177,7 +177,7 @@ struct options {
   bool unfused_projections = false;  // q/k/v and gate/up as separate GEMMs (the loaders fuse them)
   bool op_timing = false;            // per-op GPU time of the decode steps (implies --no-graphs)
   bool unfused_quantize = false;     // FP8 weights: every linear quantises its own input (A/B of fuse_fp8_quantize)
-  bool swapped_fp8_decode = false;   // FP8 KV: the swapped-operand decode prototype (cuda_backend_options)
+  std::string fp8_decode_kernel = "automatic";  // cuda::fp8_decode_kernel by name
   std::string prefill_kernel = "automatic";  // cuda::prefill_kernel by name
   float temperature = 0.0f;
   std::string json;
@@ -275,6 +275,7 @@ struct run_result {
   int peak_running = 0, finished = 0, requests = 0;
   std::int64_t preemptions = 0, swaps = 0, compressions = 0, evicted = 0;
   std::int64_t graph_replays = 0, graph_captures = 0, nano_batch_steps = 0;
+  std::int64_t swapped_decodes = 0;  // layers' decode attention launches by the swapped kernel (FP8 KV)
   double graph_capture_s = 0;
   int max_concurrency = 0;
   double host_ms_per_step = 0, forward_ms_per_step = 0, launch_ms_per_step = 0, to_host_ms_per_step = 0;
@@ -408,6 +409,7 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   const auto k = b.counters();
   r.output_tokens = static_cast<double>(generated);
   r.nano_batch_steps = st.nano_batch_steps;
+  r.swapped_decodes = k.swapped_decodes;
   r.prompt_tokens = prompt_tokens;
   r.tok_s = r.output_tokens / r.seconds;
   // Steady state: the second half of the run (time), generated tokens over time.
@@ -525,9 +527,12 @@ int main(int argc, char** argv) {
                "every step, so its throughput is not comparable)");
   app.add_flag("--unfused-projections", o.unfused_projections,
                "q/k/v and gate/up as separate GEMMs, as before fuse_projections (for A/B runs)");
-  app.add_flag("--swapped-fp8-decode", o.swapped_fp8_decode,
-               "FP8 KV: decode attention by the swapped-operand prototype where it applies "
-               "(cuda_backend_options::swapped_fp8_decode, for A/B runs)");
+  std::vector<std::string> fp8_decode_kernel_names;
+  for (const auto k : cuda::all_fp8_decode_kernels) fp8_decode_kernel_names.emplace_back(cuda::to_string(k));
+  app.add_option("--fp8-decode-kernel", o.fp8_decode_kernel,
+                 "FP8 KV: decode attention kernel: automatic (swapped where it fits and the split-KV kernel would not "
+                 "split), split_kv or swapped (cuda_backend_options::fp8_decode_kernel, for A/B runs)")
+      ->check(CLI::IsMember(fp8_decode_kernel_names));
   app.add_flag("--no-fused-quantize", o.unfused_quantize,
                "FP8 weights: each linear quantises its input itself, instead of the norm or SwiGLU before it writing the "
                "FP8 copy (cuda_backend_options::fuse_fp8_quantize = false, for A/B runs)");
@@ -588,7 +593,8 @@ int main(int argc, char** argv) {
     bo.cuda_graphs = !o.no_graphs;
     bo.op_timing = o.op_timing;
     bo.fuse_fp8_quantize = !o.unfused_quantize;
-    bo.swapped_fp8_decode = o.swapped_fp8_decode;
+    for (const auto k : cuda::all_fp8_decode_kernels)
+      if (o.fp8_decode_kernel == cuda::to_string(k)) bo.fp8_decode_kernel = k;
     for (const auto k : cuda::all_prefill_kernels)
       if (o.prefill_kernel == cuda::to_string(k)) bo.prefill_kernel = k;
     bo.kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
@@ -619,8 +625,7 @@ int main(int argc, char** argv) {
                 o.unfused_quantize ? "in each linear (--no-fused-quantize)" : "written by the op before each linear",
                 cuda::to_string(cuda::prefill_kernel_on_device(bo.prefill_kernel, c.head_dim,
                                                                bo.kv_dtype == kv_cache_dtype::fp8_e4m3)),
-                o.swapped_fp8_decode ? "the swapped-operand prototype where it applies (--swapped-fp8-decode)"
-                                     : "split-KV");
+                bo.kv_dtype == kv_cache_dtype::fp8_e4m3 ? o.fp8_decode_kernel.c_str() : "split_kv");
     std::printf("shape %s: %d layers, hidden %d, q/kv heads %d/%d, head_dim %d, ffn %d, vocab %d; weights read per "
                 "step %.2f GB (%.2f B params incl. vocabulary projection)\n",
                 o.shape.c_str(), c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.ffn_size,
@@ -661,9 +666,11 @@ int main(int argc, char** argv) {
                       1e3 * r.device_compress_s / static_cast<double>(std::max<std::int64_t>(1, r.device_compressions)),
                       static_cast<double>(r.device_compressions) / static_cast<double>(std::max<std::int64_t>(1, r.device_batches)),
                       1e3 * r.gather_s / static_cast<double>(r.compressions), 100.0 * r.compaction_s / r.seconds);
-        std::printf("; nano-batch overlap: %lld of %lld decode steps (from batch %d, GEMM SMs %d)\n",
+        std::printf("; nano-batch overlap: %lld of %lld decode steps (from batch %d, GEMM SMs %d); swapped FP8 decode "
+                    "kernel in %lld layer launches (%lld decode steps x %d layers)\n",
                     static_cast<long long>(r.nano_batch_steps), static_cast<long long>(r.decode_steps), o.overlap_min_batch,
-                    o.overlap_gemm_sms);
+                    o.overlap_gemm_sms, static_cast<long long>(r.swapped_decodes),
+                    static_cast<long long>(r.decode_steps), c.num_layers);
         if (r.steady_watts > 0)
           std::printf("    energy, steady half: %.2f mJ per output token, %.0f W mean, SM clock %.0f MHz mean, %.0f%% of "
                       "samples under the software power cap\n",
@@ -684,7 +691,7 @@ int main(int argc, char** argv) {
                         "\"device_batches\":%lld,\"kv_cache_dtype\":\"%s\",\"overlap_min_batch\":%d,"
                         "\"nano_batch_steps\":%lld,\"decode_steps\":%lld,\"quantization\":\"%s\",\"fused_projections\":%s,\"fused_quantize\":%s,"
                         "\"steady_mj_per_token\":%.3f,\"steady_watts\":%.1f,\"steady_sm_mhz\":%.0f,\"steady_power_capped\":%.3f,"
-                        "\"swapped_fp8_decode\":%s}\n",
+                        "\"fp8_decode_kernel\":\"%s\",\"swapped_decodes\":%lld}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
                         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
@@ -697,7 +704,7 @@ int main(int argc, char** argv) {
                         static_cast<long long>(r.decode_steps), o.quantization.c_str(),
                         o.unfused_projections ? "false" : "true", o.unfused_quantize ? "false" : "true",
                         r.steady_mj_per_token, r.steady_watts, r.steady_sm_mhz, r.steady_power_capped,
-                        o.swapped_fp8_decode ? "true" : "false");
+                        o.fp8_decode_kernel.c_str(), static_cast<long long>(r.swapped_decodes));
           js << buf;
         }
         }

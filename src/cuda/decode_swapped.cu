@@ -1,4 +1,4 @@
-// The swapped-operand FP8 decode prototype's launcher (decode_swapped.cuh; attention.hpp says what it takes).
+// The swapped-operand FP8 decode kernel's launcher (decode_swapped.cuh; attention.hpp says what it takes).
 #include "launch_checks.hpp"
 #include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/decode_swapped.cuh"

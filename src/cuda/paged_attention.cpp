@@ -56,6 +56,12 @@ decode_params as_decode_params(const attention_params& p) {
   return d;
 }
 
+bool decode_runs_swapped(const decode_params& p, fp8_decode_kernel requested, const decode_plan& plan) {
+  if (p.kv.k_scale == nullptr) return false;  // bf16 K/V: the split-KV kernel is the only one
+  return resolve_fp8_decode_kernel(requested, decode_swapped_supported(p), plan.num_splits) ==
+         fp8_decode_kernel::swapped;
+}
+
 void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, const attention_workspace& ws,
                      cuda_stream stream) {
   const attention_kernel kernel = select_attention_kernel(t, p, v);
@@ -63,11 +69,13 @@ void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, 
         "paged_attention: out_fp8 is written by the tuned decode kernel only (bf16, head_dim 128, one query token per "
         "sequence)");
   switch (kernel) {
-    case attention_kernel::tuned_decode:
+    case attention_kernel::tuned_decode: {
       check(p.num_tokens == p.num_seqs, "paged_attention: one_token_per_seq, but ", p.num_tokens, " tokens for ",
             p.num_seqs, " sequences");
-      if (p.swapped_fp8_decode) return paged_decode_attention_swapped(as_decode_params(p), stream);
-      return paged_decode_attention(as_decode_params(p), ws.plan, ws.data, ws.bytes, stream);
+      const decode_params d = as_decode_params(p);
+      if (decode_runs_swapped(d, p.fp8_decode, ws.plan)) return paged_decode_attention_swapped(d, stream);
+      return paged_decode_attention(d, ws.plan, ws.data, ws.bytes, stream);
+    }
     case attention_kernel::tuned_prefill:
       return paged_prefill_attention(as_prefill_params(p), stream);
     case attention_kernel::reference:

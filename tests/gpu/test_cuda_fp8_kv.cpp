@@ -425,14 +425,15 @@ TEST_CASE("fp8 kv engine: random-initialised Qwen3 (tuned kernels, head_dim 128)
   check_sane(z);
 }
 
-// The swapped-operand decode prototype (cuda_backend_options::swapped_fp8_decode) in the engine: the same FP8 cache
-// and math as the split-KV kernel, summed in another order, so teacher-forced logits stay close to its.
-TEST_CASE("fp8 kv engine: swapped_fp8_decode runs the swapped-operand prototype, close to the split-KV kernel") {
+// The swapped-operand decode kernel (cuda_backend_options::fp8_decode_kernel swapped) in the engine: the same FP8
+// cache and math as the split-KV kernel, summed in another order, so teacher-forced logits stay close to its.
+TEST_CASE("fp8 kv engine: fp8_decode_kernel swapped runs the swapped-operand kernel, close to the split-KV kernel") {
   cuda_backend_options o;
   o.kv_dtype = kv_cache_dtype::fp8_e4m3;
   o.cuda_graphs = false;
+  o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::split_kv;
   const cuda_backend split(o);
-  o.swapped_fp8_decode = true;
+  o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::swapped;
   const cuda_backend swapped(o);
   for (const bool compress : {false, true}) {
     const engine_config cfg = compress ? engine_config{.block_size = 16, .num_blocks = 512, .budget_tokens = 128,

@@ -96,6 +96,12 @@ void report_exact(const std::string& name, std::size_t mismatches) {
   std::printf("[%s] %-72s mismatches=%zu (exact)\n", mismatches ? "FAIL" : "PASS", name.c_str(), mismatches);
 }
 
+void expect(const std::string& name, bool ok) {
+  ++g_checks;
+  if (!ok) ++g_failures;
+  std::printf("[%s] %s\n", ok ? "PASS" : "FAIL", name.c_str());
+}
+
 void expect_throw(const std::string& name, auto&& f) {
   ++g_checks;
   bool threw = false;
@@ -554,16 +560,16 @@ void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, s
                   plan.num_splits, fs ? "" : "[auto]");
     report(name, compare(setup.run(plan), ref), 1e-2);
   }
-  if (zc::decode_swapped_supported(p)) {  // the swapped-operand prototype (off in the engine), same reference
+  if (zc::decode_swapped_supported(p)) {  // the swapped-operand kernel, same reference
     for (const int stages : {4, 3}) {
       setup.out.poison();
       zc::paged_decode_attention_swapped(p, nullptr, stages);
       char name[160];
-      std::snprintf(name, sizeof name, "%s seqs=%d max_len=%d swapped-operand prototype, %d stages", shape.c_str(),
+      std::snprintf(name, sizeof name, "%s seqs=%d max_len=%d swapped-operand kernel, %d stages", shape.c_str(),
                     seqs, p.max_kv_len, stages);
       report(name, compare(setup.out.get(), ref), 1e-2);
     }
-    check_decode_fp8_copy(p, shape + " swapped-operand prototype", true);
+    check_decode_fp8_copy(p, shape + " swapped-operand kernel", true);
   }
   if (d == 128) check_decode_fp8_copy(p, shape);
 }
@@ -1125,6 +1131,22 @@ int main() {
       p.kv.k_scale = p.kv.v_scale = reinterpret_cast<float*>(16);
       zc::paged_decode_attention_swapped(p, nullptr);
     });
+    // The automatic FP8 decode kernel on this device's plan: the compressed steady state of Qwen3-8B (662 sequences
+    // of 2,304 tokens, 32/8 heads, 256-token blocks) fills the GPU without a split and runs the swapped kernel; one
+    // sequence of 8,192 tokens is split and keeps the split-KV kernel; a bf16 cache and a group of 16 never swap.
+    {
+      auto runs_swapped = [](int seqs, int len, int qh, int kvh, bool fp8) {
+        zc::decode_params p;
+        p.kv.head_dim = 128, p.num_q_heads = qh, p.kv.num_kv_heads = kvh, p.kv.block_size = 256, p.num_seqs = seqs;
+        p.max_kv_len = len;
+        if (fp8) p.kv.k_scale = p.kv.v_scale = reinterpret_cast<float*>(16);
+        return zc::decode_runs_swapped(p, zc::fp8_decode_kernel::automatic, zc::plan_decode(p));
+      };
+      expect("automatic FP8 decode: swapped at 662 sequences x 2,304 tokens", runs_swapped(662, 2304, 32, 8, true));
+      expect("automatic FP8 decode: split-KV for 1 sequence x 8,192 tokens", !runs_swapped(1, 8192, 32, 8, true));
+      expect("automatic decode: split-KV on a bf16 cache", !runs_swapped(662, 2304, 32, 8, false));
+      expect("automatic FP8 decode: split-KV at 16 query heads per KV head", !runs_swapped(662, 2304, 32, 2, true));
+    }
     expect_throw("decode rejects an FP8 copy with too few padded rows", [] {
       zc::decode_params p;
       p.kv.head_dim = 128, p.num_q_heads = 8, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 5;

@@ -126,7 +126,10 @@ TEST_CASE("cuda_backend_options: a wrong field is named before the backend touch
   CHECK(contains(error_with([](auto& o) { o.max_graphs = 0; }), "cuda_backend_options::max_graphs"));
   CHECK(contains(error_with([](auto& o) { o.overlap_min_batch = -2; }), "cuda_backend_options::overlap_min_batch"));
   CHECK(contains(error_with([](auto& o) { o.overlap_gemm_sms = -1; }), "cuda_backend_options::overlap_gemm_sms"));
-  CHECK(contains(error_with([](auto& o) { o.swapped_fp8_decode = true; }), "cuda_backend_options::swapped_fp8_decode"));
+  CHECK(contains(error_with([](auto& o) { o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::swapped; }),
+                 "cuda_backend_options::fp8_decode_kernel swapped is a decode kernel for an FP8 KV cache"));
+  CHECK(contains(error_with([](auto& o) { o.fp8_decode_kernel = static_cast<zipage::cuda::fp8_decode_kernel>(7); }),
+                 "cuda_backend_options::fp8_decode_kernel: not a cuda::fp8_decode_kernel (7)"));
   CHECK(contains(error_with([](auto& o) { o.prefill_kernel = static_cast<zipage::cuda::prefill_kernel>(9); }),
                  "cuda_backend_options::prefill_kernel"));
   CHECK(contains(error_with([](auto& o) {
@@ -150,10 +153,40 @@ TEST_CASE("cuda_backend_options: a wrong field is named before the backend touch
         }) == "<no error>");
   CHECK(error_with([](auto& o) {
           o.kv_dtype = zipage::kv_cache_dtype::fp8_e4m3;
-          o.swapped_fp8_decode = true;
+          o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::swapped;
         }) == "<no error>");
+  // split_kv on a bf16 cache names the kernel bf16 runs anyway.
+  CHECK(error_with([](auto& o) { o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::split_kv; }) == "<no error>");
   // Whether the device runs wgmma is the constructor's question, not validate()'s.
   CHECK(error_with([](auto& o) { o.prefill_kernel = zipage::cuda::prefill_kernel::wgmma; }) == "<no error>");
+}
+
+// The FP8 decode kernel a launch runs (host rule, no device): automatic takes the swapped-operand kernel only where
+// it fits and the split-KV plan has one split (so a small batch keeps the split-KV kernel's parallelism); a requested
+// swapped kernel runs wherever it fits; split_kv always runs split-KV.
+TEST_CASE("resolve_fp8_decode_kernel: swapped where it fits and the split-KV plan does not split") {
+  using zipage::cuda::fp8_decode_kernel;
+  using zipage::cuda::resolve_fp8_decode_kernel;
+  CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, true, 1) == fp8_decode_kernel::swapped);
+  for (const int splits : {2, 3, 64}) {
+    CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, true, splits) == fp8_decode_kernel::split_kv);
+    CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::swapped, true, splits) == fp8_decode_kernel::swapped);
+  }
+  for (const int splits : {1, 2}) {
+    CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, false, splits) == fp8_decode_kernel::split_kv);
+    CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::swapped, false, splits) == fp8_decode_kernel::split_kv);
+    for (const bool fits : {false, true})
+      CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::split_kv, fits, splits) == fp8_decode_kernel::split_kv);
+  }
+  CHECK(contains(error_of([] { (void)resolve_fp8_decode_kernel(static_cast<fp8_decode_kernel>(5), true, 1); }),
+                 "not a cuda::fp8_decode_kernel (5)"));
+  std::set<std::string> names;
+  for (const fp8_decode_kernel k : zipage::cuda::all_fp8_decode_kernels) {
+    CHECK(zipage::cuda::is_fp8_decode_kernel(k));
+    names.insert(zipage::cuda::to_string(k));
+  }
+  CHECK(names.size() == std::size(zipage::cuda::all_fp8_decode_kernels));
+  CHECK_FALSE(zipage::cuda::is_fp8_decode_kernel(static_cast<fp8_decode_kernel>(3)));
 }
 
 // The prefill kernel a launch runs (host rule, no device): automatic runs wgmma on bf16 K/V at head_dim 128 where

@@ -217,21 +217,22 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
   const cuda::attention_workspace ws =
       tuned_decode ? decode_workspace(c, st, ap, std::max(nano, 0)) : cuda::attention_workspace{};
   const cuda::decode_params dp = tuned_decode ? cuda::as_decode_params(ap) : cuda::decode_params{};
-  ap.swapped_fp8_decode = c.opts.swapped_fp8_decode && tuned_decode && cuda::decode_swapped_supported(dp);
+  ap.fp8_decode = c.opts.fp8_decode_kernel;
+  const bool swapped = tuned_decode && cuda::decode_runs_swapped(dp, ap.fp8_decode, ws.plan);
   // The FP8 o projection's input, written by the decode kernel's epilogue instead of a quantisation launch. Not for
   // a nano-batch: the two nano-batches' outputs would take turns in the one activation workspace.
   if (nano < 0 && tuned_decode) {
     const cuda::fp8_copy copy = cuda_detail::fp8_copy_for(c, out, variant, 0, {out.data()});
-    // The swapped prototype finishes every output row in one CTA whatever the plan says.
-    if (copy.wanted() && (ap.swapped_fp8_decode || cuda::decode_writes_fp8_copy(dp, ws.plan))) ap.out_fp8 = copy;
+    // The swapped kernel finishes every output row in one CTA whatever the plan says.
+    if (copy.wanted() && (swapped || cuda::decode_writes_fp8_copy(dp, ws.plan))) ap.out_fp8 = copy;
   }
   const bool skip = c.skip_launch(10, layer, kc, vc, q.data(), k.data(), v.data(), out.data(), tokens, st.num_seqs, st.max_kv_len,
                     st.slots, st.token_seq, st.token_kv_len, st.page_indptr, st.page_indices, st.q_indptr,
                     st.window_rows, window_rows, variant, kind, st.plan.num_splits, st.plan.chunk_tokens,
                     st.plan.stages, ws.data, ws.bytes, num_q_heads, s.num_kv_heads, d, s.block_size, kv.dtype, ksc,
-                    vsc, nano, ap.out_fp8.codes, ap.swapped_fp8_decode);
+                    vsc, nano, ap.out_fp8.codes, swapped);
   cuda_detail::fp8_copy_written(c, out, ap.out_fp8);
-  if (ap.swapped_fp8_decode) c.count([](cuda_backend_counters& t) { ++t.swapped_decodes; });
+  if (swapped) c.count([](cuda_backend_counters& t) { ++t.swapped_decodes; });
   if (skip) return;
   if (nano >= 0) {
     const auto i = static_cast<std::size_t>(nano);
@@ -257,11 +258,10 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
     const auto timed = timed_on_main("record_queries");
     cuda::record_queries(kv.dtype, window_rows, st.window_rows, q.data(), tokens, q.cols(), stream);
   }
-  const auto timed = timed_on_main(ap.swapped_fp8_decode  ? (ap.out_fp8.wanted() ? "attention decode (swapped) + fp8 quantize"
-                                                                               : "attention decode (swapped)")
-                                   : ap.out_fp8.wanted() ? "attention decode + fp8 quantize"
-                                   : st.decode           ? "attention decode"
-                                                         : "attention prefill");
+  const char* op_name = !st.decode ? "attention prefill" : swapped ? "attention decode (swapped)" : "attention decode";
+  const auto timed = timed_on_main(ap.out_fp8.wanted() ? (swapped ? "attention decode (swapped) + fp8 quantize"
+                                                                  : "attention decode + fp8 quantize")
+                                                       : op_name);
   cuda::paged_attention(kv.dtype, ap, variant, ws, stream);
   if (nano >= 0)
     ZIPAGE_CUDA_CHECK(cudaEventRecord(c.attention_finished[static_cast<std::size_t>(nano)], c.attention_stream));

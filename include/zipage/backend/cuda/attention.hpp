@@ -79,12 +79,13 @@ std::size_t decode_workspace_bytes(const decode_params& p, const decode_plan& pl
 void paged_decode_attention(const decode_params& p, const decode_plan& plan, void* workspace,
                             std::size_t workspace_bytes, cuda_stream stream);
 
-// Prototype (docs/architecture.md, "Decode attention and the power cap"; the engine runs it only with
-// cuda_backend_options::swapped_fp8_decode): the FP8 decode kernel with K and V as the MMAs' A operands, half the
-// MMAs of paged_decode_attention's at groups of up to 8 heads. It runs where decode_swapped_supported holds (FP8
-// K/V, head_dim 128, at most 8 query heads per KV head, a power-of-two block size); the whole cache of a sequence
-// in one CTA (no split, no workspace); out_fp8 as paged_decode_attention writes it. Stream-capturable. stages: 4
-// (0: the default; 3 CTAs per multiprocessor) or 3 (4 CTAs per multiprocessor).
+// The FP8 decode kernel with K and V as the MMAs' A operands (docs/architecture.md, "Decode attention and the power
+// cap"): half the MMAs of paged_decode_attention's at groups of up to 8 heads, and 5-6% fewer joules per token at the
+// compressed steady state, where every step is power-capped. It runs where decode_swapped_supported holds (FP8 K/V,
+// head_dim 128, at most 8 query heads per KV head, a power-of-two block size); the whole cache of a sequence in one
+// CTA (no split, no workspace); out_fp8 as paged_decode_attention writes it. Stream-capturable. stages: 4 (0: the
+// default; 3 CTAs per multiprocessor) or 3 (4 CTAs per multiprocessor). The engine picks it by
+// cuda_backend_options::fp8_decode_kernel (fp8_decode_kernel::automatic: where the split-KV plan has one split).
 [[nodiscard]] bool decode_swapped_supported(const decode_params& p);
 void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages = 0);
 
@@ -145,9 +146,10 @@ struct attention_params {
   // When wanted, out's FP8 copy too (decode_params::out_fp8): only with the tuned decode kernel under a plan where
   // decode_writes_fp8_copy(as_decode_params(p), plan) holds; anything else is an error.
   fp8_copy out_fp8{};
-  // Where select_attention_kernel() picks tuned_decode: run paged_decode_attention_swapped instead (the caller has
-  // checked decode_swapped_supported(as_decode_params(p)); the plan and workspace are then unused).
-  bool swapped_fp8_decode = false;
+  // Where select_attention_kernel() picks tuned_decode over an FP8 cache: which decode kernel
+  // (decode_runs_swapped says which one a launch under a plan runs; with the swapped one the plan and workspace are
+  // unused).
+  fp8_decode_kernel fp8_decode = fp8_decode_kernel::automatic;
 };
 
 enum class attention_kernel : std::uint8_t { tuned_decode, tuned_prefill, reference };
@@ -168,6 +170,10 @@ struct attention_workspace {
   void* data = nullptr;
   std::size_t bytes = 0;
 };
+
+// Where select_attention_kernel() chose tuned_decode: whether the launch under `plan` runs
+// paged_decode_attention_swapped (resolve_fp8_decode_kernel of p.fp8_decode; never for a bf16 cache).
+[[nodiscard]] bool decode_runs_swapped(const decode_params& p, fp8_decode_kernel requested, const decode_plan& plan);
 
 // Runs the kernel select_attention_kernel(t, p, v) names.
 void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, const attention_workspace& ws,

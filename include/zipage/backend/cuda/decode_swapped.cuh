@@ -1,11 +1,11 @@
 #pragma once
-// Prototype: the FP8 decode kernel with K and V as the MMAs' A operands (docs/architecture.md, "Decode attention
-// and the power cap"). Today's kernel (decode_kernel.cuh) puts a group's query heads on the 16 rows of m16n8k16;
-// at 32/8 heads 12 of them are padding. Here the rows are tokens (QK) and head-dimension values (PV) and the heads
-// the 8 columns, which halves the MMAs per 16-token step and the registers of Q and of the accumulators. FP8 K/V
-// only, head_dim 128, groups of up to 8 heads, one split, bf16 output and, when wanted, its FP8 copy. The engine runs it
-// only with cuda_backend_options::swapped_fp8_decode (bench_decode_attention's decode_fp8_swapped cases measure it;
-// test_cuda_kernels checks it against the CPU reference).
+// The FP8 decode kernel with K and V as the MMAs' A operands (docs/architecture.md, "Decode attention and the power
+// cap"). The split-KV kernel (decode_kernel.cuh) puts a group's query heads on the 16 rows of m16n8k16; at 32/8 heads
+// 12 of them are padding. Here the rows are tokens (QK) and head-dimension values (PV) and the heads the 8 columns,
+// which halves the MMAs per 16-token step and the registers of Q and of the accumulators. FP8 K/V only, head_dim 128,
+// groups of up to 8 heads, one split, bf16 output and, when wanted, its FP8 copy. The engine runs it by
+// cuda_backend_options::fp8_decode_kernel (automatic: where the split-KV plan has one split); bench_decode_attention's
+// decode_fp8_swapped cases measure it, test_cuda_kernels checks it against the CPU reference.
 #include "zipage/backend/cuda/decode_kernel.cuh"
 
 namespace zipage::cuda::detail {

@@ -55,6 +55,54 @@ inline constexpr prefill_kernel all_prefill_kernels[] = {
   return false;
 }
 
+// Which implementation runs decode attention over an FP8 KV cache (cuda_backend_options::fp8_decode_kernel; a bf16
+// cache always runs the split-KV kernel). docs/architecture.md, "Decode attention and the power cap".
+enum class fp8_decode_kernel : std::uint8_t {
+  automatic,  // swapped where it fits and the split-KV plan would run one split per sequence (a batch that fills
+              // the GPU without splitting, as the compressed steady state does); else split_kv
+  split_kv,   // paged_decode_attention: query heads as the MMAs' A operand, each sequence's KV range split over
+              // several CTAs when the batch alone does not fill the GPU (plan_decode)
+  swapped,    // paged_decode_attention_swapped: K/V as the MMAs' A operand (half the MMAs at up to 8 query heads
+              // per KV head), one CTA per sequence and KV head. Where it fits (decode_swapped_supported: head_dim
+              // 128, at most 8 query heads per KV head, power-of-two blocks), else split_kv
+};
+
+[[nodiscard]] constexpr const char* to_string(fp8_decode_kernel k) {
+  switch (k) {
+    case fp8_decode_kernel::automatic: return "automatic";
+    case fp8_decode_kernel::split_kv: return "split_kv";
+    case fp8_decode_kernel::swapped: return "swapped";
+  }
+  return "?";
+}
+
+// Every fp8_decode_kernel, in declaration order: what the tools parse and list.
+inline constexpr fp8_decode_kernel all_fp8_decode_kernels[] = {
+    fp8_decode_kernel::automatic, fp8_decode_kernel::split_kv, fp8_decode_kernel::swapped};
+
+[[nodiscard]] constexpr bool is_fp8_decode_kernel(fp8_decode_kernel k) {
+  for (const fp8_decode_kernel x : all_fp8_decode_kernels)
+    if (x == k) return true;
+  return false;
+}
+
+// The kernel an FP8 decode launch runs: `requested` made concrete. `swapped_fits`: decode_swapped_supported for the
+// launch; `plan_splits`: plan_decode's split count for it. Automatic takes the swapped kernel only where the
+// split-KV kernel would not split: the swapped one has no split, so a small batch over long contexts (few CTAs)
+// keeps the split-KV kernel's parallelism (docs/benchmarks.md, 2026-12-03 08:44: 5-6% more tokens per second and
+// per joule at the compressed steady state).
+[[nodiscard]] inline fp8_decode_kernel resolve_fp8_decode_kernel(fp8_decode_kernel requested, bool swapped_fits,
+                                                                 int plan_splits) {
+  switch (requested) {
+    case fp8_decode_kernel::automatic:
+      return swapped_fits && plan_splits == 1 ? fp8_decode_kernel::swapped : fp8_decode_kernel::split_kv;
+    case fp8_decode_kernel::swapped: return swapped_fits ? fp8_decode_kernel::swapped : fp8_decode_kernel::split_kv;
+    case fp8_decode_kernel::split_kv: return fp8_decode_kernel::split_kv;
+  }
+  check(false, "fp8 decode kernel: not a cuda::fp8_decode_kernel (", static_cast<int>(requested), ")");
+  return fp8_decode_kernel::split_kv;
+}
+
 // The Hopper wgmma kernel (bf16 K/V, head_dim 128, a device with wgmma).
 [[nodiscard]] constexpr bool is_wgmma(prefill_kernel k) { return k == prefill_kernel::wgmma; }
 
