@@ -215,8 +215,8 @@ void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void
                    int ablate, cudaStream_t stream) {
   namespace d = zipage::cuda::detail;
   switch (ablate) {
-    case kSwappedKernel: return zc::paged_decode_attention_swapped(p, stream, 4);
-    case kSwappedKernel | 3: return zc::paged_decode_attention_swapped(p, stream, 3);
+    case kSwappedKernel: return zc::paged_decode_attention_swapped(p, stream);  // its default depth, 3 stages
+    case kSwappedKernel | 4: return zc::paged_decode_attention_swapped(p, stream, 4);
     case d::kAblateNone: return zc::paged_decode_attention(p, plan, ws, ws_bytes, stream);
     case d::kAblateQkMma: return launch_fp8_ablation<d::kAblateQkMma>(p, stream);
     case d::kAblatePvMma: return launch_fp8_ablation<d::kAblatePvMma>(p, stream);
@@ -521,7 +521,7 @@ int main(int argc, char** argv) {
     // FP8 KV against the same bf16 cases above.
     for (int bs : {256, 16})
       for (auto [qh, kvh] : {std::pair{32, 8}, std::pair{16, 8}})
-        for (int batch : {16, 64, 256, 512})
+        for (int batch : {16, 64, 128, 256, 512})
           for (int ctx : {2048, 8192, 16384}) {
             const double bytes = 2.0 * batch * double(ctx) * kvh * kHeadDim * 2;
             if (bytes > kMaxCaseBytes) continue;
@@ -535,14 +535,14 @@ int main(int argc, char** argv) {
     // The swapped-operand kernel at the FP8 shapes above with 32/8 heads and 256-token blocks, against the split-KV
     // kernel under its automatic plan (decode_fp8/..., whose splits counter says whether fp8_decode_kernel::automatic
     // would take the swapped kernel there: only at one split).
-    for (int batch : {16, 64, 256, 512})
+    for (int batch : {16, 64, 128, 256, 512})
       for (int ctx : {2048, 8192, 16384}) {
         if (2.0 * batch * double(ctx) * 8 * kHeadDim * 2 > kMaxCaseBytes) continue;
         char name[128], key[32];
         std::snprintf(name, sizeof name, "decode_fp8_swapped/bs256/q32_kv8/batch%d/ctx%d", batch, ctx);
         std::snprintf(key, sizeof key, "w%05d", order++);
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-          bm_decode(st, std::vector<int>(std::size_t(batch), ctx), 32, 8, 256, key, ctx, 4, 1, true, kSwappedKernel);
+          bm_decode(st, std::vector<int>(std::size_t(batch), ctx), 32, 8, 256, key, ctx, 3, 1, true, kSwappedKernel);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
     // Ragged batches: lengths uniform in [1, 2 * mean].
@@ -593,12 +593,12 @@ int main(int argc, char** argv) {
           {d::kAblateQkMma | d::kAblatePvMma | d::kAblateConvert, "no_mma_no_convert"},
           {d::kAblateTile, "no_tile_work"}};
       // The swapped-operand kernel at the same shape (docs/architecture.md): 4 stages x 3 CTAs per multiprocessor,
-      // and 3 x 4.
+      // and 3 x 4 (its default).
       for (const int stages : fp8 ? std::vector<int>{4, 3} : std::vector<int>{}) {
         std::snprintf(name, sizeof name, "decode_fp8_swapped/batch%d/steady2048-2304/stages%d", batch, stages);
         std::snprintf(key, sizeof key, "a%05d", order++);
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, stages == 3 ? kSwappedKernel | 3 : kSwappedKernel);
+          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, stages == 4 ? kSwappedKernel | 4 : kSwappedKernel);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
       for (const auto& [ablate, what] : fp8 ? std::span(ablations) : std::span<const std::pair<int, const char*>>{}) {

@@ -1,4 +1,8 @@
 // The swapped-operand FP8 decode kernel's launcher (decode_swapped.cuh; attention.hpp says what it takes).
+#include <algorithm>
+#include <array>
+#include <mutex>
+
 #include "launch_checks.hpp"
 #include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/decode_swapped.cuh"
@@ -18,7 +22,7 @@ void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, 
         "128 (got ", p.kv.head_dim, "), at most 8 query heads per KV head (got ", p.num_q_heads, " / ",
         p.kv.num_kv_heads, ") and a power-of-two block size (got ", p.kv.block_size, ")");
   check(stages == 0 || stages == 3 || stages == 4, "paged_decode_attention_swapped: stages ", stages,
-        " (3, 4, or 0 for the default 4)");
+        " (3, 4, or 0 for the default 3)");
   if (p.out_fp8.wanted()) detail::check_fp8_copy("paged_decode_attention_swapped (out_fp8)", p.out_fp8, p.num_seqs);
   if (p.num_seqs == 0) return;
   namespace d = detail;
@@ -28,9 +32,32 @@ void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, 
     d::opt_in_smem<d::paged_decode_swapped_kernel<S>>(d::kSwappedSmemBytes<S>);
     d::paged_decode_swapped_kernel<S><<<grid, 128, d::kSwappedSmemBytes<S>, stream>>>(a);
   };
-  if (stages == 3) run.template operator()<3>();
+  if (stages == 4) run.template operator()<4>();
   else run.template operator()<d::kSwappedStages>();
   ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+double decode_swapped_waves(const decode_params& p) {
+  static std::mutex mu;
+  static std::array<int, 64> per_sm{};  // by device
+  int dev = 0;
+  ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
+  int ctas_per_sm = 0;
+  {
+    std::lock_guard lock(mu);
+    if (dev < 64) ctas_per_sm = per_sm[std::size_t(dev)];
+    if (ctas_per_sm == 0) {
+      namespace d = detail;
+      constexpr int S = d::kSwappedStages;
+      d::opt_in_smem<d::paged_decode_swapped_kernel<S>>(d::kSwappedSmemBytes<S>);
+      ZIPAGE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, d::paged_decode_swapped_kernel<S>,
+                                                                      128, d::kSwappedSmemBytes<S>));
+      ctas_per_sm = std::max(1, ctas_per_sm);
+      if (dev < 64) per_sm[std::size_t(dev)] = ctas_per_sm;
+    }
+  }
+  const double slots = double(ctas_per_sm) * detail::device_multiprocessors();
+  return double(p.num_seqs) * p.kv.num_kv_heads / slots;
 }
 
 }  // namespace zipage::cuda

@@ -58,7 +58,10 @@ decode_params as_decode_params(const attention_params& p) {
 
 bool decode_runs_swapped(const decode_params& p, fp8_decode_kernel requested, const decode_plan& plan) {
   if (p.kv.k_scale == nullptr) return false;  // bf16 K/V: the split-KV kernel is the only one
-  return resolve_fp8_decode_kernel(requested, decode_swapped_supported(p), plan.num_splits) ==
+  const bool fits = decode_swapped_supported(p);
+  // The waves matter only to automatic on a split plan (an occupancy query the first time, cached after).
+  const bool ask_waves = fits && requested == fp8_decode_kernel::automatic && plan.num_splits > 1;
+  return resolve_fp8_decode_kernel(requested, fits, plan.num_splits, ask_waves ? decode_swapped_waves(p) : 0.0) ==
          fp8_decode_kernel::swapped;
 }
 

@@ -1131,18 +1131,28 @@ int main() {
       p.kv.k_scale = p.kv.v_scale = reinterpret_cast<float*>(16);
       zc::paged_decode_attention_swapped(p, nullptr);
     });
-    // The automatic FP8 decode kernel on this device's plan: the compressed steady state of Qwen3-8B (662 sequences
-    // of 2,304 tokens, 32/8 heads, 256-token blocks) fills the GPU without a split and runs the swapped kernel; one
+    // The automatic FP8 decode kernel on this device's plan and occupancy: the compressed steady state of Qwen3-8B
+    // (662 sequences of 2,304 tokens, 32/8 heads, 256-token blocks) fills the GPU without a split; 512 sequences of
+    // 16,384 tokens are split but make more than 2 waves of the swapped grid; both run the swapped kernel. One
     // sequence of 8,192 tokens is split and keeps the split-KV kernel; a bf16 cache and a group of 16 never swap.
     {
-      auto runs_swapped = [](int seqs, int len, int qh, int kvh, bool fp8) {
+      auto decode_view = [](int seqs, int len, int qh, int kvh, bool fp8) {
         zc::decode_params p;
         p.kv.head_dim = 128, p.num_q_heads = qh, p.kv.num_kv_heads = kvh, p.kv.block_size = 256, p.num_seqs = seqs;
         p.max_kv_len = len;
         if (fp8) p.kv.k_scale = p.kv.v_scale = reinterpret_cast<float*>(16);
+        return p;
+      };
+      auto runs_swapped = [&](int seqs, int len, int qh, int kvh, bool fp8) {
+        const zc::decode_params p = decode_view(seqs, len, qh, kvh, fp8);
         return zc::decode_runs_swapped(p, zc::fp8_decode_kernel::automatic, zc::plan_decode(p));
       };
       expect("automatic FP8 decode: swapped at 662 sequences x 2,304 tokens", runs_swapped(662, 2304, 32, 8, true));
+      const zc::decode_params long_batch = decode_view(512, 16384, 32, 8, true);
+      expect("512 sequences x 16,384 tokens: a split plan, over 2 waves of the swapped grid",
+             zc::plan_decode(long_batch).num_splits > 1 &&
+                 zc::decode_swapped_waves(long_batch) >= zc::kSwappedDecodeMinWaves);
+      expect("automatic FP8 decode: swapped at 512 sequences x 16,384 tokens", runs_swapped(512, 16384, 32, 8, true));
       expect("automatic FP8 decode: split-KV for 1 sequence x 8,192 tokens", !runs_swapped(1, 8192, 32, 8, true));
       expect("automatic decode: split-KV on a bf16 cache", !runs_swapped(662, 2304, 32, 8, false));
       expect("automatic FP8 decode: split-KV at 16 query heads per KV head", !runs_swapped(662, 2304, 32, 2, true));

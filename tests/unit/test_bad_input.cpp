@@ -162,23 +162,29 @@ TEST_CASE("cuda_backend_options: a wrong field is named before the backend touch
 }
 
 // The FP8 decode kernel a launch runs (host rule, no device): automatic takes the swapped-operand kernel only where
-// it fits and the split-KV plan has one split (so a small batch keeps the split-KV kernel's parallelism); a requested
-// swapped kernel runs wherever it fits; split_kv always runs split-KV.
-TEST_CASE("resolve_fp8_decode_kernel: swapped where it fits and the split-KV plan does not split") {
+// it fits and either the split-KV plan has one split or the swapped grid makes kSwappedDecodeMinWaves full waves (so
+// a small batch over long contexts keeps the split-KV kernel's parallelism); a requested swapped kernel runs
+// wherever it fits; split_kv always runs split-KV.
+TEST_CASE("resolve_fp8_decode_kernel: swapped where it fits and the batch fills the GPU without splits") {
   using zipage::cuda::fp8_decode_kernel;
+  using zipage::cuda::kSwappedDecodeMinWaves;
   using zipage::cuda::resolve_fp8_decode_kernel;
-  CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, true, 1) == fp8_decode_kernel::swapped);
+  constexpr double few = kSwappedDecodeMinWaves / 2, many = kSwappedDecodeMinWaves;
+  for (const double waves : {0.0, few, many})
+    CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, true, 1, waves) == fp8_decode_kernel::swapped);
   for (const int splits : {2, 3, 64}) {
-    CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, true, splits) == fp8_decode_kernel::split_kv);
-    CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::swapped, true, splits) == fp8_decode_kernel::swapped);
+    CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, true, splits, few) == fp8_decode_kernel::split_kv);
+    CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, true, splits, many) == fp8_decode_kernel::swapped);
+    CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::swapped, true, splits, few) == fp8_decode_kernel::swapped);
   }
-  for (const int splits : {1, 2}) {
-    CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, false, splits) == fp8_decode_kernel::split_kv);
-    CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::swapped, false, splits) == fp8_decode_kernel::split_kv);
-    for (const bool fits : {false, true})
-      CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::split_kv, fits, splits) == fp8_decode_kernel::split_kv);
-  }
-  CHECK(contains(error_of([] { (void)resolve_fp8_decode_kernel(static_cast<fp8_decode_kernel>(5), true, 1); }),
+  for (const int splits : {1, 2})
+    for (const double waves : {few, many}) {
+      CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, false, splits, waves) == fp8_decode_kernel::split_kv);
+      CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::swapped, false, splits, waves) == fp8_decode_kernel::split_kv);
+      for (const bool fits : {false, true})
+        CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::split_kv, fits, splits, waves) == fp8_decode_kernel::split_kv);
+    }
+  CHECK(contains(error_of([] { (void)resolve_fp8_decode_kernel(static_cast<fp8_decode_kernel>(5), true, 1, 0.0); }),
                  "not a cuda::fp8_decode_kernel (5)"));
   std::set<std::string> names;
   for (const fp8_decode_kernel k : zipage::cuda::all_fp8_decode_kernels) {

@@ -83,11 +83,14 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
 // cap"): half the MMAs of paged_decode_attention's at groups of up to 8 heads, and 5-6% fewer joules per token at the
 // compressed steady state, where every step is power-capped. It runs where decode_swapped_supported holds (FP8 K/V,
 // head_dim 128, at most 8 query heads per KV head, a power-of-two block size); the whole cache of a sequence in one
-// CTA (no split, no workspace); out_fp8 as paged_decode_attention writes it. Stream-capturable. stages: 4 (0: the
-// default; 3 CTAs per multiprocessor) or 3 (4 CTAs per multiprocessor). The engine picks it by
-// cuda_backend_options::fp8_decode_kernel (fp8_decode_kernel::automatic: where the split-KV plan has one split).
+// CTA (no split, no workspace); out_fp8 as paged_decode_attention writes it. Stream-capturable. stages: 3 (0: the
+// default; 4 CTAs per multiprocessor) or 4 (3 CTAs per multiprocessor). The engine picks it by
+// cuda_backend_options::fp8_decode_kernel (fp8_decode_kernel::automatic: resolve_fp8_decode_kernel's rule).
 [[nodiscard]] bool decode_swapped_supported(const decode_params& p);
 void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages = 0);
+// How many full waves of the current device the swapped kernel's grid (one CTA per sequence and KV head, at its
+// default depth) makes: its CTAs over the CTAs all multiprocessors hold at once.
+[[nodiscard]] double decode_swapped_waves(const decode_params& p);
 
 // ---------------------------------------------------------------------------------------------------
 // The tuned prefill kernel: causal GQA attention for a batch of sequences whose new tokens lie back to

@@ -10,9 +10,10 @@
 
 namespace zipage::cuda::detail {
 
-// Pipeline depths: 4 stages and 3 CTAs per multiprocessor (as the split-KV kernel), or 3 stages and 4 CTAs (at most
-// 128 registers, and 3 stages of shared memory, 52.7 KB, fit 4 times).
-inline constexpr int kSwappedStages = 4;
+// Pipeline depths: 3 stages and 4 CTAs per multiprocessor (at most 128 registers, and 3 stages of shared memory,
+// 52.7 KB, fit 4 times), the default: 1-3% faster and 2-3% fewer joules per pass than 4 stages and 3 CTAs at the
+// compressed steady state in two runs (docs/benchmarks.md, 2026-12-03 08:44 and 09:03).
+inline constexpr int kSwappedStages = 3;
 template <int STAGES>
 inline constexpr int kSwappedMinBlocks = STAGES == 3 ? 4 : 3;
 // Q's swizzled bf16 tile: 8 rows (a group of at most 8 heads).

@@ -58,8 +58,8 @@ inline constexpr prefill_kernel all_prefill_kernels[] = {
 // Which implementation runs decode attention over an FP8 KV cache (cuda_backend_options::fp8_decode_kernel; a bf16
 // cache always runs the split-KV kernel). docs/architecture.md, "Decode attention and the power cap".
 enum class fp8_decode_kernel : std::uint8_t {
-  automatic,  // swapped where it fits and the split-KV plan would run one split per sequence (a batch that fills
-              // the GPU without splitting, as the compressed steady state does); else split_kv
+  automatic,  // swapped where it fits and the batch fills the GPU without splitting each sequence's KV range
+              // (resolve_fp8_decode_kernel); else split_kv
   split_kv,   // paged_decode_attention: query heads as the MMAs' A operand, each sequence's KV range split over
               // several CTAs when the batch alone does not fill the GPU (plan_decode)
   swapped,    // paged_decode_attention_swapped: K/V as the MMAs' A operand (half the MMAs at up to 8 query heads
@@ -86,16 +86,25 @@ inline constexpr fp8_decode_kernel all_fp8_decode_kernels[] = {
   return false;
 }
 
+// Automatic takes the swapped-operand kernel on a split plan from this many full waves of its grid on: its grid
+// cannot split, so a batch of few CTAs over long contexts keeps the split-KV kernel's parallelism. Measured on the
+// H200 at 32/8 heads, 3 CTAs per multiprocessor (docs/benchmarks.md, 2026-12-03 09:03): at 64 sequences (1.3
+// waves) the swapped kernel lost 12% at 8k-16k tokens against 2-3 splits; at 256 and 512 sequences (5.2 and 10.3
+// waves) it won 1-14% against 2-4 splits. (At the default depth, 4 CTAs per multiprocessor, 2 waves are 132
+// sequences of 8 KV heads.)
+inline constexpr double kSwappedDecodeMinWaves = 2.0;
+
 // The kernel an FP8 decode launch runs: `requested` made concrete. `swapped_fits`: decode_swapped_supported for the
-// launch; `plan_splits`: plan_decode's split count for it. Automatic takes the swapped kernel only where the
-// split-KV kernel would not split: the swapped one has no split, so a small batch over long contexts (few CTAs)
-// keeps the split-KV kernel's parallelism (docs/benchmarks.md, 2026-12-03 08:44: 5-6% more tokens per second and
-// per joule at the compressed steady state).
+// launch; `plan_splits`: plan_decode's split count for it; `swapped_waves`: decode_swapped_waves for it (read only
+// by automatic on a split plan). Automatic takes the swapped kernel where it fits and either the split-KV kernel
+// would not split (the compressed steady state: 5-6% more tokens per second and per joule, docs/benchmarks.md,
+// 2026-12-03 08:44) or its grid makes kSwappedDecodeMinWaves full waves.
 [[nodiscard]] inline fp8_decode_kernel resolve_fp8_decode_kernel(fp8_decode_kernel requested, bool swapped_fits,
-                                                                 int plan_splits) {
+                                                                 int plan_splits, double swapped_waves) {
   switch (requested) {
     case fp8_decode_kernel::automatic:
-      return swapped_fits && plan_splits == 1 ? fp8_decode_kernel::swapped : fp8_decode_kernel::split_kv;
+      return swapped_fits && (plan_splits == 1 || swapped_waves >= kSwappedDecodeMinWaves) ? fp8_decode_kernel::swapped
+                                                                                           : fp8_decode_kernel::split_kv;
     case fp8_decode_kernel::swapped: return swapped_fits ? fp8_decode_kernel::swapped : fp8_decode_kernel::split_kv;
     case fp8_decode_kernel::split_kv: return fp8_decode_kernel::split_kv;
   }
