@@ -168,6 +168,7 @@ void survey(cublasLtHandle_t lt, const char* name, int n, int k, int m) {
                               CUDA_R_16BF, 128, ids, &nids));
   std::vector<config> found;
   int checked = 0;
+  const int hid = config_attr(h[0].algo, CUBLASLT_ALGO_CONFIG_ID), htile = config_attr(h[0].algo, CUBLASLT_ALGO_CONFIG_TILE_ID);
   for (int i = 0; i < nids; ++i) {
     cublasLtMatmulAlgo_t algo{};
     if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF,
@@ -175,32 +176,45 @@ void survey(cublasLtHandle_t lt, const char* name, int n, int k, int m) {
       continue;
     std::vector<std::uint32_t> tiles = cap_list<std::uint32_t>(algo, CUBLASLT_ALGO_CAP_TILE_IDS);
     if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
+    std::vector<std::uint32_t> stages = cap_list<std::uint32_t>(algo, CUBLASLT_ALGO_CAP_STAGES_IDS);
+    if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
     std::int32_t splitk_support = 0;
     std::size_t written = 0;
     cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splitk_support, sizeof splitk_support,
                                       &written);
-    for (const std::uint32_t tile : tiles)
-      for (const std::uint32_t cluster : {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1,
-                                          CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1})
-        for (const std::int32_t splitk : {1, 2, 3, 4}) {
-          if (splitk > 1 && !splitk_support) continue;
-          cublasLtMatmulAlgo_t cfg = algo;
-          cublasLtMatmulAlgoConfigSetAttribute(&cfg, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile);
-          cublasLtMatmulAlgoConfigSetAttribute(&cfg, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster);
-          cublasLtMatmulAlgoConfigSetAttribute(&cfg, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk);
-          float waves = 0;
-          ++checked;
-          if (!g.check(cfg, waves)) continue;
-          config c{cfg, ids[i], static_cast<int>(tile), static_cast<int>(cluster), splitk, waves, 0};
-          c.us = g.time_us(cfg);
-          if (c.us > 0) found.push_back(c);
-        }
+    // Seeds: the initialised algorithm, and for the heuristic's own id its configuration (whose other attributes, e.g.
+    // the inner shape, an initialised algorithm may lack; the first survey's 20,736 initialised configurations were
+    // all refused by cublasLtMatmulAlgoCheck).
+    const cublasLtMatmulAlgo_t seeds[2] = {algo, h[0].algo};
+    for (int si = 0; si < (ids[i] == hid ? 2 : 1); ++si)
+      for (const std::uint32_t tile : tiles)
+        for (const std::uint32_t stage : stages)
+          for (const std::uint32_t cluster : {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1,
+                                              CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1})
+            for (const std::int32_t splitk : {1, 2, 3, 4}) {
+              if (splitk > 1 && !splitk_support) continue;
+              cublasLtMatmulAlgo_t cfg = seeds[si];
+              cublasLtMatmulAlgoConfigSetAttribute(&cfg, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile);
+              cublasLtMatmulAlgoConfigSetAttribute(&cfg, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stage, sizeof stage);
+              cublasLtMatmulAlgoConfigSetAttribute(&cfg, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster);
+              cublasLtMatmulAlgoConfigSetAttribute(&cfg, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk);
+              float waves = 0;
+              ++checked;
+              if (!g.check(cfg, waves)) continue;
+              config c{cfg, ids[i], static_cast<int>(tile), static_cast<int>(cluster), splitk, waves, 0};
+              c.us = g.time_us(cfg);
+              if (c.us > 0) found.push_back(c);
+            }
   }
+  // The heuristic's configuration itself must pass the check: if it does not, the check (not the search) is wrong.
+  float hwaves = 0;
+  const bool heuristic_checks = g.check(h[0].algo, hwaves);
   std::sort(found.begin(), found.end(), [](const config& a, const config& b) { return a.us < b.us; });
-  const int hid = config_attr(h[0].algo, CUBLASLT_ALGO_CONFIG_ID), htile = config_attr(h[0].algo, CUBLASLT_ALGO_CONFIG_TILE_ID);
   if (found.empty()) {
-    std::printf("| %s | %d x %d | %d | %.1f (algo %d, tile %d, %.2f waves, %d heuristic results) | none of %d accepted | | |\n",
-                name, n, k, m, base_us, hid, htile, h[0].wavesCount, returned, checked);
+    std::printf("| %s | %d x %d | %d | %.1f (algo %d, tile %d, stages %d, %.2f waves, %d heuristic results) | none of %d "
+                "accepted (the heuristic's own configuration %s the check) | | |\n",
+                name, n, k, m, base_us, hid, htile, config_attr(h[0].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                h[0].wavesCount, returned, checked, heuristic_checks ? "passes" : "fails");
     return;
   }
   const config& best = found.front();
