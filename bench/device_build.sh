@@ -3,6 +3,11 @@
 # (helpers' uncommitted edits in the working tree do not leak in).
 #   here:        bench/device_build.sh pack            # .carry-src = `git archive HEAD` (+ nccl.h), no data
 #   on device:   TARGETS="zipage-eval test_cuda_fp8_kv" JOBS=16 bench/device_build.sh build
+#   or, to skip the device build (~150 s of device time): build here (Release, -DZIPAGE_ENABLE_CUDA=ON
+#   -DCMAKE_CUDA_ARCHITECTURES=90a, in BUILD=build-ops), then `bench/device_build.sh prebuilt` copies the GPU test and
+#   bench binaries and the one library the device image lacks in this version (Debian's libbenchmark) into
+#   .carry-bin; carry it and run `PREBUILT=.carry-bin bench/run_fused_ab.sh start`. The binaries name data files by
+#   the absolute paths of this checkout (.carry-bin/ROOT), which the driver links to the device's copy.
 # The build goes to $BD (default /tmp/bd, kept between calls while the machine stays warm); models/, data/
 # and tests/data are symlinked from the working tree copy. NCCL: the header comes with the snapshot (the
 # device image has the library only).
@@ -15,6 +20,15 @@ case "${1:-}" in
     git -C "$root" archive HEAD -- . ':!models' ':!data' ':!tests/data' ':!docs' | tar -x -C "$SRC"
     cp /usr/local/cuda/include/nccl.h "$SRC/.nccl/"
     echo "packed $(git -C "$root" rev-parse --short HEAD) into $SRC ($(du -sh "$SRC" | cut -f1))" ;;
+  prebuilt)
+    BIN="$root/.carry-bin"
+    rm -rf "$BIN" && mkdir -p "$BIN/lib"
+    find "$root/${BUILD:-build-ops}" -maxdepth 3 -type f -perm -u+x \( -name 'test_cuda_*' -o -name test_gpu_device \
+      -o -name zipage-bench -o -name 'bench_decode_attention' -o -name 'bench_fp8_gemm_configs' \) -exec cp {} "$BIN"/ \;
+    for lib in $(ldd "$BIN"/* 2>/dev/null | awk '/libbenchmark/ { print $3 }' | sort -u); do cp -L "$lib" "$BIN/lib/"; done
+    echo "$root" > "$BIN/ROOT"
+    git -C "$root" rev-parse --short HEAD > "$BIN/COMMIT"
+    echo "prebuilt $(cat "$BIN/COMMIT") ($(ls "$BIN" | grep -vc '^lib$\|ROOT\|COMMIT') binaries, $(du -sh "$BIN" | cut -f1)) in $BIN" ;;
   build)
     BD=${BD:-/tmp/bd}
     for d in models data tests/data; do ln -sfn "$root/$d" "$SRC/$d"; done
@@ -26,5 +40,5 @@ case "${1:-}" in
     cmake --build "$BD" -j "${JOBS:-16}" --target ${TARGETS:?TARGETS names the targets to build} \
       > "${OUT:-/tmp}/build.log" 2>&1 || { tail -40 "${OUT:-/tmp}/build.log"; exit 1; }
     echo "built ${TARGETS} in $BD" ;;
-  *) echo "usage: $0 pack|build" >&2; exit 2 ;;
+  *) echo "usage: $0 pack|prebuilt|build" >&2; exit 2 ;;
 esac

@@ -7,11 +7,12 @@
 #     (with OP_TIMING_AB=1 a second time with AB_FLAG);
 #  4. the Qwen3-8B long workload, compressed, without and with AB_FLAG (default --unfused-projections; e.g.
 #     --no-fused-quantize or --fp8-decode-kernel=split_kv: one word), in boxes of AB_BOX s (0: skip): FP8 KV + FP8 weights, then bf16 + bf16 when AB_BF16=1;
-#     AB_FLAGS: more zipage-bench flags for both (e.g. "--prompt-len 2048": the compressed steady state at once);
+#     AB_FLAG=none: the first run only; AB_FLAGS: more zipage-bench flags for both (e.g. "--prompt-len 2048": the compressed steady state at once);
 #  5. cells of the 16k steady-state grid through bench/run_grid_cell.sh, one after another while BUDGET_S leaves
 #     room: GRID_CELLS="MODE:KV:WEIGHTS:BOX ..." (e.g. "full:fp8:fp8:900 compressed:fp8:fp8:300": the ratio
 #     compressed / full KV measured in one session), else the one cell GRID_MODE compressed|full, GRID_KV
 #     fp8|bf16, GRID_WEIGHTS fp8|bf16, GRID_BOX s (900). GRID_BOX=0 or GRID_CELLS=none: no grid.
+# PREBUILT=.carry-bin: run binaries built here instead of building on the device (bench/device_build.sh prebuilt).
 # SERIAL_TESTS / CONCURRENT_TESTS: the GPU tests to build and run (default: all; e.g. SERIAL_TESTS="" and
 # CONCURRENT_TESTS="test_cuda_wgmma test_cuda_kernels" for a short build when only the kernels changed).
 # With FP8_GEMM_CONFIGS=1, after the tests: bench_fp8_gemm_configs (every cuBLASLt configuration of the block-scaled
@@ -65,14 +66,24 @@ case "${1:-}" in
     ALL_CONCURRENT="test_cuda_wgmma test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_nccl_communicator test_tp_nccl_engine"
     SERIAL=${SERIAL_TESTS-$ALL_SERIAL}
     CONC=${CONCURRENT_TESTS-$ALL_CONCURRENT}
-    TARGETS="$SERIAL $CONC zipage-bench bench_decode_attention bench_fp8_gemm_configs" \
-      JOBS=16 OUT="$D" bench/device_build.sh build > "$D/build_status.txt" 2>&1
-    st "build rc=$?"
     # The binaries' links live under /tmp: each `run` call copies the working tree anew, which would remove an
     # untracked folder in it while this driver still runs.
     B=/tmp/dev-bin
     mkdir -p "$B"
-    find /tmp/bd -maxdepth 3 -type f -perm -u+x \( -name 'test_*' -o -name zipage-bench -o -name 'bench_*' \) -exec ln -sfn {} "$B"/ \;
+    if [ -n "${PREBUILT:-}" ]; then
+      # Binaries built on the development machine (bench/device_build.sh prebuilt): copied out of the working tree,
+      # their library beside them, and their checkout's absolute path linked to this copy (data files).
+      cp -r "$PREBUILT"/. "$B"/
+      export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      built_root=$(cat "$B/ROOT")
+      [ -e "$built_root" ] || { mkdir -p "$(dirname "$built_root")" && ln -sfn "$PWD" "$built_root"; }
+      st "prebuilt binaries of $(cat "$B/COMMIT"), $built_root -> $(readlink -f "$built_root")"
+    else
+      TARGETS="$SERIAL $CONC zipage-bench bench_decode_attention bench_fp8_gemm_configs" \
+        JOBS=16 OUT="$D" bench/device_build.sh build > "$D/build_status.txt" 2>&1
+      st "build rc=$?"
+      find /tmp/bd -maxdepth 3 -type f -perm -u+x \( -name 'test_*' -o -name zipage-bench -o -name 'bench_*' \) -exec ln -sfn {} "$B"/ \;
+    fi
     OUT="$D" DEADLINE_S=260 BIN="$B" TESTS="$SERIAL" CONCURRENT="$CONC" bench/run_gpu_tests.sh > /dev/null 2>&1
     cp /tmp/test_cuda_engine.log /tmp/test_cuda_fp8_gemm.log /tmp/test_cuda_kernels.log /tmp/test_cuda_wgmma.log "$D/" 2>/dev/null
     st "tests done: test_cuda_kernels $(tail -1 "$D/test_cuda_kernels.log" 2>/dev/null); $(grep -c '^\[FAIL\]' "$D/test_cuda_kernels.log" 2>/dev/null) [FAIL] lines"
@@ -129,8 +140,8 @@ case "${1:-}" in
     ab() { long_run "ab_kv$1_w$2${3:+_$tag}" "${AB_BOX:-100}" "$1" "$2" --json "$D/ab.jsonl" ${AB_FLAGS:-} ${3:+"$3"}; }
     if [ "${AB_BOX:-100}" -gt 0 ]; then
       ab fp8 fp8 ""
-      ab fp8 fp8 "$flag"
-      if [ "${AB_BF16:-0}" = 1 ]; then ab auto none ""; ab auto none "$flag"; fi
+      [ "$flag" = none ] || ab fp8 fp8 "$flag"
+      if [ "${AB_BF16:-0}" = 1 ]; then ab auto none ""; [ "$flag" = none ] || ab auto none "$flag"; fi
     fi
     cells=${GRID_CELLS:-${GRID_MODE:-compressed}:${GRID_KV:-fp8}:${GRID_WEIGHTS:-fp8}:${GRID_BOX:-900}}
     [ "${GRID_BOX:-900}" = 0 ] && cells=none
