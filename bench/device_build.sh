@@ -4,8 +4,9 @@
 #   here:        bench/device_build.sh pack            # .carry-src = `git archive HEAD` (+ nccl.h), no data
 #   on device:   TARGETS="zipage-eval test_cuda_fp8_kv" JOBS=16 bench/device_build.sh build
 #   or, to skip the device build (~150 s of device time): build here (Release, -DZIPAGE_ENABLE_CUDA=ON
-#   -DCMAKE_CUDA_ARCHITECTURES=90a, in BUILD=build-ops), then `bench/device_build.sh prebuilt` copies the GPU test and
-#   bench binaries and the one library the device image lacks in this version (Debian's libbenchmark) into
+#   -DCMAKE_CUDA_ARCHITECTURES=90a, in BUILD=build-ops), then `TARGETS="test_cuda_kernels zipage-bench"
+#   bench/device_build.sh prebuilt` builds those targets there and copies them and the one library the device image
+#   lacks in this version (Debian's libbenchmark) into
 #   .carry-bin; carry it and run `PREBUILT=.carry-bin bench/run_fused_ab.sh start`. The binaries name data files by
 #   the absolute paths of this checkout (.carry-bin/ROOT), which the driver links to the device's copy.
 # The build goes to $BD (default /tmp/bd, kept between calls while the machine stays warm); models/, data/
@@ -21,10 +22,11 @@ case "${1:-}" in
     cp /usr/local/cuda/include/nccl.h "$SRC/.nccl/"
     echo "packed $(git -C "$root" rev-parse --short HEAD) into $SRC ($(du -sh "$SRC" | cut -f1))" ;;
   prebuilt)
-    BIN="$root/.carry-bin"
+    BIN="$root/.carry-bin" BD="$root/${BUILD:-build-ops}"
+    # shellcheck disable=SC2086
+    cmake --build "$BD" -j "${JOBS:-2}" --target ${TARGETS:?TARGETS names the binaries to build and carry} > /dev/null
     rm -rf "$BIN" && mkdir -p "$BIN/lib"
-    find "$root/${BUILD:-build-ops}" -maxdepth 3 -type f -perm -u+x \( -name 'test_cuda_*' -o -name test_gpu_device \
-      -o -name zipage-bench -o -name 'bench_decode_attention' -o -name 'bench_fp8_gemm_configs' \) -exec cp {} "$BIN"/ \;
+    for t in $TARGETS; do find "$BD" -maxdepth 3 -type f -perm -u+x -name "$t" -exec cp {} "$BIN"/ \;; done
     for lib in $(ldd "$BIN"/* 2>/dev/null | awk '/libbenchmark/ { print $3 }' | sort -u); do cp -L "$lib" "$BIN/lib/"; done
     echo "$root" > "$BIN/ROOT"
     git -C "$root" rev-parse --short HEAD > "$BIN/COMMIT"
