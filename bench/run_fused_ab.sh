@@ -73,7 +73,7 @@ case "${1:-}" in
     if [ -n "${PREBUILT:-}" ]; then
       # Binaries built on the development machine (bench/device_build.sh prebuilt): copied out of the working tree,
       # their library beside them, and their checkout's absolute path linked to this copy (data files).
-      cp -r "$PREBUILT"/. "$B"/
+      tar -C "$B" -xJf "$PREBUILT/bin.tar.xz"
       export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
       built_root=$(cat "$B/ROOT")
       [ -e "$built_root" ] || { mkdir -p "$(dirname "$built_root")" && ln -sfn "$PWD" "$built_root"; }
