@@ -90,8 +90,8 @@ inline constexpr fp8_decode_kernel all_fp8_decode_kernels[] = {
 // cannot split, so a batch of few CTAs over long contexts keeps the split-KV kernel's parallelism. Measured on the
 // H200 at 32/8 heads, 3 CTAs per multiprocessor (docs/benchmarks.md, 2026-12-03 09:03): at 64 sequences (1.3
 // waves) the swapped kernel lost 12% at 8k-16k tokens against 2-3 splits; at 256 and 512 sequences (5.2 and 10.3
-// waves) it won 1-14% against 2-4 splits. (At the default depth, 4 CTAs per multiprocessor, 2 waves are 132
-// sequences of 8 KV heads.)
+// waves) it won 1-14% against 2-4 splits. At the default depth (4 CTAs per multiprocessor; 2 waves are 132
+// sequences of 8 KV heads) 128 sequences, 1.94 waves, were the break-even: 4% faster at 8k tokens, 1% slower at 16k.
 inline constexpr double kSwappedDecodeMinWaves = 2.0;
 
 // The kernel an FP8 decode launch runs: `requested` made concrete. `swapped_fits`: decode_swapped_supported for the
