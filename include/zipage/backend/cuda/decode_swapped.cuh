@@ -4,15 +4,15 @@
 // 12 of them are padding. Here the rows are tokens (QK) and head-dimension values (PV) and the heads the 8 columns,
 // which halves the MMAs per 16-token step and the registers of Q and of the accumulators. FP8 K/V only, head_dim 128,
 // groups of up to 8 heads, one split, bf16 output and, when wanted, its FP8 copy. The engine runs it by
-// cuda_backend_options::fp8_decode_kernel (automatic: where the split-KV plan has one split); bench_decode_attention's
+// cuda_backend_options::fp8_decode_kernel (automatic: resolve_fp8_decode_kernel's rule); bench_decode_attention's
 // decode_fp8_swapped cases measure it, test_cuda_kernels checks it against the CPU reference.
 #include "zipage/backend/cuda/decode_kernel.cuh"
 
 namespace zipage::cuda::detail {
 
 // Pipeline depths: 3 stages and 4 CTAs per multiprocessor (at most 128 registers, and 3 stages of shared memory,
-// 52.7 KB, fit 4 times), the default: 1-3% faster and 2-3% fewer joules per pass than 4 stages and 3 CTAs at the
-// compressed steady state in two runs (docs/benchmarks.md, 2026-12-03 08:44 and 09:03).
+// 52.7 KB, fit 4 times), the default: 1-3% faster and 1-3% fewer joules per pass than 4 stages and 3 CTAs at the
+// compressed steady state in three runs (docs/benchmarks.md, 2026-12-03 08:44-09:26).
 inline constexpr int kSwappedStages = 3;
 template <int STAGES>
 inline constexpr int kSwappedMinBlocks = STAGES == 3 ? 4 : 3;
