@@ -208,8 +208,10 @@ void launch_fp8_ablation(const zc::decode_params& p, cudaStream_t stream) {
   CK(cudaGetLastError());
 }
 
-// bm_decode's `ablate` value for the swapped-operand kernel (paged_decode_attention_swapped) instead.
+// bm_decode's `ablate` value for the swapped-operand kernel (paged_decode_attention_swapped) instead, and for its
+// direct-load prototype (paged_decode_attention_swapped_direct).
 constexpr int kSwappedKernel = 1 << 8;
+constexpr int kSwappedDirect = 1 << 9;
 
 void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void* ws, std::size_t ws_bytes,
                    int ablate, cudaStream_t stream) {
@@ -217,6 +219,7 @@ void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void
   switch (ablate) {
     case kSwappedKernel: return zc::paged_decode_attention_swapped(p, stream);  // its default depth, 3 stages
     case kSwappedKernel | 4: return zc::paged_decode_attention_swapped(p, stream, 4);
+    case kSwappedDirect: return zc::paged_decode_attention_swapped_direct(p, stream);
     case d::kAblateNone: return zc::paged_decode_attention(p, plan, ws, ws_bytes, stream);
     case d::kAblateQkMma: return launch_fp8_ablation<d::kAblateQkMma>(p, stream);
     case d::kAblatePvMma: return launch_fp8_ablation<d::kAblatePvMma>(p, stream);
@@ -544,6 +547,11 @@ int main(int argc, char** argv) {
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
           bm_decode(st, std::vector<int>(std::size_t(batch), ctx), 32, 8, 256, key, ctx, 3, 1, true, kSwappedKernel);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+        std::snprintf(name, sizeof name, "decode_fp8_swapped_direct/bs256/q32_kv8/batch%d/ctx%d", batch, ctx);
+        std::snprintf(key, sizeof key, "w%05d", order++);
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+          bm_decode(st, std::vector<int>(std::size_t(batch), ctx), 32, 8, 256, key, ctx, 3, 1, true, kSwappedDirect);
+        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
     // Ragged batches: lengths uniform in [1, 2 * mean].
     for (int bs : {256, 16})
@@ -599,6 +607,14 @@ int main(int argc, char** argv) {
         std::snprintf(key, sizeof key, "a%05d", order++);
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
           bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, stages == 4 ? kSwappedKernel | 4 : kSwappedKernel);
+        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+      }
+      // Its direct-load prototype (no shared-memory staging): what the cp.async round trip costs.
+      if (fp8) {
+        std::snprintf(name, sizeof name, "decode_fp8_swapped_direct/batch%d/steady2048-2304", batch);
+        std::snprintf(key, sizeof key, "a%05d", order++);
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, kSwappedDirect);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
       for (const auto& [ablate, what] : fp8 ? std::span(ablations) : std::span<const std::pair<int, const char*>>{}) {

@@ -220,12 +220,17 @@ std::size_t byte_mismatches(const dbuf<T>& a, const dbuf<T>& b) {
 // The decode kernel's FP8 copy of its output (decode_params::out_fp8, head_dim 128, one split): the output is the
 // same as without it, and the codes and scales are byte for byte what fp8::quantize_activations makes of that
 // output, padding rows zero (the copy's buffers start poisoned). p: a decode of any KV cache (bf16 or FP8).
-// swapped: the same of paged_decode_attention_swapped.
-void check_decode_fp8_copy(zc::decode_params p, const std::string& name, bool swapped = false) {
+// kernel: which decode kernel (the split-KV one, or the swapped-operand one staged or loading directly).
+enum class decode_under_test { split_kv, swapped, swapped_direct };
+void check_decode_fp8_copy(zc::decode_params p, const std::string& name,
+                           decode_under_test kernel = decode_under_test::split_kv) {
   const zc::decode_plan plan = zc::plan_decode(p, 1);
   auto run = [&] {
-    if (swapped) zc::paged_decode_attention_swapped(p, nullptr);
-    else zc::paged_decode_attention(p, plan, nullptr, 0, nullptr);
+    switch (kernel) {
+      case decode_under_test::swapped: return zc::paged_decode_attention_swapped(p, nullptr);
+      case decode_under_test::swapped_direct: return zc::paged_decode_attention_swapped_direct(p, nullptr);
+      case decode_under_test::split_kv: return zc::paged_decode_attention(p, plan, nullptr, 0, nullptr);
+    }
   };
   const int cols = p.num_q_heads * p.kv.head_dim;
   const int padded = zc::fp8::padded_rows(p.num_seqs);
@@ -569,7 +574,13 @@ void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, s
                     seqs, p.max_kv_len, stages);
       report(name, compare(setup.out.get(), ref), 1e-2);
     }
-    check_decode_fp8_copy(p, shape + " swapped-operand kernel", true);
+    setup.out.poison();
+    zc::paged_decode_attention_swapped_direct(p, nullptr);
+    report(shape + " seqs=" + std::to_string(seqs) + " max_len=" + std::to_string(p.max_kv_len) +
+               " swapped-operand kernel, direct loads",
+           compare(setup.out.get(), ref), 1e-2);
+    check_decode_fp8_copy(p, shape + " swapped-operand kernel", decode_under_test::swapped);
+    check_decode_fp8_copy(p, shape + " swapped, direct loads", decode_under_test::swapped_direct);
   }
   if (d == 128) check_decode_fp8_copy(p, shape);
 }
@@ -1130,6 +1141,11 @@ int main() {
       p.kv.head_dim = 128, p.num_q_heads = 16, p.kv.num_kv_heads = 1, p.kv.block_size = 16, p.num_seqs = 1;
       p.kv.k_scale = p.kv.v_scale = reinterpret_cast<float*>(16);
       zc::paged_decode_attention_swapped(p, nullptr);
+    });
+    expect_throw("the direct-load swapped decode rejects a bf16 cache", [] {
+      zc::decode_params p;
+      p.kv.head_dim = 128, p.num_q_heads = 32, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
+      zc::paged_decode_attention_swapped_direct(p, nullptr);
     });
     // The automatic FP8 decode kernel on this device's plan and occupancy: the compressed steady state of Qwen3-8B
     // (662 sequences of 2,304 tokens, 32/8 heads, 256-token blocks) fills the GPU without a split; 512 sequences of

@@ -48,9 +48,175 @@ __device__ __forceinline__ float load_qT_fragments_fp8(std::uint32_t (&qb)[8][2]
   return q.inverse();
 }
 
+// A warp's running state over its tokens: heads 2t, 2t + 1 (the maxima the same in every g after the reductions,
+// the sums this thread's tokens only until the epilogue); O^T rows d = 16g + i and 16g + 8 + i of d-tile i.
+struct swapped_acc {
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  float o[8][4] = {};
+  int v_exp = 127;
+};
+
+// One warp's 16 tokens, both kernels' tile body: S^T = K Q^T, the online softmax, O^T += V^T P'^T. k_chunk(half, c):
+// the 16 code bytes of chunk 2t + c of the warp's K row g + 8 * half; v_chunk(k): chunk g of its V row
+// 2t + (k & 1) + 8 * (k >> 1); zero codes past the end (half, c and k are constants after unrolling, so a kernel
+// holding them in registers indexes no local memory). ks0/ks1, vs0/vs1: rows g and g + 8's scales (0 past the end).
+// tok0: row g's token.
+template <class KChunk, class VChunk>
+__device__ __forceinline__ void swapped_tile(swapped_acc& acc, const std::uint32_t (&qb)[8][2], float q_mul,
+                                             KChunk&& k_chunk, VChunk&& v_chunk, float ks0, float ks1, float vs0,
+                                             float vs1, int tok0, int end, int g, int t) {
+  // S^T = K Q^T: rows tokens g, g + 8 of the warp's 16; A = their codes at d = 32t + 16c + 4i + {0..3}.
+  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const uint4 x0 = k_chunk(0, c);
+    const uint4 x1 = k_chunk(1, c);
+    const std::uint32_t r0[4] = {x0.x, x0.y, x0.z, x0.w}, r1[4] = {x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      std::uint32_t fa[4];  // (row g | g + 8) x (d + {0, 1} | d + {2, 3})
+      e4m3x4_to_f16x4(r0[i], fa[0], fa[2]);
+      e4m3x4_to_f16x4(r1[i], fa[1], fa[3]);
+      mma_f16(s, fa, qb[4 * c + i][0], qb[4 * c + i][1]);
+    }
+  }
+  ks0 *= q_mul, ks1 *= q_mul;
+  s[0] = tok0 < end ? s[0] * ks0 : -INFINITY;
+  s[1] = tok0 < end ? s[1] * ks0 : -INFINITY;
+  s[2] = tok0 + 8 < end ? s[2] * ks1 : -INFINITY;
+  s[3] = tok0 + 8 < end ? s[3] * ks1 : -INFINITY;
+
+  // Online softmax per head column: the maximum over the warp's 16 tokens (lanes of equal t).
+  float corr[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = fmaxf(s[h], s[h + 2]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+    const float m_new = fmaxf(acc.m[h], mx);
+    const float base = m_new == -INFINITY ? 0.0f : m_new;
+    corr[h] = fast_exp2(acc.m[h] - base);
+    acc.m[h] = m_new;
+    s[h] = fast_exp2(s[h] - base);
+    s[h + 2] = fast_exp2(s[h + 2] - base);
+    acc.l[h] = acc.l[h] * corr[h] + s[h] + s[h + 2];
+  }
+  // The warp's V scale exponent (normalise_v_scales' rule; the tokens vary with g only).
+  std::uint32_t mxv = max(__float_as_uint(vs0), __float_as_uint(vs1));
+  mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 4));
+  mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 8));
+  mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 16));
+  float norm;
+  const float rescale = v_exponent_step(mxv, acc.v_exp, norm);
+  vs0 *= norm, vs1 *= norm;
+  const float c0 = corr[0] * rescale, c1 = corr[1] * rescale;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc.o[i][0] *= c0, acc.o[i][1] *= c1, acc.o[i][2] *= c0, acc.o[i][3] *= c1;
+
+  // P'^T's B fragment: lane (g, t) needs head g at tokens 2t, 2t+1, 2t+8, 2t+9. Shuffle j sends each lane's
+  // value of token half j >> 1 and head parity (g + j) & 1 and reads lane (2t + ((g + j) & 1), g >> 1); odd g
+  // receive each token pair swapped (docs/architecture.md).
+  const float pp[4] = {s[0] * vs0, s[1] * vs0, s[2] * vs1, s[3] * vs1};  // (g | g+8) x (2t | 2t+1)
+  float recv[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int par = (g + j) & 1;
+    const float send = par ? pp[2 * (j >> 1) + 1] : pp[2 * (j >> 1)];  // a select, not a local-memory index
+    recv[j] = __shfl_sync(0xffffffffu, send, 4 * (2 * t + par) + (g >> 1));
+  }
+  const bool odd = (g & 1) != 0;
+  const std::uint32_t pb0 = odd ? pack_f16(recv[1], recv[0]) : pack_f16(recv[0], recv[1]);
+  const std::uint32_t pb1 = odd ? pack_f16(recv[3], recv[2]) : pack_f16(recv[2], recv[3]);
+
+  // O^T += V^T P'^T: V rows 2t, 2t+1, 2t+8, 2t+9, codes d = 16g .. 16g + 15 (one 16-byte chunk each).
+  std::uint32_t r[4][4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint4 x = v_chunk(k);
+    r[k][0] = x.x, r[k][1] = x.y, r[k][2] = x.z, r[k][3] = x.w;
+  }
+#pragma unroll
+  for (int wp = 0; wp < 2; ++wp) {
+    // top[h][e]: tokens (2t, 2t+1) at d = 16g + 4(wp + 2h) + e; bottom: tokens (2t+8, 2t+9).
+    std::uint32_t top[2][4], bottom[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int w = wp + 2 * h;
+      e4m3x4_to_f16x4(__byte_perm(r[0][w], r[1][w], 0x5140), top[h][0], top[h][1]);
+      e4m3x4_to_f16x4(__byte_perm(r[0][w], r[1][w], 0x7362), top[h][2], top[h][3]);
+      e4m3x4_to_f16x4(__byte_perm(r[2][w], r[3][w], 0x5140), bottom[h][0], bottom[h][1]);
+      e4m3x4_to_f16x4(__byte_perm(r[2][w], r[3][w], 0x7362), bottom[h][2], bottom[h][3]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {  // d-tile i = 4wp + e: rows d = 16g + i (h 0) and 16g + 8 + i (h 1)
+      const std::uint32_t fa[4] = {top[0][e], top[1][e], bottom[0][e], bottom[1][e]};
+      mma_f16(acc.o[4 * wp + e], fa, pb0, pb1);
+    }
+  }
+}
+
+// Both kernels' epilogue: the 4 warps' states merged per head (partial outputs through `smem`, [warps][8][D]
+// floats, free by now), the bf16 output and, when wanted, its FP8 copy.
+__device__ __forceinline__ void swapped_epilogue(const decode_args& a, swapped_acc& acc, unsigned char* smem,
+                                                 float (&s_m)[4][8], float (&s_l)[4][8], int seq, int qhead0) {
+  constexpr int D = 128, kThreads = 128;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  if (a.out_fp8.wanted() && seq == a.num_seqs - 1 && blockIdx.y == 0)  // the copy's padding rows, by one CTA
+    zero_fp8_copy_padding(a.out_fp8, a.num_seqs, a.num_q_heads * D);
+  const float ov = __uint_as_float(static_cast<std::uint32_t>(acc.v_exp) << 23);  // o back to units of 1
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    acc.l[h] += __shfl_xor_sync(0xffffffffu, acc.l[h], 4);
+    acc.l[h] += __shfl_xor_sync(0xffffffffu, acc.l[h], 8);
+    acc.l[h] += __shfl_xor_sync(0xffffffffu, acc.l[h], 16);
+  }
+  float* so = reinterpret_cast<float*>(smem);  // [warps][8 heads][D]
+  if (g == 0) {
+    s_m[warp][2 * t] = acc.m[0], s_m[warp][2 * t + 1] = acc.m[1];
+    s_l[warp][2 * t] = acc.l[0], s_l[warp][2 * t + 1] = acc.l[1];
+  }
+  const auto& o = acc.o;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float* row = so + (warp * 8 + 2 * t + h) * D + 16 * g;
+    *reinterpret_cast<float4*>(row) = make_float4(o[0][h] * ov, o[1][h] * ov, o[2][h] * ov, o[3][h] * ov);
+    *reinterpret_cast<float4*>(row + 4) = make_float4(o[4][h] * ov, o[5][h] * ov, o[6][h] * ov, o[7][h] * ov);
+    *reinterpret_cast<float4*>(row + 8) =
+        make_float4(o[0][h + 2] * ov, o[1][h + 2] * ov, o[2][h + 2] * ov, o[3][h + 2] * ov);
+    *reinterpret_cast<float4*>(row + 12) =
+        make_float4(o[4][h + 2] * ov, o[5][h + 2] * ov, o[6][h + 2] * ov, o[7][h + 2] * ov);
+  }
+  __syncthreads();
+
+  for (int item = tid; item < a.group * (D / 8); item += kThreads) {
+    const int h = item / (D / 8), c = item % (D / 8);
+    float accum[8], lt;
+    merge_warp_states<D>(s_m, s_l, so, h, c, accum, lt);
+    const std::int64_t row = std::int64_t{seq} * a.num_q_heads + qhead0 + h;
+    const uint4 packed = float_to_bf16x8(accum);
+    *reinterpret_cast<uint4*>(a.out + row * D + c * 8) = packed;
+    // A head's 16 items are 16 consecutive threads, one half-warp (the copy's group scale is a half-warp's amax).
+    if (a.out_fp8.wanted()) store_fp8_copy8(a.out_fp8, seq, a.num_q_heads * D, (qhead0 + h) * D + c * 8, packed);
+  }
+}
+
+// Q's bf16 rows of a (sequence, KV head) into the swizzled tile at `sq` (rows past the group: any valid row).
+__device__ __forceinline__ void swapped_load_q(const decode_args& a, std::uint32_t sq, int seq, int qhead0) {
+  constexpr int D = 128;
+  const bf16* qsrc = a.q + (std::int64_t{seq} * a.num_q_heads + qhead0) * D;
+  for (int c = threadIdx.x; c < 8 * (D / 8); c += 128) {
+    const int r = c / (D / 8), ch = c % (D / 8);
+    cp_async_16(sq + swz<D>(r, ch), r < a.group ? qsrc + r * D + ch * 8 : qsrc, r < a.group);
+  }
+}
+
 // grid (1, kv_heads, num_seqs); CTA: one (sequence, KV head), its whole cache, up to 8 query heads. Each of the
-// 4 warps takes 16 tokens of every 64-token tile. Thread (g, t): S^T rows (tokens) g and g + 8, columns (heads)
-// 2t and 2t + 1; O^T rows d = 16g + i and 16g + 8 + i of d-tile i, the same two heads.
+// 4 warps takes 16 tokens of every 64-token tile, staged in shared memory by a cp.async pipeline of STAGES tiles.
+// Thread (g, t): S^T rows (tokens) g and g + 8, columns (heads) 2t and 2t + 1; O^T rows d = 16g + i and
+// 16g + 8 + i of d-tile i, the same two heads.
 template <int STAGES>
 __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_swapped_kernel(const decode_args a) {
   constexpr int D = 128, kThreads = 128, kWarps = 4;
@@ -65,8 +231,7 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
   const int seq = blockIdx.z;
   const int end = a.kv_len[seq];
   const std::int32_t page_base = a.page_indptr[seq];
-  const int group = a.group;
-  const int qhead0 = kvh * group;
+  const int qhead0 = kvh * a.group;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
 
@@ -74,22 +239,13 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
   const std::uint32_t skv = sq + kQBytes;
   loader_t loader(a.k8, a.v8, a.k_scale, a.v_scale, a.page_indices + page_base, a.num_kv_heads, kvh, a.bs_shift, tid);
   loader.prefetch(0, end);
-  const bf16* qsrc = a.q + (std::int64_t{seq} * a.num_q_heads + qhead0) * D;
-  for (int c = tid; c < 8 * (D / 8); c += kThreads) {
-    const int r = c / (D / 8), ch = c % (D / 8);
-    cp_async_16(sq + swz<D>(r, ch), r < group ? qsrc + r * D + ch * 8 : qsrc, r < group);
-  }
+  swapped_load_q(a, sq, seq, qhead0);
   const int ntiles = (end + kKvTile - 1) / kKvTile;
   kv_pipeline_start<STAGES>(loader, skv, 0, end, ntiles);
 
-  float m[2] = {-INFINITY, -INFINITY};  // heads 2t, 2t + 1 (the same in every g after the reductions)
-  float l[2] = {0.0f, 0.0f};            // this thread's tokens only, until the epilogue
-  float o[8][4];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  swapped_acc acc;
   std::uint32_t qb[8][2];
   float q_mul = a.scale_log2;
-  int v_exp = 127;
 
   for (int it = 0; it < ntiles; ++it) {
     kv_pipeline_wait<STAGES>(loader, skv, it, 0, end, ntiles);
@@ -97,142 +253,117 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
     const int tile_start = it * kKvTile;
     const unsigned char* stage = smem + kQBytes + (it % STAGES) * loader_t::kStageBytes;
     if (tile_start + warp * 16 < end) {
-      // S^T = K Q^T: rows tokens g, g + 8 of the warp's 16; A = their codes at d = 32t + 16c + 4i + {0..3}.
-      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       const unsigned char* kc = stage + loader_t::kKOffset;
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const uint4 x0 = *reinterpret_cast<const uint4*>(kc + k8_off<D>(warp * 16 + g, 2 * t + c));
-        const uint4 x1 = *reinterpret_cast<const uint4*>(kc + k8_off<D>(warp * 16 + g + 8, 2 * t + c));
-        const std::uint32_t r0[4] = {x0.x, x0.y, x0.z, x0.w}, r1[4] = {x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          std::uint32_t fa[4];  // (row g | g + 8) x (d + {0, 1} | d + {2, 3})
-          e4m3x4_to_f16x4(r0[i], fa[0], fa[2]);
-          e4m3x4_to_f16x4(r1[i], fa[1], fa[3]);
-          mma_f16(s, fa, qb[4 * c + i][0], qb[4 * c + i][1]);
-        }
-      }
-      const float* scales = reinterpret_cast<const float*>(stage + loader_t::kScaleOffset) + warp * 16;
-      const int tok0 = tile_start + warp * 16 + g;
-      const float ks0 = scales[g] * q_mul, ks1 = scales[g + 8] * q_mul;
-      float vs0 = scales[kKvTile + g], vs1 = scales[kKvTile + g + 8];
-      s[0] = tok0 < end ? s[0] * ks0 : -INFINITY;
-      s[1] = tok0 < end ? s[1] * ks0 : -INFINITY;
-      s[2] = tok0 + 8 < end ? s[2] * ks1 : -INFINITY;
-      s[3] = tok0 + 8 < end ? s[3] * ks1 : -INFINITY;
-
-      // Online softmax per head column: the maximum over the warp's 16 tokens (lanes of equal t).
-      float corr[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = fmaxf(s[h], s[h + 2]);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float m_new = fmaxf(m[h], mx);
-        const float base = m_new == -INFINITY ? 0.0f : m_new;
-        corr[h] = fast_exp2(m[h] - base);
-        m[h] = m_new;
-        s[h] = fast_exp2(s[h] - base);
-        s[h + 2] = fast_exp2(s[h + 2] - base);
-        l[h] = l[h] * corr[h] + s[h] + s[h + 2];
-      }
-      // The warp's V scale exponent (normalise_v_scales' rule; the tokens vary with g only).
-      std::uint32_t mxv = max(__float_as_uint(vs0), __float_as_uint(vs1));
-      mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 4));
-      mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 8));
-      mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 16));
-      float norm;
-      const float rescale = v_exponent_step(mxv, v_exp, norm);
-      vs0 *= norm, vs1 *= norm;
-      const float c0 = corr[0] * rescale, c1 = corr[1] * rescale;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) o[i][0] *= c0, o[i][1] *= c1, o[i][2] *= c0, o[i][3] *= c1;
-
-      // P'^T's B fragment: lane (g, t) needs head g at tokens 2t, 2t+1, 2t+8, 2t+9. Shuffle j sends each lane's
-      // value of token half j >> 1 and head parity (g + j) & 1 and reads lane (2t + ((g + j) & 1), g >> 1); odd g
-      // receive each token pair swapped (docs/architecture.md).
-      const float pp[4] = {s[0] * vs0, s[1] * vs0, s[2] * vs1, s[3] * vs1};  // (g | g+8) x (2t | 2t+1)
-      float recv[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int par = (g + j) & 1;
-        const float send = par ? pp[2 * (j >> 1) + 1] : pp[2 * (j >> 1)];  // a select, not a local-memory index
-        recv[j] = __shfl_sync(0xffffffffu, send, 4 * (2 * t + par) + (g >> 1));
-      }
-      const bool odd = (g & 1) != 0;
-      const std::uint32_t pb0 = odd ? pack_f16(recv[1], recv[0]) : pack_f16(recv[0], recv[1]);
-      const std::uint32_t pb1 = odd ? pack_f16(recv[3], recv[2]) : pack_f16(recv[2], recv[3]);
-
-      // O^T += V^T P'^T: V rows 2t, 2t+1, 2t+8, 2t+9, codes d = 16g .. 16g + 15 (one 16-byte load each).
       const unsigned char* vc = stage + loader_t::kVOffset;
-      std::uint32_t r[4][4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint4 x = *reinterpret_cast<const uint4*>(vc + v8_off<D>(warp * 16 + 2 * t + (k & 1) + 8 * (k >> 1), g));
-        r[k][0] = x.x, r[k][1] = x.y, r[k][2] = x.z, r[k][3] = x.w;
-      }
-#pragma unroll
-      for (int wp = 0; wp < 2; ++wp) {
-        // top[h][e]: tokens (2t, 2t+1) at d = 16g + 4(wp + 2h) + e; bottom: tokens (2t+8, 2t+9).
-        std::uint32_t top[2][4], bottom[2][4];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int w = wp + 2 * h;
-          e4m3x4_to_f16x4(__byte_perm(r[0][w], r[1][w], 0x5140), top[h][0], top[h][1]);
-          e4m3x4_to_f16x4(__byte_perm(r[0][w], r[1][w], 0x7362), top[h][2], top[h][3]);
-          e4m3x4_to_f16x4(__byte_perm(r[2][w], r[3][w], 0x5140), bottom[h][0], bottom[h][1]);
-          e4m3x4_to_f16x4(__byte_perm(r[2][w], r[3][w], 0x7362), bottom[h][2], bottom[h][3]);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {  // d-tile i = 4wp + e: rows d = 16g + i (h 0) and 16g + 8 + i (h 1)
-          const std::uint32_t fa[4] = {top[0][e], top[1][e], bottom[0][e], bottom[1][e]};
-          mma_f16(o[4 * wp + e], fa, pb0, pb1);
-        }
-      }
+      const float* scales = reinterpret_cast<const float*>(stage + loader_t::kScaleOffset) + warp * 16;
+      swapped_tile(
+          acc, qb, q_mul,
+          [&](int half, int c) {
+            return *reinterpret_cast<const uint4*>(kc + k8_off<D>(warp * 16 + g + 8 * half, 2 * t + c));
+          },
+          [&](int k) {
+            return *reinterpret_cast<const uint4*>(vc + v8_off<D>(warp * 16 + 2 * t + (k & 1) + 8 * (k >> 1), g));
+          },
+          scales[g],
+          scales[g + 8], scales[kKvTile + g], scales[kKvTile + g + 8], tile_start + warp * 16 + g, end, g, t);
     }
     __syncthreads();
   }
   cp_async_wait<0>();
   __syncthreads();
+  swapped_epilogue(a, acc, smem, s_m, s_l, seq, qhead0);
+}
 
-  if (a.out_fp8.wanted() && seq == a.num_seqs - 1 && kvh == 0)  // the copy's padding rows, by one CTA
-    zero_fp8_copy_padding(a.out_fp8, a.num_seqs, a.num_q_heads * D);
-  const float ov = __uint_as_float(static_cast<std::uint32_t>(v_exp) << 23);  // o back to units of 1
+// Prototype (docs/architecture.md, "Decode attention and the power cap"): the same math with no shared-memory
+// staging. Each warp loads its 16-token chunks' codes and scales straight from global memory into the registers the
+// MMAs read (the rows' 16-byte chunks are the fragments' bytes: k_chunk and v_chunk of swapped_tile), the next chunk
+// while it computes the current one. What it may save is the cp.async round trip through shared memory and the
+// CTA-wide barriers, which the energy ablations put at up to ~90 mJ of a 550 mJ pass (docs/benchmarks.md,
+// 2026-12-03 08:44). Shared memory holds only Q and the epilogue's partial outputs.
+struct swapped_chunk {
+  uint4 k[2][2];  // K rows g, g + 8 (first index), chunks 2t, 2t + 1
+  uint4 v[4];     // V rows 2t, 2t + 1, 2t + 8, 2t + 9, chunk g
+  float ks[2], vs[2];  // rows g, g + 8
+};
+
+__device__ __forceinline__ uint4 ld_stream_16(const std::uint8_t* p) {
+  uint4 x;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+               : "l"(p));
+  return x;
+}
+
+// The registers of the 16 tokens from `base` of one (sequence, KV head): zero codes and scales past `end`.
+__device__ __forceinline__ void swapped_load_chunk(swapped_chunk& x, const decode_args& a, const std::int32_t* pages,
+                                                   int kvh, int base, int end, int g, int t) {
+  constexpr int D = 128;
+  const int mask = (1 << a.bs_shift) - 1;
+  const std::int64_t token_stride = std::int64_t{a.num_kv_heads} * D;
+  // A chunk of 16 tokens lies in one block when blocks hold 16 or more (chunks start at multiples of 16).
+  const std::int32_t chunk_page = a.bs_shift >= 4 && base < end ? __ldg(pages + (base >> a.bs_shift)) : 0;
+  auto slot = [&](int tok) -> std::int64_t {
+    const std::int32_t page = a.bs_shift >= 4 ? chunk_page : __ldg(pages + (tok >> a.bs_shift));
+    return (static_cast<std::int64_t>(page) << a.bs_shift) | (tok & mask);
+  };
+  const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 4);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 8);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 16);
-  }
-  float* so = reinterpret_cast<float*>(smem);  // [warps][8 heads][D]
-  if (g == 0) {
-    s_m[warp][2 * t] = m[0], s_m[warp][2 * t + 1] = m[1];
-    s_l[warp][2 * t] = l[0], s_l[warp][2 * t + 1] = l[1];
+  for (int half = 0; half < 2; ++half) {
+    const int tok = base + g + 8 * half;
+    const bool valid = tok < end;
+    const std::int64_t s = valid ? slot(tok) : 0;
+    const std::uint8_t* krow = a.k8 + s * token_stride + kvh * D + 32 * t;
+    x.k[half][0] = valid ? ld_stream_16(krow) : zero;
+    x.k[half][1] = valid ? ld_stream_16(krow + 16) : zero;
+    x.ks[half] = valid ? __ldg(a.k_scale + s * a.num_kv_heads + kvh) : 0.0f;
+    x.vs[half] = valid ? __ldg(a.v_scale + s * a.num_kv_heads + kvh) : 0.0f;
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float* row = so + (warp * 8 + 2 * t + h) * D + 16 * g;
-    *reinterpret_cast<float4*>(row) = make_float4(o[0][h] * ov, o[1][h] * ov, o[2][h] * ov, o[3][h] * ov);
-    *reinterpret_cast<float4*>(row + 4) = make_float4(o[4][h] * ov, o[5][h] * ov, o[6][h] * ov, o[7][h] * ov);
-    *reinterpret_cast<float4*>(row + 8) =
-        make_float4(o[0][h + 2] * ov, o[1][h + 2] * ov, o[2][h + 2] * ov, o[3][h + 2] * ov);
-    *reinterpret_cast<float4*>(row + 12) =
-        make_float4(o[4][h + 2] * ov, o[5][h + 2] * ov, o[6][h + 2] * ov, o[7][h + 2] * ov);
+  for (int k = 0; k < 4; ++k) {
+    const int tok = base + 2 * t + (k & 1) + 8 * (k >> 1);
+    const bool valid = tok < end;
+    const std::int64_t s = valid ? slot(tok) : 0;
+    x.v[k] = valid ? ld_stream_16(a.v8 + s * token_stride + kvh * D + 16 * g) : zero;
   }
+}
+
+inline constexpr int kSwappedDirectSmemBytes = 4 * 8 * 128 * 4;  // the epilogue's partial outputs (Q fits below)
+
+template <int MIN_BLOCKS>
+__global__ void __launch_bounds__(128, MIN_BLOCKS) paged_decode_swapped_direct_kernel(const decode_args a) {
+  constexpr int kWarps = 4;
+  static_assert(kSwappedQBytes <= kSwappedDirectSmemBytes);
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float s_m[kWarps][8];
+  __shared__ float s_l[kWarps][8];
+
+  const int kvh = blockIdx.y;
+  const int seq = blockIdx.z;
+  const int end = a.kv_len[seq];
+  const std::int32_t* pages = a.page_indices + a.page_indptr[seq];
+  const int qhead0 = kvh * a.group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+
+  // The first chunk's loads go out before Q's wait.
+  swapped_chunk cur, next;
+  if (warp * 16 < end) swapped_load_chunk(cur, a, pages, kvh, warp * 16, end, g, t);
+  swapped_load_q(a, smem_addr(smem), seq, qhead0);
+  cp_async_wait<0>();
   __syncthreads();
+  std::uint32_t qb[8][2];
+  const float q_mul = a.scale_log2 * load_qT_fragments_fp8(qb, smem, lane);
+  __syncthreads();  // every warp holds Q before the epilogue reuses its shared memory
 
-  for (int item = tid; item < group * (D / 8); item += kThreads) {
-    const int h = item / (D / 8), c = item % (D / 8);
-    float acc[8], lt;
-    merge_warp_states<D>(s_m, s_l, so, h, c, acc, lt);
-    const std::int64_t row = std::int64_t{seq} * a.num_q_heads + qhead0 + h;
-    const uint4 packed = float_to_bf16x8(acc);
-    *reinterpret_cast<uint4*>(a.out + row * D + c * 8) = packed;
-    // A head's 16 items are 16 consecutive threads, one half-warp (the copy's group scale is a half-warp's amax).
-    if (a.out_fp8.wanted()) store_fp8_copy8(a.out_fp8, seq, a.num_q_heads * D, (qhead0 + h) * D + c * 8, packed);
+  swapped_acc acc;
+  for (int base = warp * 16; base < end; base += kWarps * 16) {
+    if (base + kWarps * 16 < end) swapped_load_chunk(next, a, pages, kvh, base + kWarps * 16, end, g, t);
+    swapped_tile(
+        acc, qb, q_mul, [&](int half, int c) { return cur.k[half][c]; }, [&](int k) { return cur.v[k]; }, cur.ks[0],
+        cur.ks[1], cur.vs[0], cur.vs[1], base + g, end, g, t);
+    cur = next;
   }
+  swapped_epilogue(a, acc, smem, s_m, s_l, seq, qhead0);
 }
 
 }  // namespace zipage::cuda::detail
