@@ -18,9 +18,11 @@
 // copies), CUDA-graph replays and captures, where the compression worker spent its time (device gathers, host scoring, compaction),
 // and the physical ceiling: per step max((weight bytes + KV bytes read) / copy bandwidth,
 // 2 * params * tokens / GEMM rate), with both rates measured in the same run, summed over the steps and
-// divided by the measured time. On the bf16 CUDA backend every built-in policy (--policy) is scored, selected
-// and compacted on the device in batches (cuda_backend::compress_on_device; the "compression worker" column
-// shows its time and batches, and the run's line its time per request and share of the wall time).
+// divided by the measured time; and a power-aware ceiling that also bounds each step by its energy floor (its bytes
+// and FLOPs at joules measured in the same process, over the board's power limit: energy_costs). On the bf16 CUDA
+// backend every built-in policy (--policy) is scored, selected and compacted on the device in batches
+// (cuda_backend::compress_on_device; the "compression worker" column shows its time and batches, and the run's line
+// its time per request and share of the wall time).
 #include <malloc.h>
 
 #include <CLI/CLI.hpp>
@@ -32,6 +34,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -268,6 +271,60 @@ void linear_bench(const cuda_backend& b, const model_config& c) {
   if (!meter.available()) std::printf("(no energy columns: %s)\n", meter.why_unavailable().c_str());
 }
 
+// The power-aware ceiling's constants, measured in the same process before the runs (docs/benchmarks.md, "part 3
+// against a power-aware ceiling"): the joules per byte of a weight-streaming GEMV (8 rows: memory-bound, what a
+// decode step's bytes cost), the joules per FLOP of the model's widest GEMM at 1,024 rows (its best efficiency),
+// both in the run's weight format, and the board's power limit. A step then takes at least its bytes' and FLOPs'
+// joules over the limit. Both costs are the whole board's (static power included) at full clocks, so the floor is
+// a floor. All 0 without NVML.
+struct energy_costs {
+  double joules_per_byte = 0, joules_per_flop = 0, power_limit_w = 0;
+  std::string why_not;  // when unavailable
+  [[nodiscard]] bool available() const { return joules_per_byte > 0 && joules_per_flop > 0 && power_limit_w > 0; }
+  // The energy floor of a step that reads `bytes` and runs `flops`, in seconds at the power limit (0: unavailable).
+  [[nodiscard]] double floor_seconds(double bytes, double flops) const {
+    return available() ? (bytes * joules_per_byte + flops * joules_per_flop) / power_limit_w : 0.0;
+  }
+};
+
+energy_costs measure_energy_costs(const cuda_backend& b, const model_config& c) {
+  energy_costs e;
+  const zipage::cuda::energy_meter meter;
+  const std::optional<double> limit = meter.power_limit_watts();
+  if (!meter.available() || !limit) {
+    e.why_not = meter.available() ? "NVML gives no power limit" : meter.why_unavailable();
+    return e;
+  }
+  cuda_tensor w = b.random_tensor(2 * c.ffn_size, c.hidden_size, 1.0f / std::sqrt(float(c.hidden_size)), 91);
+  b.prepare_linear_weight(w);  // FP8 with block scales when the run's weights are FP8
+  // Joules per call of `w` on `m` rows, over ~1 s of back-to-back calls (0 when the sampler saw too little).
+  auto joules_per_call = [&](int m) {
+    const cuda_tensor x = b.random_tensor(m, c.hidden_size, 1.0f, 92);
+    cuda_tensor out;
+    for (int i = 0; i < 5; ++i) b.linear(x, w, out);
+    b.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 20; ++i) b.linear(x, w, out);
+    b.synchronize();
+    const double per_call = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 20;
+    const int calls = static_cast<int>(std::ceil(1.0 / std::max(per_call, 1e-7)));
+    const auto span = zipage::cuda::measure_work_energy(meter, 20, [&] {
+      for (int i = 0; i < calls; ++i) b.linear(x, w, out);
+      b.synchronize();
+    });
+    return span.samples > 0 ? span.joules / calls : 0.0;
+  };
+  const double gemv = joules_per_call(8), gemm = joules_per_call(1024);
+  if (gemv <= 0 || gemm <= 0) {
+    e.why_not = "too few power samples in the 1 s measurements";
+    return e;
+  }
+  e.joules_per_byte = gemv / static_cast<double>(w.bytes());
+  e.joules_per_flop = gemm / (2.0 * 1024 * static_cast<double>(w.size()));
+  e.power_limit_w = *limit;
+  return e;
+}
+
 struct run_result {
   std::string workload, mode, policy;
   double seconds = 0, output_tokens = 0, prompt_tokens = 0, tok_s = 0, steady_tok_s = 0;
@@ -281,6 +338,8 @@ struct run_result {
   double host_ms_per_step = 0, forward_ms_per_step = 0, launch_ms_per_step = 0, to_host_ms_per_step = 0;
   double decode_host_ms = 0, decode_forward_ms = 0;
   double ceiling_fraction = 0, decode_mem_ceiling_fraction = 0, floor_seconds = 0, forward_ceiling_fraction = 0;
+  // The same with the energy floor (energy_costs): max(bytes / bandwidth, FLOPs / rate, joules / power limit).
+  double power_ceiling_fraction = 0, power_forward_ceiling_fraction = 0;
   std::vector<cuda_op_time> decode_ops;  // --op-timing: per-op GPU time summed over the decode steps
   double forward_seconds = 0;
   double gather_s = 0, compaction_s = 0, device_compress_s = 0;
@@ -295,7 +354,7 @@ struct run_result {
 
 template <class Policy>
 run_result run_once(const options& o, const std::string& mode, const cuda_backend& b, const model_config& c,
-                    const weight_stats& ws, double bandwidth_gbs, double gemm_tflops) {
+                    const weight_stats& ws, double bandwidth_gbs, double gemm_tflops, const energy_costs& ec) {
   const std::size_t token_bytes = kv_bytes_per_token(c, b.kv_element_bytes(), false, b.kv_scale_bytes());
   // KV pool: the engine sizes it (vLLM's rule: gpu_memory_utilization x total memory minus what is in use
   // once the weights are loaded and a profiling forward of --max-batched-tokens tokens has grown the
@@ -348,7 +407,7 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   r.requests = n;
   const double weight_floor = ws.bytes_per_step / (bandwidth_gbs * 1e9);
   const double kv_per_layer_token = static_cast<double>(token_bytes);  // all layers
-  double floor_s = 0, decode_floor_mem = 0, decode_wall = 0, decode_host = 0, decode_fwd = 0, decode_rows = 0;
+  double floor_s = 0, power_floor_s = 0, decode_floor_mem = 0, decode_wall = 0, decode_host = 0, decode_fwd = 0, decode_rows = 0;
   double host_total = 0, fwd_total = 0, launch_total = 0;
   std::int64_t generated = 0;
   std::vector<std::pair<double, std::int64_t>> timeline;  // (time, generated) after each step
@@ -375,9 +434,14 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
     const auto tokens = k.attention_tokens - prev.attention_tokens;
     const auto kv_read = k.kv_tokens_read - prev.kv_tokens_read;
     const bool decode = k.decode_steps > prev.decode_steps;
-    const double mem = weight_floor + static_cast<double>(kv_read) * kv_per_layer_token / (bandwidth_gbs * 1e9);
-    const double flops = 2.0 * ws.params * static_cast<double>(tokens) / (gemm_tflops * 1e12);
-    if (tokens > 0) floor_s += std::max(mem, flops);
+    const double kv_bytes = static_cast<double>(kv_read) * kv_per_layer_token;
+    const double mem = weight_floor + kv_bytes / (bandwidth_gbs * 1e9);
+    const double step_flops = 2.0 * ws.params * static_cast<double>(tokens);
+    const double flops = step_flops / (gemm_tflops * 1e12);
+    if (tokens > 0) {
+      floor_s += std::max(mem, flops);
+      power_floor_s += std::max({mem, flops, ec.floor_seconds(ws.bytes_per_step + kv_bytes, step_flops)});
+    }
     if (o.op_timing) {
       // The step's ops (it has synchronised on its tokens): decode steps' into the table, prefill steps' dropped.
       for (const cuda_op_time& t : b.take_op_times()) {
@@ -449,6 +513,10 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   r.ceiling_fraction = floor_s / r.seconds;
   r.forward_seconds = fwd_total;
   r.forward_ceiling_fraction = fwd_total > 0 ? floor_s / fwd_total : 0;
+  if (ec.available()) {
+    r.power_ceiling_fraction = power_floor_s / r.seconds;
+    r.power_forward_ceiling_fraction = fwd_total > 0 ? power_floor_s / fwd_total : 0;
+  }
   r.decode_mem_ceiling_fraction = decode_wall > 0 ? decode_floor_mem / decode_wall : 0;
   r.gather_s = k.gather_seconds;
   r.compaction_s = k.compaction_seconds;
@@ -618,6 +686,13 @@ int main(int argc, char** argv) {
       // Weight statistics from one build (freed again before the runs build their own).
       timed_model probe = build_model(b, c, o.seed, !o.unfused_projections, ws);
     }
+    const energy_costs ec = measure_energy_costs(b, c);
+    if (ec.available())
+      std::printf("energy costs (power-aware ceiling): %.1f pJ per weight byte streamed (GEMV, 8 rows), %.3f pJ/FLOP "
+                  "(%d x %d GEMM, 1,024 rows), power limit %.0f W\n",
+                  ec.joules_per_byte * 1e12, ec.joules_per_flop * 1e12, 2 * c.ffn_size, c.hidden_size, ec.power_limit_w);
+    else
+      std::printf("energy costs: none (%s), so no power-aware ceiling\n", ec.why_not.c_str());
     std::printf("weights: %s; q/k/v and gate/up %s; FP8 activation quantisation %s; prefill attention %s; decode "
                 "attention %s\n",
                 b.describe_weights().c_str(),
@@ -643,12 +718,12 @@ int main(int argc, char** argv) {
         options oo = o;
         oo.workload = w;
         std::vector<run_result> runs;
-        if (m == "full") runs.push_back(run_once<full_kv>(oo, m, b, c, ws, bw, tflops));
+        if (m == "full") runs.push_back(run_once<full_kv>(oo, m, b, c, ws, bw, tflops, ec));
         for_each_builtin_policy([&](auto policy) {
           using P = decltype(policy);
           if constexpr (P::evicts)
             if (m != "full" && (o.policy == "all" || o.policy == policy.name()))
-              runs.push_back(run_once<P>(oo, m, b, c, ws, bw, tflops));
+              runs.push_back(run_once<P>(oo, m, b, c, ws, bw, tflops, ec));
         });
         for (run_result& r : runs) {
         print(r);
@@ -675,11 +750,16 @@ int main(int argc, char** argv) {
           std::printf("    energy, steady half: %.2f mJ per output token, %.0f W mean, SM clock %.0f MHz mean, %.0f%% of "
                       "samples under the software power cap\n",
                       r.steady_mj_per_token, r.steady_watts, r.steady_sm_mhz, 100.0 * r.steady_power_capped);
+        if (ec.available())
+          std::printf("    power-aware ceiling (max of bytes / bandwidth, FLOPs / rate, joules at %.1f pJ/B and %.3f "
+                      "pJ/FLOP / %.0f W): %.1f%% of wall, %.1f%% of forward\n",
+                      ec.joules_per_byte * 1e12, ec.joules_per_flop * 1e12, ec.power_limit_w,
+                      100.0 * r.power_ceiling_fraction, 100.0 * r.power_forward_ceiling_fraction);
         if (!r.decode_ops.empty()) print_op_times(r);
         results.push_back(r);
         if (!o.json.empty()) {
           std::ofstream js(o.json, std::ios::app);
-          char buf[1536];
+          char buf[2048];
           std::snprintf(buf, sizeof buf,
                         "{\"shape\":\"%s\",\"workload\":\"%s\",\"mode\":\"%s\",\"requests\":%d,\"finished\":%d,"
                         "\"seconds\":%.3f,\"output_tokens\":%.0f,\"tok_s\":%.1f,\"steady_tok_s\":%.1f,\"steps\":%lld,"
@@ -691,7 +771,9 @@ int main(int argc, char** argv) {
                         "\"device_batches\":%lld,\"kv_cache_dtype\":\"%s\",\"overlap_min_batch\":%d,"
                         "\"nano_batch_steps\":%lld,\"decode_steps\":%lld,\"quantization\":\"%s\",\"fused_projections\":%s,\"fused_quantize\":%s,"
                         "\"steady_mj_per_token\":%.3f,\"steady_watts\":%.1f,\"steady_sm_mhz\":%.0f,\"steady_power_capped\":%.3f,"
-                        "\"fp8_decode_kernel\":\"%s\",\"swapped_decodes\":%lld}\n",
+                        "\"fp8_decode_kernel\":\"%s\",\"swapped_decodes\":%lld,"
+                        "\"power_ceiling_fraction\":%.4f,\"power_forward_ceiling_fraction\":%.4f,"
+                        "\"pj_per_byte\":%.2f,\"pj_per_flop\":%.4f,\"power_limit_w\":%.0f}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
                         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
@@ -704,7 +786,9 @@ int main(int argc, char** argv) {
                         static_cast<long long>(r.decode_steps), o.quantization.c_str(),
                         o.unfused_projections ? "false" : "true", o.unfused_quantize ? "false" : "true",
                         r.steady_mj_per_token, r.steady_watts, r.steady_sm_mhz, r.steady_power_capped,
-                        o.fp8_decode_kernel.c_str(), static_cast<long long>(r.swapped_decodes));
+                        o.fp8_decode_kernel.c_str(), static_cast<long long>(r.swapped_decodes),
+                        r.power_ceiling_fraction, r.power_forward_ceiling_fraction, ec.joules_per_byte * 1e12,
+                        ec.joules_per_flop * 1e12, ec.power_limit_w);
           js << buf;
         }
         }

@@ -31,6 +31,7 @@ struct energy_meter::impl {
   power_fn power = nullptr;
   clock_fn clock = nullptr;
   reasons_fn reasons = nullptr;
+  power_fn limit = nullptr;
   ~impl() {
     if (lib) dlclose(lib);  // nvmlShutdown is not called: other users of NVML in the process keep their handles
   }
@@ -57,6 +58,7 @@ energy_meter::energy_meter(int device) {
   m->clock = reinterpret_cast<clock_fn>(sym("nvmlDeviceGetClockInfo"));
   m->reasons = reinterpret_cast<reasons_fn>(sym("nvmlDeviceGetCurrentClocksEventReasons"));
   if (!m->reasons) m->reasons = reinterpret_cast<reasons_fn>(sym("nvmlDeviceGetCurrentClocksThrottleReasons"));
+  m->limit = reinterpret_cast<power_fn>(sym("nvmlDeviceGetEnforcedPowerLimit"));
   if (!init || !by_pci || !m->energy) {
     why_ = "libnvidia-ml.so.1 lacks nvmlInit_v2, nvmlDeviceGetHandleByPciBusId_v2 or nvmlDeviceGetTotalEnergyConsumption";
     return;
@@ -91,6 +93,12 @@ std::optional<power_reading> energy_meter::read() const {
   unsigned long long reasons = 0;
   if (impl_->reasons && impl_->reasons(impl_->dev, &reasons) == 0) r.clock_reasons = reasons;
   return r;
+}
+
+std::optional<double> energy_meter::power_limit_watts() const {
+  unsigned int mw = 0;
+  if (!impl_ || !impl_->limit || impl_->limit(impl_->dev, &mw) != 0 || mw == 0) return std::nullopt;
+  return mw * 1e-3;
 }
 
 // ---- power_sampler

@@ -25,6 +25,9 @@ void check_energy_meter() {
   }
   const auto a = meter.read();
   expect(a.has_value() && a->sm_mhz > 0 && a->watts > 0, "a reading has an SM clock and a power draw");
+  const auto limit = meter.power_limit_watts();
+  if (limit) std::printf("  power limit %.0f W\n", *limit);
+  expect(limit.has_value() && *limit > 50 && *limit < 5000, "the board's power limit is readable and believable");
   zipage::cuda::power_sampler sampler(meter, 10);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   sampler.stop();

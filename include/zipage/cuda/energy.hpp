@@ -30,6 +30,8 @@ class energy_meter {
   [[nodiscard]] const std::string& why_unavailable() const { return why_; }
   // nullopt when unavailable or when the energy counter could not be read.
   [[nodiscard]] std::optional<power_reading> read() const;
+  // The board's enforced power limit in watts (NVML's nvmlDeviceGetEnforcedPowerLimit); nullopt when unavailable.
+  [[nodiscard]] std::optional<double> power_limit_watts() const;
 
  private:
   struct impl;
