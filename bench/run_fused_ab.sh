@@ -85,7 +85,7 @@ case "${1:-}" in
       find /tmp/bd -maxdepth 3 -type f -perm -u+x \( -name 'test_*' -o -name zipage-bench -o -name 'bench_*' \) -exec ln -sfn {} "$B"/ \;
     fi
     OUT="$D" DEADLINE_S=260 BIN="$B" TESTS="$SERIAL" CONCURRENT="$CONC" bench/run_gpu_tests.sh > /dev/null 2>&1
-    cp /tmp/test_cuda_engine.log /tmp/test_cuda_fp8_gemm.log /tmp/test_cuda_kernels.log /tmp/test_cuda_wgmma.log "$D/" 2>/dev/null
+    cp /tmp/test_cuda_engine.log /tmp/test_cuda_fp8_gemm.log /tmp/test_cuda_kernels.log /tmp/test_cuda_wgmma.log /tmp/test_cuda_fp8_kv.log "$D/" 2>/dev/null
     st "tests done: test_cuda_kernels $(tail -1 "$D/test_cuda_kernels.log" 2>/dev/null); $(grep -c '^\[FAIL\]' "$D/test_cuda_kernels.log" 2>/dev/null) [FAIL] lines"
     st "test_cuda_wgmma: $(grep -E 'test cases:|SKIPPED' "$D/test_cuda_wgmma.log" 2>/dev/null | tr -s ' ' | tr '\n' ' ')"
     if [ "${PREFILL_BENCH:-0}" = 1 ]; then
