@@ -37,7 +37,8 @@
 #include "zipage/backend/cuda/cuda_backend.hpp"  // measure_gemm_tflops
 #include "zipage/backend/cuda/ops.hpp"  // fill_uniform
 #include "zipage/backend/cuda/common.cuh"
-#include "zipage/backend/cuda/decode_kernel.cuh"  // the FP8 decode kernel's energy ablations
+#include "zipage/backend/cuda/decode_kernel.cuh"   // the FP8 decode kernel's energy ablations
+#include "zipage/backend/cuda/decode_swapped.cuh"  // the direct-load swapped kernel's loads-only ablation
 #include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/cuda/device.hpp"
 #include "zipage/cuda/energy.hpp"
@@ -208,10 +209,20 @@ void launch_fp8_ablation(const zc::decode_params& p, cudaStream_t stream) {
   CK(cudaGetLastError());
 }
 
-// bm_decode's `ablate` value for the swapped-operand kernel (paged_decode_attention_swapped) instead, and for its
-// direct-load prototype (paged_decode_attention_swapped_direct).
+// The direct-load swapped kernel's loads alone (decode_swapped.cuh's LOADS_ONLY; outputs wrong on purpose).
+void launch_swapped_direct_loads_only(const zc::decode_params& p, cudaStream_t stream) {
+  namespace d = zipage::cuda::detail;
+  const dim3 grid(1, static_cast<unsigned>(p.kv.num_kv_heads), static_cast<unsigned>(p.num_seqs));
+  d::paged_decode_swapped_direct_kernel<3, true>
+      <<<grid, 128, d::kSwappedDirectSmemBytes, stream>>>(d::make_decode_args(p, 1, 0));
+  CK(cudaGetLastError());
+}
+
+// bm_decode's `ablate` value for the swapped-operand kernel (paged_decode_attention_swapped) instead, for its
+// direct-load prototype (paged_decode_attention_swapped_direct), and for that one's loads alone.
 constexpr int kSwappedKernel = 1 << 8;
 constexpr int kSwappedDirect = 1 << 9;
+constexpr int kSwappedDirectLoadsOnly = 1 << 10;
 
 void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void* ws, std::size_t ws_bytes,
                    int ablate, cudaStream_t stream) {
@@ -220,6 +231,7 @@ void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void
     case kSwappedKernel: return zc::paged_decode_attention_swapped(p, stream);  // its default depth, 3 stages
     case kSwappedKernel | 4: return zc::paged_decode_attention_swapped(p, stream, 4);
     case kSwappedDirect: return zc::paged_decode_attention_swapped_direct(p, stream);
+    case kSwappedDirectLoadsOnly: return launch_swapped_direct_loads_only(p, stream);
     case d::kAblateNone: return zc::paged_decode_attention(p, plan, ws, ws_bytes, stream);
     case d::kAblateQkMma: return launch_fp8_ablation<d::kAblateQkMma>(p, stream);
     case d::kAblatePvMma: return launch_fp8_ablation<d::kAblatePvMma>(p, stream);
@@ -609,12 +621,15 @@ int main(int argc, char** argv) {
           bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, stages == 4 ? kSwappedKernel | 4 : kSwappedKernel);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
-      // Its direct-load prototype (no shared-memory staging): what the cp.async round trip costs.
-      if (fp8) {
-        std::snprintf(name, sizeof name, "decode_fp8_swapped_direct/batch%d/steady2048-2304", batch);
+      // Its direct-load prototype (no shared-memory staging): what the cp.async round trip costs; and that path's
+      // loads alone, against the split-KV kernel's no_tile_work ablation below and the read-only stream.
+      for (const auto& [variant, what] : fp8 ? std::vector<std::pair<int, const char*>>{{kSwappedDirect, ""},
+                                                                                        {kSwappedDirectLoadsOnly, "/loads_only"}}
+                                             : std::vector<std::pair<int, const char*>>{}) {
+        std::snprintf(name, sizeof name, "decode_fp8_swapped_direct/batch%d/steady2048-2304%s", batch, what);
         std::snprintf(key, sizeof key, "a%05d", order++);
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, kSwappedDirect);
+          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, variant);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
       for (const auto& [ablate, what] : fp8 ? std::span(ablations) : std::span<const std::pair<int, const char*>>{}) {
