@@ -23,15 +23,19 @@ inline constexpr int kSwappedSmemBytes = kSwappedQBytes + STAGES * fp8_kv_tile_l
 
 // Q^T's B fragments for the swapped QK MMA, head g (= lane / 4) of the swizzled bf16 Q tile: qb[kk] holds
 // d = 32t + 4kk + {0, 1} and + {2, 3} (t = lane % 4; qk_tile_fp8's reduction order), times the warp's power
-// of two (load_q_fragments_fp8's ranges). Returns its inverse.
+// of two (load_q_fragments_fp8's ranges). Returns its inverse. SECTOR_ORDER: qb[kk] holds d = 16t + 64(kk / 4) +
+// 4(kk % 4) + {0, 1} and + {2, 3} instead, the order of the direct-load kernel's K chunks t and t + 4 (the 4 lanes
+// of a K row then read whole 32-byte sectors with each 16-byte load).
+template <bool SECTOR_ORDER = false>
 __device__ __forceinline__ float load_qT_fragments_fp8(std::uint32_t (&qb)[8][2], const unsigned char* q_tile, int lane) {
   constexpr int D = 128;
   const int g = lane >> 2, t = lane & 3;
-  std::uint32_t w[16];  // bf16 pairs of row g, elements [32t, 32t + 32)
+  std::uint32_t w[16];  // bf16 pairs of row g: elements [32t, 32t + 32), or [16t, 16t + 16) and [64 + 16t, 80 + 16t)
   float amax = 0.0f;
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
-    const uint4 x = *reinterpret_cast<const uint4*>(q_tile + swz<D>(g, 4 * t + c));
+    const int chunk = SECTOR_ORDER ? 2 * t + (c & 1) + 8 * (c >> 1) : 4 * t + c;  // 8 bf16 each
+    const uint4 x = *reinterpret_cast<const uint4*>(q_tile + swz<D>(g, chunk));
     const std::uint32_t xs[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -58,7 +62,7 @@ struct swapped_acc {
 };
 
 // One warp's 16 tokens, both kernels' tile body: S^T = K Q^T, the online softmax, O^T += V^T P'^T. k_chunk(half, c):
-// the 16 code bytes of chunk 2t + c of the warp's K row g + 8 * half; v_chunk(k): chunk g of its V row
+// the 16 code bytes of chunk 2t + c (or t + 4c, with load_qT_fragments_fp8<true>'s Q) of the warp's K row g + 8 * half; v_chunk(k): chunk g of its V row
 // 2t + (k & 1) + 8 * (k >> 1); zero codes past the end (half, c and k are constants after unrolling, so a kernel
 // holding them in registers indexes no local memory). ks0/ks1, vs0/vs1: rows g and g + 8's scales (0 past the end).
 // tok0: row g's token.
@@ -281,7 +285,7 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
 // CTA-wide barriers, which the energy ablations put at up to ~90 mJ of a 550 mJ pass (docs/benchmarks.md,
 // 2026-12-03 08:44). Shared memory holds only Q and the epilogue's partial outputs.
 struct swapped_chunk {
-  uint4 k[2][2];  // K rows g, g + 8 (first index), chunks 2t, 2t + 1
+  uint4 k[2][2];  // K rows g, g + 8 (first index), chunks t, t + 4 (load_qT_fragments_fp8<true>'s order)
   uint4 v[4];     // V rows 2t, 2t + 1, 2t + 8, 2t + 9, chunk g
   float ks[2], vs[2];  // rows g, g + 8
 };
@@ -312,9 +316,9 @@ __device__ __forceinline__ void swapped_load_chunk(swapped_chunk& x, const decod
     const int tok = base + g + 8 * half;
     const bool valid = tok < end;
     const std::int64_t s = valid ? slot(tok) : 0;
-    const std::uint8_t* krow = a.k8 + s * token_stride + kvh * D + 32 * t;
-    x.k[half][0] = valid ? ld_stream_16(krow) : zero;
-    x.k[half][1] = valid ? ld_stream_16(krow + 16) : zero;
+    const std::uint8_t* krow = a.k8 + s * token_stride + kvh * D + 16 * t;
+    x.k[half][0] = valid ? ld_stream_16(krow) : zero;        // bytes [0, 64) of the row over the 4 lanes
+    x.k[half][1] = valid ? ld_stream_16(krow + 64) : zero;   // bytes [64, 128)
     x.ks[half] = valid ? __ldg(a.k_scale + s * a.num_kv_heads + kvh) : 0.0f;
     x.vs[half] = valid ? __ldg(a.v_scale + s * a.num_kv_heads + kvh) : 0.0f;
   }
@@ -355,7 +359,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) paged_decode_swapped_direct_k
   cp_async_wait<0>();
   __syncthreads();
   std::uint32_t qb[8][2];
-  const float q_mul = a.scale_log2 * load_qT_fragments_fp8(qb, smem, lane);
+  const float q_mul = a.scale_log2 * load_qT_fragments_fp8<true>(qb, smem, lane);
   __syncthreads();  // every warp holds Q before the epilogue reuses its shared memory
 
   swapped_acc acc;
