@@ -599,7 +599,8 @@ int main(int argc, char** argv) {
   for (const auto k : cuda::all_fp8_decode_kernels) fp8_decode_kernel_names.emplace_back(cuda::to_string(k));
   app.add_option("--fp8-decode-kernel", o.fp8_decode_kernel,
                  "FP8 KV: decode attention kernel: automatic (swapped where it fits and the batch fills the GPU "
-                 "without splits), split_kv or swapped (cuda_backend_options::fp8_decode_kernel, for A/B runs)")
+                 "without splits), split_kv, swapped, or the swapped_direct prototype "
+                 "(cuda_backend_options::fp8_decode_kernel, for A/B runs)")
       ->check(CLI::IsMember(fp8_decode_kernel_names));
   app.add_flag("--no-fused-quantize", o.unfused_quantize,
                "FP8 weights: each linear quantises its input itself, instead of the norm or SwiGLU before it writing the "

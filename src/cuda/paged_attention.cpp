@@ -56,13 +56,12 @@ decode_params as_decode_params(const attention_params& p) {
   return d;
 }
 
-bool decode_runs_swapped(const decode_params& p, fp8_decode_kernel requested, const decode_plan& plan) {
-  if (p.kv.k_scale == nullptr) return false;  // bf16 K/V: the split-KV kernel is the only one
+fp8_decode_kernel decode_kernel_for(const decode_params& p, fp8_decode_kernel requested, const decode_plan& plan) {
+  if (p.kv.k_scale == nullptr) return fp8_decode_kernel::split_kv;  // bf16 K/V: the only kernel
   const bool fits = decode_swapped_supported(p);
   // The waves matter only to automatic on a split plan (an occupancy query the first time, cached after).
   const bool ask_waves = fits && requested == fp8_decode_kernel::automatic && plan.num_splits > 1;
-  return resolve_fp8_decode_kernel(requested, fits, plan.num_splits, ask_waves ? decode_swapped_waves(p) : 0.0) ==
-         fp8_decode_kernel::swapped;
+  return resolve_fp8_decode_kernel(requested, fits, plan.num_splits, ask_waves ? decode_swapped_waves(p) : 0.0);
 }
 
 void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, const attention_workspace& ws,
@@ -76,8 +75,11 @@ void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, 
       check(p.num_tokens == p.num_seqs, "paged_attention: one_token_per_seq, but ", p.num_tokens, " tokens for ",
             p.num_seqs, " sequences");
       const decode_params d = as_decode_params(p);
-      if (decode_runs_swapped(d, p.fp8_decode, ws.plan)) return paged_decode_attention_swapped(d, stream);
-      return paged_decode_attention(d, ws.plan, ws.data, ws.bytes, stream);
+      switch (decode_kernel_for(d, p.fp8_decode, ws.plan)) {
+        case fp8_decode_kernel::swapped: return paged_decode_attention_swapped(d, stream);
+        case fp8_decode_kernel::swapped_direct: return paged_decode_attention_swapped_direct(d, stream);
+        default: return paged_decode_attention(d, ws.plan, ws.data, ws.bytes, stream);
+      }
     }
     case attention_kernel::tuned_prefill:
       return paged_prefill_attention(as_prefill_params(p), stream);

@@ -1161,7 +1161,8 @@ int main() {
       };
       auto runs_swapped = [&](int seqs, int len, int qh, int kvh, bool fp8) {
         const zc::decode_params p = decode_view(seqs, len, qh, kvh, fp8);
-        return zc::decode_runs_swapped(p, zc::fp8_decode_kernel::automatic, zc::plan_decode(p));
+        return zc::decode_kernel_for(p, zc::fp8_decode_kernel::automatic, zc::plan_decode(p)) ==
+               zc::fp8_decode_kernel::swapped;
       };
       expect("automatic FP8 decode: swapped at 662 sequences x 2,304 tokens", runs_swapped(662, 2304, 32, 8, true));
       const zc::decode_params long_batch = decode_view(512, 16384, 32, 8, true);

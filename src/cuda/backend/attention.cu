@@ -218,7 +218,9 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
       tuned_decode ? decode_workspace(c, st, ap, std::max(nano, 0)) : cuda::attention_workspace{};
   const cuda::decode_params dp = tuned_decode ? cuda::as_decode_params(ap) : cuda::decode_params{};
   ap.fp8_decode = c.opts.fp8_decode_kernel;
-  const bool swapped = tuned_decode && cuda::decode_runs_swapped(dp, ap.fp8_decode, ws.plan);
+  const cuda::fp8_decode_kernel decode_kernel =
+      tuned_decode ? cuda::decode_kernel_for(dp, ap.fp8_decode, ws.plan) : cuda::fp8_decode_kernel::split_kv;
+  const bool swapped = cuda::is_swapped(decode_kernel);
   // The FP8 o projection's input, written by the decode kernel's epilogue instead of a quantisation launch. Not for
   // a nano-batch: the two nano-batches' outputs would take turns in the one activation workspace.
   if (nano < 0 && tuned_decode) {
@@ -258,10 +260,15 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
     const auto timed = timed_on_main("record_queries");
     cuda::record_queries(kv.dtype, window_rows, st.window_rows, q.data(), tokens, q.cols(), stream);
   }
-  const char* op_name = !st.decode ? "attention prefill" : swapped ? "attention decode (swapped)" : "attention decode";
-  const auto timed = timed_on_main(ap.out_fp8.wanted() ? (swapped ? "attention decode (swapped) + fp8 quantize"
-                                                                  : "attention decode + fp8 quantize")
-                                                       : op_name);
+  const bool direct = decode_kernel == cuda::fp8_decode_kernel::swapped_direct;
+  const char* op_name = !st.decode ? "attention prefill"
+                        : direct   ? "attention decode (swapped, direct)"
+                        : swapped  ? "attention decode (swapped)"
+                                   : "attention decode";
+  const auto timed = timed_on_main(!ap.out_fp8.wanted() ? op_name
+                                   : direct             ? "attention decode (swapped, direct) + fp8 quantize"
+                                   : swapped            ? "attention decode (swapped) + fp8 quantize"
+                                                        : "attention decode + fp8 quantize");
   cuda::paged_attention(kv.dtype, ap, variant, ws, stream);
   if (nano >= 0)
     ZIPAGE_CUDA_CHECK(cudaEventRecord(c.attention_finished[static_cast<std::size_t>(nano)], c.attention_stream));

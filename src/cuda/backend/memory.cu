@@ -156,11 +156,11 @@ cuda_kv_storage cuda_backend::allocate_kv(const kv_cache_shape& shape) const {
         cuda::to_string(ctx_->opts.prefill_kernel), " needs head_dim 128; this model has ", shape.head_dim);
   // (The group of query heads is known here only with an evicting policy; elsewhere decode_swapped_supported decides
   // per step, and a group above 8 runs the split-KV kernel.)
-  check(ctx_->opts.fp8_decode_kernel != cuda::fp8_decode_kernel::swapped ||
+  check(!cuda::is_swapped(ctx_->opts.fp8_decode_kernel) ||
             (shape.head_dim == 128 && (shape.num_q_heads == 0 || shape.num_q_heads <= 8 * shape.num_kv_heads)),
-        "cuda_backend_options::fp8_decode_kernel swapped needs head_dim 128 and at most 8 query heads per KV head; "
-        "this model has head_dim ", shape.head_dim, " and ", shape.num_q_heads, " / ", shape.num_kv_heads,
-        " heads (automatic picks the kernel that fits)");
+        "cuda_backend_options::fp8_decode_kernel ", cuda::to_string(ctx_->opts.fp8_decode_kernel),
+        " needs head_dim 128 and at most 8 query heads per KV head; this model has head_dim ", shape.head_dim, " and ",
+        shape.num_q_heads, " / ", shape.num_kv_heads, " heads (automatic picks the kernel that fits)");
   const std::size_t eb = kv.element_bytes();
   const auto side = static_cast<std::size_t>(shape.elements_per_side()) * eb;
   access::reserve(ctx_, kv.k, side, false);

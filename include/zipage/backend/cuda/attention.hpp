@@ -155,7 +155,7 @@ struct attention_params {
   // decode_writes_fp8_copy(as_decode_params(p), plan) holds; anything else is an error.
   fp8_copy out_fp8{};
   // Where select_attention_kernel() picks tuned_decode over an FP8 cache: which decode kernel
-  // (decode_runs_swapped says which one a launch under a plan runs; with the swapped one the plan and workspace are
+  // (decode_kernel_for says which one a launch under a plan runs; with the swapped ones the plan and workspace are
   // unused).
   fp8_decode_kernel fp8_decode = fp8_decode_kernel::automatic;
 };
@@ -179,9 +179,10 @@ struct attention_workspace {
   std::size_t bytes = 0;
 };
 
-// Where select_attention_kernel() chose tuned_decode: whether the launch under `plan` runs
-// paged_decode_attention_swapped (resolve_fp8_decode_kernel of p.fp8_decode; never for a bf16 cache).
-[[nodiscard]] bool decode_runs_swapped(const decode_params& p, fp8_decode_kernel requested, const decode_plan& plan);
+// Where select_attention_kernel() chose tuned_decode: the decode kernel the launch under `plan` runs
+// (resolve_fp8_decode_kernel of `requested`; split_kv for a bf16 cache, whose only kernel it is).
+[[nodiscard]] fp8_decode_kernel decode_kernel_for(const decode_params& p, fp8_decode_kernel requested,
+                                                  const decode_plan& plan);
 
 // Runs the kernel select_attention_kernel(t, p, v) names.
 void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, const attention_workspace& ws,

@@ -133,7 +133,8 @@ struct cuda_backend_options {
   // automatic: the swapped-operand kernel (half the MMAs, 5-6% more tokens per second and per joule at the
   // compressed steady state, where steps are power-capped) where it fits and the batch fills the GPU without
   // splitting (cuda::resolve_fp8_decode_kernel), else the split-KV kernel (docs/architecture.md, "Decode attention
-  // and the power cap"). swapped needs kv_dtype fp8_e4m3 and head_dim 128 (checked by validate() and allocate_kv).
+  // and the power cap"). swapped (and the swapped_direct prototype) need kv_dtype fp8_e4m3 and head_dim 128 (checked
+  // by validate() and allocate_kv).
   cuda::fp8_decode_kernel fp8_decode_kernel = cuda::fp8_decode_kernel::automatic;
   // The prefill attention kernel (cuda::prefill_kernel; zipage-bench --prefill-kernel). The wgmma ones need bf16 K/V
   // (dtype bf16, kv_dtype auto_), head_dim 128 (checked by allocate_kv) and a device that runs them
@@ -168,9 +169,9 @@ struct cuda_backend_options {
           overlap_gemm_sms);
     check(cuda::is_fp8_decode_kernel(fp8_decode_kernel), "cuda_backend_options::fp8_decode_kernel: not a ",
           "cuda::fp8_decode_kernel (", static_cast<int>(fp8_decode_kernel), ")");
-    check(fp8_decode_kernel != cuda::fp8_decode_kernel::swapped || kv_dtype == kv_cache_dtype::fp8_e4m3,
-          "cuda_backend_options::fp8_decode_kernel swapped is a decode kernel for an FP8 KV cache: it needs kv_dtype "
-          "fp8_e4m3");
+    check(!cuda::is_swapped(fp8_decode_kernel) || kv_dtype == kv_cache_dtype::fp8_e4m3,
+          "cuda_backend_options::fp8_decode_kernel ", cuda::to_string(fp8_decode_kernel), " is a decode kernel for an ",
+          "FP8 KV cache: it needs kv_dtype fp8_e4m3");
     check(cuda::is_prefill_kernel(prefill_kernel),
           "cuda_backend_options::prefill_kernel: not a cuda::prefill_kernel (", static_cast<int>(prefill_kernel), ")");
     check(!wgmma_prefill() || (dtype == cuda_dtype::bf16 && kv_dtype == kv_cache_dtype::auto_),
@@ -327,7 +328,7 @@ struct cuda_backend_counters {
   double graph_capture_seconds = 0.0;     // capture + instantiate / update
   std::int64_t fp8_linears = 0;           // linear() calls with an FP8 weight (eager, and graph record passes)
   std::int64_t fp8_inputs_prequantized = 0;  // of which found their input's codes already written (fuse_fp8_quantize)
-  std::int64_t swapped_decodes = 0;       // layers' decode attention run by the swapped kernel (fp8_decode_kernel)
+  std::int64_t swapped_decodes = 0;       // layers' decode attention run by a swapped kernel (fp8_decode_kernel)
 };
 
 // One op's GPU time (cuda_backend_options::op_timing): `calls` launches of `op` took `ms` in all.
