@@ -88,10 +88,11 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
 // cuda_backend_options::fp8_decode_kernel (fp8_decode_kernel::automatic: resolve_fp8_decode_kernel's rule).
 [[nodiscard]] bool decode_swapped_supported(const decode_params& p);
 void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages = 0);
-// Prototype, not run by the engine (docs/architecture.md, "Decode attention and the power cap"): the swapped kernel
-// with no shared-memory staging of K and V, each warp loading its tokens' codes and scales from global memory into
-// the MMAs' registers, one 16-token chunk ahead. The same inputs, outputs and requirements as
-// paged_decode_attention_swapped; bench_decode_attention's decode_fp8_swapped_direct cases measure its energy.
+// Prototype (docs/architecture.md, "Decode attention and the power cap"; the engine runs it only with
+// fp8_decode_kernel::swapped_direct): the swapped kernel with no shared-memory staging of K and V, each warp loading
+// its tokens' codes and scales from global memory into the MMAs' registers, one 16-token chunk ahead. The same
+// inputs, outputs and requirements as paged_decode_attention_swapped; bench_decode_attention's
+// decode_fp8_swapped_direct cases measure its energy.
 void paged_decode_attention_swapped_direct(const decode_params& p, cuda_stream stream);
 // How many full waves of the current device the swapped kernel's grid (one CTA per sequence and KV head, at its
 // default depth) makes: its CTAs over the CTAs all multiprocessors hold at once.
