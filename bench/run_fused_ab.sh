@@ -90,7 +90,7 @@ case "${1:-}" in
     st "test_cuda_wgmma: $(grep -E 'test cases:|SKIPPED' "$D/test_cuda_wgmma.log" 2>/dev/null | tr -s ' ' | tr '\n' ' ')"
     if [ "${PREFILL_BENCH:-0}" = 1 ]; then
       clocks_start prefill_bench
-      timeout 120 "$B"/bench_decode_attention --benchmark_filter="${ATTN_BENCH_FILTER:-prefill}" > "$D/prefill_bench.txt" 2>&1
+      timeout "${ATTN_BENCH_TIMEOUT:-240}" "$B"/bench_decode_attention --benchmark_filter="${ATTN_BENCH_FILTER:-prefill}" > "$D/prefill_bench.txt" 2>&1
       st "prefill bench rc=$?"
       clocks_stop prefill_bench
     fi
