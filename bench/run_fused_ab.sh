@@ -19,7 +19,7 @@
 # FP8 GEMM at 512-1,024 rows against the heuristic's) into fp8_gemm_configs.txt.
 # With PREFILL_BENCH=1, after the tests: bench_decode_attention's prefill cases (mma.sync and wgmma kernels
 # against a bf16 GEMM measured in the same run) into prefill_bench.txt, or the cases ATTN_BENCH_FILTER names (e.g.
-# 'prefill|steady': also decode at the compressed engine's steady-state shape, against the copy bandwidth); OP_TIMING_BOX=0 and AB_BOX=0 skip
+# 'prefill|steady': also decode at the compressed engine's steady-state shape, against the copy bandwidth; ATTN_BENCH_TIMEOUT s, 240 by default); OP_TIMING_BOX=0 and AB_BOX=0 skip
 # steps 3-4. With PREFILL_ENGINE_BOX=60: prefill end to end, zipage-bench on PREFILL_ENGINE_SHAPES ("REQUESTS:PROMPT
 # ...", default "128:8192": 128 prompts of 8,192 tokens; bf16 KV and weights, full KV, 16 output tokens) once per
 # kernel of PREFILL_ENGINE_KERNELS (default "mma_sync automatic"): prefill tok/s = the "prompt tokens" over the
