@@ -52,6 +52,20 @@ __device__ __forceinline__ float load_qT_fragments_fp8(std::uint32_t (&qb)[8][2]
   return q.inverse();
 }
 
+// A swapped kernel's CTA, one (sequence, KV head), and its thread: what both kernels and their helpers derive from
+// blockIdx, threadIdx and the sequence's page-table row.
+struct swapped_cta {
+  int kvh, seq, end, qhead0;  // KV head, sequence, its KV length, its first query head
+  const std::int32_t* pages;  // the sequence's page table
+  int warp, lane, g, t;       // g = lane / 4, t = lane % 4
+};
+
+__device__ __forceinline__ swapped_cta swapped_cta_of(const decode_args& a) {
+  const int kvh = blockIdx.y, seq = blockIdx.z, lane = threadIdx.x & 31;
+  return {kvh,  seq, a.kv_len[seq], kvh * a.group, a.page_indices + a.page_indptr[seq], static_cast<int>(threadIdx.x >> 5),
+          lane, lane >> 2, lane & 3};
+}
+
 // A warp's running state over its tokens: heads 2t, 2t + 1 (the maxima the same in every g after the reductions,
 // the sums this thread's tokens only until the epilogue); O^T rows d = 16g + i and 16g + 8 + i of d-tile i.
 struct swapped_acc {
@@ -164,11 +178,12 @@ __device__ __forceinline__ void swapped_tile(swapped_acc& acc, const std::uint32
 // Both kernels' epilogue: the 4 warps' states merged per head (partial outputs through `smem`, [warps][8][D]
 // floats, free by now), the bf16 output and, when wanted, its FP8 copy.
 __device__ __forceinline__ void swapped_epilogue(const decode_args& a, swapped_acc& acc, unsigned char* smem,
-                                                 float (&s_m)[4][8], float (&s_l)[4][8], int seq, int qhead0) {
+                                                 const swapped_cta& cta) {
   constexpr int D = 128, kThreads = 128;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3;
-  if (a.out_fp8.wanted() && seq == a.num_seqs - 1 && blockIdx.y == 0)  // the copy's padding rows, by one CTA
+  __shared__ float s_m[4][8];
+  __shared__ float s_l[4][8];
+  const auto& [kvh, seq, end, qhead0, pages, warp, lane, g, t] = cta;
+  if (a.out_fp8.wanted() && seq == a.num_seqs - 1 && kvh == 0)  // the copy's padding rows, by one CTA
     zero_fp8_copy_padding(a.out_fp8, a.num_seqs, a.num_q_heads * D);
   const float ov = __uint_as_float(static_cast<std::uint32_t>(acc.v_exp) << 23);  // o back to units of 1
 #pragma unroll
@@ -195,7 +210,7 @@ __device__ __forceinline__ void swapped_epilogue(const decode_args& a, swapped_a
   }
   __syncthreads();
 
-  for (int item = tid; item < a.group * (D / 8); item += kThreads) {
+  for (int item = threadIdx.x; item < a.group * (D / 8); item += kThreads) {
     const int h = item / (D / 8), c = item % (D / 8);
     float accum[8], lt;
     merge_warp_states<D>(s_m, s_l, so, h, c, accum, lt);
@@ -207,10 +222,10 @@ __device__ __forceinline__ void swapped_epilogue(const decode_args& a, swapped_a
   }
 }
 
-// Q's bf16 rows of a (sequence, KV head) into the swizzled tile at `sq` (rows past the group: any valid row).
-__device__ __forceinline__ void swapped_load_q(const decode_args& a, std::uint32_t sq, int seq, int qhead0) {
+// Q's bf16 rows of the CTA's (sequence, KV head) into the swizzled tile at `sq` (rows past the group: any valid row).
+__device__ __forceinline__ void swapped_load_q(const decode_args& a, std::uint32_t sq, const swapped_cta& cta) {
   constexpr int D = 128;
-  const bf16* qsrc = a.q + (std::int64_t{seq} * a.num_q_heads + qhead0) * D;
+  const bf16* qsrc = a.q + (std::int64_t{cta.seq} * a.num_q_heads + cta.qhead0) * D;
   for (int c = threadIdx.x; c < 8 * (D / 8); c += 128) {
     const int r = c / (D / 8), ch = c % (D / 8);
     cp_async_16(sq + swz<D>(r, ch), r < a.group ? qsrc + r * D + ch * 8 : qsrc, r < a.group);
@@ -228,22 +243,14 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
   constexpr int kQBytes = kSwappedQBytes;
   static_assert(kWarps * 8 * D * 4 <= kSwappedSmemBytes<STAGES>, "the epilogue's partial outputs reuse the stages");
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ float s_m[kWarps][8];
-  __shared__ float s_l[kWarps][8];
-
-  const int kvh = blockIdx.y;
-  const int seq = blockIdx.z;
-  const int end = a.kv_len[seq];
-  const std::int32_t page_base = a.page_indptr[seq];
-  const int qhead0 = kvh * a.group;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3;
+  const swapped_cta cta = swapped_cta_of(a);
+  const auto& [kvh, seq, end, qhead0, pages, warp, lane, g, t] = cta;
 
   const std::uint32_t sq = smem_addr(smem);
   const std::uint32_t skv = sq + kQBytes;
-  loader_t loader(a.k8, a.v8, a.k_scale, a.v_scale, a.page_indices + page_base, a.num_kv_heads, kvh, a.bs_shift, tid);
+  loader_t loader(a.k8, a.v8, a.k_scale, a.v_scale, pages, a.num_kv_heads, kvh, a.bs_shift, threadIdx.x);
   loader.prefetch(0, end);
-  swapped_load_q(a, sq, seq, qhead0);
+  swapped_load_q(a, sq, cta);
   const int ntiles = (end + kKvTile - 1) / kKvTile;
   kv_pipeline_start<STAGES>(loader, skv, 0, end, ntiles);
 
@@ -275,7 +282,7 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
   }
   cp_async_wait<0>();
   __syncthreads();
-  swapped_epilogue(a, acc, smem, s_m, s_l, seq, qhead0);
+  swapped_epilogue(a, acc, smem, cta);
 }
 
 // Prototype (docs/architecture.md, "Decode attention and the power cap"): the same math with no shared-memory
@@ -298,10 +305,11 @@ __device__ __forceinline__ uint4 ld_stream_16(const std::uint8_t* p) {
   return x;
 }
 
-// The registers of the 16 tokens from `base` of one (sequence, KV head): zero codes and scales past `end`.
-__device__ __forceinline__ void swapped_load_chunk(swapped_chunk& x, const decode_args& a, const std::int32_t* pages,
-                                                   int kvh, int base, int end, int g, int t) {
+// The registers of the CTA's 16 tokens from `base`: zero codes and scales past its end.
+__device__ __forceinline__ void swapped_load_chunk(swapped_chunk& x, const decode_args& a, const swapped_cta& cta,
+                                                   int base) {
   constexpr int D = 128;
+  const auto& [kvh, seq, end, qhead0, pages, warp, lane, g, t] = cta;
   const int mask = (1 << a.bs_shift) - 1;
   const std::int64_t token_stride = std::int64_t{a.num_kv_heads} * D;
   // A chunk of 16 tokens lies in one block when blocks hold 16 or more (chunks start at multiples of 16).
@@ -341,21 +349,13 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) paged_decode_swapped_direct_k
   constexpr int kWarps = 4;
   static_assert(kSwappedQBytes <= kSwappedDirectSmemBytes);
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ float s_m[kWarps][8];
-  __shared__ float s_l[kWarps][8];
-
-  const int kvh = blockIdx.y;
-  const int seq = blockIdx.z;
-  const int end = a.kv_len[seq];
-  const std::int32_t* pages = a.page_indices + a.page_indptr[seq];
-  const int qhead0 = kvh * a.group;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
+  const swapped_cta cta = swapped_cta_of(a);
+  const auto& [kvh, seq, end, qhead0, pages, warp, lane, g, t] = cta;
 
   // The first chunk's loads go out before Q's wait.
   swapped_chunk cur, next;
-  if (warp * 16 < end) swapped_load_chunk(cur, a, pages, kvh, warp * 16, end, g, t);
-  swapped_load_q(a, smem_addr(smem), seq, qhead0);
+  if (warp * 16 < end) swapped_load_chunk(cur, a, cta, warp * 16);
+  swapped_load_q(a, smem_addr(smem), cta);
   cp_async_wait<0>();
   __syncthreads();
   std::uint32_t qb[8][2];
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) paged_decode_swapped_direct_k
   swapped_acc acc;
   std::uint32_t sink = 0;
   for (int base = warp * 16; base < end; base += kWarps * 16) {
-    if (base + kWarps * 16 < end) swapped_load_chunk(next, a, pages, kvh, base + kWarps * 16, end, g, t);
+    if (base + kWarps * 16 < end) swapped_load_chunk(next, a, cta, base + kWarps * 16);
     if constexpr (LOADS_ONLY) {
       const uint4 w[8] = {cur.k[0][0], cur.k[0][1], cur.k[1][0], cur.k[1][1], cur.v[0], cur.v[1], cur.v[2], cur.v[3]};
 #pragma unroll
@@ -382,7 +382,7 @@ __global__ void __launch_bounds__(128, MIN_BLOCKS) paged_decode_swapped_direct_k
     if (sink == 0x7fc00001u) a.out[std::int64_t{seq} * a.num_q_heads * 128] = __float2bfloat16(q_mul);
     return;
   }
-  swapped_epilogue(a, acc, smem, s_m, s_l, seq, qhead0);
+  swapped_epilogue(a, acc, smem, cta);
 }
 
 }  // namespace zipage::cuda::detail
