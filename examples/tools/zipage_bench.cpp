@@ -197,6 +197,53 @@ struct options {
 // after a warm-up, synchronised at both ends (median of 5 such runs). From M = 512 (662 is the compressed FP8
 // engine's steady batch) also the energy per FLOP: ~1 s of back-to-back calls under a power sampler (NVML;
 // "-" without it), with the mean SM clock of the FP8 loop. Nothing is asserted.
+// A flag naming one value of a kernel enum (cuda::all_prefill_kernels, cuda::all_fp8_decode_kernels): the names it
+// accepts, and the value a name it accepted stands for.
+template <class E, std::size_t N>
+std::vector<std::string> names_of(const E (&all)[N]) {
+  std::vector<std::string> names;
+  for (const E k : all) names.emplace_back(cuda::to_string(k));
+  return names;
+}
+template <class E, std::size_t N>
+E named(const E (&all)[N], const std::string& name) {
+  for (const E k : all)
+    if (name == cuda::to_string(k)) return k;
+  return all[0];  // unreachable after CLI::IsMember(names_of(all)); all[0] is each enum's automatic
+}
+
+// One linear(x, w) call's time in µs: the median of 5 runs of 50 back-to-back calls after a warm-up, synchronised at
+// both ends.
+double linear_call_us(const cuda_backend& b, const cuda_tensor& x, const cuda_tensor& w, cuda_tensor& out) {
+  constexpr int reps = 50;
+  for (int i = 0; i < 5; ++i) b.linear(x, w, out);
+  std::vector<double> runs;
+  for (int r = 0; r < 5; ++r) {
+    b.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) b.linear(x, w, out);
+    b.synchronize();
+    runs.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps);
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs[runs.size() / 2];
+}
+
+// The joules of one linear(x, w) call (`us`: its time) over ~1 s of back-to-back calls, 0 when the sampler saw too
+// little or NVML is not there; and the span measured.
+std::pair<double, zipage::cuda::power_sampler::span> linear_call_energy(const zipage::cuda::energy_meter& meter,
+                                                                       const cuda_backend& b, const cuda_tensor& x,
+                                                                       const cuda_tensor& w, cuda_tensor& out,
+                                                                       double us) {
+  const int calls = static_cast<int>(std::ceil(1e6 / us));
+  b.synchronize();
+  const auto e = zipage::cuda::measure_work_energy(meter, 20, [&] {
+    for (int i = 0; i < calls; ++i) b.linear(x, w, out);
+    b.synchronize();
+  });
+  return {e.samples > 0 ? e.joules / calls : 0.0, e};
+}
+
 void linear_bench(const cuda_backend& b, const model_config& c) {
   struct layer {
     const char* name;
@@ -211,30 +258,6 @@ void linear_bench(const cuda_backend& b, const model_config& c) {
   const zipage::cuda::energy_meter meter;
   std::printf("| layer | N x K | M | bf16 us | bf16 TFLOP/s | fp8 us | fp8 TFLOP/s | fp8 / bf16 | bf16 pJ/FLOP | fp8 pJ/FLOP "
               "| fp8 W, SM MHz |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-  auto time_us = [&](const cuda_tensor& x, const cuda_tensor& w, cuda_tensor& out) {
-    constexpr int reps = 50;
-    for (int i = 0; i < 5; ++i) b.linear(x, w, out);
-    std::vector<double> runs;
-    for (int r = 0; r < 5; ++r) {
-      b.synchronize();
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < reps; ++i) b.linear(x, w, out);
-      b.synchronize();
-      runs.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps);
-    }
-    std::sort(runs.begin(), runs.end());
-    return runs[runs.size() / 2];
-  };
-  // Joules per call over ~1 s of calls (`us`: one call's time; 0 when NVML is not there) and the span measured.
-  auto energy = [&](const cuda_tensor& x, const cuda_tensor& w, cuda_tensor& out, double us) {
-    const int calls = static_cast<int>(std::ceil(1e6 / us));
-    b.synchronize();
-    const auto e = zipage::cuda::measure_work_energy(meter, 20, [&] {
-      for (int i = 0; i < calls; ++i) b.linear(x, w, out);
-      b.synchronize();
-    });
-    return std::pair{e.samples > 0 ? e.joules / calls : 0.0, e};
-  };
   for (const layer& l : layers) {
     const cuda_tensor w16 = b.random_tensor(l.n, l.k, 1.0f / std::sqrt(static_cast<float>(l.k)), 77);
     cuda_tensor w8 = w16;
@@ -243,17 +266,17 @@ void linear_bench(const cuda_backend& b, const model_config& c) {
       const cuda_tensor x = b.random_tensor(m, l.k, 1.0f, 78);
       cuda_tensor out;
       const double flop = 2.0 * m * l.n * static_cast<double>(l.k);
-      const double t16 = time_us(x, w16, out);
-      const double t8 = fp8 ? time_us(x, w8, out) : 0.0;
+      const double t16 = linear_call_us(b, x, w16, out);
+      const double t8 = fp8 ? linear_call_us(b, x, w8, out) : 0.0;
       std::string pj16 = "-", pj8 = "-", clocks = "-";
       if (meter.available() && m >= 512) {
         char buf[64];
-        if (const auto [joules, e] = energy(x, w16, out, t16); joules > 0) {
+        if (const auto [joules, e] = linear_call_energy(meter, b, x, w16, out, t16); joules > 0) {
           std::snprintf(buf, sizeof buf, "%.3f", joules / flop * 1e12);
           pj16 = buf;
         }
         if (fp8)
-          if (const auto [joules, e] = energy(x, w8, out, t8); joules > 0) {
+          if (const auto [joules, e] = linear_call_energy(meter, b, x, w8, out, t8); joules > 0) {
             std::snprintf(buf, sizeof buf, "%.3f", joules / flop * 1e12);
             pj8 = buf;
             std::snprintf(buf, sizeof buf, "%.0f W, %.0f MHz", e.watts(), e.sm_mhz);
@@ -297,22 +320,11 @@ energy_costs measure_energy_costs(const cuda_backend& b, const model_config& c) 
   }
   cuda_tensor w = b.random_tensor(2 * c.ffn_size, c.hidden_size, 1.0f / std::sqrt(float(c.hidden_size)), 91);
   b.prepare_linear_weight(w);  // FP8 with block scales when the run's weights are FP8
-  // Joules per call of `w` on `m` rows, over ~1 s of back-to-back calls (0 when the sampler saw too little).
+  // Joules per call of `w` on `m` rows (0 when the sampler saw too little).
   auto joules_per_call = [&](int m) {
     const cuda_tensor x = b.random_tensor(m, c.hidden_size, 1.0f, 92);
     cuda_tensor out;
-    for (int i = 0; i < 5; ++i) b.linear(x, w, out);
-    b.synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 20; ++i) b.linear(x, w, out);
-    b.synchronize();
-    const double per_call = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 20;
-    const int calls = static_cast<int>(std::ceil(1.0 / std::max(per_call, 1e-7)));
-    const auto span = zipage::cuda::measure_work_energy(meter, 20, [&] {
-      for (int i = 0; i < calls; ++i) b.linear(x, w, out);
-      b.synchronize();
-    });
-    return span.samples > 0 ? span.joules / calls : 0.0;
+    return linear_call_energy(meter, b, x, w, out, linear_call_us(b, x, w, out)).first;
   };
   const double gemv = joules_per_call(8), gemm = joules_per_call(1024);
   if (gemv <= 0 || gemm <= 0) {
@@ -595,23 +607,19 @@ int main(int argc, char** argv) {
                "every step, so its throughput is not comparable)");
   app.add_flag("--unfused-projections", o.unfused_projections,
                "q/k/v and gate/up as separate GEMMs, as before fuse_projections (for A/B runs)");
-  std::vector<std::string> fp8_decode_kernel_names;
-  for (const auto k : cuda::all_fp8_decode_kernels) fp8_decode_kernel_names.emplace_back(cuda::to_string(k));
   app.add_option("--fp8-decode-kernel", o.fp8_decode_kernel,
                  "FP8 KV: decode attention kernel: automatic (swapped where it fits and the batch fills the GPU "
                  "without splits), split_kv, swapped, or the swapped_direct prototype "
                  "(cuda_backend_options::fp8_decode_kernel, for A/B runs)")
-      ->check(CLI::IsMember(fp8_decode_kernel_names));
+      ->check(CLI::IsMember(names_of(cuda::all_fp8_decode_kernels)));
   app.add_flag("--no-fused-quantize", o.unfused_quantize,
                "FP8 weights: each linear quantises its input itself, instead of the norm or SwiGLU before it writing the "
                "FP8 copy (cuda_backend_options::fuse_fp8_quantize = false, for A/B runs)");
-  std::vector<std::string> prefill_kernel_names;
-  for (const auto k : cuda::all_prefill_kernels) prefill_kernel_names.emplace_back(cuda::to_string(k));
   app.add_option("--prefill-kernel", o.prefill_kernel,
                  "prefill attention: automatic (wgmma where it runs, else mma_sync) or a kernel by name "
                  "(cuda_backend_options::prefill_kernel; the wgmma ones need bf16 K/V and an sm_90a build on an "
                  "H100/H200)")
-      ->check(CLI::IsMember(prefill_kernel_names));
+      ->check(CLI::IsMember(names_of(cuda::all_prefill_kernels)));
   app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)");
   app.add_option("--json", o.json, "append results as JSON lines to this file");
   zipage_cli::add_kv_cache_dtype_flag(app, o.kv_cache_dtype, "", "bf16");
@@ -662,10 +670,8 @@ int main(int argc, char** argv) {
     bo.cuda_graphs = !o.no_graphs;
     bo.op_timing = o.op_timing;
     bo.fuse_fp8_quantize = !o.unfused_quantize;
-    for (const auto k : cuda::all_fp8_decode_kernels)
-      if (o.fp8_decode_kernel == cuda::to_string(k)) bo.fp8_decode_kernel = k;
-    for (const auto k : cuda::all_prefill_kernels)
-      if (o.prefill_kernel == cuda::to_string(k)) bo.prefill_kernel = k;
+    bo.fp8_decode_kernel = named(cuda::all_fp8_decode_kernels, o.fp8_decode_kernel);
+    bo.prefill_kernel = named(cuda::all_prefill_kernels, o.prefill_kernel);
     bo.kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
     bo.weight_dtype = o.linear_bench ? weight_dtype::fp8_e4m3 : parse_weight_quantization(o.quantization);
     bo.max_graph_batch = std::max(bo.max_graph_batch, o.max_num_seqs);
