@@ -245,7 +245,7 @@ void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void
 }
 
 // lens: the KV length of each sequence (ragged allowed). ablate > 0: an FP8 energy ablation (launch_fp8_ablation) or
-// kSwappedKernel instead of the library's kernel, timed and metered the same way.
+// one of the kSwapped* kernels instead of the library's split-KV kernel, timed and metered the same way.
 void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, int bs, std::string key, int ctx_label,
                int stages = 0, int force_splits = 0, bool fp8 = false, int ablate = 0) {
   const int batch = static_cast<int>(lens.size());
@@ -547,23 +547,21 @@ int main(int argc, char** argv) {
               bm_decode(st, std::vector<int>(std::size_t(batch), ctx), qh, kvh, bs, key, ctx, 0, 0, true);
             })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
           }
-    // The swapped-operand kernel at the FP8 shapes above with 32/8 heads and 256-token blocks, against the split-KV
-    // kernel under its automatic plan (decode_fp8/..., whose splits counter says whether fp8_decode_kernel::automatic
-    // would take the swapped kernel there: only at one split).
+    // The swapped-operand kernel and its direct-load prototype at the FP8 shapes above with 32/8 heads and 256-token
+    // blocks, against the split-KV kernel under its automatic plan (decode_fp8/..., whose splits counter is one input
+    // of fp8_decode_kernel::automatic's rule, resolve_fp8_decode_kernel).
     for (int batch : {16, 64, 128, 256, 512})
       for (int ctx : {2048, 8192, 16384}) {
         if (2.0 * batch * double(ctx) * 8 * kHeadDim * 2 > kMaxCaseBytes) continue;
-        char name[128], key[32];
-        std::snprintf(name, sizeof name, "decode_fp8_swapped/bs256/q32_kv8/batch%d/ctx%d", batch, ctx);
-        std::snprintf(key, sizeof key, "w%05d", order++);
-        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-          bm_decode(st, std::vector<int>(std::size_t(batch), ctx), 32, 8, 256, key, ctx, 3, 1, true, kSwappedKernel);
-        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
-        std::snprintf(name, sizeof name, "decode_fp8_swapped_direct/bs256/q32_kv8/batch%d/ctx%d", batch, ctx);
-        std::snprintf(key, sizeof key, "w%05d", order++);
-        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-          bm_decode(st, std::vector<int>(std::size_t(batch), ctx), 32, 8, 256, key, ctx, 3, 1, true, kSwappedDirect);
-        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+        for (const auto& [variant, what] :
+             {std::pair{kSwappedKernel, "swapped"}, std::pair{kSwappedDirect, "swapped_direct"}}) {
+          char name[128], key[32];
+          std::snprintf(name, sizeof name, "decode_fp8_%s/bs256/q32_kv8/batch%d/ctx%d", what, batch, ctx);
+          std::snprintf(key, sizeof key, "w%05d", order++);
+          benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+            bm_decode(st, std::vector<int>(std::size_t(batch), ctx), 32, 8, 256, key, ctx, 3, 1, true, variant);
+          })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+        }
       }
     // Ragged batches: lengths uniform in [1, 2 * mean].
     for (int bs : {256, 16})
