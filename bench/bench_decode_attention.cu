@@ -38,7 +38,6 @@
 #include "zipage/backend/cuda/ops.hpp"  // fill_uniform
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/decode_kernel.cuh"   // the FP8 decode kernel's energy ablations
-#include "zipage/backend/cuda/decode_swapped.cuh"  // the direct-load swapped kernel's loads-only ablation
 #include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/cuda/device.hpp"
 #include "zipage/cuda/energy.hpp"
@@ -209,20 +208,8 @@ void launch_fp8_ablation(const zc::decode_params& p, cudaStream_t stream) {
   CK(cudaGetLastError());
 }
 
-// The direct-load swapped kernel's loads alone (decode_swapped.cuh's LOADS_ONLY; outputs wrong on purpose).
-void launch_swapped_direct_loads_only(const zc::decode_params& p, cudaStream_t stream) {
-  namespace d = zipage::cuda::detail;
-  const dim3 grid(1, static_cast<unsigned>(p.kv.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  d::paged_decode_swapped_direct_kernel<3, true>
-      <<<grid, 128, d::kSwappedDirectSmemBytes, stream>>>(d::make_decode_args(p, 1, 0));
-  CK(cudaGetLastError());
-}
-
-// bm_decode's `ablate` value for the swapped-operand kernel (paged_decode_attention_swapped) instead, for its
-// direct-load prototype (paged_decode_attention_swapped_direct), and for that one's loads alone.
+// bm_decode's `ablate` value for the swapped-operand kernel (paged_decode_attention_swapped) instead.
 constexpr int kSwappedKernel = 1 << 8;
-constexpr int kSwappedDirect = 1 << 9;
-constexpr int kSwappedDirectLoadsOnly = 1 << 10;
 
 void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void* ws, std::size_t ws_bytes,
                    int ablate, cudaStream_t stream) {
@@ -230,8 +217,6 @@ void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void
   switch (ablate) {
     case kSwappedKernel: return zc::paged_decode_attention_swapped(p, stream);  // its default depth, 3 stages
     case kSwappedKernel | 4: return zc::paged_decode_attention_swapped(p, stream, 4);
-    case kSwappedDirect: return zc::paged_decode_attention_swapped_direct(p, stream);
-    case kSwappedDirectLoadsOnly: return launch_swapped_direct_loads_only(p, stream);
     case d::kAblateNone: return zc::paged_decode_attention(p, plan, ws, ws_bytes, stream);
     case d::kAblateQkMma: return launch_fp8_ablation<d::kAblateQkMma>(p, stream);
     case d::kAblatePvMma: return launch_fp8_ablation<d::kAblatePvMma>(p, stream);
@@ -342,8 +327,9 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
 }
 
 // ---- prefill: `seqs` fresh prompts of `n` tokens each (causal), or chunks of n after `cached` tokens.
+// persistent: the wgmma kernel's persistent launch (a tile counter; prefill_params::tile_counter), else one CTA per tile.
 void bm_prefill(benchmark::State& state, int seqs, int n, int cached, int qh, int kvh, int bs, std::string key,
-                zc::prefill_kernel kernel) {
+                zc::prefill_kernel kernel, bool persistent = false) {
   const int len = cached + n;
   const std::size_t token_bytes = std::size_t(kvh) * kHeadDim * 2;
   const int pages_per_seq = (len + bs - 1) / bs;
@@ -380,6 +366,8 @@ void bm_prefill(benchmark::State& state, int seqs, int n, int cached, int qh, in
   p.kv.block_size = bs;
   p.scale = 1.0f / std::sqrt(float(kHeadDim));
   p.kernel = kernel;
+  dbuf<int> counter(std::vector<int>(2, 0));
+  if (persistent) p.tile_counter = counter.p;
   double pairs = 0;
   for (int l : token_len) pairs += l;
   const double flops = 4.0 * pairs * qh * kHeadDim;
@@ -400,7 +388,8 @@ void bm_prefill(benchmark::State& state, int seqs, int n, int cached, int qh, in
   CK(cudaGraphDestroy(graph));
   CK(cudaStreamDestroy(stream));
   state.counters["TFLOPs"] = flops / s / 1e12;
-  g_rows[key] = {"prefill", seqs, len, qh, kvh, bs, n, 0, s, 0.0, flops, zc::to_string(kernel)};
+  g_rows[key] = {"prefill", seqs, len, qh, kvh, bs, n, 0, s, 0.0, flops,
+                 persistent ? "wgmma, persistent" : zc::to_string(kernel)};
 }
 
 void bm_copy(benchmark::State& state) {
@@ -547,21 +536,18 @@ int main(int argc, char** argv) {
               bm_decode(st, std::vector<int>(std::size_t(batch), ctx), qh, kvh, bs, key, ctx, 0, 0, true);
             })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
           }
-    // The swapped-operand kernel and its direct-load prototype at the FP8 shapes above with 32/8 heads and 256-token
+    // The swapped-operand kernel at the FP8 shapes above with 32/8 heads and 256-token
     // blocks, against the split-KV kernel under its automatic plan (decode_fp8/..., whose splits counter is one input
     // of fp8_decode_kernel::automatic's rule, resolve_fp8_decode_kernel).
     for (int batch : {16, 64, 128, 256, 512})
       for (int ctx : {2048, 8192, 16384}) {
         if (2.0 * batch * double(ctx) * 8 * kHeadDim * 2 > kMaxCaseBytes) continue;
-        for (const auto& [variant, what] :
-             {std::pair{kSwappedKernel, "swapped"}, std::pair{kSwappedDirect, "swapped_direct"}}) {
-          char name[128], key[32];
-          std::snprintf(name, sizeof name, "decode_fp8_%s/bs256/q32_kv8/batch%d/ctx%d", what, batch, ctx);
-          std::snprintf(key, sizeof key, "w%05d", order++);
-          benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-            bm_decode(st, std::vector<int>(std::size_t(batch), ctx), 32, 8, 256, key, ctx, 3, 1, true, variant);
-          })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
-        }
+        char name[128], key[32];
+        std::snprintf(name, sizeof name, "decode_fp8_swapped/bs256/q32_kv8/batch%d/ctx%d", batch, ctx);
+        std::snprintf(key, sizeof key, "w%05d", order++);
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+          bm_decode(st, std::vector<int>(std::size_t(batch), ctx), 32, 8, 256, key, ctx, 3, 1, true, kSwappedKernel);
+        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
     // Ragged batches: lengths uniform in [1, 2 * mean].
     for (int bs : {256, 16})
@@ -617,17 +603,6 @@ int main(int argc, char** argv) {
         std::snprintf(key, sizeof key, "a%05d", order++);
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
           bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, stages == 4 ? kSwappedKernel | 4 : kSwappedKernel);
-        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
-      }
-      // Its direct-load prototype (no shared-memory staging): what the cp.async round trip costs; and that path's
-      // loads alone, against the split-KV kernel's no_tile_work ablation below and the read-only stream.
-      for (const auto& [variant, what] : fp8 ? std::vector<std::pair<int, const char*>>{{kSwappedDirect, ""},
-                                                                                        {kSwappedDirectLoadsOnly, "/loads_only"}}
-                                             : std::vector<std::pair<int, const char*>>{}) {
-        std::snprintf(name, sizeof name, "decode_fp8_swapped_direct/batch%d/steady2048-2304%s", batch, what);
-        std::snprintf(key, sizeof key, "a%05d", order++);
-        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, variant);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
       for (const auto& [ablate, what] : fp8 ? std::span(ablations) : std::span<const std::pair<int, const char*>>{}) {
@@ -691,6 +666,12 @@ int main(int argc, char** argv) {
         std::snprintf(key, sizeof key, "p%05d", order++);
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
           bm_prefill(st, c.seqs, c.n, c.cached, c.qh, c.kvh, c.bs, key, k);
+        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+        std::snprintf(name, sizeof name, "prefill_%s_persistent/bs%d/q%d_kv%d/seqs%d/new%d/cached%d", zc::to_string(k),
+                      c.bs, c.qh, c.kvh, c.seqs, c.n, c.cached);
+        std::snprintf(key, sizeof key, "p%05d", order++);
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+          bm_prefill(st, c.seqs, c.n, c.cached, c.qh, c.kvh, c.bs, key, k, true);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
       }
     }

@@ -2,8 +2,6 @@
 # the P^T exchange in 4 shuffles, the d permutation of O^T, the 4-warp epilogue), in float64 without the fp16 / FP8
 # roundings or the V-scale exponents, against a reference attention. A model check of the layout, not of the CUDA
 # code: run it after changing an index in the kernel.  /usr/bin/python3 scripts/emulate_decode_swapped.py
-# sector_order: the direct-load kernel's K chunks t and t + 4 with load_qT_fragments_fp8<true>'s Q (its tokens go to
-# the warps as the staged kernel's do, so the rest is the same).
 import numpy as np
 rng = np.random.default_rng(1)
 D, TILE = 128, 64
@@ -27,10 +25,10 @@ def perm(r0, r1, sel):  # __byte_perm of two 4-code words
     b = list(r0) + list(r1)
     return [b[(sel >> (4 * i)) & 7] for i in range(4)]
 
-def kbase(t, c, i, sector_order):  # first d of K codes r[i] of chunk c (and of qb[4c + i]) for lane t
-    return 16 * t + 64 * c + 4 * i if sector_order else 32 * t + 16 * c + 4 * i
+def kbase(t, c, i):  # first d of K codes r[i] of chunk c (and of qb[4c + i]) for lane t
+    return 32 * t + 16 * c + 4 * i
 
-def run(group, length, sector_order=False, scale=1 / np.sqrt(128)):
+def run(group, length, scale=1 / np.sqrt(128)):
     q = rng.standard_normal((group, D))
     kc = rng.standard_normal((length, D)); vc = rng.standard_normal((length, D))
     ks = rng.uniform(0.5, 2, length); vsc = rng.uniform(0.5, 2, length)
@@ -62,13 +60,13 @@ def run(group, length, sector_order=False, scale=1 / np.sqrt(128)):
                     a = []; b = []
                     for lane in range(32):
                         g, t = lane >> 2, lane & 3
-                        base = kbase(t, c, i, sector_order)
+                        base = kbase(t, c, i)
                         r0 = [K(warp * 16 + g, base + e) for e in range(4)]
                         r1 = [K(warp * 16 + g + 8, base + e) for e in range(4)]
                         lo0, hi0 = conv4(r0); lo1, hi1 = conv4(r1)
                         a.append([lo0, lo1, hi0, hi1])
                         kk = 4 * c + i  # qb[kk]: d = kbase(t, kk // 4, kk % 4) + {0,1} | {2,3} of head g
-                        qd = kbase(t, kk // 4, kk % 4, sector_order)
+                        qd = kbase(t, kk // 4, kk % 4)
                         b.append([(Q[g][qd], Q[g][qd+1]), (Q[g][qd+2], Q[g][qd+3])])
                     mma(s, a, b)
             pp = []; corr = [[0, 0] for _ in range(32)]; vsn = []
@@ -148,9 +146,8 @@ def run(group, length, sector_order=False, scale=1 / np.sqrt(128)):
         out[h] = (so[:, h, :] * wt[:, None]).sum(0) / lt
     return np.abs(out - ref).max()
 
-for sector_order in (False, True):
-    for group, length in [(4, 100), (8, 64), (1, 1), (7, 130), (2, 200), (4, 17)]:
-        err = run(group, length, sector_order)
-        print(f"{'direct (sector order)' if sector_order else 'staged'}: group {group} len {length}: max |out - ref| = {err:.2e}")
-        assert err < 1e-9
+for group, length in [(4, 100), (8, 64), (1, 1), (7, 130), (2, 200), (4, 17)]:
+    err = run(group, length)
+    print(f"group {group} len {length}: max |out - ref| = {err:.2e}")
+    assert err < 1e-9
 print("ok")

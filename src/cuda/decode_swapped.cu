@@ -19,7 +19,7 @@ bool decode_swapped_supported(const decode_params& p) {
 
 namespace {
 
-// Both launchers' argument checks and grid: `what` names the caller. False: nothing to launch.
+// The launcher's argument checks: `what` names the caller. False: nothing to launch.
 bool swapped_launch_checks(const char* what, const decode_params& p) {
   check(decode_swapped_supported(p), what, ": needs FP8 K/V (k_scale and v_scale), head_dim 128 (got ", p.kv.head_dim,
         "), at most 8 query heads per KV head (got ", p.num_q_heads, " / ", p.kv.num_kv_heads,
@@ -47,14 +47,6 @@ void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, 
   };
   if (stages == 4) run.template operator()<4>();
   else run.template operator()<d::kSwappedStages>();
-  ZIPAGE_CUDA_CHECK_LAUNCH();
-}
-
-void paged_decode_attention_swapped_direct(const decode_params& p, cuda_stream stream) {
-  if (!swapped_launch_checks("paged_decode_attention_swapped_direct", p)) return;
-  namespace d = detail;
-  d::paged_decode_swapped_direct_kernel<3>
-      <<<swapped_grid(p), 128, d::kSwappedDirectSmemBytes, stream>>>(d::make_decode_args(p, 1, 0));
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

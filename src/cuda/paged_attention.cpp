@@ -77,12 +77,14 @@ void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, 
       const decode_params d = as_decode_params(p);
       switch (decode_kernel_for(d, p.fp8_decode, ws.plan)) {
         case fp8_decode_kernel::swapped: return paged_decode_attention_swapped(d, stream);
-        case fp8_decode_kernel::swapped_direct: return paged_decode_attention_swapped_direct(d, stream);
         default: return paged_decode_attention(d, ws.plan, ws.data, ws.bytes, stream);
       }
     }
-    case attention_kernel::tuned_prefill:
-      return paged_prefill_attention(as_prefill_params(p), stream);
+    case attention_kernel::tuned_prefill: {
+      prefill_params f = as_prefill_params(p);
+      f.tile_counter = ws.prefill_tile_counter;
+      return paged_prefill_attention(f, stream);
+    }
     case attention_kernel::reference:
       return reference::paged_attention(t, p, stream);
   }

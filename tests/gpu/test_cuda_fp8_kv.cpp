@@ -425,16 +425,15 @@ TEST_CASE("fp8 kv engine: random-initialised Qwen3 (tuned kernels, head_dim 128)
   check_sane(z);
 }
 
-// The swapped-operand decode kernels (cuda_backend_options::fp8_decode_kernel swapped, and the swapped_direct
-// prototype) in the engine: the same FP8 cache and math as the split-KV kernel, summed in another order, so
-// teacher-forced logits stay close to its.
-TEST_CASE("fp8 kv engine: fp8_decode_kernel swapped and swapped_direct run the swapped kernels, close to split-KV") {
+// The swapped-operand decode kernel (cuda_backend_options::fp8_decode_kernel swapped) in the engine: the same FP8
+// cache and math as the split-KV kernel, summed in another order, so teacher-forced logits stay close to its.
+TEST_CASE("fp8 kv engine: fp8_decode_kernel swapped runs the swapped kernel, close to split-KV") {
   cuda_backend_options o;
   o.kv_dtype = kv_cache_dtype::fp8_e4m3;
   o.cuda_graphs = false;
   o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::split_kv;
   const cuda_backend split(o);
-  for (const auto kernel : {zipage::cuda::fp8_decode_kernel::swapped, zipage::cuda::fp8_decode_kernel::swapped_direct}) {
+  for (const auto kernel : {zipage::cuda::fp8_decode_kernel::swapped}) {
     o.fp8_decode_kernel = kernel;
     const cuda_backend swapped(o);
     for (const bool compress : {false, true}) {

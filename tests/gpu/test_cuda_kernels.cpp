@@ -220,15 +220,14 @@ std::size_t byte_mismatches(const dbuf<T>& a, const dbuf<T>& b) {
 // The decode kernel's FP8 copy of its output (decode_params::out_fp8, head_dim 128, one split): the output is the
 // same as without it, and the codes and scales are byte for byte what fp8::quantize_activations makes of that
 // output, padding rows zero (the copy's buffers start poisoned). p: a decode of any KV cache (bf16 or FP8).
-// kernel: which decode kernel (the split-KV one, or the swapped-operand one staged or loading directly).
-enum class decode_under_test { split_kv, swapped, swapped_direct };
+// kernel: which decode kernel (the split-KV one, or the swapped-operand one).
+enum class decode_under_test { split_kv, swapped };
 void check_decode_fp8_copy(zc::decode_params p, const std::string& name,
                            decode_under_test kernel = decode_under_test::split_kv) {
   const zc::decode_plan plan = zc::plan_decode(p, 1);
   auto run = [&] {
     switch (kernel) {
       case decode_under_test::swapped: return zc::paged_decode_attention_swapped(p, nullptr);
-      case decode_under_test::swapped_direct: return zc::paged_decode_attention_swapped_direct(p, nullptr);
       case decode_under_test::split_kv: return zc::paged_decode_attention(p, plan, nullptr, 0, nullptr);
     }
   };
@@ -324,6 +323,35 @@ std::vector<zc::prefill_kernel> wgmma_kernels() {
   return ks;
 }
 
+// The wgmma kernel's launches other than one CTA per query tile (p's own): persistent (a tile counter), persistent on
+// 2 CTAs, and 3 CTAs striding over the tiles without a counter. A tile's result does not depend on the CTA that
+// computes it, so each must give `one_per_tile` bit for bit; a persistent launch must leave its counter zero (the next
+// one, run last, relies on it).
+void check_prefill_launches(zc::prefill_params p, dbuf<std::uint16_t>& dout, const std::vector<std::uint16_t>& one_per_tile,
+                            const std::string& name) {
+  dbuf<int> counter(std::vector<int>(2, 0));
+  struct launch {
+    const char* name;
+    bool counter;
+    int max_ctas;
+  };
+  for (const launch l : {launch{"persistent", true, 0}, launch{"persistent on 2 CTAs", true, 2},
+                         launch{"3 CTAs, no counter", false, 3}, launch{"persistent again", true, 0}}) {
+    p.tile_counter = l.counter ? counter.p : nullptr;
+    p.max_ctas = l.max_ctas;
+    dout.poison();
+    zc::paged_prefill_attention(p, nullptr);
+    const std::vector<std::uint16_t> out = dout.get();
+    std::size_t diff = out.size() == one_per_tile.size() ? 0 : out.size() + one_per_tile.size();
+    for (std::size_t i = 0; i < std::min(out.size(), one_per_tile.size()); ++i) diff += out[i] != one_per_tile[i];
+    report_exact(name + ", " + l.name + ": as one CTA per tile", diff);
+    if (l.counter) {
+      const std::vector<int> left = counter.get();
+      report_exact(name + ", " + l.name + ": tile counter left zero", std::size_t(left[0] != 0) + std::size_t(left[1] != 0));
+    }
+  }
+}
+
 // ---- prefill: sequences with `cached` tokens already in the cache and `fresh` new tokens appended; each kernel of
 // `kernels` against one reference (its cost, not the GPU's, dominates this test).
 void test_prefill(int d, int qh, int kvh, int bs, const std::vector<std::pair<int, int>>& seqs_cached_new,
@@ -375,6 +403,7 @@ void test_prefill(int d, int qh, int kvh, int bs, const std::vector<std::pair<in
                   kernel == zc::prefill_kernel::mma_sync ? "" : (std::string(" ") + zc::to_string(kernel)).c_str(),
                   seqs_cached_new.size(), tokens, *std::max_element(lens.begin(), lens.end()));
     report(name, compare(out, ref), 1e-2);
+    if (zc::is_wgmma(kernel)) check_prefill_launches(p, dout, out, name);
   }
 }
 
@@ -574,13 +603,7 @@ void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, s
                     seqs, p.max_kv_len, stages);
       report(name, compare(setup.out.get(), ref), 1e-2);
     }
-    setup.out.poison();
-    zc::paged_decode_attention_swapped_direct(p, nullptr);
-    report(shape + " seqs=" + std::to_string(seqs) + " max_len=" + std::to_string(p.max_kv_len) +
-               " swapped-operand kernel, direct loads",
-           compare(setup.out.get(), ref), 1e-2);
     check_decode_fp8_copy(p, shape + " swapped-operand kernel", decode_under_test::swapped);
-    check_decode_fp8_copy(p, shape + " swapped, direct loads", decode_under_test::swapped_direct);
   }
   if (d == 128) check_decode_fp8_copy(p, shape);
 }
@@ -1141,11 +1164,6 @@ int main() {
       p.kv.head_dim = 128, p.num_q_heads = 16, p.kv.num_kv_heads = 1, p.kv.block_size = 16, p.num_seqs = 1;
       p.kv.k_scale = p.kv.v_scale = reinterpret_cast<float*>(16);
       zc::paged_decode_attention_swapped(p, nullptr);
-    });
-    expect_throw("the direct-load swapped decode rejects a bf16 cache", [] {
-      zc::decode_params p;
-      p.kv.head_dim = 128, p.num_q_heads = 32, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
-      zc::paged_decode_attention_swapped_direct(p, nullptr);
     });
     // The automatic FP8 decode kernel on this device's plan and occupancy: the compressed steady state of Qwen3-8B
     // (662 sequences of 2,304 tokens, 32/8 heads, 256-token blocks) fills the GPU without a split; 512 sequences of

@@ -128,8 +128,6 @@ TEST_CASE("cuda_backend_options: a wrong field is named before the backend touch
   CHECK(contains(error_with([](auto& o) { o.overlap_gemm_sms = -1; }), "cuda_backend_options::overlap_gemm_sms"));
   CHECK(contains(error_with([](auto& o) { o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::swapped; }),
                  "cuda_backend_options::fp8_decode_kernel swapped is a decode kernel for an FP8 KV cache"));
-  CHECK(contains(error_with([](auto& o) { o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::swapped_direct; }),
-                 "cuda_backend_options::fp8_decode_kernel swapped_direct is a decode kernel for an FP8 KV cache"));
   CHECK(contains(error_with([](auto& o) { o.fp8_decode_kernel = static_cast<zipage::cuda::fp8_decode_kernel>(7); }),
                  "cuda_backend_options::fp8_decode_kernel: not a cuda::fp8_decode_kernel (7)"));
   CHECK(contains(error_with([](auto& o) { o.prefill_kernel = static_cast<zipage::cuda::prefill_kernel>(9); }),
@@ -178,15 +176,11 @@ TEST_CASE("resolve_fp8_decode_kernel: swapped where it fits and the batch fills 
     CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, true, splits, few) == fp8_decode_kernel::split_kv);
     CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, true, splits, many) == fp8_decode_kernel::swapped);
     CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::swapped, true, splits, few) == fp8_decode_kernel::swapped);
-    CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::swapped_direct, true, splits, few) ==
-          fp8_decode_kernel::swapped_direct);
   }
   for (const int splits : {1, 2})
     for (const double waves : {few, many}) {
       CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, false, splits, waves) == fp8_decode_kernel::split_kv);
       CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::swapped, false, splits, waves) == fp8_decode_kernel::split_kv);
-      CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::swapped_direct, false, splits, waves) ==
-            fp8_decode_kernel::split_kv);
       for (const bool fits : {false, true})
         CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::split_kv, fits, splits, waves) == fp8_decode_kernel::split_kv);
     }
@@ -198,14 +192,8 @@ TEST_CASE("resolve_fp8_decode_kernel: swapped where it fits and the batch fills 
     names.insert(zipage::cuda::to_string(k));
   }
   CHECK(names.size() == std::size(zipage::cuda::all_fp8_decode_kernels));
-  CHECK_FALSE(zipage::cuda::is_fp8_decode_kernel(static_cast<fp8_decode_kernel>(4)));
-  // automatic never picks the prototype.
-  for (const double waves : {0.0, 100.0})
-    for (const int splits : {1, 4})
-      CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, true, splits, waves) !=
-            fp8_decode_kernel::swapped_direct);
+  CHECK_FALSE(zipage::cuda::is_fp8_decode_kernel(static_cast<fp8_decode_kernel>(3)));
   CHECK(zipage::cuda::is_swapped(fp8_decode_kernel::swapped));
-  CHECK(zipage::cuda::is_swapped(fp8_decode_kernel::swapped_direct));
   CHECK_FALSE(zipage::cuda::is_swapped(fp8_decode_kernel::split_kv));
   CHECK_FALSE(zipage::cuda::is_swapped(fp8_decode_kernel::automatic));
 }

@@ -111,6 +111,18 @@ cuda::attention_workspace decode_workspace(context& c, cuda_detail::step_state& 
   return ws;
 }
 
+// The prefill kernel's tile counter for launches on the main stream or the attention stream (nullptr while a graph
+// is captured before it exists: that launch is not persistent). Allocated and zeroed on the main stream, once.
+int* prefill_tile_counter(context& c, bool attention_stream) {
+  if (c.prefill_tiles.p == nullptr) {
+    if (c.capturing()) return nullptr;
+    ZIPAGE_CUDA_CHECK(cudaMemsetAsync(c.prefill_tiles.reserve(4 * sizeof(int), c.stream), 0, 4 * sizeof(int), c.stream));
+    // The attention stream's first launch may come before the main stream reaches the memset.
+    ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  }
+  return static_cast<int*>(c.prefill_tiles.p) + (attention_stream ? 2 : 0);
+}
+
 }  // namespace
 
 int cuda_backend::nano_batch_split(int num_seqs) const { return zipage::nano_batch_split(num_seqs, ctx_->opts.overlap_min_batch); }
@@ -214,8 +226,9 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
   // The kernel paged_attention() will run; the decode kernel needs its split plan and workspace first.
   const cuda::attention_kernel kind = cuda::select_attention_kernel(kv.dtype, ap, variant);
   const bool tuned_decode = kind == cuda::attention_kernel::tuned_decode;
-  const cuda::attention_workspace ws =
+  cuda::attention_workspace ws =
       tuned_decode ? decode_workspace(c, st, ap, std::max(nano, 0)) : cuda::attention_workspace{};
+  if (kind == cuda::attention_kernel::tuned_prefill) ws.prefill_tile_counter = prefill_tile_counter(c, nano >= 0);
   const cuda::decode_params dp = tuned_decode ? cuda::as_decode_params(ap) : cuda::decode_params{};
   ap.fp8_decode = c.opts.fp8_decode_kernel;
   const cuda::fp8_decode_kernel decode_kernel =
@@ -260,13 +273,8 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
     const auto timed = timed_on_main("record_queries");
     cuda::record_queries(kv.dtype, window_rows, st.window_rows, q.data(), tokens, q.cols(), stream);
   }
-  const bool direct = decode_kernel == cuda::fp8_decode_kernel::swapped_direct;
-  const char* op_name = !st.decode ? "attention prefill"
-                        : direct   ? "attention decode (swapped, direct)"
-                        : swapped  ? "attention decode (swapped)"
-                                   : "attention decode";
+  const char* op_name = !st.decode ? "attention prefill" : swapped ? "attention decode (swapped)" : "attention decode";
   const auto timed = timed_on_main(!ap.out_fp8.wanted() ? op_name
-                                   : direct             ? "attention decode (swapped, direct) + fp8 quantize"
                                    : swapped            ? "attention decode (swapped) + fp8 quantize"
                                                         : "attention decode + fp8 quantize");
   cuda::paged_attention(kv.dtype, ap, variant, ws, stream);

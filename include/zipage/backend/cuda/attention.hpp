@@ -88,12 +88,6 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
 // cuda_backend_options::fp8_decode_kernel (fp8_decode_kernel::automatic: resolve_fp8_decode_kernel's rule).
 [[nodiscard]] bool decode_swapped_supported(const decode_params& p);
 void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages = 0);
-// Prototype (docs/architecture.md, "Decode attention and the power cap"; the engine runs it only with
-// fp8_decode_kernel::swapped_direct): the swapped kernel with no shared-memory staging of K and V, each warp loading
-// its tokens' codes and scales from global memory into the MMAs' registers, one 16-token chunk ahead. The same
-// inputs, outputs and requirements as paged_decode_attention_swapped; bench_decode_attention's
-// decode_fp8_swapped_direct cases measure its energy.
-void paged_decode_attention_swapped_direct(const decode_params& p, cuda_stream stream);
 // How many full waves of the current device the swapped kernel's grid (one CTA per sequence and KV head, at its
 // default depth) makes: its CTAs over the CTAs all multiprocessors hold at once.
 [[nodiscard]] double decode_swapped_waves(const decode_params& p);
@@ -125,6 +119,13 @@ struct prefill_params {
   int num_q_heads = 0;
   float scale = 0.0f;
   prefill_kernel kernel = prefill_kernel::automatic;
+  // The wgmma kernel's persistent launch: one CTA per SM, each taking query tiles from this counter until none is
+  // left, so that one tile's end overlaps the next one's start (prefill_wgmma.cuh). 2 ints of device memory, zero
+  // before the first launch; every launch leaves them zero. Launches that may run at the same time need counters of
+  // their own. nullptr: one CTA per query tile. (The mma.sync kernel ignores it.)
+  int* tile_counter = nullptr;
+  // > 0: at most this many CTAs for the wgmma kernel, each walking its share of the tiles (tests; 0: no cap).
+  int max_ctas = 0;
 };
 
 void paged_prefill_attention(const prefill_params& p, cuda_stream stream);
@@ -173,11 +174,13 @@ enum class attention_kernel : std::uint8_t { tuned_decode, tuned_prefill, refere
 [[nodiscard]] decode_params as_decode_params(const attention_params& p);
 
 // The decode kernel's split plan and its scratch (decode_workspace_bytes(as_decode_params(p), plan)
-// bytes of device memory); unused by the other kernels.
+// bytes of device memory), and the prefill kernel's tile counter; each unused by the other kernels.
 struct attention_workspace {
   decode_plan plan{};
   void* data = nullptr;
   std::size_t bytes = 0;
+  // The tuned prefill kernel's tile counter (prefill_params::tile_counter; nullptr: no persistent launch).
+  int* prefill_tile_counter = nullptr;
 };
 
 // Where select_attention_kernel() chose tuned_decode: the decode kernel the launch under `plan` runs

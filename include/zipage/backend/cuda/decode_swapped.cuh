@@ -23,18 +23,15 @@ inline constexpr int kSwappedSmemBytes = kSwappedQBytes + STAGES * fp8_kv_tile_l
 
 // Q^T's B fragments for the swapped QK MMA, head g (= lane / 4) of the swizzled bf16 Q tile: qb[kk] holds
 // d = 32t + 4kk + {0, 1} and + {2, 3} (t = lane % 4; qk_tile_fp8's reduction order), times the warp's power
-// of two (load_q_fragments_fp8's ranges). Returns its inverse. SECTOR_ORDER: qb[kk] holds d = 16t + 64(kk / 4) +
-// 4(kk % 4) + {0, 1} and + {2, 3} instead, the order of the direct-load kernel's K chunks t and t + 4 (the 4 lanes
-// of a K row then read whole 32-byte sectors with each 16-byte load).
-template <bool SECTOR_ORDER = false>
+// of two (load_q_fragments_fp8's ranges). Returns its inverse.
 __device__ __forceinline__ float load_qT_fragments_fp8(std::uint32_t (&qb)[8][2], const unsigned char* q_tile, int lane) {
   constexpr int D = 128;
   const int g = lane >> 2, t = lane & 3;
-  std::uint32_t w[16];  // bf16 pairs of row g: elements [32t, 32t + 32), or [16t, 16t + 16) and [64 + 16t, 80 + 16t)
+  std::uint32_t w[16];  // bf16 pairs of row g: elements [32t, 32t + 32)
   float amax = 0.0f;
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
-    const int chunk = SECTOR_ORDER ? 2 * t + (c & 1) + 8 * (c >> 1) : 4 * t + c;  // 8 bf16 each
+    const int chunk = 4 * t + c;  // 8 bf16 each
     const uint4 x = *reinterpret_cast<const uint4*>(q_tile + swz<D>(g, chunk));
     const std::uint32_t xs[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
@@ -52,7 +49,7 @@ __device__ __forceinline__ float load_qT_fragments_fp8(std::uint32_t (&qb)[8][2]
   return q.inverse();
 }
 
-// A swapped kernel's CTA, one (sequence, KV head), and its thread: what both kernels and their helpers derive from
+// The swapped kernel's CTA, one (sequence, KV head), and its thread: what the kernel and its helpers derive from
 // blockIdx, threadIdx and the sequence's page-table row.
 struct swapped_cta {
   int kvh, seq, end, qhead0;  // KV head, sequence, its KV length, its first query head
@@ -75,8 +72,8 @@ struct swapped_acc {
   int v_exp = 127;
 };
 
-// One warp's 16 tokens, both kernels' tile body: S^T = K Q^T, the online softmax, O^T += V^T P'^T. k_chunk(half, c):
-// the 16 code bytes of chunk 2t + c (or t + 4c, with load_qT_fragments_fp8<true>'s Q) of the warp's K row g + 8 * half; v_chunk(k): chunk g of its V row
+// One warp's 16 tokens, the kernel's tile body: S^T = K Q^T, the online softmax, O^T += V^T P'^T. k_chunk(half, c):
+// the 16 code bytes of chunk 2t + c of the warp's K row g + 8 * half; v_chunk(k): chunk g of its V row
 // 2t + (k & 1) + 8 * (k >> 1); zero codes past the end (half, c and k are constants after unrolling, so a kernel
 // holding them in registers indexes no local memory). ks0/ks1, vs0/vs1: rows g and g + 8's scales (0 past the end).
 // tok0: row g's token.
@@ -282,106 +279,6 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
   }
   cp_async_wait<0>();
   __syncthreads();
-  swapped_epilogue(a, acc, smem, cta);
-}
-
-// Prototype (docs/architecture.md, "Decode attention and the power cap"): the same math with no shared-memory
-// staging. Each warp loads its 16-token chunks' codes and scales straight from global memory into the registers the
-// MMAs read (the rows' 16-byte chunks are the fragments' bytes: k_chunk and v_chunk of swapped_tile), the next chunk
-// while it computes the current one. What it may save is the cp.async round trip through shared memory and the
-// CTA-wide barriers, which the energy ablations put at up to ~90 mJ of a 550 mJ pass (docs/benchmarks.md,
-// 2026-12-03 08:44). Shared memory holds only Q and the epilogue's partial outputs.
-struct swapped_chunk {
-  uint4 k[2][2];  // K rows g, g + 8 (first index), chunks t, t + 4 (load_qT_fragments_fp8<true>'s order)
-  uint4 v[4];     // V rows 2t, 2t + 1, 2t + 8, 2t + 9, chunk g
-  float ks[2], vs[2];  // rows g, g + 8
-};
-
-__device__ __forceinline__ uint4 ld_stream_16(const std::uint8_t* p) {
-  uint4 x;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
-               : "l"(p));
-  return x;
-}
-
-// The registers of the CTA's 16 tokens from `base`: zero codes and scales past its end.
-__device__ __forceinline__ void swapped_load_chunk(swapped_chunk& x, const decode_args& a, const swapped_cta& cta,
-                                                   int base) {
-  constexpr int D = 128;
-  const auto& [kvh, seq, end, qhead0, pages, warp, lane, g, t] = cta;
-  const int mask = (1 << a.bs_shift) - 1;
-  const std::int64_t token_stride = std::int64_t{a.num_kv_heads} * D;
-  // A chunk of 16 tokens lies in one block when blocks hold 16 or more (chunks start at multiples of 16).
-  const std::int32_t chunk_page = a.bs_shift >= 4 && base < end ? __ldg(pages + (base >> a.bs_shift)) : 0;
-  auto slot = [&](int tok) -> std::int64_t {
-    const std::int32_t page = a.bs_shift >= 4 ? chunk_page : __ldg(pages + (tok >> a.bs_shift));
-    return (static_cast<std::int64_t>(page) << a.bs_shift) | (tok & mask);
-  };
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int tok = base + g + 8 * half;
-    const bool valid = tok < end;
-    const std::int64_t s = valid ? slot(tok) : 0;
-    const std::uint8_t* krow = a.k8 + s * token_stride + kvh * D + 16 * t;
-    x.k[half][0] = valid ? ld_stream_16(krow) : zero;        // bytes [0, 64) of the row over the 4 lanes
-    x.k[half][1] = valid ? ld_stream_16(krow + 64) : zero;   // bytes [64, 128)
-    x.ks[half] = valid ? __ldg(a.k_scale + s * a.num_kv_heads + kvh) : 0.0f;
-    x.vs[half] = valid ? __ldg(a.v_scale + s * a.num_kv_heads + kvh) : 0.0f;
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int tok = base + 2 * t + (k & 1) + 8 * (k >> 1);
-    const bool valid = tok < end;
-    const std::int64_t s = valid ? slot(tok) : 0;
-    x.v[k] = valid ? ld_stream_16(a.v8 + s * token_stride + kvh * D + 16 * g) : zero;
-  }
-}
-
-inline constexpr int kSwappedDirectSmemBytes = 4 * 8 * 128 * 4;  // the epilogue's partial outputs (Q fits below)
-
-// LOADS_ONLY (bench_decode_attention's energy ablation; outputs wrong on purpose, the library never launches it): the
-// same loads, their words folded into one that is stored only if it is impossible, and no tile math: what moving the
-// bytes costs on this path.
-template <int MIN_BLOCKS, bool LOADS_ONLY = false>
-__global__ void __launch_bounds__(128, MIN_BLOCKS) paged_decode_swapped_direct_kernel(const decode_args a) {
-  constexpr int kWarps = 4;
-  static_assert(kSwappedQBytes <= kSwappedDirectSmemBytes);
-  extern __shared__ __align__(128) unsigned char smem[];
-  const swapped_cta cta = swapped_cta_of(a);
-  const auto& [kvh, seq, end, qhead0, pages, warp, lane, g, t] = cta;
-
-  // The first chunk's loads go out before Q's wait.
-  swapped_chunk cur, next;
-  if (warp * 16 < end) swapped_load_chunk(cur, a, cta, warp * 16);
-  swapped_load_q(a, smem_addr(smem), cta);
-  cp_async_wait<0>();
-  __syncthreads();
-  std::uint32_t qb[8][2];
-  const float q_mul = a.scale_log2 * load_qT_fragments_fp8<true>(qb, smem, lane);
-  __syncthreads();  // every warp holds Q before the epilogue reuses its shared memory
-
-  swapped_acc acc;
-  std::uint32_t sink = 0;
-  for (int base = warp * 16; base < end; base += kWarps * 16) {
-    if (base + kWarps * 16 < end) swapped_load_chunk(next, a, cta, base + kWarps * 16);
-    if constexpr (LOADS_ONLY) {
-      const uint4 w[8] = {cur.k[0][0], cur.k[0][1], cur.k[1][0], cur.k[1][1], cur.v[0], cur.v[1], cur.v[2], cur.v[3]};
-#pragma unroll
-      for (const uint4& x : w) sink ^= x.x ^ x.y ^ x.z ^ x.w;
-      sink ^= __float_as_uint(cur.ks[0] + cur.ks[1] + cur.vs[0] + cur.vs[1]);
-    } else {
-      swapped_tile(
-          acc, qb, q_mul, [&](int half, int c) { return cur.k[half][c]; }, [&](int k) { return cur.v[k]; },
-          cur.ks[0], cur.ks[1], cur.vs[0], cur.vs[1], base + g, end, g, t);
-    }
-    cur = next;
-  }
-  if constexpr (LOADS_ONLY) {
-    if (sink == 0x7fc00001u) a.out[std::int64_t{seq} * a.num_q_heads * 128] = __float2bfloat16(q_mul);
-    return;
-  }
   swapped_epilogue(a, acc, smem, cta);
 }
 
