@@ -19,7 +19,8 @@
 // and the physical ceiling: per step max((weight bytes + KV bytes read) / copy bandwidth,
 // 2 * params * tokens / GEMM rate), with both rates measured in the same run, summed over the steps and
 // divided by the measured time; and a power-aware ceiling that also bounds each step by its energy floor (its bytes
-// and FLOPs at joules measured in the same process, over the board's power limit: energy_costs). On the bf16 CUDA
+// and FLOPs at dynamic joules measured in the same process, over the power the board's limit leaves above idle:
+// energy_costs). On the bf16 CUDA
 // backend every built-in policy (--policy) is scored, selected and compacted on the device in batches
 // (cuda_backend::compress_on_device; the "compression worker" column shows its time and batches, and the run's line
 // its time per request and share of the wall time).
@@ -37,6 +38,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../common/dtype_flags.hpp"
@@ -295,18 +297,22 @@ void linear_bench(const cuda_backend& b, const model_config& c) {
 }
 
 // The power-aware ceiling's constants, measured in the same process before the runs (docs/benchmarks.md, "part 3
-// against a power-aware ceiling"): the joules per byte of a weight-streaming GEMV (8 rows: memory-bound, what a
-// decode step's bytes cost), the joules per FLOP of the model's widest GEMM at 1,024 rows (its best efficiency),
-// both in the run's weight format, and the board's power limit. A step then takes at least its bytes' and FLOPs'
-// joules over the limit. Both costs are the whole board's (static power included) at full clocks, so the floor is
-// a floor. All 0 without NVML.
+// against a power-aware ceiling"). The board's power is modelled as idle power plus a dynamic part proportional to
+// the bytes read and the FLOPs run: joules per byte from a read-only stream (the cheapest way to move bytes: no
+// writes, no math), joules per FLOP from the model's widest GEMM at 1,024 rows (its best efficiency), each less the
+// idle power over its time. A step then takes at least its bytes' and FLOPs' dynamic joules over the power the limit
+// leaves above idle. (Costs taken whole, static power included, overstate the floor: an 8-row GEMV's 243 pJ per byte
+// put the engine at 107-130% of such a "ceiling" on 2026-12-03.) All 0 without NVML.
 struct energy_costs {
-  double joules_per_byte = 0, joules_per_flop = 0, power_limit_w = 0;
+  double joules_per_byte = 0, joules_per_flop = 0, power_limit_w = 0, idle_w = 0;
+  double stream_w = 0, stream_gbs = 0;  // the read-only stream's power and bandwidth, for the record
   std::string why_not;  // when unavailable
-  [[nodiscard]] bool available() const { return joules_per_byte > 0 && joules_per_flop > 0 && power_limit_w > 0; }
-  // The energy floor of a step that reads `bytes` and runs `flops`, in seconds at the power limit (0: unavailable).
+  [[nodiscard]] bool available() const {
+    return joules_per_byte > 0 && joules_per_flop > 0 && power_limit_w > idle_w && idle_w > 0;
+  }
+  // The energy floor of a step that reads `bytes` and runs `flops`, in seconds (0: unavailable).
   [[nodiscard]] double floor_seconds(double bytes, double flops) const {
-    return available() ? (bytes * joules_per_byte + flops * joules_per_flop) / power_limit_w : 0.0;
+    return available() ? (bytes * joules_per_byte + flops * joules_per_flop) / (power_limit_w - idle_w) : 0.0;
   }
 };
 
@@ -318,22 +324,38 @@ energy_costs measure_energy_costs(const cuda_backend& b, const model_config& c) 
     e.why_not = meter.available() ? "NVML gives no power limit" : meter.why_unavailable();
     return e;
   }
+  b.synchronize();
+  const auto idle = zipage::cuda::measure_work_energy(meter, 20, [] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  });
+  // ~1 s of a 1 GiB read-only stream.
+  const cuda_tensor buf = b.random_tensor(32768, 16384, 1.0f, 93);
+  b.read_stream(buf, 8);  // warm-up
+  const double pass_s = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    b.read_stream(buf, 20);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 20;
+  }();
+  const int passes = std::max(1, static_cast<int>(1.0 / pass_s));
+  const auto stream = zipage::cuda::measure_work_energy(meter, 20, [&] { b.read_stream(buf, passes); });
   cuda_tensor w = b.random_tensor(2 * c.ffn_size, c.hidden_size, 1.0f / std::sqrt(float(c.hidden_size)), 91);
   b.prepare_linear_weight(w);  // FP8 with block scales when the run's weights are FP8
-  // Joules per call of `w` on `m` rows (0 when the sampler saw too little).
-  auto joules_per_call = [&](int m) {
-    const cuda_tensor x = b.random_tensor(m, c.hidden_size, 1.0f, 92);
-    cuda_tensor out;
-    return linear_call_energy(meter, b, x, w, out, linear_call_us(b, x, w, out)).first;
-  };
-  const double gemv = joules_per_call(8), gemm = joules_per_call(1024);
-  if (gemv <= 0 || gemm <= 0) {
+  const cuda_tensor x = b.random_tensor(1024, c.hidden_size, 1.0f, 92);
+  cuda_tensor out;
+  const double gemm_us = linear_call_us(b, x, w, out);
+  const double gemm_j = linear_call_energy(meter, b, x, w, out, gemm_us).first;
+  if (idle.samples == 0 || stream.samples == 0 || gemm_j <= 0) {
     e.why_not = "too few power samples in the 1 s measurements";
     return e;
   }
-  e.joules_per_byte = gemv / static_cast<double>(w.bytes());
-  e.joules_per_flop = gemm / (2.0 * 1024 * static_cast<double>(w.size()));
+  e.idle_w = idle.watts();
+  e.stream_w = stream.watts();
+  const double stream_bytes = static_cast<double>(passes) * static_cast<double>(buf.bytes());
+  e.stream_gbs = stream_bytes / stream.seconds / 1e9;
+  e.joules_per_byte = (stream.joules - e.idle_w * stream.seconds) / stream_bytes;
+  e.joules_per_flop = (gemm_j - e.idle_w * gemm_us * 1e-6) / (2.0 * 1024 * static_cast<double>(w.size()));
   e.power_limit_w = *limit;
+  if (!e.available()) e.why_not = "the measured dynamic costs or the power left above idle are not positive";
   return e;
 }
 
@@ -694,9 +716,10 @@ int main(int argc, char** argv) {
     }
     const energy_costs ec = measure_energy_costs(b, c);
     if (ec.available())
-      std::printf("energy costs (power-aware ceiling): %.1f pJ per weight byte streamed (GEMV, 8 rows), %.3f pJ/FLOP "
-                  "(%d x %d GEMM, 1,024 rows), power limit %.0f W\n",
-                  ec.joules_per_byte * 1e12, ec.joules_per_flop * 1e12, 2 * c.ffn_size, c.hidden_size, ec.power_limit_w);
+      std::printf("energy costs (power-aware ceiling): idle %.0f W; read-only stream %.0f GB/s at %.0f W, %.1f pJ per byte "
+                  "above idle; %d x %d GEMM at 1,024 rows %.3f pJ/FLOP above idle; power limit %.0f W\n",
+                  ec.idle_w, ec.stream_gbs, ec.stream_w, ec.joules_per_byte * 1e12, 2 * c.ffn_size, c.hidden_size,
+                  ec.joules_per_flop * 1e12, ec.power_limit_w);
     else
       std::printf("energy costs: none (%s), so no power-aware ceiling\n", ec.why_not.c_str());
     std::printf("weights: %s; q/k/v and gate/up %s; FP8 activation quantisation %s; prefill attention %s; decode "
@@ -757,9 +780,9 @@ int main(int argc, char** argv) {
                       "samples under the software power cap\n",
                       r.steady_mj_per_token, r.steady_watts, r.steady_sm_mhz, 100.0 * r.steady_power_capped);
         if (ec.available())
-          std::printf("    power-aware ceiling (max of bytes / bandwidth, FLOPs / rate, joules at %.1f pJ/B and %.3f "
-                      "pJ/FLOP / %.0f W): %.1f%% of wall, %.1f%% of forward\n",
-                      ec.joules_per_byte * 1e12, ec.joules_per_flop * 1e12, ec.power_limit_w,
+          std::printf("    power-aware ceiling (max of bytes / bandwidth, FLOPs / rate, dynamic joules at %.1f pJ/B and "
+                      "%.3f pJ/FLOP / (%.0f - %.0f W)): %.1f%% of wall, %.1f%% of forward\n",
+                      ec.joules_per_byte * 1e12, ec.joules_per_flop * 1e12, ec.power_limit_w, ec.idle_w,
                       100.0 * r.power_ceiling_fraction, 100.0 * r.power_forward_ceiling_fraction);
         if (!r.decode_ops.empty()) print_op_times(r);
         results.push_back(r);
@@ -779,7 +802,7 @@ int main(int argc, char** argv) {
                         "\"steady_mj_per_token\":%.3f,\"steady_watts\":%.1f,\"steady_sm_mhz\":%.0f,\"steady_power_capped\":%.3f,"
                         "\"fp8_decode_kernel\":\"%s\",\"swapped_decodes\":%lld,"
                         "\"power_ceiling_fraction\":%.4f,\"power_forward_ceiling_fraction\":%.4f,"
-                        "\"pj_per_byte\":%.2f,\"pj_per_flop\":%.4f,\"power_limit_w\":%.0f}\n",
+                        "\"pj_per_byte\":%.2f,\"pj_per_flop\":%.4f,\"power_limit_w\":%.0f,\"idle_w\":%.0f}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
                         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
@@ -794,7 +817,7 @@ int main(int argc, char** argv) {
                         r.steady_mj_per_token, r.steady_watts, r.steady_sm_mhz, r.steady_power_capped,
                         o.fp8_decode_kernel.c_str(), static_cast<long long>(r.swapped_decodes),
                         r.power_ceiling_fraction, r.power_forward_ceiling_fraction, ec.joules_per_byte * 1e12,
-                        ec.joules_per_flop * 1e12, ec.power_limit_w);
+                        ec.joules_per_flop * 1e12, ec.power_limit_w, ec.idle_w);
           js << buf;
         }
         }

@@ -485,6 +485,9 @@ class cuda_backend {
   // median of `reps`), and a bf16 cuBLASLt GEMM n x n x n (TFLOP/s, median).
   [[nodiscard]] double measure_copy_bandwidth(std::size_t bytes = std::size_t{2} << 30, int reps = 9) const;
   [[nodiscard]] double measure_gemm_tflops(int n = 8192, int reps = 5) const;
+  // Reads t's bytes `passes` times with a read-only streaming kernel (it writes nothing) and waits: the memory-bound
+  // load whose power and joules per byte zipage-bench's power-aware ceiling is built on. t's bytes: a multiple of 16.
+  void read_stream(const tensor& t, int passes) const;
 
  private:
   // attention() (nano = -1, main stream) and attention_async() (the attention stream).
