@@ -452,7 +452,7 @@ TEST_CASE("fp8 kv engine: fp8_decode_kernel swapped runs the swapped kernel, clo
         REQUIRE(forced.tokens == ref.tokens);
         add_request(a, ref, free, forced);
       }
-      MESSAGE(zipage::cuda::to_string(kernel), ", ", std::string(compress ? "zipage_policy" : "full_kv"),
+      MESSAGE(std::string(zipage::cuda::to_string(kernel)), ", ", std::string(compress ? "zipage_policy" : "full_kv"),
               ": against split-KV decode, ", a.tokens, " tokens: teacher-forced top-1 ",
               100.0 * a.forced_top1 / a.tokens, "%, max |logit drift| ", a.max_drift, " (max |logit| ", a.max_logit,
               "); free-running same position ", 100.0 * a.same_position / a.tokens, "%");
