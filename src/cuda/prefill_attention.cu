@@ -66,7 +66,7 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   check(p.max_ctas >= 0, "paged_prefill_attention: max_ctas ", p.max_ctas, " is negative (0: no cap)");
   if (is_wgmma(kernel)) {
     a.tile_counter = p.tile_counter;
-    detail::launch_prefill_wgmma(a, p.num_tokens, p.max_ctas, stream);
+    detail::launch_prefill_wgmma(a, p.num_tokens, kernel, p.max_ctas, stream);
     return;
   }
   if (p.kv.head_dim == 128)

@@ -228,7 +228,8 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
   const bool tuned_decode = kind == cuda::attention_kernel::tuned_decode;
   cuda::attention_workspace ws =
       tuned_decode ? decode_workspace(c, st, ap, std::max(nano, 0)) : cuda::attention_workspace{};
-  if (kind == cuda::attention_kernel::tuned_prefill) ws.prefill_tile_counter = prefill_tile_counter(c, nano >= 0);
+  if (kind == cuda::attention_kernel::tuned_prefill && c.opts.prefill_kernel == cuda::prefill_kernel::wgmma_persistent)
+    ws.prefill_tile_counter = prefill_tile_counter(c, nano >= 0);
   const cuda::decode_params dp = tuned_decode ? cuda::as_decode_params(ap) : cuda::decode_params{};
   ap.fp8_decode = c.opts.fp8_decode_kernel;
   const cuda::fp8_decode_kernel decode_kernel =

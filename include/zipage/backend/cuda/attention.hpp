@@ -119,12 +119,13 @@ struct prefill_params {
   int num_q_heads = 0;
   float scale = 0.0f;
   prefill_kernel kernel = prefill_kernel::automatic;
-  // The wgmma kernel's persistent launch: one CTA per SM, each taking query tiles from this counter until none is
-  // left, so that one tile's end overlaps the next one's start (prefill_wgmma.cuh). 2 ints of device memory, zero
-  // before the first launch; every launch leaves them zero. Launches that may run at the same time need counters of
-  // their own. nullptr: one CTA per query tile. (The mma.sync kernel ignores it.)
+  // prefill_kernel::wgmma_persistent: one CTA per SM, each taking query tiles from this counter until none is left,
+  // so that one tile's end overlaps the next one's start (prefill_wgmma.cuh). 2 ints of device memory, zero before
+  // the first launch; every launch leaves them zero. Launches that may run at the same time need counters of their
+  // own. nullptr: one CTA per query tile. (The other kernels ignore it.)
   int* tile_counter = nullptr;
-  // > 0: at most this many CTAs for the wgmma kernel, each walking its share of the tiles (tests; 0: no cap).
+  // prefill_kernel::wgmma_persistent, > 0: at most this many CTAs, each walking its share of the tiles (tests; 0: no
+  // cap). The other kernels ignore it.
   int max_ctas = 0;
 };
 

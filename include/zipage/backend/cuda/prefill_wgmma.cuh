@@ -14,8 +14,10 @@
 //  * FA3's intra-warpgroup overlap: each step's softmax runs beside the previous step's P.V, the consumers holding
 //    the registers that needs by taking them from the producer (setmaxnreg).
 // Masking, the online softmax and the epilogue are the mma.sync kernel's, since the accumulator layout is the
-// same. What FA3 has that this kernel has not yet (TMA, a tile scheduler) and the variants measured against it are
-// in docs/architecture.md.
+// same. Two kernels: paged_prefill_wgmma_kernel, one CTA per query tile (prefill_kernel::wgmma), and
+// paged_prefill_wgmma_persistent_kernel, whose CTAs walk the tiles one after another, one tile's end overlapping the
+// next one's start (prefill_kernel::wgmma_persistent; until it has run on a GPU, only when asked for). What FA3 has
+// that these have not yet (TMA) and the variants measured against them are in docs/architecture.md.
 #include "zipage/backend/cuda/prefill_kernel.cuh"
 #include "zipage/backend/cuda/wgmma.cuh"
 #include "zipage/backend/cuda/ws_protocol.hpp"
@@ -122,6 +124,23 @@ __device__ __forceinline__ void mask_and_scale(float (&s)[NT][4], int tile_start
   }
 }
 
+// The CTA's K/V bounds in shared memory: bounds[0] the longest row's kv length, bounds[1] the shortest, bounds[2 + w]
+// the longest of warpgroup w's 64 rows (its tile count). Thread `tid` < 4 resets them before a barrier
+// (reset_kv_bounds), then thread tid < ntok adds its token (add_token_kv_bounds) before the next.
+__device__ __forceinline__ void reset_kv_bounds(int* bounds, int tid) {
+  if (tid < 4) bounds[tid] = tid == 1 ? INT_MAX : 0;
+}
+template <int GROUPS>
+__device__ __forceinline__ void add_token_kv_bounds(const prefill_args& a, const query_tile& qt, int tid, int* bounds) {
+  if (tid >= qt.ntok) return;
+  const int L = a.token_kv_len[qt.qoff + qt.tok0 + tid];
+  atomicMax(&bounds[0], L);
+  atomicMin(&bounds[1], L);
+  // The warpgroups whose rows hold this token's heads.
+  for (int w = (tid * a.group) / 64; w <= (tid * a.group + a.group - 1) / 64 && w < GROUPS; ++w)
+    atomicMax(&bounds[2 + w], L);
+}
+
 // A CTA's unit of work: a query tile of one KV head, and the K/V lengths of its rows.
 struct work_tile {
   query_tile qt;
@@ -217,8 +236,9 @@ struct prefill_wgmma_config {
   static constexpr int kStageBytes = kSubTiles * loader::kStageBytes;  // per sub-tile: K [64][128], V [64][128]
   static constexpr int kQGroupBytes = 64 * kD * 2;
   static constexpr int kQBytes = kConsumers * kQGroupBytes;
-  // Header: the slot ring to the consumers (2 ints) at 0, the producer's own fetched slots (2 ints) at 8, the
-  // ring's mbarriers (tile_full[2], tile_empty[2]) at 16, the stages' (full[kStages], empty[kStages]) at 64.
+  // Header: the kv bounds (4 ints) at 0 (paged_prefill_wgmma_kernel), or the slot ring to the consumers (2 ints) at
+  // 0, the producer's own fetched slots (2 ints) at 8 and the ring's mbarriers (tile_full[2], tile_empty[2]) at 16
+  // (the persistent kernel); the stages' mbarriers (full[kStages], empty[kStages]) at 64.
   static constexpr int kHeaderBytes = 128;
   static_assert(64 + 2 * kStages * 8 <= kHeaderBytes);
   // [header][pad to 1024][Q: kConsumers x 2 x [64][64] bf16][kStages x kSubTiles x (K, V: 2 x [64][64] bf16)]
@@ -228,6 +248,200 @@ struct prefill_wgmma_config {
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs == kThreads * 168);
 };
 
+// grid (upper bound on query tiles, kv_heads), 384 threads; a query tile is kRows / group tokens.
+// (A template, like the other kernels, so that including this header in several translation units is fine.)
+template <int D>
+__global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
+    paged_prefill_wgmma_kernel(const prefill_args a) {
+  using cfg = prefill_wgmma_config;
+  static_assert(D == cfg::kD, "the wgmma prefill kernel is written for head_dim 128");
+#if ZIPAGE_WGMMA_DEVICE
+  namespace wp = wgmma_prefill;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  int* const s_bounds = reinterpret_cast<int*>(smem_raw);  // kv max, kv min, per-consumer kv max [2]
+  const std::uint32_t raw = smem_addr(smem_raw);
+  const std::uint32_t full_bar = raw + 64, empty_bar = full_bar + cfg::kStages * 8;  // [kStages] each
+  const std::uint32_t sq = (raw + cfg::kHeaderBytes + 1023) & ~1023u;
+  const std::uint32_t skv = sq + cfg::kQBytes;
+  constexpr int kSub = cfg::loader::kStageBytes;  // bytes of one 64-token sub-tile (K then V)
+
+  const int tid = threadIdx.x;
+  // 0: producer; 1, 2: consumers. Through a shuffle, so that the compiler sees a warp-uniform value: branches on
+  // it (and on wg_tiles below) would otherwise make ptxas serialise the wgmma instructions (C7518).
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  const int lane = tid & 31;
+  const int kvh = blockIdx.y;
+
+  query_tile qt;  // (a sequence's longest-KV tiles come first: locate_query_tile)
+  if (!locate_query_tile(a, blockIdx.x, lane, qt)) return;
+
+  wp::reset_kv_bounds(s_bounds, tid);
+  if (tid < cfg::kStages) {
+    wgmma::mbar_init(full_bar + tid * 8, 128);                   // the producer's threads
+    wgmma::mbar_init(empty_bar + tid * 8, 4 * cfg::kConsumers);  // the consumers' warps
+  }
+  __syncthreads();
+  wp::add_token_kv_bounds<cfg::kConsumers>(a, qt, tid, s_bounds);
+  __syncthreads();  // the last CTA-wide barrier: from here on the roles only meet at the mbarriers
+  const int kv_end = s_bounds[0];
+  const int ntiles = (kv_end + cfg::kTile - 1) / cfg::kTile;
+
+  if (wg == 0) {
+    // Producer: step it goes to stage it % kStages once the consumers have released the step before it there.
+    wgmma::regs_release<cfg::kProducerRegs>();
+    typename cfg::loader loader(a.k, a.v, a.page_indices + a.page_indptr[qt.seq], a.num_kv_heads, kvh, a.bs_shift,
+                                tid);
+    loader.prefetch(0, kv_end);
+    for (int it = 0; it < ntiles; ++it) {
+      const int st = ws_protocol::stage_of(it, cfg::kStages);
+      if (ws_protocol::producer_waits(it, cfg::kStages))
+        wgmma::mbar_wait(empty_bar + st * 8, ws_protocol::empty_parity(it, cfg::kStages));
+#pragma unroll
+      for (int sub = 0; sub < cfg::kSubTiles; ++sub) {
+        const int start = it * cfg::kTile + sub * kKvTile;
+        loader.issue(skv + st * cfg::kStageBytes + sub * kSub, start, kv_end);  // zero-filled past kv_end
+        loader.prefetch(start + kKvTile, kv_end);
+      }
+      wgmma::mbar_arrive_on_cp_async(full_bar + st * 8);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  wgmma::regs_claim<cfg::kConsumerRegs>();
+  const int cw = wg - 1;            // consumer 0 or 1
+  const int ctid = tid - 128 * wg;  // thread within the consumer warpgroup
+  const int warp = ctid >> 5;
+  const int kv_min = s_bounds[1];
+  const int wg_tiles = __shfl_sync(0xffffffffu, (s_bounds[2 + cw] + cfg::kTile - 1) / cfg::kTile, 0);  // uniform
+  // Named barriers: 1 + c is consumer c's turn on the tensor cores, 3 + c its own Q barrier.
+  const int my_turn = 1 + cw, other_turn = 1 + (cw ^ 1);
+
+  // This warpgroup's 64 Q rows (rows 64 cw .. 64 cw + 63 of the tile), copied by its own threads.
+  const std::uint32_t sq_wg = sq + cw * cfg::kQGroupBytes;
+  for (int c = ctid; c < 64 * (D / 8); c += 128) {
+    const int r = c / (D / 8), ch = c % (D / 8);
+    const bf16* src = q_chunk<D>(a, qt, kvh, cw * 64 + r, ch);
+    cp_async_16(sq_wg + sw128_offset<64>(r, ch), src != nullptr ? src : a.q, src != nullptr);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  wgmma::fence_proxy_async();
+  wgmma::named_sync(3 + cw, 128);
+
+  const int g = lane >> 2, t = lane & 3;
+  const int row = cw * 64 + warp * 16 + g;  // this thread's rows: row, row + 8
+  int row_len[2];
+  wp::row_lengths(a, qt, row, row_len);
+
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  float o[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float s[cfg::kNT][4];
+  std::uint32_t pa[cfg::kNT / 2][4];
+
+  // Turns alternate strictly between the consumers (c0, c1, c0, ...). Every consumer takes every turn (also those
+  // of steps past its rows, without the MMAs), so the arrivals pair up: consumer 1 opens with one arrival for
+  // consumer 0 and leaves out its last (ws_protocol). Each product's issue and wait sit in one branch, with the turn
+  // handed over in every branch: split over two branches, ptxas injects waits of its own (C7517).
+  const int nturns = ws_protocol::turns(ntiles);
+  if (ws_protocol::opens_turns(cw, nturns)) wgmma::named_arrive(other_turn, 256);
+  auto wait_step = [&](int it) {
+    const int st = ws_protocol::stage_of(it, cfg::kStages);
+    wgmma::mbar_wait(full_bar + st * 8, ws_protocol::full_parity(it, cfg::kStages));
+    wgmma::fence_proxy_async();  // the producer's cp.async writes, now visible here, to wgmma's async proxy
+    return skv + st * cfg::kStageBytes;
+  };
+  auto release_step = [&](int it) {
+    __syncwarp();
+    if (lane == 0) wgmma::mbar_arrive(empty_bar + ws_protocol::stage_of(it, cfg::kStages) * 8);
+  };
+  auto issue_s = [&](std::uint32_t stage) {
+#pragma unroll
+    for (int j = 0; j < cfg::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    wgmma::fence();
+#pragma unroll
+    for (int sub = 0; sub < cfg::kSubTiles; ++sub) wp::issue_qk(wp::sub_tile<wp::kNT>(s, sub), sq_wg, stage + sub * kSub);
+    wgmma::commit();
+  };
+  auto issue_pv = [&](std::uint32_t stage) {
+    wgmma::fence();
+#pragma unroll
+    for (int sub = 0; sub < cfg::kSubTiles; ++sub)
+      wp::issue_pv(o, wp::sub_tile<kKvTile / 16>(pa, sub), stage + sub * kSub + cfg::loader::kTileBytes);
+    wgmma::commit();
+  };
+  auto hand_over = [&](int turn) {
+    if (ws_protocol::hands_over(cw, turn, nturns)) wgmma::named_arrive(other_turn, 256);
+  };
+  // Turn `it` multiplying S(it) out alone (the first step: no P.V yet): S, then its softmax into O and P.
+  auto score_turn = [&](std::uint32_t stage, int it) {
+    issue_s(stage);
+    hand_over(it);
+    wgmma::wait<0>();
+    wgmma::fence_operands(s);
+    wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
+    softmax_step<D, cfg::kNT>(s, m, l, o);
+    wp::pack_p(s, pa);
+  };
+  // A turn that only adds P V (V from `stage`) to O.
+  auto pv_turn = [&](std::uint32_t stage, int turn) {
+    issue_pv(stage);
+    hand_over(turn);
+    wgmma::wait<0>();
+    wgmma::fence_operands(o);
+  };
+
+  // FlashAttention-3's intra-warpgroup overlap: turn it issues S(it) and then P(it-1).V(it-1); the softmax of
+  // step it runs while that P.V does, and O is rescaled (and P(it) packed over P(it-1)) once it is done. The
+  // last turn multiplies the last P.
+  std::uint32_t prev_stage = 0;
+  for (int it = 0; it < ntiles; ++it) {
+    const std::uint32_t stage = wait_step(it);
+    const bool pv = it >= 1 && it - 1 < wg_tiles;  // P(it-1).V(it-1) to issue
+    wgmma::named_sync(my_turn, 256);
+    // (The four cases in separate branches: with `pv` tested inside one, ptxas serialises the MMAs, C7514.)
+    if (it < wg_tiles && pv) {
+      issue_s(stage);
+      issue_pv(prev_stage);
+      hand_over(it);
+      wgmma::wait<1>();  // S(it) (committed first) is done; the P.V may still run
+      wgmma::fence_operands(s);
+      wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
+      const float corr0 = softmax_row(s, 0, m[0], l[0]), corr1 = softmax_row(s, 1, m[1], l[1]);
+      wgmma::wait<0>();
+      wgmma::fence_operands(o);
+      rescale_row<D>(o, 0, corr0);
+      rescale_row<D>(o, 1, corr1);
+      wp::pack_p(s, pa);  // the P.V reading the previous P is done
+    } else if (it < wg_tiles) {  // the first step: nothing to multiply yet
+      score_turn(stage, it);
+    } else if (pv) {  // past this consumer's rows: the last P.V
+      pv_turn(prev_stage, it);
+    } else {
+      hand_over(it);
+    }
+    if (it >= 1) release_step(ws_protocol::released_after_step(it));
+    prev_stage = stage;
+  }
+  if (ntiles > 0) {
+    wgmma::named_sync(my_turn, 256);
+    if (ntiles - 1 < wg_tiles) {
+      pv_turn(prev_stage, ntiles);
+    } else {
+      hand_over(ntiles);
+    }
+    release_step(ntiles - 1);
+  }
+  wp::store_rows(a, qt, kvh, row, t, o, l);
+#else
+  __trap();  // launched only where wgmma_prefill_available(): an sm_90a build on a compute-capability-9.0 device
+#endif
+}
+
+// prefill_kernel::wgmma_persistent: the same products and protocol as paged_prefill_wgmma_kernel above, persistent.
 // grid (CTAs, 1), 384 threads. A CTA takes work-list slots (prefill_args::tile_slots) one after another: the
 // producer resolves each into a query tile of one KV head, puts its K/V through the stage ring (whose step count runs
 // on across tiles) and hands the slot to the consumers through a two-entry ring in shared memory (mbarriers
@@ -238,7 +452,7 @@ struct prefill_wgmma_config {
 // (A template, like the other kernels, so that including this header in several translation units is fine.)
 template <int D>
 __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
-    paged_prefill_wgmma_kernel(const prefill_args a) {
+    paged_prefill_wgmma_persistent_kernel(const prefill_args a) {
   using cfg = prefill_wgmma_config;
   static_assert(D == cfg::kD, "the wgmma prefill kernel is written for head_dim 128");
 #if ZIPAGE_WGMMA_DEVICE
