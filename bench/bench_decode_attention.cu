@@ -91,32 +91,13 @@ double measure_copy_bandwidth() {
   return 2.0 * bytes / median(times);
 }
 
-// Reads n 16-byte vectors, 4 independent loads in flight per thread; writes only if a sum is impossible.
-__global__ void read_stream_kernel(const uint4* __restrict__ p, std::size_t n, unsigned* sink) {
-  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
-  std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x;
-  unsigned acc = 0;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride),
-                d = __ldcs(p + i + 3 * stride);
-    acc ^= a.x ^ b.y ^ c.z ^ d.w;
-  }
-  for (; i < n; i += stride) acc ^= __ldcs(p + i).x;
-  if (acc == 0x9e3779b9u) *sink = acc;
-}
-
 // Read-only bandwidth over `bytes` of the pool: median of 15.
 double measure_read_bandwidth(const void* src, std::size_t bytes) {
   dbuf<unsigned> sink(1);
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   zc::event_timer timer;
   std::vector<double> times;
   for (int i = 0; i < 18; ++i) {
-    const double s = timer.time(nullptr, [&] {
-      read_stream_kernel<<<sms * 8, 256>>>(static_cast<const uint4*>(src), bytes / 16, sink.p);
-      CK(cudaGetLastError());
-    });
+    const double s = timer.time(nullptr, [&] { zc::read_stream(src, bytes, sink.p, nullptr); });
     if (i >= 3) times.push_back(s);
   }
   return bytes / median(times);
@@ -130,15 +111,11 @@ void print_read_stream_energy(const void* src, std::size_t bytes) {
     std::printf("read-only stream energy: not measured (%s)\n", meter.why_unavailable().c_str());
     return;
   }
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int launches = static_cast<int>(std::ceil(2.0 * g_read_bytes_per_s / static_cast<double>(bytes)));
   dbuf<unsigned> sink(1);
   CK(cudaDeviceSynchronize());
   const auto e = zc::measure_work_energy(meter, 20, [&] {
-    for (int i = 0; i < launches; ++i)
-      read_stream_kernel<<<sms * 8, 256>>>(static_cast<const uint4*>(src), bytes / 16, sink.p);
-    CK(cudaGetLastError());
+    for (int i = 0; i < launches; ++i) zc::read_stream(src, bytes, sink.p, nullptr);
     CK(cudaDeviceSynchronize());
   });
   if (e.samples == 0) return;

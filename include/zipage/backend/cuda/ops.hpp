@@ -224,4 +224,10 @@ void from_f32(cuda_dtype t, const float* in, void* out, std::int64_t n, cuda_str
 void fill_uniform(cuda_dtype t, void* out, std::int64_t n, float scale, std::uint64_t seed, cuda_stream stream);
 void fill_constant(cuda_dtype t, void* out, std::int64_t n, float value, cuda_stream stream);
 
+// Reads `bytes` of device memory at p (16-byte aligned, a multiple of 16) once with a read-only streaming kernel, 8
+// CTAs per multiprocessor, each thread 4 independent 16-byte loads in flight; it writes `sink` (one unsigned) only
+// if an impossible sum comes out. The memory-bound load that bandwidths and joules per byte are read against
+// (bench_decode_attention, cuda_backend::read_stream).
+void read_stream(const void* p, std::size_t bytes, unsigned* sink, cuda_stream stream);
+
 }  // namespace zipage::cuda
