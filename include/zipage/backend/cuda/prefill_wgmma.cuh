@@ -448,7 +448,8 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
 // tile_full / tile_empty; -1 ends the list). So the producer is already copying the next tile's K/V while the
 // consumers finish one, and the consumers load the next Q and open its turns before they store the last O: consumer
 // 0 starts the next tile while consumer 1 stores. With one slot per CTA (no counter, a grid of every slot) this is
-// the kernel without persistence.
+// the kernel without persistence. Its consumers' step loop repeats paged_prefill_wgmma_kernel's on purpose: the
+// GPU-tested kernel stays untouched until this one has run on a GPU; then one of the two goes.
 // (A template, like the other kernels, so that including this header in several translation units is fine.)
 template <int D>
 __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
