@@ -256,6 +256,49 @@ TEST_CASE("ws_protocol: a persistent CTA's tiles one after another finish and ne
   CHECK(schedules == 3000);
 }
 
+// The persistent kernel's work list, CTAs fetching from one counter in random interleavings (each fetch an atomic
+// add): every slot taken exactly once, each CTA's first slot its own index, and both counters zero at the end, so
+// the next launch (a CUDA graph's replay) finds them as this one did; without a counter, the strided lists cover the
+// slots once too.
+std::string run_work_list(int slots, int ctas, bool counter, unsigned seed) {
+  std::vector<int> taken(static_cast<std::size_t>(slots), 0);
+  int tiles = 0, done = 0;                               // the two ints of the tile counter
+  std::vector<int> next(static_cast<std::size_t>(ctas));  // each CTA's slot in hand
+  std::vector<bool> finished(static_cast<std::size_t>(ctas), false);
+  for (int c = 0; c < ctas; ++c) next[static_cast<std::size_t>(c)] = wp::first_slot(c);
+  std::mt19937 rng(seed);
+  for (int left = ctas; left > 0;) {
+    const int c = std::uniform_int_distribution<int>(0, ctas - 1)(rng);
+    if (finished[static_cast<std::size_t>(c)]) continue;
+    const int slot = next[static_cast<std::size_t>(c)];
+    if (slot >= slots) {  // the end of this CTA's list
+      finished[static_cast<std::size_t>(c)] = true;
+      --left;
+      if (counter && wp::resets_counter(done++, ctas)) tiles = done = 0;
+      continue;
+    }
+    ++taken[static_cast<std::size_t>(slot)];
+    next[static_cast<std::size_t>(c)] = counter ? wp::fetched_slot(ctas, tiles++) : wp::strided_slot(slot, ctas);
+  }
+  for (int i = 0; i < slots; ++i)
+    if (taken[static_cast<std::size_t>(i)] != 1) return "slot " + std::to_string(i) + " taken " + std::to_string(taken[static_cast<std::size_t>(i)]) + " times";
+  if (tiles != 0 || done != 0) return "the counter is not back to zero";
+  return "ok";
+}
+
+TEST_CASE("ws_protocol: the persistent kernel's work list takes every slot once and leaves the counter zero") {
+  for (const bool counter : {true, false})
+    for (const int slots : {1, 2, 7, 132, 1000})
+      for (const int ctas : {1, 2, 3, 132})
+        for (unsigned seed = 0; seed < 5; ++seed) {
+          if (ctas > slots) continue;  // the launcher's grid: at most one CTA per slot
+          CAPTURE(counter);
+          CAPTURE(slots);
+          CAPTURE(ctas);
+          CHECK(run_work_list(slots, ctas, counter, seed) == "ok");
+        }
+}
+
 TEST_CASE("ws_protocol: a wrong rule is caught (the model can fail)") {
   // Without consumer 1's opening arrival consumer 0 never gets its first turn (the deadlock run() reports).
   model m(3, 3);

@@ -487,7 +487,7 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
     // Producer. Thread 0 fetches the slots (the next one's fetch in flight while this one's K/V is copied) and shares
     // each with the other producer threads (named barrier 5, two entries, so a fetch never overwrites one still read).
     wgmma::regs_release<cfg::kProducerRegs>();
-    int next = blockIdx.x, step = 0, published = 0;
+    int next = ws_protocol::first_slot(blockIdx.x), step = 0, published = 0;
     auto publish = [&](int slot) {  // thread 0: slot (or -1) to ring entry `published`
       const int e = published & 1;
       if (published >= 2) wgmma::mbar_wait(tile_empty + e * 8, static_cast<unsigned>(published / 2 - 1) & 1u);
@@ -501,8 +501,9 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
       const int slot = s_fetched[n & 1];
       if (slot >= a.tile_slots) break;
       if (tid == 0)
-        next = a.tile_counter != nullptr ? static_cast<int>(gridDim.x) + atomicAdd(a.tile_counter, 1)
-                                         : slot + static_cast<int>(gridDim.x);
+        next = a.tile_counter != nullptr
+                   ? ws_protocol::fetched_slot(static_cast<int>(gridDim.x), atomicAdd(a.tile_counter, 1))
+                   : ws_protocol::strided_slot(slot, static_cast<int>(gridDim.x));
       wp::work_tile w;
       if (!wp::resolve_slot(a, slot, lane, w)) continue;
       if (tid == 0) publish(slot);
@@ -528,7 +529,8 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
       publish(-1);
       // A persistent launch leaves the counter as it found it: the last CTA to run out of slots (each fetches past
       // the end exactly once, above) resets it, when no CTA of this launch will fetch again.
-      if (a.tile_counter != nullptr && atomicAdd(a.tile_counter + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+      if (a.tile_counter != nullptr &&
+          ws_protocol::resets_counter(atomicAdd(a.tile_counter + 1, 1), static_cast<int>(gridDim.x))) {
         atomicExch(a.tile_counter, 0);
         atomicExch(a.tile_counter + 1, 0);
       }
