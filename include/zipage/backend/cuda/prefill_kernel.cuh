@@ -30,10 +30,10 @@ struct prefill_args {
   int tokens_per_tile;  // 64 / group
   int bs_shift;
   float scale_log2;
-  // The persistent wgmma kernel's work list (launch_prefill_wgmma fills these): slot i is query tile i % tile_slots_per_head of
-  // KV head i / tile_slots_per_head (a KV head's tiles back to back, as the other kernels' grid.y). CTA b takes slot
-  // b, then slot b + gridDim.x, ... (tile_counter == nullptr), or its next slot from tile_counter (a persistent
-  // launch: 2 ints of device memory, zero before the launch and left zero by it).
+  // The persistent wgmma kernel's work list (launch_prefill_wgmma fills these): slot i is query tile
+  // i % tile_slots_per_head of KV head i / tile_slots_per_head (a KV head's tiles back to back, as the other kernels'
+  // grid.y). CTA b takes slot b, then slot b + gridDim.x, ... (tile_counter == nullptr), or its next slot from
+  // tile_counter (2 ints of device memory, zero before the launch and left zero by it; ws_protocol's rules).
   int tile_slots_per_head;
   int tile_slots;
   int* tile_counter;
