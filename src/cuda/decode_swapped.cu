@@ -17,33 +17,20 @@ bool decode_swapped_supported(const decode_params& p) {
          p.num_seqs >= 0 && p.num_seqs <= 65535 && kvh <= 65535;
 }
 
-namespace {
-
-// The launcher's argument checks: `what` names the caller. False: nothing to launch.
-bool swapped_launch_checks(const char* what, const decode_params& p) {
-  check(decode_swapped_supported(p), what, ": needs FP8 K/V (k_scale and v_scale), head_dim 128 (got ", p.kv.head_dim,
-        "), at most 8 query heads per KV head (got ", p.num_q_heads, " / ", p.kv.num_kv_heads,
-        ") and a power-of-two block size (got ", p.kv.block_size, ")");
-  if (p.out_fp8.wanted()) detail::check_fp8_copy(what, p.out_fp8, p.num_seqs);
-  return p.num_seqs > 0;
-}
-
-// One CTA per (sequence, KV head); head_chunks of the arguments is unused (grid.y is the KV head).
-dim3 swapped_grid(const decode_params& p) {
-  return dim3(1, static_cast<unsigned>(p.kv.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-}
-
-}  // namespace
-
 void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages) {
+  check(decode_swapped_supported(p), "paged_decode_attention_swapped: needs FP8 K/V (k_scale and v_scale), head_dim "
+        "128 (got ", p.kv.head_dim, "), at most 8 query heads per KV head (got ", p.num_q_heads, " / ",
+        p.kv.num_kv_heads, ") and a power-of-two block size (got ", p.kv.block_size, ")");
   check(stages == 0 || stages == 3 || stages == 4, "paged_decode_attention_swapped: stages ", stages,
         " (3, 4, or 0 for the default 3)");
-  if (!swapped_launch_checks("paged_decode_attention_swapped", p)) return;
+  if (p.out_fp8.wanted()) detail::check_fp8_copy("paged_decode_attention_swapped", p.out_fp8, p.num_seqs);
+  if (p.num_seqs == 0) return;
   namespace d = detail;
-  const d::decode_args a = d::make_decode_args(p, 1, 0);
+  const d::decode_args a = d::make_decode_args(p, 1, 0);  // head_chunks is unused: grid.y is the KV head
+  const dim3 grid(1, static_cast<unsigned>(p.kv.num_kv_heads), static_cast<unsigned>(p.num_seqs));
   auto run = [&]<int S>() {
     d::opt_in_smem<d::paged_decode_swapped_kernel<S>>(d::kSwappedSmemBytes<S>);
-    d::paged_decode_swapped_kernel<S><<<swapped_grid(p), 128, d::kSwappedSmemBytes<S>, stream>>>(a);
+    d::paged_decode_swapped_kernel<S><<<grid, 128, d::kSwappedSmemBytes<S>, stream>>>(a);
   };
   if (stages == 4) run.template operator()<4>();
   else run.template operator()<d::kSwappedStages>();

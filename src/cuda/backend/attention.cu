@@ -231,9 +231,11 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
   if (kind == cuda::attention_kernel::tuned_prefill && c.opts.prefill_kernel == cuda::prefill_kernel::wgmma_persistent)
     ws.prefill_tile_counter = prefill_tile_counter(c, nano >= 0);
   const cuda::decode_params dp = tuned_decode ? cuda::as_decode_params(ap) : cuda::decode_params{};
-  ap.fp8_decode = c.opts.fp8_decode_kernel;
   const cuda::fp8_decode_kernel decode_kernel =
-      tuned_decode ? cuda::decode_kernel_for(dp, ap.fp8_decode, ws.plan) : cuda::fp8_decode_kernel::split_kv;
+      tuned_decode ? cuda::decode_kernel_for(dp, c.opts.fp8_decode_kernel, ws.plan) : cuda::fp8_decode_kernel::split_kv;
+  // Concrete, so that paged_attention() finds the same kernel without resolving automatic again (on a split plan
+  // that asks the device's occupancy, once per layer).
+  ap.fp8_decode = decode_kernel;
   const bool swapped = cuda::is_swapped(decode_kernel);
   // The FP8 o projection's input, written by the decode kernel's epilogue instead of a quantisation launch. Not for
   // a nano-batch: the two nano-batches' outputs would take turns in the one activation workspace.
