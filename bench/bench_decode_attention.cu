@@ -37,7 +37,7 @@
 #include "zipage/backend/cuda/cuda_backend.hpp"  // measure_gemm_tflops
 #include "zipage/backend/cuda/ops.hpp"  // fill_uniform
 #include "zipage/backend/cuda/common.cuh"
-#include "zipage/backend/cuda/decode_kernel.cuh"   // the FP8 decode kernel's energy ablations
+#include "zipage/backend/cuda/decode_kernel.cuh"  // the FP8 decode kernel's energy ablations
 #include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/cuda/device.hpp"
 #include "zipage/cuda/energy.hpp"
@@ -207,7 +207,8 @@ void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void
 }
 
 // lens: the KV length of each sequence (ragged allowed). ablate > 0: an FP8 energy ablation (launch_fp8_ablation) or
-// one of the kSwapped* kernels instead of the library's split-KV kernel, timed and metered the same way.
+// the swapped kernel (kSwappedKernel; | 4: at 4 stages) instead of the library's split-KV kernel, timed and metered
+// the same way.
 void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, int bs, std::string key, int ctx_label,
                int stages = 0, int force_splits = 0, bool fp8 = false, int ablate = 0) {
   const int batch = static_cast<int>(lens.size());
@@ -513,9 +514,9 @@ int main(int argc, char** argv) {
               bm_decode(st, std::vector<int>(std::size_t(batch), ctx), qh, kvh, bs, key, ctx, 0, 0, true);
             })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
           }
-    // The swapped-operand kernel at the FP8 shapes above with 32/8 heads and 256-token
-    // blocks, against the split-KV kernel under its automatic plan (decode_fp8/..., whose splits counter is one input
-    // of fp8_decode_kernel::automatic's rule, resolve_fp8_decode_kernel).
+    // The swapped-operand kernel at the FP8 shapes above with 32/8 heads and 256-token blocks, against the split-KV
+    // kernel under its automatic plan (decode_fp8/..., whose splits counter is one input of
+    // fp8_decode_kernel::automatic's rule, resolve_fp8_decode_kernel).
     for (int batch : {16, 64, 128, 256, 512})
       for (int ctx : {2048, 8192, 16384}) {
         if (2.0 * batch * double(ctx) * 8 * kHeadDim * 2 > kMaxCaseBytes) continue;

@@ -20,10 +20,9 @@
 // 2 * params * tokens / GEMM rate), with both rates measured in the same run, summed over the steps and
 // divided by the measured time; and a power-aware ceiling that also bounds each step by its energy floor (its bytes
 // and FLOPs at dynamic joules measured in the same process, over the power the board's limit leaves above idle:
-// energy_costs). On the bf16 CUDA
-// backend every built-in policy (--policy) is scored, selected and compacted on the device in batches
-// (cuda_backend::compress_on_device; the "compression worker" column shows its time and batches, and the run's line
-// its time per request and share of the wall time).
+// energy_costs). On the bf16 CUDA backend every built-in policy (--policy) is scored, selected and compacted on the
+// device in batches (cuda_backend::compress_on_device; the "compression worker" column shows its time and batches,
+// and the run's line its time per request and share of the wall time).
 #include <malloc.h>
 
 #include <CLI/CLI.hpp>
@@ -194,11 +193,6 @@ struct options {
   int overlap_gemm_sms = cuda_backend_options{}.overlap_gemm_sms;    // SMs of a GEMM beside attention (0: all)
 };
 
-// FP8 linear() (activation quantisation + cuBLASLt block-scaled FP8 GEMM) against bf16 linear() (cuBLASLt bf16
-// GEMM) at the shape's linear layers and M tokens, timed in the same process: host clock around `reps` calls
-// after a warm-up, synchronised at both ends (median of 5 such runs). From M = 512 (662 is the compressed FP8
-// engine's steady batch) also the energy per FLOP: ~1 s of back-to-back calls under a power sampler (NVML;
-// "-" without it), with the mean SM clock of the FP8 loop. Nothing is asserted.
 // A flag naming one value of a kernel enum (cuda::all_prefill_kernels, cuda::all_fp8_decode_kernels): the names it
 // accepts, and the value a name it accepted stands for.
 template <class E, std::size_t N>
@@ -246,6 +240,11 @@ std::pair<double, zipage::cuda::power_sampler::span> linear_call_energy(const zi
   return {e.samples > 0 ? e.joules / calls : 0.0, e};
 }
 
+// FP8 linear() (activation quantisation + cuBLASLt block-scaled FP8 GEMM) against bf16 linear() (cuBLASLt bf16
+// GEMM) at the shape's linear layers and M tokens, timed in the same process: host clock around `reps` calls
+// after a warm-up, synchronised at both ends (median of 5 such runs). From M = 512 (662 is the compressed FP8
+// engine's steady batch) also the energy per FLOP: ~1 s of back-to-back calls under a power sampler (NVML;
+// "-" without it), with the mean SM clock of the FP8 loop. Nothing is asserted.
 void linear_bench(const cuda_backend& b, const model_config& c) {
   struct layer {
     const char* name;

@@ -433,35 +433,32 @@ TEST_CASE("fp8 kv engine: fp8_decode_kernel swapped runs the swapped kernel, clo
   o.cuda_graphs = false;
   o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::split_kv;
   const cuda_backend split(o);
-  for (const auto kernel : {zipage::cuda::fp8_decode_kernel::swapped}) {
-    o.fp8_decode_kernel = kernel;
-    const cuda_backend swapped(o);
-    for (const bool compress : {false, true}) {
-      const engine_config cfg = compress ? engine_config{.block_size = 16, .num_blocks = 512, .budget_tokens = 128,
-                                                         .window = 16, .async_compression = false}
-                                         : engine_config{.block_size = 16, .num_blocks = 512};
-      agreement a;
-      for (const auto& prompt : qwen3_prompts()) {
-        auto run = [&](const cuda_backend& b, const std::vector<token_id>* force) {
-          return compress ? run_greedy<zipage_policy>(b, random_qwen3, prompt, 200, cfg, force)
-                          : run_greedy<full_kv>(b, random_qwen3, prompt, 200, cfg, force);
-        };
-        const auto ref = run(split, nullptr);
-        const auto free = run(swapped, nullptr);
-        const auto forced = run(swapped, &ref.tokens);
-        REQUIRE(forced.tokens == ref.tokens);
-        add_request(a, ref, free, forced);
-      }
-      MESSAGE(std::string(zipage::cuda::to_string(kernel)), ", ", std::string(compress ? "zipage_policy" : "full_kv"),
-              ": against split-KV decode, ", a.tokens, " tokens: teacher-forced top-1 ",
-              100.0 * a.forced_top1 / a.tokens, "%, max |logit drift| ", a.max_drift, " (max |logit| ", a.max_logit,
-              "); free-running same position ", 100.0 * a.same_position / a.tokens, "%");
-      CHECK(std::isfinite(a.max_drift));
-      CHECK(a.max_drift < 0.05 * a.max_logit);
-      CHECK(a.forced_top1 * 10 >= a.tokens * 9);
+  o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::swapped;
+  const cuda_backend swapped(o);
+  for (const bool compress : {false, true}) {
+    const engine_config cfg = compress ? engine_config{.block_size = 16, .num_blocks = 512, .budget_tokens = 128,
+                                                       .window = 16, .async_compression = false}
+                                       : engine_config{.block_size = 16, .num_blocks = 512};
+    agreement a;
+    for (const auto& prompt : qwen3_prompts()) {
+      auto run = [&](const cuda_backend& b, const std::vector<token_id>* force) {
+        return compress ? run_greedy<zipage_policy>(b, random_qwen3, prompt, 200, cfg, force)
+                        : run_greedy<full_kv>(b, random_qwen3, prompt, 200, cfg, force);
+      };
+      const auto ref = run(split, nullptr);
+      const auto free = run(swapped, nullptr);
+      const auto forced = run(swapped, &ref.tokens);
+      REQUIRE(forced.tokens == ref.tokens);
+      add_request(a, ref, free, forced);
     }
-    CHECK(swapped.counters().swapped_decodes > 0);
+    MESSAGE(std::string(compress ? "zipage_policy" : "full_kv"), ": swapped against split-KV decode, ", a.tokens,
+            " tokens: teacher-forced top-1 ", 100.0 * a.forced_top1 / a.tokens, "%, max |logit drift| ", a.max_drift, " (max |logit| ", a.max_logit,
+            "); free-running same position ", 100.0 * a.same_position / a.tokens, "%");
+    CHECK(std::isfinite(a.max_drift));
+    CHECK(a.max_drift < 0.05 * a.max_logit);
+    CHECK(a.forced_top1 * 10 >= a.tokens * 9);
   }
+  CHECK(swapped.counters().swapped_decodes > 0);
   CHECK(split.counters().swapped_decodes == 0);
 }
 

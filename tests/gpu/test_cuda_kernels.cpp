@@ -323,10 +323,10 @@ std::vector<zc::prefill_kernel> wgmma_kernels() {
   return ks;
 }
 
-std::size_t count_differences(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& b) {
-  std::size_t diff = a.size() == b.size() ? 0 : a.size() + b.size();
-  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) diff += a[i] != b[i];
-  return diff;
+std::size_t mismatches(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& b) {
+  std::size_t n = a.size() == b.size() ? 0 : std::max(a.size(), b.size());
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) n += a[i] != b[i];
+  return n;
 }
 
 // The persistent wgmma kernel's launches other than one CTA per query tile (p's own): with a tile counter, with one on
@@ -347,7 +347,7 @@ void check_prefill_launches(zc::prefill_params p, dbuf<std::uint16_t>& dout, con
     p.max_ctas = l.max_ctas;
     dout.poison();
     zc::paged_prefill_attention(p, nullptr);
-    report_exact(name + ", " + l.name + ": as one CTA per tile", count_differences(dout.get(), one_per_tile));
+    report_exact(name + ", " + l.name + ": as one CTA per tile", mismatches(dout.get(), one_per_tile));
     if (l.counter) {
       const std::vector<int> left = counter.get();
       report_exact(name + ", " + l.name + ": tile counter left zero", std::size_t(left[0] != 0) + std::size_t(left[1] != 0));
@@ -410,7 +410,7 @@ void test_prefill(int d, int qh, int kvh, int bs, const std::vector<std::pair<in
     if (kernel == zc::prefill_kernel::wgmma) wgmma_out = out;
     if (kernel == zc::prefill_kernel::wgmma_persistent) {
       // Each tile's products and softmax are the wgmma kernel's, in the same order: the same bits.
-      if (!wgmma_out.empty()) report_exact(std::string(name) + ": as the wgmma kernel", count_differences(out, wgmma_out));
+      if (!wgmma_out.empty()) report_exact(std::string(name) + ": as the wgmma kernel", mismatches(out, wgmma_out));
       check_prefill_launches(p, dout, out, name);
     }
   }
@@ -428,12 +428,6 @@ constexpr zc::kernel_variant kVariants[] = {kTuned, kReference};
 using zipage::cuda_dtype;
 
 std::string variant_tag(zc::kernel_variant v) { return std::string(" [") + zc::to_string(v) + "]"; }
-
-std::size_t mismatches(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& b) {
-  std::size_t n = a.size() == b.size() ? 0 : std::max(a.size(), b.size());
-  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) n += a[i] != b[i];
-  return n;
-}
 
 // The tuned request fell back to the reference kernel (bit-identical outputs), or, where the tuned
 // kernel applies, how far apart the two kernels are (informational: both were checked against the CPU).
