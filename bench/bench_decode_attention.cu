@@ -305,9 +305,8 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
 }
 
 // ---- prefill: `seqs` fresh prompts of `n` tokens each (causal), or chunks of n after `cached` tokens.
-// counter: wgmma_persistent with a tile counter (prefill_params::tile_counter: one CTA per SM), else one CTA per tile.
 void bm_prefill(benchmark::State& state, int seqs, int n, int cached, int qh, int kvh, int bs, std::string key,
-                zc::prefill_kernel kernel, bool counter = false) {
+                zc::prefill_kernel kernel) {
   const int len = cached + n;
   const std::size_t token_bytes = std::size_t(kvh) * kHeadDim * 2;
   const int pages_per_seq = (len + bs - 1) / bs;
@@ -344,8 +343,6 @@ void bm_prefill(benchmark::State& state, int seqs, int n, int cached, int qh, in
   p.kv.block_size = bs;
   p.scale = 1.0f / std::sqrt(float(kHeadDim));
   p.kernel = kernel;
-  dbuf<int> tiles(std::vector<int>(2, 0));
-  if (counter) p.tile_counter = tiles.p;
   double pairs = 0;
   for (int l : token_len) pairs += l;
   const double flops = 4.0 * pairs * qh * kHeadDim;
@@ -366,8 +363,7 @@ void bm_prefill(benchmark::State& state, int seqs, int n, int cached, int qh, in
   CK(cudaGraphDestroy(graph));
   CK(cudaStreamDestroy(stream));
   state.counters["TFLOPs"] = flops / s / 1e12;
-  g_rows[key] = {"prefill", seqs, len, qh, kvh, bs, n, 0, s, 0.0, flops,
-                 counter ? "wgmma_persistent, counter" : zc::to_string(kernel)};
+  g_rows[key] = {"prefill", seqs, len, qh, kvh, bs, n, 0, s, 0.0, flops, zc::to_string(kernel)};
 }
 
 void bm_copy(benchmark::State& state) {
@@ -644,13 +640,6 @@ int main(int argc, char** argv) {
         std::snprintf(key, sizeof key, "p%05d", order++);
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
           bm_prefill(st, c.seqs, c.n, c.cached, c.qh, c.kvh, c.bs, key, k);
-        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
-        if (k != zc::prefill_kernel::wgmma_persistent) continue;
-        std::snprintf(name, sizeof name, "prefill_%s_counter/bs%d/q%d_kv%d/seqs%d/new%d/cached%d", zc::to_string(k),
-                      c.bs, c.qh, c.kvh, c.seqs, c.n, c.cached);
-        std::snprintf(key, sizeof key, "p%05d", order++);
-        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-          bm_prefill(st, c.seqs, c.n, c.cached, c.qh, c.kvh, c.bs, key, k, true);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
       }
     }

@@ -80,11 +80,8 @@ void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, 
         default: return paged_decode_attention(d, ws.plan, ws.data, ws.bytes, stream);
       }
     }
-    case attention_kernel::tuned_prefill: {
-      prefill_params f = as_prefill_params(p);
-      f.tile_counter = ws.prefill_tile_counter;
-      return paged_prefill_attention(f, stream);
-    }
+    case attention_kernel::tuned_prefill:
+      return paged_prefill_attention(as_prefill_params(p), stream);
     case attention_kernel::reference:
       return reference::paged_attention(t, p, stream);
   }

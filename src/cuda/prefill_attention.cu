@@ -63,10 +63,8 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   a.tokens_per_tile = prefill_config<128>::kRows / group;
   a.bs_shift = shift;
   a.scale_log2 = p.scale * detail::kLog2e;
-  check(p.max_ctas >= 0, "paged_prefill_attention: max_ctas ", p.max_ctas, " is negative (0: no cap)");
   if (is_wgmma(kernel)) {
-    a.tile_counter = p.tile_counter;
-    detail::launch_prefill_wgmma(a, p.num_tokens, kernel, p.max_ctas, stream);
+    detail::launch_prefill_wgmma(a, p.num_tokens, stream);
     return;
   }
   if (p.kv.head_dim == 128)

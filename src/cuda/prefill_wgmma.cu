@@ -1,6 +1,5 @@
 // Paged prefill attention on Hopper's warpgroup MMAs (prefill_wgmma.cuh). A translation unit of its own: the
 // kernel's 1024-byte-aligned dynamic shared memory would otherwise pad the other prefill kernels' too.
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -40,36 +39,21 @@ namespace detail {
 namespace {
 
 template <auto Kernel>  // (each kernel needs its own shared-memory opt-in)
-void launch(prefill_args a, int num_tokens, int max_ctas, bool persistent, cuda_stream stream) {
+void launch(prefill_args a, int num_tokens, cuda_stream stream) {
   using cfg = prefill_wgmma_config;
   opt_in_smem<Kernel>(cfg::kSmemBytes);
   a.tokens_per_tile = cfg::kRows / a.group;
-  // Upper bound on a KV head's query tiles: sum over sequences of ceil(n_s / tq) <= num_tokens / tq + num_seqs.
-  const long long per_head = static_cast<long long>(num_tokens) / a.tokens_per_tile + a.num_seqs;
-  const long long slots = per_head * a.num_kv_heads;
-  check(slots < (1ll << 31), "paged_prefill_attention: too many query tiles");
-  if (!persistent) {  // one CTA per query tile and KV head
-    Kernel<<<dim3(static_cast<unsigned>(per_head), a.num_kv_heads), cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
-    ZIPAGE_CUDA_CHECK_LAUNCH();
-    return;
-  }
-  a.tile_slots_per_head = static_cast<int>(per_head);
-  a.tile_slots = static_cast<int>(slots);
-  // With a counter: one CTA per SM, the kernel's shared memory allows no more. Without: one per slot.
-  long long ctas = a.tile_counter != nullptr ? std::min<long long>(slots, device_multiprocessors()) : slots;
-  if (max_ctas > 0) ctas = std::min<long long>(ctas, max_ctas);
-  Kernel<<<dim3(static_cast<unsigned>(ctas)), cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
+  const long long tiles = static_cast<long long>(num_tokens) / a.tokens_per_tile + a.num_seqs;
+  check(tiles < (1ll << 31), "paged_prefill_attention: too many query tiles");
+  const dim3 grid(static_cast<unsigned>(tiles), a.num_kv_heads);
+  Kernel<<<grid, cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void launch_prefill_wgmma(const prefill_args& a, int num_tokens, prefill_kernel kernel, int max_ctas,
-                          cuda_stream stream) {
-  if (kernel == prefill_kernel::wgmma_persistent)
-    launch<paged_prefill_wgmma_persistent_kernel<128>>(a, num_tokens, max_ctas, true, stream);
-  else
-    launch<paged_prefill_wgmma_kernel<128>>(a, num_tokens, 0, false, stream);
+void launch_prefill_wgmma(const prefill_args& a, int num_tokens, cuda_stream stream) {
+  launch<paged_prefill_wgmma_kernel<128>>(a, num_tokens, stream);
 }
 
 }  // namespace detail

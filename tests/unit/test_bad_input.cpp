@@ -219,12 +219,6 @@ TEST_CASE("resolve_prefill_kernel: the prefill kernel that runs, or why a wgmma 
                  "prefill kernel wgmma needs head_dim 128, not 64"));
   CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma, 128, false, false); }),
                  "prefill kernel wgmma needs an sm_90a build"));
-  // The persistent one: only when asked for, under the same conditions.
-  CHECK(resolve_prefill_kernel(prefill_kernel::wgmma_persistent, 128, false, true) == prefill_kernel::wgmma_persistent);
-  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma_persistent, 128, true, true); }),
-                 "prefill kernel wgmma_persistent reads bf16 K/V"));
-  CHECK(contains(error_of([] { (void)resolve_prefill_kernel(prefill_kernel::wgmma_persistent, 128, false, false); }),
-                 "prefill kernel wgmma_persistent needs an sm_90a build"));
   // The one list of kernels: every name distinct, wgmma every concrete kernel but mma_sync, nothing else.
   std::set<std::string> names;
   for (const prefill_kernel k : zipage::cuda::all_prefill_kernels) {

@@ -3,10 +3,8 @@
 // interleavings: every schedule finishes (no deadlock), a consumer always finds the step it waits for in its stage,
 // the producer never refills a stage a consumer still reads, no mbarrier wait is two phases behind, and the named
 // barriers never bank two arrivals nor keep one at the end; with the intra-warpgroup overlap's one turn per step
-// (S of the step, P.V of the step before) and a last one. A persistent CTA runs several tiles one after another: the
-// stage ring's step count runs on across them, and each tile's turns are opened as soon as the tile before has
-// taken its last turn (the kernel: before that tile's store). The device runs the protocol on plain data in
-// test_cuda_wgmma ("warp specialisation: ...").
+// (S of the step, P.V of the step before) and a last one. The device runs the same
+// protocol on plain data in test_cuda_wgmma ("warp specialisation: ...").
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -35,21 +33,17 @@ struct mbarrier {
   [[nodiscard]] bool done(unsigned parity) const { return (static_cast<unsigned>(phase) & 1u) != parity; }
 };
 
-// One tile of a CTA's work: its steps (the longer consumer's) and each consumer's.
-struct tile {
-  int steps;
-  std::array<int, 2> work;
-};
-
 struct model {
-  int steps, stages;  // steps: over all the CTA's tiles
+  int steps, stages;
+  std::array<int, 2> consumer_steps;
   std::vector<mbarrier> full, empty;
   std::vector<int> stage_step;             // the step a stage holds, -1 while its copies are in flight
   std::vector<std::array<bool, 2>> reads;  // consumer c is reading stage s
   std::array<int, 3> banked{};             // named barriers 1 and 2: arrivals not yet matched by a sync
   std::string error;
 
-  model(int n, int s) : steps(n), stages(s), full(s), empty(s), stage_step(s, -1), reads(s, {false, false}) {
+  model(int n, int s, std::array<int, 2> work)
+      : steps(n), stages(s), consumer_steps(work), full(s), empty(s), stage_step(s, -1), reads(s, {false, false}) {
     for (auto& b : empty) b.expected = 2;  // both consumers (each consumer's warps count as one here)
   }
 
@@ -97,9 +91,9 @@ struct producer {
   }
 };
 
-// A consumer's program, as the kernel runs it, tile after tile: open the tile's turns, then per step wait for it,
-// take its turns (a turn issues the products: S reads the step's stage, so a stage is being read from its S turn
-// until its release) and release a stage. Steps count on across the tiles; turns count within a tile.
+// A consumer's program, as the kernel runs it: open the turns, then per step wait for it, take its turns (a turn
+// issues the products: S reads the step's stage, so a stage is being read from its S turn until its release) and
+// release a stage.
 struct consumer {
   enum class op { open, wait_full, turn, release };
   struct action {
@@ -107,33 +101,29 @@ struct consumer {
     int step = -1;  // wait_full / release: the step; turn: the step whose stage S starts reading (-1: none)
     int turn = -1;  // turn: its number
     int pv = -1;    // turn: the step whose V its P.V reads (-1: none)
-    int nturns = 0;  // open / turn: the tile's turns
   };
   int c;
   std::vector<action> program;
   std::size_t pc = 0;
 
-  consumer(int which, const std::vector<tile>& tiles) : c(which) {
-    int base = 0;  // the tile's first step in the CTA's stream
-    for (const tile& t : tiles) {
-      const int steps = t.steps, work_steps = t.work[static_cast<std::size_t>(which)];
-      const int nturns = wp::turns(steps);
-      program.push_back({op::open, -1, -1, -1, nturns});
-      for (int it = 0; it < steps; ++it) {
-        const int reads = it < work_steps ? base + it : -1;
-        program.push_back({op::wait_full, base + it});
-        // S(it) with P(it-1).V(it-1)
-        program.push_back({op::turn, reads, it, it >= 1 && it - 1 < work_steps ? base + it - 1 : -1, nturns});
-        const int released = wp::released_after_step(it);
-        if (released >= 0) program.push_back({op::release, base + released});
-      }
-      if (steps > 0) {
-        program.push_back({op::turn, -1, steps, steps - 1 < work_steps ? base + steps - 1 : -1, nturns});  // last P.V
-        program.push_back({op::release, base + steps - 1});
-      }
-      base += steps;
+  consumer(int which, int steps, int work_steps) : c(which) {
+    const int nturns = wp::turns(steps);
+    program.push_back({op::open});
+    for (int it = 0; it < steps; ++it) {
+      const int reads = it < work_steps ? it : -1;
+      program.push_back({op::wait_full, it});
+      // S(it) with P(it-1).V(it-1)
+      program.push_back({op::turn, reads, it, it >= 1 && it - 1 < work_steps ? it - 1 : -1});
+      const int released = wp::released_after_step(it);
+      if (released >= 0) program.push_back({op::release, released});
     }
+    if (steps > 0) {
+      program.push_back({op::turn, -1, steps, steps - 1 < work_steps ? steps - 1 : -1});  // the last P.V
+      program.push_back({op::release, steps - 1});
+    }
+    turns_total = nturns;
   }
+  int turns_total = 0;
 
   bool finished(const model&) const { return pc >= program.size(); }
   bool step(model& m) {
@@ -141,7 +131,7 @@ struct consumer {
     const int my = 1 + c, other = 1 + (c ^ 1);
     switch (x.what) {
       case op::open:
-        if (wp::opens_turns(c, x.nturns)) m.arrive_turn(other);
+        if (wp::opens_turns(c, turns_total)) m.arrive_turn(other);
         break;
       case op::wait_full: {
         const int st = wp::stage_of(x.step, m.stages);
@@ -158,7 +148,7 @@ struct consumer {
           if (m.stage_step[st] != x.pv) m.fail("a P.V reads a stage that was refilled");
           m.reads[st][c] = true;
         }
-        if (wp::hands_over(c, x.turn, x.nturns)) m.arrive_turn(other);
+        if (wp::hands_over(c, x.turn, turns_total)) m.arrive_turn(other);
         break;
       case op::release: {
         const int st = wp::stage_of(x.step, m.stages);
@@ -173,14 +163,10 @@ struct consumer {
   }
 };
 
-// tweak: changes consumer 1's program first (to show that the model catches a wrong one).
-std::string run(const std::vector<tile>& tiles, int stages, unsigned seed, void (*tweak)(consumer&) = nullptr) {
-  int steps = 0;
-  for (const tile& t : tiles) steps += t.steps;
-  model m(steps, stages);
+std::string run(int steps, int stages, std::array<int, 2> work, unsigned seed) {
+  model m(steps, stages, work);
   producer p;
-  std::array<consumer, 2> cs{consumer(0, tiles), consumer(1, tiles)};
-  if (tweak != nullptr) tweak(cs[1]);
+  std::array<consumer, 2> cs{consumer(0, steps, work[0]), consumer(1, steps, work[1])};
   std::mt19937 rng(seed);
   for (int moves = 0; m.error.empty(); ++moves) {
     std::vector<int> runnable;
@@ -218,7 +204,7 @@ TEST_CASE("ws_protocol: stage hand-over and consumer turns finish and never race
             CAPTURE(w0);
             CAPTURE(w1);
             CAPTURE(seed);
-            const std::string r = run({tile{steps, {w0, w1}}}, stages, seed);
+            const std::string r = run(steps, stages, {w0, w1}, seed);
             if (r != "ok") {
               CHECK(r == "ok");
               return;
@@ -230,79 +216,10 @@ TEST_CASE("ws_protocol: stage hand-over and consumer turns finish and never race
   CHECK(schedules > 1000);
 }
 
-TEST_CASE("ws_protocol: a persistent CTA's tiles one after another finish and never race") {
-  // Random lists of 1-5 tiles of 0-7 steps each (a tile of 0 steps: rows whose K/V is empty), each consumer's work
-  // any split whose longer part is the tile's steps; the stage ring runs on across them.
-  std::mt19937 rng(2026);
-  int schedules = 0;
-  for (int trial = 0; trial < 3000; ++trial) {
-    std::vector<tile> tiles(std::uniform_int_distribution<std::size_t>(1, 5)(rng));
-    for (tile& t : tiles) {
-      t.steps = std::uniform_int_distribution<int>(0, 7)(rng);
-      const int longer = std::uniform_int_distribution<int>(0, 1)(rng);
-      t.work[static_cast<std::size_t>(longer)] = t.steps;
-      t.work[static_cast<std::size_t>(1 - longer)] = std::uniform_int_distribution<int>(0, t.steps)(rng);
-    }
-    const int stages = trial % 2 == 0 ? 3 : 4;
-    const std::string r = run(tiles, stages, static_cast<unsigned>(trial));
-    if (r != "ok") {
-      CAPTURE(trial);
-      CAPTURE(tiles.size());
-      CHECK(r == "ok");
-      return;
-    }
-    ++schedules;
-  }
-  CHECK(schedules == 3000);
-}
-
-// The persistent kernel's work list, CTAs fetching from one counter in random interleavings (each fetch an atomic
-// add): every slot taken exactly once, each CTA's first slot its own index, and both counters zero at the end, so
-// the next launch (a CUDA graph's replay) finds them as this one did; without a counter, the strided lists cover the
-// slots once too.
-std::string run_work_list(int slots, int ctas, bool counter, unsigned seed) {
-  std::vector<int> taken(static_cast<std::size_t>(slots), 0);
-  int tiles = 0, done = 0;                               // the two ints of the tile counter
-  std::vector<int> next(static_cast<std::size_t>(ctas));  // each CTA's slot in hand
-  std::vector<bool> finished(static_cast<std::size_t>(ctas), false);
-  for (int c = 0; c < ctas; ++c) next[static_cast<std::size_t>(c)] = wp::first_slot(c);
-  std::mt19937 rng(seed);
-  for (int left = ctas; left > 0;) {
-    const int c = std::uniform_int_distribution<int>(0, ctas - 1)(rng);
-    if (finished[static_cast<std::size_t>(c)]) continue;
-    const int slot = next[static_cast<std::size_t>(c)];
-    if (slot >= slots) {  // the end of this CTA's list
-      finished[static_cast<std::size_t>(c)] = true;
-      --left;
-      if (counter && wp::resets_counter(done++, ctas)) tiles = done = 0;
-      continue;
-    }
-    ++taken[static_cast<std::size_t>(slot)];
-    next[static_cast<std::size_t>(c)] = counter ? wp::fetched_slot(ctas, tiles++) : wp::strided_slot(slot, ctas);
-  }
-  for (int i = 0; i < slots; ++i)
-    if (taken[static_cast<std::size_t>(i)] != 1) return "slot " + std::to_string(i) + " taken " + std::to_string(taken[static_cast<std::size_t>(i)]) + " times";
-  if (tiles != 0 || done != 0) return "the counter is not back to zero";
-  return "ok";
-}
-
-TEST_CASE("ws_protocol: the persistent kernel's work list takes every slot once and leaves the counter zero") {
-  for (const bool counter : {true, false})
-    for (const int slots : {1, 2, 7, 132, 1000})
-      for (const int ctas : {1, 2, 3, 132})
-        for (unsigned seed = 0; seed < 5; ++seed) {
-          if (ctas > slots) continue;  // the launcher's grid: at most one CTA per slot
-          CAPTURE(counter);
-          CAPTURE(slots);
-          CAPTURE(ctas);
-          CHECK(run_work_list(slots, ctas, counter, seed) == "ok");
-        }
-}
-
 TEST_CASE("ws_protocol: a wrong rule is caught (the model can fail)") {
   // Without consumer 1's opening arrival consumer 0 never gets its first turn (the deadlock run() reports).
-  model m(3, 3);
-  consumer c0(0, {tile{3, {3, 3}}});
+  model m(3, 3, {3, 3});
+  consumer c0(0, 3, 3);
   CHECK(c0.step(m));        // consumer 0 opens nothing
   CHECK_FALSE(c0.step(m));  // step 0 has not landed
   producer p;
@@ -311,30 +228,11 @@ TEST_CASE("ws_protocol: a wrong rule is caught (the model can fail)") {
   CHECK(c0.step(m));        // step 0 has landed
   CHECK_FALSE(c0.step(m));  // its turn never comes: consumer 1 has not arrived
   // A stage read past its release is reported.
-  model m2(4, 1);
+  model m2(4, 1, {4, 4});
   m2.reads[0][0] = true;
   producer p2;
   p2.it = 1;
   m2.empty[0].phase = 1;  // step 0 released (as far as the barrier knows)
   CHECK(p2.step(m2));
   CHECK(m2.error == "the producer refills a stage that is being read");
-  // Consumer 1 opening the next tile's turns before its own last turn of this one: consumer 0 may then find two
-  // arrivals banked, or take a turn out of order; some schedule shows it.
-  auto open_early = [](consumer& c) {
-    auto& prog = c.program;
-    for (std::size_t i = 1; i < prog.size(); ++i)
-      if (prog[i].what == consumer::op::open) {  // the second tile's open: before the last turn ahead of it
-        for (std::size_t j = i; j-- > 0;)
-          if (prog[j].what == consumer::op::turn) {
-            const consumer::action open = prog[i];
-            prog.erase(prog.begin() + static_cast<std::ptrdiff_t>(i));
-            prog.insert(prog.begin() + static_cast<std::ptrdiff_t>(j), open);
-            return;
-          }
-      }
-  };
-  int caught = 0;
-  for (unsigned seed = 0; seed < 200; ++seed)
-    caught += run({tile{2, {2, 2}}, tile{2, {2, 2}}}, 3, seed, open_early) != "ok";
-  CHECK(caught > 0);
 }

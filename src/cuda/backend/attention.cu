@@ -111,18 +111,6 @@ cuda::attention_workspace decode_workspace(context& c, cuda_detail::step_state& 
   return ws;
 }
 
-// The prefill kernel's tile counter for launches on the main stream or the attention stream (nullptr while a graph
-// is captured before it exists: that launch is not persistent). Allocated and zeroed on the main stream, once.
-int* prefill_tile_counter(context& c, bool attention_stream) {
-  if (c.prefill_tiles.p == nullptr) {
-    if (c.capturing()) return nullptr;
-    ZIPAGE_CUDA_CHECK(cudaMemsetAsync(c.prefill_tiles.reserve(4 * sizeof(int), c.stream), 0, 4 * sizeof(int), c.stream));
-    // The attention stream's first launch may come before the main stream reaches the memset.
-    ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
-  }
-  return static_cast<int*>(c.prefill_tiles.p) + (attention_stream ? 2 : 0);
-}
-
 }  // namespace
 
 int cuda_backend::nano_batch_split(int num_seqs) const { return zipage::nano_batch_split(num_seqs, ctx_->opts.overlap_min_batch); }
@@ -226,10 +214,8 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
   // The kernel paged_attention() will run; the decode kernel needs its split plan and workspace first.
   const cuda::attention_kernel kind = cuda::select_attention_kernel(kv.dtype, ap, variant);
   const bool tuned_decode = kind == cuda::attention_kernel::tuned_decode;
-  cuda::attention_workspace ws =
+  const cuda::attention_workspace ws =
       tuned_decode ? decode_workspace(c, st, ap, std::max(nano, 0)) : cuda::attention_workspace{};
-  if (kind == cuda::attention_kernel::tuned_prefill && c.opts.prefill_kernel == cuda::prefill_kernel::wgmma_persistent)
-    ws.prefill_tile_counter = prefill_tile_counter(c, nano >= 0);
   const cuda::decode_params dp = tuned_decode ? cuda::as_decode_params(ap) : cuda::decode_params{};
   const cuda::fp8_decode_kernel decode_kernel =
       tuned_decode ? cuda::decode_kernel_for(dp, c.opts.fp8_decode_kernel, ws.plan) : cuda::fp8_decode_kernel::split_kv;

@@ -146,9 +146,6 @@ struct context {
   std::vector<std::int32_t> q_indptr_host;
   std::array<step_state, 2> steps;
   std::array<device_scratch, 2> decode_ws;  // split-KV workspace per nano-batch (the whole batch: 0)
-  // The persistent wgmma prefill kernel's tile counters (prefill_params::tile_counter), one per stream attention runs
-  // on (main, attention): 2 ints each, zeroed once, left zero by every launch.
-  device_scratch prefill_tiles;
   device_scratch to_host_dev;
   pinned_buffer to_host_pinned;
   std::unordered_map<std::string, double*> rope_tables;

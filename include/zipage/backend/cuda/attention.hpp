@@ -119,14 +119,6 @@ struct prefill_params {
   int num_q_heads = 0;
   float scale = 0.0f;
   prefill_kernel kernel = prefill_kernel::automatic;
-  // prefill_kernel::wgmma_persistent: one CTA per SM, each taking query tiles from this counter until none is left,
-  // so that one tile's end overlaps the next one's start (prefill_wgmma.cuh). 2 ints of device memory, zero before
-  // the first launch; every launch leaves them zero. Launches that may run at the same time need counters of their
-  // own. nullptr: one CTA per query tile. (The other kernels ignore it.)
-  int* tile_counter = nullptr;
-  // prefill_kernel::wgmma_persistent, > 0: at most this many CTAs, each walking its share of the tiles (tests; 0: no
-  // cap). The other kernels ignore it.
-  int max_ctas = 0;
 };
 
 void paged_prefill_attention(const prefill_params& p, cuda_stream stream);
@@ -175,13 +167,11 @@ enum class attention_kernel : std::uint8_t { tuned_decode, tuned_prefill, refere
 [[nodiscard]] decode_params as_decode_params(const attention_params& p);
 
 // The decode kernel's split plan and its scratch (decode_workspace_bytes(as_decode_params(p), plan)
-// bytes of device memory), and the prefill kernel's tile counter; each unused by the other kernels.
+// bytes of device memory); unused by the other kernels.
 struct attention_workspace {
   decode_plan plan{};
   void* data = nullptr;
   std::size_t bytes = 0;
-  // The tuned prefill kernel's tile counter (prefill_params::tile_counter; nullptr: no persistent launch).
-  int* prefill_tile_counter = nullptr;
 };
 
 // Where select_attention_kernel() chose tuned_decode: the decode kernel the launch under `plan` runs

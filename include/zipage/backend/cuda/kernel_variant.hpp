@@ -33,11 +33,6 @@ enum class prefill_kernel : std::uint8_t {
               // step's softmax with the previous step's P.V, 128-token K/V steps. bf16 K/V, head_dim 128, an sm_90a
               // build on a compute-capability-9.0 device (wgmma_prefill_available); anything else is an error.
               // 1.9-2.0x mma_sync on the H100, 53-61% of the GEMM rate (docs/benchmarks.md, 2026-12-02 18:34)
-  wgmma_persistent,  // the wgmma kernel with persistent CTAs (prefill_params::tile_counter): each walks query tiles
-                     // one after another, the producer copying the next tile's K/V and the consumers loading its Q
-                     // while they finish one (docs/architecture.md). The same requirements as wgmma. Written for 4k
-                     // prompts (52.7-54.3% of the GEMM rate against 55%); NOT YET RUN ON A GPU, so automatic does
-                     // not pick it
 };
 
 [[nodiscard]] constexpr const char* to_string(prefill_kernel k) {
@@ -45,14 +40,13 @@ enum class prefill_kernel : std::uint8_t {
     case prefill_kernel::automatic: return "automatic";
     case prefill_kernel::mma_sync: return "mma_sync";
     case prefill_kernel::wgmma: return "wgmma";
-    case prefill_kernel::wgmma_persistent: return "wgmma_persistent";
   }
   return "?";
 }
 
 // Every prefill_kernel, in declaration order: what the tools parse and list, and the tests and benches loop over.
 inline constexpr prefill_kernel all_prefill_kernels[] = {
-    prefill_kernel::automatic, prefill_kernel::mma_sync, prefill_kernel::wgmma, prefill_kernel::wgmma_persistent};
+    prefill_kernel::automatic, prefill_kernel::mma_sync, prefill_kernel::wgmma};
 
 // Whether k is a prefill_kernel at all (an options struct may hold any value of the underlying type).
 [[nodiscard]] constexpr bool is_prefill_kernel(prefill_kernel k) {
@@ -121,10 +115,8 @@ inline constexpr double kSwappedDecodeMinWaves = 2.0;
   return fp8_decode_kernel::split_kv;
 }
 
-// The Hopper wgmma kernels (bf16 K/V, head_dim 128, a device with wgmma).
-[[nodiscard]] constexpr bool is_wgmma(prefill_kernel k) {
-  return k == prefill_kernel::wgmma || k == prefill_kernel::wgmma_persistent;
-}
+// The Hopper wgmma kernel (bf16 K/V, head_dim 128, a device with wgmma).
+[[nodiscard]] constexpr bool is_wgmma(prefill_kernel k) { return k == prefill_kernel::wgmma; }
 
 // Whether automatic may pick the wgmma kernel for this cache before the device is asked (callers skip the
 // device query when it cannot).

@@ -30,13 +30,6 @@ struct prefill_args {
   int tokens_per_tile;  // 64 / group
   int bs_shift;
   float scale_log2;
-  // The persistent wgmma kernel's work list (launch_prefill_wgmma fills these): slot i is query tile
-  // i % tile_slots_per_head of KV head i / tile_slots_per_head (a KV head's tiles back to back, as the other kernels'
-  // grid.y). CTA b takes slot b, then slot b + gridDim.x, ... (tile_counter == nullptr), or its next slot from
-  // tile_counter (2 ints of device memory, zero before the launch and left zero by it; ws_protocol's rules).
-  int tile_slots_per_head;
-  int tile_slots;
-  int* tile_counter;
 };
 
 // A CTA's query tile: tokens [tok0, tok0 + ntok) of sequence `seq`, whose first query row is qoff; `rows`
@@ -93,11 +86,9 @@ __device__ __forceinline__ const bf16* q_chunk(const prefill_args& a, const quer
   return a.q + ((std::int64_t{qt.qoff} + qt.tok0 + tk) * a.num_q_heads + kvh * a.group + h) * D + ch * 8;
 }
 
-// Launches a wgmma kernel (prefill_wgmma.cu; `kernel`: wgmma or wgmma_persistent) over the query tiles of `a` (with
-// its own tile height and work list, whatever a.tokens_per_tile and a.tile_slots* say). wgmma_persistent: one CTA
-// per SM when a.tile_counter is set, else one per slot; max_ctas > 0 caps the grid (prefill_params::max_ctas).
-void launch_prefill_wgmma(const prefill_args& a, int num_tokens, prefill_kernel kernel, int max_ctas,
-                          cuda_stream stream);
+// Launches the wgmma kernel (prefill_wgmma.cu: paged_prefill_wgmma_kernel) over the query tiles of `a` (with its own
+// tile height, whatever a.tokens_per_tile says).
+void launch_prefill_wgmma(const prefill_args& a, int num_tokens, cuda_stream stream);
 
 template <int D, bool FP8 = false>
 struct prefill_config {

@@ -39,14 +39,4 @@ namespace zipage::cuda::ws_protocol {
 // P.V turn reads. The last step's stage is released after the last turn.
 [[nodiscard]] constexpr int released_after_step(int it) { return it - 1; }
 
-// The persistent kernel's work list (paged_prefill_wgmma_persistent_kernel): CTA `cta` of `ctas` takes slot `cta`
-// first; then, with a tile counter, the slot its fetch gives (`counter_before`: the counter's value the atomic add
-// returned), else the slot `ctas` further on. A fetch at or past `slots` ends the CTA's list: every CTA fetches past
-// the end exactly once, and the one whose arrival makes the done count (`done_before` + 1) equal `ctas` puts both
-// counters back to zero, as no CTA of the launch fetches after that.
-[[nodiscard]] constexpr int first_slot(int cta) { return cta; }
-[[nodiscard]] constexpr int fetched_slot(int ctas, int counter_before) { return ctas + counter_before; }
-[[nodiscard]] constexpr int strided_slot(int slot, int ctas) { return slot + ctas; }
-[[nodiscard]] constexpr bool resets_counter(int done_before, int ctas) { return done_before == ctas - 1; }
-
 }  // namespace zipage::cuda::ws_protocol
