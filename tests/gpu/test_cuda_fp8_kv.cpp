@@ -584,4 +584,20 @@ TEST_CASE("fp8 kv: head_dim not a multiple of 4 is refused with a clear error") 
                        doctest::Contains("head_dim % 4"), zipage::error);
 }
 
+TEST_CASE("fp8 kv: a forced swapped decode kernel refuses a model it does not fit, naming the field") {
+  cuda_backend_options o;
+  o.kv_dtype = kv_cache_dtype::fp8_e4m3;
+  o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::swapped;
+  const cuda_backend b(o);
+  // 16 query heads per KV head, without compression state (a full-KV engine's shape): refused up front, not run on the
+  // split-KV kernel step after step.
+  CHECK_THROWS_WITH_AS(b.allocate_kv(kv_cache_shape{.num_layers = 1, .num_blocks = 4, .block_size = 16, .num_kv_heads = 1,
+                                                    .head_dim = 128, .num_q_heads = 16}),
+                       doctest::Contains("cuda_backend_options::fp8_decode_kernel swapped needs head_dim 128 and at most 8 query heads per KV head"),
+                       zipage::error);
+  // Where it fits, it allocates.
+  CHECK_NOTHROW((void)b.allocate_kv(kv_cache_shape{.num_layers = 1, .num_blocks = 4, .block_size = 16, .num_kv_heads = 1,
+                                                   .head_dim = 128, .num_q_heads = 8}));
+}
+
 int main(int argc, char** argv) { return zipage::testing::gpu_doctest_main(argc, argv); }

@@ -329,3 +329,26 @@ TEST_CASE("memory plan: sizes derived from the config are checked, never wrapped
   CHECK(zipage::testing::contains(zipage::testing::error_of([&] { (void)zipage::plan_memory(c, r); }),
                                   "memory plan: num_blocks x block bytes"));
 }
+
+TEST_CASE("kv_shape_for: the model's query heads always, compression state only with an evicting policy") {
+  const model_config c = qwen3_8b_shape();
+  const cache_geometry g;
+  memory_plan m;
+  m.num_blocks = 100;
+  m.num_query_slots = 7;
+  // Full KV: the heads (what a backend checks a decode kernel's head-group limit against), no query-window cache.
+  const kv_cache_shape full = kv_shape_for(c, g, m, false, false);
+  CHECK(full.num_blocks == 100);
+  CHECK(full.num_q_heads == 32);
+  CHECK(full.num_kv_heads == 8);
+  CHECK(full.window == 0);
+  CHECK(full.num_query_slots == 0);
+  CHECK(full.query_layer_stride() == 0);
+  CHECK_FALSE(full.score_cache);
+  const kv_cache_shape evicting = kv_shape_for(c, g, m, true, true);
+  CHECK(evicting.num_q_heads == 32);
+  CHECK(evicting.window == g.window);
+  CHECK(evicting.num_query_slots == 7);
+  CHECK(evicting.query_layer_stride() == std::int64_t{7} * g.window * 32 * 128);
+  CHECK(evicting.score_cache);
+}

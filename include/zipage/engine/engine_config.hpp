@@ -169,13 +169,13 @@ inline void check_request(const std::vector<token_id>& prompt, const sampling_pa
   return {model.eos, model.extra_eos, cfg.allow_beyond_context ? 0 : std::max(0, model.max_context)};
 }
 
-// The KV storage's shape: the pool's blocks and, with an evicting policy, the query-window cache (a row
-// block of W queries per slot) and the score cache when the policy keeps one.
+// The KV storage's shape: the pool's blocks, the model's heads and, with an evicting policy, the query-window cache (a
+// row block of W queries per slot) and the score cache when the policy keeps one.
 [[nodiscard]] inline kv_cache_shape kv_shape_for(const model_config& c, const cache_geometry& geometry,
                                                  const memory_plan& memory, bool evicts, bool score_cache) {
   kv_cache_shape shape{c.num_layers, memory.num_blocks, geometry.block_size, c.num_kv_heads, c.head_dim};
+  shape.num_q_heads = c.num_q_heads;
   if (evicts) {
-    shape.num_q_heads = c.num_q_heads;
     shape.window = geometry.window;
     shape.num_query_slots = memory.num_query_slots;
     shape.score_cache = score_cache;

@@ -13,8 +13,10 @@ struct kv_cache_shape {
   int block_size = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
-  // Compression state, allocated only when a policy evicts:
+  // The model's query heads (0: not given; the engine always gives them, so that a backend can check a kernel's
+  // head-group limit before the first step).
   int num_q_heads = 0;
+  // Compression state, allocated only when a policy evicts:
   int window = 0;            // W queries recorded per query slot: [layers][slots][W][q_heads][head_dim]
   int num_query_slots = 0;
   bool score_cache = false;  // one score per cached token per KV head per layer: [layers][blocks][block_size][kv_heads]

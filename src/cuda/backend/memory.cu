@@ -154,8 +154,7 @@ cuda_kv_storage cuda_backend::allocate_kv(const kv_cache_shape& shape) const {
         shape.head_dim, ")");
   check(!ctx_->opts.wgmma_prefill() || shape.head_dim == 128, "cuda_backend_options::prefill_kernel ",
         cuda::to_string(ctx_->opts.prefill_kernel), " needs head_dim 128; this model has ", shape.head_dim);
-  // (The group of query heads is known here only with an evicting policy; elsewhere decode_swapped_supported decides
-  // per step, and a group above 8 runs the split-KV kernel.)
+  // (A shape without its query heads, num_q_heads 0, is one a caller built by hand: the engine's always has them.)
   check(!cuda::is_swapped(ctx_->opts.fp8_decode_kernel) ||
             (shape.head_dim == 128 && (shape.num_q_heads == 0 || shape.num_q_heads <= 8 * shape.num_kv_heads)),
         "cuda_backend_options::fp8_decode_kernel ", cuda::to_string(ctx_->opts.fp8_decode_kernel),

@@ -133,7 +133,8 @@ struct cuda_backend_options {
   // automatic: the swapped-operand kernel (half the MMAs, 5-6% more tokens per second and per joule at the
   // compressed steady state, where steps are power-capped) where it fits and the batch fills the GPU without
   // splitting (cuda::resolve_fp8_decode_kernel), else the split-KV kernel (docs/architecture.md, "Decode attention
-  // and the power cap"). swapped needs kv_dtype fp8_e4m3 and head_dim 128 (checked by validate() and allocate_kv).
+  // and the power cap"). swapped needs kv_dtype fp8_e4m3 (checked by validate()), head_dim 128 and at most 8 query
+  // heads per KV head (checked by allocate_kv: a model it does not fit is refused, not run on split-KV).
   cuda::fp8_decode_kernel fp8_decode_kernel = cuda::fp8_decode_kernel::automatic;
   // The prefill attention kernel (cuda::prefill_kernel; zipage-bench --prefill-kernel). The wgmma ones need bf16 K/V
   // (dtype bf16, kv_dtype auto_), head_dim 128 (checked by allocate_kv) and a device that runs them
