@@ -208,6 +208,12 @@ class api {
       else add(*stop);
     }
     for (const auto& s : p.stop) r.max_stop_len = std::max(r.max_stop_len, s.size());
+    // vLLM's extension: token ids that end a choice (besides the model's EOS), e.g. a chat format's end-of-turn.
+    if (const json* ids = field(body, "stop_token_ids")) {
+      if (!ids->is_array()) bad_param("stop_token_ids", "'stop_token_ids' must be a list of token ids, got " + got(*ids));
+      for (const auto& t : *ids) p.stop_token_ids.push_back(token_of(t, "stop_token_ids"));
+    }
+    reject_unsupported(body, chat);
 
     // logprobs: each sampled token's log-probability, and the top_logprobs most likely tokens of its step.
     r.text = model_.text;
@@ -229,8 +235,9 @@ class api {
     p.logprobs = r.logprobs;
     p.top_logprobs = r.top_logprobs;
 
-    std::optional<long long> max_tokens = integer(body, "max_tokens", 1, 1LL << 31);
-    if (auto v = integer(body, "max_completion_tokens", 1, 1LL << 31)) max_tokens = v;
+    constexpr long long kMaxTokens = std::numeric_limits<int>::max();
+    std::optional<long long> max_tokens = integer(body, "max_tokens", 1, kMaxTokens);
+    if (auto v = integer(body, "max_completion_tokens", 1, kMaxTokens)) max_tokens = v;
     const auto seed = integer(body, "seed", std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max());
 
     r.prompts = chat ? std::vector<std::vector<zipage::token_id>>{chat_prompt(body)} : completion_prompts(body);
@@ -278,11 +285,52 @@ class api {
   }
 
  private:
+  // One token id: an integer that fits a token_id (whether the vocabulary has it is the engine's check, which
+  // names the vocabulary's size).
+  static zipage::token_id token_of(const json& t, const char* param) {
+    if (!t.is_number_integer()) bad_param(param, std::string("'") + param + "' must hold integer token ids, got " + got(t));
+    const bool fits = t.is_number_unsigned() ? t.get<unsigned long long>() <= std::numeric_limits<zipage::token_id>::max()
+                                             : t.get<long long>() >= std::numeric_limits<zipage::token_id>::min() &&
+                                                   t.get<long long>() <= std::numeric_limits<zipage::token_id>::max();
+    if (!fits || t.get<long long>() < 0)
+      bad_param(param, std::string("'") + param + "' holds token id " + t.dump() + ", which no vocabulary has");
+    return t.get<zipage::token_id>();
+  }
+
+  // Fields of OpenAI's or vLLM's API that would change what is generated and that zipage-serve does not implement:
+  // a 400 naming the field, rather than an answer that silently differs from what was asked for. (Fields that do
+  // not change the output, such as 'user', are ignored.)
+  static void reject_unsupported(const json& body, bool chat) {
+    auto unsupported = [](const char* key, const std::string& what) {
+      bad_param(key, std::string("'") + key + "' " + what + " is not supported by zipage-serve");
+    };
+    auto non_empty = [&](const char* key) {
+      const json* v = field(body, key);
+      if (v == nullptr) return false;
+      if (v->is_string()) return !v->get<std::string>().empty();  // (json::empty() is false for any string)
+      return !((v->is_object() || v->is_array()) && v->empty());
+    };
+    for (const char* key : {"logit_bias", "bad_words", "allowed_token_ids", "tools", "functions"})
+      if (non_empty(key)) unsupported(key, "(non-empty)");
+    for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                            "prompt_logprobs", "truncate_prompt_tokens"})
+      if (field(body, key) != nullptr) unsupported(key, "");
+    if (integer(body, "min_tokens", 0, std::numeric_limits<int>::max()).value_or(0) > 0) unsupported("min_tokens", "above 0");
+    for (const char* key : {"use_beam_search", "include_stop_str_in_output"})
+      if (boolean(body, key).value_or(false)) unsupported(key, "true");
+    if (const json* rf = field(body, "response_format")) {
+      const json* type = rf->is_object() ? field(*rf, "type") : nullptr;
+      if (type == nullptr || !type->is_string() || type->get<std::string>() != "text")
+        unsupported("response_format", "other than {\"type\": \"text\"}");
+    }
+    if (!chat && non_empty("suffix")) unsupported("suffix", "(non-empty)");
+  }
+
   std::vector<zipage::token_id> check_tokens(const json& list, const char* param) const {
     std::vector<zipage::token_id> out;
     for (const auto& t : list) {
       if (!t.is_number_integer()) bad_param(param, "token lists must hold integers, got " + got(t));
-      out.push_back(t.get<zipage::token_id>());
+      out.push_back(token_of(t, param));
     }
     if (out.empty()) bad_param(param, std::string("'") + param + "' holds an empty token list");
     return out;

@@ -72,6 +72,21 @@ await run('serve_bad_input', async (servers) => {
     [{ prompt: [1, 'a'] }, 'prompt'],
     [{}, 'prompt'],
     [{ model: 7, prompt: 'x' }, 'model'],
+    [{ prompt: [5000000000] }, 'prompt'],  // not a token id at all (it used to wrap around)
+    [{ prompt: 'x', max_tokens: 2147483648 }, 'max_tokens'],
+    [{ prompt: 'x', stop_token_ids: 3 }, 'stop_token_ids'],
+    [{ prompt: 'x', stop_token_ids: [-1] }, 'stop_token_ids'],
+    [{ prompt: 'x', stop_token_ids: [1.5] }, 'stop_token_ids'],
+    // Fields that would change the output and are not implemented: refused, not ignored.
+    [{ prompt: 'x', logit_bias: { 5: 100 } }, 'logit_bias'],
+    [{ prompt: 'x', min_tokens: 3 }, 'min_tokens'],
+    [{ prompt: 'x', suffix: ' end' }, 'suffix'],
+    [{ prompt: 'x', response_format: { type: 'json_object' } }, 'response_format'],
+    [{ prompt: 'x', use_beam_search: true }, 'use_beam_search'],
+    [{ prompt: 'x', include_stop_str_in_output: true }, 'include_stop_str_in_output'],
+    [{ prompt: 'x', guided_json: { type: 'object' } }, 'guided_json'],
+    [{ prompt: 'x', allowed_token_ids: [1, 2] }, 'allowed_token_ids'],
+    [{ prompt: 'x', prompt_logprobs: 1 }, 'prompt_logprobs'],
   ];
   for (const [body, param] of cases) isErrorObject(await post(base, '/v1/completions', { model: MODEL, ...body }, KEY), 400, param);
   const chatCases = [
@@ -84,11 +99,28 @@ await run('serve_bad_input', async (servers) => {
     [{ messages: [{ role: 'user', content: 'x' }], logprobs: true, top_logprobs: 1.5 }, 'top_logprobs'],
     [{ messages: [{ role: 'user', content: 'x' }], top_logprobs: 3 }, 'top_logprobs'],  // needs logprobs: true
     [{ messages: [{ role: 'user', content: 'x' }], frequency_penalty: -3 }, 'frequency_penalty'],
+    [{ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f' } }] }, 'tools'],
+    [{ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema' } }, 'response_format'],
   ];
   for (const [body, param] of chatCases) isErrorObject(await post(base, '/v1/chat/completions', { model: MODEL, ...body }, KEY), 400, param);
   // No chat template and no --chat-template plain: a clear 400.
   const nt = isErrorObject(await post(base, '/v1/chat/completions', { model: MODEL, messages: [{ role: 'user', content: 'x' }] }, KEY), 400);
   assert.equal(nt.code, 'no_chat_template');
+  await ok();
+
+  // What those fields' neutral values ask for is what zipage-serve does: accepted. stop_token_ids (vLLM's) is
+  // honoured: with every id of the 512-token vocabulary listed, the first token ends the choice.
+  for (const extra of [{ logit_bias: {} }, { min_tokens: 0 }, { suffix: '' }, { response_format: { type: 'text' } },
+                       { use_beam_search: false }, { tools: [] }, { stop_token_ids: [] }, { user: 'someone' }]) {
+    const r = await post(base, '/v1/completions', { model: MODEL, prompt: 'Once upon a time', max_tokens: 5, ...extra }, KEY);
+    assert.equal(r.status, 200, `${JSON.stringify(extra)}: ${r.text}`);
+    assert.equal(r.json.choices[0].finish_reason, 'length', JSON.stringify(extra));
+  }
+  const all = Array.from({ length: 512 }, (_, i) => i);
+  const stopped = await post(base, '/v1/completions', { model: MODEL, prompt: 'Once upon a time', max_tokens: 5, stop_token_ids: all }, KEY);
+  assert.equal(stopped.status, 200, stopped.text);
+  assert.equal(stopped.json.choices[0].finish_reason, 'stop', stopped.text);
+  assert.equal(stopped.json.usage.completion_tokens, 1, stopped.text);
   await ok();
 
   // A prompt longer than the context (2,048 tokens), and one whose max_tokens would pass it.

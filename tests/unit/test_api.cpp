@@ -248,8 +248,14 @@ TEST_CASE("engine_config: a budget larger than the pool is refused at constructi
   const std::string e = error_of([] {
     engine<echo_model, zipage_policy> eng(echo_model{}, {.block_size = 4, .num_blocks = 16, .budget_tokens = 64, .window = 4});
   });
-  CHECK(contains(e, "engine_config::budget_tokens = 64 (16 blocks of 4 tokens) needs 17 KV blocks per request"));
+  CHECK(contains(e, "engine_config::budget_tokens = 64 (16 blocks of 4 tokens) needs 17 KV blocks per request (the budget "
+                    "and the write block)"));
   CHECK(contains(e, "the pool has 16 (engine_config::num_blocks)"));
+  // A model whose whole context is smaller than the budget needs its context's blocks, and the message says so.
+  const std::string c = error_of([] {
+    engine<echo_model, zipage_policy> eng(echo_model(32), {.block_size = 4, .num_blocks = 7, .budget_tokens = 64, .window = 4});
+  });
+  CHECK(contains(c, "needs 8 KV blocks per request (the model's whole context of 32 tokens), but the pool has 7"));
   // Exactly B + 1 blocks is enough; and a model whose context fits the pool needs no more than its context.
   CHECK_NOTHROW((engine<echo_model, zipage_policy>(echo_model{}, {.block_size = 4, .num_blocks = 17, .budget_tokens = 64, .window = 4})));
   CHECK_NOTHROW((engine<echo_model, zipage_policy>(echo_model(32), {.block_size = 4, .num_blocks = 8, .budget_tokens = 64, .window = 4})));

@@ -153,12 +153,17 @@ inline void check_request(const std::vector<token_id>& prompt, const sampling_pa
 [[nodiscard]] inline int checked_pool_blocks(const engine_config& cfg, const cache_geometry& geometry,
                                              const model_config& model, const memory_plan& memory, bool evicts) {
   if (evicts) {
-    int need = geometry.budget_blocks() + 1;
+    const int with_write_block = geometry.budget_blocks() + 1;
     const int context = model.max_context;
-    if (!cfg.allow_beyond_context && context > 0) need = std::min(need, blocks_for_tokens(context, geometry.block_size));
+    const int whole_context = !cfg.allow_beyond_context && context > 0 ? blocks_for_tokens(context, geometry.block_size)
+                                                                         : with_write_block;
+    const int need = std::min(with_write_block, whole_context);
     check(memory.num_blocks >= need, "engine_config::budget_tokens = ", geometry.budget_tokens, " (", geometry.budget_blocks(),
-          " blocks of ", geometry.block_size, " tokens) needs ", need, " KV blocks per request with the write block, but the pool has ",
-          memory.num_blocks, " (", cfg.num_blocks > 0 ? "engine_config::num_blocks" : "from engine_config::kv_cache_bytes",
+          " blocks of ", geometry.block_size, " tokens) needs ", need, " KV blocks per request (",
+          need == with_write_block ? std::string("the budget and the write block")
+                                   : "the model's whole context of " + std::to_string(context) + " tokens",
+          "), but the pool has ", memory.num_blocks, " (",
+          cfg.num_blocks > 0 ? "engine_config::num_blocks" : "from engine_config::kv_cache_bytes",
           "): lower budget_tokens or give the pool more blocks");
   }
   return memory.num_blocks;
