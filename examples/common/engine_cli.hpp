@@ -132,7 +132,11 @@ int run_reporting_errors(const char* tool, F&& f) {
   return 1;
 }
 
-inline bool given(const engine_options& o, const std::string& flag) { return o.flags.at(flag)->count() > 0; }
+// Whether `flag` was given on the command line (false for options built in code, without flags).
+[[nodiscard]] inline bool given(const engine_options& o, const std::string& flag) {
+  const auto it = o.flags.find(flag);
+  return it != o.flags.end() && it->second != nullptr && it->second->count() > 0;
+}
 
 inline std::string default_model_path() {
   for (const char* candidate : {ZIPAGE_DEFAULT_MODEL, ZIPAGE_INSTALLED_MODEL})
@@ -173,16 +177,17 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   app.add_option("--block-size", e.block_size, "tokens per KV block")->check(positive_count());
   app.add_option("--num-blocks", e.num_blocks, "KV pool size in blocks (default: from --kv-cache-mib)")
       ->check(count());
-  app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV pool size in MiB (CPU)")
+  o.flags["--kv-cache-mib"] = app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV pool size in MiB (CPU)")
       ->check(number_check("in (0, 1073741824] (1 PiB)", [](double v) { return v > 0 && v <= max_kv_cache_mib; }));
   app.add_option("--device", o.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--dtype", o.dtype, "GPU: bf16 or fp32 weights, activations and KV")->check(CLI::IsMember({"bf16", "fp32"}));
+  o.flags["--dtype"] = app.add_option("--dtype", o.dtype, "GPU: bf16 or fp32 weights, activations and KV")
+                           ->check(CLI::IsMember({"bf16", "fp32"}));
   add_kv_cache_dtype_flag(app, o.kv_cache_dtype, "GPU: ", "the model's dtype");
   add_quantization_flag(app, o.quantization, "GPU: ", "the checkpoint's: FP8 for an FP8 checkpoint, else --dtype");
-  app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
-                 "GPU: fraction of device memory for weights + KV pool (as vLLM)")
-      ->check(in_range(0.05, 1.0));
+  o.flags["--gpu-memory-utilization"] = app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
+                                                       "GPU: fraction of device memory for weights + KV pool (as vLLM)")
+                                            ->check(in_range(0.05, 1.0));
   app.add_option("--max-num-seqs", e.max_num_seqs, "running requests at most")->check(positive_count());
   app.add_option("--max-batched-tokens", e.max_batched_tokens, "tokens per step at most")->check(positive_count());
   app.add_option("--scheduling-policy", o.scheduling,
@@ -413,6 +418,19 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
 
 }  // namespace detail
 
+// A flag for the other device's backend would be ignored where the run lands: refused instead, naming it.
+inline void check_flags_for_device(const engine_options& o, bool gpu) {
+  if (gpu) {
+    zipage::check(!given(o, "--kv-cache-mib"), "--kv-cache-mib sizes the CPU backend's pool; on the GPU the pool is "
+                  "--gpu-memory-utilization of device memory (default 0.9), or exactly --num-blocks blocks");
+    return;
+  }
+  zipage::check(!given(o, "--dtype") || o.dtype == "fp32", "--dtype ", o.dtype,
+                ": the CPU backend computes in fp32 (--dtype chooses the GPU's); drop the flag or add --device cuda");
+  zipage::check(!given(o, "--gpu-memory-utilization"), "--gpu-memory-utilization sizes the GPU's pool; the CPU "
+                "backend's pool is --kv-cache-mib (default 64) or --num-blocks");
+}
+
 // Loads the model on the device --device picks (the GPU when asked for, or for auto when the build has it
 // and a device is present), builds the engine and returns f(engine, model_text). The tokenizer and the
 // engine live until f returns.
@@ -428,6 +446,7 @@ int with_engine(engine_options& o, F&& f) {
     zipage::check(o.tensor_parallel_size == 1, "--tensor-parallel-size ", o.tensor_parallel_size,
                   " runs on the CPU only for now (the GPU collectives are not wired into the CUDA backend yet: "
                   "docs/tensor-parallel.md); add --device cpu");
+    check_flags_for_device(o, true);
     zipage::cuda_backend_options bo;
     bo.dtype = o.dtype == "fp32" ? zipage::cuda_dtype::f32 : zipage::cuda_dtype::bf16;
     bo.kv_dtype = kv_dtype;
@@ -452,6 +471,7 @@ int with_engine(engine_options& o, F&& f) {
                 ": the CPU backend keeps an fp32 KV cache; the FP8 KV cache runs on the GPU (--device cuda)");
   zipage::check(weights != zipage::weight_dtype::fp8_e4m3, "--quantization ", o.quantization,
                 ": the CPU backend keeps fp32 weights; FP8 weights run on the GPU (--device cuda)");
+  check_flags_for_device(o, false);
   if (!o.quiet) std::fprintf(stderr, "device: cpu (fp32 reference backend)\n");
   const zipage::cpu_backend backend{};
   return detail::load_and_run(o, backend, f);
