@@ -599,9 +599,10 @@ void print(const run_result& r) {
 int main(int argc, char** argv) {
   options o;
   CLI::App app{"zipage-bench: engine throughput on the GPU with a random-weight model"};
-  app.add_option("--shape", o.shape, "qwen3-0.6b | qwen3-8b | tiny");
-  app.add_option("--workload", o.workload, "nano | long | both");
-  app.add_option("--mode", o.mode, "full | compressed | both");
+  // (Checked here: an unknown workload or mode would otherwise run as long / compressed.)
+  app.add_option("--shape", o.shape, "qwen3-0.6b | qwen3-8b | tiny")->check(CLI::IsMember({"qwen3-0.6b", "qwen3-8b", "tiny"}));
+  app.add_option("--workload", o.workload, "nano | long | both")->check(CLI::IsMember({"nano", "long", "both"}));
+  app.add_option("--mode", o.mode, "full | compressed | both")->check(CLI::IsMember({"full", "compressed", "both"}));
   app.add_option("--policy", o.policy,
                  "compressed mode: streaming_llm | h2o | snapkv | rkv | gkv | zipage, or all (each in turn)")
       ->capture_default_str();
