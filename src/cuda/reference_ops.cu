@@ -646,10 +646,7 @@ void read_stream(const void* p, std::size_t bytes, unsigned* sink, cuda_stream s
   check(bytes % 16 == 0 && reinterpret_cast<std::uintptr_t>(p) % 16 == 0, "read_stream: ", bytes,
         " bytes: must be 16-byte aligned and a multiple of 16");
   if (bytes == 0) return;
-  int dev = 0, sms = 0;
-  ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
-  ZIPAGE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  read_stream_kernel<<<sms * 8, 256, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);
+  read_stream_kernel<<<detail::device_multiprocessors() * 8, 256, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
