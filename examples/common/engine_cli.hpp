@@ -419,12 +419,17 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
 }  // namespace detail
 
 // A flag for the other device's backend would be ignored where the run lands: refused instead, naming it.
-inline void check_flags_for_device(const engine_options& o, bool gpu) {
+inline void check_flags_for_device(const engine_options& o, bool gpu, zipage::kv_cache_dtype kv_dtype,
+                                   zipage::weight_dtype weights) {
   if (gpu) {
     zipage::check(!given(o, "--kv-cache-mib"), "--kv-cache-mib sizes the CPU backend's pool; on the GPU the pool is "
                   "--gpu-memory-utilization of device memory (default 0.9), or exactly --num-blocks blocks");
     return;
   }
+  zipage::check(kv_dtype == zipage::kv_cache_dtype::auto_, "--kv-cache-dtype ", o.kv_cache_dtype,
+                ": the CPU backend keeps an fp32 KV cache; the FP8 KV cache runs on the GPU (--device cuda)");
+  zipage::check(weights != zipage::weight_dtype::fp8_e4m3, "--quantization ", o.quantization,
+                ": the CPU backend keeps fp32 weights; FP8 weights run on the GPU (--device cuda)");
   zipage::check(!given(o, "--dtype") || o.dtype == "fp32", "--dtype ", o.dtype,
                 ": the CPU backend computes in fp32 (--dtype chooses the GPU's); drop the flag or add --device cuda");
   zipage::check(!given(o, "--gpu-memory-utilization"), "--gpu-memory-utilization sizes the GPU's pool; the CPU "
@@ -446,7 +451,7 @@ int with_engine(engine_options& o, F&& f) {
     zipage::check(o.tensor_parallel_size == 1, "--tensor-parallel-size ", o.tensor_parallel_size,
                   " runs on the CPU only for now (the GPU collectives are not wired into the CUDA backend yet: "
                   "docs/tensor-parallel.md); add --device cpu");
-    check_flags_for_device(o, true);
+    check_flags_for_device(o, true, kv_dtype, weights);
     zipage::cuda_backend_options bo;
     bo.dtype = o.dtype == "fp32" ? zipage::cuda_dtype::f32 : zipage::cuda_dtype::bf16;
     bo.kv_dtype = kv_dtype;
@@ -467,11 +472,7 @@ int with_engine(engine_options& o, F&& f) {
 #else
   zipage::check(o.device != "cuda", "--device cuda: this build has no CUDA backend (configure with a CUDA compiler)");
 #endif
-  zipage::check(kv_dtype == zipage::kv_cache_dtype::auto_, "--kv-cache-dtype ", o.kv_cache_dtype,
-                ": the CPU backend keeps an fp32 KV cache; the FP8 KV cache runs on the GPU (--device cuda)");
-  zipage::check(weights != zipage::weight_dtype::fp8_e4m3, "--quantization ", o.quantization,
-                ": the CPU backend keeps fp32 weights; FP8 weights run on the GPU (--device cuda)");
-  check_flags_for_device(o, false);
+  check_flags_for_device(o, false, kv_dtype, weights);
   if (!o.quiet) std::fprintf(stderr, "device: cpu (fp32 reference backend)\n");
   const zipage::cpu_backend backend{};
   return detail::load_and_run(o, backend, f);
