@@ -230,6 +230,24 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
 
   query_tile qt;
   if (!locate_query_tile(a, work.tile, lane, qt)) return;
+  const int cw = wg - 1;            // consumers: 0 or 1
+  const int ctid = tid - 128 * wg;  // thread within its warpgroup
+  const std::uint32_t sq_wg = sq + cw * cfg::kQGroupBytes;  // consumer cw's 64 Q rows
+
+  // The copies that need only the tile start before its K/V bounds are known, so that their latencies overlap
+  // token_kv_len's: the producer's first page ids (bounded by the sequence's page count, not yet by its K/V
+  // length) and the consumers' Q rows (rows 64 cw .. 64 cw + 63 of the tile, each consumer copying its own).
+  typename cfg::loader loader(a.k, a.v, a.page_indices + a.page_indptr[qt.seq], a.num_kv_heads, kvh, a.bs_shift, tid);
+  if (wg == 0) {
+    loader.prefetch(0, (a.page_indptr[qt.seq + 1] - a.page_indptr[qt.seq]) << a.bs_shift);
+  } else {
+    for (int c = ctid; c < 64 * (D / 8); c += 128) {
+      const int r = c / (D / 8), ch = c % (D / 8);
+      const bf16* src = q_chunk<D>(a, qt, kvh, cw * 64 + r, ch);
+      cp_async_16(sq_wg + sw128_offset<64>(r, ch), src != nullptr ? src : a.q, src != nullptr);
+    }
+    cp_async_commit();
+  }
 
   wp::reset_kv_bounds(s_bounds, tid);
   if (tid < cfg::kStages) {
@@ -245,9 +263,6 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
   if (wg == 0) {
     // Producer: step it goes to stage it % kStages once the consumers have released the step before it there.
     wgmma::regs_release<cfg::kProducerRegs>();
-    typename cfg::loader loader(a.k, a.v, a.page_indices + a.page_indptr[qt.seq], a.num_kv_heads, kvh, a.bs_shift,
-                                tid);
-    loader.prefetch(0, kv_end);
     for (int it = 0; it < ntiles; ++it) {
       const int st = ws_protocol::stage_of(it, cfg::kStages);
       if (ws_protocol::producer_waits(it, cfg::kStages))
@@ -265,8 +280,6 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
   }
 
   wgmma::regs_claim<cfg::kConsumerRegs>();
-  const int cw = wg - 1;            // consumer 0 or 1
-  const int ctid = tid - 128 * wg;  // thread within the consumer warpgroup
   const int warp = ctid >> 5;
   const int kv_min = s_bounds[1];
   const int wg_len = s_bounds[2 + cw];  // the longest of this warpgroup's rows
@@ -282,15 +295,7 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
   // Named barriers: 1 + c is consumer c's turn on the tensor cores, 3 + c its own Q barrier.
   const int my_turn = 1 + cw, other_turn = 1 + (cw ^ 1);
 
-  // This warpgroup's 64 Q rows (rows 64 cw .. 64 cw + 63 of the tile), copied by its own threads.
-  const std::uint32_t sq_wg = sq + cw * cfg::kQGroupBytes;
-  for (int c = ctid; c < 64 * (D / 8); c += 128) {
-    const int r = c / (D / 8), ch = c % (D / 8);
-    const bf16* src = q_chunk<D>(a, qt, kvh, cw * 64 + r, ch);
-    cp_async_16(sq_wg + sw128_offset<64>(r, ch), src != nullptr ? src : a.q, src != nullptr);
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
+  cp_async_wait<0>();  // this warpgroup's Q rows
   wgmma::fence_proxy_async();
   wgmma::named_sync(3 + cw, 128);
 
