@@ -14,8 +14,12 @@ using detail::prefill_config;
 template <int D, bool F8>
 void launch(const detail::prefill_args& a, int num_tokens, cuda_stream stream) {
   detail::opt_in_smem<detail::paged_prefill_kernel<D, F8>>(prefill_config<D, F8>::kSmemBytes);
+  // Upper bound on the query tiles: sum over sequences of ceil(n_s / tq) <= num_tokens / tq + num_seqs.
+  const long long tiles = static_cast<long long>(num_tokens) / a.tokens_per_tile + a.num_seqs;
+  check(tiles < (1ll << 31), "paged_prefill_attention: too many query tiles");
+  const dim3 grid(static_cast<unsigned>(tiles), a.num_kv_heads);
   detail::paged_prefill_kernel<D, F8>
-      <<<detail::prefill_grid(a, num_tokens), prefill_config<D, F8>::kThreads, prefill_config<D, F8>::kSmemBytes, stream>>>(a);
+      <<<grid, prefill_config<D, F8>::kThreads, prefill_config<D, F8>::kSmemBytes, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
@@ -29,6 +33,7 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   const int group = p.num_q_heads / p.kv.num_kv_heads;
   check(group <= prefill_config<128>::kRows, "paged_prefill_attention: ", group,
         " query heads per KV head (at most 64)");
+  check(p.kv.num_kv_heads <= 65535, "paged_prefill_attention: too many KV heads");
   int shift = 0;
   while ((1 << shift) < p.kv.block_size) ++shift;
   check(p.kv.block_size >= 2 && (1 << shift) == p.kv.block_size, "paged_prefill_attention: block_size ", p.kv.block_size,

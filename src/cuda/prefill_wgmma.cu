@@ -43,7 +43,10 @@ void launch(prefill_args a, int num_tokens, cuda_stream stream) {
   using cfg = prefill_wgmma_config;
   opt_in_smem<Kernel>(cfg::kSmemBytes);
   a.tokens_per_tile = cfg::kRows / a.group;
-  Kernel<<<prefill_grid(a, num_tokens), cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
+  const long long tiles = static_cast<long long>(num_tokens) / a.tokens_per_tile + a.num_seqs;
+  check(tiles < (1ll << 31), "paged_prefill_attention: too many query tiles");
+  const dim3 grid(static_cast<unsigned>(tiles), a.num_kv_heads);
+  Kernel<<<grid, cfg::kThreads, cfg::kSmemBytes, stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

@@ -77,26 +77,6 @@ __device__ __forceinline__ bool locate_query_tile(const prefill_args& a, int tar
   return true;
 }
 
-// The query tile (index for locate_query_tile) and KV head of this CTA. The grid is one-dimensional with the KV
-// head moving fastest, so that CTAs start in longest-processing-time order across heads: every head's longest
-// tiles first. With the head as the slow index (grid.y), the last head's longest tiles of a lone 4k prompt start
-// when 7/8 of the work has been handed out and run on after the rest has finished.
-struct cta_work {
-  int tile, kvh;
-};
-__device__ __forceinline__ cta_work prefill_cta_work(const prefill_args& a) {
-  return {static_cast<int>(blockIdx.x / static_cast<unsigned>(a.num_kv_heads)),
-          static_cast<int>(blockIdx.x % static_cast<unsigned>(a.num_kv_heads))};
-}
-
-// The launch grid of a prefill kernel for `num_tokens` new tokens: an upper bound on the query tiles (sum over
-// sequences of ceil(n_s / tq) <= num_tokens / tq + num_seqs) times the KV heads, as prefill_cta_work reads it.
-inline unsigned prefill_grid(const prefill_args& a, int num_tokens) {
-  const long long tiles = static_cast<long long>(num_tokens) / a.tokens_per_tile + a.num_seqs;
-  check(tiles * a.num_kv_heads < (1ll << 31), "paged_prefill_attention: too many query tiles");
-  return static_cast<unsigned>(tiles * a.num_kv_heads);
-}
-
 // Chunk ch (8 values) of query row r of the tile: token r / group, head r % group of KV head kvh; nullptr for a
 // padding row (r >= rows).
 template <int D>
@@ -121,7 +101,7 @@ struct prefill_config {
   static constexpr int kSmemBytes = kQBytes + kStages * loader::kStageBytes;
 };
 
-// grid prefill_grid(): (query tile, KV head) pairs, heads fastest. A query tile: tokens_per_tile consecutive new tokens of
+// grid (upper bound on query tiles, kv_heads). A query tile: tokens_per_tile consecutive new tokens of
 // one sequence x the `group` query heads of one KV head, packed token-major into 64 MMA rows.
 template <int D, bool FP8 = false>
 __global__ void __launch_bounds__(prefill_config<D, FP8>::kThreads) paged_prefill_kernel(const prefill_args a) {
@@ -132,11 +112,10 @@ __global__ void __launch_bounds__(prefill_config<D, FP8>::kThreads) paged_prefil
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const cta_work work = prefill_cta_work(a);
-  const int kvh = work.kvh;
+  const int kvh = blockIdx.y;
 
   query_tile qt;
-  if (!locate_query_tile(a, work.tile, lane, qt)) return;
+  if (!locate_query_tile(a, blockIdx.x, lane, qt)) return;
   const int seq = qt.seq, qoff = qt.qoff, tok0 = qt.tok0, ntok = qt.ntok, rows = qt.rows;
 
   if (tid == 0) {

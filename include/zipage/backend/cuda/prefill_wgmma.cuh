@@ -16,8 +16,6 @@
 // Masking, the online softmax and the epilogue are the mma.sync kernel's, since the accumulator layout is the
 // same. What FA3 has that this kernel has not yet (TMA, a tile scheduler) and the variants measured against it are
 // in docs/architecture.md.
-#include <type_traits>
-
 #include "zipage/backend/cuda/prefill_kernel.cuh"
 #include "zipage/backend/cuda/wgmma.cuh"
 #include "zipage/backend/cuda/ws_protocol.hpp"
@@ -203,7 +201,7 @@ struct prefill_wgmma_config {
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs == kThreads * 168);
 };
 
-// grid prefill_grid() (query tiles x KV heads, heads fastest), 384 threads; a query tile is kRows / group tokens.
+// grid (upper bound on query tiles, kv_heads), 384 threads; a query tile is kRows / group tokens.
 // (A template, like the other kernels, so that including this header in several translation units is fine.)
 template <int D>
 __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
@@ -225,29 +223,10 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
   // it (and on wg_tiles below) would otherwise make ptxas serialise the wgmma instructions (C7518).
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
   const int lane = tid & 31;
-  const cta_work work = prefill_cta_work(a);  // (the longest-KV tiles come first: prefill_cta_work)
-  const int kvh = work.kvh;
+  const int kvh = blockIdx.y;
 
-  query_tile qt;
-  if (!locate_query_tile(a, work.tile, lane, qt)) return;
-  const int cw = wg - 1;            // consumers: 0 or 1
-  const int ctid = tid - 128 * wg;  // thread within its warpgroup
-  const std::uint32_t sq_wg = sq + cw * cfg::kQGroupBytes;  // consumer cw's 64 Q rows
-
-  // The copies that need only the tile start before its K/V bounds are known, so that their latencies overlap
-  // token_kv_len's: the producer's first page ids (bounded by the sequence's page count, not yet by its K/V
-  // length) and the consumers' Q rows (rows 64 cw .. 64 cw + 63 of the tile, each consumer copying its own).
-  typename cfg::loader loader(a.k, a.v, a.page_indices + a.page_indptr[qt.seq], a.num_kv_heads, kvh, a.bs_shift, tid);
-  if (wg == 0) {
-    loader.prefetch(0, (a.page_indptr[qt.seq + 1] - a.page_indptr[qt.seq]) << a.bs_shift);
-  } else {
-    for (int c = ctid; c < 64 * (D / 8); c += 128) {
-      const int r = c / (D / 8), ch = c % (D / 8);
-      const bf16* src = q_chunk<D>(a, qt, kvh, cw * 64 + r, ch);
-      cp_async_16(sq_wg + sw128_offset<64>(r, ch), src != nullptr ? src : a.q, src != nullptr);
-    }
-    cp_async_commit();
-  }
+  query_tile qt;  // (a sequence's longest-KV tiles come first: locate_query_tile)
+  if (!locate_query_tile(a, blockIdx.x, lane, qt)) return;
 
   wp::reset_kv_bounds(s_bounds, tid);
   if (tid < cfg::kStages) {
@@ -263,6 +242,9 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
   if (wg == 0) {
     // Producer: step it goes to stage it % kStages once the consumers have released the step before it there.
     wgmma::regs_release<cfg::kProducerRegs>();
+    typename cfg::loader loader(a.k, a.v, a.page_indices + a.page_indptr[qt.seq], a.num_kv_heads, kvh, a.bs_shift,
+                                tid);
+    loader.prefetch(0, kv_end);
     for (int it = 0; it < ntiles; ++it) {
       const int st = ws_protocol::stage_of(it, cfg::kStages);
       if (ws_protocol::producer_waits(it, cfg::kStages))
@@ -280,22 +262,23 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
   }
 
   wgmma::regs_claim<cfg::kConsumerRegs>();
+  const int cw = wg - 1;            // consumer 0 or 1
+  const int ctid = tid - 128 * wg;  // thread within the consumer warpgroup
   const int warp = ctid >> 5;
   const int kv_min = s_bounds[1];
-  const int wg_len = s_bounds[2 + cw];  // the longest of this warpgroup's rows
-  const int wg_tiles = __shfl_sync(0xffffffffu, (wg_len + cfg::kTile - 1) / cfg::kTile, 0);  // uniform
-  // Whether this warpgroup's rows all end in the first 64-token sub-tile of its last step: that step's S and P.V
-  // then skip the second sub-tile, whose columns the mask would set to -inf (P = 0). On a fresh prompt with 4
-  // query heads per KV head, the diagonal step of half the tiles (its K/V is still copied: the other warpgroup or
-  // the producer's zero fill may need it).
-  const bool half_last =
-      __shfl_sync(0xffffffffu, wg_tiles > 0 && wg_len - (wg_tiles - 1) * cfg::kTile <= kKvTile ? 1 : 0, 0) != 0;
-  using whole_step = std::integral_constant<int, cfg::kSubTiles>;
-  using first_half = std::integral_constant<int, 1>;
+  const int wg_tiles = __shfl_sync(0xffffffffu, (s_bounds[2 + cw] + cfg::kTile - 1) / cfg::kTile, 0);  // uniform
   // Named barriers: 1 + c is consumer c's turn on the tensor cores, 3 + c its own Q barrier.
   const int my_turn = 1 + cw, other_turn = 1 + (cw ^ 1);
 
-  cp_async_wait<0>();  // this warpgroup's Q rows
+  // This warpgroup's 64 Q rows (rows 64 cw .. 64 cw + 63 of the tile), copied by its own threads.
+  const std::uint32_t sq_wg = sq + cw * cfg::kQGroupBytes;
+  for (int c = ctid; c < 64 * (D / 8); c += 128) {
+    const int r = c / (D / 8), ch = c % (D / 8);
+    const bf16* src = q_chunk<D>(a, qt, kvh, cw * 64 + r, ch);
+    cp_async_16(sq_wg + sw128_offset<64>(r, ch), src != nullptr ? src : a.q, src != nullptr);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
   wgmma::fence_proxy_async();
   wgmma::named_sync(3 + cw, 128);
 
@@ -328,20 +311,18 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
     __syncwarp();
     if (lane == 0) wgmma::mbar_arrive(empty_bar + ws_protocol::stage_of(it, cfg::kStages) * 8);
   };
-  // The products over the first `subs` (whole_step or first_half) 64-token sub-tiles of a step.
-  auto issue_s = [&](std::uint32_t stage, auto subs) {
+  auto issue_s = [&](std::uint32_t stage) {
 #pragma unroll
     for (int j = 0; j < cfg::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     wgmma::fence();
 #pragma unroll
-    for (int sub = 0; sub < decltype(subs)::value; ++sub)
-      wp::issue_qk(wp::sub_tile<wp::kNT>(s, sub), sq_wg, stage + sub * kSub);
+    for (int sub = 0; sub < cfg::kSubTiles; ++sub) wp::issue_qk(wp::sub_tile<wp::kNT>(s, sub), sq_wg, stage + sub * kSub);
     wgmma::commit();
   };
-  auto issue_pv = [&](std::uint32_t stage, auto subs) {
+  auto issue_pv = [&](std::uint32_t stage) {
     wgmma::fence();
 #pragma unroll
-    for (int sub = 0; sub < decltype(subs)::value; ++sub)
+    for (int sub = 0; sub < cfg::kSubTiles; ++sub)
       wp::issue_pv(o, wp::sub_tile<kKvTile / 16>(pa, sub), stage + sub * kSub + cfg::loader::kTileBytes);
     wgmma::commit();
   };
@@ -349,8 +330,8 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
     if (ws_protocol::hands_over(cw, turn, nturns)) wgmma::named_arrive(other_turn, 256);
   };
   // Turn `it` multiplying S(it) out alone (the first step: no P.V yet): S, then its softmax into O and P.
-  auto score_turn = [&](std::uint32_t stage, int it, auto subs) {
-    issue_s(stage, subs);
+  auto score_turn = [&](std::uint32_t stage, int it) {
+    issue_s(stage);
     hand_over(it);
     wgmma::wait<0>();
     wgmma::fence_operands(s);
@@ -359,8 +340,8 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
     wp::pack_p(s, pa);
   };
   // A turn that only adds P V (V from `stage`) to O.
-  auto pv_turn = [&](std::uint32_t stage, int turn, auto subs) {
-    issue_pv(stage, subs);
+  auto pv_turn = [&](std::uint32_t stage, int turn) {
+    issue_pv(stage);
     hand_over(turn);
     wgmma::wait<0>();
     wgmma::fence_operands(o);
@@ -369,39 +350,29 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
   // FlashAttention-3's intra-warpgroup overlap: turn it issues S(it) and then P(it-1).V(it-1); the softmax of
   // step it runs while that P.V does, and O is rescaled (and P(it) packed over P(it-1)) once it is done. The
   // last turn multiplies the last P.
-  auto overlap_turn = [&](std::uint32_t stage, std::uint32_t prev_stage, int it, auto s_subs) {
-    issue_s(stage, s_subs);
-    issue_pv(prev_stage, whole_step{});  // (only the last step may be a half)
-    hand_over(it);
-    wgmma::wait<1>();  // S(it) (committed first) is done; the P.V may still run
-    wgmma::fence_operands(s);
-    wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
-    const float corr0 = softmax_row(s, 0, m[0], l[0]), corr1 = softmax_row(s, 1, m[1], l[1]);
-    wgmma::wait<0>();
-    wgmma::fence_operands(o);
-    rescale_row<D>(o, 0, corr0);
-    rescale_row<D>(o, 1, corr1);
-    wp::pack_p(s, pa);  // the P.V reading the previous P is done
-  };
   std::uint32_t prev_stage = 0;
   for (int it = 0; it < ntiles; ++it) {
     const std::uint32_t stage = wait_step(it);
     const bool pv = it >= 1 && it - 1 < wg_tiles;  // P(it-1).V(it-1) to issue
-    const bool half = half_last && it == wg_tiles - 1;  // S(it) over the first sub-tile only
     wgmma::named_sync(my_turn, 256);
-    // (The cases in separate branches: with `pv` or `half` tested inside one, ptxas serialises the MMAs, C7514.)
-    if (it < wg_tiles && pv && !half) {
-      overlap_turn(stage, prev_stage, it, whole_step{});
-    } else if (it < wg_tiles && pv) {
-      overlap_turn(stage, prev_stage, it, first_half{});
-    } else if (it < wg_tiles && !half) {  // the first step: nothing to multiply yet
-      score_turn(stage, it, whole_step{});
-    } else if (it < wg_tiles) {
-      score_turn(stage, it, first_half{});
-    } else if (pv && !half_last) {  // past this consumer's rows: the last P.V
-      pv_turn(prev_stage, it, whole_step{});
-    } else if (pv) {
-      pv_turn(prev_stage, it, first_half{});
+    // (The four cases in separate branches: with `pv` tested inside one, ptxas serialises the MMAs, C7514.)
+    if (it < wg_tiles && pv) {
+      issue_s(stage);
+      issue_pv(prev_stage);
+      hand_over(it);
+      wgmma::wait<1>();  // S(it) (committed first) is done; the P.V may still run
+      wgmma::fence_operands(s);
+      wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
+      const float corr0 = softmax_row(s, 0, m[0], l[0]), corr1 = softmax_row(s, 1, m[1], l[1]);
+      wgmma::wait<0>();
+      wgmma::fence_operands(o);
+      rescale_row<D>(o, 0, corr0);
+      rescale_row<D>(o, 1, corr1);
+      wp::pack_p(s, pa);  // the P.V reading the previous P is done
+    } else if (it < wg_tiles) {  // the first step: nothing to multiply yet
+      score_turn(stage, it);
+    } else if (pv) {  // past this consumer's rows: the last P.V
+      pv_turn(prev_stage, it);
     } else {
       hand_over(it);
     }
@@ -410,10 +381,8 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
   }
   if (ntiles > 0) {
     wgmma::named_sync(my_turn, 256);
-    if (ntiles - 1 < wg_tiles && !half_last) {
-      pv_turn(prev_stage, ntiles, whole_step{});
-    } else if (ntiles - 1 < wg_tiles) {
-      pv_turn(prev_stage, ntiles, first_half{});
+    if (ntiles - 1 < wg_tiles) {
+      pv_turn(prev_stage, ntiles);
     } else {
       hand_over(ntiles);
     }
