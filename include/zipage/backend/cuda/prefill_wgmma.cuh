@@ -7,8 +7,8 @@
 //  * FlashAttention-3's warp specialisation: a producer warpgroup copies K/V, two consumer warpgroups compute, 64
 //    query rows each (128 rows per CTA), sharing every K/V tile and taking turns on the tensor cores (below);
 //  * Q, K and V live in shared memory in wgmma's 128-byte-swizzled layout (wgmma.cuh), and the products are
-//    warpgroup MMAs: S = Q K^T as 8 m64n64k16 steps per 64 tokens with both operands read from shared memory,
-//    O += P V as 4 m64n128k16 steps per 64 tokens with P from registers (re-packed S accumulators) and V read
+//    warpgroup MMAs: S = Q K^T as 8 m64n128k16 steps per 128 tokens with both operands read from shared memory,
+//    O += P V as 8 m64n128k16 steps per 128 tokens with P from registers (re-packed S accumulators) and V read
 //    N-major (transposed by the hardware: no ldmatrix.trans);
 //  * 128-token K/V steps, three stages in flight;
 //  * FA3's intra-warpgroup overlap: each step's softmax runs beside the previous step's P.V, the consumers holding
@@ -30,15 +30,16 @@ __host__ __device__ constexpr std::uint32_t sw128_offset(int row, int chunk) {
   return static_cast<std::uint32_t>((chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
-// kv_tile_loader's page walk and copies, into the 128-byte-swizzled layout (K and V tiles [64 tokens][128]).
-template <int THREADS>
+// kv_tile_loader's page walk and copies, 64 tokens at a time, into K and V tiles of STEP tokens ([STEP][128] bf16
+// each, 128-byte swizzled): issue() fills rows row_base .. row_base + 63 of both.
+template <int THREADS, int STEP>
 struct wgmma_kv_loader : kv_tile_loader<128, THREADS> {
   using base = kv_tile_loader<128, THREADS>;
   using base::base;
-  static constexpr int kTileBytes = kKvTile * 128 * 2;
+  static constexpr int kTileBytes = STEP * 128 * 2;  // one of K, V
 
-  __device__ __forceinline__ void issue(std::uint32_t stage, int tile_start, int end) const {
-    const std::uint32_t sk = stage, sv = stage + kTileBytes;
+  __device__ __forceinline__ void issue(std::uint32_t sk, std::uint32_t sv, int row_base, int tile_start,
+                                        int end) const {
     const int first = tile_start >> this->bs_shift;
     const int mask = (1 << this->bs_shift) - 1;
 #pragma unroll
@@ -49,7 +50,7 @@ struct wgmma_kv_loader : kv_tile_loader<128, THREADS> {
       const std::int32_t page = __shfl_sync(0xffffffffu, this->next_page, ((tok >> this->bs_shift) - first) & 31);
       const std::int64_t off =
           ((static_cast<std::int64_t>(page) << this->bs_shift) | (tok & mask)) * this->token_stride + this->part * 8;
-      const std::uint32_t so = sw128_offset<kKvTile>(row, this->part);
+      const std::uint32_t so = sw128_offset<STEP>(row_base + row, this->part);
       cp_async_16(sk + so, valid ? this->k + off : this->k, valid);
       cp_async_16(sv + so, valid ? this->v + off : this->v, valid);
     }
@@ -60,15 +61,15 @@ struct wgmma_kv_loader : kv_tile_loader<128, THREADS> {
 
 namespace wgmma_prefill {
 
-constexpr int kNT = kKvTile / 8;  // 8-token column tiles of S
-
-// Issues S (+)= Q K^T for one warpgroup's 64 rows and a 64-token tile: 8 k-steps of 16 over head_dim 128; k-step
-// kk is column block kk / 4 of both tiles, byte 32 * (kk % 4) of it.
-__device__ __forceinline__ void issue_qk(float (&s)[kNT][4], std::uint32_t sq, std::uint32_t sk) {
+// Issues S = Q K^T for one warpgroup's 64 rows and a 128-token step: 8 k-steps of 16 over head_dim 128, each one
+// m64n128k16 (two m64n64 would read Q twice: S would be shared-memory bound). k-step kk is column block kk / 4 of
+// Q ([64][64] bf16 blocks) and K ([128][64] blocks), byte 32 * (kk % 4) of it.
+__device__ __forceinline__ void issue_qk(float (&s)[128 / 8][4], std::uint32_t sq, std::uint32_t sk) {
 #pragma unroll
   for (int kk = 0; kk < 128 / 16; ++kk) {
-    const std::uint32_t off = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
-    wgmma::mma_m64n64k16_ss(s, wgmma::desc_sw128(sq + off, 16, 1024), wgmma::desc_sw128(sk + off, 16, 1024), kk > 0);
+    const std::uint32_t in_row = (kk & 3) * 32;
+    wgmma::mma_m64n128k16_ss(s, wgmma::desc_sw128(sq + (kk >> 2) * (64 * 128) + in_row, 16, 1024),
+                             wgmma::desc_sw128(sk + (kk >> 2) * (128 * 128) + in_row, 16, 1024), kk > 0);
   }
 }
 
@@ -85,20 +86,13 @@ __device__ __forceinline__ void pack_p(const float (&s)[NT][4], std::uint32_t (&
   }
 }
 
-// The accumulators (or P fragments) of 64-token sub-tile `sub` of a wider tile: rows [N * sub, N * sub + N).
-template <int N, class T, int M>
-__device__ __forceinline__ T (&sub_tile(T (&x)[M][4], int sub))[N][4] {
-  static_assert(M % N == 0);
-  return *reinterpret_cast<T(*)[N][4]>(&x[N * sub]);
-}
-
-// Issues O += P V: 4 k-steps of 16 tokens; V is N-major, 16 token rows of 128 bytes per step, its two 64-column
-// blocks kKvTile * 128 bytes apart (LBO).
-__device__ __forceinline__ void issue_pv(float (&o)[128 / 8][4], const std::uint32_t (&pa)[kKvTile / 16][4],
+// Issues O += P V over a 128-token step: 8 k-steps of 16 tokens; V is N-major, 16 token rows of 128 bytes per
+// k-step, its two 64-column blocks 128 * 128 bytes apart (LBO).
+__device__ __forceinline__ void issue_pv(float (&o)[128 / 8][4], const std::uint32_t (&pa)[128 / 16][4],
                                          std::uint32_t sv) {
 #pragma unroll
-  for (int kk = 0; kk < kKvTile / 16; ++kk)
-    wgmma::mma_m64n128k16_rs(o, pa[kk], wgmma::desc_sw128(sv + kk * 16 * 128, kKvTile * 128, 1024));
+  for (int kk = 0; kk < 128 / 16; ++kk)
+    wgmma::mma_m64n128k16_rs(o, pa[kk], wgmma::desc_sw128(sv + kk * 16 * 128, 128 * 128, 1024));
 }
 
 // Scores (NT 8-token column tiles from tile_start) to the log2 domain; columns at or past a row's length to -inf
@@ -173,8 +167,8 @@ __device__ __forceinline__ void store_rows(const prefill_args& a, const query_ti
 // mbarriers: `full` (the producer's 128 threads arrive as their copies land) and `empty` (each consumer warp arrives
 // when its MMAs have read the stage). The consumers take turns on the tensor cores (ping-pong): each issues its MMAs
 // only after the other has issued its previous ones, so one's softmax runs while the other's MMAs do. The rules are
-// ws_protocol's. A step is 128 tokens, two 64-token sub-tiles: S is 64 x 128 (two m64n64 products), and its softmax,
-// rescale of O and hand-overs serve 128 tokens. Within a consumer, FA3's intra-warpgroup overlap: a turn issues S(i)
+// ws_protocol's. A step is 128 tokens, copied as two 64-token sub-tiles: S is 64 x 128 (one m64n128 product per k-step),
+// and its softmax, rescale of O and hand-overs serve 128 tokens. Within a consumer, FA3's intra-warpgroup overlap: a turn issues S(i)
 // and then P(i-1).V(i-1). Its S, P and O fragments need more registers than the 168 a 384-thread CTA gives each
 // thread, so the producer releases registers (setmaxnreg) and the consumers claim them: 128 x kProducerRegs + 256 x
 // kConsumerRegs = 384 x 168 (the producer's copies need 56: with 40 it spills; the counts must add up exactly, or
@@ -188,13 +182,13 @@ struct prefill_wgmma_config {
   static constexpr int kTile = kKvTile * kSubTiles;  // tokens per step
   static constexpr int kNT = kTile / 8;              // 8-token column tiles of a step's S
   static constexpr int kStages = 3;
-  using loader = wgmma_kv_loader<128>;  // the producer warpgroup's threads, one 64-token sub-tile at a time
-  static constexpr int kStageBytes = kSubTiles * loader::kStageBytes;  // per sub-tile: K [64][128], V [64][128]
+  using loader = wgmma_kv_loader<128, kTile>;  // the producer warpgroup's threads, one 64-token sub-tile at a time
+  static constexpr int kStageBytes = 2 * loader::kTileBytes;  // K [kTile][128], then V [kTile][128]
   static constexpr int kQGroupBytes = 64 * kD * 2;
   static constexpr int kQBytes = kConsumers * kQGroupBytes;
   static constexpr int kHeaderBytes = 128;  // kv bounds (4 ints) at 0, the mbarriers from 64
   static_assert(64 + 2 * kStages * 8 <= kHeaderBytes);
-  // [header][pad to 1024][Q: kConsumers x 2 x [64][64] bf16][kStages x kSubTiles x (K, V: 2 x [64][64] bf16)]
+  // [header][pad to 1024][Q: kConsumers x 2 x [64][64] bf16][kStages x (K, V: 2 x [kTile][64] bf16 each)]
   static constexpr int kSmemBytes = kHeaderBytes + 1024 + kQBytes + kStages * kStageBytes;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than a Hopper CTA may have");
   static constexpr int kProducerRegs = 56, kConsumerRegs = 224;
@@ -216,7 +210,6 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
   const std::uint32_t full_bar = raw + 64, empty_bar = full_bar + cfg::kStages * 8;  // [kStages] each
   const std::uint32_t sq = (raw + cfg::kHeaderBytes + 1023) & ~1023u;
   const std::uint32_t skv = sq + cfg::kQBytes;
-  constexpr int kSub = cfg::loader::kStageBytes;  // bytes of one 64-token sub-tile (K then V)
 
   const int tid = threadIdx.x;
   // 0: producer; 1, 2: consumers. Through a shuffle, so that the compiler sees a warp-uniform value: branches on
@@ -252,7 +245,8 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
 #pragma unroll
       for (int sub = 0; sub < cfg::kSubTiles; ++sub) {
         const int start = it * cfg::kTile + sub * kKvTile;
-        loader.issue(skv + st * cfg::kStageBytes + sub * kSub, start, kv_end);  // zero-filled past kv_end
+        const std::uint32_t sk = skv + st * cfg::kStageBytes;
+        loader.issue(sk, sk + cfg::loader::kTileBytes, sub * kKvTile, start, kv_end);  // zero-filled past kv_end
         loader.prefetch(start + kKvTile, kv_end);
       }
       wgmma::mbar_arrive_on_cp_async(full_bar + st * 8);
@@ -315,15 +309,12 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
 #pragma unroll
     for (int j = 0; j < cfg::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     wgmma::fence();
-#pragma unroll
-    for (int sub = 0; sub < cfg::kSubTiles; ++sub) wp::issue_qk(wp::sub_tile<wp::kNT>(s, sub), sq_wg, stage + sub * kSub);
+    wp::issue_qk(s, sq_wg, stage);
     wgmma::commit();
   };
   auto issue_pv = [&](std::uint32_t stage) {
     wgmma::fence();
-#pragma unroll
-    for (int sub = 0; sub < cfg::kSubTiles; ++sub)
-      wp::issue_pv(o, wp::sub_tile<kKvTile / 16>(pa, sub), stage + sub * kSub + cfg::loader::kTileBytes);
+    wp::issue_pv(o, pa, stage + cfg::loader::kTileBytes);
     wgmma::commit();
   };
   auto hand_over = [&](int turn) {
