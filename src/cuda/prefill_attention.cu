@@ -1,5 +1,6 @@
 // Paged prefill attention (causal, GQA) for head_dim 64 and 128: the mma.sync kernel, and on Hopper the
 // wgmma kernel for bf16 K/V at head_dim 128.
+#include <cmath>
 #include <cstdint>
 
 #include "zipage/backend/cuda/attention.hpp"
@@ -39,6 +40,9 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   check(p.kv.block_size >= 2 && (1 << shift) == p.kv.block_size, "paged_prefill_attention: block_size ", p.kv.block_size,
         " is not a power of two >= 2");
   const prefill_kernel kernel = prefill_kernel_on_device(p.kernel, p.kv.head_dim, p.kv.k_scale != nullptr);
+  // (> 0: the wgmma kernel takes a row's max before scaling; finite: a NaN or infinite scale has no meaning)
+  check(p.scale > 0.0f && p.scale < INFINITY, "paged_prefill_attention: scale ", p.scale,
+        " must be positive and finite");
   if (p.num_tokens == 0 || p.num_seqs == 0) return;
 
   detail::prefill_args a{};

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1174,6 +1175,15 @@ int main() {
       p.num_tokens = 1;
       zc::paged_prefill_attention(p, nullptr);
     });
+    for (float scale : {0.0f, -0.1f, std::numeric_limits<float>::infinity(), std::nanf("")})
+      expect_throw("prefill rejects scale " + std::to_string(scale), [scale] {
+        zc::prefill_params p;  // valid but for the scale
+        p.kv.head_dim = 128, p.num_q_heads = 8, p.kv.num_kv_heads = 2, p.kv.block_size = 16, p.num_seqs = 1;
+        p.num_tokens = 1;
+        p.kernel = zc::prefill_kernel::mma_sync;
+        p.scale = scale;
+        zc::paged_prefill_attention(p, nullptr);
+      });
     expect_throw("prefill on wgmma rejects head_dim 64", [] {
       zc::prefill_params p;
       p.kv.head_dim = 64, p.num_q_heads = 8, p.kv.num_kv_heads = 2, p.kv.block_size = 16, p.num_seqs = 1;

@@ -95,25 +95,43 @@ __device__ __forceinline__ void issue_pv(float (&o)[128 / 8][4], const std::uint
     wgmma::mma_m64n128k16_rs(o, pa[kk], wgmma::desc_sw128(sv + kk * 16 * 128, 128 * 128, 1024));
 }
 
-// Scores (NT 8-token column tiles from tile_start) to the log2 domain; columns at or past a row's length to -inf
-// (only tiles that reach past the shortest row need the test).
+// Scores (NT 8-token column tiles from tile_start) of the columns at or past a row's length to -inf, the others left
+// unscaled (softmax_row_scaled scales them); only tiles that reach past the shortest row need the test.
 template <int NT>
-__device__ __forceinline__ void mask_and_scale(float (&s)[NT][4], int tile_start, int kv_min, const int (&row_len)[2],
-                                               int t, float scale_log2) {
-  if (tile_start + NT * 8 > kv_min) {
+__device__ __forceinline__ void mask(float (&s)[NT][4], int tile_start, int kv_min, const int (&row_len)[2], int t) {
+  if (tile_start + NT * 8 <= kv_min) return;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = tile_start + nt * 8 + 2 * t + (e & 1);
-        s[nt][e] = col < row_len[e >> 1] ? s[nt][e] * scale_log2 : -INFINITY;
-      }
-  } else {
+    for (int e = 0; e < 4; ++e) {
+      const int col = tile_start + nt * 8 + 2 * t + (e & 1);
+      if (col >= row_len[e >> 1]) s[nt][e] = -INFINITY;
+    }
+}
+
+// softmax_row (attention.cuh) on unscaled scores: the scale goes into the exponent's FMA, p = 2^(s scale_log2 - m)
+// with m in the log2 domain, instead of a multiply per score before it (the max commutes with the scale, which
+// paged_prefill_attention checks is positive). Returns the correction of the row's earlier sums.
+template <int NT>
+__device__ __forceinline__ float softmax_row_scaled(float (&s)[NT][4], int r, float scale_log2, float& m, float& l) {
+  float mx = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+  for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m, mx * scale_log2);
+  const float base = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row keeps p = 0
+  const float corr = fast_exp2(m - base);
+  m = m_new;
+  float sum = 0.0f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+  for (int n = 0; n < NT; ++n) {
+    s[n][2 * r] = fast_exp2(fmaf(s[n][2 * r], scale_log2, -base));
+    s[n][2 * r + 1] = fast_exp2(fmaf(s[n][2 * r + 1], scale_log2, -base));
+    sum += s[n][2 * r] + s[n][2 * r + 1];
   }
+  l = l * corr + sum;
+  return corr;
 }
 
 // The CTA's K/V bounds in shared memory: bounds[0] the longest row's kv length, bounds[1] the shortest, bounds[2 + w]
@@ -287,6 +305,8 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float s[cfg::kNT][4];
+#pragma unroll
+  for (int j = 0; j < cfg::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;  // (defined before the first S)
   std::uint32_t pa[cfg::kNT / 2][4];
 
   // Turns alternate strictly between the consumers (c0, c1, c0, ...). Every consumer takes every turn (also those
@@ -305,9 +325,7 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
     __syncwarp();
     if (lane == 0) wgmma::mbar_arrive(empty_bar + ws_protocol::stage_of(it, cfg::kStages) * 8);
   };
-  auto issue_s = [&](std::uint32_t stage) {
-#pragma unroll
-    for (int j = 0; j < cfg::kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+  auto issue_s = [&](std::uint32_t stage) {  // (S's first k-step ignores the accumulators: no zeroing)
     wgmma::fence();
     wp::issue_qk(s, sq_wg, stage);
     wgmma::commit();
@@ -326,8 +344,9 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
     hand_over(it);
     wgmma::wait<0>();
     wgmma::fence_operands(s);
-    wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
-    softmax_step<D, cfg::kNT>(s, m, l, o);
+    wp::mask(s, it * cfg::kTile, kv_min, row_len, t);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) rescale_row<D>(o, r, wp::softmax_row_scaled(s, r, a.scale_log2, m[r], l[r]));
     wp::pack_p(s, pa);
   };
   // A turn that only adds P V (V from `stage`) to O.
@@ -353,8 +372,9 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
       hand_over(it);
       wgmma::wait<1>();  // S(it) (committed first) is done; the P.V may still run
       wgmma::fence_operands(s);
-      wp::mask_and_scale(s, it * cfg::kTile, kv_min, row_len, t, a.scale_log2);
-      const float corr0 = softmax_row(s, 0, m[0], l[0]), corr1 = softmax_row(s, 1, m[1], l[1]);
+      wp::mask(s, it * cfg::kTile, kv_min, row_len, t);
+      const float corr0 = wp::softmax_row_scaled(s, 0, a.scale_log2, m[0], l[0]);
+      const float corr1 = wp::softmax_row_scaled(s, 1, a.scale_log2, m[1], l[1]);
       wgmma::wait<0>();
       wgmma::fence_operands(o);
       rescale_row<D>(o, 0, corr0);
