@@ -96,7 +96,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[128 / 8][4], const std::uint
 }
 
 // Scores (NT 8-token column tiles from tile_start) of the columns at or past a row's length to -inf, the others left
-// unscaled (softmax_row_scaled scales them); only tiles that reach past the shortest row need the test.
+// unscaled (softmax_rows scales them); only tiles that reach past the shortest row need the test.
 template <int NT>
 __device__ __forceinline__ void mask(float (&s)[NT][4], int tile_start, int kv_min, const int (&row_len)[2], int t) {
   if (tile_start + NT * 8 <= kv_min) return;
@@ -109,29 +109,52 @@ __device__ __forceinline__ void mask(float (&s)[NT][4], int tile_start, int kv_m
     }
 }
 
-// softmax_row (attention.cuh) on unscaled scores: the scale goes into the exponent's FMA, p = 2^(s scale_log2 - m)
-// with m in the log2 domain, instead of a multiply per score before it (the max commutes with the scale, which
-// paged_prefill_attention checks is positive). Returns the correction of the row's earlier sums.
+// The online softmax of a thread's two rows over a step's unscaled scores, into probabilities in place:
+//  * the scale goes into the exponent's FMA, p = 2^(s scale_log2 - m) with m in the log2 domain, instead of a
+//    multiply per score before it (the max commutes with the scale, which paged_prefill_attention checks is > 0);
+//  * the running max m moves only when a row of the warp finds a score more than 2^kLazyLog2 above it (as
+//    FlashAttention-4 does): otherwise p may reach 2^kLazyLog2 (exact in bf16's exponent range, as the sums are in
+//    fp32), the correction is 1 and O need not be rescaled. Returns whether it moved: then O times corr[r].
+// (For the warp as a whole, so that the rescale's branch is warp-uniform.) The max and the sum run as four partial
+// chains each, not one chain of 2 NT dependent instructions.
+constexpr float kLazyLog2 = 8.0f;
 template <int NT>
-__device__ __forceinline__ float softmax_row_scaled(float (&s)[NT][4], int r, float scale_log2, float& m, float& l) {
-  float mx = -INFINITY;
+__device__ __forceinline__ bool softmax_rows(float (&s)[NT][4], float scale_log2, float (&m)[2], float (&l)[2],
+                                             float (&corr)[2]) {
+  float mx[2];
 #pragma unroll
-  for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  const float m_new = fmaxf(m, mx * scale_log2);
-  const float base = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row keeps p = 0
-  const float corr = fast_exp2(m - base);
-  m = m_new;
-  float sum = 0.0f;
+  for (int r = 0; r < 2; ++r) {
+    static_assert(NT % 4 == 0);
+    float part[4];
 #pragma unroll
-  for (int n = 0; n < NT; ++n) {
-    s[n][2 * r] = fast_exp2(fmaf(s[n][2 * r], scale_log2, -base));
-    s[n][2 * r + 1] = fast_exp2(fmaf(s[n][2 * r + 1], scale_log2, -base));
-    sum += s[n][2 * r] + s[n][2 * r + 1];
+    for (int k = 0; k < 4; ++k) part[k] = fmaxf(s[k][2 * r], s[k][2 * r + 1]);
+#pragma unroll
+    for (int n = 4; n < NT; ++n) part[n % 4] = fmaxf(part[n % 4], fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+    mx[r] = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    mx[r] *= scale_log2;
   }
-  l = l * corr + sum;
-  return corr;
+  const bool moves = __any_sync(0xffffffffu, mx[0] > m[0] + kLazyLog2 || mx[1] > m[1] + kLazyLog2);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    corr[r] = 1.0f;
+    if (moves) {
+      const float m_new = fmaxf(m[r], mx[r]);
+      corr[r] = fast_exp2(m[r] - (m_new == -INFINITY ? 0.0f : m_new));
+      m[r] = m_new;
+    }
+    const float base = m[r] == -INFINITY ? 0.0f : m[r];  // a fully masked row keeps p = 0
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      s[n][2 * r] = fast_exp2(fmaf(s[n][2 * r], scale_log2, -base));
+      s[n][2 * r + 1] = fast_exp2(fmaf(s[n][2 * r + 1], scale_log2, -base));
+      sum[n % 4] += s[n][2 * r] + s[n][2 * r + 1];
+    }
+    l[r] = l[r] * corr[r] + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
+  }
+  return moves;
 }
 
 // The CTA's K/V bounds in shared memory: bounds[0] the longest row's kv length, bounds[1] the shortest, bounds[2 + w]
@@ -345,8 +368,11 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
     wgmma::wait<0>();
     wgmma::fence_operands(s);
     wp::mask(s, it * cfg::kTile, kv_min, row_len, t);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) rescale_row<D>(o, r, wp::softmax_row_scaled(s, r, a.scale_log2, m[r], l[r]));
+    float corr[2];
+    if (wp::softmax_rows(s, a.scale_log2, m, l, corr)) {
+      rescale_row<D>(o, 0, corr[0]);
+      rescale_row<D>(o, 1, corr[1]);
+    }
     wp::pack_p(s, pa);
   };
   // A turn that only adds P V (V from `stage`) to O.
@@ -373,12 +399,14 @@ __global__ void __launch_bounds__(prefill_wgmma_config::kThreads, 1)
       wgmma::wait<1>();  // S(it) (committed first) is done; the P.V may still run
       wgmma::fence_operands(s);
       wp::mask(s, it * cfg::kTile, kv_min, row_len, t);
-      const float corr0 = wp::softmax_row_scaled(s, 0, a.scale_log2, m[0], l[0]);
-      const float corr1 = wp::softmax_row_scaled(s, 1, a.scale_log2, m[1], l[1]);
+      float corr[2];
+      const bool rescale = wp::softmax_rows(s, a.scale_log2, m, l, corr);
       wgmma::wait<0>();
       wgmma::fence_operands(o);
-      rescale_row<D>(o, 0, corr0);
-      rescale_row<D>(o, 1, corr1);
+      if (rescale) {
+        rescale_row<D>(o, 0, corr[0]);
+        rescale_row<D>(o, 1, corr[1]);
+      }
       wp::pack_p(s, pa);  // the P.V reading the previous P is done
     } else if (it < wg_tiles) {  // the first step: nothing to multiply yet
       score_turn(stage, it);
