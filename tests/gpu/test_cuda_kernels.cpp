@@ -325,9 +325,12 @@ std::vector<zc::prefill_kernel> wgmma_kernels() {
 }
 
 // ---- prefill: sequences with `cached` tokens already in the cache and `fresh` new tokens appended; each kernel of
-// `kernels` against one reference (its cost, not the GPU's, dominates this test).
+// `kernels` against one reference (its cost, not the GPU's, dominates this test). Q is uniform in [-q_range, q_range]:
+// the default gives scores of about 1 (log2 units) per token; q_range 24 about 12, so a row's max moves by more than
+// 2^8 many times along the sequence (the wgmma kernel's lazy rescale moves it only then).
 void test_prefill(int d, int qh, int kvh, int bs, const std::vector<std::pair<int, int>>& seqs_cached_new,
-                  const std::vector<zc::prefill_kernel>& kernels = {zc::prefill_kernel::mma_sync}) {
+                  const std::vector<zc::prefill_kernel>& kernels = {zc::prefill_kernel::mma_sync},
+                  float q_range = 2.0f) {
   std::vector<int> lens;
   std::vector<std::int32_t> q_indptr{0}, token_seq, token_len;
   for (std::size_t s = 0; s < seqs_cached_new.size(); ++s) {
@@ -343,7 +346,7 @@ void test_prefill(int d, int qh, int kvh, int bs, const std::vector<std::pair<in
   const paged_cache c = make_cache(d, kvh, bs, lens);
   std::vector<std::uint16_t> qb;
   std::vector<float> qf;
-  random_bf16(std::size_t(tokens) * qh * d, -2.0f, 2.0f, qb, qf);
+  random_bf16(std::size_t(tokens) * qh * d, -q_range, q_range, qb, qf);
   const float scale = 1.0f / std::sqrt(float(d));
   const std::vector<float> ref = reference_attention(c, token_seq, token_len, qf, qh, scale);
 
@@ -371,9 +374,10 @@ void test_prefill(int d, int qh, int kvh, int bs, const std::vector<std::pair<in
     zc::paged_prefill_attention(p, nullptr);
     const std::vector<std::uint16_t> out = dout.get();
     char name[160];
-    std::snprintf(name, sizeof name, "%s%s seqs=%zu tokens=%d max_len=%d", shape_name("prefill", d, qh, kvh, bs).c_str(),
+    std::snprintf(name, sizeof name, "%s%s seqs=%zu tokens=%d max_len=%d%s", shape_name("prefill", d, qh, kvh, bs).c_str(),
                   kernel == zc::prefill_kernel::mma_sync ? "" : (std::string(" ") + zc::to_string(kernel)).c_str(),
-                  seqs_cached_new.size(), tokens, *std::max_element(lens.begin(), lens.end()));
+                  seqs_cached_new.size(), tokens, *std::max_element(lens.begin(), lens.end()),
+                  q_range == 2.0f ? "" : " sharp");
     report(name, compare(out, ref), 1e-2);
   }
 }
@@ -1026,6 +1030,11 @@ int main() {
       test_prefill(128, 64, 1, 16, {{0, 70}, {10, 3}}, wg);       // group 64: a token per warpgroup
       test_prefill(128, 32, 8, 16, {{0, 2048}, {1000, 500}}, wg);
       test_prefill(128, 16, 8, 256, {{0, 1500}}, wg);
+      // Sharp softmax rows: the lazy rescale's both branches, probabilities up to 2^8 in P (and mma.sync beside it).
+      auto wg_and_mma = wg;
+      wg_and_mma.push_back(zc::prefill_kernel::mma_sync);
+      test_prefill(128, 32, 8, 16, {{0, 1200}, {700, 300}, {5, 64}}, wg_and_mma, 24.0f);
+      test_prefill(128, 8, 8, 2, {{0, 700}}, wg, 64.0f);
     } else {
       std::printf("SKIPPED: prefill on wgmma (%s)\n",
                   "needs an sm_90a build (CMAKE_CUDA_ARCHITECTURES=90a) and a compute-capability-9.0 device");

@@ -29,11 +29,13 @@ namespace wsp = zipage::cuda::ws_protocol;
 template <class T>
 using dbuf = zipage::testing::device_buffer<T>;
 
-// [64][128] bf16 row-major (global) -> the swizzled shared tile (sw128_offset<64>), by one warpgroup.
+// [ROWS][128] bf16 row-major (global) -> the swizzled shared tile (sw128_offset<ROWS>), by one warpgroup.
+template <int ROWS>
 __device__ void load_tile(unsigned char* smem, const std::uint16_t* src) {
-  for (int c = threadIdx.x; c < 64 * 16; c += 128) {
+  for (int c = threadIdx.x; c < ROWS * 16; c += 128) {
     const int r = c / 16, ch = c % 16;
-    *reinterpret_cast<uint4*>(smem + zd::sw128_offset<64>(r, ch)) = *reinterpret_cast<const uint4*>(src + r * 128 + ch * 8);
+    *reinterpret_cast<uint4*>(smem + zd::sw128_offset<ROWS>(r, ch)) =
+        *reinterpret_cast<const uint4*>(src + r * 128 + ch * 8);
   }
 }
 
@@ -112,48 +114,49 @@ __global__ void handover_kernel(const int* src, int tiles, long long* sums, int*
 #endif
 }
 
-// s[64][64] = q[64][128] . k[64][128]^T (the kernel's issue_qk: 8 k-steps, operands from shared memory, K-major).
+// s[64][128] = q[64][128] . k[128][128]^T (the kernel's issue_qk: 8 k-steps of m64n128k16, operands from shared
+// memory, K-major).
 __global__ void qk_kernel(const std::uint16_t* q, const std::uint16_t* k, float* s) {
 #if ZIPAGE_WGMMA_DEVICE
   extern __shared__ unsigned char raw[];
   unsigned char* base = raw + ((1024 - (zd::smem_addr(raw) & 1023)) & 1023);
   unsigned char* sq = base;
   unsigned char* sk = base + 64 * 256;
-  load_tile(sq, q);
-  load_tile(sk, k);
+  load_tile<64>(sq, q);
+  load_tile<128>(sk, k);
   zd::wgmma::fence_proxy_async();
   __syncthreads();
   const std::uint32_t aq = zd::smem_addr(sq), ak = zd::smem_addr(sk);
-  float d[8][4] = {};
+  float d[16][4] = {};
   zd::wgmma::fence();
   zd::wgmma_prefill::issue_qk(d, aq, ak);  // the kernel's 8 k-steps
   zd::wgmma::commit();
   zd::wgmma::wait<0>();
   zd::wgmma::fence_operands(d);
-  store_accumulators(d, s, 64);
+  store_accumulators(d, s, 128);
 #endif
 }
 
-// o[64][128] = p[64][64] . v[64][128] (4 k-steps, P from registers in the m16n8k16 A layout, V N-major).
-// lbo / sbo: the V descriptor's strides (the kernel's: 64 * 128 and 1024).
+// o[64][128] = p[64][128] . v[128][128] (8 k-steps, P from registers in the m16n8k16 A layout, V N-major).
+// lbo / sbo: the V descriptor's strides (the kernel's issue_pv: 128 * 128 and 1024).
 __global__ void pv_kernel(const float* p, const std::uint16_t* v, float* o, std::uint32_t lbo, std::uint32_t sbo) {
 #if ZIPAGE_WGMMA_DEVICE
   extern __shared__ unsigned char raw[];
   unsigned char* sv = raw + ((1024 - (zd::smem_addr(raw) & 1023)) & 1023);
-  load_tile(sv, v);
+  load_tile<128>(sv, v);
   zd::wgmma::fence_proxy_async();
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // P as S accumulators (the kernel's s[j][e] layout), re-packed the kernel's way.
-  float s[8][4];
-  for (int j = 0; j < 8; ++j)
-    for (int e = 0; e < 4; ++e) s[j][e] = p[(16 * warp + g + 8 * (e / 2)) * 64 + 8 * j + 2 * t + (e & 1)];
+  float s[16][4];
+  for (int j = 0; j < 16; ++j)
+    for (int e = 0; e < 4; ++e) s[j][e] = p[(16 * warp + g + 8 * (e / 2)) * 128 + 8 * j + 2 * t + (e & 1)];
   float d[16][4] = {};
-  std::uint32_t pa[4][4];
+  std::uint32_t pa[8][4];
   zd::wgmma_prefill::pack_p(s, pa);  // before the fence: the MMAs read these registers
   const std::uint32_t av = zd::smem_addr(sv);
   zd::wgmma::fence();
-  for (int kk = 0; kk < 4; ++kk)
+  for (int kk = 0; kk < 8; ++kk)
     zd::wgmma::mma_m64n128k16_rs(d, pa[kk], zd::wgmma::desc_sw128(av + kk * 16 * 128, lbo, sbo));
   zd::wgmma::commit();
   zd::wgmma::wait<0>();
@@ -197,7 +200,7 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& want) 
   return err / scale;
 }
 
-constexpr int kSmem = 1024 + 2 * 64 * 256;
+constexpr int kSmem = 1024 + (64 + 128) * 256;  // the alignment pad, Q [64][128] and K [128][128] bf16
 
 // sw128_offset against the 128-byte swizzle as the PTX ISA states it for a 1024-byte-aligned block of 128-byte rows
 // (CUTLASS's Swizzle<3, 4, 3>): byte address bits [4:6] XOR bits [7:9]. Each column block of 64 bf16 is one such
@@ -217,20 +220,20 @@ constexpr bool sw128_matches_ptx_swizzle() {
 }
 static_assert(sw128_matches_ptx_swizzle<64>() && sw128_matches_ptx_swizzle<128>());
 
-TEST_CASE("wgmma m64n64k16: S = Q K^T from 128-byte-swizzled K-major tiles") {
+TEST_CASE("wgmma m64n128k16: S = Q K^T from 128-byte-swizzled K-major tiles") {
   std::vector<std::uint16_t> qb, kb;
   std::vector<float> qf, kf;
   random_bf16(64 * 128, 1, qb, qf);
-  random_bf16(64 * 128, 2, kb, kf);
-  std::vector<float> want(64 * 64, 0.0f);
+  random_bf16(128 * 128, 2, kb, kf);
+  std::vector<float> want(64 * 128, 0.0f);
   for (int i = 0; i < 64; ++i)
-    for (int j = 0; j < 64; ++j) {
+    for (int j = 0; j < 128; ++j) {
       double acc = 0.0;
       for (int c = 0; c < 128; ++c) acc += double(qf[i * 128 + c]) * kf[j * 128 + c];
-      want[i * 64 + j] = static_cast<float>(acc);
+      want[i * 128 + j] = static_cast<float>(acc);
     }
   dbuf<std::uint16_t> dq(qb), dk(kb);
-  dbuf<float> ds(std::size_t{64 * 64});
+  dbuf<float> ds(std::size_t{64 * 128});
   ds.poison();
   ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(qk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   qk_kernel<<<1, 128, kSmem>>>(dq.p, dk.p, ds.p);
@@ -243,13 +246,13 @@ TEST_CASE("wgmma m64n64k16: S = Q K^T from 128-byte-swizzled K-major tiles") {
 TEST_CASE("wgmma m64n128k16: O = P V with P from registers and V N-major") {
   std::vector<std::uint16_t> pb, vb;
   std::vector<float> pf, vf;
-  random_bf16(64 * 64, 3, pb, pf);  // bf16 values, so the kernel's re-packing is exact
-  random_bf16(64 * 128, 4, vb, vf);
+  random_bf16(64 * 128, 3, pb, pf);  // bf16 values, so the kernel's re-packing is exact
+  random_bf16(128 * 128, 4, vb, vf);
   std::vector<float> want(64 * 128, 0.0f);
   for (int i = 0; i < 64; ++i)
     for (int j = 0; j < 128; ++j) {
       double acc = 0.0;
-      for (int t = 0; t < 64; ++t) acc += double(pf[i * 64 + t]) * vf[t * 128 + j];
+      for (int t = 0; t < 128; ++t) acc += double(pf[i * 128 + t]) * vf[t * 128 + j];
       want[i * 128 + j] = static_cast<float>(acc);
     }
   dbuf<float> dp(pf);
@@ -257,7 +260,7 @@ TEST_CASE("wgmma m64n128k16: O = P V with P from registers and V N-major") {
   dbuf<float> dout(std::size_t{64 * 128});
   dout.poison();
   ZIPAGE_CUDA_CHECK(cudaFuncSetAttribute(pv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  pv_kernel<<<1, 128, kSmem>>>(dp.p, dv.p, dout.p, 64 * 128, 1024);
+  pv_kernel<<<1, 128, kSmem>>>(dp.p, dv.p, dout.p, 128 * 128, 1024);
   ZIPAGE_CUDA_CHECK(cudaDeviceSynchronize());
   const double err = rel_error(dout.get(), want);
   INFO("max |O - O_ref| / max |O_ref| = " << err);
@@ -265,9 +268,9 @@ TEST_CASE("wgmma m64n128k16: O = P V with P from registers and V N-major") {
   if (err >= 1e-5) {
     // Which stride convention the hardware wants, should the kernel's be wrong: LBO and SBO swapped.
     dout.poison();
-    pv_kernel<<<1, 128, kSmem>>>(dp.p, dv.p, dout.p, 1024, 64 * 128);
+    pv_kernel<<<1, 128, kSmem>>>(dp.p, dv.p, dout.p, 1024, 128 * 128);
     ZIPAGE_CUDA_CHECK(cudaDeviceSynchronize());
-    MESSAGE("with LBO 1024 and SBO 8192 instead: error " << rel_error(dout.get(), want));
+    MESSAGE("with LBO 1024 and SBO 16384 instead: error " << rel_error(dout.get(), want));
   }
 }
 
