@@ -117,7 +117,7 @@ struct prefill_params {
   int num_tokens = 0;
   int num_seqs = 0;
   int num_q_heads = 0;
-  float scale = 0.0f;
+  float scale = 0.0f;  // softmax scale, usually 1/sqrt(head_dim); positive and finite (checked)
   prefill_kernel kernel = prefill_kernel::automatic;
 };
 
