@@ -12,9 +12,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
-#include <limits>
 #include <string>
 #include <thread>
 #include <vector>

@@ -13,9 +13,9 @@
 //  * 128-token K/V steps, three stages in flight;
 //  * FA3's intra-warpgroup overlap: each step's softmax runs beside the previous step's P.V, the consumers holding
 //    the registers that needs by taking them from the producer (setmaxnreg).
-// Masking, the online softmax and the epilogue are the mma.sync kernel's, since the accumulator layout is the
-// same. What FA3 has that this kernel has not yet (TMA, a tile scheduler) and the variants measured against it are
-// in docs/architecture.md.
+// The epilogue is the mma.sync kernel's, since the accumulator layout is the same; the online softmax is leaner
+// (softmax_rows: the scale in the exponent's FMA, FlashAttention-4's lazy rescale). What FA3 has that this kernel
+// has not yet (TMA, a tile scheduler) and the variants measured against it are in docs/architecture.md.
 #include "zipage/backend/cuda/prefill_kernel.cuh"
 #include "zipage/backend/cuda/wgmma.cuh"
 #include "zipage/backend/cuda/ws_protocol.hpp"
