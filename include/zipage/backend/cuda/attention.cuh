@@ -338,9 +338,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&m)[2], f
 //    so the fp16 operand p * vs * 2^-E is < 4 and its rounding error at most 2^-12 relative, or 2^-25 * 2^E
 //    absolute where it is an fp16 subnormal (p * vs below 2^(E-14)). o accumulates in units of 2^E; when E
 //    changes o is rescaled by 2^(E_old - E_new) with the softmax correction (softmax_step's o_rescale), and
-//    the epilogue multiplies it by 2^E. (Scales are >= 0.) The swapped-operand decode kernel (swapped_tile) moves E
-//    lazily: up with the largest scale, down only when a tile's largest is more than 2^kLazyVExp below 2^E, and its
-//    running max as lazily (p up to 2^8), so its operand is < 2^9 and small terms lose at most kLazyVExp more bits.
+//    the epilogue multiplies it by 2^E. (Scales are >= 0.)
 //
 // Fragment layouts. The reduction dimension of an MMA may be permuted if both operands use the same
 // permutation, and the output columns if the epilogue undoes it. Thread (g = lane / 4, t = lane % 4):

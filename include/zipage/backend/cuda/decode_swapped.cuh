@@ -63,11 +63,6 @@ __device__ __forceinline__ swapped_cta swapped_cta_of(const decode_args& a) {
           lane, lane >> 2, lane & 3};
 }
 
-// How far below a head's running max (log2) a score may go before the max moves, and how many binades the V scale
-// exponent may sit above a tile's largest scale before it comes down (swapped_tile).
-constexpr float kLazyMaxLog2 = 8.0f;
-constexpr int kLazyVExp = 4;
-
 // A warp's running state over its tokens: heads 2t, 2t + 1 (the maxima the same in every g after the reductions,
 // the sums this thread's tokens only until the epilogue); O^T rows d = 16g + i and 16g + 8 + i of d-tile i.
 struct swapped_acc {
@@ -107,51 +102,33 @@ __device__ __forceinline__ void swapped_tile(swapped_acc& acc, const std::uint32
   s[2] = tok0 + 8 < end ? s[2] * ks1 : -INFINITY;
   s[3] = tok0 + 8 < end ? s[3] * ks1 : -INFINITY;
 
-  // Online softmax per head column: the maximum over the warp's 16 tokens (lanes of equal t). Lazily (as the wgmma
-  // prefill kernel's softmax_rows): a head's running max moves only when the warp finds a score more than 2^8 above
-  // it, so p may reach 2^8 and most tiles leave O alone.
-  float mx[2];
+  // Online softmax per head column: the maximum over the warp's 16 tokens (lanes of equal t).
+  float corr[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(s[h], s[h + 2]);
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 4));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 8));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 16));
-  }
-  const bool moves = __any_sync(0xffffffffu, mx[0] > acc.m[0] + kLazyMaxLog2 || mx[1] > acc.m[1] + kLazyMaxLog2);
-  float corr[2] = {1.0f, 1.0f};
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (moves) {
-      const float m_new = fmaxf(acc.m[h], mx[h]);
-      corr[h] = fast_exp2(acc.m[h] - (m_new == -INFINITY ? 0.0f : m_new));
-      acc.m[h] = m_new;
-    }
-    const float base = acc.m[h] == -INFINITY ? 0.0f : acc.m[h];
+    float mx = fmaxf(s[h], s[h + 2]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+    const float m_new = fmaxf(acc.m[h], mx);
+    const float base = m_new == -INFINITY ? 0.0f : m_new;
+    corr[h] = fast_exp2(acc.m[h] - base);
+    acc.m[h] = m_new;
     s[h] = fast_exp2(s[h] - base);
     s[h + 2] = fast_exp2(s[h + 2] - base);
     acc.l[h] = acc.l[h] * corr[h] + s[h] + s[h + 2];
   }
-  // The warp's V scale exponent (the tokens vary with g only, so it is warp-uniform), lazily too: it moves up with
-  // the largest scale, and down only when a tile's largest scale is more than 2^kLazyVExp below it (then the
-  // fp16 operand p vs 2^-E is < 2^9, and small terms lose at most kLazyVExp more bits to fp16's subnormals).
+  // The warp's V scale exponent (normalise_v_scales' rule; the tokens vary with g only).
   std::uint32_t mxv = max(__float_as_uint(vs0), __float_as_uint(vs1));
   mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 4));
   mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 8));
   mxv = max(mxv, __shfl_xor_sync(0xffffffffu, mxv, 16));
-  const int ev = static_cast<int>((mxv >> 23) & 0xffu);
-  float rescale = 1.0f;
-  if (ev != 0 && (ev > acc.v_exp || ev < acc.v_exp - kLazyVExp)) {
-    float unused;
-    rescale = v_exponent_step(mxv, acc.v_exp, unused);
-  }
-  const float norm = __uint_as_float(static_cast<std::uint32_t>(254 - acc.v_exp) << 23);
+  float norm;
+  const float rescale = v_exponent_step(mxv, acc.v_exp, norm);
   vs0 *= norm, vs1 *= norm;
-  if (moves || rescale != 1.0f) {
-    const float c0 = corr[0] * rescale, c1 = corr[1] * rescale;
+  const float c0 = corr[0] * rescale, c1 = corr[1] * rescale;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc.o[i][0] *= c0, acc.o[i][1] *= c1, acc.o[i][2] *= c0, acc.o[i][3] *= c1;
-  }
+  for (int i = 0; i < 8; ++i) acc.o[i][0] *= c0, acc.o[i][1] *= c1, acc.o[i][2] *= c0, acc.o[i][3] *= c1;
 
   // P'^T's B fragment: lane (g, t) needs head g at tokens 2t, 2t+1, 2t+8, 2t+9. Shuffle j sends each lane's
   // value of token half j >> 1 and head parity (g + j) & 1 and reads lane (2t + ((g + j) & 1), g >> 1); odd g
