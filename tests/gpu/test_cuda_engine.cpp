@@ -699,19 +699,28 @@ TEST_CASE("device sampling, bf16: the same tokens as host sampling of the same d
     auto host = make_gpu(hb, cfg);
     const auto ref = run_variant(host, prompts, kind, 100);
     CHECK(hb.counters().device_sampled_rows == 0);
+    // The same engine again: its outputs repeat exactly (the device-sampled engine below is a second engine).
+    const auto again = run_variant(host, prompts, kind, 100);
     const cuda_backend db;
     auto dev = make_gpu(db, cfg);
     db.reset_counters();
     const auto out = run_variant(dev, prompts, kind, 100);
     CHECK(db.counters().device_sampled_rows == static_cast<std::int64_t>(prompts.size()) * 100);
-    int equal = 0;
+    int equal = 0, repeat_equal = 0;
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       CAPTURE(i);
+      // Where an output departs, to tell one bad step (every departure at one position) from drift.
+      const std::size_t device_departs_at = common_prefix(out[i], ref[i]);
+      const std::size_t repeat_departs_at = common_prefix(again[i], ref[i]);
+      CAPTURE(device_departs_at);
+      CAPTURE(repeat_departs_at);
+      CHECK(again[i] == ref[i]);
       CHECK(out[i] == ref[i]);
       equal += out[i] == ref[i];
+      repeat_equal += again[i] == ref[i];
     }
     MESSAGE("device sampling bf16 ", std::string(variant_name(kind)), ": ", equal, "/", prompts.size(),
-            " outputs identical to host sampling");
+            " outputs identical to host sampling; the host-sampled run repeated: ", repeat_equal, "/", prompts.size());
   }
 }
 
