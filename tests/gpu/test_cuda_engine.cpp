@@ -14,6 +14,7 @@
 //
 // Prints SKIPPED and exits 77 where there is no CUDA device.
 #define DOCTEST_CONFIG_IMPLEMENT
+#include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -686,6 +687,40 @@ TEST_CASE("device sampling, fp32: frequency / presence penalties and (top) log-p
   }
   CHECK(k.device_sampled_rows == generated);  // requests with log-probabilities are drawn on the device too
   MESSAGE("penalties and log-probabilities on the device: worst |logprob - CPU| ", worst);
+}
+
+// The backend's streams do not wait for the legacy default stream, so nothing a step reads may be copied there: with
+// that stream held up by a long memset (another library's work, or the copy engines busy with other processes),
+// a fresh engine's first steps must give what an engine on an idle device gives. (The RoPE table was once copied
+// with a plain cudaMemcpy, which could leave the first step reading it before it landed.)
+TEST_CASE("a fresh engine's first steps do not depend on work queued on the legacy default stream") {
+  const auto prompts = story_prompts(8);
+  const engine_config cfg{.block_size = 16, .num_blocks = 512};
+  // The reference engine stays alive, so the engine below gets device memory of its own (not the reference's
+  // freed tables, whose contents would hide a table read too early).
+  const cuda_backend rb;
+  auto reference = make_gpu(rb, cfg);
+  const auto ref = run_variant(reference, prompts, 0, 24);
+  std::size_t free_b = 0, total_b = 0;
+  REQUIRE(cudaMemGetInfo(&free_b, &total_b) == cudaSuccess);
+  const std::size_t bytes = std::min<std::size_t>(std::size_t{4} << 30, free_b / 4);
+  void* big = nullptr;
+  REQUIRE(cudaMalloc(&big, bytes) == cudaSuccess);
+  {
+    const cuda_backend b;
+    auto eng = make_gpu(b, cfg);
+    for (int i = 0; i < 16; ++i) REQUIRE(cudaMemsetAsync(big, i, bytes, cudaStreamLegacy) == cudaSuccess);
+    const auto out = run_variant(eng, prompts, 0, 24);
+    const bool still_busy = cudaStreamQuery(cudaStreamLegacy) == cudaErrorNotReady;
+    MESSAGE("legacy default stream ", still_busy ? "still busy" : "idle", " when the engine finished (", 16 * (bytes >> 20),
+            " MiB of memsets queued before its first step)");
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      CAPTURE(i);
+      CHECK(out[i] == ref[i]);
+    }
+  }
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  REQUIRE(cudaFree(big) == cudaSuccess);
 }
 
 TEST_CASE("device sampling, bf16: the same tokens as host sampling of the same device logits") {

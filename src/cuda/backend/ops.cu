@@ -23,6 +23,9 @@ cuda::kernel_variant preferred(const context& c) {
 }
 
 // The (scaled) inverse frequencies on the device, in double as cpu::rope computes them, once per configuration.
+// Copied on the backend's stream, which the kernels reading the table follow. (A plain cudaMemcpy runs on the legacy
+// default stream, which the backend's non-blocking streams do not wait for, and may return once the host values are
+// staged: the first step's RoPE could then read the table before the copy lands.)
 const double* rope_table(context& c, int head_dim, float theta, const rope_scaling_config& scaling) {
   char key[160];
   std::snprintf(key, sizeof key, "%d/%.9g/%d/%.9g/%.9g/%.9g/%d", head_dim, double(theta), int(scaling.type),
@@ -33,8 +36,10 @@ const double* rope_table(context& c, int head_dim, float theta, const rope_scali
     std::vector<double> inv(static_cast<std::size_t>(head_dim / 2));
     for (int i = 0; i < head_dim / 2; ++i)
       inv[static_cast<std::size_t>(i)] = scaling.apply(std::pow(double(theta), -2.0 * i / head_dim));
+    check(!c.capturing(), "cuda graphs: a RoPE table was first needed during stream capture");
     ZIPAGE_CUDA_CHECK(cudaMalloc(&table, inv.size() * sizeof(double)));
-    ZIPAGE_CUDA_CHECK(cudaMemcpy(table, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice));
+    ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(table, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice, c.stream));
+    ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));  // `inv` goes out of scope
   }
   return table;
 }
