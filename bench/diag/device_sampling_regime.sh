@@ -3,9 +3,9 @@
 # instrumented (docs/benchmarks.md, "Device session of 2026-12-03 18:40-19:25"). What is known: about 2% of
 # device-sampling engines, under concurrent GPU load, give one fixed alternative output (hash 998881 below, the
 # normal one 155038); host-sampling engines never did; poisoning new allocations (NaN or zero) changed nothing.
-# Suspected cause, fixed in the commit after these runs without a GPU to check it: the RoPE table was copied with a
-# plain cudaMemcpy on the legacy default stream, which the backend's non-blocking streams do not wait for. Run this
-# on a build with the fix: no alternative output in ~700 runs would confirm it.
+# The cause, fixed after these runs and reproduced on the CPU (bench/diag/rope_table_race_cpu.cpp): the RoPE table
+# was copied with a plain cudaMemcpy on the legacy default stream, which the backend's non-blocking streams do not
+# wait for. Run this on a build with the fix: no alternative output in ~700 runs confirms it on the GPU.
 # The patch adds, uncommitted, the DIAG test cases (four engines on fresh backends: host, device, host, device),
 # ZIPAGE_DIAG_SAMPLE=1 (after each all-greedy device sample: the host argmax of the same logits and the kernel run
 # again, any disagreement printed as SAMPLEDIAG), ZIPAGE_LOG_GEMM_PLANS=1 (each cuBLASLt plan and its configuration)
