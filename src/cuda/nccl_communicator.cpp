@@ -121,6 +121,7 @@ std::shared_ptr<tp_group> nccl_group(std::span<const int> devices, std::span<voi
       p->owns_stream = true;
     }
     cuda_ok(cudaMalloc(&p->one, sizeof(float)), "cudaMalloc");
+    // legacy stream: the barrier's scratch, whose value no one reads (the all-reduce only synchronises the ranks)
     cuda_ok(cudaMemset(p->one, 0, sizeof(float)), "cudaMemset");
     int rank = -1;
     nccl_ok(ncclCommUserRank(p->comm, &rank), "ncclCommUserRank");

@@ -32,7 +32,9 @@ void cuda_backend::kv_fp8_to_host(const cuda_kv_storage& kv, bool values, std::v
   codes.resize(static_cast<std::size_t>(kv.shape.elements_per_side()));
   scales.resize(static_cast<std::size_t>(kv.scale_layer_elements() * kv.shape.num_layers));
   ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  // legacy stream: after the backend's stream is synchronised, and a copy into pageable memory returns when done
   ZIPAGE_CUDA_CHECK(cudaMemcpy(codes.data(), values ? kv.v.data() : kv.k.data(), codes.size(), cudaMemcpyDeviceToHost));
+  // legacy stream: as above
   ZIPAGE_CUDA_CHECK(cudaMemcpy(scales.data(), values ? kv.v_scale.data() : kv.k_scale.data(),
                                scales.size() * sizeof(float), cudaMemcpyDeviceToHost));
 }
