@@ -1,43 +1,32 @@
 // The GPU's intermittent greedy mismatch, simulated on the CPU (docs/benchmarks.md, "Device session of 2026-12-03
-// 18:40-19:25"): stories260K's greedy outputs for test_cuda_engine's 16 story prompts when the first `limit` RoPE
-// applications of the prefill use a table of `fill` for every inverse frequency (0: no rotation, what a RoPE kernel
-// reading the table before its copy landed in fresh memory would do), printed as sequence@first-departing-token
-// against the same engine with the right table. With `0 1` it gives the departures of the GPU's alternative output.
-//   g++ -std=c++20 -O2 -DNDEBUG -Iinclude -Itests/support -I/usr/include/eigen3 \
-//       -DZIPAGE_TEST_MODEL=\"$PWD/models/stories260K.gguf\" bench/diag/rope_table_race_cpu.cpp -o /tmp/rope_race
-//   /tmp/rope_race 0 1
+// 18:40-19:25"): stories260K's greedy outputs for test_cuda_engine's 16 story prompts when the prefill's first
+// `limit` RoPE applications do not rotate (an all-zero table of inverse frequencies: what a RoPE kernel reading the
+// table before its copy landed in fresh memory does), printed as sequence@first-departing-token against the same
+// engine with the right table. With `1` (layer 0's queries only) it gives the departures of the GPU's alternative.
+// From the repository root:
+//   g++ -std=c++20 -O2 -Iinclude -Itests/support -I/usr/include/eigen3 -DZIPAGE_TEST_MODEL=\"$PWD/models/stories260K.gguf\" bench/diag/rope_table_race_cpu.cpp -o /tmp/rope_race
+//   /tmp/rope_race 1
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+
+#include "greedy.hpp"
+#include "stories_model.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/policy/policies.hpp"
-#include "greedy.hpp"
-#include "stories_model.hpp"
+
 using namespace zipage;
-static double g_fill = 0.0;
-static int g_mode = 0;  // 0 normal, 1 prefill table replaced
-static int g_calls = 0, g_limit = 1000;
-// cpu_backend whose RoPE, in the prefill (more than 16 rows), uses `g_fill` for the first `g_limit` calls.
+
+static bool g_skipping = false;  // this run leaves the prefill's first g_limit RoPE applications out
+static int g_calls = 0, g_limit = 1;
+
+// cpu_backend without the rotation in the prefill's (more than 16 rows: decode steps have 16) first g_limit RoPE
+// calls. qkv_epilogue is restated so that the fused projection's epilogue calls this rope, not cpu_backend's.
 struct odd_backend : cpu_backend {
   void rope(tensor& x, std::span<const std::int32_t> pos, int head_dim, float theta, rope_style style,
             const rope_scaling_config& scaling) const {
-    if (g_mode == 1 && x.rows() > 16 && g_calls++ < g_limit) {  // the prefill (decode steps have 16 rows)
-      const int half = head_dim / 2;
-      const auto heads = x.cols() / head_dim;
-      for (Eigen::Index r = 0; r < x.rows(); ++r)
-        for (Eigen::Index h = 0; h < heads; ++h) {
-          float* v = x.row(r).data() + h * head_dim;
-          for (int i = 0; i < half; ++i) {
-            const double angle = pos[static_cast<std::size_t>(r)] * g_fill;
-            const auto c = static_cast<float>(std::cos(angle)), s = static_cast<float>(std::sin(angle));
-            const int a = style == rope_style::interleaved ? 2 * i : i, b = style == rope_style::interleaved ? 2 * i + 1 : i + half;
-            const float x0 = v[a], x1 = v[b];
-            v[a] = x0 * c - x1 * s;
-            v[b] = x0 * s + x1 * c;
-          }
-        }
-      return;
-    }
+    if (g_skipping && x.rows() > 16 && g_calls++ < g_limit) return;
     cpu_backend::rope(x, pos, head_dim, theta, style, scaling);
   }
   void rope(tensor& x, std::span<const std::int32_t> pos, int head_dim, float theta, rope_style style) const {
@@ -47,33 +36,29 @@ struct odd_backend : cpu_backend {
     separate_qkv_epilogue(*this, qkv, e, q, k, v);
   }
 };
-using eng_t = engine<llama_model<odd_backend>, full_kv, zipage_scheduler, odd_backend>;
-std::vector<std::vector<token_id>> run(int mode) {
-  g_mode = mode;
-  engine_config cfg{.block_size = 16, .num_blocks = 512};
-  eng_t eng(load_llama_gguf<odd_backend>(zipage::testing::stories().file, odd_backend{}), cfg);
-  const auto prompts = zipage::testing::story_prompts(16);
+
+std::vector<std::vector<token_id>> run(bool skipping) {
+  g_skipping = skipping;
+  engine<llama_model<odd_backend>, full_kv, zipage_scheduler, odd_backend> eng(
+      load_llama_gguf<odd_backend>(zipage::testing::stories().file, odd_backend{}),
+      engine_config{.block_size = 16, .num_blocks = 512});
   std::vector<request_id> ids;
-  for (auto& p : prompts) {
-    sampling_params sp = zipage::testing::greedy(100);
-    sp.ignore_eos = true;
-    ids.push_back(eng.add_request(p, sp));
-  }
+  for (const auto& p : zipage::testing::story_prompts(16))
+    ids.push_back(eng.add_request(p, zipage::testing::greedy_ignoring_eos(100)));
   eng.run_to_completion();
   std::vector<std::vector<token_id>> out;
-  for (auto id : ids) out.push_back(eng.take_output(id).output);
+  for (const request_id id : ids) out.push_back(eng.take_output(id).output);
   return out;
 }
+
 int main(int argc, char** argv) {
-  g_fill = argc > 1 ? std::atof(argv[1]) : 0.0;
-  g_limit = argc > 2 ? std::atoi(argv[2]) : 1000;
-  const auto ref = run(0);
-  const auto alt = run(1);
-  std::printf("fill %g, first %d prefill rope calls: departures:", g_fill, g_limit);
+  g_limit = argc > 1 ? std::atoi(argv[1]) : 1;
+  const auto ref = run(false);
+  const auto alt = run(true);
+  std::printf("no rotation in the prefill's first %d RoPE calls: departures:", g_limit);
   for (std::size_t i = 0; i < ref.size(); ++i) {
-    std::size_t n = 0;
-    while (n < ref[i].size() && n < alt[i].size() && ref[i][n] == alt[i][n]) ++n;
-    if (n < ref[i].size()) std::printf(" %zu@%zu", i, n);
+    const auto n = std::mismatch(ref[i].begin(), ref[i].end(), alt[i].begin(), alt[i].end()).first - ref[i].begin();
+    if (n < static_cast<std::ptrdiff_t>(ref[i].size())) std::printf(" %zu@%td", i, n);
   }
   std::printf("\n");
 }
