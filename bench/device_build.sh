@@ -8,7 +8,9 @@
 #   bench/device_build.sh prebuilt` builds those targets there and copies them and the one library the device image
 #   lacks in this version (Debian's libbenchmark) into
 #   .carry-bin; carry it and run `PREBUILT=.carry-bin bench/run_fused_ab.sh start`. The binaries name data files by
-#   the absolute paths of this checkout (.carry-bin/ROOT), which the driver links to the device's copy.
+#   the absolute paths of this checkout (.carry-bin/ROOT), which the driver links to the device's copy:
+#   on device:   B=/tmp/dev-bin bench/device_build.sh unpack   # PREBUILT (default .carry-bin) into $B, the link
+#                made; the caller then puts $B/lib on LD_LIBRARY_PATH
 # The build goes to $BD (default /tmp/bd, kept between calls while the machine stays warm); models/, data/
 # and tests/data are symlinked from the working tree copy. NCCL: the header comes with the snapshot (the
 # device image has the library only).
@@ -35,6 +37,14 @@ case "${1:-}" in
     find "$BIN" -maxdepth 1 -type f -perm -u+x -exec strip {} \;
     tar -C "$BIN" -cJf "$root/.carry-bin.tar.xz" . && rm -rf "$BIN" && mkdir -p "$BIN" && mv "$root/.carry-bin.tar.xz" "$BIN/bin.tar.xz"
     echo "prebuilt $(git -C "$root" rev-parse --short HEAD) ($n binaries, $(du -sh "$BIN" | cut -f1)) in $BIN" ;;
+  unpack)
+    # Out of the working tree (each device call copies the tree anew, which would remove an untracked folder while a
+    # detached driver still runs), and this checkout's path as the binaries know it linked to the device's copy.
+    B=${B:-/tmp/dev-bin} PREBUILT=${PREBUILT:-$root/.carry-bin}
+    mkdir -p "$B" && tar -C "$B" -xJf "$PREBUILT/bin.tar.xz"
+    built_root=$(cat "$B/ROOT")
+    [ -e "$built_root" ] || { mkdir -p "$(dirname "$built_root")" && ln -sfn "$root" "$built_root"; }
+    echo "prebuilt binaries of $(cat "$B/COMMIT"), $built_root -> $(readlink -f "$built_root")" ;;
   build)
     BD=${BD:-/tmp/bd}
     for d in models data tests/data; do ln -sfn "$root/$d" "$SRC/$d"; done
@@ -46,5 +56,5 @@ case "${1:-}" in
     cmake --build "$BD" -j "${JOBS:-16}" --target ${TARGETS:?TARGETS names the targets to build} \
       > "${OUT:-/tmp}/build.log" 2>&1 || { tail -40 "${OUT:-/tmp}/build.log"; exit 1; }
     echo "built ${TARGETS} in $BD" ;;
-  *) echo "usage: $0 pack|prebuilt|build" >&2; exit 2 ;;
+  *) echo "usage: $0 pack|prebuilt|unpack|build" >&2; exit 2 ;;
 esac

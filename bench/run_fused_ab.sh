@@ -71,13 +71,9 @@ case "${1:-}" in
     B=/tmp/dev-bin
     mkdir -p "$B"
     if [ -n "${PREBUILT:-}" ]; then
-      # Binaries built on the development machine (bench/device_build.sh prebuilt): copied out of the working tree,
-      # their library beside them, and their checkout's absolute path linked to this copy (data files).
-      tar -C "$B" -xJf "$PREBUILT/bin.tar.xz"
+      # Binaries built on the development machine (bench/device_build.sh prebuilt), their library beside them.
+      st "$(B="$B" PREBUILT="$PREBUILT" bench/device_build.sh unpack)"
       export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-      built_root=$(cat "$B/ROOT")
-      [ -e "$built_root" ] || { mkdir -p "$(dirname "$built_root")" && ln -sfn "$PWD" "$built_root"; }
-      st "prebuilt binaries of $(cat "$B/COMMIT"), $built_root -> $(readlink -f "$built_root")"
     else
       TARGETS="$SERIAL $CONC zipage-bench bench_decode_attention bench_fp8_gemm_configs" \
         JOBS=16 OUT="$D" bench/device_build.sh build > "$D/build_status.txt" 2>&1

@@ -15,8 +15,9 @@
 #           git apply -R bench/diag/device-sampling-regime.patch
 #   device: bench/diag/device_sampling_regime.sh        (carry .carry-bin; SECONDS_LOAD=140 by default)
 # Results: $OUT/summary.txt (hash counts, SAMPLEDIAG lines, the failing runs' engine logs) and $OUT/status.txt.
-B=/tmp/dev-bin; rm -rf $B; mkdir -p $B && tar -C $B -xJf .carry-bin/bin.tar.xz && export LD_LIBRARY_PATH=$B/lib
-r=$(cat $B/ROOT); [ -e "$r" ] || ln -sfn "$PWD" "$r"
+B=/tmp/dev-bin; rm -rf $B
+B=$B bench/device_build.sh unpack || exit 1
+export LD_LIBRARY_PATH=$B/lib
 L=/tmp/diag-logs; rm -rf $L; mkdir -p $L
 OUT=${OUT:-out}; mkdir -p "$OUT"
 T0=$(date +%s); st() { echo "[$(( $(date +%s) - T0 )) s] $*" >> $L/status.txt; }
