@@ -439,11 +439,11 @@ TEST_CASE("bf16: each prefill kernel inside the forward pass vs the CPU forward 
     // (mma_sync explicitly: on Hopper the other tests' automatic runs wgmma)
     for (const auto kernel : zipage::cuda::all_prefill_kernels) {
       if (kernel == zipage::cuda::prefill_kernel::automatic || (zipage::cuda::is_wgmma(kernel) && !wgmma)) continue;
-      CAPTURE(zipage::cuda::to_string(kernel));
+      CAPTURE(std::string(zipage::cuda::to_string(kernel)));
       cuda_backend_options o;
       o.prefill_kernel = kernel;
       const forward_error e = gpu_forward_error(c, o, lens, 10, ref);
-      MESSAGE(zipage::cuda::to_string(kernel), " prefill, q/kv ", q_heads, "/", kv_heads, ": prefill logits rel. error ",
+      MESSAGE(std::string(zipage::cuda::to_string(kernel)), " prefill, q/kv ", q_heads, "/", kv_heads, ": prefill logits rel. error ",
               e.prefill, ", worst over 11 steps ", e.worst);
       CHECK(e.worst < 5e-2);
     }
@@ -712,7 +712,7 @@ TEST_CASE("a fresh engine's first steps do not depend on work queued on the lega
     for (int i = 0; i < 16; ++i) REQUIRE(cudaMemsetAsync(big, i, bytes, cudaStreamLegacy) == cudaSuccess);
     const auto out = run_variant(eng, prompts, 0, 24);
     const bool still_busy = cudaStreamQuery(cudaStreamLegacy) == cudaErrorNotReady;
-    MESSAGE("legacy default stream ", still_busy ? "still busy" : "idle", " when the engine finished (", 16 * (bytes >> 20),
+    MESSAGE("legacy default stream ", std::string(still_busy ? "still busy" : "idle"), " when the engine finished (", 16 * (bytes >> 20),
             " MiB of memsets queued before its first step)");
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       CAPTURE(i);
@@ -1033,7 +1033,7 @@ TEST_CASE("CUDA graphs: the engine with graphs gives the eager engine's tokens (
     }
     const auto st = gpu.stats();
     const auto k = b.counters();
-    MESSAGE("fp32 engine, graphs ", graphs ? "on" : "off", ": ", st.graph_steps, " graph steps (", st.graph_padding_rows,
+    MESSAGE("fp32 engine, graphs ", std::string(graphs ? "on" : "off"), ": ", st.graph_steps, " graph steps (", st.graph_padding_rows,
             " padding rows), ", k.graph_captures, " captures, ", k.graph_replays, " replays, capture time ",
             1e3 * k.graph_capture_seconds, " ms");
     if (graphs) {
@@ -1086,7 +1086,7 @@ TEST_CASE("nano-batches: overlapped decode steps give the whole batch's tokens (
       CHECK(split[i] == whole[i]);
     }
     const auto k = b.counters();
-    MESSAGE("fp32, graphs ", graphs ? "on" : "off", ": ", st.nano_batch_steps, " of ", st.decode_steps,
+    MESSAGE("fp32, graphs ", std::string(graphs ? "on" : "off"), ": ", st.nano_batch_steps, " of ", st.decode_steps,
             " decode steps as two nano-batches; ", k.graph_captures, " captures, ", k.graph_replays, " replays");
     CHECK(st.nano_batch_steps > 0);
     CHECK(k.forward_steps == whole_backend.counters().forward_steps);  // a split step is one forward pass
@@ -1110,7 +1110,7 @@ TEST_CASE("fused projections: split_columns, swiglu and stack_rows on the device
     const cuda_backend b(cuda_backend_options{.dtype = dt});
     // The kernel's 16-byte words (256 | 128 | 128), 4-byte words (fp32 5 | 3 | 3, 7 | 2 | 3) and 2-byte words (bf16 5 | 3 | 3, 7 | 2 | 3).
     for (const std::vector<int>& widths : {std::vector<int>{256, 128, 128}, {5, 3, 3}, {7, 2, 3}}) {
-      CAPTURE(to_string(dt));
+      CAPTURE(std::string(to_string(dt)));
       CAPTURE(widths[0]);
       const int rows = 37, cols = widths[0] + widths[1] + widths[2];
       const auto x_host = values(rows, cols);
@@ -1238,7 +1238,7 @@ TEST_CASE("add_rms_norm: one kernel gives add's then rms_norm's bits (bf16: warp
   for (const cuda_dtype dt : {cuda_dtype::bf16, cuda_dtype::f32}) {
     const cuda_backend b(cuda_backend_options{.dtype = dt});
     for (const int cols : {256, 1024, 4096, 200}) {  // warp kernel, warp kernel at its limit, block kernel, fallback
-      CAPTURE(to_string(dt));
+      CAPTURE(std::string(to_string(dt)));
       CAPTURE(cols);
       const int rows = 37;
       const auto xv = values(rows, cols, 3.0f), yv = values(rows, cols, 1.0f);

@@ -522,7 +522,7 @@ TEST_CASE("fp8 weights: the engine with fused FP8 quantisation gives the separat
   const std::vector<std::vector<token_id>> prompts{{1, 17, 99, 4, 250, 31}, {1, 400, 401, 402}};
   const int n = 32;
   for (const kv_cache_dtype kv : {kv_cache_dtype::auto_, kv_cache_dtype::fp8_e4m3}) {
-    CAPTURE(kv == kv_cache_dtype::fp8_e4m3 ? "fp8 KV cache" : "bf16 KV cache");
+    CAPTURE(std::string(kv == kv_cache_dtype::fp8_e4m3 ? "fp8 KV cache" : "bf16 KV cache"));
     const auto fused = quantize_backend(true, false, kv), separate = quantize_backend(false, false, kv);
     for (const auto& prompt : prompts) {
       const auto a = run(fused, dir / "fp8", prompt, n);

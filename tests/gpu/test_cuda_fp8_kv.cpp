@@ -151,7 +151,7 @@ TEST_CASE("fp8 kv kernels: append bit-exact, prefill / decode / generic attentio
                              attn_case{64, cuda_dtype::bf16, "tuned (head_dim 64)"},
                              attn_case{8, cuda_dtype::bf16, "generic (head_dim 8, bf16)"},
                              attn_case{64, cuda_dtype::f32, "generic (head_dim 64, fp32)"}}) {
-    CAPTURE(ac.path);
+    CAPTURE(std::string(ac.path));
     const int d = ac.head_dim, qh = 8, kvh = 2, bs = 16, nb = 96;
     const auto b = fp8_backend(ac.dtype);
     const kv_cache_shape shape{.num_layers = 2, .num_blocks = nb, .block_size = bs, .num_kv_heads = kvh, .head_dim = d};
@@ -187,7 +187,7 @@ TEST_CASE("fp8 kv kernels: append bit-exact, prefill / decode / generic attentio
       cpu::fp8::paged_attention(std::as_const(c).layer(layer), bt.meta(), as_matrix(hq, tokens, qh * d), qh, scale, ref);
       check_codes(b, g, c, "append");
       const diff df = compare(got, ref);
-      MESSAGE(ac.path, step == 0 ? ", prefill" : ", decode", ": max |out - cpu::fp8| = ", df.max_abs, " (max |ref| ",
+      MESSAGE(std::string(ac.path), std::string(step == 0 ? ", prefill" : ", decode"), ": max |out - cpu::fp8| = ", df.max_abs, " (max |ref| ",
               df.max_ref, "), relative RMS ", df.rms);
       CHECK(df.max_abs <= kAttnTolAbs);
       CHECK(df.rms <= kAttnTolRms);

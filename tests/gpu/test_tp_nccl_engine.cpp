@@ -58,7 +58,7 @@ void compare(cuda_dtype dtype, const engine_config& cfg, bool exact) {
   const auto out = tp.generate(ps, greedy_ignoring_eos(64));
   CHECK(tp.stats().compressions == plain.stats().compressions);
   for (std::size_t i = 0; i < ps.size(); ++i) {
-    MESSAGE(Policy{}.name(), (dtype == cuda_dtype::f32 ? " fp32" : " bf16"), " request ", i, ": ",
+    MESSAGE(std::string(Policy{}.name()), std::string(dtype == cuda_dtype::f32 ? " fp32" : " bf16"), " request ", i, ": ",
             common_prefix(out[i].output, expected[i].output), " of ", expected[i].output.size(), " tokens agree");
     if (exact) CHECK(out[i].output == expected[i].output);
   }
