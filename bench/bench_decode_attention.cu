@@ -579,6 +579,20 @@ int main(int argc, char** argv) {
           bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, stages == 4 ? kSwappedKernel | 4 : kSwappedKernel);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
+      // The swapped kernel over the same bytes with fewer KV heads per token row (kv8 x 662 sequences, kv2 x 2,648,
+      // kv1 x 5,296; 4 query heads per KV head, the same lengths repeated): a CTA reads its head's 128 bytes of each
+      // token row, so with one KV head its tile is 8 KB of contiguous memory and with eight it is 64 pieces 1 KB
+      // apart. Whether the cache layout's scatter costs DRAM energy (docs/benchmarks.md, 2026-12-03 20:05).
+      for (const int kvh : fp8 ? std::vector<int>{8, 2, 1} : std::vector<int>{}) {
+        std::vector<int> rep;
+        for (int r = 0; r < 8 / kvh; ++r) rep.insert(rep.end(), lens.begin(), lens.end());
+        std::snprintf(name, sizeof name, "decode_fp8_swapped_layout/q%d_kv%d/batch%d/steady2048-2304", 4 * kvh, kvh,
+                      static_cast<int>(rep.size()));
+        std::snprintf(key, sizeof key, "a%05d", order++);
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+          bm_decode(st, rep, 4 * kvh, kvh, 256, key, kSteadyCtx, 4, 1, true, kSwappedKernel);
+        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+      }
       for (const auto& [ablate, what] : fp8 ? std::span(ablations) : std::span<const std::pair<int, const char*>>{}) {
         std::snprintf(name, sizeof name, "decode_fp8_ablation/batch%d/steady2048-2304/%s", batch, what);
         std::snprintf(key, sizeof key, "a%05d", order++);
