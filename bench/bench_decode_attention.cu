@@ -14,7 +14,8 @@
 // compressed steady-state cases (steady2048) add mJ_pass, pJ_B, W, SM_MHz and capped over ~2 s of back-to-back
 // passes, and decode_fp8_ablation/... runs the FP8 kernel with parts of its tile work skipped (attention.cuh's
 // kAblate*: no QK or PV MMAs, no E4M3 conversions, no tile work at all) to attribute its energy;
-// decode_fp8_swapped/... the swapped-operand kernel (paged_decode_attention_swapped) at the same shape.
+// decode_fp8_swapped/... the swapped-operand kernel (paged_decode_attention_swapped) at the same shape, and
+// decode_fp8_swapped_ablation/... its own ablations (no MMAs; no MMAs or conversions; no tile work).
 //
 //   bench_decode_attention [--benchmark_filter=...] [--benchmark_out=file.json --benchmark_out_format=json]
 // prints a Markdown summary table at the end.
@@ -38,6 +39,7 @@
 #include "zipage/backend/cuda/ops.hpp"  // fill_uniform
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/decode_kernel.cuh"  // the FP8 decode kernel's energy ablations
+#include "zipage/backend/cuda/decode_swapped.cuh"  // ... and the swapped kernel's
 #include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/cuda/device.hpp"
 #include "zipage/cuda/energy.hpp"
@@ -187,6 +189,19 @@ void launch_fp8_ablation(const zc::decode_params& p, cudaStream_t stream) {
 
 // bm_decode's `ablate` value for the swapped-operand kernel (paged_decode_attention_swapped) instead.
 constexpr int kSwappedKernel = 1 << 8;
+// ... and for the swapped kernel (3 stages) with the tile work that the low bits name skipped (kAblate*).
+constexpr int kSwappedAblation = 1 << 9;
+
+template <int ABLATE>
+void launch_swapped_ablation(const zc::decode_params& p, cudaStream_t stream) {
+  namespace d = zipage::cuda::detail;
+  constexpr int S = d::kSwappedStages;
+  d::opt_in_smem<d::paged_decode_swapped_kernel<S, ABLATE>>(d::kSwappedSmemBytes<S>);
+  const d::decode_args a = d::make_decode_args(p, 1, 0);
+  const dim3 grid(1, static_cast<unsigned>(p.kv.num_kv_heads), static_cast<unsigned>(p.num_seqs));
+  d::paged_decode_swapped_kernel<S, ABLATE><<<grid, 128, d::kSwappedSmemBytes<S>, stream>>>(a);
+  CK(cudaGetLastError());
+}
 
 void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void* ws, std::size_t ws_bytes,
                    int ablate, cudaStream_t stream) {
@@ -194,6 +209,11 @@ void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void
   switch (ablate) {
     case kSwappedKernel: return zc::paged_decode_attention_swapped(p, stream);  // its default depth, 3 stages
     case kSwappedKernel | 4: return zc::paged_decode_attention_swapped(p, stream, 4);
+    case kSwappedAblation | d::kAblateQkMma | d::kAblatePvMma:
+      return launch_swapped_ablation<d::kAblateQkMma | d::kAblatePvMma>(p, stream);
+    case kSwappedAblation | d::kAblateQkMma | d::kAblatePvMma | d::kAblateConvert:
+      return launch_swapped_ablation<d::kAblateQkMma | d::kAblatePvMma | d::kAblateConvert>(p, stream);
+    case kSwappedAblation | d::kAblateTile: return launch_swapped_ablation<d::kAblateTile>(p, stream);
     case d::kAblateNone: return zc::paged_decode_attention(p, plan, ws, ws_bytes, stream);
     case d::kAblateQkMma: return launch_fp8_ablation<d::kAblateQkMma>(p, stream);
     case d::kAblatePvMma: return launch_fp8_ablation<d::kAblatePvMma>(p, stream);
@@ -591,6 +611,18 @@ int main(int argc, char** argv) {
         std::snprintf(key, sizeof key, "a%05d", order++);
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
           bm_decode(st, rep, 4 * kvh, kvh, 256, key, kSteadyCtx, 4, 1, true, kSwappedKernel);
+        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+      }
+      // The swapped kernel's own ablations (3 stages): how much of its energy above the read-only stream's is the
+      // MMAs, the conversions, or the staged pipeline itself.
+      for (const auto& [ablate, what] : fp8 ? std::span(ablations) : std::span<const std::pair<int, const char*>>{}) {
+        if (ablate != (d::kAblateQkMma | d::kAblatePvMma) && ablate != d::kAblateTile &&
+            ablate != (d::kAblateQkMma | d::kAblatePvMma | d::kAblateConvert))
+          continue;
+        std::snprintf(name, sizeof name, "decode_fp8_swapped_ablation/batch%d/steady2048-2304/%s", batch, what);
+        std::snprintf(key, sizeof key, "a%05d", order++);
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, kSwappedAblation | ablate);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
       for (const auto& [ablate, what] : fp8 ? std::span(ablations) : std::span<const std::pair<int, const char*>>{}) {

@@ -76,8 +76,8 @@ struct swapped_acc {
 // the 16 code bytes of chunk 2t + c of the warp's K row g + 8 * half; v_chunk(k): chunk g of its V row
 // 2t + (k & 1) + 8 * (k >> 1); zero codes past the end (half, c and k are constants after unrolling, so a kernel
 // holding them in registers indexes no local memory). ks0/ks1, vs0/vs1: rows g and g + 8's scales (0 past the end).
-// tok0: row g's token.
-template <class KChunk, class VChunk>
+// tok0: row g's token. ABLATE: attention.cuh's kAblate* bits (bench_decode_attention's energy ablations only).
+template <int ABLATE = kAblateNone, class KChunk, class VChunk>
 __device__ __forceinline__ void swapped_tile(swapped_acc& acc, const std::uint32_t (&qb)[8][2], float q_mul,
                                              KChunk&& k_chunk, VChunk&& v_chunk, float ks0, float ks1, float vs0,
                                              float vs1, int tok0, int end, int g, int t) {
@@ -91,9 +91,14 @@ __device__ __forceinline__ void swapped_tile(swapped_acc& acc, const std::uint32
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       std::uint32_t fa[4];  // (row g | g + 8) x (d + {0, 1} | d + {2, 3})
-      e4m3x4_to_f16x4(r0[i], fa[0], fa[2]);
-      e4m3x4_to_f16x4(r1[i], fa[1], fa[3]);
-      mma_f16(s, fa, qb[4 * c + i][0], qb[4 * c + i][1]);
+      if constexpr ((ABLATE & kAblateConvert) != 0) {
+        fa[0] = r0[i], fa[2] = r0[i] >> 8, fa[1] = r1[i], fa[3] = r1[i] >> 8;
+      } else {
+        e4m3x4_to_f16x4(r0[i], fa[0], fa[2]);
+        e4m3x4_to_f16x4(r1[i], fa[1], fa[3]);
+      }
+      if constexpr ((ABLATE & kAblateQkMma) != 0) fold_bits(s[0], fa[0] ^ fa[1], fa[2] ^ fa[3] ^ qb[4 * c + i][0]);
+      else mma_f16(s, fa, qb[4 * c + i][0], qb[4 * c + i][1]);
     }
   }
   ks0 *= q_mul, ks1 *= q_mul;
@@ -159,15 +164,23 @@ __device__ __forceinline__ void swapped_tile(swapped_acc& acc, const std::uint32
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int w = wp + 2 * h;
-      e4m3x4_to_f16x4(__byte_perm(r[0][w], r[1][w], 0x5140), top[h][0], top[h][1]);
-      e4m3x4_to_f16x4(__byte_perm(r[0][w], r[1][w], 0x7362), top[h][2], top[h][3]);
-      e4m3x4_to_f16x4(__byte_perm(r[2][w], r[3][w], 0x5140), bottom[h][0], bottom[h][1]);
-      e4m3x4_to_f16x4(__byte_perm(r[2][w], r[3][w], 0x7362), bottom[h][2], bottom[h][3]);
+      const std::uint32_t x[4] = {__byte_perm(r[0][w], r[1][w], 0x5140), __byte_perm(r[0][w], r[1][w], 0x7362),
+                                  __byte_perm(r[2][w], r[3][w], 0x5140), __byte_perm(r[2][w], r[3][w], 0x7362)};
+      if constexpr ((ABLATE & kAblateConvert) != 0) {
+        top[h][0] = x[0], top[h][1] = x[0] >> 8, top[h][2] = x[1], top[h][3] = x[1] >> 8;
+        bottom[h][0] = x[2], bottom[h][1] = x[2] >> 8, bottom[h][2] = x[3], bottom[h][3] = x[3] >> 8;
+      } else {
+        e4m3x4_to_f16x4(x[0], top[h][0], top[h][1]);
+        e4m3x4_to_f16x4(x[1], top[h][2], top[h][3]);
+        e4m3x4_to_f16x4(x[2], bottom[h][0], bottom[h][1]);
+        e4m3x4_to_f16x4(x[3], bottom[h][2], bottom[h][3]);
+      }
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {  // d-tile i = 4wp + e: rows d = 16g + i (h 0) and 16g + 8 + i (h 1)
       const std::uint32_t fa[4] = {top[0][e], top[1][e], bottom[0][e], bottom[1][e]};
-      mma_f16(acc.o[4 * wp + e], fa, pb0, pb1);
+      if constexpr ((ABLATE & kAblatePvMma) != 0) fold_bits(acc.o[4 * wp + e][0], fa[0] ^ fa[1] ^ pb0, fa[2] ^ fa[3] ^ pb1);
+      else mma_f16(acc.o[4 * wp + e], fa, pb0, pb1);
     }
   }
 }
@@ -232,8 +245,8 @@ __device__ __forceinline__ void swapped_load_q(const decode_args& a, std::uint32
 // grid (1, kv_heads, num_seqs); CTA: one (sequence, KV head), its whole cache, up to 8 query heads. Each of the
 // 4 warps takes 16 tokens of every 64-token tile, staged in shared memory by a cp.async pipeline of STAGES tiles.
 // Thread (g, t): S^T rows (tokens) g and g + 8, columns (heads) 2t and 2t + 1; O^T rows d = 16g + i and
-// 16g + 8 + i of d-tile i, the same two heads.
-template <int STAGES>
+// 16g + 8 + i of d-tile i, the same two heads. ABLATE: as swapped_tile's (kAblateTile: no tile work, the copies stay).
+template <int STAGES, int ABLATE = kAblateNone>
 __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_swapped_kernel(const decode_args a) {
   constexpr int D = 128, kThreads = 128, kWarps = 4;
   using loader_t = fp8_kv_tile_loader<D, kThreads>;
@@ -260,11 +273,11 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
     if (it == 0) q_mul *= load_qT_fragments_fp8(qb, smem, lane);
     const int tile_start = it * kKvTile;
     const unsigned char* stage = smem + kQBytes + (it % STAGES) * loader_t::kStageBytes;
-    if (tile_start + warp * 16 < end) {
+    if ((ABLATE & kAblateTile) == 0 && tile_start + warp * 16 < end) {
       const unsigned char* kc = stage + loader_t::kKOffset;
       const unsigned char* vc = stage + loader_t::kVOffset;
       const float* scales = reinterpret_cast<const float*>(stage + loader_t::kScaleOffset) + warp * 16;
-      swapped_tile(
+      swapped_tile<ABLATE>(
           acc, qb, q_mul,
           [&](int half, int c) {
             return *reinterpret_cast<const uint4*>(kc + k8_off<D>(warp * 16 + g + 8 * half, 2 * t + c));
