@@ -6,6 +6,8 @@
 // groups of up to 8 heads, one split, bf16 output and, when wanted, its FP8 copy. The engine runs it by
 // cuda_backend_options::fp8_decode_kernel (automatic: resolve_fp8_decode_kernel's rule); bench_decode_attention's
 // decode_fp8_swapped cases measure it, test_cuda_kernels checks it against the CPU reference.
+#include <cuda.h>  // CUtensorMap: the TMA variant's parameters
+
 #include "zipage/backend/cuda/decode_kernel.cuh"
 
 namespace zipage::cuda::detail {
@@ -293,6 +295,152 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
   cp_async_wait<0>();
   __syncthreads();
   swapped_epilogue(a, acc, smem, cta);
+}
+
+// ---- The TMA variant: the same CTA, tile body and epilogue, with each tile's K and V codes brought into shared
+// memory by the Tensor Memory Accelerator instead of 128 threads' cp.async copies (docs/architecture.md, "Decode
+// attention and the power cap": about half the kernel's energy above a read-only stream is the staged pipeline).
+// One thread issues a tile as two boxes of 64 token rows x 128 codes (one KV head), which needs the tile inside one
+// block (block size >= 64) and the codes' row stride a multiple of 16 bytes. TMA's 128-byte swizzle puts chunk c of
+// row r at chunk c ^ (r & 7): swapped_tile's K reads (chunks 2t + c of rows g, g + 8) and V reads (chunk g of rows
+// 2t + {0, 1}, + 8) stay free of bank conflicts. The scales (4 bytes a token) stay cp.async copies. Rows past the
+// sequence's end are not zero-filled by TMA: their scores are masked, and their V codes are replaced by zeros where
+// they are read (a stale code may be NaN, and 0 x NaN is NaN in the MMA).
+namespace tma {
+
+__device__ __forceinline__ void mbar_init(std::uint32_t bar, std::uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival, and `bytes` more to come from asynchronous copies before the phase completes.
+__device__ __forceinline__ void mbar_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Box (c0, c1, c2) of `map` into shared memory at dst, its bytes counted on the mbarrier `bar`.
+__device__ __forceinline__ void load_3d(std::uint32_t dst, const CUtensorMap& map, int c0, int c1, int c2,
+                                        std::uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+// Byte offset of 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled box of 128-byte rows.
+__device__ __forceinline__ std::uint32_t sw128(int row, int chunk) {
+  return static_cast<std::uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+}  // namespace tma
+
+inline constexpr int kSwappedTmaCodeBytes = kKvTile * 128;  // one side of a stage: 64 rows x 128 codes
+// Shared memory: 1 KB of slack to align the codes to 1,024 bytes (the swizzle's period), then per stage K and V
+// codes, then per stage K and V scales [64] each, then Q's tile.
+template <int STAGES>
+inline constexpr int kSwappedTmaSmemBytes =
+    1024 + STAGES * 2 * kSwappedTmaCodeBytes + STAGES * 2 * kKvTile * 4 + kSwappedQBytes;
+
+// grid (1, kv_heads, num_seqs), 128 threads, as paged_decode_swapped_kernel. k_map / v_map: the layer's codes as a
+// 3D tensor [slots][kv_heads][128] of bytes, box {128, 1, 64}, 128-byte swizzle (decode_swapped.cu makes them).
+template <int STAGES>
+__global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>)
+    paged_decode_swapped_tma_kernel(const decode_args a, const __grid_constant__ CUtensorMap k_map,
+                                    const __grid_constant__ CUtensorMap v_map) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int D = 128;
+  static_assert(4 * 8 * D * 4 <= STAGES * 2 * kSwappedTmaCodeBytes, "the epilogue's partial outputs reuse the codes");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ __align__(8) std::uint64_t full[STAGES];  // a stage's codes have landed (phase n: its n-th tile)
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  const swapped_cta cta = swapped_cta_of(a);
+  const auto& [kvh, seq, end, qhead0, pages, warp, lane, g, t] = cta;
+  const std::uint32_t codes = smem_addr(smem);
+  const std::uint32_t scales = codes + STAGES * 2 * kSwappedTmaCodeBytes;
+  const std::uint32_t sq = scales + STAGES * 2 * kKvTile * 4;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) {
+    for (int st = 0; st < STAGES; ++st) tma::mbar_init(smem_addr(&full[st]), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&k_map)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&v_map)) : "memory");
+  }
+  __syncthreads();
+
+  const int mask = (1 << a.bs_shift) - 1;
+  const float* ks = a.k_scale + kvh;
+  const float* vs = a.v_scale + kvh;
+  int next_page = end > 0 ? __ldg(pages) : 0;  // the block of the next tile to issue (one block per tile)
+  // Tile `tile` into stage `st`: its codes by TMA (thread 0), its scales by cp.async (zero past the end); then the
+  // next tile's block id.
+  auto issue = [&](int st, int tile) {
+    const int tile_start = tile * kKvTile;
+    const int slot0 = (next_page << a.bs_shift) | (tile_start & mask);
+    if (tid == 0) {
+      const std::uint32_t bar = smem_addr(&full[st]);
+      tma::mbar_expect_tx(bar, 2 * kSwappedTmaCodeBytes);
+      tma::load_3d(codes + st * 2 * kSwappedTmaCodeBytes, k_map, 0, kvh, slot0, bar);
+      tma::load_3d(codes + st * 2 * kSwappedTmaCodeBytes + kSwappedTmaCodeBytes, v_map, 0, kvh, slot0, bar);
+    }
+    const int row = tid & (kKvTile - 1);
+    const bool valid = tile_start + row < end;
+    const float* src = (tid < kKvTile ? ks : vs) + std::int64_t{slot0 + row} * a.num_kv_heads;
+    const std::uint32_t dst = scales + static_cast<std::uint32_t>(st * 2 * kKvTile + (tid >= kKvTile ? kKvTile : 0) + row) * 4;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst),
+                 "l"(valid ? src : (tid < kKvTile ? ks : vs)), "r"(valid ? 4 : 0)
+                 : "memory");
+    const int next_start = tile_start + kKvTile;
+    if (next_start < end) next_page = __ldg(pages + (next_start >> a.bs_shift));
+  };
+
+  swapped_load_q(a, sq, cta);
+  const int ntiles = (end + kKvTile - 1) / kKvTile;
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < ntiles) issue(st, st);
+    cp_async_commit();
+  }
+
+  swapped_acc acc;
+  std::uint32_t qb[8][2];
+  float q_mul = a.scale_log2;
+  for (int it = 0; it < ntiles; ++it) {
+    const int nxt = it + STAGES - 1;
+    if (nxt < ntiles) issue(nxt % STAGES, nxt);
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();
+    tma::mbar_wait(smem_addr(&full[it % STAGES]), static_cast<std::uint32_t>((it / STAGES) & 1));
+    __syncthreads();
+    if (it == 0) q_mul *= load_qT_fragments_fp8(qb, smem + (sq - codes), lane);
+    const int tile_start = it * kKvTile;
+    if (tile_start + warp * 16 < end) {
+      const unsigned char* kc = smem + (it % STAGES) * 2 * kSwappedTmaCodeBytes;
+      const unsigned char* vc = kc + kSwappedTmaCodeBytes;
+      const float* sc = reinterpret_cast<const float*>(smem + (scales - codes)) + (it % STAGES) * 2 * kKvTile + warp * 16;
+      const int row0 = warp * 16;
+      swapped_tile(
+          acc, qb, q_mul,
+          [&](int half, int c) { return *reinterpret_cast<const uint4*>(kc + tma::sw128(row0 + g + 8 * half, 2 * t + c)); },
+          [&](int k) {
+            const int row = row0 + 2 * t + (k & 1) + 8 * (k >> 1);
+            const uint4 x = *reinterpret_cast<const uint4*>(vc + tma::sw128(row, g));
+            return tile_start + row < end ? x : make_uint4(0u, 0u, 0u, 0u);
+          },
+          sc[g], sc[g + 8], sc[kKvTile + g], sc[kKvTile + g + 8], tile_start + row0 + g, end, g, t);
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  swapped_epilogue(a, acc, smem, cta);
+#else
+  __trap();  // launched only on compute capability 9.0 and above (decode_swapped_tma_supported)
+#endif
 }
 
 }  // namespace zipage::cuda::detail
