@@ -15,8 +15,7 @@
 // passes, and decode_fp8_ablation/... runs the FP8 kernel with parts of its tile work skipped (attention.cuh's
 // kAblate*: no QK or PV MMAs, no E4M3 conversions, no tile work at all) to attribute its energy;
 // decode_fp8_swapped/... the swapped-operand kernel (paged_decode_attention_swapped) at the same shape, and
-// decode_fp8_swapped_ablation/... its own ablations (no MMAs; no MMAs or conversions; no tile work), and
-// decode_fp8_swapped_tma/... the swapped kernel with TMA copies.
+// decode_fp8_swapped_ablation/... its own ablations (no MMAs; no MMAs or conversions; no tile work).
 //
 //   bench_decode_attention [--benchmark_filter=...] [--benchmark_out=file.json --benchmark_out_format=json]
 // prints a Markdown summary table at the end.
@@ -210,7 +209,6 @@ void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void
   switch (ablate) {
     case kSwappedKernel: return zc::paged_decode_attention_swapped(p, stream);  // its default depth, 3 stages
     case kSwappedKernel | 4: return zc::paged_decode_attention_swapped(p, stream, 4);
-    case kSwappedKernel | 8: return zc::paged_decode_attention_swapped(p, stream, 3, zc::swapped_copies::tma);
     case kSwappedAblation | d::kAblateQkMma | d::kAblatePvMma:
       return launch_swapped_ablation<d::kAblateQkMma | d::kAblatePvMma>(p, stream);
     case kSwappedAblation | d::kAblateQkMma | d::kAblatePvMma | d::kAblateConvert:
@@ -277,7 +275,6 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
   p.kv.num_kv_heads = kvh;
   p.kv.head_dim = kHeadDim;
   p.kv.block_size = bs;
-  p.kv.num_blocks = static_cast<int>(pool_blocks);  // the pool as a layer (TMA copies name its extent)
   p.max_kv_len = *std::max_element(lens.begin(), lens.end());
   p.scale = 1.0f / std::sqrt(float(kHeadDim));
   const zc::decode_plan plan = zc::plan_decode(p, force_splits, stages);
@@ -600,14 +597,6 @@ int main(int argc, char** argv) {
         std::snprintf(key, sizeof key, "a%05d", order++);
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
           bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, stages == 4 ? kSwappedKernel | 4 : kSwappedKernel);
-        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
-      }
-      // The swapped kernel with its tiles' codes copied by TMA (one thread, two boxes per tile) instead of cp.async.
-      if (fp8) {
-        std::snprintf(name, sizeof name, "decode_fp8_swapped_tma/batch%d/steady2048-2304", batch);
-        std::snprintf(key, sizeof key, "a%05d", order++);
-        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, kSwappedKernel | 8);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
       // The swapped kernel over the same bytes with fewer KV heads per token row (kv8 x 662 sequences, kv2 x 2,648,

@@ -1,7 +1,4 @@
 // The swapped-operand FP8 decode kernel's launcher (decode_swapped.cuh; attention.hpp says what it takes).
-#include <cuda.h>
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
-
 #include <algorithm>
 #include <array>
 #include <mutex>
@@ -20,77 +17,7 @@ bool decode_swapped_supported(const decode_params& p) {
          p.num_seqs >= 0 && p.num_seqs <= 65535 && kvh <= 65535;
 }
 
-namespace {
-
-// cuTensorMapEncodeTiled from the driver, found at run time (nothing links against libcuda); null without it.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      return PFN_cuTensorMapEncodeTiled_v12000{nullptr};
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-// One layer's E4M3 codes as TMA sees them: [slots][kv_heads][128] bytes, a box of 64 token rows of one KV head,
-// 128-byte swizzle (decode_swapped.cuh, paged_decode_swapped_tma_kernel).
-CUtensorMap code_tensor_map(const void* codes, const paged_kv_view& kv) {
-  CUtensorMap map{};
-  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(kv.num_kv_heads),
-                              static_cast<cuuint64_t>(kv.num_blocks) * static_cast<cuuint64_t>(kv.block_size)};
-  const cuuint64_t strides[2] = {128, static_cast<cuuint64_t>(kv.num_kv_heads) * 128};  // bytes, dims 1 and 2
-  const cuuint32_t box[3] = {128, 1, static_cast<cuuint32_t>(detail::kKvTile)};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(codes), dims,
-                                          strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  check(r == CUDA_SUCCESS, "paged_decode_attention_swapped (TMA): cuTensorMapEncodeTiled failed (CUresult ", int(r),
-        ") for a cache of ", kv.num_blocks, " blocks of ", kv.block_size, " tokens x ", kv.num_kv_heads, " KV heads");
-  return map;
-}
-
-bool device_has_tma() {
-  static std::mutex mu;
-  static std::array<int, 64> major{};  // by device; 0: not asked yet
-  int dev = 0;
-  ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard lock(mu);
-  int& m = major[std::size_t(std::clamp(dev, 0, 63))];
-  if (m == 0) ZIPAGE_CUDA_CHECK(cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev));
-  return m >= 9;
-}
-
-}  // namespace
-
-bool decode_swapped_tma_supported(const decode_params& p) {
-  const auto aligned = [](const void* x) { return (reinterpret_cast<std::uintptr_t>(x) & 15u) == 0; };
-  return decode_swapped_supported(p) && p.kv.block_size >= detail::kKvTile && p.kv.num_blocks > 0 &&
-         aligned(p.kv.k_cache) && aligned(p.kv.v_cache) && device_has_tma() && tensor_map_encoder() != nullptr;
-}
-
-void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages, swapped_copies copies) {
-  if (copies == swapped_copies::tma) {
-    check(decode_swapped_tma_supported(p), "paged_decode_attention_swapped: TMA copies need what the swapped kernel "
-          "needs, a block size of at least 64 (got ", p.kv.block_size, "), the cache's block count (kv.num_blocks, got ",
-          p.kv.num_blocks, "), 16-byte aligned caches and a device of compute capability 9.0 or above");
-    check(stages == 0 || stages == 3, "paged_decode_attention_swapped: TMA copies run at 3 stages (got ", stages, ")");
-    if (p.out_fp8.wanted()) detail::check_fp8_copy("paged_decode_attention_swapped", p.out_fp8, p.num_seqs);
-    if (p.num_seqs == 0) return;
-    namespace d = detail;
-    constexpr int S = d::kSwappedStages;
-    const d::decode_args a = d::make_decode_args(p, 1, 0);
-    const CUtensorMap k_map = code_tensor_map(p.kv.k_cache, p.kv), v_map = code_tensor_map(p.kv.v_cache, p.kv);
-    const dim3 grid(1, static_cast<unsigned>(p.kv.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-    d::opt_in_smem<d::paged_decode_swapped_tma_kernel<S>>(d::kSwappedTmaSmemBytes<S>);
-    d::paged_decode_swapped_tma_kernel<S><<<grid, 128, d::kSwappedTmaSmemBytes<S>, stream>>>(a, k_map, v_map);
-    ZIPAGE_CUDA_CHECK_LAUNCH();
-    return;
-  }
+void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages) {
   check(decode_swapped_supported(p), "paged_decode_attention_swapped: needs FP8 K/V (k_scale and v_scale), head_dim "
         "128 (got ", p.kv.head_dim, "), at most 8 query heads per KV head (got ", p.num_q_heads, " / ",
         p.kv.num_kv_heads, ") and a power-of-two block size (got ", p.kv.block_size, ")");

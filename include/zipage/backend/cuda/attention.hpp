@@ -87,14 +87,7 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
 // default; 4 CTAs per multiprocessor) or 4 (3 CTAs per multiprocessor). The engine picks it by
 // cuda_backend_options::fp8_decode_kernel (fp8_decode_kernel::automatic: resolve_fp8_decode_kernel's rule).
 [[nodiscard]] bool decode_swapped_supported(const decode_params& p);
-// How the swapped kernel brings each 64-token tile of K and V codes into shared memory: 128 threads' cp.async
-// copies, or two Tensor Memory Accelerator boxes issued by one thread (3 stages only; where
-// decode_swapped_tma_supported holds: a block size of at least 64, kv.num_blocks set, compute capability 9.0+).
-// The two give the same bytes (test_cuda_kernels).
-enum class swapped_copies { cp_async, tma };
-[[nodiscard]] bool decode_swapped_tma_supported(const decode_params& p);
-void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages = 0,
-                                    swapped_copies copies = swapped_copies::cp_async);
+void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages = 0);
 // How many full waves of the current device the swapped kernel's grid (one CTA per sequence and KV head, at its
 // default depth) makes: its CTAs over the CTAs all multiprocessors hold at once.
 [[nodiscard]] double decode_swapped_waves(const decode_params& p);
