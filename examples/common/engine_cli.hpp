@@ -90,6 +90,12 @@ inline CLI::Validator in_range(double lo, double hi) {
   r << "in [" << lo << ", " << hi << "]";
   return number_check(r.str(), [lo, hi](double v) { return v >= lo && v <= hi; });
 }
+// (lo, hi]: a mass that must keep something (--top-p 0 would keep no token).
+inline CLI::Validator in_half_open(double lo, double hi) {
+  std::ostringstream r;
+  r << "in (" << lo << ", " << hi << "]";
+  return number_check(r.str(), [lo, hi](double v) { return v > lo && v <= hi; });
+}
 // Flags that count something held in an int (tokens, blocks, requests): 1 .. 2^31 - 1.
 inline CLI::Validator positive_count() {
   return number_check("in [1, 2147483647]", [](double v) { return v >= 1 && v <= 2147483647.0; });
@@ -159,7 +165,7 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   o.flags["--top-k"] = app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0 = off; default: the checkpoint's)")
                            ->check(count());
   o.flags["--top-p"] = app.add_option("--top-p", s.top_p, "nucleus sampling mass (1 = off; default: the checkpoint's)")
-                           ->check(in_range(0.0, 1.0));
+                           ->check(in_half_open(0.0, 1.0));
   o.flags["--min-p"] = app.add_option("--min-p", s.min_p, "drop tokens below min-p times the top probability (default: the checkpoint's)")
                            ->check(in_range(0.0, 1.0));
   o.flags["--repetition-penalty"] = app.add_option("--repetition-penalty", s.repetition_penalty, "1 = off (default: the checkpoint's)")
