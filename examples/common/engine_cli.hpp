@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "dtype_flags.hpp"
+#include "number_flags.hpp"
 #include "zipage/core/kv_cache_dtype.hpp"
 #include "zipage/core/weight_dtype.hpp"
 #include "zipage/engine/engine.hpp"
@@ -67,42 +68,6 @@ struct engine_options {
   std::string sampling_line;  // what the run samples with, and where each value came from
 };
 
-// A numeric flag's check: the value must parse as a finite number (NaN and inf are refused: converting
-// them is undefined) satisfying `ok`; the error names the flag (CLI11 prefixes it) and a readable range,
-// not CLI11's 309-digit bounds of double.
-inline CLI::Validator number_check(const std::string& range, std::function<bool(double)> ok) {
-  return CLI::Validator(
-      [range, ok](std::string& input) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        const double v = std::strtod(input.c_str(), &end);
-        if (input.empty() || end == input.c_str() || *end != '\0') return "'" + input + "' is not a number";
-        if (!std::isfinite(v)) return "'" + input + "' is not a finite number";
-        if (!ok(v)) return input + " is out of range: it must be " + range;
-        return {};
-      },
-      range);
-}
-inline CLI::Validator positive() { return number_check("> 0", [](double v) { return v > 0; }); }
-inline CLI::Validator non_negative() { return number_check(">= 0", [](double v) { return v >= 0; }); }
-inline CLI::Validator in_range(double lo, double hi) {
-  std::ostringstream r;
-  r << "in [" << lo << ", " << hi << "]";
-  return number_check(r.str(), [lo, hi](double v) { return v >= lo && v <= hi; });
-}
-// (lo, hi]: a mass that must keep something (--top-p 0 would keep no token).
-inline CLI::Validator in_half_open(double lo, double hi) {
-  std::ostringstream r;
-  r << "in (" << lo << ", " << hi << "]";
-  return number_check(r.str(), [lo, hi](double v) { return v > lo && v <= hi; });
-}
-// Flags that count something held in an int (tokens, blocks, requests): 1 .. 2^31 - 1.
-inline CLI::Validator positive_count() {
-  return number_check("in [1, 2147483647]", [](double v) { return v >= 1 && v <= 2147483647.0; });
-}
-inline CLI::Validator count() {
-  return number_check("in [0, 2147483647]", [](double v) { return v >= 0 && v <= 2147483647.0; });
-}
 
 // --kv-cache-mib at most 2^30 MiB (1 PiB) on the flag; on the CPU also at most the machine's memory.
 inline constexpr double max_kv_cache_mib = 1073741824.0;

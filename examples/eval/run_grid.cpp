@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -19,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/dtype_flags.hpp"
+#include "../common/number_flags.hpp"
 #include "eval_common.hpp"
 #include "zipage/core/json.hpp"
 #include "zipage/core/kv_cache_dtype.hpp"
@@ -541,14 +541,7 @@ void add_grid_flags(CLI::App& app, grid_options& o) {
   app.add_option("--seed", o.seed, "sample j of problem i uses seed + i * n + j");
   app.add_option("--temperature,-t", o.temperature, "default: generation_config.json, else 0.6")->check(CLI::NonNegativeNumber);
   app.add_option("--top-p", o.top_p, "default: generation_config.json, else off")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {  // (0, 1]: a mass of 0 would keep no token
-            char* end = nullptr;
-            const double x = std::strtod(v.c_str(), &end);
-            const bool ok = end != v.c_str() && *end == '\0' && x > 0 && x <= 1;
-            return ok ? std::string{} : v + " is out of range: it must be in (0, 1]";
-          },
-          "(0, 1]"));
+      ->check(zipage_cli::in_half_open(0.0, 1.0));
   app.add_option("--top-k", o.top_k, "default: generation_config.json, else off")->check(CLI::NonNegativeNumber);
   app.add_option("--min-p", o.min_p, "default: generation_config.json, else off")->check(CLI::Range(0.0f, 1.0f));
   app.add_option("--device", o.device, "auto (the GPU when there is one), cpu or cuda")
