@@ -8,18 +8,27 @@
 //
 //   bench_fp8_gemm_configs [M ...]      (default: 512 662 704 1024)
 //   bench_fp8_gemm_configs --split-tail [M ...]   (the rows past 512 as two half-K GEMMs beside the first 512: split_tail)
+//   bench_fp8_gemm_configs --sm90 [M ...]   (fp8::gemm_sm90, our wgmma kernel with 64-token tiles, against the
+//                                           heuristic's: time, joules over ~1 s of back-to-back calls each, and the
+//                                           largest difference of the two outputs, on scales that vary per block)
+//   bench_fp8_gemm_configs --sm90-graph [M ...]   (the same two GEMMs as the engine runs them: inside a CUDA graph,
+//                                           so no host time between launches, and over copies of the weight that
+//                                           together exceed L2, so each call reads its weight from HBM)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "zipage/backend/cuda/event_timer.cuh"
-#include "zipage/backend/cuda/fp8_gemm.hpp"  // padded_rows, weight_scale_ld
+#include "zipage/backend/cuda/fp8_gemm.hpp"  // padded_rows, weight_scale_ld, gemm_sm90
+#include "zipage/cuda/energy.hpp"
 
 namespace {
 
@@ -45,6 +54,11 @@ __global__ void fill_codes(std::uint8_t* p, std::size_t n, std::uint32_t seed) {
 __global__ void fill_ones(float* p, std::size_t n) {
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
     p[i] = 1.0f;
+}
+// Scales in [2^-10, 2^-10 * 2) that differ from block to block (a layout error then shows in the product).
+__global__ void fill_scales(float* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
+    p[i] = 0x1p-10f * (1.0f + static_cast<float>((static_cast<std::uint32_t>(i) * 2654435761u ^ seed) % 1024u) / 1024.0f);
 }
 
 struct config {
@@ -316,13 +330,185 @@ void split_tail(cublasLtHandle_t lt, const char* name, int n, int k, int m, int 
               whole_us / split_us);
 }
 
+// --sm90: our kernel against cuBLASLt's heuristic on the same codes and scales (scales varying per block and token).
+void compare_sm90(cublasLtHandle_t lt, const zipage::cuda::energy_meter& meter, const char* name, int n, int k, int m) {
+  gemm_case g(lt, m, n, k);
+  const int mp = zipage::cuda::fp8::padded_rows(m);
+  fill_scales<<<64, 256>>>(g.ws_scale, std::size_t((n + 127) / 128) * zipage::cuda::fp8::weight_scale_ld(k), 7);
+  fill_scales<<<64, 256>>>(g.xs_scale, std::size_t((k + 127) / 128) * mp, 9);
+  void* ours = nullptr;
+  CK(cudaMalloc(&ours, std::size_t(n) * mp * 2));
+  zipage::cuda::fp8::gemm_sm90_args args{g.x, g.xs_scale, g.w, g.ws_scale, ours, m, n, k};
+  args.workspace = g.workspace;  // as the backend does: cuBLASLt's workspace holds the split partials
+  args.workspace_bytes = g.workspace_bytes;
+  int* counters = nullptr;
+  CK(cudaMalloc(&counters, sizeof(int) * zipage::cuda::fp8::gemm_sm90_max_split_tiles));
+  CK(cudaMemset(counters, 0, sizeof(int) * zipage::cuda::fp8::gemm_sm90_max_split_tiles));
+  args.counters = counters;
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int splits = zipage::cuda::fp8::gemm_sm90_splits(0, m, n, k, sms);
+  if (!zipage::cuda::fp8::gemm_sm90_supported(args)) {
+    std::printf("| %s | %d x %d | %d | not supported here | | | | |\n", name, n, k, m);
+    cudaFree(ours);
+    cudaFree(counters);
+    return;
+  }
+  const auto h = g.heuristic();
+  const auto run_lt = [&] { g.run(h.algo); };
+  const auto run_ours = [&] { zipage::cuda::fp8::gemm_sm90(args, nullptr); };
+  run_lt();
+  run_ours();
+  CK(cudaDeviceSynchronize());
+  // The largest |ours - cuBLASLt| over the largest |cuBLASLt| (both bf16, m rows).
+  std::vector<std::uint16_t> a(std::size_t(m) * n), b(a.size());
+  CK(cudaMemcpy(a.data(), g.out, a.size() * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(b.data(), ours, b.size() * 2, cudaMemcpyDeviceToHost));
+  const auto f = [](std::uint16_t v) {
+    const std::uint32_t u = std::uint32_t{v} << 16;
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+  };
+  double worst = 0, peak = 0;
+  std::size_t nonfinite = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(f(b[i]))) ++nonfinite;
+    worst = std::max(worst, std::fabs(double(f(a[i])) - f(b[i])));
+    peak = std::max(peak, std::fabs(double(f(a[i]))));
+  }
+  const auto median_us = [](auto&& fn) {
+    zipage::cuda::event_timer timer;
+    for (int i = 0; i < 3; ++i) fn();
+    CK(cudaDeviceSynchronize());
+    std::vector<double> t;
+    for (int i = 0; i < 15; ++i) t.push_back(timer.time(nullptr, fn) * 1e6);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  // Joules per call over ~1 s of back-to-back calls (NVML's energy counter), 0 without a meter.
+  const auto joules = [&](auto&& fn, double us) {
+    if (!meter.available()) return 0.0;
+    const int calls = std::max(1, static_cast<int>(1e6 / std::max(us, 1.0)));
+    const auto before = meter.read();
+    for (int i = 0; i < calls; ++i) fn();
+    CK(cudaDeviceSynchronize());
+    const auto after = meter.read();
+    return before && after ? (after->joules - before->joules) / calls : 0.0;
+  };
+  const double lt_us = median_us(run_lt), ours_us = median_us(run_ours);
+  double unsplit_us = ours_us;  // the same kernel without split-K, where the rule splits
+  if (splits > 1) {
+    zipage::cuda::fp8::gemm_sm90_args one = args;
+    one.splits = 1;
+    unsplit_us = median_us([&] { zipage::cuda::fp8::gemm_sm90(one, nullptr); });
+  }
+  // Determinism: after the timed runs, ours again must give the first run's bits.
+  std::vector<std::uint16_t> again(b.size());
+  run_ours();
+  CK(cudaMemcpy(again.data(), ours, again.size() * 2, cudaMemcpyDeviceToHost));
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) changed += again[i] != b[i];
+  std::size_t at = 0;  // where the largest difference from cuBLASLt is
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::fabs(double(f(a[i])) - f(b[i])) == worst) {
+      at = i;
+      break;
+    }
+  const double lt_j = joules(run_lt, lt_us), ours_j = joules(run_ours, ours_us);
+  const double flop = 2.0 * m * n * static_cast<double>(k);
+  std::printf("| %s | %d x %d | %d | %.1f (%.2f waves), %.0f TFLOP/s, %.2f mJ | %.1f (%d split%s; %.1f unsplit), %.0f TFLOP/s, %.2f mJ | %.2fx | "
+              "%.2fx | %.3g of %.3g%s (row %zu, col %zu); %zu values changed on a rerun |\n",
+              name, n, k, m, lt_us, h.wavesCount, flop / lt_us / 1e6, lt_j * 1e3, ours_us, splits, splits > 1 ? "s" : "",
+              unsplit_us, flop / ours_us / 1e6,
+              ours_j * 1e3, lt_us / ours_us, ours_j > 0 ? lt_j / ours_j : 0.0, worst, peak,
+              nonfinite ? (" (" + std::to_string(nonfinite) + " non-finite)").c_str() : "", at / n, at % n, changed);
+  cudaFree(ours);
+  cudaFree(counters);
+}
+
+// --sm90-graph: GPU time per call of each kernel, in a graph of calls cycling over weight copies (> 160 MB in all).
+void graph_sm90(cublasLtHandle_t lt, const char* name, int n, int k, int m) {
+  gemm_case g(lt, m, n, k);
+  const int mp = zipage::cuda::fp8::padded_rows(m);
+  const std::size_t wbytes = std::size_t(n) * k;
+  const int copies = static_cast<int>(std::max<std::size_t>(2, ((std::size_t{160} << 20) + wbytes - 1) / wbytes));
+  std::vector<std::uint8_t*> ws(copies);
+  for (int i = 0; i < copies; ++i) {
+    CK(cudaMalloc(&ws[i], wbytes));
+    fill_codes<<<1024, 256>>>(ws[i], wbytes, 11u + i);
+  }
+  void* ours = nullptr;
+  int* counters = nullptr;
+  CK(cudaMalloc(&ours, std::size_t(n) * mp * 2));
+  CK(cudaMalloc(&counters, sizeof(int) * zipage::cuda::fp8::gemm_sm90_max_split_tiles));
+  CK(cudaMemset(counters, 0, sizeof(int) * zipage::cuda::fp8::gemm_sm90_max_split_tiles));
+  CK(cudaDeviceSynchronize());
+  const auto h = g.heuristic();
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const int calls = 2 * copies;
+  // µs per call: a graph of `calls` launches of `one(weight)`, replayed 3 times untimed and 10 times timed (median).
+  const auto per_call = [&](auto&& one) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; ++i) one(ws[i % copies]);
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, st));
+    CK(cudaStreamSynchronize(st));
+    zipage::cuda::event_timer timer;
+    std::vector<double> t;
+    for (int i = 0; i < 10; ++i) t.push_back(timer.time(st, [&] { CK(cudaGraphLaunch(exec, st)); }) * 1e6 / calls);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  const float alpha = 1.0f, beta = 0.0f;
+  const double lt_us = per_call([&](std::uint8_t* w) {
+    LT(cublasLtMatmul(g.lt, g.desc, &alpha, w, g.a, g.x, g.b, &beta, g.out, g.c, g.out, g.c, &h.algo, g.workspace,
+                      g.workspace_bytes, st));
+  });
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int auto_splits = zipage::cuda::fp8::gemm_sm90_splits(0, m, n, k, sms);
+  double best = 1e30;
+  int best_splits = 1;
+  std::string row;
+  for (const int sp : {1, 2, 4, 8}) {
+    if (zipage::cuda::fp8::gemm_sm90_splits(sp, m, n, k, sms) != sp) continue;
+    zipage::cuda::fp8::gemm_sm90_args args{g.x, g.xs_scale, nullptr, g.ws_scale, ours, m, n, k, sp, g.workspace,
+                                           g.workspace_bytes, counters};
+    if (zipage::cuda::fp8::gemm_sm90_workspace_bytes(m, n, sp) > g.workspace_bytes) continue;
+    const double us = per_call([&](std::uint8_t* w) {
+      args.w_codes = w;
+      zipage::cuda::fp8::gemm_sm90(args, st);
+    });
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s%d: %.1f", row.empty() ? "" : ", ", sp, us);
+    row += buf;
+    if (us < best) best = us, best_splits = sp;
+  }
+  const double gbs = double(wbytes) / (lt_us * 1e-6) / 1e9;
+  std::printf("| %s | %d x %d | %d | %d | %.1f (%.0f GB/s of weight) | %s | %d | %d | %.2fx |\n", name, n, k, m, copies,
+              lt_us, gbs, row.c_str(), best_splits, auto_splits, lt_us / best);
+  for (auto* w : ws) cudaFree(w);
+  cudaFree(ours);
+  cudaFree(counters);
+  CK(cudaStreamDestroy(st));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int> ms;
-  bool split = false;
+  bool split = false, sm90 = false, sm90_graph = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--split-tail") split = true;
+    else if (std::string(argv[i]) == "--sm90") sm90 = true;
+    else if (std::string(argv[i]) == "--sm90-graph") sm90_graph = true;
     else ms.push_back(std::atoi(argv[i]));
   }
   if (ms.empty()) ms = {512, 662, 704, 1024};
@@ -342,6 +528,23 @@ int main(int argc, char** argv) {
     const char* name;
     int n, k;
   } shapes[] = {{"o", 4096, 4096}, {"q|k|v", 6144, 4096}, {"gate|up", 24576, 4096}, {"down", 4096, 12288}};
+  if (sm90_graph) {
+    std::printf("| GEMM | N x K | M | weight copies | cuBLASLt, us per call | fp8::gemm_sm90 by split count, us per call | "
+                "fastest splits | gemm_sm90_splits' choice | cuBLASLt / fastest |\n|---|---|---:|---:|---|---|---:|---:|---:|\n");
+    for (const auto& s : shapes)
+      for (const int m : ms) graph_sm90(lt, s.name, s.n, s.k, m);
+    cublasLtDestroy(lt);
+    return 0;
+  }
+  if (sm90) {
+    const zipage::cuda::energy_meter meter;
+    std::printf("| GEMM | N x K | M | cuBLASLt heuristic | fp8::gemm_sm90 | time ratio (cuBLASLt / ours) | energy ratio | "
+                "max |ours - cuBLASLt| of max |out| |\n|---|---|---:|---|---|---:|---:|---|\n");
+    for (const auto& s : shapes)
+      for (const int m : ms) compare_sm90(lt, meter, s.name, s.n, s.k, m);
+    cublasLtDestroy(lt);
+    return 0;
+  }
   if (split) {
     std::printf("| GEMM | N x K | M = head + tail | whole, us | head alone, us | head + tail on 2 streams, us | head + "
                 "2 half-K tails on 3 streams + add, us | whole / split |\n|---|---|---|---|---:|---:|---|---:|\n");

@@ -183,6 +183,7 @@ struct options {
   bool unfused_quantize = false;     // FP8 weights: every linear quantises its own input (A/B of fuse_fp8_quantize)
   std::string fp8_decode_kernel = "automatic";  // cuda::fp8_decode_kernel by name
   std::string prefill_kernel = "automatic";  // cuda::prefill_kernel by name
+  std::string fp8_gemm_kernel = "automatic";  // cuda::fp8_gemm_kernel by name
   float temperature = 0.0f;
   std::string json;
   std::string kv_cache_dtype = "auto";  // auto (bf16) | fp8 | fp8_e4m3
@@ -366,6 +367,7 @@ struct run_result {
   std::int64_t preemptions = 0, swaps = 0, compressions = 0, evicted = 0;
   std::int64_t graph_replays = 0, graph_captures = 0, nano_batch_steps = 0;
   std::int64_t swapped_decodes = 0;  // layers' decode attention launches by the swapped kernel (FP8 KV)
+  std::int64_t sm90_fp8_gemms = 0;   // FP8 linears run by fp8::gemm_sm90 (eager calls and graph record passes)
   double graph_capture_s = 0;
   int max_concurrency = 0;
   double host_ms_per_step = 0, forward_ms_per_step = 0, launch_ms_per_step = 0, to_host_ms_per_step = 0;
@@ -507,6 +509,7 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   r.output_tokens = static_cast<double>(generated);
   r.nano_batch_steps = st.nano_batch_steps;
   r.swapped_decodes = k.swapped_decodes;
+  r.sm90_fp8_gemms = k.sm90_fp8_gemms;
   r.prompt_tokens = prompt_tokens;
   r.tok_s = r.output_tokens / r.seconds;
   // Steady state: the second half of the run (time), generated tokens over time.
@@ -633,6 +636,10 @@ int main(int argc, char** argv) {
                  "FP8 KV: decode attention kernel: automatic (swapped where it fits and the batch fills the GPU "
                  "without splits), split_kv or swapped (cuda_backend_options::fp8_decode_kernel, for A/B runs)")
       ->check(CLI::IsMember(names_of(cuda::all_fp8_decode_kernels)));
+  app.add_option("--fp8-gemm-kernel", o.fp8_gemm_kernel,
+                 "FP8 weights: the GEMM: automatic, cublaslt or sm90 (our wgmma kernel with 64-token tiles; "
+                 "cuda_backend_options::fp8_gemm_kernel, for A/B runs)")
+      ->check(CLI::IsMember(names_of(cuda::all_fp8_gemm_kernels)));
   app.add_flag("--no-fused-quantize", o.unfused_quantize,
                "FP8 weights: each linear quantises its input itself, instead of the norm or SwiGLU before it writing the "
                "FP8 copy (cuda_backend_options::fuse_fp8_quantize = false, for A/B runs)");
@@ -693,6 +700,7 @@ int main(int argc, char** argv) {
     bo.fuse_fp8_quantize = !o.unfused_quantize;
     bo.fp8_decode_kernel = named(cuda::all_fp8_decode_kernels, o.fp8_decode_kernel);
     bo.prefill_kernel = named(cuda::all_prefill_kernels, o.prefill_kernel);
+    bo.fp8_gemm_kernel = named(cuda::all_fp8_gemm_kernels, o.fp8_gemm_kernel);
     bo.kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
     bo.weight_dtype = o.linear_bench ? weight_dtype::fp8_e4m3 : parse_weight_quantization(o.quantization);
     bo.max_graph_batch = std::max(bo.max_graph_batch, o.max_num_seqs);
@@ -771,10 +779,12 @@ int main(int argc, char** argv) {
                       static_cast<double>(r.device_compressions) / static_cast<double>(std::max<std::int64_t>(1, r.device_batches)),
                       1e3 * r.gather_s / static_cast<double>(r.compressions), 100.0 * r.compaction_s / r.seconds);
         std::printf("; nano-batch overlap: %lld of %lld decode steps (from batch %d, GEMM SMs %d); swapped FP8 decode "
-                    "kernel in %lld layer launches (%lld decode steps x %d layers)\n",
+                    "kernel in %lld layer launches (%lld decode steps x %d layers); FP8 GEMM %s, fp8::gemm_sm90 in %lld "
+                    "launches\n",
                     static_cast<long long>(r.nano_batch_steps), static_cast<long long>(r.decode_steps), o.overlap_min_batch,
                     o.overlap_gemm_sms, static_cast<long long>(r.swapped_decodes),
-                    static_cast<long long>(r.decode_steps), c.num_layers);
+                    static_cast<long long>(r.decode_steps), c.num_layers, o.fp8_gemm_kernel.c_str(),
+                    static_cast<long long>(r.sm90_fp8_gemms));
         if (r.steady_watts > 0)
           std::printf("    energy, steady half: %.2f mJ per output token, %.0f W mean, SM clock %.0f MHz mean, %.0f%% of "
                       "samples under the software power cap\n",
@@ -800,7 +810,7 @@ int main(int argc, char** argv) {
                         "\"device_batches\":%lld,\"kv_cache_dtype\":\"%s\",\"overlap_min_batch\":%d,"
                         "\"nano_batch_steps\":%lld,\"decode_steps\":%lld,\"quantization\":\"%s\",\"fused_projections\":%s,\"fused_quantize\":%s,"
                         "\"steady_mj_per_token\":%.3f,\"steady_watts\":%.1f,\"steady_sm_mhz\":%.0f,\"steady_power_capped\":%.3f,"
-                        "\"fp8_decode_kernel\":\"%s\",\"swapped_decodes\":%lld,"
+                        "\"fp8_decode_kernel\":\"%s\",\"swapped_decodes\":%lld,\"fp8_gemm_kernel\":\"%s\",\"sm90_fp8_gemms\":%lld,"
                         "\"power_ceiling_fraction\":%.4f,\"power_forward_ceiling_fraction\":%.4f,"
                         "\"pj_per_byte\":%.2f,\"pj_per_flop\":%.4f,\"power_limit_w\":%.0f,\"idle_w\":%.0f}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
@@ -816,6 +826,7 @@ int main(int argc, char** argv) {
                         o.unfused_projections ? "false" : "true", o.unfused_quantize ? "false" : "true",
                         r.steady_mj_per_token, r.steady_watts, r.steady_sm_mhz, r.steady_power_capped,
                         o.fp8_decode_kernel.c_str(), static_cast<long long>(r.swapped_decodes),
+                        o.fp8_gemm_kernel.c_str(), static_cast<long long>(r.sm90_fp8_gemms),
                         r.power_ceiling_fraction, r.power_forward_ceiling_fraction, ec.joules_per_byte * 1e12,
                         ec.joules_per_flop * 1e12, ec.power_limit_w, ec.idle_w);
           js << buf;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "zipage/backend/cuda/cuda_backend.hpp"
+#include "zipage/backend/cuda/fp8_gemm.hpp"  // gemm_sm90_available
 #include "zipage/core/fp8_linear.hpp"
 #include "zipage/cuda/device.hpp"
 #include "zipage/engine/engine.hpp"
@@ -40,10 +41,11 @@ using namespace zipage;
 
 namespace {
 
-cuda_backend fp8_backend(bool graphs = false) {
+cuda_backend fp8_backend(bool graphs = false, cuda::fp8_gemm_kernel gemm = cuda::fp8_gemm_kernel::automatic) {
   cuda_backend_options o;
   o.weight_dtype = weight_dtype::fp8_e4m3;
   o.cuda_graphs = graphs;
+  o.fp8_gemm_kernel = gemm;
   return cuda_backend(o);
 }
 
@@ -147,10 +149,19 @@ struct linear_error {
 };
 
 // linear(x, w) with an FP8 weight against fp8_linear::gemm on the device's own codes and scales.
-linear_error check_fp8_linear(const cuda_backend& b, int m, int n, int k) {
-  std::vector<float> wv, xv;
-  auto w = device_normal(b, n, k, 1.0f / std::sqrt(float(k)), 17u + static_cast<unsigned>(n + k), wv);
-  auto x = device_normal(b, m, k, 1.0f, 23u + static_cast<unsigned>(m), xv);
+// spread: every token row and 128-column group of x, and every 128x128 block of w, on a scale of its own (up to
+// 60x apart), so that a kernel reading another token's or block's scale is far off.
+linear_error check_fp8_linear(const cuda_backend& b, int m, int n, int k, bool spread = false) {
+  std::vector<float> wv = normal(static_cast<std::size_t>(n) * k, 1.0f / std::sqrt(float(k)), 17u + static_cast<unsigned>(n + k));
+  std::vector<float> xv = normal(static_cast<std::size_t>(m) * k, 1.0f, 23u + static_cast<unsigned>(m));
+  if (spread) {
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < k; ++j) wv[static_cast<std::size_t>(i) * k + j] *= float(1 + (i / 128) % 4 + 3 * ((j / 128) % 3));
+    for (int r = 0; r < m; ++r)
+      for (int j = 0; j < k; ++j) xv[static_cast<std::size_t>(r) * k + j] *= float(1 + r % 5) * float(1 + 2 * ((j / 128 + r) % 3));
+  }
+  auto w = b.from_host(wv, n, k);
+  auto x = b.from_host(xv, m, k);
   REQUIRE(b.prepare_linear_weight(w));
   fp8_linear::quantized wq{n, k, {}, {}}, xq{m, k, {}, {}};
   b.fp8_weight_to_host(w, wq.codes, wq.scales);
@@ -191,7 +202,7 @@ linear_error check_fp8_linear(const cuda_backend& b, int m, int n, int k) {
 }  // namespace
 
 TEST_CASE("fp8 weights: linear() (cuBLASLt block-scaled FP8 GEMM) against the CPU reference") {
-  const auto b = fp8_backend();
+  const auto b = fp8_backend(false, cuda::fp8_gemm_kernel::cublaslt);  // automatic would run gemm_sm90 up to 64 rows
   for (const auto& [n, k] : {std::pair{4096, 4096}, std::pair{12288, 4096}, std::pair{4096, 12288}, std::pair{1024, 256}})
     for (const int m : {1, 7, 64, 300, 1024}) {
       const auto e = check_fp8_linear(b, m, n, k);
@@ -213,6 +224,86 @@ TEST_CASE("fp8 weights: linear() (cuBLASLt block-scaled FP8 GEMM) against the CP
     }
   }
   MESSAGE(b.describe_weights());
+}
+
+TEST_CASE("fp8 weights: fp8_gemm_kernel sm90 (our wgmma GEMM, 64-token tiles) against the CPU reference") {
+  if (!cuda::fp8::gemm_sm90_available()) {
+    MESSAGE("SKIPPED: fp8::gemm_sm90 needs an sm_90a build on a compute-capability-9.0 device (this is ",
+            cuda::describe_device(0), ")");
+    return;
+  }
+  cuda_backend_options o;
+  o.weight_dtype = weight_dtype::fp8_e4m3;
+  o.fp8_gemm_kernel = cuda::fp8_gemm_kernel::sm90;
+  const cuda_backend b(o);
+  {  // the backend's one-time FP8 self-test (a GEMM of its own) runs at the first FP8 weight: before the counting
+    auto w = b.random_tensor(256, 384, 0.05f, 1);
+    REQUIRE(b.prepare_linear_weight(w));
+  }
+  std::int64_t runs = 0;
+  // Token counts around the 64-token tiles and the 4-row padding, the engine's decode batches and a prefill chunk;
+  // the Qwen3-8B projections' (N, K) and a small one of several k-groups.
+  for (const auto& [n, k] : {std::pair{4096, 4096}, std::pair{6144, 4096}, std::pair{4096, 12288}, std::pair{256, 384}})
+    for (const int m : {1, 7, 63, 64, 65, 130, 662, 1024}) {
+      const bool spread = n == 256 || m == 662;
+      const auto before = b.counters().sm90_fp8_gemms;
+      const auto e = check_fp8_linear(b, m, n, k, spread);
+      const auto ran = b.counters().sm90_fp8_gemms - before;
+      runs += ran;
+      MESSAGE("sm90 m ", m, " n ", n, " k ", k, std::string(spread ? " (spread scales)" : ""), ": max |out - ref| ", e.max_abs,
+              " (rms ref ", e.rms_ref, "), relative RMS ", e.rel_rms, ", worst |err| / tolerance ", e.max_rel_excess);
+      CHECK(ran == 1);
+      CHECK(e.ok);
+    }
+  // automatic: gemm_sm90 up to kSm90Fp8GemmMaxRows tokens, cuBLASLt's above.
+  if (cuda::fp8::gemm_sm90_available()) {
+    const auto a = fp8_backend();
+    auto w = a.random_tensor(256, 384, 0.05f, 1);
+    REQUIRE(a.prepare_linear_weight(w));
+    for (const int m : {1, cuda::kSm90Fp8GemmMaxRows, cuda::kSm90Fp8GemmMaxRows + 1}) {
+      const auto x = a.random_tensor(m, 384, 1.0f, 2);
+      cuda_tensor out;
+      const auto before = a.counters().sm90_fp8_gemms;
+      a.linear(x, w, out);
+      CHECK(a.counters().sm90_fp8_gemms - before == (m <= cuda::kSm90Fp8GemmMaxRows ? 1 : 0));
+    }
+  }
+  // n not a multiple of 128: cuBLASLt's GEMM runs it (the counter does not move), still within the tolerance.
+  const auto before = b.counters().sm90_fp8_gemms;
+  const auto e = check_fp8_linear(b, 7, 1040, 384);
+  CHECK(b.counters().sm90_fp8_gemms == before);
+  CHECK(e.ok);
+  MESSAGE("sm90 ran ", runs, " GEMMs");
+}
+
+TEST_CASE("fp8 weights: fp8_gemm_kernel sm90 is refused where it cannot run, and inside a CUDA graph replays eager") {
+  cuda_backend_options o;
+  o.weight_dtype = weight_dtype::fp8_e4m3;
+  o.fp8_gemm_kernel = static_cast<cuda::fp8_gemm_kernel>(9);
+  CHECK_THROWS_WITH_AS(o.validate(), doctest::Contains("fp8_gemm_kernel"), std::exception);
+  o.fp8_gemm_kernel = cuda::fp8_gemm_kernel::sm90;
+  if (!cuda::fp8::gemm_sm90_available()) {
+    CHECK_THROWS_WITH_AS(cuda_backend{o}, doctest::Contains("fp8_gemm_kernel sm90"), std::exception);
+    return;
+  }
+  o.cuda_graphs = true;
+  const cuda_backend b(o);
+  auto w = b.random_tensor(512, 1024, 0.03f, 3);
+  REQUIRE(b.prepare_linear_weight(w));
+  const auto x = b.random_tensor(100, 1024, 1.0f, 4);
+  cuda_tensor eager_out, graph_out;
+  b.linear(x, w, eager_out);
+  const auto eager = b.to_host(eager_out);
+  // Captured and replayed, the launch writes the eager bits (its tensor maps are kernel parameters, captured by value).
+  for (int rep = 0; rep < 3; ++rep) {
+    const cuda_tensor& got = b.run_decode_graph(128, [&]() -> const cuda_tensor& {
+      b.linear(x, w, graph_out);
+      return graph_out;
+    });
+    CHECK(b.to_host(got) == eager);
+  }
+  CHECK(b.counters().graph_replays == 2);
+  CHECK(b.counters().sm90_fp8_gemms >= 2);  // eager, and the graph's record pass
 }
 
 TEST_CASE("fp8 weights: other ops refuse an e4m3 tensor, and linear refuses non-bf16 activations") {

@@ -7,6 +7,7 @@
 #include "test_support.hpp"
 
 #include <zipage/backend/cuda/cuda_backend.hpp>
+#include <zipage/backend/cuda/fp8_gemm.hpp>
 #include <zipage/gguf/gguf.hpp>
 #include <zipage/models/hf_config.hpp>
 #include <zipage/models/hf_loader.hpp>
@@ -196,6 +197,51 @@ TEST_CASE("resolve_fp8_decode_kernel: swapped where it fits and the batch fills 
   CHECK(zipage::cuda::is_swapped(fp8_decode_kernel::swapped));
   CHECK_FALSE(zipage::cuda::is_swapped(fp8_decode_kernel::split_kv));
   CHECK_FALSE(zipage::cuda::is_swapped(fp8_decode_kernel::automatic));
+}
+
+// The FP8 GEMM a linear() runs (host rule, no device): automatic runs gemm_sm90 up to kSm90Fp8GemmMaxRows tokens where
+// it takes the shape, cuBLASLt's above and elsewhere; a requested sm90 runs wherever it takes the shape; and the
+// split-K count: about one CTA per multiprocessor, at least two k-groups per split, none from many tiles on.
+TEST_CASE("resolve_fp8_gemm_kernel and gemm_sm90_splits: which FP8 GEMM runs, and how it splits K") {
+  using zipage::cuda::fp8_gemm_kernel;
+  using zipage::cuda::kSm90Fp8GemmMaxRows;
+  using zipage::cuda::resolve_fp8_gemm_kernel;
+  for (const int rows : {1, 7, kSm90Fp8GemmMaxRows}) {
+    CHECK(resolve_fp8_gemm_kernel(fp8_gemm_kernel::automatic, rows, true) == fp8_gemm_kernel::sm90);
+    CHECK(resolve_fp8_gemm_kernel(fp8_gemm_kernel::automatic, rows, false) == fp8_gemm_kernel::cublaslt);
+  }
+  for (const int rows : {kSm90Fp8GemmMaxRows + 1, 662, 4096}) {
+    CHECK(resolve_fp8_gemm_kernel(fp8_gemm_kernel::automatic, rows, true) == fp8_gemm_kernel::cublaslt);
+    CHECK(resolve_fp8_gemm_kernel(fp8_gemm_kernel::sm90, rows, true) == fp8_gemm_kernel::sm90);
+    CHECK(resolve_fp8_gemm_kernel(fp8_gemm_kernel::sm90, rows, false) == fp8_gemm_kernel::cublaslt);
+    CHECK(resolve_fp8_gemm_kernel(fp8_gemm_kernel::cublaslt, rows, true) == fp8_gemm_kernel::cublaslt);
+  }
+  CHECK(contains(error_of([] { (void)resolve_fp8_gemm_kernel(static_cast<fp8_gemm_kernel>(7), 1, true); }),
+                 "not a cuda::fp8_gemm_kernel (7)"));
+  std::set<std::string> names;
+  for (const fp8_gemm_kernel k : zipage::cuda::all_fp8_gemm_kernels) {
+    CHECK(zipage::cuda::is_fp8_gemm_kernel(k));
+    names.insert(zipage::cuda::to_string(k));
+  }
+  CHECK(names.size() == std::size(zipage::cuda::all_fp8_gemm_kernels));
+  CHECK_FALSE(zipage::cuda::is_fp8_gemm_kernel(static_cast<fp8_gemm_kernel>(3)));
+
+  namespace f = zipage::cuda::fp8;
+  // 132 multiprocessors (the H200): a 4096-wide output at 8 tokens is 32 tiles -> 4 splits; 6144 wide 48 -> 2; a
+  // 24576-wide one 192 tiles -> none; a 64-token batch the same as 8 (one 64-row tile); K of 2 groups -> 1 split.
+  CHECK(f::gemm_sm90_splits(0, 8, 4096, 4096, 132) == 4);
+  CHECK(f::gemm_sm90_splits(0, 64, 4096, 12288, 132) == 4);
+  CHECK(f::gemm_sm90_splits(0, 8, 6144, 4096, 132) == 2);
+  CHECK(f::gemm_sm90_splits(0, 8, 24576, 4096, 132) == 1);
+  CHECK(f::gemm_sm90_splits(0, 128, 4096, 4096, 132) == 2);
+  CHECK(f::gemm_sm90_splits(0, 8, 128, 256, 132) == 1);      // 2 groups: at least 2 per split
+  CHECK(f::gemm_sm90_splits(0, 8, 128, 1024, 132) == 4);     // 8 groups, 1 tile: at most groups / 2
+  CHECK(f::gemm_sm90_splits(16, 8, 4096, 1024, 132) == 8);   // a request: at most one split per group
+  CHECK(f::gemm_sm90_splits(3, 8, 4096, 4096, 132) == 3);
+  CHECK(f::gemm_sm90_splits(0, 65536, 4096, 4096, 132) == 1);  // past gemm_sm90_max_split_tiles
+  CHECK(f::gemm_sm90_tiles(65, 4096) == 64);
+  CHECK(f::gemm_sm90_workspace_bytes(8, 4096, 4) == std::size_t{32} * 4 * 64 * 128 * 4);
+  CHECK(f::gemm_sm90_workspace_bytes(8, 4096, 1) == 0);
 }
 
 // The prefill kernel a launch runs (host rule, no device): automatic runs wgmma on bf16 K/V at head_dim 128 where

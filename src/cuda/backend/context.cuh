@@ -24,6 +24,7 @@
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/cuda_backend.hpp"
 #include "zipage/backend/cuda/attention.hpp"  // decode_plan
+#include "zipage/backend/cuda/fp8_gemm.hpp"    // gemm_sm90_max_split_tiles
 #include "zipage/sampling/sampler.hpp"
 
 #define ZIPAGE_LT_CHECK(expr)                                                                          \
@@ -138,6 +139,9 @@ struct context {
   }
   cublasLtHandle_t lt = nullptr;
   void* lt_workspace = nullptr;
+  // fp8::gemm_sm90's split-K: its partials in lt_workspace (the main stream orders it against cuBLASLt's use), its
+  // per-tile counters here (zeroed once; every launch leaves them zero).
+  int* sm90_counters = nullptr;
   std::unordered_map<gemm_key, std::unique_ptr<gemm_plan>, gemm_key_hash> gemms;
 
   // Two entries each, one per nano-batch (upload_cache); steps[i] is what meta_up's entry i became.
@@ -224,6 +228,9 @@ struct context {
     for (auto* events : {&attention_launched, &attention_finished})
       for (auto& e : *events) ZIPAGE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     if (opts.gemm_workspace_bytes) ZIPAGE_CUDA_CHECK(cudaMalloc(&lt_workspace, opts.gemm_workspace_bytes));
+    const std::size_t counter_bytes = sizeof(int) * cuda::fp8::gemm_sm90_max_split_tiles;
+    ZIPAGE_CUDA_CHECK(cudaMalloc(&sm90_counters, counter_bytes));
+    ZIPAGE_CUDA_CHECK(cudaMemset(sm90_counters, 0, counter_bytes));
   }
   context(const context&) = delete;
   context& operator=(const context&) = delete;
@@ -235,6 +242,7 @@ struct context {
     gemms.clear();
     for (auto& [key, p] : rope_tables) cudaFree(p);
     if (lt_workspace) cudaFree(lt_workspace);
+    if (sm90_counters) cudaFree(sm90_counters);
     if (lt) cublasLtDestroy(lt);
     for (auto& e : chunk_events)
       if (e) cudaEventDestroy(e);

@@ -1,7 +1,8 @@
 // zipage::cuda_backend (backend/cuda/cuda_backend.hpp): FP8 linear weights (docs/fp8.md "FP8 weights") — their
 // quantisation at load, the per-token activation quantisation before each GEMM, and cuBLASLt's block-scaled FP8
 // GEMM: out^T [n x m] = (W codes · 128x128 block scales)^T (x codes · per-token 128-group scales), fp32
-// accumulation, bf16 out.
+// accumulation, bf16 out. Batches of up to 64 tokens run fp8::gemm_sm90 instead, on the same codes and scales
+// (cuda_backend_options::fp8_gemm_kernel; docs/fp8.md "Our own FP8 GEMM for small batches").
 //
 // cuBLASLt's contract for these scale modes (CUDA 12.9+, Hopper; cuBLAS docs "block scaling" and NVIDIA's
 // LtBlk128x128Fp8Matmul sample): FP8 operands in the "TN" form only (A transposed, B not: both K-major, which
@@ -138,7 +139,7 @@ bool fp8_self_test(const std::shared_ptr<context>& ctx) {
   double worst = -1.0;
   if (fp8_gemm_supported(c, n, k, static_cast<const float*>(scales.data()))) {
     access::set_e4m3(wt, std::move(codes), std::move(scales), n, k);
-    fp8_linear(ctx, xt, wt, out);
+    fp8_linear(ctx, xt, wt, out, cuda::fp8_gemm_kernel::cublaslt);  // the layouts checked are cuBLASLt's
     std::vector<std::uint16_t> ob(static_cast<std::size_t>(m) * n);
     ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(ob.data(), out.data(), ob.size() * 2, cudaMemcpyDeviceToHost, c.stream));
     ZIPAGE_CUDA_CHECK(cudaStreamSynchronize(c.stream));
@@ -165,7 +166,8 @@ bool fp8_self_test(const std::shared_ptr<context>& ctx) {
 
 }  // namespace
 
-void fp8_linear(const std::shared_ptr<context>& ctx, const cuda_tensor& x, const cuda_tensor& w, cuda_tensor& out) {
+void fp8_linear(const std::shared_ptr<context>& ctx, const cuda_tensor& x, const cuda_tensor& w, cuda_tensor& out,
+                std::optional<cuda::fp8_gemm_kernel> kernel) {
   context& c = use(ctx);
   check(x.dtype() == cuda_dtype::bf16, "linear: an FP8 (e4m3) weight takes bf16 activations, got ", to_string(x.dtype()));
   const int m = x.rows(), n = w.rows(), k = x.cols();
@@ -187,8 +189,9 @@ void fp8_linear(const std::shared_ptr<context>& ctx, const cuda_tensor& x, const
     ++t.fp8_linears;
     t.fp8_inputs_prequantized += quantized ? 1 : 0;
   });
-  const bool skip =
-      c.skip_launch(11, x.data(), w.data(), w.scales(), out.data(), m, n, k, ws.codes, &plan, c.lt_workspace, quantized);
+  const cuda::fp8_gemm_kernel requested = kernel.value_or(c.opts.fp8_gemm_kernel);
+  const bool skip = c.skip_launch(11, x.data(), w.data(), w.scales(), out.data(), m, n, k, ws.codes, &plan, c.lt_workspace,
+                                  quantized, static_cast<int>(requested));
   c.fp8_ws_holds = {x.data(), m, k, ws.codes, c.launch_seq};
   if (skip) return;
   if (!quantized) {
@@ -196,6 +199,22 @@ void fp8_linear(const std::shared_ptr<context>& ctx, const cuda_tensor& x, const
     cuda::fp8::quantize_activations(cuda_dtype::bf16, x.data(), m, mp, k, ws.codes, ws.scales, as_stream(c.stream));
   }
   const auto timed = time_op(c, [&] { return "linear fp8 " + std::to_string(n) + "x" + std::to_string(k); });
+  if (requested != cuda::fp8_gemm_kernel::cublaslt) {
+    cuda::fp8::gemm_sm90_args own{ws.codes, ws.scales, static_cast<const std::uint8_t*>(w.data()), w.scales(),
+                                  out.data(), m, n, k};
+    if (cuda::resolve_fp8_gemm_kernel(requested, m, cuda::fp8::gemm_sm90_supported(own)) ==
+        cuda::fp8_gemm_kernel::sm90) {
+      own.workspace = c.lt_workspace;
+      own.workspace_bytes = c.opts.gemm_workspace_bytes;
+      own.counters = c.sm90_counters;
+      // Split-K only as far as cuBLASLt's workspace holds the partials.
+      own.splits = cuda::fp8::gemm_sm90_splits(0, m, n, k, cuda::detail::device_multiprocessors());
+      while (own.splits > 1 && cuda::fp8::gemm_sm90_workspace_bytes(m, n, own.splits) > own.workspace_bytes) --own.splits;
+      c.count([](cuda_backend_counters& t) { ++t.sm90_fp8_gemms; });
+      cuda::fp8::gemm_sm90(own, as_stream(c.stream));
+      return;
+    }
+  }
   const float* w_scales = w.scales();
   const float* x_scales = ws.scales;
   ZIPAGE_LT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof w_scales));

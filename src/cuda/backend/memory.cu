@@ -9,6 +9,7 @@
 
 #include "context.cuh"
 #include "zipage/backend/cuda/attention.hpp"  // wgmma_prefill_available
+#include "zipage/backend/cuda/fp8_gemm.hpp"   // gemm_sm90_available
 #include "zipage/backend/cuda/ops.hpp"
 #include "zipage/cuda/device.hpp"
 
@@ -73,6 +74,12 @@ cuda_backend::cuda_backend(const cuda_backend_options& options)
     check(cuda::wgmma_prefill_available(), "cuda_backend_options::prefill_kernel ", cuda::to_string(options.prefill_kernel),
           " needs an sm_90a build of zipage (CMAKE_CUDA_ARCHITECTURES=90a) and a compute-capability-9.0 device; ",
           "this is ", cuda::describe_device(options.device));
+  }
+  if (options.fp8_gemm_kernel == cuda::fp8_gemm_kernel::sm90) {
+    ctx_->activate();
+    check(cuda::fp8::gemm_sm90_available(), "cuda_backend_options::fp8_gemm_kernel sm90 needs an sm_90a build of zipage ",
+          "(CMAKE_CUDA_ARCHITECTURES=90a), a compute-capability-9.0 device and a driver with TMA tensor maps; this is ",
+          cuda::describe_device(options.device));
   }
 }
 

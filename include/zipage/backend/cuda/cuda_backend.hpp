@@ -140,6 +140,10 @@ struct cuda_backend_options {
   // (dtype bf16, kv_dtype auto_), head_dim 128 (checked by allocate_kv) and a device that runs them
   // (cuda::wgmma_prefill_available(), checked by the constructor).
   cuda::prefill_kernel prefill_kernel = cuda::prefill_kernel::automatic;
+  // With FP8 linear weights: which GEMM runs them (cuda::fp8_gemm_kernel; zipage-bench --fp8-gemm-kernel). sm90 needs
+  // a device that runs it (cuda::fp8::gemm_sm90_available(), checked by the constructor); a weight whose shape it
+  // does not take (n or k not a multiple of 128) runs cuBLASLt's.
+  cuda::fp8_gemm_kernel fp8_gemm_kernel = cuda::fp8_gemm_kernel::automatic;
 
   [[nodiscard]] bool wgmma_prefill() const { return cuda::is_wgmma(prefill_kernel); }
 
@@ -172,6 +176,8 @@ struct cuda_backend_options {
     check(!cuda::is_swapped(fp8_decode_kernel) || kv_dtype == kv_cache_dtype::fp8_e4m3,
           "cuda_backend_options::fp8_decode_kernel ", cuda::to_string(fp8_decode_kernel), " is a decode kernel for an ",
           "FP8 KV cache: it needs kv_dtype fp8_e4m3");
+    check(cuda::is_fp8_gemm_kernel(fp8_gemm_kernel), "cuda_backend_options::fp8_gemm_kernel: not a ",
+          "cuda::fp8_gemm_kernel (", static_cast<int>(fp8_gemm_kernel), ")");
     check(cuda::is_prefill_kernel(prefill_kernel),
           "cuda_backend_options::prefill_kernel: not a cuda::prefill_kernel (", static_cast<int>(prefill_kernel), ")");
     check(!wgmma_prefill() || (dtype == cuda_dtype::bf16 && kv_dtype == kv_cache_dtype::auto_),
@@ -329,6 +335,7 @@ struct cuda_backend_counters {
   std::int64_t fp8_linears = 0;           // linear() calls with an FP8 weight (eager, and graph record passes)
   std::int64_t fp8_inputs_prequantized = 0;  // of which found their input's codes already written (fuse_fp8_quantize)
   std::int64_t swapped_decodes = 0;       // layers' decode attention run by a swapped kernel (fp8_decode_kernel)
+  std::int64_t sm90_fp8_gemms = 0;         // FP8 linears run by fp8::gemm_sm90 (fp8_gemm_kernel; eager and record passes)
 };
 
 // One op's GPU time (cuda_backend_options::op_timing): `calls` launches of `op` took `ms` in all.

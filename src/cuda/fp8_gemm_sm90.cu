@@ -1,0 +1,111 @@
+// The block-scaled FP8 GEMM on Hopper wgmma (fp8_gemm_sm90.cuh; fp8_gemm.hpp says what it takes). A translation
+// unit of its own: the kernel's 1,024-byte-aligned shared memory and the driver's tensor-map encoder stay here.
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "launch_checks.hpp"
+#include "zipage/backend/cuda/fp8_gemm.hpp"
+#include "zipage/backend/cuda/fp8_gemm_sm90.cuh"
+
+namespace zipage::cuda::fp8 {
+
+namespace {
+
+// cuTensorMapEncodeTiled from the driver, found at run time (nothing links against libcuda); null without it.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      return PFN_cuTensorMapEncodeTiled_v12000{nullptr};
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// Codes [rows][k] bytes as TMA reads them: boxes of `box_rows` rows x 128 bytes, 128-byte swizzle, rows past
+// `rows` read as zeros.
+CUtensorMap code_map(const void* codes, int rows, int k, int box_rows, const char* what) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
+  const cuuint32_t box[2] = {detail::fp8_gemm::kBK, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(codes), dims, strides,
+                                          box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  check(r == CUDA_SUCCESS, "fp8::gemm_sm90: cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r), ") for the ",
+        what, " codes [", rows, "][", k, "]");
+  return map;
+}
+
+}  // namespace
+
+bool gemm_sm90_available() {
+#if defined(ZIPAGE_CUDA_SM90A)
+  // Bit d of `known`: device d was asked; of `yes`: it runs the kernel. Devices past 63 are asked every time.
+  static std::atomic<std::uint64_t> known{0}, yes{0};
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  const std::uint64_t bit = dev < 64 ? std::uint64_t{1} << dev : 0;
+  if (known.load(std::memory_order_acquire) & bit) return (yes.load(std::memory_order_relaxed) & bit) != 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
+  const bool runs = major == 9 && minor == 0 && tensor_map_encoder() != nullptr;
+  if (runs) yes.fetch_or(bit, std::memory_order_relaxed);
+  known.fetch_or(bit, std::memory_order_release);
+  return runs;
+#else
+  return false;  // the library was not built for sm_90a (CMAKE_CUDA_ARCHITECTURES)
+#endif
+}
+
+bool gemm_sm90_supported(const gemm_sm90_args& a) {
+  using detail::aligned16;
+  return a.m >= 0 && a.n > 0 && a.k > 0 && a.n % detail::fp8_gemm::kBN == 0 && a.k % detail::fp8_gemm::kBK == 0 &&
+         aligned16(a.x_codes) && aligned16(a.x_scales) && aligned16(a.w_codes) && detail::aligned(a.w_scales, 4) &&
+         detail::aligned(a.out, 4) && gemm_sm90_available();
+}
+
+static_assert(gemm_sm90_tile_rows == detail::fp8_gemm::kBM && gemm_sm90_tile_cols == detail::fp8_gemm::kBN &&
+                  gemm_sm90_group == detail::fp8_gemm::kBK,
+              "fp8_gemm.hpp's tile constants are the kernel's");
+
+void gemm_sm90(const gemm_sm90_args& a, cuda_stream stream) {
+  namespace g = detail::fp8_gemm;
+  check(a.n > 0 && a.n % g::kBN == 0, "fp8::gemm_sm90: n (", a.n, ") must be a positive multiple of 128");
+  check(a.k > 0 && a.k % g::kBK == 0, "fp8::gemm_sm90: k (", a.k, ") must be a positive multiple of 128");
+  check(a.m >= 0, "fp8::gemm_sm90: m is negative (", a.m, ")");
+  check(detail::aligned16(a.x_codes) && detail::aligned16(a.x_scales) && detail::aligned16(a.w_codes),
+        "fp8::gemm_sm90: x_codes, x_scales and w_codes must be 16-byte aligned");
+  check(detail::aligned(a.w_scales, 4) && detail::aligned(a.out, 4), "fp8::gemm_sm90: w_scales and out must be 4-byte aligned");
+  check(gemm_sm90_available(), "fp8::gemm_sm90: needs an sm_90a build on a compute-capability 9.0 device with TMA");
+  if (a.m == 0) return;
+  const int mp = padded_rows(a.m);
+  const int m_tiles = (mp + g::kBM - 1) / g::kBM;
+  const long long tiles = static_cast<long long>(m_tiles) * (a.n / g::kBN);
+  check(tiles < (1ll << 31), "fp8::gemm_sm90: too many tiles (", tiles, ")");
+  const int splits = gemm_sm90_splits(a.splits, a.m, a.n, a.k, detail::device_multiprocessors());
+  if (splits > 1) {
+    check(a.counters != nullptr, "fp8::gemm_sm90: ", splits, " splits need counters (gemm_sm90_max_split_tiles zero ints)");
+    check(a.workspace != nullptr && a.workspace_bytes >= gemm_sm90_workspace_bytes(a.m, a.n, splits) &&
+              detail::aligned16(a.workspace),
+          "fp8::gemm_sm90: ", splits, " splits of ", a.m, " x ", a.n, " need a 16-byte aligned workspace of ",
+          gemm_sm90_workspace_bytes(a.m, a.n, splits), " bytes (got ", a.workspace_bytes, ")");
+  }
+  const CUtensorMap a_map = code_map(a.x_codes, mp, a.k, g::kBM, "activation");
+  const CUtensorMap b_map = code_map(a.w_codes, a.n, a.k, g::kBN, "weight");
+  const g::args ka{a.x_scales, a.w_scales, static_cast<__nv_bfloat16*>(a.out), a.m, mp, a.n, a.k, weight_scale_ld(a.k),
+                   m_tiles, splits, static_cast<float*>(a.workspace), a.counters};
+  detail::opt_in_smem<g::fp8_gemm_sm90_kernel>(g::kSmemBytes);
+  g::fp8_gemm_sm90_kernel<<<static_cast<unsigned>(tiles * splits), g::kThreads, g::kSmemBytes,
+                            reinterpret_cast<cudaStream_t>(stream)>>>(ka, a_map, b_map);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace zipage::cuda::fp8
