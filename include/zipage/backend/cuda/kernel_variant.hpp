@@ -147,8 +147,8 @@ inline constexpr fp8_gemm_kernel all_fp8_gemm_kernels[] = {fp8_gemm_kernel::auto
 // Automatic runs fp8::gemm_sm90 up to this many tokens: a batch of one 64-token tile, where the GEMM streams its weight
 // once and split-K lets our kernel fill the GPU while cuBLASLt's 128-token tiles leave most multiprocessors idle.
 // Measured on the H200 in CUDA graphs over weights read from HBM (docs/benchmarks.md, 2026-12-04): the Qwen3-8B
-// projections' sum 1.12x cuBLASLt's at 8 tokens, 1.03x at 64 and 0.89x at 128; the engine's batch-1 decode step 6%
-// shorter.
+// projections' sum 1.12x cuBLASLt's at 8 tokens, 1.03x at 64 and 0.89x at 128; the engine's decode step 10% shorter
+// at 1 sequence, 1.6% at 64.
 inline constexpr int kSm90Fp8GemmMaxRows = 64;
 
 // The kernel an FP8 GEMM of `rows` tokens runs: `requested` made concrete; `sm90_takes`: fp8::gemm_sm90_supported
