@@ -3,13 +3,12 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
-#include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 #include "launch_checks.hpp"
 #include "zipage/backend/cuda/fp8_gemm.hpp"
 #include "zipage/backend/cuda/fp8_gemm_sm90.cuh"
+#include "zipage/cuda/device.hpp"
 
 namespace zipage::cuda::fp8 {
 
@@ -46,24 +45,7 @@ CUtensorMap code_map(const void* codes, int rows, int k, int box_rows, const cha
 
 }  // namespace
 
-bool gemm_sm90_available() {
-#if defined(ZIPAGE_CUDA_SM90A)
-  // Bit d of `known`: device d was asked; of `yes`: it runs the kernel. Devices past 63 are asked every time.
-  static std::atomic<std::uint64_t> known{0}, yes{0};
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  const std::uint64_t bit = dev < 64 ? std::uint64_t{1} << dev : 0;
-  if (known.load(std::memory_order_acquire) & bit) return (yes.load(std::memory_order_relaxed) & bit) != 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
-  const bool runs = major == 9 && minor == 0 && tensor_map_encoder() != nullptr;
-  if (runs) yes.fetch_or(bit, std::memory_order_relaxed);
-  known.fetch_or(bit, std::memory_order_release);
-  return runs;
-#else
-  return false;  // the library was not built for sm_90a (CMAKE_CUDA_ARCHITECTURES)
-#endif
-}
+bool gemm_sm90_available() { return current_device_runs_sm90a() && tensor_map_encoder() != nullptr; }
 
 bool gemm_sm90_supported(const gemm_sm90_args& a) {
   using detail::aligned16;

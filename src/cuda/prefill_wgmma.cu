@@ -1,32 +1,14 @@
 // Paged prefill attention on Hopper's warpgroup MMAs (prefill_wgmma.cuh). A translation unit of its own: the
 // kernel's 1024-byte-aligned dynamic shared memory would otherwise pad the other prefill kernels' too.
-#include <atomic>
 #include <cstdint>
 
 #include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/prefill_wgmma.cuh"
+#include "zipage/cuda/device.hpp"
 
 namespace zipage::cuda {
 
-bool wgmma_prefill_available() {
-#if defined(ZIPAGE_CUDA_SM90A)
-  // Asked before every automatic prefill launch: the answer per device is kept (bit d of `known`: device d was
-  // asked; of `yes`: it runs wgmma). Devices past 63 are asked every time.
-  static std::atomic<std::uint64_t> known{0}, yes{0};
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  const std::uint64_t bit = dev < 64 ? std::uint64_t{1} << dev : 0;
-  if (known.load(std::memory_order_acquire) & bit) return (yes.load(std::memory_order_relaxed) & bit) != 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
-  const bool runs = major == 9 && minor == 0;
-  if (runs) yes.fetch_or(bit, std::memory_order_relaxed);
-  known.fetch_or(bit, std::memory_order_release);
-  return runs;
-#else
-  return false;  // the library was not built for sm_90a (CMAKE_CUDA_ARCHITECTURES)
-#endif
-}
+bool wgmma_prefill_available() { return current_device_runs_sm90a(); }
 
 prefill_kernel prefill_kernel_on_device(prefill_kernel requested, int head_dim, bool fp8_kv) {
   const bool may_run =
