@@ -230,7 +230,8 @@ struct context {
     if (opts.gemm_workspace_bytes) ZIPAGE_CUDA_CHECK(cudaMalloc(&lt_workspace, opts.gemm_workspace_bytes));
     const std::size_t counter_bytes = sizeof(int) * cuda::fp8::gemm_sm90_max_split_tiles;
     ZIPAGE_CUDA_CHECK(cudaMalloc(&sm90_counters, counter_bytes));
-    ZIPAGE_CUDA_CHECK(cudaMemset(sm90_counters, 0, counter_bytes));
+    // On the main stream, where every launch that reads them is ordered after it (the legacy stream is not).
+    ZIPAGE_CUDA_CHECK(cudaMemsetAsync(sm90_counters, 0, counter_bytes, stream));
   }
   context(const context&) = delete;
   context& operator=(const context&) = delete;
