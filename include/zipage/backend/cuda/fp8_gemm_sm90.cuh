@@ -1,14 +1,17 @@
 #pragma once
-// The block-scaled FP8 GEMM of the FP8 linear layers on Hopper's warpgroup MMAs (sm_90a), for the decode batches
-// at which cuBLASLt's kernel wastes a round of tiles (docs/architecture.md, "FP8 GEMMs of our own"):
+// The block-scaled FP8 GEMM of the FP8 linear layers on Hopper's warpgroup MMAs (sm_90a). fp8_gemm_kernel::automatic
+// runs it for batches of up to 64 tokens, where it streams the weight once and split-K fills the GPU (1.12x
+// cuBLASLt's over Qwen3-8B's projections at 1-8 tokens). At ~700 tokens its 64-token tiles move more bytes from L2
+// per multiply-add than cuBLASLt's 128-token ones and it loses (docs/architecture.md, "The FP8 GEMMs' second round";
+// docs/fp8.md, "Our own FP8 GEMM for small batches"). It computes:
 //
 //   out [m][n] (bf16) = sum over 128-column groups g of  (x codes [m][g] . W codes [n][g]^T) * xs[g][row] * ws[n/128][g]
 //
 // x: e4m3 activation codes [mp][k] (K-major) with per-token, per-128-group scales [k/128][mp] (fp8_gemm.hpp's
 // layout, mp = padded_rows(m)); W: e4m3 weight codes [n][k] with 128x128 block scales [n/128][ld].
 //
-// A CTA computes a 64-token x 128-output tile (m64 keeps the padding of a 662-token batch to 42 rows, where
-// cuBLASLt's 128-row tiles pad it to 768 and leave a second round of tiles mostly idle). Warps 0-3 are the
+// A CTA computes a 64-token x 128-output tile (a 1-64-token batch is one row of tiles; cuBLASLt's 128-token tiles
+// would compute half padding), or, with split-K, part of one tile's k-groups. Warps 0-3 are the
 // consumer warpgroup, warp 4 the producer: one thread brings each 128-column k-group's A box (64 x 128 bytes) and B
 // box (128 x 128 bytes) by TMA with the 128-byte swizzle that wgmma's descriptors name, and the group's 64 token
 // scales by a bulk copy, into one of kStages stages guarded by a full / empty mbarrier pair. Per group the

@@ -116,7 +116,7 @@ inline constexpr double kSwappedDecodeMinWaves = 2.0;
 }
 
 // Which implementation runs the block-scaled FP8 GEMM of an FP8 linear weight (cuda_backend_options::fp8_gemm_kernel).
-// docs/architecture.md, "FP8 GEMMs of our own".
+// docs/fp8.md, "Our own FP8 GEMM for small batches"; docs/architecture.md, "The FP8 GEMMs' second round".
 enum class fp8_gemm_kernel : std::uint8_t {
   automatic,  // sm90 where it runs up to kSm90Fp8GemmMaxRows tokens (resolve_fp8_gemm_kernel), else cublaslt
   cublaslt,   // cuBLASLt's block-scaled FP8 matmul (128-token tiles)
