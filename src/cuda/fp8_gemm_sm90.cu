@@ -72,7 +72,9 @@ void gemm_sm90(const gemm_sm90_args& a, cuda_stream stream) {
   const int m_tiles = (mp + g::kBM - 1) / g::kBM;
   const long long tiles = static_cast<long long>(m_tiles) * (a.n / g::kBN);
   check(tiles < (1ll << 31), "fp8::gemm_sm90: too many tiles (", tiles, ")");
-  const int splits = gemm_sm90_splits(a.splits, a.m, a.n, a.k, detail::device_multiprocessors());
+  int splits = gemm_sm90_splits(a.splits, a.m, a.n, a.k, detail::device_multiprocessors());
+  if (a.splits == 0)  // automatic: only as many as the caller's workspace and counters hold
+    while (splits > 1 && (a.counters == nullptr || gemm_sm90_workspace_bytes(a.m, a.n, splits) > a.workspace_bytes)) --splits;
   if (splits > 1) {
     check(a.counters != nullptr, "fp8::gemm_sm90: ", splits, " splits need counters (gemm_sm90_max_split_tiles zero ints)");
     check(a.workspace != nullptr && a.workspace_bytes >= gemm_sm90_workspace_bytes(a.m, a.n, splits) &&

@@ -3,6 +3,7 @@
 // without any CUDA header. Both are bit-exact with the CPU reference (core/fp8_linear.hpp) on the same values:
 // amax with fmaxf (NaN ignored), scale = __fdiv_rn(amax, 448), code = SATFINITE e4m3 of __fdiv_rn(x, scale),
 // zero codes under a zero scale. The layouts are the ones cuBLASLt's block-scaled FP8 GEMM reads.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -43,8 +44,9 @@ struct gemm_sm90_args {
   int m = 0, n = 0, k = 0;
   // Split-K, for batches whose tiles do not fill the GPU (a 64-token batch of a 4096-wide output is 32 tiles):
   // `splits` CTAs per tile sum parts of K into fp32 partials in `workspace`, and the last of them adds the parts in a
-  // fixed order (deterministic). 0: gemm_sm90_splits' choice; 1: none. With splits > 1, `workspace` needs
-  // gemm_sm90_workspace_bytes and `counters` gemm_sm90_max_split_tiles zero ints, which every launch leaves zero.
+  // fixed order (deterministic). 0: gemm_sm90_splits' choice, lowered to what `workspace` holds (none without
+  // counters); 1: none. Splits > 1 need a workspace of gemm_sm90_workspace_bytes and `counters`:
+  // gemm_sm90_max_split_tiles zero ints, which every launch leaves zero.
   int splits = 0;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
@@ -63,11 +65,10 @@ inline constexpr int gemm_sm90_tile_rows = 64, gemm_sm90_tile_cols = 128, gemm_s
 [[nodiscard]] constexpr int gemm_sm90_splits(int requested, int m, int n, int k, int sms) {
   const int groups = k / gemm_sm90_group, tiles = gemm_sm90_tiles(m, n);
   if (groups <= 1 || tiles <= 0 || tiles > gemm_sm90_max_split_tiles) return 1;
-  if (requested > 0) return requested < groups ? requested : groups;
+  if (requested > 0) return std::min(requested, groups);
   // In graphs over weights read from HBM, 4 splits of the 32 tiles of a 4096-wide output beat 8 (9.9 against 11.7 us
   // at 8 tokens) and 2 of 48 tiles beat 5 (docs/benchmarks.md, 2026-12-04).
-  const int per_sm = sms / tiles, most = groups / 2;
-  return per_sm < 1 ? 1 : (per_sm < most ? per_sm : (most < 1 ? 1 : most));
+  return std::clamp(sms / tiles, 1, groups / 2);
 }
 // Bytes of the fp32 partials of `splits` splits of an m x n product (0 without splits).
 [[nodiscard]] constexpr std::size_t gemm_sm90_workspace_bytes(int m, int n, int splits) {

@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (row1 < a.m) *reinterpret_cast<__nv_bfloat162*>(o1 + 8 * j) = __floats2bfloat162_rn(acc[j][2], acc[j][3]);
   }
 #else
-  __trap();  // the launcher runs it only on sm_90a builds (fp8_gemm_sm90_available)
+  __trap();  // the launcher runs it only on sm_90a builds (fp8::gemm_sm90_available)
 #endif
 }
 
