@@ -201,6 +201,28 @@ linear_error check_fp8_linear(const cuda_backend& b, int m, int n, int k, bool s
 
 }  // namespace
 
+namespace {
+
+// An FP8 linear of an [n][k] weight (N(0, w_sigma), seed) on m tokens (seed + 1), eager, then captured in a decode
+// graph of `graph_batch` and replayed twice: every pass must give the eager output bit for bit.
+void check_graph_replays_eager(const cuda_backend& b, int n, int k, int m, int graph_batch, float w_sigma, unsigned seed) {
+  auto w = b.random_tensor(n, k, w_sigma, seed);
+  REQUIRE(b.prepare_linear_weight(w));
+  const auto x = b.random_tensor(m, k, 1.0f, seed + 1);
+  cuda_tensor eager_out, graph_out;
+  b.linear(x, w, eager_out);
+  const auto eager = b.to_host(eager_out);
+  for (int rep = 0; rep < 3; ++rep) {
+    const cuda_tensor& got = b.run_decode_graph(graph_batch, [&]() -> const cuda_tensor& {
+      b.linear(x, w, graph_out);
+      return graph_out;
+    });
+    CHECK(b.to_host(got) == eager);
+  }
+}
+
+}  // namespace
+
 TEST_CASE("fp8 weights: linear() (cuBLASLt block-scaled FP8 GEMM) against the CPU reference") {
   const auto b = fp8_backend(false, cuda::fp8_gemm_kernel::cublaslt);  // automatic would run gemm_sm90 up to 64 rows
   for (const auto& [n, k] : {std::pair{4096, 4096}, std::pair{12288, 4096}, std::pair{4096, 12288}, std::pair{1024, 256}})
@@ -288,20 +310,8 @@ TEST_CASE("fp8 weights: fp8_gemm_kernel sm90 is refused where it cannot run, and
   }
   o.cuda_graphs = true;
   const cuda_backend b(o);
-  auto w = b.random_tensor(512, 1024, 0.03f, 3);
-  REQUIRE(b.prepare_linear_weight(w));
-  const auto x = b.random_tensor(100, 1024, 1.0f, 4);
-  cuda_tensor eager_out, graph_out;
-  b.linear(x, w, eager_out);
-  const auto eager = b.to_host(eager_out);
   // Captured and replayed, the launch writes the eager bits (its tensor maps are kernel parameters, captured by value).
-  for (int rep = 0; rep < 3; ++rep) {
-    const cuda_tensor& got = b.run_decode_graph(128, [&]() -> const cuda_tensor& {
-      b.linear(x, w, graph_out);
-      return graph_out;
-    });
-    CHECK(b.to_host(got) == eager);
-  }
+  check_graph_replays_eager(b, 512, 1024, 100, 128, 0.03f, 3);
   CHECK(b.counters().graph_replays == 2);
   CHECK(b.counters().sm90_fp8_gemms >= 2);  // eager, and the graph's record pass
 }
@@ -334,20 +344,7 @@ TEST_CASE("fp8 weights: other ops refuse an e4m3 tensor, and linear refuses non-
 
 TEST_CASE("fp8 weights: an FP8 linear inside a CUDA graph replays the eager result") {
   const auto b = fp8_backend(true);
-  const int n = 4096, k = 4096, m = 24;
-  auto w = b.random_tensor(n, k, 0.02f, 9);
-  REQUIRE(b.prepare_linear_weight(w));
-  const auto x = b.random_tensor(m, k, 1.0f, 10);
-  cuda_tensor eager_out, graph_out;
-  b.linear(x, w, eager_out);
-  const auto eager = b.to_host(eager_out);
-  for (int rep = 0; rep < 3; ++rep) {
-    const cuda_tensor& got = b.run_decode_graph(32, [&]() -> const cuda_tensor& {
-      b.linear(x, w, graph_out);
-      return graph_out;
-    });
-    CHECK(b.to_host(got) == eager);
-  }
+  check_graph_replays_eager(b, 4096, 4096, 24, 32, 0.02f, 9);
   const auto c = b.counters();
   MESSAGE(c.graph_captures, " captures, ", c.graph_replays, " replays");
   CHECK(c.graph_captures == 1);
