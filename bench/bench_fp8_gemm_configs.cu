@@ -61,6 +61,16 @@ __global__ void fill_scales(float* p, std::size_t n, std::uint32_t seed) {
     p[i] = 0x1p-10f * (1.0f + static_cast<float>((static_cast<std::uint32_t>(i) * 2654435761u ^ seed) % 1024u) / 1024.0f);
 }
 
+// Median µs of `runs` calls of fn, each timed alone on `stream` by CUDA events (warm-ups are the caller's).
+template <class F>
+double median_timed_us(cudaStream_t stream, int runs, F&& fn) {
+  zipage::cuda::event_timer timer;
+  std::vector<double> t;
+  for (int i = 0; i < runs; ++i) t.push_back(timer.time(stream, fn) * 1e6);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 struct config {
   cublasLtMatmulAlgo_t algo;
   int id = 0, tile = 0, cluster = 0, splitk = 1;
@@ -142,14 +152,10 @@ struct gemm_case {
   }
   // Median µs of 15 timed runs after 3 warm-ups; < 0 when a run fails.
   double time_us(const cublasLtMatmulAlgo_t& algo) const {
-    zipage::cuda::event_timer timer;
     for (int i = 0; i < 3; ++i)
       if (!run(algo)) return -1;
     if (cudaDeviceSynchronize() != cudaSuccess) return -1;
-    std::vector<double> t;
-    for (int i = 0; i < 15; ++i) t.push_back(timer.time(nullptr, [&] { run(algo); }) * 1e6);
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    return median_timed_us(nullptr, 15, [&] { run(algo); });
   }
   // The configuration's waves and required workspace, if cuBLASLt accepts it for this shape.
   bool check(const cublasLtMatmulAlgo_t& algo, float& waves) const {
@@ -283,15 +289,12 @@ double time_forked(Work&& work) {
   };
   for (int i = 0; i < 3; ++i) once();
   CK(cudaStreamSynchronize(s[0]));
-  zipage::cuda::event_timer timer;
-  std::vector<double> t;
-  for (int i = 0; i < 15; ++i) t.push_back(timer.time(s[0], once) * 1e6);
+  const double us = median_timed_us(s[0], 15, once);
   CK(cudaStreamSynchronize(s[0]));
   for (auto& x : s) CK(cudaStreamDestroy(x));
   CK(cudaEventDestroy(fork));
   for (auto& e : join) CK(cudaEventDestroy(e));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return us;
 }
 
 // The second wave taken apart by hand (--split-tail): the first `head` rows as one GEMM, one round of 128 x 128
@@ -378,13 +381,9 @@ void compare_sm90(cublasLtHandle_t lt, const zipage::cuda::energy_meter& meter, 
     peak = std::max(peak, std::fabs(double(f(a[i]))));
   }
   const auto median_us = [](auto&& fn) {
-    zipage::cuda::event_timer timer;
     for (int i = 0; i < 3; ++i) fn();
     CK(cudaDeviceSynchronize());
-    std::vector<double> t;
-    for (int i = 0; i < 15; ++i) t.push_back(timer.time(nullptr, fn) * 1e6);
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    return median_timed_us(nullptr, 15, fn);
   };
   // Joules per call over ~1 s of back-to-back calls (NVML's energy counter), 0 without a meter.
   const auto joules = [&](auto&& fn, double us) {
@@ -458,13 +457,10 @@ void graph_sm90(cublasLtHandle_t lt, const char* name, int n, int k, int m) {
     CK(cudaGraphInstantiate(&exec, graph, 0));
     for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, st));
     CK(cudaStreamSynchronize(st));
-    zipage::cuda::event_timer timer;
-    std::vector<double> t;
-    for (int i = 0; i < 10; ++i) t.push_back(timer.time(st, [&] { CK(cudaGraphLaunch(exec, st)); }) * 1e6 / calls);
+    const double us = median_timed_us(st, 10, [&] { CK(cudaGraphLaunch(exec, st)); }) / calls;
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(graph));
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    return us;
   };
   const float alpha = 1.0f, beta = 0.0f;
   const double lt_us = per_call([&](std::uint8_t* w) {
