@@ -8,12 +8,13 @@
 //
 //   bench_fp8_gemm_configs [M ...]      (default: 512 662 704 1024)
 //   bench_fp8_gemm_configs --split-tail [M ...]   (the rows past 512 as two half-K GEMMs beside the first 512: split_tail)
-//   bench_fp8_gemm_configs --sm90 [M ...]   (fp8::gemm_sm90, our wgmma kernel with 64-token tiles, against the
+//   bench_fp8_gemm_configs --sm90 [M ...]   (fp8::gemm_sm90, our wgmma kernel, with the plan it picks, against the
 //                                           heuristic's: time, joules over ~1 s of back-to-back calls each, and the
 //                                           largest difference of the two outputs, on scales that vary per block)
 //   bench_fp8_gemm_configs --sm90-graph [M ...]   (the same two GEMMs as the engine runs them: inside a CUDA graph,
 //                                           so no host time between launches, and over copies of the weight that
-//                                           together exceed L2, so each call reads its weight from HBM)
+//                                           together exceed L2, so each call reads its weight from HBM; ours with
+//                                           64- and 128-token tiles, whole, split and stream-K)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -348,15 +349,14 @@ void compare_sm90(cublasLtHandle_t lt, const zipage::cuda::energy_meter& meter, 
   CK(cudaMalloc(&counters, sizeof(int) * zipage::cuda::fp8::gemm_sm90_max_split_tiles));
   CK(cudaMemset(counters, 0, sizeof(int) * zipage::cuda::fp8::gemm_sm90_max_split_tiles));
   args.counters = counters;
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int splits = zipage::cuda::fp8::gemm_sm90_splits(0, m, n, k, sms);
   if (!zipage::cuda::fp8::gemm_sm90_supported(args)) {
     std::printf("| %s | %d x %d | %d | not supported here | | | | |\n", name, n, k, m);
     cudaFree(ours);
     cudaFree(counters);
     return;
   }
+  const auto plan = zipage::cuda::fp8::gemm_sm90_plan_for(args);
+  const bool shared = plan.dp_tiles < plan.tiles;
   const auto h = g.heuristic();
   const auto run_lt = [&] { g.run(h.algo); };
   const auto run_ours = [&] { zipage::cuda::fp8::gemm_sm90(args, nullptr); };
@@ -396,8 +396,8 @@ void compare_sm90(cublasLtHandle_t lt, const zipage::cuda::energy_meter& meter, 
     return before && after ? (after->joules - before->joules) / calls : 0.0;
   };
   const double lt_us = median_us(run_lt), ours_us = median_us(run_ours);
-  double unsplit_us = ours_us;  // the same kernel without split-K, where the rule splits
-  if (splits > 1) {
+  double unsplit_us = ours_us;  // the same kernel with whole tiles only, where the plan shares tiles
+  if (shared) {
     zipage::cuda::fp8::gemm_sm90_args one = args;
     one.splits = 1;
     unsplit_us = median_us([&] { zipage::cuda::fp8::gemm_sm90(one, nullptr); });
@@ -416,10 +416,11 @@ void compare_sm90(cublasLtHandle_t lt, const zipage::cuda::energy_meter& meter, 
     }
   const double lt_j = joules(run_lt, lt_us), ours_j = joules(run_ours, ours_us);
   const double flop = 2.0 * m * n * static_cast<double>(k);
-  std::printf("| %s | %d x %d | %d | %.1f (%.2f waves), %.0f TFLOP/s, %.2f mJ | %.1f (%d split%s; %.1f unsplit), %.0f TFLOP/s, %.2f mJ | %.2fx | "
+  std::printf("| %s | %d x %d | %d | %.1f (%.2f waves), %.0f TFLOP/s, %.2f mJ | %.1f (%d-token tiles, %d CTAs, %d of %d tiles "
+              "whole; %.1f whole only), %.0f TFLOP/s, %.2f mJ | %.2fx | "
               "%.2fx | %.3g of %.3g%s (row %zu, col %zu); %zu values changed on a rerun |\n",
-              name, n, k, m, lt_us, h.wavesCount, flop / lt_us / 1e6, lt_j * 1e3, ours_us, splits, splits > 1 ? "s" : "",
-              unsplit_us, flop / ours_us / 1e6,
+              name, n, k, m, lt_us, h.wavesCount, flop / lt_us / 1e6, lt_j * 1e3, ours_us, plan.tile_rows, plan.ctas,
+              plan.dp_tiles, plan.tiles, unsplit_us, flop / ours_us / 1e6,
               ours_j * 1e3, lt_us / ours_us, ours_j > 0 ? lt_j / ours_j : 0.0, worst, peak,
               nonfinite ? (" (" + std::to_string(nonfinite) + " non-finite)").c_str() : "", at / n, at % n, changed);
   cudaFree(ours);
@@ -467,29 +468,37 @@ void graph_sm90(cublasLtHandle_t lt, const char* name, int n, int k, int m) {
     LT(cublasLtMatmul(g.lt, g.desc, &alpha, w, g.a, g.x, g.b, &beta, g.out, g.c, g.out, g.c, &h.algo, g.workspace,
                       g.workspace_bytes, st));
   });
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int auto_splits = zipage::cuda::fp8::gemm_sm90_splits(0, m, n, k, sms);
+  // Our kernel's plans: 64-token tiles whole and in 2, 4, 8 equal splits; 128-token tiles whole and automatic
+  // (stream-K over the last rounds where they are not whole). "auto" marks the plan gemm_sm90 picks unasked.
+  struct variant {
+    int tile_rows, splits;
+  };
+  const zipage::cuda::fp8::gemm_sm90_args asked{g.x, g.xs_scale, g.w, g.ws_scale, ours, m, n, k, 0, g.workspace,
+                                                g.workspace_bytes, counters};
+  const auto auto_plan = zipage::cuda::fp8::gemm_sm90_plan_for(asked);
   double best = 1e30;
-  int best_splits = 1;
-  std::string row;
-  for (const int sp : {1, 2, 4, 8}) {
-    if (zipage::cuda::fp8::gemm_sm90_splits(sp, m, n, k, sms) != sp) continue;
-    zipage::cuda::fp8::gemm_sm90_args args{g.x, g.xs_scale, nullptr, g.ws_scale, ours, m, n, k, sp, g.workspace,
-                                           g.workspace_bytes, counters};
-    if (zipage::cuda::fp8::gemm_sm90_workspace_bytes(m, n, sp) > g.workspace_bytes) continue;
+  std::string best_name, row;
+  for (const variant v : {variant{64, 1}, variant{64, 2}, variant{64, 4}, variant{64, 8}, variant{128, 1}, variant{128, 0}}) {
+    zipage::cuda::fp8::gemm_sm90_args args = asked;
+    args.tile_rows = v.tile_rows, args.splits = v.splits;
+    const auto plan = zipage::cuda::fp8::gemm_sm90_plan_for(args);
+    if (plan.workspace_bytes() > g.workspace_bytes || (v.splits > 1 && plan.ctas != plan.tiles * v.splits)) continue;
     const double us = per_call([&](std::uint8_t* w) {
       args.w_codes = w;
       zipage::cuda::fp8::gemm_sm90(args, st);
     });
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%s%d: %.1f", row.empty() ? "" : ", ", sp, us);
+    char name_buf[48], buf[96];
+    std::snprintf(name_buf, sizeof name_buf, "%d/%s", v.tile_rows,
+                  v.splits == 0 ? "auto" : v.splits == 1 ? "whole" : (std::to_string(v.splits) + " splits").c_str());
+    const bool is_auto = plan.tile_rows == auto_plan.tile_rows && plan.ctas == auto_plan.ctas &&
+                         plan.dp_tiles == auto_plan.dp_tiles;
+    std::snprintf(buf, sizeof buf, "%s%s%s: %.1f", row.empty() ? "" : ", ", name_buf, is_auto ? " (auto)" : "", us);
     row += buf;
-    if (us < best) best = us, best_splits = sp;
+    if (us < best) best = us, best_name = name_buf;
   }
   const double gbs = double(wbytes) / (lt_us * 1e-6) / 1e9;
-  std::printf("| %s | %d x %d | %d | %d | %.1f (%.0f GB/s of weight) | %s | %d | %d | %.2fx |\n", name, n, k, m, copies,
-              lt_us, gbs, row.c_str(), best_splits, auto_splits, lt_us / best);
+  std::printf("| %s | %d x %d | %d | %d | %.1f (%.0f GB/s of weight) | %s | %s | %.2fx |\n", name, n, k, m, copies,
+              lt_us, gbs, row.c_str(), best_name.c_str(), lt_us / best);
   for (auto* w : ws) cudaFree(w);
   cudaFree(ours);
   cudaFree(counters);
@@ -525,8 +534,8 @@ int main(int argc, char** argv) {
     int n, k;
   } shapes[] = {{"o", 4096, 4096}, {"q|k|v", 6144, 4096}, {"gate|up", 24576, 4096}, {"down", 4096, 12288}};
   if (sm90_graph) {
-    std::printf("| GEMM | N x K | M | weight copies | cuBLASLt, us per call | fp8::gemm_sm90 by split count, us per call | "
-                "fastest splits | gemm_sm90_splits' choice | cuBLASLt / fastest |\n|---|---|---:|---:|---|---|---:|---:|---:|\n");
+    std::printf("| GEMM | N x K | M | weight copies | cuBLASLt, us per call | fp8::gemm_sm90 by tile rows / plan, us per call | "
+                "fastest | cuBLASLt / fastest |\n|---|---|---:|---:|---|---|---:|---:|\n");
     for (const auto& s : shapes)
       for (const int m : ms) graph_sm90(lt, s.name, s.n, s.k, m);
     cublasLtDestroy(lt);

@@ -54,42 +54,62 @@ bool gemm_sm90_supported(const gemm_sm90_args& a) {
          detail::aligned(a.out, 4) && gemm_sm90_available();
 }
 
-static_assert(gemm_sm90_tile_rows == detail::fp8_gemm::kBM && gemm_sm90_tile_cols == detail::fp8_gemm::kBN &&
-                  gemm_sm90_group == detail::fp8_gemm::kBK,
+static_assert(gemm_sm90_tile_cols == detail::fp8_gemm::kBN && gemm_sm90_group == detail::fp8_gemm::kBK,
               "fp8_gemm.hpp's tile constants are the kernel's");
+
+namespace {
+
+template <int kWG>
+void launch(const detail::fp8_gemm::args& ka, const CUtensorMap& a_map, const CUtensorMap& b_map, cudaStream_t stream) {
+  namespace g = detail::fp8_gemm;
+  constexpr int smem = g::shape<kWG>::kSmemBytes;
+  detail::opt_in_smem<g::fp8_gemm_sm90_kernel<kWG>>(smem);
+  g::fp8_gemm_sm90_kernel<kWG><<<static_cast<unsigned>(ka.plan.ctas), g::shape<kWG>::kThreads, smem, stream>>>(ka, a_map, b_map);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+gemm_sm90_plan gemm_sm90_plan_for(const gemm_sm90_args& a) {
+  const int sms = a.sms > 0 ? a.sms : detail::device_multiprocessors();
+  return plan_gemm_sm90(a.m, a.n, a.k, a.splits, a.tile_rows, sms, a.counters != nullptr ? a.workspace_bytes : 0);
+}
 
 void gemm_sm90(const gemm_sm90_args& a, cuda_stream stream) {
   namespace g = detail::fp8_gemm;
   check(a.n > 0 && a.n % g::kBN == 0, "fp8::gemm_sm90: n (", a.n, ") must be a positive multiple of 128");
   check(a.k > 0 && a.k % g::kBK == 0, "fp8::gemm_sm90: k (", a.k, ") must be a positive multiple of 128");
   check(a.m >= 0, "fp8::gemm_sm90: m is negative (", a.m, ")");
+  check(a.splits >= 0, "fp8::gemm_sm90: splits is negative (", a.splits, ")");
+  check(a.tile_rows == 0 || is_gemm_sm90_tile_rows(a.tile_rows), "fp8::gemm_sm90: tile_rows (", a.tile_rows,
+        ") must be 0 (automatic), 64 or 128");
+  check(a.sms >= 0, "fp8::gemm_sm90: sms is negative (", a.sms, ")");
   check(detail::aligned16(a.x_codes) && detail::aligned16(a.x_scales) && detail::aligned16(a.w_codes),
         "fp8::gemm_sm90: x_codes, x_scales and w_codes must be 16-byte aligned");
   check(detail::aligned(a.w_scales, 4) && detail::aligned(a.out, 4), "fp8::gemm_sm90: w_scales and out must be 4-byte aligned");
   check(gemm_sm90_available(), "fp8::gemm_sm90: needs an sm_90a build on a compute-capability 9.0 device with TMA");
   if (a.m == 0) return;
   const int mp = padded_rows(a.m);
-  const int m_tiles = (mp + g::kBM - 1) / g::kBM;
-  const long long tiles = static_cast<long long>(m_tiles) * (a.n / g::kBN);
-  check(tiles < (1ll << 31), "fp8::gemm_sm90: too many tiles (", tiles, ")");
-  int splits = gemm_sm90_splits(a.splits, a.m, a.n, a.k, detail::device_multiprocessors());
-  if (a.splits == 0)  // automatic: only as many as the caller's workspace and counters hold
-    while (splits > 1 && (a.counters == nullptr || gemm_sm90_workspace_bytes(a.m, a.n, splits) > a.workspace_bytes)) --splits;
-  if (splits > 1) {
-    check(a.counters != nullptr, "fp8::gemm_sm90: ", splits, " splits need counters (gemm_sm90_max_split_tiles zero ints)");
-    check(a.workspace != nullptr && a.workspace_bytes >= gemm_sm90_workspace_bytes(a.m, a.n, splits) &&
-              detail::aligned16(a.workspace),
-          "fp8::gemm_sm90: ", splits, " splits of ", a.m, " x ", a.n, " need a 16-byte aligned workspace of ",
-          gemm_sm90_workspace_bytes(a.m, a.n, splits), " bytes (got ", a.workspace_bytes, ")");
+  const int rows = gemm_sm90_tile_rows_for(a.tile_rows, a.m);
+  const long long tiles = static_cast<long long>((mp + rows - 1) / rows) * (a.n / g::kBN);
+  check(tiles * std::max(1, a.splits) < (1ll << 31), "fp8::gemm_sm90: too many tiles (", tiles, ")");
+  const gemm_sm90_plan plan = gemm_sm90_plan_for(a);
+  if (plan.shared_groups() > 0) {
+    check(a.counters != nullptr, "fp8::gemm_sm90: ", plan.ctas, " CTAs sharing tiles need counters (gemm_sm90_max_split_tiles zero ints)");
+    check(plan.tiles - plan.dp_tiles <= gemm_sm90_max_split_tiles, "fp8::gemm_sm90: ", a.splits, " splits of ",
+          plan.tiles, " tiles need more than gemm_sm90_max_split_tiles counters");
+    check(a.workspace != nullptr && a.workspace_bytes >= plan.workspace_bytes() && detail::aligned16(a.workspace),
+          "fp8::gemm_sm90: ", plan.ctas, " CTAs sharing tiles of ", a.m, " x ", a.n, " need a 16-byte aligned workspace of ",
+          plan.workspace_bytes(), " bytes (got ", a.workspace_bytes, ")");
   }
-  const CUtensorMap a_map = code_map(a.x_codes, mp, a.k, g::kBM, "activation");
+  const CUtensorMap a_map = code_map(a.x_codes, mp, a.k, rows, "activation");
   const CUtensorMap b_map = code_map(a.w_codes, a.n, a.k, g::kBN, "weight");
   const g::args ka{a.x_scales, a.w_scales, static_cast<__nv_bfloat16*>(a.out), a.m, mp, a.n, a.k, weight_scale_ld(a.k),
-                   m_tiles, splits, static_cast<float*>(a.workspace), a.counters};
-  detail::opt_in_smem<g::fp8_gemm_sm90_kernel>(g::kSmemBytes);
-  g::fp8_gemm_sm90_kernel<<<static_cast<unsigned>(tiles * splits), g::kThreads, g::kSmemBytes,
-                            reinterpret_cast<cudaStream_t>(stream)>>>(ka, a_map, b_map);
-  ZIPAGE_CUDA_CHECK_LAUNCH();
+                   plan, static_cast<float*>(a.workspace), a.counters};
+  if (rows == 64)
+    launch<1>(ka, a_map, b_map, reinterpret_cast<cudaStream_t>(stream));
+  else
+    launch<2>(ka, a_map, b_map, reinterpret_cast<cudaStream_t>(stream));
 }
 
 }  // namespace zipage::cuda::fp8

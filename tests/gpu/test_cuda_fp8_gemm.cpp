@@ -19,12 +19,16 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
+
+#include <cuda_runtime.h>
 
 #include "zipage/backend/cuda/cuda_backend.hpp"
 #include "zipage/backend/cuda/fp8_gemm.hpp"  // gemm_sm90_available
@@ -148,27 +152,9 @@ struct linear_error {
   bool ok = true;
 };
 
-// linear(x, w) with an FP8 weight against fp8_linear::gemm on the device's own codes and scales.
-// spread: every token row and 128-column group of x, and every 128x128 block of w, on a scale of its own (up to
-// 60x apart), so that a kernel reading another token's or block's scale is far off.
-linear_error check_fp8_linear(const cuda_backend& b, int m, int n, int k, bool spread = false) {
-  std::vector<float> wv = normal(static_cast<std::size_t>(n) * k, 1.0f / std::sqrt(float(k)), 17u + static_cast<unsigned>(n + k));
-  std::vector<float> xv = normal(static_cast<std::size_t>(m) * k, 1.0f, 23u + static_cast<unsigned>(m));
-  if (spread) {
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < k; ++j) wv[static_cast<std::size_t>(i) * k + j] *= float(1 + (i / 128) % 4 + 3 * ((j / 128) % 3));
-    for (int r = 0; r < m; ++r)
-      for (int j = 0; j < k; ++j) xv[static_cast<std::size_t>(r) * k + j] *= float(1 + r % 5) * float(1 + 2 * ((j / 128 + r) % 3));
-  }
-  auto w = b.from_host(wv, n, k);
-  auto x = b.from_host(xv, m, k);
-  REQUIRE(b.prepare_linear_weight(w));
-  fp8_linear::quantized wq{n, k, {}, {}}, xq{m, k, {}, {}};
-  b.fp8_weight_to_host(w, wq.codes, wq.scales);
-  b.quantize_activations_to_host(x, xq.codes, xq.scales);
-  cuda_tensor out;
-  b.linear(x, w, out);
-  const auto all = b.to_host(out);
+// The m x n output `all` of an FP8 GEMM against fp8_linear::gemm on its codes and scales (xq: m x k, wq: n x k).
+linear_error compare_rows(const std::vector<float>& all, const fp8_linear::quantized& xq, const fp8_linear::quantized& wq,
+                          int m, int n, int k) {
   // The double reference on every row, or on 24 rows spread over the batch for the big shapes (each row's
   // quantisation and product depend on that row only).
   std::vector<int> rows;
@@ -197,6 +183,29 @@ linear_error check_fp8_linear(const cuda_backend& b, int m, int n, int k, bool s
   }
   e.rel_rms = std::sqrt(d2 / s2);
   return e;
+}
+
+// linear(x, w) with an FP8 weight against fp8_linear::gemm on the device's own codes and scales.
+// spread: every token row and 128-column group of x, and every 128x128 block of w, on a scale of its own (up to
+// 60x apart), so that a kernel reading another token's or block's scale is far off.
+linear_error check_fp8_linear(const cuda_backend& b, int m, int n, int k, bool spread = false) {
+  std::vector<float> wv = normal(static_cast<std::size_t>(n) * k, 1.0f / std::sqrt(float(k)), 17u + static_cast<unsigned>(n + k));
+  std::vector<float> xv = normal(static_cast<std::size_t>(m) * k, 1.0f, 23u + static_cast<unsigned>(m));
+  if (spread) {
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < k; ++j) wv[static_cast<std::size_t>(i) * k + j] *= float(1 + (i / 128) % 4 + 3 * ((j / 128) % 3));
+    for (int r = 0; r < m; ++r)
+      for (int j = 0; j < k; ++j) xv[static_cast<std::size_t>(r) * k + j] *= float(1 + r % 5) * float(1 + 2 * ((j / 128 + r) % 3));
+  }
+  auto w = b.from_host(wv, n, k);
+  auto x = b.from_host(xv, m, k);
+  REQUIRE(b.prepare_linear_weight(w));
+  fp8_linear::quantized wq{n, k, {}, {}}, xq{m, k, {}, {}};
+  b.fp8_weight_to_host(w, wq.codes, wq.scales);
+  b.quantize_activations_to_host(x, xq.codes, xq.scales);
+  cuda_tensor out;
+  b.linear(x, w, out);
+  return compare_rows(b.to_host(out), xq, wq, m, n, k);
 }
 
 }  // namespace
@@ -296,6 +305,106 @@ TEST_CASE("fp8 weights: fp8_gemm_kernel sm90 (our wgmma GEMM, 64-token tiles) ag
   CHECK(b.counters().sm90_fp8_gemms == before);
   CHECK(e.ok);
   MESSAGE("sm90 ran ", runs, " GEMMs");
+}
+
+// fp8::gemm_sm90 called directly with each kind of plan (fp8_gemm.hpp's gemm_sm90_plan) on the same device codes:
+// 64- and 128-token tiles; whole tiles, persistent CTAs taking several tiles (a plan for 5 or 7 multiprocessors),
+// equal splits and stream-K. Each within the CPU reference's tolerance; the whole-tile plans bit-identical to one
+// another (the same sum per output in the same order); a shared plan run twice bit-identical (the partials are
+// added in CTA order, whoever finishes last); the counters left at zero.
+TEST_CASE("fp8::gemm_sm90: every plan against the CPU reference, whole-tile plans bit-identical, shared ones deterministic") {
+  if (!cuda::fp8::gemm_sm90_available()) {
+    MESSAGE("SKIPPED: fp8::gemm_sm90 needs an sm_90a build on a compute-capability-9.0 device (this is ",
+            cuda::describe_device(0), ")");
+    return;
+  }
+  namespace f = cuda::fp8;
+  const auto b = fp8_backend(false, cuda::fp8_gemm_kernel::cublaslt);
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  constexpr std::size_t kWorkspace = std::size_t{32} << 20;
+  void* workspace = nullptr;
+  int* counters = nullptr;
+  REQUIRE(cudaMalloc(&workspace, kWorkspace) == cudaSuccess);
+  REQUIRE(cudaMalloc(&counters, sizeof(int) * f::gemm_sm90_max_split_tiles) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(counters, 0, sizeof(int) * f::gemm_sm90_max_split_tiles, stream) == cudaSuccess);
+  struct plan_case {
+    int tile_rows, splits, sms;
+    const char* what;
+  };
+  const plan_case plans[] = {{64, 1, 0, "64-token tiles, whole"},         {64, 0, 0, "64-token tiles, automatic"},
+                             {128, 1, 0, "128-token tiles, whole"},       {128, 1, 5, "128, whole, 5 CTAs"},
+                             {128, 0, 0, "128-token tiles, automatic"},   {128, 0, 7, "128, automatic, 7 CTAs"},
+                             {128, 3, 0, "128, 3 equal splits"},          {64, 5, 0, "64, 5 equal splits"}};
+  int shared_runs = 0;
+  for (const auto& [m, n, k] : {std::tuple{705, 4096, 4096}, std::tuple{130, 1024, 12288}, std::tuple{300, 256, 384},
+                                std::tuple{1, 4096, 1024}})
+    for (const bool spread : {false, true}) {
+      std::vector<float> wv = normal(static_cast<std::size_t>(n) * k, 1.0f / std::sqrt(float(k)), 31u + static_cast<unsigned>(n));
+      std::vector<float> xv = normal(static_cast<std::size_t>(m) * k, 1.0f, 37u + static_cast<unsigned>(m));
+      if (spread)
+        for (int r = 0; r < m; ++r)
+          for (int j = 0; j < k; ++j) xv[static_cast<std::size_t>(r) * k + j] *= float(1 + r % 7) * float(1 + (j / 128) % 5);
+      auto w = b.from_host(wv, n, k);
+      const auto x = b.from_host(xv, m, k);
+      REQUIRE(b.prepare_linear_weight(w));
+      fp8_linear::quantized wq{n, k, {}, {}}, xq{m, k, {}, {}};
+      b.fp8_weight_to_host(w, wq.codes, wq.scales);
+      b.quantize_activations_to_host(x, xq.codes, xq.scales);
+      // The activations' device codes and scales, as linear() makes them.
+      const int mp = f::padded_rows(m);
+      std::uint8_t* x_codes = nullptr;
+      float* x_scales = nullptr;
+      void* out = nullptr;
+      REQUIRE(cudaMalloc(&x_codes, std::size_t(mp) * k) == cudaSuccess);
+      REQUIRE(cudaMalloc(&x_scales, sizeof(float) * std::size_t(mp) * (k / 128)) == cudaSuccess);
+      REQUIRE(cudaMalloc(&out, sizeof(std::uint16_t) * std::size_t(m) * n) == cudaSuccess);
+      f::quantize_activations(cuda_dtype::bf16, x.data(), m, mp, k, x_codes, x_scales, stream);
+      const auto run = [&](const plan_case& pc) {
+        f::gemm_sm90_args a{x_codes, x_scales, static_cast<const std::uint8_t*>(w.data()), w.scales(), out, m, n, k,
+                            pc.splits, workspace, kWorkspace, counters, pc.tile_rows, pc.sms};
+        REQUIRE(f::gemm_sm90_supported(a));
+        f::gemm_sm90(a, stream);
+        std::vector<std::uint16_t> bits(std::size_t(m) * n);
+        REQUIRE(cudaMemcpyAsync(bits.data(), out, bits.size() * 2, cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+        REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+        return bits;
+      };
+      std::vector<std::uint16_t> whole;
+      for (const plan_case& pc : plans) {
+        const f::gemm_sm90_args probe{nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k, pc.splits, workspace,
+                                      kWorkspace, counters, pc.tile_rows, pc.sms};
+        const f::gemm_sm90_plan plan = f::gemm_sm90_plan_for(probe);
+        const auto bits = run(pc);
+        std::vector<float> got(bits.size());
+        for (std::size_t i = 0; i < bits.size(); ++i) got[i] = std::bit_cast<float>(std::uint32_t{bits[i]} << 16);
+        const auto e = compare_rows(got, xq, wq, m, n, k);
+        const bool shared = plan.dp_tiles < plan.tiles;
+        MESSAGE("gemm_sm90 m ", m, " n ", n, " k ", k, std::string(spread ? " (spread)" : ""), ", ", std::string(pc.what),
+                ": ", plan.tiles, " tiles, ", plan.ctas, " CTAs, ", plan.dp_tiles, " whole; relative RMS ", e.rel_rms,
+                ", worst |err| / tolerance ", e.max_rel_excess);
+        CHECK(e.ok);
+        if (!shared) {
+          if (whole.empty()) whole = bits;
+          CHECK(bits == whole);
+        } else {
+          ++shared_runs;
+          CHECK(run(pc) == bits);
+        }
+      }
+      std::vector<int> left(f::gemm_sm90_max_split_tiles, -1);
+      REQUIRE(cudaMemcpyAsync(left.data(), counters, sizeof(int) * left.size(), cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      CHECK(std::all_of(left.begin(), left.end(), [](int v) { return v == 0; }));
+      REQUIRE(cudaFree(x_codes) == cudaSuccess);
+      REQUIRE(cudaFree(x_scales) == cudaSuccess);
+      REQUIRE(cudaFree(out) == cudaSuccess);
+    }
+  MESSAGE("gemm_sm90 ran ", shared_runs, " shared plans twice each");
+  CHECK(shared_runs > 20);
+  REQUIRE(cudaFree(workspace) == cudaSuccess);
+  REQUIRE(cudaFree(counters) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
 }
 
 TEST_CASE("fp8 weights: fp8_gemm_kernel sm90 is refused where it cannot run, and inside a CUDA graph replays eager") {

@@ -17,15 +17,18 @@
 #include <zipage/tokenizer/spm_tokenizer.hpp>
 #include <zipage/tokenizer/vocab_check.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <fcntl.h>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <future>
 #include <set>
 #include <string>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <vector>
 
 namespace fs = std::filesystem;
 using zipage::testing::contains;
@@ -201,8 +204,9 @@ TEST_CASE("resolve_fp8_decode_kernel: swapped where it fits and the batch fills 
 
 // The FP8 GEMM a linear() runs (host rule, no device): automatic runs gemm_sm90 up to kSm90Fp8GemmMaxRows tokens where
 // it takes the shape, cuBLASLt's above and elsewhere; a requested sm90 runs wherever it takes the shape; and the
-// split-K count: about one CTA per multiprocessor, at least two k-groups per split, none from many tiles on.
-TEST_CASE("resolve_fp8_gemm_kernel and gemm_sm90_splits: which FP8 GEMM runs, and how it splits K") {
+// plan: equal splits of 64-token tiles (about one CTA per multiprocessor, at least two k-groups per split, none from
+// many tiles on) and stream-K over 128-token tiles, each covering every tile's k-groups once.
+TEST_CASE("resolve_fp8_gemm_kernel and plan_gemm_sm90: which FP8 GEMM runs, and how its CTAs share the work") {
   using zipage::cuda::fp8_gemm_kernel;
   using zipage::cuda::kSm90Fp8GemmMaxRows;
   using zipage::cuda::resolve_fp8_gemm_kernel;
@@ -227,21 +231,98 @@ TEST_CASE("resolve_fp8_gemm_kernel and gemm_sm90_splits: which FP8 GEMM runs, an
   CHECK_FALSE(zipage::cuda::is_fp8_gemm_kernel(static_cast<fp8_gemm_kernel>(3)));
 
   namespace f = zipage::cuda::fp8;
-  // 132 multiprocessors (the H200): a 4096-wide output at 8 tokens is 32 tiles -> 4 splits; 6144 wide 48 -> 2; a
-  // 24576-wide one 192 tiles -> none; a 64-token batch the same as 8 (one 64-row tile); K of 2 groups -> 1 split.
-  CHECK(f::gemm_sm90_splits(0, 8, 4096, 4096, 132) == 4);
-  CHECK(f::gemm_sm90_splits(0, 64, 4096, 12288, 132) == 4);
-  CHECK(f::gemm_sm90_splits(0, 8, 6144, 4096, 132) == 2);
-  CHECK(f::gemm_sm90_splits(0, 8, 24576, 4096, 132) == 1);
-  CHECK(f::gemm_sm90_splits(0, 128, 4096, 4096, 132) == 2);
-  CHECK(f::gemm_sm90_splits(0, 8, 128, 256, 132) == 1);      // 2 groups: at least 2 per split
-  CHECK(f::gemm_sm90_splits(0, 8, 128, 1024, 132) == 4);     // 8 groups, 1 tile: at most groups / 2
-  CHECK(f::gemm_sm90_splits(16, 8, 4096, 1024, 132) == 8);   // a request: at most one split per group
-  CHECK(f::gemm_sm90_splits(3, 8, 4096, 4096, 132) == 3);
-  CHECK(f::gemm_sm90_splits(0, 65536, 4096, 4096, 132) == 1);  // past gemm_sm90_max_split_tiles
-  CHECK(f::gemm_sm90_tiles(65, 4096) == 64);
-  CHECK(f::gemm_sm90_workspace_bytes(8, 4096, 4) == std::size_t{32} * 4 * 64 * 128 * 4);
-  CHECK(f::gemm_sm90_workspace_bytes(8, 4096, 1) == 0);
+  constexpr std::size_t kWorkspace = std::size_t{32} << 20;  // the backend's default gemm_workspace_bytes
+  // Equal splits of 64-token tiles (the plan's count: CTAs per tile), on 132 multiprocessors (the H200): a
+  // 4096-wide output at 8 tokens is 32 tiles -> 4 splits; 6144 wide 48 -> 2; a 24576-wide one 192 tiles -> none;
+  // a 64-token batch the same as 8 (one 64-row tile); K of 2 groups -> 1 split.
+  const auto splits = [&](int m, int n, int k, int requested, int tile_rows = 0, std::size_t ws = std::size_t{32} << 20) {
+    const f::gemm_sm90_plan p = f::plan_gemm_sm90(m, n, k, requested, tile_rows, 132, ws);
+    return p.dp_tiles == p.tiles ? 1 : p.ctas / p.tiles;
+  };
+  CHECK(splits(8, 4096, 4096, 0) == 4);
+  CHECK(splits(64, 4096, 12288, 0) == 4);
+  CHECK(splits(8, 6144, 4096, 0) == 2);
+  CHECK(splits(8, 24576, 4096, 0) == 1);
+  CHECK(splits(128, 4096, 4096, 0, 64) == 2);
+  CHECK(splits(8, 128, 256, 0) == 1);      // 2 groups: at least 2 per split
+  CHECK(splits(8, 128, 1024, 0) == 4);     // 8 groups, 1 tile: at most groups / 2
+  CHECK(splits(8, 4096, 1024, 16) == 8);   // a request: at most one split per group
+  CHECK(splits(8, 4096, 4096, 3) == 3);
+  CHECK(splits(65536, 4096, 4096, 0, 64) == 1);  // past gemm_sm90_max_split_tiles
+  CHECK(splits(8, 4096, 4096, 0, 0, 0) == 1);    // no workspace: no split
+  CHECK(splits(8, 4096, 4096, 0, 0, std::size_t{3} * 32 * 2 * 64 * 128 * 4) == 3);  // lowered to the workspace
+  CHECK(f::plan_gemm_sm90(8, 4096, 4096, 4, 0, 132, kWorkspace).workspace_bytes() == std::size_t{2} * 32 * 4 * 64 * 128 * 4);
+  CHECK(f::plan_gemm_sm90(8, 4096, 4096, 1, 0, 132, kWorkspace).workspace_bytes() == 0);
+
+  // 128-token tiles (automatic above 64 tokens): one CTA per multiprocessor; stream-K over the last round and the
+  // one before where the rounds are not whole. o (4096 x 4096) at 705 tokens: 6 x 32 = 192 tiles, all shared.
+  const f::gemm_sm90_plan o705 = f::plan_gemm_sm90(705, 4096, 4096, 0, 0, 132, kWorkspace);
+  CHECK(o705.tile_rows == 128);
+  CHECK(o705.tiles == 192);
+  CHECK(o705.ctas == 132);
+  CHECK(o705.dp_tiles == 0);
+  // gate|up (24576 x 4096) at 705: 1,152 tiles = 8 rounds + 96; 7 rounds whole, the last 228 tiles shared.
+  const f::gemm_sm90_plan gu705 = f::plan_gemm_sm90(705, 24576, 4096, 0, 0, 132, kWorkspace);
+  CHECK(gu705.dp_tiles == 7 * 132);
+  CHECK(gu705.tiles - gu705.dp_tiles == 228);
+  // Whole rounds, an explicit 1, or no workspace: whole tiles only.
+  for (const f::gemm_sm90_plan& p : {f::plan_gemm_sm90(1024, 4096, 4096, 0, 0, 128, kWorkspace),
+                                     f::plan_gemm_sm90(705, 4096, 4096, 1, 0, 132, kWorkspace),
+                                     f::plan_gemm_sm90(705, 4096, 4096, 0, 0, 132, 0)}) {
+    CHECK(p.dp_tiles == p.tiles);
+    CHECK(p.workspace_bytes() == 0);
+  }
+
+  // Every plan covers every (tile, k-group) once; whole pieces are whole tiles; a shared tile's contributors are
+  // first_cta..last_cta, each with the slot the reduction reads (slot(c, u)), every slot used once; automatic plans fit
+  // the workspace; no more shared tiles than counters.
+  int plans = 0;
+  for (const int sms : {132, 7, 1})
+    for (const int m : {1, 64, 65, 300, 705, 2048})
+      for (const int n : {128, 4096, 24576})
+        for (const int k : {128, 256, 4096, 12288})
+          for (const int requested : {0, 1, 3})
+            for (const int tile_rows : {0, 64, 128}) {
+              const f::gemm_sm90_plan p = f::plan_gemm_sm90(m, n, k, requested, tile_rows, sms, kWorkspace);
+              CAPTURE(sms);
+              CAPTURE(m);
+              CAPTURE(n);
+              CAPTURE(k);
+              CAPTURE(requested);
+              CAPTURE(tile_rows);
+              REQUIRE(p.ctas >= 1);
+              REQUIRE(p.tiles == (f::padded_rows(m) + p.tile_rows - 1) / p.tile_rows * (n / 128));
+              if (requested != 3) REQUIRE(p.workspace_bytes() <= kWorkspace);  // an explicit count is not lowered
+              REQUIRE(p.tiles - p.dp_tiles <= f::gemm_sm90_max_split_tiles);
+              std::vector<int> covered(static_cast<std::size_t>(p.tiles) * p.groups, 0);
+              std::map<int, std::vector<std::pair<int, int>>> shared;  // tile -> (cta, slot)
+              std::set<int> slots;
+              for (int c = 0; c < p.ctas; ++c) {
+                f::gemm_sm90_plan::piece q;
+                for (auto at = p.start(c); p.next(c, at, q);) {
+                  REQUIRE((q.tile >= 0 && q.tile < p.tiles && 0 <= q.g0 && q.g0 < q.g1 && q.g1 <= p.groups));
+                  for (int g = q.g0; g < q.g1; ++g) ++covered[static_cast<std::size_t>(q.tile) * p.groups + g];
+                  if (q.slot < 0) {
+                    REQUIRE((q.g0 == 0 && q.g1 == p.groups));
+                  } else {
+                    REQUIRE(q.tile >= p.dp_tiles);
+                    REQUIRE((q.slot >= 0 && q.slot < 2 * p.ctas && slots.insert(q.slot).second));
+                    shared[q.tile].emplace_back(c, q.slot);
+                  }
+                }
+              }
+              REQUIRE(std::all_of(covered.begin(), covered.end(), [](int v) { return v == 1; }));
+              for (const auto& [tile, parts] : shared) {
+                const int u = tile - p.dp_tiles;
+                REQUIRE(static_cast<int>(parts.size()) == p.last_cta(u) - p.first_cta(u) + 1);
+                for (std::size_t j = 0; j < parts.size(); ++j) {
+                  REQUIRE(parts[j].first == p.first_cta(u) + static_cast<int>(j));
+                  REQUIRE(parts[j].second == p.slot(parts[j].first, u));
+                }
+              }
+              ++plans;
+            }
+  CHECK(plans == 3 * 6 * 3 * 4 * 3 * 3);
 }
 
 // The prefill kernel a launch runs (host rule, no device): automatic runs wgmma on bf16 K/V at head_dim 128 where

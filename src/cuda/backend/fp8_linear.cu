@@ -200,12 +200,14 @@ void fp8_linear(const std::shared_ptr<context>& ctx, const cuda_tensor& x, const
   }
   const auto timed = time_op(c, [&] { return "linear fp8 " + std::to_string(n) + "x" + std::to_string(k); });
   if (requested != cuda::fp8_gemm_kernel::cublaslt) {
-    // Split-K (automatic) holds its partials in cuBLASLt's workspace, as far as it fits.
+    // Split-K and stream-K hold their partials in cuBLASLt's workspace, as far as they fit; the plan fills the
+    // multiprocessors that the other nano-batch's attention leaves (all of them outside overlap).
     cuda::fp8::gemm_sm90_args own{ws.codes, ws.scales, static_cast<const std::uint8_t*>(w.data()), w.scales(),
                                   out.data(), m, n, k};
     own.workspace = c.lt_workspace;
     own.workspace_bytes = c.opts.gemm_workspace_bytes;
     own.counters = c.sm90_counters;
+    own.sms = c.gemm_sms();
     if (cuda::resolve_fp8_gemm_kernel(requested, m, cuda::fp8::gemm_sm90_supported(own)) ==
         cuda::fp8_gemm_kernel::sm90) {
       c.count([](cuda_backend_counters& t) { ++t.sm90_fp8_gemms; });
