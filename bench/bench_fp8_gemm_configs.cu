@@ -468,8 +468,8 @@ void graph_sm90(cublasLtHandle_t lt, const char* name, int n, int k, int m) {
     LT(cublasLtMatmul(g.lt, g.desc, &alpha, w, g.a, g.x, g.b, &beta, g.out, g.c, g.out, g.c, &h.algo, g.workspace,
                       g.workspace_bytes, st));
   });
-  // Our kernel's plans: 64-token tiles whole and in 2, 4, 8 equal splits; 128-token tiles whole and automatic
-  // (stream-K over the last rounds where they are not whole). "auto" marks the plan gemm_sm90 picks unasked.
+  // Our kernel's plans: 64-token tiles whole, in 2, 4, 8 equal splits and stream-K; 128-token tiles whole and
+  // stream-K (over the last rounds where they are not whole). "auto" marks the plan gemm_sm90 picks unasked.
   struct variant {
     int tile_rows, splits;
   };
@@ -478,7 +478,9 @@ void graph_sm90(cublasLtHandle_t lt, const char* name, int n, int k, int m) {
   const auto auto_plan = zipage::cuda::fp8::gemm_sm90_plan_for(asked);
   double best = 1e30;
   std::string best_name, row;
-  for (const variant v : {variant{64, 1}, variant{64, 2}, variant{64, 4}, variant{64, 8}, variant{128, 1}, variant{128, 0}}) {
+  constexpr int sk = zipage::cuda::fp8::gemm_sm90_stream_k;
+  for (const variant v : {variant{64, 1}, variant{64, 2}, variant{64, 4}, variant{64, 8}, variant{64, sk}, variant{128, 1},
+                          variant{128, sk}}) {
     zipage::cuda::fp8::gemm_sm90_args args = asked;
     args.tile_rows = v.tile_rows, args.splits = v.splits;
     const auto plan = zipage::cuda::fp8::gemm_sm90_plan_for(args);
@@ -489,7 +491,7 @@ void graph_sm90(cublasLtHandle_t lt, const char* name, int n, int k, int m) {
     });
     char name_buf[48], buf[96];
     std::snprintf(name_buf, sizeof name_buf, "%d/%s", v.tile_rows,
-                  v.splits == 0 ? "auto" : v.splits == 1 ? "whole" : (std::to_string(v.splits) + " splits").c_str());
+                  v.splits == sk ? "stream-K" : v.splits == 1 ? "whole" : (std::to_string(v.splits) + " splits").c_str());
     const bool is_auto = plan.tile_rows == auto_plan.tile_rows && plan.ctas == auto_plan.ctas &&
                          plan.dp_tiles == auto_plan.dp_tiles;
     std::snprintf(buf, sizeof buf, "%s%s%s: %.1f", row.empty() ? "" : ", ", name_buf, is_auto ? " (auto)" : "", us);

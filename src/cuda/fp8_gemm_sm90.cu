@@ -54,7 +54,9 @@ bool gemm_sm90_supported(const gemm_sm90_args& a) {
          detail::aligned(a.out, 4) && gemm_sm90_available();
 }
 
-static_assert(gemm_sm90_tile_cols == detail::fp8_gemm::kBN && gemm_sm90_group == detail::fp8_gemm::kBK,
+static_assert(gemm_sm90_tile_cols == detail::fp8_gemm::kBN && gemm_sm90_group == detail::fp8_gemm::kBK &&
+                  gemm_sm90_ctas_per_sm(64) == detail::fp8_gemm::shape<1>::kCtasPerSm &&
+                  gemm_sm90_ctas_per_sm(128) == detail::fp8_gemm::shape<2>::kCtasPerSm,
               "fp8_gemm.hpp's tile constants are the kernel's");
 
 namespace {
@@ -80,7 +82,8 @@ void gemm_sm90(const gemm_sm90_args& a, cuda_stream stream) {
   check(a.n > 0 && a.n % g::kBN == 0, "fp8::gemm_sm90: n (", a.n, ") must be a positive multiple of 128");
   check(a.k > 0 && a.k % g::kBK == 0, "fp8::gemm_sm90: k (", a.k, ") must be a positive multiple of 128");
   check(a.m >= 0, "fp8::gemm_sm90: m is negative (", a.m, ")");
-  check(a.splits >= 0, "fp8::gemm_sm90: splits is negative (", a.splits, ")");
+  check(a.splits >= 0 || a.splits == gemm_sm90_stream_k, "fp8::gemm_sm90: splits (", a.splits,
+        ") must be 0 (automatic), 1 (none), a split count or gemm_sm90_stream_k");
   check(a.tile_rows == 0 || is_gemm_sm90_tile_rows(a.tile_rows), "fp8::gemm_sm90: tile_rows (", a.tile_rows,
         ") must be 0 (automatic), 64 or 128");
   check(a.sms >= 0, "fp8::gemm_sm90: sms is negative (", a.sms, ")");

@@ -265,6 +265,11 @@ TEST_CASE("resolve_fp8_gemm_kernel and plan_gemm_sm90: which FP8 GEMM runs, and 
   const f::gemm_sm90_plan gu705 = f::plan_gemm_sm90(705, 24576, 4096, 0, 0, 132, kWorkspace);
   CHECK(gu705.dp_tiles == 7 * 132);
   CHECK(gu705.tiles - gu705.dp_tiles == 228);
+  // Stream-K asked for with 64-token tiles: two CTAs per multiprocessor. gate|up at 8 tokens: 192 tiles, 264 CTAs.
+  const f::gemm_sm90_plan gu8 = f::plan_gemm_sm90(8, 24576, 4096, f::gemm_sm90_stream_k, 0, 132, kWorkspace);
+  CHECK(gu8.tile_rows == 64);
+  CHECK(gu8.ctas == 264);
+  CHECK(gu8.dp_tiles == 0);
   // Whole rounds, an explicit 1, or no workspace: whole tiles only.
   for (const f::gemm_sm90_plan& p : {f::plan_gemm_sm90(1024, 4096, 4096, 0, 0, 128, kWorkspace),
                                      f::plan_gemm_sm90(705, 4096, 4096, 1, 0, 132, kWorkspace),
@@ -281,7 +286,7 @@ TEST_CASE("resolve_fp8_gemm_kernel and plan_gemm_sm90: which FP8 GEMM runs, and 
     for (const int m : {1, 64, 65, 300, 705, 2048})
       for (const int n : {128, 4096, 24576})
         for (const int k : {128, 256, 4096, 12288})
-          for (const int requested : {0, 1, 3})
+          for (const int requested : {0, 1, 3, f::gemm_sm90_stream_k})
             for (const int tile_rows : {0, 64, 128}) {
               const f::gemm_sm90_plan p = f::plan_gemm_sm90(m, n, k, requested, tile_rows, sms, kWorkspace);
               CAPTURE(sms);
@@ -292,7 +297,7 @@ TEST_CASE("resolve_fp8_gemm_kernel and plan_gemm_sm90: which FP8 GEMM runs, and 
               CAPTURE(tile_rows);
               REQUIRE(p.ctas >= 1);
               REQUIRE(p.tiles == (f::padded_rows(m) + p.tile_rows - 1) / p.tile_rows * (n / 128));
-              if (requested != 3) REQUIRE(p.workspace_bytes() <= kWorkspace);  // an explicit count is not lowered
+              if (requested == 0 || requested == 1) REQUIRE(p.workspace_bytes() <= kWorkspace);  // explicit: not lowered
               REQUIRE(p.tiles - p.dp_tiles <= f::gemm_sm90_max_split_tiles);
               std::vector<int> covered(static_cast<std::size_t>(p.tiles) * p.groups, 0);
               std::map<int, std::vector<std::pair<int, int>>> shared;  // tile -> (cta, slot)
@@ -322,7 +327,7 @@ TEST_CASE("resolve_fp8_gemm_kernel and plan_gemm_sm90: which FP8 GEMM runs, and 
               }
               ++plans;
             }
-  CHECK(plans == 3 * 6 * 3 * 4 * 3 * 3);
+  CHECK(plans == 3 * 6 * 3 * 4 * 4 * 3);
 }
 
 // The prefill kernel a launch runs (host rule, no device): automatic runs wgmma on bf16 K/V at head_dim 128 where

@@ -44,7 +44,7 @@ struct gemm_sm90_args {
   void* out = nullptr;                    // [m][n] bf16
   int m = 0, n = 0, k = 0;
   // How CTAs share K (gemm_sm90_plan): 0 automatic, lowered to what `workspace` holds (no sharing without
-  // counters); 1 none; > 1 that many equal splits per tile. Sharing needs a workspace of gemm_sm90_plan::
+  // counters); 1 none; > 1 that many equal splits per tile; gemm_sm90_stream_k stream-K. Sharing needs a workspace of gemm_sm90_plan::
   // workspace_bytes() and `counters`: gemm_sm90_max_split_tiles zero ints, which every launch leaves zero.
   int splits = 0;
   void* workspace = nullptr;
@@ -57,10 +57,13 @@ struct gemm_sm90_args {
 };
 
 inline constexpr int gemm_sm90_max_split_tiles = 1024;
+inline constexpr int gemm_sm90_stream_k = -1;  // gemm_sm90_args::splits
 // A tile: 64 or 128 tokens x 128 outputs, K in 128-column groups (one scale each).
 inline constexpr int gemm_sm90_tile_cols = 128, gemm_sm90_group = 128;
 [[nodiscard]] constexpr bool is_gemm_sm90_tile_rows(int rows) { return rows == 64 || rows == 128; }
 [[nodiscard]] constexpr int gemm_sm90_tile_rows_for(int requested, int m) { return requested ? requested : m <= 64 ? 64 : 128; }
+// CTAs of a tile height that share a multiprocessor (their shared memory and registers).
+[[nodiscard]] constexpr int gemm_sm90_ctas_per_sm(int tile_rows) { return tile_rows == 64 ? 2 : 1; }
 
 // How a launch's CTAs share the work: `ctas` CTAs (one per multiprocessor for 128-token tiles, two for 64).
 // Tiles [0, dp_tiles) are whole, CTA c taking tiles c, c + ctas, ...; the k-groups of the other tiles, in tile
@@ -130,11 +133,12 @@ struct gemm_sm90_plan {
 }
 
 // The plan gemm_sm90 runs (gemm_sm90_args' m, n, k, splits, tile_rows; `sms` > 0). Automatic (splits 0) lowers
-// itself to `workspace_bytes` (0: no sharing); an explicit split count does not (the launcher checks it).
-//  - 64-token tiles: equal splits, gemm_sm90_splits' count (one tile per CTA).
-//  - 128-token tiles: one persistent CTA per multiprocessor. Where the tiles are not a whole number of rounds, the
-//    last round and the one before it are shared by stream-K: their tiles end together instead of leaving a
-//    round mostly idle (o at 705 tokens: 192 tiles on 132 multiprocessors run as 1.45 rounds, not 2).
+// itself to `workspace_bytes` (0: no sharing); an explicit split count or stream-K does not (the launcher checks).
+//  - Equal splits (automatic for 64-token tiles: gemm_sm90_splits' count): one tile or part of one per CTA.
+//  - Stream-K (automatic for 128-token tiles): persistent CTAs filling every multiprocessor
+//    (gemm_sm90_ctas_per_sm each). Where the tiles are not a whole number of rounds, the last round and the one
+//    before it are shared: their tiles end together instead of leaving a round mostly idle (192 tiles on 132
+//    multiprocessors run as 1.45 rounds, not 2).
 [[nodiscard]] constexpr gemm_sm90_plan plan_gemm_sm90(int m, int n, int k, int splits, int tile_rows, int sms,
                                                       std::size_t workspace_bytes) {
   gemm_sm90_plan p;
@@ -147,20 +151,22 @@ struct gemm_sm90_plan {
     return p;
   };
   if (p.tiles <= 0 || p.groups <= 0) return whole_tiles(1);
-  if (splits > 1 || (splits == 0 && p.tile_rows == 64)) {  // equal splits: CTA c takes part s of tile t, c = t s + s'
+  const bool stream_k = splits == gemm_sm90_stream_k || (splits == 0 && p.tile_rows == 128);
+  if (!stream_k) {  // equal splits (or none): CTA c takes part c % s of tile c / s
     int s = gemm_sm90_splits(splits, p.tiles, p.groups, sms);
     while (splits == 0 && s > 1 && gemm_sm90_plan{p.tile_rows, p.m_tiles, p.tiles, p.groups, p.tiles * s, 0}.workspace_bytes() > workspace_bytes) --s;
     if (s <= 1) return whole_tiles(p.tiles);
     p.ctas = p.tiles * s, p.dp_tiles = 0;
     return p;
   }
-  const int rounds = p.tiles / sms, rest = p.tiles % sms;
-  if (splits == 1 || rest == 0 || p.groups < 2) return whole_tiles(sms);
-  p.dp_tiles = rounds > 0 ? (rounds - 1) * sms : 0;
-  // At least 2 groups per CTA where the shared tiles are fewer than the multiprocessors.
-  p.ctas = static_cast<int>(std::min<long long>(sms, p.shared_groups() / 2));
-  if (p.ctas < 2 || p.tiles - p.dp_tiles > gemm_sm90_max_split_tiles || p.workspace_bytes() > workspace_bytes)
-    return whole_tiles(sms);
+  const int slots = sms * gemm_sm90_ctas_per_sm(p.tile_rows);
+  const int rounds = p.tiles / slots, rest = p.tiles % slots;
+  if (rest == 0 || p.groups < 2) return whole_tiles(slots);
+  p.dp_tiles = rounds > 0 ? (rounds - 1) * slots : 0;
+  // At least 2 groups per CTA where the shared tiles are fewer than the CTAs.
+  p.ctas = static_cast<int>(std::min<long long>(slots, p.shared_groups() / 2));
+  const bool fits = p.ctas >= 2 && p.tiles - p.dp_tiles <= gemm_sm90_max_split_tiles;
+  if (!fits || (splits == 0 && p.workspace_bytes() > workspace_bytes)) return whole_tiles(slots);
   return p;
 }
 
