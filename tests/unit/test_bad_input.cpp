@@ -254,24 +254,24 @@ TEST_CASE("resolve_fp8_gemm_kernel and plan_gemm_sm90: which FP8 GEMM runs, and 
   CHECK(f::plan_gemm_sm90(8, 4096, 4096, 4, 0, 132, kWorkspace).workspace_bytes() == std::size_t{2} * 32 * 4 * 64 * 128 * 4);
   CHECK(f::plan_gemm_sm90(8, 4096, 4096, 1, 0, 132, kWorkspace).workspace_bytes() == 0);
 
-  // 128-token tiles (automatic above 64 tokens): one CTA per multiprocessor; stream-K over the last round and the
-  // one before where the rounds are not whole. o (4096 x 4096) at 705 tokens: 6 x 32 = 192 tiles, all shared.
-  const f::gemm_sm90_plan o705 = f::plan_gemm_sm90(705, 4096, 4096, 0, 0, 132, kWorkspace);
+  // Automatic tile height: 64 tokens up to 128, then 128 (equal splits for both; none from 132 tiles on).
+  CHECK(f::plan_gemm_sm90(128, 4096, 4096, 0, 0, 132, kWorkspace).tile_rows == 64);
+  const f::gemm_sm90_plan o705_auto = f::plan_gemm_sm90(705, 4096, 4096, 0, 0, 132, kWorkspace);
+  CHECK(o705_auto.tile_rows == 128);
+  CHECK(o705_auto.dp_tiles == o705_auto.tiles);
+  // Stream-K (asked for): one CTA per multiprocessor at 128-token tiles; the last round and the one before shared
+  // where the rounds are not whole. o (4096 x 4096) at 705 tokens: 6 x 32 = 192 tiles, all shared.
+  const f::gemm_sm90_plan o705 = f::plan_gemm_sm90(705, 4096, 4096, f::gemm_sm90_stream_k, 0, 132, kWorkspace);
   CHECK(o705.tile_rows == 128);
   CHECK(o705.tiles == 192);
   CHECK(o705.ctas == 132);
   CHECK(o705.dp_tiles == 0);
   // gate|up (24576 x 4096) at 705: 1,152 tiles = 8 rounds + 96; 7 rounds whole, the last 228 tiles shared.
-  const f::gemm_sm90_plan gu705 = f::plan_gemm_sm90(705, 24576, 4096, 0, 0, 132, kWorkspace);
+  const f::gemm_sm90_plan gu705 = f::plan_gemm_sm90(705, 24576, 4096, f::gemm_sm90_stream_k, 0, 132, kWorkspace);
   CHECK(gu705.dp_tiles == 7 * 132);
   CHECK(gu705.tiles - gu705.dp_tiles == 228);
-  // Stream-K asked for with 64-token tiles: two CTAs per multiprocessor. gate|up at 8 tokens: 192 tiles, 264 CTAs.
-  const f::gemm_sm90_plan gu8 = f::plan_gemm_sm90(8, 24576, 4096, f::gemm_sm90_stream_k, 0, 132, kWorkspace);
-  CHECK(gu8.tile_rows == 64);
-  CHECK(gu8.ctas == 264);
-  CHECK(gu8.dp_tiles == 0);
   // Whole rounds, an explicit 1, or no workspace: whole tiles only.
-  for (const f::gemm_sm90_plan& p : {f::plan_gemm_sm90(1024, 4096, 4096, 0, 0, 128, kWorkspace),
+  for (const f::gemm_sm90_plan& p : {f::plan_gemm_sm90(1024, 4096, 4096, f::gemm_sm90_stream_k, 0, 128, kWorkspace),
                                      f::plan_gemm_sm90(705, 4096, 4096, 1, 0, 132, kWorkspace),
                                      f::plan_gemm_sm90(705, 4096, 4096, 0, 0, 132, 0)}) {
     CHECK(p.dp_tiles == p.tiles);

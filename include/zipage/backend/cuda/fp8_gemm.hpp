@@ -50,7 +50,7 @@ struct gemm_sm90_args {
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   int* counters = nullptr;
-  // Tile height in tokens: 0 automatic (64 up to 64 tokens, else 128), 64 or 128.
+  // Tile height in tokens: 0 automatic (64 up to 128 tokens, else 128), 64 or 128.
   int tile_rows = 0;
   // Multiprocessors the plan fills: 0 all of the device's (fewer where another stream's kernels hold the rest).
   int sms = 0;
@@ -61,7 +61,9 @@ inline constexpr int gemm_sm90_stream_k = -1;  // gemm_sm90_args::splits
 // A tile: 64 or 128 tokens x 128 outputs, K in 128-column groups (one scale each).
 inline constexpr int gemm_sm90_tile_cols = 128, gemm_sm90_group = 128;
 [[nodiscard]] constexpr bool is_gemm_sm90_tile_rows(int rows) { return rows == 64 || rows == 128; }
-[[nodiscard]] constexpr int gemm_sm90_tile_rows_for(int requested, int m) { return requested ? requested : m <= 64 ? 64 : 128; }
+// Automatic: 64-token tiles with equal splits beat 128-token ones up to 128 tokens, and lose from 300 on (docs/benchmarks.md,
+// 2026-12-04 04:40).
+[[nodiscard]] constexpr int gemm_sm90_tile_rows_for(int requested, int m) { return requested ? requested : m <= 128 ? 64 : 128; }
 // CTAs of a tile height that share a multiprocessor (their shared memory and registers).
 [[nodiscard]] constexpr int gemm_sm90_ctas_per_sm(int tile_rows) { return tile_rows == 64 ? 2 : 1; }
 
@@ -134,11 +136,12 @@ struct gemm_sm90_plan {
 
 // The plan gemm_sm90 runs (gemm_sm90_args' m, n, k, splits, tile_rows; `sms` > 0). Automatic (splits 0) lowers
 // itself to `workspace_bytes` (0: no sharing); an explicit split count or stream-K does not (the launcher checks).
-//  - Equal splits (automatic for 64-token tiles: gemm_sm90_splits' count): one tile or part of one per CTA.
-//  - Stream-K (automatic for 128-token tiles): persistent CTAs filling every multiprocessor
-//    (gemm_sm90_ctas_per_sm each). Where the tiles are not a whole number of rounds, the last round and the one
-//    before it are shared: their tiles end together instead of leaving a round mostly idle (192 tiles on 132
-//    multiprocessors run as 1.45 rounds, not 2).
+//  - Equal splits (automatic: gemm_sm90_splits' count, none from sms tiles on): one tile or part of one per CTA.
+//  - Stream-K (asked for only): persistent CTAs filling every multiprocessor (gemm_sm90_ctas_per_sm each). Where
+//    the tiles are not a whole number of rounds, the last round and the one before it are shared, so that their
+//    tiles end together (192 tiles on 132 multiprocessors as 1.45 rounds, not 2). Not automatic: our tiles are
+//    bound by L2 bandwidth, a short last round runs faster than a full one, and the partials' traffic costs more
+//    than the round saves in most of the shapes measured (docs/benchmarks.md, 2026-12-04 04:40).
 [[nodiscard]] constexpr gemm_sm90_plan plan_gemm_sm90(int m, int n, int k, int splits, int tile_rows, int sms,
                                                       std::size_t workspace_bytes) {
   gemm_sm90_plan p;
@@ -151,8 +154,7 @@ struct gemm_sm90_plan {
     return p;
   };
   if (p.tiles <= 0 || p.groups <= 0) return whole_tiles(1);
-  const bool stream_k = splits == gemm_sm90_stream_k || (splits == 0 && p.tile_rows == 128);
-  if (!stream_k) {  // equal splits (or none): CTA c takes part c % s of tile c / s
+  if (splits != gemm_sm90_stream_k) {  // equal splits (or none): CTA c takes part c % s of tile c / s
     int s = gemm_sm90_splits(splits, p.tiles, p.groups, sms);
     while (splits == 0 && s > 1 && gemm_sm90_plan{p.tile_rows, p.m_tiles, p.tiles, p.groups, p.tiles * s, 0}.workspace_bytes() > workspace_bytes) --s;
     if (s <= 1) return whole_tiles(p.tiles);
@@ -165,9 +167,7 @@ struct gemm_sm90_plan {
   p.dp_tiles = rounds > 0 ? (rounds - 1) * slots : 0;
   // At least 2 groups per CTA where the shared tiles are fewer than the CTAs.
   p.ctas = static_cast<int>(std::min<long long>(slots, p.shared_groups() / 2));
-  const bool fits = p.ctas >= 2 && p.tiles - p.dp_tiles <= gemm_sm90_max_split_tiles;
-  if (!fits || (splits == 0 && p.workspace_bytes() > workspace_bytes)) return whole_tiles(slots);
-  return p;
+  return p.ctas >= 2 && p.tiles - p.dp_tiles <= gemm_sm90_max_split_tiles ? p : whole_tiles(slots);
 }
 
 // Whether this build and device run it (an sm_90a build on a compute-capability 9.0 device whose driver

@@ -120,7 +120,7 @@ inline constexpr double kSwappedDecodeMinWaves = 2.0;
 enum class fp8_gemm_kernel : std::uint8_t {
   automatic,  // sm90 where it runs up to kSm90Fp8GemmMaxRows tokens (resolve_fp8_gemm_kernel), else cublaslt
   cublaslt,   // cuBLASLt's block-scaled FP8 matmul (128-token tiles)
-  sm90,       // fp8::gemm_sm90: wgmma + TMA, 64-token tiles (backend/cuda/fp8_gemm_sm90.cuh). n and k multiples of
+  sm90,       // fp8::gemm_sm90: wgmma + TMA, 64- or 128-token tiles (backend/cuda/fp8_gemm_sm90.cuh). n, k multiples of
               // 128, an sm_90a build on a compute-capability-9.0 device (fp8::gemm_sm90_available); a weight it
               // does not take runs cuBLASLt's
 };
@@ -148,7 +148,8 @@ inline constexpr fp8_gemm_kernel all_fp8_gemm_kernels[] = {fp8_gemm_kernel::auto
 // once and split-K lets our kernel fill the GPU while cuBLASLt's 128-token tiles leave most multiprocessors idle.
 // Measured on the H200 in CUDA graphs over weights read from HBM (docs/benchmarks.md, 2026-12-04): the Qwen3-8B
 // projections' sum 1.12x cuBLASLt's at 8 tokens, 1.03x at 64 and 0.89x at 128; the engine's decode step 10% shorter
-// at 1 sequence, 1.6% at 64.
+// at 1 sequence, 1.6% at 64. A second machine (2026-12-04 04:40): 1.01x at 1 token, 1.06x at 8, 1.09x at 32, 0.99x
+// at 64, and never ahead from 96 tokens on, with either tile height.
 inline constexpr int kSm90Fp8GemmMaxRows = 64;
 
 // The kernel an FP8 GEMM of `rows` tokens runs: `requested` made concrete; `sm90_takes`: fp8::gemm_sm90_supported
