@@ -15,6 +15,8 @@
 //                                           so no host time between launches, and over copies of the weight that
 //                                           together exceed L2, so each call reads its weight from HBM; ours with
 //                                           64- and 128-token tiles, whole, split and stream-K)
+//   bench_fp8_gemm_configs --sm90-scaling [M ...]   (as --sm90-graph, ours with 128-token tiles on all, 3/4, 1/2 and
+//                                           1/4 of the multiprocessors: bound by the L2's total bandwidth or not)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -428,7 +430,11 @@ void compare_sm90(cublasLtHandle_t lt, const zipage::cuda::energy_meter& meter, 
 }
 
 // --sm90-graph: GPU time per call of each kernel, in a graph of calls cycling over weight copies (> 160 MB in all).
-void graph_sm90(cublasLtHandle_t lt, const char* name, int n, int k, int m) {
+// scaling (--sm90-scaling): ours with 128-token tiles and stream-K planned for all, 3/4, 1/2 and 1/4 of the
+// multiprocessors instead of its plans. If the kernel is bound by the L2's total bandwidth, fewer CTAs each run
+// faster (and multicast, which cuts the L2's reads, would pay); if by each multiprocessor's own rate, time scales
+// with 1 / CTAs.
+void graph_sm90(cublasLtHandle_t lt, const char* name, int n, int k, int m, bool scaling = false) {
   gemm_case g(lt, m, n, k);
   const int mp = zipage::cuda::fp8::padded_rows(m);
   const std::size_t wbytes = std::size_t(n) * k;
@@ -471,7 +477,7 @@ void graph_sm90(cublasLtHandle_t lt, const char* name, int n, int k, int m) {
   // Our kernel's plans: 64-token tiles whole, in 2, 4, 8 equal splits and stream-K; 128-token tiles whole and
   // stream-K (over the last rounds where they are not whole). "auto" marks the plan gemm_sm90 picks unasked.
   struct variant {
-    int tile_rows, splits;
+    int tile_rows, splits, sms = 0;
   };
   const zipage::cuda::fp8::gemm_sm90_args asked{g.x, g.xs_scale, g.w, g.ws_scale, ours, m, n, k, 0, g.workspace,
                                                 g.workspace_bytes, counters};
@@ -479,19 +485,26 @@ void graph_sm90(cublasLtHandle_t lt, const char* name, int n, int k, int m) {
   double best = 1e30;
   std::string best_name, row;
   constexpr int sk = zipage::cuda::fp8::gemm_sm90_stream_k;
-  for (const variant v : {variant{64, 1}, variant{64, 2}, variant{64, 4}, variant{64, 8}, variant{64, sk}, variant{128, 1},
-                          variant{128, sk}}) {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const std::vector<variant> variants =
+      scaling ? std::vector<variant>{{128, sk, sms}, {128, sk, 3 * sms / 4}, {128, sk, sms / 2}, {128, sk, sms / 4}}
+              : std::vector<variant>{{64, 1}, {64, 2}, {64, 4}, {64, 8}, {64, sk}, {128, 1}, {128, sk}};
+  for (const variant v : variants) {
     zipage::cuda::fp8::gemm_sm90_args args = asked;
-    args.tile_rows = v.tile_rows, args.splits = v.splits;
+    args.tile_rows = v.tile_rows, args.splits = v.splits, args.sms = v.sms;
     const auto plan = zipage::cuda::fp8::gemm_sm90_plan_for(args);
     if (plan.workspace_bytes() > g.workspace_bytes || (v.splits > 1 && plan.ctas != plan.tiles * v.splits)) continue;
     const double us = per_call([&](std::uint8_t* w) {
       args.w_codes = w;
       zipage::cuda::fp8::gemm_sm90(args, st);
     });
-    char name_buf[48], buf[96];
+    char name_buf[64], buf[128];
     std::snprintf(name_buf, sizeof name_buf, "%d/%s", v.tile_rows,
                   v.splits == sk ? "stream-K" : v.splits == 1 ? "whole" : (std::to_string(v.splits) + " splits").c_str());
+    if (scaling)
+      std::snprintf(name_buf, sizeof name_buf, "%d CTAs (%.0f TFLOP/s, %.2f per CTA)", plan.ctas,
+                    2.0 * m * n * double(k) / us / 1e6, 2.0 * m * n * double(k) / us / 1e6 / plan.ctas);
     const bool is_auto = plan.tile_rows == auto_plan.tile_rows && plan.ctas == auto_plan.ctas &&
                          plan.dp_tiles == auto_plan.dp_tiles;
     std::snprintf(buf, sizeof buf, "%s%s%s: %.1f", row.empty() ? "" : ", ", name_buf, is_auto ? " (auto)" : "", us);
@@ -511,11 +524,12 @@ void graph_sm90(cublasLtHandle_t lt, const char* name, int n, int k, int m) {
 
 int main(int argc, char** argv) {
   std::vector<int> ms;
-  bool split = false, sm90 = false, sm90_graph = false;
+  bool split = false, sm90 = false, sm90_graph = false, sm90_scaling = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--split-tail") split = true;
     else if (std::string(argv[i]) == "--sm90") sm90 = true;
     else if (std::string(argv[i]) == "--sm90-graph") sm90_graph = true;
+    else if (std::string(argv[i]) == "--sm90-scaling") sm90_graph = sm90_scaling = true;
     else ms.push_back(std::atoi(argv[i]));
   }
   if (ms.empty()) ms = {512, 662, 704, 1024};
@@ -539,7 +553,7 @@ int main(int argc, char** argv) {
     std::printf("| GEMM | N x K | M | weight copies | cuBLASLt, us per call | fp8::gemm_sm90 by tile rows / plan, us per call | "
                 "fastest | cuBLASLt / fastest |\n|---|---|---:|---:|---|---|---:|---:|\n");
     for (const auto& s : shapes)
-      for (const int m : ms) graph_sm90(lt, s.name, s.n, s.k, m);
+      for (const int m : ms) graph_sm90(lt, s.name, s.n, s.k, m, sm90_scaling);
     cublasLtDestroy(lt);
     return 0;
   }
