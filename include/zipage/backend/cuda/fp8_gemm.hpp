@@ -62,7 +62,7 @@ inline constexpr int gemm_sm90_stream_k = -1;  // gemm_sm90_args::splits
 inline constexpr int gemm_sm90_tile_cols = 128, gemm_sm90_group = 128;
 [[nodiscard]] constexpr bool is_gemm_sm90_tile_rows(int rows) { return rows == 64 || rows == 128; }
 // Automatic: 64-token tiles with equal splits beat 128-token ones up to 128 tokens, and lose from 300 on (docs/benchmarks.md,
-// 2026-12-04 04:40).
+// 2026-12-04 04:50).
 [[nodiscard]] constexpr int gemm_sm90_tile_rows_for(int requested, int m) { return requested ? requested : m <= 128 ? 64 : 128; }
 // CTAs of a tile height that share a multiprocessor (their shared memory and registers).
 [[nodiscard]] constexpr int gemm_sm90_ctas_per_sm(int tile_rows) { return tile_rows == 64 ? 2 : 1; }
@@ -139,9 +139,8 @@ struct gemm_sm90_plan {
 //  - Equal splits (automatic: gemm_sm90_splits' count, none from sms tiles on): one tile or part of one per CTA.
 //  - Stream-K (asked for only): persistent CTAs filling every multiprocessor (gemm_sm90_ctas_per_sm each). Where
 //    the tiles are not a whole number of rounds, the last round and the one before it are shared, so that their
-//    tiles end together (192 tiles on 132 multiprocessors as 1.45 rounds, not 2). Not automatic: our tiles are
-//    bound by L2 bandwidth, a short last round runs faster than a full one, and the partials' traffic costs more
-//    than the round saves in most of the shapes measured (docs/benchmarks.md, 2026-12-04 04:40).
+//    tiles end together (192 tiles on 132 multiprocessors as 1.45 rounds, not 2). Not automatic: it lost to
+//    whole tiles in most of the shapes measured (docs/benchmarks.md, 2026-12-04 04:50).
 [[nodiscard]] constexpr gemm_sm90_plan plan_gemm_sm90(int m, int n, int k, int splits, int tile_rows, int sms,
                                                       std::size_t workspace_bytes) {
   gemm_sm90_plan p;

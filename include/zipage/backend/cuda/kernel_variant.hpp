@@ -148,7 +148,7 @@ inline constexpr fp8_gemm_kernel all_fp8_gemm_kernels[] = {fp8_gemm_kernel::auto
 // once and split-K lets our kernel fill the GPU while cuBLASLt's 128-token tiles leave most multiprocessors idle.
 // Measured on the H200 in CUDA graphs over weights read from HBM (docs/benchmarks.md, 2026-12-04): the Qwen3-8B
 // projections' sum 1.12x cuBLASLt's at 8 tokens, 1.03x at 64 and 0.89x at 128; the engine's decode step 10% shorter
-// at 1 sequence, 1.6% at 64. A second machine (2026-12-04 04:40): 1.01x at 1 token, 1.06x at 8, 1.09x at 32, 0.99x
+// at 1 sequence, 1.6% at 64. A second machine (2026-12-04 04:50): 1.01x at 1 token, 1.06x at 8, 1.09x at 32, 0.99x
 // at 64, and never ahead from 96 tokens on, with either tile height.
 inline constexpr int kSm90Fp8GemmMaxRows = 64;
 
