@@ -139,12 +139,6 @@ __global__ void __launch_bounds__(shape<kWG>::kThreads, shape<kWG>::kCtasPerSm)
   const std::uint32_t a_rows = static_cast<std::uint32_t>(wg * 64 * kBK);  // this warpgroup's rows of the A box
   float acc[16][4], part[16][4];
   __shared__ int last;  // whether this CTA finishes a shared tile
-  // Two warpgroups take turns to issue their MMAs (named barriers kTurn + wg; warpgroup 1 hands warpgroup 0 the
-  // first turn). The tensor pipe runs them in issue order, so one's wait and promotion overlap the other's MMAs;
-  // issued in step, both would wait and promote at once while the pipe idles (40% busy on Nsight Compute).
-  constexpr int kTurn = 2;
-  if constexpr (kWG == 2)
-    if (wg == 1) wgmma::named_arrive(kTurn, 2 * 128);
   int i = 0;
   fp8::gemm_sm90_plan::piece p;
   for (auto at = plan.start(cta); plan.next(cta, at, p);) {
@@ -164,20 +158,12 @@ __global__ void __launch_bounds__(shape<kWG>::kThreads, shape<kWG>::kCtasPerSm)
       const float* ts = reinterpret_cast<const float*>(smem + kStages * kStageBytes + s * kBM * 4);
       const float f0 = ts[r0] * w_scale, f1 = ts[r0 + 8] * w_scale;
       const std::uint32_t sa = stages + static_cast<std::uint32_t>(s * kStageBytes), sb = sa + S::kABytes;
-      if constexpr (kWG == 2) {  // this warpgroup's turn to issue (constant barrier ids: ptxas reserves only those)
-        if (wg == 0) wgmma::named_sync(kTurn, 2 * 128);
-        else wgmma::named_sync(kTurn + 1, 2 * 128);
-      }
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 32; ++kk)  // 32 codes = 32 bytes of each 128-byte row per step
         wgmma::mma_m64n128k32_e4m3_ss(part, wgmma::desc_sw128(sa + a_rows + 32 * kk, 16, 1024),
                                       wgmma::desc_sw128(sb + 32 * kk, 16, 1024), kk > 0);
       wgmma::commit();
-      if constexpr (kWG == 2) {  // the other's turn
-        if (wg == 0) wgmma::named_arrive(kTurn + 1, 2 * 128);
-        else wgmma::named_arrive(kTurn, 2 * 128);
-      }
       wgmma::wait<0>();
       wgmma::fence_operands(part);
       asm volatile("" ::"f"(f0), "f"(f1));  // the loads have returned (their products exist) before the release
@@ -238,8 +224,6 @@ __global__ void __launch_bounds__(shape<kWG>::kThreads, shape<kWG>::kCtasPerSm)
       if (row1 < a.m) *reinterpret_cast<__nv_bfloat162*>(o1 + 8 * j) = __floats2bfloat162_rn(acc[j][2], acc[j][3]);
     }
   }
-  if constexpr (kWG == 2)  // the turn warpgroup 1 handed back after its last group (or its first hand-over)
-    if (wg == 0) wgmma::named_sync(kTurn, 2 * 128);
 #else
   __trap();  // the launcher runs it only on sm_90a builds (fp8::gemm_sm90_available)
 #endif
