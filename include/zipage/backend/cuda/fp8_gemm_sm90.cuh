@@ -2,8 +2,8 @@
 // The block-scaled FP8 GEMM of the FP8 linear layers on Hopper's warpgroup MMAs (sm_90a). fp8_gemm_kernel::automatic
 // runs it for batches of up to 64 tokens, where it streams the weight once and split-K fills the GPU (1.01-1.09x
 // cuBLASLt's over Qwen3-8B's projections at 1-32 tokens). Its 128-token tiles, with stream-K on request, reach
-// 0.6-0.8x cuBLASLt's rate at 300-2,048 tokens: its consumer warps are latency-bound, the tensor pipe idle while both
-// warpgroups promote (40% busy against cuBLASLt's 69% on the same tile; docs/architecture.md, "The FP8 GEMMs'
+// 0.6-0.8x cuBLASLt's rate at 300-2,048 tokens: its consumer warps are latency-bound, each warpgroup waiting for its
+// own MMAs (the tensor pipe 40% busy against cuBLASLt's 69% on the same tile; docs/architecture.md, "The FP8 GEMMs'
 // second round"; docs/fp8.md, "Our own FP8 GEMM for small batches"). It computes:
 //
 //   out [m][n] (bf16) = sum over 128-column groups g of  (x codes [m][g] . W codes [n][g]^T) * xs[g][row] * ws[n/128][g]
