@@ -39,7 +39,11 @@ struct shape {
   static_assert(kWG == 1 || kWG == 2, "fp8_gemm_sm90: 64- or 128-token tiles");
   static constexpr int kBM = 64 * kWG;
   static constexpr int kStages = kWG == 1 ? 4 : 6;  // one CTA per multiprocessor at 128 tokens: deeper
-  static constexpr int kConsumers = 128 * kWG, kThreads = kConsumers + 32;
+  // 128-token tiles: a whole producer warpgroup, which gives its registers to the consumers by setmaxnreg (128 x 40
+  // + 256 x 232 = 64,512 of 65,536), whose two scratch accumulators need ~230. ptxas gives a 288-thread CTA only
+  // 168 registers per thread (a 384-thread CTA's), so without it the consumers would spill.
+  static constexpr int kConsumers = 128 * kWG, kThreads = kConsumers + (kWG == 2 ? 128 : 32);
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static constexpr int kABytes = kBM * kBK, kBBytes = kBN * kBK, kStageBytes = kABytes + kBBytes;
   static constexpr int kCtasPerSm = kWG == 1 ? 2 : 1;
   // 1 KB of slack to align the stages to the swizzle's 1,024-byte period, the stages, their token scales, barriers.
@@ -106,8 +110,9 @@ __global__ void __launch_bounds__(shape<kWG>::kThreads, shape<kWG>::kCtasPerSm)
   }
   __syncthreads();
 
-  if (warp == kConsumers / 32) {  // the producer
-    if (lane != 0) return;
+  if (warp >= kConsumers / 32) {  // the producer
+    if constexpr (kWG == 2) wgmma::regs_release<S::kProducerRegs>();
+    if (warp != kConsumers / 32 || lane != 0) return;
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&a_map)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&b_map)) : "memory");
     int i = 0;  // the CTA's k-groups so far: stage i % kStages, its (i / kStages)-th use
@@ -137,8 +142,41 @@ __global__ void __launch_bounds__(shape<kWG>::kThreads, shape<kWG>::kCtasPerSm)
   const int r0 = 64 * wg + 16 * (warp % 4) + (lane >> 2);
   const int col = 2 * (lane & 3);
   const std::uint32_t a_rows = static_cast<std::uint32_t>(wg * 64 * kBK);  // this warpgroup's rows of the A box
-  float acc[16][4], part[16][4];
+  if constexpr (kWG == 2) wgmma::regs_claim<S::kConsumerRegs>();
+  float acc[16][4], part[16][4], part2[kWG == 2 ? 16 : 1][4];
   __shared__ int last;  // whether this CTA finishes a shared tile
+  const float* ws = nullptr;  // the current tile's weight scales
+  // 128-token tiles: group g's MMAs into scratch d once its stage (the CTA's i-th) is full; returns its weight
+  // block scale (loaded now, used at its promotion).
+  const auto issue = [&](float (&d)[16][4], int g, int i) {
+    const int s = i % kStages;
+    const float w = __ldg(ws + g);
+    wgmma::mbar_wait(full(s), static_cast<std::uint32_t>((i / kStages) & 1));
+    const std::uint32_t sa = stages + static_cast<std::uint32_t>(s * kStageBytes), sb = sa + S::kABytes;
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 32; ++kk)
+      wgmma::mma_m64n128k32_e4m3_ss(d, wgmma::desc_sw128(sa + a_rows + 32 * kk, 16, 1024),
+                                    wgmma::desc_sw128(sb + 32 * kk, 16, 1024), kk > 0);
+    wgmma::commit();
+    return w;
+  };
+  // Its scratch (complete) times token scale x block scale into acc, then the stage's release: the token scales
+  // are read and used first (the next TMA write into the stage is ordered only after completed reads).
+  const auto promote = [&](float (&d)[16][4], float w, int i) {
+    const int s = i % kStages;
+    wgmma::fence_operands(d);
+    const float* ts = reinterpret_cast<const float*>(smem + kStages * kStageBytes + s * kBM * 4);
+    const float f0 = ts[r0] * w, f1 = ts[r0 + 8] * w;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      acc[j][0] = fmaf(d[j][0], f0, acc[j][0]);
+      acc[j][1] = fmaf(d[j][1], f0, acc[j][1]);
+      acc[j][2] = fmaf(d[j][2], f1, acc[j][2]);
+      acc[j][3] = fmaf(d[j][3], f1, acc[j][3]);
+    }
+    wgmma::mbar_arrive(empty(s));
+  };
   int i = 0;
   fp8::gemm_sm90_plan::piece p;
   for (auto at = plan.start(cta); plan.next(cta, at, p);) {
@@ -147,35 +185,63 @@ __global__ void __launch_bounds__(shape<kWG>::kThreads, shape<kWG>::kCtasPerSm)
     for (int j = 0; j < 16; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-    const float* ws = a.w_scales + std::int64_t{nt} * a.w_scale_ld;
-    float w_scale = __ldg(ws + p.g0);
-    for (int g = p.g0; g < p.g1; ++g, ++i) {
-      const int s = i % kStages;
-      const float w_next = g + 1 < p.g1 ? __ldg(ws + g + 1) : 0.0f;
-      wgmma::mbar_wait(full(s), static_cast<std::uint32_t>((i / kStages) & 1));
-      // The group's token scales, read before its MMAs are issued and used before the stage is released: the next
-      // TMA write into this stage (async proxy) is ordered after the release only for reads that have completed.
-      const float* ts = reinterpret_cast<const float*>(smem + kStages * kStageBytes + s * kBM * 4);
-      const float f0 = ts[r0] * w_scale, f1 = ts[r0 + 8] * w_scale;
-      const std::uint32_t sa = stages + static_cast<std::uint32_t>(s * kStageBytes), sb = sa + S::kABytes;
-      wgmma::fence();
+    ws = a.w_scales + std::int64_t{nt} * a.w_scale_ld;
+    if constexpr (kWG == 1) {
+      float w_scale = __ldg(ws + p.g0);
+      for (int g = p.g0; g < p.g1; ++g, ++i) {
+        const int s = i % kStages;
+        const float w_next = g + 1 < p.g1 ? __ldg(ws + g + 1) : 0.0f;
+        wgmma::mbar_wait(full(s), static_cast<std::uint32_t>((i / kStages) & 1));
+        // The group's token scales, read before its MMAs are issued and used before the stage is released: the next
+        // TMA write into this stage (async proxy) is ordered after the release only for reads that have completed.
+        const float* ts = reinterpret_cast<const float*>(smem + kStages * kStageBytes + s * kBM * 4);
+        const float f0 = ts[r0] * w_scale, f1 = ts[r0 + 8] * w_scale;
+        const std::uint32_t sa = stages + static_cast<std::uint32_t>(s * kStageBytes), sb = sa + S::kABytes;
+        wgmma::fence();
 #pragma unroll
-      for (int kk = 0; kk < kBK / 32; ++kk)  // 32 codes = 32 bytes of each 128-byte row per step
-        wgmma::mma_m64n128k32_e4m3_ss(part, wgmma::desc_sw128(sa + a_rows + 32 * kk, 16, 1024),
-                                      wgmma::desc_sw128(sb + 32 * kk, 16, 1024), kk > 0);
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::fence_operands(part);
-      asm volatile("" ::"f"(f0), "f"(f1));  // the loads have returned (their products exist) before the release
-      wgmma::mbar_arrive(empty(s));
+        for (int kk = 0; kk < kBK / 32; ++kk)  // 32 codes = 32 bytes of each 128-byte row per step
+          wgmma::mma_m64n128k32_e4m3_ss(part, wgmma::desc_sw128(sa + a_rows + 32 * kk, 16, 1024),
+                                        wgmma::desc_sw128(sb + 32 * kk, 16, 1024), kk > 0);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::fence_operands(part);
+        asm volatile("" ::"f"(f0), "f"(f1));  // the loads have returned (their products exist) before the release
+        wgmma::mbar_arrive(empty(s));
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        acc[j][0] = fmaf(part[j][0], f0, acc[j][0]);
-        acc[j][1] = fmaf(part[j][1], f0, acc[j][1]);
-        acc[j][2] = fmaf(part[j][2], f1, acc[j][2]);
-        acc[j][3] = fmaf(part[j][3], f1, acc[j][3]);
+        for (int j = 0; j < 16; ++j) {
+          acc[j][0] = fmaf(part[j][0], f0, acc[j][0]);
+          acc[j][1] = fmaf(part[j][1], f0, acc[j][1]);
+          acc[j][2] = fmaf(part[j][2], f1, acc[j][2]);
+          acc[j][3] = fmaf(part[j][3], f1, acc[j][3]);
+        }
+        w_scale = w_next;
       }
-      w_scale = w_next;
+    } else {
+      // Two groups in flight per warpgroup: group g + 1's MMAs go into the other scratch before group g's are waited
+      // for (wgmma.wait_group 1) and promoted, so the tensor pipe has work across each promotion. The promotion is
+      // the same, in the same order: the bits equal one scratch's.
+      const int n = p.g1 - p.g0;
+      float w0 = issue(part, p.g0, i), w1 = 0.0f;
+      int j = 0;
+      for (; j + 2 < n; j += 2) {
+        w1 = issue(part2, p.g0 + j + 1, i + j + 1);
+        wgmma::wait<1>();
+        promote(part, w0, i + j);
+        w0 = issue(part, p.g0 + j + 2, i + j + 2);
+        wgmma::wait<1>();
+        promote(part2, w1, i + j + 1);
+      }
+      if (j + 1 < n) {  // groups j (in flight) and j + 1 left
+        w1 = issue(part2, p.g0 + j + 1, i + j + 1);
+        wgmma::wait<1>();
+        promote(part, w0, i + j);
+        wgmma::wait<0>();
+        promote(part2, w1, i + j + 1);
+      } else {
+        wgmma::wait<0>();
+        promote(part, w0, i + j);
+      }
+      i += n;
     }
 
     // Rows past m (padding tokens, or past mp) are not stored: out holds m rows.
