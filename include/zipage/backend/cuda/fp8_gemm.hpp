@@ -44,8 +44,9 @@ struct gemm_sm90_args {
   void* out = nullptr;                    // [m][n] bf16
   int m = 0, n = 0, k = 0;
   // How CTAs share K (gemm_sm90_plan): 0 automatic, lowered to what `workspace` holds (no sharing without
-  // counters); 1 none; > 1 that many equal splits per tile; gemm_sm90_stream_k stream-K. Sharing needs a workspace of gemm_sm90_plan::
-  // workspace_bytes() and `counters`: gemm_sm90_max_split_tiles zero ints, which every launch leaves zero.
+  // counters); 1 none; > 1 that many equal splits per tile; gemm_sm90_stream_k stream-K. Sharing needs a workspace
+  // of gemm_sm90_plan::workspace_bytes() and `counters`: gemm_sm90_max_split_tiles zero ints, which every launch
+  // leaves zero.
   int splits = 0;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
@@ -61,9 +62,11 @@ inline constexpr int gemm_sm90_stream_k = -1;  // gemm_sm90_args::splits
 // A tile: 64 or 128 tokens x 128 outputs, K in 128-column groups (one scale each).
 inline constexpr int gemm_sm90_tile_cols = 128, gemm_sm90_group = 128;
 [[nodiscard]] constexpr bool is_gemm_sm90_tile_rows(int rows) { return rows == 64 || rows == 128; }
-// Automatic: 64-token tiles with equal splits beat 128-token ones up to 128 tokens, and lose from 300 on (docs/benchmarks.md,
-// 2026-12-04 04:50).
-[[nodiscard]] constexpr int gemm_sm90_tile_rows_for(int requested, int m) { return requested ? requested : m <= 128 ? 64 : 128; }
+// Automatic: 64-token tiles with equal splits beat 128-token ones up to 128 tokens, and lose from 300 on
+// (docs/benchmarks.md, 2026-12-04 04:50).
+[[nodiscard]] constexpr int gemm_sm90_tile_rows_for(int requested, int m) {
+  return requested ? requested : m <= 128 ? 64 : 128;
+}
 // CTAs of a tile height that share a multiprocessor (their shared memory and registers).
 [[nodiscard]] constexpr int gemm_sm90_ctas_per_sm(int tile_rows) { return tile_rows == 64 ? 2 : 1; }
 
@@ -154,8 +157,11 @@ struct gemm_sm90_plan {
   };
   if (p.tiles <= 0 || p.groups <= 0) return whole_tiles(1);
   if (splits != gemm_sm90_stream_k) {  // equal splits (or none): CTA c takes part c % s of tile c / s
+    const auto partial_bytes = [&](int s) {  // of s equal splits of every tile
+      return gemm_sm90_plan{p.tile_rows, p.m_tiles, p.tiles, p.groups, p.tiles * s, 0}.workspace_bytes();
+    };
     int s = gemm_sm90_splits(splits, p.tiles, p.groups, sms);
-    while (splits == 0 && s > 1 && gemm_sm90_plan{p.tile_rows, p.m_tiles, p.tiles, p.groups, p.tiles * s, 0}.workspace_bytes() > workspace_bytes) --s;
+    while (splits == 0 && s > 1 && partial_bytes(s) > workspace_bytes) --s;
     if (s <= 1) return whole_tiles(p.tiles);
     p.ctas = p.tiles * s, p.dp_tiles = 0;
     return p;
