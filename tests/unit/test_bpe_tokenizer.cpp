@@ -476,6 +476,29 @@ TEST_CASE("synthetic tokenizer: load errors name the file and the field") {
                  "cannot read tokenizer '/nonexistent/tokenizer.json': no such file"));
 }
 
+TEST_CASE("synthetic tokenizer: a field of the wrong JSON type is a named load error, not a crash") {
+  // Each of these once escaped as nlohmann's type_error (found by fuzz_tokenizer_json).
+  const auto good = synthetic({"ab"}, nlohmann::json::array({nlohmann::json::array({"a", "b"})}));
+  const auto error_with = [&](const char* pointer, const nlohmann::json& bad) {
+    auto j = good;
+    j[nlohmann::json::json_pointer(pointer)] = bad;
+    return load_error(j);
+  };
+  CHECK(contains(error_with("/normalizer", {{"type", 1}}), "normalizer {\"type\":1} is not supported"));
+  CHECK(contains(error_with("/decoder", {{"type", {1, 2}}}), "decoder must be ByteLevel"));
+  CHECK(contains(error_with("/pre_tokenizer/type", 7), "pre_tokenizer"));
+  for (const char* field : {"/pre_tokenizer/pretokenizers/0/type", "/pre_tokenizer/pretokenizers/0/behavior",
+                            "/pre_tokenizer/pretokenizers/0/invert", "/pre_tokenizer/pretokenizers/1/type",
+                            "/pre_tokenizer/pretokenizers/1/add_prefix_space", "/pre_tokenizer/pretokenizers/1/use_regex"}) {
+    CAPTURE(field);
+    CHECK(contains(error_with(field, "x"), "is not supported (zipage implements the Split + ByteLevel sequences"));
+    CHECK(contains(error_with(field, 3.5), "is not supported (zipage implements the Split + ByteLevel sequences"));
+  }
+  // The post-processor and the chat-template list are read only for what they support: another type is ignored.
+  CHECK(error_with("/post_processor", {{"type", false}}) == "<no error>");
+  CHECK(load_error(good, R"({"chat_template": [{"name": 5, "template": "x"}]})") == "<no error>");
+}
+
 TEST_CASE("NFC normalization") {
   using zipage::unicode::nfc;
   CHECK(nfc("plain ascii") == "plain ascii");

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -150,6 +151,20 @@ inline double get_number(const value& obj, std::string_view key, std::string_vie
 inline bool get_bool(const value& obj, std::string_view key, std::string_view source, bool fallback) {
   const value* v = find(obj, key);
   return v ? as_bool(*v, source, key) : fallback;
+}
+
+// For "is this the kind we support?" checks, whose caller names the whole value when the answer is no: the string
+// member `key` of `obj`, or "" when `obj` is not an object or the member is absent or not a string. (nlohmann's
+// value() throws its own type_error for a member of another type, which would escape as a crash.)
+inline std::string_view string_or_empty(const value& obj, std::string_view key) {
+  const value* v = find(obj, key);
+  return v != nullptr && v->is_string() ? std::string_view(v->get_ref<const std::string&>()) : std::string_view{};
+}
+// The same for a boolean member: `fallback` when absent, nullopt when present but not a boolean.
+inline std::optional<bool> bool_or(const value& obj, std::string_view key, bool fallback) {
+  const value* v = find(obj, key);
+  if (v == nullptr) return fallback;
+  return v->is_boolean() ? std::optional<bool>(v->get<bool>()) : std::nullopt;
 }
 
 }  // namespace zipage::json

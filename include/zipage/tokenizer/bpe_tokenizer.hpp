@@ -273,7 +273,7 @@ class bpe_tokenizer {
     read_normalizer(root, src);
     read_pre_tokenizer(root, src);
     if (const json::value* dec = json::find(root, "decoder")) {
-      check(dec->is_object() && dec->value("type", "") == "ByteLevel", src,
+      check(json::string_or_empty(*dec, "type") == "ByteLevel", src,
             ": decoder must be ByteLevel, got ", json::printable(dec->dump(), 80));
     }
     // Ids are bounded by what the file declares (vocab entries + added tokens: ids below twice that plus
@@ -294,7 +294,7 @@ class bpe_tokenizer {
   void read_normalizer(const json::value& root, const std::string& src) {
     const json::value* n = json::find(root, "normalizer");
     if (n == nullptr) return;
-    const bool is_nfc = n->is_object() && n->value("type", "") == "NFC";
+    const bool is_nfc = json::string_or_empty(*n, "type") == "NFC";
     check(is_nfc, src, ": normalizer ", json::printable(n->dump(), 80), " is not supported (zipage implements NFC or none)");
     nfc_ = true;
   }
@@ -302,15 +302,15 @@ class bpe_tokenizer {
   void read_pre_tokenizer(const json::value& root, const std::string& src) {
     const json::value& pt = json::require(root, "pre_tokenizer", src);
     const std::string shown = json::printable(pt.dump(), 200);
-    bool ok = pt.is_object() && pt.value("type", "") == "Sequence" && pt.contains("pretokenizers") &&
+    bool ok = json::string_or_empty(pt, "type") == "Sequence" && pt.contains("pretokenizers") &&
               pt["pretokenizers"].is_array() && pt["pretokenizers"].size() == 2;
     if (ok) {
       const auto& split = pt["pretokenizers"][0];
       const auto& bl = pt["pretokenizers"][1];
-      ok = split.is_object() && split.value("type", "") == "Split" && split.value("behavior", "") == "Isolated" &&
-           !split.value("invert", false) && split.contains("pattern") && split["pattern"].is_object() &&
-           split["pattern"].contains("Regex") && split["pattern"]["Regex"].is_string() && bl.is_object() &&
-           bl.value("type", "") == "ByteLevel" && !bl.value("add_prefix_space", false) && !bl.value("use_regex", true);
+      ok = json::string_or_empty(split, "type") == "Split" && json::string_or_empty(split, "behavior") == "Isolated" &&
+           json::bool_or(split, "invert", false) == false && split.contains("pattern") && split["pattern"].is_object() &&
+           split["pattern"].contains("Regex") && split["pattern"]["Regex"].is_string() && json::string_or_empty(bl, "type") == "ByteLevel" &&
+           json::bool_or(bl, "add_prefix_space", false) == false && json::bool_or(bl, "use_regex", true) == false;
       if (ok) {
         const auto& re = split["pattern"]["Regex"].get_ref<const std::string&>();
         if (re == qwen2_pattern) max_digits_ = 1;
@@ -462,7 +462,7 @@ class bpe_tokenizer {
   // The special token a TemplateProcessing puts before a single sequence, if any.
   std::optional<token_id> template_bos(const json::value& pp, const std::string& src) const {
     if (!pp.is_object()) return std::nullopt;
-    const std::string type = pp.value("type", "");
+    const std::string_view type = json::string_or_empty(pp, "type");
     if (type == "Sequence" && pp.contains("processors") && pp["processors"].is_array()) {
       for (const auto& p : pp["processors"])
         if (const auto id = template_bos(p, src)) return id;
@@ -509,7 +509,7 @@ class bpe_tokenizer {
       } else {
         check(t->is_array(), src, ": chat_template must be a string or a list of {name, template}");
         for (const auto& entry : *t)
-          if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
+          if (json::string_or_empty(entry, "name") == "default" && entry.contains("template") &&
               entry["template"].is_string())
             use_template(entry["template"].get_ref<const std::string&>());
       }
