@@ -31,10 +31,12 @@ cmake --build "$build" -j "${FUZZ_JOBS:-2}" --target "${harnesses[@]}"
 status=0
 for h in "${harnesses[@]}"; do
   mkdir -p "$work/$h"
-  echo "== $h: ${seconds} s on tests/fuzz/corpus/$h"
+  dict=()  # the harnesses whose input is (or holds) JSON get its syntax and zipage's member names to mutate with
+  case "$h" in fuzz_hf_config|fuzz_tokenizer_json|fuzz_safetensors) dict=(-dict="$root/tests/fuzz/json.dict") ;; esac
+  echo "== $h: ${seconds} s on tests/fuzz/corpus/$h${dict:+ with tests/fuzz/json.dict}"
   # New inputs go to $work/$h (first directory); the committed corpus is read only.
   if ! (cd "$work/$h" && "$build/tests/fuzz/$h" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
-        -malloc_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/$h/" ${FUZZ_FLAGS:-} \
+        -malloc_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/$h/" "${dict[@]}" ${FUZZ_FLAGS:-} \
         "$work/$h" "$root/tests/fuzz/corpus/$h" 2>&1 | tee "$work/$h.log" | grep -E "^(#[0-9]+ +DONE|Done|stat::number_of_executed_units|==[0-9]+==ERROR|SUMMARY)|crash-|leak-|timeout-|oom-"); then
     :
   fi
