@@ -307,10 +307,15 @@ class bpe_tokenizer {
     if (ok) {
       const auto& split = pt["pretokenizers"][0];
       const auto& bl = pt["pretokenizers"][1];
-      ok = json::string_or_empty(split, "type") == "Split" && json::string_or_empty(split, "behavior") == "Isolated" &&
-           json::bool_or(split, "invert", false) == false && split.contains("pattern") && split["pattern"].is_object() &&
-           split["pattern"].contains("Regex") && split["pattern"]["Regex"].is_string() && json::string_or_empty(bl, "type") == "ByteLevel" &&
-           json::bool_or(bl, "add_prefix_space", false) == false && json::bool_or(bl, "use_regex", true) == false;
+      const bool split_ok = json::string_or_empty(split, "type") == "Split" &&
+                            json::string_or_empty(split, "behavior") == "Isolated" &&
+                            json::bool_or(split, "invert", false) == false && split.contains("pattern") &&
+                            split["pattern"].is_object() && split["pattern"].contains("Regex") &&
+                            split["pattern"]["Regex"].is_string();
+      const bool byte_level_ok = json::string_or_empty(bl, "type") == "ByteLevel" &&
+                                 json::bool_or(bl, "add_prefix_space", false) == false &&
+                                 json::bool_or(bl, "use_regex", true) == false;
+      ok = split_ok && byte_level_ok;
       if (ok) {
         const auto& re = split["pattern"]["Regex"].get_ref<const std::string&>();
         if (re == qwen2_pattern) max_digits_ = 1;
