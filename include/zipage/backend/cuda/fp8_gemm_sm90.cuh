@@ -162,16 +162,15 @@ __global__ void __launch_bounds__(shape<kWG>::kThreads, shape<kWG>::kCtasPerSm)
     wgmma::commit();
     return w;
   };
-  // Its scratch (complete) times token scale x block scale into acc. The stage is released once its token scales
-  // have been read (the next TMA write into it, async proxy, is ordered after the release only for reads that
-  // have completed: the empty asm makes their products exist first); the scratch is in registers by then.
+  // Its scratch (complete) times token scale x block scale into acc, then the stage's release. The token scales
+  // must be used before it: the next TMA write into the stage (async proxy) is ordered after the release only for
+  // reads that have completed, and an empty asm naming the loaded values does not make ptxas wait for them (released
+  // right after the load, the 64-token stream-K plans read overwritten scales on the H200, 2026-12-04).
   const auto promote = [&](float (&d)[16][4], float w, int i) {
     const int s = i % kStages;
     wgmma::fence_operands(d);
     const float* ts = reinterpret_cast<const float*>(smem + kStages * kStageBytes + s * kBM * 4);
     const float f0 = ts[r0] * w, f1 = ts[r0 + 8] * w;
-    asm volatile("" ::"f"(f0), "f"(f1));
-    wgmma::mbar_arrive(empty(s));
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       acc[j][0] = fmaf(d[j][0], f0, acc[j][0]);
@@ -179,6 +178,7 @@ __global__ void __launch_bounds__(shape<kWG>::kThreads, shape<kWG>::kCtasPerSm)
       acc[j][2] = fmaf(d[j][2], f1, acc[j][2]);
       acc[j][3] = fmaf(d[j][3], f1, acc[j][3]);
     }
+    wgmma::mbar_arrive(empty(s));
   };
   int i = 0;
   fp8::gemm_sm90_plan::piece p;
