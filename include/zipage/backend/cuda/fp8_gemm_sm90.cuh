@@ -147,8 +147,8 @@ __global__ void __launch_bounds__(shape<kWG>::kThreads, shape<kWG>::kCtasPerSm)
   float acc[16][4], part[16][4], part2[kWG == 2 ? 16 : 1][4];
   __shared__ int last;  // whether this CTA finishes a shared tile
   const float* ws = nullptr;  // the current tile's weight scales
-  // Group g's MMAs into scratch d once its stage (the CTA's i-th) is full; returns its weight block scale (loaded
-  // now, used at its promotion).
+  // 128-token tiles: group g's MMAs into scratch d once its stage (the CTA's i-th) is full; returns its weight
+  // block scale (loaded now, used at its promotion).
   const auto issue = [&](float (&d)[16][4], int g, int i) {
     const int s = i % kStages;
     const float w = __ldg(ws + g);
@@ -162,10 +162,8 @@ __global__ void __launch_bounds__(shape<kWG>::kThreads, shape<kWG>::kCtasPerSm)
     wgmma::commit();
     return w;
   };
-  // Its scratch (complete) times token scale x block scale into acc, then the stage's release. The token scales
-  // must be used before it: the next TMA write into the stage (async proxy) is ordered after the release only for
-  // reads that have completed, and an empty asm naming the loaded values does not make ptxas wait for them (released
-  // right after the load, the 64-token stream-K plans read overwritten scales on the H200, 2026-12-04).
+  // Its scratch (complete) times token scale x block scale into acc, then the stage's release: the token scales
+  // are read and used first (the next TMA write into the stage is ordered only after completed reads).
   const auto promote = [&](float (&d)[16][4], float w, int i) {
     const int s = i % kStages;
     wgmma::fence_operands(d);
@@ -189,11 +187,35 @@ __global__ void __launch_bounds__(shape<kWG>::kThreads, shape<kWG>::kCtasPerSm)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
     ws = a.w_scales + std::int64_t{nt} * a.w_scale_ld;
-    if constexpr (kWG == 1) {  // one group in flight: its MMAs, their wait, its promotion
+    if constexpr (kWG == 1) {
+      float w_scale = __ldg(ws + p.g0);
       for (int g = p.g0; g < p.g1; ++g, ++i) {
-        const float w = issue(part, g, i);
+        const int s = i % kStages;
+        const float w_next = g + 1 < p.g1 ? __ldg(ws + g + 1) : 0.0f;
+        wgmma::mbar_wait(full(s), static_cast<std::uint32_t>((i / kStages) & 1));
+        // The group's token scales, read before its MMAs are issued and used before the stage is released: the next
+        // TMA write into this stage (async proxy) is ordered after the release only for reads that have completed.
+        const float* ts = reinterpret_cast<const float*>(smem + kStages * kStageBytes + s * kBM * 4);
+        const float f0 = ts[r0] * w_scale, f1 = ts[r0 + 8] * w_scale;
+        const std::uint32_t sa = stages + static_cast<std::uint32_t>(s * kStageBytes), sb = sa + S::kABytes;
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 32; ++kk)  // 32 codes = 32 bytes of each 128-byte row per step
+          wgmma::mma_m64n128k32_e4m3_ss(part, wgmma::desc_sw128(sa + a_rows + 32 * kk, 16, 1024),
+                                        wgmma::desc_sw128(sb + 32 * kk, 16, 1024), kk > 0);
+        wgmma::commit();
         wgmma::wait<0>();
-        promote(part, w, i);
+        wgmma::fence_operands(part);
+        asm volatile("" ::"f"(f0), "f"(f1));  // the loads have returned (their products exist) before the release
+        wgmma::mbar_arrive(empty(s));
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          acc[j][0] = fmaf(part[j][0], f0, acc[j][0]);
+          acc[j][1] = fmaf(part[j][1], f0, acc[j][1]);
+          acc[j][2] = fmaf(part[j][2], f1, acc[j][2]);
+          acc[j][3] = fmaf(part[j][3], f1, acc[j][3]);
+        }
+        w_scale = w_next;
       }
     } else {
       // Two groups in flight per warpgroup: group g + 1's MMAs go into the other scratch before group g's are waited
