@@ -20,8 +20,8 @@
 // 2 * params * tokens / GEMM rate), with both rates measured in the same run, summed over the steps and
 // divided by the measured time; and a power-aware ceiling that also bounds each step by its energy floor (its bytes
 // and FLOPs at dynamic joules measured in the same process, over the power the board's limit leaves above idle:
-// energy_costs). On the bf16 CUDA backend every built-in policy (--policy) is scored, selected and compacted on the
-// device in batches (cuda_backend::compress_on_device; the "compression worker" column shows its time and batches,
+// energy_costs); both also over the steady half alone. On the bf16 CUDA backend every built-in policy (--policy) is
+// scored, selected and compacted on the device in batches (cuda_backend::compress_on_device; the "compression worker" column shows its time and batches,
 // and the run's line its time per request and share of the wall time).
 #include <malloc.h>
 
@@ -375,6 +375,9 @@ struct run_result {
   double ceiling_fraction = 0, decode_mem_ceiling_fraction = 0, floor_seconds = 0, forward_ceiling_fraction = 0;
   // The same with the energy floor (energy_costs): max(bytes / bandwidth, FLOPs / rate, joules / power limit).
   double power_ceiling_fraction = 0, power_forward_ceiling_fraction = 0;
+  // Both over the steady half only (the steps that end in it): issue 14's part 3 is about the steady state, which a
+  // whole run's fraction overstates when its prefill (compute-bound, near the GEMM rate) is in it.
+  double steady_ceiling_fraction = 0, steady_power_ceiling_fraction = 0;
   std::vector<cuda_op_time> decode_ops;  // --op-timing: per-op GPU time summed over the decode steps
   double forward_seconds = 0;
   double gather_s = 0, compaction_s = 0, device_compress_s = 0;
@@ -445,7 +448,12 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   double floor_s = 0, power_floor_s = 0, decode_floor_mem = 0, decode_wall = 0, decode_host = 0, decode_fwd = 0, decode_rows = 0;
   double host_total = 0, fwd_total = 0, launch_total = 0;
   std::int64_t generated = 0;
-  std::vector<std::pair<double, std::int64_t>> timeline;  // (time, generated) after each step
+  struct mark {  // after each step: the run's time, tokens generated, and the two floors summed so far
+    double t;
+    std::int64_t generated;
+    double floor_s, power_floor_s;
+  };
+  std::vector<mark> timeline;
   // The GPU's energy counter, power and SM clock every 200 ms (NVML; nothing without it): the steady half's joules
   // per generated token, and whether the power cap held the clock down.
   const zipage::cuda::energy_meter meter;
@@ -500,7 +508,7 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
     prev = k;
     ++r.steps;
     const double now = since(t_start);
-    timeline.emplace_back(now, generated);
+    timeline.push_back({now, generated, floor_s, power_floor_s});
     if (now > box) break;
   }
   r.seconds = since(t_start);
@@ -515,11 +523,15 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   // Steady state: the second half of the run (time), generated tokens over time.
   {
     const double half = r.seconds / 2;
-    auto it = std::find_if(timeline.begin(), timeline.end(), [&](const auto& p) { return p.first >= half; });
-    if (it != timeline.end() && timeline.back().first > it->first) {
-      r.steady_tok_s = static_cast<double>(timeline.back().second - it->second) / (timeline.back().first - it->first);
+    auto it = std::find_if(timeline.begin(), timeline.end(), [&](const mark& p) { return p.t >= half; });
+    if (it != timeline.end() && timeline.back().t > it->t) {
+      const mark& end = timeline.back();
+      const double span = end.t - it->t;
+      r.steady_tok_s = static_cast<double>(end.generated - it->generated) / span;
+      r.steady_ceiling_fraction = (end.floor_s - it->floor_s) / span;
+      if (ec.available()) r.steady_power_ceiling_fraction = (end.power_floor_s - it->power_floor_s) / span;
       power.stop();
-      const auto e = power.summary(power_t0 + it->first, power_t0 + timeline.back().first);
+      const auto e = power.summary(power_t0 + it->t, power_t0 + end.t);
       if (e.samples >= 2 && e.seconds > 0) {
         // Tokens at the steady state's rate over the samples' span (a little inside the half).
         r.steady_mj_per_token = 1e3 * e.joules / (r.steady_tok_s * e.seconds);
@@ -794,6 +806,11 @@ int main(int argc, char** argv) {
                       "%.3f pJ/FLOP / (%.0f - %.0f W)): %.1f%% of wall, %.1f%% of forward\n",
                       ec.joules_per_byte * 1e12, ec.joules_per_flop * 1e12, ec.power_limit_w, ec.idle_w,
                       100.0 * r.power_ceiling_fraction, 100.0 * r.power_forward_ceiling_fraction);
+        if (r.steady_ceiling_fraction > 0) {
+          std::printf("    steady half: %.1f%% of the per-step ceiling over wall", 100.0 * r.steady_ceiling_fraction);
+          if (ec.available()) std::printf(", %.1f%% of the power-aware one", 100.0 * r.steady_power_ceiling_fraction);
+          std::printf("\n");
+        }
         if (!r.decode_ops.empty()) print_op_times(r);
         results.push_back(r);
         if (!o.json.empty()) {
@@ -812,6 +829,7 @@ int main(int argc, char** argv) {
                         "\"steady_mj_per_token\":%.3f,\"steady_watts\":%.1f,\"steady_sm_mhz\":%.0f,\"steady_power_capped\":%.3f,"
                         "\"fp8_decode_kernel\":\"%s\",\"swapped_decodes\":%lld,\"fp8_gemm_kernel\":\"%s\",\"sm90_fp8_gemms\":%lld,"
                         "\"power_ceiling_fraction\":%.4f,\"power_forward_ceiling_fraction\":%.4f,"
+                        "\"steady_ceiling_fraction\":%.4f,\"steady_power_ceiling_fraction\":%.4f,"
                         "\"pj_per_byte\":%.2f,\"pj_per_flop\":%.4f,\"power_limit_w\":%.0f,\"idle_w\":%.0f}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
@@ -827,7 +845,8 @@ int main(int argc, char** argv) {
                         r.steady_mj_per_token, r.steady_watts, r.steady_sm_mhz, r.steady_power_capped,
                         o.fp8_decode_kernel.c_str(), static_cast<long long>(r.swapped_decodes),
                         o.fp8_gemm_kernel.c_str(), static_cast<long long>(r.sm90_fp8_gemms),
-                        r.power_ceiling_fraction, r.power_forward_ceiling_fraction, ec.joules_per_byte * 1e12,
+                        r.power_ceiling_fraction, r.power_forward_ceiling_fraction, r.steady_ceiling_fraction,
+                        r.steady_power_ceiling_fraction, ec.joules_per_byte * 1e12,
                         ec.joules_per_flop * 1e12, ec.power_limit_w, ec.idle_w);
           js << buf;
         }
