@@ -499,6 +499,29 @@ TEST_CASE("synthetic tokenizer: a field of the wrong JSON type is a named load e
   CHECK(load_error(good, R"({"chat_template": [{"name": 5, "template": "x"}]})") == "<no error>");
 }
 
+TEST_CASE("json::interpret: a nlohmann error a reader lets out is a zipage::error naming the file") {
+  // The net under the readers' named checks (tokenizer, config.json, generation_config.json, safetensors header).
+  const nlohmann::json number = 1;
+  const auto message = [](auto&& read) {
+    try {
+      zipage::json::interpret("x.json", read);
+    } catch (const zipage::error& e) {
+      return std::string(e.what());
+    } catch (...) {
+      return std::string("<another exception>");
+    }
+    return std::string("<no error>");
+  };
+  const std::string got = message([&] { return number.get<std::string>(); });
+  CHECK(contains(got, "x.json: unexpected JSON content"));
+  CHECK(contains(got, "type_error"));
+  CHECK(contains(message([&] { return number.at("key"); }), "x.json: unexpected JSON content"));
+  // The readers' own errors and results pass through unchanged.
+  CHECK(message([] { zipage::fail("config.json: field 'x' must be a string"); }) ==
+        "config.json: field 'x' must be a string");
+  CHECK(zipage::json::interpret("x.json", [&] { return number.get<int>() + 1; }) == 2);
+}
+
 TEST_CASE("NFC normalization") {
   using zipage::unicode::nfc;
   CHECK(nfc("plain ascii") == "plain ascii");

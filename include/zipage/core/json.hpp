@@ -3,7 +3,9 @@
 // nlohmann-json underneath, plus what a reader of untrusted files needs on top of it —
 //   * syntax errors, duplicate object keys (nlohmann would silently keep the last) and nesting deeper
 //     than a limit become zipage::error naming the file;
-//   * typed field accessors whose errors name the file and the field.
+//   * typed field accessors whose errors name the file and the field;
+//   * interpret(), which a reader runs its whole document through, so that a nlohmann type or range error its
+//     named checks missed is still a zipage::error naming the file, not an exception the caller does not expect.
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -81,6 +83,19 @@ inline std::string read_text_file(const std::filesystem::path& path, std::string
 
 inline value parse_file(const std::filesystem::path& path, std::string_view what) {
   return parse(read_text_file(path, what), path.string());
+}
+
+// read() (a reader of a parsed document) with any nlohmann::json::exception it lets out turned into a
+// zipage::error naming `source`. Readers check each field's type and name it in their own errors; this is the
+// net under them: nlohmann throws type_error from get<>() or value() on a member of another type, and one such
+// call slipped past the checks once (bpe_tokenizer's value("type", ""), found by fuzzing, docs/robustness.md).
+template <class Read>
+decltype(auto) interpret(std::string_view source, Read&& read) {
+  try {
+    return std::forward<Read>(read)();
+  } catch (const nlohmann::json::exception& e) {
+    fail(source, ": unexpected JSON content: ", e.what());
+  }
 }
 
 // "string", "number", "object", ... as nlohmann names them.

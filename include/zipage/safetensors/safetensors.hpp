@@ -223,13 +223,15 @@ class file {
     check(header.is_object(), name(), ": the header must be a JSON object, got ", json::type_name(header));
     const std::uint64_t data_size = size - data_offset_;
     tensors_.reserve(header.size());
-    for (const auto& [key, entry] : header.items()) {
-      if (key == "__metadata__") {
-        read_metadata(entry);
-        continue;
+    json::interpret(name() + " header", [&] {
+      for (const auto& [key, entry] : header.items()) {
+        if (key == "__metadata__") {
+          read_metadata(entry);
+          continue;
+        }
+        tensors_.push_back(read_tensor(key, entry, data_size));
       }
-      tensors_.push_back(read_tensor(key, entry, data_size));
-    }
+    });
     check_coverage(data_size);
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       index_.emplace(tensors_[i].name, i);  // names are unique: JSON keys, duplicates refused by json::parse
