@@ -515,6 +515,8 @@ TEST_CASE("json::interpret: a nlohmann error a reader lets out is a zipage::erro
   const std::string got = message([&] { return number.get<std::string>(); });
   CHECK(contains(got, "x.json: unexpected JSON content"));
   CHECK(contains(got, "type_error"));
+  CHECK_THROWS_AS(zipage::json::interpret("x.json", [&] { return number.get<std::string>(); }),
+                  zipage::json::unexpected_json);  // its own type: the fuzz harnesses count it as a finding
   CHECK(contains(message([&] { return number.at("key"); }), "x.json: unexpected JSON content"));
   // The readers' own errors and results pass through unchanged.
   CHECK(message([] { zipage::fail("config.json: field 'x' must be a string"); }) ==
