@@ -602,17 +602,22 @@ int main(int argc, char** argv) {
       // The swapped kernel over the same bytes with fewer KV heads per token row (kv8 x 662 sequences, kv2 x 2,648,
       // kv1 x 5,296; 4 query heads per KV head, the same lengths repeated): a CTA reads its head's 128 bytes of each
       // token row, so with one KV head its tile is 8 KB of contiguous memory and with eight it is 64 pieces 1 KB
-      // apart. Whether the cache layout's scatter costs DRAM energy (docs/benchmarks.md, 2026-12-03 20:05).
-      for (const int kvh : fp8 ? std::vector<int>{8, 2, 1} : std::vector<int>{}) {
-        std::vector<int> rep;
-        for (int r = 0; r < 8 / kvh; ++r) rep.insert(rep.end(), lens.begin(), lens.end());
-        std::snprintf(name, sizeof name, "decode_fp8_swapped_layout/q%d_kv%d/batch%d/steady2048-2304", 4 * kvh, kvh,
-                      static_cast<int>(rep.size()));
-        std::snprintf(key, sizeof key, "a%05d", order++);
-        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-          bm_decode(st, rep, 4 * kvh, kvh, 256, key, kSteadyCtx, 4, 1, true, kSwappedKernel);
-        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
-      }
+      // apart. Whether the cache layout's scatter costs DRAM energy (docs/benchmarks.md, 2026-12-03 20:05). Each
+      // layout also with the tile work compiled out (".../no_tile_work": the staged copies alone), which splits the
+      // kernel's energy above the read-only stream into the staged pipeline's over contiguous tiles (kv1), what the
+      // scatter adds to it (kv8 against kv1) and the tile math (the whole kernel against its own no_tile_work).
+      for (const int kvh : fp8 ? std::vector<int>{8, 2, 1} : std::vector<int>{})
+        for (const bool tile_work : {true, false}) {
+          std::vector<int> rep;
+          for (int r = 0; r < 8 / kvh; ++r) rep.insert(rep.end(), lens.begin(), lens.end());
+          std::snprintf(name, sizeof name, "decode_fp8_swapped_layout/q%d_kv%d/batch%d/steady2048-2304%s", 4 * kvh,
+                        kvh, static_cast<int>(rep.size()), tile_work ? "" : "/no_tile_work");
+          std::snprintf(key, sizeof key, "a%05d", order++);
+          const int kernel = tile_work ? kSwappedKernel : kSwappedAblation | d::kAblateTile;
+          benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+            bm_decode(st, rep, 4 * kvh, kvh, 256, key, kSteadyCtx, 4, 1, true, kernel);
+          })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+        }
       // The swapped kernel's own ablations (3 stages): how much of its energy above the read-only stream's is the
       // MMAs, the conversions, or the staged pipeline itself.
       for (const auto& [ablate, what] : fp8 ? std::span(ablations) : std::span<const std::pair<int, const char*>>{}) {
