@@ -16,9 +16,9 @@
 // bookkeeping), forward time per step (host time in the model's forward — with CUDA graphs the record
 // pass, and the capture when one is needed — plus the time the step waits for the GPU in sampling / logits
 // copies), CUDA-graph replays and captures, where the compression worker spent its time (device gathers, host scoring, compaction),
-// and the physical ceiling: per step max((weight bytes + KV bytes read) / copy bandwidth,
-// 2 * params * tokens / GEMM rate), with both rates measured in the same run, summed over the steps and
-// divided by the measured time; and a power-aware ceiling that also bounds each step by its energy floor (its bytes
+// and the physical ceiling: per step max((weight bytes + KV bytes read) / copy bandwidth, the layers' FLOPs at
+// their own GEMM rate (bf16 or FP8) + the vocabulary projection's on the sampled rows at the bf16 rate), with the
+// rates measured in the same run, summed over the steps and divided by the measured time; and a power-aware ceiling that also bounds each step by its energy floor (its bytes
 // and FLOPs at dynamic joules measured in the same process, over the power the board's limit leaves above idle:
 // energy_costs); both also over the steady half alone. On the bf16 CUDA backend every built-in policy (--policy) is
 // scored, selected and compacted on the device in batches (cuda_backend::compress_on_device; the "compression worker" column shows its time and batches,
@@ -108,7 +108,19 @@ struct timed_model {
 struct weight_stats {
   double bytes_per_step = 0;  // read by one forward pass (layer weights + the vocabulary projection)
   double params = 0;          // multiply-adds per token (layer weights + vocabulary projection)
+  double vocab_params = 0;    // of which the vocabulary projection's (bf16 always; run only on the sampled rows)
   double total_bytes = 0;
+};
+
+// The rates of the compute floor: the layers' linear GEMMs in the run's weight dtype (bf16, or FP8 with block
+// scales: ~1.7x the bf16 rate) and the vocabulary projection's (bf16).
+struct gemm_rates {
+  double linear_tflops = 0, vocab_tflops = 0;
+  // The compute floor of a step: `tokens` rows through the layers, `sampled` rows through the vocabulary.
+  [[nodiscard]] double floor_seconds(const weight_stats& ws, double tokens, double sampled) const {
+    return 2.0 * (ws.params - ws.vocab_params) * tokens / (linear_tflops * 1e12) +
+           2.0 * ws.vocab_params * sampled / (vocab_tflops * 1e12);
+  }
 };
 
 // fuse: q/k/v and gate/up as one GEMM each (fuse_projections, as the loaders do); off for an A/B run.
@@ -152,6 +164,7 @@ timed_model build_model(const cuda_backend& b, const model_config& c, std::uint6
   const cuda_tensor& head = w.lm_head ? *w.lm_head : w.embedding;
   ws.bytes_per_step += static_cast<double>(head.bytes());
   ws.params += static_cast<double>(head.size());
+  ws.vocab_params = static_cast<double>(head.size());
   ws.total_bytes = ws.bytes_per_step + (w.lm_head ? static_cast<double>(w.embedding.bytes()) : 0.0);
   b.synchronize();
   timed_model m{llama_model<cuda_backend>(c, std::move(w)), b, std::make_shared<forward_clock>()};
@@ -316,6 +329,18 @@ struct energy_costs {
   }
 };
 
+// The layers' GEMM rate for the compute floor: the model's widest linear (gate|up) at 8,192 rows (a prefill chunk's
+// size) in the run's weight dtype. The bf16 8192^3 rate is not FP8 weights' limit (their tensor rate is ~2x).
+double measure_linear_tflops(const cuda_backend& b, const model_config& c) {
+  constexpr int rows = 8192;
+  cuda_tensor w = b.random_tensor(2 * c.ffn_size, c.hidden_size, 1.0f / std::sqrt(float(c.hidden_size)), 94);
+  b.prepare_linear_weight(w);  // FP8 with block scales when the run's weights are FP8
+  const cuda_tensor x = b.random_tensor(rows, c.hidden_size, 1.0f, 95);
+  cuda_tensor out;
+  const double us = linear_call_us(b, x, w, out);
+  return 2.0 * rows * static_cast<double>(w.size()) / (us * 1e-6) / 1e12;
+}
+
 energy_costs measure_energy_costs(const cuda_backend& b, const model_config& c) {
   energy_costs e;
   const zipage::cuda::energy_meter meter;
@@ -392,7 +417,7 @@ struct run_result {
 
 template <class Policy>
 run_result run_once(const options& o, const std::string& mode, const cuda_backend& b, const model_config& c,
-                    const weight_stats& ws, double bandwidth_gbs, double gemm_tflops, const energy_costs& ec) {
+                    const weight_stats& ws, double bandwidth_gbs, const gemm_rates& rates, const energy_costs& ec) {
   const std::size_t token_bytes = kv_bytes_per_token(c, b.kv_element_bytes(), false, b.kv_scale_bytes());
   // KV pool: the engine sizes it (vLLM's rule: gpu_memory_utilization x total memory minus what is in use
   // once the weights are loaded and a profiling forward of --max-batched-tokens tokens has grown the
@@ -479,8 +504,11 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
     const bool decode = k.decode_steps > prev.decode_steps;
     const double kv_bytes = static_cast<double>(kv_read) * kv_per_layer_token;
     const double mem = weight_floor + kv_bytes / (bandwidth_gbs * 1e9);
-    const double step_flops = 2.0 * ws.params * static_cast<double>(tokens);
-    const double flops = step_flops / (gemm_tflops * 1e12);
+    // The vocabulary projection runs on the sampled rows only (one per sequence that completes a token).
+    const auto sampled = static_cast<double>(events.size());
+    const double step_flops =
+        2.0 * (ws.params - ws.vocab_params) * static_cast<double>(tokens) + 2.0 * ws.vocab_params * sampled;
+    const double flops = rates.floor_seconds(ws, static_cast<double>(tokens), sampled);
     if (tokens > 0) {
       floor_s += std::max(mem, flops);
       power_floor_s += std::max({mem, flops, ec.floor_seconds(ws.bytes_per_step + kv_bytes, step_flops)});
@@ -734,6 +762,11 @@ int main(int argc, char** argv) {
       // Weight statistics from one build (freed again before the runs build their own).
       timed_model probe = build_model(b, c, o.seed, !o.unfused_projections, ws);
     }
+    const gemm_rates rates{measure_linear_tflops(b, c), tflops};
+    std::printf("compute floor: the layers' GEMMs at %.0f TFLOP/s (%d x %d at 8,192 rows, %s weights), the vocabulary "
+                "projection at the bf16 rate on the sampled rows\n",
+                rates.linear_tflops, 2 * c.ffn_size, c.hidden_size,
+                fp8_weights(bo.weight_dtype, false) ? "FP8" : "bf16");
     const energy_costs ec = measure_energy_costs(b, c);
     if (ec.available())
       std::printf("energy costs (power-aware ceiling): idle %.0f W; read-only stream %.0f GB/s at %.0f W, %.1f pJ per byte "
@@ -767,12 +800,12 @@ int main(int argc, char** argv) {
         options oo = o;
         oo.workload = w;
         std::vector<run_result> runs;
-        if (m == "full") runs.push_back(run_once<full_kv>(oo, m, b, c, ws, bw, tflops, ec));
+        if (m == "full") runs.push_back(run_once<full_kv>(oo, m, b, c, ws, bw, rates, ec));
         for_each_builtin_policy([&](auto policy) {
           using P = decltype(policy);
           if constexpr (P::evicts)
             if (m != "full" && (o.policy == "all" || o.policy == policy.name()))
-              runs.push_back(run_once<P>(oo, m, b, c, ws, bw, tflops, ec));
+              runs.push_back(run_once<P>(oo, m, b, c, ws, bw, rates, ec));
         });
         for (run_result& r : runs) {
         print(r);
@@ -821,7 +854,7 @@ int main(int argc, char** argv) {
                         "\"seconds\":%.3f,\"output_tokens\":%.0f,\"tok_s\":%.1f,\"steady_tok_s\":%.1f,\"steps\":%lld,"
                         "\"peak_running\":%d,\"preemptions\":%lld,\"swaps\":%lld,\"compressions\":%lld,"
                         "\"host_ms_per_step\":%.3f,\"forward_ms_per_step\":%.3f,\"ceiling_fraction\":%.4f,\"forward_ceiling_fraction\":%.4f,"
-                        "\"bandwidth_gbs\":%.0f,\"gemm_tflops\":%.0f,\"device_compress_s\":%.2f,\"gather_s\":%.2f,"
+                        "\"bandwidth_gbs\":%.0f,\"gemm_tflops\":%.0f,\"linear_gemm_tflops\":%.0f,\"device_compress_s\":%.2f,\"gather_s\":%.2f,"
                         "\"graphs\":%s,\"graph_replays\":%lld,\"graph_captures\":%lld,\"max_concurrency\":%d,"
                         "\"kv_gib\":%.1f,\"steady_s\":%.1f,\"policy\":\"%s\",\"compaction_s\":%.3f,"
                         "\"device_batches\":%lld,\"kv_cache_dtype\":\"%s\",\"overlap_min_batch\":%d,"
@@ -835,7 +868,7 @@ int main(int argc, char** argv) {
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
                         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
                         static_cast<long long>(r.compressions), r.host_ms_per_step, r.forward_ms_per_step,
-                        r.ceiling_fraction, r.forward_ceiling_fraction, bw, tflops, r.device_compress_s, r.gather_s,
+                        r.ceiling_fraction, r.forward_ceiling_fraction, bw, tflops, rates.linear_tflops, r.device_compress_s, r.gather_s,
                         o.no_graphs ? "false" : "true", static_cast<long long>(r.graph_replays),
                         static_cast<long long>(r.graph_captures), r.max_concurrency, r.kv_gib, r.seconds / 2,
                         r.policy.c_str(), r.compaction_s, static_cast<long long>(r.device_batches), to_string(b.kv_dtype()),
