@@ -15,13 +15,14 @@
 // time per step (wall time of engine.step() outside the forward pass: scheduling, batch layout,
 // bookkeeping), forward time per step (host time in the model's forward — with CUDA graphs the record
 // pass, and the capture when one is needed — plus the time the step waits for the GPU in sampling / logits
-// copies), CUDA-graph replays and captures, where the compression worker spent its time (device gathers, host scoring, compaction),
-// and the physical ceiling: per step max((weight bytes + KV bytes read) / copy bandwidth, the layers' FLOPs at
-// their own GEMM rate (bf16 or FP8) + the vocabulary projection's on the sampled rows at the bf16 rate), with the
-// rates measured in the same run, summed over the steps and divided by the measured time; and a power-aware ceiling that also bounds each step by its energy floor (its bytes
-// and FLOPs at dynamic joules measured in the same process, over the power the board's limit leaves above idle:
-// energy_costs); both also over the steady half alone. On the bf16 CUDA backend every built-in policy (--policy) is
-// scored, selected and compacted on the device in batches (cuda_backend::compress_on_device; the "compression worker" column shows its time and batches,
+// copies), CUDA-graph replays and captures, where the compression worker spent its time (device gathers, host
+// scoring, compaction), and the physical ceiling: per step max((weight bytes + KV bytes read) / copy bandwidth, the
+// layers' FLOPs at their own GEMM rate (bf16 or FP8) + the vocabulary projection's on the sampled rows at the bf16
+// rate), with the rates measured in the same run, summed over the steps and divided by the measured time; and a
+// power-aware ceiling that also bounds each step by its energy floor (its bytes and FLOPs at dynamic joules measured
+// in the same process, over the power the board's limit leaves above idle: energy_costs); both also over the steady
+// half alone. On the bf16 CUDA backend every built-in policy (--policy) is scored, selected and compacted on the
+// device in batches (cuda_backend::compress_on_device; the "compression worker" column shows its time and batches,
 // and the run's line its time per request and share of the wall time).
 #include <malloc.h>
 
@@ -330,7 +331,7 @@ struct energy_costs {
 };
 
 // The layers' GEMM rate for the compute floor: the model's widest linear (gate|up) at 8,192 rows (a prefill chunk's
-// size) in the run's weight dtype. The bf16 8192^3 rate is not FP8 weights' limit (their tensor rate is ~2x).
+// size) in the run's weight dtype. The bf16 8192^3 rate is not FP8 weights' limit (cuBLASLt's FP8 runs ~1.7x it).
 double measure_linear_tflops(const cuda_backend& b, const model_config& c) {
   constexpr int rows = 8192;
   cuda_tensor w = b.random_tensor(2 * c.ffn_size, c.hidden_size, 1.0f / std::sqrt(float(c.hidden_size)), 94);
