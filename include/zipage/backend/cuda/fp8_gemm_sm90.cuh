@@ -188,6 +188,8 @@ __global__ void __launch_bounds__(shape<kWG>::kThreads, shape<kWG>::kCtasPerSm)
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
     ws = a.w_scales + std::int64_t{nt} * a.w_scale_ld;
     if constexpr (kWG == 1) {
+      // Not written through issue / promote: that fold (token scales read after the MMAs) failed the 64-token
+      // stream-K plan on the H200, cause not found (docs/benchmarks.md, "Device session of 2026-12-04 14:47-15:20").
       float w_scale = __ldg(ws + p.g0);
       for (int g = p.g0; g < p.g1; ++g, ++i) {
         const int s = i % kStages;
