@@ -6,6 +6,9 @@
 #   call 1: KV=fp8 WEIGHTS=fp8 MODE=compressed BOX=900 bench/run_grid_cell.sh start   # build if needed, start, return
 #   call 2: bench/run_grid_cell.sh wait    # up to WAIT_S (560) s; copies the log and JSON line to $OUT when done
 #   call 3: bench/run_grid_cell.sh wait    # ... if the box is not over yet
+# FLAGS adds zipage-bench flags, e.g. FLAGS="--prompt-len 2048": every request starts at its budget, so a compressed
+# box's second half is the steady state from its first step (with 128-token prompts a request needs ~1,920 decode
+# steps to reach it).
 # The binary: $ZB, else /tmp/bd's zipage-bench, built from .carry-src (bench/device_build.sh) when missing.
 set -u
 cd "$(dirname "$0")/.."
@@ -22,11 +25,11 @@ case "${1:-}" in
     fi
     quant=$([ "$WEIGHTS" = fp8 ] && echo fp8 || echo none)
     kvd=$([ "$KV" = fp8 ] && echo fp8 || echo auto)
-    name="8b-$MODE-kv$KV-w$WEIGHTS-${BOX}s"
+    name="8b-$MODE-kv$KV-w$WEIGHTS-${BOX}s${TAG:+-$TAG}"  # TAG: a suffix that tells runs with FLAGS apart
     echo "$name" > "$DIR/current"
     rm -f "$DIR/$name.done"
     setsid nohup bash -c "\"$ZB\" --shape qwen3-8b --workload long --mode $MODE --num-requests 1024 --output-len 16384 \
-      --max-num-seqs 1024 --seconds $BOX --kv-cache-dtype $kvd --quantization $quant --json \"$DIR/$name.jsonl\" \
+      --max-num-seqs 1024 --seconds $BOX --kv-cache-dtype $kvd --quantization $quant ${FLAGS:-} --json \"$DIR/$name.jsonl\" \
       > \"$DIR/$name.txt\" 2>&1; echo \$? > \"$DIR/$name.done\"" > /dev/null 2>&1 < /dev/null &
     echo "started $name (box $BOX s) at $(date -u +%H:%M:%S); collect with: bench/run_grid_cell.sh wait" ;;
   wait)
