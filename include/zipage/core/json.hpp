@@ -4,8 +4,9 @@
 //   * syntax errors, duplicate object keys (nlohmann would silently keep the last) and nesting deeper
 //     than a limit become zipage::error naming the file;
 //   * typed field accessors whose errors name the file and the field;
-//   * interpret(), which a reader runs its whole document through, so that a nlohmann type or range error its
-//     named checks missed is still a zipage::error naming the file, not an exception the caller does not expect.
+//   * read_document() / read_document_file(): parse, then run a reader over the document under interpret(), so
+//     that a nlohmann type or range error its named checks missed is still a zipage::error naming the file, not
+//     an exception the caller does not expect.
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -102,6 +103,17 @@ decltype(auto) interpret(std::string_view source, Read&& read) {
   } catch (const nlohmann::json::exception& e) {
     throw unexpected_json(zipage::detail::concat(source, ": unexpected JSON content: ", e.what()));
   }
+}
+
+// read(document) of `text` (parse's errors, then interpret's net): how the file readers take their documents.
+template <class Read>
+auto read_document(std::string_view text, std::string_view source, Read&& read) {
+  const value doc = parse(text, source);
+  return interpret(source, [&] { return read(doc); });
+}
+template <class Read>
+auto read_document_file(const std::filesystem::path& path, std::string_view what, Read&& read) {
+  return read_document(read_text_file(path, what), path.string(), std::forward<Read>(read));
 }
 
 // "string", "number", "object", ... as nlohmann names them.

@@ -172,24 +172,24 @@ inline model_config hf_config_from_json(const json::value& cfg, std::string_view
 }
 
 inline model_config hf_config_from_string(std::string_view text, std::string_view source = "config.json") {
-  const json::value cfg = json::parse(text, source);
-  return json::interpret(source, [&] { return hf_config_from_json(cfg, source); });
+  return json::read_document(text, source, [&](const json::value& cfg) { return hf_config_from_json(cfg, source); });
 }
 
 // `path` is a config.json or a directory holding one.
 inline model_config load_hf_config(const std::filesystem::path& path) {
   std::error_code ec;
   const auto file = std::filesystem::is_directory(path, ec) ? path / "config.json" : path;
-  const json::value cfg = json::parse_file(file, "model config");
-  return json::interpret(file.string(), [&] { return hf_config_from_json(cfg, file.string()); });
+  return json::read_document_file(file, "model config",
+                                  [&](const json::value& cfg) { return hf_config_from_json(cfg, file.string()); });
 }
 
 // The quantization_config of a config.json (or of the directory holding one); none when it has none.
 inline hf_quantization load_hf_quantization(const std::filesystem::path& path) {
   std::error_code ec;
   const auto file = std::filesystem::is_directory(path, ec) ? path / "config.json" : path;
-  const json::value cfg = json::parse_file(file, "model config");
-  return json::interpret(file.string(), [&] { return hf_quantization_from_json(cfg, file.string()); });
+  return json::read_document_file(file, "model config", [&](const json::value& cfg) {
+    return hf_quantization_from_json(cfg, file.string());
+  });
 }
 
 // Adds the eos ids of a generation_config.json (an id or a list) that the config does not list already.
@@ -261,8 +261,9 @@ inline generation_defaults load_generation_config(const std::filesystem::path& d
   const auto file = dir / "generation_config.json";
   std::error_code ec;
   if (!std::filesystem::is_regular_file(file, ec)) return {};
-  const json::value gen = json::parse_file(file, "generation config");
-  return json::interpret(file.string(), [&] { return generation_defaults_from_json(gen, file.string()); });
+  return json::read_document_file(file, "generation config", [&](const json::value& gen) {
+    return generation_defaults_from_json(gen, file.string());
+  });
 }
 
 }  // namespace zipage

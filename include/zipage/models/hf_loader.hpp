@@ -176,10 +176,9 @@ inline model_config load_hf_checkpoint_config(const std::filesystem::path& dir) 
   model_config c = load_hf_config(dir);
   const auto gen = dir / "generation_config.json";
   std::error_code ec;
-  if (std::filesystem::is_regular_file(gen, ec)) {
-    const json::value doc = json::parse_file(gen, "generation config");
-    json::interpret(gen.string(), [&] { merge_hf_generation_eos(c, doc, gen.string()); });
-  }
+  if (std::filesystem::is_regular_file(gen, ec))
+    json::read_document_file(gen, "generation config",
+                             [&](const json::value& doc) { merge_hf_generation_eos(c, doc, gen.string()); });
   return c;
 }
 

@@ -219,11 +219,10 @@ class file {
     check(header_len >= 2, name(), ": header length ", header_len, " is too small for a JSON object");
     data_offset_ = 8 + header_len;
     const std::string_view text(reinterpret_cast<const char*>(bytes_->data()) + 8, static_cast<std::size_t>(header_len));
-    const json_value header = json::parse(text, name() + " header");
-    check(header.is_object(), name(), ": the header must be a JSON object, got ", json::type_name(header));
     const std::uint64_t data_size = size - data_offset_;
-    tensors_.reserve(header.size());
-    json::interpret(name() + " header", [&] {
+    json::read_document(text, name() + " header", [&](const json_value& header) {
+      check(header.is_object(), name(), ": the header must be a JSON object, got ", json::type_name(header));
+      tensors_.reserve(header.size());
       for (const auto& [key, entry] : header.items()) {
         if (key == "__metadata__") {
           read_metadata(entry);

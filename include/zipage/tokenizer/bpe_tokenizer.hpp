@@ -114,12 +114,10 @@ class bpe_tokenizer {
   static bpe_tokenizer from_json(std::string_view tokenizer_json, std::string_view tokenizer_config = {},
                                  std::string source = "tokenizer.json", std::string config_source = "tokenizer_config.json") {
     bpe_tokenizer t;
-    const json::value doc = json::parse(tokenizer_json, source);
-    json::interpret(source, [&] { t.load(doc, source); });
-    if (!tokenizer_config.empty()) {
-      const json::value cfg = json::parse(tokenizer_config, config_source);
-      json::interpret(config_source, [&] { t.load_config(cfg, config_source); });
-    }
+    json::read_document(tokenizer_json, source, [&](const json::value& doc) { t.load(doc, source); });
+    if (!tokenizer_config.empty())
+      json::read_document(tokenizer_config, config_source,
+                          [&](const json::value& cfg) { t.load_config(cfg, config_source); });
     return t;
   }
 
