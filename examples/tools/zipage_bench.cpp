@@ -117,10 +117,8 @@ struct weight_stats {
 // scales: ~1.7x the bf16 rate) and the vocabulary projection's (bf16).
 struct gemm_rates {
   double linear_tflops = 0, vocab_tflops = 0;
-  // The compute floor of a step: `tokens` rows through the layers, `sampled` rows through the vocabulary.
-  [[nodiscard]] double floor_seconds(const weight_stats& ws, double tokens, double sampled) const {
-    return 2.0 * (ws.params - ws.vocab_params) * tokens / (linear_tflops * 1e12) +
-           2.0 * ws.vocab_params * sampled / (vocab_tflops * 1e12);
+  [[nodiscard]] double floor_seconds(double linear_flops, double vocab_flops) const {
+    return linear_flops / (linear_tflops * 1e12) + vocab_flops / (vocab_tflops * 1e12);
   }
 };
 
@@ -330,19 +328,26 @@ struct energy_costs {
   }
 };
 
-// The layers' GEMM rate for the compute floor: the model's widest linear (gate|up) at 8,192 rows (a prefill chunk's
-// size) in the run's weight dtype. The bf16 8192^3 rate is not FP8 weights' limit (cuBLASLt's FP8 runs ~1.7x it).
-double measure_linear_tflops(const cuda_backend& b, const model_config& c) {
+// The model's widest linear (gate|up) in the run's weight dtype (FP8 with block scales when the run's weights are
+// FP8): what the compute floor's rate and the energy per FLOP are measured on.
+cuda_tensor widest_linear_weight(const cuda_backend& b, const model_config& c) {
+  cuda_tensor w = b.random_tensor(2 * c.ffn_size, c.hidden_size, 1.0f / std::sqrt(float(c.hidden_size)), 91);
+  b.prepare_linear_weight(w);
+  return w;
+}
+
+// The layers' GEMM rate for the compute floor: `w` (widest_linear_weight) at 8,192 rows, a prefill chunk's size. The
+// bf16 8192^3 rate is not FP8 weights' limit (cuBLASLt's FP8 runs ~1.7x it).
+double measure_linear_tflops(const cuda_backend& b, const cuda_tensor& w, int hidden_size) {
   constexpr int rows = 8192;
-  cuda_tensor w = b.random_tensor(2 * c.ffn_size, c.hidden_size, 1.0f / std::sqrt(float(c.hidden_size)), 94);
-  b.prepare_linear_weight(w);  // FP8 with block scales when the run's weights are FP8
-  const cuda_tensor x = b.random_tensor(rows, c.hidden_size, 1.0f, 95);
+  const cuda_tensor x = b.random_tensor(rows, hidden_size, 1.0f, 95);
   cuda_tensor out;
   const double us = linear_call_us(b, x, w, out);
   return 2.0 * rows * static_cast<double>(w.size()) / (us * 1e-6) / 1e12;
 }
 
-energy_costs measure_energy_costs(const cuda_backend& b, const model_config& c) {
+// w: widest_linear_weight's.
+energy_costs measure_energy_costs(const cuda_backend& b, const model_config& c, const cuda_tensor& w) {
   energy_costs e;
   const zipage::cuda::energy_meter meter;
   const std::optional<double> limit = meter.power_limit_watts();
@@ -364,8 +369,6 @@ energy_costs measure_energy_costs(const cuda_backend& b, const model_config& c) 
   }();
   const int passes = std::max(1, static_cast<int>(1.0 / pass_s));
   const auto stream = zipage::cuda::measure_work_energy(meter, 20, [&] { b.read_stream(buf, passes); });
-  cuda_tensor w = b.random_tensor(2 * c.ffn_size, c.hidden_size, 1.0f / std::sqrt(float(c.hidden_size)), 91);
-  b.prepare_linear_weight(w);  // FP8 with block scales when the run's weights are FP8
   const cuda_tensor x = b.random_tensor(1024, c.hidden_size, 1.0f, 92);
   cuda_tensor out;
   const double gemm_us = linear_call_us(b, x, w, out);
@@ -506,10 +509,10 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
     const double kv_bytes = static_cast<double>(kv_read) * kv_per_layer_token;
     const double mem = weight_floor + kv_bytes / (bandwidth_gbs * 1e9);
     // The vocabulary projection runs on the sampled rows only (one per sequence that completes a token).
-    const auto sampled = static_cast<double>(events.size());
-    const double step_flops =
-        2.0 * (ws.params - ws.vocab_params) * static_cast<double>(tokens) + 2.0 * ws.vocab_params * sampled;
-    const double flops = rates.floor_seconds(ws, static_cast<double>(tokens), sampled);
+    const double linear_flops = 2.0 * (ws.params - ws.vocab_params) * static_cast<double>(tokens);
+    const double vocab_flops = 2.0 * ws.vocab_params * static_cast<double>(events.size());
+    const double step_flops = linear_flops + vocab_flops;
+    const double flops = rates.floor_seconds(linear_flops, vocab_flops);
     if (tokens > 0) {
       floor_s += std::max(mem, flops);
       power_floor_s += std::max({mem, flops, ec.floor_seconds(ws.bytes_per_step + kv_bytes, step_flops)});
@@ -763,12 +766,17 @@ int main(int argc, char** argv) {
       // Weight statistics from one build (freed again before the runs build their own).
       timed_model probe = build_model(b, c, o.seed, !o.unfused_projections, ws);
     }
-    const gemm_rates rates{measure_linear_tflops(b, c), tflops};
+    gemm_rates rates{0, tflops};
+    energy_costs ec;
+    {  // the weight is freed before the runs size their KV pools
+      const cuda_tensor gate_up = widest_linear_weight(b, c);
+      rates.linear_tflops = measure_linear_tflops(b, gate_up, c.hidden_size);
+      ec = measure_energy_costs(b, c, gate_up);
+    }
     std::printf("compute floor: the layers' GEMMs at %.0f TFLOP/s (%d x %d at 8,192 rows, %s weights), the vocabulary "
                 "projection at the bf16 rate on the sampled rows\n",
                 rates.linear_tflops, 2 * c.ffn_size, c.hidden_size,
                 fp8_weights(bo.weight_dtype, false) ? "FP8" : "bf16");
-    const energy_costs ec = measure_energy_costs(b, c);
     if (ec.available())
       std::printf("energy costs (power-aware ceiling): idle %.0f W; read-only stream %.0f GB/s at %.0f W, %.1f pJ per byte "
                   "above idle; %d x %d GEMM at 1,024 rows %.3f pJ/FLOP above idle; power limit %.0f W\n",
