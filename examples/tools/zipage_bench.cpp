@@ -859,7 +859,7 @@ int main(int argc, char** argv) {
           std::ofstream js(o.json, std::ios::app);
           char buf[2048];
           std::snprintf(buf, sizeof buf,
-                        "{\"shape\":\"%s\",\"workload\":\"%s\",\"mode\":\"%s\",\"requests\":%d,\"finished\":%d,"
+                        "{\"shape\":\"%s\",\"workload\":\"%s\",\"mode\":\"%s\",\"requests\":%d,\"prompt_len\":%d,\"finished\":%d,"
                         "\"seconds\":%.3f,\"output_tokens\":%.0f,\"tok_s\":%.1f,\"steady_tok_s\":%.1f,\"steps\":%lld,"
                         "\"peak_running\":%d,\"preemptions\":%lld,\"swaps\":%lld,\"compressions\":%lld,"
                         "\"host_ms_per_step\":%.3f,\"forward_ms_per_step\":%.3f,\"ceiling_fraction\":%.4f,\"forward_ceiling_fraction\":%.4f,"
@@ -873,7 +873,9 @@ int main(int argc, char** argv) {
                         "\"power_ceiling_fraction\":%.4f,\"power_forward_ceiling_fraction\":%.4f,"
                         "\"steady_ceiling_fraction\":%.4f,\"steady_power_ceiling_fraction\":%.4f,"
                         "\"pj_per_byte\":%.2f,\"pj_per_flop\":%.4f,\"power_limit_w\":%.0f,\"idle_w\":%.0f}\n",
-                        o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests, r.finished, r.seconds,
+                        o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests,
+                        r.workload == "long" ? o.prompt_len : 0,  // the nano workload's prompts vary
+                        r.finished, r.seconds,
                         r.output_tokens, r.tok_s, r.steady_tok_s, static_cast<long long>(r.steps), r.peak_running,
                         static_cast<long long>(r.preemptions), static_cast<long long>(r.swaps),
                         static_cast<long long>(r.compressions), r.host_ms_per_step, r.forward_ms_per_step,
