@@ -273,6 +273,39 @@ TEST_CASE("hybrid mode: a request without a slot starts only in blocks the slot 
   CHECK(roomy.decoded > tight.decoded);
 }
 
+TEST_CASE("hybrid mode: once every slot holder has compressed, nobody is preempted, whatever the prompt length") {
+  // The H200 pool's shape at a smaller scale: 60 slots of B + 1 = 9 blocks of 256 and 8 blocks left over (the
+  // bf16 pool there is 329 x 9 + 8), then the same budget in blocks of 16. Compactions land a step after they
+  // are planned, as with the worker. From the engine's storm of 2026-12-04: prompts at or below the budget
+  // were preempted every step before the hybrid admission left the slot holders' next blocks alone.
+  for (const int bs : {256, 16})
+    for (const int prompt : {128, 1000, 2048, 4096}) {
+      CAPTURE(bs);
+      CAPTURE(prompt);
+      const int slots = 60, most = 2048 / bs + 1;
+      const scheduler_config cfg{.max_num_seqs = 160, .max_batched_tokens = 16384,
+                                 .geometry = {.block_size = bs, .budget_tokens = 2048, .window = 16},
+                                 .compress = true, .num_query_slots = slots, .hybrid = true};
+      zfixture f(slots * most + 2048 / bs, cfg);
+      for (int i = 0; i < 160; ++i) f.add(prompt);
+      std::vector<compression_job> landing;
+      std::int64_t at_half = 0;
+      const int steps = 4400;  // 128-token prompts reach their first compression after ~2,050 steps
+      for (int t = 0; t < steps; ++t) {
+        const step_plan plan = f.sched.schedule();
+        step_output out;
+        for (const auto& job : landing) out.compactions.push_back({job.seq->id, 2048, {}});
+        landing = plan.compress;
+        for (const auto& e : plan.batch)
+          if (e.samples()) out.sampled.push_back({9, false});
+        CHECK(f.sched.update(plan, out).empty());
+        if (t == steps / 2) at_half = f.sched.num_preemptions();
+      }
+      CHECK(f.sched.num_preemptions() == at_half);
+      CHECK(f.sched.num_slots_in_use() == slots);
+    }
+}
+
 TEST_CASE("hybrid mode: a recomputed request without a slot stops before the window of the compression it is at") {
   // B = 2 blocks of 4, W = 2. A request recomputed after generating up to 13 tokens (its cache was at 12, a
   // compression point, when it gave way) feeds 12 tokens and compresses there: that compression reads the
