@@ -60,6 +60,7 @@ struct options {
   bool no_hybrid = false;
   int steps = 6000;
   int compaction_delay = 1;
+  int compactions_per_step = 0;  // 0: no limit
   std::string prompt_len = "128";
   std::string output_len = "16384";
   unsigned seed = 1;
@@ -83,7 +84,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-hybrid", o.no_hybrid, "requests without a query slot wait");
   app.add_option("--steps", o.steps)->check(CLI::PositiveNumber);
   app.add_option("--compaction-delay", o.compaction_delay, "steps from a compression's plan to its landing")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--compactions-per-step", o.compactions_per_step, "compactions that land in one step at most (0: all)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--prompt-len", o.prompt_len, "N or MIN:MAX (uniform)");
   app.add_option("--output-len", o.output_len, "N or MIN:MAX (uniform): tokens a request generates");
   app.add_option("--seed", o.seed);
@@ -117,15 +120,20 @@ int main(int argc, char** argv) {
     };
     for (int i = 0; i < o.requests; ++i) arrive();
 
-    std::deque<std::vector<compression_job>> landing(static_cast<std::size_t>(o.compaction_delay));
+    // Planned compactions, oldest first, with the step each was planned at: they land `compaction_delay` steps
+    // later, at most `compactions_per_step` a step (the worker compacts one bounded batch at a time).
+    std::deque<std::pair<int, request_id>> landing;
     std::int64_t sampled = 0, fed = 0, preempted_at_half = 0;
     int most_running = 0, steps = 0;
     for (; steps < o.steps && sched.has_unfinished(); ++steps) {
       const step_plan plan = sched.schedule();
       step_output out;
-      landing.push_back(plan.compress);
-      for (const auto& job : landing.front()) out.compactions.push_back({job.seq->id, geometry.keep_tokens(), {}});
-      landing.pop_front();
+      for (const auto& job : plan.compress) landing.emplace_back(steps, job.seq->id);
+      while (!landing.empty() && landing.front().first + o.compaction_delay <= steps &&
+             (o.compactions_per_step == 0 || std::ssize(out.compactions) < o.compactions_per_step)) {
+        out.compactions.push_back({landing.front().second, geometry.keep_tokens(), {}});
+        landing.pop_front();
+      }
       for (const auto& e : plan.batch) {
         fed += e.tokens;
         if (e.samples()) out.sampled.push_back({9, false});
