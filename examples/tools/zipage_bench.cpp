@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "../common/dtype_flags.hpp"
+#include "../common/number_flags.hpp"
 #include "zipage/backend/cuda/attention.hpp"  // prefill_kernel_on_device
 #include "zipage/backend/cuda/cuda_backend.hpp"
 #include "zipage/cuda/device.hpp"
@@ -653,24 +654,24 @@ int main(int argc, char** argv) {
   app.add_option("--policy", o.policy,
                  "compressed mode: streaming_llm | h2o | snapkv | rkv | gkv | zipage, or all (each in turn)")
       ->capture_default_str();
-  app.add_option("--num-requests", o.num_requests, "requests (nano: 256, long: 64)")->check(CLI::NonNegativeNumber);
-  app.add_option("--seconds", o.seconds, "time box per run (nano: none, long: 60)")->check(CLI::NonNegativeNumber);
-  app.add_option("--output-len", o.output_len, "long: max tokens per request")->check(CLI::PositiveNumber);
-  app.add_option("--prompt-len", o.prompt_len, "long: prompt tokens")->check(CLI::PositiveNumber);
+  app.add_option("--num-requests", o.num_requests, "requests (nano: 256, long: 64)")->check(zipage_cli::count());
+  app.add_option("--seconds", o.seconds, "time box per run (nano: none, long: 60)")->check(zipage_cli::non_negative());
+  app.add_option("--output-len", o.output_len, "long: max tokens per request")->check(zipage_cli::positive_count());
+  app.add_option("--prompt-len", o.prompt_len, "long: prompt tokens")->check(zipage_cli::positive_count());
   app.add_option("--seed", o.seed, "workload and weight seed");
-  app.add_option("--max-num-seqs", o.max_num_seqs)->check(CLI::PositiveNumber);
-  app.add_option("--max-batched-tokens", o.max_batched_tokens)->check(CLI::PositiveNumber);
-  app.add_option("--block-size", o.block_size)->check(CLI::PositiveNumber);
+  app.add_option("--max-num-seqs", o.max_num_seqs)->check(zipage_cli::positive_count());
+  app.add_option("--max-batched-tokens", o.max_batched_tokens)->check(zipage_cli::positive_count());
+  app.add_option("--block-size", o.block_size)->check(zipage_cli::positive_count());
   app.add_option("--budget", o.budget_tokens, "compressed: tokens kept per request (a multiple of --block-size)")
       ->capture_default_str();
-  app.add_option("--window", o.window)->check(CLI::PositiveNumber);
+  app.add_option("--window", o.window)->check(zipage_cli::positive_count());
   app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
                  "fraction of device memory for weights, activations (measured by a profiling forward at "
                  "--max-batched-tokens) and the KV pool")
       ->check(CLI::Range(0.05, 1.0));
-  app.add_option("--kv-gib", o.kv_gib, "KV pool size (0: from --gpu-memory-utilization)")->check(CLI::NonNegativeNumber);
+  app.add_option("--kv-gib", o.kv_gib, "KV pool size (0: from --gpu-memory-utilization)")->check(zipage_cli::non_negative());
   app.add_option("--num-query-slots", o.num_query_slots, "compressed: query slots (0: the memory plan's max concurrency)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(zipage_cli::count());
   app.add_flag("--no-graphs", o.no_graphs, "decode steps without CUDA graphs");
   app.add_flag("--op-timing", o.op_timing,
                "per-op GPU time of the decode steps (cuda_backend_options::op_timing; implies --no-graphs and syncs "
@@ -693,7 +694,7 @@ int main(int argc, char** argv) {
                  "(cuda_backend_options::prefill_kernel; the wgmma ones need bf16 K/V and an sm_90a build on an "
                  "H100/H200)")
       ->check(CLI::IsMember(names_of(cuda::all_prefill_kernels)));
-  app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)")->check(CLI::NonNegativeNumber);
+  app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)")->check(zipage_cli::non_negative());
   app.add_option("--json", o.json, "append results as JSON lines to this file");
   zipage_cli::add_kv_cache_dtype_flag(app, o.kv_cache_dtype, "", "bf16");
   zipage_cli::add_quantization_flag(app, o.quantization, "", "bf16: the random model is no FP8 checkpoint");
