@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
     // later, at most `compactions_per_step` a step (the worker compacts one bounded batch at a time).
     std::deque<std::pair<int, request_id>> landing;
     std::int64_t sampled = 0, fed = 0, preempted_at_half = 0;
-    int most_running = 0, steps = 0;
+    int most_running = 0, steps = 0, idle = 0;  // idle: steps that fed no token
     for (; steps < o.steps && sched.has_unfinished(); ++steps) {
       const step_plan plan = sched.schedule();
       step_output out;
@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
         out.compactions.push_back({landing.front().second, geometry.keep_tokens(), {}});
         landing.pop_front();
       }
+      idle += plan.batch.empty();
       for (const auto& e : plan.batch) {
         fed += e.tokens;
         if (e.samples()) out.sampled.push_back({9, false});
@@ -150,12 +151,12 @@ int main(int argc, char** argv) {
     std::printf(
         "pool %d blocks of %d, budget %d, %d query slots%s; prompts %s, outputs %s: %d steps, %lld tokens sampled, "
         "%lld prompt tokens fed (first prefills and recomputations), %lld preemptions (%lld in the second half), %lld swaps, "
-        "%lld compressions, %d running at most, %lld of %zu requests finished\n",
+        "%lld compressions, %d running at most, %d steps fed no token, %lld of %zu requests finished\n",
         o.pool_blocks, o.block_size, o.budget, slots, o.no_hybrid ? " (no hybrid)" : "", o.prompt_len.c_str(),
         o.output_len.c_str(), steps, static_cast<long long>(sampled), static_cast<long long>(fed - sampled),
         static_cast<long long>(sched.num_preemptions()),
         static_cast<long long>(sched.num_preemptions() - preempted_at_half), static_cast<long long>(sched.num_swaps()),
-        static_cast<long long>(sched.num_compressions()), most_running, static_cast<long long>(finished), seqs.size());
+        static_cast<long long>(sched.num_compressions()), most_running, idle, static_cast<long long>(finished), seqs.size());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zipage-scheduler-replay: error: %s\n", e.what());
