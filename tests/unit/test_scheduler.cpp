@@ -454,6 +454,23 @@ TEST_CASE("priority order: the most urgent waiting request starts first; less ur
   }
 }
 
+TEST_CASE("priority order, hybrid mode: an urgent request that would start without a slot makes room as one would with") {
+  // Three batch slot holders (priority 5) at the budget, two blocks left over: an urgent prompt (priority 0) fits
+  // them but not with a block of decoding, so the hybrid mode would not start it without a slot. A less urgent
+  // slot holder must give way (its slot and blocks go to the urgent one), not leave it waiting for good.
+  const scheduler_config cfg{.max_num_seqs = 16, .max_batched_tokens = 64,
+                             .geometry = {.block_size = 4, .budget_tokens = 8, .window = 2},
+                             .compress = true, .num_query_slots = 3, .hybrid = true,
+                             .order = scheduling_order::priority};
+  zfixture f(3 * 3 + 2, cfg);
+  for (int i = 0; i < 3; ++i) f.add(8, 7, 5);
+  for (int i = 0; i < 10; ++i) f.advance(f.sched.schedule());  // all three decoding, compressed at least once
+  sequence* urgent = f.add(8, 7, 0);
+  for (int i = 0; i < 3 && urgent->status == request_status::waiting; ++i) f.advance(f.sched.schedule());
+  CHECK(urgent->status == request_status::running);
+  CHECK(urgent->query_slot >= 0);
+}
+
 TEST_CASE("priority order: the waiting queue is ordered by priority, then arrival; ties stay FIFO") {
   zfixture f(100, {.max_num_seqs = 1, .max_batched_tokens = 100, .geometry = {.block_size = 4}, .prefix_caching = false,
                    .order = scheduling_order::priority});

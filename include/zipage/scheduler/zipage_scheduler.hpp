@@ -132,9 +132,8 @@ class zipage_scheduler : public scheduler_base {
         return;
       }
       if (cfg_.compresses() && s->query_slot < 0) {
-        if (spare < 0) spare = blocks_.pool().num_free() - blocks_promised_to_slot_holders();
-        const int claim = blocks_for_tokens(s->kv_len + s->num_to_prefill() + block_size(), block_size()) -
-                          s->table.num_blocks();
+        if (spare < 0) spare = blocks_spare_for_slotless();
+        const int claim = slotless_claim(*s);
         if (claim > spare) {
           undo_admission(*s);
           return;
@@ -152,27 +151,6 @@ class zipage_scheduler : public scheduler_base {
       insert_by_age(s);  // a recomputed request keeps its seniority: newer ones give way to it
       schedule(*s, tokens, plan, budget);
     }
-  }
-
-  // Blocks the running slot holders will take within their next block of tokens (a prompt's rest first), up
-  // to the most they ever hold: B + 1, or their prompt's end if it lies past the budget. The hybrid mode
-  // admits a request without a slot only when its whole prompt and a block of decoding fit beside these.
-  // Why: blocks beyond the slot holders' peaks are what the mode is for; a request started in blocks a slot
-  // holder is about to need is preempted within steps, its prefill wasted, and then admitted again (with
-  // prompts at the budget, every step: measured on the H200, 4,378 preemptions in 5,259 steps and a prefill
-  // chunk in most decode steps). Slot holders far below their peak promise only their next block, so the
-  // mode still fills the pool while they grow (short prompts), as the method intends.
-  [[nodiscard]] int blocks_promised_to_slot_holders() const {
-    const int bs = block_size();
-    const int most = cfg_.geometry.budget_blocks() + 1;
-    int promised = 0;
-    for (const sequence* s : running_) {
-      if (s->query_slot < 0 || s->compressing || s->needs_compression) continue;  // a compaction shrinks it first
-      const int fed = s->kv_len + s->num_to_prefill();
-      const int peak = std::max(most, blocks_for_tokens(fed + 1, bs));
-      promised += std::max(0, std::min(blocks_for_tokens(fed + bs, bs), peak) - s->table.num_blocks());
-    }
-    return promised;
   }
 
   // A request that could not start after all keeps nothing: matched prefix blocks and slot go back.
