@@ -13,6 +13,7 @@
 //    most urgent waiting request makes less urgent running ones give way when it cannot start.
 //    "Oldest"/"newest" below then read "most"/"least urgent".
 #include <algorithm>
+#include <optional>
 
 #include "zipage/scheduler/scheduler.hpp"
 
@@ -117,7 +118,7 @@ class zipage_scheduler : public scheduler_base {
   }
 
   void admit_waiting(step_plan& plan, int& budget) {
-    int spare = -1;  // blocks left for requests without a slot: computed at the first one
+    std::optional<int> spare;  // blocks left for requests without a slot: counted at the first one
     while (!waiting_.empty() && budget > 0 && num_running() < cfg_.max_num_seqs) {
       sequence* s = waiting_.front();
       if (!swapped_.empty() && !precedes(*s, *swapped_.front())) return;  // swapped requests come back first
@@ -132,13 +133,13 @@ class zipage_scheduler : public scheduler_base {
         return;
       }
       if (cfg_.compresses() && s->query_slot < 0) {
-        if (spare < 0) spare = blocks_spare_for_slotless();
+        if (!spare) spare = blocks_spare_for_slotless();
         const int claim = slotless_claim(*s);
-        if (claim > spare) {
+        if (claim > *spare) {
           undo_admission(*s);
           return;
         }
-        spare -= claim;
+        *spare -= claim;
       }
       const int tokens = affordable_chunk(*s, budget);
       if (tokens == 0) {
