@@ -24,7 +24,9 @@ run_one() {  # run_one TEST: its summary lines to $LOG, one timed line to the su
   timeout "$limit" "$BIN/$t" > "/tmp/$t.log" 2>&1
   rc=$?
   { echo "===== $t rc=$rc ($(( $(date +%s) - start )) s)"
-    grep -E "ERROR|FAILED|SKIP|skipped" "/tmp/$t.log" | head -40
+    # A failure with its context (the test case, the values, the MESSAGEs around it), not the ERROR line alone.
+    if [ "$rc" -ne 0 ]; then grep -B4 -A10 -E "ERROR|FAILED" "/tmp/$t.log" | head -200
+    else grep -E "SKIP|skipped" "/tmp/$t.log" | head -40; fi
     tail -4 "/tmp/$t.log"; } >> "$LOG"
   stamp "$t rc=$rc ($(( $(date +%s) - start )) s): $(grep -E '^\[doctest\] (test cases|assertions)' "/tmp/$t.log" | tr '\n' ' ')"
 }
