@@ -26,6 +26,8 @@ def label(r):
         what += f", {r['seconds']:.0f} s box"
     if r.get("graphs") is False:
         what += ", no graphs"
+    if r.get("prompt_len", 128) not in (0, 128):  # long-workload runs since 2026-12-04 record it (128: the default)
+        what += f", {r['prompt_len']}-token prompts"
     # Storage formats (runs since issue 14 record them): KV cache and linear weights, and the nano-batch overlap.
     kv = {"fp8_e4m3": "FP8"}.get(r.get("kv_cache_dtype", "auto"), "bf16")
     weights = "FP8" if r.get("quantization") in ("fp8", "fp8_e4m3") else "bf16"
