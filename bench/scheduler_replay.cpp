@@ -5,6 +5,7 @@
 //
 //   zipage-scheduler-replay --pool-blocks 2969 --prompt-len 2048                 # the H200 bf16 pool, prompts at the budget
 //   zipage-scheduler-replay --pool-blocks 47504 --block-size 16 --prompt-len 64:4096 --output-len 512:16384
+//   zipage-scheduler-replay --full --pool-blocks 5987 --output-len 16384 --steps 18470   # full KV, the FP8 pool
 //
 // Prints one line per run: steps, sampled tokens, prompt tokens fed (prompts and their recomputations), the
 // preemptions over the run and over its second half, swaps, compressions, the most requests running at once.
@@ -58,6 +59,7 @@ struct options {
   int requests = 1024;  // waiting at the start; --refill keeps this many waiting
   bool refill = false;
   bool no_hybrid = false;
+  bool full = false;  // no compression: every request keeps its whole cache (full KV)
   int steps = 6000;
   int compaction_delay = 1;
   int compactions_per_step = 0;  // 0: no limit
@@ -82,6 +84,7 @@ int main(int argc, char** argv) {
   app.add_option("--requests", o.requests, "requests waiting at the start")->check(CLI::PositiveNumber);
   app.add_flag("--refill", o.refill, "keep --requests waiting: a new one arrives for each that starts");
   app.add_flag("--no-hybrid", o.no_hybrid, "requests without a query slot wait");
+  app.add_flag("--full", o.full, "full KV: no compression, no query slots");
   app.add_option("--steps", o.steps)->check(CLI::PositiveNumber);
   app.add_option("--compaction-delay", o.compaction_delay, "steps from a compression's plan to its landing")
       ->check(CLI::NonNegativeNumber);
@@ -101,7 +104,7 @@ int main(int argc, char** argv) {
     check(slots > 0, "--pool-blocks ", o.pool_blocks, " holds no compressed request (", geometry.budget_blocks() + 1,
           " blocks each)");
     const scheduler_config cfg{.max_num_seqs = o.max_num_seqs, .max_batched_tokens = o.max_batched_tokens,
-                               .geometry = geometry, .compress = true, .num_query_slots = slots,
+                               .geometry = geometry, .compress = !o.full, .num_query_slots = o.full ? 0 : slots,
                                .hybrid = !o.no_hybrid};
     block_pool pool(o.pool_blocks);
     zipage_scheduler sched(cfg, pool);
@@ -149,10 +152,11 @@ int main(int argc, char** argv) {
     std::int64_t finished = 0;
     for (const auto& s : seqs) finished += s->is_finished();
     std::printf(
-        "pool %d blocks of %d, budget %d, %d query slots%s; prompts %s, outputs %s: %d steps, %lld tokens sampled, "
+        "pool %d blocks of %d, budget %d, %d query slots%s%s; prompts %s, outputs %s: %d steps, %lld tokens sampled, "
         "%lld prompt tokens fed (first prefills and recomputations), %lld preemptions (%lld in the second half), %lld swaps, "
         "%lld compressions, %d running at most, %d steps fed no token, %lld of %zu requests finished\n",
-        o.pool_blocks, o.block_size, o.budget, slots, o.no_hybrid ? " (no hybrid)" : "", o.prompt_len.c_str(),
+        o.pool_blocks, o.block_size, o.budget, o.full ? 0 : slots, o.no_hybrid ? " (no hybrid)" : "",
+        o.full ? ", full KV" : "", o.prompt_len.c_str(),
         o.output_len.c_str(), steps, static_cast<long long>(sampled), static_cast<long long>(fed - sampled),
         static_cast<long long>(sched.num_preemptions()),
         static_cast<long long>(sched.num_preemptions() - preempted_at_half), static_cast<long long>(sched.num_swaps()),

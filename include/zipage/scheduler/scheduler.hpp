@@ -280,37 +280,50 @@ class scheduler_base {
     q.insert(at, s);
   }
 
-  // Blocks the running slot holders will take within their next block of tokens (a prompt's rest first), up
-  // to the most they ever hold: B + 1, or their prompt's end if it lies past the budget. The hybrid mode
-  // admits a request without a slot only when its slotless_claim fits beside these.
-  // Why: blocks beyond the slot holders' peaks are what the mode is for; a request started in blocks a slot
-  // holder is about to need is preempted within steps, its prefill wasted, and then admitted again (with
-  // prompts at the budget, every step: measured on the H200, 4,378 preemptions in 5,259 steps and a prefill
-  // chunk in most decode steps). Slot holders far below their peak promise only their next block, so the
-  // mode still fills the pool while they grow (short prompts), as the method intends.
-  [[nodiscard]] int blocks_promised_to_slot_holders() const {
+  // Admission by claim: a request starts only when the rest of its prompt and a block of decoding fit beside the
+  // blocks that the running requests ahead of it (queue order) will take within their next block of tokens, a
+  // prompt's rest first. Requests behind it give way to it when it needs blocks (make_room), so they promise
+  // nothing. Under compression only slot holders promise (one without a slot gives way first), and no more
+  // than they ever hold: B + 1, or their prompt's end past the budget. Who starts on a claim: every request
+  // under full KV; under compression one that starts without a query slot (the hybrid mode), since the slots
+  // are sized for their holders' peaks.
+  // Why: a request started in blocks that one ahead of it is about to need is the newest, so it is preempted
+  // within steps, its prefill wasted, and admitted again at once. With prompts at the budget the hybrid mode did
+  // that every step (the H200, 2026-12-04: 4,378 preemptions in 5,259 steps, a prefill chunk in most decode
+  // steps); under full KV the long workload recomputed ~8 prompt tokens per token sampled
+  // (zipage-scheduler-replay --full). Running requests far below their peak promise only their next block, so
+  // short prompts still fill the pool while the running ones grow.
+  [[nodiscard]] int blocks_promised_ahead_of(const sequence& s) const {
     const int bs = block_size();
     const int most = cfg_.geometry.budget_blocks() + 1;
     int promised = 0;
-    for (const sequence* s : running_) {
-      if (s->query_slot < 0 || s->compressing || s->needs_compression) continue;  // a compaction shrinks it first
-      const int fed = s->kv_len + s->num_to_prefill();
-      const int peak = std::max(most, blocks_for_tokens(fed + 1, bs));
-      promised += std::max(0, std::min(blocks_for_tokens(fed + bs, bs), peak) - s->table.num_blocks());
+    for (const sequence* r : running_) {  // queue order: those ahead of s come first
+      if (!precedes(*r, s)) break;
+      if (r->compressing || r->needs_compression) continue;  // a compaction shrinks it first
+      if (cfg_.compresses() && r->query_slot < 0) continue;   // without a slot it gives way first
+      const int fed = r->kv_len + r->num_to_prefill();
+      int soon = blocks_for_tokens(fed + bs, bs);
+      if (cfg_.compresses()) soon = std::min(soon, std::max(most, blocks_for_tokens(fed + 1, bs)));
+      promised += std::max(0, soon - r->table.num_blocks());
     }
     return promised;
   }
-  // Free blocks a request without a slot may claim (negative while slot holders are owed more than is free).
-  [[nodiscard]] int blocks_spare_for_slotless() const {
-    return blocks_.pool().num_free() - blocks_promised_to_slot_holders();
-  }
-  // What a request starting without a slot claims: the rest of its prompt and a block of decoding.
-  [[nodiscard]] int slotless_claim(const sequence& s) const {
+  // Whether s (waiting, its slot taken if one was free) starts only on its claim.
+  [[nodiscard]] bool starts_on_claim(const sequence& s) const { return !cfg_.compresses() || s.query_slot < 0; }
+  // What s claims beyond the blocks it holds: the rest of its prompt and a block of decoding.
+  [[nodiscard]] int claim(const sequence& s) const {
     return blocks_for_tokens(s.kv_len + s.num_to_prefill() + block_size(), block_size()) - s.table.num_blocks();
+  }
+  // Whether s's claim fits now, beside `claimed` blocks that requests admitted without a slot in this step still
+  // claim (under compression they promise nothing). With no running request ahead of s it always fits: the
+  // others give way to it.
+  [[nodiscard]] bool claim_fits(const sequence& s, int claimed = 0) const {
+    if (running_.empty() || !precedes(*running_.front(), s)) return true;
+    return claim(s) <= blocks_.pool().num_free() - blocks_promised_ahead_of(s) - claimed;
   }
 
   // Priority order: while the most urgent waiting request cannot start for want of blocks for its first
-  // chunk, of a running place or of a query slot (in the hybrid mode: of a slot or of its slotless_claim),
+  // chunk, of a running place, of a query slot or (starting on its claim) of room for its claim (claim_fits),
   // the least urgent running request behind it gives way
   // (as make_room: recomputation, or a swap for a compressed one). Runs before anything is scheduled.
   void preempt_for_priority(step_plan& plan) {
@@ -326,8 +339,9 @@ class scheduler_base {
 
   [[nodiscard]] bool can_start(const sequence& s) const {
     if (num_running() >= cfg_.max_num_seqs) return false;
-    if (cfg_.compresses() && !has_free_slot() && (!cfg_.hybrid || slotless_claim(s) > blocks_spare_for_slotless()))
-      return false;
+    const bool on_claim = !cfg_.compresses() || !has_free_slot();  // it would start without a slot
+    if (cfg_.compresses() && on_claim && !cfg_.hybrid) return false;
+    if (on_claim && !claim_fits(s)) return false;
     const int first_chunk = std::min(s.num_to_prefill(), cfg_.max_batched_tokens);
     return blocks_.pool().can_allocate(blocks_for_tokens(s.num_computed + first_chunk, cfg_.geometry.block_size));
   }

@@ -13,7 +13,6 @@
 //    most urgent waiting request makes less urgent running ones give way when it cannot start.
 //    "Oldest"/"newest" below then read "most"/"least urgent".
 #include <algorithm>
-#include <optional>
 
 #include "zipage/scheduler/scheduler.hpp"
 
@@ -118,7 +117,7 @@ class zipage_scheduler : public scheduler_base {
   }
 
   void admit_waiting(step_plan& plan, int& budget) {
-    std::optional<int> spare;  // blocks left for requests without a slot: counted at the first one
+    int claimed = 0;  // what requests admitted without a slot in this step still claim
     while (!waiting_.empty() && budget > 0 && num_running() < cfg_.max_num_seqs) {
       sequence* s = waiting_.front();
       if (!swapped_.empty() && !precedes(*s, *swapped_.front())) return;  // swapped requests come back first
@@ -132,14 +131,9 @@ class zipage_scheduler : public scheduler_base {
         undo_admission(*s);  // its prefix is being computed this step: reuse it next step
         return;
       }
-      if (cfg_.compresses() && s->query_slot < 0) {
-        if (!spare) spare = blocks_spare_for_slotless();
-        const int claim = slotless_claim(*s);
-        if (claim > *spare) {
-          undo_admission(*s);
-          return;
-        }
-        *spare -= claim;
+      if (starts_on_claim(*s) && !claim_fits(*s, claimed)) {
+        undo_admission(*s);
+        return;
       }
       const int tokens = affordable_chunk(*s, budget);
       if (tokens == 0) {
@@ -151,6 +145,7 @@ class zipage_scheduler : public scheduler_base {
       s->status = request_status::running;
       insert_by_age(s);  // a recomputed request keeps its seniority: newer ones give way to it
       schedule(*s, tokens, plan, budget);
+      if (cfg_.compresses() && s->query_slot < 0) claimed += claim(*s);
     }
   }
 
