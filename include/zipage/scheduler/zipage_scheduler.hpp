@@ -5,7 +5,10 @@
 //    the window queries of the block at which it will be compressed; then it waits for a slot.
 //  - Each step first serves running requests oldest first (a decode token, or the next chunk of a
 //    prompt), then admits waiting ones FIFO, all under one token budget: prefill chunks and decodes
-//    share a step, so a long prompt never stalls decoding.
+//    share a step, so a long prompt never stalls decoding. A request that would start without a slot
+//    (and under full KV every one) starts only on a claim: room for its prompt and a block of decoding
+//    beside what the running requests ahead of it take next (scheduler_base::claim_fits), so it is not
+//    admitted only to give way within steps.
 //  - Compressions are planned here (copy-on-write of shared prefix blocks first).
 //  - When blocks run out, newer requests give way: uncompressed ones by recomputation, compressed ones
 //    by swapping to host memory; swapped requests come back before any new admission.
