@@ -301,19 +301,19 @@ class scheduler_base {
       if (!precedes(*r, s)) break;
       if (r->compressing || r->needs_compression) continue;  // a compaction shrinks it first
       if (cfg_.compresses() && r->query_slot < 0) continue;   // without a slot it gives way first
-      const int fed = r->kv_len + r->num_to_prefill();
-      int soon = blocks_for_tokens(fed + bs, bs);
-      if (cfg_.compresses()) soon = std::min(soon, std::max(most, blocks_for_tokens(fed + 1, bs)));
-      promised += std::max(0, soon - r->table.num_blocks());
+      int tokens = r->num_to_prefill() + bs;  // what it feeds within its next block of tokens
+      if (cfg_.compresses()) {                // no more than it ever holds
+        const int peak = std::max(most, blocks_for_tokens(r->kv_len + r->num_to_prefill() + 1, bs));
+        tokens = std::min(tokens, peak * bs - r->kv_len);
+      }
+      promised += blocks_.blocks_needed(*r, tokens);
     }
     return promised;
   }
   // Whether s (waiting, its slot taken if one was free) starts only on its claim.
   [[nodiscard]] bool starts_on_claim(const sequence& s) const { return !cfg_.compresses() || s.query_slot < 0; }
   // What s claims beyond the blocks it holds: the rest of its prompt and a block of decoding.
-  [[nodiscard]] int claim(const sequence& s) const {
-    return blocks_for_tokens(s.kv_len + s.num_to_prefill() + block_size(), block_size()) - s.table.num_blocks();
-  }
+  [[nodiscard]] int claim(const sequence& s) const { return blocks_.blocks_needed(s, s.num_to_prefill() + block_size()); }
   // Whether s's claim fits now, beside `claimed` blocks that requests admitted without a slot in this step still
   // claim (under compression they promise nothing). With no running request ahead of s it always fits: the
   // others give way to it.
