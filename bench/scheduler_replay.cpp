@@ -100,11 +100,11 @@ int main(int argc, char** argv) {
     const length_range outputs = parse_range(o.output_len, "--output-len");
     const cache_geometry geometry{.block_size = o.block_size, .budget_tokens = o.budget, .window = o.window};
     geometry.validate("--");
-    const int slots = o.slots > 0 ? o.slots : o.pool_blocks / (geometry.budget_blocks() + 1);
-    check(slots > 0, "--pool-blocks ", o.pool_blocks, " holds no compressed request (", geometry.budget_blocks() + 1,
-          " blocks each)");
+    const int slots = o.full ? 0 : o.slots > 0 ? o.slots : o.pool_blocks / (geometry.budget_blocks() + 1);
+    check(o.full || slots > 0, "--pool-blocks ", o.pool_blocks, " holds no compressed request (",
+          geometry.budget_blocks() + 1, " blocks each)");
     const scheduler_config cfg{.max_num_seqs = o.max_num_seqs, .max_batched_tokens = o.max_batched_tokens,
-                               .geometry = geometry, .compress = !o.full, .num_query_slots = o.full ? 0 : slots,
+                               .geometry = geometry, .compress = !o.full, .num_query_slots = slots,
                                .hybrid = !o.no_hybrid};
     block_pool pool(o.pool_blocks);
     zipage_scheduler sched(cfg, pool);
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
         "pool %d blocks of %d, budget %d, %d query slots%s%s; prompts %s, outputs %s: %d steps, %lld tokens sampled, "
         "%lld prompt tokens fed (first prefills and recomputations), %lld preemptions (%lld in the second half), %lld swaps, "
         "%lld compressions, %d running at most, %d steps fed no token, %lld of %zu requests finished\n",
-        o.pool_blocks, o.block_size, o.budget, o.full ? 0 : slots, o.no_hybrid ? " (no hybrid)" : "",
+        o.pool_blocks, o.block_size, o.budget, slots, o.no_hybrid ? " (no hybrid)" : "",
         o.full ? ", full KV" : "", o.prompt_len.c_str(),
         o.output_len.c_str(), steps, static_cast<long long>(sampled), static_cast<long long>(fed - sampled),
         static_cast<long long>(sched.num_preemptions()),
