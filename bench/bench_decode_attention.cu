@@ -606,10 +606,10 @@ int main(int argc, char** argv) {
       // layout also with the tile work compiled out (".../no_tile_work": the staged copies alone), which splits the
       // kernel's energy above the read-only stream into the staged pipeline's over contiguous tiles (kv1), what the
       // scatter adds to it (kv8 against kv1) and the tile math (the whole kernel against its own no_tile_work).
-      for (const int kvh : fp8 ? std::vector<int>{8, 2, 1} : std::vector<int>{})
+      for (const int kvh : fp8 ? std::vector<int>{8, 2, 1} : std::vector<int>{}) {
+        std::vector<int> rep;
+        for (int r = 0; r < 8 / kvh; ++r) rep.insert(rep.end(), lens.begin(), lens.end());
         for (const bool tile_work : {true, false}) {
-          std::vector<int> rep;
-          for (int r = 0; r < 8 / kvh; ++r) rep.insert(rep.end(), lens.begin(), lens.end());
           std::snprintf(name, sizeof name, "decode_fp8_swapped_layout/q%d_kv%d/batch%d/steady2048-2304%s", 4 * kvh,
                         kvh, static_cast<int>(rep.size()), tile_work ? "" : "/no_tile_work");
           std::snprintf(key, sizeof key, "a%05d", order++);
@@ -618,6 +618,7 @@ int main(int argc, char** argv) {
             bm_decode(st, rep, 4 * kvh, kvh, 256, key, kSteadyCtx, 4, 1, true, kernel);
           })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
         }
+      }
       // The swapped kernel's own ablations (3 stages): how much of its energy above the read-only stream's is the
       // MMAs, the conversions, or the staged pipeline itself.
       for (const auto& [ablate, what] : fp8 ? std::span(ablations) : std::span<const std::pair<int, const char*>>{}) {
