@@ -20,8 +20,8 @@
 // layers' FLOPs at their own GEMM rate (bf16 or FP8) + the vocabulary projection's on the sampled rows at the bf16
 // rate), with the rates measured in the same run, summed over the steps and divided by the measured time; and a
 // power-aware ceiling that also bounds each step by its energy floor (its bytes and FLOPs at dynamic joules measured
-// in the same process, over the power the board's limit leaves above idle: energy_costs); both also over the steady
-// half alone. On the bf16 CUDA backend every built-in policy (--policy) is scored, selected and compacted on the
+// in the same process, over the power the board's limit leaves above idle: energy_costs, measured before the runs
+// and again after each, and the ceiling priced with both); both also over the steady half alone. On the bf16 CUDA backend every built-in policy (--policy) is scored, selected and compacted on the
 // device in batches (cuda_backend::compress_on_device; the "compression worker" column shows its time and batches,
 // and the run's line its time per request and share of the wall time).
 #include <malloc.h>
@@ -329,6 +329,31 @@ struct energy_costs {
   }
 };
 
+// One step's floors, kept so that the power-aware ceiling can be priced after the run with constants measured
+// before and after it (they moved 18% between processes on 2026-12-04, so one reading cannot be trusted alone).
+struct step_cost {
+  double floor_s = 0;  // max(bytes / bandwidth, FLOPs / rate): the full-clock floor
+  double bytes = 0, flops = 0;
+};
+
+// The power-aware floor of steps [first, end): each step's full-clock floor or its energy floor, whichever is longer.
+double power_floor_seconds(const std::vector<step_cost>& steps, std::size_t first, const energy_costs& ec) {
+  double s = 0;
+  for (std::size_t i = first; i < steps.size(); ++i)
+    s += std::max(steps[i].floor_s, ec.floor_seconds(steps[i].bytes, steps[i].flops));
+  return s;
+}
+
+void print_energy_costs(const char* when, const energy_costs& ec, const model_config& c) {
+  if (ec.available())
+    std::printf("energy costs (power-aware ceiling), measured %s: idle %.0f W; read-only stream %.0f GB/s at %.0f W, "
+                "%.1f pJ per byte above idle; %d x %d GEMM at 1,024 rows %.3f pJ/FLOP above idle; power limit %.0f W\n",
+                when, ec.idle_w, ec.stream_gbs, ec.stream_w, ec.joules_per_byte * 1e12, 2 * c.ffn_size, c.hidden_size,
+                ec.joules_per_flop * 1e12, ec.power_limit_w);
+  else
+    std::printf("energy costs, measured %s: none (%s), so no power-aware ceiling\n", when, ec.why_not.c_str());
+}
+
 // The model's widest linear (gate|up) in the run's weight dtype (FP8 with block scales when the run's weights are
 // FP8): what the compute floor's rate and the energy per FLOP are measured on.
 cuda_tensor widest_linear_weight(const cuda_backend& b, const model_config& c) {
@@ -403,11 +428,18 @@ struct run_result {
   double host_ms_per_step = 0, forward_ms_per_step = 0, launch_ms_per_step = 0, to_host_ms_per_step = 0;
   double decode_host_ms = 0, decode_forward_ms = 0;
   double ceiling_fraction = 0, decode_mem_ceiling_fraction = 0, floor_seconds = 0, forward_ceiling_fraction = 0;
-  // The same with the energy floor (energy_costs): max(bytes / bandwidth, FLOPs / rate, joules / power limit).
-  double power_ceiling_fraction = 0, power_forward_ceiling_fraction = 0;
-  // Both over the steady half only (the steps that end in it): issue 14's part 3 is about the steady state, which a
+  // Over the steady half only (the steps that end in it): issue 14's part 3 is about the steady state, which a
   // whole run's fraction overstates when its prefill (compute-bound, near the GEMM rate) is in it.
-  double steady_ceiling_fraction = 0, steady_power_ceiling_fraction = 0;
+  double steady_ceiling_fraction = 0;
+  // The same with the energy floor (energy_costs): max(bytes / bandwidth, FLOPs / rate, joules / power limit), priced
+  // with the constants measured before the run and again after it (price_power_ceiling).
+  struct power_fractions {
+    double wall = 0, forward = 0, steady = 0;
+  };
+  power_fractions power_before, power_after;
+  std::vector<step_cost> step_costs;  // every step that ran tokens, in order
+  std::size_t steady_first_cost = 0;  // the first of them in the steady half
+  double steady_span = 0;             // the steady half's seconds
   std::vector<cuda_op_time> decode_ops;  // --op-timing: per-op GPU time summed over the decode steps
   double forward_seconds = 0;
   double gather_s = 0, compaction_s = 0, device_compress_s = 0;
@@ -422,7 +454,7 @@ struct run_result {
 
 template <class Policy>
 run_result run_once(const options& o, const std::string& mode, const cuda_backend& b, const model_config& c,
-                    const weight_stats& ws, double bandwidth_gbs, const gemm_rates& rates, const energy_costs& ec) {
+                    const weight_stats& ws, double bandwidth_gbs, const gemm_rates& rates) {
   const std::size_t token_bytes = kv_bytes_per_token(c, b.kv_element_bytes(), false, b.kv_scale_bytes());
   // KV pool: the engine sizes it (vLLM's rule: gpu_memory_utilization x total memory minus what is in use
   // once the weights are loaded and a profiling forward of --max-batched-tokens tokens has grown the
@@ -475,13 +507,14 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   r.requests = n;
   const double weight_floor = ws.bytes_per_step / (bandwidth_gbs * 1e9);
   const double kv_per_layer_token = static_cast<double>(token_bytes);  // all layers
-  double floor_s = 0, power_floor_s = 0, decode_floor_mem = 0, decode_wall = 0, decode_host = 0, decode_fwd = 0, decode_rows = 0;
+  double floor_s = 0, decode_floor_mem = 0, decode_wall = 0, decode_host = 0, decode_fwd = 0, decode_rows = 0;
   double host_total = 0, fwd_total = 0, launch_total = 0;
   std::int64_t generated = 0;
-  struct mark {  // after each step: the run's time, tokens generated, and the two floors summed so far
+  struct mark {  // after each step: the run's time, tokens generated, the floor summed so far, step_costs' size
     double t;
     std::int64_t generated;
-    double floor_s, power_floor_s;
+    double floor_s;
+    std::size_t costs;
   };
   std::vector<mark> timeline;
   // The GPU's energy counter, power and SM clock every 200 ms (NVML; nothing without it): the steady half's joules
@@ -516,7 +549,7 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
     const double flops = rates.floor_seconds(linear_flops, vocab_flops);
     if (tokens > 0) {
       floor_s += std::max(mem, flops);
-      power_floor_s += std::max({mem, flops, ec.floor_seconds(ws.bytes_per_step + kv_bytes, step_flops)});
+      r.step_costs.push_back({std::max(mem, flops), ws.bytes_per_step + kv_bytes, step_flops});
     }
     if (o.op_timing) {
       // The step's ops (it has synchronised on its tokens): decode steps' into the table, prefill steps' dropped.
@@ -541,7 +574,7 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
     prev = k;
     ++r.steps;
     const double now = since(t_start);
-    timeline.push_back({now, generated, floor_s, power_floor_s});
+    timeline.push_back({now, generated, floor_s, r.step_costs.size()});
     if (now > box) break;
   }
   r.seconds = since(t_start);
@@ -562,7 +595,8 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
       const double span = end.t - it->t;
       r.steady_tok_s = static_cast<double>(end.generated - it->generated) / span;
       r.steady_ceiling_fraction = (end.floor_s - it->floor_s) / span;
-      if (ec.available()) r.steady_power_ceiling_fraction = (end.power_floor_s - it->power_floor_s) / span;
+      r.steady_first_cost = it->costs;
+      r.steady_span = span;
       power.stop();
       const auto e = power.summary(power_t0 + it->t, power_t0 + end.t);
       if (e.samples >= 2 && e.seconds > 0) {
@@ -594,10 +628,6 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   r.ceiling_fraction = floor_s / r.seconds;
   r.forward_seconds = fwd_total;
   r.forward_ceiling_fraction = fwd_total > 0 ? floor_s / fwd_total : 0;
-  if (ec.available()) {
-    r.power_ceiling_fraction = power_floor_s / r.seconds;
-    r.power_forward_ceiling_fraction = fwd_total > 0 ? power_floor_s / fwd_total : 0;
-  }
   r.decode_mem_ceiling_fraction = decode_wall > 0 ? decode_floor_mem / decode_wall : 0;
   r.gather_s = k.gather_seconds;
   r.compaction_s = k.compaction_seconds;
@@ -610,6 +640,17 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   r.kv_gib = static_cast<double>(st.num_blocks) * static_cast<double>(block_bytes) / 1073741824.0;
   for (request_id id : ids) r.finished += eng.request(id).is_finished();
   return r;
+}
+
+// The power-aware ceiling of a finished run under `ec`'s constants (all 0 when they are unavailable).
+run_result::power_fractions price_power_ceiling(const run_result& r, const energy_costs& ec) {
+  run_result::power_fractions f;
+  if (!ec.available()) return f;
+  const double all = power_floor_seconds(r.step_costs, 0, ec);
+  f.wall = all / r.seconds;
+  f.forward = r.forward_seconds > 0 ? all / r.forward_seconds : 0;
+  if (r.steady_span > 0) f.steady = power_floor_seconds(r.step_costs, r.steady_first_cost, ec) / r.steady_span;
+  return f;
 }
 
 // --op-timing: where a decode step's GPU time goes, op by op, largest first.
@@ -775,17 +816,15 @@ int main(int argc, char** argv) {
       rates.linear_tflops = measure_linear_tflops(b, gate_up, c.hidden_size);
       ec = measure_energy_costs(b, c, gate_up);
     }
+    const auto measure_costs = [&] {
+      const cuda_tensor gate_up = widest_linear_weight(b, c);
+      return measure_energy_costs(b, c, gate_up);
+    };
     std::printf("compute floor: the layers' GEMMs at %.0f TFLOP/s (%d x %d at 8,192 rows, %s weights), the vocabulary "
                 "projection at the bf16 rate on the sampled rows\n",
                 rates.linear_tflops, 2 * c.ffn_size, c.hidden_size,
                 fp8_weights(bo.weight_dtype, false) ? "FP8" : "bf16");
-    if (ec.available())
-      std::printf("energy costs (power-aware ceiling): idle %.0f W; read-only stream %.0f GB/s at %.0f W, %.1f pJ per byte "
-                  "above idle; %d x %d GEMM at 1,024 rows %.3f pJ/FLOP above idle; power limit %.0f W\n",
-                  ec.idle_w, ec.stream_gbs, ec.stream_w, ec.joules_per_byte * 1e12, 2 * c.ffn_size, c.hidden_size,
-                  ec.joules_per_flop * 1e12, ec.power_limit_w);
-    else
-      std::printf("energy costs: none (%s), so no power-aware ceiling\n", ec.why_not.c_str());
+    print_energy_costs("before the runs", ec, c);
     std::printf("weights: %s; q/k/v and gate/up %s; FP8 activation quantisation %s; prefill attention %s; decode "
                 "attention %s\n",
                 b.describe_weights().c_str(),
@@ -811,14 +850,18 @@ int main(int argc, char** argv) {
         options oo = o;
         oo.workload = w;
         std::vector<run_result> runs;
-        if (m == "full") runs.push_back(run_once<full_kv>(oo, m, b, c, ws, bw, rates, ec));
+        if (m == "full") runs.push_back(run_once<full_kv>(oo, m, b, c, ws, bw, rates));
         for_each_builtin_policy([&](auto policy) {
           using P = decltype(policy);
           if constexpr (P::evicts)
             if (m != "full" && (o.policy == "all" || o.policy == policy.name()))
-              runs.push_back(run_once<P>(oo, m, b, c, ws, bw, rates, ec));
+              runs.push_back(run_once<P>(oo, m, b, c, ws, bw, rates));
         });
         for (run_result& r : runs) {
+        // Each run's engine is gone by now, so its KV pool's memory is free for the stream and the GEMM.
+        const energy_costs ec_after = measure_costs();
+        r.power_before = price_power_ceiling(r, ec);
+        r.power_after = price_power_ceiling(r, ec_after);
         print(r);
         std::printf("    KV pool %d blocks of %d (%.1f GiB), max concurrency %d, %d query slots, peak blocks %d, "
                     "graphs: %lld replays, %lld captures (%.2f s), evicted %lld tokens, "
@@ -845,16 +888,21 @@ int main(int argc, char** argv) {
           std::printf("    energy, steady half: %.2f mJ per output token, %.0f W mean, SM clock %.0f MHz mean, %.0f%% of "
                       "samples under the software power cap\n",
                       r.steady_mj_per_token, r.steady_watts, r.steady_sm_mhz, 100.0 * r.steady_power_capped);
-        if (ec.available())
-          std::printf("    power-aware ceiling (max of bytes / bandwidth, FLOPs / rate, dynamic joules at %.1f pJ/B and "
-                      "%.3f pJ/FLOP / (%.0f - %.0f W)): %.1f%% of wall, %.1f%% of forward\n",
-                      ec.joules_per_byte * 1e12, ec.joules_per_flop * 1e12, ec.power_limit_w, ec.idle_w,
-                      100.0 * r.power_ceiling_fraction, 100.0 * r.power_forward_ceiling_fraction);
-        if (r.steady_ceiling_fraction > 0) {
-          std::printf("    steady half: %.1f%% of the per-step ceiling over wall", 100.0 * r.steady_ceiling_fraction);
-          if (ec.available()) std::printf(", %.1f%% of the power-aware one", 100.0 * r.steady_power_ceiling_fraction);
-          std::printf("\n");
-        }
+        print_energy_costs("after the run", ec_after, c);
+        const struct {
+          const char* when;
+          const energy_costs* e;
+          const run_result::power_fractions* f;
+        } readings[] = {{"before", &ec, &r.power_before}, {"after", &ec_after, &r.power_after}};
+        for (const auto& [when, e, f] : readings)
+          if (e->available())
+            std::printf("    power-aware ceiling, constants measured %s the run (max of bytes / bandwidth, FLOPs / rate, "
+                        "dynamic joules at %.1f pJ/B and %.3f pJ/FLOP / (%.0f - %.0f W)): %.1f%% of wall, %.1f%% of "
+                        "forward, steady half %.1f%%\n",
+                        when, e->joules_per_byte * 1e12, e->joules_per_flop * 1e12, e->power_limit_w, e->idle_w,
+                        100.0 * f->wall, 100.0 * f->forward, 100.0 * f->steady);
+        if (r.steady_ceiling_fraction > 0)
+          std::printf("    steady half: %.1f%% of the per-step ceiling over wall\n", 100.0 * r.steady_ceiling_fraction);
         if (!r.decode_ops.empty()) print_op_times(r);
         results.push_back(r);
         if (!o.json.empty()) {
@@ -874,7 +922,9 @@ int main(int argc, char** argv) {
                         "\"fp8_decode_kernel\":\"%s\",\"swapped_decodes\":%lld,\"fp8_gemm_kernel\":\"%s\",\"sm90_fp8_gemms\":%lld,"
                         "\"power_ceiling_fraction\":%.4f,\"power_forward_ceiling_fraction\":%.4f,"
                         "\"steady_ceiling_fraction\":%.4f,\"steady_power_ceiling_fraction\":%.4f,"
-                        "\"pj_per_byte\":%.2f,\"pj_per_flop\":%.4f,\"power_limit_w\":%.0f,\"idle_w\":%.0f}\n",
+                        "\"pj_per_byte\":%.2f,\"pj_per_flop\":%.4f,\"power_limit_w\":%.0f,\"idle_w\":%.0f,"
+                        "\"steady_power_ceiling_fraction_after\":%.4f,\"pj_per_byte_after\":%.2f,\"pj_per_flop_after\":%.4f,"
+                        "\"idle_w_after\":%.0f}\n",
                         o.shape.c_str(), r.workload.c_str(), r.mode.c_str(), r.requests,
                         r.workload == "long" ? o.prompt_len : 0,  // the nano workload's prompts vary
                         r.finished, r.seconds,
@@ -891,9 +941,10 @@ int main(int argc, char** argv) {
                         r.steady_mj_per_token, r.steady_watts, r.steady_sm_mhz, r.steady_power_capped,
                         o.fp8_decode_kernel.c_str(), static_cast<long long>(r.swapped_decodes),
                         o.fp8_gemm_kernel.c_str(), static_cast<long long>(r.sm90_fp8_gemms),
-                        r.power_ceiling_fraction, r.power_forward_ceiling_fraction, r.steady_ceiling_fraction,
-                        r.steady_power_ceiling_fraction, ec.joules_per_byte * 1e12,
-                        ec.joules_per_flop * 1e12, ec.power_limit_w, ec.idle_w);
+                        r.power_before.wall, r.power_before.forward, r.steady_ceiling_fraction,
+                        r.power_before.steady, ec.joules_per_byte * 1e12,
+                        ec.joules_per_flop * 1e12, ec.power_limit_w, ec.idle_w, r.power_after.steady,
+                        ec_after.joules_per_byte * 1e12, ec_after.joules_per_flop * 1e12, ec_after.idle_w);
           js << buf;
         }
         }
