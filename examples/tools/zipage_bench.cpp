@@ -523,6 +523,7 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
   zipage::cuda::power_sampler power(meter, 200);
   const double power_t0 = power.now();
   const auto t_start = clock_type::now();
+  double next_progress = 60.0;
   auto prev = b.counters();
   while (eng.has_unfinished()) {
     const double l0 = clock->launch;
@@ -575,6 +576,15 @@ run_result run_once(const options& o, const std::string& mode, const cuda_backen
     ++r.steps;
     const double now = since(t_start);
     timeline.push_back({now, generated, floor_s, r.step_costs.size()});
+    if (now >= next_progress) {
+      // A line a minute, flushed: a long box whose machine is taken back still leaves a reading in its log.
+      const mark& from = *std::find_if(timeline.begin(), timeline.end(), [&](const mark& p) { return p.t >= now - 60.0; });
+      std::printf("    progress: %.0f s, %lld steps, %lld tokens generated, %.0f tok/s over the last %.0f s\n", now,
+                  static_cast<long long>(r.steps), static_cast<long long>(generated),
+                  now > from.t ? static_cast<double>(generated - from.generated) / (now - from.t) : 0.0, now - from.t);
+      std::fflush(stdout);
+      next_progress += 60.0;
+    }
     if (now > box) break;
   }
   r.seconds = since(t_start);
@@ -840,6 +850,7 @@ int main(int argc, char** argv) {
     std::printf("| workload | mode | finished | s | out tok/s | steady tok/s | steps | peak running | preempt | swaps | "
                 "compress | host ms/step | forward ms/step | to_host ms/step | decode host/forward ms | ceiling | "
                 "compression worker |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::fflush(stdout);  // the constants above reach the log before a long box starts
     std::vector<std::string> workloads = o.workload == "both" ? std::vector<std::string>{"nano", "long"}
                                                               : std::vector<std::string>{o.workload};
     std::vector<std::string> modes = o.mode == "both" ? std::vector<std::string>{"full", "compressed"}
