@@ -1,6 +1,7 @@
 // The whole engine on the real stories260K model (CPU reference backend).
 #include <doctest/doctest.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -246,4 +247,46 @@ TEST_CASE("with a budget larger than every sequence, every policy is token-for-t
   // And with a real budget they compress, agree up to the first compression, and return every block.
   check_compresses_and_stays_close<zipage_policy>(prompts, full);
   check_compresses_and_stays_close<streaming_llm>(prompts, full);
+}
+
+// batch_layout: a prompt chunk longer than a block maps several of its tokens to each query-window row. Only the
+// last of them is named, so a backend may write a batch's rows in any order (the CUDA kernel writes them in
+// parallel), and the window holds what writing every token in order would leave: before this, a prompt that
+// compressed within a block of its end got a different window from run to run on the GPU.
+TEST_CASE("batch_layout: each query-window row is named once per batch, by the last token that maps to it") {
+  for (const int window : {16, 5})
+    for (const int start : {0, 7, 32})
+      for (const int chunk : {1, 5, 16, 17, 40, 301}) {
+        const cache_geometry g{.block_size = 16, .budget_tokens = 128, .window = window};
+        batch_layout layout(g, true);
+        sequence seqs[2];
+        step_plan plan;
+        for (int i = 0; i < 2; ++i) {
+          sequence& s = seqs[i];
+          const int fed = i == 0 ? chunk : chunk / 2 + 1;  // two sequences, chunks of different lengths
+          s.tokens.assign(static_cast<std::size_t>(start + fed), 1);
+          s.prompt_len = s.num_tokens();
+          s.num_computed = s.kv_len = start;
+          s.query_slot = i == 0 ? 3 : 0;
+          for (int b = 0; b * 16 < start + fed; ++b) s.table.push_back(100 * i + b);
+          plan.batch.push_back({&s, fed});
+        }
+        const forward_batch& fb = layout.build(plan);
+        const auto rows = fb.attention.token_window_row;
+        REQUIRE(rows.size() == static_cast<std::size_t>(plan.num_tokens()));
+        // In order, each row keeps the last token written to it: offset physical % 16 - (16 - W), when >= 0.
+        std::map<int, std::size_t> in_order, named;
+        std::size_t t = 0;
+        for (const scheduled_seq& e : plan.batch)
+          for (int j = 0; j < e.tokens; ++j, ++t) {
+            const int offset = (e.seq->kv_len + j) % 16 - (16 - window);
+            if (offset >= 0) in_order[e.seq->query_slot * window + offset] = t;
+          }
+        for (t = 0; t < rows.size(); ++t)
+          if (rows[t] >= 0) {
+            CHECK_MESSAGE(named.count(rows[t]) == 0, "row ", rows[t], " named twice (W ", window, ", chunk ", chunk, ")");
+            named[rows[t]] = t;
+          }
+        CHECK(named == in_order);
+      }
 }

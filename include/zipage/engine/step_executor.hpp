@@ -49,6 +49,10 @@ class batch_layout {
     for (std::size_t i = 0; i < plan.batch.size(); ++i) {
       const scheduled_seq& e = plan.batch[i];
       const sequence& s = *e.seq;
+      // A chunk longer than a block maps several of its tokens to each window row; only the last of them is
+      // recorded, because a backend writes a batch's rows in parallel, in no set order (the GPU kernel did, and
+      // the window of a prompt that compresses within a block of its end came out different run to run).
+      const int first_recorded = s.kv_len + e.tokens - block_size_;
       for (int j = 0; j < e.tokens; ++j) {
         const int logical = s.num_computed + j;
         const int physical = s.kv_len + j;
@@ -57,7 +61,7 @@ class batch_layout {
         slots_.push_back(s.table.slot(physical, block_size_));
         token_seq_.push_back(static_cast<std::int32_t>(i));
         token_kv_len_.push_back(physical + 1);
-        if (record_window_) window_rows_.push_back(window_row(s, physical));
+        if (record_window_) window_rows_.push_back(physical >= first_recorded ? window_row(s, physical) : -1);
       }
       if (e.samples()) logits_rows_.push_back(static_cast<std::int32_t>(tokens_.size()) - 1);
       page_indices_.insert(page_indices_.end(), s.table.blocks().begin(), s.table.blocks().end());

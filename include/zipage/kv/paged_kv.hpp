@@ -60,7 +60,8 @@ struct attention_metadata {
   std::span<const std::int32_t> page_indptr;   // [num_seqs + 1] CSR offsets into page_indices
   std::span<const std::int32_t> page_indices;  // block ids of each sequence's page table, in order
   // [num_tokens] row (slot * W + w) of the query-window cache this token's query is recorded in, or -1.
-  // Empty when nothing is recorded.
+  // Empty when nothing is recorded. No two tokens of a batch name the same row: a backend writes them in
+  // parallel (batch_layout keeps only the last writer of each row).
   std::span<const std::int32_t> token_window_row;
 
   [[nodiscard]] int num_tokens() const { return static_cast<int>(slot_mapping.size()); }
