@@ -508,7 +508,9 @@ TEST_CASE("fp8 kv engine: greedy generation repeats bit for bit, with and withou
                  std::to_string(step) + " of " + std::to_string(first.logits.size()) + ", max |difference| " +
                  std::to_string(drift) + ";";
       }
-      MESSAGE(v.name, compress ? ", zipage_policy" : ", full_kv", ": ", differing, " of 4 prompts differ between two runs", where);
+      // (std::string: doctest prints a bare const char* as a pointer)
+      MESSAGE((std::string(v.name) + (compress ? ", zipage_policy" : ", full_kv")), ": ", differing,
+              " of 4 prompts differ between two runs", where);
       CHECK(differing == 0);
     }
   }
