@@ -156,6 +156,10 @@ case "${1:-}" in
   wait)
     t=$(date +%s)
     while [ ! -f "$D/done" ] && [ $(( $(date +%s) - t )) -lt "${WAIT_S:-560}" ]; do sleep 5; done
+    # A grid cell's log as it stands (zipage-bench flushes a progress line a minute): if the machine is taken back
+    # before the box ends, its per-minute rates are here (2026-12-04 19:57: a 900 s box lost at ~560 s, no reading).
+    mkdir -p "$D/grid_partial" && cp "${GRID_DIR:-/tmp/grid}"/*.txt "$D/grid_partial/" 2>/dev/null
+    grep -h "progress:" "$D"/grid_partial/*.txt 2>/dev/null | tail -2
     tar czf "$OUT/drive.tgz" -C "$D" . 2>/dev/null
     cp "$D/status.txt" "$D/gpu_tests_summary.txt" "$OUT/" 2>/dev/null
     cat "$D/status.txt" 2>/dev/null

@@ -43,6 +43,7 @@ case "${1:-}" in
       grep -E '^\| long' "$DIR/$name.txt"
     else
       echo "$name still running after ${WAIT_S:-560} s: call wait again (at once)"
+      grep "progress:" "$DIR/$name.txt" | tail -1  # zipage-bench's per-minute line, already in $OUT's copy of the log
     fi ;;
   *) echo "usage: KV=bf16|fp8 WEIGHTS=bf16|fp8 MODE=full|compressed BOX=seconds $0 start | $0 wait" >&2; exit 2 ;;
 esac
