@@ -21,9 +21,10 @@
 // rate), with the rates measured in the same run, summed over the steps and divided by the measured time; and a
 // power-aware ceiling that also bounds each step by its energy floor (its bytes and FLOPs at dynamic joules measured
 // in the same process, over the power the board's limit leaves above idle: energy_costs, measured before the runs
-// and again after each, and the ceiling priced with both); both also over the steady half alone. On the bf16 CUDA backend every built-in policy (--policy) is scored, selected and compacted on the
-// device in batches (cuda_backend::compress_on_device; the "compression worker" column shows its time and batches,
-// and the run's line its time per request and share of the wall time).
+// and again after each, and the ceiling priced with both); both also over the steady half alone. On the bf16 CUDA
+// backend every built-in policy (--policy) is scored, selected and compacted on the device in batches
+// (cuda_backend::compress_on_device; the "compression worker" column shows its time and batches, and the run's line
+// its time per request and share of the wall time).
 #include <malloc.h>
 
 #include <CLI/CLI.hpp>
@@ -330,7 +331,8 @@ struct energy_costs {
 };
 
 // One step's floors, kept so that the power-aware ceiling can be priced after the run with constants measured
-// before and after it (they moved 18% between processes on 2026-12-04, so one reading cannot be trusted alone).
+// before and after it (on 2026-12-04 the stream's pJ per byte moved 18% between processes and 19% between the two
+// ends of one run, as the board heated, so one reading cannot be trusted alone).
 struct step_cost {
   double floor_s = 0;  // max(bytes / bandwidth, FLOPs / rate): the full-clock floor
   double bytes = 0, flops = 0;
