@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "../examples/common/number_flags.hpp"
 #include "zipage/scheduler/zipage_scheduler.hpp"
 
 namespace {
@@ -74,22 +75,22 @@ int main(int argc, char** argv) {
   using namespace zipage;
   options o;
   CLI::App app{"zipage-scheduler-replay: a workload through zipage_scheduler alone, at any pool shape"};
-  app.add_option("--pool-blocks", o.pool_blocks, "KV blocks in the pool")->check(CLI::PositiveNumber);
-  app.add_option("--block-size", o.block_size, "tokens per block")->check(CLI::PositiveNumber);
-  app.add_option("--budget", o.budget, "tokens a compressed request keeps")->check(CLI::PositiveNumber);
-  app.add_option("--window", o.window, "W: recent queries that score the cache")->check(CLI::PositiveNumber);
-  app.add_option("--slots", o.slots, "query slots (0: pool / (B + 1), as the engine)")->check(CLI::NonNegativeNumber);
-  app.add_option("--max-num-seqs", o.max_num_seqs)->check(CLI::PositiveNumber);
-  app.add_option("--max-batched-tokens", o.max_batched_tokens)->check(CLI::PositiveNumber);
-  app.add_option("--requests", o.requests, "requests waiting at the start")->check(CLI::PositiveNumber);
+  app.add_option("--pool-blocks", o.pool_blocks, "KV blocks in the pool")->check(zipage_cli::positive_count());
+  app.add_option("--block-size", o.block_size, "tokens per block")->check(zipage_cli::positive_count());
+  app.add_option("--budget", o.budget, "tokens a compressed request keeps")->check(zipage_cli::positive_count());
+  app.add_option("--window", o.window, "W: recent queries that score the cache")->check(zipage_cli::positive_count());
+  app.add_option("--slots", o.slots, "query slots (0: pool / (B + 1), as the engine)")->check(zipage_cli::count());
+  app.add_option("--max-num-seqs", o.max_num_seqs)->check(zipage_cli::positive_count());
+  app.add_option("--max-batched-tokens", o.max_batched_tokens)->check(zipage_cli::positive_count());
+  app.add_option("--requests", o.requests, "requests waiting at the start")->check(zipage_cli::positive_count());
   app.add_flag("--refill", o.refill, "keep --requests waiting: a new one arrives for each that starts");
   app.add_flag("--no-hybrid", o.no_hybrid, "requests without a query slot wait");
   app.add_flag("--full", o.full, "full KV: no compression, no query slots");
-  app.add_option("--steps", o.steps)->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps)->check(zipage_cli::positive_count());
   app.add_option("--compaction-delay", o.compaction_delay, "steps from a compression's plan to its landing")
-      ->check(CLI::NonNegativeNumber);
+      ->check(zipage_cli::count());
   app.add_option("--compactions-per-step", o.compactions_per_step, "compactions that land in one step at most (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(zipage_cli::count());
   app.add_option("--prompt-len", o.prompt_len, "N or MIN:MAX (uniform)");
   app.add_option("--output-len", o.output_len, "N or MIN:MAX (uniform): tokens a request generates");
   app.add_option("--seed", o.seed);

@@ -439,6 +439,7 @@ struct run_result {
     double wall = 0, forward = 0, steady = 0;
   };
   power_fractions power_before, power_after;
+  energy_costs costs_after;  // the constants measured right after this run
   std::vector<step_cost> step_costs;  // every step that ran tokens, in order
   std::size_t steady_first_cost = 0;  // the first of them in the steady half
   double steady_span = 0;             // the steady half's seconds
@@ -828,9 +829,14 @@ int main(int argc, char** argv) {
       rates.linear_tflops = measure_linear_tflops(b, gate_up, c.hidden_size);
       ec = measure_energy_costs(b, c, gate_up);
     }
-    const auto measure_costs = [&] {
+    // As soon as a run returns (its engine, and so its KV pool, freed), the constants again, and the run's
+    // power-aware ceiling priced with both readings.
+    const auto price_after_run = [&](run_result r) {
       const cuda_tensor gate_up = widest_linear_weight(b, c);
-      return measure_energy_costs(b, c, gate_up);
+      r.costs_after = measure_energy_costs(b, c, gate_up);
+      r.power_before = price_power_ceiling(r, ec);
+      r.power_after = price_power_ceiling(r, r.costs_after);
+      return r;
     };
     std::printf("compute floor: the layers' GEMMs at %.0f TFLOP/s (%d x %d at 8,192 rows, %s weights), the vocabulary "
                 "projection at the bf16 rate on the sampled rows\n",
@@ -863,18 +869,15 @@ int main(int argc, char** argv) {
         options oo = o;
         oo.workload = w;
         std::vector<run_result> runs;
-        if (m == "full") runs.push_back(run_once<full_kv>(oo, m, b, c, ws, bw, rates));
+        if (m == "full") runs.push_back(price_after_run(run_once<full_kv>(oo, m, b, c, ws, bw, rates)));
         for_each_builtin_policy([&](auto policy) {
           using P = decltype(policy);
           if constexpr (P::evicts)
             if (m != "full" && (o.policy == "all" || o.policy == policy.name()))
-              runs.push_back(run_once<P>(oo, m, b, c, ws, bw, rates));
+              runs.push_back(price_after_run(run_once<P>(oo, m, b, c, ws, bw, rates)));
         });
-        for (run_result& r : runs) {
-        // Each run's engine is gone by now, so its KV pool's memory is free for the stream and the GEMM.
-        const energy_costs ec_after = measure_costs();
-        r.power_before = price_power_ceiling(r, ec);
-        r.power_after = price_power_ceiling(r, ec_after);
+        for (const run_result& r : runs) {
+        const energy_costs& ec_after = r.costs_after;
         print(r);
         std::printf("    KV pool %d blocks of %d (%.1f GiB), max concurrency %d, %d query slots, peak blocks %d, "
                     "graphs: %lld replays, %lld captures (%.2f s), evicted %lld tokens, "
