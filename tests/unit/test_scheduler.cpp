@@ -451,6 +451,81 @@ TEST_CASE("first compression of a request sharing its prefix copies the shared b
   for (const auto& e : plan.batch) CHECK(e.seq != a);
 }
 
+TEST_CASE("a compression whose shared blocks stop being shared once a sharer gives way needs no copies, and does not evict itself") {
+  // a's prompt blocks are shared with b, and the pool is full when a reaches its compression point: the
+  // copies it would need (2) cannot be made, but once b gives way nothing is shared any more. Counting the
+  // copies once, before b left, made a give way too, and both went round again (a livelock: the engine ran
+  // 40,000 prefill steps with two requests running).
+  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .geometry = {.block_size = 4, .budget_tokens = 8, .window = 2},
+                             .compress = true, .num_query_slots = 4, .prefix_caching = true};
+  zfixture f(4, cfg);
+  sequence* a = f.add(9, 5);
+  f.advance(f.sched.schedule());
+  sequence* b = f.add(9, 5);
+  step_plan plan;
+  for (int step = 0; step < 8 && plan.compress.empty(); ++step) {
+    plan = f.sched.schedule();
+    CHECK(std::find(plan.preempted.begin(), plan.preempted.end(), a) == plan.preempted.end());
+    if (plan.compress.empty()) f.advance(plan);
+  }
+  REQUIRE(plan.compress.size() == 1);
+  const auto& job = plan.compress[0];
+  CHECK(job.seq == a);
+  CHECK(job.copies.empty());  // b gave way, so a's blocks are its own
+  CHECK(std::find(plan.preempted.begin(), plan.preempted.end(), b) != plan.preempted.end());
+  for (block_id blk : a->table.blocks()) CHECK(f.pool.ref_count(blk) == 1);
+  f.advance(plan);
+  CHECK_FALSE(a->compressing);
+  CHECK(a->kv_len == 8);
+  const std::size_t length = a->tokens.size();
+  for (int step = 0; step < 20; ++step) f.advance(f.sched.schedule());  // and a goes on decoding
+  CHECK(a->num_preemptions == 0);
+  CHECK(a->tokens.size() > length + 10);
+}
+
+TEST_CASE("a slot freed by a request that gave way goes to a running request waiting for one, not back to it") {
+  // One slot. b holds it; a, more urgent, started without it and waits for it at its window. b then needs a
+  // block that only a holds, so b gives way (nothing behind it can). b came back at once and took the slot
+  // again, and the two went round for ever (a livelock: 60,000 prefill steps with two requests running).
+  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64,
+                             .geometry = {.block_size = 4, .budget_tokens = 8, .window = 2}, .compress = true,
+                             .num_query_slots = 1, .order = scheduling_order::priority};
+  zfixture f(5, cfg);
+  sequence* b = f.add(4, 6, 1);
+  f.advance(f.sched.schedule());
+  sequence* a = f.add(12, 5, 0);
+  for (int step = 0; step < 40 && a->num_compressions == 0; ++step) f.advance(f.sched.schedule());
+  CHECK(a->num_compressions == 1);
+  CHECK(a->num_preemptions == 0);
+  CHECK(b->num_preemptions <= 1);
+}
+
+TEST_CASE("a request that filled the pool and gave way just before its first compression is not rejected when it comes back") {
+  // Its prompt fills the pool; it gives way at its compression point (an urgent request arrives). Recomputed,
+  // it is compressed after its second to last token, so its last one never needs a block of its own; counting
+  // it rejected the request.
+  const scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64,
+                             .geometry = {.block_size = 4, .budget_tokens = 4, .window = 2}, .compress = true,
+                             .num_query_slots = 2, .order = scheduling_order::priority};
+  zfixture f(5, cfg);
+  sequence* a = f.add(20, 5, 1);
+  f.advance(f.sched.schedule());
+  REQUIRE(a->needs_compression);
+  sequence* urgent = f.add(8, 6, 0);
+  step_plan plan = f.sched.schedule();
+  CHECK(a->num_preemptions == 1);
+  CHECK(plan.rejected.empty());
+  f.advance(plan);
+  f.finish(urgent);
+  for (int step = 0; step < 10 && a->num_compressions == 0; ++step) {
+    plan = f.sched.schedule();
+    CHECK(plan.rejected.empty());
+    f.advance(plan);
+  }
+  CHECK(a->reason == finish_reason::none);
+  CHECK(a->num_compressions == 1);
+}
+
 TEST_CASE("priority order: the most urgent waiting request starts first; less urgent running ones give way") {
   // Two batch requests (priority 5) fill the pool: 7-token prompts, started with room for a block of decoding
   // each (their claims), then grown into it; an urgent one (priority 0) arrives.

@@ -225,9 +225,14 @@ class engine {
     s->prompt_len = static_cast<int>(prompt.size());
     s->tokens = std::move(prompt);
     s->params = std::move(params);
-    check(scheduler_.admissible(*s), "request: a prompt of ", s->num_tokens(), " tokens needs ",
-          blocks_for_tokens(s->num_tokens(), geometry_.block_size), " KV blocks; the pool has ", pool_.num_blocks(),
-          " blocks", " and a step takes at most ", cfg_.max_batched_tokens, " tokens");
+    if (!scheduler_.admissible(*s)) {
+      const int blocks = blocks_for_tokens(s->num_tokens(), geometry_.block_size);
+      check(blocks <= pool_.num_blocks(), "request: a prompt of ", s->num_tokens(), " tokens needs ", blocks,
+            " KV blocks; the pool has ", pool_.num_blocks());
+      fail("request: the scheduler refuses a prompt of ", s->num_tokens(), " tokens, though it fits the pool (a "
+           "scheduler that prefills whole prompts, as fcfs_scheduler does, needs it to fit one step: "
+           "max_batched_tokens = ", cfg_.max_batched_tokens, ")");
+    }
     if (cfg_.make_detokenizer) s->detokenizer = cfg_.make_detokenizer(s->tokens);
     return s;
   }

@@ -9,6 +9,7 @@
 // executor read requests, and write only their output (text, log-probabilities).
 #include <algorithm>
 #include <cstdint>
+#include <concepts>
 #include <deque>
 #include <string>
 #include <utility>
@@ -40,9 +41,19 @@ class scheduler_base {
   [[nodiscard]] std::int64_t num_prefix_hit_tokens() const { return prefix_hit_tokens_; }
   [[nodiscard]] bool has_unfinished() const { return !waiting_.empty() || !running_.empty() || !swapped_.empty(); }
 
-  // Whether a request could ever run: all its tokens fit the pool.
-  [[nodiscard]] bool admissible(const sequence& s) const {
-    return blocks_for_tokens(s.num_tokens(), cfg_.geometry.block_size) <= blocks_.pool().num_blocks();
+  // Whether a request could ever run: what it holds once (re)started fits the pool.
+  [[nodiscard]] bool admissible(const sequence& s) const { return blocks_to_start(s) <= blocks_.pool().num_blocks(); }
+
+  // The blocks s holds at most before it can next sample: all its tokens, but a recomputed request at its
+  // compression point is compressed after its second to last token (sequence::num_to_prefill), so it never
+  // holds its last one uncompressed. (Counting that token rejected a request whose prompt filled the pool
+  // when it gave way just before its first compression, though it had run in that pool.)
+  [[nodiscard]] int blocks_to_start(const sequence& s) const {
+    const int bs = cfg_.geometry.block_size;
+    const int fed_first = s.num_tokens() - 1;
+    if (cfg_.compresses() && s.num_generated() > 0 && !s.is_compressed() && cfg_.compression_point(fed_first))
+      return std::max(blocks_for_tokens(fed_first, bs), cfg_.geometry.budget_blocks() + 1);
+    return blocks_for_tokens(s.num_tokens(), bs);
   }
 
   void add(sequence* s) {
@@ -170,9 +181,13 @@ class scheduler_base {
   // (index > i), and last request i itself: an uncompressed request by recomputation (only compute is
   // lost), a compressed one by swapping it to host memory (its evicted tokens cannot be recomputed).
   // When only a compaction in flight stands in the way, request i waits a step for the blocks it frees.
-  room make_room(std::size_t i, int needed, step_plan& plan) {
+  // `needed()` is asked again after every eviction: a victim that shared blocks with request i leaves them
+  // to it alone, which lowers what a copy-on-write needs (counted once, request i gave way too, and the
+  // two went round preempting each other).
+  template <std::invocable Needed>
+  room make_room(std::size_t i, Needed needed, step_plan& plan) {
     sequence* self = running_[i];
-    while (!blocks_.pool().can_allocate(needed)) {
+    while (!blocks_.pool().can_allocate(needed())) {
       sequence* victim = last_movable(i + 1, plan);
       if (victim == nullptr && compaction_in_flight()) return room::wait;
       if (victim == nullptr) victim = self;
@@ -180,6 +195,9 @@ class scheduler_base {
       if (victim == self) return room::evicted_self;
     }
     return room::made;
+  }
+  room make_room(std::size_t i, int needed, step_plan& plan) {
+    return make_room(i, [needed] { return needed; }, plan);
   }
 
   [[nodiscard]] bool compaction_in_flight() const {
@@ -246,9 +264,11 @@ class scheduler_base {
   bool plan_compression(std::size_t i, step_plan& plan) {
     sequence* s = running_[i];
     auto& pool = blocks_.pool();
-    int shared = 0;
-    for (block_id b : s->table.blocks()) shared += pool.ref_count(b) > 1;
-    const room r = make_room(i, shared, plan);
+    const auto shared_blocks = [&] {  // the copies it needs: fewer once a sharer gives way
+      return static_cast<int>(std::count_if(s->table.blocks().begin(), s->table.blocks().end(),
+                                            [&](block_id b) { return pool.ref_count(b) > 1; }));
+    };
+    const room r = make_room(i, shared_blocks, plan);
     if (r == room::evicted_self) return false;
     if (r == room::wait) return true;  // stays at its compression point; tried again next step
     compression_job job{s, {}};
@@ -348,8 +368,8 @@ class scheduler_base {
 
   // A request that can never run (it needs more blocks than the whole pool) ends with an error.
   void reject(sequence* s, step_plan& plan) {
-    fail(s, detail::concat("request ", s->id, " needs ", blocks_for_tokens(s->num_tokens(), cfg_.geometry.block_size),
-                           " KV blocks for its ", s->num_tokens(), " tokens; the pool has ", blocks_.pool().num_blocks()));
+    fail(s, detail::concat("request ", s->id, " needs ", blocks_to_start(*s), " KV blocks for its ", s->num_tokens(),
+                           " tokens; the pool has ", blocks_.pool().num_blocks()));
     plan.rejected.push_back(s);
   }
 

@@ -32,8 +32,9 @@ class zipage_scheduler : public scheduler_base {
     const bool all_back = swap_in(plan);
     int budget = cfg_.max_batched_tokens;
     serve_running(plan, budget);
+    hand_out_slots();  // slots freed by requests that gave way go to running requests before new ones
     if (all_back || waiting_goes_first()) admit_waiting(plan, budget);
-    if (plan.idle() && !compaction_in_flight()) break_stall(plan);
+    if (plan.idle() && plan.preempted.empty() && !compaction_in_flight()) break_stall(plan);
     return plan;
   }
 
@@ -54,7 +55,8 @@ class zipage_scheduler : public scheduler_base {
 
  private:
   // Nothing could run although requests hold blocks (say, prompts mid-prefill filled the pool): the
-  // newest one that can move gives way, so the others can go on.
+  // newest one that can move gives way, so the others can go on. Not when one gave way in this plan
+  // already: the blocks and slot it freed let the others go on next step.
   void break_stall(step_plan& plan) {
     for (auto it = running_.rbegin(); it != running_.rend(); ++it)
       if (!(*it)->compressing && (*it)->status == request_status::running) {
