@@ -1,12 +1,12 @@
-// Randomised engine configurations, every policy: block size, window, budget, pool, running and query-slot
+// Randomised engine configurations, every policy under both schedulers: block size, window, budget, pool, running and query-slot
 // limits, hybrid admission, prefix caching, async compression, fcfs or priority order, the step's token budget,
 // greedy or seeded sampling; each under a random open workload with cancellations. Afterwards: every request that
 // was accepted finished (by length or EOS) or was cancelled, none failed, no block or slot leaked, the engine
 // never looped, and every finished request's tokens equal the same request's run alone in an unconstrained
 // engine with the same policy and geometry.
 //
-// ZIPAGE_SWEEP_CONFIGS sets how many configurations (default 70, ten per policy), ZIPAGE_SWEEP_SEED the first
-// one's seed (default 1; configuration k has seed first + k), ZIPAGE_SWEEP_REQUESTS the requests per
+// ZIPAGE_SWEEP_CONFIGS sets how many configurations (default 70: five per policy and scheduler),
+// ZIPAGE_SWEEP_SEED the first one's seed (default 1; configuration k has seed first + k), ZIPAGE_SWEEP_REQUESTS the requests per
 // configuration (default 100). A failure prints the configuration, which replays alone with
 // ZIPAGE_SWEEP_SEED=<its seed> ZIPAGE_SWEEP_CONFIGS=1.
 //
@@ -18,7 +18,9 @@
 //    running request waiting for it (zipage_scheduler hands freed slots to running requests first);
 //  - the stall breaker evicted a request although one had just given way in the same plan;
 //  - a request whose prompt filled the pool was rejected after it gave way at its compression point
-//    (scheduler_base::blocks_to_start).
+//    (scheduler_base::blocks_to_start);
+//  - fcfs_scheduler dropped a request with an error once its recomputation was longer than a step (it now feeds
+//    a prefill over several steps).
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -27,6 +29,8 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tiny_llama.hpp"
@@ -49,11 +53,14 @@ struct sweep_case {
   int max_prompt = 0, max_generated = 0;
   bool sampled = false;
 
-  static sweep_case draw(unsigned seed, bool full_kv) {
+  bool fcfs_scheduler = false;
+
+  static sweep_case draw(unsigned seed, bool full_kv, bool fcfs_scheduler) {
     std::mt19937 rng(seed);
     auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
     sweep_case c;
     c.seed = seed;
+    c.fcfs_scheduler = fcfs_scheduler;
     const int block_sizes[] = {1, 2, 4, 8, 16};
     const int bs = block_sizes[uniform(0, 4)];
     const int budget_blocks = uniform(1, 6);
@@ -69,10 +76,11 @@ struct sweep_case {
       c.cfg.num_blocks = std::max(c.cfg.num_blocks, (c.max_prompt + c.max_generated + bs - 1) / bs + 2 + uniform(0, 40));
     c.cfg.max_num_seqs = uniform(1, 24);
     c.cfg.num_query_slots = uniform(0, 3) == 0 ? 0 : uniform(1, c.cfg.max_num_seqs);  // 0: the memory plan's
+    if (fcfs_scheduler) c.cfg.num_query_slots = c.cfg.max_num_seqs;  // it gives every running request a slot
     c.cfg.hybrid = uniform(0, 3) != 0;
     c.cfg.prefix_caching = uniform(0, 1) != 0;
     c.cfg.async_compression = uniform(0, 1) != 0;
-    c.cfg.scheduling = uniform(0, 1) != 0 ? scheduling_order::priority : scheduling_order::fcfs;
+    c.cfg.scheduling = uniform(0, 1) != 0 && !fcfs_scheduler ? scheduling_order::priority : scheduling_order::fcfs;
     c.cfg.max_batched_tokens = uniform(0, 2) == 0 ? uniform(1, 16) : uniform(16, 256);
     return c;
   }
@@ -80,10 +88,11 @@ struct sweep_case {
   [[nodiscard]] std::string describe(std::string_view policy) const {
     char text[512];
     std::snprintf(text, sizeof text,
-                  "seed %u: policy %.*s, block size %d, window %d, budget %d, %d blocks, max_num_seqs %d, %d query "
+                  "seed %u: policy %.*s, %s, block size %d, window %d, budget %d, %d blocks, max_num_seqs %d, %d query "
                   "slots, hybrid %d, prefix caching %d, async compression %d, %s, max_batched_tokens %d; prompts "
                   "<= %d tokens, <= %d generated, %s",
-                  seed, static_cast<int>(policy.size()), policy.data(), cfg.block_size, cfg.window, cfg.budget_tokens,
+                  seed, static_cast<int>(policy.size()), policy.data(),
+                  fcfs_scheduler ? "fcfs_scheduler" : "zipage_scheduler", cfg.block_size, cfg.window, cfg.budget_tokens,
                   cfg.num_blocks, cfg.max_num_seqs, cfg.num_query_slots, cfg.hybrid, cfg.prefix_caching,
                   cfg.async_compression, cfg.scheduling == scheduling_order::priority ? "priority" : "fcfs",
                   cfg.max_batched_tokens, max_prompt, max_generated, sampled ? "sampled" : "greedy");
@@ -96,9 +105,9 @@ struct pending {
   sampling_params params;
 };
 
-template <class Policy>
+template <class Policy, class Scheduler>
 void run_case(const sweep_case& c, long num_requests) {
-  using engine_t = engine<llama_model<cpu_backend>, Policy>;
+  using engine_t = engine<llama_model<cpu_backend>, Policy, Scheduler>;
   const std::string description = c.describe(Policy{}.name());
   CAPTURE(description);
   std::mt19937 rng(c.seed * 7919u + 1);
@@ -205,24 +214,27 @@ void run_case(const sweep_case& c, long num_requests) {
 
 using policies = std::tuple<full_kv, streaming_llm, h2o, snapkv, rkv, gkv, zipage_policy>;
 
-template <std::size_t... I>
+template <class Scheduler, std::size_t... I>
 void run_policy(std::size_t which, unsigned seed, long requests, std::index_sequence<I...>) {
-  ((which == I ? run_case<std::tuple_element_t<I, policies>>(
-                     sweep_case::draw(seed, std::is_same_v<std::tuple_element_t<I, policies>, full_kv>), requests)
+  constexpr bool fcfs = std::is_same_v<Scheduler, fcfs_scheduler>;
+  ((which == I ? run_case<std::tuple_element_t<I, policies>, Scheduler>(
+                     sweep_case::draw(seed, std::is_same_v<std::tuple_element_t<I, policies>, full_kv>, fcfs), requests)
                : void()),
    ...);
 }
 
 }  // namespace
 
-TEST_CASE("configuration sweep: every policy, random geometry, pool and scheduling, tokens of each request alone") {
+TEST_CASE("configuration sweep: every policy and scheduler, random geometry, pool and scheduling, tokens of each request alone") {
   const long configs = env_or("ZIPAGE_SWEEP_CONFIGS", 70);
   const auto first = static_cast<unsigned>(env_or("ZIPAGE_SWEEP_SEED", 1));
   const long requests = env_or("ZIPAGE_SWEEP_REQUESTS", 100);
   constexpr std::size_t num_policies = std::tuple_size_v<policies>;
   for (long k = 0; k < configs; ++k) {
     const unsigned seed = first + static_cast<unsigned>(k);
-    run_policy(seed % num_policies, seed, requests, std::make_index_sequence<num_policies>{});
+    const auto policy = seed % num_policies;
+    if ((seed / num_policies) % 2 == 0) run_policy<zipage_scheduler>(policy, seed, requests, std::make_index_sequence<num_policies>{});
+    else run_policy<fcfs_scheduler>(policy, seed, requests, std::make_index_sequence<num_policies>{});
   }
   MESSAGE(configs, " configurations of ", requests, " requests from seed ", first);
 }

@@ -136,6 +136,58 @@ TEST_CASE("decode preempts the newest request when blocks run out, and it resume
   CHECK(plan.batch[0].samples());
 }
 
+TEST_CASE("fcfs: a prompt longer than a step is fed over consecutive prefill steps before anything new") {
+  fixture f(100, {.max_num_seqs = 8, .max_batched_tokens = 4, .geometry = {.block_size = 4}});
+  sequence* a = f.add(10);
+  sequence* b = f.add(3);
+  for (const int chunk : {4, 4, 2}) {
+    const auto plan = f.sched.schedule();
+    REQUIRE(plan.batch.size() == 1);
+    CHECK(plan.batch[0].seq == a);
+    CHECK(plan.batch[0].tokens == chunk);
+    CHECK(plan.batch[0].samples() == (chunk == 2));
+    f.advance(plan);
+  }
+  CHECK(a->num_generated() == 1);
+  auto plan = f.sched.schedule();  // then b's prompt, whole
+  REQUIRE(plan.batch.size() == 1);
+  CHECK(plan.batch[0].seq == b);
+  CHECK(plan.batch[0].tokens == 3);
+  f.advance(plan);
+  plan = f.sched.schedule();  // and both decode
+  CHECK(plan.batch.size() == 2);
+}
+
+TEST_CASE("fcfs: a request that grew past a step while running is recomputed over several steps, not rejected") {
+  // It used to need its whole recomputation in one step, so it was dropped with an error once it had
+  // generated more than max_batched_tokens minus its prompt.
+  fixture f(5, {.max_num_seqs = 8, .max_batched_tokens = 6, .geometry = {.block_size = 4}});
+  sequence* a = f.add(4);
+  sequence* b = f.add(4);
+  step_plan plan;
+  while (b->num_preemptions == 0) {
+    plan = f.sched.schedule();
+    REQUIRE(plan.rejected.empty());
+    f.advance(plan);
+  }
+  CHECK(b->num_tokens() - 1 > 6);  // its recomputation is longer than a step
+  f.finish(a);
+  int fed = 0;
+  while (b->num_pending() > 1) {
+    plan = f.sched.schedule();
+    CHECK(plan.rejected.empty());
+    REQUIRE(plan.batch.size() == 1);
+    CHECK(plan.batch[0].seq == b);
+    CHECK(plan.batch[0].tokens <= 6);
+    fed += plan.batch[0].tokens;
+    f.advance(plan);
+  }
+  CHECK(fed == b->num_tokens() - 1);
+  plan = f.sched.schedule();
+  REQUIRE(plan.batch.size() == 1);
+  CHECK(plan.batch[0].samples());
+}
+
 TEST_CASE("a lone request that outgrows the pool is rejected instead of looping") {
   fixture f(2, {.max_num_seqs = 8, .max_batched_tokens = 100, .geometry = {.block_size = 4}});
   sequence* s = f.add(8);

@@ -229,9 +229,8 @@ class engine {
       const int blocks = blocks_for_tokens(s->num_tokens(), geometry_.block_size);
       check(blocks <= pool_.num_blocks(), "request: a prompt of ", s->num_tokens(), " tokens needs ", blocks,
             " KV blocks; the pool has ", pool_.num_blocks());
-      fail("request: the scheduler refuses a prompt of ", s->num_tokens(), " tokens, though it fits the pool (a "
-           "scheduler that prefills whole prompts, as fcfs_scheduler does, needs it to fit one step: "
-           "max_batched_tokens = ", cfg_.max_batched_tokens, ")");
+      fail("request: the scheduler refuses a prompt of ", s->num_tokens(), " tokens (its admissible() is false), "
+           "though the pool's ", pool_.num_blocks(), " blocks hold it");
     }
     if (cfg_.make_detokenizer) s->detokenizer = cfg_.make_detokenizer(s->tokens);
     return s;

@@ -405,7 +405,9 @@ class scheduler_base {
 
 // First come, first served, like nano-vllm: a step is either a prefill of waiting requests (whole
 // prompts, admitted in arrival order while the token budget and free blocks allow) or a decode of every
-// running request. When a decode cannot get a block, the newest request gives way (make_room).
+// running request. When a decode cannot get a block, the newest request gives way (make_room). A prompt
+// longer than a step, or a recomputation that grew past one, is fed over consecutive prefill steps, a step's
+// worth at a time, before anything new (nano-vllm refuses it instead: max_num_batched_tokens >= max_model_len).
 class fcfs_scheduler : public scheduler_base {
  public:
   static constexpr bool slot_per_running_request = true;
@@ -418,19 +420,39 @@ class fcfs_scheduler : public scheduler_base {
           "max_num_seqs); use zipage_scheduler for hybrid slots");
   }
 
-  // Whole prompts only: a prompt must also fit one step.
-  [[nodiscard]] bool admissible(const sequence& s) const {
-    return scheduler_base::admissible(s) && s.num_pending() <= cfg_.max_batched_tokens;
-  }
-
   step_plan schedule() {
     step_plan plan;
-    if (swapped_.empty() || swap_in(plan)) schedule_prefill(plan);
+    if (swapped_.empty() || swap_in(plan)) {
+      continue_prefills(plan);
+      if (plan.batch.empty() && plan.preempted.empty()) schedule_prefill(plan);
+    }
     if (plan.batch.empty()) schedule_decode(plan);
     return plan;
   }
 
  private:
+  // Running requests still short of their last prompt token (fed over several steps) get the next
+  // step's worth, oldest first; one that cannot get blocks makes newer ones give way, or gives way itself.
+  void continue_prefills(step_plan& plan) {
+    int tokens = 0;
+    for (std::size_t i = 0; i < running_.size() && tokens < cfg_.max_batched_tokens;) {
+      sequence* s = running_[i];
+      if (s->compressing || s->num_pending() <= 1) {
+        ++i;
+        continue;
+      }
+      const int chunk = std::min(s->num_to_prefill(), cfg_.max_batched_tokens - tokens);
+      const room r = make_room(i, blocks_.blocks_needed(*s, chunk), plan);
+      if (r == room::evicted_self) continue;
+      if (r == room::made) {
+        blocks_.allocate(*s, chunk);
+        plan.batch.push_back({s, chunk});
+        tokens += chunk;
+      }
+      ++i;
+    }
+  }
+
   void schedule_prefill(step_plan& plan) {
     int tokens = 0;
     while (!waiting_.empty() && num_running() < cfg_.max_num_seqs) {
@@ -441,8 +463,11 @@ class fcfs_scheduler : public scheduler_base {
         reject(s, plan);
         continue;
       }
-      const int chunk = s->num_to_prefill();
-      if (tokens + chunk > cfg_.max_batched_tokens || !blocks_.can_allocate(*s, chunk)) break;
+      // Blocks for the whole prompt must be free, even when it is fed over several steps: the prefill steps
+      // that follow feed only it, and one started without them would give way when it ran out, again and again.
+      const int prompt = s->num_to_prefill();
+      const int chunk = tokens == 0 ? std::min(prompt, cfg_.max_batched_tokens) : prompt;
+      if (tokens + chunk > cfg_.max_batched_tokens || !blocks_.can_allocate(*s, prompt)) break;
       waiting_.pop_front();
       if (cfg_.compresses()) take_slot(*s);
       blocks_.allocate(*s, chunk);
@@ -456,7 +481,7 @@ class fcfs_scheduler : public scheduler_base {
   void schedule_decode(step_plan& plan) {
     for (std::size_t i = 0; i < running_.size();) {
       sequence* s = running_[i];
-      if (s->compressing) {
+      if (s->compressing || s->num_pending() > 1) {  // a prefill fed over several steps waits for blocks
         ++i;
         continue;
       }
