@@ -30,7 +30,8 @@ using clock_type = std::chrono::steady_clock;
 struct choice_event {
   int choice = 0;
   zipage::token_id token = -1;
-  std::string text;  // the token's text delta, as the engine's detokenizer gave it
+  std::string text;        // the output text this event adds (zipage::step_event::text: stop-string safe)
+  std::string token_text;  // the token's own text (for logprobs)
   float logprob = std::numeric_limits<float>::quiet_NaN();  // when the request asked for logprobs
   std::vector<zipage::token_logprob> top_logprobs;           // when it asked for top_logprobs > 0
   bool finished = false;
@@ -393,6 +394,7 @@ class engine_service {
     e.choice = r.choice;
     e.token = ev.token;
     e.text = ev.text;
+    e.token_text = ev.token_text;
     if (r.logprobs && ev.reason != zipage::finish_reason::error) e.logprob = driver_.last_logprob(ev.id);
     if (r.top_logprobs > 0 && ev.reason != zipage::finish_reason::error) e.top_logprobs = driver_.last_top_logprobs(ev.id);
     if (ev.reason != zipage::finish_reason::error) {

@@ -207,7 +207,6 @@ class api {
       if (stop->is_array()) for (const auto& s : *stop) add(s);
       else add(*stop);
     }
-    for (const auto& s : p.stop) r.max_stop_len = std::max(r.max_stop_len, s.size());
     // vLLM's extension: token ids that end a choice (besides the model's EOS), e.g. a chat format's end-of-turn.
     if (const json* ids = field(body, "stop_token_ids")) {
       if (!ids->is_array()) bad_param("stop_token_ids", "'stop_token_ids' must be a list of token ids, got " + got(*ids));
@@ -584,8 +583,9 @@ struct logprob_entry {
 
 // What one choice has produced so far, and how much of its text the client has been sent.
 struct choice_state {
-  std::string text;  // concatenated token texts (the final text on finish)
+  std::string text;  // the text the engine's events added (the final text on finish)
   std::size_t sent = 0;
+  std::size_t logprob_text_offset = 0;  // where the next logprobs entry's token starts (its tokens' texts so far)
   bool finished = false;
   bool role_sent = false;
   bool reported = false;  // its end has been sent (streaming)
@@ -655,12 +655,6 @@ json logprobs_json(const gen_request& req, const std::vector<logprob_entry>& ent
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
-// Largest prefix of `s` (from `from`) that ends on a UTF-8 character boundary.
-std::size_t utf8_floor(const std::string& s, std::size_t at, std::size_t from) {
-  while (at > from && at < s.size() && (static_cast<unsigned char>(s[at]) & 0xC0) == 0x80) --at;
-  return at;
-}
-
 // One streaming or non-streaming generation, from submission to its last byte.
 struct generation {
   gen_request req;
@@ -679,7 +673,7 @@ struct generation {
     if (!e.finished || e.finish_reason == "stop" || e.finish_reason == "length") {
       c.text += e.text;
       if (req.logprobs && !std::isnan(e.logprob))
-        c.logprobs.push_back({e.text, e.token, e.logprob, std::move(e.top_logprobs)});
+        c.logprobs.push_back({e.token_text, e.token, e.logprob, std::move(e.top_logprobs)});
     }
     if (e.finished) {
       c.finished = true;
@@ -711,7 +705,6 @@ struct generation {
   std::string drain_sse() {
     std::string out;
     auto emit = [&](const json& j) { out += "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; };
-    const std::size_t holdback = req.max_stop_len > 0 ? req.max_stop_len - 1 : 0;
     for (std::size_t i = 0; i < choices.size(); ++i) {
       auto& c = choices[i];
       if (c.reported) continue;
@@ -724,13 +717,13 @@ struct generation {
         continue;
       }
       const bool role_due = req.chat && !c.role_sent;
-      if (!c.finished && !role_due && c.text.size() <= c.sent + holdback && c.logprobs.empty()) continue;
-      // Text that a stop string could still cut is held back until the choice ends.
-      std::size_t upto = c.finished ? c.text.size()
-                                    : utf8_floor(c.text, c.text.size() > holdback ? c.text.size() - holdback : 0, c.sent);
-      upto = std::max(upto, c.sent);
+      if (!c.finished && !role_due && c.text.size() <= c.sent && c.logprobs.empty()) continue;
+      // The engine's events already hold back text a stop string could still cut (zipage::step_event::text), so
+      // all that arrived can go.
+      const std::size_t upto = std::max(c.text.size(), c.sent);
       const std::string delta = c.text.substr(c.sent, upto - c.sent);
-      json lp = req.logprobs && !c.logprobs.empty() ? logprobs_json(req, c.logprobs, c.sent) : json(nullptr);
+      json lp = req.logprobs && !c.logprobs.empty() ? logprobs_json(req, c.logprobs, c.logprob_text_offset) : json(nullptr);
+      for (const auto& e : c.logprobs) c.logprob_text_offset += e.text.size();
       c.logprobs.clear();
       if (req.chat) {
         if (role_due) {

@@ -116,6 +116,21 @@ await run('serve_openai_protocol', async (servers) => {
                                                                logprobs: 3, stream: true }))
     for (const c of chunk.choices) if (c.logprobs) for (const k of Object.keys(l3s)) l3s[k].push(...c.logprobs[k]);
   assert.deepEqual(l3s, l3);
+  // With a stop string the stream holds text back, not logprobs: the token texts and offsets still match.
+  const lps = await client.completions.create({ model: MODEL, prompt: PROMPT, max_tokens: 40, temperature: 0, logprobs: 1,
+                                               stop: 'ly. S' });
+  const lpss = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
+  let lpsText = '';
+  for await (const chunk of await client.completions.create({ model: MODEL, prompt: PROMPT, max_tokens: 40, temperature: 0,
+                                                               logprobs: 1, stop: 'ly. S', stream: true }))
+    for (const c of chunk.choices) {
+      lpsText += c.text;
+      if (c.logprobs) for (const k of Object.keys(lpss)) lpss[k].push(...c.logprobs[k]);
+    }
+  assert.equal(lpsText, lps.choices[0].text);
+  assert.deepEqual(lpss, lps.choices[0].logprobs);
+  for (let i = 1; i < lpss.tokens.length; ++i)
+    assert.equal(lpss.text_offset[i], lpss.text_offset[i - 1] + Buffer.byteLength(lpss.tokens[i - 1]));
 
   // Chat top_logprobs: k alternatives per token, most likely first, with their bytes; greedy picks the first.
   const chatMsg = [{ role: 'user', content: PROMPT }];

@@ -160,6 +160,30 @@ TEST_CASE("streaming text adds up to the final text") {
   CHECK(streamed.size() > 50);
 }
 
+TEST_CASE("with stop strings that span tokens, the streamed text still adds up to the final text") {
+  // A stop string completed by a later token cuts text that earlier tokens completed; streamed at once, that
+  // text reached the client although the result lacks it. Events now hold it back, as vLLM does.
+  auto eng = make_engine();
+  const auto prompt = stories().tokenizer.encode("Once upon a time", true);
+  const std::string full = eng.generate({prompt}, greedy(40))[0].text;
+  REQUIRE(full.size() > 60);
+  std::map<request_id, std::string> expected, streamed;
+  for (std::size_t at = 1; at + 9 < full.size(); at += 3) {  // one request per stop string, all in one batch
+    auto p = greedy(40);
+    p.stop = {full.substr(at, 2 + at % 7)};
+    if (at % 2 == 0) p.stop.push_back("no such text");  // a longer stop string that never matches
+    expected[eng.add_request(prompt, p)] = full.substr(0, full.find(p.stop[0]));
+  }
+  eng.run_to_completion([&](const step_event& e) { streamed[e.id] += e.text; });
+  for (const auto& [id, text] : expected) {
+    const auto out = eng.take_output(id);
+    CAPTURE(text);
+    CHECK(out.reason == finish_reason::stop_string);
+    CHECK(out.text == text);
+    CHECK(streamed[id] == text);
+  }
+}
+
 TEST_CASE("cancellation frees everything at once; other requests carry on") {
   auto eng = make_engine({.block_size = 8, .num_blocks = 64});
   const auto prompts = story_prompts(3);

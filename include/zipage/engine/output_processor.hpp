@@ -4,6 +4,7 @@
 // the match, as vLLM does), the step's events, and a finished request's result. It writes only a
 // request's output (its text); lengths, tokens and whether it finished are scheduler.update's, which
 // gets the stop-string verdicts from here (sampled_token::stop_string).
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,9 +18,13 @@ namespace zipage {
 struct step_event {
   request_id id = 0;
   token_id token = 0;
-  std::string text;  // text this token completed (may be empty mid-character)
+  // The output text this event adds: concatenated, a request's events give exactly its final text. While the
+  // request has stop strings, the text a later match could cut (one byte less than the longest) is held back
+  // to a later event, as vLLM does; it is never split inside a UTF-8 character.
+  std::string text;
   bool finished = false;
   finish_reason reason = finish_reason::none;
+  std::string token_text{};  // the text this token completed (may be empty mid-character; no stop string cut)
 };
 
 struct request_output {
@@ -35,19 +40,43 @@ struct request_output {
   std::vector<std::vector<token_logprob>> top_logprobs;  // when sampling_params::top_logprobs > 0: per token
 };
 
-// Looks for a stop string that ends in the text added after `old_size`; cuts the output (and the event's
-// text) just before it, as vLLM does.
-inline bool truncate_at_stop_string(sequence& s, std::size_t old_size, std::string& event_text) {
+// Looks for a stop string that ends in the text added after `old_size`; cuts the output just before it, as
+// vLLM does (the first of params.stop that matches wins).
+inline bool truncate_at_stop_string(sequence& s, std::size_t old_size) {
   for (const std::string& stop : s.params.stop) {
     if (stop.empty()) continue;
     const std::size_t from = old_size >= stop.size() ? old_size - stop.size() + 1 : 0;
     const std::size_t at = s.output_text.find(stop, from);
     if (at == std::string::npos) continue;
     s.output_text.resize(at);
-    event_text = at >= old_size ? s.output_text.substr(old_size) : std::string();
     return true;
   }
   return false;
+}
+
+// The bytes at the end of the output that a stop string completed by a later token could still cut: one less
+// than the longest stop string (the text before a match's last byte).
+[[nodiscard]] inline std::size_t stop_holdback(const sampling_params& p) {
+  std::size_t longest = 0;
+  for (const std::string& stop : p.stop) longest = std::max(longest, stop.size());
+  return longest > 0 ? longest - 1 : 0;
+}
+
+// The output text not handed out yet, for the next event: all of it when the request is done (`all`), else
+// all but what a stop string could still cut (as vLLM holds it back), never ending inside a UTF-8 character.
+// Why: a stop string spanning tokens cuts text that an earlier token completed; streamed at once, that text
+// reached clients although the result does not have it, so the streamed text did not add up to the result.
+inline std::string take_streamable(sequence& s, bool all) {
+  std::size_t end = s.output_text.size();
+  if (!all) {
+    const std::size_t hold = stop_holdback(s.params);
+    end = end > hold ? end - hold : 0;
+    while (end > s.streamed_text_size && (static_cast<unsigned char>(s.output_text[end]) & 0xC0) == 0x80) --end;
+  }
+  if (end <= s.streamed_text_size) return {};
+  std::string text = s.output_text.substr(s.streamed_text_size, end - s.streamed_text_size);
+  s.streamed_text_size = end;
+  return text;
 }
 
 // The text of each token sampled this step (`sampled`: one per sampling batch entry, in batch order),
@@ -63,12 +92,13 @@ inline std::vector<sampled_token> process_sampled(const step_plan& plan, const s
     sequence& s = *e.seq;
     const token_id tok = sampled.at(row++);
     step_event ev{s.id, tok, {}, false, finish_reason::none};
-    if (s.detokenizer && !rules.is_eos(s.params, tok)) ev.text = s.detokenizer(tok);
     const std::size_t old_size = s.output_text.size();
-    s.output_text += ev.text;
+    if (s.detokenizer && !rules.is_eos(s.params, tok)) ev.token_text = s.detokenizer(tok);
+    s.output_text += ev.token_text;
     // A stop token or EOS ends the request whatever its text, so no stop string is looked for after one.
-    const bool stop_string = rules.token_reason(s.params, tok) == finish_reason::none &&
-                             truncate_at_stop_string(s, old_size, ev.text);
+    const bool stop_string =
+        rules.token_reason(s.params, tok) == finish_reason::none && truncate_at_stop_string(s, old_size);
+    ev.text = take_streamable(s, stop_string);
     out.push_back({tok, stop_string});
     events.push_back(std::move(ev));
   }
@@ -76,7 +106,8 @@ inline std::vector<sampled_token> process_sampled(const step_plan& plan, const s
 }
 
 // After scheduler.update: the events from `first` on (one per sampling batch entry, as process_sampled
-// made them) say whether their request finished, and why.
+// made them) say whether their request finished, and why; a finished request's last event carries the text
+// it held back.
 inline void finish_events(const step_plan& plan, std::vector<step_event>& events, std::size_t first) {
   for (const scheduled_seq& e : plan.batch) {
     if (!e.seq->is_finished()) continue;  // a request that finished here sampled here: its event is ahead
@@ -84,6 +115,7 @@ inline void finish_events(const step_plan& plan, std::vector<step_event>& events
     if (first == events.size()) return;
     events[first].finished = true;
     events[first].reason = e.seq->reason;
+    events[first].text += take_streamable(*e.seq, true);
   }
 }
 

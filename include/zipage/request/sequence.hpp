@@ -2,6 +2,7 @@
 // One request as the engine tracks it: its tokens (prompt + generated), its page table, and how far
 // its KV has been computed. Logical positions (token indices, used for RoPE) are kept apart from
 // physical KV slots so that eviction can shrink the cache without renumbering the tokens.
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -65,6 +66,9 @@ struct sequence {
   // The params.top_logprobs most likely tokens of each emitted token's step (when > 0), most likely first.
   std::vector<std::vector<token_logprob>> top_logprobs;
   std::string output_text;              // detokenized generated text (for stop strings and results)
+  // Bytes of output_text handed out in step events; the rest is held back while a stop string completed by
+  // later tokens could still cut it (output_processor.hpp: take_streamable).
+  std::size_t streamed_text_size = 0;
   streaming_detokenizer detokenizer;    // may be empty when the engine has no tokenizer
 
   [[nodiscard]] int num_tokens() const { return static_cast<int>(tokens.size()); }
