@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "open_load.hpp"
 #include "tiny_llama.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/policy/policies.hpp"
@@ -195,11 +196,7 @@ void run_case(const sweep_case& c, long num_requests) {
       if (rng() % 20 == 0) cancel_at.emplace(step + uniform(0, 30), id);
       in_flight.emplace(id, std::move(r));
     }
-    for (auto [it, end] = cancel_at.equal_range(step); it != end; ++it)
-      if (in_flight.count(it->second) != 0 && eng.cancel(it->second)) settle(it->second);
-    cancel_at.erase(step);
-    for (const auto& ev : eng.step())
-      if (ev.finished) settle(ev.id);
+    testing::cancel_due_and_step(eng, cancel_at, step, in_flight, settle);
     REQUIRE(eng.pool().num_used() <= c.cfg.num_blocks);
   }
   const auto st = eng.stats();
