@@ -1,14 +1,16 @@
-// Randomised engine configurations, every policy under both schedulers: block size, window, budget, pool, running and query-slot
-// limits, hybrid admission, prefix caching, async compression, fcfs or priority order, the step's token budget,
-// greedy or seeded sampling; each under a random open workload with cancellations. Afterwards: every request that
-// was accepted finished (by length or EOS) or was cancelled, none failed, no block or slot leaked, the engine
-// never looped, and every finished request's tokens equal the same request's run alone in an unconstrained
-// engine with the same policy and geometry.
+// Randomised engine configurations, every policy under both schedulers: block size, window, budget, pool,
+// running and query-slot limits, hybrid admission, prefix caching, async compression, fcfs or priority order,
+// the step's token budget, greedy or seeded sampling (penalties, top-p, min-p, stop token ids and
+// log-probabilities drawn per request); each under a random open workload with cancellations. Afterwards:
+// every request that was accepted finished (by length, EOS or a stop token) or was cancelled, none failed, no
+// block or slot leaked, the engine never looped, and every finished request's tokens, finish reason and
+// log-probabilities equal the same request's run alone in an unconstrained engine with the same policy and
+// geometry.
 //
 // ZIPAGE_SWEEP_CONFIGS sets how many configurations (default 70: five per policy and scheduler),
-// ZIPAGE_SWEEP_SEED the first one's seed (default 1; configuration k has seed first + k), ZIPAGE_SWEEP_REQUESTS the requests per
-// configuration (default 100). A failure prints the configuration, which replays alone with
-// ZIPAGE_SWEEP_SEED=<its seed> ZIPAGE_SWEEP_CONFIGS=1.
+// ZIPAGE_SWEEP_SEED the first one's seed (default 1; configuration k has seed first + k),
+// ZIPAGE_SWEEP_REQUESTS the requests per configuration (default 100). A failure prints the configuration,
+// which replays alone with ZIPAGE_SWEEP_SEED=<its seed> ZIPAGE_SWEEP_CONFIGS=1.
 //
 // Found by this sweep (2026-12-04; 4,600 configurations clean since), in configurations the fixed-geometry
 // soak (test_scheduler_soak) never draws:
@@ -73,8 +75,10 @@ struct sweep_case {
     c.cfg.budget_tokens = budget_blocks * bs;
     // Tight pools: a few blocks beyond one compressed request; under full KV enough for one whole request.
     c.cfg.num_blocks = uniform(budget_blocks + 2, budget_blocks + 62);
-    if (full_kv)
-      c.cfg.num_blocks = std::max(c.cfg.num_blocks, (c.max_prompt + c.max_generated + bs - 1) / bs + 2 + uniform(0, 40));
+    if (full_kv) {
+      const int whole_request = (c.max_prompt + c.max_generated + bs - 1) / bs;
+      c.cfg.num_blocks = std::max(c.cfg.num_blocks, whole_request + 2 + uniform(0, 40));
+    }
     c.cfg.max_num_seqs = uniform(1, 24);
     c.cfg.num_query_slots = uniform(0, 3) == 0 ? 0 : uniform(1, c.cfg.max_num_seqs);  // 0: the memory plan's
     if (fcfs_scheduler) c.cfg.num_query_slots = c.cfg.max_num_seqs;  // it gives every running request a slot
@@ -132,6 +136,15 @@ void run_case(const sweep_case& c, long num_requests) {
     r.params.temperature = c.sampled ? 0.8f : 0.0f;
     r.params.top_k = c.sampled ? uniform(0, 10) : 0;
     r.params.seed = rng();
+    // The penalties count the output so far, so a recomputed or swapped request must carry it intact.
+    if (uniform(0, 2) == 0) r.params.repetition_penalty = 1.0f + static_cast<float>(uniform(1, 10)) / 10.0f;
+    if (uniform(0, 2) == 0) r.params.frequency_penalty = static_cast<float>(uniform(-10, 10)) / 10.0f;
+    if (uniform(0, 2) == 0) r.params.presence_penalty = static_cast<float>(uniform(-10, 10)) / 10.0f;
+    if (c.sampled && uniform(0, 2) == 0) r.params.top_p = static_cast<float>(uniform(5, 10)) / 10.0f;
+    if (c.sampled && uniform(0, 2) == 0) r.params.min_p = static_cast<float>(uniform(0, 5)) / 10.0f;
+    if (uniform(0, 3) == 0) r.params.stop_token_ids = {uniform(1, 62)};
+    r.params.logprobs = uniform(0, 1) != 0;
+    if (r.params.logprobs && uniform(0, 2) == 0) r.params.top_logprobs = uniform(1, 5);
     r.params.priority = c.cfg.scheduling == scheduling_order::priority ? uniform(0, 3) : 0;
     return r;
   };
@@ -158,15 +171,20 @@ void run_case(const sweep_case& c, long num_requests) {
     const auto out = eng.take_output(id);
     if (out.reason == finish_reason::cancelled) {
       ++cancelled;
-    } else if (out.reason == finish_reason::length || out.reason == finish_reason::eos) {
+    } else if (out.reason == finish_reason::length || out.reason == finish_reason::eos ||
+               out.reason == finish_reason::stop_token) {
       ++finished;
       const auto expected = reference.generate({it->second.prompt}, it->second.params)[0];
-      if (out.output != expected.output || out.reason != expected.reason) {
+      if (out.output != expected.output || out.reason != expected.reason || out.logprobs != expected.logprobs ||
+          out.top_logprobs != expected.top_logprobs) {
         ++mismatched;
         CAPTURE(it->second.prompt.size());
         CAPTURE(out.num_preemptions);
         CAPTURE(out.num_compressions);
         CHECK(out.output == expected.output);
+        CHECK(out.reason == expected.reason);
+        CHECK(out.logprobs == expected.logprobs);  // the CPU backend computes each row alike in any batch
+        CHECK(out.top_logprobs == expected.top_logprobs);
       }
     } else {
       ++failed;
@@ -222,7 +240,7 @@ void run_policy(std::size_t which, unsigned seed, long requests, std::index_sequ
 
 }  // namespace
 
-TEST_CASE("configuration sweep: every policy and scheduler, random geometry, pool and scheduling, tokens of each request alone") {
+TEST_CASE("configuration sweep: every policy and scheduler, random geometry, pool and scheduling, each request as alone") {
   const long configs = env_or("ZIPAGE_SWEEP_CONFIGS", 70);
   const auto first = static_cast<unsigned>(env_or("ZIPAGE_SWEEP_SEED", 1));
   const long requests = env_or("ZIPAGE_SWEEP_REQUESTS", 100);
@@ -230,8 +248,9 @@ TEST_CASE("configuration sweep: every policy and scheduler, random geometry, poo
   for (long k = 0; k < configs; ++k) {
     const unsigned seed = first + static_cast<unsigned>(k);
     const auto policy = seed % num_policies;
-    if ((seed / num_policies) % 2 == 0) run_policy<zipage_scheduler>(policy, seed, requests, std::make_index_sequence<num_policies>{});
-    else run_policy<fcfs_scheduler>(policy, seed, requests, std::make_index_sequence<num_policies>{});
+    constexpr auto each_policy = std::make_index_sequence<num_policies>{};
+    if ((seed / num_policies) % 2 == 0) run_policy<zipage_scheduler>(policy, seed, requests, each_policy);
+    else run_policy<fcfs_scheduler>(policy, seed, requests, each_policy);
   }
   MESSAGE(configs, " configurations of ", requests, " requests from seed ", first);
 }
