@@ -12,8 +12,8 @@
 // ZIPAGE_SWEEP_REQUESTS the requests per configuration (default 100). A failure prints the configuration,
 // which replays alone with ZIPAGE_SWEEP_SEED=<its seed> ZIPAGE_SWEEP_CONFIGS=1.
 //
-// Found by this sweep (2026-12-04; 4,600 configurations clean since), in configurations the fixed-geometry
-// soak (test_scheduler_soak) never draws:
+// Found by this sweep (2026-12-04; thousands of configurations clean since: docs/robustness.md), in
+// configurations the fixed-geometry soak (test_scheduler_soak) never draws:
 //  - a compression whose copy-on-write count was taken before a sharer gave way made its own request give way
 //    too, round and round (scheduler_base::make_room asks again after every eviction);
 //  - a request that gave way released its query slot, and came back in the same step to take it again from a
