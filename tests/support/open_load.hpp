@@ -1,12 +1,19 @@
 #pragma once
 // Driving an engine with an open workload in tests (test_scheduler_soak, test_config_sweep): requests arrive
 // over time and some are cancelled at a planned later step, wherever they are then.
+#include <cstdlib>
 #include <map>
 #include <utility>
 
 #include "zipage/core/types.hpp"
 
 namespace zipage::testing {
+
+// A size such a test takes from the environment (its default when the variable is unset or empty).
+inline long env_or(const char* name, long fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::strtol(v, nullptr, 10) : fallback;
+}
 
 // Cancels the requests planned for `step` that are still in flight, runs the step, and calls settle(id) for
 // every request that left the engine in it (cancelled or finished). settle may erase from in_flight.

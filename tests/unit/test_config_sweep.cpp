@@ -26,7 +26,6 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <random>
 #include <string>
@@ -43,11 +42,6 @@
 using namespace zipage;
 
 namespace {
-
-long env_or(const char* name, long fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtol(v, nullptr, 10) : fallback;
-}
 
 // One configuration and the shape of its workload, drawn from a seed.
 struct sweep_case {
@@ -241,9 +235,9 @@ void run_policy(std::size_t which, unsigned seed, long requests, std::index_sequ
 }  // namespace
 
 TEST_CASE("configuration sweep: every policy and scheduler, random geometry, pool and scheduling, each request as alone") {
-  const long configs = env_or("ZIPAGE_SWEEP_CONFIGS", 70);
-  const auto first = static_cast<unsigned>(env_or("ZIPAGE_SWEEP_SEED", 1));
-  const long requests = env_or("ZIPAGE_SWEEP_REQUESTS", 100);
+  const long configs = testing::env_or("ZIPAGE_SWEEP_CONFIGS", 70);
+  const auto first = static_cast<unsigned>(testing::env_or("ZIPAGE_SWEEP_SEED", 1));
+  const long requests = testing::env_or("ZIPAGE_SWEEP_REQUESTS", 100);
   constexpr std::size_t num_policies = std::tuple_size_v<policies>;
   for (long k = 0; k < configs; ++k) {
     const unsigned seed = first + static_cast<unsigned>(k);

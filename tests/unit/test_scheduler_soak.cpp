@@ -41,10 +41,7 @@ sampling_params greedy(int max_tokens, int priority) {
   return p;
 }
 
-long soak_requests() {
-  const char* env = std::getenv("ZIPAGE_SOAK_REQUESTS");
-  return env != nullptr && *env != '\0' ? std::strtol(env, nullptr, 10) : 2000;
-}
+long soak_requests() { return testing::env_or("ZIPAGE_SOAK_REQUESTS", 2000); }
 
 void soak(scheduling_order order, long n, unsigned seed) {
   using policy = zipage_policy;
