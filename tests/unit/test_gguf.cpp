@@ -725,8 +725,15 @@ TEST_CASE("gguf: invalid tensor infos are rejected") {
   // Alignment, type, dims.
   CHECK(contains(tensor_error({.offset = 4}), "tensor 'w': data offset 4 is not a multiple of the "
                                                "alignment (32)"));
-  CHECK(contains(tensor_error({.type = 12}), "tensor 'w': type Q4_K (12) is not supported"));
-  CHECK(contains(tensor_error({.type = 2}), "Q4_0 (2)"));
+  CHECK(contains(tensor_error({.type = 16}), "tensor 'w': type IQ2_XXS (16) is not supported"));
+  CHECK(contains(tensor_error({.type = 19}), "IQ1_S (19)"));
+  CHECK(contains(tensor_error({.type = 15}), "Q8_K (15)"));  // ggml's scratch type, never in a model
+  // Quantised rows are whole blocks.
+  CHECK(contains(tensor_error({.type = 12}),
+                 "tensor 'w': type Q4_K stores rows in blocks of 256 values, but its rows (dimension 0) are 4 long"));
+  CHECK(contains(tensor_error({.dims = {48}, .type = 8}), "type Q8_0 stores rows in blocks of 32 values"));
+  CHECK(contains(tensor_error({.dims = {32}, .type = 8}), "runs past the end"));  // 34 bytes, 16 in the file
+  CHECK_NOTHROW(parse(craft_tensors({raw_tensor{.dims = {32, 2}, .type = 2}}, 36)));  // two Q4_0 blocks
   CHECK(contains(tensor_error({.type = 28}), "F64 (28)"));
   CHECK(contains(tensor_error({.type = 1000}), "unknown (1000)"));
   CHECK(contains(tensor_error({.dims = {0}}), "tensor 'w': dimension 0 is 0 (must be positive)"));
@@ -738,10 +745,11 @@ TEST_CASE("gguf: invalid tensor infos are rejected") {
                  "element count of dims {4294967296, 4294967296} overflows"));
   CHECK(contains(tensor_error({.dims = {1ull << 31, 1ull << 31}}),
                  "byte size of 4611686018427387904 elements x 4 bytes overflows"));
+  CHECK(contains(tensor_error({.dims = {1ull << 35, 1ull << 27}, .type = 12}), "runs past the end"));
   CHECK(contains(tensor_error({.name = ""}), "tensor info 0: empty tensor name"));
-  msg = tensor_error({.name = std::string(200, 'n'), .type = 12});
+  msg = tensor_error({.name = std::string(200, 'n'), .type = 16});
   // Long names are cut in messages.
-  CHECK(contains(msg, "tensor '" + std::string(96, 'n') + "...': type Q4_K"));
+  CHECK(contains(msg, "tensor '" + std::string(96, 'n') + "...': type IQ2_XXS"));
 
   // Duplicate names; two tensors that are otherwise valid.
   msg = parse_error(

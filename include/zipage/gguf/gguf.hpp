@@ -17,6 +17,7 @@
 #include "zipage/core/error.hpp"
 #include "zipage/core/half.hpp"
 #include "zipage/core/mapped_file.hpp"
+#include "zipage/gguf/quants.hpp"
 
 #include <array>
 #include <bit>
@@ -49,8 +50,8 @@ static_assert(std::endian::native == std::endian::little,
 // Types
 // ---------------------------------------------------------------------------------------------
 
-// The tensor types zipage can load. Other ggml types (quantized, integer) are rejected on open.
-enum class tensor_type : std::uint32_t { f32 = 0, f16 = 1, bf16 = 30 };
+// The tensor types zipage can load (F32, F16, BF16 and the block-quantised types of quants.hpp) are
+// `tensor_type`, declared in quants.hpp. Other ggml types (integer, lattice-coded IQ*) are rejected on open.
 
 enum class value_type : std::uint32_t {
   uint8 = 0, int8 = 1, uint16 = 2, int16 = 3, uint32 = 4, int32 = 5, float32 = 6,
@@ -74,11 +75,9 @@ inline std::string_view tensor_type_name(tensor_type t) noexcept {
   return tensor_type_name(static_cast<std::uint32_t>(t));
 }
 
-inline bool is_supported_tensor_type(std::uint32_t raw) noexcept {
-  return raw == 0 || raw == 1 || raw == 30;
-}
+inline bool is_supported_tensor_type(std::uint32_t raw) noexcept { return format_of(raw).has_value(); }
 
-// Bytes per element of a supported tensor type.
+// Bytes per element of a float tensor type (F32, F16, BF16); quantised types store blocks (format_of).
 inline std::size_t type_size(tensor_type t) noexcept { return t == tensor_type::f32 ? 4 : 2; }
 
 inline std::string_view value_type_name(value_type t) noexcept {
@@ -773,7 +772,8 @@ class parser {
     const auto raw = c_.read<std::uint32_t>("tensor type");
     if (!is_supported_tensor_type(raw)) {
       c_.fail_here("type ", tensor_type_name(raw), " (", raw,
-                   ") is not supported (zipage loads F32, F16 and BF16; re-convert the model "
+                   ") is not supported (zipage loads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+                   "Q2_K-Q6_K, IQ4_NL and IQ4_XS; re-quantise the model to one of them, or convert it "
                    "with --outtype f16)");
     }
     return static_cast<tensor_type>(raw);
@@ -788,11 +788,18 @@ class parser {
       }
       n *= d;
     }
-    const std::size_t element_size = type_size(t.type);
-    if (static_cast<std::uint64_t>(n) > std::numeric_limits<std::size_t>::max() / element_size) {
-      c_.fail_here("byte size of ", n, " elements x ", element_size, " bytes overflows");
+    // A quantised row is whole blocks, as in ggml: its length (dims[0]) is a multiple of the block.
+    const block_format f = format_of(t.type);
+    if (t.dims[0] % f.elements != 0) {
+      c_.fail_here("type ", tensor_type_name(t.type), " stores rows in blocks of ", f.elements,
+                   " values, but its rows (dimension 0) are ", t.dims[0], " long");
     }
-    return static_cast<std::size_t>(n) * element_size;
+    const auto blocks = static_cast<std::uint64_t>(n / f.elements);
+    if (blocks > std::numeric_limits<std::size_t>::max() / f.bytes) {
+      if (f.elements == 1) c_.fail_here("byte size of ", blocks, " elements x ", f.bytes, " bytes overflows");
+      c_.fail_here("byte size of ", blocks, " blocks x ", f.bytes, " bytes overflows");
+    }
+    return static_cast<std::size_t>(blocks) * f.bytes;
   }
 
   static std::string dims_string(const tensor_info& t) {
@@ -862,12 +869,20 @@ inline bool file::owns(const tensor_info& t) const noexcept {
 inline std::vector<float> file::to_f32(const tensor_info& t) const {
   check(owns(t), name_, ": tensor '", detail::printable(t.name),
         "' does not point into this file's data");
-  const std::size_t n = t.nbytes / type_size(t.type);
+  const std::optional<block_format> f = format_of(static_cast<std::uint32_t>(t.type));
+  check(f.has_value(), name_, ": tensor '", detail::printable(t.name), "' has unsupported type ",
+        static_cast<std::uint32_t>(t.type));
+  const std::size_t blocks = t.nbytes / f->bytes;
+  const std::size_t n = blocks * static_cast<std::size_t>(f->elements);
   check(t.num_elements() >= 0 && static_cast<std::size_t>(t.num_elements()) == n &&
-            n * type_size(t.type) == t.nbytes,
+            blocks * f->bytes == t.nbytes,
         name_, ": tensor '", detail::printable(t.name), "' byte size ", t.nbytes,
         " does not match its dims and type");
   std::vector<float> out(n);
+  if (is_quantized(t.type)) {
+    dequantize_blocks(t.type, t.data, static_cast<std::int64_t>(blocks), out.data());
+    return out;
+  }
   switch (t.type) {
     case tensor_type::f32:
       std::memcpy(out.data(), t.data, t.nbytes);  // memcpy: data may be unaligned (alignment 1)

@@ -129,15 +129,27 @@ class writer {
   // dims are in GGUF order (dims[0] fastest-varying); values.size() must equal their product.
   void add_tensor(std::string name, std::vector<std::int64_t> dims, tensor_type type,
                   std::span<const float> values) {
-    check(!name.empty(), "gguf::writer: empty tensor name");
-    check(is_supported_tensor_type(static_cast<std::uint32_t>(type)),
-          "gguf::writer: tensor '", name, "': unsupported type ", static_cast<std::uint32_t>(type));
-    for (const auto& t : tensors_) {
-      check(t.name != name, "gguf::writer: duplicate tensor '", name, "'");
-    }
+    check_new_tensor(name, type);
+    check(!is_quantized(type), "gguf::writer: tensor '", name, "': add_tensor converts to F32, F16 or BF16; ",
+          tensor_type_name(type), " data goes in encoded with add_encoded_tensor");
     check(element_count(name, dims) == values.size(), "gguf::writer: tensor '", name, "' has ",
           values.size(), " values but its dims hold ", element_count(name, dims));
     tensors_.push_back({std::move(name), std::move(dims), type, encode(type, values)});
+  }
+
+  // Adds a tensor already encoded as `type` (e.g. blocks that a quantiser made): `data` must be exactly
+  // the bytes its dims take, whole blocks per row.
+  void add_encoded_tensor(std::string name, std::vector<std::int64_t> dims, tensor_type type,
+                          std::span<const std::byte> data) {
+    check_new_tensor(name, type);
+    const block_format f = format_of(type);
+    const std::size_t n = element_count(name, dims);
+    check(dims[0] % f.elements == 0, "gguf::writer: tensor '", name, "': ", tensor_type_name(type),
+          " rows are whole blocks of ", f.elements, " values, but dimension 0 is ", dims[0]);
+    const std::size_t want = n / static_cast<std::size_t>(f.elements) * f.bytes;
+    check(data.size() == want, "gguf::writer: tensor '", name, "' has ", data.size(), " bytes but its dims take ",
+          want, " as ", tensor_type_name(type));
+    tensors_.push_back({std::move(name), std::move(dims), type, {data.begin(), data.end()}});
   }
 
   // The complete file. No padding follows the last tensor, so every strict prefix of the
@@ -206,6 +218,15 @@ class writer {
       n *= static_cast<std::size_t>(d);
     }
     return n;
+  }
+
+  void check_new_tensor(const std::string& name, tensor_type type) const {
+    check(!name.empty(), "gguf::writer: empty tensor name");
+    check(is_supported_tensor_type(static_cast<std::uint32_t>(type)),
+          "gguf::writer: tensor '", name, "': unsupported type ", static_cast<std::uint32_t>(type));
+    for (const auto& t : tensors_) {
+      check(t.name != name, "gguf::writer: duplicate tensor '", name, "'");
+    }
   }
 
   static std::vector<std::byte> encode(tensor_type type, std::span<const float> values) {

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "zipage/backend/cpu/cpu_backend.hpp"
@@ -386,6 +387,51 @@ typename Backend::tensor gguf_matrix(const Backend& backend, const gguf::file& f
   return backend.from_host(values, rows, cols);
 }
 
+// The llama variants zipage's model does not run, refused by name rather than loaded wrong: a head size other
+// than embedding_length / head_count, RoPE on part of a head, scaled RoPE (linear, YaRN, or Llama 3's
+// frequency factors in rope_freqs.weight), mixture of experts.
+inline void check_gguf_llama_features(const gguf::file& f, int head_dim) {
+  for (const char* key : {"llama.attention.key_length", "llama.attention.value_length", "llama.rope.dimension_count"}) {
+    if (!f.has(key)) continue;
+    const auto v = f.get_int(key);
+    check(v == head_dim, f.name(), ": metadata ", key, " = ", v, " is not supported (zipage's llama model needs ",
+          head_dim, " = embedding_length / head_count)");
+  }
+  if (f.has("llama.rope.scaling.type")) {
+    const auto kind = f.get_string("llama.rope.scaling.type");
+    check(kind == "none", f.name(), ": metadata llama.rope.scaling.type = '", kind,
+          "' is not supported (zipage reads scaled RoPE from Hugging Face checkpoints only)");
+  }
+  check(f.find_tensor("rope_freqs.weight") == nullptr, f.name(),
+        ": tensor 'rope_freqs.weight' (Llama 3's RoPE frequency factors) is not supported in GGUF files; load the "
+        "Hugging Face checkpoint instead");
+  check(!f.has("llama.expert_count") || f.get_int("llama.expert_count") == 0, f.name(),
+        ": mixture-of-experts models (llama.expert_count) are not supported");
+}
+
+// Every tensor of a llama GGUF must be one the model reads: anything else (biases, extra norms) is a feature
+// it would silently drop.
+inline void check_gguf_llama_tensors(const gguf::file& f, int num_layers) {
+  static constexpr std::string_view per_layer[] = {"attn_norm.weight", "attn_q.weight",  "attn_k.weight",
+                                                   "attn_v.weight",    "attn_output.weight", "ffn_norm.weight",
+                                                   "ffn_gate.weight",  "ffn_up.weight",  "ffn_down.weight"};
+  for (const auto& t : f.tensors()) {
+    const std::string_view name = t.name;
+    bool used = name == "token_embd.weight" || name == "output_norm.weight" || name == "output.weight";
+    if (!used && name.starts_with("blk.")) {
+      const std::size_t dot = name.find('.', 4);
+      const std::string_view layer = name.substr(4, dot == std::string_view::npos ? 0 : dot - 4);
+      int l = -1;
+      if (!layer.empty() && layer.size() < 9 && layer.find_first_not_of("0123456789") == std::string_view::npos)
+        l = std::stoi(std::string(layer));
+      for (std::string_view suffix : per_layer)
+        used = used || (l >= 0 && l < num_layers && name.substr(dot + 1) == suffix);
+    }
+    check(used, f.name(), ": tensor '", gguf::detail::printable(name),
+          "' is not part of the llama model zipage runs (an unsupported variant?)");
+  }
+}
+
 }  // namespace detail
 
 // Reads a `llama`-architecture GGUF model (as written by llama.cpp's converter: Q and K rows permuted so
@@ -405,6 +451,7 @@ inline model_config llama_config_from_gguf(const gguf::file& f) {
   check(c.hidden_size % c.num_q_heads == 0, f.name(), ": embedding_length ", c.hidden_size,
         " is not divisible by head_count ", c.num_q_heads);
   c.head_dim = c.hidden_size / c.num_q_heads;
+  detail::check_gguf_llama_features(f, c.head_dim);
   c.rope_theta = static_cast<float>(f.get_float("llama.rope.freq_base", 10000.0));
   c.rms_eps = static_cast<float>(f.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5));
   c.rope = rope_style::interleaved;
@@ -421,6 +468,7 @@ inline model_config llama_config_from_gguf(const gguf::file& f) {
 template <class Backend = cpu_backend>
 llama_model<Backend> load_llama_gguf(const gguf::file& f, const Backend& backend = {}) {
   const auto c = llama_config_from_gguf(f);
+  detail::check_gguf_llama_tensors(f, c.num_layers);
   auto m = [&](const std::string& name, int rows, int cols) { return detail::gguf_matrix(backend, f, name, rows, cols); };
   llama_weights<Backend> w;
   w.embedding = m("token_embd.weight", c.vocab_size, c.hidden_size);

@@ -1,0 +1,138 @@
+// llama.cpp as an independent reference for zipage's GGUF path (tests/gguf_oracle/README.md).
+//
+//   llama_golden quantize IN.gguf OUT.gguf FTYPE          llama.cpp's own quantiser (FTYPE: llama_ftype id)
+//   llama_golden dequantize IN.gguf OUT.gguf              every tensor to F32 by ggml's dequantisation
+//   llama_golden golden MODEL.gguf OUT.gguf STEPS PROMPT...
+//       For each prompt: llama.cpp's tokens (BOS first), its greedy continuation of STEPS tokens, and the
+//       logits it computes at every position of that sequence (fp32 KV cache, one sequence at a time).
+//       Written as GGUF: metadata golden.prompts (strings), golden.tokens.<i> (int32 array) and tensors
+//       logits.<i> [vocab][positions] (F32).
+// Not part of the build: run.sh builds it against the llama.cpp libraries that node-llama-cpp publishes.
+#include <ggml-backend.h>
+#include <llama.h>
+
+#include <zipage/gguf/writer.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace gg = zipage::gguf;
+
+namespace {
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "llama_golden: %s\n", what.c_str());
+  std::exit(1);
+}
+
+int quantize(const char* in, const char* out, int ftype) {
+  llama_model_quantize_params p = llama_model_quantize_default_params();
+  p.ftype = static_cast<llama_ftype>(ftype);
+  p.nthread = 1;
+  if (llama_model_quantize(in, out, &p) != 0) die(std::string("quantising ") + in + " failed");
+  return 0;
+}
+
+// The model with every tensor converted to F32 by ggml's own dequantisation (its metadata copied): what a
+// quantised file's weights are, for a reference run in fp32 (llama.cpp's quantised run also rounds the
+// activations to 8 bits, which hides small errors).
+int dequantize(const char* in, const char* out) {
+  const gg::file f = gg::file::open(in);
+  gg::writer w;
+  for (const std::string& key : f.keys()) w.set(key, *f.find(key));
+  w.set("general.file_type", static_cast<std::uint32_t>(0));  // LLAMA_FTYPE_ALL_F32
+  for (const gg::tensor_info& t : f.tensors()) {
+    std::vector<float> values(static_cast<std::size_t>(t.num_elements()));
+    if (t.type == gg::tensor_type::f32)
+      std::memcpy(values.data(), t.data, values.size() * sizeof(float));
+    else
+      ggml_get_type_traits(static_cast<ggml_type>(t.type))->to_float(t.data, values.data(), t.num_elements());
+    w.add_tensor(t.name, t.dims, gg::tensor_type::f32, values);
+  }
+  w.write(out);
+  return 0;
+}
+
+std::vector<llama_token> tokenize(const llama_vocab* vocab, const std::string& text) {
+  std::vector<llama_token> ids(text.size() + 8);
+  const int n = llama_tokenize(vocab, text.c_str(), static_cast<int>(text.size()), ids.data(),
+                               static_cast<int>(ids.size()), /*add_special=*/true, /*parse_special=*/false);
+  if (n < 0) die("tokenize failed");
+  ids.resize(n);
+  return ids;
+}
+
+int golden(const char* model_path, const char* out, int steps, std::vector<std::string> prompts) {
+  llama_model_params mp = llama_model_default_params();
+  mp.n_gpu_layers = 0;
+  llama_model* model = llama_model_load_from_file(model_path, mp);
+  if (model == nullptr) die(std::string("cannot load ") + model_path);
+  const llama_vocab* vocab = llama_model_get_vocab(model);
+  const int n_vocab = llama_vocab_n_tokens(vocab);
+  gg::writer w;
+  w.set("general.architecture", "zipage-llama-golden");
+  w.set("golden.model", std::filesystem::path(model_path).filename().string());
+  w.set("golden.steps", static_cast<std::int32_t>(steps));
+  w.set("golden.prompts", prompts);
+  for (std::size_t k = 0; k < prompts.size(); ++k) {
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 512;
+    cp.n_batch = 512;
+    cp.n_threads = cp.n_threads_batch = 1;
+    cp.type_k = GGML_TYPE_F32;
+    cp.type_v = GGML_TYPE_F32;
+    // Plain attention: the CPU flash-attention path rounds K·Q and the softmax through fp16.
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    llama_context* ctx = llama_init_from_model(model, cp);
+    if (ctx == nullptr) die("cannot make a context");
+    std::vector<llama_token> seq = tokenize(vocab, prompts[k]);
+    std::vector<float> logits;  // [positions][vocab]
+    // One token per decode, so every position's logits come out (and the cache grows as in generation).
+    const std::size_t prompt_size = seq.size(), positions = prompt_size + static_cast<std::size_t>(steps) - 1;
+    for (std::size_t pos = 0; pos < positions; ++pos) {
+      llama_token t = seq[pos];
+      if (const int rc = llama_decode(ctx, llama_batch_get_one(&t, 1)); rc != 0)
+        die("decode failed at position " + std::to_string(pos) + ": " + std::to_string(rc));
+      const float* l = llama_get_logits_ith(ctx, -1);
+      logits.insert(logits.end(), l, l + n_vocab);
+      if (pos + 1 >= prompt_size) {
+        int best = 0;
+        for (int v = 1; v < n_vocab; ++v)
+          if (l[v] > l[best]) best = v;
+        seq.push_back(best);
+      }
+    }
+    llama_free(ctx);
+    w.set("golden.tokens." + std::to_string(k), std::vector<std::int32_t>(seq.begin(), seq.end()));
+    w.add_tensor("logits." + std::to_string(k), {n_vocab, static_cast<std::int64_t>(logits.size() / n_vocab)},
+                 gg::tensor_type::f32, logits);
+    std::printf("prompt %zu: %zu tokens\n", k, seq.size());
+  }
+  llama_model_free(model);
+  w.write(out);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Quiet: llama.cpp logs every tensor; errors still reach stderr.
+  llama_log_set([](ggml_log_level level, const char* text, void*) {
+    if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+  }, nullptr);
+  llama_backend_init();
+  // The CPU backends are plug-ins (libggml-cpu-<arch>.so); run.sh says where they are.
+  if (const char* dir = std::getenv("GGML_BACKEND_DIR")) ggml_backend_load_all_from_path(dir);
+  else ggml_backend_load_all();
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "quantize" && argc == 5) return quantize(argv[2], argv[3], std::atoi(argv[4]));
+  if (mode == "dequantize" && argc == 4) return dequantize(argv[2], argv[3]);
+  if (mode == "golden" && argc >= 6)
+    return golden(argv[2], argv[3], std::atoi(argv[4]), std::vector<std::string>(argv + 5, argv + argc));
+  std::fprintf(stderr, "usage: llama_golden quantize IN OUT FTYPE | dequantize IN OUT | golden MODEL OUT STEPS PROMPT...\n");
+  return 2;
+}
