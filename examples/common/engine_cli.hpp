@@ -19,6 +19,7 @@
 #include <map>
 #include <span>
 #include <sstream>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -88,6 +89,28 @@ inline int parse_cli(CLI::App& app, int argc, char** argv, const char* tool) {
   return -1;
 }
 
+// A library error in the tools' terms: the engine_config fields that a flag sets are named by their flag
+// ("engine_config::num_blocks" reads "--num-blocks"), so a command-line user sees what to change.
+inline std::string in_flag_terms(std::string message) {
+  static const std::pair<const char*, const char*> names[] = {
+      {"engine_config::allow_beyond_context", "--allow-beyond-context"},
+      {"engine_config::max_batched_tokens", "--max-batched-tokens"},
+      {"engine_config::num_query_slots", "--query-slots"},
+      {"engine_config::budget_tokens", "--budget"},
+      {"engine_config::max_num_seqs", "--max-num-seqs"},
+      {"engine_config::block_size", "--block-size"},
+      {"engine_config::num_blocks", "--num-blocks"},
+      {"engine_config::window", "--window"},
+      {"engine_config::kv_cache_bytes", "--kv-cache-mib"}};
+  for (const auto& [field, flag] : names)
+    for (std::size_t at = message.find(field); at != std::string::npos; at = message.find(field, at))
+      message.replace(at, std::strlen(field), flag);
+  // "set --allow-beyond-context to run past it": a switch is added, not set.
+  constexpr std::string_view set_switch = "set --allow-beyond-context";
+  if (const std::size_t at = message.find(set_switch); at != std::string::npos) message.replace(at, 3, "add");
+  return message;
+}
+
 // Runs f() and turns what it throws into one line on stderr and exit status 1 (running out of memory
 // included, with what to change).
 template <class F>
@@ -98,7 +121,7 @@ int run_reporting_errors(const char* tool, F&& f) {
     std::fprintf(stderr, "%s: error: out of memory (the model or the KV pool does not fit: lower --kv-cache-mib or "
                          "--num-blocks)\n", tool);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", tool, e.what());
+    std::fprintf(stderr, "%s: error: %s\n", tool, in_flag_terms(e.what()).c_str());
   }
   return 1;
 }
@@ -141,7 +164,7 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   o.flags["--presence-penalty"] = app.add_option("--presence-penalty", s.presence_penalty,
                                       "OpenAI's: minus this once for a token already in the output, in [-2, 2] (default 0 = off)")
                                       ->check(in_range(-2.0, 2.0));
-  app.add_option("--seed", s.seed, "per-request seed (request i uses seed + i)");
+  app.add_option("--seed", s.seed, "per-request seed (request i uses seed + i)")->check(seed_check());
   app.add_option("--stop", s.stop, "stop string (repeatable)");
   app.add_flag("--ignore-eos", s.ignore_eos, "keep generating past EOS");
   auto& e = o.engine;
@@ -282,15 +305,10 @@ void size_gpu_pool(engine_options& o, const zipage::model_config& c, const Backe
 // The CPU pool lives in host memory: a --kv-cache-mib beyond the machine's memory is an error now, not a
 // std::bad_alloc after seconds of allocating.
 inline void check_host_pool(const engine_options& o) {
-#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGE_SIZE)
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page <= 0 || o.engine.num_blocks > 0) return;
-  const double mib = static_cast<double>(pages) * static_cast<double>(page) / 1048576.0;
+  const double mib = host_memory_mib();
+  if (mib <= 0 || o.engine.num_blocks > 0) return;
   zipage::check(o.kv_cache_mib <= mib, "--kv-cache-mib ", o.kv_cache_mib, " is more than this machine's memory (",
                 static_cast<long long>(mib), " MiB)");
-#else
-  (void)o;
-#endif
 }
 
 namespace detail {

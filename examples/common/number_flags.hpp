@@ -3,12 +3,17 @@
 // with an error that names a readable range.
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <charconv>
+#include <cstdint>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <sstream>
 #include <string>
+#include <system_error>
 
 namespace zipage_cli {
 
@@ -47,6 +52,29 @@ inline CLI::Validator positive_count() {
 }
 inline CLI::Validator count() {
   return number_check("in [0, 2147483647]", [](double v) { return v >= 0 && v <= 2147483647.0; });
+}
+// A 64-bit seed: a whole number in [0, 2^64 - 1], written as one (no sign, exponent or fraction), so that no
+// value is silently wrapped or clamped.
+inline CLI::Validator seed_check() {
+  return CLI::Validator(
+      [](std::string& input) -> std::string {
+        std::uint64_t v = 0;
+        const auto [end, ec] = std::from_chars(input.data(), input.data() + input.size(), v);
+        if (input.empty() || ec == std::errc::invalid_argument || end != input.data() + input.size())
+          return "'" + input + "' is not a whole number";
+        if (ec == std::errc::result_out_of_range) return input + " is out of range: it must be in [0, 2^64 - 1]";
+        return {};
+      },
+      "in [0, 2^64 - 1]");
+}
+
+// Megabytes of host memory a flag may ask for: the machine's physical memory (0 when it cannot be read).
+inline double host_memory_mib() {
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGE_SIZE)
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) return static_cast<double>(pages) * static_cast<double>(page) / 1048576.0;
+#endif
+  return 0.0;
 }
 
 }  // namespace zipage_cli

@@ -71,7 +71,7 @@ class tiny_attention_model {
 }  // namespace
 
 int main() {
-  // Defaults: full KV (no eviction), the FCFS continuous-batching scheduler, the model's backend.
+  // Defaults: full KV (no eviction), the Zipage scheduler (zipage_scheduler), the model's backend.
   zipage::engine<tiny_attention_model> engine(tiny_attention_model(42), {.block_size = 4, .num_blocks = 64});
 
   zipage::sampling_params greedy;

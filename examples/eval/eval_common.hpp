@@ -49,6 +49,9 @@ struct grid_options {
   bool chat = false;      // math: Qwen3-style chat template around the prompt
   bool thinking = true;   // math: with the chat template, Qwen3 thinking on
   bool quiet = false;
+  // Set by add_grid_flags: whether a GPU-only flag was given, so that a CPU run refuses it.
+  CLI::Option* dtype_flag = nullptr;
+  CLI::Option* gpu_memory_utilization_flag = nullptr;
 };
 
 // How a task turns a model's output into a verdict.

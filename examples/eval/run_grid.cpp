@@ -525,7 +525,7 @@ void add_grid_flags(CLI::App& app, grid_options& o) {
   app.add_option("--model,-m", o.model, "Hugging Face checkpoint directory or GGUF file")->required();
   app.add_option("--data", o.data, "problems, JSONL")->required();
   app.add_option("--json-out", o.json_out, "append one JSON line per (policy, budget) cell to this file");
-  app.add_option("--limit", o.limit, "use the first N problems (0 = all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--limit", o.limit, "use the first N problems (0 = all)")->check(zipage_cli::count());
   app.add_option("--policies", o.policies, "comma-separated policies (default: all built-in)")->delimiter(',');
   auto* budgets = app.add_option("--budgets", o.budgets, "comma-separated token budgets (multiples of --block-size)")
                       ->delimiter(',');
@@ -534,32 +534,42 @@ void add_grid_flags(CLI::App& app, grid_options& o) {
                      "budgets as fractions of full KV's mean sequence length (default 0.5,0.25,0.125)")
           ->delimiter(',');
   budgets->excludes(fractions);
-  app.add_option("--block-size", o.block_size, "KV block size")->check(CLI::PositiveNumber);
-  app.add_option("--window", o.window, "query window W")->check(CLI::PositiveNumber);
-  app.add_option("-n,--samples", o.samples, "sampled requests per problem")->check(CLI::PositiveNumber);
-  app.add_option("--max-tokens", o.max_tokens, "generated tokens per request at most")->check(CLI::PositiveNumber);
-  app.add_option("--seed", o.seed, "sample j of problem i uses seed + i * n + j");
-  app.add_option("--temperature,-t", o.temperature, "default: generation_config.json, else 0.6")->check(CLI::NonNegativeNumber);
+  app.add_option("--block-size", o.block_size, "KV block size")->check(zipage_cli::positive_count());
+  app.add_option("--window", o.window, "query window W")->check(zipage_cli::positive_count());
+  app.add_option("-n,--samples", o.samples, "sampled requests per problem")->check(zipage_cli::positive_count());
+  app.add_option("--max-tokens", o.max_tokens, "generated tokens per request at most")
+      ->check(zipage_cli::positive_count());
+  app.add_option("--seed", o.seed, "sample j of problem i uses seed + i * n + j")->check(zipage_cli::seed_check());
+  app.add_option("--temperature,-t", o.temperature, "default: generation_config.json, else 0.6")
+      ->check(zipage_cli::number_check("in [0, 1000000]", [](double v) { return v >= 0 && v <= 1e6; }));
   app.add_option("--top-p", o.top_p, "default: generation_config.json, else off")
       ->check(zipage_cli::in_half_open(0.0, 1.0));
-  app.add_option("--top-k", o.top_k, "default: generation_config.json, else off")->check(CLI::NonNegativeNumber);
-  app.add_option("--min-p", o.min_p, "default: generation_config.json, else off")->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--top-k", o.top_k, "default: generation_config.json, else off")->check(zipage_cli::count());
+  app.add_option("--min-p", o.min_p, "default: generation_config.json, else off")->check(zipage_cli::in_range(0.0, 1.0));
   app.add_option("--device", o.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--dtype", o.dtype, "GPU: bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
+  o.dtype_flag = app.add_option("--dtype", o.dtype, "GPU: bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));
   zipage_cli::add_kv_cache_dtype_flag(app, o.kv_cache_dtype, "GPU: ", "= --dtype");
   zipage_cli::add_quantization_flag(app, o.quantization, "GPU: ", "FP8 for an FP8 checkpoint, else --dtype");
-  app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization, "GPU: fraction of device memory for weights + KV")
-      ->check(CLI::Range(0.05, 1.0));
-  app.add_option("--kv-cache-mib", o.kv_cache_mib, "CPU: KV pool size in MiB")->check(CLI::PositiveNumber);
+  o.gpu_memory_utilization_flag =
+      app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization, "GPU: fraction of device memory for weights + KV")
+          ->check(zipage_cli::in_range(0.05, 1.0));
+  app.add_option("--kv-cache-mib", o.kv_cache_mib, "CPU: KV pool size in MiB")
+      ->check(zipage_cli::number_check("in (0, 1073741824] (1 PiB)", [](double v) { return v > 0 && v <= 1073741824.0; }));
   app.add_option("--num-blocks", o.num_blocks, "KV pool size in blocks (overrides the memory settings)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--max-num-seqs", o.max_num_seqs, "running requests at most")->check(CLI::PositiveNumber);
-  app.add_option("--max-batched-tokens", o.max_batched_tokens, "tokens per step at most")->check(CLI::PositiveNumber);
+      ->check(zipage_cli::count());
+  app.add_option("--max-num-seqs", o.max_num_seqs, "running requests at most")->check(zipage_cli::positive_count());
+  app.add_option("--max-batched-tokens", o.max_batched_tokens, "tokens per step at most")
+      ->check(zipage_cli::positive_count());
   app.add_flag("--quiet,-q", o.quiet, "only the table on stdout");
 }
 
 int run_grid(grid_options& o, const std::vector<problem>& problems, const task& t) {
+  // Writable before hours of cells run, not after (opened for appending: nothing in it is lost).
+  if (!o.json_out.empty()) {
+    std::ofstream probe(o.json_out, std::ios::app);
+    zipage::check(probe.good(), "--json-out: cannot write '", o.json_out, "'");
+  }
   for (int b : o.budgets)
     zipage::check(b > 0 && b % o.block_size == 0, "--budgets: ", b, " is not a positive multiple of --block-size ",
                   o.block_size);
@@ -598,6 +608,15 @@ int run_grid(grid_options& o, const std::vector<problem>& problems, const task& 
                 o.quantization, ": the CPU backend keeps fp32 weights (FP8 weights run with --device cuda)");
   zipage::check(o.kv_cache_dtype == "auto", "--kv-cache-dtype ", o.kv_cache_dtype,
                 ": the CPU backend keeps fp32 KV (an FP8 cache runs with --device cuda)");
+  // A flag the CPU run would ignore is refused, as zipage-generate refuses it.
+  zipage::check(o.dtype_flag == nullptr || o.dtype_flag->count() == 0 || o.dtype == "fp32", "--dtype ", o.dtype,
+                ": the CPU backend computes in fp32 (--dtype chooses the GPU's); drop the flag or add --device cuda");
+  zipage::check(o.gpu_memory_utilization_flag == nullptr || o.gpu_memory_utilization_flag->count() == 0,
+                "--gpu-memory-utilization sizes the GPU's pool; the CPU backend's pool is --kv-cache-mib (default 256) "
+                "or --num-blocks");
+  if (const double mib = zipage_cli::host_memory_mib(); mib > 0 && o.num_blocks == 0)
+    zipage::check(o.kv_cache_mib <= mib, "--kv-cache-mib ", o.kv_cache_mib, " is more than this machine's memory (",
+                  static_cast<long long>(mib), " MiB)");
   ctx.device_name = "cpu (fp32 reference backend)";
   if (!o.quiet) std::fprintf(stderr, "device: %s\n", ctx.device_name.c_str());
   return run_backend(ctx, zipage::cpu_backend{});

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/number_flags.hpp"
 #include "eval_common.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/gguf/gguf.hpp"
@@ -178,16 +179,28 @@ void report(const zipage::gguf::file& file, const options& o, const reference& r
 int fidelity_command(const options& o) {
   const auto file = zipage::gguf::file::open(o.model);
   const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
+  // Every flag is checked before the reference runs and the table starts.
   for (int b : o.budgets)
     zipage::check(b > 0 && b % o.block_size == 0, "--budgets: ", b, " is not a positive multiple of --block-size ",
                   o.block_size);
+  zipage::check(o.window <= o.block_size, "--window ", o.window, " is larger than --block-size ", o.block_size,
+                " (the window's queries are recorded in the last W slots of a block)");
+  std::string known;
+  for (auto n : zipage::builtin_policy_names()) known += (known.empty() ? "" : ", ") + std::string(n);
+  for (const auto& p : o.policies) {
+    bool found = false;
+    for (auto n : zipage::builtin_policy_names()) found = found || n == p;
+    zipage::check(found, "--policies: unknown policy '", p, "' (known: ", known, ")");
+  }
   std::vector<std::string> texts = builtin_prompts();
   if (!o.prompts_file.empty()) {
     std::ifstream in(o.prompts_file);
     zipage::check(in.good(), "cannot read prompts file '", o.prompts_file, "'");
     texts.clear();
-    for (std::string line; std::getline(in, line);)
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();  // a file written on Windows
       if (!line.empty()) texts.push_back(line);
+    }
   }
   texts.resize(std::min<std::size_t>(texts.size(), static_cast<std::size_t>(o.num_prompts)));
   zipage::check(!texts.empty(), "no prompts");
@@ -226,10 +239,10 @@ int main(int argc, char** argv) {
   auto* fid = app.add_subcommand("fidelity", "agreement and perplexity of each eviction policy against full KV");
   fid->add_option("--model,-m", o.model, "GGUF model (default: the bundled stories260K)");
   fid->add_option("--prompts", o.prompts_file, "one prompt per line (default: 16 built-in story openings)");
-  fid->add_option("--num-prompts", o.num_prompts, "prompts to use")->check(CLI::PositiveNumber);
-  fid->add_option("-n,--max-tokens", o.max_tokens, "greedy tokens per prompt")->check(CLI::PositiveNumber);
-  fid->add_option("--block-size", o.block_size, "KV block size")->check(CLI::PositiveNumber);
-  fid->add_option("--window", o.window, "query window W")->check(CLI::PositiveNumber);
+  fid->add_option("--num-prompts", o.num_prompts, "prompts to use")->check(zipage_cli::positive_count());
+  fid->add_option("-n,--max-tokens", o.max_tokens, "greedy tokens per prompt")->check(zipage_cli::positive_count());
+  fid->add_option("--block-size", o.block_size, "KV block size")->check(zipage_cli::positive_count());
+  fid->add_option("--window", o.window, "query window W")->check(zipage_cli::positive_count());
   fid->add_option("--budgets", o.budgets, "token budgets (multiples of the block size)")->delimiter(',');
   fid->add_option("--policies", o.policies, "subset of policies")->delimiter(',');
 

@@ -13,7 +13,9 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../common/engine_cli.hpp"
@@ -29,12 +31,17 @@ struct options : zipage_cli::engine_options {
   std::string system;        // with --chat: a system message
 };
 
+// A line of a text file without its end: "\r\n" (a file written on Windows) ends a line as "\n" does.
+std::string_view without_cr(const std::string& line) {
+  return !line.empty() && line.back() == '\r' ? std::string_view(line).substr(0, line.size() - 1) : line;
+}
+
 std::vector<std::string> read_prompts(const std::string& path) {
   std::ifstream in(path);
   zipage::check(in.good(), "cannot read prompts file '", path, "'");
   std::vector<std::string> prompts;
   for (std::string line; std::getline(in, line);)
-    if (!line.empty()) prompts.push_back(line);
+    if (const auto text = without_cr(line); !text.empty()) prompts.emplace_back(text);
   zipage::check(!prompts.empty(), "prompts file '", path, "' has no prompt (one per line)");
   return prompts;
 }
@@ -45,8 +52,9 @@ std::vector<int> read_max_tokens(const std::string& path, std::size_t prompts) {
   zipage::check(in.good(), "cannot read --max-tokens-file '", path, "'");
   std::vector<int> values;
   int line_number = 0;
-  for (std::string line; std::getline(in, line);) {
+  for (std::string raw; std::getline(in, raw);) {
     ++line_number;
+    const std::string_view line = without_cr(raw);
     if (line.empty()) continue;
     int v = 0;
     const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), v);
@@ -73,8 +81,9 @@ void add_flags(CLI::App& app, options& o) {
       ->needs(many);
   app.add_flag("--quiet,-q", o.quiet, "print only the generated text");
   app.add_flag("--chat", o.chat, "wrap each prompt in the checkpoint's chat template (checkpoint directories)");
-  app.add_flag("--no-thinking", o.no_thinking, "with --chat: turn Qwen3's thinking off");
-  app.add_option("--system", o.system, "with --chat: a system message");
+  auto* chat = app.get_option("--chat");
+  app.add_flag("--no-thinking", o.no_thinking, "with --chat: turn Qwen3's thinking off")->needs(chat);
+  app.add_option("--system", o.system, "with --chat: a system message")->needs(chat);
 }
 
 void progress(std::size_t done, std::size_t total, std::int64_t tokens, double seconds) {
@@ -146,12 +155,19 @@ int run_engine(options& o, const inputs& in, Engine& eng, Encode& encode) {
   const bool batch = !o.prompts_file.empty();
   const std::vector<std::string>& texts = in.texts;
   const std::vector<int>& lengths = in.max_tokens;
-  std::vector<zipage::request_id> ids;
+  // A prompt the engine refuses (too long for the context, say) fails alone; the others still run.
+  std::vector<std::optional<zipage::request_id>> ids;
+  std::vector<std::string> refused(texts.size());
   for (std::size_t i = 0; i < texts.size(); ++i) {
     auto params = o.sampling;
     params.seed += i;
     if (!lengths.empty()) params.max_tokens = lengths[i];
-    ids.push_back(eng.add_request(encode(texts[i]), params));
+    try {
+      ids.push_back(eng.add_request(encode(texts[i]), params));
+    } catch (const zipage::error& e) {
+      ids.push_back(std::nullopt);
+      refused[i] = zipage_cli::in_flag_terms(e.what());
+    }
   }
 
   const auto start = std::chrono::steady_clock::now();
@@ -177,13 +193,15 @@ int run_engine(options& o, const inputs& in, Engine& eng, Encode& encode) {
 
   std::vector<std::size_t> failed;
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    const auto out = eng.take_output(ids[i]);
-    if (out.reason == zipage::finish_reason::error) {
-      std::fprintf(stderr, "request %zu failed: %s\n", i, out.error_message.c_str());
-      failed.push_back(i);
-    }
+    const auto out = ids[i] ? eng.take_output(*ids[i]) : zipage::request_output{};
     if (batch) std::cout << "[" << i << "] " << texts[i] << out.text << "\n";
     else std::cout << "\n";
+    if (!ids[i] || out.reason == zipage::finish_reason::error) {
+      std::cout << std::flush;  // the text's line ends before the error's
+      std::fprintf(stderr, "request %zu failed: %s\n", i,
+                   ids[i] ? zipage_cli::in_flag_terms(out.error_message).c_str() : refused[i].c_str());
+      failed.push_back(i);
+    }
   }
   std::cout << std::flush;  // the text first, then the summary on stderr
   if (!o.quiet) print_summary(eng, texts.size(), seconds);

@@ -13,6 +13,18 @@
 
 namespace zipage_serve {
 
+// A label value as the exposition format spells it: backslash, double quote and newline escaped.
+inline std::string prometheus_label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
 // A cumulative histogram with fixed upper bounds (seconds), as prometheus_client writes one.
 class histogram {
  public:
@@ -26,16 +38,17 @@ class histogram {
     ++count_;
   }
 
-  void write(std::ostringstream& os, const std::string& name, const std::string& help) const {
+  // `labels`: the series' other labels, e.g. model_name="m" (escaped), written before le.
+  void write(std::ostringstream& os, const std::string& name, const std::string& help, const std::string& labels) const {
     os << "# HELP " << name << " " << help << "\n# TYPE " << name << " histogram\n";
     std::uint64_t cumulative = 0;
     for (std::size_t i = 0; i < bounds_.size(); ++i) {
       cumulative += counts_[i];
-      os << name << "_bucket{le=\"" << bounds_[i] << "\"} " << cumulative << "\n";
+      os << name << "_bucket{" << labels << ",le=\"" << bounds_[i] << "\"} " << cumulative << "\n";
     }
     cumulative += counts_.back();
-    os << name << "_bucket{le=\"+Inf\"} " << cumulative << "\n";
-    os << name << "_sum " << sum_ << "\n" << name << "_count " << count_ << "\n";
+    os << name << "_bucket{" << labels << ",le=\"+Inf\"} " << cumulative << "\n";
+    os << name << "_sum{" << labels << "} " << sum_ << "\n" << name << "_count{" << labels << "} " << count_ << "\n";
   }
 
  private:
@@ -63,7 +76,8 @@ struct server_metrics {
     const auto& s = engine;
     std::ostringstream os;
     os.precision(10);
-    const std::string label = "{model_name=\"" + model_name + "\"}";
+    const std::string model_label = "model_name=\"" + prometheus_label_value(model_name) + "\"";
+    const std::string label = "{" + model_label + "}";
     auto metric = [&](const char* name, const char* type, const char* help, double v) {
       os << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n" << name << label << " " << v << "\n";
     };
@@ -94,19 +108,19 @@ struct server_metrics {
     metric("zipage_engine_steps_total", "counter", "Engine steps.", static_cast<double>(s.steps));
     metric("zipage_http_requests_in_flight", "gauge", "Generation requests being served over HTTP.", http_in_flight);
     os << "# HELP zipage_request_success_total Finished choices by finish reason.\n# TYPE zipage_request_success_total counter\n";
-    os << "zipage_request_success_total{model_name=\"" << model_name << "\",finished_reason=\"stop\"} " << finished_stop << "\n";
-    os << "zipage_request_success_total{model_name=\"" << model_name << "\",finished_reason=\"length\"} " << finished_length << "\n";
+    os << "zipage_request_success_total{" << model_label << ",finished_reason=\"stop\"} " << finished_stop << "\n";
+    os << "zipage_request_success_total{" << model_label << ",finished_reason=\"length\"} " << finished_length << "\n";
     metric("zipage_request_failure_total", "counter", "Choices the engine failed.", static_cast<double>(finished_error));
     metric("zipage_request_cancelled_total", "counter", "Choices cancelled (client disconnected, or shutdown).",
            static_cast<double>(cancelled));
     os << "# HELP zipage_request_rejected_total Requests refused before they reached the engine.\n"
           "# TYPE zipage_request_rejected_total counter\n";
-    os << "zipage_request_rejected_total{model_name=\"" << model_name << "\",reason=\"queue_full\"} " << rejected_queue_full << "\n";
-    os << "zipage_request_rejected_total{model_name=\"" << model_name << "\",reason=\"invalid\"} " << rejected_invalid << "\n";
-    os << "zipage_request_rejected_total{model_name=\"" << model_name << "\",reason=\"shutting_down\"} " << rejected_shutting_down << "\n";
-    ttft.write(os, "zipage_time_to_first_token_seconds", "Time from a request's arrival to its first token.");
-    itl.write(os, "zipage_inter_token_latency_seconds", "Time between two consecutive tokens of a request.");
-    e2e.write(os, "zipage_e2e_request_latency_seconds", "Time from a request's arrival to its last token.");
+    os << "zipage_request_rejected_total{" << model_label << ",reason=\"queue_full\"} " << rejected_queue_full << "\n";
+    os << "zipage_request_rejected_total{" << model_label << ",reason=\"invalid\"} " << rejected_invalid << "\n";
+    os << "zipage_request_rejected_total{" << model_label << ",reason=\"shutting_down\"} " << rejected_shutting_down << "\n";
+    ttft.write(os, "zipage_time_to_first_token_seconds", "Time from a request's arrival to its first token.", model_label);
+    itl.write(os, "zipage_inter_token_latency_seconds", "Time between two consecutive tokens of a request.", model_label);
+    e2e.write(os, "zipage_e2e_request_latency_seconds", "Time from a request's arrival to its last token.", model_label);
     return os.str();
   }
 };

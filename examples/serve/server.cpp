@@ -20,7 +20,9 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <limits>
 #include <list>
+#include <map>
 #include <mutex>
 #include <random>
 #include <stdexcept>
@@ -33,7 +35,8 @@
 namespace zipage_serve {
 namespace {
 
-using json = nlohmann::json;
+// Objects keep their members in insertion order: OpenAI's field order, and top_logprobs most likely first.
+using json = nlohmann::ordered_json;
 using namespace std::chrono_literals;
 
 // ---------------------------------------------------------------------------------------------
@@ -136,7 +139,7 @@ class api {
   api(const server_options& so, const zipage_cli::engine_options& eo, const served_model& m, engine_service& service,
       server_metrics& metrics)
       : so_(so), eo_(eo), model_(m), service_(service), metrics_(metrics), created_(std::time(nullptr)),
-        rng_(std::random_device{}()) {}
+        rng_(so.seed ? *so.seed : std::random_device{}()) {}
 
   const std::string& name() const { return so_.served_model_name; }
   std::atomic<bool> draining{false};
@@ -196,7 +199,13 @@ class api {
     if (auto v = number(body, "frequency_penalty", -2.0, 2.0)) p.frequency_penalty = static_cast<float>(*v);
     if (auto v = number(body, "presence_penalty", -2.0, 2.0)) p.presence_penalty = static_cast<float>(*v);
     if (auto v = boolean(body, "ignore_eos")) p.ignore_eos = *v;
-    if (auto v = integer(body, "priority", -(1LL << 31), (1LL << 31) - 1)) p.priority = static_cast<int>(*v);
+    if (auto v = integer(body, "priority", -(1LL << 31), (1LL << 31) - 1)) {
+      // As vLLM: a priority only means something under --scheduling-policy priority; elsewhere a 400, not ignored.
+      if (*v != 0 && eo_.scheduling != "priority")
+        bad_param("priority", "'priority' " + std::to_string(*v) +
+                                  " needs the server started with --scheduling-policy priority (it runs fcfs)");
+      p.priority = static_cast<int>(*v);
+    }
     if (const json* stop = field(body, "stop")) {
       p.stop.clear();
       auto add = [&](const json& s) {
@@ -258,7 +267,9 @@ class api {
         mt = static_cast<int>(*max_tokens);
       } else {
         const int room = ctx > 0 ? ctx - len : 1 << 20;
-        mt = so_.default_max_tokens > 0 ? std::min(so_.default_max_tokens, room) : (ctx > 0 ? room : 256);
+        // Without -n: OpenAI's and vLLM's defaults, 16 tokens for a completion, up to the context for a chat.
+        const int api_default = chat ? (ctx > 0 ? room : 256) : std::min(16, room);
+        mt = so_.default_max_tokens > 0 ? std::min(so_.default_max_tokens, room) : api_default;
       }
       for (int j = 0; j < r.n; ++j) {
         job jb;
@@ -317,12 +328,18 @@ class api {
     if (integer(body, "min_tokens", 0, std::numeric_limits<int>::max()).value_or(0) > 0) unsupported("min_tokens", "above 0");
     for (const char* key : {"use_beam_search", "include_stop_str_in_output"})
       if (boolean(body, key).value_or(false)) unsupported(key, "true");
+    if (!boolean(body, "skip_special_tokens").value_or(true)) unsupported("skip_special_tokens", "false");
     if (const json* rf = field(body, "response_format")) {
       const json* type = rf->is_object() ? field(*rf, "type") : nullptr;
       if (type == nullptr || !type->is_string() || type->get<std::string>() != "text")
         unsupported("response_format", "other than {\"type\": \"text\"}");
     }
     if (!chat && non_empty("suffix")) unsupported("suffix", "(non-empty)");
+    if (chat && boolean(body, "echo").value_or(false)) unsupported("echo", "true");
+    // Without tools, only "none" (or "auto", which then means none) makes sense, as in vLLM.
+    if (const json* choice = field(body, "tool_choice");
+        choice && !(choice->is_string() && (*choice == "none" || *choice == "auto")))
+      unsupported("tool_choice", "other than \"none\" or \"auto\" (zipage-serve has no tool calling)");
   }
 
   std::vector<zipage::token_id> check_tokens(const json& list, const char* param) const {
@@ -388,10 +405,25 @@ class api {
           bad_param("messages", "a message's 'content' must be a string or a list of text parts, got " + got(*c));
         }
       }
-      messages.push_back({role->get<std::string>(), std::move(content)});
+      if (const json* calls = field(m, "tool_calls"); calls && !(calls->is_array() && calls->empty()))
+        bad_param("messages", "assistant 'tool_calls' in the conversation are not supported by zipage-serve");
+      // OpenAI's "developer" role is its newer name for "system" (the templates know "system").
+      std::string r = role->get<std::string>();
+      if (r == "developer") r = "system";
+      messages.push_back({std::move(r), std::move(content)});
     }
+    // add_generation_prompt / continue_final_message (vLLM's, as transformers' apply_chat_template): end with
+    // the assistant's header (the default), with nothing, or inside the last (assistant) message, so the
+    // model continues its text.
+    const auto add_generation_prompt = boolean(body, "add_generation_prompt");
+    const bool continue_final = boolean(body, "continue_final_message").value_or(false);
+    if (continue_final && add_generation_prompt.value_or(false))
+      bad_param("continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+    if (continue_final && (messages.back().role != "assistant" || messages.back().content.empty()))
+      bad_param("continue_final_message",
+                "'continue_final_message' needs the last message to be an assistant message with content");
     const auto& text = *model_.text;
-    if (so_.chat_template == "plain") {
+    if (so_.chat_template == "plain") {  // no turn markup: nothing to add or to leave open
       std::string joined;
       for (const auto& m : messages) joined += (joined.empty() ? "" : "\n") + m.content;
       return encode(joined);
@@ -401,15 +433,26 @@ class api {
                            "with --chat-template plain to send the messages' contents as plain text",
                       "messages", "invalid_request_error", "no_chat_template");
     zipage::chat_options opts;
+    opts.add_generation_prompt = !continue_final && add_generation_prompt.value_or(true);
     if (const json* kw = field(body, "chat_template_kwargs")) {
       if (!kw->is_object()) bad_param("chat_template_kwargs", "'chat_template_kwargs' must be an object");
       if (auto think = boolean(*kw, "enable_thinking")) opts.enable_thinking = *think;
     }
+    std::string rendered;
     try {
-      return text.encode_templated(text.apply_chat_template(messages, opts));
+      rendered = text.apply_chat_template(messages, opts);
     } catch (const zipage::error& e) {
       bad_param("messages", e.what());
     }
+    if (continue_final) {
+      // Cut right after the final message's text, dropping the end-of-turn the template closed it with.
+      const std::string& last = messages.back().content;
+      const std::size_t at = rendered.rfind(last);
+      if (at == std::string::npos)
+        bad_param("continue_final_message", "the chat template does not write the final message's text verbatim");
+      rendered.resize(at + last.size());
+    }
+    return text.encode_templated(rendered);
   }
 
   const server_options& so_;
@@ -621,8 +664,8 @@ json byte_list(const std::string& s) {
 }
 
 // OpenAI's shapes: chat {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]};
-// completions {tokens, token_logprobs, top_logprobs: [{text: logprob} (the k best and the sampled token) or
-// null when logprobs is 0], text_offset}.
+// completions {tokens, token_logprobs, top_logprobs: [{text: logprob}: the k best, most likely first, and the
+// sampled token (alone when logprobs is 0), as vLLM], text_offset}.
 json logprobs_json(const gen_request& req, const std::vector<logprob_entry>& entries, std::size_t text_offset) {
   if (req.chat) {
     json content = json::array();
@@ -641,15 +684,11 @@ json logprobs_json(const gen_request& req, const std::vector<logprob_entry>& ent
     tokens.push_back(e.text);
     lps.push_back(json_logprob(e.logprob));
     offsets.push_back(text_offset);
-    if (req.top_logprobs > 0) {
-      json top = json::object();
-      for (const auto& t : e.top) top[token_piece(req.text, t.id)] = json_logprob(t.logprob);
-      const std::string sampled = token_piece(req.text, e.token);
-      if (!top.contains(sampled)) top[sampled] = json_logprob(e.logprob);
-      tops.push_back(std::move(top));
-    } else {
-      tops.push_back(nullptr);
-    }
+    json top = json::object();
+    for (const auto& t : e.top) top[token_piece(req.text, t.id)] = json_logprob(t.logprob);
+    const std::string sampled = token_piece(req.text, e.token);
+    if (!top.contains(sampled)) top[sampled] = json_logprob(e.logprob);
+    tops.push_back(std::move(top));
     text_offset += e.text.size();
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
@@ -830,14 +869,54 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
   server_metrics metrics;
   engine_service service(driver, metrics);
   api a(so, eo, model, service, metrics);
-  const int limit = model.max_num_seqs + so.max_queue;
+  // Choices held at once (running + waiting); both flags may be as large as an int, so their sum is clamped.
+  const int limit = static_cast<int>(
+      std::min<long long>(std::numeric_limits<int>::max(), static_cast<long long>(model.max_num_seqs) + so.max_queue));
   const std::size_t threads =
-      so.http_threads > 0 ? static_cast<std::size_t>(so.http_threads) : std::min<std::size_t>(4096, limit + 16);
+      so.http_threads > 0 ? static_cast<std::size_t>(so.http_threads) : std::min<std::size_t>(4096, static_cast<std::size_t>(limit) + 16);
 
   hangup_watch hangups;  // before svr: handlers hold its tickets until the listener has stopped
   socket_finder sockets;
   httplib::Server svr;
   svr.new_task_queue = [threads] { return new growing_pool(threads); };
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which lets a second server bind a port in use
+  // and take half its connections.
+  svr.set_socket_options([](socket_t sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  // Before httplib reads a body: a known route with the wrong method is a 405 naming the right one; a body
+  // with neither Content-Length nor chunked encoding is a 411 (httplib 0.11 would read it until the client
+  // closes: the 30 s read timeout for a client that waits for the answer).
+  svr.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    static const std::map<std::string, std::string, std::less<>> route_method = {
+        {"/health", "GET"}, {"/metrics", "GET"}, {"/v1/models", "GET"},
+        {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}};
+    const auto route = route_method.find(req.path);
+    if (route != route_method.end() && req.method != route->second &&
+        !(req.method == "HEAD" && route->second == "GET")) {
+      res.status = 405;
+      res.set_header("Allow", route->second);
+      res.set_content(error_json("method " + zipage::json::printable(req.method) + " is not allowed on " + req.path +
+                                     "; use " + route->second,
+                                 "invalid_request_error", {}, "method_not_allowed")
+                          .dump(),
+                      "application/json");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                             req.method == "DELETE" || req.method == "PRI";
+    if (!body_method || req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
+      return httplib::Server::HandlerResponse::Unhandled;
+    res.status = route == route_method.end() ? 404 : 411;
+    res.set_content(route == route_method.end()
+                        ? error_json("no route " + req.method + " " + zipage::json::printable(req.path),
+                                     "invalid_request_error", {}, "not_found").dump()
+                        : error_json("a request body needs a Content-Length header (or chunked transfer encoding)",
+                                     "invalid_request_error", {}, "length_required").dump(),
+                    "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   svr.set_payload_max_length(so.max_body_bytes);
   // One request per connection (every response says `Connection: close`): a client that reused an idle
   // keep-alive connection just as the server's keep-alive ran out lost that request ("other side closed",
@@ -921,6 +1000,18 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
         throw;
       }
       const int n = static_cast<int>(g->req.jobs.size());
+      // More choices than the server ever holds: no retry can succeed, so a 400 rather than a 429.
+      if (n > limit) {
+        {
+          std::lock_guard lock(metrics.mutex);
+          ++metrics.rejected_invalid;
+        }
+        throw api_error(400,
+                        "this request has " + std::to_string(n) + " choices (prompts x n); the server holds at most " +
+                            std::to_string(limit) + " at once (--max-num-seqs " + std::to_string(model.max_num_seqs) +
+                            " + --max-queue " + std::to_string(so.max_queue) + ")",
+                        "n");
+      }
       if (!service.reserve(n, limit)) {
         std::lock_guard lock(metrics.mutex);
         ++metrics.rejected_queue_full;
@@ -944,13 +1035,17 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
     g->choices.resize(g->req.jobs.size());
     g->open = g->choices.size();
     for (const auto& p : g->req.prompts) g->prompt_tokens += static_cast<int>(p.size());
-    {
-      std::lock_guard lock(metrics.mutex);
-      for (const auto& j : g->req.jobs) metrics.request_prompt_tokens += static_cast<std::int64_t>(j.prompt.size());
-    }
+    std::int64_t choice_prompt_tokens = 0;
+    for (const auto& j : g->req.jobs) choice_prompt_tokens += static_cast<std::int64_t>(j.prompt.size());
     service.submit(g->ch, std::move(g->req.jobs), arrival);
     std::string refusal;
     const int settled = g->ch->wait_settled(60s, refusal);
+    {
+      // Counted once the engine has taken the request: a refused one is a rejection, not accepted tokens.
+      std::lock_guard lock(metrics.mutex);
+      if (settled == 1) metrics.request_prompt_tokens += choice_prompt_tokens;
+      if (settled < 0) ++metrics.rejected_invalid;
+    }
     if (settled != 1) {
       if (settled == 0) service.cancel(g->ch);
       send_error(res, settled < 0 ? api_error(400, refusal, chat ? "messages" : "prompt")

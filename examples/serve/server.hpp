@@ -1,6 +1,8 @@
 #pragma once
 // zipage-serve's HTTP side: the OpenAI-compatible routes over an engine_service (examples/serve/server.cpp,
 // compiled once whatever the policy).
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "../common/engine_cli.hpp"
@@ -18,7 +20,10 @@ struct server_options {
   std::size_t max_body_bytes = 8u << 20;
   int http_threads = 0;             // 0: max_num_seqs + max_queue + 16, at most 4096
   std::string chat_template = "auto";  // auto: the checkpoint's; plain: the messages' contents joined by newlines
-  int default_max_tokens = 0;          // 0: up to the model's context
+  int default_max_tokens = 0;          // 0: the API's default (completions 16, chat up to the context)
+  // --seed: the seeds of choices that set none are drawn from a generator seeded with it, so a fresh server
+  // answers the same requests in the same order alike (as vLLM's --seed). Without it: from random_device.
+  std::optional<std::uint64_t> seed;
 };
 
 // What serve() needs to know about the loaded engine.

@@ -22,8 +22,9 @@ void add_flags(CLI::App& app, options& o) {
   zipage_cli::add_engine_flags(app, o);
   auto& s = o.server;
   app.add_option("-n,--max-tokens", s.default_max_tokens,
-                 "tokens a request generates when it sets no max_tokens (0: up to the model's context)")
-      ->check(CLI::NonNegativeNumber);
+                 "tokens a request generates when it sets no max_tokens (0: as OpenAI and vLLM, 16 for a completion, "
+                 "up to the model's context for a chat)")
+      ->check(zipage_cli::count());
   app.add_option("--host", s.host, "address to listen on")->capture_default_str();
   app.add_option("--port", s.port, "port to listen on (0: any free port, printed at start)")
       ->check(CLI::Range(0, 65535))
@@ -32,18 +33,18 @@ void add_flags(CLI::App& app, options& o) {
   app.add_option("--served-model-name", s.served_model_name, "the model's name in the API (default: the model file or directory name)");
   app.add_option("--max-queue", s.max_queue,
                  "requests (choices) that may wait beyond --max-num-seqs running ones; more get 429")
-      ->check(CLI::NonNegativeNumber)
+      ->check(zipage_cli::count())
       ->capture_default_str();
   app.add_option("--shutdown-timeout", s.shutdown_timeout,
                  "seconds in-flight requests get to finish after SIGINT/SIGTERM before they are cancelled")
-      ->check(CLI::NonNegativeNumber)
+      ->check(zipage_cli::number_check("in [0, 86400] (a day)", [](double v) { return v >= 0 && v <= 86400; }))
       ->capture_default_str();
   app.add_option("--max-body-bytes", s.max_body_bytes, "largest request body accepted (413 beyond)")
-      ->check(CLI::PositiveNumber)
+      ->check(zipage_cli::number_check("in [1, 2^40]", [](double v) { return v >= 1 && v <= 1099511627776.0; }))
       ->capture_default_str();
   app.add_option("--http-threads", s.http_threads,
                  "HTTP worker threads at most (0: max-num-seqs + max-queue + 16, at most 4096)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(zipage_cli::number_check("in [0, 65536]", [](double v) { return v >= 0 && v <= 65536; }));
   app.add_option("--chat-template", s.chat_template,
                  "auto: the checkpoint's chat template (chat requests get 400 without one); plain: the messages' "
                  "contents joined by newlines, for models without a template (stories260K)")
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
   options o;
   add_flags(app, o);
   if (const int rc = zipage_cli::parse_cli(app, argc, argv, "zipage-serve"); rc >= 0) return rc;
+  if (app.get_option("--seed")->count() > 0) o.server.seed = o.sampling.seed;
   // SIGINT/SIGTERM go to the server's signal thread only (blocked here, before any thread starts, so every
   // thread inherits the mask); a client gone mid-write must not kill the process.
   sigset_t signals;

@@ -164,7 +164,7 @@ inline void check_request(const std::vector<token_id>& prompt, const sampling_pa
                                    : "the model's whole context of " + std::to_string(context) + " tokens",
           "), but the pool has ", memory.num_blocks, " (",
           cfg.num_blocks > 0 ? "engine_config::num_blocks" : "from engine_config::kv_cache_bytes",
-          "): lower budget_tokens or give the pool more blocks");
+          "): lower engine_config::budget_tokens or give the pool more blocks");
   }
   return memory.num_blocks;
 }

@@ -1,0 +1,186 @@
+// zipage-serve at the HTTP level and its flags: a port in use, a body without a length, a known route with the
+// wrong method, a request larger than the whole queue, flags at the top of their ranges, Prometheus label
+// escaping, --seed, and the chat-template fields add_generation_prompt / continue_final_message / the
+// developer role (on the random Qwen3 checkpoint, which has Qwen3's template).
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import net from 'node:net';
+import { deadline, metrics, post, run, startServer } from './common.mjs';
+
+deadline(120);
+const MODEL = 'stories260K';
+
+// Sends raw bytes and resolves with the status line's code and how long the answer took.
+function rawRequest(port, bytes) {
+  return new Promise((resolve, reject) => {
+    const t0 = Date.now();
+    const sock = net.connect(port, '127.0.0.1', () => sock.write(bytes));
+    let data = '';
+    sock.on('data', (d) => {
+      data += d.toString();
+      const m = data.match(/^HTTP\/1\.1 (\d+)/);
+      if (m && data.includes('\r\n\r\n')) {
+        sock.destroy();
+        resolve({ status: Number(m[1]), ms: Date.now() - t0, text: data });
+      }
+    });
+    sock.on('error', reject);
+    setTimeout(() => { sock.destroy(); reject(new Error(`no answer in 5 s: ${data}`)); }, 5000);
+  });
+}
+
+await run('serve_http', async (servers) => {
+  const server = await startServer(['--max-num-seqs', '2', '--max-queue', '1', '--served-model-name', 'my"model\\x']);
+  servers.push(server);
+  const base = server.base;
+
+  // A second server on the same port must fail at start, not share the port (httplib's SO_REUSEPORT).
+  const second = spawn(process.env.ZIPAGE_SERVE_BIN, ['--host', '127.0.0.1', '--port', String(server.port)],
+                       { stdio: ['ignore', 'ignore', 'pipe'] });
+  let secondLog = '';
+  second.stderr.on('data', (d) => { secondLog += d.toString(); });
+  const secondExit = await new Promise((resolve) => {
+    const timer = setTimeout(() => { second.kill('SIGKILL'); resolve('still running after 20 s'); }, 20000);
+    second.on('exit', (code) => { clearTimeout(timer); resolve(code); });
+  });
+  assert.equal(secondExit, 1, secondLog);
+  assert.match(secondLog, new RegExp(`cannot listen on 127\\.0\\.0\\.1:${server.port} \\(in use`));
+
+  // A POST with neither Content-Length nor chunked encoding: 411 at once (not the 30 s read timeout).
+  const noLength = await rawRequest(server.port,
+    'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\r\n{"prompt": "x"}');
+  assert.equal(noLength.status, 411, noLength.text);
+  assert.ok(noLength.ms < 3000, `411 took ${noLength.ms} ms`);
+  assert.equal((await rawRequest(server.port, 'DELETE /v1/nothing HTTP/1.1\r\nHost: x\r\n\r\n')).status, 404);
+
+  // A known route with the wrong method: 405 naming the right one.
+  const get = await fetch(`${base}/v1/completions`);
+  assert.equal(get.status, 405);
+  assert.equal(get.headers.get('allow'), 'POST');
+  assert.equal((await get.json()).error.code, 'method_not_allowed');
+  const postHealth = await post(base, '/health', {});
+  assert.equal(postHealth.status, 405, postHealth.text);
+  assert.equal((await fetch(`${base}/v1/models`, { method: 'HEAD' })).status, 200);
+
+  // More choices than --max-num-seqs + --max-queue (2 + 1) can ever hold: 400 on 'n', not a 429 to retry.
+  const big = await post(base, '/v1/completions', { prompt: 'x', max_tokens: 2, n: 4 });
+  assert.equal(big.status, 400, big.text);
+  assert.equal(big.json.error.param, 'n');
+  assert.match(big.json.error.message, /4 choices .* at most 3 at once/);
+  const fits = await post(base, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 2, n: 3 });
+  assert.equal(fits.status, 200, fits.text);
+  // A priority under the default fcfs scheduling would be ignored: 400, as vLLM (0 is the neutral value).
+  const prio = await post(base, '/v1/completions', { prompt: 'x', max_tokens: 2, priority: 3 });
+  assert.equal(prio.status, 400, prio.text);
+  assert.equal(prio.json.error.param, 'priority');
+  assert.equal((await post(base, '/v1/completions', { prompt: 'x', max_tokens: 2, priority: 0 })).status, 200);
+  // No max_tokens and no -n: OpenAI's and vLLM's default for a completion, 16 tokens.
+  const dflt = await post(base, '/v1/completions', { prompt: 'Once upon a time', ignore_eos: true });
+  assert.equal(dflt.json.usage.completion_tokens, 16, dflt.text);
+
+  // Label values escaped as the exposition format says; the histograms carry the model's label too.
+  const text = await (await fetch(`${base}/metrics`)).text();
+  assert.ok(text.includes('zipage_num_requests_running{model_name="my\\"model\\\\x"} '), text.slice(0, 400));
+  assert.match(text, /zipage_e2e_request_latency_seconds_bucket\{model_name="my\\"model\\\\x",le="\+Inf"\} [1-9]\d*\n/);
+  assert.match(text, /zipage_e2e_request_latency_seconds_count\{model_name="my\\"model\\\\x"\} [1-9]\d*\n/);
+  for (const line of text.split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    assert.match(line, /^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\[\\"n])*",?)*\})? \S+$/, line);
+  }
+  // A request the engine refuses (a prompt id outside the vocabulary) is a rejection, not accepted prompt tokens.
+  const invalid = async () => Number((await (await fetch(`${base}/metrics`)).text())
+    .match(/zipage_request_rejected_total\{[^}]*reason="invalid"\} (\d+)/)[1]);
+  const m0 = await metrics(base);
+  const i0 = await invalid();
+  const refused = await post(base, '/v1/completions', { prompt: [[5, 6, 99999]], max_tokens: 2 });
+  assert.equal(refused.status, 400, refused.text);
+  assert.match(refused.json.error.message, /vocabulary/);
+  const m1 = await metrics(base);
+  assert.equal(m1.zipage_prompt_tokens_total, m0.zipage_prompt_tokens_total);
+  assert.equal(await invalid(), i0 + 1);
+});
+
+await run('serve_http_flags', async (servers) => {
+  // Flags at the top of their ranges: the queue bound's sum does not overflow into "always full".
+  const server = await startServer(['--max-queue', '2147483647', '--max-num-seqs', '2147483647', '--num-blocks', '256']);
+  servers.push(server);
+  const r = await post(server.base, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 3 });
+  assert.equal(r.status, 200, r.text);
+  // Out-of-range or non-finite flag values: one line naming the flag and a readable range.
+  for (const [flag, value, range] of [['--shutdown-timeout', 'nan', 'not a finite number'],
+                                      ['--shutdown-timeout', '1e300', 'in \\[0, 86400\\]'],
+                                      ['--max-queue', '-1', 'in \\[0, 2147483647\\]'],
+                                      ['--http-threads', '-5', 'in \\[0, 65536\\]'],
+                                      ['--max-body-bytes', '0', 'in \\[1, 2\\^40\\]'],
+                                      ['--seed', '-1', 'in \\[0, 2\\^64 - 1\\]|not a whole number']]) {
+    const p = spawn(process.env.ZIPAGE_SERVE_BIN, [flag, value], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let err = '';
+    p.stderr.on('data', (d) => { err += d.toString(); });
+    const code = await new Promise((resolve) => p.on('exit', resolve));
+    assert.equal(code, 2, `${flag} ${value}: ${err}`);
+    assert.match(err, new RegExp(`${flag}.*(${range})`), err);
+    assert.ok(err.length < 300, `${flag} ${value}: ${err}`);
+  }
+});
+
+await run('serve_http_seed', async (servers) => {
+  // --seed: requests that set no seed draw theirs from a generator seeded with it, so a fresh server answers
+  // the same requests alike.
+  const texts = [];
+  for (let round = 0; round < 2; ++round) {
+    const server = await startServer(['--seed', '5', '--temperature', '1']);
+    servers.push(server);
+    const got = [];
+    for (let i = 0; i < 3; ++i) {
+      const r = await post(server.base, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 16 });
+      assert.equal(r.status, 200, r.text);
+      got.push(r.json.choices[0].text);
+    }
+    texts.push(got);
+    await server.stop();
+  }
+  assert.deepEqual(texts[1], texts[0]);
+  assert.ok(new Set(texts[0]).size > 1, `three draws, one text: ${texts[0]}`);
+});
+
+await run('serve_http_chat_template', async (servers) => {
+  const model = process.env.ZIPAGE_SERVE_CHAT_MODEL;
+  assert.ok(model, 'ZIPAGE_SERVE_CHAT_MODEL is not set');
+  const server = await startServer(['--model', model]);
+  servers.push(server);
+  const chat = async (body) => {
+    const r = await post(server.base, '/v1/chat/completions', { max_tokens: 2, temperature: 0, ...body });
+    return r;
+  };
+  const prompt = async (body) => {
+    const r = await chat(body);
+    assert.equal(r.status, 200, r.text);
+    return r.json.usage.prompt_tokens;
+  };
+  const user = [{ role: 'user', content: 'What is 2+3?' }];
+  const turn = [...user, { role: 'assistant', content: 'The answer is' }];
+  // Qwen3's template: the generation prompt is "<|im_start|>assistant\n" (3 tokens).
+  assert.equal(await prompt({ messages: user }) - await prompt({ messages: user, add_generation_prompt: false }), 3);
+  // continue_final_message: the last assistant message stays open (no "<|im_end|>\n"), so the model continues it.
+  assert.equal(await prompt({ messages: turn, add_generation_prompt: false }) -
+               await prompt({ messages: turn, continue_final_message: true, add_generation_prompt: false }), 2);
+  assert.equal(await prompt({ messages: turn, continue_final_message: true }),
+               await prompt({ messages: turn, continue_final_message: true, add_generation_prompt: false }));
+  const both = await chat({ messages: turn, continue_final_message: true, add_generation_prompt: true });
+  assert.equal(both.status, 400, both.text);
+  assert.equal(both.json.error.param, 'continue_final_message');
+  assert.equal((await chat({ messages: user, continue_final_message: true })).status, 400);
+  // "developer" is OpenAI's newer name for "system".
+  assert.equal(await prompt({ messages: [{ role: 'developer', content: 'Be brief.' }, ...user] }),
+               await prompt({ messages: [{ role: 'system', content: 'Be brief.' }, ...user] }));
+  // Fields that would change the answer and are not implemented: 400 naming them.
+  for (const [extra, param] of [[{ echo: true }, 'echo'], [{ tool_choice: 'required' }, 'tool_choice'],
+                                [{ skip_special_tokens: false }, 'skip_special_tokens'],
+                                [{ messages: [...user, { role: 'assistant', content: '', tool_calls: [{ id: 'a' }] }] },
+                                 'messages']]) {
+    const r = await chat({ messages: user, ...extra });
+    assert.equal(r.status, 400, `${JSON.stringify(extra)}: ${r.text}`);
+    assert.equal(r.json.error.param, param, r.text);
+  }
+  assert.equal((await chat({ messages: user, tool_choice: 'none' })).status, 200);
+});
