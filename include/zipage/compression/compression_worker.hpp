@@ -116,6 +116,18 @@ class compression_worker {
   }
 
  private:
+  // Why a compression failed, naming the policy (its score() or the plan around it).
+  std::string failure_message(std::exception_ptr ep) const {
+    std::string why = "an exception that is not a std::exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+    }
+    return "policy " + std::string(compressor_.policy().name()) + ": " + why;
+  }
+
   std::vector<finished_compression> compress(std::span<const compression_request> batch) {
     // A backend that scores this policy's recipe on the device does the whole batch there; otherwise
     // the generic path gathers each request to the host, plans there and applies the plan on the backend.
@@ -129,8 +141,9 @@ class compression_worker {
           for (const auto& r : batch) out.push_back({r.id, std::min(keep, r.kv_len), {}});
           return out;
         }
-      } catch (const std::exception& e) {
-        for (const auto& r : batch) out.push_back({r.id, r.kv_len, e.what()});
+      } catch (...) {
+        const std::string why = failure_message(std::current_exception());
+        for (const auto& r : batch) out.push_back({r.id, r.kv_len, why});
         return out;
       }
     }
@@ -149,8 +162,8 @@ class compression_worker {
         const compaction_plan plan = compressor_.plan(*backend_, *kv_, r);
         backend_->apply_compaction(*kv_, plan);
         return {r.id, plan.new_len, {}};
-      } catch (const std::exception& e) {
-        return {r.id, r.kv_len, e.what()};
+      } catch (...) {  // a custom policy may throw anything; on the worker thread, escaping would terminate
+        return {r.id, r.kv_len, failure_message(std::current_exception())};
       }
     }
   }

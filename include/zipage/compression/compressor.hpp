@@ -39,7 +39,14 @@ class compressor {
  public:
   compressor(const Policy& policy, cache_geometry params, const model_config& model)
       : policy_(&policy), params_(params), model_(model) {
-    if constexpr (Policy::evicts) params_.validate();
+    if constexpr (Policy::evicts) {
+      params_.validate();
+      // keep_tokens() depends only on the geometry: a value that cannot hold the window, or that keeps more than
+      // the budget (the memory plan's B + 1 blocks per request would not hold), is refused before any request.
+      const int keep = policy.keep_tokens(params_);
+      check(keep >= params_.window && keep <= params_.budget_tokens, "policy ", policy.name(), ": keep_tokens() = ",
+            keep, " must be in [window = ", params_.window, ", budget_tokens = ", params_.budget_tokens, "]");
+    }
     if constexpr (recipe_scored<Policy>) {
       const score_recipe r = policy.recipe();
       r.validate();

@@ -54,10 +54,12 @@ class engine {
         model_(std::move(model)),
         policy_(std::move(policy)),
         backend_(std::move(backend)),
-        memory_(plan_memory(model_.config(),
-                            sized_memory_request<EvictionPolicy::evicts, EvictionPolicy::uses_score_cache,
-                                                 requires { Scheduler::slot_per_running_request; }>(
-                                model_, backend_, cfg_, geometry_))),
+        memory_(checked_host_memory(
+            plan_memory(model_.config(),
+                        sized_memory_request<EvictionPolicy::evicts, EvictionPolicy::uses_score_cache,
+                                             requires { Scheduler::slot_per_running_request; }>(model_, backend_, cfg_,
+                                                                                                geometry_)),
+            cfg_, backend_)),
         pool_(checked_pool_blocks(cfg_, geometry_, model_.config(), memory_, EvictionPolicy::evicts)),
         stop_(stop_rules_for(model_.config(), cfg_)),
         scheduler_(scheduler_settings(), pool_),
@@ -99,6 +101,9 @@ class engine {
   // logprobs score that continuation under this engine's (possibly compressed) cache.
   request_id add_forced_request(std::vector<token_id> prompt, std::vector<token_id> forced, sampling_params params = {}) {
     check(!forced.empty(), "request: the forced continuation is empty");
+    for (token_id t : forced)  // checked here: a bad id would fail every later step() of every request
+      check(t >= 0 && t < config().vocab_size, "request: forced token ", t, " is outside the vocabulary of ",
+            config().vocab_size);
     params.max_tokens = static_cast<int>(forced.size());
     params.ignore_eos = true;
     params.stop.clear();

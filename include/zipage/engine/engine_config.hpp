@@ -137,6 +137,9 @@ inline void check_request(const std::vector<token_id>& prompt, const sampling_pa
   check(!prompt.empty(), "request: the prompt is empty (add BOS at least)");
   for (token_id t : prompt)
     check(t >= 0 && t < model.vocab_size, "request: prompt token ", t, " is outside the vocabulary of ", model.vocab_size);
+  for (token_id t : params.stop_token_ids)  // (validate() checked >= 0) an id no step can sample would never stop it
+    check(t < model.vocab_size, "request: sampling_params::stop_token_ids holds ", t, ", outside the vocabulary of ",
+          model.vocab_size);
   const int context = model.max_context;
   check(cfg.allow_beyond_context || context <= 0 || static_cast<long long>(prompt.size()) < context,
         "request: a prompt of ", prompt.size(), " tokens does not fit the model's context of ", context,

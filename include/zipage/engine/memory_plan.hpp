@@ -133,8 +133,10 @@ struct memory_request {
   }
   const std::int64_t slot_total = mul(static_cast<std::int64_t>(p.query_slot_bytes), p.num_query_slots, "memory plan: query slots x slot bytes");
   if (r.num_blocks == 0) {
-    check(r.budget_bytes > static_cast<std::size_t>(slot_total), "memory plan: ", r.budget_bytes,
-          " bytes cannot hold the query slots (", slot_total, " bytes)");
+    check(r.budget_bytes > static_cast<std::size_t>(slot_total), "memory plan: the KV cache's ", r.budget_bytes,
+          " bytes (engine_config::kv_cache_bytes, or what gpu_memory_utilization leaves on the device) cannot hold "
+          "the query slots (", p.num_query_slots, " x ", p.query_slot_bytes, " = ", slot_total,
+          " bytes) and a KV block; give it more, or fewer engine_config::num_query_slots");
     check(block_bytes > 0, "memory plan: a KV block of 0 bytes");
     p.num_blocks = static_cast<int>(
         std::min<std::size_t>((r.budget_bytes - static_cast<std::size_t>(slot_total)) / p.block_bytes, 1u << 30));
@@ -142,7 +144,9 @@ struct memory_request {
   // The whole pool must be addressable (a fixed --num-blocks times a large block can overflow too).
   (void)checked_add(mul(block_bytes, p.num_blocks, "memory plan: num_blocks x block bytes"), slot_total,
                     "memory plan: pool bytes");
-  check(p.num_blocks > 0, "memory plan: ", r.budget_bytes, " bytes hold no KV block of ", p.block_bytes, " bytes");
+  check(p.num_blocks > 0, "memory plan: the KV cache's ", r.budget_bytes,
+        " bytes (engine_config::kv_cache_bytes, or what gpu_memory_utilization leaves on the device) hold no KV block "
+        "of ", p.block_bytes, " bytes (engine_config::block_size tokens, all layers)");
   return p;
 }
 

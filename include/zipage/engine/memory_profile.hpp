@@ -12,6 +12,8 @@
 // so the attention reads and writes one throwaway block (`kv_cache_shape::num_blocks = 1`) while doing
 // the work of a real prefill of those lengths (causal lengths 1..len); what it writes there is garbage
 // and is never read as a result.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -115,6 +117,31 @@ void profile_peak_memory(Model& model, Backend& backend, int max_batched_tokens,
   if constexpr (requires { backend.synchronize(); }) backend.synchronize();  // the throwaway KV is freed
 }
 
+// The machine's physical memory in bytes (0 when it cannot be read).
+[[nodiscard]] inline std::size_t host_memory_bytes() {
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGE_SIZE)
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+#endif
+  return 0;
+}
+
+// A backend without device memory (the CPU reference) keeps its KV pool in host memory: a plan larger than the
+// machine's memory is refused here, naming the field that sized it, before the pool and the block pool's
+// bookkeeping are allocated (which would end in std::bad_alloc, or the process killed by the OOM killer).
+template <class Backend>
+[[nodiscard]] memory_plan checked_host_memory(memory_plan plan, const engine_config& cfg, const Backend& backend) {
+  if constexpr (!requires { backend.memory_info(); }) {
+    const std::size_t host = host_memory_bytes();
+    check(host == 0 || plan.total_bytes() <= host, "engine: the KV cache plan takes ", plan.total_bytes(),
+          " bytes (", plan.num_blocks, " blocks + ", plan.num_query_slots, " query slots, from ",
+          cfg.num_blocks > 0 ? "engine_config::num_blocks" : "engine_config::kv_cache_bytes",
+          cfg.num_query_slots > 0 ? " and engine_config::num_query_slots" : "", "), more than this machine's memory (",
+          host, " bytes)");
+  }
+  return plan;
+}
+
 // The memory the KV cache may take. On a backend that reports device memory, with gpu_memory_utilization
 // set, the activation peak is measured first (profile_peak_memory) so the pool never takes it.
 // SlotPerRunning: the scheduler has no hybrid slots and gives every running request one.
@@ -131,6 +158,11 @@ template <bool Evicts, bool ScoreCache, bool SlotPerRunning, class Model, class 
       r.budget_bytes = device_kv_budget(cfg.gpu_memory_utilization, backend.memory_info());
       if (cfg.max_kv_cache_bytes > 0) r.budget_bytes = std::min(r.budget_bytes, cfg.max_kv_cache_bytes);
     }
+  } else {
+    // Ignored here, it would leave the pool at kv_cache_bytes without a word.
+    check(cfg.gpu_memory_utilization == 0.0, "engine_config::gpu_memory_utilization (", cfg.gpu_memory_utilization,
+          ") sizes the pool on a backend that reports device memory; this backend keeps its pool in host memory, "
+          "sized by engine_config::kv_cache_bytes or engine_config::num_blocks");
   }
   const Backend& b = backend;
   // A backend that stores K/V in a narrower type (bf16) says so; the CPU reference keeps fp32.

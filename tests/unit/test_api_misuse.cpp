@@ -1,0 +1,130 @@
+// Misuse of the library API found by a probe (2026-12-05): each is refused early, naming the field, the
+// request or the policy, and the engine keeps working for the other requests.
+#include <doctest/doctest.h>
+
+#include <climits>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "greedy.hpp"
+#include "test_support.hpp"
+#include "tiny_llama.hpp"
+#include "zipage/engine/engine.hpp"
+#include "zipage/policy/policies.hpp"
+#include "zipage/policy/scoring.hpp"
+
+using namespace zipage;
+using zipage::testing::contains;
+using zipage::testing::error_of;
+using zipage::testing::greedy_ignoring_eos;
+using zipage::testing::tiny_llama;
+
+namespace {
+
+engine_config small(bool async_compression = false) {
+  engine_config cfg;
+  cfg.block_size = 8;
+  cfg.window = 8;
+  cfg.budget_tokens = 16;
+  cfg.num_blocks = 64;
+  cfg.async_compression = async_compression;
+  return cfg;
+}
+
+// A custom policy whose keep_tokens() is whatever the test says.
+struct fixed_keep : policy_base {
+  int keep = 0;
+  std::string_view name() const { return "fixed_keep"; }
+  int keep_tokens(const cache_geometry&) const { return keep; }
+  void score(const score_context& ctx, std::span<float> out, std::span<float>) const {
+    scoring::window_attention(ctx, out);
+  }
+};
+
+// A custom policy whose score() throws something that is not a std::exception.
+struct throws_int : policy_base {
+  std::string_view name() const { return "throws_int"; }
+  void score(const score_context&, std::span<float>, std::span<float>) const { throw 42; }
+};
+
+}  // namespace
+
+TEST_CASE("forced tokens outside the vocabulary are refused at add_forced_request, not at every later step") {
+  engine<llama_model<cpu_backend>> eng(tiny_llama(), small());  // vocabulary 64
+  const std::vector<token_id> prompt{1, 2, 3};
+  const auto normal = eng.add_request(prompt, greedy_ignoring_eos(6));
+  CHECK(contains(error_of([&] { (void)eng.add_forced_request(prompt, {3, 1000, 4}); }),
+                 "request: forced token 1000 is outside the vocabulary of 64"));
+  CHECK(contains(error_of([&] { (void)eng.add_forced_request(prompt, {-1}); }), "forced token -1"));
+  eng.run_to_completion();
+  CHECK(eng.take_output(normal).output.size() == 6);  // the other request was never held up
+}
+
+TEST_CASE("stop_token_ids outside the vocabulary are refused: such an id could never stop the request") {
+  engine<llama_model<cpu_backend>> eng(tiny_llama(), small());
+  sampling_params p = greedy_ignoring_eos(4);
+  p.stop_token_ids = {5, 1000000};
+  CHECK(contains(error_of([&] { (void)eng.add_request({1, 2}, p); }),
+                 "request: sampling_params::stop_token_ids holds 1000000, outside the vocabulary of 64"));
+  p.stop_token_ids = {63};
+  CHECK_NOTHROW((void)eng.add_request({1, 2}, p));
+}
+
+TEST_CASE("a custom policy's keep_tokens() outside [window, budget] is refused when the engine is built") {
+  for (int keep : {0, -5, 4, 17, 100000}) {
+    CAPTURE(keep);
+    fixed_keep policy;
+    policy.keep = keep;
+    CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>, fixed_keep> eng(tiny_llama(), small(), policy); }),
+                   "policy fixed_keep: keep_tokens() = " + std::to_string(keep) +
+                       " must be in [window = 8, budget_tokens = 16]"));
+  }
+  for (int keep : {8, 16}) {
+    fixed_keep policy;
+    policy.keep = keep;
+    engine<llama_model<cpu_backend>, fixed_keep> eng(tiny_llama(), small(), policy);
+    const auto out = eng.generate({{1, 2, 3}}, greedy_ignoring_eos(40))[0];
+    CHECK(out.reason == finish_reason::length);
+    CHECK(out.num_compressions > 0);
+  }
+}
+
+TEST_CASE("a policy whose score() throws a non-std::exception fails its requests, naming the policy; no terminate") {
+  for (bool async : {false, true}) {
+    CAPTURE(async);
+    engine<llama_model<cpu_backend>, throws_int> eng(tiny_llama(), small(async));
+    const auto out = eng.generate({{1, 2, 3}}, greedy_ignoring_eos(40))[0];
+    CHECK(out.reason == finish_reason::error);
+    CHECK(contains(out.error_message, "compression failed: policy throws_int: an exception that is not a std::exception"));
+    engine<llama_model<cpu_backend>> full(tiny_llama(), small(async));  // the process lives on
+    CHECK(full.generate({{1, 2, 3}}, greedy_ignoring_eos(4))[0].output.size() == 4);
+  }
+}
+
+TEST_CASE("pool sizes: host memory bounds a CPU pool; gpu_memory_utilization on the CPU is refused, not ignored") {
+  engine_config cfg = small();
+  cfg.num_blocks = INT_MAX;  // ~ 2^31 blocks: would be killed by the OOM killer allocating the bookkeeping
+  CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>> eng(tiny_llama(), cfg); }),
+                 "(2147483647 blocks + 0 query slots, from engine_config::num_blocks), more than this machine's memory"));
+  cfg = small();
+  cfg.num_blocks = 0;
+  cfg.kv_cache_bytes = std::numeric_limits<std::size_t>::max();
+  CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>, zipage_policy> eng(tiny_llama(), cfg); }),
+                 "more than this machine's memory"));
+  cfg = small();
+  cfg.num_query_slots = 1 << 28;
+  CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>, zipage_policy> eng(tiny_llama(), cfg); }),
+                 "from engine_config::num_blocks and engine_config::num_query_slots), more than this machine's memory"));
+  cfg = small();
+  cfg.gpu_memory_utilization = 0.5;
+  CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>> eng(tiny_llama(), cfg); }),
+                 "engine_config::gpu_memory_utilization (0.5) sizes the pool on a backend that reports device memory"));
+  cfg = small();
+  cfg.num_blocks = 0;
+  cfg.kv_cache_bytes = 1000;
+  CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>, zipage_policy> eng(tiny_llama(), cfg); }),
+                 "(engine_config::kv_cache_bytes, or what gpu_memory_utilization leaves on the device)"));
+}
