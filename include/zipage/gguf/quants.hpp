@@ -234,30 +234,14 @@ inline void k_scale_min(const std::uint8_t* s, int j, int& scale, int& min) {
 
 // Q4_K: fp16 d, fp16 dmin, scales[12], codes[128]. Each 32-byte group of codes holds 64 weights: the low
 // nibbles are sub-block 2g, the high nibbles sub-block 2g + 1.  w = d·scale·q - dmin·min.
-inline void q4_k(const std::uint8_t* b, float* y) {
-  const float d = half_at(b), dmin = half_at(b + 2);
-  const std::uint8_t* scales = b + 4;
-  const std::uint8_t* q = b + 16;
-  for (int g = 0; g < 4; ++g, q += 32) {
-    int sc0, m0, sc1, m1;
-    k_scale_min(scales, 2 * g, sc0, m0);
-    k_scale_min(scales, 2 * g + 1, sc1, m1);
-    const float d0 = d * static_cast<float>(sc0), min0 = dmin * static_cast<float>(m0);
-    const float d1 = d * static_cast<float>(sc1), min1 = dmin * static_cast<float>(m1);
-    for (int l = 0; l < 32; ++l) {
-      y[64 * g + l] = d0 * static_cast<float>(q[l] & 0x0F) - min0;
-      y[64 * g + 32 + l] = d1 * static_cast<float>(q[l] >> 4) - min1;
-    }
-  }
-}
-
-// Q5_K: as Q4_K with high[32]: bit 2g of byte l is the fifth bit of weight 64g + l, bit 2g + 1 of weight
-// 64g + 32 + l.
-inline void q5_k(const std::uint8_t* b, float* y) {
+// Q5_K: the same with high[32] before the codes: bit 2g of byte l is the fifth bit of weight 64g + l, bit
+// 2g + 1 of weight 64g + 32 + l.
+template <bool FifthBit>
+inline void q4_or_q5_k(const std::uint8_t* b, float* y) {
   const float d = half_at(b), dmin = half_at(b + 2);
   const std::uint8_t* scales = b + 4;
   const std::uint8_t* high = b + 16;
-  const std::uint8_t* q = b + 48;
+  const std::uint8_t* q = b + (FifthBit ? 48 : 16);
   for (int g = 0; g < 4; ++g, q += 32) {
     int sc0, m0, sc1, m1;
     k_scale_min(scales, 2 * g, sc0, m0);
@@ -265,13 +249,18 @@ inline void q5_k(const std::uint8_t* b, float* y) {
     const float d0 = d * static_cast<float>(sc0), min0 = dmin * static_cast<float>(m0);
     const float d1 = d * static_cast<float>(sc1), min1 = dmin * static_cast<float>(m1);
     for (int l = 0; l < 32; ++l) {
-      const int lo = (q[l] & 0x0F) + (((high[l] >> (2 * g)) & 1) << 4);
-      const int hi = (q[l] >> 4) + (((high[l] >> (2 * g + 1)) & 1) << 4);
+      int lo = q[l] & 0x0F, hi = q[l] >> 4;
+      if constexpr (FifthBit) {
+        lo += ((high[l] >> (2 * g)) & 1) << 4;
+        hi += ((high[l] >> (2 * g + 1)) & 1) << 4;
+      }
       y[64 * g + l] = d0 * static_cast<float>(lo) - min0;
       y[64 * g + 32 + l] = d1 * static_cast<float>(hi) - min1;
     }
   }
 }
+inline void q4_k(const std::uint8_t* b, float* y) { q4_or_q5_k<false>(b, y); }
+inline void q5_k(const std::uint8_t* b, float* y) { q4_or_q5_k<true>(b, y); }
 
 // Q6_K: low[128] (4-bit), high[64] (2-bit pairs), int8 scales[16] (one per 16 weights), fp16 d. In each
 // half of 128 weights, low byte l (< 64) holds weights l (and l + 64) in its low (high) nibble and high byte
