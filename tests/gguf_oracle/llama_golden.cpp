@@ -2,6 +2,7 @@
 //
 //   llama_golden quantize IN.gguf OUT.gguf FTYPE          llama.cpp's own quantiser (FTYPE: llama_ftype id)
 //   llama_golden dequantize IN.gguf OUT.gguf              every tensor to F32 by ggml's dequantisation
+//   llama_golden tokenize MODEL.gguf < lines              llama.cpp's token ids of each line (\n, \\ escapes)
 //   llama_golden golden MODEL.gguf OUT.gguf STEPS PROMPT...
 //       For each prompt: llama.cpp's tokens (BOS first), its greedy continuation of STEPS tokens, and the
 //       logits it computes at every position of that sequence (fp32 KV cache, one sequence at a time).
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -64,6 +66,33 @@ std::vector<llama_token> tokenize(const llama_vocab* vocab, const std::string& t
   if (n < 0) die("tokenize failed");
   ids.resize(n);
   return ids;
+}
+
+// One line of text per input line (escapes: \n for a newline, \\ for a backslash) -> llama.cpp's token ids (BOS
+// first), space-separated, one line each.
+int tokenize_lines(const char* model_path) {
+  llama_model_params mp = llama_model_default_params();
+  mp.n_gpu_layers = 0;
+  mp.vocab_only = true;
+  llama_model* model = llama_model_load_from_file(model_path, mp);
+  if (model == nullptr) die(std::string("cannot load ") + model_path);
+  const llama_vocab* vocab = llama_model_get_vocab(model);
+  for (std::string line; std::getline(std::cin, line);) {
+    std::string text;
+    for (std::size_t i = 0; i < line.size(); ++i) {
+      if (line[i] == '\\' && i + 1 < line.size()) {
+        text += line[i + 1] == 'n' ? '\n' : line[i + 1];
+        ++i;
+      } else {
+        text += line[i];
+      }
+    }
+    const auto ids = tokenize(vocab, text);
+    for (std::size_t k = 0; k < ids.size(); ++k) std::printf(k ? " %d" : "%d", ids[k]);
+    std::printf("\n");
+  }
+  llama_model_free(model);
+  return 0;
 }
 
 int golden(const char* model_path, const char* out, int steps, std::vector<std::string> prompts) {
@@ -131,8 +160,9 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "quantize" && argc == 5) return quantize(argv[2], argv[3], std::atoi(argv[4]));
   if (mode == "dequantize" && argc == 4) return dequantize(argv[2], argv[3]);
+  if (mode == "tokenize" && argc == 3) return tokenize_lines(argv[2]);
   if (mode == "golden" && argc >= 6)
     return golden(argv[2], argv[3], std::atoi(argv[4]), std::vector<std::string>(argv + 5, argv + argc));
-  std::fprintf(stderr, "usage: llama_golden quantize IN OUT FTYPE | dequantize IN OUT | golden MODEL OUT STEPS PROMPT...\n");
+  std::fprintf(stderr, "usage: llama_golden quantize IN OUT FTYPE | dequantize IN OUT | tokenize MODEL | golden MODEL OUT STEPS PROMPT...\n");
   return 2;
 }

@@ -34,4 +34,26 @@ prompts=("Once upon a time" "The little dog was sad because" "Tom said: \"I can'
 # The quantised model's reference: llama.cpp in fp32 on ggml's dequantisation of its weights.
 ./llama_golden dequantize "$out/stories260K-Q4_K_M.gguf" stories260K-Q4_K_M-as-f32.gguf
 ./llama_golden golden stories260K-Q4_K_M-as-f32.gguf "$out/llama_cpp_stories260K-Q4_K_M.gguf" 24 "${prompts[@]}"
+# llama.cpp's tokenizer on 400 random texts (tests/gguf_oracle/token_lines.py): {"text", "ids"} per line.
+python3 "$root/tests/gguf_oracle/token_lines.py" 1 400 > token_lines.txt
+./llama_golden tokenize "$root/models/stories260K.gguf" < token_lines.txt > token_ids.txt
+python3 - token_lines.txt token_ids.txt > "$out/llama_cpp_stories260K_tokens.jsonl" <<'PY'
+import json, sys
+texts = [l.rstrip('\n') for l in open(sys.argv[1], encoding='utf-8')]
+ids = [l.split() for l in open(sys.argv[2])]
+assert len(texts) == len(ids)
+def unescape(t):  # as llama_golden reads a line: \\n is a newline, \\x is x
+    out, k = [], 0
+    while k < len(t):
+        if t[k] == '\\' and k + 1 < len(t):
+            out.append('\n' if t[k + 1] == 'n' else t[k + 1])
+            k += 2
+        else:
+            out.append(t[k])
+            k += 1
+    return ''.join(out)
+for t, i in zip(texts, ids):
+    text = unescape(t)
+    print(json.dumps({'text': text, 'ids': [int(x) for x in i]}, ensure_ascii=False))
+PY
 ls -l "$out"

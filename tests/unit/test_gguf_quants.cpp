@@ -13,6 +13,7 @@
 #include "stories_model.hpp"
 #include "test_support.hpp"
 #include "zipage/backend/cpu/prefill_logits.hpp"
+#include "zipage/core/json.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/gguf/writer.hpp"
 #include "zipage/models/llama.hpp"
@@ -180,6 +181,31 @@ TEST_CASE("gguf: a Q4_K_M file from llama.cpp's quantiser runs as llama.cpp's de
   CHECK(types.count(gg::tensor_type::f16) == 1);
   check_against_llama_cpp(data_path("stories260K-Q4_K_M.gguf"), data_path("llama_cpp_stories260K-Q4_K_M.gguf"),
                           1e-4f);
+}
+
+TEST_CASE("gguf: stories260K's tokenizer gives llama.cpp's ids on 400 random texts") {
+  // llama_cpp_stories260K_tokens.jsonl: {"text", "ids"} per line, ids from llama.cpp's tokenizer (BOS first,
+  // special-token spellings as text): whitespace runs, punctuation, digits, accents, CJK, emoji, "<s>".
+  const gg::file f = gg::file::open(ZIPAGE_TEST_MODEL);
+  const auto tokenizer = spm_tokenizer::from_gguf(f);
+  const std::string text = json::read_text_file(data_path("llama_cpp_stories260K_tokens.jsonl"), "llama.cpp tokens");
+  int rows = 0, same = 0;
+  for (std::size_t start = 0; start < text.size();) {
+    const std::size_t end = std::min(text.find('\n', start), text.size());
+    const auto row = json::parse(std::string_view(text).substr(start, end - start), "llama_cpp_stories260K_tokens.jsonl");
+    start = end + 1;
+    const std::string input = row.at("text").get<std::string>();
+    const auto want = row.at("ids").get<std::vector<token_id>>();
+    const auto got = tokenizer.encode(input, true);
+    CAPTURE(input);
+    CHECK(got == want);
+    ++rows;
+    same += got == want;
+    CHECK(tokenizer.decode(got) == tokenizer.decode(want));
+  }
+  CHECK(rows == 400);
+  const std::string note = std::to_string(same) + " of " + std::to_string(rows) + " texts tokenised as llama.cpp does";
+  MESSAGE(note);
 }
 
 namespace {
