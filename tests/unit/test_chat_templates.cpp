@@ -476,10 +476,36 @@ TEST_CASE("chat templates: the default system message is read from the template"
   CHECK(plain.chat_default_system().empty());
 }
 
+TEST_CASE("chat templates: qwq, as QwQ-32B's template renders") {
+  // Expected strings: QwQ-32B's published template rendered with jinja2 (as at the top of this file).
+  CHECK(render(chat_format::qwq, {{"system", "Be brief."}, {"user", "What is 2+3?"}}) ==
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+3?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n");
+  // An earlier answer keeps what follows its last </think>, newlines at its start dropped.
+  CHECK(render(chat_format::qwq, {{"user", "What is 2+3?"},
+                                  {"assistant", "<think>\nadd them\n</think>\n\nThe answer is 5."},
+                                  {"user", "And 2+4?"}}) ==
+        "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\nThe answer is 5.<|im_end|>\n"
+        "<|im_start|>user\nAnd 2+4?<|im_end|>\n<|im_start|>assistant\n<think>\n");
+  // The last message keeps its thinking; no generation prompt.
+  zipage::chat_options no_prompt;
+  no_prompt.add_generation_prompt = false;
+  CHECK(zipage::apply_chat_template(chat_format::qwq,
+                                    msgs{{"user", "Hi"}, {"assistant", "<think>x</think>\n\nlast answer keeps its thinking"}},
+                                    no_prompt) ==
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>x</think>\n\nlast answer keeps its thinking"
+        "<|im_end|>\n");
+  // Consecutive tool results share one user turn; a later system message is a turn of its own.
+  CHECK(render(chat_format::qwq, {{"user", "Call it"}, {"tool", "{\"r\": 1}"}, {"tool", "two"}, {"system", "mid"}}) ==
+        "<|im_start|>user\nCall it<|im_end|>\n<|im_start|>user\n<tool_response>\n{\"r\": 1}\n</tool_response>\n"
+        "<tool_response>\ntwo\n</tool_response><|im_end|>\n<|im_start|>system\nmid<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n");
+}
+
 TEST_CASE("chat templates: detection, names and errors") {
   const chat_format all_formats[] = {chat_format::chatml, chat_format::qwen2,    chat_format::qwen2_5,
-                                     chat_format::qwen3,  chat_format::llama3,   chat_format::llama3_1,
-                                     chat_format::deepseek_r1};
+                                     chat_format::qwen3,  chat_format::qwq,      chat_format::llama3,
+                                     chat_format::llama3_1, chat_format::deepseek_r1};
   // Detection from marker strings of the real templates.
   CHECK(zipage::detect_chat_format("{{ '<|start_header_id|>' + message['role'] }}") == chat_format::llama3);
   CHECK(zipage::detect_chat_format("{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
@@ -488,6 +514,11 @@ TEST_CASE("chat templates: detection, names and errors") {
   CHECK(zipage::detect_chat_format("{{'<\xEF\xBD\x9CUser\xEF\xBD\x9C>'}} <|start_header_id|>") ==
         chat_format::deepseek_r1);
   CHECK(zipage::detect_chat_format("{%- if enable_thinking is defined %}<|im_start|>") == chat_format::qwen3);
+  // QwQ's generation prompt opens <think>; a variant that also reads enable_thinking is still QwQ.
+  CHECK(zipage::detect_chat_format("{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}") ==
+        chat_format::qwq);
+  CHECK(zipage::detect_chat_format("{{- '<|im_start|>assistant\\n<think>\\n' }}{%- if not enable_thinking -%}") ==
+        chat_format::qwq);
   CHECK(zipage::detect_chat_format("{{'<|im_start|>' + message['role']}}") == chat_format::chatml);
   CHECK(zipage::detect_chat_format("[INST] {{ message['content'] }} [/INST]") == chat_format::none);
 
@@ -498,7 +529,7 @@ TEST_CASE("chat templates: detection, names and errors") {
   CHECK(zipage::chat_format_default_system(chat_format::chatml).empty());
   const std::string unknown = error_of([] { (void)zipage::chat_format_from_name("llama4"); });
   CHECK(contains(unknown, "unknown chat template 'llama4'"));
-  CHECK(contains(unknown, "chatml, qwen2, qwen2_5, qwen3, llama3, llama3_1, deepseek_r1"));
+  CHECK(contains(unknown, "chatml, qwen2, qwen2_5, qwen3, qwq, llama3, llama3_1, deepseek_r1"));
   CHECK(contains(error_of([] { (void)zipage::chat_format_from_name("none"); }), "unknown chat template 'none'"));
   CHECK(contains(error_of([] { (void)zipage::chat_format_from_name(""); }), "unknown chat template ''"));
 

@@ -35,6 +35,7 @@ enum class chat_format {
   qwen2,        // Qwen2-Instruct's ChatML: a default system message when the conversation has none
   qwen2_5,      // Qwen2.5-Instruct's: qwen2, plus tool results as <tool_response> blocks in user turns
   qwen3,        // Qwen3's ChatML: earlier answers lose their reasoning; thinking can be turned off
+  qwq,          // QwQ-32B's ChatML: earlier answers lose their reasoning; the generation prompt opens <think>
   llama3,       // Llama 3.0: <|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
   llama3_1,     // Llama 3.1 and later 3.x: Llama 3.0 plus an always-present system block with the
                 // "Cutting Knowledge Date"/"Today Date" lines; tool results as "ipython" turns in JSON
@@ -47,6 +48,7 @@ inline std::string_view chat_format_name(chat_format f) noexcept {
     case chat_format::qwen2: return "qwen2";
     case chat_format::qwen2_5: return "qwen2_5";
     case chat_format::qwen3: return "qwen3";
+    case chat_format::qwq: return "qwq";
     case chat_format::llama3: return "llama3";
     case chat_format::llama3_1: return "llama3_1";
     case chat_format::deepseek_r1: return "deepseek_r1";
@@ -57,10 +59,10 @@ inline std::string_view chat_format_name(chat_format f) noexcept {
 // The format named by chat_format_name (e.g. a command-line choice); an unknown name is an error.
 inline chat_format chat_format_from_name(std::string_view name) {
   for (const chat_format f : {chat_format::chatml, chat_format::qwen2, chat_format::qwen2_5, chat_format::qwen3,
-                              chat_format::llama3, chat_format::llama3_1, chat_format::deepseek_r1})
+                              chat_format::qwq, chat_format::llama3, chat_format::llama3_1, chat_format::deepseek_r1})
     if (chat_format_name(f) == name) return f;
   fail("unknown chat template '", json::printable(name),
-       "' (zipage knows chatml, qwen2, qwen2_5, qwen3, llama3, llama3_1, deepseek_r1)");
+       "' (zipage knows chatml, qwen2, qwen2_5, qwen3, qwq, llama3, llama3_1, deepseek_r1)");
 }
 
 // The default system message of qwen2 and qwen2_5 as the published templates write it (Qwen2-Instruct's,
@@ -213,6 +215,35 @@ inline std::string qwen3_chat(std::span<const chat_message> msgs, const chat_opt
   }
   return out;
 }
+// QwQ-32B's template (tools left out): an answer before the last message keeps only what follows its last
+// </think> (newlines at its start dropped); the generation prompt opens the model's <think> block.
+inline std::string qwq_chat(std::span<const chat_message> msgs, const chat_options& o) {
+  std::string out;
+  const std::size_t n = msgs.size();
+  if (n > 0 && msgs[0].role == "system") out += "<|im_start|>system\n" + msgs[0].content + "<|im_end|>\n";
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& m = msgs[i];
+    check_role(m, {"system", "user", "assistant", "tool"}, chat_format::qwq);
+    if (m.role == "user" || (m.role == "system" && i != 0)) {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    } else if (m.role == "assistant") {
+      std::string_view content = m.content;
+      if (i + 1 != n) {
+        if (const auto close = content.rfind("</think>"); close != std::string_view::npos) content = content.substr(close + 8);
+        content = strip_chars(content, "\n", true, false);
+      }
+      out += "<|im_start|>assistant\n";
+      out += content;
+      out += "<|im_end|>\n";
+    } else if (m.role == "tool") {
+      if (i == 0 || msgs[i - 1].role != "tool") out += "<|im_start|>user";
+      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+      if (i + 1 == n || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
+    }
+  }
+  if (o.add_generation_prompt) out += "<|im_start|>assistant\n<think>\n";
+  return out;
+}
 }  // namespace detail
 
 inline std::string apply_chat_template(chat_format format, std::span<const chat_message> messages,
@@ -220,6 +251,7 @@ inline std::string apply_chat_template(chat_format format, std::span<const chat_
   std::string out;
   switch (format) {
     case chat_format::qwen3: return detail::qwen3_chat(messages, options);
+    case chat_format::qwq: return detail::qwq_chat(messages, options);
     case chat_format::qwen2:
     case chat_format::qwen2_5:
       // Qwen2's template writes its default only inside the loop over the messages (none for an empty
@@ -408,6 +440,8 @@ inline chat_format detect_chat_format(std::string_view jinja_template) {
     return jinja_template.find("Cutting Knowledge Date") != std::string_view::npos ? chat_format::llama3_1
                                                                                    : chat_format::llama3;
   if (jinja_template.find("<|im_start|>") != std::string_view::npos) {
+    // QwQ's generation prompt opens the <think> block (Qwen3's writes it only to turn thinking off).
+    if (jinja_template.find("'<|im_start|>assistant\\n<think>\\n'") != std::string_view::npos) return chat_format::qwq;
     if (jinja_template.find("enable_thinking") != std::string_view::npos) return chat_format::qwen3;
     if (!chat_template_default_system(jinja_template)) return chat_format::chatml;
     return jinja_template.find("<tool_response>") != std::string_view::npos ? chat_format::qwen2_5 : chat_format::qwen2;
