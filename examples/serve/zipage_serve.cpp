@@ -65,6 +65,14 @@ int run(options& o) {
     m.max_context = eng.config().max_context;
     m.max_num_seqs = eng.settings().max_num_seqs;
     m.memory_line = eng.memory().describe() + "; policy " + std::string(eng.policy().name());
+    // vLLM refuses to start when one sequence of the model's length does not fit the KV cache; zipage serves
+    // what fits and says so: a longer prompt (with full KV, prompt + output) is refused per request with a 400.
+    const long long pool_tokens = static_cast<long long>(eng.memory().num_blocks) * eng.settings().block_size;
+    if (m.max_context > 0 && pool_tokens < m.max_context)
+      m.memory_line += "\nzipage-serve: note: the KV pool holds " + std::to_string(pool_tokens) +
+                       " tokens, fewer than the model's context of " + std::to_string(m.max_context) +
+                       ": longer prompts get 400; give the pool more (--kv-cache-mib or --num-blocks; on the GPU "
+                       "--gpu-memory-utilization)";
     zipage_serve::driver_for<std::remove_reference_t<decltype(eng)>> driver(eng);
     return zipage_serve::serve(o.server, o, m, driver);
   });

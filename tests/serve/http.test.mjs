@@ -106,6 +106,11 @@ await run('serve_http_flags', async (servers) => {
   servers.push(server);
   const r = await post(server.base, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 3 });
   assert.equal(r.status, 200, r.text);
+  // A pool smaller than the model's context is said at start (vLLM would refuse to start).
+  const small = await startServer(['--num-blocks', '64', '--policy', 'full_kv']);
+  servers.push(small);
+  assert.match(small.log(), /note: the KV pool holds 1024 tokens, fewer than the model's context of 2048/);
+  assert.ok(!server.log().includes('note: the KV pool'), server.log());
   // Out-of-range or non-finite flag values: one line naming the flag and a readable range.
   for (const [flag, value, range] of [['--shutdown-timeout', 'nan', 'not a finite number'],
                                       ['--shutdown-timeout', '1e300', 'in \\[0, 86400\\]'],
