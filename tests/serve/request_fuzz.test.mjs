@@ -19,12 +19,18 @@ const VALUES = [null, true, false, 0, -1, 1, 2, 2.5, -1e9, 1e30, 2147483648, 999
 const FIELDS = ['model', 'prompt', 'messages', 'max_tokens', 'max_completion_tokens', 'temperature', 'top_p', 'top_k',
   'min_p', 'repetition_penalty', 'frequency_penalty', 'presence_penalty', 'logprobs', 'top_logprobs', 'seed', 'stop',
   'stop_token_ids', 'n', 'ignore_eos', 'stream', 'stream_options', 'priority', 'chat_template_kwargs', 'echo',
-  'best_of', 'user', 'logit_bias', 'suffix'];
+  'best_of', 'user', 'logit_bias', 'suffix', 'add_generation_prompt', 'continue_final_message', 'tool_choice',
+  'skip_special_tokens'];
+// ZIPAGE_SERVE_FUZZ_MODEL: another model to serve (e.g. a checkpoint with a chat template, so that chat requests
+// reach the template); its served name is the directory's or file's name.
+const MODEL_PATH = process.env.ZIPAGE_SERVE_FUZZ_MODEL || '';
+const MODEL = MODEL_PATH ? MODEL_PATH.replace(/\/+$/, '').split('/').pop().replace(/\.gguf$/, '') : 'stories260K';
 const FINISH = ['stop', 'length'];
 
 function request(chat) {
-  const b = { model: 'stories260K', max_tokens: 8 };
+  const b = { model: MODEL, max_tokens: 8 };
   if (chat) b.messages = [{ role: 'user', content: 'Once upon a time' }];
+  if (chat && random() < 0.3) b.messages.push({ role: pick(['assistant', 'system', 'developer', 'tool']), content: pick(['The', '', '<think>x</think>y']) });
   else b.prompt = 'Once upon a time';
   for (let k = Math.floor(random() * 4); k > 0; --k) {
     const f = pick(FIELDS);
@@ -59,7 +65,7 @@ function checkStream(text) {
 }
 
 await run('serve_request_fuzz', async (servers) => {
-  const server = await startServer([]);
+  const server = await startServer(MODEL_PATH ? ['--model', MODEL_PATH] : []);
   servers.push(server);
   const counts = {};
   for (let i = 0; i < Number(process.env.ZIPAGE_SERVE_FUZZ_REQUESTS || 600); ++i) {
@@ -77,7 +83,7 @@ await run('serve_request_fuzz', async (servers) => {
     else checkBody(b, r.json, chat);
   }
   assert.ok((counts[200] || 0) > 0 && (counts[400] || 0) > 0, JSON.stringify(counts));
-  const ok = await post(server.base, '/v1/completions', { model: 'stories260K', prompt: 'Once upon a time', max_tokens: 5 });
+  const ok = await post(server.base, '/v1/completions', { model: MODEL, prompt: 'Once upon a time', max_tokens: 5 });
   assert.equal(ok.status, 200, ok.text);
   console.log(`statuses ${JSON.stringify(counts)}`);
 });
