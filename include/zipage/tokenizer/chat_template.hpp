@@ -164,6 +164,13 @@ inline void check_role(const chat_message& m, std::initializer_list<std::string_
         ": unsupported role '", json::printable(m.role), "'");
 }
 
+// Qwen2.5's, Qwen3's and QwQ's tool results: consecutive ones share one user turn of <tool_response> blocks.
+inline void tool_response_turn(std::string& out, std::span<const chat_message> msgs, std::size_t i) {
+  if (i == 0 || msgs[i - 1].role != "tool") out += "<|im_start|>user";
+  out += "\n<tool_response>\n" + msgs[i].content + "\n</tool_response>";
+  if (i + 1 == msgs.size() || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
+}
+
 // Qwen3's template (tools left out): earlier turns' reasoning is dropped, the turns after the last user
 // query keep theirs in <think> blocks.
 inline std::string qwen3_chat(std::span<const chat_message> msgs, const chat_options& o) {
@@ -204,9 +211,7 @@ inline std::string qwen3_chat(std::span<const chat_message> msgs, const chat_opt
       }
       out += "<|im_end|>\n";
     } else if (m.role == "tool") {
-      if (i == 0 || msgs[i - 1].role != "tool") out += "<|im_start|>user";
-      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
-      if (i + 1 == n || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
+      tool_response_turn(out, msgs, i);
     }
   }
   if (o.add_generation_prompt) {
@@ -236,9 +241,7 @@ inline std::string qwq_chat(std::span<const chat_message> msgs, const chat_optio
       out += content;
       out += "<|im_end|>\n";
     } else if (m.role == "tool") {
-      if (i == 0 || msgs[i - 1].role != "tool") out += "<|im_start|>user";
-      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
-      if (i + 1 == n || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
+      tool_response_turn(out, msgs, i);
     }
   }
   if (o.add_generation_prompt) out += "<|im_start|>assistant\n<think>\n";
@@ -268,10 +271,8 @@ inline std::string apply_chat_template(chat_format format, std::span<const chat_
       for (std::size_t i = 0; i < messages.size(); ++i) {
         const auto& m = messages[i];
         detail::check_role(m, {"system", "user", "assistant", "tool"}, format);
-        if (format == chat_format::qwen2_5 && m.role == "tool") {  // consecutive results share one user turn
-          if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
-          out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
-          if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+        if (format == chat_format::qwen2_5 && m.role == "tool") {
+          detail::tool_response_turn(out, messages, i);
         } else {
           out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
         }
