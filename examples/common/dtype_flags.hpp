@@ -39,6 +39,17 @@ inline CLI::Option* add_quantization_flag(CLI::App& app, std::string& value, con
       ->check(CLI::IsMember(flag_values(zipage::weight_quantization_names)));
 }
 
+// --dtype and --gpu-memory-utilization choose the GPU's compute type and pool: a run that lands on the CPU refuses
+// them (when given on the command line) rather than ignoring them. default_pool_mib: the tool's --kv-cache-mib
+// default, for the message.
+inline void refuse_gpu_pool_flags_on_cpu(bool dtype_given, const std::string& dtype, bool gpu_memory_utilization_given,
+                                         int default_pool_mib) {
+  zipage::check(!dtype_given || dtype == "fp32", "--dtype ", dtype,
+                ": the CPU backend computes in fp32 (--dtype chooses the GPU's); drop the flag or add --device cuda");
+  zipage::check(!gpu_memory_utilization_given, "--gpu-memory-utilization sizes the GPU's pool; the CPU backend's pool "
+                "is --kv-cache-mib (default ", default_pool_mib, ") or --num-blocks");
+}
+
 // On the GPU, FP8 weights need --dtype bf16 (the FP8 GEMM writes bf16): an error naming the flags otherwise.
 inline void check_quantization_dtype(zipage::weight_dtype weights, const std::string& quantization,
                                      const std::string& dtype) {

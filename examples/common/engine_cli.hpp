@@ -70,9 +70,6 @@ struct engine_options {
 };
 
 
-// --kv-cache-mib at most 2^30 MiB (1 PiB) on the flag; on the CPU also at most the machine's memory.
-inline constexpr double max_kv_cache_mib = 1073741824.0;
-
 // Parses the command line: -1 to go on, else the exit status (0 after --help; 2 after a bad flag, with one
 // line on stderr naming it).
 inline int parse_cli(CLI::App& app, int argc, char** argv, const char* tool) {
@@ -172,7 +169,7 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   app.add_option("--num-blocks", e.num_blocks, "KV pool size in blocks (default: from --kv-cache-mib)")
       ->check(count());
   o.flags["--kv-cache-mib"] = app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV pool size in MiB (CPU)")
-      ->check(number_check("in (0, 1073741824] (1 PiB)", [](double v) { return v > 0 && v <= max_kv_cache_mib; }));
+      ->check(kv_cache_mib_check());
   app.add_option("--device", o.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   o.flags["--dtype"] = app.add_option("--dtype", o.dtype, "GPU: bf16 or fp32 weights, activations and KV")
@@ -302,15 +299,6 @@ void size_gpu_pool(engine_options& o, const zipage::model_config& c, const Backe
   }
 }
 
-// The CPU pool lives in host memory: a --kv-cache-mib beyond the machine's memory is an error now, not a
-// std::bad_alloc after seconds of allocating.
-inline void check_host_pool(const engine_options& o) {
-  const double mib = host_memory_mib();
-  if (mib <= 0 || o.engine.num_blocks > 0) return;
-  zipage::check(o.kv_cache_mib <= mib, "--kv-cache-mib ", o.kv_cache_mib, " is more than this machine's memory (",
-                static_cast<long long>(mib), " MiB)");
-}
-
 namespace detail {
 
 // --tensor-parallel-size N on the CPU: the model sharded over an in-process group of N threads
@@ -347,7 +335,7 @@ int build_engine(engine_options& o, zipage::llama_model<Backend> model, const Ba
   o.engine.scheduling = o.scheduling == "priority" ? zipage::scheduling_order::priority : zipage::scheduling_order::fcfs;
   zipage::check(std::isfinite(o.kv_cache_mib) && o.kv_cache_mib > 0 && o.kv_cache_mib <= max_kv_cache_mib,
                 "--kv-cache-mib ", o.kv_cache_mib, " is out of range: it must be in (0, ", max_kv_cache_mib, "]");
-  if (o.engine.gpu_memory_utilization <= 0.0) check_host_pool(o);
+  if (o.engine.gpu_memory_utilization <= 0.0) check_host_kv_cache_mib(o.kv_cache_mib, o.engine.num_blocks);
   o.engine.kv_cache_bytes = static_cast<std::size_t>(o.kv_cache_mib * 1024.0 * 1024.0);
   if (o.engine.gpu_memory_utilization > 0.0) size_gpu_pool(o, model.config(), backend);
   int rc = -1;
@@ -419,10 +407,7 @@ inline void check_flags_for_device(const engine_options& o, bool gpu, zipage::kv
                 ": the CPU backend keeps an fp32 KV cache; the FP8 KV cache runs on the GPU (--device cuda)");
   zipage::check(weights != zipage::weight_dtype::fp8_e4m3, "--quantization ", o.quantization,
                 ": the CPU backend keeps fp32 weights; FP8 weights run on the GPU (--device cuda)");
-  zipage::check(!given(o, "--dtype") || o.dtype == "fp32", "--dtype ", o.dtype,
-                ": the CPU backend computes in fp32 (--dtype chooses the GPU's); drop the flag or add --device cuda");
-  zipage::check(!given(o, "--gpu-memory-utilization"), "--gpu-memory-utilization sizes the GPU's pool; the CPU "
-                "backend's pool is --kv-cache-mib (default 64) or --num-blocks");
+  refuse_gpu_pool_flags_on_cpu(given(o, "--dtype"), o.dtype, given(o, "--gpu-memory-utilization"), 64);
 }
 
 // Loads the model on the device --device picks (the GPU when asked for, or for auto when the build has it

@@ -3,8 +3,6 @@
 // with an error that names a readable range.
 #include <CLI/CLI.hpp>
 
-#include <unistd.h>
-
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
@@ -14,6 +12,9 @@
 #include <sstream>
 #include <string>
 #include <system_error>
+
+#include "zipage/core/error.hpp"
+#include "zipage/core/host_memory.hpp"
 
 namespace zipage_cli {
 
@@ -68,13 +69,19 @@ inline CLI::Validator seed_check() {
       "in [0, 2^64 - 1]");
 }
 
-// Megabytes of host memory a flag may ask for: the machine's physical memory (0 when it cannot be read).
-inline double host_memory_mib() {
-#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGE_SIZE)
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  if (pages > 0 && page > 0) return static_cast<double>(pages) * static_cast<double>(page) / 1048576.0;
-#endif
-  return 0.0;
+// --kv-cache-mib: at most 2^30 MiB (1 PiB) on the flag; on the CPU also at most the machine's memory.
+inline constexpr double max_kv_cache_mib = 1073741824.0;
+inline CLI::Validator kv_cache_mib_check() {
+  return number_check("in (0, 1073741824] (1 PiB)", [](double v) { return v > 0 && v <= max_kv_cache_mib; });
+}
+
+// A CPU pool of `kv_cache_mib` lives in host memory: more than the machine has is an error now, not a
+// std::bad_alloc after seconds of allocating (nothing to check when --num-blocks sizes the pool instead).
+inline void check_host_kv_cache_mib(double kv_cache_mib, int num_blocks) {
+  const double mib = static_cast<double>(zipage::host_memory_bytes()) / 1048576.0;
+  if (mib <= 0 || num_blocks > 0) return;
+  zipage::check(kv_cache_mib <= mib, "--kv-cache-mib ", kv_cache_mib, " is more than this machine's memory (",
+                static_cast<long long>(mib), " MiB)");
 }
 
 }  // namespace zipage_cli

@@ -4,8 +4,10 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "../common/text_lines.hpp"
 #include "eval_common.hpp"
 #include "zipage/core/error.hpp"
 #include "zipage/core/json.hpp"
@@ -23,10 +25,10 @@ void for_each_row(const std::string& path, Row&& row) {
   std::ifstream in(path);
   zipage::check(in.good(), "cannot read data file '", path, "'");
   int line_no = 0;
-  for (std::string line; std::getline(in, line);) {
+  for (std::string raw; std::getline(in, raw);) {
     ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    const std::string_view line = zipage_cli::without_cr(raw);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
     const std::string src = path + ":" + std::to_string(line_no);
     const json::value v = json::parse(line, src);
     zipage::check(v.is_object(), src, ": a row must be a JSON object, got ", json::type_name(v));

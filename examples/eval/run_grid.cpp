@@ -555,7 +555,7 @@ void add_grid_flags(CLI::App& app, grid_options& o) {
       app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization, "GPU: fraction of device memory for weights + KV")
           ->check(zipage_cli::in_range(0.05, 1.0));
   app.add_option("--kv-cache-mib", o.kv_cache_mib, "CPU: KV pool size in MiB")
-      ->check(zipage_cli::number_check("in (0, 1073741824] (1 PiB)", [](double v) { return v > 0 && v <= 1073741824.0; }));
+      ->check(zipage_cli::kv_cache_mib_check());
   app.add_option("--num-blocks", o.num_blocks, "KV pool size in blocks (overrides the memory settings)")
       ->check(zipage_cli::count());
   app.add_option("--max-num-seqs", o.max_num_seqs, "running requests at most")->check(zipage_cli::positive_count());
@@ -608,15 +608,10 @@ int run_grid(grid_options& o, const std::vector<problem>& problems, const task& 
                 o.quantization, ": the CPU backend keeps fp32 weights (FP8 weights run with --device cuda)");
   zipage::check(o.kv_cache_dtype == "auto", "--kv-cache-dtype ", o.kv_cache_dtype,
                 ": the CPU backend keeps fp32 KV (an FP8 cache runs with --device cuda)");
-  // A flag the CPU run would ignore is refused, as zipage-generate refuses it.
-  zipage::check(o.dtype_flag == nullptr || o.dtype_flag->count() == 0 || o.dtype == "fp32", "--dtype ", o.dtype,
-                ": the CPU backend computes in fp32 (--dtype chooses the GPU's); drop the flag or add --device cuda");
-  zipage::check(o.gpu_memory_utilization_flag == nullptr || o.gpu_memory_utilization_flag->count() == 0,
-                "--gpu-memory-utilization sizes the GPU's pool; the CPU backend's pool is --kv-cache-mib (default 256) "
-                "or --num-blocks");
-  if (const double mib = zipage_cli::host_memory_mib(); mib > 0 && o.num_blocks == 0)
-    zipage::check(o.kv_cache_mib <= mib, "--kv-cache-mib ", o.kv_cache_mib, " is more than this machine's memory (",
-                  static_cast<long long>(mib), " MiB)");
+  // Flags the CPU run would ignore are refused, as zipage-generate refuses them.
+  auto given = [](const CLI::Option* flag) { return flag != nullptr && flag->count() > 0; };
+  zipage_cli::refuse_gpu_pool_flags_on_cpu(given(o.dtype_flag), o.dtype, given(o.gpu_memory_utilization_flag), 256);
+  zipage_cli::check_host_kv_cache_mib(o.kv_cache_mib, o.num_blocks);
   ctx.device_name = "cpu (fp32 reference backend)";
   if (!o.quiet) std::fprintf(stderr, "device: %s\n", ctx.device_name.c_str());
   return run_backend(ctx, zipage::cpu_backend{});

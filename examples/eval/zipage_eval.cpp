@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../common/number_flags.hpp"
+#include "../common/text_lines.hpp"
 #include "eval_common.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/gguf/gguf.hpp"
@@ -197,10 +198,8 @@ int fidelity_command(const options& o) {
     std::ifstream in(o.prompts_file);
     zipage::check(in.good(), "cannot read prompts file '", o.prompts_file, "'");
     texts.clear();
-    for (std::string line; std::getline(in, line);) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();  // a file written on Windows
-      if (!line.empty()) texts.push_back(line);
-    }
+    for (std::string line; std::getline(in, line);)
+      if (const auto text = zipage_cli::without_cr(line); !text.empty()) texts.emplace_back(text);
   }
   texts.resize(std::min<std::size_t>(texts.size(), static_cast<std::size_t>(o.num_prompts)));
   zipage::check(!texts.empty(), "no prompts");

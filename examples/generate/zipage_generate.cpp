@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../common/engine_cli.hpp"
+#include "../common/text_lines.hpp"
 
 namespace {
 
@@ -31,17 +32,12 @@ struct options : zipage_cli::engine_options {
   std::string system;        // with --chat: a system message
 };
 
-// A line of a text file without its end: "\r\n" (a file written on Windows) ends a line as "\n" does.
-std::string_view without_cr(const std::string& line) {
-  return !line.empty() && line.back() == '\r' ? std::string_view(line).substr(0, line.size() - 1) : line;
-}
-
 std::vector<std::string> read_prompts(const std::string& path) {
   std::ifstream in(path);
   zipage::check(in.good(), "cannot read prompts file '", path, "'");
   std::vector<std::string> prompts;
   for (std::string line; std::getline(in, line);)
-    if (const auto text = without_cr(line); !text.empty()) prompts.emplace_back(text);
+    if (const auto text = zipage_cli::without_cr(line); !text.empty()) prompts.emplace_back(text);
   zipage::check(!prompts.empty(), "prompts file '", path, "' has no prompt (one per line)");
   return prompts;
 }
@@ -54,7 +50,7 @@ std::vector<int> read_max_tokens(const std::string& path, std::size_t prompts) {
   int line_number = 0;
   for (std::string raw; std::getline(in, raw);) {
     ++line_number;
-    const std::string_view line = without_cr(raw);
+    const std::string_view line = zipage_cli::without_cr(raw);
     if (line.empty()) continue;
     int v = 0;
     const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), v);

@@ -12,8 +12,6 @@
 // so the attention reads and writes one throwaway block (`kv_cache_shape::num_blocks = 1`) while doing
 // the work of a real prefill of those lengths (causal lengths 1..len); what it writes there is garbage
 // and is never read as a result.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +19,7 @@
 #include <vector>
 
 #include "zipage/core/error.hpp"
+#include "zipage/core/host_memory.hpp"
 #include "zipage/core/types.hpp"
 #include "zipage/engine/engine_config.hpp"
 #include "zipage/engine/memory_plan.hpp"
@@ -115,15 +114,6 @@ void profile_peak_memory(Model& model, Backend& backend, int max_batched_tokens,
     sample(model.forward(ctx));  // logits returned by value are freed again (a pooled backend keeps them cached)
   }
   if constexpr (requires { backend.synchronize(); }) backend.synchronize();  // the throwaway KV is freed
-}
-
-// The machine's physical memory in bytes (0 when it cannot be read).
-[[nodiscard]] inline std::size_t host_memory_bytes() {
-#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGE_SIZE)
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  if (pages > 0 && page > 0) return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
-#endif
-  return 0;
 }
 
 // A backend without device memory (the CPU reference) keeps its KV pool in host memory: a plan larger than the
