@@ -29,21 +29,27 @@ function rawRequest(port, bytes) {
   });
 }
 
+// Runs zipage-serve with `args` to its exit (killed after `ms`): its exit code ('still running' if it had to be
+// killed) and its stderr.
+function serveToExit(args, ms = 20000) {
+  const p = spawn(process.env.ZIPAGE_SERVE_BIN, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  let err = '';
+  p.stderr.on('data', (d) => { err += d.toString(); });
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => { p.kill('SIGKILL'); resolve({ code: `still running after ${ms} ms`, err }); }, ms);
+    p.on('exit', (code) => { clearTimeout(timer); resolve({ code, err }); });
+  });
+}
+
 await run('serve_http', async (servers) => {
   const server = await startServer(['--max-num-seqs', '2', '--max-queue', '1', '--served-model-name', 'my"model\\x']);
   servers.push(server);
   const base = server.base;
 
   // A second server on the same port must fail at start, not share the port (httplib's SO_REUSEPORT).
-  const second = spawn(process.env.ZIPAGE_SERVE_BIN, ['--host', '127.0.0.1', '--port', String(server.port)],
-                       { stdio: ['ignore', 'ignore', 'pipe'] });
-  let secondLog = '';
-  second.stderr.on('data', (d) => { secondLog += d.toString(); });
-  const secondExit = await new Promise((resolve) => {
-    const timer = setTimeout(() => { second.kill('SIGKILL'); resolve('still running after 20 s'); }, 20000);
-    second.on('exit', (code) => { clearTimeout(timer); resolve(code); });
-  });
-  assert.equal(secondExit, 1, secondLog);
+  const second = await serveToExit(['--host', '127.0.0.1', '--port', String(server.port)]);
+  const secondLog = second.err;
+  assert.equal(second.code, 1, secondLog);
   assert.match(secondLog, new RegExp(`cannot listen on 127\\.0\\.0\\.1:${server.port} \\(in use`));
 
   // A POST with neither Content-Length nor chunked encoding: 411 at once (not the 30 s read timeout).
@@ -118,10 +124,7 @@ await run('serve_http_flags', async (servers) => {
                                       ['--http-threads', '-5', 'in \\[0, 65536\\]'],
                                       ['--max-body-bytes', '0', 'in \\[1, 2\\^40\\]'],
                                       ['--seed', '-1', 'in \\[0, 2\\^64 - 1\\]|not a whole number']]) {
-    const p = spawn(process.env.ZIPAGE_SERVE_BIN, [flag, value], { stdio: ['ignore', 'ignore', 'pipe'] });
-    let err = '';
-    p.stderr.on('data', (d) => { err += d.toString(); });
-    const code = await new Promise((resolve) => p.on('exit', resolve));
+    const { code, err } = await serveToExit([flag, value]);
     assert.equal(code, 2, `${flag} ${value}: ${err}`);
     assert.match(err, new RegExp(`${flag}.*(${range})`), err);
     assert.ok(err.length < 300, `${flag} ${value}: ${err}`);

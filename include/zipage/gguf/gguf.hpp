@@ -796,8 +796,8 @@ class parser {
     }
     const auto blocks = static_cast<std::uint64_t>(n / f.elements);
     if (blocks > std::numeric_limits<std::size_t>::max() / f.bytes) {
-      if (f.elements == 1) c_.fail_here("byte size of ", blocks, " elements x ", f.bytes, " bytes overflows");
-      c_.fail_here("byte size of ", blocks, " blocks x ", f.bytes, " bytes overflows");
+      c_.fail_here("byte size of ", blocks, f.elements == 1 ? " elements" : " blocks", " x ", f.bytes,
+                   " bytes overflows");
     }
     return static_cast<std::size_t>(blocks) * f.bytes;
   }

@@ -8,8 +8,7 @@
 //
 // Every value is computed the way ggml's own dequantisation computes it (the same products in the same
 // order, in fp32), so the weights equal llama.cpp's; tests/unit/test_gguf_quants.cpp checks each type
-// against blocks that ggml itself quantised and dequantised (tests/data/gguf/README.md says how they were
-// made).
+// against blocks that ggml itself quantised and dequantised (made by tests/gguf_oracle/run.sh; docs/gguf.md).
 //
 // Layouts (little-endian; "fp16" is an IEEE half; a row's length must be a multiple of `elements`):
 //   Q4_0    32 weights, 18 B: fp16 d, 16 B of 4-bit codes q     w = (q - 8)·d

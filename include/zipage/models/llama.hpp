@@ -5,9 +5,9 @@
 #include <concepts>
 #include <initializer_list>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "zipage/backend/cpu/cpu_backend.hpp"
@@ -409,27 +409,17 @@ inline void check_gguf_llama_features(const gguf::file& f, int head_dim) {
         ": mixture-of-experts models (llama.expert_count) are not supported");
 }
 
-// Every tensor of a llama GGUF must be one the model reads: anything else (biases, extra norms) is a feature
-// it would silently drop.
+// Every tensor of a llama GGUF must be one the model reads (load_llama_gguf's names): anything else (biases,
+// extra norms, a layer past block_count) is a feature it would silently drop.
 inline void check_gguf_llama_tensors(const gguf::file& f, int num_layers) {
-  static constexpr std::string_view per_layer[] = {"attn_norm.weight", "attn_q.weight",  "attn_k.weight",
-                                                   "attn_v.weight",    "attn_output.weight", "ffn_norm.weight",
-                                                   "ffn_gate.weight",  "ffn_up.weight",  "ffn_down.weight"};
-  for (const auto& t : f.tensors()) {
-    const std::string_view name = t.name;
-    bool used = name == "token_embd.weight" || name == "output_norm.weight" || name == "output.weight";
-    if (!used && name.starts_with("blk.")) {
-      const std::size_t dot = name.find('.', 4);
-      const std::string_view layer = name.substr(4, dot == std::string_view::npos ? 0 : dot - 4);
-      int l = -1;
-      if (!layer.empty() && layer.size() < 9 && layer.find_first_not_of("0123456789") == std::string_view::npos)
-        l = std::stoi(std::string(layer));
-      for (std::string_view suffix : per_layer)
-        used = used || (l >= 0 && l < num_layers && name.substr(dot + 1) == suffix);
-    }
-    check(used, f.name(), ": tensor '", gguf::detail::printable(name),
+  std::set<std::string, std::less<>> read = {"token_embd.weight", "output_norm.weight", "output.weight"};
+  for (int l = 0; l < num_layers; ++l)
+    for (const char* name : {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
+                             "ffn_up", "ffn_down"})
+      read.insert("blk." + std::to_string(l) + "." + name + ".weight");
+  for (const auto& t : f.tensors())
+    check(read.contains(t.name), f.name(), ": tensor '", gguf::detail::printable(t.name),
           "' is not part of the llama model zipage runs (an unsupported variant?)");
-  }
 }
 
 }  // namespace detail
