@@ -5,9 +5,9 @@
 # kernels (quick grid).
 set -u
 . "$(dirname "$0")/lib.sh"
-"$BIN/zipage-generate" --device cuda --dtype fp32 --prompt "Once upon a time" -n 40 > "$OUT/gen_fp32.txt" 2>&1
+"$BIN/zipage-generate" --device cuda --dtype fp32 --prompt "Once upon a time" -n 40 --temperature 0 > "$OUT/gen_fp32.txt" 2>&1
 echo "generate fp32 rc=$? golden=$(grep -c 'Once upon a time, there was a little girl named Lily. She loved to play outside in the park.' "$OUT/gen_fp32.txt")" >> "$S"
-"$BIN/zipage-generate" --device cuda --prompt "Once upon a time" -n 40 > "$OUT/gen_bf16.txt" 2>&1
+"$BIN/zipage-generate" --device cuda --prompt "Once upon a time" -n 40 --temperature 0 > "$OUT/gen_bf16.txt" 2>&1
 echo "generate bf16 rc=$?" >> "$S"; tail -4 "$OUT/gen_bf16.txt" >> "$S"
 "$BIN/zipage-generate" --device cuda --dtype fp32 --model "$BIN/reasoner" --prompt "$(cat "$BIN/l1_prompt.txt")" \
   --temperature 0 -n 200 --ignore-eos > "$OUT/gen_reasoner_fp32.txt" 2>&1

@@ -30,6 +30,7 @@
 #include "zipage/core/weight_dtype.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/gguf/gguf.hpp"
+#include "zipage/models/gguf_generation.hpp"
 #include "zipage/models/hf_loader.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/models/llama_tp.hpp"
@@ -142,10 +143,10 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   app.add_option("--model,-m", o.model,
                  "GGUF model file, or a Hugging Face checkpoint directory (default: the bundled stories260K)");
   auto& s = o.sampling;
-  s.temperature = 0.0f;
-  // Sampling: the checkpoint's generation_config.json sets the defaults (greedy when it sets nothing).
+  // Sampling: the checkpoint's generation_config.json (or GGUF general.sampling.*) sets the defaults; a field it
+  // does not set keeps vLLM's (sampling_params: temperature 1, filters off).
   o.flags["--temperature"] = app.add_option("--temperature,-t", s.temperature,
-                                            "0 = greedy (default: the checkpoint's generation_config.json, else 0)")
+                                            "0 = greedy (default: the checkpoint's, else 1 as vLLM)")
                                  ->check(non_negative());
   o.flags["--top-k"] = app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0 = off; default: the checkpoint's)")
                            ->check(count());
@@ -227,8 +228,8 @@ inline void resolve_budget(engine_options& o) {
                 " (--block-size): the window's queries are recorded in the last W slots of a block");
 }
 
-// Sampling: flags given on the command line, else the checkpoint's generation_config.json (`gen`), else
-// greedy. Builds the line that says which value came from where.
+// Sampling: flags given on the command line, else the checkpoint's generation_config.json or GGUF
+// general.sampling.* keys (`gen`), else vLLM's defaults. Builds the line that says which value came from where.
 inline void resolve_sampling(engine_options& o, const zipage::generation_defaults& gen) {
   zipage::sampling_params merged = o.sampling;
   gen.apply(merged);
@@ -257,6 +258,7 @@ inline void resolve_sampling(engine_options& o, const zipage::generation_default
   if (!gen.source.empty())
     line += gen.sets_sampling() ? "; checkpoint = " + gen.source + (greedy_by_file ? " (do_sample: false)" : "")
                                 : "; " + gen.source + " sets no sampling";
+  for (const auto& setting : gen.ignored) line += "; ignored: " + setting + ", which zipage does not have";
   o.sampling_line = line;
 }
 
@@ -381,8 +383,8 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
     o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
     return build_engine(o, std::move(model), backend, model_text{.bpe = &tokenizer}, f);
   }
-  resolve_sampling(o, {});
   const auto file = zipage::gguf::file::open(o.model);
+  resolve_sampling(o, zipage::generation_defaults_from_gguf(file));
   const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
   const auto config = zipage::llama_config_from_gguf(file);
   zipage::check_vocabulary_pair(config, tokenizer, o.model + " (token_embd.weight)", o.model + " (tokenizer.ggml.tokens)");

@@ -26,6 +26,7 @@
 #include "zipage/engine/engine.hpp"
 #include "zipage/eval/stats.hpp"
 #include "zipage/gguf/gguf.hpp"
+#include "zipage/models/gguf_generation.hpp"
 #include "zipage/models/hf_loader.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/policy/policies.hpp"
@@ -131,6 +132,7 @@ void resolve_sampling(grid_options& o, zipage::sampling_params& s) {
   std::error_code ec;
   zipage::generation_defaults gen;
   if (std::filesystem::is_directory(o.model, ec)) gen = zipage::load_generation_config(o.model);
+  else gen = zipage::generation_defaults_from_gguf(zipage::gguf::file::open(o.model));
   gen.apply(s);
   if (o.temperature >= 0) s.temperature = o.temperature;
   if (o.top_p >= 0) s.top_p = o.top_p;

@@ -8,8 +8,9 @@
 // It loads the model (a Llama-architecture GGUF file, or a Qwen3 / Qwen2 / Llama checkpoint directory:
 // config.json, *.safetensors, tokenizer.json), its tokenizer, and wires the detokenizer into the engine, so
 // outputs carry text and stop strings work. Sampling defaults come from the checkpoint's
-// generation_config.json (temperature, top_k, top_p, min_p, repetition_penalty; do_sample false = greedy),
-// greedy when it sets none (GGUF files): default_sampling() says what they are. Parameters passed to
+// generation_config.json (temperature, top_k, top_p, min_p, repetition_penalty; do_sample false = greedy) or
+// a GGUF file's general.sampling.* keys; a field it does not set takes vLLM's default (temperature 1, no
+// filters, seed 0): default_sampling() says what they are. Parameters passed to
 // generate()/stream() are used as given, as vLLM's SamplingParams are.
 //
 // The engine behind it is zipage::engine<llama_model<Backend>, Policy>: Policy is zipage_policy (Compressed
@@ -361,7 +362,7 @@ class basic_llm {
   }
 
   // The sampling parameters generate() and stream() use when given none: the checkpoint's
-  // generation_config.json, else greedy; max_tokens 256.
+  // generation_config.json or GGUF general.sampling.* keys over vLLM's defaults (temperature 1); max_tokens 256.
   [[nodiscard]] const sampling_params& default_sampling() const { return defaults_; }
 
   // Runs the prompts as one continuous batch; results in prompt order. All prompts are checked before any
@@ -435,8 +436,7 @@ class basic_llm {
   template <class Backend>
   void load(const std::filesystem::path& path, llm_options& options, Policy policy, Backend backend, const char* name) {
     detail::llm_parts parts = detail::load_llm<Policy, Backend>(path, options.engine, std::move(policy), std::move(backend), name);
-    defaults_.temperature = 0.0f;  // greedy unless the checkpoint says otherwise
-    parts.generation.apply(defaults_);
+    parts.generation.apply(defaults_);  // over sampling_params' defaults, vLLM's: temperature 1 unless the checkpoint says otherwise
     model_stop_ids_ = std::move(parts.stop_token_ids);
     defaults_ = with_model_stops(defaults_);
     spm_ = std::move(parts.spm);

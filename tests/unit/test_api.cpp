@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "zipage/gguf/writer.hpp"
 #include "zipage/safetensors/writer.hpp"
 #include "zipage/zipage.hpp"
 #include "counting_model.hpp"
@@ -81,7 +82,15 @@ void write_qwen3_checkpoint(const std::filesystem::path& out) {
 TEST_CASE("llm: a GGUF file by path, text in, text out, tokens and finish reasons") {
   llm& l = stories_llm();
   CHECK(std::string(l.device()) == "cpu");
-  CHECK(l.default_sampling().greedy());  // a GGUF file sets no sampling: greedy
+  // The bundled file sets no general.sampling.* keys: vLLM's defaults (temperature 1, no filters, seed 0), so
+  // a run with no parameters samples, and repeats.
+  CHECK(l.default_sampling().temperature == 1.0f);
+  CHECK(l.default_sampling().top_k == 0);
+  CHECK(l.default_sampling().top_p == 1.0f);
+  CHECK(l.default_sampling().seed == 0);
+  const auto sampled = l.generate({"Once upon a time"});
+  CHECK(sampled[0].token_ids.size() > 0);
+  CHECK(l.generate({"Once upon a time"})[0].text == sampled[0].text);
   const auto out = l.generate({"Once upon a time", "Once upon a time"}, {.temperature = 0.0f, .max_tokens = 30});
   REQUIRE(out.size() == 2);
   CHECK(out[0].prompt == "Once upon a time");
@@ -125,6 +134,28 @@ TEST_CASE("load_model: a model and its text side by path, for tools that build t
   for (token_id t : stories_llm().encode(" there was")) if (t != m.model.config().bos) text += detok(t);
   CHECK(contains(text, "there was"));
   CHECK(contains(error_of([] { (void)load_model("/nonexistent"); }), "/nonexistent: no such file or directory"));
+}
+
+TEST_CASE("llm: a GGUF file's general.sampling.* keys are its sampling defaults") {
+  const zipage::testing::temp_dir dir("gguf_sampling");
+  {
+    const gguf::file f = gguf::file::open(zipage::testing::stories_model_path());
+    gguf::writer w;
+    for (const std::string& key : f.keys()) w.set(key, *f.find(key));
+    for (const gguf::tensor_info& t : f.tensors()) w.add_tensor(t.name, t.dims, gguf::tensor_type::f32, f.to_f32(t));
+    w.set("general.sampling.temp", 0.6f);
+    w.set("general.sampling.top_k", std::int32_t{20});
+    w.set("general.sampling.top_p", 0.95f);
+    w.write(dir.path / "sampling.gguf");
+  }
+  llm l((dir.path / "sampling.gguf").string());
+  CHECK(l.default_sampling().temperature == doctest::Approx(0.6f));
+  CHECK(l.default_sampling().top_k == 20);
+  CHECK(l.default_sampling().top_p == doctest::Approx(0.95f));
+  CHECK(l.default_sampling().min_p == 0.0f);  // not set: vLLM's default
+  const auto m = load_model(dir.path / "sampling.gguf");
+  CHECK(m.generation.sets_sampling());
+  CHECK(contains(m.generation.source, "sampling.gguf (general.sampling)"));
 }
 
 TEST_CASE("llm: streaming, as an iterator and with a callback, adds up to the generated text") {

@@ -16,6 +16,7 @@
 #include "zipage/core/json.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/gguf/writer.hpp"
+#include "zipage/models/gguf_generation.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/tokenizer/spm_tokenizer.hpp"
 
@@ -261,4 +262,69 @@ TEST_CASE("gguf: llama variants the model does not run are refused by name, not 
     w.set("llama.rope.scaling.type", "none");
     w.set("llama.expert_count", std::uint32_t{0});
   })));
+}
+
+TEST_CASE("gguf: general.sampling.* keys are the file's sampling defaults, as llama.cpp reads them") {
+  const auto none = generation_defaults_from_gguf(edited_stories([](gg::writer&, const gg::file&) {}));
+  CHECK_FALSE(none.sets_sampling());
+  CHECK(none.source.empty());
+  CHECK(none.defaults().temperature == 1.0f);  // vLLM's default when the checkpoint sets nothing
+  CHECK(none.defaults().top_k == 0);
+  CHECK(none.defaults().top_p == 1.0f);
+
+  // As llama.cpp's converter writes them: int32 top_k, float32 the rest.
+  const auto set = generation_defaults_from_gguf(edited_stories([](gg::writer& w, const gg::file&) {
+    w.set("general.sampling.temp", 0.7f);
+    w.set("general.sampling.top_k", std::int32_t{40});
+    w.set("general.sampling.top_p", 0.9f);
+    w.set("general.sampling.min_p", 0.05f);
+    w.set("general.sampling.penalty_repeat", 1.1f);
+    w.set("general.sampling.mirostat", std::int32_t{0});      // off: nothing to report
+    w.set("general.sampling.xtc_probability", 0.0f);          // off
+    w.set("general.sampling.sequence", "edkypmxt");           // llama.cpp's sampler order: not read
+  }));
+  CHECK(set.sets_sampling());
+  CHECK(set.source == "edited.gguf (general.sampling)");
+  CHECK(set.ignored.empty());
+  const sampling_params p = set.defaults();
+  CHECK(p.temperature == doctest::Approx(0.7f));
+  CHECK(p.top_k == 40);
+  CHECK(p.top_p == doctest::Approx(0.9f));
+  CHECK(p.min_p == doctest::Approx(0.05f));
+  CHECK(p.repetition_penalty == doctest::Approx(1.1f));
+  CHECK_NOTHROW(p.validate());
+
+  const auto only_temp = generation_defaults_from_gguf(edited_stories([](gg::writer& w, const gg::file&) {
+    w.set("general.sampling.temp", 0.0f);
+    w.set("general.sampling.top_k", std::int32_t{-1});  // llama.cpp: <= 0 is off
+  }));
+  CHECK(only_temp.defaults().greedy());
+  CHECK(only_temp.defaults().top_k == 0);
+
+  // Samplers zipage does not have are reported when the file turns them on, not silently dropped.
+  const auto extra = generation_defaults_from_gguf(edited_stories([](gg::writer& w, const gg::file&) {
+    w.set("general.sampling.mirostat", std::int32_t{2});
+    w.set("general.sampling.xtc_probability", 0.5f);
+  }));
+  REQUIRE(extra.ignored.size() == 2);
+  CHECK(contains(extra.ignored[0], "general.sampling.mirostat"));
+  CHECK(contains(extra.ignored[1], "general.sampling.xtc_probability"));
+  CHECK(extra.source == "edited.gguf (general.sampling)");
+
+  auto error = [](const std::function<void(gg::writer&)>& edit) {
+    const gg::file f = edited_stories([&](gg::writer& w, const gg::file&) { edit(w); });
+    return error_of([&] { (void)generation_defaults_from_gguf(f); });
+  };
+  CHECK(contains(error([](gg::writer& w) { w.set("general.sampling.temp", "hot"); }),
+                 "edited.gguf: metadata general.sampling.temp must be a number, got string"));
+  CHECK(contains(error([](gg::writer& w) { w.set("general.sampling.temp", -0.5f); }),
+                 "edited.gguf: metadata general.sampling.temp = -0.5 must be >= 0"));
+  CHECK(contains(error([](gg::writer& w) { w.set("general.sampling.top_p", 1.5f); }),
+                 "metadata general.sampling.top_p = 1.5 must be in (0, 1]"));
+  CHECK(contains(error([](gg::writer& w) { w.set("general.sampling.top_k", 4.5f); }),
+                 "metadata general.sampling.top_k must be an integer, got float32"));
+  CHECK(contains(error([](gg::writer& w) { w.set("general.sampling.penalty_repeat", 0.0f); }),
+                 "metadata general.sampling.penalty_repeat = 0 must be > 0"));
+  CHECK(contains(error([](gg::writer& w) { w.set("general.sampling.min_p", std::nanf("")); }),
+                 "metadata general.sampling.min_p = nan must be in [0, 1]"));
 }

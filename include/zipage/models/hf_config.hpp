@@ -205,8 +205,10 @@ inline void merge_hf_generation_eos(model_config& c, const json::value& gen, std
   }
 }
 
-// The sampling defaults a checkpoint's generation_config.json sets (vLLM's default `--generation-config
-// auto`): each field holds a value only when the file sets it (a null counts as absent). `do_sample: false`
+// The sampling defaults a checkpoint sets (vLLM's default `--generation-config auto`): its
+// generation_config.json, or a GGUF file's general.sampling.* keys (models/gguf_generation.hpp). Each field
+// holds a value only when the file sets it (a null counts as absent); a field it does not set keeps
+// sampling_params' own default, which is vLLM's and OpenAI's (temperature 1, no filters). `do_sample: false`
 // means greedy decoding, as in transformers (vLLM ignores do_sample and applies the values).
 struct generation_defaults {
   std::optional<bool> do_sample;
@@ -216,6 +218,7 @@ struct generation_defaults {
   std::optional<float> min_p;
   std::optional<float> repetition_penalty;
   std::string source;  // the file they came from; empty when there was none
+  std::vector<std::string> ignored;  // settings the file turns on that zipage has no sampler for (GGUF only)
 
   [[nodiscard]] bool sets_sampling() const {
     return do_sample || temperature || top_k || top_p || min_p || repetition_penalty;
@@ -229,6 +232,12 @@ struct generation_defaults {
     if (min_p) p.min_p = *min_p;
     if (repetition_penalty) p.repetition_penalty = *repetition_penalty;
     if (do_sample && !*do_sample) p.temperature = 0.0f;
+  }
+  // What a request that sets nothing samples with: sampling_params' defaults (vLLM's) with the file's values.
+  [[nodiscard]] sampling_params defaults() const {
+    sampling_params p;
+    apply(p);
+    return p;
   }
 };
 

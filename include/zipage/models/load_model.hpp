@@ -1,7 +1,7 @@
 #pragma once
 // zipage::load_model: a model and its tokenizer by path — a Llama-architecture GGUF file, or a Hugging Face
 // checkpoint directory (Qwen3, Qwen2, Llama: config.json, *.safetensors, tokenizer.json) — with the sampling
-// defaults of its generation_config.json. What zipage::llm starts from; a tool that builds its own engine
+// defaults of its generation_config.json or GGUF general.sampling.* keys. What zipage::llm starts from; a tool that builds its own engine
 // can start from it too (the detokenizer for engine_config::make_detokenizer, the extra stop ids).
 #include <filesystem>
 #include <functional>
@@ -12,6 +12,7 @@
 
 #include "zipage/core/error.hpp"
 #include "zipage/gguf/gguf.hpp"
+#include "zipage/models/gguf_generation.hpp"
 #include "zipage/models/hf_config.hpp"
 #include "zipage/models/hf_loader.hpp"
 #include "zipage/models/llama.hpp"
@@ -29,7 +30,7 @@ struct loaded_model {
   // or a checkpoint's tokenizer.json. Exactly one is set.
   std::unique_ptr<const spm_tokenizer> spm;
   std::unique_ptr<const bpe_tokenizer> bpe;
-  generation_defaults generation;         // generation_config.json's sampling fields (none for a GGUF file)
+  generation_defaults generation;         // the checkpoint's sampling fields: generation_config.json, or GGUF general.sampling.*
   std::vector<token_id> stop_token_ids;   // the tokenizer's end of turn when the config's eos is another id
 
   // Text to prompt ids with the model's BOS convention; ids back to text (special tokens left out).
@@ -69,7 +70,8 @@ loaded_model<Backend> load_model(const std::filesystem::path& path, const Backen
   auto spm = std::make_unique<const spm_tokenizer>(spm_tokenizer::from_gguf(file));
   check_vocabulary_pair(llama_config_from_gguf(file), *spm, path.string() + " (token_embd.weight)",
                         path.string() + " (tokenizer.ggml.tokens)");
-  return {load_llama_gguf<Backend>(file, backend), std::move(spm), nullptr, {}, {}};
+  auto generation = generation_defaults_from_gguf(file);
+  return {load_llama_gguf<Backend>(file, backend), std::move(spm), nullptr, std::move(generation), {}};
 }
 
 }  // namespace zipage
