@@ -385,14 +385,23 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
   }
   const auto file = zipage::gguf::file::open(o.model);
   resolve_sampling(o, zipage::generation_defaults_from_gguf(file));
-  const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
   const auto config = zipage::llama_config_from_gguf(file);
-  zipage::check_vocabulary_pair(config, tokenizer, o.model + " (token_embd.weight)", o.model + " (tokenizer.ggml.tokens)");
-  if (o.tensor_parallel_size > 1) (void)zipage::parallel::tp_layout::make(config, o.tensor_parallel_size);  // before the weights
-  auto model = zipage::load_llama_gguf<Backend>(file, backend);
-  print_linear_weights(o, backend);
-  o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
-  return build_engine(o, std::move(model), backend, model_text{.spm = &tokenizer}, f);
+  // Loads the weights once the vocabulary agrees with them (Qwen / Llama 3 files: byte-level BPE; the eos set
+  // is in config.extra_eos).
+  auto run = [&](const auto& tokenizer, model_text text) {
+    zipage::check_vocabulary_pair(config, tokenizer, o.model + " (token_embd.weight)", o.model + " (tokenizer.ggml.tokens)");
+    if (o.tensor_parallel_size > 1) (void)zipage::parallel::tp_layout::make(config, o.tensor_parallel_size);  // before the weights
+    auto model = zipage::load_llama_gguf<Backend>(file, backend);
+    print_linear_weights(o, backend);
+    o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
+    return build_engine(o, std::move(model), backend, text, f);
+  };
+  if (zipage::gguf_has_bpe_vocab(file)) {
+    const auto tokenizer = zipage::bpe_tokenizer::from_gguf(file);
+    return run(tokenizer, model_text{.bpe = &tokenizer});
+  }
+  const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
+  return run(tokenizer, model_text{.spm = &tokenizer});
 }
 
 }  // namespace detail

@@ -415,10 +415,16 @@ int run_backend(run_context& ctx, const Backend& backend) {
   text_io io;
   if (hf) {
     bpe.emplace(zipage::bpe_tokenizer::from_dir(o.model));
+  } else {
+    gguf.emplace(zipage::gguf::file::open(o.model));
+    if (zipage::gguf_has_bpe_vocab(*gguf)) bpe.emplace(zipage::bpe_tokenizer::from_gguf(*gguf));  // Qwen, Llama 3
+  }
+  if (bpe) {
     const auto& tok = *bpe;
     if (o.chat)
       zipage::check(tok.chat() != zipage::chat_format::none, o.command, ": ", o.model,
-                    "/tokenizer_config.json has no chat template zipage knows (--raw feeds the prompt as is)");
+                    hf ? "/tokenizer_config.json" : " (tokenizer.chat_template)",
+                    " has no chat template zipage knows (--raw feeds the prompt as is)");
     const bool chat = o.chat, thinking = o.thinking;
     io.encode = [&tok, chat, thinking](const std::string& text) {
       if (!chat) return tok.encode(text, tok.add_bos());
@@ -428,8 +434,8 @@ int run_backend(run_context& ctx, const Backend& backend) {
     io.make_detokenizer = zipage::detokenizer_factory(tok);
     io.eos = tok.eos();
   } else {
-    zipage::check(!o.chat, o.command, ": the chat template needs a Hugging Face checkpoint directory as --model (--raw for a GGUF file)");
-    gguf.emplace(zipage::gguf::file::open(o.model));
+    zipage::check(!o.chat, o.command, ": ", o.model, " has a SentencePiece vocabulary and no chat template zipage knows "
+                  "(--raw feeds the prompt as is)");
     spm.emplace(zipage::spm_tokenizer::from_gguf(*gguf));
     const auto& tok = *spm;
     io.encode = [&tok](const std::string& text) { return tok.encode(text, true); };
@@ -444,6 +450,7 @@ int run_backend(run_context& ctx, const Backend& backend) {
   const zipage::model_config config = first->config();
   // The model and its tokenizer must agree (else a batch fails halfway at an id one side lacks).
   if (hf) zipage::check_vocabulary_pair(config, *bpe, o.model + "/config.json", o.model + "/tokenizer.json");
+  else if (bpe) zipage::check_vocabulary_pair(config, *bpe, o.model + " (token_embd.weight)", o.model + " (tokenizer.ggml.tokens)");
   else zipage::check_vocabulary_pair(config, *spm, o.model + " (token_embd.weight)", o.model + " (tokenizer.ggml.tokens)");
 
   resolve_sampling(o, ctx.sampled);

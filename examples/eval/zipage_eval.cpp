@@ -29,6 +29,7 @@
 #include "zipage/gguf/gguf.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/policy/policies.hpp"
+#include "zipage/tokenizer/bpe_tokenizer.hpp"
 #include "zipage/tokenizer/spm_tokenizer.hpp"
 
 namespace {
@@ -179,7 +180,17 @@ void report(const zipage::gguf::file& file, const options& o, const reference& r
 
 int fidelity_command(const options& o) {
   const auto file = zipage::gguf::file::open(o.model);
-  const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
+  // The prompts' ids by the file's own vocabulary: SentencePiece (llama) or byte-level BPE (Qwen, Llama 3).
+  std::function<std::vector<zipage::token_id>(const std::string&)> encode;
+  std::optional<zipage::spm_tokenizer> spm;
+  std::optional<zipage::bpe_tokenizer> bpe;
+  if (zipage::gguf_has_bpe_vocab(file)) {
+    bpe.emplace(zipage::bpe_tokenizer::from_gguf(file));
+    encode = [&](const std::string& t) { return bpe->encode(t, bpe->add_bos()); };
+  } else {
+    spm.emplace(zipage::spm_tokenizer::from_gguf(file));
+    encode = [&](const std::string& t) { return spm->encode(t, true); };
+  }
   // Every flag is checked before the reference runs and the table starts.
   for (int b : o.budgets)
     zipage::check(b > 0 && b % o.block_size == 0, "--budgets: ", b, " is not a positive multiple of --block-size ",
@@ -204,7 +215,7 @@ int fidelity_command(const options& o) {
   texts.resize(std::min<std::size_t>(texts.size(), static_cast<std::size_t>(o.num_prompts)));
   zipage::check(!texts.empty(), "no prompts");
   std::vector<tokens> prompts;
-  for (const auto& t : texts) prompts.push_back(tokenizer.encode(t, true));
+  for (const auto& t : texts) prompts.push_back(encode(t));
 
   const auto start = std::chrono::steady_clock::now();
   const reference ref = full_kv_reference(file, o, prompts);

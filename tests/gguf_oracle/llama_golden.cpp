@@ -2,18 +2,25 @@
 //
 //   llama_golden quantize IN.gguf OUT.gguf FTYPE          llama.cpp's own quantiser (FTYPE: llama_ftype id)
 //   llama_golden dequantize IN.gguf OUT.gguf              every tensor to F32 by ggml's dequantisation
-//   llama_golden tokenize MODEL.gguf < lines              llama.cpp's token ids of each line (\n, \\ escapes)
+//   llama_golden tokenize MODEL.gguf [special] < lines    llama.cpp's token ids of each line (\n, \\ escapes);
+//                                                         with `special`, control tokens in the text are parsed
 //   llama_golden golden MODEL.gguf OUT.gguf STEPS PROMPT...
 //       For each prompt: llama.cpp's tokens (BOS first), its greedy continuation of STEPS tokens, and the
 //       logits it computes at every position of that sequence (fp32 KV cache, one sequence at a time).
 //       Written as GGUF: metadata golden.prompts (strings), golden.tokens.<i> (int32 array) and tensors
 //       logits.<i> [vocab][positions] (F32).
+//   llama_golden golden_top MODEL.gguf OUT.gguf STEPS K PROMPT...
+//       The same for a large vocabulary, kept small: per position the K largest logits (tensor top_logits.<i>
+//       [K][positions], their ids in metadata golden.top_ids.<i>) and the log-sum-exp of all of them (tensor
+//       logsumexp.<i> [positions]); prompts tokenised with control tokens parsed (chat-formatted text).
 // Not part of the build: run.sh builds it against the llama.cpp libraries that node-llama-cpp publishes.
 #include <ggml-backend.h>
 #include <llama.h>
 
 #include <zipage/gguf/writer.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,10 +66,10 @@ int dequantize(const char* in, const char* out) {
   return 0;
 }
 
-std::vector<llama_token> tokenize(const llama_vocab* vocab, const std::string& text) {
+std::vector<llama_token> tokenize(const llama_vocab* vocab, const std::string& text, bool parse_special = false) {
   std::vector<llama_token> ids(text.size() + 8);
   const int n = llama_tokenize(vocab, text.c_str(), static_cast<int>(text.size()), ids.data(),
-                               static_cast<int>(ids.size()), /*add_special=*/true, /*parse_special=*/false);
+                               static_cast<int>(ids.size()), /*add_special=*/true, parse_special);
   if (n < 0) die("tokenize failed");
   ids.resize(n);
   return ids;
@@ -70,7 +77,7 @@ std::vector<llama_token> tokenize(const llama_vocab* vocab, const std::string& t
 
 // One line of text per input line (escapes: \n for a newline, \\ for a backslash) -> llama.cpp's token ids (BOS
 // first), space-separated, one line each.
-int tokenize_lines(const char* model_path) {
+int tokenize_lines(const char* model_path, bool parse_special) {
   llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
   mp.vocab_only = true;
@@ -87,7 +94,7 @@ int tokenize_lines(const char* model_path) {
         text += line[i];
       }
     }
-    const auto ids = tokenize(vocab, text);
+    const auto ids = tokenize(vocab, text, parse_special);
     for (std::size_t k = 0; k < ids.size(); ++k) std::printf(k ? " %d" : "%d", ids[k]);
     std::printf("\n");
   }
@@ -95,7 +102,8 @@ int tokenize_lines(const char* model_path) {
   return 0;
 }
 
-int golden(const char* model_path, const char* out, int steps, std::vector<std::string> prompts) {
+// `top` = 0: every logit of every position (tensor logits.<i>); else the `top` largest and the log-sum-exp.
+int golden(const char* model_path, const char* out, int steps, std::vector<std::string> prompts, int top = 0) {
   llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
   llama_model* model = llama_model_load_from_file(model_path, mp);
@@ -118,7 +126,7 @@ int golden(const char* model_path, const char* out, int steps, std::vector<std::
     cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     llama_context* ctx = llama_init_from_model(model, cp);
     if (ctx == nullptr) die("cannot make a context");
-    std::vector<llama_token> seq = tokenize(vocab, prompts[k]);
+    std::vector<llama_token> seq = tokenize(vocab, prompts[k], /*parse_special=*/top > 0);
     std::vector<float> logits;  // [positions][vocab]
     // One token per decode, so every position's logits come out (and the cache grows as in generation).
     const std::size_t prompt_size = seq.size(), positions = prompt_size + static_cast<std::size_t>(steps) - 1;
@@ -137,8 +145,29 @@ int golden(const char* model_path, const char* out, int steps, std::vector<std::
     }
     llama_free(ctx);
     w.set("golden.tokens." + std::to_string(k), std::vector<std::int32_t>(seq.begin(), seq.end()));
-    w.add_tensor("logits." + std::to_string(k), {n_vocab, static_cast<std::int64_t>(logits.size() / n_vocab)},
-                 gg::tensor_type::f32, logits);
+    const std::int64_t positions_done = static_cast<std::int64_t>(logits.size() / n_vocab);
+    if (top == 0) {
+      w.add_tensor("logits." + std::to_string(k), {n_vocab, positions_done}, gg::tensor_type::f32, logits);
+    } else {
+      std::vector<std::int32_t> ids;
+      std::vector<float> values, lse;
+      for (std::int64_t p = 0; p < positions_done; ++p) {
+        const float* l = logits.data() + p * n_vocab;
+        std::vector<int> order(static_cast<std::size_t>(n_vocab));
+        for (int v = 0; v < n_vocab; ++v) order[static_cast<std::size_t>(v)] = v;
+        std::partial_sort(order.begin(), order.begin() + top, order.end(), [&](int a, int b) { return l[a] > l[b]; });
+        double m = l[order[0]], sum = 0.0;
+        for (int v = 0; v < n_vocab; ++v) sum += std::exp(double(l[v]) - m);
+        lse.push_back(static_cast<float>(m + std::log(sum)));
+        for (int j = 0; j < top; ++j) {
+          ids.push_back(order[static_cast<std::size_t>(j)]);
+          values.push_back(l[order[static_cast<std::size_t>(j)]]);
+        }
+      }
+      w.set("golden.top_ids." + std::to_string(k), ids);
+      w.add_tensor("top_logits." + std::to_string(k), {top, positions_done}, gg::tensor_type::f32, values);
+      w.add_tensor("logsumexp." + std::to_string(k), {positions_done}, gg::tensor_type::f32, lse);
+    }
     std::printf("prompt %zu: %zu tokens\n", k, seq.size());
   }
   llama_model_free(model);
@@ -160,9 +189,12 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "quantize" && argc == 5) return quantize(argv[2], argv[3], std::atoi(argv[4]));
   if (mode == "dequantize" && argc == 4) return dequantize(argv[2], argv[3]);
-  if (mode == "tokenize" && argc == 3) return tokenize_lines(argv[2]);
+  if (mode == "tokenize" && (argc == 3 || (argc == 4 && std::string(argv[3]) == "special")))
+    return tokenize_lines(argv[2], argc == 4);
+  if (mode == "golden_top" && argc >= 7)
+    return golden(argv[2], argv[3], std::atoi(argv[4]), std::vector<std::string>(argv + 6, argv + argc), std::atoi(argv[5]));
   if (mode == "golden" && argc >= 6)
     return golden(argv[2], argv[3], std::atoi(argv[4]), std::vector<std::string>(argv + 5, argv + argc));
-  std::fprintf(stderr, "usage: llama_golden quantize IN OUT FTYPE | dequantize IN OUT | tokenize MODEL | golden MODEL OUT STEPS PROMPT...\n");
+  std::fprintf(stderr, "usage: llama_golden quantize IN OUT FTYPE | dequantize IN OUT | tokenize MODEL [special] | golden MODEL OUT STEPS PROMPT... | golden_top MODEL OUT STEPS K PROMPT...\n");
   return 2;
 }

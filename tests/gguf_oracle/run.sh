@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates tests/data/gguf/ with llama.cpp as the reference (README.md here). Needs network access to
 # npm's registry (node-llama-cpp publishes llama.cpp's prebuilt CPU libraries and its source as a git
-# bundle), g++ and git. Not part of the build or of CI: the tests read only the files this writes.
-#   tests/gguf_oracle/run.sh [WORK_DIR]
+# bundle), g++ and git, and a zipage build (BUILD, default build/) for the Qwen fixtures. Not part of the build
+# or of CI: the tests read only the files this writes.
+#   BUILD=build tests/gguf_oracle/run.sh [WORK_DIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=${1:-/tmp/zipage-gguf-oracle}
@@ -55,5 +56,40 @@ def unescape(t):  # as llama_golden reads a line: \\n is a newline, \\x is x
 for t, i in zip(texts, ids):
     text = unescape(t)
     print(json.dumps({'text': text, 'ids': [int(x) for x in i]}, ensure_ascii=False))
+PY
+
+# Qwen3 and Qwen2 GGUF files (byte-level BPE vocabularies), written from the random checkpoints of the tests by
+# make_gguf_fixture as llama.cpp's converter writes them: llama.cpp's logits (top 32 and log-sum-exp per position)
+# and greedy tokens on three prompts (control tokens parsed: one is chat-formatted), and its token ids for 400
+# random texts, without and with control tokens parsed.
+build=${BUILD:-$root/build}
+for arch in qwen3 qwen2; do
+  "$build/tests/make_eval_fixture" "$work/${arch}_random" "$root/tests/data/qwen3" $([ $arch = qwen2 ] && echo qwen2)
+  "$build/tests/make_gguf_fixture" "$work/${arch}_random" "$work/${arch}_random.gguf"
+  ./llama_golden golden_top "$work/${arch}_random.gguf" "$out/llama_cpp_${arch}_random.gguf" 8 32 "Hello world" \
+    $'<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n<think>\n' $'def f(x):\n    return x**2  # \u4f60\u597d \U0001F642'
+done
+python3 "$root/tests/gguf_oracle/token_lines.py" 1 400 qwen > qwen_lines.txt
+./llama_golden tokenize "$work/qwen3_random.gguf" < qwen_lines.txt > qwen_ids.txt
+./llama_golden tokenize "$work/qwen3_random.gguf" special < qwen_lines.txt > qwen_ids_special.txt
+python3 - qwen_lines.txt qwen_ids.txt qwen_ids_special.txt > "$out/llama_cpp_qwen3_tokens.jsonl" <<'PY'
+import json, sys
+texts = [l.rstrip('\n') for l in open(sys.argv[1], encoding='utf-8')]
+ids = [l.split() for l in open(sys.argv[2])]
+ids_special = [l.split() for l in open(sys.argv[3])]
+assert len(texts) == len(ids) == len(ids_special)
+def unescape(t):  # as llama_golden reads a line: \\n is a newline, \\x is x
+    out, k = [], 0
+    while k < len(t):
+        if t[k] == '\\' and k + 1 < len(t):
+            out.append('\n' if t[k + 1] == 'n' else t[k + 1])
+            k += 2
+        else:
+            out.append(t[k])
+            k += 1
+    return ''.join(out)
+for t, i, s in zip(texts, ids, ids_special):
+    print(json.dumps({'text': unescape(t), 'ids': [int(x) for x in i], 'ids_special': [int(x) for x in s]},
+                     ensure_ascii=False))
 PY
 ls -l "$out"

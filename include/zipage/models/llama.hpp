@@ -2,6 +2,7 @@
 // The Llama family as an engine model type: RMSNorm → GQA attention with RoPE → SwiGLU MLP, tied or
 // untied embeddings, with the optional pieces of its descendants (q/k/v bias as in Qwen2, per-head q/k
 // RMSNorm as in Qwen3) so one implementation serves them all. Generic over the backend.
+#include <algorithm>
 #include <concepts>
 #include <initializer_list>
 #include <optional>
@@ -387,70 +388,112 @@ typename Backend::tensor gguf_matrix(const Backend& backend, const gguf::file& f
   return backend.from_host(values, rows, cols);
 }
 
-// The llama variants zipage's model does not run, refused by name rather than loaded wrong: a head size other
-// than embedding_length / head_count, RoPE on part of a head, scaled RoPE (linear, YaRN, or Llama 3's
-// frequency factors in rope_freqs.weight), mixture of experts.
-inline void check_gguf_llama_features(const gguf::file& f, int head_dim) {
-  for (const char* key : {"llama.attention.key_length", "llama.attention.value_length", "llama.rope.dimension_count"}) {
+// The variants zipage's model does not run, refused by name rather than loaded wrong: a head size other than
+// the one the model reads (embedding_length / head_count for llama and qwen2; attention.key_length for qwen3), RoPE
+// on part of a head, scaled RoPE (linear, YaRN, or Llama 3's frequency factors in rope_freqs.weight), mixture of
+// experts.
+inline void check_gguf_llama_features(const gguf::file& f, const std::string& arch, int head_dim) {
+  const std::string needs = arch == "qwen3" ? " = attention.key_length" : " = embedding_length / head_count";
+  for (const std::string& key : {arch + ".attention.key_length", arch + ".attention.value_length", arch + ".rope.dimension_count"}) {
     if (!f.has(key)) continue;
     const auto v = f.get_int(key);
-    check(v == head_dim, f.name(), ": metadata ", key, " = ", v, " is not supported (zipage's llama model needs ",
-          head_dim, " = embedding_length / head_count)");
+    check(v == head_dim, f.name(), ": metadata ", key, " = ", v, " is not supported (zipage's ", arch, " model needs ",
+          head_dim, needs, ")");
   }
-  if (f.has("llama.rope.scaling.type")) {
-    const auto kind = f.get_string("llama.rope.scaling.type");
-    check(kind == "none", f.name(), ": metadata llama.rope.scaling.type = '", kind,
+  if (const std::string key = arch + ".rope.scaling.type"; f.has(key)) {
+    const auto kind = f.get_string(key);
+    check(kind == "none", f.name(), ": metadata ", key, " = '", kind,
           "' is not supported (zipage reads scaled RoPE from Hugging Face checkpoints only)");
   }
   check(f.find_tensor("rope_freqs.weight") == nullptr, f.name(),
         ": tensor 'rope_freqs.weight' (Llama 3's RoPE frequency factors) is not supported in GGUF files; load the "
         "Hugging Face checkpoint instead");
-  check(!f.has("llama.expert_count") || f.get_int("llama.expert_count") == 0, f.name(),
-        ": mixture-of-experts models (llama.expert_count) are not supported");
+  if (const std::string key = arch + ".expert_count"; f.has(key))
+    check(f.get_int(key) == 0, f.name(), ": mixture-of-experts models (", key, ") are not supported");
 }
 
-// Every tensor of a llama GGUF must be one the model reads (load_llama_gguf's names): anything else (biases,
-// extra norms, a layer past block_count) is a feature it would silently drop.
-inline void check_gguf_llama_tensors(const gguf::file& f, int num_layers) {
+// Every tensor of the file must be one the model reads (load_llama_gguf's names): anything else (biases a variant
+// does not have, extra norms, a layer past block_count) is a feature it would silently drop.
+inline void check_gguf_llama_tensors(const gguf::file& f, const model_config& c) {
   std::set<std::string, std::less<>> read = {"token_embd.weight", "output_norm.weight", "output.weight"};
-  for (int l = 0; l < num_layers; ++l)
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
     for (const char* name : {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
                              "ffn_up", "ffn_down"})
-      read.insert("blk." + std::to_string(l) + "." + name + ".weight");
+      read.insert(p + name + ".weight");
+    if (c.qkv_bias)
+      for (const char* name : {"attn_q", "attn_k", "attn_v"}) read.insert(p + name + ".bias");
+    if (c.qk_norm)
+      for (const char* name : {"attn_q_norm", "attn_k_norm"}) read.insert(p + name + ".weight");
+  }
   for (const auto& t : f.tensors())
     check(read.contains(t.name), f.name(), ": tensor '", gguf::detail::printable(t.name),
-          "' is not part of the llama model zipage runs (an unsupported variant?)");
+          "' is not part of the ", c.architecture, " model zipage runs (an unsupported variant?)");
+}
+
+// A byte-level BPE vocabulary's end-of-generation tokens besides eos, as llama.cpp finds them: the eot / eom ids
+// and the end-of-turn tokens by their text (<|im_end|>, <|endoftext|>, <|eot_id|>, ...), so a chat model stops at
+// the end of its turn whichever of them the file names as eos (the role generation_config.json's eos list plays
+// for a Hugging Face checkpoint).
+inline void add_gguf_end_of_generation(const gguf::file& f, model_config& c) {
+  auto add = [&](std::int64_t id) {
+    if (id < 0 || id >= c.vocab_size || id == c.eos) return;
+    if (std::find(c.extra_eos.begin(), c.extra_eos.end(), id) == c.extra_eos.end())
+      c.extra_eos.push_back(static_cast<token_id>(id));
+  };
+  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) add(f.get_int(key, -1));
+  if (!f.has("tokenizer.ggml.tokens")) return;
+  static const std::set<std::string, std::less<>> ends = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>",
+                                                          "<|end|>", "<|end_of_text|>", "<\uff5cend\u2581of\u2581sentence\uff5c>"};
+  const auto tokens = f.get_string_array("tokenizer.ggml.tokens");
+  for (std::size_t id = 0; id < tokens.size(); ++id)
+    if (ends.contains(tokens[id])) add(static_cast<std::int64_t>(id));
 }
 
 }  // namespace detail
 
-// Reads a `llama`-architecture GGUF model (as written by llama.cpp's converter: Q and K rows permuted so
-// RoPE rotates adjacent pairs).
+// Reads a GGUF model of the Llama family as llama.cpp's converter writes it:
+// - `llama` (Llama 2, TinyLlama, the bundled stories260K): Q and K rows permuted so RoPE rotates adjacent pairs;
+// - `qwen2` (Qwen2, Qwen2.5, DeepSeek-R1-Distill-Qwen): q/k/v biases, RoPE on halves;
+// - `qwen3`: per-head q/k RMSNorm (attn_q_norm / attn_k_norm), head size attention.key_length, RoPE on halves.
+// A head size llama.cpp would not read (key_length other than embedding_length / head_count for llama and qwen2)
+// is refused.
 inline model_config llama_config_from_gguf(const gguf::file& f) {
   const auto arch = f.get_string("general.architecture");
-  check(arch == "llama", f.name(), ": architecture '", arch, "' is not supported (expected 'llama')");
+  check(arch == "llama" || arch == "qwen2" || arch == "qwen3", f.name(), ": architecture '", gguf::detail::printable(arch),
+        "' is not supported (zipage reads llama, qwen2 and qwen3)");
+  const std::string k = arch + ".";
   model_config c;
   c.architecture = arch;
-  c.hidden_size = detail::gguf_int(f, "llama.embedding_length");
-  c.num_layers = detail::gguf_int(f, "llama.block_count");
-  c.num_q_heads = detail::gguf_int(f, "llama.attention.head_count");
-  c.num_kv_heads = f.has("llama.attention.head_count_kv") ? detail::gguf_int(f, "llama.attention.head_count_kv")
-                                                           : c.num_q_heads;
-  c.ffn_size = detail::gguf_int(f, "llama.feed_forward_length");
-  c.max_context = static_cast<int>(f.get_int("llama.context_length", 0));
-  check(c.hidden_size % c.num_q_heads == 0, f.name(), ": embedding_length ", c.hidden_size,
-        " is not divisible by head_count ", c.num_q_heads);
-  c.head_dim = c.hidden_size / c.num_q_heads;
-  detail::check_gguf_llama_features(f, c.head_dim);
-  c.rope_theta = static_cast<float>(f.get_float("llama.rope.freq_base", 10000.0));
-  c.rms_eps = static_cast<float>(f.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5));
-  c.rope = rope_style::interleaved;
+  c.hidden_size = detail::gguf_int(f, k + "embedding_length");
+  c.num_layers = detail::gguf_int(f, k + "block_count");
+  c.num_q_heads = detail::gguf_int(f, k + "attention.head_count");
+  c.num_kv_heads = f.has(k + "attention.head_count_kv") ? detail::gguf_int(f, k + "attention.head_count_kv")
+                                                         : c.num_q_heads;
+  c.ffn_size = detail::gguf_int(f, k + "feed_forward_length");
+  c.max_context = static_cast<int>(f.get_int(k + "context_length", 0));
+  // The head size: embedding_length / head_count for llama and qwen2 (llama.cpp's shapes for them), Qwen3's own
+  // attention.key_length (e.g. 128 at a hidden size of 1,024 in Qwen3-0.6B).
+  if (arch == "qwen3" && f.has(k + "attention.key_length")) {
+    c.head_dim = detail::gguf_int(f, k + "attention.key_length");
+  } else {
+    check(c.hidden_size % c.num_q_heads == 0, f.name(), ": embedding_length ", c.hidden_size,
+          " is not divisible by head_count ", c.num_q_heads);
+    c.head_dim = c.hidden_size / c.num_q_heads;
+  }
+  c.rope = arch == "llama" ? rope_style::interleaved : rope_style::half;  // the converter permutes Q/K for llama only
+  c.qkv_bias = arch == "qwen2";
+  c.qk_norm = arch == "qwen3";
+  detail::check_gguf_llama_features(f, arch, c.head_dim);
+  c.rope_theta = static_cast<float>(f.get_float(k + "rope.freq_base", 10000.0));
+  c.rms_eps = static_cast<float>(f.get_float(k + "attention.layer_norm_rms_epsilon", arch == "llama" ? 1e-5 : 1e-6));
   const auto& embd = f.tensor("token_embd.weight");
   check(embd.dims.size() == 2, f.name(), ": token_embd.weight must be 2-D, has shape ", detail::shape_string(embd));
   c.vocab_size = static_cast<int>(embd.dims[1]);
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
-  c.bos = static_cast<token_id>(f.get_int("tokenizer.ggml.bos_token_id", 1));
-  c.eos = static_cast<token_id>(f.get_int("tokenizer.ggml.eos_token_id", 2));
+  c.bos = static_cast<token_id>(f.get_int("tokenizer.ggml.bos_token_id", arch == "llama" ? 1 : -1));
+  c.eos = static_cast<token_id>(f.get_int("tokenizer.ggml.eos_token_id", arch == "llama" ? 2 : -1));
+  if (f.has("tokenizer.ggml.model") && f.get_string("tokenizer.ggml.model") == "gpt2") detail::add_gguf_end_of_generation(f, c);
   c.validate();
   return c;
 }
@@ -458,7 +501,7 @@ inline model_config llama_config_from_gguf(const gguf::file& f) {
 template <class Backend = cpu_backend>
 llama_model<Backend> load_llama_gguf(const gguf::file& f, const Backend& backend = {}) {
   const auto c = llama_config_from_gguf(f);
-  detail::check_gguf_llama_tensors(f, c.num_layers);
+  detail::check_gguf_llama_tensors(f, c);
   auto m = [&](const std::string& name, int rows, int cols) { return detail::gguf_matrix(backend, f, name, rows, cols); };
   llama_weights<Backend> w;
   w.embedding = m("token_embd.weight", c.vocab_size, c.hidden_size);
@@ -470,6 +513,15 @@ llama_model<Backend> load_llama_gguf(const gguf::file& f, const Backend& backend
     lw.wk = m(p + "attn_k.weight", c.kv_size(), c.hidden_size);
     lw.wv = m(p + "attn_v.weight", c.kv_size(), c.hidden_size);
     lw.wo = m(p + "attn_output.weight", c.hidden_size, c.q_size());
+    if (c.qkv_bias) {
+      lw.bq = m(p + "attn_q.bias", 1, c.q_size());
+      lw.bk = m(p + "attn_k.bias", 1, c.kv_size());
+      lw.bv = m(p + "attn_v.bias", 1, c.kv_size());
+    }
+    if (c.qk_norm) {
+      lw.q_norm = m(p + "attn_q_norm.weight", 1, c.head_dim);
+      lw.k_norm = m(p + "attn_k_norm.weight", 1, c.head_dim);
+    }
     lw.ffn_norm = m(p + "ffn_norm.weight", 1, c.hidden_size);
     lw.w_gate = m(p + "ffn_gate.weight", c.ffn_size, c.hidden_size);
     lw.w_up = m(p + "ffn_up.weight", c.ffn_size, c.hidden_size);

@@ -26,8 +26,9 @@ namespace zipage {
 template <class Backend>
 struct loaded_model {
   llama_model<Backend> model;
-  // The tokenizer, at a fixed address (detokenizer() refers to it): a GGUF file's SentencePiece vocabulary,
-  // or a checkpoint's tokenizer.json. Exactly one is set.
+  // The tokenizer, at a fixed address (detokenizer() refers to it): a GGUF file's SentencePiece vocabulary, or a
+  // byte-level BPE one (a GGUF file's tokenizer.ggml.model = gpt2, or a checkpoint's tokenizer.json). Exactly one
+  // is set.
   std::unique_ptr<const spm_tokenizer> spm;
   std::unique_ptr<const bpe_tokenizer> bpe;
   generation_defaults generation;         // the checkpoint's sampling fields: generation_config.json, or GGUF general.sampling.*
@@ -67,10 +68,16 @@ loaded_model<Backend> load_model(const std::filesystem::path& path, const Backen
     return {std::move(model), nullptr, std::move(bpe), std::move(generation), std::move(stops)};
   }
   const auto file = gguf::file::open(path);
-  auto spm = std::make_unique<const spm_tokenizer>(spm_tokenizer::from_gguf(file));
-  check_vocabulary_pair(llama_config_from_gguf(file), *spm, path.string() + " (token_embd.weight)",
-                        path.string() + " (tokenizer.ggml.tokens)");
   auto generation = generation_defaults_from_gguf(file);
+  const model_config config = llama_config_from_gguf(file);
+  const std::string model_name = path.string() + " (token_embd.weight)", vocab_name = path.string() + " (tokenizer.ggml.tokens)";
+  if (gguf_has_bpe_vocab(file)) {  // Qwen's and Llama 3's byte-level BPE; the eos set is in config.extra_eos
+    auto bpe = std::make_unique<const bpe_tokenizer>(bpe_tokenizer::from_gguf(file));
+    check_vocabulary_pair(config, *bpe, model_name, vocab_name);
+    return {load_llama_gguf<Backend>(file, backend), nullptr, std::move(bpe), std::move(generation), {}};
+  }
+  auto spm = std::make_unique<const spm_tokenizer>(spm_tokenizer::from_gguf(file));
+  check_vocabulary_pair(config, *spm, model_name, vocab_name);
   return {load_llama_gguf<Backend>(file, backend), std::move(spm), nullptr, std::move(generation), {}};
 }
 

@@ -37,11 +37,18 @@
 #include "zipage/core/error.hpp"
 #include "zipage/core/json.hpp"
 #include "zipage/core/types.hpp"
+#include "zipage/gguf/gguf.hpp"
 #include "zipage/tokenizer/chat_template.hpp"
 #include "zipage/tokenizer/unicode.hpp"
 #include "zipage/tokenizer/utf8.hpp"
 
 namespace zipage {
+
+// True when a GGUF file's vocabulary is byte-level BPE (tokenizer.ggml.model = gpt2: Qwen, Llama 3), read by
+// bpe_tokenizer::from_gguf; false for SentencePiece (llama), read by spm_tokenizer::from_gguf.
+inline bool gguf_has_bpe_vocab(const gguf::file& f) {
+  return f.has("tokenizer.ggml.model") && f.get_string("tokenizer.ggml.model") == "gpt2";
+}
 
 // ---------------------------------------------------------------------------------------------
 // bpe_tokenizer
@@ -118,6 +125,76 @@ class bpe_tokenizer {
     if (!tokenizer_config.empty())
       json::read_document(tokenizer_config, config_source,
                           [&](const json::value& cfg) { t.load_config(cfg, config_source); });
+    return t;
+  }
+
+  // A GGUF file's byte-level BPE vocabulary (tokenizer.ggml.model = gpt2), as llama.cpp's converter writes a
+  // Hugging Face tokenizer and llama.cpp reads it: tokens with their types (1 normal; 3 control = a special
+  // added token, matched in text only when parsing specials; 4 user-defined = an added token matched always;
+  // 5 unused = the converter's [PAD<id>] fillers, left undefined as a Hugging Face tokenizer leaves them), the
+  // merges, the pre-tokenizer by name (tokenizer.ggml.pre: qwen2 / deepseek-r1-qwen, or llama3 / llama-bpe),
+  // bos / eos ids, add_bos_token and the chat template. llama.cpp applies no Unicode normalizer to these
+  // vocabularies, and neither does this tokenizer (a tokenizer.json's NFC is not in the file).
+  static bpe_tokenizer from_gguf(const gguf::file& f) {
+    const std::string src = f.name();
+    const std::string model = f.get_string("tokenizer.ggml.model");
+    check(model == "gpt2", src, ": tokenizer.ggml.model '", json::printable(model),
+          "' is not a byte-level BPE vocabulary (gpt2)");
+    const std::string pre = f.has("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "";
+    const bool qwen2 = pre == "qwen2" || pre == "deepseek-r1-qwen";
+    const bool llama3 = pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe";
+    check(qwen2 || llama3, src, ": tokenizer.ggml.pre '", json::printable(pre),
+          "' is not supported (zipage implements qwen2, deepseek-r1-qwen, llama3 and llama-bpe)");
+    const auto tokens = f.get_string_array("tokenizer.ggml.tokens");
+    const auto types = f.get_int_array("tokenizer.ggml.token_type");
+    check(types.size() == tokens.size(), src, ": tokenizer.ggml.token_type has ", types.size(), " entries for ",
+          tokens.size(), " tokens");
+    // The same document a tokenizer.json of that model would be, read by the same code.
+    json::value doc = json::value::object();
+    doc["pre_tokenizer"] = {
+        {"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"behavior", "Isolated"}, {"invert", false},
+           {"pattern", {{"Regex", std::string(qwen2 ? qwen2_pattern : llama3_pattern)}}}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+    doc["decoder"] = {{"type", "ByteLevel"}};
+    json::value vocab = json::value::object(), added = json::value::array();
+    for (std::size_t id = 0; id < tokens.size(); ++id) {
+      const std::int64_t type = types[id];
+      check(type >= 1 && type <= 6, src, ": tokenizer.ggml.token_type[", id, "] = ", type, " is not a token type");
+      if (type == 5) continue;  // unused
+      if (type == 3 || type == 4)
+        added.push_back({{"id", id}, {"content", tokens[id]}, {"special", type == 3}});
+      else if (!vocab.emplace(tokens[id], id).second)
+        fail(src, ": tokenizer.ggml.tokens[", id, "] '", json::printable(tokens[id]), "' is listed twice");
+    }
+    json::value merges = json::value::array();
+    if (f.has("tokenizer.ggml.merges"))
+      for (auto& m : f.get_string_array("tokenizer.ggml.merges")) merges.push_back(std::move(m));
+    // Llama 3's tokenizer looks a whole pre-token up in the vocabulary before merging (llama.cpp does the same).
+    doc["model"] = {{"type", "BPE"}, {"vocab", std::move(vocab)}, {"merges", std::move(merges)}, {"ignore_merges", llama3}};
+    doc["added_tokens"] = std::move(added);
+    bpe_tokenizer t;
+    t.load(doc, src + " (tokenizer.ggml)");
+    auto id_of = [&](const char* key) {
+      const std::string full = std::string("tokenizer.ggml.") + key;
+      const std::int64_t id = f.get_int(full, -1);
+      check(id >= -1 && id < static_cast<std::int64_t>(tokens.size()), src, ": ", full, " = ", id,
+            " is not a token id (the vocabulary has ", tokens.size(), ")");
+      check(id < 0 || (static_cast<std::size_t>(id) < t.tokens_.size() && !t.tokens_[static_cast<std::size_t>(id)].text.empty()),
+            src, ": ", full, " = ", id, " is an unused token");
+      return static_cast<token_id>(id);
+    };
+    t.bos_ = id_of("bos_token_id");
+    t.eos_ = id_of("eos_token_id");
+    // llama.cpp's default for add_bos_token: on for Llama 3's pre-tokenizer, off otherwise.
+    t.add_bos_ = f.has("tokenizer.ggml.add_bos_token") ? f.get_bool("tokenizer.ggml.add_bos_token") : llama3;
+    check(!t.add_bos_ || t.bos_ >= 0, src, ": tokenizer.ggml.add_bos_token is true but there is no bos_token_id");
+    if (f.has("tokenizer.chat_template")) {
+      json::value cfg = json::value::object();
+      cfg["chat_template"] = f.get_string("tokenizer.chat_template");
+      t.load_config(cfg, src + " (tokenizer.chat_template)");
+    }
     return t;
   }
 

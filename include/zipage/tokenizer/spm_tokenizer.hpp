@@ -102,8 +102,8 @@ class spm_tokenizer {
     constexpr std::string_view model_key = "tokenizer.ggml.model";
     check(f.has(model_key), "GGUF file has no ", model_key, ": it carries no tokenizer");
     const std::string model = f.get_string(model_key);
-    check(model == "llama", "unsupported tokenizer model '", model,
-          "': only SentencePiece BPE ('llama') is implemented");
+    check(model == "llama", "tokenizer model '", model, "' is not SentencePiece ('llama')",
+          model == "gpt2" ? ": byte-level BPE vocabularies load with bpe_tokenizer::from_gguf" : "");
     for (std::string_view key : {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"}) {
       check(f.has(key), "GGUF SentencePiece tokenizer lacks the array ", key);
     }
