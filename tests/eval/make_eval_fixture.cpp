@@ -1,9 +1,10 @@
 // Writes a tiny random-weight Qwen3 checkpoint directory for the zipage-eval smoke tests: config.json,
 // model.safetensors (BF16), generation_config.json (T = 0.6, top_p 0.95, top_k 20, as Qwen3's) and the
 // Qwen3 tokenizer files copied from tests/data/qwen3. The model's answers are noise; the tests check the
-// harness's counts, not accuracy. With qwen2 as the third argument it writes a Qwen2 checkpoint instead (q/k/v
-// biases, no q/k norms), for the Qwen2 GGUF test.
-//   make_eval_fixture OUT_DIR TOKENIZER_DIR [qwen2]
+// harness's counts, not accuracy. For the GGUF tests (test_gguf_qwen), `qwen2` as the third argument writes a
+// Qwen2 checkpoint instead (q/k/v biases, no q/k norms), and `llama3` a Llama 3-style one: model_type llama,
+// Llama 3.1's RoPE scaling, an untied output, and the tokenizer given Llama 3's pre-tokenizer and a BOS.
+//   make_eval_fixture OUT_DIR TOKENIZER_DIR [qwen2 | llama3]
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -20,30 +21,52 @@
 namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
-  if (argc != 3 && !(argc == 4 && std::string(argv[3]) == "qwen2")) {
-    std::fprintf(stderr, "usage: make_eval_fixture OUT_DIR TOKENIZER_DIR [qwen2]\n");
+  const std::string variant = argc == 4 ? argv[3] : "qwen3";
+  if (argc < 3 || argc > 4 || (variant != "qwen3" && variant != "qwen2" && variant != "llama3")) {
+    std::fprintf(stderr, "usage: make_eval_fixture OUT_DIR TOKENIZER_DIR [qwen2 | llama3]\n");
     return 2;
   }
-  const bool qwen2 = argc == 4;
+  const bool qwen2 = variant == "qwen2", llama3 = variant == "llama3";
   try {
     const fs::path out = argv[1], tok = argv[2];
-    // Qwen2's head size is hidden / heads (llama.cpp reads no other); Qwen3's is its own head_dim.
-    const int hidden = 16, layers = 2, heads = 2, kv_heads = 1, head_dim = qwen2 ? 8 : 16, ffn = 32, vocab = 151936;
+    // Qwen2's and Llama's head size is hidden / heads (llama.cpp reads no other); Qwen3's is its own head_dim.
+    const int hidden = 16, layers = 2, heads = 2, kv_heads = 1, head_dim = variant == "qwen3" ? 16 : 8, ffn = 32,
+              vocab = 151936;
     fs::create_directories(out);
-    const nlohmann::json config = {
-        {"architectures", {qwen2 ? "Qwen2ForCausalLM" : "Qwen3ForCausalLM"}}, {"model_type", qwen2 ? "qwen2" : "qwen3"},
+    nlohmann::json config = {
+        {"architectures", {qwen2 ? "Qwen2ForCausalLM" : llama3 ? "LlamaForCausalLM" : "Qwen3ForCausalLM"}},
+        {"model_type", qwen2 ? "qwen2" : llama3 ? "llama" : "qwen3"},
         {"hidden_size", hidden},
         {"num_hidden_layers", layers}, {"num_attention_heads", heads}, {"num_key_value_heads", kv_heads},
         {"head_dim", head_dim}, {"intermediate_size", ffn}, {"vocab_size", vocab}, {"rms_norm_eps", 1e-6},
         {"rope_theta", 1000000.0}, {"tie_word_embeddings", true}, {"hidden_act", "silu"},
         {"max_position_embeddings", 4096}, {"bos_token_id", 151643}, {"eos_token_id", 151645},
         {"torch_dtype", "bfloat16"}};
+    if (llama3) {
+      // Wavelengths 6, 167, 4,443 and 118,000 positions: one frequency each side of the scaled band and one in it.
+      config["rope_theta"] = 500000.0;
+      config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+      config["tie_word_embeddings"] = false;
+    }
     std::ofstream(out / "config.json") << config.dump(2) << "\n";
     const nlohmann::json gen = {{"bos_token_id", 151643}, {"do_sample", true}, {"eos_token_id", {151645, 151643}},
                                 {"temperature", 0.6}, {"top_k", 20}, {"top_p", 0.95}};
     std::ofstream(out / "generation_config.json") << gen.dump(2) << "\n";
     for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
       fs::copy_file(tok / f, out / f, fs::copy_options::overwrite_existing);
+    if (llama3) {  // the Qwen3 vocabulary under Llama 3's pre-tokenizer (digits in threes), merges ignored, a BOS
+      nlohmann::json t = nlohmann::json::parse(std::ifstream(tok / "tokenizer.json"));
+      t["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
+          R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+      t["model"]["ignore_merges"] = true;
+      t.erase("normalizer");  // Llama 3's tokenizer.json has none
+      std::ofstream(out / "tokenizer.json") << t.dump() << "\n";
+      nlohmann::json c = nlohmann::json::parse(std::ifstream(tok / "tokenizer_config.json"));
+      c["bos_token"] = "<|endoftext|>";
+      c["add_bos_token"] = true;
+      std::ofstream(out / "tokenizer_config.json") << c.dump(2) << "\n";
+    }
 
     std::mt19937 rng(20240611);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -77,7 +100,7 @@ int main(int argc, char** argv) {
         bias(p + "self_attn.q_proj.bias", heads * head_dim);
         bias(p + "self_attn.k_proj.bias", kv_heads * head_dim);
         bias(p + "self_attn.v_proj.bias", kv_heads * head_dim);
-      } else {
+      } else if (!llama3) {
         vec(p + "self_attn.q_norm.weight", head_dim);
         vec(p + "self_attn.k_norm.weight", head_dim);
       }
@@ -87,6 +110,7 @@ int main(int argc, char** argv) {
       mat(p + "mlp.down_proj.weight", hidden, ffn, 1.0f / std::sqrt(float(ffn)));
     }
     vec("model.norm.weight", hidden);
+    if (llama3) mat("lm_head.weight", vocab, hidden, in_scale);
     w.write(out / "model.safetensors");
     std::printf("make_eval_fixture: wrote %s\n", out.string().c_str());
     return 0;

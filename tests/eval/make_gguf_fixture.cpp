@@ -1,5 +1,5 @@
-// Writes a Hugging Face Qwen2 / Qwen3 checkpoint directory (make_eval_fixture's) as a GGUF file the way llama.cpp's
-// converter (convert_hf_to_gguf.py) writes one, with F32 tensors: the fixture of zipage's Qwen GGUF tests, and
+// Writes a Hugging Face Qwen2 / Qwen3 / Llama checkpoint directory (make_eval_fixture's) as a GGUF file the way
+// llama.cpp's converter (convert_hf_to_gguf.py) writes one, with F32 tensors: the fixture of zipage's Qwen GGUF tests, and
 // the file tests/gguf_oracle/run.sh hands to llama.cpp for its reference logits and token ids (so a convention
 // this gets wrong shows up as llama.cpp disagreeing with zipage's Hugging Face path).
 //   make_gguf_fixture HF_DIR OUT.gguf
@@ -8,11 +8,14 @@
 //   attention.head_count_kv, rope.freq_base, attention.layer_norm_rms_epsilon, attention.key_length,
 //   attention.value_length}; general.sampling.* from generation_config.json (top_k, top_p, temp);
 // - tensor names (token_embd, blk.N.attn_{norm,q,k,v,output}, attn_{q,k}_norm, attn_{q,k,v}.bias, ffn_{norm,gate,
-//   up,down}, output_norm, output unless tied), no Q/K permutation (that is for `llama` only);
+//   up,down}, output_norm, output unless tied); for `llama` the Q and K rows permuted (LlamaModel.permute) and
+//   Llama 3's RoPE scaling as the divisors of rope_freqs.weight (LlamaModel.generate_extra_tensors, in float32);
 // - the vocabulary: one token per id below vocab_size, [PAD<id>] (type 5) where the tokenizer has none, added
 //   tokens as control (3) when special or "<|...|>"-looking, else user-defined (4), the rest normal (1); merges
-//   as "left right"; tokenizer.ggml.pre = qwen2; bos / eos / padding ids, add_bos_token and the chat template
+//   as "left right"; tokenizer.ggml.pre = qwen2, or llama-bpe for Llama 3's regex; bos / eos / padding ids, add_bos_token and the chat template
 //   from tokenizer_config.json (bos from config.json when the tokenizer has none).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -60,7 +63,8 @@ void write_vocab(gg::writer& w, const fs::path& dir, const json::value& config) 
   for (const auto& m : tok.at("model").at("merges"))
     merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
   w.set("tokenizer.ggml.model", "gpt2");
-  w.set("tokenizer.ggml.pre", "qwen2");
+  const std::string regex = tok.at("pre_tokenizer").at("pretokenizers")[0].at("pattern").at("Regex").get<std::string>();
+  w.set("tokenizer.ggml.pre", regex.find("\\p{N}{1,3}") != std::string::npos ? "llama-bpe" : "qwen2");
   w.set("tokenizer.ggml.tokens", tokens);
   w.set("tokenizer.ggml.token_type", types);
   w.set("tokenizer.ggml.merges", merges);
@@ -91,7 +95,8 @@ int main(int argc, char** argv) {
     const fs::path dir = argv[1], out = argv[2];
     const json::value config = json::parse_file(dir / "config.json", "config");
     const std::string arch = config.at("model_type").get<std::string>();
-    if (arch != "qwen2" && arch != "qwen3") throw std::runtime_error("model_type must be qwen2 or qwen3, got " + arch);
+    if (arch != "qwen2" && arch != "qwen3" && arch != "llama")
+      throw std::runtime_error("model_type must be qwen2, qwen3 or llama, got " + arch);
     const int hidden = config.at("hidden_size").get<int>(), heads = config.at("num_attention_heads").get<int>();
     const int head_dim = config.value("head_dim", hidden / heads);
     gg::writer w;
@@ -109,6 +114,10 @@ int main(int argc, char** argv) {
     w.set(k + "attention.layer_norm_rms_epsilon", config.at("rms_norm_eps").get<float>());
     w.set(k + "attention.key_length", static_cast<std::uint32_t>(head_dim));
     w.set(k + "attention.value_length", static_cast<std::uint32_t>(head_dim));
+    if (arch == "llama") {
+      w.set(k + "rope.dimension_count", static_cast<std::uint32_t>(head_dim));
+      w.set(k + "vocab_size", static_cast<std::uint32_t>(config.at("vocab_size").get<int>()));
+    }
     if (fs::exists(dir / "generation_config.json")) {
       const json::value gen = json::parse_file(dir / "generation_config.json", "generation config");
       if (gen.contains("top_k")) w.set("general.sampling.top_k", gen.at("top_k").get<std::int32_t>());
@@ -118,11 +127,45 @@ int main(int argc, char** argv) {
     write_vocab(w, dir, config);
 
     const auto ckpt = zipage::safetensors::checkpoint::open(dir);
+    const int kv_heads = config.at("num_key_value_heads").get<int>();
+    // LlamaModel.permute: rows of each head reordered [2][half] -> [half][2], so RoPE rotates adjacent pairs.
+    auto permute = [](std::vector<float>& v, std::int64_t rows, std::int64_t cols, int n_head) {
+      const std::vector<float> src = v;
+      const std::int64_t half = rows / n_head / 2;
+      for (int h = 0; h < n_head; ++h)
+        for (int two = 0; two < 2; ++two)
+          for (std::int64_t j = 0; j < half; ++j) {
+            const std::int64_t from = (h * 2 + two) * half + j, to = (h * half + j) * 2 + two;
+            std::copy_n(src.begin() + from * cols, cols, v.begin() + to * cols);
+          }
+    };
     auto add = [&](const std::string& hf, const std::string& name) {
       const auto& t = ckpt.tensor(hf);
       std::vector<std::int64_t> dims(t.shape.rbegin(), t.shape.rend());  // GGUF lists the fastest dimension first
-      w.add_tensor(name, dims, gg::tensor_type::f32, ckpt.to_f32(t));
+      std::vector<float> v = ckpt.to_f32(t);
+      if (arch == "llama" && hf.ends_with("q_proj.weight")) permute(v, t.shape[0], t.shape[1], heads);
+      if (arch == "llama" && hf.ends_with("k_proj.weight")) permute(v, t.shape[0], t.shape[1], kv_heads);
+      w.add_tensor(name, dims, gg::tensor_type::f32, v);
     };
+    if (const json::value* rs = json::find(config, "rope_scaling"); rs != nullptr && rs->value("rope_type", "") == "llama3") {
+      const float base = config.at("rope_theta").get<float>(), factor = rs->value("factor", 8.0f);
+      const float low = rs->value("low_freq_factor", 1.0f), high = rs->value("high_freq_factor", 4.0f);
+      const float old_len = rs->value("original_max_position_embeddings", 8192.0f);
+      std::vector<float> factors;
+      for (int i = 0; i < head_dim; i += 2) {
+        const float freq = 1.0f / std::pow(base, static_cast<float>(i) / static_cast<float>(head_dim));
+        const float wavelen = 2.0f * 3.14159265358979323846f / freq;
+        if (wavelen < old_len / high) {
+          factors.push_back(1.0f);
+        } else if (wavelen > old_len / low) {
+          factors.push_back(factor);
+        } else {
+          const float smooth = (old_len / wavelen - low) / (high - low);
+          factors.push_back(1.0f / ((1.0f - smooth) / factor + smooth));
+        }
+      }
+      w.add_tensor("rope_freqs.weight", {static_cast<std::int64_t>(factors.size())}, gg::tensor_type::f32, factors);
+    }
     add("model.embed_tokens.weight", "token_embd.weight");
     for (int l = 0; l < config.at("num_hidden_layers").get<int>(); ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".", b = "blk." + std::to_string(l) + ".";

@@ -58,13 +58,14 @@ for t, i in zip(texts, ids):
     print(json.dumps({'text': text, 'ids': [int(x) for x in i]}, ensure_ascii=False))
 PY
 
-# Qwen3 and Qwen2 GGUF files (byte-level BPE vocabularies), written from the random checkpoints of the tests by
-# make_gguf_fixture as llama.cpp's converter writes them: llama.cpp's logits (top 32 and log-sum-exp per position)
+# Qwen3, Qwen2 and Llama 3-style GGUF files (byte-level BPE vocabularies; the last with Llama 3's pre-tokenizer,
+# a BOS, permuted Q/K and rope_freqs), written from the random checkpoints of the tests by make_gguf_fixture as
+# llama.cpp's converter writes them: llama.cpp's logits (top 32 and log-sum-exp per position)
 # and greedy tokens on three prompts (control tokens parsed: one is chat-formatted), and its token ids for 400
 # random texts, without and with control tokens parsed.
 build=${BUILD:-$root/build}
-for arch in qwen3 qwen2; do
-  "$build/tests/make_eval_fixture" "$work/${arch}_random" "$root/tests/data/qwen3" $([ $arch = qwen2 ] && echo qwen2)
+for arch in qwen3 qwen2 llama3; do
+  "$build/tests/make_eval_fixture" "$work/${arch}_random" "$root/tests/data/qwen3" $([ $arch != qwen3 ] && echo $arch)
   "$build/tests/make_gguf_fixture" "$work/${arch}_random" "$work/${arch}_random.gguf"
   ./llama_golden golden_top "$work/${arch}_random.gguf" "$out/llama_cpp_${arch}_random.gguf" 8 32 "Hello world" \
     $'<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n<think>\n' $'def f(x):\n    return x**2  # \u4f60\u597d \U0001F642'
@@ -72,12 +73,14 @@ done
 python3 "$root/tests/gguf_oracle/token_lines.py" 1 400 qwen > qwen_lines.txt
 ./llama_golden tokenize "$work/qwen3_random.gguf" < qwen_lines.txt > qwen_ids.txt
 ./llama_golden tokenize "$work/qwen3_random.gguf" special < qwen_lines.txt > qwen_ids_special.txt
-python3 - qwen_lines.txt qwen_ids.txt qwen_ids_special.txt > "$out/llama_cpp_qwen3_tokens.jsonl" <<'PY'
+./llama_golden tokenize "$work/llama3_random.gguf" special < qwen_lines.txt > llama3_ids_special.txt
+python3 - qwen_lines.txt qwen_ids.txt qwen_ids_special.txt llama3_ids_special.txt > "$out/llama_cpp_qwen3_tokens.jsonl" <<'PY'
 import json, sys
 texts = [l.rstrip('\n') for l in open(sys.argv[1], encoding='utf-8')]
 ids = [l.split() for l in open(sys.argv[2])]
 ids_special = [l.split() for l in open(sys.argv[3])]
-assert len(texts) == len(ids) == len(ids_special)
+ids_llama3 = [l.split() for l in open(sys.argv[4])]
+assert len(texts) == len(ids) == len(ids_special) == len(ids_llama3)
 def unescape(t):  # as llama_golden reads a line: \\n is a newline, \\x is x
     out, k = [], 0
     while k < len(t):
@@ -88,8 +91,8 @@ def unescape(t):  # as llama_golden reads a line: \\n is a newline, \\x is x
             out.append(t[k])
             k += 1
     return ''.join(out)
-for t, i, s in zip(texts, ids, ids_special):
-    print(json.dumps({'text': unescape(t), 'ids': [int(x) for x in i], 'ids_special': [int(x) for x in s]},
-                     ensure_ascii=False))
+for t, i, s, l in zip(texts, ids, ids_special, ids_llama3):
+    print(json.dumps({'text': unescape(t), 'ids': [int(x) for x in i], 'ids_special': [int(x) for x in s],
+                      'ids_llama3': [int(x) for x in l]}, ensure_ascii=False))
 PY
 ls -l "$out"

@@ -230,10 +230,15 @@ std::string load_error(const gg::file& f) {
 TEST_CASE("gguf: llama variants the model does not run are refused by name, not loaded wrong") {
   const std::vector<float> eight(8, 1.0f);
   CHECK_NOTHROW((void)load_llama_gguf<cpu_backend>(edited_stories([](gg::writer&, const gg::file&) {})));
+  // Llama 3's RoPE scaling (rope_freqs.weight, one divisor per frequency: head size 8 here) is read; a wrong length
+  // is refused by name.
+  CHECK(load_llama_gguf<cpu_backend>(edited_stories([&](gg::writer& w, const gg::file&) {
+          w.add_tensor("rope_freqs.weight", {4}, gg::tensor_type::f32, std::span(eight).first(4));
+        })).config().rope_scaling.type == rope_scaling_type::factors);
   CHECK(contains(load_error(edited_stories([&](gg::writer& w, const gg::file&) {
-                   w.add_tensor("rope_freqs.weight", {4}, gg::tensor_type::f32, std::span(eight).first(4));
+                   w.add_tensor("rope_freqs.weight", {8}, gg::tensor_type::f32, eight);
                  })),
-                 "edited.gguf: tensor 'rope_freqs.weight' (Llama 3's RoPE frequency factors) is not supported"));
+                 "edited.gguf: tensor 'rope_freqs.weight' has shape [8], expected [4] (head size / 2)"));
   CHECK(contains(load_error(edited_stories([&](gg::writer& w, const gg::file&) {
                    w.add_tensor("blk.0.attn_q.bias", {8}, gg::tensor_type::f32, eight);
                  })),

@@ -1,4 +1,5 @@
-// Qwen2 / Qwen3 GGUF files (byte-level BPE vocabulary, qwen2 / qwen3 architectures), checked two ways:
+// GGUF files with a byte-level BPE vocabulary: Qwen2 / Qwen3 (qwen2 / qwen3 architectures) and Llama 3 (llama with
+// Llama 3's pre-tokenizer, a BOS and its RoPE scaling as rope_freqs.weight), checked two ways:
 // - against the Hugging Face checkpoint they were written from (make_gguf_fixture, the way llama.cpp's converter
 //   writes them): same configuration, vocabulary, chat template and logits;
 // - against llama.cpp itself on that file (tests/gguf_oracle/run.sh wrote tests/data/gguf/llama_cpp_qwen*): its
@@ -131,7 +132,8 @@ void check_against_llama_cpp(const std::string& name, float tolerance) {
       for (int v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - m);
       lse_gap = std::max(lse_gap, std::fabs(static_cast<float>(m + std::log(sum)) - run.logsumexp[k][p]));
     }
-    CHECK(vs_hf <= 1e-5f);  // the same weights and the same code: only the file differs
+    // The same weights and code; only Llama 3's RoPE factors differ, float32 in the file against the double formula.
+    CHECK(vs_hf <= 1e-5f);
     CHECK(vs_llama <= tolerance);
     CHECK(lse_gap <= tolerance);
     const std::string note = name + ": max |logit - Hugging Face path's| " + std::to_string(vs_hf) +
@@ -232,6 +234,52 @@ TEST_CASE("qwen GGUF: Qwen3's logits and greedy tokens equal llama.cpp's and the
 
 TEST_CASE("qwen GGUF: Qwen2's (q/k/v biases) logits and greedy tokens equal llama.cpp's and the Hugging Face path's") {
   check_against_llama_cpp("qwen2_random", 1e-4f);
+}
+
+TEST_CASE("llama 3 GGUF: rope_freqs, permuted Q/K, Llama 3's pre-tokenizer and BOS, against llama.cpp") {
+  const fs::path gguf_path = fixtures() / "llama3_random.gguf", hf_path = fixtures() / "llama3_random";
+  const gg::file f = gg::file::open(gguf_path);
+  const model_config g = llama_config_from_gguf(f), h = load_hf_checkpoint_config(hf_path);
+  CHECK(g.architecture == "llama");
+  CHECK(g.rope == rope_style::interleaved);  // the converter permuted Q and K
+  CHECK(h.rope == rope_style::half);
+  CHECK_FALSE(g.tied_embeddings);
+  REQUIRE(g.rope_scaling.type == rope_scaling_type::factors);
+  REQUIRE(h.rope_scaling.type == rope_scaling_type::llama3);
+  REQUIRE(g.rope_scaling.freq_factors.size() == 4);
+  // Each frequency scaled as Hugging Face's llama3 formula scales it: one kept, one in the band, two by 8.
+  for (int i = 0; i < 4; ++i) {
+    const double inv = std::pow(double(g.rope_theta), -2.0 * i / g.head_dim);
+    CHECK(g.rope_scaling.apply(i, inv) == doctest::Approx(h.rope_scaling.apply(i, inv)).epsilon(1e-6));
+  }
+  CHECK(g.rope_scaling.freq_factors[0] == 1.0f);
+  CHECK(g.rope_scaling.freq_factors[3] == 8.0f);
+  const auto tok = bpe_tokenizer::from_gguf(f);
+  CHECK(tok.add_bos());
+  CHECK(tok.bos() == 151643);
+  CHECK(tok.max_digits() == 3);
+
+  // llama.cpp's ids for the 400 texts (control tokens parsed, BOS first) and the Hugging Face tokenizer's.
+  const auto hf = bpe_tokenizer::from_dir(hf_path);
+  std::ifstream in(data_path("llama_cpp_qwen3_tokens.jsonl"));
+  REQUIRE(in.good());
+  int rows = 0, same = 0, as_hf = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto row = json::parse(line, "llama_cpp_qwen3_tokens.jsonl");
+    const std::string text = row.at("text").get<std::string>();
+    const auto want = row.at("ids_llama3").get<std::vector<token_id>>();
+    CAPTURE(text);
+    const auto got = tok.encode(text, tok.add_bos());
+    CHECK(got == want);
+    ++rows;
+    same += got == want;
+    as_hf += hf.encode(text, hf.add_bos()) == got;
+  }
+  CHECK(rows == 400);
+  CHECK(as_hf == rows);  // this fixture's tokenizer.json has no normaliser, as Llama 3's
+  const std::string note = std::to_string(same) + " of " + std::to_string(rows) + " texts as llama.cpp tokenises them";
+  MESSAGE(note);
+  check_against_llama_cpp("llama3_random", 1e-4f);
 }
 
 TEST_CASE("qwen GGUF: what the model does not run is refused by name") {

@@ -16,7 +16,9 @@ enum class rope_style { interleaved, half };
 // RoPE frequency scaling. `llama3` is Llama 3.1's: with wavelength λ = 2π/f of a rotation frequency f,
 // λ < original_max_position / high_freq_factor keeps f, λ > original_max_position / low_freq_factor
 // uses f / factor, and wavelengths in between interpolate smoothly between the two.
-enum class rope_scaling_type { none, llama3 };
+// none; llama3 (Llama 3.1's, from its four parameters: Hugging Face checkpoints); factors (a divisor per
+// frequency, as llama.cpp's converter stores Llama 3's scaling in a GGUF file's rope_freqs.weight).
+enum class rope_scaling_type { none, llama3, factors };
 
 struct rope_scaling_config {
   rope_scaling_type type = rope_scaling_type::none;
@@ -24,10 +26,16 @@ struct rope_scaling_config {
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   int original_max_position = 8192;
+  std::vector<float> freq_factors;  // factors: frequency i is divided by freq_factors[i] (head_dim / 2 of them)
 
   [[nodiscard]] bool enabled() const noexcept { return type != rope_scaling_type::none; }
 
-  // The scaled inverse frequency (radians per position) for an unscaled one.
+  // The scaled inverse frequency (radians per position) of frequency i (0 .. head_dim / 2 - 1), unscaled inv_freq.
+  [[nodiscard]] double apply(int i, double inv_freq) const noexcept {
+    if (type == rope_scaling_type::factors) return inv_freq / double(freq_factors[static_cast<std::size_t>(i)]);
+    return apply(inv_freq);
+  }
+  // The same for the scalings that do not depend on i (none, llama3).
   [[nodiscard]] double apply(double inv_freq) const noexcept {
     if (type != rope_scaling_type::llama3) return inv_freq;
     const double pi = 3.14159265358979323846;
@@ -41,6 +49,13 @@ struct rope_scaling_config {
 
   void validate() const {
     if (type == rope_scaling_type::none) return;
+    if (type == rope_scaling_type::factors) {
+      check(!freq_factors.empty(), "model config: rope scaling by factors has no factors");
+      for (std::size_t i = 0; i < freq_factors.size(); ++i)
+        check(std::isfinite(freq_factors[i]) && freq_factors[i] > 0.0f, "model config: rope frequency factor ", i,
+              " must be finite and positive, got ", freq_factors[i]);
+      return;
+    }
     check(std::isfinite(factor) && factor >= 1.0f, "model config: rope scaling factor must be >= 1, got ", factor);
     check(std::isfinite(low_freq_factor) && low_freq_factor > 0.0f,
           "model config: rope scaling low_freq_factor must be positive, got ", low_freq_factor);
@@ -110,6 +125,10 @@ struct model_config {
     for (token_id id : extra_eos)
       check(id >= 0 && id < vocab_size, "model config: extra eos id ", id, " outside the vocabulary of ", vocab_size);
     rope_scaling.validate();
+    check(rope_scaling.type != rope_scaling_type::factors ||
+              rope_scaling.freq_factors.size() == static_cast<std::size_t>(head_dim / 2),
+          "model config: ", rope_scaling.freq_factors.size(), " rope frequency factors for a head size of ", head_dim,
+          " (", head_dim / 2, " frequencies)");
   }
 };
 

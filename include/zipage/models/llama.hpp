@@ -390,8 +390,8 @@ typename Backend::tensor gguf_matrix(const Backend& backend, const gguf::file& f
 
 // The variants zipage's model does not run, refused by name rather than loaded wrong: a head size other than
 // the one the model reads (embedding_length / head_count for llama and qwen2; attention.key_length for qwen3), RoPE
-// on part of a head, scaled RoPE (linear, YaRN, or Llama 3's frequency factors in rope_freqs.weight), mixture of
-// experts.
+// on part of a head, scaled RoPE by a type (linear, YaRN: rope.scaling.type; Llama 3's frequency factors in
+// rope_freqs.weight are read, for llama), mixture of experts.
 inline void check_gguf_llama_features(const gguf::file& f, const std::string& arch, int head_dim) {
   const std::string needs = arch == "qwen3" ? " = attention.key_length" : " = embedding_length / head_count";
   for (const std::string& key : {arch + ".attention.key_length", arch + ".attention.value_length", arch + ".rope.dimension_count"}) {
@@ -405,9 +405,8 @@ inline void check_gguf_llama_features(const gguf::file& f, const std::string& ar
     check(kind == "none", f.name(), ": metadata ", key, " = '", kind,
           "' is not supported (zipage reads scaled RoPE from Hugging Face checkpoints only)");
   }
-  check(f.find_tensor("rope_freqs.weight") == nullptr, f.name(),
-        ": tensor 'rope_freqs.weight' (Llama 3's RoPE frequency factors) is not supported in GGUF files; load the "
-        "Hugging Face checkpoint instead");
+  check(arch == "llama" || f.find_tensor("rope_freqs.weight") == nullptr, f.name(),
+        ": tensor 'rope_freqs.weight' (RoPE frequency factors) is not part of the ", arch, " model zipage runs");
   if (const std::string key = arch + ".expert_count"; f.has(key))
     check(f.get_int(key) == 0, f.name(), ": mixture-of-experts models (", key, ") are not supported");
 }
@@ -416,6 +415,7 @@ inline void check_gguf_llama_features(const gguf::file& f, const std::string& ar
 // does not have, extra norms, a layer past block_count) is a feature it would silently drop.
 inline void check_gguf_llama_tensors(const gguf::file& f, const model_config& c) {
   std::set<std::string, std::less<>> read = {"token_embd.weight", "output_norm.weight", "output.weight"};
+  if (c.rope_scaling.type == rope_scaling_type::factors) read.insert("rope_freqs.weight");
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     for (const char* name : {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
@@ -453,7 +453,8 @@ inline void add_gguf_end_of_generation(const gguf::file& f, model_config& c) {
 }  // namespace detail
 
 // Reads a GGUF model of the Llama family as llama.cpp's converter writes it:
-// - `llama` (Llama 2, TinyLlama, the bundled stories260K): Q and K rows permuted so RoPE rotates adjacent pairs;
+// - `llama` (Llama 2 and 3, TinyLlama, the bundled stories260K): Q and K rows permuted so RoPE rotates adjacent
+//   pairs; Llama 3's RoPE scaling as per-frequency divisors (rope_freqs.weight);
 // - `qwen2` (Qwen2, Qwen2.5, DeepSeek-R1-Distill-Qwen): q/k/v biases, RoPE on halves;
 // - `qwen3`: per-head q/k RMSNorm (attn_q_norm / attn_k_norm), head size attention.key_length, RoPE on halves.
 // A head size llama.cpp would not read (key_length other than embedding_length / head_count for llama and qwen2)
@@ -485,6 +486,13 @@ inline model_config llama_config_from_gguf(const gguf::file& f) {
   c.qkv_bias = arch == "qwen2";
   c.qk_norm = arch == "qwen3";
   detail::check_gguf_llama_features(f, arch, c.head_dim);
+  // Llama 3's RoPE scaling, as llama.cpp's converter stores it: one divisor per frequency.
+  if (const auto* freqs = f.find_tensor("rope_freqs.weight")) {
+    check(freqs->dims.size() == 1 && freqs->dims[0] == c.head_dim / 2, f.name(), ": tensor 'rope_freqs.weight' has shape ",
+          detail::shape_string(*freqs), ", expected [", c.head_dim / 2, "] (head size / 2)");
+    c.rope_scaling.type = rope_scaling_type::factors;
+    c.rope_scaling.freq_factors = f.to_f32(*freqs);
+  }
   c.rope_theta = static_cast<float>(f.get_float(k + "rope.freq_base", 10000.0));
   c.rms_eps = static_cast<float>(f.get_float(k + "attention.layer_norm_rms_epsilon", arch == "llama" ? 1e-5 : 1e-6));
   const auto& embd = f.tensor("token_embd.weight");

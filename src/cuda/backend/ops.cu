@@ -27,15 +27,21 @@ cuda::kernel_variant preferred(const context& c) {
 // default stream, which the backend's non-blocking streams do not wait for, and may return once the host values are
 // staged: the first step's RoPE could then read the table before the copy lands.)
 const double* rope_table(context& c, int head_dim, float theta, const rope_scaling_config& scaling) {
-  char key[160];
-  std::snprintf(key, sizeof key, "%d/%.9g/%d/%.9g/%.9g/%.9g/%d", head_dim, double(theta), int(scaling.type),
+  char head[160];
+  std::snprintf(head, sizeof head, "%d/%.9g/%d/%.9g/%.9g/%.9g/%d", head_dim, double(theta), int(scaling.type),
                 double(scaling.factor), double(scaling.low_freq_factor), double(scaling.high_freq_factor),
                 scaling.original_max_position);
+  std::string key = head;
+  for (float f : scaling.freq_factors) {  // a GGUF file's per-frequency factors: the exact values in the key
+    char x[24];
+    std::snprintf(x, sizeof x, "/%a", double(f));
+    key += x;
+  }
   double*& table = c.rope_tables[key];
   if (table == nullptr) {
     std::vector<double> inv(static_cast<std::size_t>(head_dim / 2));
     for (int i = 0; i < head_dim / 2; ++i)
-      inv[static_cast<std::size_t>(i)] = scaling.apply(std::pow(double(theta), -2.0 * i / head_dim));
+      inv[static_cast<std::size_t>(i)] = scaling.apply(i, std::pow(double(theta), -2.0 * i / head_dim));
     check(!c.capturing(), "cuda graphs: a RoPE table was first needed during stream capture");
     ZIPAGE_CUDA_CHECK(cudaMalloc(&table, inv.size() * sizeof(double)));
     ZIPAGE_CUDA_CHECK(cudaMemcpyAsync(table, inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice, c.stream));

@@ -69,7 +69,7 @@ inline void add_bias(matrix& x, const matrix& bias) {
 }
 
 // Rotates every head of every row by its token's logical position; `scaling` rescales the frequencies
-// (Llama 3.1's llama3 scaling, see rope_scaling_config::apply).
+// (Llama 3.1's llama3 scaling, or a GGUF file's per-frequency factors: rope_scaling_config::apply).
 inline void rope(matrix& x, std::span<const std::int32_t> positions, int head_dim, float theta, rope_style style,
                  const rope_scaling_config& scaling = {}) {
   check(static_cast<std::size_t>(x.rows()) == positions.size(), "rope: ", x.rows(), " rows but ",
@@ -77,7 +77,7 @@ inline void rope(matrix& x, std::span<const std::int32_t> positions, int head_di
   const int half = head_dim / 2;
   std::vector<double> inv_freq(static_cast<std::size_t>(half));
   for (int i = 0; i < half; ++i)
-    inv_freq[static_cast<std::size_t>(i)] = scaling.apply(std::pow(double(theta), -2.0 * i / head_dim));
+    inv_freq[static_cast<std::size_t>(i)] = scaling.apply(i, std::pow(double(theta), -2.0 * i / head_dim));
   const auto heads = x.cols() / head_dim;
   for (Eigen::Index r = 0; r < x.rows(); ++r) {
     for (Eigen::Index h = 0; h < heads; ++h) {
