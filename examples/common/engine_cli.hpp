@@ -274,6 +274,17 @@ struct model_text {
   [[nodiscard]] std::vector<zipage::token_id> encode_templated(const std::string& text) const {
     return bpe ? bpe->encode(text, false) : spm->encode(text, false);
   }
+  // Text of ids, special tokens included (an id the tokenizer does not define decodes to nothing).
+  [[nodiscard]] std::string decode(std::span<const zipage::token_id> ids) const {
+    return bpe ? bpe->decode(ids) : spm->decode(ids);
+  }
+  // The vocabulary's own string of an id (a byte-level BPE token as stored, a SentencePiece piece); empty for an
+  // id the tokenizer does not define.
+  [[nodiscard]] std::string token_str(zipage::token_id id) const {
+    if (id < 0 || id >= vocab_size()) return {};
+    return bpe ? std::string(bpe->token_text(id)) : std::string(spm->piece(id));
+  }
+  [[nodiscard]] int vocab_size() const { return bpe ? bpe->vocab_size() : spm->vocab_size(); }
   [[nodiscard]] bool has_chat_template() const { return bpe && bpe->chat() != zipage::chat_format::none; }
   [[nodiscard]] std::string chat_template_name() const {
     return std::string(zipage::chat_format_name(bpe ? bpe->chat() : zipage::chat_format::none));

@@ -164,23 +164,51 @@ class api {
                            {"max_model_len", model_.max_context}}})}};
   }
 
-  gen_request parse(const std::string& body_text, bool chat) {
-    json body;
-    try {
-      body = zipage::json::parse(body_text, "request body");
-    } catch (const std::exception& e) {
-      throw api_error(400, e.what());
+  // vLLM's POST /tokenize: a completion's "prompt" (a string; add_special_tokens, default true, adds the model's
+  // BOS) or a chat's "messages" (rendered as /v1/chat/completions renders them, with the same options). Answers
+  // the ids as the generation routes would feed them, their count, max_model_len, and with return_token_strs the
+  // vocabulary's string of each id.
+  json tokenize(const std::string& body_text) const {
+    const json body = request_body(body_text);
+    std::vector<zipage::token_id> ids;
+    const json* prompt = field(body, "prompt");
+    const json* messages = field(body, "messages");
+    if ((prompt != nullptr) == (messages != nullptr)) bad_param("prompt", "give exactly one of 'prompt' and 'messages'");
+    if (messages) {
+      ids = chat_prompt(body);
+    } else {
+      if (!prompt->is_string()) bad_param("prompt", "'prompt' must be a string, got " + got(*prompt));
+      const std::string& text = prompt->get_ref<const std::string&>();
+      ids = boolean(body, "add_special_tokens").value_or(true) ? model_.text->encode(text)
+                                                                : model_.text->encode_templated(text);
     }
-    if (!body.is_object()) throw api_error(400, "request body: expected a JSON object, got " + got(body));
+    json out = {{"count", ids.size()}, {"max_model_len", model_.max_context}, {"tokens", ids}, {"token_strs", nullptr}};
+    if (boolean(body, "return_token_strs").value_or(false)) {
+      json strs = json::array();
+      for (zipage::token_id id : ids) strs.push_back(model_.text->token_str(id));
+      out["token_strs"] = std::move(strs);
+    }
+    return out;
+  }
+
+  // vLLM's POST /detokenize: {"tokens": [ids]} -> {"prompt": their text, special tokens included}.
+  json detokenize(const std::string& body_text) const {
+    const json body = request_body(body_text);
+    const json* tokens = field(body, "tokens");
+    if (!tokens || !tokens->is_array()) bad_param("tokens", "'tokens' must be a list of token ids");
+    std::vector<zipage::token_id> ids;
+    for (const auto& t : *tokens) ids.push_back(token_of(t, "tokens"));
+    for (zipage::token_id id : ids)
+      if (id >= model_.text->vocab_size())
+        bad_param("tokens", "'tokens' holds id " + std::to_string(id) + "; the vocabulary has " +
+                                std::to_string(model_.text->vocab_size()) + " tokens");
+    return {{"prompt", model_.text->decode(ids)}};
+  }
+
+  gen_request parse(const std::string& body_text, bool chat) {
+    const json body = request_body(body_text);
     gen_request r;
     r.chat = chat;
-    if (const json* m = field(body, "model")) {
-      if (!m->is_string()) bad_param("model", "'model' must be a string, got " + got(*m));
-      if (m->get<std::string>() != name())
-        throw api_error(404, "The model '" + zipage::json::printable(m->get<std::string>()) +
-                                 "' does not exist; this server serves '" + name() + "'",
-                        "model", "invalid_request_error", "model_not_found");
-    }
     r.stream = boolean(body, "stream").value_or(false);
     if (const json* so = field(body, "stream_options")) {
       if (!so->is_object()) bad_param("stream_options", "'stream_options' must be an object, got " + got(*so));
@@ -295,6 +323,25 @@ class api {
   }
 
  private:
+  // The request's JSON object, its "model" checked against the served one (a 404 for another, as vLLM).
+  json request_body(const std::string& body_text) const {
+    json body;
+    try {
+      body = zipage::json::parse(body_text, "request body");
+    } catch (const std::exception& e) {
+      throw api_error(400, e.what());
+    }
+    if (!body.is_object()) throw api_error(400, "request body: expected a JSON object, got " + got(body));
+    if (const json* m = field(body, "model")) {
+      if (!m->is_string()) bad_param("model", "'model' must be a string, got " + got(*m));
+      if (m->get<std::string>() != name())
+        throw api_error(404, "The model '" + zipage::json::printable(m->get<std::string>()) +
+                                 "' does not exist; this server serves '" + name() + "'",
+                        "model", "invalid_request_error", "model_not_found");
+    }
+    return body;
+  }
+
   // One token id: an integer that fits a token_id (whether the vocabulary has it is the engine's check, which
   // names the vocabulary's size).
   static zipage::token_id token_of(const json& t, const char* param) {
@@ -891,7 +938,7 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
   svr.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
     static const std::map<std::string, std::string, std::less<>> route_method = {
         {"/health", "GET"}, {"/metrics", "GET"}, {"/v1/models", "GET"},
-        {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}};
+        {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/tokenize", "POST"}, {"/detokenize", "POST"}};
     const auto route = route_method.find(req.path);
     if (route != route_method.end() && req.method != route->second &&
         !(req.method == "HEAD" && route->second == "GET")) {
@@ -1095,6 +1142,18 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
           --a.in_flight;
         });
   };
+  // The tokenizer alone, as vLLM's routes: nothing reaches the engine.
+  auto tokenizer_route = [&](const httplib::Request& req, httplib::Response& res, bool forward) {
+    try {
+      a.check_auth(req);
+      const json out = forward ? a.tokenize(req.body) : a.detokenize(req.body);
+      res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+    } catch (const api_error& e) {
+      send_error(res, e);
+    }
+  };
+  svr.Post("/tokenize", [&](const httplib::Request& req, httplib::Response& res) { tokenizer_route(req, res, true); });
+  svr.Post("/detokenize", [&](const httplib::Request& req, httplib::Response& res) { tokenizer_route(req, res, false); });
   svr.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) { generate(req, res, false); });
   svr.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) { generate(req, res, true); });
 

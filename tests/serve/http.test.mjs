@@ -191,4 +191,59 @@ await run('serve_http_chat_template', async (servers) => {
     assert.equal(r.json.error.param, param, r.text);
   }
   assert.equal((await chat({ messages: user, tool_choice: 'none' })).status, 200);
+
+  // /tokenize with messages: the ids /v1/chat/completions feeds (its usage counts them), the same options.
+  for (const body of [{ messages: user }, { messages: turn, continue_final_message: true, add_generation_prompt: false },
+                      { messages: user, chat_template_kwargs: { enable_thinking: false } }]) {
+    const t = await post(server.base, '/tokenize', body);
+    assert.equal(t.status, 200, t.text);
+    assert.equal(t.json.count, await prompt(body), JSON.stringify(body));
+    assert.equal(t.json.tokens.length, t.json.count);
+  }
+  const t = await post(server.base, '/tokenize', { messages: user, return_token_strs: true });
+  assert.equal(t.json.token_strs[0], '<|im_start|>');  // the vocabulary's own strings
+  assert.equal(t.json.token_strs.length, t.json.count);
+  assert.equal((await post(server.base, '/detokenize', { tokens: t.json.tokens })).json.prompt,
+               '<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n');
+});
+
+await run('serve_http_tokenize', async (servers) => {
+  const server = await startServer([]);
+  servers.push(server);
+  const tok = (body) => post(server.base, '/tokenize', body);
+  const detok = (body) => post(server.base, '/detokenize', body);
+  // A prompt: BOS first by default (as the completions route feeds it), without it on request; text back.
+  const a = await tok({ model: MODEL, prompt: 'Once upon a time' });
+  assert.equal(a.status, 200, a.text);
+  assert.equal(a.json.count, a.json.tokens.length);
+  assert.equal(a.json.token_strs, null);
+  assert.equal(a.json.tokens[0], 1);  // stories260K's BOS
+  const c = await post(server.base, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 1 });
+  assert.equal(c.json.usage.prompt_tokens, a.json.count);
+  const plain = await tok({ prompt: 'Once upon a time', add_special_tokens: false });
+  assert.deepEqual(plain.json.tokens, a.json.tokens.slice(1));
+  assert.ok(a.json.max_model_len > 0);
+  const strs = await tok({ prompt: 'Once upon a time', return_token_strs: true });
+  assert.equal(strs.json.token_strs.length, strs.json.count);
+  assert.equal(strs.json.token_strs[1], '\u2581Once');  // a SentencePiece piece, as the vocabulary spells it
+  const back = await detok({ model: MODEL, tokens: plain.json.tokens });
+  assert.equal(back.status, 200, back.text);
+  assert.equal(back.json.prompt, 'Once upon a time');
+  // Bad input: 400 naming the field; another model: 404; the wrong method: 405.
+  for (const [route, body, param] of [['/tokenize', {}, 'prompt'], ['/tokenize', { prompt: 'a', messages: [] }, 'prompt'],
+                                      ['/tokenize', { prompt: 7 }, 'prompt'], ['/detokenize', {}, 'tokens'],
+                                      ['/detokenize', { tokens: [1, -2] }, 'tokens'],
+                                      ['/detokenize', { tokens: [100000] }, 'tokens'],
+                                      ['/detokenize', { tokens: 'abc' }, 'tokens']]) {
+    const r = await post(server.base, route, body);
+    assert.equal(r.status, 400, `${route} ${JSON.stringify(body)}: ${r.text}`);
+    assert.equal(r.json.error.param, param, r.text);
+  }
+  assert.equal((await tok({ model: 'other', prompt: 'a' })).status, 404);
+  const get = await fetch(`${server.base}/tokenize`);
+  assert.equal(get.status, 405);
+  assert.equal(get.headers.get('allow'), 'POST');
+  // The chat form needs a chat template, which stories260K has not: a 400 that says so.
+  const chat = await tok({ messages: [{ role: 'user', content: 'hi' }] });
+  assert.equal(chat.status, 400, chat.text);
 });
