@@ -1,10 +1,12 @@
 // GGUF reader: header, metadata (every value type, nested arrays), tensor table, alignment and data
-// section; then what the engine reads from it (the llama config, the SentencePiece tokenizer) and every
-// tensor's conversion to fp32.
+// section; then what the engine reads from it (the llama / qwen config, the SentencePiece or byte-level BPE
+// tokenizer, the sampling settings) and every tensor's conversion to fp32.
 #include "fuzz_common.hpp"
 
 #include "zipage/gguf/gguf.hpp"
+#include "zipage/models/gguf_generation.hpp"
 #include "zipage/models/llama.hpp"
+#include "zipage/tokenizer/bpe_tokenizer.hpp"
 #include "zipage/tokenizer/spm_tokenizer.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -23,6 +25,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const auto ids = tok.encode("Hello world, \xC3\xA9t\xC3\xA9 <s> 12345", true);
       for (auto id : ids) zipage_fuzz::require(id >= 0 && id < tok.vocab_size());
       (void)tok.decode(ids);
+    });
+    zipage_fuzz::expect_only_zipage_errors([&] {
+      const auto tok = zipage::bpe_tokenizer::from_gguf(f);
+      const auto ids = tok.encode("Hello world, \xC3\xA9t\xC3\xA9 <|im_end|> 12345", tok.add_bos());
+      for (auto id : ids) zipage_fuzz::require(id >= 0 && id < tok.vocab_size());
+      (void)tok.decode(ids);
+    });
+    zipage_fuzz::expect_only_zipage_errors([&] {
+      zipage::sampling_params p = zipage::generation_defaults_from_gguf(f).defaults();
+      p.validate();
     });
   });
   return 0;

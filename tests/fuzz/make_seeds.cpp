@@ -115,6 +115,63 @@ nlohmann::json tokenizer(std::string_view pattern, bool nfc) {
             {"vocab", vocab}, {"merges", merges}}}};
 }
 
+// A qwen3 GGUF with a byte-level BPE vocabulary (the tokenizer above as llama.cpp's converter writes it: token
+// types, "a b" merges, pre-tokenizer qwen2), q/k norms and general.sampling keys: hidden 8, 1 layer, 2 heads of 4.
+std::vector<std::byte> tiny_qwen_gguf() {
+  const nlohmann::json tok = tokenizer(R"((?i:'s|'t)|\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+)", false);
+  std::vector<std::string> tokens(static_cast<std::size_t>(256 + 9 + 5));
+  std::vector<std::int32_t> types(tokens.size(), 1);
+  for (const auto& [piece, id] : tok["model"]["vocab"].items()) tokens[id.get<std::size_t>()] = piece;
+  for (const auto& a : tok["added_tokens"]) {
+    tokens[a["id"].get<std::size_t>()] = a["content"].get<std::string>();
+    types[a["id"].get<std::size_t>()] = a["special"].get<bool>() ? 3 : 4;
+  }
+  std::vector<std::string> merges;
+  for (const auto& m : tok["model"]["merges"]) merges.push_back(m.get<std::string>());
+  zipage::gguf::writer w;
+  w.set("general.architecture", "qwen3");
+  w.set("qwen3.embedding_length", std::uint32_t{8});
+  w.set("qwen3.block_count", std::uint32_t{1});
+  w.set("qwen3.attention.head_count", std::uint32_t{2});
+  w.set("qwen3.attention.head_count_kv", std::uint32_t{1});
+  w.set("qwen3.attention.key_length", std::uint32_t{4});
+  w.set("qwen3.feed_forward_length", std::uint32_t{8});
+  w.set("qwen3.context_length", std::uint32_t{64});
+  w.set("qwen3.rope.freq_base", 1000000.0f);
+  w.set("general.sampling.temp", 0.6f);
+  w.set("general.sampling.top_k", std::int32_t{20});
+  w.set("tokenizer.ggml.model", "gpt2");
+  w.set("tokenizer.ggml.pre", "qwen2");
+  w.set("tokenizer.ggml.tokens", tokens);
+  w.set("tokenizer.ggml.token_type", types);
+  w.set("tokenizer.ggml.merges", merges);
+  w.set("tokenizer.ggml.bos_token_id", std::uint32_t{265});
+  w.set("tokenizer.ggml.eos_token_id", std::uint32_t{267});
+  w.set("tokenizer.ggml.add_bos_token", false);
+  w.set("tokenizer.chat_template", "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}");
+  const auto vocab = static_cast<std::int64_t>(tokens.size());
+  auto m = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
+    w.add_tensor(name, {cols, rows}, zipage::gguf::tensor_type::f32, ramp(static_cast<std::size_t>(rows * cols)));
+  };
+  auto v = [&](const std::string& name, std::int64_t n) {
+    w.add_tensor(name, {n}, zipage::gguf::tensor_type::f32, ramp(static_cast<std::size_t>(n)));
+  };
+  m("token_embd.weight", vocab, 8);
+  v("blk.0.attn_norm.weight", 8);
+  m("blk.0.attn_q.weight", 8, 8);
+  m("blk.0.attn_k.weight", 4, 8);
+  m("blk.0.attn_v.weight", 4, 8);
+  m("blk.0.attn_output.weight", 8, 8);
+  v("blk.0.attn_q_norm.weight", 4);
+  v("blk.0.attn_k_norm.weight", 4);
+  v("blk.0.ffn_norm.weight", 8);
+  m("blk.0.ffn_gate.weight", 8, 8);
+  m("blk.0.ffn_up.weight", 8, 8);
+  m("blk.0.ffn_down.weight", 8, 8);
+  v("output_norm.weight", 8);
+  return w.bytes(3);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,6 +180,7 @@ int main(int argc, char** argv) {
   put(out / "fuzz_gguf" / "llama_f32_v3.gguf", tiny_gguf(tt::f32, true, 3));
   put(out / "fuzz_gguf" / "llama_f16_v2.gguf", tiny_gguf(tt::f16, true, 2));
   put(out / "fuzz_gguf" / "llama_bf16_no_tokenizer.gguf", tiny_gguf(tt::bf16, false, 3));
+  put(out / "fuzz_gguf" / "qwen3_bpe.gguf", tiny_qwen_gguf());
 
   {
     zipage::safetensors::writer w;
