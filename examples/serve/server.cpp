@@ -260,7 +260,7 @@ class api {
         r.top_logprobs = static_cast<int>(*top);
       }
     } else {
-      if (auto lp = integer(body, "logprobs", 0, 5)) {
+      if (auto lp = integer(body, "logprobs", 0, 20)) {  // vLLM's max_logprobs (OpenAI's legacy API: 5)
         r.logprobs = true;
         r.top_logprobs = static_cast<int>(*lp);
       }

@@ -62,7 +62,7 @@ await run('serve_bad_input', async (servers) => {
     [{ prompt: 'x', frequency_penalty: 'high' }, 'frequency_penalty'],
     [{ prompt: 'x', presence_penalty: 3 }, 'presence_penalty'],
     [{ prompt: 'x', presence_penalty: -2.01 }, 'presence_penalty'],
-    [{ prompt: 'x', logprobs: 6 }, 'logprobs'],
+    [{ prompt: 'x', logprobs: 21 }, 'logprobs'],
     [{ prompt: 'x', logprobs: -1 }, 'logprobs'],
     [{ prompt: 'x', logprobs: true }, 'logprobs'],
     [{ prompt: 'x', echo: true }, 'echo'],

@@ -99,6 +99,10 @@ await run('serve_openai_protocol', async (servers) => {
 
   // Completions logprobs: k > 0: per token an object of the k most likely tokens' texts (and the sampled
   // one's) to their log-probabilities; greedy, the sampled token is the most likely. Streamed == not.
+  // Up to vLLM's max_logprobs (20): as many alternatives (fewer where their texts coincide).
+  const lp20 = await client.completions.create({ model: MODEL, prompt: PROMPT, max_tokens: 3, temperature: 0, logprobs: 20 });
+  for (const alts of lp20.choices[0].logprobs.top_logprobs)
+    assert.ok(Object.keys(alts).length > 3 && Object.keys(alts).length <= 21, JSON.stringify(alts));
   const lp3 = await client.completions.create({ model: MODEL, prompt: PROMPT, max_tokens: 12, temperature: 0, logprobs: 3 });
   const l3 = lp3.choices[0].logprobs;
   assert.equal(lp3.choices[0].text, greedy.choices[0].text.slice(0, lp3.choices[0].text.length));
