@@ -33,6 +33,30 @@ std::vector<float> ramp(std::size_t n) {
   return v;
 }
 
+// The tensors of a one-layer model of hidden size 8 (2 query heads, 1 KV head of 4), ffn 8, tied output; with
+// `qk_norm` Qwen3's per-head q/k norms.
+void add_tiny_tensors(zipage::gguf::writer& w, zipage::gguf::tensor_type type, std::int64_t vocab, bool qk_norm) {
+  auto m = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
+    w.add_tensor(name, {cols, rows}, type, ramp(static_cast<std::size_t>(rows * cols)));
+  };
+  auto v = [&](const std::string& name, std::int64_t n) { w.add_tensor(name, {n}, type, ramp(static_cast<std::size_t>(n))); };
+  m("token_embd.weight", vocab, 8);
+  v("blk.0.attn_norm.weight", 8);
+  m("blk.0.attn_q.weight", 8, 8);
+  m("blk.0.attn_k.weight", 4, 8);
+  m("blk.0.attn_v.weight", 4, 8);
+  m("blk.0.attn_output.weight", 8, 8);
+  if (qk_norm) {
+    v("blk.0.attn_q_norm.weight", 4);
+    v("blk.0.attn_k_norm.weight", 4);
+  }
+  v("blk.0.ffn_norm.weight", 8);
+  m("blk.0.ffn_gate.weight", 8, 8);
+  m("blk.0.ffn_up.weight", 8, 8);
+  m("blk.0.ffn_down.weight", 8, 8);
+  v("output_norm.weight", 8);
+}
+
 // A llama GGUF: hidden 8, 1 layer, 2 heads (1 KV head), ffn 8, a 24-piece SentencePiece vocab.
 std::vector<std::byte> tiny_gguf(zipage::gguf::tensor_type type, bool tokenizer, std::uint32_t version) {
   zipage::gguf::writer w;
@@ -64,21 +88,7 @@ std::vector<std::byte> tiny_gguf(zipage::gguf::tensor_type type, bool tokenizer,
     w.set("tokenizer.ggml.bos_token_id", std::uint32_t{1});
     w.set("tokenizer.ggml.eos_token_id", std::uint32_t{2});
   }
-  auto m = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
-    w.add_tensor(name, {cols, rows}, type, ramp(static_cast<std::size_t>(rows * cols)));
-  };
-  auto v = [&](const std::string& name, std::int64_t n) { w.add_tensor(name, {n}, type, ramp(static_cast<std::size_t>(n))); };
-  m("token_embd.weight", vocab, 8);
-  v("blk.0.attn_norm.weight", 8);
-  m("blk.0.attn_q.weight", 8, 8);
-  m("blk.0.attn_k.weight", 4, 8);
-  m("blk.0.attn_v.weight", 4, 8);
-  m("blk.0.attn_output.weight", 8, 8);
-  v("blk.0.ffn_norm.weight", 8);
-  m("blk.0.ffn_gate.weight", 8, 8);
-  m("blk.0.ffn_up.weight", 8, 8);
-  m("blk.0.ffn_down.weight", 8, 8);
-  v("output_norm.weight", 8);
+  add_tiny_tensors(w, type, vocab, false);
   return w.bytes(version);
 }
 
@@ -149,26 +159,7 @@ std::vector<std::byte> tiny_qwen_gguf() {
   w.set("tokenizer.ggml.eos_token_id", std::uint32_t{267});
   w.set("tokenizer.ggml.add_bos_token", false);
   w.set("tokenizer.chat_template", "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}");
-  const auto vocab = static_cast<std::int64_t>(tokens.size());
-  auto m = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
-    w.add_tensor(name, {cols, rows}, zipage::gguf::tensor_type::f32, ramp(static_cast<std::size_t>(rows * cols)));
-  };
-  auto v = [&](const std::string& name, std::int64_t n) {
-    w.add_tensor(name, {n}, zipage::gguf::tensor_type::f32, ramp(static_cast<std::size_t>(n)));
-  };
-  m("token_embd.weight", vocab, 8);
-  v("blk.0.attn_norm.weight", 8);
-  m("blk.0.attn_q.weight", 8, 8);
-  m("blk.0.attn_k.weight", 4, 8);
-  m("blk.0.attn_v.weight", 4, 8);
-  m("blk.0.attn_output.weight", 8, 8);
-  v("blk.0.attn_q_norm.weight", 4);
-  v("blk.0.attn_k_norm.weight", 4);
-  v("blk.0.ffn_norm.weight", 8);
-  m("blk.0.ffn_gate.weight", 8, 8);
-  m("blk.0.ffn_up.weight", 8, 8);
-  m("blk.0.ffn_down.weight", 8, 8);
-  v("output_norm.weight", 8);
+  add_tiny_tensors(w, zipage::gguf::tensor_type::f32, static_cast<std::int64_t>(tokens.size()), true);
   return w.bytes(3);
 }
 

@@ -38,25 +38,7 @@ prompts=("Once upon a time" "The little dog was sad because" "Tom said: \"I can'
 # llama.cpp's tokenizer on 400 random texts (tests/gguf_oracle/token_lines.py): {"text", "ids"} per line.
 python3 "$root/tests/gguf_oracle/token_lines.py" 1 400 > token_lines.txt
 ./llama_golden tokenize "$root/models/stories260K.gguf" < token_lines.txt > token_ids.txt
-python3 - token_lines.txt token_ids.txt > "$out/llama_cpp_stories260K_tokens.jsonl" <<'PY'
-import json, sys
-texts = [l.rstrip('\n') for l in open(sys.argv[1], encoding='utf-8')]
-ids = [l.split() for l in open(sys.argv[2])]
-assert len(texts) == len(ids)
-def unescape(t):  # as llama_golden reads a line: \\n is a newline, \\x is x
-    out, k = [], 0
-    while k < len(t):
-        if t[k] == '\\' and k + 1 < len(t):
-            out.append('\n' if t[k + 1] == 'n' else t[k + 1])
-            k += 2
-        else:
-            out.append(t[k])
-            k += 1
-    return ''.join(out)
-for t, i in zip(texts, ids):
-    text = unescape(t)
-    print(json.dumps({'text': text, 'ids': [int(x) for x in i]}, ensure_ascii=False))
-PY
+python3 "$root/tests/gguf_oracle/token_jsonl.py" token_lines.txt ids=token_ids.txt > "$out/llama_cpp_stories260K_tokens.jsonl"
 
 # Qwen3, Qwen2 and Llama 3-style GGUF files (byte-level BPE vocabularies; the last with Llama 3's pre-tokenizer,
 # a BOS, permuted Q/K and rope_freqs), written from the random checkpoints of the tests by make_gguf_fixture as
@@ -74,25 +56,6 @@ python3 "$root/tests/gguf_oracle/token_lines.py" 1 400 qwen > qwen_lines.txt
 ./llama_golden tokenize "$work/qwen3_random.gguf" < qwen_lines.txt > qwen_ids.txt
 ./llama_golden tokenize "$work/qwen3_random.gguf" special < qwen_lines.txt > qwen_ids_special.txt
 ./llama_golden tokenize "$work/llama3_random.gguf" special < qwen_lines.txt > llama3_ids_special.txt
-python3 - qwen_lines.txt qwen_ids.txt qwen_ids_special.txt llama3_ids_special.txt > "$out/llama_cpp_qwen3_tokens.jsonl" <<'PY'
-import json, sys
-texts = [l.rstrip('\n') for l in open(sys.argv[1], encoding='utf-8')]
-ids = [l.split() for l in open(sys.argv[2])]
-ids_special = [l.split() for l in open(sys.argv[3])]
-ids_llama3 = [l.split() for l in open(sys.argv[4])]
-assert len(texts) == len(ids) == len(ids_special) == len(ids_llama3)
-def unescape(t):  # as llama_golden reads a line: \\n is a newline, \\x is x
-    out, k = [], 0
-    while k < len(t):
-        if t[k] == '\\' and k + 1 < len(t):
-            out.append('\n' if t[k + 1] == 'n' else t[k + 1])
-            k += 2
-        else:
-            out.append(t[k])
-            k += 1
-    return ''.join(out)
-for t, i, s, l in zip(texts, ids, ids_special, ids_llama3):
-    print(json.dumps({'text': unescape(t), 'ids': [int(x) for x in i], 'ids_special': [int(x) for x in s],
-                      'ids_llama3': [int(x) for x in l]}, ensure_ascii=False))
-PY
+python3 "$root/tests/gguf_oracle/token_jsonl.py" qwen_lines.txt ids=qwen_ids.txt ids_special=qwen_ids_special.txt \
+  ids_llama3=llama3_ids_special.txt > "$out/llama_cpp_qwen3_tokens.jsonl"
 ls -l "$out"
