@@ -14,6 +14,7 @@
 // Samplers zipage does not have (mirostat, XTC) are reported in `ignored` when the file turns them on, and
 // general.sampling.sequence (llama.cpp's sampler order) is not read: zipage's order is fixed. A key of the
 // wrong type or out of range is an error naming the file and the key.
+#include <optional>
 #include <string>
 #include <string_view>
 
