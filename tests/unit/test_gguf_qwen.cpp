@@ -310,6 +310,17 @@ TEST_CASE("qwen GGUF: what the model does not run is refused by name") {
                    w.set("tokenizer.ggml.token_type", std::vector<std::int32_t>(3, 1));
                  })),
                  "tokenizer.ggml.token_type has 3 entries for 151936 tokens"));
+  // No token types: every token normal, as llama.cpp reads it (so "<|im_end|>" in a text is plain text).
+  {
+    gg::writer w;
+    for (const std::string& key : f.keys())
+      if (key != "tokenizer.ggml.token_type") w.set(key, *f.find(key));
+    w.add_tensor("token_embd.weight", {16, 151936}, gg::tensor_type::f32, std::vector<float>(16 * 151936, 0.0f));
+    const gg::file untyped = gg::file::from_bytes(w.bytes(), "untyped.gguf");
+    const auto t = bpe_tokenizer::from_gguf(untyped);
+    CHECK(t.encode("<|im_end|>").size() > 1);
+    CHECK_FALSE(t.is_special(151645));
+  }
   CHECK(contains(vocab_error(edited([](gg::writer& w) { w.set("tokenizer.ggml.eos_token_id", std::uint32_t{151700}); })),
                  "tokenizer.ggml.eos_token_id = 151700 is an unused token"));
   CHECK(contains(vocab_error(edited([](gg::writer& w) { w.set("tokenizer.ggml.merges", std::vector<std::string>{"zz qq"}); })),

@@ -146,7 +146,9 @@ class bpe_tokenizer {
     check(qwen2 || llama3, src, ": tokenizer.ggml.pre '", json::printable(pre),
           "' is not supported (zipage implements qwen2, deepseek-r1-qwen, llama3 and llama-bpe)");
     const auto tokens = f.get_string_array("tokenizer.ggml.tokens");
-    const auto types = f.get_int_array("tokenizer.ggml.token_type");
+    // Without token types every token is a normal one, as llama.cpp reads such a file.
+    const auto types = f.has("tokenizer.ggml.token_type") ? f.get_int_array("tokenizer.ggml.token_type")
+                                                          : std::vector<std::int64_t>(tokens.size(), 1);
     check(types.size() == tokens.size(), src, ": tokenizer.ggml.token_type has ", types.size(), " entries for ",
           tokens.size(), " tokens");
     // The same document a tokenizer.json of that model would be, read by the same code.
