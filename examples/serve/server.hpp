@@ -21,6 +21,7 @@ struct server_options {
   int http_threads = 0;             // 0: max_num_seqs + max_queue + 16, at most 4096
   std::string chat_template = "auto";  // auto: the checkpoint's; plain: the messages' contents joined by newlines
   int default_max_tokens = 0;          // 0: the API's default (completions 16, chat up to the context)
+  int max_model_len = 0;               // --max-model-len: the context a request may use; 0 = the model's
   // --seed: the seeds of choices that set none are drawn from a generator seeded with it, so a fresh server
   // answers the same requests in the same order alike (as vLLM's --seed). Without it: from random_device.
   std::optional<std::uint64_t> seed;

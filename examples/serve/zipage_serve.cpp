@@ -25,6 +25,10 @@ void add_flags(CLI::App& app, options& o) {
                  "tokens a request generates when it sets no max_tokens (0: as OpenAI and vLLM, 16 for a completion, "
                  "up to the model's context for a chat)")
       ->check(zipage_cli::count());
+  app.add_option("--max-model-len", s.max_model_len,
+                 "the context a request may use, prompt + output (vLLM's; default: the model's): longer ones get 400, "
+                 "and /v1/models reports it")
+      ->check(zipage_cli::positive_count());
   app.add_option("--host", s.host, "address to listen on")->capture_default_str();
   app.add_option("--port", s.port, "port to listen on (0: any free port, printed at start)")
       ->check(CLI::Range(0, 65535))
@@ -63,6 +67,11 @@ int run(options& o) {
     zipage_serve::served_model m;
     m.text = &text;
     m.max_context = eng.config().max_context;
+    if (o.server.max_model_len > 0) {  // as vLLM: at most what the model was trained for
+      zipage::check(m.max_context == 0 || o.server.max_model_len <= m.max_context, "--max-model-len ",
+                    o.server.max_model_len, " is larger than the model's context of ", m.max_context, " tokens");
+      m.max_context = o.server.max_model_len;
+    }
     m.max_num_seqs = eng.settings().max_num_seqs;
     m.memory_line = eng.memory().describe() + "; policy " + std::string(eng.policy().name());
     // vLLM refuses to start when one sequence of the model's length does not fit the KV cache; zipage serves
@@ -72,7 +81,7 @@ int run(options& o) {
       m.memory_line += "\nzipage-serve: note: the KV pool holds " + std::to_string(pool_tokens) +
                        " tokens, fewer than the model's context of " + std::to_string(m.max_context) +
                        ": longer prompts get 400; give the pool more (--kv-cache-mib or --num-blocks; on the GPU "
-                       "--gpu-memory-utilization)";
+                       "--gpu-memory-utilization), or serve a shorter context (--max-model-len)";
     zipage_serve::driver_for<std::remove_reference_t<decltype(eng)>> driver(eng);
     return zipage_serve::serve(o.server, o, m, driver);
   });

@@ -117,6 +117,19 @@ await run('serve_http_flags', async (servers) => {
   servers.push(small);
   assert.match(small.log(), /note: the KV pool holds 1024 tokens, fewer than the model's context of 2048/);
   assert.ok(!server.log().includes('note: the KV pool'), server.log());
+  // --max-model-len (vLLM's): the context served, reported by /v1/models and enforced per request; no note then.
+  const capped = await startServer(['--num-blocks', '64', '--policy', 'full_kv', '--max-model-len', '1024']);
+  servers.push(capped);
+  assert.ok(!capped.log().includes('note: the KV pool'), capped.log());
+  const models = await fetch(`${capped.base}/v1/models`).then((x) => x.json());
+  assert.equal(models.data[0].max_model_len, 1024);
+  const long = await post(capped.base, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 1024 });
+  assert.equal(long.status, 400, long.text);
+  assert.match(long.json.error.message, /maximum context length is 1024 tokens/);
+  assert.equal((await post(capped.base, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 8 })).status, 200);
+  const over = await serveToExit(['--max-model-len', '4096']);
+  assert.notEqual(over.code, 0);
+  assert.match(over.err, /--max-model-len 4096 is larger than the model's context of 2048 tokens/);
   // Out-of-range or non-finite flag values: one line naming the flag and a readable range.
   for (const [flag, value, range] of [['--shutdown-timeout', 'nan', 'not a finite number'],
                                       ['--shutdown-timeout', '1e300', 'in \\[0, 86400\\]'],
