@@ -61,6 +61,7 @@ struct engine_options {
   std::string quantization = "auto";    // linear weights: auto (the checkpoint's) | none | fp8 | fp8_e4m3 (cuda)
   double gpu_memory_utilization = 0.9;
   std::string policy = "zipage";
+  std::string generation_config = "auto";  // auto (the checkpoint's) | vllm (none: vLLM's defaults) | a directory
   std::string scheduling = "fcfs";  // fcfs | priority
   bool quiet = false;               // no device line (the tool's own --quiet sets it)
   int budget_blocks = 0;            // --budget-blocks (0: --budget, in tokens, decides)
@@ -162,6 +163,10 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   o.flags["--presence-penalty"] = app.add_option("--presence-penalty", s.presence_penalty,
                                       "OpenAI's: minus this once for a token already in the output, in [-2, 2] (default 0 = off)")
                                       ->check(in_range(-2.0, 2.0));
+  app.add_option("--generation-config", o.generation_config,
+                 "where the sampling defaults come from (vLLM's): auto = the checkpoint's generation_config.json or "
+                 "GGUF general.sampling keys; vllm = none, vLLM's defaults; DIR = DIR/generation_config.json")
+      ->capture_default_str();
   app.add_option("--seed", s.seed, "per-request seed (request i uses seed + i)")->check(seed_check());
   app.add_option("--stop", s.stop, "stop string (repeatable)");
   app.add_flag("--ignore-eos", s.ignore_eos, "keep generating past EOS");
@@ -226,6 +231,20 @@ inline void resolve_budget(engine_options& o) {
                                   : given(o, "--budget") ? "--budget" : "--budget (default)");
   zipage::check(e.window <= e.block_size, "--window ", e.window, " is larger than the block size ", e.block_size,
                 " (--block-size): the window's queries are recorded in the last W slots of a block");
+}
+
+// The sampling defaults --generation-config names: the checkpoint's own (`of_checkpoint`, for auto), none (vllm),
+// or DIR/generation_config.json.
+template <class F>
+zipage::generation_defaults generation_config_of(const engine_options& o, F&& of_checkpoint) {
+  if (o.generation_config == "auto") return of_checkpoint();
+  if (o.generation_config == "vllm") return {};
+  const std::filesystem::path file = std::filesystem::path(o.generation_config) / "generation_config.json";
+  std::error_code ec;
+  zipage::check(std::filesystem::is_regular_file(file, ec), "--generation-config ", o.generation_config,
+                ": no generation_config.json there (auto: the checkpoint's; vllm: vLLM's defaults; or a directory "
+                "holding one)");
+  return zipage::load_generation_config(o.generation_config);
 }
 
 // Sampling: flags given on the command line, else the checkpoint's generation_config.json or GGUF
@@ -376,7 +395,7 @@ template <class Backend, class F>
 int load_and_run(engine_options& o, const Backend& backend, F& f) {
   if (o.model.empty()) o.model = default_model_path();
   if (std::filesystem::is_directory(o.model)) {  // a Hugging Face checkpoint
-    resolve_sampling(o, zipage::load_generation_config(o.model));
+    resolve_sampling(o, generation_config_of(o, [&] { return zipage::load_generation_config(o.model); }));
     const auto tokenizer = zipage::bpe_tokenizer::from_dir(o.model);
     // The pair is checked before the weights load (a mismatch would otherwise fail a batch halfway).
     const auto config = zipage::load_hf_checkpoint_config(o.model);
@@ -395,7 +414,7 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
     return build_engine(o, std::move(model), backend, model_text{.bpe = &tokenizer}, f);
   }
   const auto file = zipage::gguf::file::open(o.model);
-  resolve_sampling(o, zipage::generation_defaults_from_gguf(file));
+  resolve_sampling(o, generation_config_of(o, [&] { return zipage::generation_defaults_from_gguf(file); }));
   const auto config = zipage::llama_config_from_gguf(file);
   // Loads the weights once the vocabulary agrees with them (Qwen / Llama 3 files: byte-level BPE; the eos set
   // is in config.extra_eos).
