@@ -905,3 +905,13 @@ inline std::vector<float> file::to_f32(const tensor_info& t) const {
 }
 
 }  // namespace zipage::gguf
+
+namespace zipage {
+
+// True when a GGUF file's vocabulary is byte-level BPE (tokenizer.ggml.model = gpt2: Qwen, Llama 3), read by
+// bpe_tokenizer::from_gguf; false for SentencePiece (llama), read by spm_tokenizer::from_gguf.
+inline bool gguf_has_bpe_vocab(const gguf::file& f) {
+  return f.has("tokenizer.ggml.model") && f.get_string("tokenizer.ggml.model") == "gpt2";
+}
+
+}  // namespace zipage

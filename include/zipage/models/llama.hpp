@@ -442,10 +442,12 @@ inline void add_gguf_end_of_generation(const gguf::file& f, model_config& c) {
       c.extra_eos.push_back(static_cast<token_id>(id));
   };
   for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) add(f.get_int(key, -1));
-  if (!f.has("tokenizer.ggml.tokens")) return;
+  // Read in place (151,936 strings for Qwen); a malformed array is the tokenizer's error to name.
+  const gguf::value* list = f.find("tokenizer.ggml.tokens");
+  if (list == nullptr || !list->is_array() || list->element_type() != gguf::value_type::string) return;
   static const std::set<std::string, std::less<>> ends = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>",
                                                           "<|end|>", "<|end_of_text|>", "<\uff5cend\u2581of\u2581sentence\uff5c>"};
-  const auto tokens = f.get_string_array("tokenizer.ggml.tokens");
+  const auto& tokens = list->strings();
   for (std::size_t id = 0; id < tokens.size(); ++id)
     if (ends.contains(tokens[id])) add(static_cast<std::int64_t>(id));
 }
@@ -501,7 +503,7 @@ inline model_config llama_config_from_gguf(const gguf::file& f) {
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   c.bos = static_cast<token_id>(f.get_int("tokenizer.ggml.bos_token_id", arch == "llama" ? 1 : -1));
   c.eos = static_cast<token_id>(f.get_int("tokenizer.ggml.eos_token_id", arch == "llama" ? 2 : -1));
-  if (f.has("tokenizer.ggml.model") && f.get_string("tokenizer.ggml.model") == "gpt2") detail::add_gguf_end_of_generation(f, c);
+  if (gguf_has_bpe_vocab(f)) detail::add_gguf_end_of_generation(f, c);
   c.validate();
   return c;
 }
