@@ -16,6 +16,7 @@
 #include "zipage/safetensors/writer.hpp"
 #include "zipage/zipage.hpp"
 #include "counting_model.hpp"
+#include "gguf_edit.hpp"
 #include "stories_model.hpp"
 #include "test_support.hpp"
 
@@ -139,10 +140,7 @@ TEST_CASE("load_model: a model and its text side by path, for tools that build t
 TEST_CASE("llm: a GGUF file's general.sampling.* keys are its sampling defaults") {
   const zipage::testing::temp_dir dir("gguf_sampling");
   {
-    const gguf::file f = gguf::file::open(zipage::testing::stories_model_path());
-    gguf::writer w;
-    for (const std::string& key : f.keys()) w.set(key, *f.find(key));
-    for (const gguf::tensor_info& t : f.tensors()) w.add_tensor(t.name, t.dims, gguf::tensor_type::f32, f.to_f32(t));
+    gguf::writer w = zipage::testing::gguf_copy(gguf::file::open(zipage::testing::stories_model_path()));
     w.set("general.sampling.temp", 0.6f);
     w.set("general.sampling.top_k", std::int32_t{20});
     w.set("general.sampling.top_p", 0.95f);

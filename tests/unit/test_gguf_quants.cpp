@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gguf_edit.hpp"
 #include "greedy.hpp"
 #include "stories_model.hpp"
 #include "test_support.hpp"
@@ -212,13 +213,8 @@ TEST_CASE("gguf: stories260K's tokenizer gives llama.cpp's ids on 400 random tex
 namespace {
 
 // stories260K re-written with `edit` applied to a writer holding its metadata and tensors.
-gg::file edited_stories(const std::function<void(gg::writer&, const gg::file&)>& edit) {
-  const gg::file f = gg::file::open(ZIPAGE_TEST_MODEL);
-  gg::writer w;
-  for (const std::string& key : f.keys()) w.set(key, *f.find(key));
-  for (const gg::tensor_info& t : f.tensors()) w.add_tensor(t.name, t.dims, gg::tensor_type::f32, f.to_f32(t));
-  edit(w, f);
-  return gg::file::from_bytes(w.bytes(), "edited.gguf");
+gg::file edited_stories(const std::function<void(gg::writer&)>& edit) {
+  return zipage::testing::gguf_edited(gg::file::open(ZIPAGE_TEST_MODEL), edit);
 }
 
 std::string load_error(const gg::file& f) {
@@ -229,48 +225,48 @@ std::string load_error(const gg::file& f) {
 
 TEST_CASE("gguf: llama variants the model does not run are refused by name, not loaded wrong") {
   const std::vector<float> eight(8, 1.0f);
-  CHECK_NOTHROW((void)load_llama_gguf<cpu_backend>(edited_stories([](gg::writer&, const gg::file&) {})));
+  CHECK_NOTHROW((void)load_llama_gguf<cpu_backend>(edited_stories([](gg::writer&) {})));
   // Llama 3's RoPE scaling (rope_freqs.weight, one divisor per frequency: head size 8 here) is read; a wrong length
   // is refused by name.
-  CHECK(load_llama_gguf<cpu_backend>(edited_stories([&](gg::writer& w, const gg::file&) {
+  CHECK(load_llama_gguf<cpu_backend>(edited_stories([&](gg::writer& w) {
           w.add_tensor("rope_freqs.weight", {4}, gg::tensor_type::f32, std::span(eight).first(4));
         })).config().rope_scaling.type == rope_scaling_type::factors);
-  CHECK(contains(load_error(edited_stories([&](gg::writer& w, const gg::file&) {
+  CHECK(contains(load_error(edited_stories([&](gg::writer& w) {
                    w.add_tensor("rope_freqs.weight", {8}, gg::tensor_type::f32, eight);
                  })),
                  "edited.gguf: tensor 'rope_freqs.weight' has shape [8], expected [4] (head size / 2)"));
-  CHECK(contains(load_error(edited_stories([&](gg::writer& w, const gg::file&) {
+  CHECK(contains(load_error(edited_stories([&](gg::writer& w) {
                    w.add_tensor("blk.0.attn_q.bias", {8}, gg::tensor_type::f32, eight);
                  })),
                  "edited.gguf: tensor 'blk.0.attn_q.bias' is not part of the llama model zipage runs"));
-  CHECK(contains(load_error(edited_stories([&](gg::writer& w, const gg::file&) {
+  CHECK(contains(load_error(edited_stories([&](gg::writer& w) {
                    w.add_tensor("blk.5.attn_norm.weight", {8}, gg::tensor_type::f32, eight);  // 5 layers: 0-4
                  })),
                  "tensor 'blk.5.attn_norm.weight' is not part of the llama model"));
-  CHECK(contains(load_error(edited_stories([](gg::writer& w, const gg::file&) {
+  CHECK(contains(load_error(edited_stories([](gg::writer& w) {
                    w.set("llama.rope.dimension_count", std::uint32_t{4});
                  })),
                  "metadata llama.rope.dimension_count = 4 is not supported (zipage's llama model needs 8"));
-  CHECK(contains(load_error(edited_stories([](gg::writer& w, const gg::file&) {
+  CHECK(contains(load_error(edited_stories([](gg::writer& w) {
                    w.set("llama.attention.key_length", std::uint32_t{16});
                  })),
                  "metadata llama.attention.key_length = 16 is not supported"));
-  CHECK(contains(load_error(edited_stories([](gg::writer& w, const gg::file&) {
+  CHECK(contains(load_error(edited_stories([](gg::writer& w) {
                    w.set("llama.rope.scaling.type", "yarn");
                  })),
                  "llama.rope.scaling.type = 'yarn' is not supported"));
-  CHECK(contains(load_error(edited_stories([](gg::writer& w, const gg::file&) {
+  CHECK(contains(load_error(edited_stories([](gg::writer& w) {
                    w.set("llama.expert_count", std::uint32_t{8});
                  })),
                  "mixture-of-experts models (llama.expert_count) are not supported"));
-  CHECK_NOTHROW((void)load_llama_gguf<cpu_backend>(edited_stories([](gg::writer& w, const gg::file&) {
+  CHECK_NOTHROW((void)load_llama_gguf<cpu_backend>(edited_stories([](gg::writer& w) {
     w.set("llama.rope.scaling.type", "none");
     w.set("llama.expert_count", std::uint32_t{0});
   })));
 }
 
 TEST_CASE("gguf: general.sampling.* keys are the file's sampling defaults, as llama.cpp reads them") {
-  const auto none = generation_defaults_from_gguf(edited_stories([](gg::writer&, const gg::file&) {}));
+  const auto none = generation_defaults_from_gguf(edited_stories([](gg::writer&) {}));
   CHECK_FALSE(none.sets_sampling());
   CHECK(none.source.empty());
   CHECK(none.defaults().temperature == 1.0f);  // vLLM's default when the checkpoint sets nothing
@@ -278,7 +274,7 @@ TEST_CASE("gguf: general.sampling.* keys are the file's sampling defaults, as ll
   CHECK(none.defaults().top_p == 1.0f);
 
   // As llama.cpp's converter writes them: int32 top_k, float32 the rest.
-  const auto set = generation_defaults_from_gguf(edited_stories([](gg::writer& w, const gg::file&) {
+  const auto set = generation_defaults_from_gguf(edited_stories([](gg::writer& w) {
     w.set("general.sampling.temp", 0.7f);
     w.set("general.sampling.top_k", std::int32_t{40});
     w.set("general.sampling.top_p", 0.9f);
@@ -299,7 +295,7 @@ TEST_CASE("gguf: general.sampling.* keys are the file's sampling defaults, as ll
   CHECK(p.repetition_penalty == doctest::Approx(1.1f));
   CHECK_NOTHROW(p.validate());
 
-  const auto only_temp = generation_defaults_from_gguf(edited_stories([](gg::writer& w, const gg::file&) {
+  const auto only_temp = generation_defaults_from_gguf(edited_stories([](gg::writer& w) {
     w.set("general.sampling.temp", 0.0f);
     w.set("general.sampling.top_k", std::int32_t{-1});  // llama.cpp: <= 0 is off
   }));
@@ -307,7 +303,7 @@ TEST_CASE("gguf: general.sampling.* keys are the file's sampling defaults, as ll
   CHECK(only_temp.defaults().top_k == 0);
 
   // Samplers zipage does not have are reported when the file turns them on, not silently dropped.
-  const auto extra = generation_defaults_from_gguf(edited_stories([](gg::writer& w, const gg::file&) {
+  const auto extra = generation_defaults_from_gguf(edited_stories([](gg::writer& w) {
     w.set("general.sampling.mirostat", std::int32_t{2});
     w.set("general.sampling.xtc_probability", 0.5f);
   }));
@@ -317,7 +313,7 @@ TEST_CASE("gguf: general.sampling.* keys are the file's sampling defaults, as ll
   CHECK(extra.source == "edited.gguf (general.sampling)");
 
   auto error = [](const std::function<void(gg::writer&)>& edit) {
-    const gg::file f = edited_stories([&](gg::writer& w, const gg::file&) { edit(w); });
+    const gg::file f = edited_stories(edit);
     return error_of([&] { (void)generation_defaults_from_gguf(f); });
   };
   CHECK(contains(error([](gg::writer& w) { w.set("general.sampling.temp", "hot"); }),

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "gguf_edit.hpp"
 #include "greedy.hpp"
 #include "test_support.hpp"
 #include "zipage/backend/cpu/prefill_logits.hpp"
@@ -284,13 +285,7 @@ TEST_CASE("llama 3 GGUF: rope_freqs, permuted Q/K, Llama 3's pre-tokenizer and B
 
 TEST_CASE("qwen GGUF: what the model does not run is refused by name") {
   const gg::file f = gg::file::open(fixtures() / "qwen3_random.gguf");
-  auto edited = [&](const std::function<void(gg::writer&)>& edit) {
-    gg::writer w;
-    for (const std::string& key : f.keys()) w.set(key, *f.find(key));
-    for (const gg::tensor_info& t : f.tensors()) w.add_tensor(t.name, t.dims, gg::tensor_type::f32, f.to_f32(t));
-    edit(w);
-    return gg::file::from_bytes(w.bytes(), "edited.gguf");
-  };
+  auto edited = [&](const std::function<void(gg::writer&)>& edit) { return zipage::testing::gguf_edited(f, edit); };
   auto load_error = [](const gg::file& g) { return error_of([&] { (void)load_llama_gguf<cpu_backend>(g); }); };
   auto vocab_error = [](const gg::file& g) { return error_of([&] { (void)bpe_tokenizer::from_gguf(g); }); };
   CHECK(contains(load_error(edited([](gg::writer& w) { w.set("qwen3.rope.scaling.type", "yarn"); })),
