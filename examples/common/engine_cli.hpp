@@ -62,6 +62,7 @@ struct engine_options {
   double gpu_memory_utilization = 0.9;
   std::string policy = "zipage";
   std::string generation_config = "auto";  // auto (the checkpoint's) | vllm (none: vLLM's defaults) | a directory
+  std::string chat_template = "auto";      // auto (the checkpoint's) | plain (zipage-serve) | a built-in format | a file
   std::string scheduling = "fcfs";  // fcfs | priority
   bool quiet = false;               // no device line (the tool's own --quiet sets it)
   int budget_blocks = 0;            // --budget-blocks (0: --budget, in tokens, decides)
@@ -163,6 +164,11 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   o.flags["--presence-penalty"] = app.add_option("--presence-penalty", s.presence_penalty,
                                       "OpenAI's: minus this once for a token already in the output, in [-2, 2] (default 0 = off)")
                                       ->check(in_range(-2.0, 2.0));
+  app.add_option("--chat-template", o.chat_template,
+                 "the chat template (vLLM's flag): auto = the checkpoint's own (Jinja, rendered as transformers does); "
+                 "FILE = a Jinja template file; chatml|qwen2|qwen2_5|qwen3|qwq|llama3|llama3_1|deepseek_r1 = zipage's "
+                 "built-in rendering of that family; plain (zipage-serve) = the messages' contents joined by newlines")
+      ->capture_default_str();
   app.add_option("--generation-config", o.generation_config,
                  "where the sampling defaults come from (vLLM's): auto = the checkpoint's generation_config.json or "
                  "GGUF general.sampling keys; vllm = none, vLLM's defaults; DIR = DIR/generation_config.json")
@@ -304,15 +310,19 @@ struct model_text {
     return bpe ? std::string(bpe->token_text(id)) : std::string(spm->piece(id));
   }
   [[nodiscard]] int vocab_size() const { return bpe ? bpe->vocab_size() : spm->vocab_size(); }
-  [[nodiscard]] bool has_chat_template() const { return bpe && bpe->chat() != zipage::chat_format::none; }
-  [[nodiscard]] std::string chat_template_name() const {
-    return std::string(zipage::chat_format_name(bpe ? bpe->chat() : zipage::chat_format::none));
-  }
+  [[nodiscard]] bool has_chat_template() const { return bpe && bpe->has_chat_template(); }
+  [[nodiscard]] std::string chat_template_name() const { return bpe ? bpe->chat_template_name() : "none"; }
   // The checkpoint's template over `messages` (has_chat_template() must be true).
   [[nodiscard]] std::string apply_chat_template(std::span<const zipage::chat_message> messages,
                                                 const zipage::chat_options& options) const {
-    zipage::check(has_chat_template(), "the model has no chat template zipage knows");
+    zipage::check(has_chat_template(), "the model has no chat template");
     return bpe->apply_chat_template(messages, options);
+  }
+  // OpenAI message objects (tool calls and results included).
+  [[nodiscard]] std::string apply_chat_template_json(const nlohmann::ordered_json& messages,
+                                                     const zipage::chat_options& options) const {
+    zipage::check(has_chat_template(), "the model has no chat template");
+    return bpe->apply_chat_template_json(messages, options);
   }
 };
 
@@ -391,12 +401,32 @@ void print_linear_weights(const engine_options& o, const Backend& backend) {
     if (!o.quiet) std::fprintf(stderr, "weights: %s\n", backend.describe_weights().c_str());
 }
 
+// --chat-template: auto and plain keep the tokenizer's own template; a file replaces it (vLLM's); a built-in
+// format's name renders with zipage's copy of that family's template.
+inline void choose_chat_template(const engine_options& o, zipage::bpe_tokenizer& tokenizer) {
+  if (o.chat_template == "auto" || o.chat_template == "plain") return;
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(o.chat_template, ec)) {
+    tokenizer.set_chat_template(zipage::json::read_text_file(o.chat_template, "--chat-template file"),
+                                "--chat-template " + o.chat_template);
+    return;
+  }
+  zipage::check(!std::filesystem::exists(o.chat_template, ec), "--chat-template: '", o.chat_template,
+                "' is not a regular file");
+  try {
+    tokenizer.use_builtin_chat_format(zipage::chat_format_from_name(o.chat_template));
+  } catch (const zipage::error& e) {
+    zipage::fail("--chat-template: '", o.chat_template, "' is neither a file nor auto, plain or a built-in format: ", e.what());
+  }
+}
+
 template <class Backend, class F>
 int load_and_run(engine_options& o, const Backend& backend, F& f) {
   if (o.model.empty()) o.model = default_model_path();
   if (std::filesystem::is_directory(o.model)) {  // a Hugging Face checkpoint
     resolve_sampling(o, generation_config_of(o, [&] { return zipage::load_generation_config(o.model); }));
-    const auto tokenizer = zipage::bpe_tokenizer::from_dir(o.model);
+    auto tokenizer = zipage::bpe_tokenizer::from_dir(o.model);
+    choose_chat_template(o, tokenizer);
     // The pair is checked before the weights load (a mismatch would otherwise fail a batch halfway).
     const auto config = zipage::load_hf_checkpoint_config(o.model);
     zipage::check_vocabulary_pair(config, tokenizer, (std::filesystem::path(o.model) / "config.json").string(),
@@ -427,9 +457,12 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
     return build_engine(o, std::move(model), backend, text, f);
   };
   if (zipage::gguf_has_bpe_vocab(file)) {
-    const auto tokenizer = zipage::bpe_tokenizer::from_gguf(file);
+    auto tokenizer = zipage::bpe_tokenizer::from_gguf(file);
+    choose_chat_template(o, tokenizer);
     return run(tokenizer, model_text{.bpe = &tokenizer});
   }
+  zipage::check(o.chat_template == "auto" || o.chat_template == "plain", "--chat-template ", o.chat_template, ": ",
+                o.model, " has a SentencePiece vocabulary, which zipage renders no chat template for");
   const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
   return run(tokenizer, model_text{.spm = &tokenizer});
 }

@@ -422,9 +422,9 @@ int run_backend(run_context& ctx, const Backend& backend) {
   if (bpe) {
     const auto& tok = *bpe;
     if (o.chat)
-      zipage::check(tok.chat() != zipage::chat_format::none, o.command, ": ", o.model,
+      zipage::check(tok.has_chat_template(), o.command, ": ", o.model,
                     hf ? "/tokenizer_config.json" : " (tokenizer.chat_template)",
-                    " has no chat template zipage knows (--raw feeds the prompt as is)");
+                    " has no chat template (--raw feeds the prompt as is)");
     const bool chat = o.chat, thinking = o.thinking;
     io.encode = [&tok, chat, thinking](const std::string& text) {
       if (!chat) return tok.encode(text, tok.add_bos());

@@ -78,7 +78,7 @@ void add_flags(CLI::App& app, options& o) {
   app.add_flag("--quiet,-q", o.quiet, "print only the generated text");
   app.add_flag("--chat", o.chat, "wrap each prompt in the checkpoint's chat template (checkpoint directories)");
   auto* chat = app.get_option("--chat");
-  app.add_flag("--no-thinking", o.no_thinking, "with --chat: turn Qwen3's thinking off")->needs(chat);
+  app.add_flag("--no-thinking", o.no_thinking, "with --chat: the template's enable_thinking = false (Qwen3: no thinking)")->needs(chat);
   app.add_option("--system", o.system, "with --chat: a system message")->needs(chat);
 }
 
@@ -127,7 +127,7 @@ int run(options& o) {
     if (o.chat) {
       zipage::check(text.bpe != nullptr, "--chat needs a Hugging Face checkpoint directory as --model");
       zipage::check(text.has_chat_template(), "--chat: ", o.model,
-                    "/tokenizer_config.json has no chat template zipage knows");
+                    " has no chat template (--chat-template FILE gives one)");
     }
     auto encode = [&](const std::string& prompt) {
       if (!o.chat) return text.encode(prompt);
@@ -135,7 +135,7 @@ int run(options& o) {
       if (!o.system.empty()) messages.push_back({"system", o.system});
       messages.push_back({"user", prompt});
       // The template writes any BOS itself.
-      return text.encode_templated(text.apply_chat_template(messages, {.enable_thinking = !o.no_thinking}));
+      return text.encode_templated(text.apply_chat_template(messages, {.enable_thinking = o.no_thinking ? std::optional<bool>(false) : std::nullopt}));
     };
     return run_engine(o, in, eng, encode);
   });

@@ -24,6 +24,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -31,6 +32,7 @@
 
 #include "hangup_watch.hpp"
 #include "zipage/core/json.hpp"
+#include "zipage/tokenizer/reasoning_parser.hpp"
 
 namespace zipage_serve {
 namespace {
@@ -132,6 +134,8 @@ struct gen_request {
   std::vector<std::vector<zipage::token_id>> prompts;
   std::vector<job> jobs;  // prompts.size() * n choices; choice index = prompt * n + j
   std::size_t max_stop_len = 0;
+  bool split_reasoning = false;   // --reasoning-parser, chat requests
+  bool reasoning_opened = false;  // the prompt ends inside a <think> block
 };
 
 class api {
@@ -276,7 +280,9 @@ class api {
     if (auto v = integer(body, "max_completion_tokens", 1, kMaxTokens)) max_tokens = v;
     const auto seed = integer(body, "seed", std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max());
 
-    r.prompts = chat ? std::vector<std::vector<zipage::token_id>>{chat_prompt(body)} : completion_prompts(body);
+    r.prompts = chat ? std::vector<std::vector<zipage::token_id>>{chat_prompt(body, &r.reasoning_opened)}
+                     : completion_prompts(body);
+    r.split_reasoning = chat && !so_.reasoning_parser.empty();
 
     const int ctx = model_.max_context;
     for (std::size_t i = 0; i < r.prompts.size(); ++i) {
@@ -327,7 +333,7 @@ class api {
   json request_body(const std::string& body_text) const {
     json body;
     try {
-      body = zipage::json::parse(body_text, "request body");
+      body = zipage::json::parse_as<json>(body_text, "request body");  // keys in the client's order (tools' schemas)
     } catch (const std::exception& e) {
       throw api_error(400, e.what());
     }
@@ -367,8 +373,9 @@ class api {
       if (v->is_string()) return !v->get<std::string>().empty();  // (json::empty() is false for any string)
       return !((v->is_object() || v->is_array()) && v->empty());
     };
-    for (const char* key : {"logit_bias", "bad_words", "allowed_token_ids", "tools", "functions"})
+    for (const char* key : {"logit_bias", "bad_words", "allowed_token_ids", "functions"})
       if (non_empty(key)) unsupported(key, "(non-empty)");
+    if (!chat && non_empty("tools")) unsupported("tools", "(non-empty) in a completion request");
     for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
                             "prompt_logprobs", "truncate_prompt_tokens"})
       if (field(body, key) != nullptr) unsupported(key, "");
@@ -383,7 +390,7 @@ class api {
     }
     if (!chat && non_empty("suffix")) unsupported("suffix", "(non-empty)");
     if (chat && boolean(body, "echo").value_or(false)) unsupported("echo", "true");
-    // Without tools, only "none" (or "auto", which then means none) makes sense, as in vLLM.
+    // Only "none" (or "auto" without tools, which then means none): zipage-serve parses no tool calls (chat_tools).
     if (const json* choice = field(body, "tool_choice");
         choice && !(choice->is_string() && (*choice == "none" || *choice == "auto")))
       unsupported("tool_choice", "other than \"none\" or \"auto\" (zipage-serve has no tool calling)");
@@ -427,20 +434,23 @@ class api {
     return out;
   }
 
-  std::vector<zipage::token_id> chat_prompt(const json& body) const {
+  // A chat request's messages as the template reads them (OpenAI's message objects): roles checked
+  // ("developer" is OpenAI's newer "system"), text content parts joined, assistant tool calls' JSON
+  // "arguments" strings parsed into objects (as vLLM hands them to templates); other fields pass through.
+  static json chat_messages(const json& body) {
     const json* msgs = field(body, "messages");
     if (!msgs) bad_param("messages", "'messages' is required");
     if (!msgs->is_array() || msgs->empty()) bad_param("messages", "'messages' must be a non-empty list");
-    std::vector<zipage::chat_message> messages;
+    json out = json::array();
     for (const auto& m : *msgs) {
       if (!m.is_object()) bad_param("messages", "each message must be an object, got " + got(m));
       const json* role = field(m, "role");
       if (!role || !role->is_string()) bad_param("messages", "each message needs a string 'role'");
-      std::string content;
+      json msg = m;
+      if (*role == "developer") msg["role"] = "system";
       if (const json* c = field(m, "content")) {
-        if (c->is_string()) {
-          content = c->get<std::string>();
-        } else if (c->is_array()) {
+        if (c->is_array()) {
+          std::string content;
           for (const auto& part : *c) {
             const json* type = part.is_object() ? field(part, "type") : nullptr;
             const json* text = part.is_object() ? field(part, "text") : nullptr;
@@ -448,17 +458,57 @@ class api {
               bad_param("messages", "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
             content += text->get<std::string>();
           }
-        } else {
-          bad_param("messages", "a message's 'content' must be a string or a list of text parts, got " + got(*c));
+          msg["content"] = std::move(content);
+        } else if (!c->is_string() && !c->is_null()) {
+          bad_param("messages", "a message's 'content' must be a string, null or a list of text parts, got " + got(*c));
         }
       }
-      if (const json* calls = field(m, "tool_calls"); calls && !(calls->is_array() && calls->empty()))
-        bad_param("messages", "assistant 'tool_calls' in the conversation are not supported by zipage-serve");
-      // OpenAI's "developer" role is its newer name for "system" (the templates know "system").
-      std::string r = role->get<std::string>();
-      if (r == "developer") r = "system";
-      messages.push_back({std::move(r), std::move(content)});
+      if (const json* calls = field(m, "tool_calls"); calls && !calls->is_null()) {
+        if (!calls->is_array()) bad_param("messages", "'tool_calls' must be a list");
+        for (auto& call : msg["tool_calls"]) {
+          json* fn = call.is_object() && call.contains("function") ? &call["function"] : nullptr;
+          if (!fn || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string())
+            bad_param("messages", "each tool call needs a 'function' object with a string 'name'");
+          if (fn->contains("arguments") && (*fn)["arguments"].is_string()) {
+            try {
+              json args = zipage::json::parse_as<json>((*fn)["arguments"].get<std::string>(), "tool call arguments");
+              if (args.is_object()) (*fn)["arguments"] = std::move(args);
+            } catch (const zipage::error&) {  // not JSON: the template gets the string
+            }
+          }
+        }
+      }
+      out.push_back(std::move(msg));
     }
+    return out;
+  }
+
+  // OpenAI's tools: a list of {"type": "function", "function": {"name", "description", "parameters"}}.
+  // Rendering them needs no parsing of the answer only with tool_choice "none" (zipage-serve does not turn the
+  // model's text back into tool_calls, which vLLM does with --enable-auto-tool-choice); any other choice is
+  // refused by name, as vLLM refuses "auto" without a tool-call parser.
+  static json chat_tools(const json& body) {
+    const json* tools = field(body, "tools");
+    if (!tools || tools->is_null()) return nullptr;
+    if (!tools->is_array()) bad_param("tools", "'tools' must be a list, got " + got(*tools));
+    for (const auto& t : *tools) {
+      const json* fn = t.is_object() ? field(t, "function") : nullptr;
+      if (!t.is_object() || field(t, "type") == nullptr || *field(t, "type") != "function" || !fn || !fn->is_object() ||
+          !field(*fn, "name") || !field(*fn, "name")->is_string())
+        bad_param("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\": ..., ...}}");
+    }
+    const json* choice = field(body, "tool_choice");
+    const bool none = choice && choice->is_string() && *choice == "none";
+    if (!tools->empty() && !none)
+      bad_param("tool_choice", "zipage-serve does not parse tool calls out of the model's answer; pass \"tool_choice\": "
+                               "\"none\" to render the tools into the prompt and receive the model's text");
+    return *tools;
+  }
+
+  // The prompt's ids; `opens_reasoning` (when given) learns whether the rendered prompt ends inside a <think>
+  // block (the reasoning parser then starts in the reasoning).
+  std::vector<zipage::token_id> chat_prompt(const json& body, bool* opens_reasoning = nullptr) const {
+    const json messages = chat_messages(body);
     // add_generation_prompt / continue_final_message (vLLM's, as transformers' apply_chat_template): end with
     // the assistant's header (the default), with nothing, or inside the last (assistant) message, so the
     // model continues its text.
@@ -466,39 +516,46 @@ class api {
     const bool continue_final = boolean(body, "continue_final_message").value_or(false);
     if (continue_final && add_generation_prompt.value_or(false))
       bad_param("continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true");
-    if (continue_final && (messages.back().role != "assistant" || messages.back().content.empty()))
+    const json& last = messages.back();
+    const std::string last_content = last.contains("content") && last["content"].is_string() ? last["content"].get<std::string>() : "";
+    if (continue_final && (last["role"] != "assistant" || last_content.empty()))
       bad_param("continue_final_message",
                 "'continue_final_message' needs the last message to be an assistant message with content");
     const auto& text = *model_.text;
-    if (so_.chat_template == "plain") {  // no turn markup: nothing to add or to leave open
+    zipage::chat_options opts;
+    opts.tools = chat_tools(body);  // checked before anything is rendered, as vLLM checks tool_choice
+    if (eo_.chat_template == "plain") {  // no turn markup: nothing to add or to leave open
+      if (!opts.tools.is_null() && !opts.tools.empty())
+        bad_param("tools", "tools need a chat template to be rendered; this server runs with --chat-template plain");
       std::string joined;
-      for (const auto& m : messages) joined += (joined.empty() ? "" : "\n") + m.content;
+      for (const auto& m : messages)
+        joined += (joined.empty() ? "" : "\n") + (m.contains("content") && m["content"].is_string() ? m["content"].get<std::string>() : "");
       return encode(joined);
     }
     if (!text.has_chat_template())
       throw api_error(400, "model '" + name() + "' has no chat template; use /v1/completions, or start zipage-serve "
-                           "with --chat-template plain to send the messages' contents as plain text",
+                           "with --chat-template plain to send the messages' contents as plain text, or "
+                           "--chat-template FILE to give one",
                       "messages", "invalid_request_error", "no_chat_template");
-    zipage::chat_options opts;
     opts.add_generation_prompt = !continue_final && add_generation_prompt.value_or(true);
     if (const json* kw = field(body, "chat_template_kwargs")) {
       if (!kw->is_object()) bad_param("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-      if (auto think = boolean(*kw, "enable_thinking")) opts.enable_thinking = *think;
+      opts.template_kwargs = *kw;
     }
     std::string rendered;
     try {
-      rendered = text.apply_chat_template(messages, opts);
+      rendered = text.apply_chat_template_json(messages, opts);
     } catch (const zipage::error& e) {
       bad_param("messages", e.what());
     }
     if (continue_final) {
       // Cut right after the final message's text, dropping the end-of-turn the template closed it with.
-      const std::string& last = messages.back().content;
-      const std::size_t at = rendered.rfind(last);
+      const std::size_t at = rendered.rfind(last_content);
       if (at == std::string::npos)
         bad_param("continue_final_message", "the chat template does not write the final message's text verbatim");
-      rendered.resize(at + last.size());
+      rendered.resize(at + last_content.size());
     }
+    if (opens_reasoning) *opens_reasoning = zipage::prompt_opens_reasoning(rendered);
     return text.encode_templated(rendered);
   }
 
@@ -682,6 +739,7 @@ struct choice_state {
   std::string finish_reason, error;
   int completion_tokens = 0;
   std::vector<logprob_entry> logprobs;  // not yet sent
+  std::optional<zipage::reasoning_stream> reasoning;  // --reasoning-parser, streaming
 };
 
 // JSON numbers cannot be -inf or NaN: a token the model rules out gets -9999, as OpenAI and vLLM report it.
@@ -816,8 +874,24 @@ struct generation {
           emit(chunk(json::array({{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}})));
           c.role_sent = true;
         }
-        if (!delta.empty() || !lp.is_null())
+        if (req.split_reasoning) {
+          // reasoning_content and content deltas, a <think> tag split across deltas held back until it is whole
+          if (!c.reasoning) c.reasoning.emplace(req.reasoning_opened);
+          auto d = c.reasoning->push(delta);
+          if (c.finished) {
+            auto rest = c.reasoning->finish();
+            d.reasoning += rest.reasoning;
+            d.content += rest.content;
+          }
+          auto part = [&](const char* key, const std::string& text) {
+            emit(chunk(json::array({{{"index", i}, {"delta", {{key, text}}}, {"logprobs", lp}, {"finish_reason", nullptr}}})));
+            lp = nullptr;  // the step's logprobs go with the first part
+          };
+          if (!d.reasoning.empty()) part("reasoning_content", d.reasoning);
+          if (!d.content.empty() || !lp.is_null()) part("content", d.content);
+        } else if (!delta.empty() || !lp.is_null()) {
           emit(chunk(json::array({{{"index", i}, {"delta", {{"content", delta}}}, {"logprobs", lp}, {"finish_reason", nullptr}}})));
+        }
         if (c.finished)
           emit(chunk(json::array({{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}}})));
       } else if (!delta.empty() || !lp.is_null() || c.finished) {
@@ -847,11 +921,15 @@ struct generation {
     for (std::size_t i = 0; i < choices.size(); ++i) {
       const auto& c = choices[i];
       json lp = req.logprobs ? logprobs_json(req, c.logprobs, 0) : json(nullptr);
-      if (req.chat)
-        list.push_back({{"index", i},
-                        {"message", {{"role", "assistant"}, {"content", c.text}}},
-                        {"logprobs", lp},
-                        {"finish_reason", c.finish_reason}});
+      if (req.chat) {
+        json message = {{"role", "assistant"}, {"content", c.text}};
+        if (req.split_reasoning) {
+          const auto s = zipage::split_reasoning(c.text, req.reasoning_opened);
+          message["content"] = s.content ? json(*s.content) : json(nullptr);
+          message["reasoning_content"] = s.reasoning ? json(*s.reasoning) : json(nullptr);
+        }
+        list.push_back({{"index", i}, {"message", std::move(message)}, {"logprobs", lp}, {"finish_reason", c.finish_reason}});
+      }
       else
         list.push_back({{"index", i}, {"text", c.text}, {"logprobs", lp}, {"finish_reason", c.finish_reason}});
     }

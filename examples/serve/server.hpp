@@ -19,12 +19,14 @@ struct server_options {
   double shutdown_timeout = 30.0;  // seconds to finish in-flight requests after SIGINT/SIGTERM
   std::size_t max_body_bytes = 8u << 20;
   int http_threads = 0;             // 0: max_num_seqs + max_queue + 16, at most 4096
-  std::string chat_template = "auto";  // auto: the checkpoint's; plain: the messages' contents joined by newlines
   int default_max_tokens = 0;          // 0: the API's default (completions 16, chat up to the context)
   int max_model_len = 0;               // --max-model-len: the context a request may use; 0 = the model's
   // --seed: the seeds of choices that set none are drawn from a generator seeded with it, so a fresh server
   // answers the same requests in the same order alike (as vLLM's --seed). Without it: from random_device.
   std::optional<std::uint64_t> seed;
+  // --reasoning-parser (vLLM's): qwen3 or deepseek_r1 splits a chat answer's <think> block into
+  // `reasoning_content`; empty: the answer is all `content`.
+  std::string reasoning_parser;
 };
 
 // What serve() needs to know about the loaded engine.

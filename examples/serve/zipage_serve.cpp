@@ -46,14 +46,14 @@ void add_flags(CLI::App& app, options& o) {
   app.add_option("--max-body-bytes", s.max_body_bytes, "largest request body accepted (413 beyond)")
       ->check(zipage_cli::number_check("in [1, 2^40]", [](double v) { return v >= 1 && v <= 1099511627776.0; }))
       ->capture_default_str();
+  app.add_option("--reasoning-parser", s.reasoning_parser,
+                 "vLLM's: qwen3 | deepseek_r1 = a chat answer's <think>...</think> block (opened by the model or by "
+                 "the prompt, as DeepSeek-R1's and QwQ's templates open it) goes to the message's reasoning_content, "
+                 "the rest to content (default: none, all content)")
+      ->check(CLI::IsMember({"", "qwen3", "deepseek_r1"}));
   app.add_option("--http-threads", s.http_threads,
                  "HTTP worker threads at most (0: max-num-seqs + max-queue + 16, at most 4096)")
       ->check(zipage_cli::number_check("in [0, 65536]", [](double v) { return v >= 0 && v <= 65536; }));
-  app.add_option("--chat-template", s.chat_template,
-                 "auto: the checkpoint's chat template (chat requests get 400 without one); plain: the messages' "
-                 "contents joined by newlines, for models without a template (stories260K)")
-      ->check(CLI::IsMember({"auto", "plain"}))
-      ->capture_default_str();
 }
 
 int run(options& o) {

@@ -401,9 +401,9 @@ class basic_llm {
   }
   std::vector<completion> chat(const std::vector<std::vector<chat_message>>& conversations, const sampling_params& params,
                                const chat_options& options = {}) {
-    check(bpe_ && bpe_->chat() != chat_format::none,
-          "llm: chat needs a checkpoint whose tokenizer_config.json has a chat template zipage knows; this model has none "
-          "(use generate() with plain prompts)");
+    check(bpe_ && bpe_->has_chat_template(),
+          "llm: chat needs a checkpoint whose tokenizer has a chat template (tokenizer_config.json, chat_template.jinja "
+          "or a GGUF file's tokenizer.chat_template); this model has none (use generate() with plain prompts)");
     std::vector<std::string> prompts;
     std::vector<std::vector<token_id>> ids;
     for (const auto& messages : conversations) {

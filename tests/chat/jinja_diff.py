@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """zipage's chat template against the checkpoint's own Jinja template, on random conversations.
 
-    jinja_diff.py RENDER_CHAT TOKENIZER_DIR [--seed S] [--cases N]
+    jinja_diff.py RENDER_CHAT TOKENIZER_DIR [--seed S] [--cases N] [--builtin]
 
 Renders each conversation with Python's jinja2 as transformers does (trim_blocks, lstrip_blocks, a
-sandbox, raise_exception, tojson) and with zipage (render_chat), and compares the texts; both must agree
+sandbox, raise_exception, tojson) and with zipage (render_chat: the template through zipage's Jinja interpreter, or
+with --builtin zipage's built-in format of its family), and compares the texts; both must agree
 on which conversations are errors too. Conversations: an optional system message, then 1-5 turns of user,
 assistant (half of them with a <think> block, as reasoning models write), tool and mid-conversation system
 messages, their contents drawn from fragments that exercise the template's whitespace and tag handling;
@@ -62,11 +63,12 @@ def main():
     ap.add_argument('tokenizer_dir')
     ap.add_argument('--seed', type=int, default=1)
     ap.add_argument('--cases', type=int, default=3000)
+    ap.add_argument('--builtin', action='store_true', help="zipage's built-in format instead of the template")
     a = ap.parse_args()
     template = template_of(a.tokenizer_dir)
     rng = random.Random(a.seed)
     cases = [conversation(rng) for _ in range(a.cases)]
-    run = subprocess.run([a.render_chat, a.tokenizer_dir], input='\n'.join(json.dumps(c) for c in cases) + '\n',
+    run = subprocess.run([a.render_chat, a.tokenizer_dir] + (['builtin'] if a.builtin else []), input='\n'.join(json.dumps(c) for c in cases) + '\n',
                          capture_output=True, text=True, encoding='utf-8')
     if run.returncode != 0:
         print(f'render_chat failed ({run.returncode}): {run.stderr}')

@@ -18,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       (void)t.decode(ids);
       (void)t.decode(ids, true);
     }
-    if (t.chat() != zipage::chat_format::none) {
+    if (t.has_chat_template()) {
       const std::vector<zipage::chat_message> messages = {{"system", "s"}, {"user", "u"}, {"assistant", "a"}, {"user", "v"}};
       zipage_fuzz::expect_only_zipage_errors([&] { (void)t.apply_chat_template(messages); });
     }

@@ -99,7 +99,9 @@ await run('serve_bad_input', async (servers) => {
     [{ messages: [{ role: 'user', content: 'x' }], logprobs: true, top_logprobs: 1.5 }, 'top_logprobs'],
     [{ messages: [{ role: 'user', content: 'x' }], top_logprobs: 3 }, 'top_logprobs'],  // needs logprobs: true
     [{ messages: [{ role: 'user', content: 'x' }], frequency_penalty: -3 }, 'frequency_penalty'],
-    [{ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f' } }] }, 'tools'],
+    // tools need tool_choice "none" (zipage-serve parses no tool calls); a malformed tool is named as such
+    [{ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f' } }] }, 'tool_choice'],
+    [{ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function' }], tool_choice: 'none' }, 'tools'],
     [{ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema' } }, 'response_format'],
   ];
   for (const [body, param] of chatCases) isErrorObject(await post(base, '/v1/chat/completions', { model: MODEL, ...body }, KEY), 400, param);

@@ -1,13 +1,13 @@
 // zipage-serve at the HTTP level and its flags: a port in use, a body without a length, a known route with the
 // wrong method, a request larger than the whole queue, flags at the top of their ranges, Prometheus label
-// escaping, --seed, and the chat-template fields add_generation_prompt / continue_final_message / the
-// developer role (on the random Qwen3 checkpoint, which has Qwen3's template).
+// escaping, --seed, the chat-template fields add_generation_prompt / continue_final_message / the developer
+// role / tool calls and tools, and --reasoning-parser (on the random Qwen3 checkpoint, which has Qwen3's template).
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import net from 'node:net';
 import { deadline, metrics, post, run, startServer } from './common.mjs';
 
-deadline(120);
+deadline(180);
 const MODEL = 'stories260K';
 
 // Sends raw bytes and resolves with the status line's code and how long the answer took.
@@ -204,6 +204,22 @@ await run('serve_http_chat_template', async (servers) => {
     assert.equal(r.json.error.param, param, r.text);
   }
   assert.equal((await chat({ messages: user, tool_choice: 'none' })).status, 200);
+  // Tool calls and tool results in the conversation render through the checkpoint's template (Qwen3's writes
+  // <tool_call> and <tool_response> blocks); tools render into the prompt with tool_choice "none" and are
+  // refused with any choice that would need the answer parsed into tool_calls.
+  const toolTurn = [...user, { role: 'assistant', content: '', tool_calls: [{ id: 'c1', type: 'function',
+                    function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+                    { role: 'tool', tool_call_id: 'c1', content: '22C' }];
+  assert.ok(await prompt({ messages: toolTurn }) > (await prompt({ messages: user })) + 10);
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'The weather in a city',
+                   parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  assert.ok(await prompt({ messages: user, tools, tool_choice: 'none' }) > (await prompt({ messages: user })) + 30);
+  for (const body of [{ messages: user, tools }, { messages: user, tools, tool_choice: 'auto' },
+                      { messages: user, tools: [{ type: 'function' }], tool_choice: 'none' }]) {
+    const r = await chat(body);
+    assert.equal(r.status, 400, r.text);
+    assert.equal(r.json.error.param, body.tools[0].function ? 'tool_choice' : 'tools', r.text);
+  }
 
   // /tokenize with messages: the ids /v1/chat/completions feeds (its usage counts them), the same options.
   for (const body of [{ messages: user }, { messages: turn, continue_final_message: true, add_generation_prompt: false },
@@ -259,4 +275,50 @@ await run('serve_http_tokenize', async (servers) => {
   // The chat form needs a chat template, which stories260K has not: a 400 that says so.
   const chat = await tok({ messages: [{ role: 'user', content: 'hi' }] });
   assert.equal(chat.status, 400, chat.text);
+});
+
+await run('serve_http_reasoning_parser', async (servers) => {
+  const model = process.env.ZIPAGE_SERVE_CHAT_MODEL;
+  assert.ok(model, 'ZIPAGE_SERVE_CHAT_MODEL is not set');
+  const plain = await startServer(['--model', model]);
+  servers.push(plain);
+  const parsed = await startServer(['--model', model, '--reasoning-parser', 'deepseek_r1']);
+  servers.push(parsed);
+  const chat = async (server, body) => {
+    const r = await post(server.base, '/v1/chat/completions', { max_tokens: 12, temperature: 0, ...body });
+    assert.equal(r.status, 200, r.text);
+    return r;
+  };
+  // The prompt ends inside a <think> block (an assistant turn continued from "<think>\n", as DeepSeek-R1's
+  // template opens one): the answer is reasoning up to a </think>, content after it.
+  const body = { messages: [{ role: 'user', content: 'What is 2+3?' }, { role: 'assistant', content: '<think>\nLet me' }],
+                 continue_final_message: true, add_generation_prompt: false };
+  const text = (await chat(plain, body)).json.choices[0].message.content;
+  const m = (await chat(parsed, body)).json.choices[0].message;
+  const close = text.indexOf('</think>');
+  assert.equal(m.reasoning_content, close < 0 ? text : text.slice(0, close));
+  assert.equal(m.content, close < 0 ? null : (text.slice(close + 8) || null));
+  // Streamed: the reasoning_content and content deltas add up to the same split.
+  const s = await chat(parsed, { ...body, stream: true });
+  let reasoning = '', content = '';
+  for (const line of s.text.split('\n')) {
+    if (!line.startsWith('data: ') || line === 'data: [DONE]') continue;
+    const d = JSON.parse(line.slice(6)).choices[0]?.delta ?? {};
+    reasoning += d.reasoning_content ?? '';
+    content += d.content ?? '';
+  }
+  assert.equal(reasoning, m.reasoning_content);
+  assert.equal(content, m.content ?? '');
+  // A prompt whose template closed the block (Qwen3 with thinking off): the answer is content, as without the parser.
+  const off = { messages: [{ role: 'user', content: 'Hi' }], chat_template_kwargs: { enable_thinking: false } };
+  const want = (await chat(plain, off)).json.choices[0].message.content;
+  const got = (await chat(parsed, off)).json.choices[0].message;
+  if (!want.startsWith('<think>')) {
+    assert.equal(got.content, want || null);
+    assert.equal(got.reasoning_content, null);
+  }
+  // The flag takes vLLM's parser names only.
+  const bad = await serveToExit(['--model', model, '--reasoning-parser', 'nope'], 10000);
+  assert.notEqual(bad.code, 0);
+  assert.match(bad.err, /reasoning-parser/);
 });

@@ -459,8 +459,16 @@ TEST_CASE("chat templates: the default system message is read from the template"
   const auto q25 = with_template(qwen25_template);
   CHECK(q25.chat() == chat_format::qwen2_5);
   CHECK(q25.chat_default_system() == "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+  // The template itself (Jinja) and the built-in format agree; default_system is the built-in's option.
   CHECK(q25.apply_chat_template(no_system) == render(chat_format::qwen2_5, no_system));
-  CHECK(q25.apply_chat_template(no_system, {.default_system = "Mine."}) ==
+  CHECK_THROWS_WITH(q25.apply_chat_template(no_system, {.default_system = "Mine."}),
+                    doctest::Contains("default_system is for the built-in formats"));
+  auto q25_builtin = q25;
+  q25_builtin.use_builtin_chat_format(chat_format::qwen2_5);
+  CHECK(q25_builtin.chat_template_name() == "qwen2_5");
+  CHECK(q25.chat_template_name() == "jinja (qwen2_5)");
+  CHECK(q25_builtin.apply_chat_template(no_system) == q25.apply_chat_template(no_system));
+  CHECK(q25_builtin.apply_chat_template(no_system, {.default_system = "Mine."}) ==
         "<|im_start|>system\nMine.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
   CHECK(with_template(qwen2_template).apply_chat_template(multi_turn, {.add_generation_prompt = false}) ==
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"

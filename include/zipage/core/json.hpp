@@ -37,11 +37,13 @@ inline std::string printable(std::string_view s, std::size_t max_chars = 96) {
   return out;
 }
 
-// Parses `text`; `source` names it in errors ("config.json", "model.safetensors header").
-inline value parse(std::string_view text, std::string_view source, int max_depth = default_max_depth) {
+// Parses `text` into a Json (nlohmann::json, or nlohmann::ordered_json where the order of keys matters);
+// `source` names it in errors ("config.json", "model.safetensors header").
+template <class Json>
+Json parse_as(std::string_view text, std::string_view source, int max_depth = default_max_depth) {
   std::vector<std::unordered_set<std::string>> open_objects;  // keys seen in each enclosing object
   std::string problem;
-  auto callback = [&](int depth, nlohmann::json::parse_event_t event, value& parsed) -> bool {
+  auto callback = [&](int depth, nlohmann::json::parse_event_t event, Json& parsed) -> bool {
     using ev = nlohmann::json::parse_event_t;
     if ((event == ev::object_start || event == ev::array_start) && depth >= max_depth) {
       problem = "nested more than " + std::to_string(max_depth) + " levels deep";
@@ -50,20 +52,23 @@ inline value parse(std::string_view text, std::string_view source, int max_depth
     if (event == ev::object_start) open_objects.emplace_back();
     if (event == ev::object_end && !open_objects.empty()) open_objects.pop_back();
     if (event == ev::key && !open_objects.empty() && parsed.is_string()) {
-      if (!open_objects.back().insert(parsed.get_ref<const std::string&>()).second) {
-        problem = "duplicate key '" + printable(parsed.get_ref<const std::string&>()) + "'";
+      if (!open_objects.back().insert(parsed.template get_ref<const std::string&>()).second) {
+        problem = "duplicate key '" + printable(parsed.template get_ref<const std::string&>()) + "'";
         throw error(problem);
       }
     }
     return true;
   };
   try {
-    return value::parse(text.begin(), text.end(), callback);
+    return Json::parse(text.begin(), text.end(), callback);
   } catch (const nlohmann::json::exception& e) {
     fail(source, ": invalid JSON: ", e.what());
   } catch (const error&) {
     fail(source, ": invalid JSON: ", problem);
   }
+}
+inline value parse(std::string_view text, std::string_view source, int max_depth = default_max_depth) {
+  return parse_as<value>(text, source, max_depth);
 }
 
 inline std::string read_text_file(const std::filesystem::path& path, std::string_view what,

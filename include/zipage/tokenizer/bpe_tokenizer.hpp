@@ -101,10 +101,21 @@ class bpe_tokenizer {
       R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
   // A directory with tokenizer.json and (optionally) tokenizer_config.json.
+  // A checkpoint directory: tokenizer.json, tokenizer_config.json when present, and chat_template.jinja
+  // when present (where transformers 4.43+ saves the template; it takes precedence over the config's).
   static bpe_tokenizer from_dir(const std::filesystem::path& dir) {
     std::error_code ec;
     const auto cfg = dir / "tokenizer_config.json";
-    return from_files(dir / "tokenizer.json", std::filesystem::is_regular_file(cfg, ec) ? cfg : std::filesystem::path{});
+    bpe_tokenizer t = from_files(dir / "tokenizer.json", std::filesystem::is_regular_file(cfg, ec) ? cfg : std::filesystem::path{});
+    if (const auto jinja = dir / "chat_template.jinja"; std::filesystem::is_regular_file(jinja, ec)) {
+      try {
+        t.set_chat_template(json::read_text_file(jinja, "chat template"), jinja.string());
+      } catch (const error& e) {  // as a config's template: the tokenizer loads, chat requests report it
+        t.jinja_.reset();
+        t.jinja_error_ = e.what();
+      }
+    }
+    return t;
   }
   static bpe_tokenizer from_files(const std::filesystem::path& tokenizer_json, const std::filesystem::path& config_json = {}) {
     const std::string text = json::read_text_file(tokenizer_json, "tokenizer");
@@ -191,6 +202,10 @@ class bpe_tokenizer {
       cfg["chat_template"] = f.get_string("tokenizer.chat_template");
       t.load_config(cfg, src + " (tokenizer.chat_template)");
     }
+    // The template's bos_token / eos_token: the texts of the file's ids (as llama.cpp passes them).
+    const std::vector<token_id> bos_eos = {t.bos_, t.eos_};
+    for (std::size_t k = 0; k < 2; ++k)
+      if (bos_eos[k] >= 0) t.chat_special_tokens_[k == 0 ? "bos_token" : "eos_token"] = t.decode(std::span(&bos_eos[k], 1));
     return t;
   }
 
@@ -282,18 +297,83 @@ class bpe_tokenizer {
   [[nodiscard]] bool normalizes_nfc() const noexcept { return nfc_; }
   [[nodiscard]] int max_digits() const noexcept { return max_digits_; }
 
+  // The family the checkpoint's template is recognised as (none: not one zipage has built in). With a Jinja
+  // template, informational: the template itself renders (use_builtin_chat_format switches to the built-in).
   [[nodiscard]] chat_format chat() const noexcept { return chat_; }
+  // Whether a conversation can be rendered: a Jinja template (the checkpoint's or set_chat_template's, even
+  // one that failed to parse: rendering then names the problem) or a built-in format.
+  [[nodiscard]] bool has_chat_template() const noexcept {
+    return jinja_ != nullptr || !jinja_error_.empty() || (chat_ != chat_format::none && builtin_);
+  }
+  // "jinja" (the template renders, recognised family in parentheses when there is one), or a built-in
+  // format's name, or "none".
+  [[nodiscard]] std::string chat_template_name() const {
+    if (!builtin_ && (jinja_ || !jinja_error_.empty()))
+      return chat_ == chat_format::none ? std::string("jinja") : "jinja (" + std::string(chat_format_name(chat_)) + ")";
+    return std::string(chat_format_name(builtin_ ? chat_ : chat_format::none));
+  }
+  // Why the Jinja template cannot be used (empty when it can or there is none).
+  [[nodiscard]] const std::string& chat_template_error() const noexcept { return jinja_error_; }
   // qwen2, qwen2_5: the default system message the checkpoint's template writes (empty otherwise).
   [[nodiscard]] const std::string& chat_default_system() const noexcept { return chat_default_system_; }
-  // The conversation in the checkpoint's chat format; qwen2/qwen2_5 write the template's own default
-  // system message unless `o.default_system` is set.
+  // The variables transformers passes a template for the tokenizer's special tokens (bos_token, eos_token,
+  // unk_token, pad_token, ..., additional_special_tokens), an object.
+  [[nodiscard]] const nlohmann::ordered_json& chat_special_tokens() const noexcept { return chat_special_tokens_; }
+
+  // Uses `source` as the chat template (vLLM's --chat-template FILE); a syntax error is an error here.
+  void set_chat_template(const std::string& source, const std::string& where) {
+    try {
+      jinja_ = std::make_shared<const jinja::template_>(jinja::template_::parse(source));
+    } catch (const error& e) {
+      fail(where, ": ", e.what());
+    }
+    jinja_error_.clear();
+    builtin_ = false;
+    chat_ = detect_chat_format(source);
+    chat_default_system_ = chat_ == chat_format::qwen2 || chat_ == chat_format::qwen2_5 ? *chat_template_default_system(source) : "";
+  }
+  // Renders conversations with zipage's built-in `format` instead of the Jinja template (none: back to it).
+  void use_builtin_chat_format(chat_format format) {
+    builtin_ = format != chat_format::none;
+    if (builtin_) chat_ = format;
+  }
+
+  // The conversation as the checkpoint's chat template renders it (see render_chat_template); with a
+  // built-in format, qwen2/qwen2_5 write the template's own default system message unless
+  // `o.default_system` is set.
   [[nodiscard]] std::string apply_chat_template(std::span<const chat_message> messages, const chat_options& o = {}) const {
+    if (!builtin_) return apply_chat_template_json(chat_messages_json(messages), o);
     if ((chat_ == chat_format::qwen2 || chat_ == chat_format::qwen2_5) && !o.default_system) {
       chat_options with = o;
       with.default_system = chat_default_system_;
       return zipage::apply_chat_template(chat_, messages, with);
     }
     return zipage::apply_chat_template(chat_, messages, o);
+  }
+  // OpenAI message objects (tool calls, tool results, reasoning_content: whatever the template reads).
+  // A built-in format takes plain role/content messages only.
+  [[nodiscard]] std::string apply_chat_template_json(const nlohmann::ordered_json& messages, const chat_options& o = {},
+                                                     const jinja::render_options& render = {}) const {
+    if (builtin_) {
+      check(messages.is_array(), "chat template: the messages must be a list");
+      std::vector<chat_message> plain;
+      for (const auto& m : messages) {
+        check(m.is_object() && m.contains("role") && m["role"].is_string(), "chat template ", chat_format_name(chat_),
+              " (built in): each message needs a string role");
+        for (const auto& [k, v] : m.items())
+          check(k == "role" || (k == "content" && (v.is_string() || v.is_null())), "chat template ", chat_format_name(chat_),
+                " (built in) takes messages of a role and a text content only, not '", json::printable(k),
+                "'; the checkpoint's own (Jinja) template renders the rest");
+        plain.push_back({m["role"].get<std::string>(), m.value("content", nlohmann::ordered_json("")).is_string()
+                                                           ? m["content"].get<std::string>() : std::string()});
+      }
+      return apply_chat_template(std::span<const chat_message>(plain), o);
+    }
+    check(!o.default_system, "chat_options.default_system is for the built-in formats (use_builtin_chat_format); the "
+                             "checkpoint's template writes its own default: give a system message to replace it");
+    check(jinja_error_.empty(), "the chat template cannot be used: ", jinja_error_);
+    check(jinja_ != nullptr, "the tokenizer has no chat template");
+    return render_chat_template(*jinja_, messages, o, chat_special_tokens_, render);
   }
 
  private:
@@ -577,12 +657,35 @@ class bpe_tokenizer {
     if (const auto id = token_field("bos_token")) bos_ = *id;
     if (const json::value* v = json::find(cfg, "add_bos_token")) add_bos_ = json::as_bool(*v, src, "add_bos_token");
     check(!add_bos_ || bos_ >= 0, src, ": add_bos_token is true but there is no bos_token");
-    auto use_template = [&](const std::string& jinja) {
-      chat_ = detect_chat_format(jinja);
+    auto use_template = [&](const std::string& source) {
+      chat_ = detect_chat_format(source);
       chat_default_system_.clear();
       if (chat_ == chat_format::qwen2 || chat_ == chat_format::qwen2_5)
-        chat_default_system_ = *chat_template_default_system(jinja);  // detection found it
+        chat_default_system_ = *chat_template_default_system(source);  // detection found it
+      // A template zipage cannot parse does not stop the tokenizer loading: chat requests report it.
+      jinja_.reset();
+      jinja_error_.clear();
+      try {
+        jinja_ = std::make_shared<const jinja::template_>(jinja::template_::parse(source));
+      } catch (const error& e) {
+        jinja_error_ = src + ": chat_template: " + e.what();
+      }
     };
+    // transformers passes the special tokens to the template by name (those that are set).
+    for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
+      const json::value* v = json::find(cfg, key);
+      if (v == nullptr || v->is_null()) continue;
+      const json::value* content = v->is_object() ? json::find(*v, "content") : v;
+      if (content != nullptr && content->is_string()) chat_special_tokens_[key] = content->get<std::string>();
+    }
+    if (const json::value* extra = json::find(cfg, "additional_special_tokens"); extra && extra->is_array()) {
+      nlohmann::ordered_json names = nlohmann::ordered_json::array();
+      for (const auto& e : *extra) {
+        const json::value* content = e.is_object() ? json::find(e, "content") : &e;
+        if (content != nullptr && content->is_string()) names.push_back(content->get<std::string>());
+      }
+      chat_special_tokens_["additional_special_tokens"] = std::move(names);
+    }
     if (const json::value* t = json::find(cfg, "chat_template")) {
       if (t->is_string()) {
         use_template(t->get_ref<const std::string&>());
@@ -745,6 +848,10 @@ class bpe_tokenizer {
   bool add_bos_ = false;
   chat_format chat_ = chat_format::none;
   std::string chat_default_system_;  // qwen2, qwen2_5: parsed from the template
+  bool builtin_ = false;             // render with the built-in chat_ instead of the Jinja template
+  std::shared_ptr<const jinja::template_> jinja_;
+  std::string jinja_error_;          // why the checkpoint's template did not parse
+  nlohmann::ordered_json chat_special_tokens_ = nlohmann::ordered_json::object();
 };
 
 // Turns generated tokens into printable text one token at a time; output is always valid UTF-8 (a

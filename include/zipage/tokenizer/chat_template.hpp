@@ -14,6 +14,7 @@
 
 #include "zipage/core/error.hpp"
 #include "zipage/core/json.hpp"
+#include "zipage/tokenizer/jinja.hpp"
 
 namespace zipage {
 
@@ -77,15 +78,22 @@ inline std::string_view chat_format_default_system(chat_format f) noexcept {
 
 struct chat_options {
   bool add_generation_prompt = true;  // end with the assistant's header, ready to generate
-  bool enable_thinking = true;        // qwen3: false appends an empty <think>\n\n</think>\n\n
-  // llama3_1: the date on the "Today Date: " line. Llama 3.1's template defaults to "26 Jul 2024";
-  // Llama 3.2's writes the current date (strftime_now("%d %b %Y")) under transformers: pass it here.
-  std::string date_string = "26 Jul 2024";
-  // qwen2, qwen2_5: the system message written when the conversation does not start with one. Unset:
-  // bpe_tokenizer::apply_chat_template uses the text its template writes, the free apply_chat_template
-  // chat_format_default_system(format) ("You are a helpful assistant." for qwen2, "You are Qwen,
-  // created by Alibaba Cloud. You are a helpful assistant." for qwen2_5).
+  // The template's enable_thinking variable (Qwen3 and others: false turns reasoning off). Unset: not
+  // passed, as vLLM and transformers leave it (each template then uses its own default; qwen3 thinks).
+  std::optional<bool> enable_thinking{};
+  // The template's date_string variable (Llama 3.1's "Today Date: " line). Unset: not passed; Llama 3.1's
+  // template then writes "26 Jul 2024", Llama 3.2's today's date (strftime_now).
+  std::optional<std::string> date_string{};
+  // qwen2, qwen2_5 (built-in formats only): the system message written when the conversation does not start
+  // with one. Unset: bpe_tokenizer::apply_chat_template uses the text its template writes, the free
+  // apply_chat_template chat_format_default_system(format) ("You are a helpful assistant." for qwen2, "You
+  // are Qwen, created by Alibaba Cloud. You are a helpful assistant." for qwen2_5).
   std::optional<std::string> default_system{};
+  // The tools the model may call, as OpenAI's request lists them ({"type": "function", "function": {...}});
+  // null: none (the template sees tools = None, as under transformers). Jinja templates only.
+  nlohmann::ordered_json tools{};
+  // More template variables (vLLM's chat_template_kwargs), an object; they override the ones above.
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
 };
 
 namespace detail {
@@ -216,7 +224,7 @@ inline std::string qwen3_chat(std::span<const chat_message> msgs, const chat_opt
   }
   if (o.add_generation_prompt) {
     out += "<|im_start|>assistant\n";
-    if (!o.enable_thinking) out += "<think>\n\n</think>\n\n";
+    if (!o.enable_thinking.value_or(true)) out += "<think>\n\n</think>\n\n";
   }
   return out;
 }
@@ -249,12 +257,34 @@ inline std::string qwq_chat(std::span<const chat_message> msgs, const chat_optio
 }
 }  // namespace detail
 
+// A built-in format's options: template_kwargs may set enable_thinking and date_string (the variables the
+// built-in formats read); tools and other variables need the checkpoint's Jinja template.
+inline chat_options builtin_chat_options(chat_format format, const chat_options& options) {
+  chat_options o = options;
+  check(options.tools.is_null() || (options.tools.is_array() && options.tools.empty()), "chat template ",
+        chat_format_name(format), " (built in): tools need the checkpoint's own (Jinja) chat template");
+  check(options.template_kwargs.is_object(), "chat template variables must be an object");
+  for (const auto& [k, v] : options.template_kwargs.items()) {
+    if (k == "enable_thinking" && v.is_boolean()) {
+      o.enable_thinking = v.get<bool>();
+    } else if (k == "date_string" && v.is_string()) {
+      o.date_string = v.get<std::string>();
+    } else {
+      fail("chat template ", chat_format_name(format), " (built in) has no variable '", json::printable(k),
+           "' of that type (it reads enable_thinking, a boolean, and date_string, a string)");
+    }
+  }
+  return o;
+}
+
 inline std::string apply_chat_template(chat_format format, std::span<const chat_message> messages,
-                                       const chat_options& options = {}) {
+                                       const chat_options& given = {}) {
+  const chat_options options = builtin_chat_options(format, given);
+  const chat_options& o = options;
   std::string out;
   switch (format) {
-    case chat_format::qwen3: return detail::qwen3_chat(messages, options);
-    case chat_format::qwq: return detail::qwq_chat(messages, options);
+    case chat_format::qwen3: return detail::qwen3_chat(messages, o);
+    case chat_format::qwq: return detail::qwq_chat(messages, o);
     case chat_format::qwen2:
     case chat_format::qwen2_5:
       // Qwen2's template writes its default only inside the loop over the messages (none for an empty
@@ -302,7 +332,7 @@ inline std::string apply_chat_template(chat_format format, std::span<const chat_
       }
       out += "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
              "Cutting Knowledge Date: December 2023\nToday Date: ";
-      out += options.date_string;
+      out += options.date_string.value_or("26 Jul 2024");
       out += "\n\n";
       out += system;
       out += "<|eot_id|>";
@@ -448,6 +478,41 @@ inline chat_format detect_chat_format(std::string_view jinja_template) {
     return jinja_template.find("<tool_response>") != std::string_view::npos ? chat_format::qwen2_5 : chat_format::qwen2;
   }
   return chat_format::none;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checkpoint's own (Jinja) chat template
+// ---------------------------------------------------------------------------------------------
+
+// Renders `messages` (OpenAI's message objects: role, content, and tool_calls, tool_call_id, name,
+// reasoning_content or any other field the template reads) with a Jinja chat template as transformers'
+// apply_chat_template renders it: the variables messages, tools (None when there are none), documents
+// (None), add_generation_prompt, the tokenizer's special tokens (bos_token, eos_token, ...), then
+// enable_thinking and date_string when set, then options.template_kwargs.
+inline std::string render_chat_template(const jinja::template_& t, const nlohmann::ordered_json& messages,
+                                        const chat_options& options,
+                                        const nlohmann::ordered_json& special_tokens = nlohmann::ordered_json::object(),
+                                        const jinja::render_options& render = {}) {
+  check(messages.is_array(), "chat template: the messages must be a list");
+  check(options.template_kwargs.is_object(), "chat template variables must be an object");
+  std::vector<std::pair<std::string, jinja::value>> vars;
+  vars.reserve(8 + special_tokens.size() + options.template_kwargs.size());
+  vars.emplace_back("messages", jinja::value::from_json(messages));
+  vars.emplace_back("tools", options.tools.is_null() ? jinja::value::none() : jinja::value::from_json(options.tools));
+  vars.emplace_back("documents", jinja::value::none());
+  vars.emplace_back("add_generation_prompt", jinja::value(options.add_generation_prompt));
+  for (const auto& [name, v] : special_tokens.items()) vars.emplace_back(name, jinja::value::from_json(v));
+  if (options.enable_thinking) vars.emplace_back("enable_thinking", jinja::value(*options.enable_thinking));
+  if (options.date_string) vars.emplace_back("date_string", jinja::value(*options.date_string));
+  for (const auto& [k, v] : options.template_kwargs.items()) vars.emplace_back(k, jinja::value::from_json(v));
+  return t.render(vars, render);
+}
+
+// Plain-text messages as OpenAI message objects.
+inline nlohmann::ordered_json chat_messages_json(std::span<const chat_message> messages) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& m : messages) out.push_back({{"role", m.role}, {"content", m.content}});
+  return out;
 }
 
 }  // namespace zipage

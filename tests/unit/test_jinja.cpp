@@ -1,0 +1,195 @@
+// zipage's Jinja interpreter (include/zipage/tokenizer/jinja.hpp) against Python's jinja2 as transformers
+// renders chat templates: tests/data/jinja/cases.jsonl holds templates, contexts and jinja2's text or error
+// (tests/chat/make_jinja_cases.py writes it), and the checks below pin what a chat template must not be able
+// to do to the process (run away, nest without bound) and how errors name their line.
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include "zipage/tokenizer/bpe_tokenizer.hpp"
+#include "zipage/tokenizer/jinja.hpp"
+
+namespace {
+namespace jinja = zipage::jinja;
+
+std::vector<std::pair<std::string, jinja::value>> variables_of(const nlohmann::ordered_json& context) {
+  std::vector<std::pair<std::string, jinja::value>> vars;
+  for (auto it = context.begin(); it != context.end(); ++it) vars.emplace_back(it.key(), jinja::value::from_json(it.value()));
+  return vars;
+}
+
+jinja::render_options fixed_clock() {  // make_jinja_cases.py's strftime_now: 2024-07-26 09:05:03
+  std::tm tm{};
+  tm.tm_year = 124;
+  tm.tm_mon = 6;
+  tm.tm_mday = 26;
+  tm.tm_hour = 9;
+  tm.tm_min = 5;
+  tm.tm_sec = 3;
+  tm.tm_wday = 5;
+  tm.tm_yday = 207;
+  return {.now = tm};
+}
+
+std::string render(std::string_view source, const nlohmann::ordered_json& context = nlohmann::ordered_json::object()) {
+  return jinja::template_::parse(source).render(variables_of(context), fixed_clock());
+}
+
+std::string error_of(std::string_view source, const nlohmann::ordered_json& context = nlohmann::ordered_json::object()) {
+  try {
+    (void)render(source, context);
+  } catch (const zipage::error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+}  // namespace
+
+TEST_CASE("jinja: every case renders as jinja2 renders it, or fails where jinja2 fails") {
+  std::ifstream in(std::string(ZIPAGE_TEST_DATA_DIR) + "/jinja/cases.jsonl");
+  REQUIRE(in.good());
+  int cases = 0, errors = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto c = nlohmann::ordered_json::parse(line);
+    const std::string source = c["template"];
+    const std::string where = "template: " + source;
+    CAPTURE(where);
+    ++cases;
+    if (c.contains("error")) {
+      ++errors;
+      const std::string expected = c["error"];
+      CAPTURE(expected);
+      CHECK_THROWS_AS(render(source, c["context"]), zipage::error);
+    } else {
+      std::string got;
+      CHECK_NOTHROW(got = render(source, c["context"]));
+      CHECK(got == c["text"].get<std::string>());
+    }
+  }
+  CHECK(cases >= 80);
+  CHECK(errors >= 20);
+}
+
+TEST_CASE("jinja: errors name the line and what is wrong") {
+  CHECK(error_of("a\n{{ x|no_such_filter }}") == "chat template line 2: no filter named 'no_such_filter'");
+  CHECK(error_of("\n\n{% if true %}") == "chat template line 3: the template ends before {% endif %}");
+  CHECK(error_of("{% for x in y %}\n{% if x %}{% endfor %}") ==
+        "chat template line 2: unexpected '{% endfor %}': the open block ends with {% endif %}");
+  CHECK(error_of("a {% endif %}") == "chat template line 1: unexpected '{% endif %}': no block is open");
+  CHECK(error_of("{{ raise_exception('Only user and assistant roles are supported') }}") ==
+        "chat template: Only user and assistant roles are supported");
+  CHECK(error_of("{{ missing.attr }}") == "chat template line 1: 'missing' is undefined");
+  CHECK(error_of("{{ l.append(1) }}", {{"l", nlohmann::ordered_json::array()}}) ==
+        "chat template line 1: access to attribute 'append' of 'list' object is unsafe.");
+  CHECK(error_of("{% do x %}").find("unknown or unsupported statement '{% do %}'") != std::string::npos);
+  CHECK(error_of("{{ 'unclosed }}").find("a string literal is not closed") != std::string::npos);
+  CHECK(error_of("{{ 99999999999999999999 }}").find("out of range") != std::string::npos);
+}
+
+TEST_CASE("jinja: a runaway template ends in an error, not a hang or a crash") {
+  // Exponential macro recursion, a string doubled in a loop, deep nesting, 64-bit overflow.
+  CHECK(error_of("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}")
+            .find("steps") != std::string::npos);
+  CHECK(error_of("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}").find("recurses more than 64 levels") !=
+        std::string::npos);
+  CHECK(error_of("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}")
+            .find("MiB") != std::string::npos);
+  CHECK(error_of("{{ 'x' * 100000000000 }}").find("MiB") != std::string::npos);
+  CHECK(error_of("{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}").find("nested too deeply") !=
+        std::string::npos);
+  CHECK(error_of("{{ " + std::string(300, '-') + "1 }}").find("nested too deeply") != std::string::npos);
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 300; ++i) chain += " + 1";
+  CHECK(error_of(chain + " }}").find("nested too deeply") != std::string::npos);
+  std::string blocks;
+  for (int i = 0; i < 300; ++i) blocks += "{% if true %}";
+  CHECK(error_of(blocks).find("nested too deeply") != std::string::npos);
+  CHECK(error_of("{{ 9223372036854775807 + 1 }}").find("integer overflow") != std::string::npos);
+  CHECK(error_of("{{ 2 ** 64 }}").find("integer overflow") != std::string::npos);
+  CHECK(render("{{ 2 ** 62 }} {{ -9223372036854775807 - 1 }}") == "4611686018427387904 -9223372036854775808");
+  CHECK(error_of("{{ range(10000000)|length }}").find("range() is too large") != std::string::npos);
+  CHECK(render("{{ [1, 2, 3][::9223372036854775807] }} {{ 'abc'[::-9223372036854775807] }}") == "[1] c");
+}
+
+TEST_CASE("jinja: a parsed template renders again with other variables, and from several threads") {
+  const auto t = jinja::template_::parse("{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}");
+  auto vars = [](const char* content) {
+    return variables_of(nlohmann::ordered_json{{"messages", {{{"role", "user"}, {"content", content}}}}});
+  };
+  CHECK(t.render(vars("a")) == "user:a;");
+  CHECK(t.render(vars("b")) == "user:b;");
+  std::vector<std::string> out(4);
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < out.size(); ++i)
+    threads.emplace_back([&, i] { out[i] = t.render(vars(std::to_string(i).c_str())); });
+  for (auto& th : threads) th.join();
+  for (std::size_t i = 0; i < out.size(); ++i) CHECK(out[i] == "user:" + std::to_string(i) + ";");
+}
+
+TEST_CASE("jinja: a tokenizer renders its own template with tools, tool calls and its special tokens") {
+  const std::filesystem::path qwen3 = std::string(ZIPAGE_TEST_DATA_DIR) + "/qwen3";
+  const auto t = zipage::bpe_tokenizer::from_dir(qwen3);
+  CHECK(t.chat_template_name() == "jinja (qwen3)");
+  const auto messages = nlohmann::ordered_json::parse(R"([
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "22C"}])");
+  zipage::chat_options o;
+  o.tools = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  const std::string text = t.apply_chat_template_json(messages, o);
+  // What transformers renders for this conversation with Qwen3's template (jinja2 3.1, the harness's env).
+  CHECK(text ==
+        "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", "
+        "\"properties\": {\"city\": {\"type\": \"string\"}}}}}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
+        "XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n"
+        "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n22C\n</tool_response><|im_end|>\n<|im_start|>assistant\n");
+  // template_kwargs reach the template (Qwen3's enable_thinking).
+  o.tools = nullptr;
+  o.template_kwargs = {{"enable_thinking", false}};
+  const auto one = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hi"}])");
+  CHECK(t.apply_chat_template_json(one, o) ==
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  // A built-in format refuses what it cannot render instead of dropping it.
+  auto builtin = t;
+  builtin.use_builtin_chat_format(zipage::chat_format::qwen3);
+  CHECK_THROWS_WITH(builtin.apply_chat_template_json(messages), doctest::Contains("not 'tool_calls'"));
+  zipage::chat_options with_tools;
+  with_tools.tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
+  CHECK_THROWS_WITH(builtin.apply_chat_template_json(one, with_tools), doctest::Contains("tools need the checkpoint's own"));
+}
+
+TEST_CASE("jinja: chat_template.jinja beside the tokenizer replaces the config's template; a broken one is reported") {
+  const auto dir = std::filesystem::temp_directory_path() / "zipage_test_jinja_dir";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path qwen3 = std::string(ZIPAGE_TEST_DATA_DIR) + "/qwen3";
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) std::filesystem::copy_file(qwen3 / f, dir / f);
+  const std::vector<zipage::chat_message> hi = {{"user", "hi"}};
+  {
+    std::ofstream(dir / "chat_template.jinja") << "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}";
+    const auto t = zipage::bpe_tokenizer::from_dir(dir);
+    CHECK(t.chat_template_name() == "jinja");
+    CHECK(t.apply_chat_template(hi) == "[user] hi\n");
+  }
+  {
+    std::ofstream(dir / "chat_template.jinja") << "{% for m in messages %}";
+    const auto t = zipage::bpe_tokenizer::from_dir(dir);  // loads: only chat needs the template
+    CHECK(t.has_chat_template());
+    CHECK(t.chat_template_error().find("chat_template.jinja") != std::string::npos);
+    CHECK_THROWS_WITH(t.apply_chat_template(hi), doctest::Contains("the chat template cannot be used"));
+    CHECK(t.encode("hi", false).size() == 1);
+  }
+  std::filesystem::remove_all(dir);
+}
