@@ -32,7 +32,9 @@
 
 #include "hangup_watch.hpp"
 #include "zipage/core/json.hpp"
+#include "zipage/tokenizer/jinja_value.hpp"
 #include "zipage/tokenizer/reasoning_parser.hpp"
+#include "zipage/tokenizer/tool_call_parser.hpp"
 
 namespace zipage_serve {
 namespace {
@@ -136,6 +138,13 @@ struct gen_request {
   std::size_t max_stop_len = 0;
   bool split_reasoning = false;   // --reasoning-parser, chat requests
   bool reasoning_opened = false;  // the prompt ends inside a <think> block
+  bool parse_tool_calls = false;  // --enable-auto-tool-choice: tools with tool_choice "auto"
+};
+
+// What rendering a chat prompt found out for the answer's parsers.
+struct chat_prompt_info {
+  bool opens_reasoning = false;  // the prompt ends inside a <think> block
+  bool auto_tools = false;       // tools the model may call (tool_choice "auto"): parse its tool calls
 };
 
 class api {
@@ -280,9 +289,11 @@ class api {
     if (auto v = integer(body, "max_completion_tokens", 1, kMaxTokens)) max_tokens = v;
     const auto seed = integer(body, "seed", std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max());
 
-    r.prompts = chat ? std::vector<std::vector<zipage::token_id>>{chat_prompt(body, &r.reasoning_opened)}
-                     : completion_prompts(body);
+    chat_prompt_info info;
+    r.prompts = chat ? std::vector<std::vector<zipage::token_id>>{chat_prompt(body, &info)} : completion_prompts(body);
     r.split_reasoning = chat && !so_.reasoning_parser.empty();
+    r.reasoning_opened = info.opens_reasoning;
+    r.parse_tool_calls = info.auto_tools;
 
     const int ctx = model_.max_context;
     for (std::size_t i = 0; i < r.prompts.size(); ++i) {
@@ -390,10 +401,11 @@ class api {
     }
     if (!chat && non_empty("suffix")) unsupported("suffix", "(non-empty)");
     if (chat && boolean(body, "echo").value_or(false)) unsupported("echo", "true");
-    // Only "none" (or "auto" without tools, which then means none): zipage-serve parses no tool calls (chat_tools).
+    // "none" or "auto" (chat_tools: with tools, "auto" needs --enable-auto-tool-choice); "required" and a named
+    // function would need decoding constrained to a call, which zipage-serve does not do.
     if (const json* choice = field(body, "tool_choice");
         choice && !(choice->is_string() && (*choice == "none" || *choice == "auto")))
-      unsupported("tool_choice", "other than \"none\" or \"auto\" (zipage-serve has no tool calling)");
+      unsupported("tool_choice", "other than \"none\" or \"auto\"");
   }
 
   std::vector<zipage::token_id> check_tokens(const json& list, const char* param) const {
@@ -484,10 +496,10 @@ class api {
   }
 
   // OpenAI's tools: a list of {"type": "function", "function": {"name", "description", "parameters"}}.
-  // Rendering them needs no parsing of the answer only with tool_choice "none" (zipage-serve does not turn the
-  // model's text back into tool_calls, which vLLM does with --enable-auto-tool-choice); any other choice is
-  // refused by name, as vLLM refuses "auto" without a tool-call parser.
-  static json chat_tools(const json& body) {
+  // They are rendered into the prompt. With tool_choice "none" the answer is text; with "auto" (OpenAI's
+  // default when tools are given) its tool calls are parsed (--enable-auto-tool-choice --tool-call-parser),
+  // and without those flags "auto" is refused by name, as vLLM refuses it.
+  json chat_tools(const json& body, bool* auto_tools) const {
     const json* tools = field(body, "tools");
     if (!tools || tools->is_null()) return nullptr;
     if (!tools->is_array()) bad_param("tools", "'tools' must be a list, got " + got(*tools));
@@ -499,15 +511,16 @@ class api {
     }
     const json* choice = field(body, "tool_choice");
     const bool none = choice && choice->is_string() && *choice == "none";
-    if (!tools->empty() && !none)
-      bad_param("tool_choice", "zipage-serve does not parse tool calls out of the model's answer; pass \"tool_choice\": "
-                               "\"none\" to render the tools into the prompt and receive the model's text");
+    if (!tools->empty() && !none && !so_.enable_auto_tool_choice)
+      bad_param("tool_choice", "\"auto\" tool choice needs zipage-serve started with --enable-auto-tool-choice "
+                               "--tool-call-parser hermes; or pass \"tool_choice\": \"none\" to render the tools into the "
+                               "prompt and receive the model's text");
+    if (auto_tools) *auto_tools = !tools->empty() && !none;
     return *tools;
   }
 
-  // The prompt's ids; `opens_reasoning` (when given) learns whether the rendered prompt ends inside a <think>
-  // block (the reasoning parser then starts in the reasoning).
-  std::vector<zipage::token_id> chat_prompt(const json& body, bool* opens_reasoning = nullptr) const {
+  // The prompt's ids; `info` (when given) learns what the answer's parsers need to know.
+  std::vector<zipage::token_id> chat_prompt(const json& body, chat_prompt_info* info = nullptr) const {
     const json messages = chat_messages(body);
     // add_generation_prompt / continue_final_message (vLLM's, as transformers' apply_chat_template): end with
     // the assistant's header (the default), with nothing, or inside the last (assistant) message, so the
@@ -523,7 +536,7 @@ class api {
                 "'continue_final_message' needs the last message to be an assistant message with content");
     const auto& text = *model_.text;
     zipage::chat_options opts;
-    opts.tools = chat_tools(body);  // checked before anything is rendered, as vLLM checks tool_choice
+    opts.tools = chat_tools(body, info ? &info->auto_tools : nullptr);  // checked before anything is rendered
     if (eo_.chat_template == "plain") {  // no turn markup: nothing to add or to leave open
       if (!opts.tools.is_null() && !opts.tools.empty())
         bad_param("tools", "tools need a chat template to be rendered; this server runs with --chat-template plain");
@@ -555,7 +568,7 @@ class api {
         bad_param("continue_final_message", "the chat template does not write the final message's text verbatim");
       rendered.resize(at + last_content.size());
     }
-    if (opens_reasoning) *opens_reasoning = zipage::prompt_opens_reasoning(rendered);
+    if (info) info->opens_reasoning = zipage::prompt_opens_reasoning(rendered);
     return text.encode_templated(rendered);
   }
 
@@ -740,7 +753,19 @@ struct choice_state {
   int completion_tokens = 0;
   std::vector<logprob_entry> logprobs;  // not yet sent
   std::optional<zipage::reasoning_stream> reasoning;  // --reasoning-parser, streaming
+  std::optional<zipage::tool_call_stream> tool_calls;  // --tool-call-parser, streaming
 };
+
+// A parsed call as OpenAI's message.tool_calls item; arguments re-serialised as Python's json.dumps writes
+// them (vLLM's), ids derived from the response's id.
+json tool_call_json(const std::string& response_id, std::size_t k, const zipage::parsed_tool_call& call) {
+  std::string arguments = call.arguments;
+  if (const auto j = json::parse(arguments, nullptr, false); j.is_object())
+    arguments = zipage::jinja::to_json(zipage::jinja::value::from_json(j));
+  return {{"id", "call-" + response_id + "-" + std::to_string(k)},
+          {"type", "function"},
+          {"function", {{"name", call.name}, {"arguments", std::move(arguments)}}}};
+}
 
 // JSON numbers cannot be -inf or NaN: a token the model rules out gets -9999, as OpenAI and vLLM report it.
 double json_logprob(float lp) { return std::isnan(lp) || lp < -9999.0f ? -9999.0 : static_cast<double>(lp); }
@@ -845,6 +870,13 @@ struct generation {
     return j;
   }
 
+  // Content for the client now: with tool-call parsing, text from a <tool_call> on is held for the end.
+  std::string tool_content(choice_state& c, const std::string& text) const {
+    if (!req.parse_tool_calls) return text;
+    if (!c.tool_calls) c.tool_calls.emplace();
+    return c.tool_calls->push(text);
+  }
+
   // SSE events for what the client has not seen yet.
   std::string drain_sse() {
     std::string out;
@@ -888,12 +920,31 @@ struct generation {
             lp = nullptr;  // the step's logprobs go with the first part
           };
           if (!d.reasoning.empty()) part("reasoning_content", d.reasoning);
-          if (!d.content.empty() || !lp.is_null()) part("content", d.content);
-        } else if (!delta.empty() || !lp.is_null()) {
-          emit(chunk(json::array({{{"index", i}, {"delta", {{"content", delta}}}, {"logprobs", lp}, {"finish_reason", nullptr}}})));
+          if (!d.content.empty() || !lp.is_null()) part("content", tool_content(c, d.content));
+        } else if (!delta.empty() || !lp.is_null() || (c.finished && req.parse_tool_calls)) {
+          const std::string content = tool_content(c, delta);
+          if (!content.empty() || !lp.is_null())
+            emit(chunk(json::array({{{"index", i}, {"delta", {{"content", content}}}, {"logprobs", lp}, {"finish_reason", nullptr}}})));
+        }
+        std::string finish_reason = c.finish_reason;
+        if (c.finished && req.parse_tool_calls) {
+          // The answer's end: held text that turned out not to be calls goes out as content, calls as one delta.
+          auto end = c.tool_calls ? c.tool_calls->finish() : zipage::tool_call_stream::ending{};
+          if (!end.content.empty())
+            emit(chunk(json::array({{{"index", i}, {"delta", {{"content", end.content}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}})));
+          if (!end.calls.empty()) {
+            json calls = json::array();
+            for (std::size_t k = 0; k < end.calls.size(); ++k) {
+              json call = tool_call_json(id, k, end.calls[k]);
+              call["index"] = k;
+              calls.push_back(std::move(call));
+            }
+            emit(chunk(json::array({{{"index", i}, {"delta", {{"tool_calls", std::move(calls)}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}})));
+            if (finish_reason == "stop") finish_reason = "tool_calls";
+          }
         }
         if (c.finished)
-          emit(chunk(json::array({{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}}})));
+          emit(chunk(json::array({{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", finish_reason}}})));
       } else if (!delta.empty() || !lp.is_null() || c.finished) {
         emit(chunk(json::array({{{"index", i},
                                  {"text", delta},
@@ -928,7 +979,18 @@ struct generation {
           message["content"] = s.content ? json(*s.content) : json(nullptr);
           message["reasoning_content"] = s.reasoning ? json(*s.reasoning) : json(nullptr);
         }
-        list.push_back({{"index", i}, {"message", std::move(message)}, {"logprobs", lp}, {"finish_reason", c.finish_reason}});
+        std::string finish_reason = c.finish_reason;
+        if (req.parse_tool_calls && message["content"].is_string()) {
+          auto s = zipage::split_tool_calls(message["content"].get<std::string>());
+          if (!s.calls.empty()) {
+            message["content"] = s.content ? json(*s.content) : json(nullptr);
+            json calls = json::array();
+            for (std::size_t k = 0; k < s.calls.size(); ++k) calls.push_back(tool_call_json(id, k, s.calls[k]));
+            message["tool_calls"] = std::move(calls);
+            if (finish_reason == "stop") finish_reason = "tool_calls";
+          }
+        }
+        list.push_back({{"index", i}, {"message", std::move(message)}, {"logprobs", lp}, {"finish_reason", finish_reason}});
       }
       else
         list.push_back({{"index", i}, {"text", c.text}, {"logprobs", lp}, {"finish_reason", c.finish_reason}});

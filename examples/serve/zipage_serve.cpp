@@ -51,6 +51,14 @@ void add_flags(CLI::App& app, options& o) {
                  "the prompt, as DeepSeek-R1's and QwQ's templates open it) goes to the message's reasoning_content, "
                  "the rest to content (default: none, all content)")
       ->check(CLI::IsMember({"", "qwen3", "deepseek_r1"}));
+  auto* parser = app.add_option("--tool-call-parser", s.tool_call_parser,
+                                "vLLM's: hermes = <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> blocks, as Qwen2.5, "
+                                "Qwen3, QwQ and Hermes models write them, become the message's tool_calls")
+                     ->check(CLI::IsMember({"hermes"}));
+  app.add_flag("--enable-auto-tool-choice", s.enable_auto_tool_choice,
+               "vLLM's: chat requests with tools may leave tool_choice \"auto\" (the model decides; its calls are parsed "
+               "with --tool-call-parser); without it only tool_choice \"none\" is accepted with tools")
+      ->needs(parser);
   app.add_option("--http-threads", s.http_threads,
                  "HTTP worker threads at most (0: max-num-seqs + max-queue + 16, at most 4096)")
       ->check(zipage_cli::number_check("in [0, 65536]", [](double v) { return v >= 0 && v <= 65536; }));

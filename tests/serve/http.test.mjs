@@ -322,3 +322,39 @@ await run('serve_http_reasoning_parser', async (servers) => {
   assert.notEqual(bad.code, 0);
   assert.match(bad.err, /reasoning-parser/);
 });
+
+await run('serve_http_tool_calls', async (servers) => {
+  const model = process.env.ZIPAGE_SERVE_CHAT_MODEL;
+  assert.ok(model, 'ZIPAGE_SERVE_CHAT_MODEL is not set');
+  const server = await startServer(['--model', model, '--enable-auto-tool-choice', '--tool-call-parser', 'hermes']);
+  servers.push(server);
+  const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object',
+                   properties: { city: { type: 'string' } } } } }];
+  const body = { messages: [{ role: 'user', content: 'Weather in Paris?' }], tools, max_tokens: 12, temperature: 0 };
+  // tool_choice "auto" (OpenAI's default with tools) is accepted; the random model's answer holds no call, so
+  // it comes back as content (the parser itself: tests/unit/test_tool_call_parser.cpp).
+  const r = await post(server.base, '/v1/chat/completions', body);
+  assert.equal(r.status, 200, r.text);
+  const m = r.json.choices[0].message;
+  const calls = m.tool_calls ?? [];
+  assert.equal(r.json.choices[0].finish_reason, calls.length ? 'tool_calls' : 'length');
+  // Streamed: the content deltas add up to the same content.
+  const s = await post(server.base, '/v1/chat/completions', { ...body, stream: true });
+  assert.equal(s.status, 200, s.text);
+  let content = '';
+  for (const line of s.text.split('\n')) {
+    if (!line.startsWith('data: ') || line === 'data: [DONE]') continue;
+    content += JSON.parse(line.slice(6)).choices[0]?.delta?.content ?? '';
+  }
+  assert.equal(content, m.content ?? '');
+  // "required" and named functions would need constrained decoding: refused by name.
+  for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
+    const bad = await post(server.base, '/v1/chat/completions', { ...body, tool_choice });
+    assert.equal(bad.status, 400, bad.text);
+    assert.equal(bad.json.error.param, 'tool_choice');
+  }
+  // --enable-auto-tool-choice needs a parser.
+  const alone = await serveToExit(['--model', model, '--enable-auto-tool-choice'], 10000);
+  assert.notEqual(alone.code, 0);
+  assert.match(alone.err, /tool-call-parser/);
+});
