@@ -461,7 +461,7 @@ TEST_CASE("chat templates: the default system message is read from the template"
   CHECK(q25.chat_default_system() == "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
   // The template itself (Jinja) and the built-in format agree; default_system is the built-in's option.
   CHECK(q25.apply_chat_template(no_system) == render(chat_format::qwen2_5, no_system));
-  CHECK_THROWS_WITH(q25.apply_chat_template(no_system, {.default_system = "Mine."}),
+  CHECK_THROWS_WITH((void)q25.apply_chat_template(no_system, {.default_system = "Mine."}),
                     doctest::Contains("default_system is for the built-in formats"));
   auto q25_builtin = q25;
   q25_builtin.use_builtin_chat_format(chat_format::qwen2_5);

@@ -164,10 +164,10 @@ TEST_CASE("jinja: a tokenizer renders its own template with tools, tool calls an
   // A built-in format refuses what it cannot render instead of dropping it.
   auto builtin = t;
   builtin.use_builtin_chat_format(zipage::chat_format::qwen3);
-  CHECK_THROWS_WITH(builtin.apply_chat_template_json(messages), doctest::Contains("not 'tool_calls'"));
+  CHECK_THROWS_WITH((void)builtin.apply_chat_template_json(messages), doctest::Contains("not 'tool_calls'"));
   zipage::chat_options with_tools;
   with_tools.tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
-  CHECK_THROWS_WITH(builtin.apply_chat_template_json(one, with_tools), doctest::Contains("tools need the checkpoint's own"));
+  CHECK_THROWS_WITH((void)builtin.apply_chat_template_json(one, with_tools), doctest::Contains("tools need the checkpoint's own"));
 }
 
 TEST_CASE("jinja: chat_template.jinja beside the tokenizer replaces the config's template; a broken one is reported") {
@@ -188,7 +188,7 @@ TEST_CASE("jinja: chat_template.jinja beside the tokenizer replaces the config's
     const auto t = zipage::bpe_tokenizer::from_dir(dir);  // loads: only chat needs the template
     CHECK(t.has_chat_template());
     CHECK(t.chat_template_error().find("chat_template.jinja") != std::string::npos);
-    CHECK_THROWS_WITH(t.apply_chat_template(hi), doctest::Contains("the chat template cannot be used"));
+    CHECK_THROWS_WITH((void)t.apply_chat_template(hi), doctest::Contains("the chat template cannot be used"));
     CHECK(t.encode("hi", false).size() == 1);
   }
   std::filesystem::remove_all(dir);

@@ -49,7 +49,9 @@ TEST_CASE("reasoning parser: a stream gives the finished answer's split however 
       {"<think", false}, {"<think>", false}, {"<", false}, {"r</think>\n\nA", true}, {"still </thin", true},
       {"r</think>a</think>b", true}, {"</</th</think>x", true}, {"", true}, {"<think>a</think", false}};
   std::mt19937 rng(7);
-  for (const auto& [answer, opened] : answers) {
+  for (const auto& entry : answers) {
+    const std::string& answer = entry.first;  // (not structured bindings: CAPTURE's lambda takes them)
+    const bool opened = entry.second;
     const auto whole = split_reasoning(answer, opened);
     for (int trial = 0; trial < 200; ++trial) {
       zipage::reasoning_stream s(opened);

@@ -396,7 +396,8 @@ class renderer {
     if (++macro_depth_ > 64) error("macro '", m.text, "' recurses more than 64 levels");
     if (a.positional.size() > m.params.size())
       error("macro '", m.text, "' takes not more than ", m.params.size(), " argument(s)");
-    for (const auto& [k, v] : a.keyword) {
+    for (const auto& kv : a.keyword) {
+      const std::string& k = kv.first;  // (not a structured binding: clang 14 cannot capture those)
       const bool known = std::any_of(m.params.begin(), m.params.end(), [&](const auto& p) { return p.first == k; });
       if (!known) error("macro '", m.text, "' takes no keyword argument '", k, "'");
     }
