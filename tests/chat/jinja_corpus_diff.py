@@ -10,7 +10,6 @@ contexts with both and compares: the texts must be identical, and both must fail
 difference, 77 (skipped) without jinja2.
 """
 import argparse
-import datetime
 import json
 import random
 import os
@@ -18,15 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-except ImportError:
-    print('SKIPPED: python3 jinja2 is not installed (Debian: python3-jinja2)')
-    sys.exit(77)
-
-FIXED_NOW = datetime.datetime(2024, 7, 26, 0, 0, 0)
+from hf_jinja import environment
 
 FRAGMENTS = ['hi', 'What is 2+3?', ' spaced ', '\n', 'line\nbreak', '<think>', '</think>', 'reason',
              'The answer is 5.', '', ' ', 'tool out', '<tool_response>', 'émoji 🙂', '\t', '{"a": 1}',
@@ -94,31 +85,6 @@ def conversation(rng):
     return ctx
 
 
-def environment():
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters['tojson'] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-    env.globals['raise_exception'] = raise_exception
-    env.globals['strftime_now'] = lambda fmt: FIXED_NOW.strftime(fmt)
-    return env
-
-
-class Generation(jinja2.ext.Extension):
-    """transformers' {% generation %} marker (its AssistantTracker), rendering its body as is."""
-    tags = {'generation'}
-
-    def parse(self, parser):
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(['name:endgeneration'], drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method('_render'), [], [], body).set_lineno(lineno)
-
-    def _render(self, caller):
-        return caller()
-
-
 def source_of(path):
     if path.endswith('.json'):
         cfg = json.load(open(path, encoding='utf-8'))
@@ -138,7 +104,6 @@ def main():
     ap.add_argument('--show', type=int, default=1, help='differences to print per template')
     a = ap.parse_args()
     env = environment()
-    env.add_extension(Generation)
     bad = 0
     for path in a.templates:
         source = source_of(path)

@@ -17,13 +17,7 @@ import random
 import subprocess
 import sys
 
-try:
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-except ImportError:
-    print('SKIPPED: python3 jinja2 is not installed (Debian: python3-jinja2)')
-    sys.exit(77)
+from hf_jinja import environment
 
 FRAGMENTS = ['hi', 'What is 2+3?', ' spaced ', '\n', 'line\nbreak', '<think>', '</think>', 'reason',
              'The answer is 5.', '', ' ', 'tool out', '<tool_response>', 'émoji 🙂', '\t', '{"a": 1}']
@@ -31,15 +25,7 @@ FRAGMENTS = ['hi', 'What is 2+3?', ' spaced ', '\n', 'line\nbreak', '<think>', '
 
 def template_of(tokenizer_dir):
     cfg = json.load(open(f'{tokenizer_dir}/tokenizer_config.json', encoding='utf-8'))
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters['tojson'] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-    env.globals['raise_exception'] = raise_exception
-    return env.from_string(cfg['chat_template'])
+    return environment().from_string(cfg['chat_template'])
 
 
 def conversation(rng):

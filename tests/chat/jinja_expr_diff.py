@@ -14,13 +14,7 @@ import re
 import subprocess
 import sys
 
-try:
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-except ImportError:
-    print('SKIPPED: python3 jinja2 is not installed (Debian: python3-jinja2)')
-    sys.exit(77)
+from hf_jinja import environment
 
 # Not modelled, so not generated: non-ASCII case mapping (zipage changes ASCII letters only), the methods of
 # Markup strings (|safe / |e then .split() ...), '%' string formatting (jinja2's sandbox formats it its own
@@ -78,9 +72,7 @@ def main():
     ap.add_argument('--cases', type=int, default=5000)
     ap.add_argument('--show', type=int, default=10)
     a = ap.parse_args()
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters['tojson'] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    env = environment()
     rng = random.Random(a.seed)
     cases = []
     context_json = json.dumps(CONTEXT)

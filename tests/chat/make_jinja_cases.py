@@ -11,9 +11,7 @@ import datetime
 import json
 import sys
 
-import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from hf_jinja import environment
 
 NOW = datetime.datetime(2024, 7, 26, 9, 5, 3)
 
@@ -126,28 +124,7 @@ CASES = [
 
 
 def main():
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    env.filters['tojson'] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-    env.globals['raise_exception'] = raise_exception
-    env.globals['strftime_now'] = lambda fmt: NOW.strftime(fmt)
-
-    class Generation(jinja2.ext.Extension):
-        tags = {'generation'}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(['name:endgeneration'], drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method('_render'), [], [], body).set_lineno(lineno)
-
-        def _render(self, caller):
-            return caller()
-
-    env.add_extension(Generation)
+    env = environment(NOW)
     for template, context in CASES:
         out = {'template': template, 'context': context}
         try:

@@ -109,30 +109,18 @@ inline std::string_view strip_chars(std::string_view s, std::string_view chars, 
   return s;
 }
 
-// U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F, U+3000 in UTF-8.
-inline constexpr std::string_view py_unicode_spaces[] = {
-    "\xC2\x85",     "\xC2\xA0",     "\xE1\x9A\x80", "\xE2\x80\x80", "\xE2\x80\x81", "\xE2\x80\x82",
-    "\xE2\x80\x83", "\xE2\x80\x84", "\xE2\x80\x85", "\xE2\x80\x86", "\xE2\x80\x87", "\xE2\x80\x88",
-    "\xE2\x80\x89", "\xE2\x80\x8A", "\xE2\x80\xA8", "\xE2\x80\xA9", "\xE2\x80\xAF", "\xE2\x81\x9F",
-    "\xE3\x80\x80"};
-
 // Python's str.strip() with no argument (Jinja's trim filter): strips the code points for which
-// str.isspace() is true, ASCII and Unicode alike.
+// str.isspace() is true, ASCII and Unicode alike (jinja::detail::py_is_space).
 inline std::size_t py_space_prefix(std::string_view s) {
   if (s.empty()) return 0;
-  const auto c = static_cast<unsigned char>(s[0]);
-  if ((c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20)) return 1;
-  for (const std::string_view w : py_unicode_spaces)
-    if (s.starts_with(w)) return w.size();
-  return 0;
+  const std::size_t n = std::min(jinja::detail::utf8_length(static_cast<unsigned char>(s[0])), s.size());
+  return jinja::detail::py_is_space(s.substr(0, n)) ? n : 0;
 }
 inline std::size_t py_space_suffix(std::string_view s) {
-  if (s.empty()) return 0;
-  const auto c = static_cast<unsigned char>(s.back());
-  if ((c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20)) return 1;
-  for (const std::string_view w : py_unicode_spaces)
-    if (s.ends_with(w)) return w.size();
-  return 0;
+  std::size_t b = s.size();  // the last code point's first byte
+  while (b > 0 && s.size() - b < 4 && (b == s.size() || (static_cast<unsigned char>(s[b]) & 0xC0) == 0x80)) --b;
+  if (b == s.size()) return 0;
+  return jinja::detail::py_is_space(s.substr(b)) ? s.size() - b : 0;
 }
 inline std::string_view py_strip(std::string_view s) {
   while (const std::size_t n = py_space_prefix(s)) s.remove_prefix(n);
@@ -142,28 +130,8 @@ inline std::string_view py_strip(std::string_view s) {
 
 // A JSON string literal as Python's json.dumps(s, ensure_ascii=False) writes it (transformers' tojson).
 inline std::string py_json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char ch : s) {
-    switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20) {
-          static constexpr char hex[] = "0123456789abcdef";
-          out += "\\u00";
-          out += hex[static_cast<unsigned char>(ch) >> 4];
-          out += hex[static_cast<unsigned char>(ch) & 15];
-        } else {
-          out += ch;
-        }
-    }
-  }
-  out += '"';
+  std::string out;
+  jinja::json_string(out, s, /*ensure_ascii=*/false);
   return out;
 }
 

@@ -1422,6 +1422,17 @@ class renderer {
   }
 
   // ---- globals ----
+  // dict(...) / namespace(...)'s items: those of mappings given positionally, then the keyword arguments.
+  value_dict mapping_of(const call_args& a, const char* function) const {
+    value_dict d;
+    for (const value& v : a.positional) {
+      if (!v.is_dict()) error(function, "() takes a mapping");
+      for (const auto& [k, e] : v.as_dict().items) d.set(k, e);
+    }
+    for (const auto& [k, e] : a.keyword) d.set(k, e);
+    return d;
+  }
+
   void install_globals() {
     auto define = [&](const char* name, native_function f) {
       if (!globals_.find(name)) globals_.set(name, value::function(std::move(f)));
@@ -1451,24 +1462,8 @@ class renderer {
       }
       return value::list(std::move(out));
     });
-    define("dict", [this](call_args& a) -> value {
-      value_dict d;
-      for (const value& v : a.positional) {
-        if (!v.is_dict()) error("dict() takes a mapping");
-        for (const auto& [k, e] : v.as_dict().items) d.set(k, e);
-      }
-      for (const auto& [k, e] : a.keyword) d.set(k, e);
-      return value::dict(std::move(d));
-    });
-    define("namespace", [this](call_args& a) -> value {
-      value_dict d;
-      for (const value& v : a.positional) {
-        if (!v.is_dict()) error("namespace() takes a mapping");
-        for (const auto& [k, e] : v.as_dict().items) d.set(k, e);
-      }
-      for (const auto& [k, e] : a.keyword) d.set(k, e);
-      return value::dict(std::move(d), /*is_namespace=*/true);
-    });
+    define("dict", [this](call_args& a) -> value { return value::dict(mapping_of(a, "dict")); });
+    define("namespace", [this](call_args& a) -> value { return value::dict(mapping_of(a, "namespace"), /*is_namespace=*/true); });
     define("strftime_now", [this](call_args& a) -> value {
       if (a.positional.size() != 1 || !a.positional[0].is_string()) error("strftime_now() takes one format string");
       std::tm tm{};
