@@ -401,21 +401,38 @@ class basic_llm {
   }
   std::vector<completion> chat(const std::vector<std::vector<chat_message>>& conversations, const sampling_params& params,
                                const chat_options& options = {}) {
+    check_chat_template();
+    std::vector<std::string> prompts;
+    for (const auto& messages : conversations) prompts.push_back(bpe_->apply_chat_template(messages, options));
+    return chat_prompts(std::move(prompts), params);
+  }
+  // The same with OpenAI message objects (assistant tool_calls, tool results, reasoning_content, ...) and
+  // options.tools, the tools the model may call, as vLLM's LLM.chat(messages, tools=...).
+  std::vector<completion> chat_json(const std::vector<nlohmann::ordered_json>& conversations, const sampling_params& params,
+                                    const chat_options& options = {}) {
+    check_chat_template();
+    std::vector<std::string> prompts;
+    for (const auto& messages : conversations) prompts.push_back(bpe_->apply_chat_template_json(messages, options));
+    return chat_prompts(std::move(prompts), params);
+  }
+
+ private:
+  void check_chat_template() const {
     check(bpe_ && bpe_->has_chat_template(),
           "llm: chat needs a checkpoint whose tokenizer has a chat template (tokenizer_config.json, chat_template.jinja "
           "or a GGUF file's tokenizer.chat_template); this model has none (use generate() with plain prompts)");
-    std::vector<std::string> prompts;
+  }
+  // Generates from rendered chat prompts; the template writes any BOS itself.
+  std::vector<completion> chat_prompts(std::vector<std::string> prompts, const sampling_params& params) {
     std::vector<std::vector<token_id>> ids;
-    for (const auto& messages : conversations) {
-      prompts.push_back(bpe_->apply_chat_template(messages, options));
-      ids.push_back(bpe_->encode(prompts.back(), false));  // the template writes any BOS itself
-    }
+    for (const auto& p : prompts) ids.push_back(bpe_->encode(p, false));
     llm_stream s(*state_, std::move(prompts), state_->runtime->add(ids, with_model_stops(params)));
     for (auto it = s.begin(); it != s.end(); ++it) {
     }
     return s.results();
   }
 
+ public:
   // Text to prompt ids with the model's BOS convention (what generate() does), and ids back to text.
   [[nodiscard]] std::vector<token_id> encode(const std::string& text) const {
     return bpe_ ? bpe_->encode(text, bpe_->add_bos()) : spm_->encode(text, true);

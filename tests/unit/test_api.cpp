@@ -230,6 +230,19 @@ TEST_CASE("llm: a Hugging Face directory by path, sampling defaults from its gen
   CHECK(chat[0].prompt == "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
   CHECK(chat[0].prompt_token_ids == l.hf_tokenizer()->encode(chat[0].prompt));
   CHECK(chat[0].token_ids.size() == 5);
+  // OpenAI message objects and tools (vLLM's LLM.chat(messages, tools=...)): Qwen3's template writes the tools
+  // into a system turn and the tool call into the assistant's.
+  chat_options with_tools;
+  with_tools.tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather"}}])");
+  const auto calls = l.chat_json({nlohmann::ordered_json::parse(R"([{"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+      {"role": "tool", "content": "22C"}])")}, p, with_tools);
+  REQUIRE(calls.size() == 1);
+  CHECK(calls[0].prompt.starts_with("<|im_start|>system\n# Tools\n"));
+  CHECK(calls[0].prompt.find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}\n</tools>") != std::string::npos);
+  CHECK(calls[0].prompt.find("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>") != std::string::npos);
+  CHECK(calls[0].prompt.ends_with("<tool_response>\n22C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"));
+  CHECK(calls[0].token_ids.size() == 5);
   // A GGUF model has no chat template.
   CHECK(contains(error_of([] { (void)stories_llm().chat({{{"user", "hi"}}}); }), "chat needs a checkpoint"));
 }

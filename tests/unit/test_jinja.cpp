@@ -170,6 +170,24 @@ TEST_CASE("jinja: a tokenizer renders its own template with tools, tool calls an
   CHECK_THROWS_WITH((void)builtin.apply_chat_template_json(one, with_tools), doctest::Contains("tools need the checkpoint's own"));
 }
 
+TEST_CASE("jinja: named templates: tool_use when tools are given, default otherwise (transformers' choice)") {
+  const std::string dir = std::string(ZIPAGE_TEST_DATA_DIR) + "/qwen3";
+  const std::string tokenizer_json = zipage::json::read_text_file(dir + "/tokenizer.json", "tokenizer");
+  const auto config = nlohmann::json{{"chat_template", {{{"name", "default"}, {"template", "D:{{ messages[0].content }}"}},
+                                                        {{"name", "tool_use"}, {"template", "T:{{ tools|length }}"}},
+                                                        {{"name", "rag"}, {"template", "R"}}}}};
+  const auto t = zipage::bpe_tokenizer::from_json(tokenizer_json, config.dump());
+  const std::vector<zipage::chat_message> hi = {{"user", "hi"}};
+  CHECK(t.apply_chat_template(hi) == "D:hi");
+  zipage::chat_options o;
+  o.tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
+  CHECK(t.apply_chat_template(hi, o) == "T:1");
+  // A template given by the user (--chat-template FILE) replaces both.
+  auto replaced = t;
+  replaced.set_chat_template("U", "test");
+  CHECK(replaced.apply_chat_template(hi, o) == "U");
+}
+
 TEST_CASE("jinja: chat_template.jinja beside the tokenizer replaces the config's template; a broken one is reported") {
   const auto dir = std::filesystem::temp_directory_path() / "zipage_test_jinja_dir";
   std::filesystem::remove_all(dir);

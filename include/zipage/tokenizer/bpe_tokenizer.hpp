@@ -328,6 +328,8 @@ class bpe_tokenizer {
       fail(where, ": ", e.what());
     }
     jinja_error_.clear();
+    jinja_tool_use_.reset();  // a template given by the user replaces the named ones too
+    jinja_tool_use_error_.clear();
     builtin_ = false;
     chat_ = detect_chat_format(source);
     chat_default_system_ = chat_ == chat_format::qwen2 || chat_ == chat_format::qwen2_5 ? *chat_template_default_system(source) : "";
@@ -371,6 +373,10 @@ class bpe_tokenizer {
     }
     check(!o.default_system, "chat_options.default_system is for the built-in formats (use_builtin_chat_format); the "
                              "checkpoint's template writes its own default: give a system message to replace it");
+    if (!o.tools.is_null() && (jinja_tool_use_ || !jinja_tool_use_error_.empty())) {  // transformers' choice
+      check(jinja_tool_use_error_.empty(), "the chat template cannot be used: ", jinja_tool_use_error_);
+      return render_chat_template(*jinja_tool_use_, messages, o, chat_special_tokens_, render);
+    }
     check(jinja_error_.empty(), "the chat template cannot be used: ", jinja_error_);
     check(jinja_ != nullptr, "the tokenizer has no chat template");
     return render_chat_template(*jinja_, messages, o, chat_special_tokens_, render);
@@ -671,6 +677,8 @@ class bpe_tokenizer {
         jinja_error_ = src + ": chat_template: " + e.what();
       }
     };
+    jinja_tool_use_.reset();
+    jinja_tool_use_error_.clear();
     // transformers passes the special tokens to the template by name (those that are set).
     for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
       const json::value* v = json::find(cfg, key);
@@ -690,11 +698,20 @@ class bpe_tokenizer {
       if (t->is_string()) {
         use_template(t->get_ref<const std::string&>());
       } else {
+        // Named templates (Cohere's): "default", and "tool_use", which transformers picks when tools are given.
         check(t->is_array(), src, ": chat_template must be a string or a list of {name, template}");
-        for (const auto& entry : *t)
-          if (json::string_or_empty(entry, "name") == "default" && entry.contains("template") &&
-              entry["template"].is_string())
-            use_template(entry["template"].get_ref<const std::string&>());
+        for (const auto& entry : *t) {
+          if (!entry.contains("template") || !entry["template"].is_string()) continue;
+          const std::string name(json::string_or_empty(entry, "name"));
+          if (name == "default") use_template(entry["template"].get_ref<const std::string&>());
+          if (name != "tool_use") continue;
+          try {
+            jinja_tool_use_ = std::make_shared<const jinja::template_>(
+                jinja::template_::parse(entry["template"].get_ref<const std::string&>()));
+          } catch (const error& e) {
+            jinja_tool_use_error_ = src + ": chat_template 'tool_use': " + e.what();
+          }
+        }
       }
     }
   }
@@ -851,6 +868,8 @@ class bpe_tokenizer {
   bool builtin_ = false;             // render with the built-in chat_ instead of the Jinja template
   std::shared_ptr<const jinja::template_> jinja_;
   std::string jinja_error_;          // why the checkpoint's template did not parse
+  std::shared_ptr<const jinja::template_> jinja_tool_use_;  // the "tool_use" one of named templates
+  std::string jinja_tool_use_error_;
   nlohmann::ordered_json chat_special_tokens_ = nlohmann::ordered_json::object();
 };
 
