@@ -108,11 +108,15 @@ class bpe_tokenizer {
     const auto cfg = dir / "tokenizer_config.json";
     bpe_tokenizer t = from_files(dir / "tokenizer.json", std::filesystem::is_regular_file(cfg, ec) ? cfg : std::filesystem::path{});
     if (const auto jinja = dir / "chat_template.jinja"; std::filesystem::is_regular_file(jinja, ec)) {
-      try {
-        t.set_chat_template(json::read_text_file(jinja, "chat template"), jinja.string());
-      } catch (const error& e) {  // as a config's template: the tokenizer loads, chat requests report it
+      const std::string source = json::read_text_file(jinja, "chat template");
+      std::shared_ptr<const jinja::template_> parsed;
+      std::string why;
+      parse_template(source, jinja.string(), parsed, why);
+      if (why.empty()) {
+        t.replace_template(source, std::move(parsed));
+      } else {  // as a config's template: the tokenizer loads, chat requests report it
         t.jinja_.reset();
-        t.jinja_error_ = e.what();
+        t.jinja_error_ = std::move(why);
       }
     }
     return t;
@@ -322,17 +326,11 @@ class bpe_tokenizer {
 
   // Uses `source` as the chat template (vLLM's --chat-template FILE); a syntax error is an error here.
   void set_chat_template(const std::string& source, const std::string& where) {
-    try {
-      jinja_ = std::make_shared<const jinja::template_>(jinja::template_::parse(source));
-    } catch (const error& e) {
-      fail(where, ": ", e.what());
-    }
-    jinja_error_.clear();
-    jinja_tool_use_.reset();  // a template given by the user replaces the named ones too
-    jinja_tool_use_error_.clear();
-    builtin_ = false;
-    chat_ = detect_chat_format(source);
-    chat_default_system_ = chat_ == chat_format::qwen2 || chat_ == chat_format::qwen2_5 ? *chat_template_default_system(source) : "";
+    std::shared_ptr<const jinja::template_> parsed;
+    std::string why;
+    parse_template(source, where, parsed, why);
+    if (!why.empty()) fail(why);
+    replace_template(source, std::move(parsed));
   }
   // Renders conversations with zipage's built-in `format` instead of the Jinja template (none: back to it).
   void use_builtin_chat_format(chat_format format) {
@@ -646,6 +644,44 @@ class bpe_tokenizer {
     return found;
   }
 
+  // Parses a Jinja template into `t`, or leaves `t` empty and says why in `why` (prefixed with `where`): a
+  // template zipage cannot parse does not stop the tokenizer loading, chat requests report it.
+  static void parse_template(const std::string& source, const std::string& where,
+                             std::shared_ptr<const jinja::template_>& t, std::string& why) {
+    t.reset();
+    why.clear();
+    try {
+      t = std::make_shared<const jinja::template_>(jinja::template_::parse(source));
+    } catch (const error& e) {
+      why = where + ": " + e.what();
+    }
+  }
+  // `source` (parsed into `parsed`, or not: `why`) as the template that renders conversations (the Jinja
+  // one: the built-in format is left), and the family it is recognised as.
+  void adopt_template(const std::string& source, std::shared_ptr<const jinja::template_> parsed, std::string why) {
+    jinja_ = std::move(parsed);
+    jinja_error_ = std::move(why);
+    builtin_ = false;
+    chat_ = detect_chat_format(source);
+    chat_default_system_.clear();
+    if (chat_ == chat_format::qwen2 || chat_ == chat_format::qwen2_5)
+      chat_default_system_ = *chat_template_default_system(source);  // detection found it
+  }
+  // A template given instead of the checkpoint's (--chat-template FILE, chat_template.jinja): it replaces the
+  // named tool_use template too.
+  void replace_template(const std::string& source, std::shared_ptr<const jinja::template_> parsed) {
+    adopt_template(source, std::move(parsed), {});
+    jinja_tool_use_.reset();
+    jinja_tool_use_error_.clear();
+  }
+  // The config's template (a string, or the default one of named templates).
+  void adopt_config_template(const std::string& source, const std::string& where) {
+    std::shared_ptr<const jinja::template_> parsed;
+    std::string why;
+    parse_template(source, where, parsed, why);
+    adopt_template(source, std::move(parsed), std::move(why));
+  }
+
   // tokenizer_config.json: bos/eos tokens, add_bos_token, chat template.
   void load_config(const json::value& cfg, const std::string& src) {
     check(cfg.is_object(), src, ": must be a JSON object, got ", json::type_name(cfg));
@@ -663,20 +699,6 @@ class bpe_tokenizer {
     if (const auto id = token_field("bos_token")) bos_ = *id;
     if (const json::value* v = json::find(cfg, "add_bos_token")) add_bos_ = json::as_bool(*v, src, "add_bos_token");
     check(!add_bos_ || bos_ >= 0, src, ": add_bos_token is true but there is no bos_token");
-    auto use_template = [&](const std::string& source) {
-      chat_ = detect_chat_format(source);
-      chat_default_system_.clear();
-      if (chat_ == chat_format::qwen2 || chat_ == chat_format::qwen2_5)
-        chat_default_system_ = *chat_template_default_system(source);  // detection found it
-      // A template zipage cannot parse does not stop the tokenizer loading: chat requests report it.
-      jinja_.reset();
-      jinja_error_.clear();
-      try {
-        jinja_ = std::make_shared<const jinja::template_>(jinja::template_::parse(source));
-      } catch (const error& e) {
-        jinja_error_ = src + ": chat_template: " + e.what();
-      }
-    };
     jinja_tool_use_.reset();
     jinja_tool_use_error_.clear();
     // transformers passes the special tokens to the template by name (those that are set).
@@ -696,21 +718,17 @@ class bpe_tokenizer {
     }
     if (const json::value* t = json::find(cfg, "chat_template")) {
       if (t->is_string()) {
-        use_template(t->get_ref<const std::string&>());
+        adopt_config_template(t->get_ref<const std::string&>(), src + ": chat_template");
       } else {
         // Named templates (Cohere's): "default", and "tool_use", which transformers picks when tools are given.
         check(t->is_array(), src, ": chat_template must be a string or a list of {name, template}");
         for (const auto& entry : *t) {
           if (!entry.contains("template") || !entry["template"].is_string()) continue;
           const std::string name(json::string_or_empty(entry, "name"));
-          if (name == "default") use_template(entry["template"].get_ref<const std::string&>());
-          if (name != "tool_use") continue;
-          try {
-            jinja_tool_use_ = std::make_shared<const jinja::template_>(
-                jinja::template_::parse(entry["template"].get_ref<const std::string&>()));
-          } catch (const error& e) {
-            jinja_tool_use_error_ = src + ": chat_template 'tool_use': " + e.what();
-          }
+          if (name == "default") adopt_config_template(entry["template"].get_ref<const std::string&>(), src + ": chat_template");
+          if (name == "tool_use")
+            parse_template(entry["template"].get_ref<const std::string&>(), src + ": chat_template 'tool_use'",
+                           jinja_tool_use_, jinja_tool_use_error_);
         }
       }
     }

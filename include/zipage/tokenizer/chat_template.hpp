@@ -248,11 +248,10 @@ inline chat_options builtin_chat_options(chat_format format, const chat_options&
 inline std::string apply_chat_template(chat_format format, std::span<const chat_message> messages,
                                        const chat_options& given = {}) {
   const chat_options options = builtin_chat_options(format, given);
-  const chat_options& o = options;
   std::string out;
   switch (format) {
-    case chat_format::qwen3: return detail::qwen3_chat(messages, o);
-    case chat_format::qwq: return detail::qwq_chat(messages, o);
+    case chat_format::qwen3: return detail::qwen3_chat(messages, options);
+    case chat_format::qwq: return detail::qwq_chat(messages, options);
     case chat_format::qwen2:
     case chat_format::qwen2_5:
       // Qwen2's template writes its default only inside the loop over the messages (none for an empty

@@ -28,6 +28,7 @@
 
 #include "zipage/core/error.hpp"
 #include "zipage/tokenizer/jinja_value.hpp"
+#include "zipage/tokenizer/unicode.hpp"
 
 namespace zipage::jinja {
 
@@ -56,24 +57,6 @@ inline bool is_name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' &
 inline bool is_digit(char c) { return c >= '0' && c <= '9'; }
 inline bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
-inline void append_utf8(std::string& out, std::uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 63));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 63));
-    out += static_cast<char>(0x80 | (cp & 63));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 63));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 63));
-    out += static_cast<char>(0x80 | (cp & 63));
-  }
-}
-
 // A string literal's body with Python's escapes decoded (unknown escapes kept, as Python keeps them).
 inline std::string unescape(std::string_view body, int line) {
   std::string out;
@@ -92,7 +75,7 @@ inline std::string unescape(std::string_view body, int line) {
         if (!is_digit(h) && !((h | 32) >= 'a' && (h | 32) <= 'f')) syntax_error(line, "a bad \\x/\\u escape");
       }
       i += digits;
-      append_utf8(out, cp);
+      unicode::append_utf8(out, cp);
     };
     switch (c) {
       case 'n': out += '\n'; break;
@@ -114,7 +97,7 @@ inline std::string unescape(std::string_view body, int line) {
           std::uint32_t cp = static_cast<std::uint32_t>(c - '0');
           for (int k = 0; k < 2 && i + 1 < body.size() && body[i + 1] >= '0' && body[i + 1] <= '7'; ++k)
             cp = cp * 8 + static_cast<std::uint32_t>(body[++i] - '0');
-          append_utf8(out, cp);
+          unicode::append_utf8(out, cp);
         } else {
           out += '\\';
           out += c;
