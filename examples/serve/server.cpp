@@ -139,6 +139,7 @@ struct gen_request {
   bool split_reasoning = false;   // --reasoning-parser, chat requests
   bool reasoning_opened = false;  // the prompt ends inside a <think> block
   bool parse_tool_calls = false;  // --enable-auto-tool-choice: tools with tool_choice "auto"
+  zipage::tool_call_format tool_format = zipage::tool_call_format::hermes;  // --tool-call-parser
 };
 
 // What rendering a chat prompt found out for the answer's parsers.
@@ -152,7 +153,7 @@ class api {
   api(const server_options& so, const zipage_cli::engine_options& eo, const served_model& m, engine_service& service,
       server_metrics& metrics)
       : so_(so), eo_(eo), model_(m), service_(service), metrics_(metrics), created_(std::time(nullptr)),
-        rng_(so.seed ? *so.seed : std::random_device{}()) {}
+        rng_(so.seed ? *so.seed : std::random_device{}()), tool_format_(tool_format_of(so.tool_call_parser)) {}
 
   const std::string& name() const { return so_.served_model_name; }
   std::atomic<bool> draining{false};
@@ -294,6 +295,7 @@ class api {
     r.split_reasoning = chat && !so_.reasoning_parser.empty();
     r.reasoning_opened = info.opens_reasoning;
     r.parse_tool_calls = info.auto_tools;
+    r.tool_format = tool_format_;
 
     const int ctx = model_.max_context;
     for (std::size_t i = 0; i < r.prompts.size(); ++i) {
@@ -513,7 +515,7 @@ class api {
     const bool none = choice && choice->is_string() && *choice == "none";
     if (!tools->empty() && !none && !so_.enable_auto_tool_choice)
       bad_param("tool_choice", "\"auto\" tool choice needs zipage-serve started with --enable-auto-tool-choice "
-                               "--tool-call-parser hermes; or pass \"tool_choice\": \"none\" to render the tools into the "
+                               "--tool-call-parser NAME (" + zipage::tool_call_format_names() + "); or pass \"tool_choice\": \"none\" to render the tools into the "
                                "prompt and receive the model's text");
     if (auto_tools) *auto_tools = !tools->empty() && !none;
     return *tools;
@@ -580,6 +582,16 @@ class api {
   std::time_t created_;
   std::mutex rng_mutex_;
   std::mt19937_64 rng_;
+  zipage::tool_call_format tool_format_;
+
+  // zipage-serve's flag check refuses unknown names before the model loads; this one guards other callers.
+  static zipage::tool_call_format tool_format_of(const std::string& name) {
+    if (name.empty()) return zipage::tool_call_format::hermes;  // unused: no tool calls are parsed
+    const auto format = zipage::tool_call_format_named(name);
+    zipage::check(format.has_value(), "--tool-call-parser ", name, ": unknown tool-call parser; supported: ",
+                  zipage::tool_call_format_names());
+    return *format;
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -757,12 +769,16 @@ struct choice_state {
 };
 
 // A parsed call as OpenAI's message.tool_calls item; arguments re-serialised as Python's json.dumps writes
-// them (vLLM's), ids derived from the response's id.
-json tool_call_json(const std::string& response_id, std::size_t k, const zipage::parsed_tool_call& call) {
+// them (vLLM's), ids derived from the response's id (for Mistral, 9 letters and digits, as its tokenizers
+// require them).
+json tool_call_json(const std::string& response_id, std::size_t k, const zipage::parsed_tool_call& call,
+                    zipage::tool_call_format format) {
   std::string arguments = call.arguments;
   if (const auto j = json::parse(arguments, nullptr, false); j.is_object())
     arguments = zipage::jinja::to_json(zipage::jinja::value::from_json(j));
-  return {{"id", "call-" + response_id + "-" + std::to_string(k)},
+  std::string id = format == zipage::tool_call_format::mistral ? zipage::mistral_tool_call_id(response_id, k)
+                                                               : "call-" + response_id + "-" + std::to_string(k);
+  return {{"id", std::move(id)},
           {"type", "function"},
           {"function", {{"name", call.name}, {"arguments", std::move(arguments)}}}};
 }
@@ -870,10 +886,10 @@ struct generation {
     return j;
   }
 
-  // Content for the client now: with tool-call parsing, text from a <tool_call> on is held for the end.
+  // Content for the client now: with tool-call parsing, text from where a call may start is held for the end.
   std::string tool_content(choice_state& c, const std::string& text) const {
     if (!req.parse_tool_calls) return text;
-    if (!c.tool_calls) c.tool_calls.emplace();
+    if (!c.tool_calls) c.tool_calls.emplace(req.tool_format);
     return c.tool_calls->push(text);
   }
 
@@ -935,7 +951,7 @@ struct generation {
           if (!end.calls.empty()) {
             json calls = json::array();
             for (std::size_t k = 0; k < end.calls.size(); ++k) {
-              json call = tool_call_json(id, k, end.calls[k]);
+              json call = tool_call_json(id, k, end.calls[k], req.tool_format);
               call["index"] = k;
               calls.push_back(std::move(call));
             }
@@ -981,11 +997,11 @@ struct generation {
         }
         std::string finish_reason = c.finish_reason;
         if (req.parse_tool_calls && message["content"].is_string()) {
-          auto s = zipage::split_tool_calls(message["content"].get<std::string>());
+          auto s = zipage::split_tool_calls(message["content"].get<std::string>(), req.tool_format);
           if (!s.calls.empty()) {
             message["content"] = s.content ? json(*s.content) : json(nullptr);
             json calls = json::array();
-            for (std::size_t k = 0; k < s.calls.size(); ++k) calls.push_back(tool_call_json(id, k, s.calls[k]));
+            for (std::size_t k = 0; k < s.calls.size(); ++k) calls.push_back(tool_call_json(id, k, s.calls[k], req.tool_format));
             message["tool_calls"] = std::move(calls);
             if (finish_reason == "stop") finish_reason = "tool_calls";
           }

@@ -27,8 +27,9 @@ struct server_options {
   // --reasoning-parser (vLLM's): qwen3 or deepseek_r1 splits a chat answer's <think> block into
   // `reasoning_content`; empty: the answer is all `content`.
   std::string reasoning_parser;
-  // --enable-auto-tool-choice with --tool-call-parser hermes (vLLM's): chat requests with tools and tool_choice
-  // "auto" get the answer's <tool_call> blocks back as the message's tool_calls.
+  // --enable-auto-tool-choice with --tool-call-parser hermes, llama3_json (llama4_json), mistral or pythonic
+  // (vLLM's; zipage/tokenizer/tool_call_parser.hpp): chat requests with tools and tool_choice "auto" get the
+  // answer's calls back as the message's tool_calls.
   bool enable_auto_tool_choice = false;
   std::string tool_call_parser;
 };

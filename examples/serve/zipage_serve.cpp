@@ -11,6 +11,7 @@
 
 #include "../common/engine_cli.hpp"
 #include "server.hpp"
+#include "zipage/tokenizer/tool_call_parser.hpp"
 
 namespace {
 
@@ -52,9 +53,18 @@ void add_flags(CLI::App& app, options& o) {
                  "the rest to content (default: none, all content)")
       ->check(CLI::IsMember({"", "qwen3", "deepseek_r1"}));
   auto* parser = app.add_option("--tool-call-parser", s.tool_call_parser,
-                                "vLLM's: hermes = <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> blocks, as Qwen2.5, "
-                                "Qwen3, QwQ and Hermes models write them, become the message's tool_calls")
-                     ->check(CLI::IsMember({"hermes"}));
+                                "vLLM's: how a chat answer's tool calls are read into the message's tool_calls. "
+                                "hermes = <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> blocks (Qwen2.5, "
+                                "Qwen3, QwQ, Hermes); llama3_json (or llama4_json) = an answer of [<|python_tag|>] "
+                                "{\"name\": ..., \"parameters\": {...}} objects separated by ';' (Llama 3.x, 4); mistral = "
+                                "[TOOL_CALLS] then a JSON array of {\"name\", \"arguments\"}, or [TOOL_CALLS]name{...} per "
+                                "call; pythonic = an answer that is a Python list of calls, [f(a=1, b=\"x\")] (Llama 3.2, 4)")
+                     ->check(CLI::Validator(
+                         [](std::string& name) -> std::string {
+                           if (zipage::tool_call_format_named(name)) return {};
+                           return "unknown tool-call parser '" + name + "'; supported: " + zipage::tool_call_format_names();
+                         },
+                         "PARSER"));
   app.add_flag("--enable-auto-tool-choice", s.enable_auto_tool_choice,
                "vLLM's: chat requests with tools may leave tool_choice \"auto\" (the model decides; its calls are parsed "
                "with --tool-call-parser); without it only tool_choice \"none\" is accepted with tools")

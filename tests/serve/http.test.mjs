@@ -326,35 +326,59 @@ await run('serve_http_reasoning_parser', async (servers) => {
 await run('serve_http_tool_calls', async (servers) => {
   const model = process.env.ZIPAGE_SERVE_CHAT_MODEL;
   assert.ok(model, 'ZIPAGE_SERVE_CHAT_MODEL is not set');
-  const server = await startServer(['--model', model, '--enable-auto-tool-choice', '--tool-call-parser', 'hermes']);
-  servers.push(server);
   const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object',
                    properties: { city: { type: 'string' } } } } }];
   const body = { messages: [{ role: 'user', content: 'Weather in Paris?' }], tools, max_tokens: 12, temperature: 0 };
-  // tool_choice "auto" (OpenAI's default with tools) is accepted; the random model's answer holds no call, so
-  // it comes back as content (the parser itself: tests/unit/test_tool_call_parser.cpp).
-  const r = await post(server.base, '/v1/chat/completions', body);
-  assert.equal(r.status, 200, r.text);
-  const m = r.json.choices[0].message;
-  const calls = m.tool_calls ?? [];
-  assert.equal(r.json.choices[0].finish_reason, calls.length ? 'tool_calls' : 'length');
-  // Streamed: the content deltas add up to the same content.
-  const s = await post(server.base, '/v1/chat/completions', { ...body, stream: true });
-  assert.equal(s.status, 200, s.text);
-  let content = '';
-  for (const line of s.text.split('\n')) {
-    if (!line.startsWith('data: ') || line === 'data: [DONE]') continue;
-    content += JSON.parse(line.slice(6)).choices[0]?.delta?.content ?? '';
+  // Every parser: tool_choice "auto" (OpenAI's default with tools) is accepted; the random model's answer holds
+  // no call, so it comes back as content (the parsers themselves: tests/unit/test_tool_call_parser.cpp), and
+  // streamed, the content deltas and tool_calls deltas add up to the same message.
+  for (const parser of ['hermes', 'llama3_json', 'llama4_json', 'mistral', 'pythonic']) {
+    const server = await startServer(['--model', model, '--enable-auto-tool-choice', '--tool-call-parser', parser]);
+    servers.push(server);
+    const r = await post(server.base, '/v1/chat/completions', body);
+    assert.equal(r.status, 200, r.text);
+    const m = r.json.choices[0].message;
+    const calls = m.tool_calls ?? [];
+    assert.equal(r.json.choices[0].finish_reason, calls.length ? 'tool_calls' : 'length', parser);
+    const s = await post(server.base, '/v1/chat/completions', { ...body, stream: true });
+    assert.equal(s.status, 200, s.text);
+    let content = '';
+    const streamed = [];
+    let finish = null;
+    for (const line of s.text.split('\n')) {
+      if (!line.startsWith('data: ') || line === 'data: [DONE]') continue;
+      const choice = JSON.parse(line.slice(6)).choices[0];
+      content += choice?.delta?.content ?? '';
+      streamed.push(...(choice?.delta?.tool_calls ?? []).map((c) => c.function));
+      finish = choice?.finish_reason ?? finish;
+    }
+    assert.equal(content, m.content ?? '', parser);
+    assert.deepEqual(streamed, calls.map((c) => c.function), parser);
+    assert.equal(finish, r.json.choices[0].finish_reason, parser);
+    // "required" and named functions would need constrained decoding: refused by name.
+    for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
+      const bad = await post(server.base, '/v1/chat/completions', { ...body, tool_choice });
+      assert.equal(bad.status, 400, bad.text);
+      assert.equal(bad.json.error.param, 'tool_choice');
+    }
+    await server.stop();
   }
-  assert.equal(content, m.content ?? '');
-  // "required" and named functions would need constrained decoding: refused by name.
-  for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
-    const bad = await post(server.base, '/v1/chat/completions', { ...body, tool_choice });
-    assert.equal(bad.status, 400, bad.text);
-    assert.equal(bad.json.error.param, 'tool_choice');
-  }
+  // Without the flags, "auto" with tools is refused with a message naming the flags and the parsers.
+  const plain = await startServer(['--model', model]);
+  servers.push(plain);
+  const refused = await post(plain.base, '/v1/chat/completions', body);
+  assert.equal(refused.status, 400, refused.text);
+  assert.equal(refused.json.error.param, 'tool_choice');
+  assert.match(refused.json.error.message, /--enable-auto-tool-choice --tool-call-parser NAME \(hermes, llama3_json, llama4_json, mistral, pythonic\)/);
   // --enable-auto-tool-choice needs a parser.
   const alone = await serveToExit(['--model', model, '--enable-auto-tool-choice'], 10000);
   assert.notEqual(alone.code, 0);
   assert.match(alone.err, /tool-call-parser/);
+  // An unknown parser is refused at the flags, before any model loads (the model path does not exist), with
+  // the names that are known.
+  const unknown = await serveToExit(['--model', '/nonexistent/model', '--enable-auto-tool-choice', '--tool-call-parser',
+                                     'llama3'], 10000);
+  assert.notEqual(unknown.code, 0);
+  assert.match(unknown.err, /--tool-call-parser.*unknown tool-call parser 'llama3'; supported: hermes, llama3_json, llama4_json, mistral, pythonic/);
+  assert.doesNotMatch(unknown.err, /nonexistent/);
 });
