@@ -8,8 +8,9 @@
 // the last factor by Simpson's rule over 2048 / 2176 / 2304 tokens (paged_decode_attention, attention.hpp,
 // same batch, same pool). The fraction compress / decode is the overhead of compression on attention.
 //
-// Every built-in policy's recipe (policies.hpp) is timed at batches 1 / 16 / 64 / 128 (per request: the
-// batch's time / batch); zipage also stage by stage.
+// Every built-in policy's recipe (policies.hpp) is timed at batches 1 / 4 / 16 / 64 / 128 (per request: the
+// batch's time / batch); zipage also stage by stage, and with an FP8 KV cache at batches 1 / 4 / 16 (last,
+// since its codes overwrite the bf16 pool).
 //
 // Each case: bf16 K/V/queries with random values, shuffled page tables over a pool sized for the largest
 // batch; the time is device time from CUDA events around a CUDA graph of R back-to-back calls (manual
@@ -58,6 +59,19 @@ constexpr int kSteps = kBlock;  // decode steps between two compressions
 template <class T>
 using dbuf = zipage::testing::device_buffer<T>;
 
+// E4M3 codes from a hash, NaN codes (S.1111.111) replaced by the largest finite magnitude.
+__global__ void fill_e4m3(std::uint8_t* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 15;
+    x *= 2246822519u;
+    x ^= x >> 13;
+    std::uint8_t c = static_cast<std::uint8_t>(x >> 8);
+    if ((c & 0x7f) == 0x7f) c = static_cast<std::uint8_t>(c - 1);
+    p[i] = c;
+  }
+}
+
 using zipage::testing::median;
 
 // The model's caches, sized for kMaxBatch requests of (B+1) blocks, all layers.
@@ -84,6 +98,24 @@ struct model_pool {
     zc::fill_constant(zipage::cuda_dtype::f32, scores, static_cast<std::int64_t>(score_layer) * kLayers,
                       1.0f / kCompressLen, nullptr);
     CK(cudaDeviceSynchronize());
+  }
+  // An FP8 cache (docs/fp8.md) in the first half of the K and V allocations: E4M3 codes, fp32 scales per
+  // (slot, KV head). Overwrites the bf16 values, so the FP8 cases are registered last.
+  bool holds_fp8 = false;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
+  void make_fp8() {
+    if (holds_fp8) return;
+    const std::size_t codes = layer_elems * kLayers;
+    fill_e4m3<<<1024, 256>>>(reinterpret_cast<std::uint8_t*>(k), codes, 11u);
+    fill_e4m3<<<1024, 256>>>(reinterpret_cast<std::uint8_t*>(v), codes, 12u);
+    CK(cudaGetLastError());
+    CK(cudaMalloc(&k_scale, score_layer * kLayers * 4));
+    CK(cudaMalloc(&v_scale, score_layer * kLayers * 4));
+    zc::fill_constant(zipage::cuda_dtype::f32, k_scale, static_cast<std::int64_t>(score_layer) * kLayers, 1.0f / 240, nullptr);
+    zc::fill_constant(zipage::cuda_dtype::f32, v_scale, static_cast<std::int64_t>(score_layer) * kLayers, 1.0f / 240, nullptr);
+    CK(cudaDeviceSynchronize());
+    holds_fp8 = true;
   }
 } g_pool;
 
@@ -134,6 +166,8 @@ double time_graph(benchmark::State& state, const std::function<void(cudaStream_t
   return median(per);
 }
 
+const std::vector<int> kFp8Batches = {1, 4, 16};  // the engine's steady state compresses ~3 requests at a time
+
 std::map<std::string, double> g_results;  // "compress/<stage>/<n>[/first]", "decode/<n>/<ctx>" -> seconds
 
 enum class stage { total, score, select, compact };
@@ -158,7 +192,12 @@ zipage::score_recipe recipe_named(const std::string& name) {
 
 const std::vector<std::string> kPolicies = {"zipage", "streaming_llm", "h2o", "snapkv", "rkv", "gkv"};
 
-void bm_compress(benchmark::State& state, int n, stage st, bool first, const std::string& policy) {
+void bm_compress(benchmark::State& state, int n, stage st, bool first, const std::string& policy, bool fp8 = false) {
+  if (!fp8 && g_pool.holds_fp8) {
+    state.SkipWithError("the pool holds the FP8 cache by now (FP8 cases run last)");
+    return;
+  }
+  if (fp8) g_pool.make_fp8();
   const batch b(n);
   dbuf<std::int32_t> indptr(b.indptr), indices(b.indices), slots(b.slots),
       lens(std::vector<std::int32_t>(static_cast<std::size_t>(n), kCompressLen));
@@ -186,6 +225,10 @@ void bm_compress(benchmark::State& state, int n, stage st, bool first, const std
   p.keep = kKeep;
   p.recipe = recipe_named(policy);
   if (!p.recipe.uses_score_cache()) p.score_cache = nullptr;
+  if (fp8) {
+    p.kv.k_scale = g_pool.k_scale;
+    p.kv.v_scale = g_pool.v_scale;
+  }
   const std::size_t ws_bytes = zc::compress_workspace_bytes(p);
   dbuf<unsigned char> ws(ws_bytes);
   // The select and compact stages need the earlier stages' output once.
@@ -202,7 +245,8 @@ void bm_compress(benchmark::State& state, int n, stage st, bool first, const std
   }, passes);
   state.counters["ms"] = s * 1e3;
   state.counters["workspace_MB"] = ws_bytes / 1e6;
-  g_results[std::string("compress/") + policy + "/" + stage_name(st) + "/" + std::to_string(n) + (first ? "/first" : "")] = s;
+  g_results[std::string("compress/") + policy + (fp8 ? "_fp8" : "") + "/" + stage_name(st) + "/" + std::to_string(n) +
+            (first ? "/first" : "")] = s;
 }
 
 void bm_decode(benchmark::State& state, int n, int ctx) {
@@ -282,6 +326,15 @@ void print_summary(const std::vector<int>& batches) {
     }
     std::printf("\n");
   }
+  std::printf("\nzipage with an FP8 KV cache (E4M3 codes, a scale per slot and KV head), stage by stage:\n\n"
+              "| batch | compress (ms) | per request | score | select | compact |\n|---:|---:|---:|---:|---:|---:|\n");
+  for (int n : kFp8Batches) {
+    const std::string ns = std::to_string(n);
+    const double tot = get("compress/zipage_fp8/total/" + ns);
+    std::printf("| %d | %.3f | %.3f | %.3f | %.3f | %.3f |\n", n, tot * 1e3, tot * 1e3 / n,
+                get("compress/zipage_fp8/score/" + ns) * 1e3, get("compress/zipage_fp8/select/" + ns) * 1e3,
+                get("compress/zipage_fp8/compact/" + ns) * 1e3);
+  }
   std::printf("\ncompress: all %d layers in one call; first compression: with max-pooling, all requests first-time.\n",
               kLayers);
 }
@@ -299,7 +352,7 @@ int main(int argc, char** argv) {
     g_pool.init();
     std::printf("pool: %.1f GiB of K+V (%d blocks x %d layers)\n",
                 2.0 * g_pool.layer_elems * kLayers * 2 / (1024.0 * 1024 * 1024), g_pool.num_blocks, kLayers);
-    const std::vector<int> batches = {1, 16, 64, 128};
+    const std::vector<int> batches = {1, 4, 16, 64, 128};
     for (int n : batches) {
       for (stage st : {stage::total, stage::score, stage::select, stage::compact})
         benchmark::RegisterBenchmark(("compress/zipage/" + std::string(stage_name(st)) + "/batch" + std::to_string(n)).c_str(),
@@ -318,6 +371,11 @@ int main(int argc, char** argv) {
                                      [=](benchmark::State& s) { bm_decode(s, n, ctx); })
             ->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
     }
+    for (int n : kFp8Batches)  // last: they overwrite the bf16 pool
+      for (stage st : {stage::total, stage::score, stage::select, stage::compact})
+        benchmark::RegisterBenchmark(("compress/zipage_fp8/" + std::string(stage_name(st)) + "/batch" + std::to_string(n)).c_str(),
+                                     [=](benchmark::State& s) { bm_compress(s, n, st, false, "zipage", true); })
+            ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     print_summary(batches);

@@ -190,7 +190,7 @@ void launch_select(const compress_args& a, unsigned segments, cudaStream_t strea
   allow_max_smem(detail::block_similarity_kernel<D>, done_block);
   allow_max_smem(detail::select_kernel, done_select);
   if (a.redundancy == static_cast<int>(score_recipe::redundancy_kind::block_local)) {
-    const int smem = detail::block_similarity_smem_bytes<D>(a.red_chunk);
+    const int smem = detail::block_similarity_smem_bytes<D>(a.red_chunk, 1 << a.bs_shift);
     check(smem <= max_smem_optin(), "compress: block_size ", 1 << a.bs_shift, " needs ", smem,
           " bytes of shared memory for head_dim ", D);
     const unsigned chunks = static_cast<unsigned>((a.max_len + a.red_chunk - 1) / a.red_chunk);

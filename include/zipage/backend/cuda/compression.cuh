@@ -8,13 +8,16 @@
 //
 //  window_attention_kernel<D, false>  softmax statistics: per (segment, 128-token chunk), for every
 //      window query row (w, g) the chunk's max logit and sum of exp (log2 domain) -> workspace.
-//  window_attention_kernel<D, true>   scores: merges the statistics of all chunks, recomputes the
-//      chunk's logits, p = softmax, A_j = mean_w max_g p; S_j = max(A_j, gamma * S_prev_j) (or
-//      A_j + S_prev_j) for tokens with history -> workspace, and to the score cache when the recipe has one. Window rows are laid out w-major with the group padded to a power
+//  window_attention_kernel<D, true>   scores: merges the statistics of all chunks (a warp per row),
+//      recomputes the chunk's logits, p = softmax, A_j = mean_w max_g p; S_j = max(A_j, gamma * S_prev_j)
+//      (or A_j + S_prev_j) for tokens with history, a thread per token -> workspace, and to the score
+//      cache when the recipe has one. Window rows are laid out w-major with the group padded to a power
 //      of two (Gp), so max over g and sum over w are shuffles inside a 16-row MMA tile.
 //  block_similarity_kernel<D>   per (segment, chunk of max(256, block_size) tokens): block-local cosine
-//      similarities by tensor-core products of the raw bf16 keys (divided by the fp32 norms), the
-//      newest-duplicate rule -> r (summed similarity) in the workspace.
+//      similarities by tensor-core products of the raw bf16 keys (divided by the fp32 norms), the upper
+//      triangle of each block only (a tile pair adds to its rows' sums and its columns' sums), the
+//      newest-duplicate rule (skipped for tiles with no cosine above 0.5) -> r (summed similarity) in the
+//      workspace.
 //  full_similarity_kernel<D>   per (segment, 64-token row tile): the same over the whole sequence (R-KV's
 //      full variant); each column's newest duplicate is an atomicMax of (row + 1, cos) in the workspace.
 //  finalize_kernel   per segment: R = one softmax over all of the segment's tokens of r / (tau * n)
@@ -148,26 +151,42 @@ __device__ __forceinline__ void load_keys(const compress_args& a, const segment&
   const std::uint8_t* kb = a.k8 + sg.layer * a.kv_layer_stride + sg.head * D;
   const float* sb = a.k_scale + sg.layer * a.score_layer_stride + sg.head;
   constexpr int kChunks = D / 8;
-  for (int c = tid; c < rows * kChunks; c += THREADS) {
-    const int r = c / kChunks, ch = c % kChunks;
-    const int tok = start + r;
-    std::uint32_t w[4] = {0u, 0u, 0u, 0u};
-    if (tok < len) {
-      const std::int64_t slot = token_slot(pages, a.bs_shift, tok);
-      const uint2 codes = *reinterpret_cast<const uint2*>(kb + slot * token_stride + ch * 8);
-      const float sc = sb[slot * a.num_kv_heads];
-      const std::uint32_t cw[2] = {codes.x, codes.y};
+  // kBatch items' loads are issued before any of them is converted and stored: the shared-memory stores
+  // (asm with a memory clobber) would otherwise hold every load back to the previous item's latency.
+  constexpr int kBatch = 8;
+  const int items = rows * kChunks;
+  for (int c0 = tid; c0 < items; c0 += THREADS * kBatch) {
+    uint2 codes[kBatch];
+    float sc[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int c = c0 + i * THREADS;
+      const int tok = start + c / kChunks;
+      codes[i] = make_uint2(0u, 0u);
+      sc[i] = 0.0f;
+      if (c < items && tok < len) {
+        const std::int64_t slot = token_slot(pages, a.bs_shift, tok);
+        codes[i] = *reinterpret_cast<const uint2*>(kb + slot * token_stride + (c % kChunks) * 8);
+        sc[i] = sb[slot * a.num_kv_heads];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int c = c0 + i * THREADS;
+      if (c >= items) break;
+      std::uint32_t w[4];
+      const std::uint32_t cw[2] = {codes[i].x, codes[i].y};
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const float2 lo = e4m3x2_to_f32x2(static_cast<std::uint16_t>(cw[j] & 0xffffu));
         const float2 hi = e4m3x2_to_f32x2(static_cast<std::uint16_t>(cw[j] >> 16));
-        w[2 * j] = pack_bf16(lo.x * sc, lo.y * sc);
-        w[2 * j + 1] = pack_bf16(hi.x * sc, hi.y * sc);
+        w[2 * j] = pack_bf16(lo.x * sc[i], lo.y * sc[i]);
+        w[2 * j + 1] = pack_bf16(hi.x * sc[i], hi.y * sc[i]);
       }
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(sk + swz<D>(c / kChunks, c % kChunks)), "r"(w[0]),
+                   "r"(w[1]), "r"(w[2]), "r"(w[3])
+                   : "memory");
     }
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(sk + swz<D>(r, ch)), "r"(w[0]), "r"(w[1]),
-                 "r"(w[2]), "r"(w[3])
-                 : "memory");
   }
 }
 

@@ -15,10 +15,25 @@ struct attn_config {
   static constexpr int kCgs = kAttnChunk / 16;                 // 16-token column groups per chunk
   static constexpr int kCgsPerWarp = kCgs / (kAttnThreads / 32);
   static constexpr int kPartBytes = kAttnMaxRows * kCgs * 8;  // stats pass: (max, sum) per row and column group
-  static constexpr int kSmemBytes = kKBytes + kQBytes + kPartBytes;  // at most
-  // For q_rows rows of window queries: K chunk | Q tile | per-row statistics.
-  static constexpr int smem_bytes(int q_rows, bool score) { return kKBytes + q_rows * (D * 2 + (score ? 8 : kCgs * 8)); }
+  static constexpr int kSmemBytes = kKBytes + kQBytes + kPartBytes + kAttnChunk * 4;  // at most
+  // For q_rows rows of window queries: K chunk | Q tile | per-row statistics | (score pass) the chunk's A.
+  static constexpr int smem_bytes(int q_rows, bool score) {
+    return kKBytes + q_rows * (D * 2 + (score ? 8 : kCgs * 8)) + (score ? kAttnChunk * 4 : 0);
+  }
 };
+
+// (m, l) of a softmax over the union of two parts (log2 domain): the max and the sum of 2^(x - max).
+__device__ __forceinline__ void merge_softmax_stats(float& m, float& l, float om, float ol) {
+  if (om == -INFINITY) return;
+  if (m == -INFINITY) {
+    m = om;
+    l = ol;
+    return;
+  }
+  const float mx = fmaxf(m, om);
+  l = l * exp2f(m - mx) + ol * exp2f(om - mx);
+  m = mx;
+}
 
 template <int D, bool SCORE>
 __global__ void __launch_bounds__(kAttnThreads) window_attention_kernel(const compress_args a) {
@@ -67,17 +82,32 @@ __global__ void __launch_bounds__(kAttnThreads) window_attention_kernel(const co
     }
     cp_async_commit();
     if constexpr (SCORE) {
-      // Softmax normaliser of each row over the whole request: merge the per-chunk statistics.
+      // Softmax normaliser of each row over the whole request: merge the per-chunk statistics, a warp per
+      // row with the lanes over the chunks, 8 rows' loads in flight at once.
       const int chunks = (len + kAttnChunk - 1) / kAttnChunk;
-      for (int r = tid; r < rows; r += kAttnThreads) {
-        const float2* st = a.stats + (static_cast<std::int64_t>(sh) * a.rows_pad + row0 + r) * a.attn_chunks;
-        float m = -INFINITY;
-        for (int c = 0; c < chunks; ++c) m = fmaxf(m, st[c].x);
-        float l = 0.0f;
-        if (m != -INFINITY)
-          for (int c = 0; c < chunks; ++c)
-            if (st[c].x != -INFINITY) l += st[c].y * exp2f(st[c].x - m);
-        part[r] = make_float2(m, l > 0.0f ? 1.0f / l : 0.0f);
+      for (int rb = warp * 8; rb < rows; rb += 8 * (kAttnThreads / 32)) {
+        float m[8], l[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) m[i] = -INFINITY, l[i] = 0.0f;
+        for (int c = lane; c < chunks; c += 32) {
+          float2 x[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            x[i] = rb + i < rows
+                       ? a.stats[(static_cast<std::int64_t>(sh) * a.rows_pad + row0 + rb + i) * a.attn_chunks + c]
+                       : make_float2(-INFINITY, 0.0f);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) merge_softmax_stats(m[i], l[i], x[i].x, x[i].y);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+          for (int o = 1; o < 32; o <<= 1) {
+            const float om = __shfl_xor_sync(0xffffffffu, m[i], o), ol = __shfl_xor_sync(0xffffffffu, l[i], o);
+            merge_softmax_stats(m[i], l[i], om, ol);
+          }
+          if (lane == 0 && rb + i < rows) part[rb + i] = make_float2(m[i], l[i] > 0.0f ? 1.0f / l[i] : 0.0f);
+        }
       }
     }
     cp_async_wait<0>();
@@ -192,13 +222,11 @@ __global__ void __launch_bounds__(kAttnThreads) window_attention_kernel(const co
   }
 
   if constexpr (SCORE) {
-    // A = sum / W; merged with the history (S) into the workspace, and into the score cache if kept.
+    // A = sum / W, staged in shared memory so that every thread merges one token with the history (S) into
+    // the workspace, and into the score cache if kept (one gather latency, not a chain of them).
+    float* chunk_a = reinterpret_cast<float*>(smem + cfg::kKBytes + a.q_rows * (D * 2 + 8));
+    const float inv_w = 1.0f / static_cast<float>(a.window);
     if (lane < 4) {
-      const bool first = a.first[sg.req] != 0;
-      const int history = (first || a.history == 0) ? 0 : max(0, len - (1 << a.bs_shift));
-      float* sbase = a.scores == nullptr ? nullptr : a.scores + sg.layer * a.score_layer_stride + sg.head;
-      float* ibase = a.imp + static_cast<std::int64_t>(sh) * a.max_len;
-      const float inv_w = 1.0f / static_cast<float>(a.window);
 #pragma unroll
       for (int ci = 0; ci < cfg::kCgsPerWarp; ++ci) {
         const int cg = warp + ci * (kAttnThreads / 32);
@@ -206,17 +234,23 @@ __global__ void __launch_bounds__(kAttnThreads) window_attention_kernel(const co
 #pragma unroll
         for (int n = 0; n < 2; ++n)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = start + cg * 16 + n * 8 + 2 * lane + e;
-            if (j >= len) continue;
-            const float attn = acc[ci][n][e] * inv_w;
-            float* dst = sbase == nullptr ? nullptr : sbase + token_slot(pages, a.bs_shift, j) * a.num_kv_heads;
-            float sc = attn;
-            if (j < history) sc = a.history == 1 ? fmaxf(attn, a.gamma * *dst) : attn + *dst;
-            ibase[j] = sc;
-            if (a.history != 0) *dst = sc;
-          }
+          for (int e = 0; e < 2; ++e) chunk_a[cg * 16 + n * 8 + 2 * lane + e] = acc[ci][n][e] * inv_w;
       }
+    }
+    __syncthreads();
+    const bool first = a.first[sg.req] != 0;
+    const int history = (first || a.history == 0) ? 0 : max(0, len - (1 << a.bs_shift));
+    float* ibase = a.imp + static_cast<std::int64_t>(sh) * a.max_len;
+    for (int t = tid; t < kAttnChunk && start + t < len; t += kAttnThreads) {
+      const int j = start + t;
+      const float attn = chunk_a[t];
+      float sc = attn;
+      if (a.history != 0) {
+        float* dst = a.scores + sg.layer * a.score_layer_stride + sg.head + token_slot(pages, a.bs_shift, j) * a.num_kv_heads;
+        if (j < history) sc = a.history == 1 ? fmaxf(attn, a.gamma * *dst) : attn + *dst;
+        *dst = sc;
+      }
+      ibase[j] = sc;
     }
   }
 }
@@ -225,9 +259,19 @@ __global__ void __launch_bounds__(kAttnThreads) window_attention_kernel(const co
 // Stages 3-5: redundancy (similarity sums), then one finalize pass: softmax over the sequence, pooling,
 // final score.
 
+// Block-local similarity works on the upper triangle of each block's Gram matrix (cos is symmetric) in
+// 16-token tiles: tb tiles per block (1 when blocks are shorter than a tile, which leaves only the
+// diagonal tiles), tb (tb - 1) / 2 off-diagonal tile pairs per block.
+__host__ __device__ constexpr int gram_tiles_per_block(int block_size) { return block_size >= 16 ? block_size / 16 : 1; }
+__host__ __device__ constexpr int gram_pairs(int chunk, int block_size) {
+  const int tb = gram_tiles_per_block(block_size);
+  return chunk / 16 / tb * (tb * (tb - 1) / 2);
+}
+
 template <int D>
-__host__ __device__ constexpr int block_similarity_smem_bytes(int chunk) {
-  return chunk * (D * 2 + 4 + 4 + 8);  // keys | 1/norm | row sums | newest duplicate
+__host__ __device__ constexpr int block_similarity_smem_bytes(int chunk, int block_size) {
+  // keys | 1/norm | newest duplicate | column sums of each off-diagonal tile pair [pairs][16]
+  return chunk * (D * 2 + 4 + 8) + gram_pairs(chunk, block_size) * 16 * 4;
 }
 
 // Gram tile of 16 rows (fragments qf, inv norms of the rows in row_inv) against 16 columns of a key tile
@@ -290,9 +334,72 @@ __device__ __forceinline__ void tile_inv_norms(const unsigned char* kbytes, int 
   }
 }
 
+// Row tile of a chunk handled k-th: inside each block the order 0, tb-1, 1, tb-2, ..., so the two row tiles
+// a warp takes at a time (k = 2w, 2w + 1) cost tb + 1 tile products together (the triangle's rows shrink).
+__device__ __forceinline__ int gram_row_tile(int k, int tb) {
+  const int b = k / tb, i = k % tb;
+  return b * tb + ((i & 1) ? tb - 1 - (i >> 1) : (i >> 1));
+}
+
+// Column sums of the off-diagonal pair (rt < ct) of one block: slot of the pair in the chunk's table.
+__device__ __forceinline__ int gram_pair_index(int rt, int ct, int tb) {
+  const int rl = rt % tb, cl = ct % tb;
+  return rt / tb * (tb * (tb - 1) / 2) + cl * (cl - 1) / 2 + rl;
+}
+
+// Newest-duplicate candidates of one 16 x 16 cosine tile (c: the accumulator layout of qk_tile, rows
+// r0 = row0 + lane / 4 and r0 + 8, columns col0 + 8 nn + 2 (lane % 4) + e), folded into `dup` (chunk-local
+// (index + 1) << 32 | cos bits, atomicMax): for each column the largest row with cos > 0.5 and, when
+// `transposed`, for each row (as a column of the symmetric matrix) the largest column with cos > 0.5.
+// Pairs that do not count are 0 in c.
+__device__ __forceinline__ void fold_duplicates(const float (&c)[2][4], int row0, int col0, int lane, bool transposed,
+                                                unsigned long long* dup) {
+  auto key = [](int index, float cs) {
+    return (static_cast<unsigned long long>(index + 1) << 32) | __float_as_uint(cs);
+  };
+  const int r0 = row0 + (lane >> 2);
+#pragma unroll
+  for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      // Column: the lane's newer row first, then the warp's (rows differ in lane bits 2-4).
+      const int mine = c[nn][2 + e] > 0.5f ? r0 + 8 : (c[nn][e] > 0.5f ? r0 : -1);
+      int best = mine;
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+      if (best >= 0 && best == mine)
+        atomicMax(&dup[col0 + nn * 8 + 2 * (lane & 3) + e], key(best, best == r0 + 8 ? c[nn][2 + e] : c[nn][e]));
+    }
+  if (!transposed) return;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    // Row r0 + 8 hr as a column: its newest duplicate among the tile's columns (the lane's 4, then the quad's).
+    int mine = -1;
+    float cs = 0.0f;
+#pragma unroll
+    for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (c[nn][2 * hr + e] > 0.5f) {
+          mine = col0 + nn * 8 + 2 * (lane & 3) + e;
+          cs = c[nn][2 * hr + e];
+        }
+    int best = max(mine, __shfl_xor_sync(0xffffffffu, mine, 1));
+    best = max(best, __shfl_xor_sync(0xffffffffu, best, 2));
+    if (best >= 0 && best == mine) atomicMax(&dup[r0 + 8 * hr], key(best, cs));
+  }
+}
+
+// Per (segment, chunk of max(256, block_size) tokens): r of every token = the sum of its cosine similarities
+// to the other tokens of its block, less the term of each column whose newest duplicate it is.
+// Only the upper triangle of each block's Gram matrix is computed: a tile pair (rt < ct) adds to the row
+// sums of rt (in registers) and to the column sums of ct (a table in shared memory, summed in a fixed order
+// at the end, so the result is deterministic); diagonal tiles are computed whole.
 template <int D>
-__global__ void __launch_bounds__(kRedThreads) block_similarity_kernel(const compress_args a) {
+__global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const compress_args a) {
   extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int kWarps = kRedThreads / 32;
+  constexpr int kRounds = 512 / 16 / (2 * kWarps);  // chunks are at most 512 tokens: 32 row tiles
   const int sh = blockIdx.x;
   const int cf = a.red_chunk;
   const int start = blockIdx.y * cf;
@@ -303,56 +410,117 @@ __global__ void __launch_bounds__(kRedThreads) block_similarity_kernel(const com
   const std::int32_t* pages = a.page_indices + a.page_indptr[sg.req];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int bs = 1 << a.bs_shift;
+  const int tb = bs >= 16 ? bs >> 4 : 1;  // tiles per block
+  const int tiles = (n + 15) >> 4;         // row tiles holding tokens
 
   const std::uint32_t sk = smem_addr(smem);
   float* inv_norm = reinterpret_cast<float*>(smem + cf * D * 2);
-  float* rowsum = inv_norm + cf;
-  unsigned long long* dup = reinterpret_cast<unsigned long long*>(rowsum + cf);  // (row + 1) << 32 | cos bits
+  unsigned long long* dup = reinterpret_cast<unsigned long long*>(inv_norm + cf);
+  float* colsum = reinterpret_cast<float*>(dup + cf);  // [pairs][16]
 
-  load_keys<D, kRedThreads>(a, sg, sk, pages, start, cf, len, tid);
+  load_keys<D, kRedThreads>(a, sg, sk, pages, start, cf, len, tid);  // tokens >= len: zero keys
   cp_async_commit();
   for (int t = tid; t < cf; t += kRedThreads) dup[t] = 0ull;
   cp_async_wait<0>();
   __syncthreads();
-  tile_inv_norms<D, kRedThreads>(smem, n, inv_norm, tid);
+  tile_inv_norms<D, kRedThreads>(smem, cf, inv_norm, tid);  // a zero key has similarity 0 to everything
   __syncthreads();
 
-  // Gram matrix of the chunk's keys, block-diagonal part only, one 16-row tile per warp at a time.
-  const int row_tiles = (n + 15) / 16;
-  for (int rt = warp; rt < row_tiles; rt += kRedThreads / 32) {
-    std::uint32_t qf[D / 16][4];
-    load_q_fragments<D>(qf, sk, rt * 16, lane);
-    // Columns: the blocks the tile's rows lie in (the tile itself when blocks are shorter than 16).
-    const int col_lo = bs >= 16 ? ((rt * 16) & ~(bs - 1)) : rt * 16;
-    const int col_hi = min(n, bs >= 16 ? col_lo + bs : rt * 16 + 16);
-    float rs[2] = {0.0f, 0.0f};
-    for (int cg = col_lo / 16; cg * 16 < col_hi; ++cg)
-      gram_tile_16x16<D>(
-          qf, sk, cg * 16, rt * 16, cg * 16, inv_norm + rt * 16, inv_norm, lane, rs,
-          // chunk starts are block-aligned, so "same block" is a test on chunk-local indices
-          [&](int m, int c) { return m < n && c < n && m != c && ((m ^ c) >> a.bs_shift) == 0; },
-          [&](int c, unsigned long long b) { atomicMax(&dup[c], b); });
+  float rsum[kRounds][2][2] = {};  // row sums of the warp's row tiles (quad-reduced)
+  bool had_dup = false;
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 1);
-      rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 2);
-      const int m = rt * 16 + (lane >> 2) + 8 * hr;
-      if ((lane & 3) == 0 && m < n) rowsum[m] = rs[hr];
+  for (int round = 0; round < kRounds; ++round)
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+      const int k = round * 2 * kWarps + 2 * warp + which;
+      if (k * 16 >= cf) continue;
+      const int rt = gram_row_tile(k, tb);
+      if (rt >= tiles) continue;  // warp-uniform
+      std::uint32_t qf[D / 16][4];
+      load_q_fragments<D>(qf, sk, rt * 16, lane);
+      const int r0 = rt * 16 + (lane >> 2);
+      const float ri[2] = {inv_norm[r0], inv_norm[r0 + 8]};
+      const int ct_end = min(tiles, rt - rt % tb + tb);
+      float rs[2] = {0.0f, 0.0f};
+      for (int ct = rt; ct < ct_end; ++ct) {
+        float c[2][4] = {};
+        qk_tile<D, 2>(c, qf, sk, ct * 16, lane);
+        const int c0 = ct * 16 + 2 * (lane & 3);
+        bool any = false;
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float ci = inv_norm[c0 + nn * 8 + e];
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+              float v = c[nn][2 * hr + e] * ri[hr] * ci;
+              if (ct == rt) {  // diagonal tile: not a token with itself, nor across blocks (blocks < 16 tokens)
+                const int m = r0 + 8 * hr, col = c0 + nn * 8 + e;
+                if (m == col || ((m ^ col) >> a.bs_shift) != 0) v = 0.0f;
+              }
+              c[nn][2 * hr + e] = v;
+              rs[hr] += v;
+              any |= v > 0.5f;
+            }
+          }
+        if (ct != rt) {
+          // Column sums over the tile's 16 rows: the lanes of one column differ in bits 2-4.
+#pragma unroll
+          for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float x = c[nn][e] + c[nn][2 + e];
+              x += __shfl_xor_sync(0xffffffffu, x, 4);
+              x += __shfl_xor_sync(0xffffffffu, x, 8);
+              x += __shfl_xor_sync(0xffffffffu, x, 16);
+              if (lane < 4) colsum[gram_pair_index(rt, ct, tb) * 16 + nn * 8 + 2 * lane + e] = x;
+            }
+        }
+        if (__any_sync(0xffffffffu, any)) {
+          had_dup = true;
+          fold_duplicates(c, rt * 16, ct * 16, lane, ct != rt, dup);
+        }
+      }
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 1);
+        rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 2);
+        rsum[round][which][hr] = rs[hr];
+      }
     }
-  }
-  __syncthreads();
+  const bool any_dup = __syncthreads_or(had_dup);
 
-  // The newest duplicate of each column does not count that column.
+  // r = row sum + the column sums of the pairs above the row's tile - the terms of the columns whose newest
+  // duplicate the token is; the four lanes of a quad split the work, then add up in a fixed order.
   float* red = a.red + static_cast<std::int64_t>(sh) * a.max_len + start;
-  for (int t = tid; t < n; t += kRedThreads) {
-    const int b0 = t & ~(bs - 1), b1 = min(n, b0 + bs);
-    float r = rowsum[t];
-    for (int c = b0; c < b1; ++c) {
-      const unsigned long long d = dup[c];
-      if (d != 0ull && static_cast<int>(d >> 32) - 1 == t) r -= __uint_as_float(static_cast<unsigned>(d));
+  const int q = lane & 3;
+#pragma unroll
+  for (int round = 0; round < kRounds; ++round)
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+      const int k = round * 2 * kWarps + 2 * warp + which;
+      if (k * 16 >= cf) continue;
+      const int rt = gram_row_tile(k, tb);
+      if (rt >= tiles) continue;
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int m = rt * 16 + (lane >> 2) + 8 * hr;
+        float extra = 0.0f;
+        for (int above = rt - rt % tb + q; above < rt; above += 4)
+          extra += colsum[gram_pair_index(above, rt, tb) * 16 + (m & 15)];
+        if (any_dup) {
+          const int b0 = m & ~(bs - 1), b1 = min(n, b0 + bs);  // chunks start on a block boundary
+          for (int col = b0 + q; col < b1; col += 4) {
+            const unsigned long long d = dup[col];
+            if (d != 0ull && static_cast<int>(d >> 32) - 1 == m) extra -= __uint_as_float(static_cast<unsigned>(d));
+          }
+        }
+        extra += __shfl_xor_sync(0xffffffffu, extra, 1);
+        extra += __shfl_xor_sync(0xffffffffu, extra, 2);
+        if (q == 0 && m < n) red[m] = rsum[round][which][hr] + extra;
+      }
     }
-    red[t] = r;
-  }
 }
 
 inline constexpr int kFullRows = 64;     // rows per full-similarity CTA (4 warps x 16)
