@@ -211,3 +211,17 @@ TEST_CASE("jinja: chat_template.jinja beside the tokenizer replaces the config's
   }
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("jinja: ill-formed UTF-8 is one code point per maximal ill-formed subpart, and U+FFFD in ASCII-only JSON") {
+  // Strings from a GGUF file or a client may hold ill-formed bytes; they must not swallow their neighbours.
+  const nlohmann::ordered_json ctx = {{"bad", std::string("a\xC3" "b")},
+                                      {"cut", std::string("x\xE2\x82")},
+                                      {"emoji", std::string("x\xF0\x9F\x98\x80y")}};
+  CHECK(render("{{ bad|length }} {{ cut|length }} {{ emoji|length }}", ctx) == "3 2 3");
+  CHECK(render("{{ bad[::-1] }}", ctx) == std::string("b\xC3" "a"));
+  CHECK(render("{{ bad[1] }}", ctx) == std::string("\xC3"));
+  CHECK(render("{{ bad|tojson(ensure_ascii=true) }}", ctx) == "\"a\\ufffdb\"");
+  CHECK(render("{{ cut|tojson(ensure_ascii=true) }}", ctx) == "\"x\\ufffd\"");
+  CHECK(render("{{ emoji|tojson(ensure_ascii=true) }}", ctx) == "\"x\\ud83d\\ude00y\"");
+  CHECK(render("{{ 'x\xE2\x82\xAC'|tojson(ensure_ascii=true) }}") == "\"x\\u20ac\"");
+}

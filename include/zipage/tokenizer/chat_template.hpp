@@ -113,7 +113,7 @@ inline std::string_view strip_chars(std::string_view s, std::string_view chars, 
 // str.isspace() is true, ASCII and Unicode alike (jinja::detail::py_is_space).
 inline std::size_t py_space_prefix(std::string_view s) {
   if (s.empty()) return 0;
-  const std::size_t n = std::min(jinja::detail::utf8_length(static_cast<unsigned char>(s[0])), s.size());
+  const std::size_t n = jinja::detail::code_point_bytes(s);
   return jinja::detail::py_is_space(s.substr(0, n)) ? n : 0;
 }
 inline std::size_t py_space_suffix(std::string_view s) {

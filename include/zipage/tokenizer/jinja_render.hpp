@@ -20,13 +20,15 @@ namespace detail {
 // ---------------------------------------------------------------------------------------------
 // Python string helpers (code point aware where Python is)
 // ---------------------------------------------------------------------------------------------
-inline std::size_t utf8_length(unsigned char lead) { return lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1; }
+// Bytes of the code point at the front of `s` (not empty); an ill-formed sequence counts as one code point
+// per maximal ill-formed subpart, as the decoder's U+FFFD replacement does (utf8.hpp).
+inline std::size_t code_point_bytes(std::string_view s) { return utf8::scan(s).length; }
 
 // The string's code points, each as its UTF-8 bytes.
 inline std::vector<std::string_view> code_points(std::string_view s) {
   std::vector<std::string_view> out;
   for (std::size_t i = 0; i < s.size();) {
-    const std::size_t n = std::min(utf8_length(static_cast<unsigned char>(s[i])), s.size() - i);
+    const std::size_t n = code_point_bytes(s.substr(i));
     out.push_back(s.substr(i, n));
     i += n;
   }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "zipage/core/error.hpp"
+#include "zipage/tokenizer/utf8.hpp"
 
 namespace zipage::jinja {
 
@@ -428,10 +429,14 @@ inline void json_string(std::string& out, std::string_view s, bool ensure_ascii)
       u16(c);
     } else if (c < 0x80 || !ensure_ascii) {
       out += static_cast<char>(c);
-    } else {  // a UTF-8 sequence as \uXXXX (a surrogate pair above U+FFFF)
-      const int len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-      unsigned code = len == 4 ? c & 7u : len == 3 ? c & 15u : len == 2 ? c & 31u : c;
-      for (int k = 1; k < len && i + 1 < s.size(); ++k) code = (code << 6) | (static_cast<unsigned char>(s[++i]) & 63u);
+    } else {  // a UTF-8 sequence as \uXXXX (a surrogate pair above U+FFFF); an ill-formed one as U+FFFD
+      const auto r = utf8::scan(s.substr(i));
+      unsigned code = 0xFFFD;
+      if (r.state == utf8::status::valid) {
+        code = r.length == 4 ? c & 7u : r.length == 3 ? c & 15u : c & 31u;
+        for (std::size_t k = 1; k < r.length; ++k) code = (code << 6) | (static_cast<unsigned char>(s[i + k]) & 63u);
+      }
+      i += r.length - 1;
       if (code >= 0x10000) {
         code -= 0x10000;
         u16(0xD800 + (code >> 10));
