@@ -341,6 +341,15 @@ __device__ __forceinline__ int gram_row_tile(int k, int tb) {
   return b * tb + ((i & 1) ? tb - 1 - (i >> 1) : (i >> 1));
 }
 
+// The row tile a warp handles as `which` (0 or 1) of round `round`, or -1 where the chunk has no such tile
+// (past its tiles, or past the tokens it holds: `tiles` row tiles).
+__device__ __forceinline__ int warp_row_tile(int round, int which, int warp, int chunk, int tb, int tiles) {
+  const int k = round * 2 * (kRedThreads / 32) + 2 * warp + which;
+  if (k * 16 >= chunk) return -1;
+  const int rt = gram_row_tile(k, tb);
+  return rt < tiles ? rt : -1;
+}
+
 // Column sums of the off-diagonal pair (rt < ct) of one block: slot of the pair in the chunk's table.
 __device__ __forceinline__ int gram_pair_index(int rt, int ct, int tb) {
   const int rl = rt % tb, cl = ct % tb;
@@ -410,7 +419,7 @@ __global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const 
   const std::int32_t* pages = a.page_indices + a.page_indptr[sg.req];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int bs = 1 << a.bs_shift;
-  const int tb = bs >= 16 ? bs >> 4 : 1;  // tiles per block
+  const int tb = gram_tiles_per_block(bs);
   const int tiles = (n + 15) >> 4;         // row tiles holding tokens
 
   const std::uint32_t sk = smem_addr(smem);
@@ -432,10 +441,8 @@ __global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const 
   for (int round = 0; round < kRounds; ++round)
 #pragma unroll
     for (int which = 0; which < 2; ++which) {
-      const int k = round * 2 * kWarps + 2 * warp + which;
-      if (k * 16 >= cf) continue;
-      const int rt = gram_row_tile(k, tb);
-      if (rt >= tiles) continue;  // warp-uniform
+      const int rt = warp_row_tile(round, which, warp, cf, tb, tiles);
+      if (rt < 0) continue;  // warp-uniform
       std::uint32_t qf[D / 16][4];
       load_q_fragments<D>(qf, sk, rt * 16, lane);
       const int r0 = rt * 16 + (lane >> 2);
@@ -499,10 +506,8 @@ __global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const 
   for (int round = 0; round < kRounds; ++round)
 #pragma unroll
     for (int which = 0; which < 2; ++which) {
-      const int k = round * 2 * kWarps + 2 * warp + which;
-      if (k * 16 >= cf) continue;
-      const int rt = gram_row_tile(k, tb);
-      if (rt >= tiles) continue;
+      const int rt = warp_row_tile(round, which, warp, cf, tb, tiles);
+      if (rt < 0) continue;
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int m = rt * 16 + (lane >> 2) + 8 * hr;
