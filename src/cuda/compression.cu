@@ -180,6 +180,11 @@ void launch_score(const compress_args& a, unsigned segments, cudaStream_t stream
   using cfg = detail::attn_config<D>;
   detail::window_attention_kernel<D, false><<<grid, detail::kAttnThreads, cfg::smem_bytes(a.q_rows, false), stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
+  const std::int64_t rows = std::int64_t{segments} * a.rows_pad;
+  constexpr int kRowsPerCta = detail::kMergeThreads / 32;
+  detail::merge_stats_kernel<<<static_cast<unsigned>((rows + kRowsPerCta - 1) / kRowsPerCta), detail::kMergeThreads, 0,
+                               stream>>>(a, rows);
+  ZIPAGE_CUDA_CHECK_LAUNCH();
   detail::window_attention_kernel<D, true><<<grid, detail::kAttnThreads, cfg::smem_bytes(a.q_rows, true), stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }

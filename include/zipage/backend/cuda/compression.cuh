@@ -8,8 +8,9 @@
 //
 //  window_attention_kernel<D, false>  softmax statistics: per (segment, 128-token chunk), for every
 //      window query row (w, g) the chunk's max logit and sum of exp (log2 domain) -> workspace.
-//  window_attention_kernel<D, true>   scores: merges the statistics of all chunks (a warp per row),
-//      recomputes the chunk's logits, p = softmax, A_j = mean_w max_g p; S_j = max(A_j, gamma * S_prev_j)
+//  merge_stats_kernel   a warp per (segment, window row): the row's statistics over all chunks, merged
+//      once -> (max, 1 / sum) in the row's chunk-0 slot.
+//  window_attention_kernel<D, true>   scores: reads each row's merged statistics, recomputes the chunk's logits, p = softmax, A_j = mean_w max_g p; S_j = max(A_j, gamma * S_prev_j)
 //      (or A_j + S_prev_j) for tokens with history, a thread per token -> workspace, and to the score
 //      cache when the recipe has one. Window rows are laid out w-major with the group padded to a power
 //      of two (Gp), so max over g and sum over w are shuffles inside a 16-row MMA tile.

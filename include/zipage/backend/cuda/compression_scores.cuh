@@ -35,6 +35,28 @@ __device__ __forceinline__ void merge_softmax_stats(float& m, float& l, float om
   m = mx;
 }
 
+inline constexpr int kMergeThreads = 256;
+
+// Between the two passes: each window row's softmax statistics over the whole request, merged once per
+// (segment, row) by a warp (lanes over the chunks) rather than by every chunk's CTA of the score pass; the
+// result, (max, 1 / sum), goes to the row's chunk-0 slot.
+__global__ void __launch_bounds__(kMergeThreads) merge_stats_kernel(const compress_args a, std::int64_t rows_total) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (kMergeThreads / 32) + (threadIdx.x >> 5);
+  if (row >= rows_total) return;
+  const int lane = threadIdx.x & 31;
+  const segment sg = decompose(a, static_cast<int>(row / a.rows_pad));
+  const int chunks = (a.kv_len[sg.req] + kAttnChunk - 1) / kAttnChunk;
+  float2* st = a.stats + row * a.attn_chunks;
+  float m = -INFINITY, l = 0.0f;
+  for (int c = lane; c < chunks; c += 32) merge_softmax_stats(m, l, st[c].x, st[c].y);
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, o), ol = __shfl_xor_sync(0xffffffffu, l, o);
+    merge_softmax_stats(m, l, om, ol);
+  }
+  if (lane == 0) st[0] = make_float2(m, l > 0.0f ? 1.0f / l : 0.0f);  // only lane 0 read slot 0
+}
+
 template <int D, bool SCORE>
 __global__ void __launch_bounds__(kAttnThreads) window_attention_kernel(const compress_args a) {
   using cfg = attn_config<D>;
@@ -82,33 +104,9 @@ __global__ void __launch_bounds__(kAttnThreads) window_attention_kernel(const co
     }
     cp_async_commit();
     if constexpr (SCORE) {
-      // Softmax normaliser of each row over the whole request: merge the per-chunk statistics, a warp per
-      // row with the lanes over the chunks, 8 rows' loads in flight at once.
-      const int chunks = (len + kAttnChunk - 1) / kAttnChunk;
-      for (int rb = warp * 8; rb < rows; rb += 8 * (kAttnThreads / 32)) {
-        float m[8], l[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) m[i] = -INFINITY, l[i] = 0.0f;
-        for (int c = lane; c < chunks; c += 32) {
-          float2 x[8];
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-            x[i] = rb + i < rows
-                       ? a.stats[(static_cast<std::int64_t>(sh) * a.rows_pad + row0 + rb + i) * a.attn_chunks + c]
-                       : make_float2(-INFINITY, 0.0f);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) merge_softmax_stats(m[i], l[i], x[i].x, x[i].y);
-        }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-#pragma unroll
-          for (int o = 1; o < 32; o <<= 1) {
-            const float om = __shfl_xor_sync(0xffffffffu, m[i], o), ol = __shfl_xor_sync(0xffffffffu, l[i], o);
-            merge_softmax_stats(m[i], l[i], om, ol);
-          }
-          if (lane == 0 && rb + i < rows) part[rb + i] = make_float2(m[i], l[i] > 0.0f ? 1.0f / l[i] : 0.0f);
-        }
-      }
+      // Each row's softmax normaliser over the whole request (merge_stats_kernel left it in chunk 0's slot).
+      for (int r = tid; r < rows; r += kAttnThreads)
+        part[r] = a.stats[(static_cast<std::int64_t>(sh) * a.rows_pad + row0 + r) * a.attn_chunks];
     }
     cp_async_wait<0>();
     __syncthreads();
