@@ -21,6 +21,10 @@
 //    each other - i.e. of the boundary. Any other disagreement fails. Such swaps are counted;
 //  * compaction: exact (bitwise) against cpu::apply_compaction fed the GPU's own kept indices and S, on
 //    the whole K, V and score pools; compress() in one call must reproduce the staged run bit for bit.
+// FP8 cases (E4M3 K/V codes with per-(token, head) scales, as the append kernel writes them): the keys are
+// quantised with cpu::fp8::quantize_head and the reference runs on their dequantised bf16(float(code) *
+// scale) values, which is what the kernels score, so the same checks hold; compaction must move codes and
+// scales together (every element dequantises to the compacted reference).
 // Exits 1 on any failure, 77 (skipped) where there is no CUDA device.
 #include <cuda_runtime.h>
 
@@ -42,9 +46,11 @@
 
 #include "cuda_buffers.hpp"
 #include "zipage/backend/cpu/compaction.hpp"
+#include "zipage/backend/cpu/fp8_kv.hpp"
 #include "zipage/backend/cpu/kv_storage.hpp"
 #include "zipage/backend/cuda/compression.hpp"
 #include "zipage/compression/compressor.hpp"
+#include "zipage/core/fp8.hpp"
 #include "zipage/cuda/device.hpp"
 #include "zipage/policy/policies.hpp"
 
@@ -73,6 +79,9 @@ template <class T>
 using dbuf = zipage::testing::device_buffer<T>;
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
 
 void check(bool ok, const std::string& what) {
   ++g_checks;
@@ -93,6 +102,7 @@ struct case_spec {
   int sinks = 0;
   int pool = 5;
   std::string policy = "zipage";
+  bool fp8 = false;  // E4M3 K/V with per-(token, head) scales instead of bf16
 };
 
 // The recipe of the named built-in policy, with the case's sinks and pool kernel where the policy has them.
@@ -124,8 +134,8 @@ std::string case_name(const case_spec& c) {
   for (const auto& r : c.reqs) lens += std::to_string(r.len) + (r.first ? "f" : "") + ",";
   if (!lens.empty()) lens.pop_back();
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%s D=%d q=%d kv=%d bs=%d B=%d W=%d L=%d sinks=%d pool=%d reqs=[%s]", c.policy.c_str(),
-                c.d, c.qh, c.kvh, c.bs, c.budget, c.window, c.layers, c.sinks, c.pool, lens.c_str());
+  std::snprintf(buf, sizeof buf, "%s%s D=%d q=%d kv=%d bs=%d B=%d W=%d L=%d sinks=%d pool=%d reqs=[%s]", c.policy.c_str(),
+                c.fp8 ? " fp8" : "", c.d, c.qh, c.kvh, c.bs, c.budget, c.window, c.layers, c.sinks, c.pool, lens.c_str());
   return buf;
 }
 
@@ -206,6 +216,33 @@ void run_case(const case_spec& c) {
     }
   for (auto& x : qb) x = to_bf16(uni(-3.0f, 3.0f));
 
+  // FP8 cache: every written (slot, head) quantised as the append kernel does (cpu::fp8::quantize_head), and
+  // its bf16 copy replaced by the dequantised bf16(float(code) * scale), which is what the kernels score: the
+  // bf16 reference below then holds for the FP8 run as is. Empty slots: E4M3 NaN codes, NaN scales.
+  std::vector<std::uint8_t> k8, v8;
+  std::vector<float> ks, vs;
+  if (c.fp8) {
+    k8.assign(kv_elems, 0x7f);
+    v8.assign(kv_elems, 0x7f);
+    ks.assign(kv_elems / static_cast<std::size_t>(c.d), kNaN);  // per (layer, slot, head), as the score cache
+    vs.assign(kv_elems / static_cast<std::size_t>(c.d), kNaN);  // (which recipes without history lack)
+    std::vector<float> x(static_cast<std::size_t>(c.d));
+    auto quantise = [&](std::vector<std::uint16_t>& bf, std::vector<std::uint8_t>& codes, std::vector<float>& scales,
+                        std::size_t at, std::size_t scale_at) {
+      for (int i = 0; i < c.d; ++i) x[static_cast<std::size_t>(i)] = from_bf16(bf[at + i]);
+      const float scale = zipage::cpu::fp8::quantize_head(x.data(), c.d, codes.data() + at);
+      scales[scale_at] = scale;
+      for (int i = 0; i < c.d; ++i) bf[at + i] = to_bf16(zipage::fp8_e4m3_to_f32(codes[at + i]) * scale);
+    };
+    for (int l = 0; l < c.layers; ++l)
+      for (int r = 0; r < nreq; ++r)
+        for (int j = 0; j < lens[static_cast<std::size_t>(r)]; ++j)
+          for (int h = 0; h < c.kvh; ++h) {
+            quantise(kb, k8, ks, kv_at(l, slot_of(r, j), h), sc_at(l, slot_of(r, j), h));
+            quantise(vb, v8, vs, kv_at(l, slot_of(r, j), h), sc_at(l, slot_of(r, j), h));
+          }
+  }
+
   // ---- CPU reference, threaded over (layer, request).
   zipage::cpu_kv_storage host(shape);  // scores sized by shape.score_cache
   for (std::size_t i = 0; i < kv_elems; ++i) {
@@ -256,12 +293,19 @@ void run_case(const case_spec& c) {
 
   // ---- GPU.
   dbuf<std::uint16_t> dk(kb), dv(vb), dq(qb);
-  dbuf<float> dsc(sc);
+  dbuf<std::uint8_t> dk8(k8), dv8(v8);
+  dbuf<float> dsc(sc), dks(ks), dvs(vs);
   dbuf<std::int32_t> dindptr(indptr), dindices(indices), dlen(lens), dslot(slots);
   dbuf<std::uint8_t> dfirst(first);
   zc::compress_params p;
   p.kv.k_cache = dk.p;
   p.kv.v_cache = dv.p;
+  if (c.fp8) {
+    p.kv.k_cache = dk8.p;
+    p.kv.v_cache = dv8.p;
+    p.kv.k_scale = dks.p;
+    p.kv.v_scale = dvs.p;
+  }
   p.score_cache = cache ? dsc.p : nullptr;
   p.query_cache = dq.p;
   p.num_layers = c.layers;
@@ -419,7 +463,19 @@ void run_case(const case_spec& c) {
     zipage::cpu::apply_compaction(host, plan);
   }
   std::size_t diff_k = 0, diff_v = 0, diff_s = 0;
+  const std::vector<std::uint8_t> k8_after = dk8.get(), v8_after = dv8.get();
+  const std::vector<float> ks_after = dks.get(), vs_after = dvs.get();
   for (std::size_t i = 0; i < kv_elems; ++i) {
+    if (c.fp8) {
+      // Codes and scales moved together: each element dequantises to the compacted reference (NaN in both
+      // for slots never written).
+      auto deq = [&](const std::vector<std::uint8_t>& codes, const std::vector<float>& scales) {
+        return to_bf16(zipage::fp8_e4m3_to_f32(codes[i]) * scales[i / static_cast<std::size_t>(c.d)]);
+      };
+      if (deq(k8_after, ks_after) != to_bf16(host.k[i])) ++diff_k;
+      if (deq(v8_after, vs_after) != to_bf16(host.v[i])) ++diff_v;
+      continue;
+    }
     if (!same_bits(from_bf16(k_after[i]), host.k[i])) ++diff_k;
     if (!same_bits(from_bf16(v_after[i]), host.v[i])) ++diff_v;
   }
@@ -432,10 +488,15 @@ void run_case(const case_spec& c) {
   // ---- compress() in one call on fresh copies of the inputs: bit-identical to the staged run.
   dk.put(kb);
   dv.put(vb);
+  dk8.put(k8);
+  dv8.put(v8);
+  dks.put(ks);
+  dvs.put(vs);
   dsc.put(sc);
   CUDA_OK(cudaMemset(ws.p, 0xff, ws_bytes));
   zc::compress(p, ws.p, ws_bytes, nullptr);
-  const bool same = dk.get() == k_after && dv.get() == v_after;
+  const bool same = dk.get() == k_after && dv.get() == v_after && dk8.get() == k8_after && dv8.get() == v8_after &&
+                    same_floats(dks.get(), ks_after) && same_floats(dvs.get(), vs_after);
   const std::vector<float> s_again = dsc.get();
   const bool same_s = std::memcmp(s_again.data(), s_after.data(), sc_elems * 4) == 0;
   check(same && same_s, name + ": compress() = staged run, bitwise");
@@ -518,6 +579,7 @@ int main() {
       run_case({64, 4, 2, 16, 2, {{48, false}, {80, true}, {30, false}}});
       run_case({128, 8, 1, 256, 2, {{768, true}, {700, false}}});
       run_case({64, 32, 1, 16, 2, {{48, true}, {40, false}}});
+      { case_spec c{128, 8, 2, 256, 2, {{768, true}, {700, false}}}; c.fp8 = true; run_case(c); }
       for (const char* policy : {"streaming_llm", "h2o", "snapkv", "rkv", "gkv"}) {
         case_spec c{64, 8, 2, 16, 2, {{48, false}, {80, true}, {30, false}}};
         c.policy = policy;
@@ -562,6 +624,23 @@ int main() {
       }
       // Full-sequence redundancy at the Qwen3-8B shape (rkv, and zipage with full_redundancy's recipe).
       { case_spec c{128, 32, 8, 256, 8, {{2304, false}, {2304, true}}}; c.policy = "rkv"; run_case(c); }
+      // FP8 K/V (E4M3 codes, per-(token, head) scales): the Qwen3-8B shape, two row tiles (G = 16), MHA with a
+      // padded window, full-sequence redundancy, a history-free policy, head_dim 64 with blocks of 16.
+      {
+        case_spec fp8_cases[] = {{128, 32, 8, 256, 8, {{2304, false}, {2304, true}, {3072, true}, {2304, false}}},
+                                 {64, 32, 2, 16, 3, batch_for(3, 16, true)},
+                                 {64, 3, 3, 256, 2, batch_for(2, 256, true)},
+                                 {128, 32, 8, 256, 8, {{2304, false}, {2304, true}}},
+                                 {128, 8, 2, 256, 2, batch_for(2, 256, false)},
+                                 {64, 8, 2, 16, 5, batch_for(5, 16, true)}};
+        fp8_cases[2].window = 24;
+        fp8_cases[3].policy = "rkv";
+        fp8_cases[4].policy = "snapkv";
+        for (auto& c : fp8_cases) {
+          c.fp8 = true;
+          run_case(c);
+        }
+      }
       // A first compression long after the budget (long prompt): 24 blocks down to 2.
       run_case({128, 16, 2, 256, 2, {{24 * 256, true}, {3 * 256, false}}});
       // Longer than the select kernel keeps in shared memory (24,576 tokens): keys in place in global memory.
