@@ -171,21 +171,45 @@ int max_smem_optin() {
   return optin;
 }
 
+int sm_count() {
+  static std::atomic<int> cache[64] = {};
+  int dev = 0;
+  ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
+  int sms = dev < 64 ? cache[dev].load(std::memory_order_relaxed) : 0;
+  if (sms == 0) {
+    ZIPAGE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    if (dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
+  }
+  return sms;
+}
+
+// Chunks per window-attention CTA: as many as keep ~8 CTAs per SM still to come (2 resident, so the last
+// wave is short), so that the Q tile is loaded once for many chunks and each chunk's keys arrive while the
+// previous one is computed.
+int attn_chunks_per_cta(std::int64_t segments, int chunks) {
+  const std::int64_t target = std::int64_t{sm_count()} * 8;
+  return static_cast<int>(std::clamp<std::int64_t>(segments * chunks / target, 1, chunks));
+}
+
 template <int D>
-void launch_score(const compress_args& a, unsigned segments, cudaStream_t stream) {
+void launch_score(compress_args a, unsigned segments, cudaStream_t stream) {
   static std::atomic<std::uint64_t> done_stats{0}, done_score{0};
   allow_max_smem(detail::window_attention_kernel<D, false>, done_stats);
   allow_max_smem(detail::window_attention_kernel<D, true>, done_score);
-  const dim3 grid(segments, static_cast<unsigned>(a.attn_chunks));
+  a.attn_chunks_per_cta = attn_chunks_per_cta(segments, a.attn_chunks);
+  const dim3 grid(segments, static_cast<unsigned>((a.attn_chunks + a.attn_chunks_per_cta - 1) / a.attn_chunks_per_cta));
   using cfg = detail::attn_config<D>;
-  detail::window_attention_kernel<D, false><<<grid, detail::kAttnThreads, cfg::smem_bytes(a.q_rows, false), stream>>>(a);
+  const bool fp8 = a.k8 != nullptr;
+  detail::window_attention_kernel<D, false>
+      <<<grid, detail::kAttnThreads, cfg::smem_bytes(a.q_rows, false, fp8), stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
   const std::int64_t rows = std::int64_t{segments} * a.rows_pad;
   constexpr int kRowsPerCta = detail::kMergeThreads / 32;
   detail::merge_stats_kernel<<<static_cast<unsigned>((rows + kRowsPerCta - 1) / kRowsPerCta), detail::kMergeThreads, 0,
                                stream>>>(a, rows);
   ZIPAGE_CUDA_CHECK_LAUNCH();
-  detail::window_attention_kernel<D, true><<<grid, detail::kAttnThreads, cfg::smem_bytes(a.q_rows, true), stream>>>(a);
+  detail::window_attention_kernel<D, true>
+      <<<grid, detail::kAttnThreads, cfg::smem_bytes(a.q_rows, true, fp8), stream>>>(a);
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

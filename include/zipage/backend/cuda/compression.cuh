@@ -6,11 +6,14 @@
 // blockIdx.x = segment index (layer * num_reqs + request) * kv_heads + head, blockIdx.y = chunk where
 // there are chunks.
 //
-//  window_attention_kernel<D, false>  softmax statistics: per (segment, 128-token chunk), for every
-//      window query row (w, g) the chunk's max logit and sum of exp (log2 domain) -> workspace.
+//  window_attention_kernel<D, false>  softmax statistics: each CTA walks consecutive 128-token chunks of one
+//      segment (the Q tile loaded once, the next chunk's keys arriving while one is computed: two key stages,
+//      FP8 codes dequantised in shared memory); per (window query row (w, g), chunk) the chunk's max logit and
+//      sum of exp (log2 domain) -> workspace.
 //  merge_stats_kernel   a warp per (segment, window row): the row's statistics over all chunks, merged
 //      once -> (max, 1 / sum) in the row's chunk-0 slot.
-//  window_attention_kernel<D, true>   scores: reads each row's merged statistics, recomputes the chunk's logits, p = softmax, A_j = mean_w max_g p; S_j = max(A_j, gamma * S_prev_j)
+//  window_attention_kernel<D, true>   scores, over the same chunks: recomputes the logits, p = softmax with
+//      the merged statistics, A_j = mean_w max_g p; S_j = max(A_j, gamma * S_prev_j)
 //      (or A_j + S_prev_j) for tokens with history, a thread per token -> workspace, and to the score
 //      cache when the recipe has one. Window rows are laid out w-major with the group padded to a power
 //      of two (Gp), so max over g and sum over w are shuffles inside a 16-row MMA tile.
@@ -41,8 +44,8 @@
 
 namespace zipage::cuda::detail {
 
-inline constexpr int kAttnChunk = 128;    // tokens per window-attention CTA
-inline constexpr int kAttnThreads = 128;  // 4 warps, each owns 16-token column groups
+inline constexpr int kAttnChunk = 128;    // tokens per window-attention step (a CTA walks several chunks)
+inline constexpr int kAttnThreads = 256;  // 8 warps, each owns 16-token column groups
 inline constexpr int kAttnMaxRows = 128;  // window query rows per pass (Q tile in shared memory)
 inline constexpr int kRedThreads = 256;   // final-score kernel: 8 warps
 inline constexpr int kRedMinChunk = 256;  // tokens per final-score CTA (>= block_size)
@@ -83,6 +86,7 @@ struct compress_args {
   int rows_pad;     // window * Gp rounded up to 16
   int attn_chunks;  // ceil(max_len / kAttnChunk)
   int q_rows;       // rows of the Q tile in shared memory: min(kAttnMaxRows, rows_pad)
+  int attn_chunks_per_cta;  // window attention: consecutive chunks of one segment walked by one CTA
   int red_chunk;    // tokens per final-score CTA
   float scale_log2;
   int history;     // 0 none, 1 decayed max (gamma), 2 accumulate
@@ -138,6 +142,21 @@ __device__ __forceinline__ void load_key_rows(std::uint32_t sk, const bf16* kbas
   }
 }
 
+// 8 E4M3 key codes times their scale, as bf16 (what the attention kernels read), to 16 bytes of shared memory.
+__device__ __forceinline__ void store_dequantised(std::uint32_t dst, uint2 codes, float scale) {
+  std::uint32_t w[4];
+  const std::uint32_t cw[2] = {codes.x, codes.y};
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const float2 lo = e4m3x2_to_f32x2(static_cast<std::uint16_t>(cw[j] & 0xffffu));
+    const float2 hi = e4m3x2_to_f32x2(static_cast<std::uint16_t>(cw[j] >> 16));
+    w[2 * j] = pack_bf16(lo.x * scale, lo.y * scale);
+    w[2 * j + 1] = pack_bf16(hi.x * scale, hi.y * scale);
+  }
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+               : "memory");
+}
+
 // load_key_rows for either cache: bf16 keys through cp.async, or FP8 keys dequantised in registers
 // (bf16(float(code) * scale), as the attention kernels read them) and stored to the tile directly.
 template <int D, int THREADS>
@@ -175,18 +194,7 @@ __device__ __forceinline__ void load_keys(const compress_args& a, const segment&
     for (int i = 0; i < kBatch; ++i) {
       const int c = c0 + i * THREADS;
       if (c >= items) break;
-      std::uint32_t w[4];
-      const std::uint32_t cw[2] = {codes[i].x, codes[i].y};
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const float2 lo = e4m3x2_to_f32x2(static_cast<std::uint16_t>(cw[j] & 0xffffu));
-        const float2 hi = e4m3x2_to_f32x2(static_cast<std::uint16_t>(cw[j] >> 16));
-        w[2 * j] = pack_bf16(lo.x * sc[i], lo.y * sc[i]);
-        w[2 * j + 1] = pack_bf16(hi.x * sc[i], hi.y * sc[i]);
-      }
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(sk + swz<D>(c / kChunks, c % kChunks)), "r"(w[0]),
-                   "r"(w[1]), "r"(w[2]), "r"(w[3])
-                   : "memory");
+      store_dequantised(sk + swz<D>(c / kChunks, c % kChunks), codes[i], sc[i]);
     }
   }
 }

@@ -10,15 +10,16 @@ namespace zipage::cuda::detail {
 
 template <int D>
 struct attn_config {
-  static constexpr int kKBytes = kAttnChunk * D * 2;
-  static constexpr int kQBytes = kAttnMaxRows * D * 2;
-  static constexpr int kCgs = kAttnChunk / 16;                 // 16-token column groups per chunk
-  static constexpr int kCgsPerWarp = kCgs / (kAttnThreads / 32);
-  static constexpr int kPartBytes = kAttnMaxRows * kCgs * 8;  // stats pass: (max, sum) per row and column group
-  static constexpr int kSmemBytes = kKBytes + kQBytes + kPartBytes + kAttnChunk * 4;  // at most
-  // For q_rows rows of window queries: K chunk | Q tile | per-row statistics | (score pass) the chunk's A.
-  static constexpr int smem_bytes(int q_rows, bool score) {
-    return kKBytes + q_rows * (D * 2 + (score ? 8 : kCgs * 8)) + (score ? kAttnChunk * 4 : 0);
+  static constexpr int kKBytes = kAttnChunk * D * 2;    // one bf16 key tile
+  static constexpr int kRawBytes = kAttnChunk * (D + 4);  // one FP8 stage: codes [chunk][D] | scales [chunk]
+  static constexpr int kCgs = kAttnChunk / 16;           // 16-token column groups per chunk
+  static constexpr int kCgsPerWarp = (kCgs + kAttnThreads / 32 - 1) / (kAttnThreads / 32);
+  // Two key stages (the chunk being read, the next one arriving): bf16 tiles, or FP8 stages and the one
+  // bf16 tile they are dequantised into.
+  __host__ __device__ static constexpr int key_bytes(bool fp8) { return fp8 ? 2 * kRawBytes + kKBytes : 2 * kKBytes; }
+  // Key stages | Q tile of q_rows window rows | per-row statistics | (score pass) the chunk's A.
+  __host__ __device__ static constexpr int smem_bytes(int q_rows, bool score, bool fp8) {
+    return key_bytes(fp8) + q_rows * (D * 2 + (score ? 8 : kCgs * 8)) + (score ? kAttnChunk * 4 : 0);
   }
 };
 
@@ -57,44 +58,84 @@ __global__ void __launch_bounds__(kMergeThreads) merge_stats_kernel(const compre
   if (lane == 0) st[0] = make_float2(m, l > 0.0f ? 1.0f / l : 0.0f);  // only lane 0 read slot 0
 }
 
+// Issues the copies of chunk `chunk`'s keys into key stage `stage`: bf16 straight into a swizzled tile,
+// FP8 codes and scales as stored (dequantise_stage turns them into the tile once they have arrived).
+template <int D>
+__device__ __forceinline__ void issue_key_chunk(const compress_args& a, const segment& sg, std::uint32_t skeys,
+                                                const std::int32_t* pages, int chunk, int stage, int len, int tid) {
+  using cfg = attn_config<D>;
+  const int start = chunk * kAttnChunk;
+  const std::int64_t token_stride = std::int64_t{a.num_kv_heads} * D;
+  if (a.k8 == nullptr) {
+    load_key_rows<D, kAttnThreads>(skeys + stage * cfg::kKBytes, a.k + sg.layer * a.kv_layer_stride + sg.head * D,
+                                   token_stride, pages, a.bs_shift, start, kAttnChunk, len, tid);
+    return;
+  }
+  const std::uint32_t raw = skeys + stage * cfg::kRawBytes;
+  const std::uint8_t* kb = a.k8 + sg.layer * a.kv_layer_stride + sg.head * D;
+  constexpr int kPieces = D / 16;
+  for (int c = tid; c < kAttnChunk * kPieces; c += kAttnThreads) {
+    const int r = c / kPieces, piece = c % kPieces;
+    const bool valid = start + r < len;
+    const std::uint8_t* src = valid ? kb + token_slot(pages, a.bs_shift, start + r) * token_stride + piece * 16 : kb;
+    cp_async_16(raw + r * D + piece * 16, src, valid);
+  }
+  const float* sb = a.k_scale + sg.layer * a.score_layer_stride + sg.head;
+  for (int r = tid; r < kAttnChunk; r += kAttnThreads) {
+    const bool valid = start + r < len;
+    const float* src = valid ? sb + token_slot(pages, a.bs_shift, start + r) * a.num_kv_heads : sb;
+    cp_async_4(raw + kAttnChunk * D + r * 4, src, valid);
+  }
+}
+
+// FP8 stage -> the bf16 key tile (tokens past the end were zero-filled: code 0 times scale 0).
+template <int D>
+__device__ __forceinline__ void dequantise_stage(const unsigned char* raw, std::uint32_t sk, int tid) {
+  constexpr int kChunks = D / 8;
+  const float* scales = reinterpret_cast<const float*>(raw + kAttnChunk * D);
+  for (int c = tid; c < kAttnChunk * kChunks; c += kAttnThreads) {
+    const int r = c / kChunks, ch = c % kChunks;
+    store_dequantised(sk + swz<D>(r, ch), *reinterpret_cast<const uint2*>(raw + r * D + ch * 8), scales[r]);
+  }
+}
+
+// Window attention over chunks [blockIdx.y * chunks_per_cta, ...) of segment blockIdx.x: the Q tile is
+// loaded once (when the window rows fit one tile) and each chunk's keys arrive while the previous chunk
+// is computed (two key stages).
+//  SCORE = false: per (window row, chunk) the chunk's max logit and sum of exp -> a.stats.
+//  SCORE = true:  with each row's merged statistics (merge_stats_kernel), p = softmax, A_j = mean_w max_g p,
+//                 merged with the history -> a.imp (and the score cache).
 template <int D, bool SCORE>
-__global__ void __launch_bounds__(kAttnThreads) window_attention_kernel(const compress_args a) {
+__global__ void __launch_bounds__(kAttnThreads, 2) window_attention_kernel(const compress_args a) {
   using cfg = attn_config<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int sh = blockIdx.x;
-  const int chunk = blockIdx.y;
   const segment sg = decompose(a, sh);
   const int len = a.kv_len[sg.req];
-  const int start = chunk * kAttnChunk;
-  if (start >= len) return;
+  const int chunk_begin = blockIdx.y * a.attn_chunks_per_cta;
+  const int chunk_end = min((len + kAttnChunk - 1) / kAttnChunk, chunk_begin + a.attn_chunks_per_cta);
+  if (chunk_begin >= chunk_end) return;
   const std::int32_t* pages = a.page_indices + a.page_indptr[sg.req];
   const int qslot = a.slot[sg.req];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int gp = 1 << a.gp_shift;
+  const bool fp8 = a.k8 != nullptr;
 
-  const std::uint32_t sk = smem_addr(smem);
-  const std::uint32_t sq = sk + cfg::kKBytes;
-  float2* part = reinterpret_cast<float2*>(smem + cfg::kKBytes + a.q_rows * D * 2);  // [rows][kCgs] or row (M, 1/L)
+  const std::uint32_t skeys = smem_addr(smem);
+  const int key_bytes = cfg::key_bytes(fp8);
+  const std::uint32_t sq = skeys + key_bytes;
+  float2* part = reinterpret_cast<float2*>(smem + key_bytes + a.q_rows * D * 2);  // [rows][kCgs] or row (M, 1/L)
+  float* chunk_a = reinterpret_cast<float*>(smem + key_bytes + a.q_rows * (D * 2 + 8));  // score pass: A of the chunk
 
-  load_keys<D, kAttnThreads>(a, sg, sk, pages, start, kAttnChunk, len, tid);
-  cp_async_commit();
-
-  const int n_cgs = min(cfg::kCgs, (len - start + 15) / 16);  // column groups holding tokens
-  const int first_window_pos = len - a.window;                 // query w sits at first_window_pos + w
+  const int first_window_pos = len - a.window;  // query w sits at first_window_pos + w
   const bf16* qbase = a.q + sg.layer * a.q_layer_stride +
                       (static_cast<std::int64_t>(qslot) * a.window * a.num_q_heads + sg.head * a.group) * D;
   const std::int64_t q_row_stride = std::int64_t{a.num_q_heads} * D;  // between window positions w
+  const float2* row_stats = a.stats + static_cast<std::int64_t>(sh) * a.rows_pad * a.attn_chunks;
 
-  float acc[cfg::kCgsPerWarp][2][2];  // SCORE: sum over w of max over g of p, per owned column
-  float runmax[cfg::kCgsPerWarp][2][2];
-#pragma unroll
-  for (int i = 0; i < cfg::kCgsPerWarp; ++i)
-#pragma unroll
-    for (int n = 0; n < 2; ++n) acc[i][n][0] = acc[i][n][1] = runmax[i][n][0] = runmax[i][n][1] = 0.0f;
-
-  for (int row0 = 0; row0 < a.rows_pad; row0 += kAttnMaxRows) {
-    const int rows = min(kAttnMaxRows, a.rows_pad - row0);
-    __syncthreads();  // the previous pass's Q tile and row data are no longer read
+  // Rows [row0, row0 + rows) of the window queries -> the Q tile (cp.async); the score pass also reads
+  // their merged statistics.
+  auto load_rows = [&](int row0, int rows) {
     for (int c = tid; c < rows * (D / 8); c += kAttnThreads) {
       const int r = c / (D / 8), ch = c % (D / 8);
       const int gr = row0 + r;
@@ -102,154 +143,186 @@ __global__ void __launch_bounds__(kAttnThreads) window_attention_kernel(const co
       const bool valid = w < a.window && g < a.group;
       cp_async_16(sq + swz<D>(r, ch), valid ? qbase + w * q_row_stride + g * D + ch * 8 : qbase, valid);
     }
+    if constexpr (SCORE)
+      for (int r = tid; r < rows; r += kAttnThreads) part[r] = row_stats[static_cast<std::int64_t>(row0 + r) * a.attn_chunks];
+  };
+  const bool q_resident = a.rows_pad <= kAttnMaxRows;  // one row tile for every chunk
+  if (q_resident) load_rows(0, a.rows_pad);
+  issue_key_chunk<D>(a, sg, skeys, pages, chunk_begin, 0, len, tid);
+  cp_async_commit();
+
+  for (int chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+    const int stage = (chunk - chunk_begin) & 1;
+    if (chunk + 1 < chunk_end) issue_key_chunk<D>(a, sg, skeys, pages, chunk + 1, stage ^ 1, len, tid);
     cp_async_commit();
-    if constexpr (SCORE) {
-      // Each row's softmax normaliser over the whole request (merge_stats_kernel left it in chunk 0's slot).
-      for (int r = tid; r < rows; r += kAttnThreads)
-        part[r] = a.stats[(static_cast<std::int64_t>(sh) * a.rows_pad + row0 + r) * a.attn_chunks];
-    }
-    cp_async_wait<0>();
+    cp_async_wait<1>();  // this chunk's keys (and the Q tile) have arrived; the next chunk's may still be in flight
     __syncthreads();
-
-    const int rts = rows / 16;
-#pragma unroll
-    for (int ci = 0; ci < cfg::kCgsPerWarp; ++ci) {
-      const int cg = warp + ci * (kAttnThreads / 32);
-      if (cg >= n_cgs) continue;  // warp-uniform
-      for (int rt = 0; rt < rts; ++rt) {
-        std::uint32_t qf[D / 16][4];
-        load_q_fragments<D>(qf, sq, rt * 16, lane);
-        float s[2][4] = {};
-        qk_tile<D, 2>(s, qf, sk, cg * 16, lane);
-        // Mask: invalid rows (padding of the group or the window), tokens past the end, and tokens
-        // after the query's own position (causal inside the current block).
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int gr = row0 + rt * 16 + (lane >> 2) + 8 * hr;
-          const int w = gr >> a.gp_shift, g = gr & (gp - 1);
-          const bool row_ok = w < a.window && g < a.group;
-          const int limit = first_window_pos + w;  // last token the query may see
-#pragma unroll
-          for (int n = 0; n < 2; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int j = start + cg * 16 + n * 8 + 2 * (lane & 3) + e;
-              float& v = s[n][2 * hr + e];
-              v = (row_ok && j < len && j <= limit) ? v * a.scale_log2 : -INFINITY;
-            }
-        }
-        if constexpr (!SCORE) {
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            float mx = fmaxf(fmaxf(s[0][2 * hr], s[0][2 * hr + 1]), fmaxf(s[1][2 * hr], s[1][2 * hr + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float base = mx == -INFINITY ? 0.0f : mx;
-            float l = exp2f(s[0][2 * hr] - base) + exp2f(s[0][2 * hr + 1] - base) + exp2f(s[1][2 * hr] - base) +
-                      exp2f(s[1][2 * hr + 1] - base);
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            if ((lane & 3) == 0) part[(rt * 16 + (lane >> 2) + 8 * hr) * cfg::kCgs + cg] = make_float2(mx, l);
-          }
-        } else {
-          float p[2][2][2];  // [half][n][e]
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const float2 ml = part[rt * 16 + (lane >> 2) + 8 * hr];
-#pragma unroll
-            for (int n = 0; n < 2; ++n)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const float v = s[n][2 * hr + e];
-                p[hr][n][e] = v == -INFINITY ? 0.0f : exp2f(v - ml.x) * ml.y;
-              }
-          }
-          if (gp < 16) {
-            // Rows lane/4 and lane/4 + 8 of the tile are (w, g) = (r / Gp, r % Gp): max over g is a
-            // shuffle over lane bits 2 .. 2 + log2(Gp) - 1, sum over w over the remaining bits and the halves.
-#pragma unroll
-            for (int n = 0; n < 2; ++n)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                float x0 = p[0][n][e], x1 = p[1][n][e];
-                for (int o = 4; o < 4 * gp; o <<= 1) {
-                  x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o));
-                  x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o));
-                }
-                for (int o = 4 * gp; o < 32; o <<= 1) {
-                  x0 += __shfl_xor_sync(0xffffffffu, x0, o);
-                  x1 += __shfl_xor_sync(0xffffffffu, x1, o);
-                }
-                acc[ci][n][e] += x0 + x1;
-              }
-          } else {
-            // The tile is (part of) one window query: max over its 16 rows, then over its Gp/16 tiles.
-            const bool last_tile_of_w = (((row0 >> 4) + rt + 1) & ((gp >> 4) - 1)) == 0;
-#pragma unroll
-            for (int n = 0; n < 2; ++n)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                float x = fmaxf(p[0][n][e], p[1][n][e]);
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
-                runmax[ci][n][e] = fmaxf(runmax[ci][n][e], x);
-                if (last_tile_of_w) {
-                  acc[ci][n][e] += runmax[ci][n][e];
-                  runmax[ci][n][e] = 0.0f;
-                }
-              }
-          }
-        }
-      }
-    }
-    if constexpr (!SCORE) {
+    std::uint32_t sk = skeys + stage * cfg::kKBytes;
+    if (fp8) {
+      sk = skeys + 2 * cfg::kRawBytes;
+      dequantise_stage<D>(smem + stage * cfg::kRawBytes, sk, tid);
       __syncthreads();
-      for (int r = tid; r < rows; r += kAttnThreads) {
-        float m = -INFINITY;
-        for (int cg = 0; cg < n_cgs; ++cg) m = fmaxf(m, part[r * cfg::kCgs + cg].x);
-        float l = 0.0f;
-        if (m != -INFINITY)
-          for (int cg = 0; cg < n_cgs; ++cg) {
-            const float2 x = part[r * cfg::kCgs + cg];
-            if (x.x != -INFINITY) l += x.y * exp2f(x.x - m);
-          }
-        a.stats[(static_cast<std::int64_t>(sh) * a.rows_pad + row0 + r) * a.attn_chunks + chunk] = make_float2(m, l);
-      }
     }
-  }
+    const int start = chunk * kAttnChunk;
+    const int n_cgs = min(cfg::kCgs, (len - start + 15) / 16);  // column groups holding tokens
 
-  if constexpr (SCORE) {
-    // A = sum / W, staged in shared memory so that every thread merges one token with the history (S) into
-    // the workspace, and into the score cache if kept (one gather latency, not a chain of them).
-    float* chunk_a = reinterpret_cast<float*>(smem + cfg::kKBytes + a.q_rows * (D * 2 + 8));
-    const float inv_w = 1.0f / static_cast<float>(a.window);
-    if (lane < 4) {
+    float acc[cfg::kCgsPerWarp][2][2];  // SCORE: sum over w of max over g of p, per owned column
+    float runmax[cfg::kCgsPerWarp][2][2];
+#pragma unroll
+    for (int i = 0; i < cfg::kCgsPerWarp; ++i)
+#pragma unroll
+      for (int n = 0; n < 2; ++n) acc[i][n][0] = acc[i][n][1] = runmax[i][n][0] = runmax[i][n][1] = 0.0f;
+
+    for (int row0 = 0; row0 < a.rows_pad; row0 += kAttnMaxRows) {
+      const int rows = min(kAttnMaxRows, a.rows_pad - row0);
+      if (!q_resident) {
+        __syncthreads();  // the previous row tile's Q and row data are no longer read
+        load_rows(row0, rows);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+      }
+      const int rts = rows / 16;
 #pragma unroll
       for (int ci = 0; ci < cfg::kCgsPerWarp; ++ci) {
         const int cg = warp + ci * (kAttnThreads / 32);
-        if (cg >= n_cgs) continue;
+        if (cg >= n_cgs) continue;  // warp-uniform
+        for (int rt = 0; rt < rts; ++rt) {
+          std::uint32_t qf[D / 16][4];
+          load_q_fragments<D>(qf, sq, rt * 16, lane);
+          float s[2][4] = {};
+          qk_tile<D, 2>(s, qf, sk, cg * 16, lane);
+          // Mask: invalid rows (padding of the group or the window), tokens past the end, and tokens
+          // after the query's own position (causal inside the current block).
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+          for (int hr = 0; hr < 2; ++hr) {
+            const int gr = row0 + rt * 16 + (lane >> 2) + 8 * hr;
+            const int w = gr >> a.gp_shift, g = gr & (gp - 1);
+            const bool row_ok = w < a.window && g < a.group;
+            const int limit = first_window_pos + w;  // last token the query may see
 #pragma unroll
-          for (int e = 0; e < 2; ++e) chunk_a[cg * 16 + n * 8 + 2 * lane + e] = acc[ci][n][e] * inv_w;
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int j = start + cg * 16 + n * 8 + 2 * (lane & 3) + e;
+                float& v = s[n][2 * hr + e];
+                v = (row_ok && j < len && j <= limit) ? v * a.scale_log2 : -INFINITY;
+              }
+          }
+          if constexpr (!SCORE) {
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+              float mx = fmaxf(fmaxf(s[0][2 * hr], s[0][2 * hr + 1]), fmaxf(s[1][2 * hr], s[1][2 * hr + 1]));
+              mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+              mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+              const float base = mx == -INFINITY ? 0.0f : mx;
+              float l = exp2f(s[0][2 * hr] - base) + exp2f(s[0][2 * hr + 1] - base) + exp2f(s[1][2 * hr] - base) +
+                        exp2f(s[1][2 * hr + 1] - base);
+              l += __shfl_xor_sync(0xffffffffu, l, 1);
+              l += __shfl_xor_sync(0xffffffffu, l, 2);
+              if ((lane & 3) == 0) part[(rt * 16 + (lane >> 2) + 8 * hr) * cfg::kCgs + cg] = make_float2(mx, l);
+            }
+          } else {
+            float p[2][2][2];  // [half][n][e]
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+              const float2 ml = part[rt * 16 + (lane >> 2) + 8 * hr];
+#pragma unroll
+              for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  const float v = s[n][2 * hr + e];
+                  p[hr][n][e] = v == -INFINITY ? 0.0f : exp2f(v - ml.x) * ml.y;
+                }
+            }
+            if (gp < 16) {
+              // Rows lane/4 and lane/4 + 8 of the tile are (w, g) = (r / Gp, r % Gp): max over g is a
+              // shuffle over lane bits 2 .. 2 + log2(Gp) - 1, sum over w over the remaining bits and the halves.
+#pragma unroll
+              for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  float x0 = p[0][n][e], x1 = p[1][n][e];
+                  for (int o = 4; o < 4 * gp; o <<= 1) {
+                    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o));
+                    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o));
+                  }
+                  for (int o = 4 * gp; o < 32; o <<= 1) {
+                    x0 += __shfl_xor_sync(0xffffffffu, x0, o);
+                    x1 += __shfl_xor_sync(0xffffffffu, x1, o);
+                  }
+                  acc[ci][n][e] += x0 + x1;
+                }
+            } else {
+              // The tile is (part of) one window query: max over its 16 rows, then over its Gp/16 tiles.
+              const bool last_tile_of_w = (((row0 >> 4) + rt + 1) & ((gp >> 4) - 1)) == 0;
+#pragma unroll
+              for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  float x = fmaxf(p[0][n][e], p[1][n][e]);
+                  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+                  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+                  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+                  runmax[ci][n][e] = fmaxf(runmax[ci][n][e], x);
+                  if (last_tile_of_w) {
+                    acc[ci][n][e] += runmax[ci][n][e];
+                    runmax[ci][n][e] = 0.0f;
+                  }
+                }
+            }
+          }
+        }
+      }
+      if constexpr (!SCORE) {
+        __syncthreads();
+        for (int r = tid; r < rows; r += kAttnThreads) {
+          float m = -INFINITY;
+          for (int cg = 0; cg < n_cgs; ++cg) m = fmaxf(m, part[r * cfg::kCgs + cg].x);
+          float l = 0.0f;
+          if (m != -INFINITY)
+            for (int cg = 0; cg < n_cgs; ++cg) {
+              const float2 x = part[r * cfg::kCgs + cg];
+              if (x.x != -INFINITY) l += x.y * exp2f(x.x - m);
+            }
+          a.stats[(static_cast<std::int64_t>(sh) * a.rows_pad + row0 + r) * a.attn_chunks + chunk] = make_float2(m, l);
+        }
       }
     }
-    __syncthreads();
-    const bool first = a.first[sg.req] != 0;
-    const int history = (first || a.history == 0) ? 0 : max(0, len - (1 << a.bs_shift));
-    float* ibase = a.imp + static_cast<std::int64_t>(sh) * a.max_len;
-    for (int t = tid; t < kAttnChunk && start + t < len; t += kAttnThreads) {
-      const int j = start + t;
-      const float attn = chunk_a[t];
-      float sc = attn;
-      if (a.history != 0) {
-        float* dst = a.scores + sg.layer * a.score_layer_stride + sg.head + token_slot(pages, a.bs_shift, j) * a.num_kv_heads;
-        if (j < history) sc = a.history == 1 ? fmaxf(attn, a.gamma * *dst) : attn + *dst;
-        *dst = sc;
+
+    if constexpr (SCORE) {
+      // A = sum / W, staged in shared memory so that every thread merges one token with the history (S)
+      // into the workspace, and into the score cache if kept (one gather latency, not a chain of them).
+      const float inv_w = 1.0f / static_cast<float>(a.window);
+      if (lane < 4) {
+#pragma unroll
+        for (int ci = 0; ci < cfg::kCgsPerWarp; ++ci) {
+          const int cg = warp + ci * (kAttnThreads / 32);
+          if (cg >= n_cgs) continue;
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) chunk_a[cg * 16 + n * 8 + 2 * lane + e] = acc[ci][n][e] * inv_w;
+        }
       }
-      ibase[j] = sc;
+      __syncthreads();
+      const bool first = a.first[sg.req] != 0;
+      const int history = (first || a.history == 0) ? 0 : max(0, len - (1 << a.bs_shift));
+      float* ibase = a.imp + static_cast<std::int64_t>(sh) * a.max_len;
+      for (int t = tid; t < kAttnChunk && start + t < len; t += kAttnThreads) {
+        const int j = start + t;
+        const float attn = chunk_a[t];
+        float sc = attn;
+        if (a.history != 0) {
+          float* dst =
+              a.scores + sg.layer * a.score_layer_stride + sg.head + token_slot(pages, a.bs_shift, j) * a.num_kv_heads;
+          if (j < history) sc = a.history == 1 ? fmaxf(attn, a.gamma * *dst) : attn + *dst;
+          *dst = sc;
+        }
+        ibase[j] = sc;
+      }
     }
+    __syncthreads();  // this chunk's stage, tile and row data are read before the next issue overwrites them
   }
 }
 
