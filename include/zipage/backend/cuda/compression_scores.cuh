@@ -506,7 +506,9 @@ __global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const 
   tile_inv_norms<D, kRedThreads>(smem, cf, inv_norm, tid);  // a zero key has similarity 0 to everything
   __syncthreads();
 
-  float rsum[kRounds][2][2] = {};  // row sums of the warp's row tiles (quad-reduced)
+  // Each row's own sum goes to r in the workspace at once (read back by the same lane below): registers held
+  // across the Gram loop are what limits this kernel to 80 per thread.
+  float* red = a.red + static_cast<std::int64_t>(sh) * a.max_len + start;
   bool had_dup = false;
 #pragma unroll
   for (int round = 0; round < kRounds; ++round)
@@ -543,17 +545,18 @@ __global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const 
             }
           }
         if (ct != rt) {
-          // Column sums over the tile's 16 rows: the lanes of one column differ in bits 2-4.
-#pragma unroll
-          for (int nn = 0; nn < 2; ++nn)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float x = c[nn][e] + c[nn][2 + e];
-              x += __shfl_xor_sync(0xffffffffu, x, 4);
-              x += __shfl_xor_sync(0xffffffffu, x, 8);
-              x += __shfl_xor_sync(0xffffffffu, x, 16);
-              if (lane < 4) colsum[gram_pair_index(rt, ct, tb) * 16 + nn * 8 + 2 * lane + e] = x;
-            }
+          // Column sums over the tile's 16 rows (the lanes of one column differ in bits 2-4), reduce-scattered:
+          // the xor-4 step keeps half of a lane's four columns (nn = bit 2), the xor-8 step one (e = bit 3), so
+          // lanes 0-15 end with one column each; 4 shuffles instead of 12, the same sums (same pairs added).
+          const bool b2 = (lane & 4) != 0, b3 = (lane & 8) != 0;
+          const float e0 = __shfl_xor_sync(0xffffffffu, b2 ? c[0][0] + c[0][2] : c[1][0] + c[1][2], 4);
+          const float k0 = (b2 ? c[1][0] + c[1][2] : c[0][0] + c[0][2]) + e0;
+          const float e1 = __shfl_xor_sync(0xffffffffu, b2 ? c[0][1] + c[0][3] : c[1][1] + c[1][3], 4);
+          const float k1 = (b2 ? c[1][1] + c[1][3] : c[0][1] + c[0][3]) + e1;
+          float x = b3 ? k1 : k0;
+          x += __shfl_xor_sync(0xffffffffu, b3 ? k0 : k1, 8);
+          x += __shfl_xor_sync(0xffffffffu, x, 16);
+          if (lane < 16) colsum[gram_pair_index(rt, ct, tb) * 16 + (b2 ? 8 : 0) + 2 * (lane & 3) + (b3 ? 1 : 0)] = x;
         }
         if (__any_sync(0xffffffffu, any)) {
           had_dup = true;
@@ -564,14 +567,14 @@ __global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const 
       for (int hr = 0; hr < 2; ++hr) {
         rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 1);
         rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 2);
-        rsum[round][which][hr] = rs[hr];
+        const int m = rt * 16 + (lane >> 2) + 8 * hr;
+        if ((lane & 3) == 0 && m < n) red[m] = rs[hr];
       }
     }
   const bool any_dup = __syncthreads_or(had_dup);
 
   // r = row sum + the column sums of the pairs above the row's tile - the terms of the columns whose newest
   // duplicate the token is; the four lanes of a quad split the work, then add up in a fixed order.
-  float* red = a.red + static_cast<std::int64_t>(sh) * a.max_len + start;
   const int q = lane & 3;
 #pragma unroll
   for (int round = 0; round < kRounds; ++round)
@@ -594,7 +597,7 @@ __global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const 
         }
         extra += __shfl_xor_sync(0xffffffffu, extra, 1);
         extra += __shfl_xor_sync(0xffffffffu, extra, 2);
-        if (q == 0 && m < n) red[m] = rsum[round][which][hr] + extra;
+        if (q == 0 && m < n) red[m] += extra;
       }
     }
 }
