@@ -1,6 +1,8 @@
 #pragma once
 // Compression kernels, stages 1-5: window attention and the global score, redundancy, the final score.
 // Arguments, segments and shared helpers: compression.cuh (with the overview of every stage).
+#include <type_traits>
+
 #include "zipage/backend/cuda/compression.cuh"
 
 namespace zipage::cuda::detail {
@@ -334,6 +336,9 @@ __global__ void __launch_bounds__(kAttnThreads, 2) window_attention_kernel(const
 // 16-token tiles: tb tiles per block (1 when blocks are shorter than a tile, which leaves only the
 // diagonal tiles), tb (tb - 1) / 2 off-diagonal tile pairs per block.
 __host__ __device__ constexpr int gram_tiles_per_block(int block_size) { return block_size >= 16 ? block_size / 16 : 1; }
+// log2 of gram_tiles_per_block for a power-of-two block size (the kernel divides by shifts: tile indices
+// are computed per tile product, and a division by a runtime value costs ~20 instructions).
+__host__ __device__ constexpr int gram_tile_shift(int bs_shift) { return bs_shift > 4 ? bs_shift - 4 : 0; }
 __host__ __device__ constexpr int gram_pairs(int chunk, int block_size) {
   const int tb = gram_tiles_per_block(block_size);
   return chunk / 16 / tb * (tb * (tb - 1) / 2);
@@ -407,24 +412,26 @@ __device__ __forceinline__ void tile_inv_norms(const unsigned char* kbytes, int 
 
 // Row tile of a chunk handled k-th: inside each block the order 0, tb-1, 1, tb-2, ..., so the two row tiles
 // a warp takes at a time (k = 2w, 2w + 1) cost tb + 1 tile products together (the triangle's rows shrink).
-__device__ __forceinline__ int gram_row_tile(int k, int tb) {
-  const int b = k / tb, i = k % tb;
-  return b * tb + ((i & 1) ? tb - 1 - (i >> 1) : (i >> 1));
+__device__ __forceinline__ int gram_row_tile(int k, int tb_shift) {
+  const int tb = 1 << tb_shift;
+  const int i = k & (tb - 1);
+  return (k & ~(tb - 1)) + ((i & 1) ? tb - 1 - (i >> 1) : (i >> 1));
 }
 
 // The row tile a warp handles as `which` (0 or 1) of round `round`, or -1 where the chunk has no such tile
 // (past its tiles, or past the tokens it holds: `tiles` row tiles).
-__device__ __forceinline__ int warp_row_tile(int round, int which, int warp, int chunk, int tb, int tiles) {
+__device__ __forceinline__ int warp_row_tile(int round, int which, int warp, int chunk, int tb_shift, int tiles) {
   const int k = round * 2 * (kRedThreads / 32) + 2 * warp + which;
   if (k * 16 >= chunk) return -1;
-  const int rt = gram_row_tile(k, tb);
+  const int rt = gram_row_tile(k, tb_shift);
   return rt < tiles ? rt : -1;
 }
 
 // Column sums of the off-diagonal pair (rt < ct) of one block: slot of the pair in the chunk's table.
-__device__ __forceinline__ int gram_pair_index(int rt, int ct, int tb) {
-  const int rl = rt % tb, cl = ct % tb;
-  return rt / tb * (tb * (tb - 1) / 2) + cl * (cl - 1) / 2 + rl;
+__device__ __forceinline__ int gram_pair_index(int rt, int ct, int tb_shift) {
+  const int tb = 1 << tb_shift;
+  const int rl = rt & (tb - 1), cl = ct & (tb - 1);
+  return (rt >> tb_shift) * (tb * (tb - 1) / 2) + cl * (cl - 1) / 2 + rl;
 }
 
 // Newest-duplicate candidates of one 16 x 16 cosine tile (c: the accumulator layout of qk_tile, rows
@@ -490,7 +497,7 @@ __global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const 
   const std::int32_t* pages = a.page_indices + a.page_indptr[sg.req];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int bs = 1 << a.bs_shift;
-  const int tb = gram_tiles_per_block(bs);
+  const int tb_shift = gram_tile_shift(a.bs_shift), tb = 1 << tb_shift;  // == gram_tiles_per_block(bs)
   const int tiles = (n + 15) >> 4;         // row tiles holding tokens
 
   const std::uint32_t sk = smem_addr(smem);
@@ -514,7 +521,7 @@ __global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const 
   for (int round = 0; round < kRounds; ++round)
 #pragma unroll
     for (int which = 0; which < 2; ++which) {
-      const int rt = warp_row_tile(round, which, warp, cf, tb, tiles);
+      const int rt = warp_row_tile(round, which, warp, cf, tb_shift, tiles);
       if (rt < 0) continue;  // warp-uniform
       std::uint32_t qf[D / 16][4];
       load_q_fragments<D>(qf, sk, rt * 16, lane);
@@ -522,7 +529,11 @@ __global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const 
       const float ri[2] = {inv_norm[r0], inv_norm[r0 + 8]};
       const int ct_end = min(tiles, rt - rt % tb + tb);
       float rs[2] = {0.0f, 0.0f};
-      for (int ct = rt; ct < ct_end; ++ct) {
+      // Pairs (rt, ct > rt) of rt's block: gram_pair_index(rt, ct, tb_shift) = pair_base + cl (cl - 1) / 2.
+      const int pair_base = (rt >> tb_shift) * (tb * (tb - 1) / 2) + (rt & (tb - 1));
+      // One tile product (rt, ct); the diagonal tile (ct == rt, the first) is its own instantiation, so the
+      // off-diagonal ones carry no masking.
+      auto tile = [&](int ct, auto diagonal) {
         float c[2][4] = {};
         qk_tile<D, 2>(c, qf, sk, ct * 16, lane);
         const int c0 = ct * 16 + 2 * (lane & 3);
@@ -535,7 +546,7 @@ __global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const 
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
               float v = c[nn][2 * hr + e] * ri[hr] * ci;
-              if (ct == rt) {  // diagonal tile: not a token with itself, nor across blocks (blocks < 16 tokens)
+              if constexpr (decltype(diagonal)::value) {  // not a token with itself, nor across blocks (< 16 tokens)
                 const int m = r0 + 8 * hr, col = c0 + nn * 8 + e;
                 if (m == col || ((m ^ col) >> a.bs_shift) != 0) v = 0.0f;
               }
@@ -544,7 +555,7 @@ __global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const 
               any |= v > 0.5f;
             }
           }
-        if (ct != rt) {
+        if constexpr (!decltype(diagonal)::value) {
           // Column sums over the tile's 16 rows (the lanes of one column differ in bits 2-4), reduce-scattered:
           // the xor-4 step keeps half of a lane's four columns (nn = bit 2), the xor-8 step one (e = bit 3), so
           // lanes 0-15 end with one column each; 4 shuffles instead of 12, the same sums (same pairs added).
@@ -556,13 +567,16 @@ __global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const 
           float x = b3 ? k1 : k0;
           x += __shfl_xor_sync(0xffffffffu, b3 ? k0 : k1, 8);
           x += __shfl_xor_sync(0xffffffffu, x, 16);
-          if (lane < 16) colsum[gram_pair_index(rt, ct, tb) * 16 + (b2 ? 8 : 0) + 2 * (lane & 3) + (b3 ? 1 : 0)] = x;
+          const int cl = ct & (tb - 1);
+          if (lane < 16) colsum[(pair_base + cl * (cl - 1) / 2) * 16 + (b2 ? 8 : 0) + 2 * (lane & 3) + (b3 ? 1 : 0)] = x;
         }
         if (__any_sync(0xffffffffu, any)) {
           had_dup = true;
-          fold_duplicates(c, rt * 16, ct * 16, lane, ct != rt, dup);
+          fold_duplicates(c, rt * 16, ct * 16, lane, !decltype(diagonal)::value, dup);
         }
-      }
+      };
+      tile(rt, std::true_type{});
+      for (int ct = rt + 1; ct < ct_end; ++ct) tile(ct, std::false_type{});
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 1);
@@ -580,14 +594,14 @@ __global__ void __launch_bounds__(kRedThreads, 3) block_similarity_kernel(const 
   for (int round = 0; round < kRounds; ++round)
 #pragma unroll
     for (int which = 0; which < 2; ++which) {
-      const int rt = warp_row_tile(round, which, warp, cf, tb, tiles);
+      const int rt = warp_row_tile(round, which, warp, cf, tb_shift, tiles);
       if (rt < 0) continue;
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int m = rt * 16 + (lane >> 2) + 8 * hr;
         float extra = 0.0f;
         for (int above = rt - rt % tb + q; above < rt; above += 4)
-          extra += colsum[gram_pair_index(above, rt, tb) * 16 + (m & 15)];
+          extra += colsum[gram_pair_index(above, rt, tb_shift) * 16 + (m & 15)];
         if (any_dup) {
           const int b0 = m & ~(bs - 1), b1 = min(n, b0 + bs);  // chunks start on a block boundary
           for (int col = b0 + q; col < b1; col += 4) {
