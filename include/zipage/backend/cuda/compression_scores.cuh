@@ -149,6 +149,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) window_attention_kernel(const
       for (int r = tid; r < rows; r += kAttnThreads) part[r] = row_stats[static_cast<std::int64_t>(row0 + r) * a.attn_chunks];
   };
   const bool q_resident = a.rows_pad <= kAttnMaxRows;  // one row tile for every chunk
+  const bool rows_unpadded = a.group == gp && a.window * gp == a.rows_pad;
   if (q_resident) load_rows(0, a.rows_pad);
   issue_key_chunk<D>(a, sg, skeys, pages, chunk_begin, 0, len, tid);
   cp_async_commit();
@@ -167,6 +168,9 @@ __global__ void __launch_bounds__(kAttnThreads, 2) window_attention_kernel(const
     }
     const int start = chunk * kAttnChunk;
     const int n_cgs = min(cfg::kCgs, (len - start + 15) / 16);  // column groups holding tokens
+    // Every query sees every token of the chunk (it ends at or before the first window position) and no
+    // row is padding: no masking (most chunks of a long request).
+    const bool interior = rows_unpadded && start + kAttnChunk - 1 <= first_window_pos;
 
     float acc[cfg::kCgsPerWarp][2][2];  // SCORE: sum over w of max over g of p, per owned column
     float runmax[cfg::kCgsPerWarp][2][2];
@@ -189,27 +193,36 @@ __global__ void __launch_bounds__(kAttnThreads, 2) window_attention_kernel(const
       for (int ci = 0; ci < cfg::kCgsPerWarp; ++ci) {
         const int cg = warp + ci * (kAttnThreads / 32);
         if (cg >= n_cgs) continue;  // warp-uniform
-        for (int rt = 0; rt < rts; ++rt) {
+        // One 16-row tile of window queries against the warp's column group; `masked`: the chunk holds tokens
+        // some query may not see (past the end, or after the query's position) or the rows have padding.
+        auto row_tile = [&](int rt, auto masked) {
           std::uint32_t qf[D / 16][4];
           load_q_fragments<D>(qf, sq, rt * 16, lane);
           float s[2][4] = {};
           qk_tile<D, 2>(s, qf, sk, cg * 16, lane);
-          // Mask: invalid rows (padding of the group or the window), tokens past the end, and tokens
-          // after the query's own position (causal inside the current block).
+          if constexpr (decltype(masked)::value) {
+            // Mask: invalid rows (padding of the group or the window), tokens past the end, and tokens
+            // after the query's own position (causal inside the current block).
 #pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int gr = row0 + rt * 16 + (lane >> 2) + 8 * hr;
-            const int w = gr >> a.gp_shift, g = gr & (gp - 1);
-            const bool row_ok = w < a.window && g < a.group;
-            const int limit = first_window_pos + w;  // last token the query may see
+            for (int hr = 0; hr < 2; ++hr) {
+              const int gr = row0 + rt * 16 + (lane >> 2) + 8 * hr;
+              const int w = gr >> a.gp_shift, g = gr & (gp - 1);
+              const bool row_ok = w < a.window && g < a.group;
+              const int limit = first_window_pos + w;  // last token the query may see
+#pragma unroll
+              for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  const int j = start + cg * 16 + n * 8 + 2 * (lane & 3) + e;
+                  float& v = s[n][2 * hr + e];
+                  v = (row_ok && j < len && j <= limit) ? v * a.scale_log2 : -INFINITY;
+                }
+            }
+          } else {
 #pragma unroll
             for (int n = 0; n < 2; ++n)
 #pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int j = start + cg * 16 + n * 8 + 2 * (lane & 3) + e;
-                float& v = s[n][2 * hr + e];
-                v = (row_ok && j < len && j <= limit) ? v * a.scale_log2 : -INFINITY;
-              }
+              for (int i = 0; i < 4; ++i) s[n][i] *= a.scale_log2;
           }
           if constexpr (!SCORE) {
 #pragma unroll
@@ -234,7 +247,8 @@ __global__ void __launch_bounds__(kAttnThreads, 2) window_attention_kernel(const
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                   const float v = s[n][2 * hr + e];
-                  p[hr][n][e] = v == -INFINITY ? 0.0f : exp2f(v - ml.x) * ml.y;
+                  if constexpr (decltype(masked)::value) p[hr][n][e] = v == -INFINITY ? 0.0f : exp2f(v - ml.x) * ml.y;
+                  else p[hr][n][e] = exp2f(v - ml.x) * ml.y;
                 }
             }
             if (gp < 16) {
@@ -245,13 +259,11 @@ __global__ void __launch_bounds__(kAttnThreads, 2) window_attention_kernel(const
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                   float x0 = p[0][n][e], x1 = p[1][n][e];
-                  for (int o = 4; o < 4 * gp; o <<= 1) {
-                    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o));
-                    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o));
-                  }
-                  for (int o = 4 * gp; o < 32; o <<= 1) {
-                    x0 += __shfl_xor_sync(0xffffffffu, x0, o);
-                    x1 += __shfl_xor_sync(0xffffffffu, x1, o);
+#pragma unroll
+                  for (int o = 4; o < 32; o <<= 1) {  // unrolled: the levels below 4 Gp take the max, the rest add
+                    const float y0 = __shfl_xor_sync(0xffffffffu, x0, o), y1 = __shfl_xor_sync(0xffffffffu, x1, o);
+                    x0 = o < 4 * gp ? fmaxf(x0, y0) : x0 + y0;
+                    x1 = o < 4 * gp ? fmaxf(x1, y1) : x1 + y1;
                   }
                   acc[ci][n][e] += x0 + x1;
                 }
@@ -274,7 +286,11 @@ __global__ void __launch_bounds__(kAttnThreads, 2) window_attention_kernel(const
                 }
             }
           }
-        }
+        };
+        if (interior)
+          for (int rt = 0; rt < rts; ++rt) row_tile(rt, std::false_type{});
+        else
+          for (int rt = 0; rt < rts; ++rt) row_tile(rt, std::true_type{});
       }
       if constexpr (!SCORE) {
         __syncthreads();
