@@ -171,23 +171,11 @@ int max_smem_optin() {
   return optin;
 }
 
-int sm_count() {
-  static std::atomic<int> cache[64] = {};
-  int dev = 0;
-  ZIPAGE_CUDA_CHECK(cudaGetDevice(&dev));
-  int sms = dev < 64 ? cache[dev].load(std::memory_order_relaxed) : 0;
-  if (sms == 0) {
-    ZIPAGE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    if (dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
-  }
-  return sms;
-}
-
 // Chunks per window-attention CTA: as many as keep ~8 CTAs per SM still to come (2 resident, so the last
 // wave is short), so that the Q tile is loaded once for many chunks and each chunk's keys arrive while the
 // previous one is computed.
 int attn_chunks_per_cta(std::int64_t segments, int chunks) {
-  const std::int64_t target = std::int64_t{sm_count()} * 8;
+  const std::int64_t target = std::int64_t{detail::device_multiprocessors()} * 8;
   return static_cast<int>(std::clamp<std::int64_t>(segments * chunks / target, 1, chunks));
 }
 
