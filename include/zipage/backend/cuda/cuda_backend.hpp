@@ -103,8 +103,8 @@ struct cuda_backend_options {
   // Draw tokens on the device (sample()); false: sample() copies the logits to the host and runs the CPU
   // sampler there (same tokens, for comparisons).
   bool device_sampling = true;
-  // Compress requests of recipe-scored policies on the device (compress_on_device(), bf16 only); false:
-  // decline, so the engine's host path (gather, score on the host, apply_compaction) runs.
+  // Compress requests of recipe-scored policies on the device (compress_on_device(); bf16 compute dtype, bf16 or
+  // FP8 cache); false: decline, so the engine's host path (gather, score on the host, apply_compaction) runs.
   bool device_compression = true;
   std::size_t gemm_workspace_bytes = std::size_t{32} << 20;
   // Decode steps through CUDA graphs (run_decode_graph), for batches up to max_graph_batch sequences.
