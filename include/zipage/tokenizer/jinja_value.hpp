@@ -432,10 +432,7 @@ inline void json_string(std::string& out, std::string_view s, bool ensure_ascii)
     } else {  // a UTF-8 sequence as \uXXXX (a surrogate pair above U+FFFF); an ill-formed one as U+FFFD
       const auto r = utf8::scan(s.substr(i));
       unsigned code = 0xFFFD;
-      if (r.state == utf8::status::valid) {
-        code = r.length == 4 ? c & 7u : r.length == 3 ? c & 15u : c & 31u;
-        for (std::size_t k = 1; k < r.length; ++k) code = (code << 6) | (static_cast<unsigned char>(s[i + k]) & 63u);
-      }
+      if (r.state == utf8::status::valid) code = static_cast<unsigned>(utf8::decode_valid(s.substr(i), r.length));
       i += r.length - 1;
       if (code >= 0x10000) {
         code -= 0x10000;

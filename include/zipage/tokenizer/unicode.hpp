@@ -39,20 +39,12 @@ inline std::vector<unit> decode_units(std::string_view s) {
   out.reserve(s.size());
   for (std::size_t pos = 0; pos < s.size();) {
     const auto r = utf8::scan(s.substr(pos));
-    const auto b0 = static_cast<unsigned char>(s[pos]);
     if (r.state != utf8::status::valid) {
       out.push_back({invalid, static_cast<std::uint32_t>(pos), 1});
       ++pos;
       continue;
     }
-    char32_t cp = 0;
-    switch (r.length) {
-      case 1: cp = b0; break;
-      case 2: cp = b0 & 0x1Fu; break;
-      case 3: cp = b0 & 0x0Fu; break;
-      default: cp = b0 & 0x07u; break;
-    }
-    for (std::size_t i = 1; i < r.length; ++i) cp = (cp << 6) | (static_cast<unsigned char>(s[pos + i]) & 0x3Fu);
+    const char32_t cp = utf8::decode_valid(s.substr(pos), r.length);
     out.push_back({cp, static_cast<std::uint32_t>(pos), static_cast<std::uint32_t>(r.length)});
     pos += r.length;
   }

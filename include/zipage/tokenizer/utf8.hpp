@@ -60,6 +60,14 @@ struct lead_info {
   return {status::valid, lead.length};
 }
 
+// The code point of the well-formed sequence of `length` bytes at the front of `s` (scan() said valid).
+[[nodiscard]] constexpr char32_t decode_valid(std::string_view s, std::size_t length) noexcept {
+  const auto b0 = static_cast<unsigned char>(s[0]);
+  char32_t cp = length == 1 ? b0 : length == 2 ? b0 & 0x1Fu : length == 3 ? b0 & 0x0Fu : b0 & 0x07u;
+  for (std::size_t i = 1; i < length; ++i) cp = (cp << 6) | (static_cast<unsigned char>(s[i]) & 0x3Fu);
+  return cp;
+}
+
 [[nodiscard]] constexpr bool is_valid(std::string_view s) noexcept {
   for (std::size_t pos = 0; pos < s.size();) {
     const auto r = scan(s.substr(pos));
