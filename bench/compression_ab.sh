@@ -19,7 +19,9 @@ case "${1:-}" in
     mkdir -p "$root/.carry-src/.nccl" "$root/.carry-old"
     git -C "$root" archive "$new" -- . ':!models' ':!data' ':!tests/data' ':!docs' | tar -x -C "$root/.carry-src"
     git -C "$root" archive "$old" -- . ':!models' ':!data' ':!tests/data' ':!docs' | tar -x -C "$root/.carry-old"
+    mkdir -p "$root/.carry-old/.nccl"
     cp /usr/local/cuda/include/nccl.h "$root/.carry-src/.nccl/"
+    cp /usr/local/cuda/include/nccl.h "$root/.carry-old/.nccl/"
     echo "new $(git -C "$root" rev-parse --short "$new") in .carry-src, old $(git -C "$root" rev-parse --short "$old") in .carry-old"
     ;;
   run)
@@ -28,13 +30,10 @@ case "${1:-}" in
     progress() { echo "$* ($(date +%T))" >> "$L/progress"; }
     echo "start $(date +%T)" > "$L/progress"
     nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > "$L/gpu.txt" 2>&1
-    nccl_lib=$(ls /usr/lib/x86_64-linux-gnu/libnccl.so* 2>/dev/null | head -1 || true)
-    build() {  # name source-dir
-      for d in models data tests/data; do ln -sfn "$root/$d" "$2/$d"; done
-      cmake -S "$2" -B "/tmp/cab-$1" -DCMAKE_BUILD_TYPE=Release -DZIPAGE_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-        -DZIPAGE_BUILD_PREBUILT=OFF -DZIPAGE_NCCL_INCLUDE_DIR="$root/.carry-src/.nccl" ${nccl_lib:+-DZIPAGE_NCCL_LIBRARY=$nccl_lib} \
-        > "$L/configure-$1.log" 2>&1 &&
-        cmake --build "/tmp/cab-$1" -j 8 --target test_cuda_compression bench_compression > "$L/build-$1.log" 2>&1
+    build() {  # name source-dir: bench/device_build.sh's configure and build, logs in $L/<name>/
+      mkdir -p "$L/$1"
+      SRC=$2 BD=/tmp/cab-$1 OUT=$L/$1 TARGETS="test_cuda_compression bench_compression" JOBS=8 \
+        "$root/bench/device_build.sh" build > /dev/null
       progress "$1 build rc=$?"
     }
     build old "$root/.carry-old" &

@@ -16,7 +16,7 @@
 # device image has the library only).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-SRC="$root/.carry-src"
+SRC="${SRC:-$root/.carry-src}"  # `build` of another packed tree: SRC=dir (with its own .nccl/nccl.h)
 case "${1:-}" in
   pack)
     rm -rf "$SRC" && mkdir -p "$SRC/.nccl"
