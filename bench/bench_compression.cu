@@ -9,8 +9,9 @@
 // same batch, same pool). The fraction compress / decode is the overhead of compression on attention.
 //
 // Every built-in policy's recipe (policies.hpp) is timed at batches 1 / 4 / 16 / 64 / 128 (per request: the
-// batch's time / batch); zipage also stage by stage, and with an FP8 KV cache at batches 1 / 4 / 16 (last,
-// since its codes overwrite the bf16 pool).
+// batch's time / batch); zipage also stage by stage, then with keys alike within each block (cosine ~0.55, as
+// a real model's keys are: the redundancy's newest-duplicate rule runs on most tiles; random keys never reach
+// it) and with an FP8 KV cache, at batches 1 / 4 / 16 (last, since each overwrites the pool's keys).
 //
 // Each case: bf16 K/V/queries with random values, shuffled page tables over a pool sized for the largest
 // batch; the time is device time from CUDA events around a CUDA graph of R back-to-back calls (manual
@@ -59,6 +60,29 @@ constexpr int kSteps = kBlock;  // decode steps between two compressions
 template <class T>
 using dbuf = zipage::testing::device_buffer<T>;
 
+__device__ __forceinline__ float hash_uniform(std::uint64_t i, std::uint32_t seed) {  // in [-1, 1)
+  std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ static_cast<std::uint32_t>(i >> 32) * 40503u ^ seed;
+  x ^= x >> 15;
+  x *= 2246822519u;
+  x ^= x >> 13;
+  x *= 3266489917u;
+  x ^= x >> 16;
+  return static_cast<float>(x >> 8) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+// Keys alike within each (layer, physical block, KV head), as a real model's are: 0.74 x a direction of the
+// block + 0.67 x noise per element, so two keys of a block have a cosine of ~0.55 (about half the pairs above
+// the redundancy's 0.5 threshold, where the newest-duplicate rule runs). bf16 bits; [slots][kv_heads][D] per layer.
+__global__ void fill_similar_keys(std::uint16_t* k, std::size_t n, int head_dim, int kv_heads, int block, int slots) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
+    const std::size_t d = i % head_dim, h = i / head_dim % kv_heads, slot = i / (std::size_t(head_dim) * kv_heads);
+    const std::size_t layer = slot / slots, blk = slot % slots / block;
+    const std::uint64_t dir = ((layer * 1000003u + blk) * kv_heads + h) * head_dim + d;
+    const float x = 0.74f * hash_uniform(dir, 21u) + 0.67f * hash_uniform(i, 22u);
+    k[i] = __bfloat16_as_ushort(__float2bfloat16(x));
+  }
+}
+
 // E4M3 codes from a hash, NaN codes (S.1111.111) replaced by the largest finite magnitude.
 __global__ void fill_e4m3(std::uint8_t* p, std::size_t n, std::uint32_t seed) {
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
@@ -99,13 +123,22 @@ struct model_pool {
                       1.0f / kCompressLen, nullptr);
     CK(cudaDeviceSynchronize());
   }
+  // What K holds: random values, then (the `_similar` cases) keys alike within each block, then (the `_fp8`
+  // cases, registered last) an FP8 cache. A case that needs an earlier state than the pool's reports an error.
+  enum class keys { random, similar, fp8 } state = keys::random;
+  void make_similar() {
+    if (state != keys::random) return;
+    fill_similar_keys<<<1024, 256>>>(k, layer_elems * kLayers, kHeadDim, kKvHeads, kBlock, num_blocks * kBlock);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    state = keys::similar;
+  }
   // An FP8 cache (docs/fp8.md) in the first half of the K and V allocations: E4M3 codes, fp32 scales per
   // (slot, KV head). Overwrites the bf16 values, so the FP8 cases are registered last.
-  bool holds_fp8 = false;
   float* k_scale = nullptr;
   float* v_scale = nullptr;
   void make_fp8() {
-    if (holds_fp8) return;
+    if (state == keys::fp8) return;
     const std::size_t codes = layer_elems * kLayers;
     fill_e4m3<<<1024, 256>>>(reinterpret_cast<std::uint8_t*>(k), codes, 11u);
     fill_e4m3<<<1024, 256>>>(reinterpret_cast<std::uint8_t*>(v), codes, 12u);
@@ -115,7 +148,7 @@ struct model_pool {
     zc::fill_constant(zipage::cuda_dtype::f32, k_scale, static_cast<std::int64_t>(score_layer) * kLayers, 1.0f / 240, nullptr);
     zc::fill_constant(zipage::cuda_dtype::f32, v_scale, static_cast<std::int64_t>(score_layer) * kLayers, 1.0f / 240, nullptr);
     CK(cudaDeviceSynchronize());
-    holds_fp8 = true;
+    state = keys::fp8;
   }
 } g_pool;
 
@@ -192,11 +225,14 @@ zipage::score_recipe recipe_named(const std::string& name) {
 
 const std::vector<std::string> kPolicies = {"zipage", "streaming_llm", "h2o", "snapkv", "rkv", "gkv"};
 
-void bm_compress(benchmark::State& state, int n, stage st, bool first, const std::string& policy, bool fp8 = false) {
-  if (!fp8 && g_pool.holds_fp8) {
-    state.SkipWithError("the pool holds the FP8 cache by now (FP8 cases run last)");
+void bm_compress(benchmark::State& state, int n, stage st, bool first, const std::string& policy,
+                 model_pool::keys keys = model_pool::keys::random) {
+  if (keys < g_pool.state) {
+    state.SkipWithError("the pool's keys were overwritten by a later case (random, then _similar, then _fp8)");
     return;
   }
+  const bool fp8 = keys == model_pool::keys::fp8;
+  if (keys == model_pool::keys::similar) g_pool.make_similar();
   if (fp8) g_pool.make_fp8();
   const batch b(n);
   dbuf<std::int32_t> indptr(b.indptr), indices(b.indices), slots(b.slots),
@@ -245,7 +281,8 @@ void bm_compress(benchmark::State& state, int n, stage st, bool first, const std
   }, passes);
   state.counters["ms"] = s * 1e3;
   state.counters["workspace_MB"] = ws_bytes / 1e6;
-  g_results[std::string("compress/") + policy + (fp8 ? "_fp8" : "") + "/" + stage_name(st) + "/" + std::to_string(n) +
+  const char* suffix = fp8 ? "_fp8" : keys == model_pool::keys::similar ? "_similar" : "";
+  g_results[std::string("compress/") + policy + suffix + "/" + stage_name(st) + "/" + std::to_string(n) +
             (first ? "/first" : "")] = s;
 }
 
@@ -326,6 +363,14 @@ void print_summary(const std::vector<int>& batches) {
     }
     std::printf("\n");
   }
+  std::printf("\nzipage with keys alike within each block (cosine ~0.55), against random keys (ms):\n\n"
+              "| batch | compress | select | random keys: compress | select |\n|---:|---:|---:|---:|---:|\n");
+  for (int n : kFp8Batches) {
+    const std::string ns = std::to_string(n);
+    std::printf("| %d | %.3f | %.3f | %.3f | %.3f |\n", n, get("compress/zipage_similar/total/" + ns) * 1e3,
+                get("compress/zipage_similar/select/" + ns) * 1e3, get("compress/zipage/total/" + ns) * 1e3,
+                get("compress/zipage/select/" + ns) * 1e3);
+  }
   std::printf("\nzipage with an FP8 KV cache (E4M3 codes, a scale per slot and KV head), stage by stage:\n\n"
               "| batch | compress (ms) | per request | score | select | compact |\n|---:|---:|---:|---:|---:|---:|\n");
   for (int n : kFp8Batches) {
@@ -371,10 +416,17 @@ int main(int argc, char** argv) {
                                      [=](benchmark::State& s) { bm_decode(s, n, ctx); })
             ->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
     }
-    for (int n : kFp8Batches)  // last: they overwrite the bf16 pool
+    // Then keys alike within a block (the redundancy's newest-duplicate rule runs on most tiles), then FP8: each
+    // overwrites the pool's keys, so they come last, in this order.
+    for (int n : kFp8Batches)
+      for (stage st : {stage::total, stage::select})
+        benchmark::RegisterBenchmark(("compress/zipage_similar/" + std::string(stage_name(st)) + "/batch" + std::to_string(n)).c_str(),
+                                     [=](benchmark::State& s) { bm_compress(s, n, st, false, "zipage", model_pool::keys::similar); })
+            ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+    for (int n : kFp8Batches)
       for (stage st : {stage::total, stage::score, stage::select, stage::compact})
         benchmark::RegisterBenchmark(("compress/zipage_fp8/" + std::string(stage_name(st)) + "/batch" + std::to_string(n)).c_str(),
-                                     [=](benchmark::State& s) { bm_compress(s, n, st, false, "zipage", true); })
+                                     [=](benchmark::State& s) { bm_compress(s, n, st, false, "zipage", model_pool::keys::fp8); })
             ->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
