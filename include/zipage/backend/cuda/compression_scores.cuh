@@ -38,6 +38,29 @@ __device__ __forceinline__ void merge_softmax_stats(float& m, float& l, float om
   m = mx;
 }
 
+// Score pass, Gp < 16: a 16-row MMA tile holds whole window queries, rows lane / 4 and lane / 4 + 8 being
+// (w, g) = (r / Gp, r % Gp). A column's A contribution is the sum over w of the max over g of p: over lane bits
+// 2 .. 2 + log2(Gp) - 1 a max, over the remaining bits and the two halves (hr) a sum. The lane's 8 values
+// p[hr][n][e] are reduce-scattered over lane bits 2, 3, 4 (each level keeps half of them: hr = bit 2, then
+// n = bit 3, then e = bit 4: 7 shuffles instead of 24, the same pairs combined level by level, so the same
+// result), then the halves are added: the lane returns column n * 8 + 2 (lane % 4) + e's value, n = bit 3,
+// e = bit 4 (lanes l and l ^ 4 hold the same).
+__device__ __forceinline__ float window_column_score(const float (&p)[2][2][2], int lane, int gp) {
+  const bool b2 = (lane & 4) != 0, b3 = (lane & 8) != 0, b4 = (lane & 16) != 0;
+  auto level = [gp](float mine, float other, int o) { return o < 4 * gp ? fmaxf(mine, other) : mine + other; };
+  float y[2][2];  // [n][e] of half hr = b2, over lanes l, l ^ 4
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      y[n][e] = level(b2 ? p[1][n][e] : p[0][n][e], __shfl_xor_sync(0xffffffffu, b2 ? p[0][n][e] : p[1][n][e], 4), 4);
+  float z[2];  // [e] of n = b3, over lanes l, l ^ 4, l ^ 8, l ^ 12
+#pragma unroll
+  for (int e = 0; e < 2; ++e) z[e] = level(b3 ? y[1][e] : y[0][e], __shfl_xor_sync(0xffffffffu, b3 ? y[0][e] : y[1][e], 8), 8);
+  const float x = level(b4 ? z[1] : z[0], __shfl_xor_sync(0xffffffffu, b4 ? z[0] : z[1], 16), 16);
+  return x + __shfl_xor_sync(0xffffffffu, x, 4);  // the other half (hr) of the same column
+}
+
 inline constexpr int kMergeThreads = 256;
 
 // Between the two passes: each window row's softmax statistics over the whole request, merged once per
@@ -172,7 +195,8 @@ __global__ void __launch_bounds__(kAttnThreads, 2) window_attention_kernel(const
     // row is padding: no masking (most chunks of a long request).
     const bool interior = rows_unpadded && start + kAttnChunk - 1 <= first_window_pos;
 
-    float acc[cfg::kCgsPerWarp][2][2];  // SCORE: sum over w of max over g of p, per owned column
+    // SCORE: sum over w of max over g of p, per owned column (Gp < 16: one column per lane, in acc[ci][0][0])
+    float acc[cfg::kCgsPerWarp][2][2];
     float runmax[cfg::kCgsPerWarp][2][2];
 #pragma unroll
     for (int i = 0; i < cfg::kCgsPerWarp; ++i)
@@ -254,19 +278,8 @@ __global__ void __launch_bounds__(kAttnThreads, 2) window_attention_kernel(const
             if (gp < 16) {
               // Rows lane/4 and lane/4 + 8 of the tile are (w, g) = (r / Gp, r % Gp): max over g is a
               // shuffle over lane bits 2 .. 2 + log2(Gp) - 1, sum over w over the remaining bits and the halves.
-#pragma unroll
-              for (int n = 0; n < 2; ++n)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  float x0 = p[0][n][e], x1 = p[1][n][e];
-#pragma unroll
-                  for (int o = 4; o < 32; o <<= 1) {  // unrolled: the levels below 4 Gp take the max, the rest add
-                    const float y0 = __shfl_xor_sync(0xffffffffu, x0, o), y1 = __shfl_xor_sync(0xffffffffu, x1, o);
-                    x0 = o < 4 * gp ? fmaxf(x0, y0) : x0 + y0;
-                    x1 = o < 4 * gp ? fmaxf(x1, y1) : x1 + y1;
-                  }
-                  acc[ci][n][e] += x0 + x1;
-                }
+              // Reduce-scattered: the lane keeps one of its 8 values, (hr, n, e) = lane bits (2, 3, 4).
+              acc[ci][0][0] += window_column_score(p, lane, gp);
             } else {
               // The tile is (part of) one window query: max over its 16 rows, then over its Gp/16 tiles.
               const bool last_tile_of_w = (((row0 >> 4) + rt + 1) & ((gp >> 4) - 1)) == 0;
@@ -312,7 +325,17 @@ __global__ void __launch_bounds__(kAttnThreads, 2) window_attention_kernel(const
       // A = sum / W, staged in shared memory so that every thread merges one token with the history (S)
       // into the workspace, and into the score cache if kept (one gather latency, not a chain of them).
       const float inv_w = 1.0f / static_cast<float>(a.window);
-      if (lane < 4) {
+      if (gp < 16) {
+        // acc[ci][0][0]: column (lane bit 3) * 8 + 2 (lane % 4) + (lane bit 4), in lanes l and l ^ 4.
+        if ((lane & 4) == 0) {
+#pragma unroll
+          for (int ci = 0; ci < cfg::kCgsPerWarp; ++ci) {
+            const int cg = warp + ci * (kAttnThreads / 32);
+            if (cg < n_cgs)
+              chunk_a[cg * 16 + ((lane >> 3) & 1) * 8 + 2 * (lane & 3) + ((lane >> 4) & 1)] = acc[ci][0][0] * inv_w;
+          }
+        }
+      } else if (lane < 4) {
 #pragma unroll
         for (int ci = 0; ci < cfg::kCgsPerWarp; ++ci) {
           const int cg = warp + ci * (kAttnThreads / 32);
