@@ -52,7 +52,7 @@ inline constexpr int kRedMinChunk = 256;  // tokens per final-score CTA (>= bloc
 inline constexpr int kSelThreads = 256;
 inline constexpr int kSelItems = 8;
 inline constexpr int kCompactThreads = 256;
-inline constexpr int kCompactTile = 64;  // tokens per compaction tile
+inline constexpr int kCompactTileBytes = 16 * 1024;  // K bytes per compaction tile (as many again of V)
 
 struct compress_args {
   bf16* k;

@@ -117,12 +117,14 @@ __global__ void __launch_bounds__(kSelThreads) select_kernel(const compress_args
 // Stage 7: in-place compaction.
 
 // One segment (layer, request, KV head) per CTA: kept token i moves from slot kept[i] to slot i, front to back in
-// tiles of kCompactTile tokens. Its K and V rows move in 16-byte chunks (bf16: D / 8 per token; FP8 codes:
+// tiles of kCompactTileBytes of K (bf16, head_dim 128: 64 tokens; FP8: 128), so that either cache has the same bytes in
+// flight between two barriers. Its K and V rows move in 16-byte chunks (bf16: D / 8 per token; FP8 codes:
 // D / 16), and with them its score-cache entry and, in an FP8 cache, its K and V scales, bit for bit.
 template <int D, bool kFp8>
 __global__ void __launch_bounds__(kCompactThreads) compact_kernel(const compress_args a) {
   constexpr int kElementBytes = kFp8 ? 1 : 2;
   constexpr int kChunks = D * kElementBytes / 16;
+  constexpr int kCompactTile = kCompactTileBytes / (D * kElementBytes);  // tokens per tile
   constexpr int kPer = (kCompactTile * kChunks + kCompactThreads - 1) / kCompactThreads;  // chunks per thread per side
   static_assert(kCompactTile <= kCompactThreads);
   const int sh = blockIdx.x;
