@@ -10,7 +10,7 @@ DEFAULT_DEADLINE=${DEFAULT_DEADLINE:-560}
 SUMMARY_NAME=${SUMMARY_NAME:-gpu_tests_summary.txt}
 . "$(dirname "$0")/lib.sh"
 TESTS=${TESTS-test_gpu_device test_cuda_engine}  # set and empty: none
-CONCURRENT=${CONCURRENT-test_cuda_wgmma test_cuda_kernels test_cuda_compression test_cuda_sampling test_cuda_fp8_kv test_nccl_communicator test_tp_nccl_engine}
+CONCURRENT=${CONCURRENT-test_cuda_wgmma test_cuda_kernels test_cuda_compression test_cuda_config_sweep test_cuda_sampling test_cuda_fp8_kv test_nccl_communicator test_tp_nccl_engine}
 PER_TEST_S=${PER_TEST_S:-240}
 LOG="$OUT/gpu_tests.log"
 : > "$LOG"
