@@ -449,8 +449,10 @@ class api {
   }
 
   // A chat request's messages as the template reads them (OpenAI's message objects): roles checked
-  // ("developer" is OpenAI's newer "system"), text content parts joined, assistant tool calls' JSON
-  // "arguments" strings parsed into objects (as vLLM hands them to templates); other fields pass through.
+  // ("developer" is OpenAI's newer "system"), text content parts joined, a null or missing content made ""
+  // (an assistant turn with tool calls comes back from OpenAI's clients with "content": null, and templates
+  // test or split it as a string), assistant tool calls' JSON "arguments" strings parsed into objects (as
+  // vLLM hands them all to templates); other fields pass through.
   static json chat_messages(const json& body) {
     const json* msgs = field(body, "messages");
     if (!msgs) bad_param("messages", "'messages' is required");
@@ -462,20 +464,20 @@ class api {
       if (!role || !role->is_string()) bad_param("messages", "each message needs a string 'role'");
       json msg = m;
       if (*role == "developer") msg["role"] = "system";
-      if (const json* c = field(m, "content")) {
-        if (c->is_array()) {
-          std::string content;
-          for (const auto& part : *c) {
-            const json* type = part.is_object() ? field(part, "type") : nullptr;
-            const json* text = part.is_object() ? field(part, "text") : nullptr;
-            if (!type || *type != "text" || !text || !text->is_string())
-              bad_param("messages", "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
-            content += text->get<std::string>();
-          }
-          msg["content"] = std::move(content);
-        } else if (!c->is_string() && !c->is_null()) {
-          bad_param("messages", "a message's 'content' must be a string, null or a list of text parts, got " + got(*c));
+      if (const json* c = field(m, "content"); !c) {  // missing or null
+        msg["content"] = "";
+      } else if (c->is_array()) {
+        std::string content;
+        for (const auto& part : *c) {
+          const json* type = part.is_object() ? field(part, "type") : nullptr;
+          const json* text = part.is_object() ? field(part, "text") : nullptr;
+          if (!type || *type != "text" || !text || !text->is_string())
+            bad_param("messages", "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
+          content += text->get<std::string>();
         }
+        msg["content"] = std::move(content);
+      } else if (!c->is_string()) {
+        bad_param("messages", "a message's 'content' must be a string, null or a list of text parts, got " + got(*c));
       }
       if (const json* calls = field(m, "tool_calls"); calls && !calls->is_null()) {
         if (!calls->is_array()) bad_param("messages", "'tool_calls' must be a list");

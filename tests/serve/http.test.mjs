@@ -211,6 +211,18 @@ await run('serve_http_chat_template', async (servers) => {
                     function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
                     { role: 'tool', tool_call_id: 'c1', content: '22C' }];
   assert.ok(await prompt({ messages: toolTurn }) > (await prompt({ messages: user })) + 10);
+  // OpenAI's clients send a tool-calling turn back with "content": null (or none): the template gets "", as under
+  // vLLM (Qwen3's template tests '</think>' in it, which failed on null with a 400).
+  const ids = async (messages) => {
+    const r = await post(server.base, '/tokenize', { messages });
+    assert.equal(r.status, 200, r.text);
+    return r.json.tokens;
+  };
+  const [, call, result] = toolTurn;
+  const { content: _, ...callWithoutContent } = call;
+  for (const c of [{ ...call, content: null }, callWithoutContent])
+    assert.deepEqual(await ids([...user, c, result]), await ids(toolTurn));
+  assert.deepEqual(await ids([{ role: 'user', content: null }]), await ids([{ role: 'user', content: '' }]));
   const tools = [{ type: 'function', function: { name: 'get_weather', description: 'The weather in a city',
                    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
   assert.ok(await prompt({ messages: user, tools, tool_choice: 'none' }) > (await prompt({ messages: user })) + 30);
