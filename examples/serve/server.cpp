@@ -449,10 +449,10 @@ class api {
   }
 
   // A chat request's messages as the template reads them (OpenAI's message objects): roles checked
-  // ("developer" is OpenAI's newer "system"), text content parts joined, a null or missing content made ""
-  // (an assistant turn with tool calls comes back from OpenAI's clients with "content": null, and templates
-  // test or split it as a string), assistant tool calls' JSON "arguments" strings parsed into objects (as
-  // vLLM hands them all to templates); other fields pass through.
+  // ("developer" is OpenAI's newer "system"), text content parts joined by newlines, a null or missing content
+  // made "" (an assistant turn with tool calls comes back from OpenAI's clients with "content": null, and
+  // templates test or split it as a string), assistant tool calls' JSON "arguments" strings parsed into objects
+  // (as vLLM hands them all to templates); other fields pass through.
   static json chat_messages(const json& body) {
     const json* msgs = field(body, "messages");
     if (!msgs) bad_param("messages", "'messages' is required");
@@ -473,7 +473,9 @@ class api {
           const json* text = part.is_object() ? field(part, "text") : nullptr;
           if (!type || *type != "text" || !text || !text->is_string())
             bad_param("messages", "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
-          content += text->get<std::string>();
+          const auto& piece = text->get_ref<const std::string&>();
+          if (piece.empty()) continue;  // vLLM drops empty parts, then joins the rest with "\n"
+          content += (content.empty() ? "" : "\n") + piece;
         }
         msg["content"] = std::move(content);
       } else if (!c->is_string()) {

@@ -223,6 +223,10 @@ await run('serve_http_chat_template', async (servers) => {
   for (const c of [{ ...call, content: null }, callWithoutContent])
     assert.deepEqual(await ids([...user, c, result]), await ids(toolTurn));
   assert.deepEqual(await ids([{ role: 'user', content: null }]), await ids([{ role: 'user', content: '' }]));
+  // Text content parts are joined with "\n", empty ones dropped, as vLLM joins them for a string template.
+  const parts = ['What is', '', '2+3?'].map((text) => ({ type: 'text', text }));
+  assert.deepEqual(await ids([{ role: 'user', content: parts }]),
+                   await ids([{ role: 'user', content: 'What is\n2+3?' }]));
   const tools = [{ type: 'function', function: { name: 'get_weather', description: 'The weather in a city',
                    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
   assert.ok(await prompt({ messages: user, tools, tool_choice: 'none' }) > (await prompt({ messages: user })) + 30);
