@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <new>
 #include <filesystem>
 #include <map>
@@ -230,7 +231,12 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
 // the flags' names (an evicting policy only: full_kv keeps everything).
 inline void resolve_budget(engine_options& o) {
   auto& e = o.engine;
-  if (o.budget_blocks > 0) e.budget_tokens = o.budget_blocks * e.block_size;
+  if (o.budget_blocks > 0) {  // the product in 64 bits: two flags in range can overflow an int together
+    const long long tokens = static_cast<long long>(o.budget_blocks) * e.block_size;
+    zipage::check(tokens <= std::numeric_limits<int>::max(), "--budget-blocks ", o.budget_blocks, " x --block-size ",
+                  e.block_size, " = ", tokens, " tokens is too large (at most 2147483647)");
+    e.budget_tokens = static_cast<int>(tokens);
+  }
   if (o.policy == "full_kv") return;
   (void)zipage::budget_blocks_for(e.budget_tokens, e.block_size,
                                   o.budget_blocks > 0 ? "--budget-blocks x --block-size"
