@@ -22,8 +22,7 @@ namespace json = zipage::json;
 // Calls row(object, "file:line") for every non-blank line of a JSONL file.
 template <class Row>
 void for_each_row(const std::string& path, Row&& row) {
-  std::ifstream in(path);
-  zipage::check(in.good(), "cannot read data file '", path, "'");
+  std::ifstream in = zipage_cli::open_lines(path, "data file");
   int line_no = 0;
   for (std::string raw; std::getline(in, raw);) {
     ++line_no;

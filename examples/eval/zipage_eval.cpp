@@ -206,8 +206,7 @@ int fidelity_command(const options& o) {
   }
   std::vector<std::string> texts = builtin_prompts();
   if (!o.prompts_file.empty()) {
-    std::ifstream in(o.prompts_file);
-    zipage::check(in.good(), "cannot read prompts file '", o.prompts_file, "'");
+    std::ifstream in = zipage_cli::open_lines(o.prompts_file, "prompts file");
     texts.clear();
     for (std::string line; std::getline(in, line);)
       if (const auto text = zipage_cli::without_cr(line); !text.empty()) texts.emplace_back(text);

@@ -33,8 +33,7 @@ struct options : zipage_cli::engine_options {
 };
 
 std::vector<std::string> read_prompts(const std::string& path) {
-  std::ifstream in(path);
-  zipage::check(in.good(), "cannot read prompts file '", path, "'");
+  std::ifstream in = zipage_cli::open_lines(path, "prompts file");
   std::vector<std::string> prompts;
   for (std::string line; std::getline(in, line);)
     if (const auto text = zipage_cli::without_cr(line); !text.empty()) prompts.emplace_back(text);
@@ -44,8 +43,7 @@ std::vector<std::string> read_prompts(const std::string& path) {
 
 // One positive integer per non-empty line, as many as there are prompts (read_prompts skips empty lines too).
 std::vector<int> read_max_tokens(const std::string& path, std::size_t prompts) {
-  std::ifstream in(path);
-  zipage::check(in.good(), "cannot read --max-tokens-file '", path, "'");
+  std::ifstream in = zipage_cli::open_lines(path, "--max-tokens-file");
   std::vector<int> values;
   int line_number = 0;
   for (std::string raw; std::getline(in, raw);) {
