@@ -5,8 +5,9 @@
 # Each run must either generate (exit 0, its summary counting every prompt) or refuse with a named error (exit 1, a line
 # "zipage-generate: error: ..."); a crash, an abort, a hang (60 s) or a silent failure fails the sweep.
 # A quarter of the runs (when CHECKPOINT, a Hugging Face checkpoint directory, is given) load it instead of the
-# bundled stories260K, some with --chat.
-#   tests/cli/flag_sweep.sh ZIPAGE_GENERATE [RUNS=40] [SEED=1] [CHECKPOINT]
+# bundled stories260K, some with --chat. DEVICE=cuda runs on the GPU and draws its flags too (--dtype, FP8 KV cache,
+# FP8 weights, memory utilisation); the default is the CPU.
+#   [DEVICE=cuda] tests/cli/flag_sweep.sh ZIPAGE_GENERATE [RUNS=40] [SEED=1] [CHECKPOINT]
 set -u
 gen=$1 runs=${2:-40} RANDOM=${3:-1} checkpoint=${4:-}
 dir=$(mktemp -d)
@@ -26,7 +27,13 @@ failed=0
 for ((r = 1; r <= runs; ++r)); do
   policy=$(pick full_kv streaming_llm h2o snapkv rkv gkv zipage zipage)
   bs=$(pick 1 2 4 8 16 16 32 64 256)
-  args=(--device cpu --policy "$policy" --block-size "$bs")
+  args=(--device "${DEVICE:-cpu}" --policy "$policy" --block-size "$bs")
+  if [ "${DEVICE:-cpu}" = cuda ]; then
+    maybe 30 && args+=(--dtype "$(pick bf16 fp32)")
+    maybe 30 && args+=(--kv-cache-dtype fp8)
+    maybe 20 && args+=(--quantization fp8)
+    maybe 20 && args+=(--gpu-memory-utilization "$(pick 0.05 0.3 0.9)")
+  fi
   if [ -n "$checkpoint" ] && maybe 25; then
     args+=(--model "$checkpoint")
     maybe 50 && args+=(--chat)
