@@ -21,6 +21,10 @@ struct options : zipage_cli::engine_options {
 
 void add_flags(CLI::App& app, options& o) {
   zipage_cli::add_engine_flags(app, o);
+  // The shared flag's text is zipage-generate's (request i uses seed + i); the server seeds a generator instead.
+  app.get_option("--seed")->description(
+      "requests that set no seed draw theirs from a generator seeded with it, so a fresh server answers the same "
+      "requests, sent in the same order, alike (vLLM's --seed; default: random_device)");
   auto& s = o.server;
   app.add_option("-n,--max-tokens", s.default_max_tokens,
                  "tokens a request generates when it sets no max_tokens (0: as OpenAI and vLLM, 16 for a completion, "
