@@ -168,6 +168,11 @@ class api {
                       {}, "invalid_request_error", "invalid_api_key");
   }
 
+  // max_model_len as /v1/models and /tokenize report it: the limit served, else (none) the model's context.
+  [[nodiscard]] int served_context() const {
+    return model_.max_context > 0 ? model_.max_context : model_.model_context;
+  }
+
   json models() const {
     return {{"object", "list"},
             {"data",
@@ -175,7 +180,7 @@ class api {
                            {"object", "model"},
                            {"created", created_},
                            {"owned_by", "zipage"},
-                           {"max_model_len", model_.max_context}}})}};
+                           {"max_model_len", served_context()}}})}};
   }
 
   // vLLM's POST /tokenize: a completion's "prompt" (a string; add_special_tokens, default true, adds the model's
@@ -196,7 +201,7 @@ class api {
       ids = boolean(body, "add_special_tokens").value_or(true) ? model_.text->encode(text)
                                                                 : model_.text->encode_templated(text);
     }
-    json out = {{"count", ids.size()}, {"max_model_len", model_.max_context}, {"tokens", ids}, {"token_strs", nullptr}};
+    json out = {{"count", ids.size()}, {"max_model_len", served_context()}, {"tokens", ids}, {"token_strs", nullptr}};
     if (boolean(body, "return_token_strs").value_or(false)) {
       json strs = json::array();
       for (zipage::token_id id : ids) strs.push_back(model_.text->token_str(id));
@@ -313,9 +318,10 @@ class api {
                         std::to_string(*max_tokens) + " for the completion)");
         mt = static_cast<int>(*max_tokens);
       } else {
-        const int room = ctx > 0 ? ctx - len : 1 << 20;
+        // Without a limit (--allow-beyond-context) a chat gets as many new tokens as the model's context holds.
+        const int room = ctx > 0 ? ctx - len : (model_.model_context > 0 ? model_.model_context : 1 << 20);
         // Without -n: OpenAI's and vLLM's defaults, 16 tokens for a completion, up to the context for a chat.
-        const int api_default = chat ? (ctx > 0 ? room : 256) : std::min(16, room);
+        const int api_default = chat ? (ctx > 0 || model_.model_context > 0 ? room : 256) : std::min(16, room);
         mt = so_.default_max_tokens > 0 ? std::min(so_.default_max_tokens, room) : api_default;
       }
       for (int j = 0; j < r.n; ++j) {
@@ -1070,6 +1076,14 @@ class growing_pool final : public httplib::TaskQueue {
 
 }  // namespace
 
+// The start line's context: the limit served, or that there is none.
+std::string context_line(const served_model& m) {
+  if (m.max_context > 0) return std::to_string(m.max_context) + " tokens";
+  if (m.model_context > 0)
+    return "no limit: --allow-beyond-context, the model's is " + std::to_string(m.model_context) + " tokens";
+  return "unknown";
+}
+
 int serve(const server_options& so_in, const zipage_cli::engine_options& eo, const served_model& model,
           engine_driver& driver) {
   server_options so = so_in;
@@ -1330,8 +1344,8 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
 
   std::fprintf(stderr, "%s\n%s\n", model.memory_line.c_str(), eo.sampling_line.c_str());
   std::fprintf(stderr,
-               "zipage-serve: serving '%s' (context %d tokens, max-num-seqs %d, max-queue %d%s) on http://%s:%d/v1\n",
-               a.name().c_str(), model.max_context, model.max_num_seqs, so.max_queue,
+               "zipage-serve: serving '%s' (context %s, max-num-seqs %d, max-queue %d%s) on http://%s:%d/v1\n",
+               a.name().c_str(), context_line(model).c_str(), model.max_num_seqs, so.max_queue,
                so.api_key.empty() ? "" : ", API key required", so.host.c_str(), port);
   std::fflush(stderr);
 

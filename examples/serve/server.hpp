@@ -20,7 +20,8 @@ struct server_options {
   std::size_t max_body_bytes = 8u << 20;
   int http_threads = 0;             // 0: max_num_seqs + max_queue + 16, at most 4096
   int default_max_tokens = 0;          // 0: the API's default (completions 16, chat up to the context)
-  int max_model_len = 0;               // --max-model-len: the context a request may use; 0 = the model's
+  // --max-model-len: the context a request may use; 0 = the model's (none with --allow-beyond-context)
+  int max_model_len = 0;
   // --seed: the seeds of choices that set none are drawn from a generator seeded with it, so a fresh server
   // answers the same requests in the same order alike (as vLLM's --seed). Without it: from random_device.
   std::optional<std::uint64_t> seed;
@@ -37,7 +38,10 @@ struct server_options {
 // What serve() needs to know about the loaded engine.
 struct served_model {
   const zipage_cli::model_text* text = nullptr;
-  int max_context = 0;   // 0 = unknown
+  // prompt + output a request may use (400 beyond it); 0 = no limit (the model's is unknown, or the server runs
+  // with --allow-beyond-context and no --max-model-len)
+  int max_context = 0;
+  int model_context = 0;  // the model's trained context, reported as max_model_len; 0 = unknown
   int max_num_seqs = 0;
   std::string memory_line;  // the memory plan and policy, printed at start
 };

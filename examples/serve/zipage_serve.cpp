@@ -31,8 +31,8 @@ void add_flags(CLI::App& app, options& o) {
                  "up to the model's context for a chat)")
       ->check(zipage_cli::count());
   app.add_option("--max-model-len", s.max_model_len,
-                 "the context a request may use, prompt + output (vLLM's; default: the model's): longer ones get 400, "
-                 "and /v1/models reports it")
+                 "the context a request may use, prompt + output (vLLM's; default: the model's, or no limit with "
+                 "--allow-beyond-context): longer ones get 400, and /v1/models reports it")
       ->check(zipage_cli::positive_count());
   app.add_option("--host", s.host, "address to listen on")->capture_default_str();
   app.add_option("--port", s.port, "port to listen on (0: any free port, printed at start)")
@@ -88,10 +88,16 @@ int run(options& o) {
     }
     zipage_serve::served_model m;
     m.text = &text;
-    m.max_context = eng.config().max_context;
+    m.model_context = eng.config().max_context;
+    // --allow-beyond-context lifts the engine's limit, so the server's too: without --max-model-len a request
+    // may run past the model's context (compressed long generation); with it, that length is the limit, even
+    // above the model's (as vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN).
+    const bool beyond = o.engine.allow_beyond_context;
+    m.max_context = beyond ? 0 : m.model_context;
     if (o.server.max_model_len > 0) {  // as vLLM: at most what the model was trained for
-      zipage::check(m.max_context == 0 || o.server.max_model_len <= m.max_context, "--max-model-len ",
-                    o.server.max_model_len, " is larger than the model's context of ", m.max_context, " tokens");
+      zipage::check(beyond || m.model_context == 0 || o.server.max_model_len <= m.model_context, "--max-model-len ",
+                    o.server.max_model_len, " is larger than the model's context of ", m.model_context,
+                    " tokens (add --allow-beyond-context to serve past it)");
       m.max_context = o.server.max_model_len;
     }
     m.max_num_seqs = eng.settings().max_num_seqs;

@@ -130,6 +130,25 @@ await run('serve_http_flags', async (servers) => {
   const over = await serveToExit(['--max-model-len', '4096']);
   assert.notEqual(over.code, 0);
   assert.match(over.err, /--max-model-len 4096 is larger than the model's context of 2048 tokens/);
+  // --allow-beyond-context lifts the limit (compressed long generation): prompt + output may pass the model's
+  // 2,048 tokens, /v1/models still reports the model's context; with --max-model-len that length is the limit,
+  // even above the model's.
+  const beyond = await startServer(['--allow-beyond-context']);
+  servers.push(beyond);
+  assert.match(beyond.log(), /context no limit: --allow-beyond-context, the model's is 2048 tokens/);
+  assert.equal((await fetch(`${beyond.base}/v1/models`).then((x) => x.json())).data[0].max_model_len, 2048);
+  const past = await post(beyond.base, '/v1/completions',
+                          { prompt: 'Once upon a time', max_tokens: 2100, ignore_eos: true });
+  assert.equal(past.status, 200, past.text);
+  assert.equal(past.json.usage.completion_tokens, 2100);
+  const refusedPast = await post(server.base, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 2100 });
+  assert.equal(refusedPast.status, 400, refusedPast.text);
+  const beyondCapped = await startServer(['--allow-beyond-context', '--max-model-len', '4096']);
+  servers.push(beyondCapped);
+  assert.equal((await fetch(`${beyondCapped.base}/v1/models`).then((x) => x.json())).data[0].max_model_len, 4096);
+  const over4096 = await post(beyondCapped.base, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 4096 });
+  assert.equal(over4096.status, 400, over4096.text);
+  assert.match(over4096.json.error.message, /maximum context length is 4096 tokens/);
   // Out-of-range or non-finite flag values: one line naming the flag and a readable range.
   for (const [flag, value, range] of [['--shutdown-timeout', 'nan', 'not a finite number'],
                                       ['--shutdown-timeout', '1e300', 'in \\[0, 86400\\]'],
