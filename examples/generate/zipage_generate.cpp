@@ -68,12 +68,16 @@ void add_flags(CLI::App& app, options& o) {
   auto* many = app.add_option("--prompts", o.prompts_file, "file with one prompt per line, run as one batch");
   single->excludes(many);
   o.sampling.max_tokens = 128;
-  app.add_option("-n,--max-tokens", o.sampling.max_tokens, "tokens to generate per request")
-      ->check(zipage_cli::positive_count());
+  auto* n = app.add_option("-n,--max-tokens", o.sampling.max_tokens, "tokens to generate per request")
+                ->check(zipage_cli::positive_count());
+  // Both given would leave one silently unused: refused by name instead.
   app.add_option("--max-tokens-file", o.max_tokens_file,
                  "with --prompts: one max-tokens value per line, for the prompt on the same line (instead of -n)")
-      ->needs(many);
-  app.add_flag("--quiet,-q", o.quiet, "print only the generated text");
+      ->needs(many)
+      ->excludes(n);
+  app.add_flag("--quiet,-q", o.quiet,
+               "print only the generated text: no prompt echo, memory plan, progress or summary (errors still go "
+               "to stderr; with --prompts each output keeps its [i] prefix)");
   app.add_flag("--chat", o.chat, "wrap each prompt in the checkpoint's chat template (checkpoint directories)");
   auto* chat = app.get_option("--chat");
   app.add_flag("--no-thinking", o.no_thinking, "with --chat: the template's enable_thinking = false (Qwen3: no thinking)")->needs(chat);
@@ -169,7 +173,7 @@ int run_engine(options& o, const inputs& in, Engine& eng, Encode& encode) {
   std::size_t finished = 0;
   std::int64_t tokens = 0;
   double next_draw = 0.0;
-  if (!batch) std::cout << texts[0] << std::flush;
+  if (!batch && !o.quiet) std::cout << texts[0] << std::flush;  // the prompt, then its continuation streamed
   while (eng.has_unfinished()) {
     for (const auto& ev : eng.step()) {
       ++tokens;
@@ -188,7 +192,7 @@ int run_engine(options& o, const inputs& in, Engine& eng, Encode& encode) {
   std::vector<std::size_t> failed;
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const auto out = ids[i] ? eng.take_output(*ids[i]) : zipage::request_output{};
-    if (batch) std::cout << "[" << i << "] " << texts[i] << out.text << "\n";
+    if (batch) std::cout << "[" << i << "] " << (o.quiet ? "" : texts[i]) << out.text << "\n";
     else std::cout << "\n";
     if (!ids[i] || out.reason == zipage::finish_reason::error) {
       std::cout << std::flush;  // the text's line ends before the error's
