@@ -255,6 +255,18 @@ TEST_CASE("gguf: llama variants the model does not run are refused by name, not 
                    w.set("llama.rope.scaling.type", "yarn");
                  })),
                  "llama.rope.scaling.type = 'yarn' is not supported"));
+  // A factor without a type is linear scaling to llama.cpp (its default type), as is the older scale_linear key.
+  CHECK(contains(load_error(edited_stories([](gg::writer& w) { w.set("llama.rope.scaling.factor", 4.0f); })),
+                 "edited.gguf: metadata llama.rope.scaling.factor = 4 without llama.rope.scaling.type is linear"));
+  CHECK(contains(load_error(edited_stories([](gg::writer& w) { w.set("llama.rope.scale_linear", 2.0f); })),
+                 "edited.gguf: metadata llama.rope.scale_linear = 2 without llama.rope.scaling.type is linear"));
+  CHECK_NOTHROW((void)load_llama_gguf<cpu_backend>(edited_stories([](gg::writer& w) {
+    w.set("llama.rope.scaling.factor", 1.0f);
+  })));
+  CHECK_NOTHROW((void)load_llama_gguf<cpu_backend>(edited_stories([](gg::writer& w) {
+    w.set("llama.rope.scaling.type", "none");  // llama.cpp never scales under type none
+    w.set("llama.rope.scaling.factor", 4.0f);
+  })));
   CHECK(contains(load_error(edited_stories([](gg::writer& w) {
                    w.set("llama.expert_count", std::uint32_t{8});
                  })),

@@ -404,6 +404,15 @@ inline void check_gguf_llama_features(const gguf::file& f, const std::string& ar
     const auto kind = f.get_string(key);
     check(kind == "none", f.name(), ": metadata ", key, " = '", kind,
           "' is not supported (zipage reads scaled RoPE from Hugging Face checkpoints only)");
+  } else {
+    // Without a type llama.cpp scales linearly by rope.scaling.factor (or the older rope.scale_linear); 0 and 1
+    // mean no scaling.
+    std::string factor_key = arch + ".rope.scaling.factor";
+    if (!f.has(factor_key)) factor_key = arch + ".rope.scale_linear";
+    const double factor = f.get_float(factor_key, 0.0);
+    check(factor == 0.0 || factor == 1.0, f.name(), ": metadata ", factor_key, " = ", factor, " without ", key,
+          " is linear RoPE scaling as llama.cpp reads it, which is not supported (zipage reads scaled RoPE from "
+          "Hugging Face checkpoints only)");
   }
   check(arch == "llama" || f.find_tensor("rope_freqs.weight") == nullptr, f.name(),
         ": tensor 'rope_freqs.weight' (RoPE frequency factors) is not part of the ", arch, " model zipage runs");
