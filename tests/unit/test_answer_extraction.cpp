@@ -119,6 +119,20 @@ TEST_CASE("equal answers") {
   CHECK(math_answers_equal("1/0", "1/0"));  // same string
 }
 
+TEST_CASE("a row break \\\\ is not a control space") {
+  // MATH-500's matrices are written "\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}"; the "\\ " rule took the
+  // second backslash of "\\\\ 0" for a control space, so the answer written without spaces differed.
+  CHECK(normalize_math_answer("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}") ==
+        "\\begin{pmatrix}-1&0\\\\0&-1\\end{pmatrix}");
+  CHECK(math_answers_equal("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}",
+                           "\\begin{pmatrix}-1&0\\\\0&-1\\end{pmatrix}"));
+  CHECK(math_answers_equal("\\begin{pmatrix} 1/5 \\\\ -18/5 \\end{pmatrix}",
+                           "\\begin{pmatrix}1/5\\\\-18/5\\end{pmatrix}"));
+  CHECK_FALSE(math_answers_equal("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 12 \\end{pmatrix}"));
+  CHECK(normalize_math_answer("5\\ \\text{cm}") == "5");  // a control space is still a space
+  CHECK(normalize_math_answer("a\\\\\\ b") == "a\\\\b");   // "\\\\" then "\\ "
+}
+
 TEST_CASE("numeric values") {
   CHECK(math_answer_value("\\frac{3}{4}").value() == doctest::Approx(0.75));
   CHECK(math_answer_value("-12").value() == doctest::Approx(-12));

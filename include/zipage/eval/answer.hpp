@@ -193,6 +193,21 @@ inline bool has_thousands_separators(std::string_view s) {
   return true;
 }
 
+// "\ " (a control space) -> " ". A row break "\\" is kept whole: its second backslash does not start a
+// control space, so "\begin{pmatrix} 1 \\ 2 \end{pmatrix}" and "\begin{pmatrix}1\\2\end{pmatrix}" agree.
+inline std::string replace_control_spaces(const std::string& s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size() && (s[i + 1] == '\\' || s[i + 1] == ' ')) {
+      out += s[i + 1] == ' ' ? std::string(" ") : std::string("\\\\");
+      ++i;
+      continue;
+    }
+    out += s[i];
+  }
+  return out;
+}
+
 // "18 dollars", "3 square feet.", "12 cm": a number followed by words of letters only -> the number.
 inline std::string drop_unit_words(const std::string& s) {
   std::size_t end = s.size();
@@ -286,7 +301,7 @@ inline std::string normalize_math_answer(std::string_view answer) {
   detail::replace_all(s, "%", "");
   detail::replace_all(s, "\\dfrac", "\\frac");
   detail::replace_all(s, "\\tfrac", "\\frac");
-  detail::replace_all(s, "\\ ", " ");
+  s = detail::replace_control_spaces(s);
   s = std::string(detail::trim(s));
   s = detail::drop_unit_words(s);
   // "x = 5" -> "5" (a short name on the left of a single "=").
