@@ -133,6 +133,32 @@ TEST_CASE("a row break \\\\ is not a control space") {
   CHECK(normalize_math_answer("a\\\\\\ b") == "a\\\\b");   // "\\\\" then "\\ "
 }
 
+TEST_CASE("\\text{}: a unit only at the end, after a value; elsewhere its content") {
+  // Every \text{} not the whole answer was dropped as a unit: "\text{A}, \text{C}" became "," (equal to any other
+  // pair of letters), "5 \text{ and } 6" became "56"; and MATH-500's "15\mbox{ cm}^2" became "15^2", not 15.
+  CHECK(normalize_math_answer("\\text{A}, \\text{C}") == "A,C");
+  CHECK_FALSE(math_answers_equal("\\text{A}, \\text{C}", "\\text{B}, \\text{D}"));
+  CHECK_FALSE(math_answers_equal("5 \\text{ and } 6", "56"));
+  CHECK(normalize_math_answer("\\text{A} or \\text{B}") == "AorB");
+  CHECK(normalize_math_answer("15\\mbox{ cm}^2") == "15");
+  CHECK(math_answers_equal("15\\mbox{ cm}^2", "15"));
+  CHECK(math_answers_equal("864 \\mbox{ inches}^2", "864"));
+  CHECK(math_answers_equal("5\\text{ cm}^{3}", "5"));
+  CHECK(math_answers_equal("15 cm^2", "15"));  // a unit word's exponent too
+  // Units as before.
+  CHECK(normalize_math_answer("5\\text{ cm}") == "5");
+  CHECK(normalize_math_answer("5\\text{ cm}.") == "5");
+  CHECK(normalize_math_answer("$5$ \\text{cm}") == "5");
+  CHECK(normalize_math_answer("\\frac{270}7\\text{ degrees}") == "\\frac{270}{7}");
+  CHECK(normalize_math_answer("\\frac{\\pi}{2}\\text{ radians}") == "\\frac{\\pi}{2}");
+  CHECK(normalize_math_answer("10^{\\circ}\\text{C}") == "10");
+  CHECK(normalize_math_answer("1,000\\text{ dollars}") == "1000");
+  CHECK(normalize_math_answer("\\text{5 dollars}") == "5");
+  CHECK(normalize_math_answer("\\text{(C)}") == "(C)");
+  CHECK(normalize_math_answer("\\text{ cm}") == "cm");  // nothing before it: not a unit
+  CHECK(normalize_math_answer("5\\text{cm") == "5\\text{cm");  // never closed: left as written
+}
+
 TEST_CASE("numeric values") {
   CHECK(math_answer_value("\\frac{3}{4}").value() == doctest::Approx(0.75));
   CHECK(math_answer_value("-12").value() == doctest::Approx(-12));

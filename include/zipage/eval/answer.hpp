@@ -7,7 +7,8 @@
 //    the token after "\boxed " when no brace follows.
 //  * extract_math_answer: \boxed{} first, else "####".
 //  * normalize_math_answer / math_answers_equal: the usual math-benchmark normalisation — no "$",
-//    \left/\right, \! and other spacing, spaces, \text{...} units and trailing unit words, ^\circ, "%",
+//    \left/\right, \! and other spacing, spaces, \text{...} units (a \text{} group, with its ^2, that ends the
+//    answer after a value; any other \text{X} is X) and trailing unit words, ^\circ, "%",
 //    trailing "."; \dfrac/\tfrac are \frac, \frac12 is \frac{1}{2}, \sqrt2 is \sqrt{2}; "x = 5" is 5;
 //    thousands separators dropped; then numbers (integers, decimals, a/b, \frac{a}{b}) compare as numbers,
 //    so 0.5 == \frac12 == 1/2 and 5.0 == 5. Anything else compares as normalised strings.
@@ -17,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace zipage::eval {
 
@@ -208,10 +210,89 @@ inline std::string replace_control_spaces(const std::string& s) {
   return out;
 }
 
-// "18 dollars", "3 square feet.", "12 cm": a number followed by words of letters only -> the number.
+// The end of the text group \text{...} / \textrm{...} / \mbox{...} at `pos` (spaces allowed before the brace),
+// the length of its command in `name`; npos when none starts there or it is never closed.
+inline std::size_t text_group_end(std::string_view s, std::size_t pos, std::size_t& name) {
+  for (std::string_view cmd : {"\\text", "\\textrm", "\\mbox"}) {
+    if (!command_at(s, pos, cmd)) continue;
+    std::size_t open = pos + cmd.size();
+    while (open < s.size() && s[open] == ' ') ++open;
+    if (open >= s.size() || s[open] != '{') return std::string_view::npos;
+    name = open - pos;
+    return close_brace(s, open);
+  }
+  return std::string_view::npos;
+}
+
+// Past an exponent "^2" / "^{2}" at `i` (a unit's: "cm^2"), else i.
+inline std::size_t skip_exponent(std::string_view s, std::size_t i) {
+  if (i >= s.size() || s[i] != '^') return i;
+  if (i + 1 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 1]))) return i + 2;
+  if (i + 1 < s.size() && s[i + 1] == '{') {
+    const std::size_t end = close_brace(s, i + 1);
+    if (end == std::string_view::npos || end == i + 3) return i;
+    for (std::size_t k = i + 2; k + 1 < end; ++k)
+      if (!std::isdigit(static_cast<unsigned char>(s[k]))) return i;
+    return end;
+  }
+  return i;
+}
+
+// \text{...} (or \textrm, \mbox): the whole answer is its content ("\text{Evelyn}"); a group that ends the answer
+// (with an exponent, spaces and "." after it) following a number or an expression is a unit and goes
+// ("5\text{ cm}", "15\mbox{ cm}^2", "\frac{270}7\text{ degrees}"); every other group is its content, so
+// "\text{A}, \text{C}" is "A, C" and "5 \text{ and } 6" is "5 and 6".
+inline std::string resolve_text_groups(const std::string& s) {
+  struct group {
+    std::size_t start, name, end;
+  };
+  std::vector<group> groups;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    std::size_t name = 0;
+    if (s[i] != '\\') continue;
+    if (i + 1 < s.size() && s[i + 1] == '\\') {  // a row break "\\\\", not a command
+      ++i;
+      continue;
+    }
+    const std::size_t end = text_group_end(s, i, name);
+    if (end == std::string::npos) continue;
+    groups.push_back({i, name, end});
+    i = end - 1;
+  }
+  auto content = [&](const group& g) { return s.substr(g.start + g.name + 1, g.end - g.start - g.name - 2); };
+  if (groups.empty()) return s;
+  const std::string_view whole = trim(s);
+  if (groups.size() == 1 && whole.size() == groups[0].end - groups[0].start &&
+      whole.data() == s.data() + groups[0].start)
+    return content(groups[0]);
+  // The last group is a unit when only an exponent, spaces and "." follow it, and what comes before it (other
+  // groups read as their content) ends with a value and holds a digit or a command.
+  const group& last = groups.back();
+  std::size_t after = skip_exponent(s, last.end);
+  while (after < s.size() && (is_space(s[after]) || s[after] == '.')) ++after;
+  std::string head;
+  std::size_t at = 0;
+  for (std::size_t k = 0; k + 1 < groups.size(); ++k) {
+    head.append(s, at, groups[k].start - at);
+    head += content(groups[k]);
+    at = groups[k].end;
+  }
+  head.append(s, at, last.start - at);
+  const std::string_view before = trim(head);
+  const bool value_end = !before.empty() && (std::isalnum(static_cast<unsigned char>(before.back())) ||
+                                              std::string_view("})].").find(before.back()) != std::string_view::npos);
+  const bool unit = after == s.size() && value_end && before.find_first_of("0123456789\\") != std::string_view::npos;
+  if (unit) return head + s.substr(skip_exponent(s, last.end));
+  return head + content(last) + s.substr(last.end);
+}
+
+// "18 dollars", "3 square feet.", "12 cm", "15 cm^2": a number followed by words of letters only -> the number.
 inline std::string drop_unit_words(const std::string& s) {
   std::size_t end = s.size();
   while (end > 0 && s[end - 1] == '.') --end;
+  if (end >= 2 && s[end - 2] == '^' && std::isdigit(static_cast<unsigned char>(s[end - 1])) && end >= 3 &&
+      std::isalpha(static_cast<unsigned char>(s[end - 3])))
+    end -= 2;  // a unit's exponent: "cm^2"
   std::size_t i = end;
   bool words = false;
   while (i > 0) {
@@ -280,20 +361,8 @@ inline std::optional<std::string> extract_math_answer(std::string_view text) {
 
 inline std::string normalize_math_answer(std::string_view answer) {
   std::string s(detail::trim(answer));
-  // Wrappers whose content is the answer; \text{...} after something else is a unit and goes.
+  // Wrappers whose content is the answer (\text{...} below, once the spacing is gone).
   for (std::string_view cmd : {"\\boxed", "\\textbf", "\\mathrm", "\\mathbf"}) detail::unwrap_command(s, cmd, true);
-  for (std::string_view cmd : {"\\text", "\\textrm", "\\mbox"}) {
-    const std::string trimmed(detail::trim(s));
-    if (trimmed.rfind(cmd, 0) == 0 && detail::command_at(trimmed, 0, cmd)) {
-      std::size_t open = cmd.size();
-      while (open < trimmed.size() && trimmed[open] == ' ') ++open;
-      if (open < trimmed.size() && trimmed[open] == '{' && detail::close_brace(trimmed, open) == trimmed.size()) {
-        s = trimmed.substr(open + 1, trimmed.size() - open - 2);  // the whole answer is text: "\text{Evelyn}"
-        continue;
-      }
-    }
-    detail::unwrap_command(s, cmd, false);  // units: "5\text{ cm}" -> "5"
-  }
   for (std::string_view junk : {"\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displaystyle", "\\$", "$"})
     detail::replace_all(s, junk, "");
   for (std::string_view degrees : {"^{\\circ}", "^\\circ", "\\circ", "\xC2\xB0", "\\degree"}) detail::replace_all(s, degrees, "");
@@ -302,6 +371,7 @@ inline std::string normalize_math_answer(std::string_view answer) {
   detail::replace_all(s, "\\dfrac", "\\frac");
   detail::replace_all(s, "\\tfrac", "\\frac");
   s = detail::replace_control_spaces(s);
+  s = detail::resolve_text_groups(s);  // units: "5\text{ cm}" -> "5"; "\text{Evelyn}" -> "Evelyn"
   s = std::string(detail::trim(s));
   s = detail::drop_unit_words(s);
   // "x = 5" -> "5" (a short name on the left of a single "=").
