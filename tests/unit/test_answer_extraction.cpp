@@ -159,6 +159,23 @@ TEST_CASE("\\text{}: a unit only at the end, after a value; elsewhere its conten
   CHECK(normalize_math_answer("5\\text{cm") == "5\\text{cm");  // never closed: left as written
 }
 
+TEST_CASE("spacing: \\, \\; \\: \\quad and ~ are spaces; {,} is a thousands separator") {
+  // "\\," was deleted, not read as a space: "5\\,\\mathrm{cm}" became "5cm" (no unit left to drop) while
+  // "5 \\mathrm{cm}" was 5; "~" and "{,}" were kept: "5~\\text{cm}" was "5~", "1{,}000" not a number.
+  CHECK(math_answers_equal("5\\,\\mathrm{cm}", "5"));
+  CHECK(math_answers_equal("5~\\text{cm}", "5"));
+  CHECK(math_answers_equal("5~cm", "5"));
+  CHECK(math_answers_equal("1{,}000", "1000"));
+  CHECK(math_answers_equal("-12{,}345{,}678", "-12345678"));
+  CHECK(math_answers_equal("1\\,000 dollars", "1000"));
+  CHECK(normalize_math_answer("x = 1,\\quad y = 2") == "x=1,y=2");
+  CHECK(normalize_math_answer("a\\qquad b") == "ab");
+  CHECK(normalize_math_answer("\\quadrilateral") == "\\quadrilateral");  // not \\quad
+  CHECK(normalize_math_answer("2\\;000") == "2000");
+  CHECK(normalize_math_answer("(1{,}2)") == "(1,2)");
+  CHECK_FALSE(math_answers_equal("1{,}000", "1"));
+}
+
 TEST_CASE("numeric values") {
   CHECK(math_answer_value("\\frac{3}{4}").value() == doctest::Approx(0.75));
   CHECK(math_answer_value("-12").value() == doctest::Approx(-12));

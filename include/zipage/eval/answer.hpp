@@ -195,17 +195,34 @@ inline bool has_thousands_separators(std::string_view s) {
   return true;
 }
 
-// "\ " (a control space) -> " ". A row break "\\" is kept whole: its second backslash does not start a
-// control space, so "\begin{pmatrix} 1 \\ 2 \end{pmatrix}" and "\begin{pmatrix}1\\2\end{pmatrix}" agree.
-inline std::string replace_control_spaces(const std::string& s) {
+// LaTeX spacing -> " ": "\ " (a control space), "\,", "\;", "\:", "\quad", "\qquad" and the tie "~", as they
+// render, so "5\,\mathrm{cm}" is "5 cm" (a unit) and "2\,000" is "2 000" (spaces go later). A row break "\\" is
+// kept whole: its second backslash does not start a control space, so "\begin{pmatrix} 1 \\ 2 \end{pmatrix}" and
+// "\begin{pmatrix}1\\2\end{pmatrix}" agree.
+inline std::string replace_spacing(const std::string& s) {
   std::string out;
   for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size() && (s[i + 1] == '\\' || s[i + 1] == ' ')) {
-      out += s[i + 1] == ' ' ? std::string(" ") : std::string("\\\\");
-      ++i;
+    if (s[i] == '~') {
+      out += ' ';
       continue;
     }
-    out += s[i];
+    if (s[i] != '\\' || i + 1 >= s.size()) {
+      out += s[i];
+      continue;
+    }
+    const char next = s[i + 1];
+    if (next == '\\') {
+      out += "\\\\";
+      ++i;
+    } else if (next == ' ' || next == ',' || next == ';' || next == ':') {
+      out += ' ';
+      ++i;
+    } else if (command_at(s, i, "\\quad") || command_at(s, i, "\\qquad")) {
+      out += ' ';
+      i += s[i + 1] == 'q' && s[i + 2] == 'q' ? 6 : 5;
+    } else {
+      out += s[i];
+    }
   }
   return out;
 }
@@ -307,7 +324,7 @@ inline std::string drop_unit_words(const std::string& s) {
   std::string head(trim(std::string_view(s).substr(0, i)));
   std::string compact;
   for (char c : head)
-    if (c != ',' && c != '$') compact += c;
+    if (c != ',' && c != '$' && c != ' ') compact += c;  // "1 000 dollars" (from "1\,000 dollars") too
   return parse_number(compact) ? head : s;
 }
 
@@ -363,14 +380,15 @@ inline std::string normalize_math_answer(std::string_view answer) {
   std::string s(detail::trim(answer));
   // Wrappers whose content is the answer (\text{...} below, once the spacing is gone).
   for (std::string_view cmd : {"\\boxed", "\\textbf", "\\mathrm", "\\mathbf"}) detail::unwrap_command(s, cmd, true);
-  for (std::string_view junk : {"\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\displaystyle", "\\$", "$"})
+  for (std::string_view junk : {"\\left", "\\right", "\\!", "\\displaystyle", "\\$", "$"})
     detail::replace_all(s, junk, "");
+  detail::replace_all(s, "{,}", ",");  // LaTeX's thousands separator: "1{,}000"
   for (std::string_view degrees : {"^{\\circ}", "^\\circ", "\\circ", "\xC2\xB0", "\\degree"}) detail::replace_all(s, degrees, "");
   detail::replace_all(s, "\\%", "");
   detail::replace_all(s, "%", "");
   detail::replace_all(s, "\\dfrac", "\\frac");
   detail::replace_all(s, "\\tfrac", "\\frac");
-  s = detail::replace_control_spaces(s);
+  s = detail::replace_spacing(s);
   s = detail::resolve_text_groups(s);  // units: "5\text{ cm}" -> "5"; "\text{Evelyn}" -> "Evelyn"
   s = std::string(detail::trim(s));
   s = detail::drop_unit_words(s);
