@@ -225,3 +225,18 @@ TEST_CASE("jinja: ill-formed UTF-8 is one code point per maximal ill-formed subp
   CHECK(render("{{ emoji|tojson(ensure_ascii=true) }}", ctx) == "\"x\\ud83d\\ude00y\"");
   CHECK(render("{{ 'x\xE2\x82\xAC'|tojson(ensure_ascii=true) }}") == "\"x\\u20ac\"");
 }
+
+TEST_CASE("jinja: str methods take Python's maxsplit with whitespace and the start / end of find, count, startswith") {
+  // jinja2's output for each (Python 3 str methods). The whitespace rsplit used to split from the left and drop
+  // the rest's trailing space, and find & co ignored start / end: silently other prompts.
+  CHECK(render(R"({{ " a b c ".rsplit(maxsplit=1) }}|{{ "a  b c ".rsplit(None, 1) }}|{{ "a b c ".split(maxsplit=1) }})"
+               R"(|{{ "a b  ".split(None, 0) }}|{{ "  a b".rsplit(None, 0) }}|{{ "é ü  ö".rsplit(None, 1) }})") ==
+        "[' a b', 'c']|['a  b', 'c']|['a', 'b c ']|['a b  ']|['  a b']|['é ü', 'ö']");
+  CHECK(render(R"({{ "abcabc".find("c", 3) }}|{{ "abcabc".find("c", 3, 4) }}|{{ "abcabc".rfind("a", 0, 3) }})"
+               R"(|{{ "abcabc".index("b", 2) }}|{{ "abcabc".count("a", 1) }}|{{ "abc".startswith("b", 1) }})"
+               R"(|{{ "abc".endswith("b", 0, 2) }})") == "5|-1|0|4|1|True|True");
+  CHECK(render(R"({{ "abc".find("", 4) }}|{{ "abc".find("", 2, 1) }}|{{ "abc".count("", 1) }})"
+               R"(|{{ "abc".startswith("", 5) }}|{{ "abc".find("a", -10, -2) }}|{{ "日本日本".find("本", 2) }})") ==
+        "-1|-1|3|False|0|3");
+  CHECK(error_of(R"({{ "abc".find("c", "1") }})").find("slice indices must be integers or None") != std::string::npos);
+}

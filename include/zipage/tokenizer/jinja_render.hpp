@@ -87,9 +87,8 @@ inline std::vector<std::string> py_split(std::string_view s, const std::optional
   while (i < cps.size()) {
     while (i < cps.size() && py_is_space(cps[i])) ++i;
     if (i == cps.size()) break;
-    if (maxsplit >= 0 && static_cast<std::int64_t>(out.size()) == maxsplit) {
-      std::string rest = std::string(s.substr(static_cast<std::size_t>(cps[i].data() - s.data())));
-      out.push_back(py_strip(rest, std::nullopt, false, true));
+    if (maxsplit >= 0 && static_cast<std::int64_t>(out.size()) == maxsplit) {  // the rest as it is, trailing space too
+      out.emplace_back(s.substr(static_cast<std::size_t>(cps[i].data() - s.data())));
       return out;
     }
     std::string word;
@@ -100,8 +99,26 @@ inline std::vector<std::string> py_split(std::string_view s, const std::optional
 }
 
 inline std::vector<std::string> py_rsplit(std::string_view s, const std::optional<std::string>& sep, std::int64_t maxsplit) {
-  if (maxsplit < 0 || !sep) return py_split(s, sep, maxsplit);
+  if (maxsplit < 0) return py_split(s, sep, maxsplit);
   std::vector<std::string> out;
+  if (!sep) {  // runs of whitespace from the right; the rest, leading space kept, once maxsplit words are split off
+    const auto cps = code_points(s);
+    std::size_t i = cps.size();
+    while (i > 0) {
+      while (i > 0 && py_is_space(cps[i - 1])) --i;
+      if (i == 0) break;
+      const std::size_t end = static_cast<std::size_t>(cps[i - 1].data() + cps[i - 1].size() - s.data());
+      if (static_cast<std::int64_t>(out.size()) == maxsplit) {
+        out.emplace_back(s.substr(0, end));
+        break;
+      }
+      while (i > 0 && !py_is_space(cps[i - 1])) --i;
+      out.emplace_back(s.substr(static_cast<std::size_t>(cps[i].data() - s.data()),
+                                end - static_cast<std::size_t>(cps[i].data() - s.data())));
+    }
+    std::reverse(out.begin(), out.end());
+    return out;
+  }
   std::size_t end = s.size();
   while (static_cast<std::int64_t>(out.size()) < maxsplit) {
     const std::size_t hit = end >= sep->size() ? s.rfind(*sep, end - sep->size()) : std::string_view::npos;
@@ -112,6 +129,20 @@ inline std::vector<std::string> py_rsplit(std::string_view s, const std::optiona
   out.emplace_back(s.substr(0, end));
   std::reverse(out.begin(), out.end());
   return out;
+}
+
+// s[start:end] for str.find, count, startswith, ... (indices in code points, negative ones from the end, end
+// clamped) and the index of its first code point; nullopt when end < start, where Python finds nothing, not even "".
+inline std::optional<std::pair<std::string_view, std::int64_t>> py_str_range(std::string_view s,
+                                                                             std::optional<std::int64_t> start,
+                                                                             std::optional<std::int64_t> end) {
+  const auto cps = code_points(s);
+  const auto n = static_cast<std::int64_t>(cps.size());
+  auto from_end = [n](std::int64_t i) { return i < 0 ? std::max<std::int64_t>(0, i + n) : i; };
+  const std::int64_t b = from_end(start.value_or(0)), e = std::min(n, from_end(end.value_or(n)));
+  if (e < b) return std::nullopt;
+  auto byte = [&](std::int64_t i) { return i == n ? s.size() : static_cast<std::size_t>(cps[i].data() - s.data()); };
+  return std::pair{s.substr(byte(b), byte(e) - byte(b)), b};
 }
 
 inline std::string py_replace(std::string_view s, std::string_view from, std::string_view to, std::int64_t count) {
@@ -777,6 +808,13 @@ class renderer {
       if (!v->is_int()) error("expected an integer argument '", key, "', got '", py_type_name(*v), "'");
       return v->as_int();
     };
+    // A start/end index of str.find & co: an int, or None (absent).
+    auto opt_index = [this](call_args& a, std::string_view key, std::size_t i) -> std::optional<std::int64_t> {
+      const value* v = a.get(key, i);
+      if (!v || v->is_none()) return std::nullopt;
+      if (!v->is_int()) error("slice indices must be integers or None, got '", py_type_name(*v), "'");
+      return v->as_int();
+    };
     auto str_list = [](std::vector<std::string> parts) {
       value_list l;
       for (auto& p : parts) l.emplace_back(std::move(p));
@@ -803,13 +841,15 @@ class renderer {
           return str_list(std::move(lines));
         });
       if (name == "startswith" || name == "endswith")
-        return bound([name](renderer& r, const value& o, call_args& a) {
+        return bound([name, opt_index](renderer& r, const value& o, call_args& a) {
           const value* arg = a.get("prefix", 0);
           if (!arg) r.error(name, "() takes at least 1 argument");
           const value_list options = arg->is_tuple() ? arg->as_list() : value_list{*arg};
+          const auto range = py_str_range(o.as_string(), opt_index(a, "start", 1), opt_index(a, "end", 2));
           for (const value& p : options) {
             if (!p.is_string()) r.error(name, " first arg must be str or a tuple of str, not ", py_type_name(p));
-            if (name == "startswith" ? o.as_string().starts_with(p.as_string()) : o.as_string().ends_with(p.as_string()))
+            if (range && (name == "startswith" ? range->first.starts_with(p.as_string())
+                                               : range->first.ends_with(p.as_string())))
               return value(true);
           }
           return value(false);
@@ -826,22 +866,25 @@ class renderer {
       if (name == "capitalize")
         return bound([](renderer&, const value& o, call_args&) { return value(py_capitalize(o.as_string())); });
       if (name == "find" || name == "rfind" || name == "count" || name == "index" || name == "rindex")
-        return bound([opt_string, name](renderer& r, const value& o, call_args& a) {
+        return bound([opt_string, opt_index, name](renderer& r, const value& o, call_args& a) {
           const auto sub = opt_string(a, "sub", 0);
           if (!sub) r.error(name, "() takes a string argument");
-          const std::string& s = o.as_string();
+          const auto range = py_str_range(o.as_string(), opt_index(a, "start", 1), opt_index(a, "end", 2));
+          const std::string_view s = range ? range->first : std::string_view();
           if (name == "count") {
             std::int64_t n = 0;
+            if (!range) return value(n);
             if (sub->empty()) return value(static_cast<std::int64_t>(code_points(s).size()) + 1);
             for (std::size_t at = s.find(*sub); at != std::string::npos; at = s.find(*sub, at + sub->size())) ++n;
             return value(n);
           }
-          const std::size_t at = name == "find" || name == "index" ? s.find(*sub) : s.rfind(*sub);
-          if (at == std::string::npos) {
+          const std::size_t at = !range ? std::string_view::npos
+                                 : name == "find" || name == "index" ? s.find(*sub) : s.rfind(*sub);
+          if (at == std::string_view::npos) {
             if (name == "index" || name == "rindex") r.error("substring not found");
             return value(-1);
           }
-          return value(static_cast<std::int64_t>(code_points(std::string_view(s).substr(0, at)).size()));
+          return value(range->second + static_cast<std::int64_t>(code_points(s.substr(0, at)).size()));
         });
       if (name == "join")
         return bound([](renderer& r, const value& o, call_args& a) {
