@@ -46,6 +46,15 @@ TEST_CASE("\\boxed{}: last box wins, nested braces balanced") {
   CHECK(or_none(extract_boxed("\\boxed{3} then \\boxed{4")) == "<none>");  // the last box is cut off
   CHECK(or_none(extract_boxed("\\boxedx{3}")) == "<none>");
   CHECK(or_none(extract_boxed("\\boxed{}")) == "");
+  // TeX skips spaces before an argument: "\\boxed {5}" was read as the token "{5}", which no answer equals.
+  CHECK(or_none(extract_boxed("\\boxed {5}")) == "5");
+  CHECK(or_none(extract_boxed("\\boxed\n{\\frac{1}{2}}.")) == "\\frac{1}{2}");
+  CHECK(or_none(extract_boxed("\\fbox  {7}")) == "7");
+  CHECK(or_none(extract_boxed("\\boxed {3")) == "<none>");
+  CHECK(or_none(extract_boxed("\\boxed\n5")) == "5");
+  CHECK(or_none(extract_boxed("\\boxed")) == "<none>");
+  CHECK(or_none(extract_boxed("\\boxed ")) == "<none>");
+  CHECK(or_none(extract_boxed("\\boxed$")) == "<none>");
 }
 
 TEST_CASE("math answers: \\boxed first, else ####") {

@@ -341,8 +341,9 @@ inline std::optional<std::string> extract_hash_answer(std::string_view text) {
   return std::string(detail::trim(rest));
 }
 
-// The content of the last \boxed{...} / \fbox{...} (nested braces balanced), or the token after
-// "\boxed " ("\boxed 5" -> "5"). nullopt when there is none or the last one is never closed.
+// The content of the last \boxed{...} / \fbox{...} (nested braces balanced; spaces or a line break may come
+// before the brace, as TeX allows), or the token after "\boxed " ("\boxed 5" -> "5"). nullopt when there is none
+// or the last one is never closed.
 inline std::optional<std::string> extract_boxed(std::string_view text) {
   std::size_t pos = std::string_view::npos, name = 0;
   for (std::string_view cmd : {std::string_view("\\boxed"), std::string_view("\\fbox")}) {
@@ -357,13 +358,13 @@ inline std::optional<std::string> extract_boxed(std::string_view text) {
   }
   if (pos == std::string_view::npos) return std::nullopt;
   std::size_t i = pos + name;
+  while (i < text.size() && detail::is_space(text[i])) ++i;  // TeX skips spaces before an argument: "\boxed {5}"
   if (i < text.size() && text[i] == '{') {
     const std::size_t end = detail::close_brace(text, i);
     if (end == std::string_view::npos) return std::nullopt;
     return std::string(detail::trim(text.substr(i + 1, end - i - 2)));
   }
-  if (i >= text.size() || text[i] != ' ') return std::nullopt;
-  while (i < text.size() && text[i] == ' ') ++i;
+  if (i == pos + name) return std::nullopt;  // "\boxed$": no argument
   std::size_t end = i;
   while (end < text.size() && !detail::is_space(text[end]) && text[end] != '$') ++end;
   if (end == i) return std::nullopt;
