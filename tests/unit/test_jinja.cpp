@@ -240,3 +240,11 @@ TEST_CASE("jinja: str methods take Python's maxsplit with whitespace and the sta
         "-1|-1|3|False|0|3");
   CHECK(error_of(R"({{ "abc".find("c", "1") }})").find("slice indices must be integers or None") != std::string::npos);
 }
+
+TEST_CASE("jinja: int, float and round filters as jinja2's: float strings, base, no hex floats, exact rounding") {
+  // int(value, base), else int(float(value)), else the default; float() refuses hexadecimal; round is Python's.
+  CHECK(render(R"({{ "3.7"|int }}|{{ "-3.7"|int }}|{{ "1e3"|int }}|{{ "10"|int(base=2) }}|{{ "0x1A"|int }})"
+               R"(|{{ "0x1A"|int(0, 16) }}|{{ "inf"|int }}|{{ "0x1A"|float }})") == "3|-3|1000|2|0|26|0|0.0");
+  CHECK(render(R"({{ 2.675|round(2) }}|{{ 1.005|round(2) }}|{{ 0.375|round(2) }}|{{ 2.5|round }})"
+               R"(|{{ -0.001|round(2) }}|{{ 12345.6789|round(-2) }})") == "2.67|1.0|0.38|2.0|-0.0|12300.0");
+}

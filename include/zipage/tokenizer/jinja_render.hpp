@@ -131,6 +131,34 @@ inline std::vector<std::string> py_rsplit(std::string_view s, const std::optiona
   return out;
 }
 
+// Python's int(s, base) for a stripped string: an optional sign, the base's 0x / 0o / 0b prefix (base 16, 8, 2;
+// base 0 reads it, else decimal), digits; nullopt where Python raises ValueError (a bad base included).
+inline std::optional<std::int64_t> py_parse_int(std::string_view s, std::int64_t base) {
+  if (base != 0 && (base < 2 || base > 36)) return std::nullopt;
+  const bool negative = !s.empty() && s[0] == '-';
+  if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
+  const auto prefix = [&](char c) {
+    return s.size() > 2 && s[0] == '0' && (s[1] | 0x20) == c;
+  };
+  if (base == 0) base = prefix('x') ? 16 : prefix('o') ? 8 : prefix('b') ? 2 : 10;
+  if ((base == 16 && prefix('x')) || (base == 8 && prefix('o')) || (base == 2 && prefix('b'))) s.remove_prefix(2);
+  std::uint64_t magnitude = 0;
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), magnitude, static_cast<int>(base));
+  if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size()) return std::nullopt;
+  if (magnitude > (negative ? std::uint64_t{1} << 63 : (std::uint64_t{1} << 63) - 1)) return std::nullopt;
+  return negative ? static_cast<std::int64_t>(0 - magnitude) : static_cast<std::int64_t>(magnitude);
+}
+
+// Python's float(s) for a stripped string: decimal and exponent forms, inf / infinity / nan in any case; nullopt
+// where Python raises ValueError (hexadecimal among them, which strtod would read).
+inline std::optional<double> py_parse_float(const std::string& s) {
+  if (s.empty() || s.find_first_of("xX(") != std::string::npos) return std::nullopt;
+  char* end = nullptr;
+  const double d = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size()) return std::nullopt;
+  return d;
+}
+
 // s[start:end] for str.find, count, startswith, ... (indices in code points, negative ones from the end, end
 // clamped) and the index of its first code point; nullopt when end < start, where Python finds nothing, not even "".
 inline std::optional<std::pair<std::string_view, std::int64_t>> py_str_range(std::string_view s,
@@ -1180,23 +1208,22 @@ class renderer {
         return value(static_cast<std::int64_t>(v.as_double()));
       }
       const value* def = arg("default", 0);
-      if (v.is_string()) {
+      const value* base = arg("base", 1);
+      if (v.is_string()) {  // jinja2: int(value, base), else int(float(value)), else the default
         const std::string s = py_strip(v.as_string(), std::nullopt, true, true);
-        std::int64_t out = 0;
-        const auto r = std::from_chars(s.data() + (s.starts_with('+') ? 1 : 0), s.data() + s.size(), out);
-        if (r.ec == std::errc() && r.ptr == s.data() + s.size() && !s.empty()) return value(out);
+        if (const auto i = py_parse_int(s, base && base->is_int() ? base->as_int() : 10)) return value(*i);
+        if (const auto d = py_parse_float(s); d && std::isfinite(*d)) {  // inf, nan: the default, as in jinja2
+          if (!(std::fabs(*d) < 9.2e18)) error("int: ", py_float_repr(*d), " is out of the 64-bit range");
+          return value(static_cast<std::int64_t>(*d));
+        }
       }
       return def ? *def : value(0);
     }
     if (name == "float") {
       if (v.is_number()) return value(v.as_double());
       const value* def = arg("default", 0);
-      if (v.is_string()) {
-        const std::string s = py_strip(v.as_string(), std::nullopt, true, true);
-        char* end = nullptr;
-        const double d = std::strtod(s.c_str(), &end);
-        if (!s.empty() && end == s.c_str() + s.size()) return value(d);
-      }
+      if (v.is_string())
+        if (const auto d = py_parse_float(py_strip(v.as_string(), std::nullopt, true, true))) return value(*d);
       return def ? *def : value(0.0);
     }
     if (name == "abs") {
@@ -1211,6 +1238,18 @@ class renderer {
       if (m != "common" && m != "ceil" && m != "floor") error("round: method must be common, ceil or floor");
       if (!v.is_number()) error("round: type ", py_type_name(v), " doesn't define __round__ method");
       if (v.is_int() && m == "common") return value(v.as_int());  // Python's round() keeps an int an int
+      const std::int64_t digits = precision && precision->is_int() ? precision->as_int() : 0;
+      if (m == "common" && digits >= 0 && std::isfinite(v.as_double())) {
+        // Python rounds the double's exact decimal value (2.675 is 2.67499...: 2.67), halves to even; so does
+        // to_chars with a precision. Beyond 340 digits every double is already exact.
+        if (digits > 340) return value(v.as_double());
+        char text[720];
+        const auto r = std::to_chars(text, text + sizeof text, v.as_double(), std::chars_format::fixed,
+                                     static_cast<int>(digits));
+        double out = 0.0;
+        std::from_chars(text, r.ptr, out);
+        return value(out);
+      }
       const double x = v.as_double() * scale;
       // "common" is Python's round(): halves to even
       const double r = m == "ceil" ? std::ceil(x) : m == "floor" ? std::floor(x) : std::nearbyint(x);
