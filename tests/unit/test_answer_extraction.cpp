@@ -185,6 +185,25 @@ TEST_CASE("spacing: \\, \\; \\: \\quad and ~ are spaces; {,} is a thousands sepa
   CHECK_FALSE(math_answers_equal("1{,}000", "1"));
 }
 
+TEST_CASE("a deeply nested answer is graded without overflowing the stack") {
+  // brace_arguments recursed once per nested \\frac / \\sqrt: a box nesting 50,000 of them (a looping model's
+  // output) crashed zipage-eval with a stack overflow, losing the whole grid.
+  std::string nested = "\\boxed{", sqrt = "\\boxed{";
+  for (int i = 0; i < 50000; ++i) nested += "\\frac{", sqrt += "\\sqrt{";
+  nested += "1";
+  sqrt += "2";
+  for (int i = 0; i < 50000; ++i) nested += "}{2}", sqrt += "}";
+  nested += "}";
+  sqrt += "}";
+  const auto a = extract_math_answer(nested), b = extract_math_answer(sqrt);
+  REQUIRE(a.has_value());
+  REQUIRE(b.has_value());
+  CHECK_FALSE(math_answers_equal(*a, "0"));
+  CHECK(math_answers_equal(*a, *a));
+  CHECK_FALSE(math_answers_equal(*b, "2"));
+  CHECK(normalize_math_answer("\\frac{\\frac12}{\\sqrt2}") == "\\frac{\\frac{1}{2}}{\\sqrt{2}}");  // shallow: as before
+}
+
 TEST_CASE("numeric values") {
   CHECK(math_answer_value("\\frac{3}{4}").value() == doctest::Approx(0.75));
   CHECK(math_answer_value("-12").value() == doctest::Approx(-12));

@@ -95,8 +95,12 @@ inline std::optional<std::string> latex_argument(const std::string& s, std::size
   return std::string(1, s[i++]);
 }
 
-// \frac12 -> \frac{1}{2}, \frac1{x} -> \frac{1}{x}, \sqrt2 -> \sqrt{2}.
-inline std::string brace_arguments(const std::string& s) {
+// \frac12 -> \frac{1}{2}, \frac1{x} -> \frac{1}{x}, \sqrt2 -> \sqrt{2}. Arguments nested deeper than
+// max_brace_depth are left as written: a model's output may nest \frac thousands deep, which would overflow the
+// stack here and take time quadratic in the depth.
+inline constexpr int max_brace_depth = 64;
+inline std::string brace_arguments(const std::string& s, int depth = 0) {
+  if (depth >= max_brace_depth) return s;
   std::string out;
   for (std::size_t i = 0; i < s.size();) {
     const bool frac = command_at(s, i, "\\frac"), sqrt = command_at(s, i, "\\sqrt");
@@ -114,7 +118,8 @@ inline std::string brace_arguments(const std::string& s) {
       out.append(s, start, i - start);
       continue;
     }
-    out += frac ? "\\frac{" + brace_arguments(*a) + "}{" + brace_arguments(*b) + "}" : "\\sqrt{" + brace_arguments(*a) + "}";
+    out += frac ? "\\frac{" + brace_arguments(*a, depth + 1) + "}{" + brace_arguments(*b, depth + 1) + "}"
+                : "\\sqrt{" + brace_arguments(*a, depth + 1) + "}";
     i = j;
   }
   return out;
