@@ -300,7 +300,7 @@ struct model_text {
   const zipage::spm_tokenizer* spm = nullptr;  // GGUF files
 
   [[nodiscard]] std::vector<zipage::token_id> encode(const std::string& text) const {
-    return bpe ? bpe->encode(text, bpe->add_bos()) : spm->encode(text, true);
+    return bpe ? bpe->encode(text, bpe->add_bos()) : spm->encode(text, spm->add_bos());
   }
   [[nodiscard]] std::vector<zipage::token_id> encode_templated(const std::string& text) const {
     return bpe ? bpe->encode(text, false) : spm->encode(text, false);

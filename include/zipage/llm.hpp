@@ -435,7 +435,7 @@ class basic_llm {
  public:
   // Text to prompt ids with the model's BOS convention (what generate() does), and ids back to text.
   [[nodiscard]] std::vector<token_id> encode(const std::string& text) const {
-    return bpe_ ? bpe_->encode(text, bpe_->add_bos()) : spm_->encode(text, true);
+    return bpe_ ? bpe_->encode(text, bpe_->add_bos()) : spm_->encode(text, spm_->add_bos());
   }
   [[nodiscard]] std::string decode(std::span<const token_id> ids) const {
     return bpe_ ? bpe_->decode(ids, true) : spm_->decode(ids);

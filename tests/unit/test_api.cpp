@@ -156,6 +156,26 @@ TEST_CASE("llm: a GGUF file's general.sampling.* keys are its sampling defaults"
   CHECK(contains(m.generation.source, "sampling.gguf (general.sampling)"));
 }
 
+TEST_CASE("llm, load_model: a SentencePiece GGUF file's tokenizer.ggml.add_bos_token = false puts no BOS first") {
+  // llama.cpp reads the key; zipage's encoders added BOS to every SentencePiece prompt whatever it said.
+  const zipage::testing::temp_dir dir("gguf_no_bos");
+  {
+    gguf::writer w = zipage::testing::gguf_copy(gguf::file::open(zipage::testing::stories_model_path()));
+    w.set("tokenizer.ggml.add_bos_token", false);
+    w.write(dir.path / "no_bos.gguf");
+  }
+  const auto with_bos = load_model(zipage::testing::stories_model_path());
+  const auto m = load_model(dir.path / "no_bos.gguf");
+  REQUIRE(m.spm != nullptr);
+  CHECK_FALSE(m.spm->add_bos());
+  const auto ids = m.encode("Once upon a time");
+  CHECK(with_bos.encode("Once upon a time").front() == with_bos.spm->bos());  // the bundled file: no key, BOS
+  CHECK(ids == m.spm->encode("Once upon a time", false));
+  CHECK(ids.front() != m.spm->bos());
+  llm l((dir.path / "no_bos.gguf").string());
+  CHECK(l.encode("Once upon a time") == ids);
+}
+
 TEST_CASE("llm: streaming, as an iterator and with a callback, adds up to the generated text") {
   llm& l = stories_llm();
   const sampling_params p{.temperature = 0.0f, .max_tokens = 30};

@@ -36,7 +36,7 @@ struct loaded_model {
 
   // Text to prompt ids with the model's BOS convention; ids back to text (special tokens left out).
   [[nodiscard]] std::vector<token_id> encode(const std::string& text) const {
-    return bpe ? bpe->encode(text, bpe->add_bos()) : spm->encode(text, true);
+    return bpe ? bpe->encode(text, bpe->add_bos()) : spm->encode(text, spm->add_bos());
   }
   [[nodiscard]] std::string decode(std::span<const token_id> ids) const {
     return bpe ? bpe->decode(ids, true) : spm->decode(ids);
