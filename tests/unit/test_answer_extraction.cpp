@@ -204,6 +204,27 @@ TEST_CASE("a deeply nested answer is graded without overflowing the stack") {
   CHECK(normalize_math_answer("\\frac{\\frac12}{\\sqrt2}") == "\\frac{\\frac{1}{2}}{\\sqrt{2}}");  // shallow: as before
 }
 
+TEST_CASE("scientific notation is a number") {
+  // "1.5e3", "1.5 \\times 10^{3}" compared as strings, so they were wrong against 1500 (a numeric JSON answer of
+  // 1e-07 reads back in this form too).
+  CHECK(math_answers_equal("1.5e3", "1500"));
+  CHECK(math_answers_equal("1.5E+3", "1,500"));
+  CHECK(math_answers_equal("2e-4", "0.0002"));
+  CHECK(math_answers_equal("1.5 \\times 10^{3}", "1500"));
+  CHECK(math_answers_equal("1.5\\times10^3", "1.5e3"));
+  CHECK(math_answers_equal("-2 \\cdot 10^{-2}", "-\\frac{1}{50}"));
+  CHECK(math_answers_equal("$3 \\times 10^{8}$ meters", "300000000"));
+  CHECK_FALSE(math_answers_equal("1.5e3", "150"));
+  CHECK_FALSE(math_answers_equal("1.5\\times10^{3}", "15000"));
+  CHECK_FALSE(math_answer_value("e3").has_value());
+  CHECK_FALSE(math_answer_value("3e").has_value());   // 3e (Euler's number) is no decimal
+  CHECK_FALSE(math_answer_value("1e2e3").has_value());
+  CHECK_FALSE(math_answer_value("1e99999").has_value());
+  CHECK_FALSE(math_answer_value("2\\times10^{x}").has_value());
+  CHECK_FALSE(math_answer_value("x\\times10^{3}").has_value());
+  CHECK(math_answer_value("1e-07").value() == doctest::Approx(1e-7));
+}
+
 TEST_CASE("numeric values") {
   CHECK(math_answer_value("\\frac{3}{4}").value() == doctest::Approx(0.75));
   CHECK(math_answer_value("-12").value() == doctest::Approx(-12));

@@ -10,8 +10,9 @@
 //    \left/\right, \! and other spacing, spaces, \text{...} units (a \text{} group, with its ^2, that ends the
 //    answer after a value; any other \text{X} is X) and trailing unit words, ^\circ, "%",
 //    trailing "."; \dfrac/\tfrac are \frac, \frac12 is \frac{1}{2}, \sqrt2 is \sqrt{2}; "x = 5" is 5;
-//    thousands separators dropped; then numbers (integers, decimals, a/b, \frac{a}{b}) compare as numbers,
-//    so 0.5 == \frac12 == 1/2 and 5.0 == 5. Anything else compares as normalised strings.
+//    thousands separators dropped; then numbers (integers, decimals, a/b, \frac{a}{b}, 1.5e3, 1.5\times10^{3})
+//    compare as numbers, so 0.5 == \frac12 == 1/2, 5.0 == 5 and 1.5e3 == 1500. Anything else compares as
+//    normalised strings.
 #include <cctype>
 #include <cmath>
 #include <cstddef>
@@ -125,8 +126,33 @@ inline std::string brace_arguments(const std::string& s, int depth = 0) {
   return out;
 }
 
-// A plain decimal number: [+-]digits[.digits] or [+-].digits.
+// An exponent of ten: [+-]digits, at most four of them. nullopt otherwise.
+inline std::optional<int> parse_exponent(std::string_view s) {
+  bool negative = false;
+  if (!s.empty() && (s[0] == '+' || s[0] == '-')) {
+    negative = s[0] == '-';
+    s.remove_prefix(1);
+  }
+  if (s.empty() || s.size() > 4) return std::nullopt;
+  int e = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    e = e * 10 + (c - '0');
+  }
+  return negative ? -e : e;
+}
+
+// A plain decimal number: [+-]digits[.digits] or [+-].digits, optionally in scientific notation (1.5e3, 2E-4).
 inline std::optional<long double> parse_decimal(std::string_view s) {
+  if (const std::size_t e = s.find_first_of("eE"); e != std::string_view::npos) {
+    const auto mantissa = e > 0 && s.find_first_of("eE", e + 1) == std::string_view::npos
+                              ? parse_decimal(s.substr(0, e)) : std::nullopt;
+    const auto exponent = parse_exponent(s.substr(e + 1));
+    if (!mantissa || !exponent) return std::nullopt;
+    const long double v = *mantissa * std::pow(10.0L, static_cast<long double>(*exponent));
+    if (!std::isfinite(static_cast<double>(v))) return std::nullopt;
+    return v;
+  }
   if (s.empty()) return std::nullopt;
   std::size_t i = 0;
   bool negative = false;
@@ -156,9 +182,22 @@ inline std::optional<long double> parse_decimal(std::string_view s) {
   return negative ? -value : value;
 }
 
-// A number: a decimal, a/b, \frac{a}{b} or -\frac{a}{b} with decimal a and b (b != 0).
+// A number: a decimal, a/b, \frac{a}{b} or -\frac{a}{b} with decimal a and b (b != 0), or a decimal times a power
+// of ten (1.5\times10^{3}, 2\cdot10^-4; spaces are gone by now).
 inline std::optional<long double> parse_number(std::string_view s) {
   if (auto d = parse_decimal(s)) return d;
+  for (std::string_view times : {std::string_view("\\times10^"), std::string_view("\\cdot10^")}) {
+    const std::size_t at = s.find(times);
+    if (at == std::string_view::npos) continue;
+    std::string_view power = s.substr(at + times.size());
+    if (power.size() >= 2 && power.front() == '{' && power.back() == '}') power = power.substr(1, power.size() - 2);
+    const auto mantissa = parse_decimal(s.substr(0, at));
+    const auto exponent = parse_exponent(power);
+    if (!mantissa || !exponent) return std::nullopt;
+    const long double v = *mantissa * std::pow(10.0L, static_cast<long double>(*exponent));
+    if (!std::isfinite(static_cast<double>(v))) return std::nullopt;
+    return v;
+  }
   bool negative = false;
   if (!s.empty() && (s[0] == '-' || s[0] == '+')) {
     negative = s[0] == '-';
