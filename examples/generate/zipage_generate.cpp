@@ -76,8 +76,8 @@ void add_flags(CLI::App& app, options& o) {
       ->needs(many)
       ->excludes(n);
   app.add_flag("--quiet,-q", o.quiet,
-               "print only the generated text: no prompt echo, memory plan, progress or summary (errors still go "
-               "to stderr; with --prompts each output keeps its [i] prefix)");
+               "print only the text, each prompt followed by its continuation: no memory plan, sampling line, "
+               "progress or summary (errors still go to stderr)");
   app.add_flag("--chat", o.chat, "wrap each prompt in the checkpoint's chat template (checkpoint directories)");
   auto* chat = app.get_option("--chat");
   app.add_flag("--no-thinking", o.no_thinking, "with --chat: the template's enable_thinking = false (Qwen3: no thinking)")->needs(chat);
@@ -173,7 +173,7 @@ int run_engine(options& o, const inputs& in, Engine& eng, Encode& encode) {
   std::size_t finished = 0;
   std::int64_t tokens = 0;
   double next_draw = 0.0;
-  if (!batch && !o.quiet) std::cout << texts[0] << std::flush;  // the prompt, then its continuation streamed
+  if (!batch) std::cout << texts[0] << std::flush;  // the prompt, then its continuation streamed
   while (eng.has_unfinished()) {
     for (const auto& ev : eng.step()) {
       ++tokens;
@@ -192,7 +192,7 @@ int run_engine(options& o, const inputs& in, Engine& eng, Encode& encode) {
   std::vector<std::size_t> failed;
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const auto out = ids[i] ? eng.take_output(*ids[i]) : zipage::request_output{};
-    if (batch) std::cout << "[" << i << "] " << (o.quiet ? "" : texts[i]) << out.text << "\n";
+    if (batch) std::cout << "[" << i << "] " << texts[i] << out.text << "\n";
     else std::cout << "\n";
     if (!ids[i] || out.reason == zipage::finish_reason::error) {
       std::cout << std::flush;  // the text's line ends before the error's
