@@ -1,5 +1,6 @@
 // zipage-eval: the problem sets (JSONL) and how each task judges an answer.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -69,7 +70,7 @@ std::vector<problem> read_accuracy_set(const std::string& path, const std::vecto
 }
 
 // GSM8K rows {"question", "answer": "... #### N"} (the \boxed{} instruction appended), or MATH-500 / AIME /
-// AMC rows {"problem" (ending with the instruction), "answer"}.
+// AMC rows {"problem" (ending with the instruction), "answer" (a string or a number)}.
 std::vector<problem> read_math_set(const std::string& path, int limit) {
   static constexpr const char* instruction = "Please reason step by step, and put your final answer within \\boxed{}.";
   std::vector<problem> out;
@@ -79,7 +80,9 @@ std::vector<problem> read_math_set(const std::string& path, int limit) {
     p.level = stem;
     p.id = stem + "-" + std::to_string(out.size());
     if (const json::value* q = json::find(v, "question")) {
-      p.prompt = json::as_string(*q, src, "question") + "\n" + instruction;
+      p.prompt = json::as_string(*q, src, "question");
+      zipage::check(!p.prompt.empty(), src, ": field 'question' is empty");
+      p.prompt += std::string("\n") + instruction;
       const std::string& solution = json::as_string(json::require(v, "answer", src), src, "answer");
       const auto final = zipage::eval::extract_hash_answer(solution);
       zipage::check(final && !final->empty(), src, ": field 'answer' has no '#### <answer>' line (GSM8K format)");
@@ -87,9 +90,13 @@ std::vector<problem> read_math_set(const std::string& path, int limit) {
     } else {
       zipage::check(json::find(v, "problem") != nullptr, src, ": missing field 'problem' (or 'question')");
       p.prompt = json::as_string(json::require(v, "problem", src), src, "problem");
+      zipage::check(!p.prompt.empty(), src, ": field 'problem' is empty");
+      // A number is its JSON text: 42, 0.5, -3, 1e-07, 18446744073709551615 (graded as numbers). An integer past
+      // 2^64 is parsed as a double, which does not keep its digits (2^53 and up, in a double, are whole numbers).
       const json::value& a = json::require(v, "answer", src);
-      if (a.is_number_integer()) p.answer = std::to_string(json::as_int(a, src, "answer"));
-      else p.answer = json::as_string(a, src, "answer");
+      p.answer = a.is_number() ? a.dump() : json::as_string(a, src, "answer");
+      zipage::check(!a.is_number_float() || std::fabs(a.get<double>()) < 9007199254740992.0, src, ": field 'answer' = ",
+                    p.answer, " is a number too large to keep its digits in JSON; write the answer as a string");
     }
     zipage::check(!p.answer.empty(), src, ": field 'answer' is empty");
     out.push_back(std::move(p));
