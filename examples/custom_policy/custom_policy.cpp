@@ -72,7 +72,8 @@ int main(int argc, char** argv) {
   zipage::sampling_params greedy;
   greedy.temperature = 0.0f;
   greedy.max_tokens = 200;
-  const auto prompt = tokenizer.encode("Once upon a time, there was a little dog named Max.", true);
+  // BOS first when the file asks for it (tokenizer.ggml.add_bos_token), as llama.cpp does.
+  const auto prompt = tokenizer.encode("Once upon a time, there was a little dog named Max.", tokenizer.add_bos());
   const auto ours = engine.generate({prompt}, greedy)[0];
   const auto reference = full.generate({prompt}, greedy)[0];
 
