@@ -582,6 +582,11 @@ int run_grid(grid_options& o, const std::vector<problem>& problems, const task& 
   for (int b : o.budgets)
     zipage::check(b > 0 && b % o.block_size == 0, "--budgets: ", b, " is not a positive multiple of --block-size ",
                   o.block_size);
+  // A budget given twice is one cell (as a policy given twice, or two fractions that round alike), not two.
+  std::vector<int> budgets;
+  for (int b : o.budgets)
+    if (std::find(budgets.begin(), budgets.end(), b) == budgets.end()) budgets.push_back(b);
+  o.budgets = std::move(budgets);
   zipage::check(o.window <= o.block_size, "--window ", o.window, " is larger than --block-size ", o.block_size,
                 " (the window's queries are recorded in the last W slots of a block)");
   for (double f : o.budget_fractions)
