@@ -50,6 +50,12 @@ std::vector<problem> read_accuracy_set(const std::string& path, const std::vecto
     p.answer = json::as_string(json::require(v, "answer", src), src, "answer");
     zipage::check(!p.prompt.empty(), src, ": field 'prompt' is empty");
     zipage::check(!p.answer.empty(), src, ": field 'answer' is empty");
+    // The answer read from an output is stripped and ends at its line, so a reference that is not could never match.
+    const bool one_stripped_line = zipage::eval::detail::trim(p.answer) == p.answer &&
+                                   p.answer.find_first_of("\r\n") == std::string::npos;
+    zipage::check(one_stripped_line, src, ": field 'answer' = '", json::printable(p.answer),
+                  "' has spaces around it or a line break; the answer after '####' is compared stripped and on one "
+                  "line, so this row could never be right");
     if (const json::value* t = json::find(v, "trace")) (void)json::as_string(*t, src, "trace");
     (void)json::get_int(v, "prompt_tokens", src, 0, 0);
     (void)json::get_int(v, "trace_tokens", src, 0, 0);
