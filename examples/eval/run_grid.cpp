@@ -438,7 +438,7 @@ int run_backend(run_context& ctx, const Backend& backend) {
                   "(--raw feeds the prompt as is)");
     spm.emplace(zipage::spm_tokenizer::from_gguf(*gguf));
     const auto& tok = *spm;
-    io.encode = [&tok](const std::string& text) { return tok.encode(text, true); };
+    io.encode = [&tok](const std::string& text) { return tok.encode(text, tok.add_bos()); };  // as the file asks
     io.make_detokenizer = zipage::detokenizer_factory(tok);
   }
   auto load = [&]() {

@@ -189,7 +189,7 @@ int fidelity_command(const options& o) {
     encode = [&](const std::string& t) { return bpe->encode(t, bpe->add_bos()); };
   } else {
     spm.emplace(zipage::spm_tokenizer::from_gguf(file));
-    encode = [&](const std::string& t) { return spm->encode(t, true); };
+    encode = [&](const std::string& t) { return spm->encode(t, spm->add_bos()); };  // as the file asks
   }
   // Every flag is checked before the reference runs and the table starts.
   for (int b : o.budgets)
