@@ -75,10 +75,10 @@ std::vector<problem> read_accuracy_set(const std::string& path, const std::vecto
   return out;
 }
 
-// GSM8K rows {"question", "answer": "... #### N"} (the \boxed{} instruction appended), or MATH-500 / AIME /
-// AMC rows {"problem" (ending with the instruction), "answer" (a string or a number)}.
+// GSM8K rows {"question", "answer": "... #### N"}, or MATH-500 / AIME / AMC rows {"problem", "answer" (a string or a
+// number)}; the \boxed{} instruction is appended to a question or problem that does not already ask for a box
+// (zipage::eval::math_prompt).
 std::vector<problem> read_math_set(const std::string& path, int limit) {
-  static constexpr const char* instruction = "Please reason step by step, and put your final answer within \\boxed{}.";
   std::vector<problem> out;
   const std::string stem = std::filesystem::path(path).stem().string();
   for_each_row(path, [&](const json::value& v, const std::string& src) {
@@ -88,7 +88,7 @@ std::vector<problem> read_math_set(const std::string& path, int limit) {
     if (const json::value* q = json::find(v, "question")) {
       p.prompt = json::as_string(*q, src, "question");
       zipage::check(!p.prompt.empty(), src, ": field 'question' is empty");
-      p.prompt += std::string("\n") + instruction;
+      p.prompt = zipage::eval::math_prompt(p.prompt);
       const std::string& solution = json::as_string(json::require(v, "answer", src), src, "answer");
       const auto final = zipage::eval::extract_hash_answer(solution);
       zipage::check(final && !final->empty(), src, ": field 'answer' has no '#### <answer>' line (GSM8K format)");
@@ -97,6 +97,7 @@ std::vector<problem> read_math_set(const std::string& path, int limit) {
       zipage::check(json::find(v, "problem") != nullptr, src, ": missing field 'problem' (or 'question')");
       p.prompt = json::as_string(json::require(v, "problem", src), src, "problem");
       zipage::check(!p.prompt.empty(), src, ": field 'problem' is empty");
+      p.prompt = zipage::eval::math_prompt(p.prompt);
       // A number is its JSON text: 42, 0.5, -3, 1e-07, 18446744073709551615 (graded as numbers). An integer past
       // 2^64 is parsed as a double, which does not keep its digits (2^53 and up, in a double, are whole numbers).
       const json::value& a = json::require(v, "answer", src);

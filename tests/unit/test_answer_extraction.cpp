@@ -264,3 +264,15 @@ TEST_CASE("confidence intervals") {
   CHECK(none.hi < 0.2);
   CHECK(wilson_interval(0, 0).hi == 0.0);
 }
+
+TEST_CASE("math_prompt: the \\boxed{} instruction appended unless the problem already asks for a box") {
+  using zipage::eval::boxed_instruction;
+  using zipage::eval::math_prompt;
+  // MATH-500 as Hugging Face publishes it, and GSM8K questions: no instruction yet.
+  CHECK(math_prompt("What is $1+1$?") == "What is $1+1$?\n" + std::string(boxed_instruction));
+  CHECK(math_prompt("He bought a lego boxed set.") == "He bought a lego boxed set.\n" + std::string(boxed_instruction));
+  // The bundled sets' rows end with it: unchanged (no second instruction).
+  const std::string bundled = "What is $1+1$?\n" + std::string(boxed_instruction);
+  CHECK(math_prompt(bundled) == bundled);
+  CHECK(math_prompt("Give the answer as \\boxed{n}.") == "Give the answer as \\boxed{n}.");
+}

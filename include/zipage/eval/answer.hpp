@@ -374,6 +374,19 @@ inline std::string drop_unit_words(const std::string& s) {
 
 }  // namespace detail
 
+// The instruction the math sets end their problems with (Qwen2.5-Math's and DeepSeek-R1's evaluation prompt).
+inline constexpr std::string_view boxed_instruction =
+    "Please reason step by step, and put your final answer within \\boxed{}.";
+
+// A math problem as the model is asked it: the text, then (on a line of its own) the \boxed{} instruction unless
+// the text already asks for a \boxed answer (the bundled MATH-500 / AIME / AMC rows carry it; GSM8K questions and
+// MATH-500 as Hugging Face publishes it do not).
+inline std::string math_prompt(std::string_view problem) {
+  std::string p(problem);
+  if (p.find("\\boxed") == std::string::npos) p.append("\n").append(boxed_instruction);
+  return p;
+}
+
 // The testbed's rule: the text after the last "####", stripped, up to the end of its line. nullopt when
 // there is no "####".
 inline std::optional<std::string> extract_hash_answer(std::string_view text) {
