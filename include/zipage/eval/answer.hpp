@@ -379,8 +379,8 @@ inline constexpr std::string_view boxed_instruction =
     "Please reason step by step, and put your final answer within \\boxed{}.";
 
 // A math problem as the model is asked it: the text, then (on a line of its own) the \boxed{} instruction unless
-// the text already asks for a \boxed answer (the bundled MATH-500 / AIME / AMC rows carry it; GSM8K questions and
-// MATH-500 as Hugging Face publishes it do not).
+// the text already asks for a \boxed answer (the MATH-500 / AIME / AMC files of ../shared/data/math carry it;
+// GSM8K questions and MATH-500 as Hugging Face publishes it do not).
 inline std::string math_prompt(std::string_view problem) {
   std::string p(problem);
   if (p.find("\\boxed") == std::string::npos) p.append("\n").append(boxed_instruction);
