@@ -4,7 +4,9 @@
 // per problem, n sampled requests (seed + problem * n + sample) and one greedy request. Full KV runs first;
 // --budget-fractions are fractions of its mean sequence length (prompt + generated tokens).
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -41,6 +43,15 @@
 namespace zipage_eval {
 
 namespace {
+
+// A float setting as the user wrote it: 0.6f widened to double is 0.6000000238418579 in JSON; the float's shortest
+// decimal (to_chars) read back as a double is 0.6.
+double as_written(float x) {
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, x).ptr;
+  return std::strtod(std::string(text, end).c_str(), nullptr);
+}
+
 
 using zipage::token_id;
 using tokens = std::vector<token_id>;
@@ -310,7 +321,7 @@ void report(run_context& ctx, const std::vector<cell_result>& results, std::ofst
   std::printf("\n## zipage-eval %s: %s on %s\n\n", o.command.c_str(), o.model.c_str(), o.data.c_str());
   std::printf("problems: %zu, samples per problem: %d, requests per cell: %zu; sampling: temperature %g, top_p %g, top_k %d; "
               "max tokens %d; block size %d, window %d; seed %llu; device %s\n",
-              problems.size(), o.samples, problems.size() * static_cast<std::size_t>(o.samples + 1), ctx.sampled.temperature,
+              problems.size(), o.samples, problems.size() * (static_cast<std::size_t>(o.samples) + 1), ctx.sampled.temperature,
               ctx.sampled.top_p, ctx.sampled.top_k, o.max_tokens, o.block_size, o.window,
               static_cast<unsigned long long>(o.seed), ctx.device_name.c_str());
   std::printf("answer: %s\n", ctx.t->extraction.c_str());
@@ -365,10 +376,10 @@ void report(run_context& ctx, const std::vector<cell_result>& results, std::ofst
         {"problems", problems.size()},
         {"samples", o.samples},
         {"requests", r.requests()},
-        {"temperature", ctx.sampled.temperature},
-        {"top_p", ctx.sampled.top_p},
+        {"temperature", as_written(ctx.sampled.temperature)},
+        {"top_p", as_written(ctx.sampled.top_p)},
         {"top_k", ctx.sampled.top_k},
-        {"min_p", ctx.sampled.min_p},
+        {"min_p", as_written(ctx.sampled.min_p)},
         {"max_tokens", o.max_tokens},
         {"seed", o.seed},
         {"pass_at_1", pass.mean},
