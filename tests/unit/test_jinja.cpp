@@ -186,6 +186,18 @@ TEST_CASE("jinja: named templates: tool_use when tools are given, default otherw
   auto replaced = t;
   replaced.set_chat_template("U", "test");
   CHECK(replaced.apply_chat_template(hi, o) == "U");
+  // Without a 'default' entry (transformers refuses such a chat too): the chat's error names what the list has;
+  // tools still pick tool_use. An entry without a string template is refused at load, by index.
+  const auto no_default = nlohmann::json{{"chat_template", {{{"name", "tool_use"}, {"template", "T:{{ tools|length }}"}},
+                                                            {{"name", "rag"}, {"template", "R"}}}}};
+  const auto nd = zipage::bpe_tokenizer::from_json(tokenizer_json, no_default.dump());
+  CHECK(nd.has_chat_template());
+  CHECK_THROWS_WITH((void)nd.apply_chat_template(hi),
+                    doctest::Contains("names no 'default' template (it has 'tool_use', 'rag')"));
+  CHECK(nd.apply_chat_template(hi, o) == "T:1");
+  const auto broken = nlohmann::json{{"chat_template", {{{"name", "default"}, {"template", "D"}}, {{"name", "x"}}}}};
+  CHECK_THROWS_WITH((void)zipage::bpe_tokenizer::from_json(tokenizer_json, broken.dump()),
+                    doctest::Contains("chat_template[1] must be a {name, template} object with a string template"));
 }
 
 TEST_CASE("jinja: chat_template.jinja beside the tokenizer replaces the config's template; a broken one is reported") {

@@ -722,14 +722,26 @@ class bpe_tokenizer {
       } else {
         // Named templates (Cohere's): "default", and "tool_use", which transformers picks when tools are given.
         check(t->is_array(), src, ": chat_template must be a string or a list of {name, template}");
-        for (const auto& entry : *t) {
-          if (!entry.contains("template") || !entry["template"].is_string()) continue;
+        std::string names;  // for the error when there is no default
+        bool has_default = false;
+        for (std::size_t i = 0; i < t->size(); ++i) {
+          const auto& entry = (*t)[i];
+          check(entry.is_object() && entry.contains("template") && entry["template"].is_string(), src,
+                ": chat_template[", i, "] must be a {name, template} object with a string template");
           const std::string name(json::string_or_empty(entry, "name"));
-          if (name == "default") adopt_config_template(entry["template"].get_ref<const std::string&>(), src + ": chat_template");
+          names += (names.empty() ? "'" : ", '") + json::printable(name) + "'";
+          if (name == "default") {
+            adopt_config_template(entry["template"].get_ref<const std::string&>(), src + ": chat_template");
+            has_default = true;
+          }
           if (name == "tool_use")
             parse_template(entry["template"].get_ref<const std::string&>(), src + ": chat_template 'tool_use'",
                            jinja_tool_use_, jinja_tool_use_error_);
         }
+        // As transformers: without a default, a chat (without tools) has no template to use; said when one is asked.
+        if (!has_default)
+          adopt_template({}, nullptr, src + ": chat_template names no 'default' template (it has " +
+                                          (names.empty() ? std::string("none") : names) + ")");
       }
     }
   }
