@@ -106,6 +106,9 @@ TEST_CASE("equal answers") {
   CHECK(math_answers_equal("$1,000.00$", "1000"));
   CHECK(math_answers_equal("-3", "-3.0"));
   CHECK(math_answers_equal("-\\frac{1}{4}", "-0.25"));
+  CHECK(math_answers_equal("\xE2\x88\x92" "5", "-5"));  // U+2212 MINUS SIGN
+  CHECK(math_answers_equal("\xE2\x88\x92\\frac{1}{4}", "-0.25"));
+  CHECK_FALSE(math_answers_equal("\xE2\x88\x92" "5", "5"));
   CHECK(math_answers_equal("\\frac{-1}{4}", "-1/4"));
   CHECK(math_answers_equal("x = 5", "5"));
   CHECK(math_answers_equal("18 dollars", "18"));

@@ -441,6 +441,7 @@ inline std::string normalize_math_answer(std::string_view answer) {
   for (std::string_view junk : {"\\left", "\\right", "\\!", "\\displaystyle", "\\$", "$"})
     detail::replace_all(s, junk, "");
   detail::replace_all(s, "{,}", ",");  // LaTeX's thousands separator: "1{,}000"
+  detail::replace_all(s, "\xE2\x88\x92", "-");  // U+2212 MINUS SIGN, as models and web text write it
   for (std::string_view degrees : {"^{\\circ}", "^\\circ", "\\circ", "\xC2\xB0", "\\degree"}) detail::replace_all(s, degrees, "");
   detail::replace_all(s, "\\%", "");
   detail::replace_all(s, "%", "");
