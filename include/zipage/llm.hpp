@@ -11,7 +11,8 @@
 // generation_config.json (temperature, top_k, top_p, min_p, repetition_penalty; do_sample false = greedy) or
 // a GGUF file's general.sampling.* keys; a field it does not set takes vLLM's default (temperature 1, no
 // filters, seed 0): default_sampling() says what they are. Parameters passed to
-// generate()/stream() are used as given, as vLLM's SamplingParams are.
+// generate()/stream() are used as given, as vLLM's SamplingParams are, plus the tokenizer's end of turn as a
+// stop id where it is not the config's eos (Qwen3's <|im_end|> in a base checkpoint), unless ignore_eos.
 //
 // The engine behind it is zipage::engine<llama_model<Backend>, Policy>: Policy is zipage_policy (Compressed
 // PagedAttention, engine_config::budget_tokens = 2048 tokens per request) unless basic_llm<OtherPolicy> is
@@ -454,14 +455,16 @@ class basic_llm {
   void load(const std::filesystem::path& path, llm_options& options, Policy policy, Backend backend, const char* name) {
     detail::llm_parts parts = detail::load_llm<Policy, Backend>(path, options.engine, std::move(policy), std::move(backend), name);
     parts.generation.apply(defaults_);  // over sampling_params' defaults, vLLM's: temperature 1 unless the checkpoint says otherwise
-    model_stop_ids_ = std::move(parts.stop_token_ids);
-    defaults_ = with_model_stops(defaults_);
+    model_stop_ids_ = std::move(parts.stop_token_ids);  // added per call (with_model_stops), not to defaults_
     spm_ = std::move(parts.spm);
     bpe_ = std::move(parts.bpe);
     state_->runtime = std::move(parts.runtime);
   }
 
+  // The tokenizer's end of turn ends a request as EOS does, so ignore_eos ignores it too (as vLLM adds the
+  // generation config's eos ids to stop_token_ids only without ignore_eos); ids the caller names still stop.
   [[nodiscard]] sampling_params with_model_stops(sampling_params p) const {
+    if (p.ignore_eos) return p;
     for (token_id id : model_stop_ids_)
       if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) == p.stop_token_ids.end())
         p.stop_token_ids.push_back(id);

@@ -36,8 +36,10 @@ llm& stories_llm() {
 
 using echo_model = zipage::testing::counting_model;  // after token t it emits t + 1
 
-// A tiny random Qwen3 checkpoint directory with the Qwen3 tokenizer and a generation_config.json.
-void write_qwen3_checkpoint(const std::filesystem::path& out) {
+// A tiny random Qwen3 checkpoint directory with the Qwen3 tokenizer and a generation_config.json. With
+// `always` >= 0 the weights are not random: every step's greedy token is `always` (its embedding row is twice
+// the others', all (1, ..., 1); the layer's matrices are zero), and config.json's eos is `eos`.
+void write_qwen3_checkpoint(const std::filesystem::path& out, int eos = 151645, int always = -1) {
   namespace fs = std::filesystem;
   const int hidden = 16, heads = 2, kv_heads = 1, head_dim = 8, ffn = 32, vocab = 151936;
   const nlohmann::json config = {
@@ -45,7 +47,7 @@ void write_qwen3_checkpoint(const std::filesystem::path& out) {
       {"num_hidden_layers", 1}, {"num_attention_heads", heads}, {"num_key_value_heads", kv_heads},
       {"head_dim", head_dim}, {"intermediate_size", ffn}, {"vocab_size", vocab}, {"rms_norm_eps", 1e-6},
       {"rope_theta", 1000000.0}, {"tie_word_embeddings", true}, {"max_position_embeddings", 4096},
-      {"bos_token_id", 151643}, {"eos_token_id", 151645}, {"torch_dtype", "bfloat16"}};
+      {"bos_token_id", 151643}, {"eos_token_id", eos}, {"torch_dtype", "bfloat16"}};
   std::ofstream(out / "config.json") << config.dump();
   const nlohmann::json gen = {{"do_sample", true}, {"temperature", 0.6}, {"top_k", 20}, {"top_p", 0.95}};
   std::ofstream(out / "generation_config.json") << gen.dump();
@@ -58,7 +60,10 @@ void write_qwen3_checkpoint(const std::filesystem::path& out) {
     std::size_t n = 1;
     for (auto d : shape) n *= static_cast<std::size_t>(d);
     std::vector<float> v(n);
-    for (float& x : v) x = shape.size() == 1 ? 1.0f : u(rng);
+    for (float& x : v) x = shape.size() == 1 ? 1.0f : always >= 0 ? 0.0f : u(rng);
+    if (always >= 0 && name == "model.embed_tokens.weight")
+      for (std::size_t i = 0; i < n; ++i)
+        v[i] = i / static_cast<std::size_t>(hidden) == static_cast<std::size_t>(always) ? 2.0f : 1.0f;
     w.add(name, shape, v, safetensors::dtype::bf16);
   };
   tensor("model.embed_tokens.weight", {vocab, hidden});
@@ -272,6 +277,29 @@ struct failing_policy : policy_base {
   std::string_view name() const { return "failing"; }
   void score(const score_context&, std::span<float>, std::span<float>) const { fail("the policy failed on purpose"); }
 };
+
+TEST_CASE("llm: ignore_eos also ignores the tokenizer's end of turn that llm adds as a stop id (vLLM's ignore_eos)") {
+  // A base checkpoint: config.json's eos is <|endoftext|>, the tokenizer's <|im_end|> (151645), which llm adds
+  // as a stop id. The model always emits <|im_end|>.
+  zipage::testing::temp_dir dir("zipage_llm_ignore_eos");
+  write_qwen3_checkpoint(dir.path, 151643, 151645);
+  llm l(dir.path, llm_options{.device = llm_device::cpu, .engine = {.block_size = 16, .num_blocks = 160}});
+  const auto stops = l.generate({"Hello"}, {.temperature = 0.0f, .max_tokens = 4})[0];
+  CHECK(stops.reason == finish_reason::stop_token);
+  CHECK(stops.token_ids == std::vector<token_id>{151645});
+  // ignore_eos keeps generating past it (it stopped after one token), from the defaults too.
+  const auto past = l.generate({"Hello"}, {.temperature = 0.0f, .max_tokens = 4, .ignore_eos = true})[0];
+  CHECK(past.reason == finish_reason::length);
+  CHECK(past.token_ids == std::vector<token_id>(4, 151645));
+  sampling_params d = l.default_sampling();
+  d.max_tokens = 3;
+  d.ignore_eos = true;
+  CHECK(l.generate({"Hello"}, d)[0].token_ids.size() == 3);
+  // An id the caller names stays a stop id under ignore_eos.
+  const auto named = l.generate({"Hello"}, {.temperature = 0.0f, .max_tokens = 4, .ignore_eos = true,
+                                            .stop_token_ids = {151645}})[0];
+  CHECK(named.reason == finish_reason::stop_token);
+}
 
 TEST_CASE("llm: a request whose compression fails ends the stream with an error instead of hanging") {
   basic_llm<failing_policy> l(zipage::testing::stories_model_path(),
