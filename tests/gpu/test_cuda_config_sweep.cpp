@@ -18,10 +18,6 @@
 #include <cstdio>
 #include <random>
 #include <string>
-#include <tuple>
-#include <type_traits>
-#include <utility>
-
 #include "config_sweep.hpp"
 #include "gpu_doctest_main.hpp"
 #include "random_llama.hpp"
@@ -87,40 +83,19 @@ struct gpu_case {
   }
 };
 
-template <class Policy, class Scheduler>
-void run_case(unsigned seed, long num_requests) {
-  constexpr bool full = std::is_same_v<Policy, full_kv>;
-  const sweep_case c = sweep_case::draw(seed, full, std::is_same_v<Scheduler, fcfs_scheduler>);
-  const gpu_case g = gpu_case::draw(seed);
-  const cuda_backend b(g.options);
-  using engine_t = engine<llama_model<cuda_backend>, Policy, Scheduler, cuda_backend>;
-  const auto make = [&](const engine_config& cfg, unsigned weights) {
-    return engine_t(testing::random_llama(b, g.model, weights, g.fused), cfg, Policy{}, b);
-  };
-  testing::run_sweep_case(c, c.describe(Policy{}.name()) + "; " + g.describe(), num_requests, make, g.check);
-}
-
-using policies = std::tuple<full_kv, streaming_llm, h2o, snapkv, rkv, gkv, zipage_policy>;
-
-template <class Scheduler, std::size_t... I>
-void run_policy(std::size_t which, unsigned seed, long requests, std::index_sequence<I...>) {
-  ((which == I ? run_case<std::tuple_element_t<I, policies>, Scheduler>(seed, requests) : void()), ...);
-}
-
 }  // namespace
 
 TEST_CASE("configuration sweep on the GPU: every policy and scheduler, random geometry, kernels and device hooks") {
-  const long configs = testing::env_or("ZIPAGE_SWEEP_CONFIGS", 28);
-  const auto first = static_cast<unsigned>(testing::env_or("ZIPAGE_SWEEP_SEED", 1));
-  const long requests = testing::env_or("ZIPAGE_SWEEP_REQUESTS", 40);
-  constexpr std::size_t num_policies = std::tuple_size_v<policies>;
-  for (long k = 0; k < configs; ++k) {
-    const unsigned seed = first + static_cast<unsigned>(k);
-    constexpr auto each_policy = std::make_index_sequence<num_policies>{};
-    if ((seed / num_policies) % 2 == 0) run_policy<zipage_scheduler>(seed % num_policies, seed, requests, each_policy);
-    else run_policy<fcfs_scheduler>(seed % num_policies, seed, requests, each_policy);
-  }
-  MESSAGE(configs, " configurations of ", requests, " requests from seed ", first);
+  testing::run_sweep(28, 40, []<class Policy, class Scheduler>(unsigned seed, long requests) {
+    const sweep_case c = sweep_case::draw_for<Policy, Scheduler>(seed);
+    const gpu_case g = gpu_case::draw(seed);
+    const cuda_backend b(g.options);
+    using engine_t = engine<llama_model<cuda_backend>, Policy, Scheduler, cuda_backend>;
+    const auto make = [&](const engine_config& cfg, unsigned weights) {
+      return engine_t(testing::random_llama(b, g.model, weights, g.fused), cfg, Policy{}, b);
+    };
+    testing::run_sweep_case(c, c.describe(Policy{}.name()) + "; " + g.describe(), requests, make, g.check);
+  });
 }
 
 int main(int argc, char** argv) { return zipage::testing::gpu_doctest_main(argc, argv); }

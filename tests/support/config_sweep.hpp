@@ -14,13 +14,18 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "open_load.hpp"
 #include "zipage/core/error.hpp"
 #include "zipage/engine/engine_config.hpp"
+#include "zipage/policy/policies.hpp"
 #include "zipage/sampling/sampling_params.hpp"
+#include "zipage/scheduler/scheduler.hpp"
+#include "zipage/scheduler/zipage_scheduler.hpp"
 
 namespace zipage::testing {
 
@@ -63,6 +68,12 @@ struct sweep_case {
     c.cfg.scheduling = uniform(0, 1) != 0 && !fcfs_scheduler ? scheduling_order::priority : scheduling_order::fcfs;
     c.cfg.max_batched_tokens = uniform(0, 2) == 0 ? uniform(1, 16) : uniform(16, 256);
     return c;
+  }
+
+  // The draw for a policy and scheduler (full KV pools hold a whole request; fcfs gives every request a slot).
+  template <class Policy, class Scheduler>
+  static sweep_case draw_for(unsigned seed) {
+    return draw(seed, std::is_same_v<Policy, full_kv>, std::is_same_v<Scheduler, zipage::fcfs_scheduler>);
   }
 
   [[nodiscard]] std::string describe(std::string_view policy) const {
@@ -211,6 +222,32 @@ void run_sweep_case(const sweep_case& c, const std::string& description, long nu
   CHECK(eng.pool().num_used() == 0);  // nothing leaked
   CHECK(eng.pool().total_references() == 0);
   CHECK(st.running + st.waiting + st.swapped + st.slots_in_use == 0);
+}
+
+using sweep_policies = std::tuple<full_kv, streaming_llm, h2o, snapkv, rkv, gkv, zipage_policy>;
+
+// The sweep's loop: ZIPAGE_SWEEP_CONFIGS configurations (default `configs`) of ZIPAGE_SWEEP_REQUESTS requests
+// (default `requests`) from seed ZIPAGE_SWEEP_SEED (default 1). Seed s runs policy s % 7 under zipage_scheduler or
+// fcfs_scheduler, switching every 7 seeds: run_case.template operator()<Policy, Scheduler>(seed, requests).
+template <class RunCase>
+void run_sweep(long configs, long requests, RunCase&& run_case) {
+  configs = env_or("ZIPAGE_SWEEP_CONFIGS", configs);
+  requests = env_or("ZIPAGE_SWEEP_REQUESTS", requests);
+  const auto first = static_cast<unsigned>(env_or("ZIPAGE_SWEEP_SEED", 1));
+  constexpr std::size_t num_policies = std::tuple_size_v<sweep_policies>;
+  auto run_policy = [&]<class Scheduler, std::size_t... I>(unsigned seed, std::index_sequence<I...>) {
+    ((seed % num_policies == I
+          ? run_case.template operator()<std::tuple_element_t<I, sweep_policies>, Scheduler>(seed, requests)
+          : void()),
+     ...);
+  };
+  for (long k = 0; k < configs; ++k) {
+    const unsigned seed = first + static_cast<unsigned>(k);
+    constexpr auto each_policy = std::make_index_sequence<num_policies>{};
+    if ((seed / num_policies) % 2 == 0) run_policy.template operator()<zipage_scheduler>(seed, each_policy);
+    else run_policy.template operator()<fcfs_scheduler>(seed, each_policy);
+  }
+  MESSAGE(configs, " configurations of ", requests, " requests from seed ", first);
 }
 
 }  // namespace zipage::testing

@@ -22,10 +22,6 @@
 //    a prefill over several steps).
 #include <doctest/doctest.h>
 
-#include <tuple>
-#include <type_traits>
-#include <utility>
-
 #include "config_sweep.hpp"
 #include "tiny_llama.hpp"
 #include "zipage/engine/engine.hpp"
@@ -33,42 +29,13 @@
 
 using namespace zipage;
 
-namespace {
-
-template <class Policy, class Scheduler>
-void run_case(const testing::sweep_case& c, long num_requests) {
-  using engine_t = engine<llama_model<cpu_backend>, Policy, Scheduler>;
-  const auto make = [](const engine_config& cfg, unsigned weights) {
-    return engine_t(testing::tiny_llama(weights), cfg);
-  };
-  testing::run_sweep_case(c, c.describe(Policy{}.name()), num_requests, make);
-}
-
-using policies = std::tuple<full_kv, streaming_llm, h2o, snapkv, rkv, gkv, zipage_policy>;
-
-template <class Scheduler, std::size_t... I>
-void run_policy(std::size_t which, unsigned seed, long requests, std::index_sequence<I...>) {
-  constexpr bool fcfs = std::is_same_v<Scheduler, fcfs_scheduler>;
-  using testing::sweep_case;
-  ((which == I ? run_case<std::tuple_element_t<I, policies>, Scheduler>(
-                     sweep_case::draw(seed, std::is_same_v<std::tuple_element_t<I, policies>, full_kv>, fcfs), requests)
-               : void()),
-   ...);
-}
-
-}  // namespace
-
 TEST_CASE("configuration sweep: every policy and scheduler, random geometry, pool and scheduling, each request as alone") {
-  const long configs = testing::env_or("ZIPAGE_SWEEP_CONFIGS", 70);
-  const auto first = static_cast<unsigned>(testing::env_or("ZIPAGE_SWEEP_SEED", 1));
-  const long requests = testing::env_or("ZIPAGE_SWEEP_REQUESTS", 100);
-  constexpr std::size_t num_policies = std::tuple_size_v<policies>;
-  for (long k = 0; k < configs; ++k) {
-    const unsigned seed = first + static_cast<unsigned>(k);
-    const auto policy = seed % num_policies;
-    constexpr auto each_policy = std::make_index_sequence<num_policies>{};
-    if ((seed / num_policies) % 2 == 0) run_policy<zipage_scheduler>(policy, seed, requests, each_policy);
-    else run_policy<fcfs_scheduler>(policy, seed, requests, each_policy);
-  }
-  MESSAGE(configs, " configurations of ", requests, " requests from seed ", first);
+  testing::run_sweep(70, 100, []<class Policy, class Scheduler>(unsigned seed, long requests) {
+    using engine_t = engine<llama_model<cpu_backend>, Policy, Scheduler>;
+    const auto c = testing::sweep_case::draw_for<Policy, Scheduler>(seed);
+    const auto make = [](const engine_config& cfg, unsigned weights) {
+      return engine_t(testing::tiny_llama(weights), cfg);
+    };
+    testing::run_sweep_case(c, c.describe(Policy{}.name()), requests, make);
+  });
 }
