@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "counting_model.hpp"
 #include "greedy.hpp"
 #include "test_support.hpp"
 #include "tiny_llama.hpp"
@@ -33,6 +34,11 @@ engine_config small(bool async_compression = false) {
   cfg.async_compression = async_compression;
   return cfg;
 }
+
+// A custom model (counting_model's forward) whose config() is whatever the test makes it.
+struct configured_model : zipage::testing::counting_model {
+  explicit configured_model(void (*edit)(model_config&)) { edit(cfg); }
+};
 
 // A custom policy whose keep_tokens() is whatever the test says.
 struct fixed_keep : policy_base {
@@ -127,4 +133,31 @@ TEST_CASE("pool sizes: host memory bounds a CPU pool; gpu_memory_utilization on 
   cfg.kv_cache_bytes = 1000;
   CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>, zipage_policy> eng(tiny_llama(), cfg); }),
                  "(engine_config::kv_cache_bytes, or what gpu_memory_utilization leaves on the device)"));
+}
+
+TEST_CASE("a custom model's config() without layers or heads, or with an EOS outside its vocabulary, is refused") {
+  // Each crashed the engine's constructor (a division by zero, a segfault or a heap abort) or was accepted.
+  engine_config cfg = small();
+  cfg.block_size = 4;
+  cfg.window = 4;
+  cfg.budget_tokens = 8;
+  const std::vector<std::pair<void (*)(model_config&), std::string>> cases = {
+      {[](model_config& c) { c.num_layers = 0; }, "config().num_layers must be positive, got 0"},
+      {[](model_config& c) { c.num_kv_heads = 0; }, "config().num_kv_heads must be positive, got 0"},
+      {[](model_config& c) { c.num_q_heads = 0; }, "config().num_q_heads must be positive, got 0"},
+      {[](model_config& c) { c.head_dim = 0; }, "config().head_dim must be positive, got 0"},
+      {[](model_config& c) { c.vocab_size = 0; }, "config().vocab_size must be positive, got 0"},
+      {[](model_config& c) { c.num_q_heads = 3, c.num_kv_heads = 2; },
+       "config().num_q_heads (3) must be a multiple of num_kv_heads (2)"},
+      {[](model_config& c) { c.eos = 100; }, "config().eos (100) is outside the vocabulary of 8"},
+      {[](model_config& c) { c.extra_eos = {8}; }, "config().extra_eos holds 8, outside the vocabulary of 8"},
+  };
+  for (const auto& [edit, message] : cases) {
+    CAPTURE(message);
+    CHECK(contains(error_of([&] { engine<configured_model> eng(configured_model(edit), cfg); }), message));
+    CHECK(contains(error_of([&] { engine<configured_model, zipage_policy> eng(configured_model(edit), cfg); }),
+                   message));
+  }
+  engine<configured_model, zipage_policy> fine(configured_model([](model_config&) {}), cfg);
+  CHECK(fine.generate({{0, 1, 2}}, greedy_ignoring_eos(12))[0].output.size() == 12);
 }

@@ -55,7 +55,7 @@ class engine {
         policy_(std::move(policy)),
         backend_(std::move(backend)),
         memory_(checked_host_memory(
-            plan_memory(model_.config(),
+            plan_memory(checked_model_config(model_.config()),
                         sized_memory_request<EvictionPolicy::evicts, EvictionPolicy::uses_score_cache,
                                              requires { Scheduler::slot_per_running_request; }>(model_, backend_, cfg_,
                                                                                                 geometry_)),

@@ -128,6 +128,32 @@ struct engine_stats {
   return evicts ? cfg.compression() : cfg.geometry();
 }
 
+// The Model's config() as the engine uses it (the KV cache's shape, the memory plan, logits rows, EOS), checked
+// before anything is built: a custom model with no layers or heads, a head count that is not a multiple of
+// the KV head count or an EOS id outside the vocabulary is an error naming the field, where it divided by
+// zero or wrote past its buffers. Only these fields: the rest (hidden_size, ffn_size, RoPE) are the model's own
+// (llama_model checks them all with model_config::validate()).
+[[nodiscard]] inline const model_config& checked_model_config(const model_config& c) {
+  auto positive = [](int v, const char* name) {
+    check(v > 0, "engine: the Model's config().", name, " must be positive, got ", v);
+  };
+  positive(c.vocab_size, "vocab_size");
+  positive(c.num_layers, "num_layers");
+  positive(c.num_q_heads, "num_q_heads");
+  positive(c.num_kv_heads, "num_kv_heads");
+  positive(c.head_dim, "head_dim");
+  check(c.num_q_heads % c.num_kv_heads == 0, "engine: the Model's config().num_q_heads (", c.num_q_heads,
+        ") must be a multiple of num_kv_heads (", c.num_kv_heads, ")");
+  (void)c.q_size();  // the row widths fit an int
+  (void)c.kv_size();
+  check(c.eos < c.vocab_size, "engine: the Model's config().eos (", c.eos, ") is outside the vocabulary of ",
+        c.vocab_size, " (-1 = none)");
+  for (token_id id : c.extra_eos)
+    check(id >= 0 && id < c.vocab_size, "engine: the Model's config().extra_eos holds ", id,
+          ", outside the vocabulary of ", c.vocab_size);
+  return c;
+}
+
 // A request's prompt and sampling parameters, checked before it is queued: a prompt that is empty, holds
 // ids outside the vocabulary or does not fit the model's context (unless allow_beyond_context), and stop
 // strings without a detokenizer are errors naming what to change.
