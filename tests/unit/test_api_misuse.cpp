@@ -50,6 +50,17 @@ struct fixed_keep : policy_base {
   }
 };
 
+// A custom policy whose keep_tokens() answers the budget when the engine is built, then `later`.
+struct changing_keep : policy_base {
+  int later = 0;
+  mutable int calls = 0;
+  std::string_view name() const { return "changing_keep"; }
+  int keep_tokens(const cache_geometry& g) const { return ++calls > 1 ? later : g.budget_tokens; }
+  void score(const score_context& ctx, std::span<float> out, std::span<float>) const {
+    scoring::window_attention(ctx, out);
+  }
+};
+
 // A custom policy whose score() throws something that is not a std::exception.
 struct throws_int : policy_base {
   std::string_view name() const { return "throws_int"; }
@@ -95,6 +106,22 @@ TEST_CASE("a custom policy's keep_tokens() outside [window, budget] is refused w
     const auto out = eng.generate({{1, 2, 3}}, greedy_ignoring_eos(40))[0];
     CHECK(out.reason == finish_reason::length);
     CHECK(out.num_compressions > 0);
+  }
+}
+
+TEST_CASE("a policy whose keep_tokens() changes after the engine is built fails its requests, never over budget") {
+  // Keeping 24 of a budget of 16 tokens was done silently: the request outgrew its B + 1 blocks.
+  for (int later : {24, 4}) {
+    CAPTURE(later);
+    changing_keep policy;
+    policy.later = later;
+    engine<llama_model<cpu_backend>, changing_keep> eng(tiny_llama(), small(), policy);
+    const auto out = eng.generate({{1, 2, 3}}, greedy_ignoring_eos(40))[0];
+    CHECK(out.reason == finish_reason::error);
+    CHECK(out.num_compressions == 0);
+    CHECK(contains(out.error_message, later > 16 ? "compression: keep_tokens() = 24 is more than budget_tokens = 16"
+                                                 : "compression: keeping 4 tokens cannot hold the window of 8"));
+    CHECK(eng.stats().blocks_in_use == 0);
   }
 }
 

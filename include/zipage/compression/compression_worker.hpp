@@ -135,6 +135,8 @@ class compression_worker {
       std::vector<finished_compression> out;
       try {
         const int keep = compressor_.policy().keep_tokens(compressor_.params());
+        check(keep <= compressor_.params().budget_tokens, "compression: keep_tokens() = ", keep,
+              " is more than budget_tokens = ", compressor_.params().budget_tokens);  // as compressor::plan
         jobs_.clear();
         for (const auto& r : batch) jobs_.push_back(r.device_job());
         if (backend_->compress_on_device(*kv_, jobs_, compressor_.policy().recipe(), compressor_.params(), keep)) {

@@ -65,7 +65,12 @@ class compressor {
   compaction_plan plan(Backend& backend, typename Backend::kv_storage& kv, const compression_request& r) {
     const int kv_len = r.kv_len;
     const int slot = r.slot;
-    const int keep = std::min(policy_->keep_tokens(params_), kv_len);
+    // Asked again at every compression, as the engine uses it: a stateful policy may answer otherwise than it
+    // did when the engine was built, and keeping more than the budget would outgrow the request's B + 1 blocks.
+    const int asked = policy_->keep_tokens(params_);
+    check(asked <= params_.budget_tokens, "compression: keep_tokens() = ", asked, " is more than budget_tokens = ",
+          params_.budget_tokens);
+    const int keep = std::min(asked, kv_len);
     check(keep >= params_.window, "compression: keeping ", keep, " tokens cannot hold the window of ", params_.window);
     compaction_plan p;
     p.request = r.id;
