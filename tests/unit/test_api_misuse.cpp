@@ -61,6 +61,19 @@ struct changing_keep : policy_base {
   }
 };
 
+// A custom policy whose should_compress() throws once a request's cache holds `at` tokens.
+struct compress_rule_throws : policy_base {
+  int at = 20;
+  std::string_view name() const { return "compress_rule_throws"; }
+  bool should_compress(int kv_len, const cache_geometry& g) const {
+    if (kv_len == at) throw std::runtime_error("no rule for 20 tokens");
+    return g.should_compress(kv_len);
+  }
+  void score(const score_context& ctx, std::span<float> out, std::span<float>) const {
+    scoring::window_attention(ctx, out);
+  }
+};
+
 // A custom policy whose score() throws something that is not a std::exception.
 struct throws_int : policy_base {
   std::string_view name() const { return "throws_int"; }
@@ -187,4 +200,29 @@ TEST_CASE("a custom model's config() without layers or heads, or with an EOS out
   }
   engine<configured_model, zipage_policy> fine(configured_model([](model_config&) {}), cfg);
   CHECK(fine.generate({{0, 1, 2}}, greedy_ignoring_eos(12))[0].output.size() == 12);
+}
+
+TEST_CASE("a policy whose should_compress() throws fails that request; the engine does not hang, others finish") {
+  // step() threw from the middle of the scheduler's update and left the request running with nothing to
+  // run: has_unfinished() stayed true and run_to_completion() never returned.
+  for (bool async : {false, true}) {
+    CAPTURE(async);
+    engine<llama_model<cpu_backend>, compress_rule_throws> eng(tiny_llama(), small(async));
+    const auto reference = engine<llama_model<cpu_backend>, zipage_policy>(tiny_llama(), small(async))
+                               .generate({{1, 2, 3}}, greedy_ignoring_eos(12))[0];
+    const auto fails = eng.add_request({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, greedy_ignoring_eos(40));
+    const auto other = eng.add_request({1, 2, 3}, greedy_ignoring_eos(12));  // stops at 15 tokens
+    std::vector<step_event> ends;
+    for (int i = 0; i < 200 && eng.has_unfinished(); ++i)
+      for (const auto& e : eng.step())
+        if (e.finished) ends.push_back(e);
+    REQUIRE_FALSE(eng.has_unfinished());
+    const auto failed = eng.take_output(fails);
+    CHECK(failed.reason == finish_reason::error);
+    CHECK(failed.error_message == "the eviction policy's should_compress() failed: no rule for 20 tokens");
+    CHECK(failed.output.size() == 11);  // the token sampled as the cache reached 20
+    CHECK(eng.take_output(other).output == reference.output);
+    CHECK(ends.size() == 2);  // one finished event each
+    CHECK(eng.stats().blocks_in_use == 0);
+  }
 }

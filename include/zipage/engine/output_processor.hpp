@@ -111,8 +111,10 @@ inline std::vector<sampled_token> process_sampled(const step_plan& plan, const s
 inline void finish_events(const step_plan& plan, std::vector<step_event>& events, std::size_t first) {
   for (const scheduled_seq& e : plan.batch) {
     if (!e.seq->is_finished()) continue;  // a request that finished here sampled here: its event is ahead
-    while (first < events.size() && events[first].id != e.seq->id) ++first;
-    if (first == events.size()) return;
+    const auto it = std::find_if(events.begin() + static_cast<std::ptrdiff_t>(first), events.end(),
+                                 [&](const step_event& ev) { return ev.id == e.seq->id; });
+    if (it == events.end()) continue;  // it sampled nothing (it failed in update()): reported as failed
+    first = static_cast<std::size_t>(it - events.begin());
     events[first].finished = true;
     events[first].reason = e.seq->reason;
     events[first].text += take_streamable(*e.seq, true);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <concepts>
 #include <deque>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,9 +52,18 @@ class scheduler_base {
   [[nodiscard]] int blocks_to_start(const sequence& s) const {
     const int bs = cfg_.geometry.block_size;
     const int fed_first = s.num_tokens() - 1;
-    if (cfg_.compresses() && s.num_generated() > 0 && !s.is_compressed() && cfg_.compression_point(fed_first))
+    if (cfg_.compresses() && s.num_generated() > 0 && !s.is_compressed() && maybe_compression_point(fed_first))
       return std::max(blocks_for_tokens(fed_first, bs), cfg_.geometry.budget_blocks() + 1);
     return blocks_for_tokens(s.num_tokens(), bs);
+  }
+
+  // The policy's compression point, or true when its rule throws (the request then fails in update()).
+  [[nodiscard]] bool maybe_compression_point(int kv_len) const {
+    try {
+      return cfg_.compression_point(kv_len);
+    } catch (...) {
+      return true;
+    }
   }
 
   void add(sequence* s) {
@@ -76,13 +86,15 @@ class scheduler_base {
   // here (their compaction failed), to be reported.
   std::vector<request_id> update(const step_plan& plan, const step_output& out) {
     std::size_t row = 0;
+    std::vector<request_id> failed;
     for (const scheduled_seq& e : plan.batch) {
       sequence& s = *e.seq;
       const bool samples = e.samples();  // before the sequence moves on
       s.kv_len += e.tokens;
       s.num_computed += e.tokens;
       if (!samples) {  // a prefill chunk short of the prompt's end, or a recomputation short of its last token
-        if (s.recomputed_to_last_token() && cfg_.compression_point(s.kv_len)) s.needs_compression = true;
+        if (s.recomputed_to_last_token() && compression_point(s)) s.needs_compression = true;
+        if (s.is_finished()) failed.push_back(s.id);  // it sampled nothing here: no event of its own reports it
         continue;
       }
       check(row < out.sampled.size(), "scheduler: the step sampled ", out.sampled.size(), " tokens, fewer than the plan's");
@@ -91,13 +103,14 @@ class scheduler_base {
       if (const finish_reason reason = cfg_.stop.reason(s, t.token, t.stop_string); reason != finish_reason::none) {
         s.reason = reason;
         finish(&s);
-      } else if (cfg_.compression_point(s.kv_len)) {
+      } else if (compression_point(s)) {
         s.needs_compression = true;
       }
     }
     if (cfg_.prefix_caching)
       for (const auto& e : plan.batch) blocks_.register_full_blocks(*e.seq, e.tokens);
-    return land_compactions(out.compactions);
+    for (request_id id : land_compactions(out.compactions)) failed.push_back(id);
+    return failed;
   }
 
   // Cancellation: the request is dropped wherever it is, everything it held freed at once. (Its
@@ -127,6 +140,19 @@ class scheduler_base {
     erase(swapped_, s);
     blocks_.deallocate(*s);
     release_slot(*s);
+  }
+
+  // Whether s is at a compression point (the policy's should_compress). A rule that throws ends the request with
+  // an error instead of leaving the step half applied (the request then never ran again and the engine hung).
+  bool compression_point(sequence& s) {
+    try {
+      return cfg_.compression_point(s.kv_len);
+    } catch (const std::exception& e) {
+      fail(&s, std::string("the eviction policy's should_compress() failed: ") + e.what());
+    } catch (...) {
+      fail(&s, "the eviction policy's should_compress() failed: an exception that is not a std::exception");
+    }
+    return false;
   }
 
   // Ends a request with an error (it is dropped wherever it is).
