@@ -71,7 +71,19 @@ struct engine_options {
   // The sampling and budget flags given on the command line (they override the checkpoint's defaults).
   std::map<std::string, CLI::Option*> flags;
   std::string sampling_line;  // what the run samples with, and where each value came from
+  // The tokenizer's EOS where it is not the config's (e.g. Qwen3 base's <|im_end|>): a stop id of every request
+  // that does not ignore EOS (add_end_of_turn).
+  std::vector<zipage::token_id> end_of_turn_ids;
 };
+
+// A request's stop ids: its own, plus the tokenizer's end of turn unless it ignores EOS (vLLM adds the
+// generation config's EOS ids only when ignore_eos is off; a stop id the request names still stops it).
+inline void add_end_of_turn(zipage::sampling_params& p, const engine_options& o) {
+  if (p.ignore_eos) return;
+  for (const zipage::token_id id : o.end_of_turn_ids)
+    if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) == p.stop_token_ids.end())
+      p.stop_token_ids.push_back(id);
+}
 
 
 // Parses the command line: -1 to go on, else the exit status (0 after --help; 2 after a bad flag, with one
@@ -445,7 +457,7 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
     print_linear_weights(o, backend);
     // The engine stops at every end-of-sequence id of the config (eos and extra_eos); the tokenizer's
     // own EOS ends a turn too (e.g. Qwen3's <|im_end|>).
-    if (tokenizer.eos() >= 0 && tokenizer.eos() != model.config().eos) o.sampling.stop_token_ids.push_back(tokenizer.eos());
+    if (tokenizer.eos() >= 0 && tokenizer.eos() != model.config().eos) o.end_of_turn_ids.push_back(tokenizer.eos());
     o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
     return build_engine(o, std::move(model), backend, model_text{.bpe = &tokenizer}, f);
   }

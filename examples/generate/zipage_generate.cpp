@@ -160,6 +160,7 @@ int run_engine(options& o, const inputs& in, Engine& eng, Encode& encode) {
     auto params = o.sampling;
     params.seed += i;
     if (!lengths.empty()) params.max_tokens = lengths[i];
+    zipage_cli::add_end_of_turn(params, o);
     try {
       ids.push_back(eng.add_request(encode(texts[i]), params));
     } catch (const zipage::error& e) {

@@ -268,6 +268,7 @@ class api {
       if (!ids->is_array()) bad_param("stop_token_ids", "'stop_token_ids' must be a list of token ids, got " + got(*ids));
       for (const auto& t : *ids) p.stop_token_ids.push_back(token_of(t, "stop_token_ids"));
     }
+    zipage_cli::add_end_of_turn(p, eo_);  // the tokenizer's end of turn, unless the request ignores EOS
     reject_unsupported(body, chat);
 
     // logprobs: each sampled token's log-probability, and the top_logprobs most likely tokens of its step.

@@ -4,7 +4,10 @@
 // harness's counts, not accuracy. For the GGUF tests (test_gguf_qwen), `qwen2` as the third argument writes a
 // Qwen2 checkpoint instead (q/k/v biases, no q/k norms), and `llama3` a Llama 3-style one: model_type llama,
 // Llama 3.1's RoPE scaling, an untied output, and the tokenizer given Llama 3's pre-tokenizer and a BOS.
-//   make_eval_fixture OUT_DIR TOKENIZER_DIR [qwen2 | llama3]
+// `end_of_turn` writes a Qwen3 base-style checkpoint (config and generation_config eos <|endoftext|>, the
+// tokenizer's <|im_end|>) whose greedy token is always <|im_end|>: its embedding row is 2s, the others 1s, every
+// layer matrix is zero (so the residual stream is the input's row, and the tied output scores <|im_end|> highest).
+//   make_eval_fixture OUT_DIR TOKENIZER_DIR [qwen2 | llama3 | end_of_turn]
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -22,11 +25,13 @@ namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
   const std::string variant = argc == 4 ? argv[3] : "qwen3";
-  if (argc < 3 || argc > 4 || (variant != "qwen3" && variant != "qwen2" && variant != "llama3")) {
-    std::fprintf(stderr, "usage: make_eval_fixture OUT_DIR TOKENIZER_DIR [qwen2 | llama3]\n");
+  if (argc < 3 || argc > 4 ||
+      (variant != "qwen3" && variant != "qwen2" && variant != "llama3" && variant != "end_of_turn")) {
+    std::fprintf(stderr, "usage: make_eval_fixture OUT_DIR TOKENIZER_DIR [qwen2 | llama3 | end_of_turn]\n");
     return 2;
   }
-  const bool qwen2 = variant == "qwen2", llama3 = variant == "llama3";
+  const bool qwen2 = variant == "qwen2", llama3 = variant == "llama3", end_of_turn = variant == "end_of_turn";
+  constexpr int im_end = 151645, endoftext = 151643;
   try {
     const fs::path out = argv[1], tok = argv[2];
     // Qwen2's and Llama's head size is hidden / heads (llama.cpp reads no other); Qwen3's is its own head_dim.
@@ -40,8 +45,8 @@ int main(int argc, char** argv) {
         {"num_hidden_layers", layers}, {"num_attention_heads", heads}, {"num_key_value_heads", kv_heads},
         {"head_dim", head_dim}, {"intermediate_size", ffn}, {"vocab_size", vocab}, {"rms_norm_eps", 1e-6},
         {"rope_theta", 1000000.0}, {"tie_word_embeddings", true}, {"hidden_act", "silu"},
-        {"max_position_embeddings", 4096}, {"bos_token_id", 151643}, {"eos_token_id", 151645},
-        {"torch_dtype", "bfloat16"}};
+        {"max_position_embeddings", 4096}, {"bos_token_id", endoftext},
+        {"eos_token_id", end_of_turn ? endoftext : im_end}, {"torch_dtype", "bfloat16"}};
     if (llama3) {
       // Wavelengths 6, 167, 4,443 and 118,000 positions: one frequency each side of the scaled band and one in it.
       config["rope_theta"] = 500000.0;
@@ -50,8 +55,9 @@ int main(int argc, char** argv) {
       config["tie_word_embeddings"] = false;
     }
     std::ofstream(out / "config.json") << config.dump(2) << "\n";
-    const nlohmann::json gen = {{"bos_token_id", 151643}, {"do_sample", true}, {"eos_token_id", {151645, 151643}},
-                                {"temperature", 0.6}, {"top_k", 20}, {"top_p", 0.95}};
+    nlohmann::json gen = {{"bos_token_id", endoftext}, {"do_sample", true}, {"eos_token_id", {im_end, endoftext}},
+                          {"temperature", 0.6}, {"top_k", 20}, {"top_p", 0.95}};
+    if (end_of_turn) gen["eos_token_id"] = endoftext;
     std::ofstream(out / "generation_config.json") << gen.dump(2) << "\n";
     for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
       fs::copy_file(tok / f, out / f, fs::copy_options::overwrite_existing);
@@ -74,7 +80,9 @@ int main(int argc, char** argv) {
     w.set_metadata("format", "pt");
     auto mat = [&](const std::string& name, int rows, int cols, float scale) {
       std::vector<float> v(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
-      for (float& x : v) x = u(rng) * scale;
+      for (float& x : v) x = end_of_turn ? 0.0f : u(rng) * scale;
+      if (end_of_turn && name == "model.embed_tokens.weight")
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = i / static_cast<std::size_t>(cols) == im_end ? 2.0f : 1.0f;
       w.add(name, {rows, cols}, v, zipage::safetensors::dtype::bf16);
     };
     auto vec = [&](const std::string& name, int n) {

@@ -417,3 +417,25 @@ await run('serve_http_tool_calls', async (servers) => {
   assert.match(unknown.err, /--tool-call-parser.*unknown tool-call parser 'llama3'; supported: hermes, llama3_json, llama4_json, mistral, pythonic/);
   assert.doesNotMatch(unknown.err, /nonexistent/);
 });
+
+await run('serve_http_ignore_eos', async (servers) => {
+  // A base Qwen3 (config eos <|endoftext|>) that always emits the tokenizer's end of turn <|im_end|>: the server
+  // stops at it as vLLM stops at the generation config's eos ids, except for a request with ignore_eos.
+  const model = process.env.ZIPAGE_SERVE_EOT_MODEL;
+  assert.ok(model, 'ZIPAGE_SERVE_EOT_MODEL is not set');
+  const server = await startServer(['--model', model]);
+  servers.push(server);
+  const complete = (extra) => post(server.base, '/v1/completions',
+                                   { prompt: 'Hello', max_tokens: 5, temperature: 0, ...extra });
+  const stops = await complete({});
+  assert.equal(stops.status, 200, stops.text);
+  assert.equal(stops.json.usage.completion_tokens, 1);
+  assert.equal(stops.json.choices[0].finish_reason, 'stop');
+  const past = await complete({ ignore_eos: true });
+  assert.equal(past.status, 200, past.text);
+  assert.equal(past.json.usage.completion_tokens, 5);
+  assert.equal(past.json.choices[0].finish_reason, 'length');
+  // A stop id the request names still stops it under ignore_eos.
+  const named = await complete({ ignore_eos: true, stop_token_ids: [151645] });
+  assert.equal(named.json.usage.completion_tokens, 1);
+});
