@@ -9,6 +9,7 @@
 // paths), and ZIPAGE_GENERATE_CUDA or ZIPAGE_SERVE_CUDA when it links the CUDA backend.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
