@@ -9,7 +9,6 @@
 // paths), and ZIPAGE_GENERATE_CUDA or ZIPAGE_SERVE_CUDA when it links the CUDA backend.
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -77,13 +76,9 @@ struct engine_options {
   std::vector<zipage::token_id> end_of_turn_ids;
 };
 
-// A request's stop ids: its own, plus the tokenizer's end of turn unless it ignores EOS (vLLM adds the
-// generation config's EOS ids only when ignore_eos is off; a stop id the request names still stops it).
+// A request's stop ids: its own, plus the tokenizer's end of turn unless it ignores EOS (zipage::with_end_of_turn).
 inline void add_end_of_turn(zipage::sampling_params& p, const engine_options& o) {
-  if (p.ignore_eos) return;
-  for (const zipage::token_id id : o.end_of_turn_ids)
-    if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) == p.stop_token_ids.end())
-      p.stop_token_ids.push_back(id);
+  p = zipage::with_end_of_turn(std::move(p), o.end_of_turn_ids);
 }
 
 

@@ -1075,8 +1075,6 @@ class growing_pool final : public httplib::TaskQueue {
   bool shutdown_ = false;
 };
 
-}  // namespace
-
 // The start line's context: the limit served, or that there is none.
 std::string context_line(const served_model& m) {
   if (m.max_context > 0) return std::to_string(m.max_context) + " tokens";
@@ -1084,6 +1082,8 @@ std::string context_line(const served_model& m) {
     return "no limit: --allow-beyond-context, the model's is " + std::to_string(m.model_context) + " tokens";
   return "unknown";
 }
+
+}  // namespace
 
 int serve(const server_options& so_in, const zipage_cli::engine_options& eo, const served_model& model,
           engine_driver& driver) {

@@ -461,14 +461,8 @@ class basic_llm {
     state_->runtime = std::move(parts.runtime);
   }
 
-  // The tokenizer's end of turn ends a request as EOS does, so ignore_eos ignores it too (as vLLM adds the
-  // generation config's eos ids to stop_token_ids only without ignore_eos); ids the caller names still stop.
   [[nodiscard]] sampling_params with_model_stops(sampling_params p) const {
-    if (p.ignore_eos) return p;
-    for (token_id id : model_stop_ids_)
-      if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) == p.stop_token_ids.end())
-        p.stop_token_ids.push_back(id);
-    return p;
+    return with_end_of_turn(std::move(p), model_stop_ids_);
   }
 
   // Declared first, so destroyed last: the engine's detokenizers refer to the tokenizer (one of the two).

@@ -134,9 +134,7 @@ class compression_worker {
     if constexpr (device_compressor<Backend> && recipe_scored<Policy>) {
       std::vector<finished_compression> out;
       try {
-        const int keep = compressor_.policy().keep_tokens(compressor_.params());
-        check(keep <= compressor_.params().budget_tokens, "compression: keep_tokens() = ", keep,
-              " is more than budget_tokens = ", compressor_.params().budget_tokens);  // as compressor::plan
+        const int keep = compressor_.keep_tokens();
         jobs_.clear();
         for (const auto& r : batch) jobs_.push_back(r.device_job());
         if (backend_->compress_on_device(*kv_, jobs_, compressor_.policy().recipe(), compressor_.params(), keep)) {

@@ -58,6 +58,16 @@ class compressor {
   [[nodiscard]] const cache_geometry& params() const { return params_; }
   [[nodiscard]] const Policy& policy() const { return *policy_; }
 
+  // The policy's keep_tokens(), asked at every compression (on the host or the device), as the engine uses it: a
+  // stateful policy may answer otherwise than it did when the engine was built, and keeping more than the budget
+  // would outgrow the request's B + 1 blocks.
+  [[nodiscard]] int keep_tokens() const {
+    const int keep = policy_->keep_tokens(params_);
+    check(keep <= params_.budget_tokens, "compression: keep_tokens() = ", keep, " is more than budget_tokens = ",
+          params_.budget_tokens);
+    return keep;
+  }
+
   compaction_plan plan(Backend& backend, typename Backend::kv_storage& kv, const sequence& s, int slot) {
     return plan(backend, kv, compression_request{s.id, s.table.blocks(), s.kv_len, slot, s.num_compressions == 0});
   }
@@ -65,12 +75,7 @@ class compressor {
   compaction_plan plan(Backend& backend, typename Backend::kv_storage& kv, const compression_request& r) {
     const int kv_len = r.kv_len;
     const int slot = r.slot;
-    // Asked again at every compression, as the engine uses it: a stateful policy may answer otherwise than it
-    // did when the engine was built, and keeping more than the budget would outgrow the request's B + 1 blocks.
-    const int asked = policy_->keep_tokens(params_);
-    check(asked <= params_.budget_tokens, "compression: keep_tokens() = ", asked, " is more than budget_tokens = ",
-          params_.budget_tokens);
-    const int keep = std::min(asked, kv_len);
+    const int keep = std::min(keep_tokens(), kv_len);
     check(keep >= params_.window, "compression: keeping ", keep, " tokens cannot hold the window of ", params_.window);
     compaction_plan p;
     p.request = r.id;

@@ -142,16 +142,20 @@ inline std::optional<int> parse_exponent(std::string_view s) {
   return negative ? -e : e;
 }
 
+// mantissa x 10^exponent, when both parsed and the product is a finite double; nullopt otherwise.
+inline std::optional<long double> times_power_of_ten(std::optional<long double> mantissa, std::optional<int> exponent) {
+  if (!mantissa || !exponent) return std::nullopt;
+  const long double v = *mantissa * std::pow(10.0L, static_cast<long double>(*exponent));
+  if (!std::isfinite(static_cast<double>(v))) return std::nullopt;
+  return v;
+}
+
 // A plain decimal number: [+-]digits[.digits] or [+-].digits, optionally in scientific notation (1.5e3, 2E-4).
 inline std::optional<long double> parse_decimal(std::string_view s) {
   if (const std::size_t e = s.find_first_of("eE"); e != std::string_view::npos) {
     const auto mantissa = e > 0 && s.find_first_of("eE", e + 1) == std::string_view::npos
                               ? parse_decimal(s.substr(0, e)) : std::nullopt;
-    const auto exponent = parse_exponent(s.substr(e + 1));
-    if (!mantissa || !exponent) return std::nullopt;
-    const long double v = *mantissa * std::pow(10.0L, static_cast<long double>(*exponent));
-    if (!std::isfinite(static_cast<double>(v))) return std::nullopt;
-    return v;
+    return times_power_of_ten(mantissa, parse_exponent(s.substr(e + 1)));
   }
   if (s.empty()) return std::nullopt;
   std::size_t i = 0;
@@ -191,12 +195,7 @@ inline std::optional<long double> parse_number(std::string_view s) {
     if (at == std::string_view::npos) continue;
     std::string_view power = s.substr(at + times.size());
     if (power.size() >= 2 && power.front() == '{' && power.back() == '}') power = power.substr(1, power.size() - 2);
-    const auto mantissa = parse_decimal(s.substr(0, at));
-    const auto exponent = parse_exponent(power);
-    if (!mantissa || !exponent) return std::nullopt;
-    const long double v = *mantissa * std::pow(10.0L, static_cast<long double>(*exponent));
-    if (!std::isfinite(static_cast<double>(v))) return std::nullopt;
-    return v;
+    return times_power_of_ten(parse_decimal(s.substr(0, at)), parse_exponent(power));
   }
   bool negative = false;
   if (!s.empty() && (s[0] == '-' || s[0] == '+')) {

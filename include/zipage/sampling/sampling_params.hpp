@@ -4,9 +4,11 @@
 // The random number for a token depends only on (seed, step), never on a generator's hidden state, so a
 // request's output is the same whatever else shares its batch, after preemption and recomputation, and on
 // any backend that evaluates sampling_uniform() with the same integer arithmetic.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -74,6 +76,17 @@ struct sampling_params {
 
   static constexpr int max_top_logprobs = 20;  // OpenAI's bound
 };
+
+// p with the model's end-of-turn ids (a tokenizer EOS that is not the config's, e.g. a base Qwen3's <|im_end|>)
+// among its stop ids, unless p ignores EOS: they end a request as EOS does (vLLM adds the generation config's eos
+// ids to stop_token_ids only without ignore_eos). Ids p names itself stop it either way; none is added twice.
+inline sampling_params with_end_of_turn(sampling_params p, std::span<const token_id> end_of_turn) {
+  if (p.ignore_eos) return p;
+  for (const token_id id : end_of_turn)
+    if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) == p.stop_token_ids.end())
+      p.stop_token_ids.push_back(id);
+  return p;
+}
 
 namespace detail {
 // splitmix64's finaliser: a bijective 64-bit mix in which every input bit affects every output bit.
