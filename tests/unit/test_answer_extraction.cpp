@@ -238,6 +238,101 @@ TEST_CASE("numeric values") {
   CHECK_FALSE(math_answer_value("-").has_value());
 }
 
+TEST_CASE("numbers within 1e-4 relative are equal, as Qwen2.5-Math's grader; whole numbers exactly") {
+  // The tolerance was 1e-15, so "0.3333" (1/3 rounded, as models write it) was wrong against \frac{1}{3}; Qwen's
+  // math_equal takes isclose(rel_tol=1e-4).
+  CHECK(math_answers_equal("0.3333", "1/3"));
+  CHECK(math_answers_equal("0.3333", "\\frac13"));
+  CHECK(math_answers_equal("\\frac{2}{3}", "0.6667"));
+  CHECK(math_answers_equal("0.1111", "\\frac{1}{9}"));    // on the bound: ties are equal
+  CHECK(math_answers_equal("0.5555", "\\frac{5}{9}"));
+  CHECK(math_answers_equal("3.14159", "3.1416"));
+  CHECK(math_answers_equal("-0.3333", "-\\frac{1}{3}"));
+  CHECK(math_answers_equal("2.99999", "3"));              // a decimal against a whole number: the tolerance
+  CHECK_FALSE(math_answers_equal("0.333", "1/3"));        // 1e-3 off
+  CHECK_FALSE(math_answers_equal("0.3333", "-1/3"));
+  CHECK_FALSE(math_answers_equal("0.0001", "0.0002"));    // relative, not absolute: small numbers are not all equal
+  CHECK_FALSE(math_answers_equal("0", "0.00001"));
+  CHECK(math_answers_equal("0", "-0.0"));
+  // Two whole numbers compare exactly (Qwen's isclose would take 1000000 = 1000001), past long double's digits too.
+  CHECK_FALSE(math_answers_equal("1000000", "1000001"));
+  CHECK_FALSE(math_answers_equal("1e6", "1000001"));
+  CHECK_FALSE(math_answers_equal("\\frac{2000000}{2}", "1000001"));
+  CHECK_FALSE(math_answers_equal("123456789012345678901234567890", "123456789012345678901234567891"));
+  CHECK(math_answers_equal("123456789012345678901234567890", "+0123456789012345678901234567890"));
+  CHECK(math_answers_equal("1000000", "1,000,000.0"));
+  CHECK(math_answers_equal("-0", "0"));
+}
+
+TEST_CASE("mixed numbers: a whole number then a proper fraction") {
+  // 3\frac12 (MATH's 3 1/2) was compared as a string, so it was wrong against 7/2 and 3.5; and "3 1/2" lost its space
+  // and read as 31/2 = 15.5.
+  CHECK(math_answers_equal("3\\frac12", "3.5"));
+  CHECK(math_answers_equal("3\\frac{1}{2}", "\\frac{7}{2}"));
+  CHECK(math_answers_equal("3 \\frac{1}{2}", "7/2"));
+  CHECK(math_answers_equal("3\\dfrac{1}{2}", "3\\frac12"));
+  CHECK(math_answers_equal("$2\\tfrac{3}{4}$ inches", "2.75"));
+  CHECK(math_answers_equal("-1\\frac{1}{4}", "-1.25"));
+  CHECK(math_answers_equal("3 1/2", "3.5"));
+  CHECK(math_answers_equal("3\\frac{1}{2}.", "3.5"));
+  CHECK(math_answers_equal("137 \\frac{1}{2}", "137.5"));  // MATH-500's own answers: "137 \frac{1}{2}", "1\frac{4}{5}"
+  CHECK(math_answers_equal("1\\frac{4}{5}", "\\frac{9}{5}"));
+  CHECK(normalize_math_answer("3\\frac12") == "\\frac{7}{2}");
+  // Not a product: 3\frac{1}{2} is never 3 * 1/2.
+  CHECK_FALSE(math_answers_equal("3\\frac{1}{2}", "1.5"));
+  CHECK_FALSE(math_answers_equal("3\\frac{1}{2}", "\\frac{3}{2}"));
+  CHECK_FALSE(math_answers_equal("3 1/2", "15.5"));
+  // Only a proper fraction of whole numbers after an integer: everything else stays as written.
+  CHECK(normalize_math_answer("3\\frac{4}{2}") == "3\\frac{4}{2}");
+  CHECK(normalize_math_answer("3\\frac{2}{2}") == "3\\frac{2}{2}");
+  CHECK(normalize_math_answer("2\\frac{\\pi}{3}") == "2\\frac{\\pi}{3}");
+  CHECK(normalize_math_answer("2\\frac{x}{3}") == "2\\frac{x}{3}");
+  CHECK(normalize_math_answer("x\\frac{1}{2}") == "x\\frac{1}{2}");
+  CHECK(normalize_math_answer("1.5\\frac{1}{2}") == "1.5\\frac{1}{2}");
+  CHECK(normalize_math_answer("3-1/2") == "3-1/2");
+  CHECK_FALSE(math_answers_equal("3\\frac{4}{2}", "5"));
+  CHECK_FALSE(math_answers_equal("3\\frac{1}{2}", "3\\frac{1}{3}"));
+}
+
+TEST_CASE("choice prefixes: (A) 5 is the choice A and the value 5") {
+  // "\textbf{(A) }5" normalised to "(A)5", equal to neither 5 nor A.
+  CHECK(math_answers_equal("\\textbf{(A) }5", "5"));
+  CHECK(math_answers_equal("\\text{(B)} 7", "7"));
+  CHECK(math_answers_equal("\\textbf{(C) } \\frac{1}{2}", "0.5"));
+  CHECK(math_answers_equal("\\textbf{(A) }5", "A"));
+  CHECK(math_answers_equal("\\textbf{(A) }5", "(A)"));
+  CHECK(math_answers_equal("\\textbf{(A)}", "A"));
+  CHECK(math_answers_equal("(D)", "\\text{D}"));
+  CHECK(math_answers_equal("\\textbf{(E) }12\\text{ cm}", "(E) 12"));
+  CHECK(math_answers_equal("\\mathrm{(B)}\\ 7", "\\textbf{(B)}"));
+  // Negatives: another letter or another value is wrong; a bare letter says nothing of the value.
+  CHECK_FALSE(math_answers_equal("\\textbf{(A) }5", "6"));
+  CHECK_FALSE(math_answers_equal("\\textbf{(A) }5", "B"));
+  CHECK_FALSE(math_answers_equal("\\textbf{(A) }5", "\\textbf{(B) }5"));
+  CHECK_FALSE(math_answers_equal("\\textbf{(A) }5", "\\textbf{(A) }6"));
+  CHECK_FALSE(math_answers_equal("(A)", "5"));
+  CHECK_FALSE(math_answers_equal("A", "B"));
+  CHECK_FALSE(math_answers_equal("(a) 5", "5"));          // choices are capitals A-E
+  CHECK_FALSE(math_answers_equal("(F) 5", "5"));
+  CHECK_FALSE(math_answers_equal("(A)", "(A, B)"));
+}
+
+TEST_CASE("units with a slash: m/s, km/h") {
+  // "\text{ m/s}" and "\mbox{cm}" after a number were dropped already; a bare "m/s" was kept ("5m/s" != 5).
+  CHECK(math_answers_equal("5 m/s", "5"));
+  CHECK(math_answers_equal("5\\,\\mathrm{m/s}", "5"));
+  CHECK(math_answers_equal("9.8 m/s^2", "9.8"));
+  CHECK(math_answers_equal("60 km/h", "60"));
+  CHECK(math_answers_equal("5\\text{ m/s}", "5"));
+  CHECK(math_answers_equal("5\\mbox{cm}", "5"));
+  CHECK(math_answers_equal("5 \\mbox{ m/s}", "5"));
+  CHECK_FALSE(math_answers_equal("5 m/s", "6"));
+  CHECK_FALSE(math_answers_equal("a/b", "b/a"));
+  CHECK(normalize_math_answer("m/s") == "m/s");           // no number before it: not a unit
+  CHECK(normalize_math_answer("5 m//s") == "5m//s");
+  CHECK(normalize_math_answer("5 /s") == "5/s");
+}
+
 TEST_CASE("confidence intervals") {
   const std::vector<double> all_right = {1, 1, 1, 1};
   auto ci = mean_ci_normal(all_right);

@@ -10,9 +10,11 @@
 //    \left/\right, \! and other spacing, spaces, \text{...} units (a \text{} group, with its ^2, that ends the
 //    answer after a value; any other \text{X} is X) and trailing unit words, ^\circ, "%",
 //    trailing "."; \dfrac/\tfrac are \frac, \frac12 is \frac{1}{2}, \sqrt2 is \sqrt{2}; "x = 5" is 5;
-//    thousands separators dropped; then numbers (integers, decimals, a/b, \frac{a}{b}, 1.5e3, 1.5\times10^{3})
-//    compare as numbers, so 0.5 == \frac12 == 1/2, 5.0 == 5 and 1.5e3 == 1500. Anything else compares as
-//    normalised strings.
+//    thousands separators dropped; a mixed number (3\frac12, 3 1/2) is one fraction, \frac{7}{2}; then numbers
+//    (integers, decimals, a/b, \frac{a}{b}, 1.5e3, 1.5\times10^{3}) compare as numbers, so 0.5 == \frac12 == 1/2,
+//    5.0 == 5 and 1.5e3 == 1500: two whole numbers exactly, any other pair within numeric_relative_tolerance
+//    (0.3333 == 1/3). A choice "(A) 5" equals 5, A and (A). Anything else compares as normalised strings.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstddef>
@@ -22,6 +24,11 @@
 #include <vector>
 
 namespace zipage::eval {
+
+// Two numbers, not both whole, are equal when they differ by at most this share of the larger magnitude: Qwen2.5-Math's
+// grader (math_equal's isclose(rel_tol=1e-4)), so a decimal rounded to four or five digits (0.3333, 3.1416) equals
+// the exact value. Two whole numbers compare exactly instead (Qwen's would take 1000000 for 1000001).
+inline constexpr long double numeric_relative_tolerance = 1e-4L;
 
 namespace detail {
 
@@ -346,7 +353,58 @@ inline std::string resolve_text_groups(const std::string& s) {
   return head + content(last) + s.substr(last.end);
 }
 
-// "18 dollars", "3 square feet.", "12 cm", "15 cm^2": a number followed by words of letters only -> the number.
+// A whole number of at most nine digits (so that whole * denominator + numerator fits), nullopt otherwise.
+inline std::optional<long long> small_whole(std::string_view s) {
+  if (s.empty() || s.size() > 9) return std::nullopt;
+  long long v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+// A mixed number, MATH's way of writing 3½: a whole number, then (spaces allowed) \frac{a}{b}, or a space and a/b,
+// with whole numbers 0 < a < b. Returned as one improper fraction, "3\frac{1}{2}" -> "\frac{7}{2}", so that it equals
+// 7/2 and 3.5; once the spaces go, "3\frac{1}{2}" would read as a product and "3 1/2" as 31/2. nullopt for anything
+// else ("3\frac{4}{2}", "2\frac{\pi}{3}", "1.5\frac{1}{2}"), which stays as written.
+inline std::optional<std::string> mixed_number(std::string_view s) {
+  s = trim(s);
+  while (!s.empty() && s.back() == '.') s.remove_suffix(1);  // a sentence's full stop: "3\frac{1}{2}."
+  const bool negative = !s.empty() && s[0] == '-';
+  if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
+  const std::size_t digits = std::min(s.find_first_not_of("0123456789"), s.size());
+  const auto whole = small_whole(s.substr(0, digits));
+  std::string_view rest = s.substr(digits);
+  const bool spaced = !rest.empty() && is_space(rest.front());
+  rest = trim(rest);
+  std::string_view num, den;
+  if (rest.substr(0, 6) == "\\frac{") {
+    const std::size_t a_end = close_brace(rest, 5);
+    if (a_end == std::string_view::npos || a_end >= rest.size() || rest[a_end] != '{') return std::nullopt;
+    if (close_brace(rest, a_end) != rest.size()) return std::nullopt;
+    num = rest.substr(6, a_end - 7);
+    den = rest.substr(a_end + 1, rest.size() - a_end - 2);
+  } else if (const std::size_t slash = rest.find('/'); spaced && slash != std::string_view::npos) {
+    num = trim(rest.substr(0, slash));
+    den = trim(rest.substr(slash + 1));
+  }
+  const auto a = small_whole(trim(num)), b = small_whole(trim(den));
+  if (!whole || !a || !b || *a == 0 || *a >= *b) return std::nullopt;
+  return std::string(negative ? "-" : "") + "\\frac{" + std::to_string(*whole * *b + *a) + "}{" +
+         std::to_string(*b) + "}";
+}
+
+// The start of the unit word that ends at `i`: letters, with "/" between letters ("m/s", "km/h"); i when none.
+inline std::size_t unit_word_start(std::string_view s, std::size_t i) {
+  auto letter = [&](std::size_t k) { return std::isalpha(static_cast<unsigned char>(s[k])) != 0; };
+  std::size_t j = i;
+  while (j > 0 && (letter(j - 1) || (s[j - 1] == '/' && j < i && letter(j) && j >= 2 && letter(j - 2)))) --j;
+  return j;
+}
+
+// "18 dollars", "3 square feet.", "12 cm", "15 cm^2", "5 m/s": a number followed by words of letters (a "/" between
+// letters allowed) -> the number.
 inline std::string drop_unit_words(const std::string& s) {
   std::size_t end = s.size();
   while (end > 0 && s[end - 1] == '.') --end;
@@ -356,8 +414,7 @@ inline std::string drop_unit_words(const std::string& s) {
   std::size_t i = end;
   bool words = false;
   while (i > 0) {
-    std::size_t j = i;
-    while (j > 0 && std::isalpha(static_cast<unsigned char>(s[j - 1]))) --j;
+    const std::size_t j = unit_word_start(s, i);
     if (j == i || j == 0 || s[j - 1] != ' ') break;
     words = true;
     i = j;
@@ -368,7 +425,56 @@ inline std::string drop_unit_words(const std::string& s) {
   std::string compact;
   for (char c : head)
     if (c != ',' && c != '$' && c != ' ') compact += c;  // "1 000 dollars" (from "1\,000 dollars") too
-  return parse_number(compact) ? head : s;
+  return parse_number(compact) || mixed_number(brace_arguments(head)) ? head : s;
+}
+
+// An integer written out ([+-]digits): its digits without leading zeros, "-" first when negative and not zero;
+// nullopt otherwise. Compared as text, so integers longer than long double's 19 digits stay exact.
+inline std::optional<std::string> integer_digits(std::string_view s) {
+  const bool negative = !s.empty() && s[0] == '-';
+  if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+  s.remove_prefix(std::min(s.find_first_not_of('0'), s.size() - 1));
+  std::string out(negative && s != "0" ? 1 : 0, '-');
+  return out.append(s);
+}
+
+// Two normalised answers as numbers: whole numbers exactly, anything else within numeric_relative_tolerance of the
+// larger magnitude (no absolute floor: 0.0001 and 0.0002 differ, as with Qwen's isclose). A pair exactly on the bound
+// is equal whatever the rounding: a repeating decimal cut after four digits (0.3333 for 1/3) lies on it.
+inline bool numbers_equal(const std::string& a, const std::string& b) {
+  const auto ia = integer_digits(a), ib = integer_digits(b);
+  if (ia && ib) return *ia == *ib;
+  const auto x = parse_number(a), y = parse_number(b);
+  if (!x || !y) return false;
+  if (*x == std::floor(*x) && *y == std::floor(*y)) return *x == *y;  // 1e6, \frac{2000000}{2}, 1000000.0
+  const long double bound = numeric_relative_tolerance * std::fmax(std::fabs(*x), std::fabs(*y));
+  return std::fabs(*x - *y) <= bound * (1 + 1e-9L);
+}
+
+// A multiple-choice answer, normalised: "(A)5" is the letter A with the value 5; "(A)" and "A" a letter alone.
+// Letters A-E only (AMC's), capitals only.
+struct choice {
+  char letter;
+  std::string value;  // empty for a letter alone
+};
+inline std::optional<choice> split_choice(const std::string& s) {
+  auto letter = [](char c) { return c >= 'A' && c <= 'E'; };
+  if (s.size() == 1 && letter(s[0])) return choice{s[0], {}};
+  if (s.size() >= 3 && s[0] == '(' && letter(s[1]) && s[2] == ')') return choice{s[1], s.substr(3)};
+  return std::nullopt;
+}
+
+inline bool plain_equal(const std::string& a, const std::string& b) { return a == b || numbers_equal(a, b); }
+
+// "(A) 5" is right against 5, A and (A), wrong against 6, B and (B) 5; a letter alone says nothing of the value.
+inline bool choices_equal(const std::string& a, const std::string& b) {
+  const auto ca = split_choice(a), cb = split_choice(b);
+  if (ca && cb)
+    return ca->letter == cb->letter && (ca->value.empty() || cb->value.empty() || plain_equal(ca->value, cb->value));
+  if (!ca && !cb) return false;
+  const choice& c = ca ? *ca : *cb;
+  return !c.value.empty() && plain_equal(c.value, ca ? b : a);
 }
 
 }  // namespace detail
@@ -458,6 +564,7 @@ inline std::string normalize_math_answer(std::string_view answer) {
     if (name) s = std::string(detail::trim(std::string_view(s).substr(eq + 1)));
   }
   s = detail::brace_arguments(s);
+  if (auto mixed = detail::mixed_number(s)) s = std::move(*mixed);
   std::string compact;
   for (char c : s)
     if (!detail::is_space(c)) compact += c;
@@ -479,11 +586,7 @@ inline std::optional<long double> math_answer_value(std::string_view answer) {
 inline bool math_answers_equal(std::string_view a, std::string_view b) {
   const std::string na = normalize_math_answer(a), nb = normalize_math_answer(b);
   if (na.empty() || nb.empty()) return false;
-  if (na == nb) return true;
-  const auto x = detail::parse_number(na), y = detail::parse_number(nb);
-  if (!x || !y) return false;
-  const long double scale = std::fmax(1.0L, std::fmax(std::fabs(*x), std::fabs(*y)));
-  return std::fabs(*x - *y) <= 1e-15L * scale;  // long double parses decimals to ~1e-19
+  return detail::plain_equal(na, nb) || detail::choices_equal(na, nb);
 }
 
 }  // namespace zipage::eval
