@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <string>
@@ -50,6 +51,46 @@ double as_written(float x) {
   char text[32];
   const auto end = std::to_chars(text, text + sizeof text, x).ptr;
   return std::strtod(std::string(text, end).c_str(), nullptr);
+}
+
+// --json-out is written once, at the end, through PATH.tmp renamed over PATH: a run that fails (a model that does not
+// load, an exception in a cell) leaves no file, or the file that was there untouched, instead of an empty or half file.
+std::string json_tmp_path(const std::string& path) { return path + ".tmp"; }
+
+// Before hours of cells run, not after: PATH.tmp can be created (it is removed again) and a PATH already there can be
+// read (its lines are kept ahead of this run's). Creates nothing.
+void check_json_out(const std::string& path) {
+  std::error_code ec;
+  const std::string tmp = json_tmp_path(path);
+  zipage::check(!std::filesystem::is_directory(path, ec), "--json-out: '", path, "' is a directory");
+  if (std::filesystem::exists(path, ec))
+    zipage::check(std::ifstream(path).good(), "--json-out: cannot read '", path, "' (its lines are kept)");
+  const bool writable = std::ofstream(tmp, std::ios::app).good();
+  std::filesystem::remove(tmp, ec);
+  zipage::check(writable, "--json-out: cannot write '", path, "'");
+}
+
+// PATH's lines, then `lines`, written to PATH.tmp and renamed over PATH (so --json-out still appends).
+void write_json_out(const std::string& path, const std::string& lines) {
+  const std::string tmp = json_tmp_path(path);
+  std::error_code ec;
+  std::string kept;
+  if (std::filesystem::exists(path, ec)) {
+    std::ifstream in(path, std::ios::binary);
+    kept.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    zipage::check(!in.bad(), "--json-out: cannot read '", path, "'");
+    if (!kept.empty() && kept.back() != '\n') kept += '\n';  // a last line without its newline stays a line
+  }
+  bool written = false;
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << kept << lines;
+    out.flush();
+    written = out.good();
+  }
+  if (written) std::filesystem::rename(tmp, path, ec);
+  if (!written || ec) std::filesystem::remove(tmp, ec);
+  zipage::check(written && !ec, "--json-out: cannot write '", path, "'");
 }
 
 
@@ -309,7 +350,7 @@ std::string budget_label(const cell& c) {
   return buf;
 }
 
-void report(run_context& ctx, const std::vector<cell_result>& results, std::ofstream* json_out) {
+void report(run_context& ctx, const std::vector<cell_result>& results, std::string* json_out) {
   const grid_options& o = *ctx.o;
   const auto& problems = *ctx.problems;
   const cell_result* full = nullptr;
@@ -409,9 +450,8 @@ void report(run_context& ctx, const std::vector<cell_result>& results, std::ofst
         {"lost_answers",
          full && r.c.policy != "full_kv" ? lost_answers(*full, r, problems) : nlohmann::json(nullptr)},
     };
-    *json_out << j.dump() << "\n";
+    json_out->append(j.dump()).append("\n");
   }
-  if (json_out) json_out->flush();
   std::fflush(stdout);
 }
 
@@ -524,12 +564,9 @@ int run_backend(run_context& ctx, const Backend& backend) {
     for (std::size_t k = 0; k < budgets.size(); ++k) run_one({p, budgets[k], budget_fraction[k]});
   }
   // (full_kv measured for --budget-fractions is reported even when --policies leaves it out: it is the reference.)
-  std::ofstream json_file;
-  if (!o.json_out.empty()) {
-    json_file.open(o.json_out, std::ios::app);
-    zipage::check(json_file.good(), "--json-out: cannot write '", o.json_out, "'");
-  }
-  report(ctx, results, o.json_out.empty() ? nullptr : &json_file);
+  std::string json_lines;
+  report(ctx, results, o.json_out.empty() ? nullptr : &json_lines);
+  if (!o.json_out.empty()) write_json_out(o.json_out, json_lines);
   int failed = 0;
   for (const auto& r : results) failed += r.failed;
   if (failed > 0) {
@@ -544,7 +581,9 @@ int run_backend(run_context& ctx, const Backend& backend) {
 void add_grid_flags(CLI::App& app, grid_options& o) {
   app.add_option("--model,-m", o.model, "Hugging Face checkpoint directory or GGUF file")->required();
   app.add_option("--data", o.data, "problems, JSONL")->required();
-  app.add_option("--json-out", o.json_out, "append one JSON line per (policy, budget) cell to this file");
+  app.add_option("--json-out", o.json_out,
+                 "append one JSON line per (policy, budget) cell to this file (written at the end: a failed run "
+                 "leaves it as it was)");
   app.add_option("--limit", o.limit, "use the first N problems (0 = all)")->check(zipage_cli::count());
   app.add_option("--policies", o.policies, "comma-separated policies (default: all built-in)")->delimiter(',');
   auto* budgets = app.add_option("--budgets", o.budgets, "comma-separated token budgets (multiples of --block-size)")
@@ -585,11 +624,7 @@ void add_grid_flags(CLI::App& app, grid_options& o) {
 }
 
 int run_grid(grid_options& o, const std::vector<problem>& problems, const task& t) {
-  // Writable before hours of cells run, not after (opened for appending: nothing in it is lost).
-  if (!o.json_out.empty()) {
-    std::ofstream probe(o.json_out, std::ios::app);
-    zipage::check(probe.good(), "--json-out: cannot write '", o.json_out, "'");
-  }
+  if (!o.json_out.empty()) check_json_out(o.json_out);
   for (int b : o.budgets)
     zipage::check(b > 0 && b % o.block_size == 0, "--budgets: ", b, " is not a positive multiple of --block-size ",
                   o.block_size);
