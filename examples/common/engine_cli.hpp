@@ -9,6 +9,7 @@
 // paths), and ZIPAGE_GENERATE_CUDA or ZIPAGE_SERVE_CUDA when it links the CUDA backend.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <new>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <cstring>
@@ -71,6 +73,9 @@ struct engine_options {
   // The sampling and budget flags given on the command line (they override the checkpoint's defaults).
   std::map<std::string, CLI::Option*> flags;
   std::string sampling_line;  // what the run samples with, and where each value came from
+  // The checkpoint's max_new_tokens (generation_config.json): the output length of a request that sets none
+  // unless the tool's -n says otherwise (vLLM's default max_tokens). Each tool says how it applies.
+  std::optional<int> checkpoint_max_tokens;
   // The tokenizer's EOS where it is not the config's (e.g. Qwen3 base's <|im_end|>): a stop id of every request
   // that does not ignore EOS (add_end_of_turn).
   std::vector<zipage::token_id> end_of_turn_ids;
@@ -159,8 +164,11 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   o.flags["--temperature"] = app.add_option("--temperature,-t", s.temperature,
                                             "0 = greedy (default: the checkpoint's, else 1 as vLLM)")
                                  ->check(non_negative());
-  o.flags["--top-k"] = app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0 = off; default: the checkpoint's)")
-                           ->check(count());
+  o.flags["--top-k"] = app.add_option("--top-k", s.top_k,
+                                      "keep the k most likely tokens (0 or -1 = off, as vLLM; default: the "
+                                      "checkpoint's)")
+                           ->check(number_check("in [-1, 2147483647] (-1 or 0 = off)",
+                                                [](double v) { return v >= -1 && v <= 2147483647.0; }));
   o.flags["--top-p"] = app.add_option("--top-p", s.top_p, "nucleus sampling mass (1 = off; default: the checkpoint's)")
                            ->check(in_half_open(0.0, 1.0));
   o.flags["--min-p"] = app.add_option("--min-p", s.min_p, "drop tokens below min-p times the top probability (default: the checkpoint's)")
@@ -274,17 +282,21 @@ inline void resolve_sampling(engine_options& o, const zipage::generation_default
   gen.apply(merged);
   auto& s = o.sampling;
   std::string line = "sampling:";
-  auto field = [&](const char* flag, auto& value, auto from_file, bool set_by_file) {
+  auto field = [&](const char* flag, auto& value, auto from_file, bool set_by_file, const std::string& note = {}) {
     const bool user = given(o, flag);
     if (!user) value = from_file;
     std::ostringstream v;
     v << (line.back() == ':' ? " " : ", ") << (flag + 2) << " " << value << " ("
-      << (user ? "flag" : set_by_file ? "checkpoint" : "default") << ")";
+      << (user ? "flag" : set_by_file ? "checkpoint" : "default") << note << ")";
     line += v.str();
   };
   const bool greedy_by_file = gen.do_sample && !*gen.do_sample;
   field("--temperature", s.temperature, merged.temperature, gen.temperature.has_value() || greedy_by_file);
-  field("--top-k", s.top_k, merged.top_k, gen.top_k.has_value());
+  // top-k -1 (vLLM's "off", from the flag or the file) runs as zipage's 0; the line keeps what was written.
+  const int top_k_written = given(o, "--top-k") ? s.top_k : gen.top_k.value_or(0);
+  s.top_k = std::max(s.top_k, 0);
+  field("--top-k", s.top_k, merged.top_k, gen.top_k.has_value(),
+        top_k_written < 0 ? ": " + std::to_string(top_k_written) + " = off" : std::string());
   field("--top-p", s.top_p, merged.top_p, gen.top_p.has_value());
   field("--min-p", s.min_p, merged.min_p, gen.min_p.has_value());
   field("--repetition-penalty", s.repetition_penalty, merged.repetition_penalty, gen.repetition_penalty.has_value());
@@ -299,6 +311,7 @@ inline void resolve_sampling(engine_options& o, const zipage::generation_default
                                 : "; " + gen.source + " sets no sampling";
   for (const auto& setting : gen.ignored) line += "; ignored: " + setting + ", which zipage does not have";
   o.sampling_line = line;
+  o.checkpoint_max_tokens = gen.max_new_tokens;
 }
 
 // The loaded model's text side, whichever tokenizer it has: encode with the model's BOS convention,

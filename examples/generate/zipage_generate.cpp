@@ -68,8 +68,10 @@ void add_flags(CLI::App& app, options& o) {
   auto* many = app.add_option("--prompts", o.prompts_file, "file with one prompt per line, run as one batch");
   single->excludes(many);
   o.sampling.max_tokens = 128;
-  auto* n = app.add_option("-n,--max-tokens", o.sampling.max_tokens, "tokens to generate per request")
+  auto* n = app.add_option("-n,--max-tokens", o.sampling.max_tokens,
+                           "tokens to generate per request (default: the checkpoint's max_new_tokens, else 128)")
                 ->check(zipage_cli::positive_count());
+  o.flags["--max-tokens"] = n;
   // Both given would leave one silently unused: refused by name instead.
   app.add_option("--max-tokens-file", o.max_tokens_file,
                  "with --prompts: one max-tokens value per line, for the prompt on the same line (instead of -n)")
@@ -122,10 +124,24 @@ inputs read_inputs(const options& o) {
 template <class Engine, class Encode>
 int run_engine(options& o, const inputs& in, Engine& eng, Encode& encode);
 
+// The output length: -n, else the checkpoint's max_new_tokens (vLLM's default max_tokens), else 128; the
+// engine still stops at the model's context. The sampling line says which (or that --max-tokens-file sets it).
+void resolve_max_tokens(options& o) {
+  const bool flag = zipage_cli::given(o, "--max-tokens");
+  if (!flag && o.checkpoint_max_tokens) o.sampling.max_tokens = *o.checkpoint_max_tokens;
+  if (!o.max_tokens_file.empty()) {
+    o.sampling_line += "; max-tokens from --max-tokens-file";
+    return;
+  }
+  o.sampling_line += "; max-tokens " + std::to_string(o.sampling.max_tokens) +
+                     (flag ? " (flag)" : o.checkpoint_max_tokens ? " (checkpoint max_new_tokens)" : " (default)");
+}
+
 // Reads the inputs, loads the model and builds the engine (zipage_cli::with_engine), then runs the prompts.
 int run(options& o) {
   const inputs in = read_inputs(o);
   return zipage_cli::with_engine(o, [&](auto& eng, const zipage_cli::model_text& text) {
+    resolve_max_tokens(o);
     if (o.chat) {
       zipage::check(text.bpe != nullptr, "--chat needs a Hugging Face checkpoint directory as --model");
       zipage::check(text.has_chat_template(), "--chat: ", o.model,

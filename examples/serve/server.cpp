@@ -321,8 +321,12 @@ class api {
       } else {
         // Without a limit (--allow-beyond-context) a chat gets as many new tokens as the model's context holds.
         const int room = ctx > 0 ? ctx - len : (model_.model_context > 0 ? model_.model_context : 1 << 20);
-        // Without -n: OpenAI's and vLLM's defaults, 16 tokens for a completion, up to the context for a chat.
-        const int api_default = chat ? (ctx > 0 || model_.model_context > 0 ? room : 256) : std::min(16, room);
+        // Without -n: OpenAI's and vLLM's defaults, 16 tokens for a completion, up to the context for a chat, where
+        // the checkpoint's max_new_tokens comes first (vLLM's completions route defaults to 16 itself, never to it).
+        const int context_default = ctx > 0 || model_.model_context > 0 ? room : 256;
+        const auto& checkpoint = eo_.checkpoint_max_tokens;
+        const int chat_default = checkpoint ? std::min(*checkpoint, room) : context_default;
+        const int api_default = chat ? chat_default : std::min(16, room);
         mt = so_.default_max_tokens > 0 ? std::min(so_.default_max_tokens, room) : api_default;
       }
       for (int j = 0; j < r.n; ++j) {

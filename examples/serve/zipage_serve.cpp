@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <string>
 
 #include "../common/engine_cli.hpp"
 #include "server.hpp"
@@ -78,8 +79,20 @@ void add_flags(CLI::App& app, options& o) {
       ->check(zipage_cli::number_check("in [0, 65536]", [](double v) { return v >= 0 && v <= 65536; }));
 }
 
+// Where the output length of a request without max_tokens comes from, for the startup line: -n for every route,
+// else the checkpoint's max_new_tokens for chats (as vLLM; its completions route keeps OpenAI's 16), else the API's.
+std::string default_max_tokens_note(const options& o) {
+  if (o.server.default_max_tokens > 0)
+    return "; default max-tokens " + std::to_string(o.server.default_max_tokens) + " (flag)";
+  const std::string chat = o.checkpoint_max_tokens
+                               ? std::to_string(*o.checkpoint_max_tokens) + " (checkpoint max_new_tokens)"
+                               : std::string("up to the context (default)");
+  return "; default max-tokens: chat " + chat + ", completion 16 (default)";
+}
+
 int run(options& o) {
   return zipage_cli::with_engine(o, [&](auto& eng, const zipage_cli::model_text& text) {
+    o.sampling_line += default_max_tokens_note(o);
     if (o.server.served_model_name.empty()) {
       std::filesystem::path p(o.model);
       if (!p.has_filename()) p = p.parent_path();

@@ -8,9 +8,9 @@
 // It loads the model (a Llama-architecture GGUF file, or a Qwen3 / Qwen2 / Llama checkpoint directory:
 // config.json, *.safetensors, tokenizer.json), its tokenizer, and wires the detokenizer into the engine, so
 // outputs carry text and stop strings work. Sampling defaults come from the checkpoint's
-// generation_config.json (temperature, top_k, top_p, min_p, repetition_penalty; do_sample false = greedy) or
-// a GGUF file's general.sampling.* keys; a field it does not set takes vLLM's default (temperature 1, no
-// filters, seed 0): default_sampling() says what they are. Parameters passed to
+// generation_config.json (temperature, top_k, top_p, min_p, repetition_penalty, max_new_tokens as max_tokens;
+// do_sample false = greedy) or a GGUF file's general.sampling.* keys; a field it does not set takes vLLM's
+// default (temperature 1, no filters, seed 0): default_sampling() says what they are. Parameters passed to
 // generate()/stream() are used as given, as vLLM's SamplingParams are, plus the tokenizer's end of turn as a
 // stop id where it is not the config's eos (Qwen3's <|im_end|> in a base checkpoint), unless ignore_eos.
 //
@@ -363,7 +363,8 @@ class basic_llm {
   }
 
   // The sampling parameters generate() and stream() use when given none: the checkpoint's
-  // generation_config.json or GGUF general.sampling.* keys over vLLM's defaults (temperature 1); max_tokens 256.
+  // generation_config.json or GGUF general.sampling.* keys over vLLM's defaults (temperature 1); max_tokens the
+  // file's max_new_tokens (as vLLM's LLM reads it), else 256.
   [[nodiscard]] const sampling_params& default_sampling() const { return defaults_; }
 
   // Runs the prompts as one continuous batch; results in prompt order. All prompts are checked before any

@@ -1,10 +1,14 @@
 // zipage-serve at the HTTP level and its flags: a port in use, a body without a length, a known route with the
 // wrong method, a request larger than the whole queue, flags at the top of their ranges, Prometheus label
 // escaping, --seed, the chat-template fields add_generation_prompt / continue_final_message / the developer
-// role / tool calls and tools, and --reasoning-parser (on the random Qwen3 checkpoint, which has Qwen3's template).
+// role / tool calls and tools, and --reasoning-parser (on the random Qwen3 checkpoint, which has Qwen3's template),
+// and a generation_config.json's top_k -1 and max_new_tokens.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import fs from 'node:fs';
 import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
 import { deadline, metrics, post, run, startServer } from './common.mjs';
 
 deadline(180);
@@ -438,4 +442,40 @@ await run('serve_http_ignore_eos', async (servers) => {
   // A stop id the request names still stops it under ignore_eos.
   const named = await complete({ ignore_eos: true, stop_token_ids: [151645] });
   assert.equal(named.json.usage.completion_tokens, 1);
+});
+
+await run('serve_http_generation_config', async (servers) => {
+  // A generation_config.json as vLLM users write it: top_k -1 is vLLM's "off" (it was refused at start), and
+  // max_new_tokens is the length of a chat that sets no max_tokens (vLLM's default max_tokens; it was ignored:
+  // the chat ran to the context). A completion keeps OpenAI's 16, as in vLLM; -n overrides both.
+  const model = process.env.ZIPAGE_SERVE_CHAT_MODEL;
+  assert.ok(model, 'ZIPAGE_SERVE_CHAT_MODEL is not set');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'zipage-generation-config-'));
+  try {
+    fs.writeFileSync(path.join(dir, 'generation_config.json'), JSON.stringify({ top_k: -1, max_new_tokens: 3 }));
+    const server = await startServer(['--model', model, '--generation-config', dir]);
+    servers.push(server);
+    assert.match(server.log(), /top-k 0 \(checkpoint: -1 = off\)/);
+    assert.match(server.log(), /; default max-tokens: chat 3 \(checkpoint max_new_tokens\), completion 16 \(default\)/);
+    const messages = [{ role: 'user', content: 'hi' }];
+    const tokens = async (route, body) => {
+      const r = await post(server.base, route, { ignore_eos: true, ...body });
+      assert.equal(r.status, 200, r.text);
+      return r.json.usage.completion_tokens;
+    };
+    assert.equal(await tokens('/v1/chat/completions', { messages }), 3);
+    assert.equal(await tokens('/v1/chat/completions', { messages, max_tokens: 5, top_k: -1 }), 5);
+    assert.equal(await tokens('/v1/chat/completions', { messages, max_completion_tokens: 2, top_k: 0 }), 2);
+    assert.equal(await tokens('/v1/completions', { prompt: 'hi' }), 16);
+    const below = await post(server.base, '/v1/chat/completions', { messages, top_k: -2 });
+    assert.equal(below.status, 400, below.text);
+    assert.equal(below.json.error.param, 'top_k');
+    const flagged = await startServer(['--model', model, '--generation-config', dir, '-n', '4']);
+    servers.push(flagged);
+    assert.match(flagged.log(), /; default max-tokens 4 \(flag\)/);
+    const chat = await post(flagged.base, '/v1/chat/completions', { messages, ignore_eos: true });
+    assert.equal(chat.json.usage.completion_tokens, 4, chat.text);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });

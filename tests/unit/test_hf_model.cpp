@@ -689,6 +689,21 @@ TEST_CASE("generation_config.json: sampling defaults present, absent, greedy and
   std::ofstream(dir.path / "generation_config.json") << R"({"eos_token_id": 2})";
   CHECK_FALSE(zipage::load_generation_config(dir.path).sets_sampling());
 
+  // top_k -1 is vLLM's "off" (it was refused): kept as written, applied as zipage's 0. max_new_tokens is the
+  // default max_tokens (vLLM's get_diff_sampling_param); without it max_tokens is left as it was.
+  std::ofstream(dir.path / "generation_config.json") << R"({"top_k": -1, "max_new_tokens": 300})";
+  const auto vllm_style = zipage::load_generation_config(dir.path);
+  CHECK(*vllm_style.top_k == -1);
+  CHECK(*vllm_style.max_new_tokens == 300);
+  zipage::sampling_params k;
+  k.top_k = 20;
+  vllm_style.apply(k);
+  CHECK(k.top_k == 0);
+  CHECK(k.max_tokens == 300);
+  CHECK_NOTHROW(k.validate());
+  CHECK_FALSE(qwen3.max_new_tokens.has_value());
+  CHECK(qwen3.defaults().max_tokens == zipage::sampling_params{}.max_tokens);
+
   // Malformed: the file and the field are named.
   auto gen_error = [&](const char* text) {
     std::ofstream(dir.path / "generation_config.json") << text;
@@ -701,7 +716,9 @@ TEST_CASE("generation_config.json: sampling defaults present, absent, greedy and
   CHECK(contains(gen_error(R"({"min_p": 2})"), "field 'min_p' = 2 must be in [0, 1]"));
   CHECK(contains(gen_error(R"({"repetition_penalty": 0})"), "field 'repetition_penalty' = 0 must be > 0"));
   CHECK(contains(gen_error(R"({"top_k": 2.5})"), "field 'top_k' must be an integer, got 2.5"));
-  CHECK(contains(gen_error(R"({"top_k": -1})"), "field 'top_k' = -1 is out of range"));
+  CHECK(contains(gen_error(R"({"top_k": -2})"), "field 'top_k' = -2 is out of range [-1, 2147483647]"));
+  CHECK(contains(gen_error(R"({"max_new_tokens": 0})"), "field 'max_new_tokens' = 0 is out of range [1, 2147483647]"));
+  CHECK(contains(gen_error(R"({"max_new_tokens": "many"})"), "field 'max_new_tokens' must be an integer, got string"));
   CHECK(contains(gen_error(R"({"do_sample": "yes"})"), "field 'do_sample' must be true or false, got string"));
   CHECK(contains(gen_error("[1]"), "generation_config.json: must be a JSON object, got array"));
   CHECK(contains(gen_error("{"), "generation_config.json: invalid JSON"));

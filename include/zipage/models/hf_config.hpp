@@ -213,25 +213,28 @@ inline void merge_hf_generation_eos(model_config& c, const json::value& gen, std
 struct generation_defaults {
   std::optional<bool> do_sample;
   std::optional<float> temperature;
-  std::optional<int> top_k;
+  std::optional<int> top_k;  // as written: -1 (vLLM's off) or 0 (transformers' off) or k; apply() writes 0 for off
   std::optional<float> top_p;
   std::optional<float> min_p;
   std::optional<float> repetition_penalty;
+  // max_new_tokens: the output length of a request that sets none (vLLM maps it to max_tokens' default).
+  std::optional<int> max_new_tokens;
   std::string source;  // the file they came from; empty when there was none
   std::vector<std::string> ignored;  // settings the file turns on that zipage has no sampler for (GGUF only)
 
   [[nodiscard]] bool sets_sampling() const {
     return do_sample || temperature || top_k || top_p || min_p || repetition_penalty;
   }
-  // Writes the values the file sets into `p`; with do_sample false, temperature 0 (greedy) and the
-  // filters as set (they do not matter to greedy decoding).
+  // Writes the values the file sets into `p` (max_new_tokens as max_tokens); with do_sample false,
+  // temperature 0 (greedy) and the filters as set (they do not matter to greedy decoding).
   void apply(sampling_params& p) const {
     if (temperature) p.temperature = *temperature;
-    if (top_k) p.top_k = *top_k;
+    if (top_k) p.top_k = std::max(*top_k, 0);  // -1 is vLLM's "off", zipage's 0
     if (top_p) p.top_p = *top_p;
     if (min_p) p.min_p = *min_p;
     if (repetition_penalty) p.repetition_penalty = *repetition_penalty;
     if (do_sample && !*do_sample) p.temperature = 0.0f;
+    if (max_new_tokens) p.max_tokens = *max_new_tokens;
   }
   // What a request that sets nothing samples with: sampling_params' defaults (vLLM's) with the file's values.
   [[nodiscard]] sampling_params defaults() const {
@@ -242,7 +245,8 @@ struct generation_defaults {
 };
 
 // Reads the sampling fields of a parsed generation_config.json; a value of the wrong type or out of range
-// is an error naming `source` and the field. top_k 0 means off (transformers and zipage alike).
+// is an error naming `source` and the field. top_k 0 and -1 both mean off, as vLLM reads them (transformers
+// skips top-k at 0; vLLM's own default is -1); below -1 is an error, as in vLLM.
 inline generation_defaults generation_defaults_from_json(const json::value& gen, std::string_view source) {
   check(gen.is_object(), source, ": must be a JSON object, got ", json::type_name(gen));
   generation_defaults d;
@@ -260,7 +264,10 @@ inline generation_defaults generation_defaults_from_json(const json::value& gen,
   d.min_p = number("min_p", [](double x) { return x >= 0.0 && x <= 1.0; }, "in [0, 1]");
   d.repetition_penalty = number("repetition_penalty", [](double x) { return x > 0.0; }, "> 0 (1 = off)");
   if (const auto* v = json::find(gen, "top_k"))
-    d.top_k = static_cast<int>(json::as_int(*v, source, "top_k", 0, (1LL << 31) - 1));
+    d.top_k = static_cast<int>(json::as_int(*v, source, "top_k", -1, (1LL << 31) - 1));
+  // transformers refuses max_new_tokens <= 0 (GenerationConfig.validate), so zipage does too.
+  if (const auto* v = json::find(gen, "max_new_tokens"))
+    d.max_new_tokens = static_cast<int>(json::as_int(*v, source, "max_new_tokens", 1, (1LL << 31) - 1));
   return d;
 }
 
