@@ -376,6 +376,12 @@ TEST_CASE("synthetic tokenizer: added tokens, lstrip/rstrip, BOS from the post-p
   CHECK(t.encode("<ss><s>") == ids{301, 300});
   // [M] takes the whitespace on both sides.
   CHECK(t.encode("a  [M]\tb") == ids{'a', 302, 'b'});
+  // Unicode whitespace too, as the tokenizers library strips it (char::is_whitespace): U+3000, NBSP, U+2003.
+  CHECK(t.encode("a\xE3\x80\x80 [M]\xC2\xA0\xE2\x80\x83" "b") == ids{'a', 302, 'b'});
+  // ... but not a character that merely ends in a space's last byte ("\xC3\xA0" is a-grave, NBSP is C2 A0).
+  ids grave = t.encode("\xC3\xA0");
+  grave.push_back(302);
+  CHECK(t.encode("\xC3\xA0[M]") == grave);
   // An added token outside the byte map decodes as its own UTF-8 (as the tokenizers library does).
   CHECK(t.encode("\xE2\x96\x81x y") == ids{303});
   CHECK(t.decode(ids{303}) == "\xE2\x96\x81x y");

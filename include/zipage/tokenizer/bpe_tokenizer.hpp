@@ -4,7 +4,8 @@
 //
 // Encoding:
 //   1. added tokens (<|im_start|>, <think>, ...) are cut out of the raw text first: at each position the
-//      longest one that matches exactly (lstrip/rstrip tokens also take the whitespace beside them);
+//      longest one that matches exactly (lstrip/rstrip tokens also take the whitespace beside them, Unicode's
+//      as the tokenizers library strips it, NBSP and U+3000 included);
 //   2. the text between them is normalized (NFC when tokenizer.json asks for it) and split by the
 //      pre-tokenizer regex — Qwen2/3's
 //        (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
@@ -229,9 +230,9 @@ class bpe_tokenizer {
       }
       std::size_t seg_end = i, next = i + a->content.size();
       if (a->lstrip)
-        while (seg_end > pos && is_ascii_space(text[seg_end - 1])) --seg_end;
+        while (const std::size_t n = space_before(text, seg_end, pos)) seg_end -= n;
       if (a->rstrip)
-        while (next < text.size() && is_ascii_space(text[next])) ++next;
+        while (const std::size_t n = space_at(text, next)) next += n;
       encode_text(text.substr(pos, seg_end - pos), out);
       out.push_back(a->id);
       pos = i = next;
@@ -407,7 +408,20 @@ class bpe_tokenizer {
 
   bpe_tokenizer() = default;
 
-  static bool is_ascii_space(char c) noexcept { return c == ' ' || (c >= '\t' && c <= '\r'); }
+  // The bytes of the whitespace character at text[i], 0 if none. Unicode's White_Space (NBSP, U+3000, ...), as
+  // the tokenizers library's lstrip / rstrip take it (Rust's char::is_whitespace), not ASCII's alone.
+  static std::size_t space_at(std::string_view text, std::size_t i) noexcept {
+    if (i >= text.size()) return 0;
+    const auto r = utf8::scan(text.substr(i));
+    if (r.state != utf8::status::valid) return 0;
+    return unicode::is_space(utf8::decode_valid(text.substr(i), r.length)) ? r.length : 0;
+  }
+  // The bytes of the whitespace character that ends just before text[end], starting at `floor` or later; 0 if none.
+  static std::size_t space_before(std::string_view text, std::size_t end, std::size_t floor) noexcept {
+    for (std::size_t n = 1; n <= 3 && n <= end - floor; ++n)  // a White_Space character takes 3 bytes at most
+      if (space_at(text, end - n) == n) return n;
+    return 0;
+  }
   static std::uint64_t pair_key(token_id a, token_id b) noexcept {
     return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32) | static_cast<std::uint32_t>(b);
   }
