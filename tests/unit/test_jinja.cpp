@@ -224,6 +224,60 @@ TEST_CASE("jinja: chat_template.jinja beside the tokenizer replaces the config's
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("jinja: additional_chat_templates/<name>.jinja are named templates, as transformers loads them") {
+  const auto dir = std::filesystem::temp_directory_path() / "zipage_test_jinja_named_dir";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "additional_chat_templates");
+  const std::filesystem::path qwen3 = std::string(ZIPAGE_TEST_DATA_DIR) + "/qwen3";
+  std::filesystem::copy_file(qwen3 / "tokenizer.json", dir / "tokenizer.json");
+  const std::vector<zipage::chat_message> hi = {{"user", "hi"}};
+  zipage::chat_options with_tools;
+  with_tools.tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
+  auto write = [&](const std::filesystem::path& file, const char* text) { std::ofstream(dir / file) << text; };
+  // chat_template.jinja is the default; tool_use.jinja renders when tools are given; other names load unused.
+  write("chat_template.jinja", "D:{{ messages[0].content }}");
+  write("additional_chat_templates/tool_use.jinja", "T:{{ tools|length }}");
+  write("additional_chat_templates/rag.jinja", "R");
+  write("additional_chat_templates/notes.txt", "not a template");
+  {
+    const auto t = zipage::bpe_tokenizer::from_dir(dir);
+    CHECK(t.apply_chat_template(hi) == "D:hi");
+    CHECK(t.apply_chat_template(hi, with_tools) == "T:1");  // was D:hi: the folder was not read
+  }
+  // default.jinja in the folder replaces chat_template.jinja (transformers' dict assignment order).
+  write("additional_chat_templates/default.jinja", "F:{{ messages[0].content }}");
+  CHECK(zipage::bpe_tokenizer::from_dir(dir).apply_chat_template(hi) == "F:hi");
+  // Named templates and no default: a chat without tools names the folder and what it has; tools still render.
+  std::filesystem::remove(dir / "chat_template.jinja");
+  std::filesystem::remove(dir / "additional_chat_templates/default.jinja");
+  {
+    const auto t = zipage::bpe_tokenizer::from_dir(dir);
+    CHECK(t.has_chat_template());
+    CHECK_THROWS_WITH((void)t.apply_chat_template(hi),
+                      doctest::Contains("additional_chat_templates has no 'default' template and there is no other"));
+    CHECK_THROWS_WITH((void)t.apply_chat_template(hi), doctest::Contains("it has 'rag', 'tool_use'"));
+    CHECK(t.apply_chat_template(hi, with_tools) == "T:1");
+  }
+  // A broken tool_use template is reported when tools ask for it, naming the file; the default still renders.
+  write("chat_template.jinja", "D");
+  write("additional_chat_templates/tool_use.jinja", "{% for m in messages %}");
+  {
+    const auto t = zipage::bpe_tokenizer::from_dir(dir);
+    CHECK(t.apply_chat_template(hi) == "D");
+    CHECK_THROWS_WITH((void)t.apply_chat_template(hi, with_tools), doctest::Contains("tool_use.jinja"));
+  }
+  // A folder named x.jinja is not a template (transformers lists files only); a file that cannot be read is an
+  // error naming it, at load (checked where permissions bite: not as root).
+  std::filesystem::create_directories(dir / "additional_chat_templates/folder.jinja");
+  CHECK(zipage::bpe_tokenizer::from_dir(dir).apply_chat_template(hi) == "D");
+  const auto rag = dir / "additional_chat_templates/rag.jinja";
+  std::filesystem::permissions(rag, std::filesystem::perms::none);
+  if (!std::ifstream(rag).good())
+    CHECK_THROWS_WITH((void)zipage::bpe_tokenizer::from_dir(dir),
+                      doctest::Contains(("cannot open chat template '" + rag.string() + "'").c_str()));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("jinja: ill-formed UTF-8 is one code point per maximal ill-formed subpart, and U+FFFD in ASCII-only JSON") {
   // Strings from a GGUF file or a client may hold ill-formed bytes; they must not swallow their neighbours.
   const nlohmann::ordered_json ctx = {{"bad", std::string("a\xC3" "b")},

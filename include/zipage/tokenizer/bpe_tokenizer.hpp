@@ -101,9 +101,9 @@ class bpe_tokenizer {
   static constexpr std::string_view llama3_pattern =
       R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-  // A directory with tokenizer.json and (optionally) tokenizer_config.json.
-  // A checkpoint directory: tokenizer.json, tokenizer_config.json when present, and chat_template.jinja
-  // when present (where transformers 4.43+ saves the template; it takes precedence over the config's).
+  // A checkpoint directory: tokenizer.json, tokenizer_config.json when present, chat_template.jinja
+  // when present (where transformers 4.43+ saves the template; it takes precedence over the config's), and
+  // named templates from additional_chat_templates/<name>.jinja (load_named_template_files).
   static bpe_tokenizer from_dir(const std::filesystem::path& dir) {
     std::error_code ec;
     const auto cfg = dir / "tokenizer_config.json";
@@ -120,6 +120,7 @@ class bpe_tokenizer {
         t.jinja_error_ = std::move(why);
       }
     }
+    t.load_named_template_files(dir / "additional_chat_templates");
     return t;
   }
   static bpe_tokenizer from_files(const std::filesystem::path& tokenizer_json, const std::filesystem::path& config_json = {}) {
@@ -694,6 +695,33 @@ class bpe_tokenizer {
     std::string why;
     parse_template(source, where, parsed, why);
     adopt_template(source, std::move(parsed), std::move(why));
+  }
+
+  // additional_chat_templates/<name>.jinja, where recent transformers saves named templates: as its loader does,
+  // they join the template already read as "default" and replace same-named ones (the config's list included).
+  // zipage renders two names, as transformers chooses: tool_use when tools are given, default otherwise.
+  void load_named_template_files(const std::filesystem::path& folder) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(folder, ec)) return;
+    std::vector<std::filesystem::path> files;
+    for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+      std::error_code file_ec;  // files only, as transformers lists them (a folder named x.jinja is not one)
+      if (it->path().extension() == ".jinja" && it->is_regular_file(file_ec)) files.push_back(it->path());
+    }
+    check(!ec, "cannot list the chat templates in '", folder.string(), "': ", ec.message());
+    std::sort(files.begin(), files.end());
+    std::string names;  // for the error when there is no default
+    for (const auto& file : files) {
+      const std::string name = file.stem().string();
+      const std::string source = json::read_text_file(file, "chat template");  // unreadable: named here
+      names += (names.empty() ? "'" : ", '") + json::printable(name) + "'";
+      if (name == "default") adopt_config_template(source, file.string());
+      if (name == "tool_use") parse_template(source, file.string(), jinja_tool_use_, jinja_tool_use_error_);
+    }
+    // As transformers: named templates without a default leave a chat without tools no template.
+    if (!files.empty() && jinja_ == nullptr && jinja_error_.empty())
+      adopt_template({}, nullptr, folder.string() + " has no 'default' template and there is no other "
+                                  "(chat_template.jinja or tokenizer_config.json's chat_template); it has " + names);
   }
 
   // tokenizer_config.json: bos/eos tokens, add_bos_token, chat template.
