@@ -268,6 +268,8 @@ class api {
       if (!ids->is_array()) bad_param("stop_token_ids", "'stop_token_ids' must be a list of token ids, got " + got(*ids));
       for (const auto& t : *ids) p.stop_token_ids.push_back(token_of(t, "stop_token_ids"));
     }
+    // vLLM's: the text keeps the stop string, or the stop_token_ids token's text, that ended a choice.
+    if (auto v = boolean(body, "include_stop_str_in_output")) p.include_stop_str_in_output = *v;
     zipage_cli::add_end_of_turn(p, eo_);  // the tokenizer's end of turn, unless the request ignores EOS
     reject_unsupported(body, chat);
 
@@ -404,8 +406,7 @@ class api {
                             "prompt_logprobs", "truncate_prompt_tokens"})
       if (field(body, key) != nullptr) unsupported(key, "");
     if (integer(body, "min_tokens", 0, std::numeric_limits<int>::max()).value_or(0) > 0) unsupported("min_tokens", "above 0");
-    for (const char* key : {"use_beam_search", "include_stop_str_in_output"})
-      if (boolean(body, key).value_or(false)) unsupported(key, "true");
+    if (boolean(body, "use_beam_search").value_or(false)) unsupported("use_beam_search", "true");
     if (!boolean(body, "skip_special_tokens").value_or(true)) unsupported("skip_special_tokens", "false");
     if (const json* rf = field(body, "response_format")) {
       const json* type = rf->is_object() ? field(*rf, "type") : nullptr;

@@ -83,7 +83,7 @@ await run('serve_bad_input', async (servers) => {
     [{ prompt: 'x', suffix: ' end' }, 'suffix'],
     [{ prompt: 'x', response_format: { type: 'json_object' } }, 'response_format'],
     [{ prompt: 'x', use_beam_search: true }, 'use_beam_search'],
-    [{ prompt: 'x', include_stop_str_in_output: true }, 'include_stop_str_in_output'],
+    [{ prompt: 'x', include_stop_str_in_output: 'yes' }, 'include_stop_str_in_output'],  // (true is served)
     [{ prompt: 'x', guided_json: { type: 'object' } }, 'guided_json'],
     [{ prompt: 'x', allowed_token_ids: [1, 2] }, 'allowed_token_ids'],
     [{ prompt: 'x', prompt_logprobs: 1 }, 'prompt_logprobs'],

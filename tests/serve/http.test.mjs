@@ -444,6 +444,44 @@ await run('serve_http_ignore_eos', async (servers) => {
   assert.equal(named.json.usage.completion_tokens, 1);
 });
 
+await run('serve_http_stop_token_text', async (servers) => {
+  // A choice that ends on one of its stop_token_ids leaves that token's text out (vLLM's default; it was kept),
+  // streamed or not; include_stop_str_in_output keeps it (it was a 400). The token itself is still counted and,
+  // with logprobs, listed.
+  const server = await startServer([]);
+  servers.push(server);
+  const base = server.base;
+  const little = await post(base, '/tokenize', { prompt: 'little', add_special_tokens: false });
+  assert.equal(little.json.count, 1, little.text);
+  const complete = (extra) => post(base, '/v1/completions',
+                                   { prompt: 'Once upon a time', max_tokens: 12, temperature: 0, ...extra });
+  const whole = await complete({});
+  const at = whole.json.choices[0].text.indexOf(' little');
+  assert.ok(at > 0, whole.text);
+  for (const include of [false, true]) {
+    const extra = { stop_token_ids: little.json.tokens, include_stop_str_in_output: include };
+    const want = whole.json.choices[0].text.slice(0, include ? at + ' little'.length : at);
+    const plain = await complete({ ...extra, logprobs: 0 });
+    assert.equal(plain.status, 200, plain.text);
+    assert.equal(plain.json.choices[0].text, want);
+    assert.equal(plain.json.choices[0].finish_reason, 'stop');
+    assert.equal(plain.json.choices[0].logprobs.tokens.at(-1), ' little');
+    assert.equal(plain.json.usage.completion_tokens, plain.json.choices[0].logprobs.tokens.length);
+    const res = await fetch(`${base}/v1/completions`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ prompt: 'Once upon a time', max_tokens: 12, temperature: 0, stream: true, ...extra }) });
+    let streamed = '';
+    for (const line of (await res.text()).split('\n')) {
+      if (!line.startsWith('data: {')) continue;
+      for (const c of JSON.parse(line.slice(6)).choices) streamed += c.text;
+    }
+    assert.equal(streamed, want);
+  }
+  // A stop string stays in the text with include_stop_str_in_output (vLLM's), what follows it cut.
+  const kept = await complete({ stop: ['ittle'], include_stop_str_in_output: true });
+  assert.equal(kept.json.choices[0].text, whole.json.choices[0].text.slice(0, at + ' little'.length));
+});
+
 await run('serve_http_generation_config', async (servers) => {
   // A generation_config.json as vLLM users write it: top_k -1 is vLLM's "off" (it was refused at start), and
   // max_new_tokens is the length of a chat that sets no max_tokens (vLLM's default max_tokens; it was ignored:

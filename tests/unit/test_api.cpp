@@ -4,6 +4,7 @@
 // README's style — must not warn.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -213,6 +214,40 @@ TEST_CASE("llm: streaming, as an iterator and with a callback, adds up to the ge
   }
   CHECK(l.stats().blocks_in_use == 0);
   CHECK(l.generate({"Once upon a time"}, p)[0].text == whole[0].text);
+}
+
+TEST_CASE("llm: a stop token's text is left out of the output, as vLLM, unless include_stop_str_in_output") {
+  // It stayed in the text (EOS's never did). vLLM's detokenizer leaves it out; its id stays in the tokens.
+  llm& l = stories_llm();
+  const auto whole = l.generate({"Once upon a time"}, {.temperature = 0.0f, .max_tokens = 12})[0];
+  std::size_t k = 4;  // the first token from the 5th on that did not occur before, with some text
+  while (std::find(whole.token_ids.begin(), whole.token_ids.begin() + static_cast<std::ptrdiff_t>(k),
+                   whole.token_ids[k]) != whole.token_ids.begin() + static_cast<std::ptrdiff_t>(k))
+    ++k;
+  REQUIRE(k < whole.token_ids.size());
+  const std::vector<token_id> before(whole.token_ids.begin(), whole.token_ids.begin() + static_cast<std::ptrdiff_t>(k));
+  std::vector<token_id> with = before;
+  with.push_back(whole.token_ids[k]);
+  REQUIRE(l.decode(with).size() > l.decode(before).size());
+  for (bool include : {false, true}) {
+    CAPTURE(include);
+    const sampling_params p{.temperature = 0.0f, .max_tokens = 12, .stop_token_ids = {whole.token_ids[k]},
+                            .include_stop_str_in_output = include};
+    std::string streamed;
+    const auto out = l.generate({"Once upon a time"}, p, [&](const stream_piece& piece) { streamed += piece.text; })[0];
+    CHECK(out.reason == finish_reason::stop_token);
+    CHECK(out.token_ids == with);  // the stop token's id stays in the output tokens
+    CHECK(out.text == l.decode(include ? with : before));
+    CHECK(streamed == out.text);  // nor is it streamed
+  }
+  // include_stop_str_in_output keeps a stop string too, and cuts only what follows it.
+  std::string streamed;
+  const auto kept = l.generate({"Once upon a time"}, {.temperature = 0.0f, .max_tokens = 100, .stop = {"Lil"},
+                                                      .include_stop_str_in_output = true},
+                               [&](const stream_piece& piece) { streamed += piece.text; })[0];
+  CHECK(kept.reason == finish_reason::stop_string);
+  CHECK(kept.text == ", there was a little girl named Lil");
+  CHECK(streamed == kept.text);
 }
 
 TEST_CASE("llm: generate() is atomic: a bad prompt among several leaves nothing queued") {

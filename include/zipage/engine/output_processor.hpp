@@ -1,7 +1,8 @@
 #pragma once
 // Output processing: what a step's sampled tokens mean to the user. Each token's text (the request's
-// streaming detokenizer; none for an EOS), stop strings looked for in the new text (the output cut before
-// the match, as vLLM does), the step's events, and a finished request's result. It writes only a
+// streaming detokenizer; none for an EOS, and a stop token's is left out of the output), stop strings looked for
+// in the new text (the output cut before the match, as vLLM does; after it with include_stop_str_in_output),
+// the step's events, and a finished request's result. It writes only a
 // request's output (its text); lengths, tokens and whether it finished are scheduler.update's, which
 // gets the stop-string verdicts from here (sampled_token::stop_string).
 #include <algorithm>
@@ -41,22 +42,24 @@ struct request_output {
 };
 
 // Looks for a stop string that ends in the text added after `old_size`; cuts the output just before it, as
-// vLLM does (the first of params.stop that matches wins).
+// vLLM does (the first of params.stop that matches wins), or just after it with include_stop_str_in_output.
 inline bool truncate_at_stop_string(sequence& s, std::size_t old_size) {
   for (const std::string& stop : s.params.stop) {
     if (stop.empty()) continue;
     const std::size_t from = old_size >= stop.size() ? old_size - stop.size() + 1 : 0;
     const std::size_t at = s.output_text.find(stop, from);
     if (at == std::string::npos) continue;
-    s.output_text.resize(at);
+    s.output_text.resize(s.params.include_stop_str_in_output ? at + stop.size() : at);
     return true;
   }
   return false;
 }
 
 // The bytes at the end of the output that a stop string completed by a later token could still cut: one less
-// than the longest stop string (the text before a match's last byte).
+// than the longest stop string (the text before a match's last byte). None with include_stop_str_in_output: a
+// match then keeps itself and cuts only what follows it, all of it new.
 [[nodiscard]] inline std::size_t stop_holdback(const sampling_params& p) {
+  if (p.include_stop_str_in_output) return 0;
   std::size_t longest = 0;
   for (const std::string& stop : p.stop) longest = std::max(longest, stop.size());
   return longest > 0 ? longest - 1 : 0;
@@ -79,6 +82,13 @@ inline std::string take_streamable(sequence& s, bool all) {
   return text;
 }
 
+// Whether a token's text goes into the output, given the stop it makes (token_reason): a stop token's text is
+// left out unless include_stop_str_in_output, as vLLM's detokenizer leaves it out (its id stays in the output
+// tokens, and step_event::token_text keeps it for log-probabilities). (An EOS has no text here.)
+[[nodiscard]] inline bool keeps_token_text(const sampling_params& p, finish_reason by_token) {
+  return by_token != finish_reason::stop_token || p.include_stop_str_in_output;
+}
+
 // The text of each token sampled this step (`sampled`: one per sampling batch entry, in batch order),
 // appended to its request's output; one event per token (appended to `events`; finished and reason are
 // filled by finish_events once scheduler.update has decided). Returns what update needs.
@@ -94,10 +104,10 @@ inline std::vector<sampled_token> process_sampled(const step_plan& plan, const s
     step_event ev{s.id, tok, {}, false, finish_reason::none};
     const std::size_t old_size = s.output_text.size();
     if (s.detokenizer && !rules.is_eos(s.params, tok)) ev.token_text = s.detokenizer(tok);
-    s.output_text += ev.token_text;
     // A stop token or EOS ends the request whatever its text, so no stop string is looked for after one.
-    const bool stop_string =
-        rules.token_reason(s.params, tok) == finish_reason::none && truncate_at_stop_string(s, old_size);
+    const finish_reason by_token = rules.token_reason(s.params, tok);
+    if (keeps_token_text(s.params, by_token)) s.output_text += ev.token_text;
+    const bool stop_string = by_token == finish_reason::none && truncate_at_stop_string(s, old_size);
     ev.text = take_streamable(s, stop_string);
     out.push_back({tok, stop_string});
     events.push_back(std::move(ev));

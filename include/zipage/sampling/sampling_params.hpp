@@ -45,6 +45,9 @@ struct sampling_params {
   bool logprobs = false;  // record the log-probability (under the model, before sampling filters) of each emitted token
   int top_logprobs = 0;   // with logprobs: also the k most likely tokens of each step and their log-probabilities
   int priority = 0;       // under scheduling_order::priority: lower runs first (ties: arrival order)
+  // vLLM's include_stop_str_in_output: the output text keeps the stop string that ended it, or the text of the
+  // stop_token_ids token that did (left out by default, as in vLLM). EOS's text is always left out.
+  bool include_stop_str_in_output = false;
 
   // Throws zipage::error naming the first bad field and its value. Checks are written as "in range"
   // so that NaN, which fails every comparison, is rejected too.
