@@ -171,7 +171,9 @@ void run_sweep_case(const sweep_case& c, const std::string& description, long nu
         in_flight.erase(it);
         return;
       }
-      const auto expected = reference.generate({it->second.prompt}, it->second.params)[0];
+      sampling_params params = it->second.params;
+      params.priority = 0;  // alone, a priority orders nothing (and the fcfs reference refuses one)
+      const auto expected = reference.generate({it->second.prompt}, params)[0];
       if (out.output != expected.output || out.reason != expected.reason || out.logprobs != expected.logprobs ||
           out.top_logprobs != expected.top_logprobs) {
         ++mismatched;

@@ -226,3 +226,24 @@ TEST_CASE("a policy whose should_compress() throws fails that request; the engin
     CHECK(eng.stats().blocks_in_use == 0);
   }
 }
+
+TEST_CASE("a non-zero priority under fcfs order is refused at add_request, naming the field (as vLLM)") {
+  // It was accepted and ignored: the request ran in arrival order.
+  engine<llama_model<cpu_backend>> eng(tiny_llama(), small());  // scheduling_order::fcfs, the default
+  sampling_params p = greedy_ignoring_eos(4);
+  for (int priority : {3, -1}) {
+    p.priority = priority;
+    CHECK(contains(error_of([&] { (void)eng.add_request({1, 2}, p); }),
+                   "request: sampling_params::priority = " + std::to_string(priority) +
+                       " needs engine_config::scheduling = scheduling_order::priority"));
+    CHECK(contains(error_of([&] { (void)eng.add_forced_request({1, 2}, {3}, p); }), "sampling_params::priority"));
+  }
+  CHECK(eng.stats().waiting == 0);
+  p.priority = 0;
+  CHECK(eng.generate({{1, 2}}, p)[0].output.size() == 4);
+  engine_config cfg = small();
+  cfg.scheduling = scheduling_order::priority;
+  engine<llama_model<cpu_backend>> by_priority(tiny_llama(), cfg);
+  p.priority = 3;
+  CHECK(by_priority.generate({{1, 2}}, p)[0].output.size() == 4);
+}

@@ -155,8 +155,8 @@ struct engine_stats {
 }
 
 // A request's prompt and sampling parameters, checked before it is queued: a prompt that is empty, holds
-// ids outside the vocabulary or does not fit the model's context (unless allow_beyond_context), and stop
-// strings without a detokenizer are errors naming what to change.
+// ids outside the vocabulary or does not fit the model's context (unless allow_beyond_context), stop
+// strings without a detokenizer, and a priority that fcfs order would ignore are errors naming what to change.
 inline void check_request(const std::vector<token_id>& prompt, const sampling_params& params, const model_config& model,
                           const engine_config& cfg) {
   params.validate();
@@ -174,6 +174,11 @@ inline void check_request(const std::vector<token_id>& prompt, const sampling_pa
         "request: sampling_params::stop (\"", params.stop.empty() ? std::string() : params.stop.front(),
         "\") needs text, and this engine has no detokenizer: set engine_config::make_detokenizer "
         "(zipage::detokenizer_factory(tokenizer)) or use sampling_params::stop_token_ids");
+  // As vLLM ("Got priority != 0 but scheduling policy is not priority"): ignoring it would run the request
+  // in arrival order although the caller asked for another.
+  check(params.priority == 0 || cfg.scheduling == scheduling_order::priority, "request: sampling_params::priority = ",
+        params.priority, " needs engine_config::scheduling = scheduling_order::priority (this engine schedules "
+        "first-come-first-served, which would ignore it); leave priority 0 under fcfs");
 }
 
 // The pool size, checked against what one compressed request holds: B + 1 blocks (budget plus the write
