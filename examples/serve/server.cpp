@@ -9,11 +9,13 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -748,6 +750,40 @@ void close_connections(int port) {
   });
 }
 
+// The request's Content-Length when it is above `limit` (a value too large to parse counts as above), else none.
+std::optional<std::string> length_above(const httplib::Request& req, std::size_t limit) {
+  if (!req.has_header("Content-Length")) return std::nullopt;
+  const std::string v = req.get_header_value("Content-Length");
+  std::uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (end != v.data() + v.size() || (ec != std::errc() && ec != std::errc::result_out_of_range)) return std::nullopt;
+  if (ec == std::errc() && n <= limit) return std::nullopt;
+  return v;  // (a malformed value is left to httplib: 400)
+}
+
+// A 413 naming --max-body-bytes for a declared body above it.
+void too_large(httplib::Response& res, const std::string& length, std::size_t limit) {
+  res.status = 413;
+  res.set_content(error_json("a request body of " + zipage::json::printable(length) +
+                                 " bytes (Content-Length) is more than --max-body-bytes (" + std::to_string(limit) + ")",
+                             "invalid_request_error", {}, "payload_too_large").dump(),
+                  "application/json");
+}
+
+// Reads and drops what a client still sends, until it pauses for `quiet_ms` or `most_ms` have passed, before a
+// 413 closes its connection unread: closing a socket with unread bytes sends a reset, which a client still
+// writing its body could get instead of the answer. A client that sent only the headers waits one pause.
+void drop_pending_input(int fd, int quiet_ms, int most_ms) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(most_ms);
+  char buf[1 << 16];
+  while (std::chrono::steady_clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, quiet_ms) <= 0) return;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Responses.
 // ---------------------------------------------------------------------------------------------
@@ -1114,8 +1150,23 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
   });
   // Before httplib reads a body: a known route with the wrong method is a 405 naming the right one; a body
   // with neither Content-Length nor chunked encoding is a 411 (httplib 0.11 would read it until the client
-  // closes: the 30 s read timeout for a client that waits for the answer).
-  svr.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+  // closes: the 30 s read timeout for a client that waits for the answer); a declared length above
+  // --max-body-bytes is a 413 (httplib reads and drops such a body before answering: the same 30 s for a client
+  // that waits). Every connection closes after its response (keep_alive_max_count 1, below), so no unread body
+  // is taken for the next request.
+  svr.set_expect_100_continue_handler([limit = so.max_body_bytes](const httplib::Request& req, httplib::Response& res) {
+    const auto length = length_above(req, limit);
+    if (!length) return 100;
+    too_large(res, *length, limit);  // the client has not sent its body and will not
+    return 413;
+  });
+  svr.set_pre_routing_handler([&sockets, limit = so.max_body_bytes](const httplib::Request& req,
+                                                                    httplib::Response& res) {
+    if (const auto length = length_above(req, limit)) {
+      too_large(res, *length, limit);
+      if (const int fd = sockets.find(req); fd >= 0) drop_pending_input(fd, 200, 30000);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     static const std::map<std::string, std::string, std::less<>> route_method = {
         {"/health", "GET"}, {"/metrics", "GET"}, {"/v1/models", "GET"},
         {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/tokenize", "POST"}, {"/detokenize", "POST"}};
