@@ -69,19 +69,20 @@ inline CLI::Validator seed_check() {
       "in [0, 2^64 - 1]");
 }
 
-// --kv-cache-mib: at most 2^30 MiB (1 PiB) on the flag; on the CPU also at most the machine's memory.
+// --kv-cache-mib: at most 2^30 MiB (1 PiB) on the flag; on the CPU also at most the machine's available memory.
 inline constexpr double max_kv_cache_mib = 1073741824.0;
 inline CLI::Validator kv_cache_mib_check() {
   return number_check("in (0, 1073741824] (1 PiB)", [](double v) { return v > 0 && v <= max_kv_cache_mib; });
 }
 
-// A CPU pool of `kv_cache_mib` lives in host memory: more than the machine has is an error now, not a
-// std::bad_alloc after seconds of allocating (nothing to check when --num-blocks sizes the pool instead).
+// A CPU pool of `kv_cache_mib` lives in host memory: more than the machine has available is an error now, not a
+// std::bad_alloc after seconds of allocating or the OOM killer (nothing to check when --num-blocks sizes the pool
+// instead; the engine checks again once the weights are loaded).
 inline void check_host_kv_cache_mib(double kv_cache_mib, int num_blocks) {
-  const double mib = static_cast<double>(zipage::host_memory_bytes()) / 1048576.0;
+  const double mib = static_cast<double>(zipage::host_available_bytes()) / 1048576.0;
   if (mib <= 0 || num_blocks > 0) return;
-  zipage::check(kv_cache_mib <= mib, "--kv-cache-mib ", kv_cache_mib, " is more than this machine's memory (",
-                static_cast<long long>(mib), " MiB)");
+  zipage::check(kv_cache_mib <= mib, "--kv-cache-mib ", kv_cache_mib, " is more than this machine's available memory (",
+                static_cast<long long>(mib), " MiB: MemAvailable + SwapFree)");
 }
 
 }  // namespace zipage_cli

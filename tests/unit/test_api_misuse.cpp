@@ -2,8 +2,12 @@
 // request or the policy, and the engine keeps working for the other requests.
 #include <doctest/doctest.h>
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <fstream>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -13,6 +17,7 @@
 #include "greedy.hpp"
 #include "test_support.hpp"
 #include "tiny_llama.hpp"
+#include "zipage/core/host_memory.hpp"
 #include "zipage/engine/engine.hpp"
 #include "zipage/policy/policies.hpp"
 #include "zipage/policy/scoring.hpp"
@@ -78,6 +83,29 @@ struct compress_rule_throws : policy_base {
 struct throws_int : policy_base {
   std::string_view name() const { return "throws_int"; }
   void score(const score_context&, std::span<float>, std::span<float>) const { throw 42; }
+};
+
+// Caps this process's address space at what it maps now plus `extra` while it lives, so that a test which must
+// not allocate much fails with std::bad_alloc if it does, instead of calling in the OOM killer.
+class address_space_cap {
+ public:
+  explicit address_space_cap(std::size_t extra) {
+    ::getrlimit(RLIMIT_AS, &old_);
+    std::ifstream status("/proc/self/status");
+    std::string key;
+    std::size_t kib = 0;
+    while (status >> key && key != "VmSize:") status.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    if (!(status >> kib)) return;
+    rlimit cap = old_;
+    cap.rlim_cur = std::min<rlim_t>(old_.rlim_cur, kib * 1024 + extra);
+    ::setrlimit(RLIMIT_AS, &cap);
+  }
+  ~address_space_cap() { ::setrlimit(RLIMIT_AS, &old_); }
+  address_space_cap(const address_space_cap&) = delete;
+  address_space_cap& operator=(const address_space_cap&) = delete;
+
+ private:
+  rlimit old_{};
 };
 
 }  // namespace
@@ -154,16 +182,18 @@ TEST_CASE("pool sizes: host memory bounds a CPU pool; gpu_memory_utilization on 
   engine_config cfg = small();
   cfg.num_blocks = INT_MAX;  // ~ 2^31 blocks: would be killed by the OOM killer allocating the bookkeeping
   CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>> eng(tiny_llama(), cfg); }),
-                 "(2147483647 blocks + 0 query slots, from engine_config::num_blocks), more than this machine's memory"));
+                 "(2147483647 blocks + 0 query slots, from engine_config::num_blocks), more than this machine's "
+                 "available memory"));
   cfg = small();
   cfg.num_blocks = 0;
   cfg.kv_cache_bytes = std::numeric_limits<std::size_t>::max();
   CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>, zipage_policy> eng(tiny_llama(), cfg); }),
-                 "more than this machine's memory"));
+                 "more than this machine's available memory"));
   cfg = small();
   cfg.num_query_slots = 1 << 28;
   CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>, zipage_policy> eng(tiny_llama(), cfg); }),
-                 "from engine_config::num_blocks and engine_config::num_query_slots), more than this machine's memory"));
+                 "from engine_config::num_blocks and engine_config::num_query_slots), more than this machine's "
+                 "available memory"));
   cfg = small();
   cfg.gpu_memory_utilization = 0.5;
   CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>> eng(tiny_llama(), cfg); }),
@@ -173,6 +203,30 @@ TEST_CASE("pool sizes: host memory bounds a CPU pool; gpu_memory_utilization on 
   cfg.kv_cache_bytes = 1000;
   CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>, zipage_policy> eng(tiny_llama(), cfg); }),
                  "(engine_config::kv_cache_bytes, or what gpu_memory_utilization leaves on the device)"));
+}
+
+TEST_CASE("host memory: what a new allocation can take is MemAvailable + SwapFree, not the machine's total") {
+  const char* meminfo = "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    300 kB\n"
+                        "Buffers:          10 kB\nSwapTotal:        50 kB\nSwapFree:         20 kB\n";
+  CHECK(available_in_meminfo(meminfo) == 320 * 1024);
+  CHECK(available_in_meminfo("MemTotal: 1000 kB\nMemFree: 100 kB\n") == 0);  // no MemAvailable: the caller's fallback
+  CHECK(host_available_bytes() > 0);
+}
+
+TEST_CASE("pool sizes: a CPU pool above the memory available now is refused, even below the machine's total") {
+  // The check compared the plan with the machine's total memory: a pool between what is available and the total
+  // was accepted and zero-filled, and the OOM killer took this process or another.
+  const std::size_t total = host_memory_bytes(), available = host_available_bytes();
+  if (total < available + (512u << 20)) {
+    MESSAGE("skipped: less than 512 MiB of this machine's memory is in use");
+    return;
+  }
+  engine_config cfg = small();
+  cfg.num_blocks = 0;
+  cfg.kv_cache_bytes = total - (64u << 20);  // far enough above what is available that other processes can't matter
+  const address_space_cap cap(256u << 20);  // a plan that gets through fails with bad_alloc, not the OOM killer
+  CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>, zipage_policy> eng(tiny_llama(), cfg); }),
+                 "from engine_config::kv_cache_bytes), more than this machine's available memory ("));
 }
 
 TEST_CASE("a custom model's config() without layers or heads, or with an EOS outside its vocabulary, is refused") {

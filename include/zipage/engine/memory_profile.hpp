@@ -116,18 +116,19 @@ void profile_peak_memory(Model& model, Backend& backend, int max_batched_tokens,
   if constexpr (requires { backend.synchronize(); }) backend.synchronize();  // the throwaway KV is freed
 }
 
-// A backend without device memory (the CPU reference) keeps its KV pool in host memory: a plan larger than the
-// machine's memory is refused here, naming the field that sized it, before the pool and the block pool's
-// bookkeeping are allocated (which would end in std::bad_alloc, or the process killed by the OOM killer).
+// A backend without device memory (the CPU reference) keeps its KV pool in host memory: a plan larger than what
+// the machine has available now (host_available_bytes: MemAvailable + SwapFree, after the weights are loaded) is
+// refused here, naming the field that sized it, before the pool and the block pool's bookkeeping are allocated
+// (the pool is zero-filled at once: that would end in std::bad_alloc, or the process killed by the OOM killer).
 template <class Backend>
 [[nodiscard]] memory_plan checked_host_memory(memory_plan plan, const engine_config& cfg, const Backend& backend) {
   if constexpr (!requires { backend.memory_info(); }) {
-    const std::size_t host = host_memory_bytes();
+    const std::size_t host = host_available_bytes();
     check(host == 0 || plan.total_bytes() <= host, "engine: the KV cache plan takes ", plan.total_bytes(),
           " bytes (", plan.num_blocks, " blocks + ", plan.num_query_slots, " query slots, from ",
           cfg.num_blocks > 0 ? "engine_config::num_blocks" : "engine_config::kv_cache_bytes",
-          cfg.num_query_slots > 0 ? " and engine_config::num_query_slots" : "", "), more than this machine's memory (",
-          host, " bytes)");
+          cfg.num_query_slots > 0 ? " and engine_config::num_query_slots" : "",
+          "), more than this machine's available memory (", host, " bytes: MemAvailable + SwapFree)");
   }
   return plan;
 }
