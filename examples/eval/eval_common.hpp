@@ -33,9 +33,11 @@ struct grid_options {
   int samples = 8;
   int max_tokens = 10240;
   std::uint64_t seed = 0;
-  // Sampling: < 0 = the checkpoint's generation_config.json, else default_temperature / off.
+  // Sampling: < 0 = the checkpoint's generation_config.json, else default_temperature / off. top_k: not_given
+  // (-1 is vLLM's "off", which the flag accepts as it does).
   float temperature = -1.0f, top_p = -1.0f, min_p = -1.0f;
-  int top_k = -1;
+  static constexpr int top_k_not_given = -2;
+  int top_k = top_k_not_given;
   float default_temperature = 0.6f;
   std::string device = "auto";  // auto | cpu | cuda
   std::string dtype = "bf16";    // cuda: bf16 | fp32

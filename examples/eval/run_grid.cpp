@@ -188,7 +188,7 @@ void resolve_sampling(grid_options& o, zipage::sampling_params& s) {
   gen.apply(s);
   if (o.temperature >= 0) s.temperature = o.temperature;
   if (o.top_p >= 0) s.top_p = o.top_p;
-  if (o.top_k >= 0) s.top_k = o.top_k;
+  if (o.top_k != grid_options::top_k_not_given) s.top_k = std::max(o.top_k, 0);  // -1: off, as vLLM
   if (o.min_p >= 0) s.min_p = o.min_p;
   s.max_tokens = o.max_tokens;
   s.validate();
@@ -603,7 +603,9 @@ void add_grid_flags(CLI::App& app, grid_options& o) {
       ->check(zipage_cli::number_check("in [0, 1000000]", [](double v) { return v >= 0 && v <= 1e6; }));
   app.add_option("--top-p", o.top_p, "default: generation_config.json, else off")
       ->check(zipage_cli::in_half_open(0.0, 1.0));
-  app.add_option("--top-k", o.top_k, "default: generation_config.json, else off")->check(zipage_cli::count());
+  app.add_option("--top-k", o.top_k, "0 or -1 = off, as vLLM (default: generation_config.json, else off)")
+      ->check(zipage_cli::number_check("in [-1, 2147483647] (-1 or 0 = off)",
+                                       [](double v) { return v >= -1 && v <= 2147483647.0; }));
   app.add_option("--min-p", o.min_p, "default: generation_config.json, else off")->check(zipage_cli::in_range(0.0, 1.0));
   app.add_option("--device", o.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));

@@ -313,6 +313,7 @@ TEST_CASE("top-k keeps only the k most likely, renormalised") {
   // k >= vocabulary size is the same as off, token for token; k = 1 is greedy.
   CHECK(frequencies(logits, with(1.0f, 6)) == frequencies(logits, with(1.0f, 0)));
   CHECK(frequencies(logits, with(1.0f, 100)) == frequencies(logits, with(1.0f, 0)));
+  CHECK(frequencies(logits, with(1.0f, -1)) == frequencies(logits, with(1.0f, 0)));  // vLLM's "off"
   CHECK(frequencies(logits, with(1.0f, 1))[1] == 1.0);
 
   // A tie at the boundary goes to the lower id.
@@ -618,6 +619,7 @@ TEST_CASE("validate rejects bad fields, naming the field and value") {
   edge.top_logprobs = 20;
   CHECK_NOTHROW(edge.validate());
   CHECK_NOTHROW(with(5.0f, 3, 1e-6f, 0.0f).validate());
+  CHECK_NOTHROW(with(1.0f, -1).validate());  // vLLM's "off"
 
   struct bad_case {
     sampling_params p;
@@ -632,7 +634,7 @@ TEST_CASE("validate rejects bad fields, naming the field and value") {
       {make([](auto& p) { p.temperature = -0.5f; }), "sampling: temperature must be finite and >= 0 (0 = greedy), got -0.5"},
       {make([](auto& p) { p.temperature = nan_f; }), "temperature"},
       {make([](auto& p) { p.temperature = inf_f; }), "temperature"},
-      {make([](auto& p) { p.top_k = -1; }), "sampling: top_k must be >= 0 (0 = off), got -1"},
+      {make([](auto& p) { p.top_k = -2; }), "sampling: top_k must be >= -1 (0 or -1 = off), got -2"},
       {make([](auto& p) { p.top_p = 1.5f; }), "sampling: top_p must be in (0, 1], got 1.5"},
       {make([](auto& p) { p.top_p = 0.0f; }), "sampling: top_p must be in (0, 1], got 0"},
       {make([](auto& p) { p.top_p = nan_f; }), "sampling: top_p must be in (0, 1], got nan"},

@@ -28,7 +28,7 @@ namespace zipage {
 
 struct sampling_params {
   float temperature = 1.0f;         // 0 => greedy
-  int top_k = 0;                    // 0 => off; k >= vocabulary size also keeps everything
+  int top_k = 0;                    // 0 or -1 (vLLM's off) => off; k >= vocabulary size also keeps everything
   float top_p = 1.0f;               // 1 => off
   float min_p = 0.0f;               // 0 => off
   float repetition_penalty = 1.0f;  // 1 => off; over prompt + output tokens, positive logits divided, negative multiplied
@@ -54,7 +54,7 @@ struct sampling_params {
   void validate() const {
     check(std::isfinite(temperature) && temperature >= 0.0f,
           "sampling: temperature must be finite and >= 0 (0 = greedy), got ", temperature);
-    check(top_k >= 0, "sampling: top_k must be >= 0 (0 = off), got ", top_k);
+    check(top_k >= -1, "sampling: top_k must be >= -1 (0 or -1 = off), got ", top_k);
     check(top_p > 0.0f && top_p <= 1.0f, "sampling: top_p must be in (0, 1], got ", top_p);
     check(min_p >= 0.0f && min_p <= 1.0f, "sampling: min_p must be in [0, 1], got ", min_p);
     check(std::isfinite(repetition_penalty) && repetition_penalty > 0.0f,
