@@ -12,7 +12,10 @@
 #   on device:   B=/tmp/dev-bin bench/device_build.sh unpack   # PREBUILT (default .carry-bin) into $B, the link
 #                made; the caller then puts $B/lib on LD_LIBRARY_PATH
 # The build goes to $BD (default /tmp/bd, kept between calls while the machine stays warm); models/, data/
-# and tests/data are symlinked from the working tree copy. NCCL: the header comes with the snapshot (the
+# and tests/data are symlinked from the working tree copy. Each device call copies the tree anew, which drops
+# those links: a later call that runs what an earlier one built (the bundled model, test data) first runs
+#   on device:   bench/device_build.sh link
+# (a binary then says "the bundled model is missing (looked for .../.carry-src/models/stories260K.gguf" otherwise). NCCL: the header comes with the snapshot (the
 # device image has the library only).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -45,6 +48,9 @@ case "${1:-}" in
     built_root=$(cat "$B/ROOT")
     [ -e "$built_root" ] || { mkdir -p "$(dirname "$built_root")" && ln -sfn "$root" "$built_root"; }
     echo "prebuilt binaries of $(cat "$B/COMMIT"), $built_root -> $(readlink -f "$built_root")" ;;
+  link)
+    for d in models data tests/data; do ln -sfn "$root/$d" "$SRC/$d"; done
+    echo "linked models, data and tests/data into $SRC" ;;
   build)
     BD=${BD:-/tmp/bd}
     for d in models data tests/data; do ln -sfn "$root/$d" "$SRC/$d"; done
@@ -56,5 +62,5 @@ case "${1:-}" in
     cmake --build "$BD" -j "${JOBS:-16}" --target ${TARGETS:?TARGETS names the targets to build} \
       > "${OUT:-/tmp}/build.log" 2>&1 || { tail -40 "${OUT:-/tmp}/build.log"; exit 1; }
     echo "built ${TARGETS} in $BD" ;;
-  *) echo "usage: $0 pack|prebuilt|unpack|build" >&2; exit 2 ;;
+  *) echo "usage: $0 pack|prebuilt|unpack|link|build" >&2; exit 2 ;;
 esac
