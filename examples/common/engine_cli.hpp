@@ -167,8 +167,7 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   o.flags["--top-k"] = app.add_option("--top-k", s.top_k,
                                       "keep the k most likely tokens (0 or -1 = off, as vLLM; default: the "
                                       "checkpoint's)")
-                           ->check(number_check("in [-1, 2147483647] (-1 or 0 = off)",
-                                                [](double v) { return v >= -1 && v <= 2147483647.0; }));
+                           ->check(top_k_check());
   o.flags["--top-p"] = app.add_option("--top-p", s.top_p, "nucleus sampling mass (1 = off; default: the checkpoint's)")
                            ->check(in_half_open(0.0, 1.0));
   o.flags["--min-p"] = app.add_option("--min-p", s.min_p, "drop tokens below min-p times the top probability (default: the checkpoint's)")

@@ -54,6 +54,10 @@ inline CLI::Validator positive_count() {
 inline CLI::Validator count() {
   return number_check("in [0, 2147483647]", [](double v) { return v >= 0 && v <= 2147483647.0; });
 }
+// --top-k: a count, or -1 (vLLM's "off", as 0 is).
+inline CLI::Validator top_k_check() {
+  return number_check("in [-1, 2147483647] (-1 or 0 = off)", [](double v) { return v >= -1 && v <= 2147483647.0; });
+}
 // A 64-bit seed: a whole number in [0, 2^64 - 1], written as one (no sign, exponent or fraction), so that no
 // value is silently wrapped or clamped.
 inline CLI::Validator seed_check() {

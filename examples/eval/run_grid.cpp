@@ -604,8 +604,7 @@ void add_grid_flags(CLI::App& app, grid_options& o) {
   app.add_option("--top-p", o.top_p, "default: generation_config.json, else off")
       ->check(zipage_cli::in_half_open(0.0, 1.0));
   app.add_option("--top-k", o.top_k, "0 or -1 = off, as vLLM (default: generation_config.json, else off)")
-      ->check(zipage_cli::number_check("in [-1, 2147483647] (-1 or 0 = off)",
-                                       [](double v) { return v >= -1 && v <= 2147483647.0; }));
+      ->check(zipage_cli::top_k_check());
   app.add_option("--min-p", o.min_p, "default: generation_config.json, else off")->check(zipage_cli::in_range(0.0, 1.0));
   app.add_option("--device", o.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
