@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "zipage/gguf/writer.hpp"
 #include "zipage/tokenizer/bpe_tokenizer.hpp"
 #include "zipage/tokenizer/jinja.hpp"
 
@@ -276,6 +278,90 @@ TEST_CASE("jinja: additional_chat_templates/<name>.jinja are named templates, as
     CHECK_THROWS_WITH((void)zipage::bpe_tokenizer::from_dir(dir),
                       doctest::Contains(("cannot open chat template '" + rag.string() + "'").c_str()));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("jinja: a GGUF file's tokenizer.chat_template.<name> are named templates, as llama.cpp writes them") {
+  // A byte-level BPE vocabulary (the 256 byte tokens and <|im_end|>), as llama.cpp's converter writes one, with the
+  // converter's named templates: the default in tokenizer.chat_template, the others in tokenizer.chat_template.<name>
+  // and their names in tokenizer.chat_templates.
+  auto vocabulary = [] {
+    zipage::gguf::writer w;
+    std::vector<std::string> tokens;
+    for (int b = 0; b < 256; ++b) {
+      tokens.emplace_back();
+      zipage::unicode::append_utf8(tokens.back(), zipage::detail::byte_to_unicode()[static_cast<std::size_t>(b)]);
+    }
+    tokens.emplace_back("<|im_end|>");
+    std::vector<std::int32_t> types(tokens.size(), 1);
+    types.back() = 3;
+    w.set("general.architecture", "qwen2");
+    w.set("tokenizer.ggml.model", "gpt2");
+    w.set("tokenizer.ggml.pre", "qwen2");
+    w.set("tokenizer.ggml.tokens", std::move(tokens));
+    w.set("tokenizer.ggml.token_type", types);
+    w.set("tokenizer.ggml.merges", std::vector<std::string>{});
+    w.set("tokenizer.ggml.eos_token_id", std::uint32_t{256});
+    return w;
+  };
+  auto load = [](zipage::gguf::writer& w) {
+    return zipage::bpe_tokenizer::from_gguf(zipage::gguf::file::from_bytes(w.bytes(), "named.gguf"));
+  };
+  const std::vector<zipage::chat_message> hi = {{"user", "hi"}};
+  zipage::chat_options with_tools;
+  with_tools.tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
+  {
+    auto w = vocabulary();
+    w.set("tokenizer.chat_template", "D:{{ messages[0].content }}{{ eos_token }}");
+    w.set("tokenizer.chat_template.tool_use", "T:{{ tools|length }}:{{ messages[0].content }}");
+    w.set("tokenizer.chat_template.rag", "R");
+    w.set("tokenizer.chat_templates", std::vector<std::string>{"tool_use", "rag"});
+    const auto t = load(w);
+    CHECK(t.apply_chat_template(hi) == "D:hi<|im_end|>");
+    CHECK(t.apply_chat_template(hi, with_tools) == "T:1:hi");  // was D:hi<|im_end|>: the named keys were not read
+    const auto one = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hi"}])");
+    CHECK(t.apply_chat_template_json(one) == "D:hi<|im_end|>");
+    CHECK(t.apply_chat_template_json(one, with_tools) == "T:1:hi");
+    // A template given by the user (--chat-template FILE) replaces both.
+    auto replaced = t;
+    replaced.set_chat_template("U", "test");
+    CHECK(replaced.apply_chat_template(hi, with_tools) == "U");
+  }
+  {
+    // Only the default: tools render with it, as before.
+    auto w = vocabulary();
+    w.set("tokenizer.chat_template", "D:{{ messages[0].content }}");
+    CHECK(load(w).apply_chat_template(hi, with_tools) == "D:hi");
+  }
+  {
+    // Named templates and no tokenizer.chat_template: a chat without tools names the file and what it has; tools
+    // still render. A tokenizer.chat_template.default stands in for the missing default.
+    auto w = vocabulary();
+    w.set("tokenizer.chat_template.tool_use", "T:{{ tools|length }}");
+    w.set("tokenizer.chat_template.rag", "R");
+    const auto t = load(w);
+    CHECK(t.has_chat_template());
+    CHECK_THROWS_WITH((void)t.apply_chat_template(hi),
+                      doctest::Contains("named.gguf: no tokenizer.chat_template (the default) beside its named "
+                                        "templates 'tool_use', 'rag'"));
+    CHECK(t.apply_chat_template(hi, with_tools) == "T:1");
+    w.set("tokenizer.chat_template.default", "F:{{ messages[0].content }}");
+    CHECK(load(w).apply_chat_template(hi) == "F:hi");
+    w.set("tokenizer.chat_template", "D");
+    CHECK(load(w).apply_chat_template(hi) == "D");  // llama.cpp's default wins over the named one
+  }
+  {
+    // A broken tool_use template is reported when tools ask for it, naming the key; one that is not a string is
+    // refused at load, by name.
+    auto w = vocabulary();
+    w.set("tokenizer.chat_template", "D");
+    w.set("tokenizer.chat_template.tool_use", "{% for m in messages %}");
+    const auto t = load(w);
+    CHECK(t.apply_chat_template(hi) == "D");
+    CHECK_THROWS_WITH((void)t.apply_chat_template(hi, with_tools),
+                      doctest::Contains("named.gguf: tokenizer.chat_template.tool_use"));
+    w.set("tokenizer.chat_template.tool_use", std::uint32_t{7});
+    CHECK_THROWS_WITH((void)load(w), doctest::Contains("tokenizer.chat_template.tool_use"));
+  }
 }
 
 TEST_CASE("jinja: ill-formed UTF-8 is one code point per maximal ill-formed subpart, and U+FFFD in ASCII-only JSON") {

@@ -208,6 +208,7 @@ class bpe_tokenizer {
       cfg["chat_template"] = f.get_string("tokenizer.chat_template");
       t.load_config(cfg, src + " (tokenizer.chat_template)");
     }
+    t.load_named_gguf_templates(f, src);
     // The template's bos_token / eos_token: the texts of the file's ids (as llama.cpp passes them).
     const std::vector<token_id> bos_eos = {t.bos_, t.eos_};
     for (std::size_t k = 0; k < 2; ++k)
@@ -722,6 +723,28 @@ class bpe_tokenizer {
     if (!files.empty() && jinja_ == nullptr && jinja_error_.empty())
       adopt_template({}, nullptr, folder.string() + " has no 'default' template and there is no other "
                                   "(chat_template.jinja or tokenizer_config.json's chat_template); it has " + names);
+  }
+
+  // llama.cpp's named templates, tokenizer.chat_template.<name>: its converter writes a checkpoint's named
+  // templates there (all but "default", which is tokenizer.chat_template; tokenizer.chat_templates lists the names)
+  // and llama-server renders a request with tools with "tool_use". Read as a checkpoint's
+  // additional_chat_templates: tool_use when tools are given, other names load unused; a template that is not a
+  // string is refused, naming its key. tokenizer.chat_template.default is the default only where the file has no
+  // tokenizer.chat_template (llama.cpp reads that key); named templates without any default leave a chat without
+  // tools an error naming them.
+  void load_named_gguf_templates(const gguf::file& f, const std::string& src) {
+    constexpr std::string_view prefix = "tokenizer.chat_template.";
+    std::string names;  // for the error when there is no default
+    for (const std::string& key : f.keys()) {
+      if (!key.starts_with(prefix) || key.size() == prefix.size()) continue;
+      const std::string name = key.substr(prefix.size()), source = f.get_string(key);
+      names += (names.empty() ? "'" : ", '") + json::printable(name) + "'";
+      if (name == "tool_use") parse_template(source, src + ": " + key, jinja_tool_use_, jinja_tool_use_error_);
+      if (name == "default" && !f.has("tokenizer.chat_template")) adopt_config_template(source, src + ": " + key);
+    }
+    if (!names.empty() && jinja_ == nullptr && jinja_error_.empty())
+      adopt_template({}, nullptr, src + ": no tokenizer.chat_template (the default) beside its named templates " +
+                                      names);
   }
 
   // tokenizer_config.json: bos/eos tokens, add_bos_token, chat template.
