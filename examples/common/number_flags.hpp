@@ -79,14 +79,16 @@ inline CLI::Validator kv_cache_mib_check() {
   return number_check("in (0, 1073741824] (1 PiB)", [](double v) { return v > 0 && v <= max_kv_cache_mib; });
 }
 
-// A CPU pool of `kv_cache_mib` lives in host memory: more than the machine has available is an error now, not a
+// A CPU pool of `kv_cache_mib` lives in host memory: more than the machine has available (MemAvailable +
+// SwapFree, or the process's cgroup limit less its usage where that is tighter) is an error now, not a
 // std::bad_alloc after seconds of allocating or the OOM killer (nothing to check when --num-blocks sizes the pool
 // instead; the engine checks again once the weights are loaded).
 inline void check_host_kv_cache_mib(double kv_cache_mib, int num_blocks) {
-  const double mib = static_cast<double>(zipage::host_available_bytes()) / 1048576.0;
-  if (mib <= 0 || num_blocks > 0) return;
+  const zipage::available_memory available = zipage::host_available_memory();
+  if (!available.known() || num_blocks > 0) return;
+  const double mib = static_cast<double>(available.bytes) / 1048576.0;
   zipage::check(kv_cache_mib <= mib, "--kv-cache-mib ", kv_cache_mib, " is more than this machine's available memory (",
-                static_cast<long long>(mib), " MiB: MemAvailable + SwapFree)");
+                static_cast<long long>(mib), " MiB: ", available.source, ")");
 }
 
 }  // namespace zipage_cli

@@ -116,20 +116,25 @@ void profile_peak_memory(Model& model, Backend& backend, int max_batched_tokens,
   if constexpr (requires { backend.synchronize(); }) backend.synchronize();  // the throwaway KV is freed
 }
 
+// A plan for a host-memory KV pool against what a new allocation can take (`available`, host_available_memory),
+// naming the field that sized the plan and the limit it hit (MemAvailable + SwapFree, or the cgroup's); nothing
+// to check where the system does not say.
+inline void check_host_plan(const memory_plan& plan, const engine_config& cfg, const available_memory& available) {
+  check(!available.known() || plan.total_bytes() <= available.bytes, "engine: the KV cache plan takes ",
+        plan.total_bytes(), " bytes (", plan.num_blocks, " blocks + ", plan.num_query_slots, " query slots, from ",
+        cfg.num_blocks > 0 ? "engine_config::num_blocks" : "engine_config::kv_cache_bytes",
+        cfg.num_query_slots > 0 ? " and engine_config::num_query_slots" : "",
+        "), more than this machine's available memory (", available.bytes, " bytes: ", available.source, ")");
+}
+
 // A backend without device memory (the CPU reference) keeps its KV pool in host memory: a plan larger than what
-// the machine has available now (host_available_bytes: MemAvailable + SwapFree, after the weights are loaded) is
-// refused here, naming the field that sized it, before the pool and the block pool's bookkeeping are allocated
-// (the pool is zero-filled at once: that would end in std::bad_alloc, or the process killed by the OOM killer).
+// the machine has available now (host_available_memory: MemAvailable + SwapFree after the weights are loaded, or
+// the process's cgroup limit less its usage where that is tighter) is refused here (check_host_plan), before the
+// pool and the block pool's bookkeeping are allocated (the pool is zero-filled at once: that would end in
+// std::bad_alloc, or the process killed by the OOM killer).
 template <class Backend>
 [[nodiscard]] memory_plan checked_host_memory(memory_plan plan, const engine_config& cfg, const Backend& backend) {
-  if constexpr (!requires { backend.memory_info(); }) {
-    const std::size_t host = host_available_bytes();
-    check(host == 0 || plan.total_bytes() <= host, "engine: the KV cache plan takes ", plan.total_bytes(),
-          " bytes (", plan.num_blocks, " blocks + ", plan.num_query_slots, " query slots, from ",
-          cfg.num_blocks > 0 ? "engine_config::num_blocks" : "engine_config::kv_cache_bytes",
-          cfg.num_query_slots > 0 ? " and engine_config::num_query_slots" : "",
-          "), more than this machine's available memory (", host, " bytes: MemAvailable + SwapFree)");
-  }
+  if constexpr (!requires { backend.memory_info(); }) check_host_plan(plan, cfg, host_available_memory());
   return plan;
 }
 
