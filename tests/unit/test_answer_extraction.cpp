@@ -374,3 +374,134 @@ TEST_CASE("math_prompt: the \\boxed{} instruction appended unless the problem al
   CHECK(math_prompt(bundled) == bundled);
   CHECK(math_prompt("Give the answer as \\boxed{n}.") == "Give the answer as \\boxed{n}.");
 }
+
+TEST_CASE("percentages: x% is x and x/100") {
+  // "%" was dropped and nothing else: 25% was right against 25 but wrong against 0.25, which Qwen2.5-Math's grader
+  // takes (it accepts the reference, its /100 and its *100).
+  CHECK(math_answers_equal("25\\%", "25"));
+  CHECK(math_answers_equal("25\\%", "0.25"));
+  CHECK(math_answers_equal("0.25", "25%"));
+  CHECK(math_answers_equal("\\frac{1}{4}", "25 \\%"));
+  CHECK(math_answers_equal("12.5\\%", "\\frac{1}{8}"));
+  CHECK(math_answers_equal("100\\%", "1"));
+  CHECK(math_answers_equal("33.33\\%", "\\frac13"));      // within 1e-4 of 1/3
+  CHECK(math_answers_equal("1,250\\%", "12.5"));
+  CHECK(math_answers_equal("25\\% of the students", "0.25"));
+  CHECK(math_answers_equal("\\frac{100}{3}\\%", "0.3333"));
+  CHECK(math_answers_equal("12\\frac{1}{2}\\%", "0.125"));  // a mixed number as a percentage
+  CHECK(normalize_math_answer("25\\%") == "25");          // normalisation still drops the sign
+  CHECK(normalize_math_answer("25\\% of the students") == "25");
+  // Only a percentage's own /100: no factor of 10, no *100, no /100 between two plain numbers or two percentages.
+  CHECK_FALSE(math_answers_equal("25", "2.5"));
+  CHECK_FALSE(math_answers_equal("25\\%", "2.5"));
+  CHECK_FALSE(math_answers_equal("25\\%", "2500"));
+  CHECK_FALSE(math_answers_equal("25\\%", "0.25\\%"));
+  CHECK_FALSE(math_answers_equal("25", "0.25"));          // no sign on either side: 25 and 0.25 differ
+  CHECK_FALSE(math_answers_equal("5", "500"));
+  CHECK_FALSE(math_answers_equal("25\\%", "0.26"));
+  CHECK_FALSE(math_answers_equal("1\\%", "0.1"));
+  CHECK_FALSE(math_answers_equal("x\\%", "0.01x"));       // not a number: strings
+  CHECK_FALSE(math_answers_equal("9 \\text{ percent}", "0.09"));  // the word is a unit: 9
+}
+
+TEST_CASE("tuples, intervals and lists compare element by element") {
+  // Tuples and intervals compared as normalised strings: (1, 0.5) was wrong against (1, \frac12).
+  CHECK(math_answers_equal("(1, 2)", "(1,2)"));
+  CHECK(math_answers_equal("(1, 0.5)", "\\left(1, \\frac{1}{2}\\right)"));
+  CHECK(math_answers_equal("[0, \\frac{1}{2})", "[0, 0.5)"));
+  CHECK(math_answers_equal("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, 1.5708)"));
+  CHECK(math_answers_equal("(-\\infty, \\frac{1}{3}]", "(-\\infty, 0.3333]"));
+  CHECK(math_answers_equal("(-\\infty, 0) \\cup (\\frac12, \\infty)", "(-\\infty,0)\\cup(0.5,\\infty)"));
+  CHECK(math_answers_equal("((1, \\frac12), (3, 4))", "((1, 0.5), (3, 4.0))"));
+  CHECK(math_answers_equal("(25\\%, 1)", "(0.25, 1)"));
+  CHECK(math_answers_equal("\\{1, \\frac{1}{2}\\}", "\\{1, 0.5\\}"));
+  CHECK(math_answers_equal("\\langle 1, \\frac{1}{2} \\rangle", "\\langle 1,0.5\\rangle"));
+  CHECK(math_answers_equal("1, \\frac{1}{2}", "1, 0.5"));  // a list without brackets, in order
+  CHECK(math_answers_equal("\\begin{pmatrix} \\frac12 \\\\ -3 \\end{pmatrix}",
+                           "\\begin{pmatrix}0.5\\\\-3.0\\end{pmatrix}"));
+  CHECK(math_answers_equal("\\begin{bmatrix} 1 & \\frac12 \\end{bmatrix}", "\\begin{pmatrix}1&0.5\\end{pmatrix}"));
+  // Order, bracket kinds and lengths matter.
+  CHECK_FALSE(math_answers_equal("(1, 2)", "(2, 1)"));
+  CHECK_FALSE(math_answers_equal("1, 2", "2, 1"));
+  CHECK_FALSE(math_answers_equal("[0, 1)", "(0, 1)"));
+  CHECK_FALSE(math_answers_equal("[0, 1]", "[0, 1)"));
+  CHECK_FALSE(math_answers_equal("(1, 2)", "[1, 2]"));
+  CHECK_FALSE(math_answers_equal("(1, 2)", "1, 2"));
+  CHECK_FALSE(math_answers_equal("(1, 2)", "(1, 2, 3)"));
+  CHECK_FALSE(math_answers_equal("(1, 0.5)", "(1, 0.51)"));
+  CHECK_FALSE(math_answers_equal("\\{1, 2\\}", "(1, 2)"));
+  CHECK_FALSE(math_answers_equal("(0, 1) \\cup (2, 3)", "(0, 1) \\cup [2, 3)"));
+  CHECK_FALSE(math_answers_equal("(1, 2)(3, 4)", "(1, 2)(3, 4.0)"));  // not one tuple: strings
+  CHECK_FALSE(math_answers_equal("\\begin{pmatrix} 1 & 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"));
+  CHECK_FALSE(math_answers_equal("\\begin{pmatrix} 1 & 2 \\end{pmatrix}", "\\begin{vmatrix} 1 & 2 \\end{vmatrix}"));
+}
+
+TEST_CASE("number words: a whole answer written out is its number") {
+  CHECK(math_answers_equal("five", "5"));
+  CHECK(math_answers_equal("\\text{Five}", "5.0"));
+  CHECK(math_answers_equal("twenty-one", "21"));
+  CHECK(math_answers_equal("twenty one.", "21"));
+  CHECK(math_answers_equal("zero", "0"));
+  CHECK(math_answers_equal("nineteen", "19"));
+  CHECK(math_answers_equal("one hundred and five", "105"));
+  CHECK(math_answers_equal("three hundred", "300"));
+  CHECK(math_answers_equal("two thousand three hundred forty-five", "2345"));
+  CHECK(math_answers_equal("one hundred thousand", "100,000"));
+  CHECK(math_answers_equal("seven million eleven", "7000011"));
+  CHECK(math_answers_equal("x = seven", "7"));
+  CHECK(normalize_math_answer("Twenty-One") == "21");
+  CHECK_FALSE(math_answers_equal("five", "6"));
+  CHECK_FALSE(math_answers_equal("twenty-one", "20"));
+  CHECK_FALSE(math_answers_equal("five five", "10"));       // not a number
+  CHECK_FALSE(math_answers_equal("twenty twenty", "40"));
+  CHECK_FALSE(math_answers_equal("hundred", "100"));
+  CHECK_FALSE(math_answers_equal("one two", "12"));
+  CHECK_FALSE(math_answers_equal("fifth", "5"));            // ordinals are not counted
+  CHECK_FALSE(math_answers_equal("five apples", "5"));      // only a whole answer of number words
+  CHECK_FALSE(math_answers_equal("(five, 6)", "(5, 6)"));
+  CHECK_FALSE(math_answers_equal("one half", "0.5"));
+  CHECK(normalize_math_answer("none") == "none");
+}
+
+TEST_CASE("closed-form numbers compare by value") {
+  // \frac{\sqrt{2}}{2} and \frac{1}{\sqrt{2}} compared as strings (Qwen's grader takes them through SymPy).
+  CHECK(math_answers_equal("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"));
+  CHECK(math_answers_equal("\\dfrac{\\sqrt2}{2}", "0.70710678"));
+  CHECK(math_answers_equal("\\sqrt{8}", "2\\sqrt{2}"));
+  CHECK(math_answers_equal("\\sqrt{4}", "2"));
+  CHECK(math_answers_equal("2\\pi", "6.2832"));            // within 1e-4
+  CHECK(math_answers_equal("\\pi", "3.1416"));
+  CHECK(math_answers_equal("\\frac{\\pi}{2}", "\\frac{1}{2}\\pi"));
+  CHECK(math_answers_equal("2^{10}", "1024"));
+  CHECK(math_answers_equal("2^3 \\cdot 3", "24"));
+  CHECK(math_answers_equal("\\sqrt[3]{27}", "3"));
+  CHECK(math_answers_equal("(1 + \\sqrt{5})/2", "1.6180"));
+  CHECK(math_answers_equal("\\frac{3 + \\sqrt{5}}{2}", "\\frac{(1+\\sqrt5)^2}{4}"));
+  CHECK(math_answers_equal("-\\frac{\\sqrt{3}}{3}", "-\\frac{1}{\\sqrt3}"));
+  CHECK(math_answers_equal("2\\frac{\\pi}{3}", "\\frac{2\\pi}{3}"));  // not a mixed number: a product
+  CHECK(math_answers_equal("10 \\div 4", "2.5"));
+  CHECK(math_answers_equal("4 \\times 3 - 2", "10"));
+  CHECK(math_answers_equal("3(2 + 1)", "9"));
+  CHECK(math_answers_equal("(\\sqrt{2})^2", "2"));
+  CHECK(math_answers_equal("\\frac{1}{2}\\frac{1}{3}", "\\frac16"));   // a product of two fractions
+  CHECK(math_answers_equal("2^{3}\\frac{1}{2}", "4"));
+  CHECK(math_answers_equal("\\sqrt[3]8", "2"));
+  // Only within the tolerance, and only when both sides are closed forms.
+  CHECK_FALSE(math_answers_equal("\\sqrt{2}", "1.41"));
+  CHECK_FALSE(math_answers_equal("\\sqrt{2}", "1.414"));
+  CHECK_FALSE(math_answers_equal("2\\pi", "6.28"));
+  CHECK_FALSE(math_answers_equal("\\pi", "3.14"));
+  CHECK_FALSE(math_answers_equal("\\sqrt{8}", "3\\sqrt{2}"));
+  CHECK_FALSE(math_answers_equal("2^{10}", "1025"));
+  CHECK_FALSE(math_answers_equal("10^6", "1000001"));      // whole values: exactly
+  CHECK_FALSE(math_answers_equal("2x", "2\\cdot x"));       // variables are not evaluated
+  CHECK_FALSE(math_answers_equal("\\sqrt{x^2}", "x"));
+  CHECK_FALSE(math_answers_equal("\\frac{x}{7}+\\frac{2}{7}", "\\frac{x+2}{7}"));  // no SymPy
+  CHECK_FALSE(math_answers_equal("\\sin(\\pi)", "0"));      // nor functions
+  CHECK_FALSE(math_answers_equal("\\sqrt{-4}", "2"));
+  CHECK_FALSE(math_answers_equal("\\frac{1}{0}", "\\frac{2}{0}"));
+  CHECK_FALSE(math_answers_equal("2^10", "1024"));          // 2^10 is 2^1 then 0: ambiguous, left as a string
+  CHECK_FALSE(math_answers_equal("3\\frac{4}{2}", "6"));    // a number before \frac{a}{b}: neither product nor sum
+  CHECK_FALSE(math_answers_equal("\\sqrt{2}3", "4.2426"));
+  CHECK_FALSE(math_answers_equal("\\pi^{100000}", "\\pi^{100001}"));  // overflows: not a number
+}

@@ -13,7 +13,11 @@
 //    thousands separators dropped; a mixed number (3\frac12, 3 1/2) is one fraction, \frac{7}{2}; then numbers
 //    (integers, decimals, a/b, \frac{a}{b}, 1.5e3, 1.5\times10^{3}) compare as numbers, so 0.5 == \frac12 == 1/2,
 //    5.0 == 5 and 1.5e3 == 1500: two whole numbers exactly, any other pair within numeric_relative_tolerance
-//    (0.3333 == 1/3). A choice "(A) 5" equals 5, A and (A). Anything else compares as normalised strings.
+//    (0.3333 == 1/3). Closed forms of numbers (\frac, \sqrt, ^, \pi, + - * /, parentheses) compare by value
+//    (\frac{\sqrt2}{2} == \frac{1}{\sqrt2}); a percentage x% is x or x/100 (25% == 0.25); a whole answer in number
+//    words is its number (twenty-one == 21); tuples, intervals, sets, unions, matrices and bare lists compare element
+//    by element, in order, with the same brackets ([0, \frac12) == [0, 0.5), != (0, 0.5)). A choice "(A) 5" equals
+//    5, A and (A). Anything else compares as normalised strings.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -103,9 +107,9 @@ inline std::optional<std::string> latex_argument(const std::string& s, std::size
   return std::string(1, s[i++]);
 }
 
-// \frac12 -> \frac{1}{2}, \frac1{x} -> \frac{1}{x}, \sqrt2 -> \sqrt{2}. Arguments nested deeper than
-// max_brace_depth are left as written: a model's output may nest \frac thousands deep, which would overflow the
-// stack here and take time quadratic in the depth.
+// \frac12 -> \frac{1}{2}, \frac1{x} -> \frac{1}{x}, \sqrt2 -> \sqrt{2}, \sqrt[3]8 -> \sqrt[3]{8} (the index was read
+// as the argument: \sqrt{[}3]8). Arguments nested deeper than max_brace_depth are left as written: a model's output
+// may nest \frac thousands deep, which would overflow the stack here and take time quadratic in the depth.
 inline constexpr int max_brace_depth = 64;
 inline std::string brace_arguments(const std::string& s, int depth = 0) {
   if (depth >= max_brace_depth) return s;
@@ -119,6 +123,16 @@ inline std::string brace_arguments(const std::string& s, int depth = 0) {
     const std::size_t start = i;
     i += 5;  // \frac and \sqrt are both five characters
     std::size_t j = i;
+    std::string index;  // \sqrt[3]{x}'s "[3]", kept as written
+    if (sqrt && j < s.size() && s[j] == '[') {
+      const std::size_t close = s.find(']', j);
+      if (close == std::string::npos) {
+        out.append(s, start, i - start);
+        continue;
+      }
+      index = "[" + brace_arguments(s.substr(j + 1, close - j - 1), depth + 1) + "]";
+      j = close + 1;
+    }
     auto a = latex_argument(s, j);
     std::optional<std::string> b;
     if (a && frac) b = latex_argument(s, j);
@@ -127,7 +141,7 @@ inline std::string brace_arguments(const std::string& s, int depth = 0) {
       continue;
     }
     out += frac ? "\\frac{" + brace_arguments(*a, depth + 1) + "}{" + brace_arguments(*b, depth + 1) + "}"
-                : "\\sqrt{" + brace_arguments(*a, depth + 1) + "}";
+                : "\\sqrt" + index + "{" + brace_arguments(*a, depth + 1) + "}";
     i = j;
   }
   return out;
@@ -347,7 +361,7 @@ inline std::string resolve_text_groups(const std::string& s) {
   head.append(s, at, last.start - at);
   const std::string_view before = trim(head);
   const bool value_end = !before.empty() && (std::isalnum(static_cast<unsigned char>(before.back())) ||
-                                              std::string_view("})].").find(before.back()) != std::string_view::npos);
+                                              std::string_view("})].%").find(before.back()) != std::string_view::npos);
   const bool unit = after == s.size() && value_end && before.find_first_of("0123456789\\") != std::string_view::npos;
   if (unit) return head + s.substr(skip_exponent(s, last.end));
   return head + content(last) + s.substr(last.end);
@@ -367,10 +381,13 @@ inline std::optional<long long> small_whole(std::string_view s) {
 // A mixed number, MATH's way of writing 3½: a whole number, then (spaces allowed) \frac{a}{b}, or a space and a/b,
 // with whole numbers 0 < a < b. Returned as one improper fraction, "3\frac{1}{2}" -> "\frac{7}{2}", so that it equals
 // 7/2 and 3.5; once the spaces go, "3\frac{1}{2}" would read as a product and "3 1/2" as 31/2. nullopt for anything
-// else ("3\frac{4}{2}", "2\frac{\pi}{3}", "1.5\frac{1}{2}"), which stays as written.
+// else ("3\frac{4}{2}", "2\frac{\pi}{3}", "1.5\frac{1}{2}"), which stays as written. A percentage keeps its sign:
+// "12\frac{1}{2}%" -> "\frac{25}{2}%".
 inline std::optional<std::string> mixed_number(std::string_view s) {
   s = trim(s);
   while (!s.empty() && s.back() == '.') s.remove_suffix(1);  // a sentence's full stop: "3\frac{1}{2}."
+  const bool percent = !s.empty() && s.back() == '%';
+  if (percent) s = trim(s.substr(0, s.size() - 1));
   const bool negative = !s.empty() && s[0] == '-';
   if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
   const std::size_t digits = std::min(s.find_first_not_of("0123456789"), s.size());
@@ -392,7 +409,7 @@ inline std::optional<std::string> mixed_number(std::string_view s) {
   const auto a = small_whole(trim(num)), b = small_whole(trim(den));
   if (!whole || !a || !b || *a == 0 || *a >= *b) return std::nullopt;
   return std::string(negative ? "-" : "") + "\\frac{" + std::to_string(*whole * *b + *a) + "}{" +
-         std::to_string(*b) + "}";
+         std::to_string(*b) + "}" + (percent ? "%" : "");
 }
 
 // The start of the unit word that ends at `i`: letters, with "/" between letters ("m/s", "km/h"); i when none.
@@ -424,7 +441,7 @@ inline std::string drop_unit_words(const std::string& s) {
   std::string head(trim(std::string_view(s).substr(0, i)));
   std::string compact;
   for (char c : head)
-    if (c != ',' && c != '$' && c != ' ') compact += c;  // "1 000 dollars" (from "1\,000 dollars") too
+    if (c != ',' && c != '$' && c != ' ' && c != '%') compact += c;  // "1 000 dollars", "25% of them" too
   return parse_number(compact) || mixed_number(brace_arguments(head)) ? head : s;
 }
 
@@ -439,17 +456,386 @@ inline std::optional<std::string> integer_digits(std::string_view s) {
   return out.append(s);
 }
 
-// Two normalised answers as numbers: whole numbers exactly, anything else within numeric_relative_tolerance of the
-// larger magnitude (no absolute floor: 0.0001 and 0.0002 differ, as with Qwen's isclose). A pair exactly on the bound
-// is equal whatever the rounding: a repeating decimal cut after four digits (0.3333 for 1/3) lies on it.
-inline bool numbers_equal(const std::string& a, const std::string& b) {
+// A closed form of a number, normalised (no spaces): decimals, \pi, \frac{a}{b}, \sqrt{x}, \sqrt[n]{x}, a^{b} (or a^d
+// with one digit d), + - * / \cdot \times \div, parentheses and braces, and products written side by side when the
+// right factor is a command or a parenthesis (2\sqrt{2}, 2\pi, \frac{1}{2}\pi, 3(4)). Its value when the whole text
+// parses and every step is finite; nullopt otherwise: a variable (x), a function (\sin), i, \infty, "2^10" (2^1 then
+// 0 in TeX), a number right before \frac{a}{b} of numbers ("3\frac{4}{2}": a mixed number or a product?), a factor
+// after a closing command ("\sqrt{2}3"), an odd root of a negative number, a division by zero. Nesting deeper than
+// max_brace_depth is refused.
+class closed_form {
+ public:
+  explicit closed_form(std::string_view s) : s_(s) {}
+  std::optional<long double> value() {
+    const auto v = sum();
+    if (!v || pos_ != s_.size()) return std::nullopt;
+    return v;
+  }
+
+ private:
+  static std::optional<long double> finite(long double v) {
+    if (!std::isfinite(static_cast<double>(v))) return std::nullopt;
+    return v;
+  }
+  bool eat(std::string_view token) {
+    const bool command = token.size() > 1 && token[0] == '\\';
+    if (command ? !command_at(s_, pos_, token) : s_.substr(pos_, token.size()) != token) return false;
+    pos_ += token.size();
+    return true;
+  }
+  // "{" expr "}" (or the given brackets).
+  std::optional<long double> group(char open = '{', char close = '}') {
+    if (!eat(std::string_view(&open, 1))) return std::nullopt;
+    const auto v = sum();
+    if (!v || !eat(std::string_view(&close, 1))) return std::nullopt;
+    return v;
+  }
+  std::optional<long double> sum() {
+    auto v = product();
+    while (v && pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) {
+      const bool minus = s_[pos_++] == '-';
+      const auto r = product();
+      if (!r) return std::nullopt;
+      v = finite(minus ? *v - *r : *v + *r);
+    }
+    return v;
+  }
+  // \frac{a}{b} with a and b plain decimals at pos_: after a number, MATH's mixed number (3\frac{1}{2} is 3.5; the
+  // proper ones were rewritten before) or a product; neither is assumed.
+  bool plain_fraction_next() const {
+    if (!command_at(s_, pos_, "\\frac")) return false;
+    const std::size_t a = pos_ + 5, a_end = close_brace(s_, a);
+    if (a >= s_.size() || s_[a] != '{' || a_end == std::string_view::npos || a_end >= s_.size()) return false;
+    const std::size_t b_end = close_brace(s_, a_end);
+    return b_end != std::string_view::npos && parse_decimal(s_.substr(a + 1, a_end - a - 2)) &&
+           parse_decimal(s_.substr(a_end + 1, b_end - a_end - 2));
+  }
+  std::optional<long double> product() {
+    auto v = signed_factor();
+    while (v && pos_ < s_.size()) {
+      const bool after_literal = literal_;
+      if (eat("*") || eat("\\cdot") || eat("\\times")) {
+        const auto r = signed_factor();
+        if (!r) return std::nullopt;
+        v = finite(*v * *r);
+      } else if (eat("/") || eat("\\div")) {
+        const auto r = signed_factor();
+        if (!r || *r == 0) return std::nullopt;
+        v = finite(*v / *r);
+      } else if (s_[pos_] == '(' || command_at(s_, pos_, "\\pi") || command_at(s_, pos_, "\\frac") ||
+                 command_at(s_, pos_, "\\sqrt")) {
+        if (after_literal && plain_fraction_next()) return std::nullopt;
+        const auto r = power();
+        if (!r) return std::nullopt;
+        v = finite(*v * *r);
+      } else {
+        break;
+      }
+    }
+    return v;
+  }
+  std::optional<long double> signed_factor() {
+    if (++depth_ > max_brace_depth) return std::nullopt;
+    std::optional<long double> v;
+    if (eat("-")) {
+      if ((v = signed_factor())) v = -*v;
+    } else if (eat("+")) {
+      v = signed_factor();
+    } else {
+      v = power();
+    }
+    --depth_;
+    return v;
+  }
+  std::optional<long double> power() {
+    const auto base = primary();
+    if (!base || !eat("^")) return base;
+    std::optional<long double> e;
+    if (pos_ < s_.size() && s_[pos_] == '{') {
+      e = group();
+    } else if (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) {
+      e = s_[pos_++] - '0';
+      if (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '.'))
+        return std::nullopt;  // "2^10": TeX's 2^1 0
+    }
+    literal_ = false;
+    if (!e || (pos_ < s_.size() && s_[pos_] == '^')) return std::nullopt;  // a double superscript
+    if (*base == 0 && *e <= 0) return std::nullopt;
+    return finite(std::pow(*base, *e));  // NaN for a negative base and a fractional exponent: refused
+  }
+  std::optional<long double> primary() {
+    if (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '.')) {
+      const std::size_t start = pos_;
+      while (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '.')) ++pos_;
+      literal_ = true;
+      return parse_decimal(s_.substr(start, pos_ - start));
+    }
+    const auto v = compound();
+    literal_ = false;  // whatever the primaries inside it were
+    return v;
+  }
+  std::optional<long double> compound() {
+    if (pos_ >= s_.size()) return std::nullopt;
+    const char c = s_[pos_];
+    if (eat("\\pi")) return 3.141592653589793238462643383279502884L;
+    if (eat("\\frac")) {
+      const auto a = group();
+      const auto b = a ? group() : std::nullopt;
+      if (!b || *b == 0) return std::nullopt;
+      return finite(*a / *b);
+    }
+    if (eat("\\sqrt")) {
+      std::optional<long double> index;
+      if (pos_ < s_.size() && s_[pos_] == '[' && !(index = group('[', ']'))) return std::nullopt;
+      const auto x = group();
+      if (!x || *x < 0) return std::nullopt;
+      if (!index) return std::sqrt(*x);
+      if (*index <= 0) return std::nullopt;
+      return finite(std::pow(*x, 1 / *index));
+    }
+    if (c == '(') return group('(', ')');
+    if (c == '{') return group();
+    return std::nullopt;
+  }
+
+  std::string_view s_;
+  std::size_t pos_ = 0;
+  int depth_ = 0;
+  bool literal_ = false;  // the last primary was a number written out
+};
+
+// A normalised answer's value: a number (parse_number) or a closed form of one; nullopt otherwise.
+inline std::optional<long double> number_value(std::string_view s) {
+  if (auto v = parse_number(s)) return v;
+  return closed_form(s).value();
+}
+
+// Whole numbers exactly, anything else within numeric_relative_tolerance of the larger magnitude (no absolute floor:
+// 0.0001 and 0.0002 differ, as with Qwen's isclose). A pair exactly on the bound is equal whatever the rounding: a
+// repeating decimal cut after four digits (0.3333 for 1/3) lies on it.
+inline bool values_equal(long double x, long double y) {
+  if (x == std::floor(x) && y == std::floor(y)) return x == y;  // 1e6, \frac{2000000}{2}, 1000000.0, 2^{10}
+  const long double bound = numeric_relative_tolerance * std::fmax(std::fabs(x), std::fabs(y));
+  return std::fabs(x - y) <= bound * (1 + 1e-9L);
+}
+
+// Two normalised answers as numbers or closed forms of numbers; integers written out compare digit by digit.
+inline bool numbers_equal(std::string_view a, std::string_view b) {
   const auto ia = integer_digits(a), ib = integer_digits(b);
   if (ia && ib) return *ia == *ib;
-  const auto x = parse_number(a), y = parse_number(b);
-  if (!x || !y) return false;
-  if (*x == std::floor(*x) && *y == std::floor(*y)) return *x == *y;  // 1e6, \frac{2000000}{2}, 1000000.0
-  const long double bound = numeric_relative_tolerance * std::fmax(std::fabs(*x), std::fabs(*y));
-  return std::fabs(*x - *y) <= bound * (1 + 1e-9L);
+  const auto x = number_value(a), y = number_value(b);
+  return x && y && values_equal(*x, *y);
+}
+
+// English number words making up a whole answer, case aside: "five", "Twenty-One", "twenty one", "one hundred and
+// five", "two thousand three hundred forty-five", up to the billions. nullopt for anything else: ordinals ("fifth"),
+// fractions ("one half"), "a hundred", "twelve hundred", "five five", words with a unit ("five apples").
+inline std::optional<long long> number_words(std::string_view s) {
+  std::vector<std::string> words(1);
+  for (char c : s) {
+    if (std::isalpha(static_cast<unsigned char>(c))) words.back() += static_cast<char>(std::tolower(c));
+    else if (c != ' ' && c != '-') return std::nullopt;
+    else if (!words.back().empty()) words.emplace_back();
+  }
+  if (words.back().empty()) words.pop_back();
+  if (words.empty()) return std::nullopt;
+  static constexpr std::string_view units[] = {"zero", "one", "two", "three", "four", "five", "six", "seven", "eight",
+                                               "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen",
+                                               "sixteen", "seventeen", "eighteen", "nineteen"};
+  static constexpr std::string_view tens[] = {"twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty",
+                                              "ninety"};
+  auto index = [](const auto& list, std::string_view w) -> int {
+    const auto it = std::find(std::begin(list), std::end(list), w);
+    return it == std::end(list) ? -1 : static_cast<int>(it - std::begin(list));
+  };
+  std::size_t i = 0;
+  auto word = [&]() -> std::string_view { return i < words.size() ? std::string_view(words[i]) : std::string_view(); };
+  // 1-99: "seven", "nineteen", "forty", "forty-two".
+  auto below_hundred = [&]() -> std::optional<long long> {
+    if (const int t = index(tens, word()); t >= 0) {
+      ++i;
+      const int u = index(units, word());
+      if (u >= 1 && u <= 9) return ++i, (t + 2) * 10 + u;
+      return (t + 2) * 10;
+    }
+    const int u = index(units, word());
+    if (u < 1) return std::nullopt;
+    return ++i, u;
+  };
+  // 1-999: "three hundred", "one hundred and five", "one hundred five", or 1-99.
+  auto below_thousand = [&]() -> std::optional<long long> {
+    if (i + 1 < words.size() && words[i + 1] == "hundred") {
+      const int u = index(units, word());
+      if (u < 1 || u > 9) return std::nullopt;
+      i += 2;
+      const std::size_t before = i;
+      const bool conjunction = word() == "and";
+      if (conjunction) ++i;
+      if (const auto rest = below_hundred()) return u * 100 + *rest;
+      if (conjunction) return std::nullopt;  // "one hundred and" ends with nothing
+      i = before;
+      return u * 100;
+    }
+    return below_hundred();
+  };
+  if (words.size() == 1 && words[0] == "zero") return 0;
+  long long total = 0;
+  for (const auto& [name, scale] : {std::pair<std::string_view, long long>{"billion", 1000000000LL},
+                                    {"million", 1000000LL}, {"thousand", 1000LL}}) {
+    const std::size_t start = i;
+    if (const auto v = below_thousand(); v && word() == name) {
+      total += *v * scale;
+      ++i;
+    } else {
+      i = start;
+    }
+  }
+  if (i < words.size()) {
+    if (total > 0 && word() == "and") ++i;  // "one thousand and five"
+    const auto v = below_thousand();
+    if (!v) return std::nullopt;
+    total += *v;
+  }
+  if (i != words.size() || total == 0) return std::nullopt;
+  return total;
+}
+
+// A normalised answer with its percent sign taken off: a single "%" at the end makes it a percentage; any other "%"
+// is dropped (normalize_math_answer drops them all).
+struct percent_split {
+  std::string text;
+  bool percentage;
+};
+inline percent_split split_percent(std::string_view s) {
+  const bool percentage = !s.empty() && s.back() == '%' && s.find('%') == s.size() - 1;
+  std::string text;
+  for (char c : s)
+    if (c != '%') text += c;
+  return {std::move(text), percentage};
+}
+
+// One answer that is no tuple or list: equal strings, equal numbers or closed forms, or a percentage x% against
+// x / 100 (25% == 0.25; the sign dropped, 25% == 25 as before). Never x * 100, nor a factor of 100 between two plain
+// numbers (Qwen's grader takes 500 for 5 and 0.05 for 5, which a GSM8K count would get right by mistake).
+inline bool atom_equal(std::string_view a, std::string_view b) {
+  const percent_split pa = split_percent(a), pb = split_percent(b);
+  if (pa.text == pb.text || numbers_equal(pa.text, pb.text)) return true;
+  if (pa.percentage == pb.percentage) return false;
+  const auto x = number_value(pa.percentage ? pa.text : pb.text), y = number_value(pa.percentage ? pb.text : pa.text);
+  return x && y && values_equal(*x / 100, *y);
+}
+
+// The length of the bracket at s[i] and its direction in `delta` (+1 opening, -1 closing, 0 neither): "(", "[", "{",
+// "\{", "\langle" open; ")", "]", "}", "\}", "\rangle" close. A row break "\\" and other commands are skipped whole.
+inline std::size_t bracket_at(std::string_view s, std::size_t i, int& delta) {
+  delta = 0;
+  const char c = s[i];
+  if (c == '\\' && i + 1 < s.size()) {
+    const char next = s[i + 1];
+    if (next == '{' || next == '}') delta = next == '{' ? 1 : -1;
+    if (command_at(s, i, "\\langle") || command_at(s, i, "\\rangle")) {
+      delta = s[i + 1] == 'l' ? 1 : -1;
+      return 7;
+    }
+    std::size_t end = i + 1;
+    while (end < s.size() && std::isalpha(static_cast<unsigned char>(s[end]))) ++end;
+    return end == i + 1 ? 2 : end - i;
+  }
+  if (c == '(' || c == '[' || c == '{') delta = 1;
+  else if (c == ')' || c == ']' || c == '}') delta = -1;
+  return 1;
+}
+
+// `s` cut at every `separator` outside all brackets ("," "&" "\\" "\cup").
+inline std::vector<std::string_view> split_top(std::string_view s, std::string_view separator) {
+  std::vector<std::string_view> parts;
+  int depth = 0;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < s.size();) {
+    const bool command = separator[0] == '\\' && separator != "\\\\";
+    if (depth == 0 && (command ? command_at(s, i, separator) : s.substr(i, separator.size()) == separator)) {
+      parts.push_back(s.substr(start, i - start));
+      i += separator.size();
+      start = i;
+      continue;
+    }
+    int delta = 0;
+    i += bracket_at(s, i, delta);
+    depth += delta;
+  }
+  parts.push_back(s.substr(start));
+  return parts;
+}
+
+// A normalised answer made of parts: a matrix (\begin{pmatrix} or {bmatrix}, rows by "\\", cells by "&"), a tuple,
+// interval, set or vector with at least two entries ("(1,2)", "[0,1)", "\{1,2\}", "\langle1,2\rangle"), a list
+// without brackets ("1,2"), or a union of sets ("(0,1)\cup(2,3)"). `kind` names the brackets, which must agree.
+struct structure {
+  std::string kind;
+  std::vector<std::string_view> items;
+  std::vector<std::size_t> row_sizes;  // a matrix's
+};
+inline std::optional<structure> split_structure(std::string_view s) {
+  for (std::string_view env : {"pmatrix", "bmatrix"}) {
+    const std::string begin = "\\begin{" + std::string(env) + "}";
+    if (s.substr(0, begin.size()) != begin) continue;
+    for (std::string_view end_env : {"pmatrix", "bmatrix"}) {
+      const std::string end = "\\end{" + std::string(end_env) + "}";
+      if (s.size() < begin.size() + end.size() || s.substr(s.size() - end.size()) != end) continue;
+      const std::string_view inner = s.substr(begin.size(), s.size() - begin.size() - end.size());
+      if (inner.find("\\end{") != std::string_view::npos) return std::nullopt;  // not one matrix
+      structure m{"matrix", {}, {}};
+      for (std::string_view row : split_top(inner, "\\\\")) {
+        if (row.empty()) continue;  // a trailing "\\"
+        const auto cells = split_top(row, "&");
+        m.items.insert(m.items.end(), cells.begin(), cells.end());
+        m.row_sizes.push_back(cells.size());
+      }
+      return m;
+    }
+  }
+  // Brackets around the whole answer: the one that opens at 0 closes at the end.
+  int delta = 0;
+  if (!s.empty()) {
+    const std::size_t open = bracket_at(s, 0, delta);
+    const std::string_view opener = s.substr(0, open);
+    if (delta == 1 && opener != "{") {
+      int depth = 0;
+      std::size_t i = 0, closer = 0;
+      for (; i < s.size(); i += closer) {
+        closer = bracket_at(s, i, delta);
+        depth += delta;
+        if (depth == 0) break;
+      }
+      if (i + closer == s.size()) {
+        const std::string_view close = s.substr(i);
+        const bool interval = (opener == "(" || opener == "[") && (close == ")" || close == "]");
+        const bool pair = (opener == "\\{" && close == "\\}") || (opener == "\\langle" && close == "\\rangle");
+        auto items = split_top(s.substr(open, i - open), ",");
+        if ((interval || pair) && items.size() >= 2)
+          return structure{std::string(opener) + std::string(close), std::move(items), {}};
+      }
+    }
+  }
+  if (auto items = split_top(s, ","); items.size() >= 2) return structure{",", items, {}};
+  if (auto parts = split_top(s, "\\cup"); parts.size() >= 2) return structure{"\\cup", parts, {}};
+  return std::nullopt;
+}
+
+// Two normalised answers: equal strings; else, when both are made of parts of the same kind and shape, part by part
+// in order (as Qwen's compare_lists, but with the brackets checked); else as one answer (atom_equal).
+inline bool answers_equal(std::string_view a, std::string_view b, int depth = 0) {
+  if (a == b) return true;
+  if (depth < max_brace_depth) {
+    const auto sa = split_structure(a), sb = split_structure(b);
+    if (sa && sb) {
+      if (sa->kind != sb->kind || sa->items.size() != sb->items.size() || sa->row_sizes != sb->row_sizes) return false;
+      for (std::size_t i = 0; i < sa->items.size(); ++i)
+        if (!answers_equal(sa->items[i], sb->items[i], depth + 1)) return false;
+      return true;
+    }
+  }
+  return atom_equal(a, b);
 }
 
 // A multiple-choice answer, normalised: "(A)5" is the letter A with the value 5; "(A)" and "A" a letter alone.
@@ -465,16 +851,15 @@ inline std::optional<choice> split_choice(const std::string& s) {
   return std::nullopt;
 }
 
-inline bool plain_equal(const std::string& a, const std::string& b) { return a == b || numbers_equal(a, b); }
-
 // "(A) 5" is right against 5, A and (A), wrong against 6, B and (B) 5; a letter alone says nothing of the value.
 inline bool choices_equal(const std::string& a, const std::string& b) {
   const auto ca = split_choice(a), cb = split_choice(b);
   if (ca && cb)
-    return ca->letter == cb->letter && (ca->value.empty() || cb->value.empty() || plain_equal(ca->value, cb->value));
+    return ca->letter == cb->letter &&
+           (ca->value.empty() || cb->value.empty() || answers_equal(ca->value, cb->value));
   if (!ca && !cb) return false;
   const choice& c = ca ? *ca : *cb;
-  return !c.value.empty() && plain_equal(c.value, ca ? b : a);
+  return !c.value.empty() && answers_equal(c.value, ca ? b : a);
 }
 
 }  // namespace detail
@@ -539,7 +924,11 @@ inline std::optional<std::string> extract_math_answer(std::string_view text) {
   return extract_hash_answer(text);
 }
 
-inline std::string normalize_math_answer(std::string_view answer) {
+namespace detail {
+
+// normalize_math_answer's work, but a percent sign ("\%" or "%") is kept as "%", for math_answers_equal to read
+// 25% as 25 or 0.25.
+inline std::string normalize_keeping_percent(std::string_view answer) {
   std::string s(detail::trim(answer));
   // Wrappers whose content is the answer (\text{...} below, once the spacing is gone).
   for (std::string_view cmd : {"\\boxed", "\\textbf", "\\mathrm", "\\mathbf"}) detail::unwrap_command(s, cmd, true);
@@ -548,8 +937,7 @@ inline std::string normalize_math_answer(std::string_view answer) {
   detail::replace_all(s, "{,}", ",");  // LaTeX's thousands separator: "1{,}000"
   detail::replace_all(s, "\xE2\x88\x92", "-");  // U+2212 MINUS SIGN, as models and web text write it
   for (std::string_view degrees : {"^{\\circ}", "^\\circ", "\\circ", "\xC2\xB0", "\\degree"}) detail::replace_all(s, degrees, "");
-  detail::replace_all(s, "\\%", "");
-  detail::replace_all(s, "%", "");
+  detail::replace_all(s, "\\%", "%");
   detail::replace_all(s, "\\dfrac", "\\frac");
   detail::replace_all(s, "\\tfrac", "\\frac");
   s = detail::replace_spacing(s);
@@ -563,13 +951,17 @@ inline std::string normalize_math_answer(std::string_view answer) {
                       std::isalpha(static_cast<unsigned char>(lhs[0] == '\\' && lhs.size() > 1 ? lhs[1] : lhs[0]));
     if (name) s = std::string(detail::trim(std::string_view(s).substr(eq + 1)));
   }
+  std::string_view words = detail::trim(s);  // "Twenty-one." -> "21"
+  while (!words.empty() && words.back() == '.') words.remove_suffix(1);
+  if (const auto n = detail::number_words(words)) s = std::to_string(*n);
   s = detail::brace_arguments(s);
   if (auto mixed = detail::mixed_number(s)) s = std::move(*mixed);
   std::string compact;
   for (char c : s)
     if (!detail::is_space(c)) compact += c;
   while (!compact.empty() && compact.back() == '.') compact.pop_back();
-  if (detail::has_thousands_separators(compact)) {
+  const bool percent = !compact.empty() && compact.back() == '%';
+  if (detail::has_thousands_separators(std::string_view(compact).substr(0, compact.size() - percent))) {
     std::string plain;
     for (char c : compact)
       if (c != ',') plain += c;
@@ -578,15 +970,26 @@ inline std::string normalize_math_answer(std::string_view answer) {
   return compact;
 }
 
+}  // namespace detail
+
+inline std::string normalize_math_answer(std::string_view answer) {
+  std::string s = detail::normalize_keeping_percent(answer);
+  s.erase(std::remove(s.begin(), s.end(), '%'), s.end());
+  return s;
+}
+
 // The normalised answer as a number when it is one (integer, decimal, a/b, \frac{a}{b}).
 inline std::optional<long double> math_answer_value(std::string_view answer) {
   return detail::parse_number(normalize_math_answer(answer));
 }
 
+// The model's answer against the reference, both normalised: equal strings, numbers and closed forms of numbers
+// (within numeric_relative_tolerance, whole numbers exactly), a percentage against its / 100, tuples, intervals and
+// lists part by part, choices by letter and value. Rules and examples: docs/accuracy.md, "Grading rules of math".
 inline bool math_answers_equal(std::string_view a, std::string_view b) {
-  const std::string na = normalize_math_answer(a), nb = normalize_math_answer(b);
-  if (na.empty() || nb.empty()) return false;
-  return detail::plain_equal(na, nb) || detail::choices_equal(na, nb);
+  const std::string na = detail::normalize_keeping_percent(a), nb = detail::normalize_keeping_percent(b);
+  if (na.find_first_not_of('%') == std::string::npos || nb.find_first_not_of('%') == std::string::npos) return false;
+  return detail::answers_equal(na, nb) || detail::choices_equal(na, nb);
 }
 
 }  // namespace zipage::eval
