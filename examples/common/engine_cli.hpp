@@ -465,7 +465,10 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
     print_linear_weights(o, backend);
     // The engine stops at every end-of-sequence id of the config (eos and extra_eos); the tokenizer's
     // own EOS ends a turn too (e.g. Qwen3's <|im_end|>).
-    if (tokenizer.eos() >= 0 && tokenizer.eos() != model.config().eos) o.end_of_turn_ids.push_back(tokenizer.eos());
+    if (tokenizer.eos() >= 0 && tokenizer.eos() != model.config().eos) {
+      o.end_of_turn_ids.push_back(tokenizer.eos());
+      o.engine.tokenizer_eos = tokenizer.eos();  // the EOS without a stop_reason, as vLLM's (engine_config)
+    }
     o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
     return build_engine(o, std::move(model), backend, model_text{.bpe = &tokenizer}, f);
   }

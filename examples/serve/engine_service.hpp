@@ -10,9 +10,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -32,12 +32,15 @@ struct choice_event {
   zipage::token_id token = -1;
   std::string text;        // the output text this event adds (zipage::step_event::text: stop-string safe)
   std::string token_text;  // the token's own text (for logprobs)
-  float logprob = std::numeric_limits<float>::quiet_NaN();  // when the request asked for logprobs
-  std::vector<zipage::token_logprob> top_logprobs;           // when it asked for top_logprobs > 0
+  // When the request asked for logprobs (a row with no finite logit gives NaN: written as -9999, never dropped).
+  std::optional<float> logprob;
+  std::vector<zipage::token_logprob> top_logprobs;  // when it asked for top_logprobs > 0
   bool finished = false;
-  // On the last event: "stop", "length", "cancelled" or "error", the complete output text (stop strings
+  // On the last event: "stop", "length", "cancelled" or "error", vLLM's stop_reason (the engine's: the stop
+  // token's id or the stop string, none for the model's EOS or length), the complete output text (stop strings
   // cut, as the engine cuts them) and the number of generated tokens.
   std::string finish_reason;
+  zipage::stopped_by stop_reason;
   std::string error;
   std::string final_text;
   int completion_tokens = 0;
@@ -126,7 +129,7 @@ class engine_driver {
   virtual std::vector<zipage::step_event> step() = 0;
   virtual bool has_unfinished() const = 0;
   virtual zipage::request_output take(zipage::request_id id) = 0;
-  virtual float last_logprob(zipage::request_id id) const = 0;
+  virtual std::optional<float> last_logprob(zipage::request_id id) const = 0;
   virtual std::vector<zipage::token_logprob> last_top_logprobs(zipage::request_id id) const = 0;
   virtual zipage::engine_stats stats() const = 0;
 };
@@ -142,9 +145,9 @@ class driver_for final : public engine_driver {
   std::vector<zipage::step_event> step() override { return eng_.step(); }
   bool has_unfinished() const override { return eng_.has_unfinished(); }
   zipage::request_output take(zipage::request_id id) override { return eng_.take_output(id); }
-  float last_logprob(zipage::request_id id) const override {
+  std::optional<float> last_logprob(zipage::request_id id) const override {
     const auto& lp = eng_.request(id).logprobs;
-    return lp.empty() ? std::numeric_limits<float>::quiet_NaN() : lp.back();
+    return lp.empty() ? std::nullopt : std::optional<float>(lp.back());
   }
   std::vector<zipage::token_logprob> last_top_logprobs(zipage::request_id id) const override {
     const auto& top = eng_.request(id).top_logprobs;
@@ -409,6 +412,7 @@ class engine_service {
       e.finished = true;
       e.final_text = out.text;
       e.completion_tokens = static_cast<int>(out.output.size());
+      e.stop_reason = out.stop_reason;
       switch (out.reason) {
         case zipage::finish_reason::length: e.finish_reason = "length"; break;
         case zipage::finish_reason::error:

@@ -31,6 +31,7 @@
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
+#include <variant>
 
 #include "hangup_watch.hpp"
 #include "zipage/core/json.hpp"
@@ -814,6 +815,7 @@ struct choice_state {
   bool role_sent = false;
   bool reported = false;  // its end has been sent (streaming)
   std::string finish_reason, error;
+  zipage::stopped_by stop_reason;  // the engine's (vLLM's stop_reason), once finished
   int completion_tokens = 0;
   std::vector<logprob_entry> logprobs;  // not yet sent
   std::optional<zipage::reasoning_stream> reasoning;  // --reasoning-parser, streaming
@@ -835,8 +837,27 @@ json tool_call_json(const std::string& response_id, std::size_t k, const zipage:
           {"function", {{"name", call.name}, {"arguments", std::move(arguments)}}}};
 }
 
-// JSON numbers cannot be -inf or NaN: a token the model rules out gets -9999, as OpenAI and vLLM report it.
+// JSON numbers cannot be -inf or NaN: a token the model rules out gets -9999, as OpenAI and vLLM report it, and
+// so does every token of a logits row with no finite value (NaN: the entry is kept, the lists stay as long as
+// the tokens).
 double json_logprob(float lp) { return std::isnan(lp) || lp < -9999.0f ? -9999.0 : static_cast<double>(lp); }
+
+// vLLM's stop_reason: the stop token's id, the stop string, or null (the model's EOS, length).
+json stop_reason_json(const zipage::stopped_by& r) {
+  if (const auto* id = std::get_if<zipage::token_id>(&r)) return *id;
+  if (const auto* text = std::get_if<std::string>(&r)) return *text;
+  return nullptr;
+}
+
+// A streamed chat chunk's choices: choice i with `delta`, vLLM's fields in OpenAI's order (finish_reason and
+// stop_reason null but in the last chunk).
+json chat_delta(std::size_t i, json delta, json lp, json finish_reason = nullptr, json stop_reason = nullptr) {
+  return json::array({{{"index", i},
+                       {"delta", std::move(delta)},
+                       {"logprobs", std::move(lp)},
+                       {"finish_reason", std::move(finish_reason)},
+                       {"stop_reason", std::move(stop_reason)}}});
+}
 
 // A token's own text (its bytes; possibly part of a UTF-8 character), for the alternatives.
 std::string token_piece(const zipage_cli::model_text* text, zipage::token_id id) {
@@ -909,13 +930,14 @@ struct generation {
     auto& c = choices[static_cast<std::size_t>(e.choice)];
     if (!e.finished || e.finish_reason == "stop" || e.finish_reason == "length") {
       c.text += e.text;
-      if (req.logprobs && !std::isnan(e.logprob))
-        c.logprobs.push_back({e.token_text, e.token, e.logprob, std::move(e.top_logprobs)});
+      if (req.logprobs && e.logprob)
+        c.logprobs.push_back({e.token_text, e.token, *e.logprob, std::move(e.top_logprobs)});
     }
     if (e.finished) {
       c.finished = true;
       c.text = e.final_text;
       c.finish_reason = e.finish_reason;
+      c.stop_reason = e.stop_reason;
       c.error = e.error;
       c.completion_tokens = e.completion_tokens;
       --open;
@@ -971,7 +993,7 @@ struct generation {
       c.logprobs.clear();
       if (req.chat) {
         if (role_due) {
-          emit(chunk(json::array({{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}})));
+          emit(chunk(chat_delta(i, {{"role", "assistant"}, {"content", ""}}, nullptr)));
           c.role_sent = true;
         }
         if (req.split_reasoning) {
@@ -984,7 +1006,7 @@ struct generation {
             d.content += rest.content;
           }
           auto part = [&](const char* key, const std::string& text) {
-            emit(chunk(json::array({{{"index", i}, {"delta", {{key, text}}}, {"logprobs", lp}, {"finish_reason", nullptr}}})));
+            emit(chunk(chat_delta(i, {{key, text}}, lp)));
             lp = nullptr;  // the step's logprobs go with the first part
           };
           if (!d.reasoning.empty()) part("reasoning_content", d.reasoning);
@@ -992,14 +1014,14 @@ struct generation {
         } else if (!delta.empty() || !lp.is_null() || (c.finished && req.parse_tool_calls)) {
           const std::string content = tool_content(c, delta);
           if (!content.empty() || !lp.is_null())
-            emit(chunk(json::array({{{"index", i}, {"delta", {{"content", content}}}, {"logprobs", lp}, {"finish_reason", nullptr}}})));
+            emit(chunk(chat_delta(i, {{"content", content}}, lp)));
         }
         std::string finish_reason = c.finish_reason;
         if (c.finished && req.parse_tool_calls) {
           // The answer's end: held text that turned out not to be calls goes out as content, calls as one delta.
           auto end = c.tool_calls ? c.tool_calls->finish() : zipage::tool_call_stream::ending{};
           if (!end.content.empty())
-            emit(chunk(json::array({{{"index", i}, {"delta", {{"content", end.content}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}})));
+            emit(chunk(chat_delta(i, {{"content", end.content}}, nullptr)));
           if (!end.calls.empty()) {
             json calls = json::array();
             for (std::size_t k = 0; k < end.calls.size(); ++k) {
@@ -1007,17 +1029,18 @@ struct generation {
               call["index"] = k;
               calls.push_back(std::move(call));
             }
-            emit(chunk(json::array({{{"index", i}, {"delta", {{"tool_calls", std::move(calls)}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}})));
+            emit(chunk(chat_delta(i, {{"tool_calls", std::move(calls)}}, nullptr)));
             if (finish_reason == "stop") finish_reason = "tool_calls";
           }
         }
         if (c.finished)
-          emit(chunk(json::array({{{"index", i}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", finish_reason}}})));
+          emit(chunk(chat_delta(i, json::object(), nullptr, finish_reason, stop_reason_json(c.stop_reason))));
       } else if (!delta.empty() || !lp.is_null() || c.finished) {
         emit(chunk(json::array({{{"index", i},
                                  {"text", delta},
                                  {"logprobs", lp},
-                                 {"finish_reason", c.finished ? json(c.finish_reason) : json(nullptr)}}})));
+                                 {"finish_reason", c.finished ? json(c.finish_reason) : json(nullptr)},
+                                 {"stop_reason", c.finished ? stop_reason_json(c.stop_reason) : json(nullptr)}}})));
       }
       c.sent = upto;
       c.reported = c.finished;
@@ -1058,10 +1081,18 @@ struct generation {
             if (finish_reason == "stop") finish_reason = "tool_calls";
           }
         }
-        list.push_back({{"index", i}, {"message", std::move(message)}, {"logprobs", lp}, {"finish_reason", finish_reason}});
+        list.push_back({{"index", i},
+                        {"message", std::move(message)},
+                        {"logprobs", lp},
+                        {"finish_reason", finish_reason},
+                        {"stop_reason", stop_reason_json(c.stop_reason)}});
+      } else {
+        list.push_back({{"index", i},
+                        {"text", c.text},
+                        {"logprobs", lp},
+                        {"finish_reason", c.finish_reason},
+                        {"stop_reason", stop_reason_json(c.stop_reason)}});
       }
-      else
-        list.push_back({{"index", i}, {"text", c.text}, {"logprobs", lp}, {"finish_reason", c.finish_reason}});
     }
     return {{"id", id},
             {"object", req.chat ? "chat.completion" : "text_completion"},

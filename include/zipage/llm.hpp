@@ -75,6 +75,7 @@ struct completion {
   std::string text{};                  // the generated text (a stop string and what follows it cut off)
   std::vector<token_id> token_ids{};   // the generated tokens
   finish_reason reason = finish_reason::none;  // eos, length, stop_string, stop_token; error or cancelled
+  stopped_by stop_reason{};            // vLLM's: the stop token id or stop string that ended it (sequence.hpp)
   std::string error{};                 // why, when reason == finish_reason::error
   std::vector<float> logprobs{};       // with sampling_params::logprobs: each generated token's
   std::vector<std::vector<token_logprob>> top_logprobs{};  // with sampling_params::top_logprobs: per token, best first
@@ -155,6 +156,7 @@ inline completion to_completion(request_output&& out, std::string prompt) {
   c.text = std::move(out.text);
   c.token_ids = std::move(out.output);
   c.reason = out.reason;
+  c.stop_reason = std::move(out.stop_reason);
   c.error = std::move(out.error_message);
   c.logprobs = std::move(out.logprobs);
   c.top_logprobs = std::move(out.top_logprobs);
@@ -300,6 +302,7 @@ llm_parts load_llm(const std::filesystem::path& path, const engine_config& optio
   parts.spm = std::move(loaded.spm);
   parts.bpe = std::move(loaded.bpe);
   engine_config cfg = options;
+  if (!parts.stop_token_ids.empty()) cfg.tokenizer_eos = parts.stop_token_ids.front();  // its EOS: no stop_reason
   cfg.make_detokenizer = parts.bpe ? decltype(cfg.make_detokenizer)(detokenizer_factory(*parts.bpe))
                                    : decltype(cfg.make_detokenizer)(detokenizer_factory(*parts.spm));
   if constexpr (requires { backend.memory_info(); }) {

@@ -2,7 +2,7 @@
 // wrong method, a request larger than the whole queue, flags at the top of their ranges, Prometheus label
 // escaping, --seed, the chat-template fields add_generation_prompt / continue_final_message / the developer
 // role / tool calls and tools, and --reasoning-parser (on the random Qwen3 checkpoint, which has Qwen3's template),
-// and a generation_config.json's top_k -1 and max_new_tokens.
+// a generation_config.json's top_k -1 and max_new_tokens, vLLM's stop_reason, and logprobs of NaN logits rows.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -478,6 +478,12 @@ await run('serve_http_ignore_eos', async (servers) => {
   // A stop id the request names still stops it under ignore_eos.
   const named = await complete({ ignore_eos: true, stop_token_ids: [151645] });
   assert.equal(named.json.usage.completion_tokens, 1);
+  // vLLM's stop_reason: null for the model's own EOS (vLLM's eos_token_id is the tokenizer's, <|im_end|> here,
+  // although it is not the config's), null for length; the id when the request names it under ignore_eos.
+  assert.ok('stop_reason' in stops.json.choices[0], stops.text);
+  assert.equal(stops.json.choices[0].stop_reason, null);
+  assert.equal(past.json.choices[0].stop_reason, null);
+  assert.equal(named.json.choices[0].stop_reason, 151645);
 });
 
 await run('serve_http_stop_token_text', async (servers) => {
@@ -516,6 +522,111 @@ await run('serve_http_stop_token_text', async (servers) => {
   // A stop string stays in the text with include_stop_str_in_output (vLLM's), what follows it cut.
   const kept = await complete({ stop: ['ittle'], include_stop_str_in_output: true });
   assert.equal(kept.json.choices[0].text, whole.json.choices[0].text.slice(0, at + ' little'.length));
+});
+
+// The parsed data chunks of a streamed request.
+async function streamChunks(base, route, body) {
+  const res = await fetch(`${base}${route}`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ ...body, stream: true }) });
+  assert.equal(res.status, 200);
+  const chunks = [];
+  for (const line of (await res.text()).split('\n'))
+    if (line.startsWith('data: {')) chunks.push(JSON.parse(line.slice(6)));
+  return chunks;
+}
+
+await run('serve_http_stop_reason', async (servers) => {
+  // vLLM's stop_reason on every choice, completions and chat: the stop string or the stop token id that ended it,
+  // null for length (and for the model's EOS: serve_http_ignore_eos). Streamed, every choice of every chunk has
+  // it, null but in the chunk with the finish_reason. The field was missing.
+  const server = await startServer(['--chat-template', 'plain']);
+  servers.push(server);
+  const base = server.base;
+  const little = await post(base, '/tokenize', { prompt: 'little', add_special_tokens: false });
+  assert.equal(little.json.count, 1, little.text);
+  const cases = [
+    { extra: { max_tokens: 5 }, finish: 'length', want: null },
+    { extra: { max_tokens: 100, stop: ['no such text', 'Lily'] }, finish: 'stop', want: 'Lily' },
+    { extra: { max_tokens: 12, stop_token_ids: little.json.tokens }, finish: 'stop', want: little.json.tokens[0] },
+  ];
+  const requests = [
+    ['/v1/completions', { prompt: 'Once upon a time' }],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: 'Once upon a time' }] }],
+  ];
+  for (const { extra, finish, want } of cases) {
+    for (const [route, input] of requests) {
+      const body = { ...input, temperature: 0, ...extra };
+      const what = `${route} ${JSON.stringify(extra)}`;
+      const r = await post(base, route, body);
+      assert.equal(r.status, 200, r.text);
+      const choice = r.json.choices[0];
+      assert.equal(choice.finish_reason, finish, what);
+      assert.ok('stop_reason' in choice, `${what}: ${r.text}`);
+      assert.equal(choice.stop_reason, want, what);
+      // vLLM's field order: ..., finish_reason, stop_reason.
+      const keys = Object.keys(choice);
+      assert.equal(keys.indexOf('stop_reason'), keys.indexOf('finish_reason') + 1, what);
+      const chunks = await streamChunks(base, route, body);
+      const choices = chunks.flatMap((c) => c.choices);
+      assert.ok(choices.every((c) => 'stop_reason' in c), `${what}: ${JSON.stringify(chunks)}`);
+      const last = choices.filter((c) => c.finish_reason !== null);
+      assert.equal(last.length, 1, what);
+      assert.equal(last[0].finish_reason, finish, what);
+      assert.equal(last[0].stop_reason, want, what);
+      assert.ok(choices.filter((c) => c.finish_reason === null).every((c) => c.stop_reason === null), what);
+    }
+  }
+});
+
+await run('serve_http_nan_logprobs', async (servers) => {
+  // A checkpoint whose every logits row is NaN (its final norm's weights are NaN): each sampled token's
+  // log-probability is NaN. Such entries were dropped, so the logprobs lists were shorter than the tokens; every
+  // token now has its entry, the NaN written as -9999 (as vLLM clamps logprobs), so the JSON stays valid.
+  const model = process.env.ZIPAGE_SERVE_CHAT_MODEL;
+  assert.ok(model, 'ZIPAGE_SERVE_CHAT_MODEL is not set');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'zipage-nan-logits-'));
+  try {
+    for (const f of fs.readdirSync(model)) fs.copyFileSync(path.join(model, f), path.join(dir, f));
+    // model.safetensors: an 8-byte header length, the JSON header, then the tensors' bytes.
+    const file = path.join(dir, 'model.safetensors');
+    const bytes = fs.readFileSync(file);
+    const n = Number(bytes.readBigUInt64LE(0));
+    const norm = JSON.parse(bytes.subarray(8, 8 + n).toString())['model.norm.weight'];
+    assert.equal(norm.dtype, 'BF16');
+    for (let at = 8 + n + norm.data_offsets[0]; at < 8 + n + norm.data_offsets[1]; at += 2)
+      bytes.writeUInt16LE(0x7fc0, at);  // a BF16 NaN
+    fs.writeFileSync(file, bytes);
+    const server = await startServer(['--model', dir]);
+    servers.push(server);
+    const tokens = 4;
+    const sampling = { max_tokens: tokens, temperature: 0, ignore_eos: true };
+    const all9999 = (values) => values.length > 0 && values.every((v) => v === -9999);
+
+    const c = await post(server.base, '/v1/completions', { prompt: 'hi', logprobs: 2, ...sampling });
+    assert.equal(c.status, 200, c.text);
+    assert.equal(c.json.usage.completion_tokens, tokens);
+    const lp = c.json.choices[0].logprobs;
+    for (const key of ['tokens', 'token_logprobs', 'top_logprobs', 'text_offset'])
+      assert.equal(lp[key].length, tokens, `${key}: ${c.text}`);
+    assert.ok(all9999(lp.token_logprobs), c.text);
+    assert.ok(lp.top_logprobs.every((top) => all9999(Object.values(top))), c.text);
+
+    const messages = [{ role: 'user', content: 'hi' }];
+    const chat = await post(server.base, '/v1/chat/completions',
+                            { messages, logprobs: true, top_logprobs: 2, ...sampling });
+    assert.equal(chat.status, 200, chat.text);
+    const content = chat.json.choices[0].logprobs.content;
+    assert.equal(content.length, tokens, chat.text);
+    assert.ok(all9999(content.map((e) => e.logprob)), chat.text);
+    assert.ok(content.every((e) => e.top_logprobs.length === 2 && all9999(e.top_logprobs.map((t) => t.logprob))));
+
+    const chunks = await streamChunks(server.base, '/v1/completions', { prompt: 'hi', logprobs: 0, ...sampling });
+    const streamed = chunks.flatMap((ch) => ch.choices).flatMap((ch) => ch.logprobs?.token_logprobs ?? []);
+    assert.equal(streamed.length, tokens, JSON.stringify(chunks));
+    assert.ok(all9999(streamed));
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 await run('serve_http_generation_config', async (servers) => {

@@ -104,6 +104,7 @@ TEST_CASE("llm: a GGUF file by path, text in, text out, tokens and finish reason
   CHECK(out[0].text.rfind(story, 0) == 0);
   CHECK(out[0].token_ids.size() == 30);
   CHECK(out[0].reason == finish_reason::length);
+  CHECK(out[0].stop_reason == stopped_by{});  // vLLM's stop_reason: none for length
   CHECK(out[0].ok());
   CHECK(out[1].text == out[0].text);
   CHECK(l.decode(out[0].token_ids) == out[0].text);
@@ -112,6 +113,7 @@ TEST_CASE("llm: a GGUF file by path, text in, text out, tokens and finish reason
   // Stop strings work: the detokenizer is wired in.
   const auto stopped = l.generate({"Once upon a time"}, {.temperature = 0.0f, .max_tokens = 100, .stop = {"Lily"}});
   CHECK(stopped[0].reason == finish_reason::stop_string);
+  CHECK(stopped[0].stop_reason == stopped_by(std::string("Lily")));  // the stop string that matched
   CHECK(stopped[0].text == ", there was a little girl named ");
   CHECK(l.stats().waiting == 0);
   CHECK(l.stats().blocks_in_use == 0);
@@ -236,6 +238,7 @@ TEST_CASE("llm: a stop token's text is left out of the output, as vLLM, unless i
     std::string streamed;
     const auto out = l.generate({"Once upon a time"}, p, [&](const stream_piece& piece) { streamed += piece.text; })[0];
     CHECK(out.reason == finish_reason::stop_token);
+    CHECK(out.stop_reason == stopped_by(whole.token_ids[k]));  // vLLM's stop_reason: the stop token's id
     CHECK(out.token_ids == with);  // the stop token's id stays in the output tokens
     CHECK(out.text == l.decode(include ? with : before));
     CHECK(streamed == out.text);  // nor is it streamed
@@ -322,6 +325,8 @@ TEST_CASE("llm: ignore_eos also ignores the tokenizer's end of turn that llm add
   const auto stops = l.generate({"Hello"}, {.temperature = 0.0f, .max_tokens = 4})[0];
   CHECK(stops.reason == finish_reason::stop_token);
   CHECK(stops.token_ids == std::vector<token_id>{151645});
+  // The tokenizer's EOS is the model's own to vLLM (its eos_token_id): no stop_reason, as for the config's eos.
+  CHECK(stops.stop_reason == stopped_by{});
   // ignore_eos keeps generating past it (it stopped after one token), from the defaults too.
   const auto past = l.generate({"Hello"}, {.temperature = 0.0f, .max_tokens = 4, .ignore_eos = true})[0];
   CHECK(past.reason == finish_reason::length);
@@ -334,6 +339,7 @@ TEST_CASE("llm: ignore_eos also ignores the tokenizer's end of turn that llm add
   const auto named = l.generate({"Hello"}, {.temperature = 0.0f, .max_tokens = 4, .ignore_eos = true,
                                             .stop_token_ids = {151645}})[0];
   CHECK(named.reason == finish_reason::stop_token);
+  CHECK(named.stop_reason == stopped_by(token_id{151645}));  // named by the caller under ignore_eos: its id
 }
 
 TEST_CASE("llm: a request whose compression fails ends the stream with an error instead of hanging") {

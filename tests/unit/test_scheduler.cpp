@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
+#include <variant>
 #include <vector>
 
 #include "zipage/scheduler/scheduler.hpp"
@@ -735,4 +737,51 @@ TEST_CASE("update: lengths and tokens advance, requests stop by the stop rules, 
   CHECK(ignore->num_tokens() == 40);
   CHECK(ignore->is_compressed());
   CHECK(f.pool.num_used() == 0);
+}
+
+TEST_CASE("update: stop_reason is vLLM's: the stop token's id or the stop string; none for the model's EOS or length") {
+  // EOS 3, an extra end-of-turn 4. Each request stops on its first sampled token.
+  for (const token_id default_eos : {-1, 4}) {
+    CAPTURE(default_eos);
+    scheduler_config cfg{.max_num_seqs = 8, .max_batched_tokens = 64, .geometry = {.block_size = 4}};
+    cfg.stop = {3, {4}, 0, default_eos};  // default_eos 4: the tokenizer's EOS is the extra id, not the config's
+    fixture f(100, cfg);
+    sequence* eos = f.add(3);
+    sequence* extra = f.add(3);
+    sequence* stop_token = f.add(3);
+    sequence* stop_string = f.add(3);
+    sequence* max_tokens = f.add(3);
+    sequence* named_eos = f.add(3);  // ignore_eos, and EOS named as a stop token id: vLLM reports its id
+    sequence* eos_listed = f.add(3);  // EOS also among its stop ids, EOS not ignored: still the model's EOS
+    stop_token->params.stop_token_ids = {5};
+    stop_string->params.stop = {"xy", "z"};
+    max_tokens->params.max_tokens = 1;
+    named_eos->params.ignore_eos = true;
+    named_eos->params.stop_token_ids = {3};
+    eos_listed->params.stop_token_ids = {3, 4};
+    auto plan = f.sched.schedule();
+    REQUIRE(plan.batch.size() == 7);
+    step_output out;
+    out.sampled = {{3, false}, {4, false}, {5, false}, {6, true, "z"}, {7, false}, {3, false}, {3, false}};
+    CHECK(f.sched.update(plan, out).empty());
+    // As the server writes it: the id, the string in quotes, or null.
+    auto shown = [](const stopped_by& r) -> std::string {
+      if (const auto* id = std::get_if<token_id>(&r)) return std::to_string(*id);
+      if (const auto* text = std::get_if<std::string>(&r)) return '"' + *text + '"';
+      return "null";
+    };
+    const bool tokenizer_eos = default_eos == 4;
+    CHECK(eos->reason == finish_reason::eos);
+    CHECK(shown(eos->stop_reason) == (tokenizer_eos ? "3" : "null"));
+    CHECK(shown(extra->stop_reason) == (tokenizer_eos ? "null" : "4"));
+    CHECK(shown(stop_token->stop_reason) == "5");
+    CHECK(stop_string->reason == finish_reason::stop_string);
+    CHECK(shown(stop_string->stop_reason) == "\"z\"");
+    CHECK(max_tokens->reason == finish_reason::length);
+    CHECK(shown(max_tokens->stop_reason) == "null");
+    CHECK(named_eos->reason == finish_reason::stop_token);
+    CHECK(shown(named_eos->stop_reason) == "3");
+    CHECK(eos_listed->reason == finish_reason::stop_token);
+    CHECK(shown(eos_listed->stop_reason) == (tokenizer_eos ? "3" : "null"));
+  }
 }

@@ -55,6 +55,12 @@ struct engine_config {
   // when prompt + output reach max_context. Set true to opt out, e.g. for compressed long generation, where
   // an evicting policy keeps each request's cache at budget_tokens however long it generates.
   bool allow_beyond_context = false;
+  // The tokenizer's EOS where it is not the model config's eos (a base Qwen3's <|im_end|>), else -1. It is the
+  // EOS vLLM takes as the model's own (its eos_token_id is the tokenizer's): a request ending on it reports no
+  // stop_reason (request_output::stop_reason), and the config's eos then reports its id, as the generation
+  // config's other eos ids do. It stops nothing by itself: the tools and zipage::llm add it to each request's
+  // stop_token_ids (with_end_of_turn).
+  token_id tokenizer_eos = -1;
   // Makes a fresh streaming detokenizer per request, given its prompt (so the first generated piece is
   // spaced as it follows the prompt). Without it, request_output::text and step_event::text stay empty
   // and a request with stop strings is refused: set it to zipage::detokenizer_factory(tokenizer)
@@ -205,7 +211,9 @@ inline void check_request(const std::vector<token_id>& prompt, const sampling_pa
 
 // When a request stops: the model's EOS ids, and its trained context unless allow_beyond_context.
 [[nodiscard]] inline stop_rules stop_rules_for(const model_config& model, const engine_config& cfg) {
-  return {model.eos, model.extra_eos, cfg.allow_beyond_context ? 0 : std::max(0, model.max_context)};
+  check(cfg.tokenizer_eos >= -1 && cfg.tokenizer_eos < model.vocab_size, "engine_config::tokenizer_eos (",
+        cfg.tokenizer_eos, ") is outside the vocabulary of ", model.vocab_size, " (-1 = none)");
+  return {model.eos, model.extra_eos, cfg.allow_beyond_context ? 0 : std::max(0, model.max_context), cfg.tokenizer_eos};
 }
 
 // The KV storage's shape: the pool's blocks, the model's heads and, with an evicting policy, the query-window cache (a

@@ -26,6 +26,7 @@ struct step_event {
   bool finished = false;
   finish_reason reason = finish_reason::none;
   std::string token_text{};  // the text this token completed (may be empty mid-character; no stop string cut)
+  stopped_by stop_reason{};  // on the finishing event: the stop token or stop string, as request_output's
 };
 
 struct request_output {
@@ -34,6 +35,7 @@ struct request_output {
   std::vector<token_id> output;
   std::string text;
   finish_reason reason = finish_reason::none;
+  stopped_by stop_reason{};  // vLLM's stop_reason: the stop token's id or the stop string (sequence.hpp)
   std::string error_message;
   int num_preemptions = 0;
   int num_compressions = 0;
@@ -43,16 +45,17 @@ struct request_output {
 
 // Looks for a stop string that ends in the text added after `old_size`; cuts the output just before it, as
 // vLLM does (the first of params.stop that matches wins), or just after it with include_stop_str_in_output.
-inline bool truncate_at_stop_string(sequence& s, std::size_t old_size) {
+// Returns the stop string that matched, or null.
+inline const std::string* truncate_at_stop_string(sequence& s, std::size_t old_size) {
   for (const std::string& stop : s.params.stop) {
     if (stop.empty()) continue;
     const std::size_t from = old_size >= stop.size() ? old_size - stop.size() + 1 : 0;
     const std::size_t at = s.output_text.find(stop, from);
     if (at == std::string::npos) continue;
     s.output_text.resize(s.params.include_stop_str_in_output ? at + stop.size() : at);
-    return true;
+    return &stop;
   }
-  return false;
+  return nullptr;
 }
 
 // The bytes at the end of the output that a stop string completed by a later token could still cut: one less
@@ -107,9 +110,9 @@ inline std::vector<sampled_token> process_sampled(const step_plan& plan, const s
     // A stop token or EOS ends the request whatever its text, so no stop string is looked for after one.
     const finish_reason by_token = rules.token_reason(s.params, tok);
     if (keeps_token_text(s.params, by_token)) s.output_text += ev.token_text;
-    const bool stop_string = by_token == finish_reason::none && truncate_at_stop_string(s, old_size);
-    ev.text = take_streamable(s, stop_string);
-    out.push_back({tok, stop_string});
+    const std::string* stop = by_token == finish_reason::none ? truncate_at_stop_string(s, old_size) : nullptr;
+    ev.text = take_streamable(s, stop != nullptr);
+    out.push_back({tok, stop != nullptr, stop != nullptr ? *stop : std::string{}});
     events.push_back(std::move(ev));
   }
   return out;
@@ -127,6 +130,7 @@ inline void finish_events(const step_plan& plan, std::vector<step_event>& events
     first = static_cast<std::size_t>(it - events.begin());
     events[first].finished = true;
     events[first].reason = e.seq->reason;
+    events[first].stop_reason = e.seq->stop_reason;
     events[first].text += take_streamable(*e.seq, true);
   }
 }
@@ -139,6 +143,7 @@ inline void finish_events(const step_plan& plan, std::vector<step_event>& events
   out.output.assign(s.tokens.begin() + s.prompt_len, s.tokens.end());
   out.text = s.output_text;
   out.reason = s.reason;
+  out.stop_reason = s.stop_reason;
   out.error_message = s.error_message;
   out.num_preemptions = s.num_preemptions;
   out.num_compressions = s.num_compressions;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "zipage/core/types.hpp"
@@ -32,6 +33,13 @@ enum class finish_reason { none, eos, length, stop_string, stop_token, cancelled
   return "unknown";
 }
 
+// vLLM's stop_reason: what ended a request that stopped before its length, when it was not the model's own EOS.
+// The id of the token that ended it (a sampling_params::stop_token_ids entry, or an EOS id other than the
+// model's default one: stop_rules::default_eos), or the stop string (a sampling_params::stop entry) that
+// matched; none (std::monostate) for the model's EOS, for length, for a cancelled or failed request. Set by
+// the scheduler with finish_reason (stop_rules::stop_reason).
+using stopped_by = std::variant<std::monostate, token_id, std::string>;
+
 // Turns generated tokens into text one token at a time (stateful: holds partial UTF-8 characters).
 using streaming_detokenizer = std::function<std::string(token_id)>;
 
@@ -43,6 +51,7 @@ struct sequence {
 
   request_status status = request_status::waiting;
   finish_reason reason = finish_reason::none;
+  stopped_by stop_reason{};   // which stop token or stop string, when reason says it stopped on one
   std::string error_message;  // set when reason == error
 
   block_table table;

@@ -102,6 +102,7 @@ class scheduler_base {
       s.tokens.push_back(t.token);
       if (const finish_reason reason = cfg_.stop.reason(s, t.token, t.stop_string); reason != finish_reason::none) {
         s.reason = reason;
+        s.stop_reason = cfg_.stop.stop_reason(s.params, t.token, reason, t.stop);
         finish(&s);
       } else if (compression_point(s)) {
         s.needs_compression = true;

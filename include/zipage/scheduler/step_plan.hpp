@@ -33,6 +33,9 @@ struct stop_rules {
   token_id eos = -1;               // the model's end of sequence (unless sampling_params::ignore_eos)
   std::vector<token_id> extra_eos; // further end-of-turn ids
   int max_context = 0;             // a request stops (length) at this many tokens, prompt included; 0 = no limit
+  // The model's own EOS, for stop_reason: ending on it reports none (vLLM's eos_token_id, the tokenizer's);
+  // -1 = eos. engine_config::tokenizer_eos sets it where the tokenizer's EOS is not the config's.
+  token_id default_eos = -1;
 
   [[nodiscard]] bool is_eos(const sampling_params& p, token_id t) const {
     return !p.ignore_eos && (t == eos || std::find(extra_eos.begin(), extra_eos.end(), t) != extra_eos.end());
@@ -51,6 +54,17 @@ struct stop_rules {
     if (s.num_generated() >= s.params.max_tokens || (max_context > 0 && s.num_tokens() >= max_context))
       return finish_reason::length;
     return finish_reason::none;
+  }
+  // vLLM's stop_reason for a request that stopped at t for `r` (reason()): t's id for a stop token or an EOS
+  // other than the model's own (default_eos, or eos), and for the model's own one too where the request ignores
+  // EOS and names it in stop_token_ids (as vLLM checks its eos_token_id only without ignore_eos); `stop`, the
+  // stop string that matched, for stop_string; none otherwise.
+  [[nodiscard]] stopped_by stop_reason(const sampling_params& p, token_id t, finish_reason r,
+                                       const std::string& stop) const {
+    if (r == finish_reason::stop_string) return stop;
+    if (r != finish_reason::eos && r != finish_reason::stop_token) return {};
+    if (t == (default_eos >= 0 ? default_eos : eos) && !p.ignore_eos) return {};
+    return t;
   }
 };
 
@@ -133,10 +147,11 @@ struct step_plan {
 };
 
 // A token sampled for one batch entry, and whether the text it completed ends with a stop string
-// (output processing looked; the output text is already cut before it).
+// (output processing looked; the output text is already cut before it), and which.
 struct sampled_token {
   token_id token = 0;
   bool stop_string = false;
+  std::string stop{};  // the sampling_params::stop entry that matched, when stop_string
 };
 
 // What running a plan produced, for scheduler.update.
