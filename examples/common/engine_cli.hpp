@@ -470,6 +470,7 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
       o.engine.tokenizer_eos = tokenizer.eos();  // the EOS without a stop_reason, as vLLM's (engine_config)
     }
     o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
+    o.engine.encode_words = zipage::words_encoder(tokenizer);
     return build_engine(o, std::move(model), backend, model_text{.bpe = &tokenizer}, f);
   }
   const auto file = zipage::gguf::file::open(o.model);
@@ -483,6 +484,7 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
     auto model = zipage::load_llama_gguf<Backend>(file, backend);
     print_linear_weights(o, backend);
     o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
+    o.engine.encode_words = zipage::words_encoder(tokenizer);
     return build_engine(o, std::move(model), backend, text, f);
   };
   if (zipage::gguf_has_bpe_vocab(file)) {

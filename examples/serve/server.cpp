@@ -275,6 +275,7 @@ class api {
     if (auto v = boolean(body, "include_stop_str_in_output")) p.include_stop_str_in_output = *v;
     zipage_cli::add_end_of_turn(p, eo_);  // the tokenizer's end of turn, unless the request ignores EOS
     reject_unsupported(body, chat);
+    logits_processors(body, p);
 
     // logprobs: each sampled token's log-probability, and the top_logprobs most likely tokens of its step.
     r.text = model_.text;
@@ -316,7 +317,13 @@ class api {
         bad_param(chat ? "messages" : "prompt", "This model's maximum context length is " + std::to_string(ctx) +
                                                     " tokens; the prompt has " + std::to_string(len) + " tokens");
       int mt = 0;
+      const auto min_too_large = [&](long long limit, const std::string& what) {
+        if (p.min_tokens > limit)
+          bad_param("min_tokens", "'min_tokens' (" + std::to_string(p.min_tokens) + ") must not exceed " + what + " (" +
+                                      std::to_string(limit) + ")");
+      };
       if (max_tokens) {
+        min_too_large(*max_tokens, body.contains("max_completion_tokens") ? "'max_completion_tokens'" : "'max_tokens'");
         if (ctx > 0 && len + *max_tokens > ctx)
           bad_param(body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens",
                     "This model's maximum context length is " + std::to_string(ctx) + " tokens. However, you requested " +
@@ -333,6 +340,7 @@ class api {
         const int chat_default = checkpoint ? std::min(*checkpoint, room) : context_default;
         const int api_default = chat ? chat_default : std::min(16, room);
         mt = so_.default_max_tokens > 0 ? std::min(so_.default_max_tokens, room) : api_default;
+        min_too_large(mt, "the default max_tokens");
       }
       for (int j = 0; j < r.n; ++j) {
         job jb;
@@ -402,13 +410,11 @@ class api {
       if (v->is_string()) return !v->get<std::string>().empty();  // (json::empty() is false for any string)
       return !((v->is_object() || v->is_array()) && v->empty());
     };
-    for (const char* key : {"logit_bias", "bad_words", "allowed_token_ids", "functions"})
-      if (non_empty(key)) unsupported(key, "(non-empty)");
+    if (non_empty("functions")) unsupported("functions", "(non-empty)");
     if (!chat && non_empty("tools")) unsupported("tools", "(non-empty) in a completion request");
     for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
                             "prompt_logprobs", "truncate_prompt_tokens"})
       if (field(body, key) != nullptr) unsupported(key, "");
-    if (integer(body, "min_tokens", 0, std::numeric_limits<int>::max()).value_or(0) > 0) unsupported("min_tokens", "above 0");
     if (boolean(body, "use_beam_search").value_or(false)) unsupported("use_beam_search", "true");
     if (!boolean(body, "skip_special_tokens").value_or(true)) unsupported("skip_special_tokens", "false");
     if (const json* rf = field(body, "response_format")) {
@@ -423,6 +429,65 @@ class api {
     if (const json* choice = field(body, "tool_choice");
         choice && !(choice->is_string() && (*choice == "none" || *choice == "auto")))
       unsupported("tool_choice", "other than \"none\" or \"auto\"");
+  }
+
+  // vLLM's logits processors (sampling_params): logit_bias (OpenAI's {"token id": bias}, each bias clamped to
+  // [-100, 100] as vLLM does), allowed_token_ids, bad_words and min_tokens; an id outside the model's vocabulary or
+  // a bad word that encodes to nothing is a 400 naming the field (the engine would refuse them too).
+  void logits_processors(const json& body, zipage::sampling_params& p) const {
+    const auto in_vocab = [&](zipage::token_id id, const char* param) {
+      if (model_.vocab_size > 0 && id >= model_.vocab_size)
+        bad_param(param, std::string("'") + param + "' holds token id " + std::to_string(id) +
+                             ", outside the vocabulary of " + std::to_string(model_.vocab_size) + " tokens");
+      return id;
+    };
+    if (const json* bias = field(body, "logit_bias")) {
+      if (!bias->is_object())
+        bad_param("logit_bias", "'logit_bias' must be an object mapping token ids to biases, got " + got(*bias));
+      for (const auto& [key, value] : bias->items()) {
+        json id;
+        try {
+          std::size_t used = 0;
+          const long long n = std::stoll(key, &used);
+          if (used == key.size()) id = n;
+        } catch (const std::exception&) {
+        }
+        if (id.is_null())
+          bad_param("logit_bias", "'logit_bias' keys must be token ids (integers as strings), got \"" +
+                                      zipage::json::printable(key) + "\"");
+        if (!value.is_number() || !std::isfinite(value.get<double>()))
+          bad_param("logit_bias", "'logit_bias' values must be numbers, got " + got(value) + " for token " + key);
+        const zipage::token_id t = in_vocab(token_of(id, "logit_bias"), "logit_bias");
+        p.logit_bias[t] = static_cast<float>(std::clamp(value.get<double>(), -100.0, 100.0));
+      }
+    }
+    if (const json* ids = field(body, "allowed_token_ids")) {
+      if (!ids->is_array())
+        bad_param("allowed_token_ids", "'allowed_token_ids' must be a list of token ids, got " + got(*ids));
+      if (ids->empty())
+        bad_param("allowed_token_ids", "'allowed_token_ids' must not be empty (no token could be sampled)");
+      std::vector<zipage::token_id> allowed;
+      for (const auto& t : *ids) allowed.push_back(in_vocab(token_of(t, "allowed_token_ids"), "allowed_token_ids"));
+      p.allowed_token_ids = std::move(allowed);
+    }
+    if (const json* words = field(body, "bad_words")) {
+      if (!words->is_array()) bad_param("bad_words", "'bad_words' must be a list of strings, got " + got(*words));
+      for (const auto& w : *words) {
+        if (!w.is_string()) bad_param("bad_words", "'bad_words' must be a list of strings, got " + got(w));
+        if (w.get_ref<const std::string&>().find_first_not_of(" \t\n\r\f\v") == std::string::npos)
+          bad_param("bad_words", "'bad_words' entries must hold more than whitespace, got " + got(w));
+        p.bad_words.push_back(w.get<std::string>());
+      }
+      try {
+        for (const auto& word : zipage::encode_bad_words(p.bad_words, [&](const std::string& text) {
+               return model_.text->encode_templated(text);
+             }))
+          for (zipage::token_id t : word) in_vocab(t, "bad_words");
+      } catch (const zipage::error& e) {
+        bad_param("bad_words", e.what());
+      }
+    }
+    if (auto v = integer(body, "min_tokens", 0, std::numeric_limits<int>::max())) p.min_tokens = static_cast<int>(*v);
   }
 
   std::vector<zipage::token_id> check_tokens(const json& list, const char* param) const {

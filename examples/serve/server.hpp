@@ -42,6 +42,7 @@ struct served_model {
   // with --allow-beyond-context and no --max-model-len)
   int max_context = 0;
   int model_context = 0;  // the model's trained context, reported as max_model_len; 0 = unknown
+  int vocab_size = 0;     // the model's vocabulary (logit_bias / allowed_token_ids ids must be below it); 0 = unknown
   int max_num_seqs = 0;
   std::string memory_line;  // the memory plan and policy, printed at start
 };

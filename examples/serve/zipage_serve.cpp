@@ -102,6 +102,7 @@ int run(options& o) {
     zipage_serve::served_model m;
     m.text = &text;
     m.model_context = eng.config().max_context;
+    m.vocab_size = eng.config().vocab_size;
     // --allow-beyond-context lifts the engine's limit, so the server's too: without --max-model-len a request
     // may run past the model's context (compressed long generation); with it, that length is the limit, even
     // above the model's (as vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN).

@@ -305,6 +305,8 @@ llm_parts load_llm(const std::filesystem::path& path, const engine_config& optio
   if (!parts.stop_token_ids.empty()) cfg.tokenizer_eos = parts.stop_token_ids.front();  // its EOS: no stop_reason
   cfg.make_detokenizer = parts.bpe ? decltype(cfg.make_detokenizer)(detokenizer_factory(*parts.bpe))
                                    : decltype(cfg.make_detokenizer)(detokenizer_factory(*parts.spm));
+  cfg.encode_words = parts.bpe ? decltype(cfg.encode_words)(words_encoder(*parts.bpe))
+                               : decltype(cfg.encode_words)(words_encoder(*parts.spm));
   if constexpr (requires { backend.memory_info(); }) {
     if (cfg.num_blocks == 0 && cfg.gpu_memory_utilization == 0.0) {
       cfg.gpu_memory_utilization = 0.9;

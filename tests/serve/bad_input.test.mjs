@@ -78,14 +78,15 @@ await run('serve_bad_input', async (servers) => {
     [{ prompt: 'x', stop_token_ids: [-1] }, 'stop_token_ids'],
     [{ prompt: 'x', stop_token_ids: [1.5] }, 'stop_token_ids'],
     // Fields that would change the output and are not implemented: refused, not ignored.
-    [{ prompt: 'x', logit_bias: { 5: 100 } }, 'logit_bias'],
-    [{ prompt: 'x', min_tokens: 3 }, 'min_tokens'],
+    [{ prompt: 'x', logit_bias: { 5: 'x' } }, 'logit_bias'],  // (served since 2026-12-06: bad values refused)
+    [{ prompt: 'x', min_tokens: 17 }, 'min_tokens'],  // above the default max_tokens
     [{ prompt: 'x', suffix: ' end' }, 'suffix'],
     [{ prompt: 'x', response_format: { type: 'json_object' } }, 'response_format'],
     [{ prompt: 'x', use_beam_search: true }, 'use_beam_search'],
     [{ prompt: 'x', include_stop_str_in_output: 'yes' }, 'include_stop_str_in_output'],  // (true is served)
     [{ prompt: 'x', guided_json: { type: 'object' } }, 'guided_json'],
-    [{ prompt: 'x', allowed_token_ids: [1, 2] }, 'allowed_token_ids'],
+    [{ prompt: 'x', allowed_token_ids: [] }, 'allowed_token_ids'],
+    [{ prompt: 'x', bad_words: [''] }, 'bad_words'],
     [{ prompt: 'x', prompt_logprobs: 1 }, 'prompt_logprobs'],
   ];
   for (const [body, param] of cases) isErrorObject(await post(base, '/v1/completions', { model: MODEL, ...body }, KEY), 400, param);

@@ -2,7 +2,8 @@
 // wrong method, a request larger than the whole queue, flags at the top of their ranges, Prometheus label
 // escaping, --seed, the chat-template fields add_generation_prompt / continue_final_message / the developer
 // role / tool calls and tools, and --reasoning-parser (on the random Qwen3 checkpoint, which has Qwen3's template),
-// a generation_config.json's top_k -1 and max_new_tokens, vLLM's stop_reason, and logprobs of NaN logits rows.
+// a generation_config.json's top_k -1 and max_new_tokens, vLLM's stop_reason, logprobs of NaN logits rows, and
+// vLLM's logits processors (logit_bias, allowed_token_ids, bad_words, min_tokens).
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -663,4 +664,123 @@ await run('serve_http_generation_config', async (servers) => {
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
   }
+});
+
+await run('serve_http_logits_processors', async (servers) => {
+  // vLLM's logit_bias, allowed_token_ids, bad_words and min_tokens change what is sampled (they were a 400 "not
+  // supported"); bad values are a 400 naming the field. stories260K's greedy text from 'Once upon a time' is
+  // ", there was a little girl named Lily. She loved to play outside in the park. ..."
+  const server = await startServer(['--chat-template', 'plain']);
+  servers.push(server);
+  const base = server.base;
+  const ids = async (text) => (await post(base, '/tokenize', { prompt: text, add_special_tokens: false })).json.tokens;
+  const [there] = await ids('there');
+  const complete = async (extra) => {
+    const body = { prompt: 'Once upon a time', temperature: 0, max_tokens: 12, ...extra };
+    const r = await post(base, '/v1/completions', body);
+    assert.equal(r.status, 200, `${JSON.stringify(extra)}: ${r.text}`);
+    return r.json;
+  };
+  const plain = await complete({});
+  assert.match(plain.choices[0].text, /^, there was a little girl named Lily/);
+
+  // logit_bias: OpenAI's {"token id": bias}, added before greedy's argmax; a bias past 100 is clamped, as vLLM.
+  const banned = await complete({ logit_bias: { [there]: -100 } });
+  assert.doesNotMatch(banned.choices[0].text, /^, there/);
+  for (const bias of [100, 1000]) {
+    const forced = await complete({ logit_bias: { [String(there)]: bias }, max_tokens: 3 });
+    assert.equal(forced.choices[0].text, ' there there there', JSON.stringify(forced));
+  }
+  const messages = [{ role: 'user', content: 'Once upon a time' }];
+  const chat = await post(base, '/v1/chat/completions',
+                          { messages, temperature: 0, max_tokens: 2, logit_bias: { [there]: 100 } });
+  assert.equal(chat.status, 200, chat.text);
+  assert.equal(chat.json.choices[0].message.content, ' there there', chat.text);
+  // The reported log-probabilities stay the model's: the forced token is far from certain under it.
+  const lp = await complete({ logit_bias: { [there]: 100 }, max_tokens: 2, logprobs: 1 });
+  assert.ok(lp.choices[0].logprobs.token_logprobs[0] < -1, JSON.stringify(lp.choices[0].logprobs));
+
+  // allowed_token_ids: every sampled token is one of them (sampled, not only greedy).
+  const allowed = await ids('there was a little');
+  const words = new Set(['there', 'was', 'a', 'little']);
+  for (const seed of [1, 2, 3]) {
+    const r = await complete({ allowed_token_ids: allowed, temperature: 1, seed, ignore_eos: true, max_tokens: 10 });
+    assert.equal(r.usage.completion_tokens, 10);
+    assert.ok(r.choices[0].text.trim().split(/\s+/).every((w) => words.has(w)), r.choices[0].text);
+  }
+
+  // min_tokens: EOS (stories260K's is id 2) and stop_token_ids cannot be sampled before it, even when a bias
+  // makes them the greedy token; stop strings are not looked for before it either. Streamed too.
+  const eos = await complete({ logit_bias: { 2: 100 } });
+  assert.equal(eos.usage.completion_tokens, 1, JSON.stringify(eos));
+  const late = await complete({ logit_bias: { 2: 100 }, min_tokens: 4 });
+  assert.equal(late.usage.completion_tokens, 5, JSON.stringify(late));
+  assert.equal(late.choices[0].finish_reason, 'stop');
+  assert.equal(late.choices[0].stop_reason, null);
+  const stopToken = await complete({ logit_bias: { [there]: 100 }, stop_token_ids: [there], min_tokens: 3 });
+  assert.equal(stopToken.usage.completion_tokens, 4, JSON.stringify(stopToken));
+  assert.equal(stopToken.choices[0].stop_reason, there);
+  const stopString = await complete({ stop: ['Lily'], max_tokens: 30 });
+  assert.equal(stopString.choices[0].text, ', there was a little girl named ');
+  const pastMin = await complete({ stop: ['Lily'], max_tokens: 30, min_tokens: 12 });
+  assert.match(pastMin.choices[0].text, /^, there was a little girl named Lily\./);
+  const chunks = await streamChunks(base, '/v1/completions', { prompt: 'Once upon a time', temperature: 0,
+                                                                max_tokens: 12, logit_bias: { 2: 100 }, min_tokens: 4,
+                                                                stream_options: { include_usage: true } });
+  const usage = chunks.find((c) => c.usage)?.usage;
+  const finish = chunks.flatMap((c) => c.choices).filter((c) => c.finish_reason !== null);
+  assert.equal(finish.length, 1, JSON.stringify(chunks));
+  assert.equal(finish[0].finish_reason, 'stop');
+  assert.equal(usage?.completion_tokens, 5, JSON.stringify(chunks));
+
+  // bad_words: a one-token word is never sampled; a longer one ("girl": three tokens) not after its others.
+  const noThere = await complete({ bad_words: ['there'], max_tokens: 20 });
+  assert.ok(!/\bthere\b/.test(noThere.choices[0].text), noThere.choices[0].text);
+  assert.equal((await ids('girl')).length, 3);
+  const noGirl = await complete({ bad_words: [' girl'] });
+  assert.match(noGirl.choices[0].text, /^, there was a little /);
+  assert.doesNotMatch(noGirl.choices[0].text, /^, there was a little girl/);
+
+  // Bad values: a 400 naming the field (ids outside the 512-token vocabulary too, as vLLM).
+  const bad = [
+    [{ logit_bias: [1] }, 'logit_bias'],
+    [{ logit_bias: { x: 1 } }, 'logit_bias'],
+    [{ logit_bias: { '1.5': 1 } }, 'logit_bias'],
+    [{ logit_bias: { 5: 'high' } }, 'logit_bias'],
+    [{ logit_bias: { 512: 1 } }, 'logit_bias'],
+    [{ logit_bias: { '-1': 1 } }, 'logit_bias'],
+    [{ allowed_token_ids: [] }, 'allowed_token_ids'],
+    [{ allowed_token_ids: [5, 512] }, 'allowed_token_ids'],
+    [{ allowed_token_ids: [-1] }, 'allowed_token_ids'],
+    [{ allowed_token_ids: 5 }, 'allowed_token_ids'],
+    [{ bad_words: 'there' }, 'bad_words'],
+    [{ bad_words: [''] }, 'bad_words'],
+    [{ bad_words: ['  '] }, 'bad_words'],
+    [{ bad_words: [5] }, 'bad_words'],
+    [{ min_tokens: -1 }, 'min_tokens'],
+    [{ min_tokens: 1.5 }, 'min_tokens'],
+    [{ min_tokens: 13 }, 'min_tokens'],  // above max_tokens (12)
+    [{ min_tokens: 17, max_tokens: undefined }, 'min_tokens'],  // above the default max_tokens (16)
+  ];
+  for (const [extra, param] of bad) {
+    const r = await post(base, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 12, ...extra });
+    assert.equal(r.status, 400, `${JSON.stringify(extra)}: ${r.text}`);
+    assert.equal(r.json.error.param, param, `${JSON.stringify(extra)}: ${r.text}`);
+  }
+  const neutral = await complete({ logit_bias: {}, bad_words: [], min_tokens: 0, allowed_token_ids: null });
+  assert.equal(neutral.choices[0].text, plain.choices[0].text);
+});
+
+await run('serve_http_min_tokens_end_of_turn', async (servers) => {
+  // A base Qwen3 that always emits the tokenizer's end of turn <|im_end|> (not its config's eos): min_tokens
+  // masks it as vLLM masks the generation config's eos ids, so the choice has min_tokens tokens before it.
+  const model = process.env.ZIPAGE_SERVE_EOT_MODEL;
+  assert.ok(model, 'ZIPAGE_SERVE_EOT_MODEL is not set');
+  const server = await startServer(['--model', model]);
+  servers.push(server);
+  const r = await post(server.base, '/v1/completions',
+                       { prompt: 'Hello', max_tokens: 8, temperature: 0, min_tokens: 3 });
+  assert.equal(r.status, 200, r.text);
+  assert.equal(r.json.usage.completion_tokens, 4, r.text);
+  assert.equal(r.json.choices[0].finish_reason, 'stop');
 });

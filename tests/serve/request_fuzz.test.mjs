@@ -20,7 +20,7 @@ const FIELDS = ['model', 'prompt', 'messages', 'max_tokens', 'max_completion_tok
   'min_p', 'repetition_penalty', 'frequency_penalty', 'presence_penalty', 'logprobs', 'top_logprobs', 'seed', 'stop',
   'stop_token_ids', 'n', 'ignore_eos', 'stream', 'stream_options', 'priority', 'chat_template_kwargs', 'echo',
   'best_of', 'user', 'logit_bias', 'suffix', 'add_generation_prompt', 'continue_final_message', 'tool_choice',
-  'skip_special_tokens'];
+  'skip_special_tokens', 'allowed_token_ids', 'bad_words', 'min_tokens'];
 // ZIPAGE_SERVE_FUZZ_MODEL: another model to serve (e.g. a checkpoint with a chat template, so that chat requests
 // reach the template); its served name is the directory's or file's name.
 const MODEL_PATH = process.env.ZIPAGE_SERVE_FUZZ_MODEL || '';

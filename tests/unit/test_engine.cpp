@@ -1,6 +1,7 @@
 // The whole engine on the real stories260K model (CPU reference backend).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,6 +17,7 @@
 
 using namespace zipage;
 using zipage::testing::greedy;
+using zipage::testing::greedy_ignoring_eos;
 using zipage::testing::stories;
 using zipage::testing::story_prompts;
 
@@ -26,6 +28,7 @@ using llama_engine = engine<llama_model<cpu_backend>>;
 llama_engine make_engine(engine_config cfg = {}) {
   auto& m = stories();
   cfg.make_detokenizer = detokenizer_factory(m.tokenizer);
+  cfg.encode_words = words_encoder(m.tokenizer);
   return llama_engine(load_llama_gguf<cpu_backend>(m.file), cfg);
 }
 
@@ -220,6 +223,127 @@ TEST_CASE("bad requests get a clear error and leave the engine working") {
   CHECK(big_out.error_message.find("KV blocks") != std::string::npos);
   CHECK(eng.take_output(ok).output.size() == 3);
   CHECK(eng.pool().num_used() == 0);
+}
+
+TEST_CASE("logit_bias: a large negative bias on the greedy token changes it; log-probabilities stay the model's") {
+  auto eng = make_engine();
+  const auto prompt = stories().tokenizer.encode("Once upon a time", true);
+  auto p = greedy(3);
+  p.logprobs = true;
+  const auto plain = eng.generate({prompt}, p)[0];
+  REQUIRE(plain.output[0] == golden[4]);
+  p.logit_bias = {{golden[4], -100.0f}};
+  const auto biased = eng.generate({prompt}, p)[0];
+  CHECK(biased.output[0] != golden[4]);
+  CHECK(biased.logprobs[0] < plain.logprobs[0]);  // the raw model's, not the biased row's
+  p.logit_bias = {{7, 100.0f}};  // a token the model would never pick, at every step
+  CHECK(eng.generate({prompt}, p)[0].output == std::vector<token_id>{7, 7, 7});
+  p.logit_bias = {{512, 1.0f}};
+  CHECK_THROWS_WITH_AS(eng.add_request(prompt, p),
+                       "request: sampling_params::logit_bias holds token id 512, outside the vocabulary of 512",
+                       zipage::error);
+}
+
+TEST_CASE("allowed_token_ids restricts every sampled token, greedy or sampled, in a batch with other requests") {
+  auto eng = make_engine();
+  const auto prompts = story_prompts(3);
+  const std::vector<token_id> allowed = {261, 298, 376, 432};
+  auto p = greedy(12);
+  p.ignore_eos = true;
+  const auto reference = eng.generate({prompts[1]}, p)[0].output;
+  p.allowed_token_ids = allowed;
+  auto sampled = p;
+  sampled.temperature = 1.0f;
+  sampled.seed = 3;
+  const auto a = eng.add_request(prompts[0], p);
+  const auto b = eng.add_request(prompts[1], greedy_ignoring_eos(12));  // no processors: unchanged beside them
+  const auto c = eng.add_request(prompts[2], sampled);
+  eng.run_to_completion();
+  for (const request_id id : {a, c}) {
+    const auto out = eng.take_output(id);
+    CHECK(out.output.size() == 12);
+    for (const token_id t : out.output) CHECK(std::find(allowed.begin(), allowed.end(), t) != allowed.end());
+  }
+  CHECK(eng.take_output(b).output == reference);
+  p.allowed_token_ids = std::vector<token_id>{};
+  CHECK_THROWS_WITH_AS(eng.add_request(prompts[0], p),
+                       "sampling: allowed_token_ids is set but empty (no token could be sampled)", zipage::error);
+  p.allowed_token_ids = std::vector<token_id>{5, 600};
+  CHECK_THROWS_WITH_AS(eng.add_request(prompts[0], p),
+                       "request: sampling_params::allowed_token_ids holds token id 600, outside the vocabulary of 512",
+                       zipage::error);
+}
+
+TEST_CASE("min_tokens: no EOS and no stop token before min_tokens tokens, and no stop string") {
+  auto eng = make_engine();
+  const auto prompt = stories().tokenizer.encode("Once upon a time", true);
+  const token_id eos = eng.config().eos;
+  auto p = greedy(20);
+  p.logit_bias = {{eos, 100.0f}};  // EOS is the greedy token at every step
+  auto out = eng.generate({prompt}, p)[0];
+  CHECK(out.reason == finish_reason::eos);
+  CHECK(out.output.size() == 1);
+  p.min_tokens = 5;
+  out = eng.generate({prompt}, p)[0];
+  CHECK(out.reason == finish_reason::eos);
+  REQUIRE(out.output.size() == 6);
+  CHECK(std::count(out.output.begin(), out.output.end(), eos) == 1);
+  CHECK(out.output.back() == eos);
+
+  p = greedy(20);
+  p.stop_token_ids = {golden[6]};  // the third generated token
+  p.min_tokens = 4;
+  out = eng.generate({prompt}, p)[0];
+  CHECK(out.output.size() == 20);
+  CHECK(std::find(out.output.begin(), out.output.begin() + 4, golden[6]) == out.output.begin() + 4);
+
+  // "Lily" ends the text of the 10th token or so: with min_tokens past it, that text cannot end the request.
+  p = greedy(40);
+  p.stop = {"Lily"};
+  out = eng.generate({prompt}, p)[0];
+  REQUIRE(out.reason == finish_reason::stop_string);
+  const auto lily_at = out.output.size();
+  p.min_tokens = static_cast<int>(lily_at) + 2;
+  out = eng.generate({prompt}, p)[0];
+  CHECK(out.output.size() > lily_at + 2);
+  CHECK(out.text.rfind(", there was a little girl named Lily", 0) == 0);
+  p.min_tokens = 41;
+  CHECK_THROWS_WITH_AS(eng.add_request(prompt, p), "sampling: min_tokens must be in [0, max_tokens = 40], got 41",
+                       zipage::error);
+}
+
+TEST_CASE("bad_words: a one-token word is never sampled; a longer word's last token not after its others") {
+  auto eng = make_engine();
+  const auto& tok = stories().tokenizer;
+  const auto prompt = tok.encode("Once upon a time", true);
+  const std::vector<token_id> reference = eng.generate({prompt}, greedy_ignoring_eos(30))[0].output;
+  auto p = greedy_ignoring_eos(30);
+
+  // " there" (the second generated token) is one token: banned everywhere.
+  REQUIRE(tok.encode("there", false) == std::vector<token_id>{golden[5]});
+  p.bad_words = {" there"};
+  auto out = eng.generate({prompt}, p)[0];
+  CHECK(out.output[0] == reference[0]);
+  CHECK(std::find(out.output.begin(), out.output.end(), golden[5]) == out.output.end());
+
+  // "girl" is three tokens: its last is banned right after the others, and the text up to there is unchanged.
+  const auto girl = tok.encode("girl", false);
+  REQUIRE(girl.size() >= 2);
+  const auto at = std::search(reference.begin(), reference.end(), girl.begin(), girl.end());
+  REQUIRE(at != reference.end());
+  const auto last = static_cast<std::size_t>(at - reference.begin()) + girl.size() - 1;
+  p.bad_words = {"girl"};
+  out = eng.generate({prompt}, p)[0];
+  CHECK(std::equal(reference.begin(), reference.begin() + static_cast<std::ptrdiff_t>(last), out.output.begin()));
+  CHECK(out.output[last] != girl.back());
+  CHECK(std::search(out.output.begin(), out.output.end(), girl.begin(), girl.end()) == out.output.end());
+
+  // Without an encoder (no tokenizer) bad words are refused, naming the field.
+  llama_engine bare(load_llama_gguf<cpu_backend>(stories().file));
+  CHECK_THROWS_WITH_AS(bare.add_request(prompt, p),
+                       "request: sampling_params::bad_words (\"girl\") need text encoded, and this engine has no "
+                       "encoder: set engine_config::encode_words (the tokenizer's encode without special tokens)",
+                       zipage::error);
 }
 
 #include "zipage/policy/policies.hpp"

@@ -45,9 +45,12 @@ void operator delete(void* p, const std::nothrow_t&) noexcept { release(p); }
 
 namespace {
 
+using zipage::encode_bad_words;
 using zipage::sampler;
 using zipage::sampling_params;
 using zipage::token_id;
+using zipage::token_logprob_of;
+using zipage::token_rules;
 
 constexpr float inf_f = std::numeric_limits<float>::infinity();
 constexpr float nan_f = std::numeric_limits<float>::quiet_NaN();
@@ -620,6 +623,12 @@ TEST_CASE("validate rejects bad fields, naming the field and value") {
   CHECK_NOTHROW(edge.validate());
   CHECK_NOTHROW(with(5.0f, 3, 1e-6f, 0.0f).validate());
   CHECK_NOTHROW(with(1.0f, -1).validate());  // vLLM's "off"
+  sampling_params processors;
+  processors.logit_bias = {{0, -100.0f}, {7, 100.0f}};
+  processors.allowed_token_ids = std::vector<token_id>{0};
+  processors.bad_words = {" word"};
+  processors.max_tokens = processors.min_tokens = 3;
+  CHECK_NOTHROW(processors.validate());
 
   struct bad_case {
     sampling_params p;
@@ -654,6 +663,18 @@ TEST_CASE("validate rejects bad fields, naming the field and value") {
       {make([](auto& p) { p.max_tokens = 0; }), "sampling: max_tokens must be >= 1, got 0"},
       {make([](auto& p) { p.stop = {"ok", ""}; }), "sampling: stop[1] must not be empty"},
       {make([](auto& p) { p.stop_token_ids = {3, -2}; }), "sampling: stop_token_ids[1] must be >= 0, got -2"},
+      {make([](auto& p) { p.logit_bias = {{5, 100.5f}}; }),
+       "sampling: logit_bias[5] must be in [-100, 100], got 100.5"},
+      {make([](auto& p) { p.logit_bias = {{5, nan_f}}; }), "logit_bias[5]"},
+      {make([](auto& p) { p.logit_bias = {{-1, 1.0f}}; }), "sampling: logit_bias holds token id -1"},
+      {make([](auto& p) { p.allowed_token_ids = std::vector<token_id>{}; }),
+       "sampling: allowed_token_ids is set but empty"},
+      {make([](auto& p) { p.allowed_token_ids = std::vector<token_id>{1, -3}; }),
+       "sampling: allowed_token_ids[1] must be >= 0, got -3"},
+      {make([](auto& p) { p.bad_words = {"ok", " \t"}; }), "sampling: bad_words[1] must hold more than whitespace"},
+      {make([](auto& p) { p.min_tokens = -1; }), "sampling: min_tokens must be in [0, max_tokens = 256], got -1"},
+      {make([](auto& p) { p.max_tokens = 4, p.min_tokens = 5; }),
+       "sampling: min_tokens must be in [0, max_tokens = 4]"},
   };
   for (const bad_case& c : cases) {
     const std::string message = validation_error(c.p);
@@ -661,6 +682,128 @@ TEST_CASE("validate rejects bad fields, naming the field and value") {
     CHECK(message.find(c.message) != std::string::npos);
     CHECK(message.rfind("sampling: ", 0) == 0);
   }
+}
+
+TEST_CASE("logits processors: vLLM's allowed_token_ids, bad_words, logit_bias and min_tokens, before the rest") {
+  const std::vector<float> logits = {1.0f, 2.0f, 3.0f, 4.0f, 0.5f};
+  sampler s;
+  const std::vector<token_id> none;
+  auto greedy_with = [](auto edit) {
+    sampling_params p = with(0.0f);
+    edit(p);
+    return p;
+  };
+  CHECK(s.sample(logits, with(0.0f), none, 0) == 3);
+  CHECK_FALSE(with(0.0f).processes_logits(0));
+
+  SUBCASE("logit_bias is added to the token's logit, also before greedy's argmax") {
+    CHECK(s.sample(logits, greedy_with([](auto& p) { p.logit_bias = {{3, -100.0f}}; }), none, 0) == 2);
+    CHECK(s.sample(logits, greedy_with([](auto& p) { p.logit_bias = {{3, -1.5f}}; }), none, 0) == 2);
+    CHECK(s.sample(logits, greedy_with([](auto& p) { p.logit_bias = {{3, -0.5f}}; }), none, 0) == 3);
+    CHECK(s.sample(logits, greedy_with([](auto& p) { p.logit_bias = {{4, 3.6f}}; }), none, 0) == 4);
+    // Sampled: a +100 bias makes a token certain, whatever the seed.
+    sampling_params p = with(1.0f);
+    p.logit_bias = {{0, 100.0f}};
+    for (std::uint64_t seed = 0; seed < 50; ++seed) {
+      p.seed = seed;
+      CHECK(s.sample(logits, p, none, seed) == 0);
+    }
+  }
+  SUBCASE("allowed_token_ids: only they are sampled; a bias on another token does not bring it back") {
+    sampling_params p = with(1.0f);
+    p.allowed_token_ids = std::vector<token_id>{0, 4};
+    p.logit_bias = {{3, 100.0f}};
+    std::set<token_id> seen;
+    for (std::uint64_t seed = 0; seed < 200; ++seed) {
+      p.seed = seed;
+      seen.insert(s.sample(logits, p, none, 0));
+    }
+    CHECK(seen == std::set<token_id>{0, 4});
+    const auto two = greedy_with([](auto& p) { p.allowed_token_ids = std::vector<token_id>{1, 4}; });
+    CHECK(s.sample(logits, two, none, 0) == 1);
+  }
+  SUBCASE("bad_words: a one-token word at every step; a longer one when the generated tokens end with its prefix") {
+    token_rules rules;
+    rules.bad_words = {{3}};
+    CHECK(s.sample(logits, greedy_with([](auto& p) { p.bad_words = {"x"}; }), none, 0, rules) == 2);
+    rules.bad_words = {{1, 4, 3}};
+    const auto p = greedy_with([](auto& p) { p.bad_words = {"x"}; });
+    const std::vector<token_id> ends_with_prefix = {0, 1, 4};  // prompt {0}, generated {1, 4}
+    CHECK(s.sample(logits, p, ends_with_prefix, 2, rules) == 2);
+    CHECK(s.sample(logits, p, ends_with_prefix, 1, rules) == 3);  // the prefix's first token is the prompt's
+    CHECK(s.sample(logits, p, std::vector<token_id>{1, 4, 0}, 3, rules) == 3);
+    CHECK(s.sample(logits, p, std::vector<token_id>{4}, 1, rules) == 3);  // shorter than the prefix
+  }
+  SUBCASE("min_tokens: EOS ids and stop_token_ids are -inf before min_tokens tokens") {
+    token_rules rules;
+    rules.eos_ids = {3};
+    sampling_params p = greedy_with([](auto& p) { p.min_tokens = 2, p.stop_token_ids = {2}; });
+    CHECK(p.processes_logits(1));
+    CHECK_FALSE(p.processes_logits(2));
+    CHECK(s.sample(logits, p, none, 0, rules) == 1);
+    CHECK(s.sample(logits, p, none, 1, rules) == 1);
+    CHECK(s.sample(logits, p, none, 2, rules) == 3);
+    p.logit_bias = {{3, 100.0f}};  // a bias does not bring an EOS back before min_tokens
+    CHECK(s.sample(logits, p, none, 0, rules) == 1);
+  }
+  SUBCASE("the penalties apply to the processed logits") {
+    // Token 0 biased to 11 then repetition-penalised to 5.5 still wins; from its raw logit it would be 0.5.
+    sampling_params p = greedy_with([](auto& p) { p.logit_bias = {{0, 10.0f}}, p.repetition_penalty = 2.0f; });
+    CHECK(s.sample(logits, p, std::vector<token_id>{0}, 0) == 0);
+  }
+  SUBCASE("log-probabilities stay the raw model's") {
+    const float raw = token_logprob_of(logits, 3);
+    CHECK(s.sample(logits, greedy_with([](auto& p) { p.logit_bias = {{1, 50.0f}}; }), none, 0) == 1);
+    CHECK(token_logprob_of(logits, 3) == raw);
+  }
+  SUBCASE("an id outside the row is an error, not a write past it") {
+    CHECK_THROWS_AS(s.sample(logits, greedy_with([](auto& p) { p.logit_bias = {{5, 1.0f}}; }), none, 0), zipage::error);
+    CHECK_THROWS_AS(s.sample(logits, greedy_with([](auto& p) { p.allowed_token_ids = std::vector<token_id>{9}; }), none,
+                             0),
+                    zipage::error);
+  }
+}
+
+TEST_CASE("encode_bad_words: as vLLM, as written and with a leading space when that is a new word token") {
+  // A toy encoder: a word is one token per letter, with a leading space the first letter's token + 100; "ab"
+  // with a space splits into a space token (99) and two letters.
+  auto encode = [](const std::string& text) {
+    std::vector<token_id> ids;
+    if (text == " ab") return std::vector<token_id>{99, 'a', 'b'};
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      if (text[i] == ' ') continue;
+      ids.push_back(static_cast<token_id>(text[i]) + (i == 1 && text[0] == ' ' ? 100 : 0));
+    }
+    return ids;
+  };
+  const auto words = encode_bad_words({"  x", "yz", "ab"}, encode);
+  const std::vector<std::vector<token_id>> want = {{'x'}, {'x' + 100}, {'y', 'z'}, {'y' + 100, 'z'}, {'a', 'b'}};
+  CHECK(words == want);
+  CHECK_THROWS_WITH_AS((void)encode_bad_words({"x", "??"}, [](const std::string& t) {
+                         return t.find('?') != std::string::npos ? std::vector<token_id>{} : std::vector<token_id>{1};
+                       }),
+                       "sampling: bad_words[1] (\"??\") encodes to no tokens", zipage::error);
+}
+
+TEST_CASE("logits processors do not allocate once the buffers have grown") {
+  std::vector<float> logits(1000);
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = 5.0f * zipage::sampling_uniform(5, i);
+  sampling_params p = with(0.8f, 50);
+  p.logit_bias = {{3, 2.0f}, {40, -100.0f}};
+  p.allowed_token_ids = std::vector<token_id>{1, 3, 5, 40, 700};
+  p.min_tokens = 100;
+  p.stop_token_ids = {5};
+  token_rules rules;
+  rules.bad_words = {{1}, {5, 700}};
+  rules.eos_ids = {3};
+  const std::vector<token_id> context = {1, 5, 9, 5, 700};
+  sampler s;
+  s.sample(logits, p, context, 2, rules);
+  const std::size_t before = g_allocations.load();
+  token_id sink = 0;
+  for (std::uint64_t step = 0; step < 50; ++step) sink += s.sample(logits, p, context, step % 4, rules);
+  CHECK(g_allocations.load() == before);
+  CHECK(sink >= 0);
 }
 
 }  // TEST_SUITE

@@ -108,6 +108,7 @@ class engine {
     params.ignore_eos = true;
     params.stop.clear();
     params.stop_token_ids.clear();
+    params.min_tokens = 0;
     params.logprobs = true;
     auto s = make_sequence(std::move(prompt), std::move(params));
     s->forced_tokens = std::move(forced);
@@ -238,7 +239,33 @@ class engine {
            "though the pool's ", pool_.num_blocks(), " blocks hold it");
     }
     if (cfg_.make_detokenizer) s->detokenizer = cfg_.make_detokenizer(s->tokens);
+    s->rules = token_rules_of(s->params);
     return s;
+  }
+
+  // The request's logits processors in token form: its bad words encoded (each id checked against the model's
+  // vocabulary), and with min_tokens the EOS ids it masks: the model's eos and extra end-of-turn ids and the
+  // tokenizer's EOS (vLLM's all_stop_token_ids, which hold them with or without ignore_eos).
+  [[nodiscard]] token_rules token_rules_of(const sampling_params& p) const {
+    token_rules rules;
+    if (!p.bad_words.empty()) {
+      rules.bad_words = encode_bad_words(p.bad_words, cfg_.encode_words);
+      for (const auto& word : rules.bad_words)
+        for (token_id t : word)
+          check(t >= 0 && t < config().vocab_size, "request: sampling_params::bad_words encode to token id ", t,
+                ", outside the vocabulary of ", config().vocab_size);
+    }
+    if (p.min_tokens > 0) {
+      auto add = [&](token_id t) {
+        if (t >= 0 && t < config().vocab_size &&
+            std::find(rules.eos_ids.begin(), rules.eos_ids.end(), t) == rules.eos_ids.end())
+          rules.eos_ids.push_back(t);
+      };
+      add(stop_.eos);
+      for (token_id t : stop_.extra_eos) add(t);
+      add(stop_.default_eos);
+    }
+    return rules;
   }
 
   request_id enqueue(std::unique_ptr<sequence> s) {

@@ -67,6 +67,9 @@ struct engine_config {
   // (zipage/tokenizer/detokenizer.hpp; the tokenizer must outlive the engine), or use zipage::llm
   // (zipage/llm.hpp), which wires it itself.
   std::function<streaming_detokenizer(std::span<const token_id> prompt)> make_detokenizer{};
+  // Encodes text without special tokens (no BOS), for sampling_params::bad_words; without it a request with bad
+  // words is refused. zipage::llm and the tools set it from the tokenizer (which must outlive the engine).
+  std::function<std::vector<token_id>(const std::string& text)> encode_words{};
 
   // The three geometry fields as one value (not checked).
   [[nodiscard]] cache_geometry geometry() const { return {block_size, budget_tokens, window}; }
@@ -161,8 +164,9 @@ struct engine_stats {
 }
 
 // A request's prompt and sampling parameters, checked before it is queued: a prompt that is empty, holds
-// ids outside the vocabulary or does not fit the model's context (unless allow_beyond_context), stop
-// strings without a detokenizer, and a priority that fcfs order would ignore are errors naming what to change.
+// ids outside the vocabulary or does not fit the model's context (unless allow_beyond_context), stop, logit bias
+// or allowed ids outside it, stop strings without a detokenizer, bad words without an encoder, and a priority
+// that fcfs order would ignore are errors naming what to change.
 inline void check_request(const std::vector<token_id>& prompt, const sampling_params& params, const model_config& model,
                           const engine_config& cfg) {
   params.validate();
@@ -176,6 +180,17 @@ inline void check_request(const std::vector<token_id>& prompt, const sampling_pa
   check(cfg.allow_beyond_context || context <= 0 || static_cast<long long>(prompt.size()) < context,
         "request: a prompt of ", prompt.size(), " tokens does not fit the model's context of ", context,
         " tokens (model_config::max_context; set engine_config::allow_beyond_context to run past it)");
+  // As vLLM, which names the ids: a bias or an allowed id no step can sample is an error, never ignored.
+  for (const auto& [t, bias] : params.logit_bias)  // (validate() checked >= 0)
+    check(t < model.vocab_size, "request: sampling_params::logit_bias holds token id ", t,
+          ", outside the vocabulary of ", model.vocab_size);
+  if (params.allowed_token_ids)
+    for (token_id t : *params.allowed_token_ids)
+      check(t < model.vocab_size, "request: sampling_params::allowed_token_ids holds token id ", t,
+            ", outside the vocabulary of ", model.vocab_size);
+  check(params.bad_words.empty() || static_cast<bool>(cfg.encode_words), "request: sampling_params::bad_words (\"",
+        params.bad_words.empty() ? std::string() : params.bad_words.front(), "\") need text encoded, and this "
+        "engine has no encoder: set engine_config::encode_words (the tokenizer's encode without special tokens)");
   check(params.stop.empty() || static_cast<bool>(cfg.make_detokenizer),
         "request: sampling_params::stop (\"", params.stop.empty() ? std::string() : params.stop.front(),
         "\") needs text, and this engine has no detokenizer: set engine_config::make_detokenizer "

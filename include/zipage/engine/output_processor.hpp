@@ -107,10 +107,14 @@ inline std::vector<sampled_token> process_sampled(const step_plan& plan, const s
     step_event ev{s.id, tok, {}, false, finish_reason::none};
     const std::size_t old_size = s.output_text.size();
     if (s.detokenizer && !rules.is_eos(s.params, tok)) ev.token_text = s.detokenizer(tok);
-    // A stop token or EOS ends the request whatever its text, so no stop string is looked for after one.
+    // A stop token or EOS ends the request whatever its text, so no stop string is looked for after one; nor
+    // before min_tokens tokens (this one included), as vLLM's detokenizer skips them (only text this token adds
+    // can then match, so text of the first min_tokens tokens never ends the request).
     const finish_reason by_token = rules.token_reason(s.params, tok);
     if (keeps_token_text(s.params, by_token)) s.output_text += ev.token_text;
-    const std::string* stop = by_token == finish_reason::none ? truncate_at_stop_string(s, old_size) : nullptr;
+    const bool past_min = s.num_generated() + 1 > s.params.min_tokens;  // s.tokens does not hold tok yet
+    const std::string* stop =
+        by_token == finish_reason::none && past_min ? truncate_at_stop_string(s, old_size) : nullptr;
     ev.text = take_streamable(s, stop != nullptr);
     out.push_back({tok, stop != nullptr, stop != nullptr ? *stop : std::string{}});
     events.push_back(std::move(ev));

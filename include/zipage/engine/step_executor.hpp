@@ -250,12 +250,20 @@ class step_executor {
            std::all_of(plan.batch.begin(), plan.batch.end(), [](const scheduled_seq& e) { return e.tokens == 1; });
   }
 
+  // Whether an entry's token is chosen on the host: a forced token, or a request whose logits processors
+  // (sampling_params::processes_logits) change this step's logits, which only the host sampler applies.
+  [[nodiscard]] static bool host_sampled(const scheduled_seq& e) {
+    const sequence& s = *e.seq;
+    return e.samples() &&
+           (!s.forced_tokens.empty() || s.params.processes_logits(static_cast<std::uint64_t>(s.num_generated())));
+  }
+
   // The graph batch size for this step, or 0: only steps where every sequence decodes one token and
-  // samples it on the device (forced tokens need the logits on the host).
+  // samples it on the device (forced tokens and logits processors need the logits on the host).
   [[nodiscard]] int graph_batch_size(const step_plan& plan) const {
     if constexpr (decode_graph_runner<Backend> && device_sampler<Backend>) {
       for (const scheduled_seq& e : plan.batch)
-        if (e.tokens != 1 || !e.samples() || !e.seq->forced_tokens.empty()) return 0;
+        if (e.tokens != 1 || !e.samples() || host_sampled(e)) return 0;
       return backend_->decode_graph_batch(static_cast<int>(plan.batch.size()));
     } else {
       return 0;
@@ -263,12 +271,10 @@ class step_executor {
   }
 
   // On a backend that can sample on the device the logits stay there (log-probabilities included),
-  // unless a row is forced (evaluation), which the host handles.
+  // unless a row is forced (evaluation) or uses logits processors: then the host samples the step's rows.
   std::vector<token_id> sample(const step_plan& plan, const tensor& logits) {
     if constexpr (device_sampler<Backend>) {
-      const bool host_only = std::any_of(plan.batch.begin(), plan.batch.end(), [](const scheduled_seq& e) {
-        return e.samples() && !e.seq->forced_tokens.empty();
-      });
+      const bool host_only = std::any_of(plan.batch.begin(), plan.batch.end(), host_sampled);
       if (!host_only) {
         sample_rows_.clear();
         for (const scheduled_seq& e : plan.batch)
@@ -298,7 +304,7 @@ class step_executor {
     const auto step = static_cast<std::size_t>(s.num_generated());
     const token_id tok = step < s.forced_tokens.size()
                              ? s.forced_tokens[step]
-                             : sampler_.sample(row, s.params, s.tokens, static_cast<std::uint64_t>(step));
+                             : sampler_.sample(row, s.params, s.tokens, static_cast<std::uint64_t>(step), s.rules);
     if (s.params.logprobs) s.logprobs.push_back(token_logprob_of(row, tok));
     if (s.params.top_logprobs > 0) s.top_logprobs.push_back(top_logprobs(row, s.params.top_logprobs));
     return tok;

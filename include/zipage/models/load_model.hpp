@@ -46,6 +46,11 @@ struct loaded_model {
     if (bpe) return detokenizer_factory(*bpe);
     return detokenizer_factory(*spm);
   }
+  // For engine_config::encode_words (sampling_params::bad_words); valid while this loaded_model's tokenizer lives.
+  [[nodiscard]] std::function<std::vector<token_id>(const std::string&)> words_encoder() const {
+    if (bpe) return zipage::words_encoder(*bpe);
+    return zipage::words_encoder(*spm);
+  }
 };
 
 // Loads `path` onto `backend`: a directory is a Hugging Face checkpoint, anything else a GGUF file. The model

@@ -71,6 +71,7 @@ struct sequence {
   int num_prefix_hit_tokens = 0;
 
   std::vector<token_id> forced_tokens;  // teacher forcing: emit these instead of sampling (evaluation)
+  token_rules rules;                    // params' bad words and the EOS ids min_tokens masks, as tokens (engine-made)
   std::vector<float> logprobs;          // log-probability of each emitted token, when params.logprobs
   // The params.top_logprobs most likely tokens of each emitted token's step (when > 0), most likely first.
   std::vector<std::vector<token_logprob>> top_logprobs;

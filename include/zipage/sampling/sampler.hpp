@@ -1,7 +1,9 @@
 #pragma once
 // CPU reference sampler: turns one row of logits into a token. Other backends must reproduce its pipeline:
 //
-//   repetition penalty -> frequency and presence penalties -> greedy argmax if temperature == 0 (ties: lowest id) -> divide by temperature
+//   logits processors (allowed_token_ids, bad_words, logit_bias, min_tokens; only for a request using them)
+//   -> repetition penalty -> frequency and presence penalties -> greedy argmax if temperature == 0 (ties: lowest id)
+//   -> divide by temperature
 //   -> softmax -> top-k -> top-p -> min-p -> renormalise
 //   -> inverse-CDF draw with sampling_uniform(seed, step) over the kept tokens, walked in descending
 //      probability order with ties broken by ascending id.
@@ -44,11 +46,12 @@ class sampler {
  public:
   // logits: one row [vocab]; context: prompt + generated tokens so far (used only by the penalties: the
   // repetition penalty over all of it, the frequency and presence penalties over its last `step` tokens,
-  // the generated ones); step: index of the token being generated (number of generated tokens so far).
+  // the generated ones; and by bad_words, over the generated ones); step: index of the token being generated
+  // (number of generated tokens so far); rules: the request's bad words and EOS ids in token form (engine-made).
   token_id sample(std::span<const float> logits, const sampling_params& p, std::span<const token_id> context,
-                  std::uint64_t step) {
+                  std::uint64_t step, const token_rules& rules = {}) {
     check(!logits.empty(), "sampler: empty logits row");
-    load_logits(logits, p, context, step);
+    load_logits(p.processes_logits(step) ? processed(logits, p, context, step, rules) : logits, p, context, step);
     const token_id best = argmax();
     if (p.greedy() || values_[best] == -std::numeric_limits<float>::infinity()) return best;
 
@@ -79,6 +82,39 @@ class sampler {
     if (std::isnan(x)) return -std::numeric_limits<float>::infinity();
     if (x == std::numeric_limits<float>::infinity()) return std::numeric_limits<float>::max();
     return x;
+  }
+
+  // vLLM V1's logits processors, in its order, on a copy of the row: allowed_token_ids, bad_words (over the
+  // generated tokens), logit_bias, then min_tokens (EOS and stop ids at -inf while step < min_tokens).
+  std::span<const float> processed(std::span<const float> logits, const sampling_params& p,
+                                   std::span<const token_id> context, std::uint64_t step, const token_rules& rules) {
+    constexpr float ban = -std::numeric_limits<float>::infinity();
+    const auto vocab = static_cast<std::int64_t>(logits.size());
+    auto in_vocab = [vocab](token_id t, const char* what) {
+      check(t >= 0 && t < vocab, "sampler: ", what, " token ", t, " is outside the vocabulary of ", vocab);
+      return static_cast<std::size_t>(t);
+    };
+    processed_.assign(logits.begin(), logits.end());
+    if (p.allowed_token_ids) {
+      kept_.clear();
+      for (const token_id t : *p.allowed_token_ids) kept_.push_back(logits[in_vocab(t, "allowed_token_ids")]);
+      std::fill(processed_.begin(), processed_.end(), ban);
+      for (std::size_t i = 0; i < kept_.size(); ++i)
+        processed_[static_cast<std::size_t>((*p.allowed_token_ids)[i])] = kept_[i];
+    }
+    const auto generated = context.last(std::min<std::size_t>(static_cast<std::size_t>(step), context.size()));
+    for (const std::vector<token_id>& word : rules.bad_words) {
+      if (word.empty() || word.size() - 1 > generated.size()) continue;
+      const std::span<const token_id> prefix(word.data(), word.size() - 1);
+      if (std::equal(prefix.begin(), prefix.end(), generated.end() - static_cast<std::ptrdiff_t>(prefix.size())))
+        processed_[in_vocab(word.back(), "bad_words")] = ban;
+    }
+    for (const auto& [t, bias] : p.logit_bias) processed_[in_vocab(t, "logit_bias")] += bias;
+    if (step < static_cast<std::uint64_t>(std::max(p.min_tokens, 0))) {
+      for (const token_id t : rules.eos_ids) processed_[in_vocab(t, "EOS")] = ban;
+      for (const token_id t : p.stop_token_ids) processed_[in_vocab(t, "stop_token_ids")] = ban;
+    }
+    return processed_;
   }
 
   void load_logits(std::span<const float> logits, const sampling_params& p, std::span<const token_id> context,
@@ -190,6 +226,8 @@ class sampler {
     return total;
   }
 
+  std::vector<float> processed_;   // the row after the logits processors (only for a request using them)
+  std::vector<float> kept_;        // scratch of allowed_token_ids: the allowed tokens' logits
   std::vector<float> values_;      // sanitised, penalised logits
   std::vector<int> counts_;        // scratch of the output penalties: all zero between calls
   std::vector<candidate> cands_;   // tokens still in the running

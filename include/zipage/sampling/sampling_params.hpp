@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -48,6 +50,20 @@ struct sampling_params {
   // vLLM's include_stop_str_in_output: the output text keeps the stop string that ended it, or the text of the
   // stop_token_ids token that did (left out by default, as in vLLM). EOS's text is always left out.
   bool include_stop_str_in_output = false;
+  // vLLM's logits processors. They change the logits before the penalties, the temperature and the filters
+  // (greedy's argmax included), in vLLM V1's order: allowed_token_ids, bad_words, logit_bias, min_tokens; the
+  // log-probabilities reported stay the raw model's. A request using any of them is sampled on the host.
+  // OpenAI's logit_bias: token id -> a bias in [-100, 100] added to that token's logit.
+  std::map<token_id, float> logit_bias{};
+  // When set: only these ids may be sampled (every other logit is -inf); set but empty is an error, as vLLM.
+  std::optional<std::vector<token_id>> allowed_token_ids{};
+  // Words never generated: each is encoded (engine_config::encode_words, no special tokens) as written and with
+  // a leading space, as vLLM; a word of one token bans it at every step, a longer one bans its last token whenever
+  // the generated tokens end with its others. Needs an engine that can encode text (zipage::llm's does).
+  std::vector<std::string> bad_words{};
+  // Before this many tokens are generated no EOS id (the model's and its end-of-turn ids) and no stop_token_ids
+  // id can be sampled (their logits are -inf), and no stop string is looked for, as vLLM. At most max_tokens.
+  int min_tokens = 0;
 
   // Throws zipage::error naming the first bad field and its value. Checks are written as "in range"
   // so that NaN, which fails every comparison, is rejected too.
@@ -72,10 +88,30 @@ struct sampling_params {
       check(!stop[i].empty(), "sampling: stop[", i, "] must not be empty");
     for (std::size_t i = 0; i < stop_token_ids.size(); ++i)
       check(stop_token_ids[i] >= 0, "sampling: stop_token_ids[", i, "] must be >= 0, got ", stop_token_ids[i]);
+    for (const auto& [id, bias] : logit_bias) {
+      check(id >= 0, "sampling: logit_bias holds token id ", id, ", which no vocabulary has");
+      check(bias >= -100.0f && bias <= 100.0f, "sampling: logit_bias[", id, "] must be in [-100, 100], got ", bias);
+    }
+    if (allowed_token_ids) {
+      check(!allowed_token_ids->empty(), "sampling: allowed_token_ids is set but empty (no token could be sampled)");
+      for (std::size_t i = 0; i < allowed_token_ids->size(); ++i)
+        check((*allowed_token_ids)[i] >= 0, "sampling: allowed_token_ids[", i, "] must be >= 0, got ",
+              (*allowed_token_ids)[i]);
+    }
+    for (std::size_t i = 0; i < bad_words.size(); ++i)
+      check(bad_words[i].find_first_not_of(" \t\n\r\f\v") != std::string::npos, "sampling: bad_words[", i,
+            "] must hold more than whitespace");
+    check(min_tokens >= 0 && min_tokens <= max_tokens, "sampling: min_tokens must be in [0, max_tokens = ", max_tokens,
+          "], got ", min_tokens);
   }
 
   [[nodiscard]] bool greedy() const { return temperature == 0.0f; }
   [[nodiscard]] bool output_penalties() const { return frequency_penalty != 0.0f || presence_penalty != 0.0f; }
+  // Whether a logits processor changes the logits of step `step` (min_tokens only before min_tokens tokens).
+  [[nodiscard]] bool processes_logits(std::uint64_t step) const {
+    return !logit_bias.empty() || allowed_token_ids.has_value() || !bad_words.empty() ||
+           step < static_cast<std::uint64_t>(std::max(min_tokens, 0));
+  }
 
   static constexpr int max_top_logprobs = 20;  // OpenAI's bound
 };
@@ -89,6 +125,35 @@ inline sampling_params with_end_of_turn(sampling_params p, std::span<const token
     if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) == p.stop_token_ids.end())
       p.stop_token_ids.push_back(id);
   return p;
+}
+
+// A request's logits processors in token form, which the engine makes when it queues the request: the encoded
+// sampling_params::bad_words (vLLM's _bad_words_token_ids) and the EOS ids that min_tokens masks besides the
+// request's stop_token_ids (the model's eos, its extra end-of-turn ids, the tokenizer's EOS).
+struct token_rules {
+  std::vector<std::vector<token_id>> bad_words{};
+  std::vector<token_id> eos_ids{};
+};
+
+// vLLM's encoding of bad words (SamplingParams.update_from_tokenizer): each word, leading whitespace stripped, is
+// encoded as it is and with one leading space (`encode`: text -> ids, no special tokens); the spaced form is kept
+// too when it starts with another token and has as many tokens (a new word token, not a split one). A word that
+// encodes to nothing is an error naming it.
+template <class Encode>
+[[nodiscard]] std::vector<std::vector<token_id>> encode_bad_words(const std::vector<std::string>& words,
+                                                                  Encode&& encode) {
+  std::vector<std::vector<token_id>> out;
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    const std::size_t start = words[i].find_first_not_of(" \t\n\r\f\v");
+    const std::string word = start == std::string::npos ? std::string() : words[i].substr(start);
+    std::vector<token_id> plain = encode(word);
+    check(!plain.empty(), "sampling: bad_words[", i, "] (\"", words[i], "\") encodes to no tokens");
+    std::vector<token_id> spaced = encode(" " + word);
+    out.push_back(std::move(plain));
+    if (!spaced.empty() && spaced.front() != out.back().front() && spaced.size() == out.back().size())
+      out.push_back(std::move(spaced));
+  }
+  return out;
 }
 
 namespace detail {

@@ -2,6 +2,8 @@
 // Glue between a tokenizer and the engine's per-request text streaming.
 #include <memory>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "zipage/concepts.hpp"
 #include "zipage/request/sequence.hpp"
@@ -38,5 +40,16 @@ inline auto detokenizer_factory(const bpe_tokenizer& tokenizer, bool skip_specia
 
 // A temporary tokenizer would dangle (see above): does not compile.
 auto detokenizer_factory(const bpe_tokenizer&& tokenizer, bool skip_special = true) = delete;
+
+// For engine_config::encode_words (sampling_params::bad_words): the text's ids, no BOS (as vLLM encodes bad words
+// with add_special_tokens=False). The tokenizer must outlive the engine; a temporary one does not compile.
+inline auto words_encoder(const spm_tokenizer& tokenizer) {
+  return [&tokenizer](const std::string& text) { return tokenizer.encode(text, false); };
+}
+inline auto words_encoder(const bpe_tokenizer& tokenizer) {
+  return [&tokenizer](const std::string& text) { return tokenizer.encode(text, false); };
+}
+auto words_encoder(const spm_tokenizer&& tokenizer) = delete;
+auto words_encoder(const bpe_tokenizer&& tokenizer) = delete;
 
 }  // namespace zipage
