@@ -20,8 +20,8 @@
 //  * Sampling: sample() draws the step's tokens on the device (cuda::sample_tokens, bit-identical to the
 //    CPU sampler on the same logits): per-row parameters, seeds and steps (and the repetition-penalty
 //    context as CSR, only when some row has a penalty != 1) go up in one pinned copy, the tokens come back
-//    in one small copy; the logits never leave the device. The engine uses it whenever no row of the step
-//    needs log-probabilities or forced tokens.
+//    in one small copy; the logits never leave the device (log-probabilities are computed beside the draw).
+//    The engine uses it whenever no row of the step has forced tokens or logits processors (logit_bias, ...).
 //  * FP8 KV cache (cuda_backend_options::kv_dtype = fp8_e4m3, docs/fp8.md): E4M3 codes + per (token, KV head)
 //    fp32 scales, written by append_kv_fp8, read by the same decode / prefill / generic kernels (tiles
 //    dequantised in registers), by gather_keys and by device compression; compaction, copy and swap move
