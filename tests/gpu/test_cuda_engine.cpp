@@ -689,6 +689,68 @@ TEST_CASE("device sampling, fp32: frequency / presence penalties and (top) log-p
   MESSAGE("penalties and log-probabilities on the device: worst |logprob - CPU| ", worst);
 }
 
+// vLLM's logits processors (logit_bias, allowed_token_ids, bad_words, min_tokens) run in the host sampler only: a
+// step with such a row copies its logits to the host and samples every row there, eagerly. In a batch mixed with
+// plain requests that must give the CPU engine's tokens (fp32, fixed-order GEMMs), and the steps after min_tokens is
+// reached, or after the processor requests end, go back to the device sampler.
+TEST_CASE("logits processors on the GPU: a mixed batch gives the CPU engine's tokens; other steps stay on the device") {
+  const auto prompts = story_prompts(8);
+  engine_config cfg{.block_size = 16, .num_blocks = 512};
+  cfg.encode_words = words_encoder(stories().tokenizer);
+  auto cpu = make_cpu(cfg);
+  const token_id eos = cpu.config().eos;
+  auto params = [&](std::size_t i) {
+    sampling_params p;
+    p.temperature = i % 2 ? 0.9f : 0.0f;
+    p.seed = 300 + i;
+    p.max_tokens = 40;
+    switch (i % 4) {
+      case 0: p.logit_bias = {{golden[4], -100.0f}, {7, 3.0f}}; break;
+      case 1: p.allowed_token_ids = std::vector<token_id>{261, 298, 376, 432, eos}; break;
+      case 2: break;  // plain: sampled on the device whenever no processor row shares its step
+      default:
+        p.min_tokens = 6;
+        p.logit_bias = {{eos, 100.0f}};  // EOS is the greedy token from the start: min_tokens holds it back
+        p.bad_words = {" there", "girl"};
+        p.max_tokens = i == 3 ? 40 : 80;
+    }
+    return p;
+  };
+  auto run = [&](auto& eng) {
+    std::vector<request_id> ids;
+    for (std::size_t i = 0; i < prompts.size(); ++i) ids.push_back(eng.add_request(prompts[i], params(i)));
+    eng.run_to_completion();
+    std::vector<std::vector<token_id>> out;
+    for (const request_id id : ids) out.push_back(eng.take_output(id).output);
+    return out;
+  };
+  const auto ref = run(cpu);
+  const auto b = fp32_backend(true);
+  auto gpu = make_gpu(b, cfg);
+  b.reset_counters();
+  const auto out = run(gpu);
+  const auto k = b.counters();
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    CAPTURE(i);
+    CHECK(out[i] == ref[i]);
+    if (i % 4 == 3) {
+      CHECK(out[i].size() == 7);  // six tokens held from EOS, then EOS
+      CHECK(out[i].back() == eos);
+    }
+  }
+  CHECK(k.to_host_bytes > 0);  // the processor steps' logits came to the host
+
+  // Plain requests alone again: every row drawn on the device, no logits copied.
+  b.reset_counters();
+  std::vector<request_id> ids;
+  for (std::size_t i = 2; i < prompts.size(); i += 4) ids.push_back(gpu.add_request(prompts[i], params(i)));
+  gpu.run_to_completion();
+  std::int64_t generated = 0;
+  for (const request_id id : ids) generated += static_cast<std::int64_t>(gpu.take_output(id).output.size());
+  CHECK(b.counters().device_sampled_rows == generated);
+  CHECK(b.counters().to_host_bytes == 0);
+}
+
 // The backend's streams do not wait for the legacy default stream, so nothing a step reads may be copied there. A
 // plain cudaMemcpy from pageable memory returns once the values are staged, and its DMA then waits for the copy
 // engine: with that engine busy (here with host-to-device copies on a stream of our own; on a shared GPU, with other
