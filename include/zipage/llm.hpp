@@ -91,6 +91,7 @@ struct stream_piece {
   std::string text{};     // the text this token completed (may be empty mid-character)
   bool finished = false;  // the prompt's last piece
   finish_reason reason = finish_reason::none;
+  stopped_by stop_reason{};  // on the last piece: the stop token id or stop string that ended it (completion's)
 };
 
 namespace detail {
@@ -246,7 +247,7 @@ class llm_stream {
       if (taken_.count(ids_[i]) > 0) continue;
       auto it = state_->pending.find(ids_[i]);
       for (step_event& e : it->second) {
-        buffer_.push_back({i, e.token, std::move(e.text), e.finished, e.reason});
+        buffer_.push_back({i, e.token, std::move(e.text), e.finished, e.reason, std::move(e.stop_reason)});
         if (e.finished) finish(i);
       }
       it->second.clear();

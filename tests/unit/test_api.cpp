@@ -203,6 +203,16 @@ TEST_CASE("llm: streaming, as an iterator and with a callback, adds up to the ge
   REQUIRE(s.results().size() == 2);
   CHECK(s.results()[1].text == whole[1].text);
 
+  // The last piece says which stop string ended it, as the completion does (vLLM's stop_reason).
+  sampling_params stop_p = p;
+  stop_p.stop = {"Lily"};
+  stopped_by last_stop{};
+  for (const stream_piece& piece : l.stream({"Once upon a time"}, stop_p)) {
+    if (!piece.finished) CHECK(piece.stop_reason == stopped_by{});
+    if (piece.finished) last_stop = piece.stop_reason;
+  }
+  CHECK(last_stop == stopped_by(std::string("Lily")));
+
   std::string via_callback;
   const auto out = l.generate({"Once upon a time"}, p, [&](const stream_piece& piece) { via_callback += piece.text; });
   CHECK(via_callback == out[0].text);
