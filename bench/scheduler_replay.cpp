@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
       idle += plan.batch.empty();
       for (const auto& e : plan.batch) {
         fed += e.tokens;
-        if (e.samples()) out.sampled.push_back({9, false});
+        if (e.samples()) out.sampled.push_back({9});
       }
       sampled += static_cast<std::int64_t>(out.sampled.size());
       for (const auto& id : sched.update(plan, out)) fail("request ", id, "'s compaction failed");

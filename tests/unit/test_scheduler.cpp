@@ -43,7 +43,7 @@ struct basic_fixture {
     for (const auto& job : plan.compress)
       out.compactions.push_back({job.seq->id, sched.config().geometry.keep_tokens(), {}});
     for (const auto& e : plan.batch)
-      if (e.samples()) out.sampled.push_back({9, false});
+      if (e.samples()) out.sampled.push_back({9});
     CHECK(sched.update(plan, out).empty());
   }
 
@@ -352,7 +352,7 @@ TEST_CASE("hybrid mode: once every slot holder has compressed, nobody is preempt
         for (const auto& job : landing) out.compactions.push_back({job.seq->id, 2048, {}});
         landing = plan.compress;
         for (const auto& e : plan.batch)
-          if (e.samples()) out.sampled.push_back({9, false});
+          if (e.samples()) out.sampled.push_back({9});
         CHECK(f.sched.update(plan, out).empty());
         if (t == steps / 2) at_half = f.sched.num_preemptions();
       }
@@ -682,7 +682,7 @@ TEST_CASE("update: lengths and tokens advance, requests stop by the stop rules, 
   auto plan = f.sched.schedule();
   REQUIRE(plan.batch.size() == 7);
   step_output out;
-  out.sampled = {{3, false}, {4, false}, {5, false}, {6, true}, {7, false}, {3, false}, {8, false}};
+  out.sampled = {{3}, {4}, {5}, {6, "z"}, {7}, {3}, {8}};
   CHECK(f.sched.update(plan, out).empty());
   CHECK(eos->reason == finish_reason::eos);
   CHECK(extra->reason == finish_reason::eos);
@@ -701,7 +701,7 @@ TEST_CASE("update: lengths and tokens advance, requests stop by the stop rules, 
   CHECK(grows->kv_len == 11);
   CHECK_FALSE(grows->needs_compression);
   plan = f.sched.schedule();
-  out.sampled = {{9, false}, {9, false}};
+  out.sampled = {{9}, {9}};
   f.sched.update(plan, out);
   CHECK(grows->kv_len == 12);
   CHECK(grows->needs_compression);  // B + 1 full blocks at a block boundary
@@ -710,7 +710,7 @@ TEST_CASE("update: lengths and tokens advance, requests stop by the stop rules, 
   CHECK(grows->compressing);
   // The compaction lands through update: the table shrinks to the new length; the tail goes back.
   const int used = f.pool.num_used();
-  out.sampled = {{9, false}};
+  out.sampled = {{9}};
   out.compactions = {{grows->id, 8, {}}};
   CHECK(f.sched.update(plan, out).empty());
   CHECK_FALSE(grows->compressing);
@@ -723,7 +723,7 @@ TEST_CASE("update: lengths and tokens advance, requests stop by the stop rules, 
   std::vector<request_id> failed;
   for (int i = 0; i < 100 && f.sched.has_unfinished(); ++i) {
     plan = f.sched.schedule();
-    out.sampled.assign(plan.batch.size(), {9, false});
+    out.sampled.assign(plan.batch.size(), {9});
     out.compactions.clear();
     for (const auto& job : plan.compress)
       out.compactions.push_back({job.seq->id, 8, job.seq == grows ? "boom" : ""});
@@ -762,7 +762,7 @@ TEST_CASE("update: stop_reason is vLLM's: the stop token's id or the stop string
     auto plan = f.sched.schedule();
     REQUIRE(plan.batch.size() == 7);
     step_output out;
-    out.sampled = {{3, false}, {4, false}, {5, false}, {6, true, "z"}, {7, false}, {3, false}, {3, false}};
+    out.sampled = {{3}, {4}, {5}, {6, "z"}, {7}, {3}, {3}};
     CHECK(f.sched.update(plan, out).empty());
     // As the server writes it: the id, the string in quotes, or null.
     auto shown = [](const stopped_by& r) -> std::string {

@@ -4,7 +4,7 @@
 // in the new text (the output cut before the match, as vLLM does; after it with include_stop_str_in_output),
 // the step's events, and a finished request's result. It writes only a
 // request's output (its text); lengths, tokens and whether it finished are scheduler.update's, which
-// gets the stop-string verdicts from here (sampled_token::stop_string).
+// gets the stop-string verdicts from here (sampled_token::stop).
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -116,7 +116,7 @@ inline std::vector<sampled_token> process_sampled(const step_plan& plan, const s
     const std::string* stop =
         by_token == finish_reason::none && past_min ? truncate_at_stop_string(s, old_size) : nullptr;
     ev.text = take_streamable(s, stop != nullptr);
-    out.push_back({tok, stop != nullptr, stop != nullptr ? *stop : std::string{}});
+    out.push_back({tok, stop != nullptr ? *stop : std::string{}});
     events.push_back(std::move(ev));
   }
   return out;

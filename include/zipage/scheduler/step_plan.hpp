@@ -146,12 +146,12 @@ struct step_plan {
   }
 };
 
-// A token sampled for one batch entry, and whether the text it completed ends with a stop string
-// (output processing looked; the output text is already cut before it), and which.
+// A token sampled for one batch entry, and the stop string its text completed, if any (output processing looked;
+// the output text is already cut before it). Stop strings are never empty, so an empty `stop` means none matched.
 struct sampled_token {
   token_id token = 0;
-  bool stop_string = false;
-  std::string stop{};  // the sampling_params::stop entry that matched, when stop_string
+  std::string stop{};  // the sampling_params::stop entry that matched; empty: none
+  [[nodiscard]] bool stop_string() const noexcept { return !stop.empty(); }
 };
 
 // What running a plan produced, for scheduler.update.
