@@ -420,9 +420,12 @@ TEST_CASE("tuples, intervals and lists compare element by element") {
   CHECK(math_answers_equal("\\begin{pmatrix} \\frac12 \\\\ -3 \\end{pmatrix}",
                            "\\begin{pmatrix}0.5\\\\-3.0\\end{pmatrix}"));
   CHECK(math_answers_equal("\\begin{bmatrix} 1 & \\frac12 \\end{bmatrix}", "\\begin{pmatrix}1&0.5\\end{pmatrix}"));
-  // Order, bracket kinds and lengths matter.
+  // Order (of tuples, intervals, vectors and matrices), bracket kinds and lengths matter.
   CHECK_FALSE(math_answers_equal("(1, 2)", "(2, 1)"));
-  CHECK_FALSE(math_answers_equal("1, 2", "2, 1"));
+  CHECK_FALSE(math_answers_equal("\\langle 1, 2 \\rangle", "\\langle 2, 1 \\rangle"));
+  CHECK_FALSE(math_answers_equal("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+                                 "\\begin{pmatrix} 2 \\\\ 1 \\end{pmatrix}"));
+  CHECK_FALSE(math_answers_equal("[1, 2]", "[2, 1]"));
   CHECK_FALSE(math_answers_equal("[0, 1)", "(0, 1)"));
   CHECK_FALSE(math_answers_equal("[0, 1]", "[0, 1)"));
   CHECK_FALSE(math_answers_equal("(1, 2)", "[1, 2]"));
@@ -504,4 +507,39 @@ TEST_CASE("closed-form numbers compare by value") {
   CHECK_FALSE(math_answers_equal("3\\frac{4}{2}", "6"));    // a number before \frac{a}{b}: neither product nor sum
   CHECK_FALSE(math_answers_equal("\\sqrt{2}3", "4.2426"));
   CHECK_FALSE(math_answers_equal("\\pi^{100000}", "\\pi^{100001}"));  // overflows: not a number
+}
+
+TEST_CASE("sets, unions and bare lists compare as sets: any order, repetition aside") {
+  // Every structure compared in order, so a set or a list of all solutions written in another order than the
+  // reference's was wrong: \{2, 1\} against \{1, 2\}, "-2, 1" against "1, -2".
+  CHECK(math_answers_equal("\\{1, 2, 3\\}", "\\{3, 1, 2\\}"));
+  CHECK(math_answers_equal("\\{\\frac12, 3\\}", "\\{3, 0.5\\}"));  // elements by the scalar rules
+  CHECK(math_answers_equal("\\{1, 2\\}", "\\{2, 1, 1\\}"));         // multiplicity as a set
+  CHECK(math_answers_equal("-2, 1", "1, -2"));                      // MATH's "all the solutions, separated by commas"
+  CHECK(math_answers_equal("1, -2, \\frac{1}{3}", "0.3333, 1, -2"));
+  CHECK(math_answers_equal("(2, 1), (1, 2)", "(1, 2), (2, 1)"));    // a list of pairs: the pairs in any order
+  CHECK(math_answers_equal("(0, 1) \\cup (2, 3)", "(2, 3) \\cup (0, 1)"));
+  CHECK(math_answers_equal("x = 1, y = 2", "y = 2, x = 1"));
+  CHECK(math_answers_equal("\\{(1, 2), (3, 4)\\}", "\\{(3, 4), (1, 2.0)\\}"));
+  // Still element by element: the same elements, each of the other set matched, the pairs inside in order.
+  CHECK_FALSE(math_answers_equal("\\{1, 2\\}", "\\{1, 3\\}"));
+  CHECK_FALSE(math_answers_equal("\\{1, 2\\}", "\\{1, 2, 3\\}"));
+  CHECK_FALSE(math_answers_equal("\\{1, 2, 3\\}", "\\{1, 2\\}"));
+  CHECK_FALSE(math_answers_equal("\\{1, 2\\}", "\\{1, 1.00001\\}"));   // both near 1: 2 is unmatched
+  CHECK_FALSE(math_answers_equal("(2, 1), (1, 2)", "(1, 2), (1, 2)"));
+  CHECK_FALSE(math_answers_equal("\\{(1, 2), (3, 4)\\}", "\\{(2, 1), (4, 3)\\}"));
+  CHECK_FALSE(math_answers_equal("(0, 1) \\cup (2, 3)", "(0, 1) \\cup [2, 3)"));
+  CHECK_FALSE(math_answers_equal("x = 1, y = 2", "y = 1, x = 2"));
+  CHECK_FALSE(math_answers_equal("\\{1, 2\\}", "1, 2"));                // a set and a bare list are other kinds
+  CHECK_FALSE(math_answers_equal("\\{1, 2\\}", "(2, 1)"));
+  // A looping model's list of thousands of entries is compared in order only (max_set_pairs), and quickly.
+  std::string up, down;
+  for (int i = 0; i < 3000; ++i) {
+    if (i > 0) up += ',', down += ',';
+    up += std::to_string(i);
+    down += std::to_string(2999 - i);
+  }
+  CHECK_FALSE(math_answers_equal(up, down));
+  CHECK_FALSE(math_answers_equal(up, up + ",0"));  // equal as sets, but past the cap: in order, and longer
+  CHECK(math_answers_equal("\\{" + up + "\\}", "\\{" + up + "\\}"));
 }

@@ -15,9 +15,10 @@
 //    5.0 == 5 and 1.5e3 == 1500: two whole numbers exactly, any other pair within numeric_relative_tolerance
 //    (0.3333 == 1/3). Closed forms of numbers (\frac, \sqrt, ^, \pi, + - * /, parentheses) compare by value
 //    (\frac{\sqrt2}{2} == \frac{1}{\sqrt2}); a percentage x% is x or x/100 (25% == 0.25); a whole answer in number
-//    words is its number (twenty-one == 21); tuples, intervals, sets, unions, matrices and bare lists compare element
-//    by element, in order, with the same brackets ([0, \frac12) == [0, 0.5), != (0, 0.5)). A choice "(A) 5" equals
-//    5, A and (A). Anything else compares as normalised strings.
+//    words is its number (twenty-one == 21); tuples, intervals and matrices compare element by element, in order, with
+//    the same brackets ([0, \frac12) == [0, 0.5), != (0, 0.5)); sets, unions and bare lists as sets, in any order
+//    (\{1, 2\} == \{2, 1\}, "1, 2" == "2, 1"). A choice "(A) 5" equals 5, A and (A). Anything else compares as
+//    normalised strings.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -822,14 +823,50 @@ inline std::optional<structure> split_structure(std::string_view s) {
   return std::nullopt;
 }
 
-// Two normalised answers: equal strings; else, when both are made of parts of the same kind and shape, part by part
-// in order (as Qwen's compare_lists, but with the brackets checked); else as one answer (atom_equal).
+// A set "\{1, 2\}", a union "(0,1)\cup(2,3)" and a bare list "1, 2" (MATH's "enter all the solutions, separated by
+// commas") say nothing by their order; tuples, intervals, vectors and matrices do.
+inline bool unordered_kind(std::string_view kind) { return kind == "\\{\\}" || kind == "," || kind == "\\cup"; }
+
+// Pairs of elements compared at most when two sets are matched: a model that loops may write a list of thousands of
+// entries, and every pair of two such lists would take seconds.
+inline constexpr std::size_t max_set_pairs = 4096;
+
+inline bool answers_equal(std::string_view a, std::string_view b, int depth);
+
+// Two sets of normalised elements as sets: every element of each equals some element of the other, so neither order
+// nor repetition counts ({1, 2} == {2, 1, 1}). Equality within the tolerance is not transitive, so this is not a
+// matching of one to one: {1, 1.00001} == {1}, as 1 == 1.00001. Past max_set_pairs, only in order.
+inline bool same_set(const std::vector<std::string_view>& a, const std::vector<std::string_view>& b, int depth) {
+  if (a.size() == b.size()) {
+    bool in_order = true;
+    for (std::size_t i = 0; i < a.size() && in_order; ++i) in_order = answers_equal(a[i], b[i], depth);
+    if (in_order) return true;
+  }
+  if (a.size() * b.size() > max_set_pairs) return false;
+  std::vector<char> b_matched(b.size(), 0);
+  for (const std::string_view x : a) {
+    bool matched = false;
+    for (std::size_t j = 0; j < b.size(); ++j) {
+      if (!answers_equal(x, b[j], depth)) continue;
+      matched = true;
+      b_matched[j] = 1;
+    }
+    if (!matched) return false;
+  }
+  return std::all_of(b_matched.begin(), b_matched.end(), [](char m) { return m != 0; });
+}
+
+// Two normalised answers: equal strings; else, when both are made of parts of the same kind and shape, part by part:
+// sets, unions and bare lists as sets (same_set), the others in order (as Qwen's compare_lists, but with the
+// brackets checked); else as one answer (atom_equal).
 inline bool answers_equal(std::string_view a, std::string_view b, int depth = 0) {
   if (a == b) return true;
   if (depth < max_brace_depth) {
     const auto sa = split_structure(a), sb = split_structure(b);
     if (sa && sb) {
-      if (sa->kind != sb->kind || sa->items.size() != sb->items.size() || sa->row_sizes != sb->row_sizes) return false;
+      if (sa->kind != sb->kind || sa->row_sizes != sb->row_sizes) return false;
+      if (unordered_kind(sa->kind)) return same_set(sa->items, sb->items, depth + 1);
+      if (sa->items.size() != sb->items.size()) return false;
       for (std::size_t i = 0; i < sa->items.size(); ++i)
         if (!answers_equal(sa->items[i], sb->items[i], depth + 1)) return false;
       return true;
