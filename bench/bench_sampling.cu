@@ -5,7 +5,9 @@
 // case for the selection), "peaked" rows are N(0, 2) plus a few tokens 10..20 above (like a trained
 // model; top-p keeps few). Each case's time is the device time of one sample_tokens() call, measured with
 // CUDA events around 20 back-to-back calls (manual time). Counter logits_GBps = logit bytes / time, the
-// rate at which the batch's logits are consumed (a greedy batch reads them once).
+// rate at which the batch's logits are consumed (a greedy batch reads them once). The "_bias4", "_allowed5" cases
+// add vLLM's logits processors (zipage::logit_edits as CSR: 4 biased ids, or 5 allowed ids) to every row or, with
+// "_1row", to one row of the batch: their cost against the same case without them, in the same run.
 //
 //   bench_sampling [--benchmark_filter=...] [--benchmark_out=file.json --benchmark_out_format=json]
 #include <benchmark/benchmark.h>
@@ -71,6 +73,9 @@ struct config {
   float min_p = 0.0f;
   float penalty = 1.0f;
   int context = 0;  // context tokens per request for the penalty
+  int edit_ids = 0;  // logits processors: ids per edited row (a bias each, or allowed with others_banned)
+  bool others_banned = false;
+  bool one_row = false;  // only row 0 edited
 };
 
 struct row_result {
@@ -92,6 +97,19 @@ void bm_sample(benchmark::State& state, const std::string& name, int batch, bool
   }
   dbuf<float> d_temp(temp), d_top_p(top_p), d_min_p(min_p), d_pen(pen);
   dbuf<std::int32_t> d_top_k(top_k), d_indptr(indptr), d_ids(ids), d_out(batch);
+  std::vector<std::int32_t> e_indptr{0}, e_ids, e_banned;
+  std::vector<float> e_adds;
+  for (int r = 0; r < batch; ++r) {
+    const bool edited = cfg.edit_ids > 0 && (!cfg.one_row || r == 0);
+    for (int j = 0; edited && j < cfg.edit_ids; ++j) {  // ascending ids, as make_logit_edits gives
+      e_ids.push_back(static_cast<std::int32_t>((j * 30011u + r * 13u) % 30011u + j * 30011u));
+      e_adds.push_back(cfg.others_banned ? 0.0f : 2.5f);
+    }
+    e_indptr.push_back(static_cast<std::int32_t>(e_ids.size()));
+    e_banned.push_back(edited && cfg.others_banned ? 1 : 0);
+  }
+  dbuf<std::int32_t> d_e_indptr(e_indptr), d_e_ids(e_ids), d_e_banned(e_banned);
+  dbuf<float> d_e_adds(e_adds);
   dbuf<std::uint64_t> d_seed(seed), d_step(step);
   zc::sampling_batch p;
   p.logits = bf16 ? static_cast<const void*>(L.b16) : static_cast<const void*>(L.f32);
@@ -108,6 +126,12 @@ void bm_sample(benchmark::State& state, const std::string& name, int batch, bool
     p.repetition_penalty = d_pen.p;
     p.context_indptr = d_indptr.p;
     p.context_ids = d_ids.p;
+  }
+  if (cfg.edit_ids > 0) {
+    p.edit_indptr = d_e_indptr.p;
+    p.edit_ids = d_e_ids.p;
+    p.edit_adds = d_e_adds.p;
+    p.edit_others_banned = d_e_banned.p;
   }
   p.out_tokens = d_out.p;
   const std::size_t ws_bytes = zc::sampling_workspace_bytes(batch, kVocab, cfg.greedy_null);
@@ -169,6 +193,10 @@ int main(int argc, char** argv) {
         {"top_k50_top_p0.95", {.top_k = 50, .top_p = 0.95f}},
         {"min_p0.05", {.min_p = 0.05f}},
         {"penalty1.2_ctx1024_top_p0.95", {.top_p = 0.95f, .penalty = 1.2f, .context = 1024}},
+        {"top_p0.95_bias4", {.top_p = 0.95f, .edit_ids = 4}},
+        {"top_p0.95_bias4_1row", {.top_p = 0.95f, .edit_ids = 4, .one_row = true}},
+        {"top_p0.95_allowed5", {.top_p = 0.95f, .edit_ids = 5, .others_banned = true}},
+        {"greedy_bias4", {.greedy_null = true, .edit_ids = 4}},
     };
     for (const bool peaked : {false, true})
       for (const named& c : configs)

@@ -64,6 +64,10 @@ void sample_tokens(const sampling_batch& p, void* workspace, std::size_t workspa
   check((reinterpret_cast<std::uintptr_t>(workspace) & 15u) == 0, "sampling: workspace must be 16-byte aligned");
   check((p.context_indptr == nullptr) == (p.context_ids == nullptr),
         "sampling: context_indptr and context_ids go together");
+  const bool edits = p.edit_indptr != nullptr;
+  check(edits == (p.edit_ids != nullptr) && edits == (p.edit_adds != nullptr) &&
+            edits == (p.edit_others_banned != nullptr),
+        "sampling: edit_indptr, edit_ids, edit_adds and edit_others_banned go together");
 
   ds::kernel_args a{};
   a.logits = p.logits;
@@ -80,6 +84,10 @@ void sample_tokens(const sampling_batch& p, void* workspace, std::size_t workspa
   a.step = p.step;
   a.ctx_indptr = p.context_indptr;
   a.ctx_ids = p.context_ids;
+  a.edit_indptr = p.edit_indptr;
+  a.edit_ids = p.edit_ids;
+  a.edit_adds = p.edit_adds;
+  a.edit_others_banned = p.edit_others_banned;
   a.out = p.out_tokens;
   a.scratch = static_cast<std::uint32_t*>(workspace);
   a.scratch_stride = scratch_stride(p.vocab);
@@ -91,7 +99,10 @@ void sample_tokens(const sampling_batch& p, void* workspace, std::size_t workspa
   a.output_penalties = output_penalties;
   a.use_bitmap = (p.repetition_penalty != nullptr && p.context_indptr != nullptr) || output_penalties;
 
-  const int smem = (sampling ? ds::kHistBytes : 0) + (a.use_bitmap ? (p.vocab + 31) / 32 * 4 : 0);
+  // Histograms, then the context's bitmap, then the edited ids' bitmap (66 KB at a 152k vocabulary: two CTAs
+  // per multiprocessor still fit).
+  const int bitmap_bytes = (p.vocab + 31) / 32 * 4;
+  const int smem = (sampling ? ds::kHistBytes : 0) + (a.use_bitmap ? bitmap_bytes : 0) + (edits ? bitmap_bytes : 0);
   if (p.dtype == logits_dtype::f32)
     launch<float>(a, p.batch, sampling, smem, stream);
   else

@@ -693,7 +693,7 @@ TEST_CASE("device sampling, fp32: frequency / presence penalties and (top) log-p
 // step with such a row copies its logits to the host and samples every row there, eagerly. In a batch mixed with
 // plain requests that must give the CPU engine's tokens (fp32, fixed-order GEMMs), and the steps after min_tokens is
 // reached, or after the processor requests end, go back to the device sampler.
-TEST_CASE("logits processors on the GPU: a mixed batch gives the CPU engine's tokens; other steps stay on the device") {
+TEST_CASE("logits processors on the GPU: a mixed batch gives the CPU engine's tokens, every row drawn on the device") {
   const auto prompts = story_prompts(8);
   engine_config cfg{.block_size = 16, .num_blocks = 512};
   cfg.encode_words = words_encoder(stories().tokenizer);
@@ -738,9 +738,13 @@ TEST_CASE("logits processors on the GPU: a mixed batch gives the CPU engine's to
       CHECK(out[i].back() == eos);
     }
   }
-  CHECK(k.to_host_bytes > 0);  // the processor steps' logits came to the host
+  // Every row, processors or not, drawn by the device sampler from the processors' edits: no logits copied.
+  std::int64_t all = 0;
+  for (const auto& o : out) all += static_cast<std::int64_t>(o.size());
+  CHECK(k.device_sampled_rows == all);
+  CHECK(k.to_host_bytes == 0);
 
-  // Plain requests alone again: every row drawn on the device, no logits copied.
+  // Plain requests alone again: the same.
   b.reset_counters();
   std::vector<request_id> ids;
   for (std::size_t i = 2; i < prompts.size(); i += 4) ids.push_back(gpu.add_request(prompts[i], params(i)));

@@ -10,7 +10,9 @@
 // token inside the CPU's kept set (top-k / top-p / min-p set, from an independent full-sort reference);
 // results independent of the batch's order (rows reversed) and repeatable. Each sampled mismatch is
 // reported with its distance from the nearest CDF boundary (relative to the kept mass), which should be
-// at float-rounding level. Exits 1 on any failure, 77 (skipped) where there is no CUDA device.
+// at float-rounding level. Batches with vLLM's logits processors (allowed_token_ids, bad_words, logit_bias,
+// min_tokens; zipage::logit_edits as CSR) are checked the same way, the reference kept set computed on the
+// edited row. Exits 1 on any failure, 77 (skipped) where there is no CUDA device.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,6 +31,7 @@
 #include "cuda_buffers.hpp"
 #include "zipage/backend/cuda/sampling.hpp"
 #include "zipage/cuda/device.hpp"
+#include "zipage/sampling/logits_processors.hpp"
 #include "zipage/sampling/logprobs.hpp"
 #include "zipage/sampling/sampler.hpp"
 #include "zipage/sampling/sampling_params.hpp"
@@ -78,6 +81,7 @@ struct request {
   sampling_params p;
   std::uint64_t step = 0;
   std::vector<token_id> context;
+  zipage::token_rules rules;  // bad words and EOS ids (logits processors)
 };
 
 struct batch_case {
@@ -239,6 +243,25 @@ std::vector<std::int32_t> run_gpu(const batch_case& c, const std::vector<int>& o
     ids.insert(ids.end(), q.context.end() - static_cast<std::ptrdiff_t>(keep), q.context.end());
     indptr.push_back(static_cast<std::int32_t>(ids.size()));
   }
+  // Logits processors, as cuda_backend sends them: each row's zipage::logit_edits.
+  std::vector<std::int32_t> e_indptr{0}, e_ids, e_banned;
+  std::vector<float> e_adds;
+  bool edits = false;
+  for (const request& q : c.reqs) edits = edits || q.p.processes_logits(q.step);
+  if (edits) {
+    zipage::logit_edits e;
+    for (int j = 0; j < B; ++j) {
+      const request& q = c.reqs[std::size_t(order[std::size_t(j)])];
+      e.clear();
+      if (q.p.processes_logits(q.step)) zipage::make_logit_edits(e, q.p, q.context, q.step, q.rules, V);
+      e_ids.insert(e_ids.end(), e.ids.begin(), e.ids.end());
+      e_adds.insert(e_adds.end(), e.adds.begin(), e.adds.end());
+      e_indptr.push_back(static_cast<std::int32_t>(e_ids.size()));
+      e_banned.push_back(e.others_banned ? 1 : 0);
+    }
+  }
+  dbuf<std::int32_t> d_e_indptr(e_indptr), d_e_ids(e_ids), d_e_banned(e_banned);
+  dbuf<float> d_e_adds(e_adds);
   dbuf<float> d_lf(lf);
   dbuf<std::uint16_t> d_lb(lb);
   dbuf<float> d_temp(temp), d_top_p(top_p), d_min_p(min_p), d_pen(pen), d_freq(freq), d_pres(pres);
@@ -264,6 +287,12 @@ std::vector<std::int32_t> run_gpu(const batch_case& c, const std::vector<int>& o
   p.context_indptr = d_indptr.p;
   p.context_ids = d_ids.p;
   p.out_tokens = d_out.p;
+  if (edits) {
+    p.edit_indptr = d_e_indptr.p;
+    p.edit_ids = d_e_ids.p;
+    p.edit_adds = d_e_adds.p;
+    p.edit_others_banned = d_e_banned.p;
+  }
   const std::size_t ws_bytes = zc::sampling_workspace_bytes(B, V, null_temperature, true);
   dbuf<std::uint8_t> ws(ws_bytes);
   std::vector<std::int32_t> ks;
@@ -382,8 +411,16 @@ void compare(const batch_case& c, const std::vector<std::int32_t>& gpu) {
     static thread_local zipage::sampler s;
     const float* row = c.logits.data() + r * std::size_t(c.vocab);
     const request& q = c.reqs[r];
-    cpu[r] = s.sample(std::span<const float>(row, std::size_t(c.vocab)), q.p, q.context, q.step);
-    kept[r] = reference_kept(row, c.vocab, q);
+    cpu[r] = s.sample(std::span<const float>(row, std::size_t(c.vocab)), q.p, q.context, q.step, q.rules);
+    if (q.p.processes_logits(q.step)) {  // the reference on the edited row
+      zipage::logit_edits e;
+      zipage::make_logit_edits(e, q.p, q.context, q.step, q.rules, c.vocab);
+      std::vector<float> edited(static_cast<std::size_t>(c.vocab));
+      zipage::apply_logit_edits(std::span<const float>(row, std::size_t(c.vocab)), e, edited);
+      kept[r] = reference_kept(edited.data(), c.vocab, q);
+    } else {
+      kept[r] = reference_kept(row, c.vocab, q);
+    }
   });
   tally t;
   int printed = 0;
@@ -451,6 +488,69 @@ void test_batch(int vocab, int batch, bool bf16, std::int64_t row_pad = 0, bool 
     check(run_gpu(c, identity(batch), false, true) == gpu,
           c.name + ": same tokens with only the generated tokens sent for the frequency / presence penalties");
   }
+}
+
+// vLLM's logits processors on most rows of a random batch (the rest plain): allowed_token_ids (a few ids, or
+// thousands), logit_bias (up to +-100, on allowed ids or not), bad words of one token or ending the generated
+// tokens, min_tokens with EOS and stop ids; greedy and sampled, with and without penalties.
+void add_random_processors(request& q, int vocab, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> pick(0, 99);
+  std::uniform_int_distribution<token_id> tok(0, vocab - 1);
+  if (q.context.size() < 4)
+    for (int i = 0; i < 6; ++i) q.context.push_back(tok(rng));
+  q.step = std::uniform_int_distribution<std::uint64_t>(0, q.context.size())(rng);
+  if (pick(rng) < 30) {
+    std::vector<token_id> allowed;
+    const int n = pick(rng) < 80 ? 1 + pick(rng) % 8 : std::min(vocab, 3000);
+    for (int i = 0; i < n; ++i) allowed.push_back(tok(rng));
+    q.p.allowed_token_ids = allowed;
+  }
+  if (pick(rng) < 50) {
+    const float biases[] = {-100.0f, -5.0f, -0.5f, 0.25f, 3.0f, 100.0f};
+    for (int i = 1 + pick(rng) % 4; i > 0; --i) {
+      const token_id t = q.p.allowed_token_ids && pick(rng) < 50
+                             ? (*q.p.allowed_token_ids)[std::size_t(pick(rng)) % q.p.allowed_token_ids->size()]
+                             : tok(rng);
+      q.p.logit_bias[t] = biases[pick(rng) % 6];
+    }
+  }
+  if (pick(rng) < 40) {
+    q.rules.bad_words.push_back({tok(rng)});
+    // A two-token word whose first token ends the generated tokens, when there are any.
+    if (q.step > 0) q.rules.bad_words.push_back({q.context.back(), tok(rng)});
+  }
+  if (pick(rng) < 40) {
+    q.p.min_tokens = static_cast<int>(q.step) + pick(rng) % 3;
+    q.rules.eos_ids = {tok(rng), tok(rng)};
+    if (pick(rng) < 50) q.p.stop_token_ids = {tok(rng)};
+  }
+}
+
+void test_logit_edits(int vocab, int batch, bool bf16) {
+  batch_case c = make_case(vocab, batch, bf16, 0);
+  c.name += " processors";
+  std::mt19937_64 rng(static_cast<std::uint64_t>(vocab) * 7 + static_cast<std::uint64_t>(batch) + (bf16 ? 1 : 0));
+  for (request& q : c.reqs)
+    if (rng() % 5 != 0) add_random_processors(q, vocab, rng);
+  const std::vector<std::int32_t> gpu = run_gpu(c, identity(batch));
+  compare(c, gpu);
+  std::vector<int> rev = identity(batch);
+  std::reverse(rev.begin(), rev.end());
+  check(run_gpu(c, rev) == gpu, c.name + ": same tokens with the batch reversed");
+  // A token the processors rule out (-inf after the edit) is never drawn, unless the whole edited row is -inf
+  // (then token 0); the kept-set check covers this too, said plainly here.
+  long banned = 0;
+  zipage::logit_edits e;
+  std::vector<float> edited(static_cast<std::size_t>(vocab));
+  for (int r = 0; r < batch; ++r) {
+    const request& q = c.reqs[std::size_t(r)];
+    if (!q.p.processes_logits(q.step)) continue;
+    zipage::make_logit_edits(e, q.p, q.context, q.step, q.rules, vocab);
+    zipage::apply_logit_edits({c.logits.data() + std::size_t(r) * std::size_t(vocab), std::size_t(vocab)}, e, edited);
+    const auto live = [](float x) { return x == x && x != -inf_f; };
+    if (std::any_of(edited.begin(), edited.end(), live) && !live(edited[std::size_t(gpu[std::size_t(r)])])) ++banned;
+  }
+  check(banned == 0, c.name + ": no token the processors rule out is drawn (" + std::to_string(banned) + " were)");
 }
 
 // All-greedy batch through the temperature == nullptr path (no workspace): the argmax of every row.
@@ -522,6 +622,8 @@ int main() {
       test_batch(40000, 4, false);
       test_null_temperature(700, 5);
       test_logprobs(512, 32, false);
+      test_logit_edits(512, 32, false);
+      test_logit_edits(151936, 8, true);
     } else {
       for (bool bf16 : {false, true}) {
         for (int b : {1, 2, 7, 64, 256}) test_batch(512, b, bf16, 0, b == 64);
@@ -532,6 +634,11 @@ int main() {
         test_batch(50257, 64, bf16);  // odd vocabulary: a partial last group
         test_batch(1, 8, bf16);
         test_batch(3, 32, bf16, 1);
+      }
+      for (bool bf16 : {false, true}) {
+        for (int rep = 0; rep < 4; ++rep) test_logit_edits(512, 256, bf16);
+        test_logit_edits(32000, 128, bf16);
+        test_logit_edits(151936, 64, bf16);
       }
       test_null_temperature(32000, 50);
       test_null_temperature(151936, 9);

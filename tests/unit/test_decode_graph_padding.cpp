@@ -45,7 +45,7 @@ struct padding_backend : cpu_backend {
     std::vector<token_id> out;
     for (const sample_row& r : rows) {
       const std::span<const float> row(logits.row(r.logits_row).data(), static_cast<std::size_t>(logits.cols()));
-      out.push_back(sampler{}.sample(row, *r.params, r.context, r.step));
+      out.push_back(sampler{}.sample(row, *r.params, r.context, r.step, r.rules ? *r.rules : token_rules{}));
     }
     return out;
   }
@@ -76,13 +76,34 @@ std::vector<sampling_params> params(int n, bool sampled, int max_tokens) {
   return out;
 }
 
+// vLLM's logits processors on every request (a device sampler applies them from sample_row::rules; an engine that
+// sampled them on the host would run no graph step).
+std::vector<sampling_params> processor_params(int n, bool sampled, int max_tokens) {
+  std::vector<sampling_params> out = params(n, sampled, max_tokens);
+  for (int i = 0; i < n; ++i) {
+    sampling_params& p = out[static_cast<std::size_t>(i)];
+    switch (i % 4) {
+      case 0: p.logit_bias = {{13, 4.0f}, {400, -100.0f}}; break;
+      case 1: p.allowed_token_ids = std::vector<token_id>{13, 261, 298, 376, 432}; break;
+      case 2: p.bad_words = {" the", "was"}; break;
+      default: p.logit_bias = {{7, 0.5f}};
+    }
+    if (i % 3 == 0) {
+      p.ignore_eos = false;
+      p.min_tokens = 20;
+    }
+  }
+  return out;
+}
+
 template <class Policy, class Backend>
-std::vector<std::vector<token_id>> run(const engine_config& cfg, bool sampled, const Backend& backend = {},
-                                       engine_stats* stats = nullptr) {
+std::vector<std::vector<token_id>> run(engine_config cfg, bool sampled, const Backend& backend = {},
+                                       engine_stats* stats = nullptr, bool processors = false) {
+  cfg.encode_words = words_encoder(stories().tokenizer);
   engine<llama_model<Backend>, Policy, zipage_scheduler, Backend> eng(load_llama_gguf<Backend>(stories().file, backend),
                                                                       cfg, Policy{}, backend);
   const auto ps = prompts(11);
-  const auto sp = params(11, sampled, 90);
+  const auto sp = processors ? processor_params(11, sampled, 90) : params(11, sampled, 90);
   std::vector<request_id> ids;
   for (std::size_t i = 0; i < ps.size(); ++i) ids.push_back(eng.add_request(ps[i], sp[i]));
   eng.run_to_completion();
@@ -130,6 +151,32 @@ TEST_CASE("padded decode-graph steps give the plain engine's tokens (full KV and
       CHECK(st.graph_padding_rows > 0);  // 11 requests finishing at different steps: never a multiple of 4 throughout
       CHECK(pb.seen->wrong_logits_rows == 0);
       if (v.cfg.num_blocks == 40) CHECK(st.preemptions > 0);
+    }
+  }
+}
+
+// A device sampler applies vLLM's logits processors (sample_row::rules): steps with such requests stay on it and
+// in graphs, with the plain engine's tokens (the host sampler's processors).
+TEST_CASE("logits processors go to the device sampler: graph steps, the plain engine's tokens") {
+  for (const auto& v : variants) {
+    for (const bool sampled : {false, true}) {
+      CAPTURE(v.name);
+      CAPTURE(sampled);
+      const padding_backend pb;
+      engine_stats st;
+      std::vector<std::vector<token_id>> want, got;
+      if (v.compressed) {
+        want = run<zipage_policy, cpu_backend>(v.cfg, sampled, {}, nullptr, true);
+        got = run<zipage_policy, padding_backend>(v.cfg, sampled, pb, &st, true);
+      } else {
+        want = run<full_kv, cpu_backend>(v.cfg, sampled, {}, nullptr, true);
+        got = run<full_kv, padding_backend>(v.cfg, sampled, pb, &st, true);
+      }
+      CHECK(got == want);
+      CHECK(want != (v.compressed ? run<zipage_policy, cpu_backend>(v.cfg, sampled)
+                                  : run<full_kv, cpu_backend>(v.cfg, sampled)));  // the processors acted
+      CHECK(st.graph_steps > 0);
+      CHECK(st.graph_steps == pb.seen->graph_calls);
     }
   }
 }

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "zipage/sampling/logits_processors.hpp"
 #include "zipage/sampling/logprobs.hpp"
 #include "zipage/sampling/sampler.hpp"
 #include "zipage/sampling/sampling_params.hpp"
@@ -804,6 +805,105 @@ TEST_CASE("logits processors do not allocate once the buffers have grown") {
   for (std::uint64_t step = 0; step < 50; ++step) sink += s.sample(logits, p, context, step % 4, rules);
   CHECK(g_allocations.load() == before);
   CHECK(sink >= 0);
+}
+
+
+// vLLM's processors applied one after the other on a dense row, as the sampler did before the sparse edit.
+std::vector<float> processors_one_by_one(const std::vector<float>& raw, const sampling_params& p,
+                                         const std::vector<token_id>& context, std::uint64_t step,
+                                         const token_rules& rules) {
+  constexpr float ban = -std::numeric_limits<float>::infinity();
+  std::vector<float> row = raw;
+  if (p.allowed_token_ids) {
+    std::fill(row.begin(), row.end(), ban);
+    for (const token_id t : *p.allowed_token_ids) row[static_cast<std::size_t>(t)] = raw[static_cast<std::size_t>(t)];
+  }
+  const std::size_t gen = std::min<std::size_t>(step, context.size());
+  for (const auto& word : rules.bad_words) {
+    if (word.size() - 1 > gen) continue;
+    bool match = true;
+    for (std::size_t i = 0; i + 1 < word.size(); ++i)
+      match = match && context[context.size() - (word.size() - 1) + i] == word[i];
+    if (match) row[static_cast<std::size_t>(word.back())] = ban;
+  }
+  for (const auto& [t, bias] : p.logit_bias) row[static_cast<std::size_t>(t)] += bias;
+  if (step < static_cast<std::uint64_t>(p.min_tokens)) {
+    for (const token_id t : rules.eos_ids) row[static_cast<std::size_t>(t)] = ban;
+    for (const token_id t : p.stop_token_ids) row[static_cast<std::size_t>(t)] = ban;
+  }
+  return row;
+}
+
+TEST_CASE("logit edits: sorted, merged, and the same row as the processors applied one after the other") {
+  SUBCASE("merging: a ban wins over a bias and an allowed id; ids only a bias names stay out under allowed") {
+    sampling_params p;
+    p.allowed_token_ids = std::vector<token_id>{7, 2, 7, 5};
+    p.logit_bias = {{5, 1.5f}, {9, 3.0f}, {2, -2.0f}};
+    p.min_tokens = 3;
+    p.stop_token_ids = {2};
+    token_rules rules;
+    rules.eos_ids = {8};
+    zipage::logit_edits e;
+    zipage::make_logit_edits(e, p, {}, 0, rules, 10);
+    constexpr float ban = -std::numeric_limits<float>::infinity();
+    CHECK(e.others_banned);
+    CHECK(e.ids == std::vector<token_id>{2, 5, 7, 8, 9});
+    CHECK(e.adds == std::vector<float>{ban, 1.5f, 0.0f, ban, ban});
+    zipage::make_logit_edits(e, p, {}, 3, rules, 10);  // min_tokens reached: 2 is allowed again, with its bias
+    CHECK(e.ids == std::vector<token_id>{2, 5, 7, 9});
+    CHECK(e.adds == std::vector<float>{-2.0f, 1.5f, 0.0f, ban});
+    p.logit_bias[10] = 1.0f;
+    CHECK_THROWS_WITH(zipage::make_logit_edits(e, p, {}, 3, rules, 10),
+                      doctest::Contains("logit_bias token 10 is outside the vocabulary of 10"));
+  }
+  SUBCASE("random requests: every value equal to the one-by-one processors' (NaN and infinities included)") {
+    std::uint64_t state = 12345;
+    auto next = [&state](std::uint64_t n) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      return (state >> 33) % n;
+    };
+    constexpr int vocab = 64;
+    zipage::logit_edits e;
+    std::vector<float> edited(vocab);
+    for (int trial = 0; trial < 2000; ++trial) {
+      std::vector<float> raw(vocab);
+      for (float& x : raw) x = static_cast<float>(next(2001)) / 100.0f - 10.0f;
+      raw[next(vocab)] = std::numeric_limits<float>::quiet_NaN();
+      raw[next(vocab)] = std::numeric_limits<float>::infinity();
+      raw[next(vocab)] = -std::numeric_limits<float>::infinity();
+      sampling_params p;
+      if (next(3) == 0) {
+        std::vector<token_id> allowed;
+        for (std::uint64_t k = 1 + next(6); k > 0; --k) allowed.push_back(static_cast<token_id>(next(vocab)));
+        p.allowed_token_ids = allowed;
+      }
+      for (std::uint64_t k = next(5); k > 0; --k)
+        p.logit_bias[static_cast<token_id>(next(vocab))] = static_cast<float>(next(201)) - 100.0f;
+      p.min_tokens = static_cast<int>(next(4));
+      for (std::uint64_t k = next(3); k > 0; --k) p.stop_token_ids.push_back(static_cast<token_id>(next(vocab)));
+      token_rules rules;
+      for (std::uint64_t k = next(3); k > 0; --k) rules.eos_ids.push_back(static_cast<token_id>(next(vocab)));
+      std::vector<token_id> context;
+      for (std::uint64_t k = next(8); k > 0; --k) context.push_back(static_cast<token_id>(next(4)));
+      for (std::uint64_t k = next(4); k > 0; --k) {
+        std::vector<token_id> word;
+        for (std::uint64_t j = 1 + next(3); j > 0; --j) word.push_back(static_cast<token_id>(next(4)));
+        rules.bad_words.push_back(word);
+      }
+      const std::uint64_t step = next(context.size() + 2);
+      zipage::make_logit_edits(e, p, context, step, rules, vocab);
+      CHECK(std::is_sorted(e.ids.begin(), e.ids.end()));
+      CHECK(std::adjacent_find(e.ids.begin(), e.ids.end()) == e.ids.end());
+      zipage::apply_logit_edits(raw, e, edited);
+      const std::vector<float> want = processors_one_by_one(raw, p, context, step, rules);
+      for (int i = 0; i < vocab; ++i) {
+        const auto u = static_cast<std::size_t>(i);
+        INFO("trial ", trial, " token ", i);
+        if (std::isnan(want[u])) CHECK(std::isnan(edited[u]));
+        else CHECK(edited[u] == want[u]);
+      }
+    }
+  }
 }
 
 }  // TEST_SUITE

@@ -250,16 +250,14 @@ class step_executor {
            std::all_of(plan.batch.begin(), plan.batch.end(), [](const scheduled_seq& e) { return e.tokens == 1; });
   }
 
-  // Whether an entry's token is chosen on the host: a forced token, or a request whose logits processors
-  // (sampling_params::processes_logits) change this step's logits, which only the host sampler applies.
+  // Whether an entry's token is chosen on the host: a forced token (teacher forcing). Logits processors do not
+  // need the host: a device sampler applies them (sample_row::rules).
   [[nodiscard]] static bool host_sampled(const scheduled_seq& e) {
-    const sequence& s = *e.seq;
-    return e.samples() &&
-           (!s.forced_tokens.empty() || s.params.processes_logits(static_cast<std::uint64_t>(s.num_generated())));
+    return e.samples() && !e.seq->forced_tokens.empty();
   }
 
   // The graph batch size for this step, or 0: only steps where every sequence decodes one token and
-  // samples it on the device (forced tokens and logits processors need the logits on the host).
+  // samples it on the device (forced tokens need the logits on the host).
   [[nodiscard]] int graph_batch_size(const step_plan& plan) const {
     if constexpr (decode_graph_runner<Backend> && device_sampler<Backend>) {
       for (const scheduled_seq& e : plan.batch)
@@ -270,8 +268,8 @@ class step_executor {
     }
   }
 
-  // On a backend that can sample on the device the logits stay there (log-probabilities included),
-  // unless a row is forced (evaluation) or uses logits processors: then the host samples the step's rows.
+  // On a backend that can sample on the device the logits stay there (log-probabilities and logits processors
+  // included), unless a row is forced (evaluation): then the host samples the step's rows.
   std::vector<token_id> sample(const step_plan& plan, const tensor& logits) {
     if constexpr (device_sampler<Backend>) {
       const bool host_only = std::any_of(plan.batch.begin(), plan.batch.end(), host_sampled);
@@ -282,7 +280,8 @@ class step_executor {
             sample_rows_.push_back({static_cast<int>(sample_rows_.size()), &e.seq->params, e.seq->tokens,
                                     static_cast<std::uint64_t>(e.seq->num_generated()),
                                     e.seq->params.logprobs ? &e.seq->logprobs : nullptr,
-                                    e.seq->params.top_logprobs > 0 ? &e.seq->top_logprobs : nullptr});
+                                    e.seq->params.top_logprobs > 0 ? &e.seq->top_logprobs : nullptr,
+                                    &e.seq->rules});
         return backend_->sample(logits, sample_rows_);
       }
     }

@@ -83,10 +83,12 @@ struct sample_row {
   std::uint64_t step = 0;
   std::vector<float>* logprobs = nullptr;
   std::vector<std::vector<token_logprob>>* top_logprobs = nullptr;
+  const token_rules* rules = nullptr;  // the request's bad words and EOS ids (its logits processors); null = none
 };
 
 // Optional backend hook: draws one token per row on the device from logits [rows][vocab], exactly as the
-// CPU `sampler` would, so the logits need not cross to the host. Without it the engine samples on the host.
+// CPU `sampler` would (its logits processors included: zipage::make_logit_edits gives a row's edit), so the
+// logits need not cross to the host. Without it the engine samples on the host.
 template <class B>
 concept device_sampler = requires(const B& b, const typename B::tensor& logits, std::span<const sample_row> rows) {
   { b.sample(logits, rows) } -> std::same_as<std::vector<token_id>>;

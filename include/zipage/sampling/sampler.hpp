@@ -20,6 +20,7 @@
 
 #include "zipage/core/error.hpp"
 #include "zipage/core/types.hpp"
+#include "zipage/sampling/logits_processors.hpp"
 #include "zipage/sampling/sampling_params.hpp"
 
 namespace zipage {
@@ -84,36 +85,14 @@ class sampler {
     return x;
   }
 
-  // vLLM V1's logits processors, in its order, on a copy of the row: allowed_token_ids, bad_words (over the
-  // generated tokens), logit_bias, then min_tokens (EOS and stop ids at -inf while step < min_tokens).
+  // vLLM V1's logits processors on a copy of the row, as the sparse edit the CUDA sampler applies too
+  // (logits_processors.hpp): allowed_token_ids, bad_words (over the generated tokens), logit_bias, then
+  // min_tokens (EOS and stop ids at -inf while step < min_tokens).
   std::span<const float> processed(std::span<const float> logits, const sampling_params& p,
                                    std::span<const token_id> context, std::uint64_t step, const token_rules& rules) {
-    constexpr float ban = -std::numeric_limits<float>::infinity();
-    const auto vocab = static_cast<std::int64_t>(logits.size());
-    auto in_vocab = [vocab](token_id t, const char* what) {
-      check(t >= 0 && t < vocab, "sampler: ", what, " token ", t, " is outside the vocabulary of ", vocab);
-      return static_cast<std::size_t>(t);
-    };
-    processed_.assign(logits.begin(), logits.end());
-    if (p.allowed_token_ids) {
-      kept_.clear();
-      for (const token_id t : *p.allowed_token_ids) kept_.push_back(logits[in_vocab(t, "allowed_token_ids")]);
-      std::fill(processed_.begin(), processed_.end(), ban);
-      for (std::size_t i = 0; i < kept_.size(); ++i)
-        processed_[static_cast<std::size_t>((*p.allowed_token_ids)[i])] = kept_[i];
-    }
-    const auto generated = context.last(std::min<std::size_t>(static_cast<std::size_t>(step), context.size()));
-    for (const std::vector<token_id>& word : rules.bad_words) {
-      if (word.empty() || word.size() - 1 > generated.size()) continue;
-      const std::span<const token_id> prefix(word.data(), word.size() - 1);
-      if (std::equal(prefix.begin(), prefix.end(), generated.end() - static_cast<std::ptrdiff_t>(prefix.size())))
-        processed_[in_vocab(word.back(), "bad_words")] = ban;
-    }
-    for (const auto& [t, bias] : p.logit_bias) processed_[in_vocab(t, "logit_bias")] += bias;
-    if (step < static_cast<std::uint64_t>(std::max(p.min_tokens, 0))) {
-      for (const token_id t : rules.eos_ids) processed_[in_vocab(t, "EOS")] = ban;
-      for (const token_id t : p.stop_token_ids) processed_[in_vocab(t, "stop_token_ids")] = ban;
-    }
+    make_logit_edits(edits_, p, context, step, rules, static_cast<std::int64_t>(logits.size()));
+    processed_.resize(logits.size());
+    apply_logit_edits(logits, edits_, processed_);
     return processed_;
   }
 
@@ -227,7 +206,7 @@ class sampler {
   }
 
   std::vector<float> processed_;   // the row after the logits processors (only for a request using them)
-  std::vector<float> kept_;        // scratch of allowed_token_ids: the allowed tokens' logits
+  logit_edits edits_;              // the row's logits processors as an edit (only for a request using them)
   std::vector<float> values_;      // sanitised, penalised logits
   std::vector<int> counts_;        // scratch of the output penalties: all zero between calls
   std::vector<candidate> cands_;   // tokens still in the running

@@ -43,7 +43,7 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
     for (int i = 0; i < n; ++i) {
       const sample_row& r = rows[static_cast<std::size_t>(i)];
       const std::span<const float> row{host.data() + static_cast<std::size_t>(r.logits_row) * v, v};
-      const token_id tok = c.host_sampler.sample(row, *r.params, r.context, r.step);
+      const token_id tok = c.host_sampler.sample(row, *r.params, r.context, r.step, r.rules ? *r.rules : token_rules{});
       out[static_cast<std::size_t>(i)] = tok;
       if (r.logprobs) r.logprobs->push_back(token_logprob_of(row, tok));
       if (r.top_logprobs) r.top_logprobs->push_back(top_logprobs(row, r.params->top_logprobs));
@@ -59,6 +59,7 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
 
   // Per-row parameters. All greedy: no temperature array (no workspace, the greedy kernel).
   bool all_greedy = true, penalty = false, output_penalty = false, identity = true, logprobs = false, tops = false;
+  bool edits = false;
   for (int i = 0; i < n; ++i) {
     const sample_row& r = rows[static_cast<std::size_t>(i)];
     logprobs = logprobs || r.logprobs != nullptr || r.top_logprobs != nullptr;
@@ -67,6 +68,7 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
     penalty = penalty || r.params->repetition_penalty != 1.0f;
     output_penalty = output_penalty || (r.params->output_penalties() && r.step > 0);
     identity = identity && r.logits_row == i;
+    edits = edits || r.params->processes_logits(r.step);
   }
   const auto un = static_cast<std::size_t>(n);
   c.s_temp.resize(un);
@@ -119,6 +121,25 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
     }
     if (c.s_ids.empty()) c.s_indptr.clear();  // nothing to penalise
   }
+  c.s_edit_indptr.clear();
+  c.s_edit_ids.clear();
+  c.s_edit_adds.clear();
+  c.s_edit_banned.clear();
+  if (edits) {  // each row's logits processors as an edit (an empty range for the rows without them)
+    c.s_edit_indptr.push_back(0);
+    for (const sample_row& r : rows) {
+      bool banned = false;
+      if (r.params->processes_logits(r.step)) {
+        make_logit_edits(c.s_edit, *r.params, r.context, r.step, r.rules ? *r.rules : token_rules{}, vocab);
+        c.s_edit_ids.insert(c.s_edit_ids.end(), c.s_edit.ids.begin(), c.s_edit.ids.end());
+        c.s_edit_adds.insert(c.s_edit_adds.end(), c.s_edit.adds.begin(), c.s_edit.adds.end());
+        banned = c.s_edit.others_banned;
+      }
+      check(c.s_edit_ids.size() < 0x7fffffffu, "sample: logits processors' edits too large");
+      c.s_edit_indptr.push_back(static_cast<std::int32_t>(c.s_edit_ids.size()));
+      c.s_edit_banned.push_back(banned ? 1 : 0);
+    }
+  }
   if (!identity)
     for (const sample_row& r : rows) c.s_rows.push_back(r.logits_row);
   c.s_top.clear();
@@ -137,7 +158,9 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
                           sec_if(penalty, c.s_penalty),   sec_if(true, c.s_indptr),
                           sec_if(true, c.s_ids),          sec_if(true, c.s_rows),
                           sec_if(output_penalty, c.s_frequency), sec_if(output_penalty, c.s_presence),
-                          sec_if(tops, c.s_top)};
+                          sec_if(tops, c.s_top),
+                          sec_if(edits, c.s_edit_indptr),    sec_if(edits, c.s_edit_ids),
+                          sec_if(edits, c.s_edit_adds),      sec_if(edits, c.s_edit_banned)};
   c.sample_up.put(secs, c.stream);
 
   const void* src = logits.data();
@@ -164,6 +187,12 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
   b.presence_penalty = c.sample_up.device<float>(11);
   b.context_indptr = c.s_indptr.empty() ? nullptr : c.sample_up.device<std::int32_t>(7);
   b.context_ids = c.s_indptr.empty() ? nullptr : c.sample_up.device<std::int32_t>(8);
+  if (edits) {
+    b.edit_indptr = c.sample_up.device<std::int32_t>(13);
+    b.edit_ids = c.sample_up.device<std::int32_t>(14);
+    b.edit_adds = c.sample_up.device<float>(15);
+    b.edit_others_banned = c.sample_up.device<std::int32_t>(16);
+  }
   // Outputs, back to back: tokens [n], then with log-probabilities their values [n], top ids [n][20] and
   // top values [n][20] (4-byte entries), one copy to the host.
   constexpr std::size_t kTop = sampling_params::max_top_logprobs;

@@ -21,7 +21,8 @@
 //    CPU sampler on the same logits): per-row parameters, seeds and steps (and the repetition-penalty
 //    context as CSR, only when some row has a penalty != 1) go up in one pinned copy, the tokens come back
 //    in one small copy; the logits never leave the device (log-probabilities are computed beside the draw).
-//    The engine uses it whenever no row of the step has forced tokens or logits processors (logit_bias, ...).
+//    vLLM's logits processors (logit_bias, allowed_token_ids, bad_words, min_tokens) go up as each row's
+//    zipage::logit_edits (CSR). The engine uses it whenever no row of the step has forced tokens.
 //  * FP8 KV cache (cuda_backend_options::kv_dtype = fp8_e4m3, docs/fp8.md): E4M3 codes + per (token, KV head)
 //    fp32 scales, written by append_kv_fp8, read by the same decode / prefill / generic kernels (tiles
 //    dequantised in registers), by gather_keys and by device compression; compaction, copy and swap move

@@ -1,10 +1,12 @@
 #pragma once
 // Kernels of batched sampling (host API: backend/cuda/sampling.hpp). One CTA per request:
 //
-//   P0  (penalised rows) a bitmap of the context in shared memory, so the logits are never copied; with
+//   P0  (edited rows: logits processors) a bitmap of the ids the row's edit names, whose adds are then found by
+//       binary search in its sorted list.
+//       (penalised rows) a bitmap of the context in shared memory, so the logits are never copied; with
 //       a frequency or presence penalty, the counts of the generated tokens in the row's workspace (only
 //       the entries of context tokens are zeroed and counted: no pass over the vocabulary).
-//   P1  value(i) = sanitise(logit), penalised where the token is in the bitmap (repetition penalty, then
+//   P1  value(i) = sanitise(edited logit), penalised where the token is in the bitmap (repetition penalty, then
 //       frequency and presence from its count); block argmax (ties: lowest id). Greedy rows,
 //       rows whose temperature is not > 0 and rows that are all -inf stop here.
 //   P2  weight(i) = expf((value(i) - max) / temperature), bit-identical to the CPU's std::exp (glibc's
@@ -53,6 +55,10 @@ struct kernel_args {
   const std::uint64_t* step;
   const std::int32_t* ctx_indptr;
   const std::int32_t* ctx_ids;
+  const std::int32_t* edit_indptr;  // logits processors (sampling.hpp), null = none
+  const std::int32_t* edit_ids;
+  const float* edit_adds;
+  const std::int32_t* edit_others_banned;
   std::int32_t* out;
   std::uint32_t* scratch;  // [batch][scratch_stride] weight bits
   std::int64_t scratch_stride;
@@ -408,9 +414,41 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(kernel_args a) {
       __syncthreads();
     }
   }
+  // ---- P0, logits processors: the bitmap of the ids the row's edit names (after the context's, if any).
+  std::uint32_t* edited = a.use_bitmap ? bitmap + (vocab + 31) / 32 : bitmap;
+  int e0 = 0, e1 = 0;
+  bool others_banned = false;
+  if (a.edit_indptr != nullptr) {
+    e0 = a.edit_indptr[row], e1 = a.edit_indptr[row + 1];
+    others_banned = a.edit_others_banned[row] != 0;
+    if (e1 > e0) {
+      const int words = (vocab + 31) / 32;
+      for (int w = tid; w < words; w += kThreads) edited[w] = 0;
+      __syncthreads();
+      for (int j = e0 + tid; j < e1; j += kThreads) {
+        const int id = a.edit_ids[j];
+        atomicOr(&edited[id >> 5], 1u << (id & 31));
+      }
+      __syncthreads();
+    }
+  }
+  // zipage::apply_logit_edits' value of token i: its add (binary search in the row's ascending ids), a ban, or raw.
+  auto edit = [&](int i, float logit) {
+    if (e1 > e0 && ((edited[i >> 5] >> (i & 31)) & 1u)) {
+      int lo = e0, hi = e1 - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (a.edit_ids[mid] < i) lo = mid + 1;
+        else hi = mid;
+      }
+      const float add = a.edit_adds[lo];
+      return add == __int_as_float(0xff800000) ? add : __fadd_rn(logit, add);
+    }
+    return others_banned ? __int_as_float(0xff800000) : logit;
+  };
   // P2 overwrites a group's counts with its weights after reading them, in the same thread.
   auto value = [&](int i, float logit) {
-    float v = sanitize(logit);
+    float v = sanitize(edit(i, logit));
     if ((penalize_row || output_row) && ((bitmap[i >> 5] >> (i & 31)) & 1u)) {
       if (penalize_row) v = sanitize(penalize(v, penalty));
       if (output_row) {

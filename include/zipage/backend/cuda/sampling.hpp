@@ -2,7 +2,9 @@
 // Batched token sampling on the GPU: one launch turns a [batch][vocab] block of logits into one token id
 // per request, computing the same function as the CPU reference zipage::sampler (sampling/sampler.hpp):
 //
-//   repetition penalty -> frequency and presence penalties -> greedy argmax if temperature == 0 (ties: lowest id) -> divide by temperature
+//   logits processors (zipage/sampling/logits_processors.hpp's edit)
+//   -> repetition penalty -> frequency and presence penalties -> greedy argmax if temperature == 0 (ties: lowest id)
+//   -> divide by temperature
 //   -> softmax -> top-k -> top-p -> min-p -> renormalise
 //   -> inverse-CDF draw with sampling_uniform(seed, step) over the kept tokens, walked in descending
 //      probability order with ties broken by ascending id.
@@ -59,6 +61,16 @@ struct sampling_batch {
   // generated tokens (counted in the workspace), so a row with only those penalties may pass just them.
   const std::int32_t* context_indptr = nullptr;  // [batch + 1]
   const std::int32_t* context_ids = nullptr;
+
+  // ---- Logits processors: each row's zipage::logit_edits (zipage/sampling/logits_processors.hpp) as CSR. Row
+  // r's edited ids are edit_ids[edit_indptr[r] .. edit_indptr[r + 1]) (ascending, unique, in [0, vocab): the
+  // host makes them so), their adds beside them in edit_adds (a bias, 0, or -inf for a ban), and with
+  // edit_others_banned[r] != 0 every id the row does not name is -inf (allowed_token_ids). Null = no row is
+  // edited. The penalties and the draw then see the edited values; log-probabilities stay the raw logits'.
+  const std::int32_t* edit_indptr = nullptr;  // [batch + 1]
+  const std::int32_t* edit_ids = nullptr;
+  const float* edit_adds = nullptr;
+  const std::int32_t* edit_others_banned = nullptr;  // [batch]
 
   // ---- Output (device memory).
   std::int32_t* out_tokens = nullptr;  // [batch]

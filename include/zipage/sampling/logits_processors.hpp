@@ -1,0 +1,121 @@
+#pragma once
+// vLLM V1's logits processors (allowed_token_ids, bad_words, logit_bias, min_tokens) as one sparse edit of a
+// row of logits, the form both samplers apply: the CPU reference (sampler.hpp) on a copy of the row, the
+// CUDA sampler (backend/cuda/sampling.hpp) inside its kernel, from the same list, so a step with such a
+// request keeps its logits on the device.
+//
+//   processed(i) = raw(i) + add(i)   where the list names token i (add: a bias, 0, or -inf: a ban, -inf always)
+//                = -inf             where it does not and others_banned (allowed_token_ids)
+//                = raw(i)           otherwise
+//
+// In vLLM's order the processors give exactly this: allowed_token_ids keeps its ids' raw logits and bans the
+// rest, bad_words and min_tokens ban (and a ban then stays -inf whatever bias is added), logit_bias adds.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "zipage/core/error.hpp"
+#include "zipage/core/types.hpp"
+#include "zipage/sampling/sampling_params.hpp"
+
+namespace zipage {
+
+// One row's edit: ids sorted ascending and unique, adds beside them.
+struct logit_edits {
+  struct edit_entry {
+    token_id id;
+    float add;
+    bool allowed;
+  };
+  bool others_banned = false;  // allowed_token_ids: every id the list does not name is -inf
+  std::vector<token_id> ids;
+  std::vector<float> adds;
+  std::vector<edit_entry> scratch;  // make_logit_edits' sort buffer, kept to reuse its memory
+
+  void clear() {
+    others_banned = false;
+    ids.clear();
+    adds.clear();
+  }
+  [[nodiscard]] bool empty() const { return !others_banned && ids.empty(); }
+};
+
+// The edit of step `step` (number of tokens generated so far) for a request with parameters `p`, context
+// (prompt + generated tokens; bad words match its last `step`) and token-form rules, into `out` (reused: no
+// allocation once its vectors have grown). Ids outside [0, vocab) throw zipage::error naming the processor.
+inline void make_logit_edits(logit_edits& out, const sampling_params& p, std::span<const token_id> context,
+                             std::uint64_t step, const token_rules& rules, std::int64_t vocab) {
+  constexpr float ban = -std::numeric_limits<float>::infinity();
+  out.clear();
+  auto add = [&](token_id t, float v, const char* what) {
+    check(t >= 0 && t < vocab, "sampler: ", what, " token ", t, " is outside the vocabulary of ", vocab);
+    out.ids.push_back(t);
+    out.adds.push_back(v);
+  };
+  if (p.allowed_token_ids) {
+    out.others_banned = true;
+    for (const token_id t : *p.allowed_token_ids) add(t, 0.0f, "allowed_token_ids");
+  }
+  const auto generated = context.last(std::min<std::size_t>(static_cast<std::size_t>(step), context.size()));
+  for (const std::vector<token_id>& word : rules.bad_words) {
+    if (word.empty() || word.size() - 1 > generated.size()) continue;
+    const std::span<const token_id> prefix(word.data(), word.size() - 1);
+    if (std::equal(prefix.begin(), prefix.end(), generated.end() - static_cast<std::ptrdiff_t>(prefix.size())))
+      add(word.back(), ban, "bad_words");
+  }
+  for (const auto& [t, bias] : p.logit_bias) add(t, bias, "logit_bias");
+  if (step < static_cast<std::uint64_t>(std::max(p.min_tokens, 0))) {
+    for (const token_id t : rules.eos_ids) add(t, ban, "EOS");
+    for (const token_id t : p.stop_token_ids) add(t, ban, "stop_token_ids");
+  }
+  // Sort by id and merge: a ban wins, biases of one id add up (logit_bias is a map, so there is at most one), an
+  // allowed id listed twice is one entry. Under allowed_token_ids an id that only a bias or a ban names stays
+  // -inf (its first `allowed` entries are the allowed ids).
+  const std::size_t n = out.ids.size(), allowed = p.allowed_token_ids ? p.allowed_token_ids->size() : 0;
+  if (n < 2 && !out.others_banned) return;
+  using edit_entry = logit_edits::edit_entry;
+  std::vector<edit_entry>& entries = out.scratch;
+  entries.clear();
+  for (std::size_t i = 0; i < n; ++i) entries.push_back({out.ids[i], out.adds[i], i < allowed});
+  std::sort(entries.begin(), entries.end(), [](const edit_entry& a, const edit_entry& b) { return a.id < b.id; });
+  out.ids.clear();
+  out.adds.clear();
+  bool kept = false;  // the current id is an allowed one
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const edit_entry& e = entries[i];
+    if (!out.ids.empty() && out.ids.back() == e.id) {
+      out.adds.back() = (out.adds.back() == ban || e.add == ban) ? ban : out.adds.back() + e.add;
+      kept = kept || e.allowed;
+    } else {
+      out.ids.push_back(e.id);
+      out.adds.push_back(e.add);
+      kept = e.allowed;
+    }
+    if (out.others_banned && (i + 1 == entries.size() || entries[i + 1].id != e.id) && !kept) out.adds.back() = ban;
+  }
+}
+
+// A ban is -inf whatever the logit (raw + -inf would be NaN for a NaN or +inf logit).
+[[nodiscard]] inline float logit_edited(float raw, float add) {
+  return add == -std::numeric_limits<float>::infinity() ? add : raw + add;
+}
+
+// processed = raw with the edit applied (both [vocab]; may not alias). The CUDA sampler computes the same values.
+inline void apply_logit_edits(std::span<const float> raw, const logit_edits& e, std::span<float> processed) {
+  check(raw.size() == processed.size(), "apply_logit_edits: rows of ", raw.size(), " and ", processed.size());
+  if (e.others_banned)
+    std::fill(processed.begin(), processed.end(), -std::numeric_limits<float>::infinity());
+  else
+    std::copy(raw.begin(), raw.end(), processed.begin());
+  for (std::size_t i = 0; i < e.ids.size(); ++i) {
+    const auto t = static_cast<std::size_t>(e.ids[i]);
+    check(t < raw.size(), "apply_logit_edits: token ", e.ids[i], " is outside the vocabulary of ", raw.size());
+    processed[t] = logit_edited(raw[t], e.adds[i]);
+  }
+}
+
+}  // namespace zipage
