@@ -914,14 +914,20 @@ json stop_reason_json(const zipage::stopped_by& r) {
   return nullptr;
 }
 
-// A streamed chat chunk's choices: choice i with `delta`, vLLM's fields in OpenAI's order (finish_reason and
-// stop_reason null but in the last chunk).
-json chat_delta(std::size_t i, json delta, json lp, json finish_reason = nullptr, json stop_reason = nullptr) {
+// A streamed chat chunk's choices: choice i with `delta`, vLLM's fields in OpenAI's order. vLLM writes chat
+// chunks with exclude_unset and sets stop_reason only on the choice that finishes, so a chunk before the last has
+// no stop_reason key at all (its completions chunks, written in full, have it null; see drain_sse).
+json chat_delta(std::size_t i, json delta, json lp) {
+  return json::array(
+      {{{"index", i}, {"delta", std::move(delta)}, {"logprobs", std::move(lp)}, {"finish_reason", nullptr}}});
+}
+
+json chat_finish(std::size_t i, const std::string& finish_reason, const zipage::stopped_by& stop_reason) {
   return json::array({{{"index", i},
-                       {"delta", std::move(delta)},
-                       {"logprobs", std::move(lp)},
-                       {"finish_reason", std::move(finish_reason)},
-                       {"stop_reason", std::move(stop_reason)}}});
+                       {"delta", json::object()},
+                       {"logprobs", nullptr},
+                       {"finish_reason", finish_reason},
+                       {"stop_reason", stop_reason_json(stop_reason)}}});
 }
 
 // A token's own text (its bytes; possibly part of a UTF-8 character), for the alternatives.
@@ -1099,7 +1105,7 @@ struct generation {
           }
         }
         if (c.finished)
-          emit(chunk(chat_delta(i, json::object(), nullptr, finish_reason, stop_reason_json(c.stop_reason))));
+          emit(chunk(chat_finish(i, finish_reason, c.stop_reason)));
       } else if (!delta.empty() || !lp.is_null() || c.finished) {
         emit(chunk(json::array({{{"index", i},
                                  {"text", delta},
