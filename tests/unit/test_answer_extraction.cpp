@@ -400,7 +400,7 @@ TEST_CASE("percentages: x% is x and x/100") {
   CHECK_FALSE(math_answers_equal("5", "500"));
   CHECK_FALSE(math_answers_equal("25\\%", "0.26"));
   CHECK_FALSE(math_answers_equal("1\\%", "0.1"));
-  CHECK_FALSE(math_answers_equal("x\\%", "0.01x"));       // not a number: strings
+  CHECK_FALSE(math_answers_equal("x\\%", "0.01x"));       // the percentage rule is for numbers
   CHECK_FALSE(math_answers_equal("9 \\text{ percent}", "0.09"));  // the word is a unit: 9
 }
 
@@ -497,16 +497,97 @@ TEST_CASE("closed-form numbers compare by value") {
   CHECK_FALSE(math_answers_equal("\\sqrt{8}", "3\\sqrt{2}"));
   CHECK_FALSE(math_answers_equal("2^{10}", "1025"));
   CHECK_FALSE(math_answers_equal("10^6", "1000001"));      // whole values: exactly
-  CHECK_FALSE(math_answers_equal("2x", "2\\cdot x"));       // variables are not evaluated
-  CHECK_FALSE(math_answers_equal("\\sqrt{x^2}", "x"));
-  CHECK_FALSE(math_answers_equal("\\frac{x}{7}+\\frac{2}{7}", "\\frac{x+2}{7}"));  // no SymPy
-  CHECK_FALSE(math_answers_equal("\\sin(\\pi)", "0"));      // nor functions
+  CHECK_FALSE(math_answers_equal("\\sqrt{x^2}", "x"));      // variables: see "expressions with variables"
+  CHECK_FALSE(math_answers_equal("\\sin(\\pi)", "0"));      // functions are not evaluated
   CHECK_FALSE(math_answers_equal("\\sqrt{-4}", "2"));
   CHECK_FALSE(math_answers_equal("\\frac{1}{0}", "\\frac{2}{0}"));
   CHECK_FALSE(math_answers_equal("2^10", "1024"));          // 2^10 is 2^1 then 0: ambiguous, left as a string
   CHECK_FALSE(math_answers_equal("3\\frac{4}{2}", "6"));    // a number before \frac{a}{b}: neither product nor sum
   CHECK_FALSE(math_answers_equal("\\sqrt{2}3", "4.2426"));
   CHECK_FALSE(math_answers_equal("\\pi^{100000}", "\\pi^{100001}"));  // overflows: not a number
+  CHECK(math_answers_equal("|-3|", "3"));                   // an absolute value
+  CHECK(math_answers_equal("2|1 - \\sqrt{2}|", "2\\sqrt{2} - 2"));
+  CHECK_FALSE(math_answers_equal("|-3|", "-3"));
+}
+
+TEST_CASE("expressions with variables compare by value at fixed points") {
+  // Any answer with a variable compared as a normalised string: 2x was wrong against 2\cdot x, and so were
+  // \frac{x}{7}+\frac{2}{7} against \frac{x+2}{7} and (x+1)^2 against x^2+2x+1, which Qwen's grader takes (SymPy).
+  CHECK(math_answers_equal("2x", "2\\cdot x"));
+  CHECK(math_answers_equal("2 \\times x", "x + x"));
+  CHECK(math_answers_equal("\\frac{x}{7}+\\frac{2}{7}", "\\frac{x+2}{7}"));
+  CHECK(math_answers_equal("(x+1)^2", "x^2 + 2x + 1"));
+  CHECK(math_answers_equal("x^2 - 1", "(x-1)(x+1)"));
+  CHECK(math_answers_equal("\\frac{x^2-1}{x-1}", "x+1"));
+  CHECK(math_answers_equal("\\pi r^2", "r^2\\pi"));           // a command, a space, a letter: \pi times r
+  CHECK(math_answers_equal("\\frac{1}{x}", "x^{-1}"));
+  CHECK(math_answers_equal("2^n", "2^{n}"));
+  CHECK(math_answers_equal("\\frac{n(n+1)}{2}", "\\frac{n^2+n}{2}"));
+  CHECK(math_answers_equal("5x^{2}y", "5yx^2"));
+  CHECK(math_answers_equal("a_1 + a_{2}", "a_2 + a_1"));         // subscripts: a_1 is a_{1}
+  CHECK(math_answers_equal("\\sqrt{x^2}", "|x|"));
+  CHECK(math_answers_equal("|x - 1|", "|1 - x|"));
+  CHECK(math_answers_equal("\\sqrt{x}\\sqrt{x}", "x"));        // where \sqrt{x} is defined
+  CHECK(math_answers_equal("6 - 5i", "-5i + 6"));                // i and e are letters like any other
+  CHECK(math_answers_equal("x - x", "0"));
+  CHECK(math_answers_equal("0.3333x", "\\frac{x}{3}"));          // a decimal: the numbers' 1e-4
+  CHECK(math_answers_equal("(x + 1, 2y)", "(1 + x, y + y)"));   // inside tuples and sets too
+  CHECK(math_answers_equal("\\{x, 2x\\}", "\\{x + x, x\\}"));
+  // False positives guarded: points of either sign, never whole, some below 1 in magnitude; different letters are
+  // different variables; no 1e-4 without a decimal; words are no products.
+  CHECK_FALSE(math_answers_equal("x^2", "|x|"));                 // equal at 0 and +-1 only
+  CHECK_FALSE(math_answers_equal("\\sqrt{x^2}", "x"));           // equal for x > 0 only
+  CHECK_FALSE(math_answers_equal("x^{10} + 1", "x^{10}"));        // within 1e-4 for large x only
+  CHECK_FALSE(math_answers_equal("(-1)^n", "1"));                // equal at even n only; undefined elsewhere
+  CHECK_FALSE(math_answers_equal("x + 1", "y + 1"));
+  CHECK_FALSE(math_answers_equal("X", "x"));
+  CHECK_FALSE(math_answers_equal("2x", "2x + 1"));
+  CHECK_FALSE(math_answers_equal("x + 10000", "x + 10001"));     // 1e-4 apart at x near 1: exact coefficients
+  CHECK_FALSE(math_answers_equal("0.333x", "\\frac{x}{3}"));
+  CHECK_FALSE(math_answers_equal("p-q", "q-p"));
+  CHECK_FALSE(math_answers_equal("\\frac{1}{x - x}", "\\frac{2}{x - x}"));  // defined nowhere: strings
+  CHECK_FALSE(math_answers_equal("Evelyn", "Evlyen"));           // words, not products of six variables
+  CHECK_FALSE(math_answers_equal("no", "on"));
+  CHECK_FALSE(math_answers_equal("xy", "yx"));                   // two letters alone read as a word
+  CHECK_FALSE(math_answers_equal("5 and 6", "6 and 5"));
+  CHECK_FALSE(math_answers_equal("x2", "2x"));                   // a digit after a letter does not parse
+  CHECK_FALSE(math_answers_equal("\\sin x", "\\sin(x)"));        // nor do functions
+  CHECK_FALSE(math_answers_equal("x\\%", "0.01x"));
+  CHECK(normalize_math_answer("2 \\cdot x") == "2\\cdot x");  // the space keeps \cdot apart from x
+  CHECK(normalize_math_answer("2 \\cdot 3") == "2\\cdot3");
+  CHECK(math_answers_equal("A \\cup B", "B \\cup A"));        // was "A\\cupB", no union
+}
+
+TEST_CASE("equations: one relation up to a constant factor; x = value against a value") {
+  // y = 2x + 1 normalised to 2x + 1 (the name dropped) and 2x + 1 = y stayed a string, so the two were unequal, and
+  // y = 2x + 1 was equal to z = 2x + 1.
+  CHECK(math_answers_equal("y = 2x + 1", "2x + 1 = y"));
+  CHECK(math_answers_equal("y = 2x + 1", "2x - y + 1 = 0"));    // a factor of -1
+  CHECK(math_answers_equal("y = 2x + 1", "2y = 4x + 2"));        // a factor of 2
+  CHECK(math_answers_equal("x + 2y - 3 = 0", "y = \\frac{3 - x}{2}"));
+  CHECK(math_answers_equal("x = 3", "3 = x"));
+  CHECK(math_answers_equal("x^2 + y^2 = 4", "y^2 = 4 - x^2"));
+  CHECK_FALSE(math_answers_equal("y = 2x + 1", "y = 2x + 2"));
+  CHECK_FALSE(math_answers_equal("y = 2x + 1", "z = 2x + 1"));   // another variable
+  CHECK_FALSE(math_answers_equal("y = 2x + 1", "y = 2x + 1 + x^2 - x^2 + 0.5"));
+  CHECK_FALSE(math_answers_equal("y = x^2", "y^2 = x^4"));       // y = -x^2 too: not a constant factor
+  CHECK_FALSE(math_answers_equal("x = 3", "x = 4"));
+  CHECK_FALSE(math_answers_equal("x = x + 1", "y = y + 2"));    // no relation of the variables: strings
+  // A name and a value: the value, whatever the name, as before and as Qwen's grader; subscripted names too.
+  CHECK(math_answers_equal("x = 3", "3"));
+  CHECK(math_answers_equal("k = 5", "n = 5"));
+  CHECK(math_answers_equal("y = 2x + 1", "2x + 1"));
+  CHECK(math_answers_equal("x_1 = \\frac{1}{2}", "0.5"));
+  CHECK(math_answers_equal("a_{n} = 2n + 1", "1 + 2n"));
+  CHECK(normalize_math_answer("x_{1} = 3") == "3");
+  CHECK_FALSE(math_answers_equal("2x + 1 = y", "2x + 1"));      // no name on the left: an equation, not a value
+  CHECK_FALSE(math_answers_equal("x + y = 3", "3"));
+  // Inside a list, names count: x = 1 against x = 1.0, never y = 1; a named value against a bare one by the value.
+  CHECK(math_answers_equal("x = 1, y = 2", "x = 1.0, y = \\frac{4}{2}"));
+  CHECK(math_answers_equal("x = 2, x = 3", "3, 2"));
+  CHECK(math_answers_equal("(y = 2x, y = -2x)", "(2x - y = 0, y + 2x = 0)"));
+  CHECK_FALSE(math_answers_equal("x = 1, y = 2", "y = 1, x = 2"));
+  CHECK_FALSE(math_answers_equal("x = 1, y = 2", "x = 2, y = 1"));
 }
 
 TEST_CASE("sets, unions and bare lists compare as sets: any order, repetition aside") {

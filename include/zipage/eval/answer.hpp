@@ -9,20 +9,25 @@
 //  * normalize_math_answer / math_answers_equal: the usual math-benchmark normalisation — no "$",
 //    \left/\right, \! and other spacing, spaces, \text{...} units (a \text{} group, with its ^2, that ends the
 //    answer after a value; any other \text{X} is X) and trailing unit words, ^\circ, "%",
-//    trailing "."; \dfrac/\tfrac are \frac, \frac12 is \frac{1}{2}, \sqrt2 is \sqrt{2}; "x = 5" is 5;
+//    trailing "."; \dfrac/\tfrac are \frac, \frac12 is \frac{1}{2}, \sqrt2 is \sqrt{2}; "x = 5" and "x_1 = 5" are 5;
 //    thousands separators dropped; a mixed number (3\frac12, 3 1/2) is one fraction, \frac{7}{2}; then numbers
 //    (integers, decimals, a/b, \frac{a}{b}, 1.5e3, 1.5\times10^{3}) compare as numbers, so 0.5 == \frac12 == 1/2,
 //    5.0 == 5 and 1.5e3 == 1500: two whole numbers exactly, any other pair within numeric_relative_tolerance
-//    (0.3333 == 1/3). Closed forms of numbers (\frac, \sqrt, ^, \pi, + - * /, parentheses) compare by value
-//    (\frac{\sqrt2}{2} == \frac{1}{\sqrt2}); a percentage x% is x or x/100 (25% == 0.25); a whole answer in number
+//    (0.3333 == 1/3). Closed forms of numbers (\frac, \sqrt, ^, \pi, |x|, + - * /, parentheses) compare by value
+//    (\frac{\sqrt2}{2} == \frac{1}{\sqrt2}); expressions with variables by value at fixed non-whole points
+//    (\frac{x}{7}+\frac{2}{7} == \frac{x+2}{7}, x^2 != |x|); equations as one relation up to a constant factor
+//    (y = 2x + 1 == 2x - y + 1 = 0); a percentage x% is x or x/100 (25% == 0.25); a whole answer in number
 //    words is its number (twenty-one == 21); tuples, intervals and matrices compare element by element, in order, with
 //    the same brackets ([0, \frac12) == [0, 0.5), != (0, 0.5)); sets, unions and bare lists as sets, in any order
 //    (\{1, 2\} == \{2, 1\}, "1, 2" == "2, 1"). A choice "(A) 5" equals 5, A and (A). Anything else compares as
 //    normalised strings.
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -131,7 +136,7 @@ inline std::string brace_arguments(const std::string& s, int depth = 0) {
         out.append(s, start, i - start);
         continue;
       }
-      index = "[" + brace_arguments(s.substr(j + 1, close - j - 1), depth + 1) + "]";
+      index.append("[").append(brace_arguments(s.substr(j + 1, close - j - 1), depth + 1)).append("]");
       j = close + 1;
     }
     auto a = latex_argument(s, j);
@@ -368,6 +373,13 @@ inline std::string resolve_text_groups(const std::string& s) {
   return head + content(last) + s.substr(last.end);
 }
 
+// Whether `s` ends with a command's name ("2\cdot", "\pi"): letters after a backslash.
+inline bool command_name_ends(std::string_view s) {
+  std::size_t i = s.size();
+  while (i > 0 && std::isalpha(static_cast<unsigned char>(s[i - 1]))) --i;
+  return i < s.size() && i > 0 && s[i - 1] == '\\' && (i < 2 || s[i - 2] != '\\');
+}
+
 // A whole number of at most nine digits (so that whole * denominator + numerator fits), nullopt otherwise.
 inline std::optional<long long> small_whole(std::string_view s) {
   if (s.empty() || s.size() > 9) return std::nullopt;
@@ -457,32 +469,70 @@ inline std::optional<std::string> integer_digits(std::string_view s) {
   return out.append(s);
 }
 
-// A closed form of a number, normalised (no spaces): decimals, \pi, \frac{a}{b}, \sqrt{x}, \sqrt[n]{x}, a^{b} (or a^d
-// with one digit d), + - * / \cdot \times \div, parentheses and braces, and products written side by side when the
-// right factor is a command or a parenthesis (2\sqrt{2}, 2\pi, \frac{1}{2}\pi, 3(4)). Its value when the whole text
-// parses and every step is finite; nullopt otherwise: a variable (x), a function (\sin), i, \infty, "2^10" (2^1 then
-// 0 in TeX), a number right before \frac{a}{b} of numbers ("3\frac{4}{2}": a mixed number or a product?), a factor
-// after a closing command ("\sqrt{2}3"), an odd root of a negative number, a division by zero. Nesting deeper than
-// max_brace_depth is refused.
+// Where an expression with variables is evaluated: at expression_points points, of which at least
+// min_expression_points must be defined on both sides (\sqrt{x} is not at x < 0) for a verdict.
+inline constexpr int expression_points = 16;
+inline constexpr int min_expression_points = 3;
+
+// A variable's value at point k: pseudo-random from its name and k with a fixed seed, so that x takes the same value
+// on both sides and a grade never changes between runs. Never a whole number (x^2 and |x|, or (-1)^n and 1, agree at
+// some of those), of either sign (\sqrt{x^2} and x agree at x > 0), and of magnitude 0.25 to 3, below 1 too
+// (x^{10} + 1 and x^{10} are within the tolerance for large x).
+inline long double variable_value(std::string_view name, int point) {
+  std::uint64_t z = 14695981039346656037ULL;  // FNV-1a of the name, then splitmix64 with the point
+  for (char c : name) z = (z ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  z += 0x9E3779B97F4A7C15ULL * static_cast<std::uint64_t>(point + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z ^= z >> 31;
+  long double magnitude = 0.25L + 2.75L * static_cast<long double>(z >> 11) / 9007199254740992.0L;
+  if (magnitude == std::floor(magnitude)) magnitude += 0.125L;
+  return (z & 1) != 0 ? -magnitude : magnitude;
+}
+
+// A closed form, normalised (no spaces but one after a command before a letter: "\pi r"): decimals, \pi, \frac{a}{b},
+// \sqrt{x}, \sqrt[n]{x}, a^{b} (or a^d with one digit d), |x|, + - * / \cdot \times \div, parentheses and braces, and
+// products written side by side when the right factor is a command, a parenthesis or a bar (2\sqrt{2}, 2\pi,
+// \frac{1}{2}\pi, 3(4), 2|x|). With a point, also variables: a letter, with a subscript of letters and digits or not
+// (x, a_1, a_{n}, written side by side: 2xy, x^2y, x(x+1)), whose value is variable_value; an exponent may be one
+// letter (2^n). Not parsed: a function (\sin), \infty, "2^10" (2^1 then 0 in TeX), a number right before \frac{a}{b} of
+// numbers ("3\frac{4}{2}": a mixed number or a product?), a factor after a closing command ("\sqrt{2}3", "x2"), nesting
+// deeper than max_brace_depth; without a point, any letter. i and e are variables like any other letter, so that equal
+// sides are equal whatever they are.
 class closed_form {
  public:
-  explicit closed_form(std::string_view s) : s_(s) {}
+  // point < 0: numbers only.
+  explicit closed_form(std::string_view s, int point = -1) : s_(s), point_(point) {}
+  // The value when the whole text parses and is finite; nullopt otherwise (also for a root of a negative number or a
+  // division by zero).
   std::optional<long double> value() {
+    const auto v = evaluate();
+    if (!v || !std::isfinite(static_cast<double>(*v))) return std::nullopt;
+    return v;
+  }
+  // nullopt when the text does not parse; NaN when it does but has no finite value at this point (\sqrt{x} at x < 0),
+  // which says nothing about the text, only about the point.
+  std::optional<long double> evaluate() {
     const auto v = sum();
     if (!v || pos_ != s_.size()) return std::nullopt;
     return v;
   }
+  // Whether the text (as far as it was read) has a variable.
+  bool has_variables() const { return variables_; }
 
  private:
-  static std::optional<long double> finite(long double v) {
-    if (!std::isfinite(static_cast<double>(v))) return std::nullopt;
-    return v;
-  }
+  static constexpr long double undefined = std::numeric_limits<long double>::quiet_NaN();
+  // Not finite as a double: undefined. NaN in, NaN out also where the C library would not (pow(NaN, 0) is 1).
+  static long double finite(long double v) { return std::isfinite(static_cast<double>(v)) ? v : undefined; }
   bool eat(std::string_view token) {
     const bool command = token.size() > 1 && token[0] == '\\';
     if (command ? !command_at(s_, pos_, token) : s_.substr(pos_, token.size()) != token) return false;
     pos_ += token.size();
+    if (command && pos_ < s_.size() && s_[pos_] == ' ') ++pos_;  // the space normalisation keeps: "\cdot x"
     return true;
+  }
+  bool letter_next() const {
+    return point_ >= 0 && pos_ < s_.size() && std::isalpha(static_cast<unsigned char>(s_[pos_]));
   }
   // "{" expr "}" (or the given brackets).
   std::optional<long double> group(char open = '{', char close = '}') {
@@ -521,10 +571,11 @@ class closed_form {
         v = finite(*v * *r);
       } else if (eat("/") || eat("\\div")) {
         const auto r = signed_factor();
-        if (!r || *r == 0) return std::nullopt;
-        v = finite(*v / *r);
+        if (!r) return std::nullopt;
+        v = *r == 0 ? undefined : finite(*v / *r);
       } else if (s_[pos_] == '(' || command_at(s_, pos_, "\\pi") || command_at(s_, pos_, "\\frac") ||
-                 command_at(s_, pos_, "\\sqrt")) {
+                 command_at(s_, pos_, "\\sqrt") || letter_next() || (s_[pos_] == '|' && bars_ == 0)) {
+        // Inside |...| a bar closes: "|x|y" is |x| times y, "|x|y|" does not parse.
         if (after_literal && plain_fraction_next()) return std::nullopt;
         const auto r = power();
         if (!r) return std::nullopt;
@@ -558,11 +609,13 @@ class closed_form {
       e = s_[pos_++] - '0';
       if (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '.'))
         return std::nullopt;  // "2^10": TeX's 2^1 0
+    } else if (letter_next()) {
+      e = variable();
     }
     literal_ = false;
     if (!e || (pos_ < s_.size() && s_[pos_] == '^')) return std::nullopt;  // a double superscript
-    if (*base == 0 && *e <= 0) return std::nullopt;
-    return finite(std::pow(*base, *e));  // NaN for a negative base and a fractional exponent: refused
+    if (std::isnan(*base) || std::isnan(*e) || (*base == 0 && *e <= 0)) return undefined;
+    return finite(std::pow(*base, *e));  // NaN for a negative base and a fractional exponent: undefined
   }
   std::optional<long double> primary() {
     if (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '.')) {
@@ -571,9 +624,25 @@ class closed_form {
       literal_ = true;
       return parse_decimal(s_.substr(start, pos_ - start));
     }
-    const auto v = compound();
+    const auto v = letter_next() ? variable() : compound();
     literal_ = false;  // whatever the primaries inside it were
     return v;
+  }
+  // A letter, then "_" and a letter or digit, or "_{...}" of letters and digits; x_1 and x_{1} are one variable.
+  std::optional<long double> variable() {
+    std::string name(1, s_[pos_++]);
+    if (eat("_")) {
+      std::size_t end = pos_ + 1;
+      if (pos_ < s_.size() && s_[pos_] == '{') end = close_brace(s_, pos_);
+      if (end == std::string_view::npos || end > s_.size()) return std::nullopt;
+      const std::string_view sub = s_[pos_] == '{' ? s_.substr(pos_ + 1, end - pos_ - 2) : s_.substr(pos_, 1);
+      auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
+      if (sub.empty() || !std::all_of(sub.begin(), sub.end(), alnum)) return std::nullopt;
+      name.append("_").append(sub);
+      pos_ = end;
+    }
+    variables_ = true;
+    return variable_value(name, point_);
   }
   std::optional<long double> compound() {
     if (pos_ >= s_.size()) return std::nullopt;
@@ -582,27 +651,38 @@ class closed_form {
     if (eat("\\frac")) {
       const auto a = group();
       const auto b = a ? group() : std::nullopt;
-      if (!b || *b == 0) return std::nullopt;
-      return finite(*a / *b);
+      if (!b) return std::nullopt;
+      return *b == 0 ? undefined : finite(*a / *b);
     }
     if (eat("\\sqrt")) {
       std::optional<long double> index;
       if (pos_ < s_.size() && s_[pos_] == '[' && !(index = group('[', ']'))) return std::nullopt;
       const auto x = group();
-      if (!x || *x < 0) return std::nullopt;
+      if (!x) return std::nullopt;
+      if (std::isnan(*x) || *x < 0) return undefined;
       if (!index) return std::sqrt(*x);
-      if (*index <= 0) return std::nullopt;
+      if (std::isnan(*index) || *index <= 0) return undefined;
       return finite(std::pow(*x, 1 / *index));
     }
     if (c == '(') return group('(', ')');
     if (c == '{') return group();
+    if (c == '|') {
+      ++bars_;
+      const auto v = group('|', '|');
+      --bars_;
+      if (!v) return std::nullopt;
+      return std::fabs(*v);
+    }
     return std::nullopt;
   }
 
   std::string_view s_;
+  int point_;
   std::size_t pos_ = 0;
   int depth_ = 0;
+  int bars_ = 0;  // |...| open around pos_
   bool literal_ = false;  // the last primary was a number written out
+  bool variables_ = false;
 };
 
 // A normalised answer's value: a number (parse_number) or a closed form of one; nullopt otherwise.
@@ -611,12 +691,12 @@ inline std::optional<long double> number_value(std::string_view s) {
   return closed_form(s).value();
 }
 
-// Whole numbers exactly, anything else within numeric_relative_tolerance of the larger magnitude (no absolute floor:
-// 0.0001 and 0.0002 differ, as with Qwen's isclose). A pair exactly on the bound is equal whatever the rounding: a
-// repeating decimal cut after four digits (0.3333 for 1/3) lies on it.
-inline bool values_equal(long double x, long double y) {
+// Whole numbers exactly, anything else within numeric_relative_tolerance (or the given one) of the larger magnitude
+// (no absolute floor: 0.0001 and 0.0002 differ, as with Qwen's isclose). A pair exactly on the bound is equal whatever
+// the rounding: a repeating decimal cut after four digits (0.3333 for 1/3) lies on it.
+inline bool values_equal(long double x, long double y, long double tolerance = numeric_relative_tolerance) {
   if (x == std::floor(x) && y == std::floor(y)) return x == y;  // 1e6, \frac{2000000}{2}, 1000000.0, 2^{10}
-  const long double bound = numeric_relative_tolerance * std::fmax(std::fabs(x), std::fabs(y));
+  const long double bound = tolerance * std::fmax(std::fabs(x), std::fabs(y));
   return std::fabs(x - y) <= bound * (1 + 1e-9L);
 }
 
@@ -715,15 +795,173 @@ inline percent_split split_percent(std::string_view s) {
   return {std::move(text), percentage};
 }
 
+// Text that reads as words rather than as a product of variables: two letters or more and nothing else ("no",
+// "Evelyn", "AB"), or a run of three or more letters outside a command ("5and6"). Read as products, two words with
+// the same letters ("Evelyn", "Evlyen") would be equal.
+inline bool reads_as_words(std::string_view s) {
+  auto letter = [&](std::size_t i) { return std::isalpha(static_cast<unsigned char>(s[i])) != 0; };
+  bool only_letters = true;
+  std::size_t run = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\') {  // a command's name is no word
+      only_letters = false;
+      run = 0;
+      while (i + 1 < s.size() && letter(i + 1)) ++i;
+      continue;
+    }
+    run = letter(i) ? run + 1 : 0;
+    if (run >= 3) return true;
+    only_letters = only_letters && run > 0;
+  }
+  return only_letters && s.size() >= 2;  // one letter is a variable
+}
+
+// A normalised answer read as a closed form at every point: its values (NaN where it is undefined) and whether it has
+// a variable (without one, every point has the same value). nullopt when it does not parse or reads as words.
+struct expression_samples {
+  std::array<long double, expression_points> at;
+  bool variables;
+};
+inline std::optional<expression_samples> sample_expression(std::string_view s) {
+  if (s.empty() || reads_as_words(s)) return std::nullopt;
+  expression_samples out{};
+  for (int k = 0; k < expression_points; ++k) {
+    closed_form form(s, k);
+    const auto v = form.evaluate();
+    if (!v) return std::nullopt;
+    out.at[k] = *v;
+    if (k == 0 && !(out.variables = form.has_variables())) {
+      out.at.fill(*v);
+      break;
+    }
+  }
+  return out;
+}
+
+// How close two values of expressions with variables must be: within numeric_relative_tolerance when either is
+// written with a decimal (0.3333x for \frac{x}{3}, rounded as a number would be); else all that may differ is
+// rounding, and a relative 1e-4 would take x + 10000 for x + 10001 (two whole numbers compare exactly, but their
+// values at a point are not whole).
+inline constexpr long double exact_expression_tolerance = 1e-9L;
+inline long double expression_tolerance(std::string_view a, std::string_view b) {
+  auto decimal = [](std::string_view s) {
+    for (std::size_t i = s.find('.'); i != std::string_view::npos; i = s.find('.', i + 1))
+      if ((i > 0 && std::isdigit(static_cast<unsigned char>(s[i - 1]))) ||
+          (i + 1 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 1]))))
+        return true;
+    return false;
+  };
+  return decimal(a) || decimal(b) ? numeric_relative_tolerance : exact_expression_tolerance;
+}
+
+// Two normalised answers, one at least with a variable, as functions: equal when their values agree (values_equal,
+// within expression_tolerance) at every point where both are defined, and both are at min_expression_points or more.
+// Points, not algebra: 2x == 2\cdot x == x+x, \frac{x}{7}+\frac{2}{7} == \frac{x+2}{7}, (x+1)^2 == x^2+2x+1,
+// \sqrt{x^2} == |x|; x^2 != |x| and \sqrt{x^2} != x (they differ at some points), x+1 != y+1.
+inline bool expressions_equal(std::string_view a, std::string_view b) {
+  const auto x = sample_expression(a);
+  if (!x) return false;
+  const auto y = sample_expression(b);
+  if (!y || (!x->variables && !y->variables)) return false;
+  const long double tolerance = expression_tolerance(a, b);
+  int defined = 0;
+  for (int k = 0; k < expression_points; ++k) {
+    if (!std::isfinite(x->at[k]) || !std::isfinite(y->at[k])) continue;
+    if (!values_equal(x->at[k], y->at[k], tolerance)) return false;
+    ++defined;
+  }
+  return defined >= min_expression_points;
+}
+
+// An equation "lhs=rhs": one "=", not part of "<=", ">=", "!=" or ":=", with something on either side.
+struct equation {
+  std::string_view lhs, rhs;
+};
+inline std::optional<equation> split_equation(std::string_view s) {
+  const std::size_t eq = s.find('=');
+  if (eq == std::string_view::npos || eq == 0 || eq + 1 == s.size() || s.find('=', eq + 1) != std::string_view::npos)
+    return std::nullopt;
+  if (std::string_view("<>!:").find(s[eq - 1]) != std::string_view::npos) return std::nullopt;
+  return equation{trim(s.substr(0, eq)), trim(s.substr(eq + 1))};
+}
+
+// The left side of "x = 5" when it names the answer rather than being half of an equation: one or two characters
+// starting with a letter ("x", "AB"), a command ("\theta"), or a letter with a subscript ("x_1", "a_{n}").
+inline bool answer_name(std::string_view lhs) {
+  lhs = trim(lhs);
+  if (lhs.empty()) return false;
+  const bool command = lhs[0] == '\\';
+  if (!std::isalpha(static_cast<unsigned char>(command && lhs.size() > 1 ? lhs[1] : lhs[0]))) return false;
+  if (command || lhs.size() <= 2) return true;
+  if (lhs[1] != '_') return false;
+  std::string_view sub = lhs.substr(2);
+  if (sub.size() >= 2 && sub.front() == '{' && sub.back() == '}') sub = sub.substr(1, sub.size() - 2);
+  return !sub.empty() &&
+         std::all_of(sub.begin(), sub.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; });
+}
+
+// "x = 5": a name and a value without variables (or one that does not parse: "x = 1,2").
+inline bool names_a_value(const equation& e) {
+  if (!answer_name(e.lhs)) return false;
+  const auto rhs = sample_expression(e.rhs);
+  return !rhs || !rhs->variables;
+}
+
+// Two equations as one relation: lhs - rhs of one is a nonzero constant times the other's (y = 2x + 1, 2x + 1 = y,
+// 2x - y + 1 = 0 and 2y = 4x + 2 are one line; Qwen's grader takes a factor of -1 only). The factor is the ratio at a
+// point, the same (values_equal) at every point where both are defined and not both zero; zero on one side only is a
+// difference. nullopt when that cannot be told: a side that does not parse, an equation without a variable or whose
+// lhs - rhs is a constant ("x = x + 1"), fewer than min_expression_points such points.
+inline std::optional<bool> equations_proportional(const equation& a, const equation& b) {
+  const auto al = sample_expression(a.lhs), ar = sample_expression(a.rhs);
+  const auto bl = sample_expression(b.lhs), br = sample_expression(b.rhs);
+  if (!al || !ar || !bl || !br || !(al->variables || ar->variables) || !(bl->variables || br->variables))
+    return std::nullopt;
+  const long double tolerance = std::max(expression_tolerance(a.lhs, a.rhs), expression_tolerance(b.lhs, b.rhs));
+  int points = 0;
+  long double factor = 0, first = 0;
+  bool varies = false;
+  for (int k = 0; k < expression_points; ++k) {
+    const long double da = al->at[k] - ar->at[k], db = bl->at[k] - br->at[k];
+    if (!std::isfinite(da) || !std::isfinite(db) || (da == 0 && db == 0)) continue;
+    if (da == 0 || db == 0) return false;
+    if (points++ == 0) {
+      factor = da / db;
+      first = db;
+      continue;
+    }
+    if (!values_equal(da / db, factor, tolerance)) return false;
+    varies = varies || !values_equal(db, first, tolerance);
+  }
+  if (points < min_expression_points || !varies) return std::nullopt;
+  return true;
+}
+
 // One answer that is no tuple or list: equal strings, equal numbers or closed forms, or a percentage x% against
 // x / 100 (25% == 0.25; the sign dropped, 25% == 25 as before). Never x * 100, nor a factor of 100 between two plain
-// numbers (Qwen's grader takes 500 for 5 and 0.05 for 5, which a GSM8K count would get right by mistake).
+// numbers (Qwen's grader takes 500 for 5 and 0.05 for 5, which a GSM8K count would get right by mistake). Then
+// equations (equations_equal), "x = value" against a value by the value, and expressions with variables by value.
+inline bool equations_equal(const equation& a, const equation& b);
 inline bool atom_equal(std::string_view a, std::string_view b) {
   const percent_split pa = split_percent(a), pb = split_percent(b);
   if (pa.text == pb.text || numbers_equal(pa.text, pb.text)) return true;
-  if (pa.percentage == pb.percentage) return false;
-  const auto x = number_value(pa.percentage ? pa.text : pb.text), y = number_value(pa.percentage ? pb.text : pa.text);
-  return x && y && values_equal(*x / 100, *y);
+  if (pa.percentage != pb.percentage) {
+    const auto x = number_value(pa.percentage ? pa.text : pb.text);
+    const auto y = number_value(pa.percentage ? pb.text : pa.text);
+    if (x && y && values_equal(*x / 100, *y)) return true;
+  }
+  const auto ea = split_equation(a), eb = split_equation(b);
+  if (ea && eb) return equations_equal(*ea, *eb);
+  if (ea || eb) return answer_name((ea ? ea : eb)->lhs) && atom_equal((ea ? ea : eb)->rhs, ea ? b : a);
+  return expressions_equal(pa.text, pb.text);
+}
+
+// Two equations within an answer (an entry of a list; a whole answer's are math_answers_equal's): "x = 1" against
+// "x = 1.0" by the name and the value, never "y = 1"; any other pair as one relation (equations_proportional),
+// unequal when that cannot be told.
+inline bool equations_equal(const equation& a, const equation& b) {
+  if (names_a_value(a) && names_a_value(b)) return a.lhs == b.lhs && atom_equal(a.rhs, b.rhs);
+  return equations_proportional(a, b).value_or(false);
 }
 
 // The length of the bracket at s[i] and its direction in `delta` (+1 opening, -1 closing, 0 neither): "(", "[", "{",
@@ -747,7 +985,8 @@ inline std::size_t bracket_at(std::string_view s, std::size_t i, int& delta) {
   return 1;
 }
 
-// `s` cut at every `separator` outside all brackets ("," "&" "\\" "\cup").
+// `s` cut at every `separator` outside all brackets ("," "&" "\\" "\cup"), each part trimmed: the one space a
+// normalised answer keeps after a command ("A\cup B") is no part of the next entry.
 inline std::vector<std::string_view> split_top(std::string_view s, std::string_view separator) {
   std::vector<std::string_view> parts;
   int depth = 0;
@@ -755,7 +994,7 @@ inline std::vector<std::string_view> split_top(std::string_view s, std::string_v
   for (std::size_t i = 0; i < s.size();) {
     const bool command = separator[0] == '\\' && separator != "\\\\";
     if (depth == 0 && (command ? command_at(s, i, separator) : s.substr(i, separator.size()) == separator)) {
-      parts.push_back(s.substr(start, i - start));
+      parts.push_back(trim(s.substr(start, i - start)));
       i += separator.size();
       start = i;
       continue;
@@ -764,7 +1003,7 @@ inline std::vector<std::string_view> split_top(std::string_view s, std::string_v
     i += bracket_at(s, i, delta);
     depth += delta;
   }
-  parts.push_back(s.substr(start));
+  parts.push_back(trim(s.substr(start)));
   return parts;
 }
 
@@ -964,8 +1203,8 @@ inline std::optional<std::string> extract_math_answer(std::string_view text) {
 namespace detail {
 
 // normalize_math_answer's work, but a percent sign ("\%" or "%") is kept as "%", for math_answers_equal to read
-// 25% as 25 or 0.25.
-inline std::string normalize_keeping_percent(std::string_view answer) {
+// 25% as 25 or 0.25; with drop_name false, "x = 5" stays an equation.
+inline std::string normalize_keeping_percent(std::string_view answer, bool drop_name = true) {
   std::string s(detail::trim(answer));
   // Wrappers whose content is the answer (\text{...} below, once the spacing is gone).
   for (std::string_view cmd : {"\\boxed", "\\textbf", "\\mathrm", "\\mathbf"}) detail::unwrap_command(s, cmd, true);
@@ -981,21 +1220,25 @@ inline std::string normalize_keeping_percent(std::string_view answer) {
   s = detail::resolve_text_groups(s);  // units: "5\text{ cm}" -> "5"; "\text{Evelyn}" -> "Evelyn"
   s = std::string(detail::trim(s));
   s = detail::drop_unit_words(s);
-  // "x = 5" -> "5" (a short name on the left of a single "=").
-  if (const std::size_t eq = s.find('='); eq != std::string::npos && s.find('=', eq + 1) == std::string::npos) {
-    const std::string_view lhs = detail::trim(std::string_view(s).substr(0, eq));
-    const bool name = !lhs.empty() && (lhs.size() <= 2 || lhs[0] == '\\') &&
-                      std::isalpha(static_cast<unsigned char>(lhs[0] == '\\' && lhs.size() > 1 ? lhs[1] : lhs[0]));
-    if (name) s = std::string(detail::trim(std::string_view(s).substr(eq + 1)));
-  }
+  // "x = 5" -> "5" (a name on the left of a single "=").
+  const std::size_t eq = s.find('=');
+  if (drop_name && eq != std::string::npos && s.find('=', eq + 1) == std::string::npos &&
+      detail::answer_name(std::string_view(s).substr(0, eq)))
+    s = std::string(detail::trim(std::string_view(s).substr(eq + 1)));
   std::string_view words = detail::trim(s);  // "Twenty-one." -> "21"
   while (!words.empty() && words.back() == '.') words.remove_suffix(1);
   if (const auto n = detail::number_words(words)) s = std::to_string(*n);
   s = detail::brace_arguments(s);
   if (auto mixed = detail::mixed_number(s)) s = std::move(*mixed);
   std::string compact;
-  for (char c : s)
-    if (!detail::is_space(c)) compact += c;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (!detail::is_space(s[i])) {
+      compact += s[i];
+    } else if (detail::command_name_ends(compact) && i + 1 < s.size() &&
+               std::isalpha(static_cast<unsigned char>(s[i + 1]))) {
+      compact += ' ';  // "2 \cdot x" is 2\cdot x, not the command \cdotx
+    }
+  }
   while (!compact.empty() && compact.back() == '.') compact.pop_back();
   const bool percent = !compact.empty() && compact.back() == '%';
   if (detail::has_thousands_separators(std::string_view(compact).substr(0, compact.size() - percent))) {
@@ -1021,11 +1264,21 @@ inline std::optional<long double> math_answer_value(std::string_view answer) {
 }
 
 // The model's answer against the reference, both normalised: equal strings, numbers and closed forms of numbers
-// (within numeric_relative_tolerance, whole numbers exactly), a percentage against its / 100, tuples, intervals and
-// lists part by part, choices by letter and value. Rules and examples: docs/accuracy.md, "Grading rules of math".
+// (within numeric_relative_tolerance, whole numbers exactly), expressions with variables at fixed points, equations
+// as relations, a percentage against its / 100, tuples, intervals and matrices part by part in order, sets and lists
+// in any order, choices by letter and value. Rules and examples: docs/accuracy.md, "Grading rules of math".
 inline bool math_answers_equal(std::string_view a, std::string_view b) {
   const std::string na = detail::normalize_keeping_percent(a), nb = detail::normalize_keeping_percent(b);
   if (na.find_first_not_of('%') == std::string::npos || nb.find_first_not_of('%') == std::string::npos) return false;
+  // Two equations are one relation or not, the name on the left included (y = 2x + 1 is 2x + 1 = y, not z = 2x + 1);
+  // but "x = 5" against "y = 5" is the value 5 both times, as before (and in Qwen's grader).
+  if (a.find('=') != std::string_view::npos && b.find('=') != std::string_view::npos) {
+    const std::string ea = detail::normalize_keeping_percent(a, false);
+    const std::string eb = detail::normalize_keeping_percent(b, false);
+    const auto qa = detail::split_equation(ea), qb = detail::split_equation(eb);
+    if (qa && qb && !(detail::names_a_value(*qa) && detail::names_a_value(*qb)))
+      if (const auto same = detail::equations_proportional(*qa, *qb)) return *same;
+  }
   return detail::answers_equal(na, nb) || detail::choices_equal(na, nb);
 }
 
