@@ -275,7 +275,7 @@ class api {
     if (auto v = boolean(body, "include_stop_str_in_output")) p.include_stop_str_in_output = *v;
     zipage_cli::add_end_of_turn(p, eo_);  // the tokenizer's end of turn, unless the request ignores EOS
     reject_unsupported(body, chat);
-    logits_processors(body, p);
+    const auto bad_words = logits_processors(body, p);
 
     // logprobs: each sampled token's log-probability, and the top_logprobs most likely tokens of its step.
     r.text = model_.text;
@@ -346,6 +346,7 @@ class api {
         job jb;
         jb.prompt = prompt;
         jb.params = p;
+        jb.bad_words = bad_words;
         jb.params.max_tokens = mt;
         jb.params.seed = seed ? static_cast<std::uint64_t>(*seed) + static_cast<std::uint64_t>(j) : random_seed();
         jb.choice = static_cast<int>(i) * r.n + j;
@@ -433,8 +434,11 @@ class api {
 
   // vLLM's logits processors (sampling_params): logit_bias (OpenAI's {"token id": bias}, each bias clamped to
   // [-100, 100] as vLLM does), allowed_token_ids, bad_words and min_tokens; an id outside the model's vocabulary or
-  // a bad word that encodes to nothing is a 400 naming the field (the engine would refuse them too).
-  void logits_processors(const json& body, zipage::sampling_params& p) const {
+  // a bad word that encodes to nothing is a 400 naming the field (the engine would refuse them too, but only once
+  // the streaming headers are out). Returns the bad words encoded, for the engine to use as they are.
+  std::shared_ptr<const zipage::encoded_bad_words> logits_processors(const json& body,
+                                                                    zipage::sampling_params& p) const {
+    std::shared_ptr<const zipage::encoded_bad_words> encoded;
     const auto in_vocab = [&](zipage::token_id id, const char* param) {
       if (model_.vocab_size > 0 && id >= model_.vocab_size)
         bad_param(param, std::string("'") + param + "' holds token id " + std::to_string(id) +
@@ -478,16 +482,19 @@ class api {
           bad_param("bad_words", "'bad_words' entries must hold more than whitespace, got " + got(w));
         p.bad_words.push_back(w.get<std::string>());
       }
-      try {
-        for (const auto& word : zipage::encode_bad_words(p.bad_words, [&](const std::string& text) {
-               return model_.text->encode_templated(text);
-             }))
-          for (zipage::token_id t : word) in_vocab(t, "bad_words");
-      } catch (const zipage::error& e) {
-        bad_param("bad_words", e.what());
+      // Without a known vocabulary (never in zipage-serve itself) the engine encodes and checks them at add_request.
+      if (!p.bad_words.empty() && model_.vocab_size > 0) {
+        const auto encode = [&](const std::string& text) { return model_.text->encode_templated(text); };
+        try {
+          encoded = std::make_shared<const zipage::encoded_bad_words>(
+              zipage::encode_checked_bad_words(p.bad_words, encode, model_.vocab_size));
+        } catch (const zipage::error& e) {
+          bad_param("bad_words", e.what());
+        }
       }
     }
     if (auto v = integer(body, "min_tokens", 0, std::numeric_limits<int>::max())) p.min_tokens = static_cast<int>(*v);
+    return encoded;
   }
 
   std::vector<zipage::token_id> check_tokens(const json& list, const char* param) const {

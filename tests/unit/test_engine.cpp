@@ -346,6 +346,85 @@ TEST_CASE("bad_words: a one-token word is never sampled; a longer word's last to
                        zipage::error);
 }
 
+TEST_CASE("bad_words encoded by the caller (zipage-serve) are used as they are: the engine does not encode them") {
+  const auto& tok = stories().tokenizer;
+  // One encoder for the engine, counting its calls; the caller encodes with the tokenizer directly.
+  int engine_encodes = 0;
+  engine_config cfg;
+  cfg.encode_words = [&](const std::string& text) {
+    ++engine_encodes;
+    return tok.encode(text, false);
+  };
+  llama_engine eng(load_llama_gguf<cpu_backend>(stories().file), cfg);  // (make_engine sets its own encoder)
+  const int vocab = eng.config().vocab_size;
+  const auto prompt = tok.encode("Once upon a time", true);
+  auto p = greedy_ignoring_eos(30);
+  p.bad_words = {" there"};
+  REQUIRE(tok.encode("there", false) == std::vector<token_id>{golden[5]});
+
+  const encoded_bad_words words = encode_checked_bad_words(p.bad_words, words_encoder(tok), vocab);
+  CHECK(words.words() == p.bad_words);
+  const request_id id = eng.add_request(prompt, p, words);
+  CHECK(engine_encodes == 0);
+  eng.run_to_completion();
+  const auto out = eng.take_output(id).output;
+  CHECK(out.size() == 30);
+  CHECK(std::find(out.begin(), out.end(), golden[5]) == out.end());  // still banned
+
+  // Given only the words, the engine encodes them itself (the library's path, unchanged) to the same tokens.
+  CHECK(eng.generate({prompt}, p)[0].output == out);
+  CHECK(engine_encodes > 0);
+
+  // Ids of other words, or of another vocabulary, do not stand for the request's words.
+  auto other = p;
+  other.bad_words = {"girl"};
+  CHECK_THROWS_WITH_AS(eng.add_request(prompt, other, words),
+                       "request: the encoded bad words were made from other words than sampling_params::bad_words: "
+                       "at [0] the request has \"girl\", the encoding \" there\"",
+                       zipage::error);
+  other.bad_words = {" there", "girl"};
+  CHECK_THROWS_WITH_AS(eng.add_request(prompt, other, words),
+                       "request: the encoded bad words were made from other words than sampling_params::bad_words: "
+                       "at [1] the request has \"girl\", the encoding no word",
+                       zipage::error);
+  const auto smaller = encode_checked_bad_words(p.bad_words, words_encoder(tok), vocab - 1);
+  CHECK_THROWS_WITH_AS(eng.add_request(prompt, p, smaller),
+                       ("request: the bad words were encoded for a vocabulary of " + std::to_string(vocab - 1) +
+                        ", this model's is " + std::to_string(vocab)).c_str(),
+                       zipage::error);
+
+  // Encoded words need no encoder in the engine; words alone still do.
+  llama_engine bare(load_llama_gguf<cpu_backend>(stories().file));
+  CHECK(bare.generate({prompt}, greedy_ignoring_eos(30)).size() == 1);
+  const request_id bare_id = bare.add_request(prompt, p, words);
+  bare.run_to_completion();
+  CHECK(bare.take_output(bare_id).output == out);
+  CHECK_THROWS_AS(bare.add_request(prompt, p), zipage::error);
+}
+
+TEST_CASE("encode_checked_bad_words: an error names the field and the word") {
+  // 'a'..'z' are 10..35, a space and a letter one token 40..65 (a new word token); '?' encodes to nothing.
+  const auto encode = [](const std::string& text) {
+    std::vector<token_id> ids;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      if (text[i] == '?') continue;
+      const bool spaced = text[i] == ' ' && i + 1 < text.size();
+      ids.push_back(spaced ? 40 + (text[++i] - 'a') : 10 + (text[i] - 'a'));
+    }
+    return ids;
+  };
+  const auto words = encode_checked_bad_words({"ab", " c"}, encode, 66);
+  CHECK(words.words() == std::vector<std::string>{"ab", " c"});
+  CHECK(words.ids() == std::vector<std::vector<token_id>>{{10, 11}, {40, 11}, {12}, {42}});
+  CHECK(words.vocab_size() == 66);
+  CHECK_THROWS_WITH_AS((void)encode_checked_bad_words({"a", "??"}, encode, 66),
+                       "sampling: bad_words[1] (\"??\") encodes to no tokens", zipage::error);
+  // " z" (65) is the id outside; the word named is the one it came from, not the first.
+  CHECK_THROWS_WITH_AS((void)encode_checked_bad_words({"a", "z"}, encode, 50),
+                       "sampling: bad_words[1] (\"z\") encodes to token id 65, outside the vocabulary of 50",
+                       zipage::error);
+}
+
 #include "zipage/policy/policies.hpp"
 
 namespace {

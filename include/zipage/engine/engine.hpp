@@ -24,6 +24,7 @@
 #include "zipage/compression/compression_worker.hpp"
 #include "zipage/concepts.hpp"
 #include "zipage/core/error.hpp"
+#include "zipage/engine/bad_words.hpp"
 #include "zipage/engine/engine_config.hpp"
 #include "zipage/engine/memory_plan.hpp"
 #include "zipage/engine/memory_profile.hpp"
@@ -77,6 +78,14 @@ class engine {
   // Queues a request. Throws zipage::error (and changes nothing) for a request that can never run.
   request_id add_request(std::vector<token_id> prompt, sampling_params params = {}) {
     return enqueue(make_sequence(std::move(prompt), std::move(params)));
+  }
+
+  // The same, with params.bad_words already encoded (encode_checked_bad_words against this model's vocabulary):
+  // a front end that had to check the words before accepting the request hands its ids over instead of having
+  // them encoded again; no engine_config::encode_words is needed. Words or a vocabulary other than the
+  // request's and this model's are an error.
+  request_id add_request(std::vector<token_id> prompt, sampling_params params, const encoded_bad_words& bad_words) {
+    return enqueue(make_sequence(std::move(prompt), std::move(params), &bad_words));
   }
 
   // Queues several requests, all or none: every prompt is checked before any is queued, so a bad one
@@ -225,8 +234,9 @@ class engine {
  private:
   // A checked request, not yet queued: the prompt, the sampling parameters, what the pool, a step and the
   // model's context can hold, and text for stop strings. Throws zipage::error naming what is wrong.
-  std::unique_ptr<sequence> make_sequence(std::vector<token_id> prompt, sampling_params params) const {
-    check_request(prompt, params, config(), cfg_);
+  std::unique_ptr<sequence> make_sequence(std::vector<token_id> prompt, sampling_params params,
+                                          const encoded_bad_words* bad_words = nullptr) const {
+    check_request(prompt, params, config(), cfg_, bad_words != nullptr);
     auto s = std::make_unique<sequence>();
     s->prompt_len = static_cast<int>(prompt.size());
     s->tokens = std::move(prompt);
@@ -239,21 +249,33 @@ class engine {
            "though the pool's ", pool_.num_blocks(), " blocks hold it");
     }
     if (cfg_.make_detokenizer) s->detokenizer = cfg_.make_detokenizer(s->tokens);
-    s->rules = token_rules_of(s->params);
+    s->rules = token_rules_of(s->params, bad_words);
     return s;
   }
 
   // The request's logits processors in token form: its bad words encoded (each id checked against the model's
-  // vocabulary), and with min_tokens the EOS ids it masks: the model's eos and extra end-of-turn ids and the
-  // tokenizer's EOS (vLLM's all_stop_token_ids, which hold them with or without ignore_eos).
-  [[nodiscard]] token_rules token_rules_of(const sampling_params& p) const {
+  // vocabulary; `encoded` when the caller did that already), and with min_tokens the EOS ids it masks: the model's
+  // eos and extra end-of-turn ids and the tokenizer's EOS (vLLM's all_stop_token_ids, which hold them with or
+  // without ignore_eos).
+  [[nodiscard]] token_rules token_rules_of(const sampling_params& p, const encoded_bad_words* encoded) const {
     token_rules rules;
-    if (!p.bad_words.empty()) {
-      rules.bad_words = encode_bad_words(p.bad_words, cfg_.encode_words);
-      for (const auto& word : rules.bad_words)
-        for (token_id t : word)
-          check(t >= 0 && t < config().vocab_size, "request: sampling_params::bad_words encode to token id ", t,
-                ", outside the vocabulary of ", config().vocab_size);
+    if (encoded != nullptr) {
+      // The ids stand for the request's words only if they were made from them, for this vocabulary.
+      const auto& made = encoded->words();
+      if (made != p.bad_words) {
+        std::size_t i = 0;
+        while (i < made.size() && i < p.bad_words.size() && made[i] == p.bad_words[i]) ++i;
+        const auto word = [&](const std::vector<std::string>& w) {
+          return i < w.size() ? "\"" + w[i] + "\"" : std::string("no word");
+        };
+        fail("request: the encoded bad words were made from other words than sampling_params::bad_words: at [", i,
+             "] the request has ", word(p.bad_words), ", the encoding ", word(made));
+      }
+      check(encoded->vocab_size() == config().vocab_size, "request: the bad words were encoded for a vocabulary "
+            "of ", encoded->vocab_size(), ", this model's is ", config().vocab_size);
+      rules.bad_words = encoded->ids();
+    } else if (!p.bad_words.empty()) {
+      rules.bad_words = encode_checked_bad_words(p.bad_words, cfg_.encode_words, config().vocab_size).ids();
     }
     if (p.min_tokens > 0) {
       auto add = [&](token_id t) {

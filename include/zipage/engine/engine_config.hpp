@@ -165,10 +165,10 @@ struct engine_stats {
 
 // A request's prompt and sampling parameters, checked before it is queued: a prompt that is empty, holds
 // ids outside the vocabulary or does not fit the model's context (unless allow_beyond_context), stop, logit bias
-// or allowed ids outside it, stop strings without a detokenizer, bad words without an encoder, and a priority
-// that fcfs order would ignore are errors naming what to change.
+// or allowed ids outside it, stop strings without a detokenizer, bad words without an encoder (unless the caller
+// encoded them: bad_words_encoded), and a priority that fcfs order would ignore are errors naming what to change.
 inline void check_request(const std::vector<token_id>& prompt, const sampling_params& params, const model_config& model,
-                          const engine_config& cfg) {
+                          const engine_config& cfg, bool bad_words_encoded = false) {
   params.validate();
   check(!prompt.empty(), "request: the prompt is empty (add BOS at least)");
   for (token_id t : prompt)
@@ -188,7 +188,8 @@ inline void check_request(const std::vector<token_id>& prompt, const sampling_pa
     for (token_id t : *params.allowed_token_ids)
       check(t < model.vocab_size, "request: sampling_params::allowed_token_ids holds token id ", t,
             ", outside the vocabulary of ", model.vocab_size);
-  check(params.bad_words.empty() || static_cast<bool>(cfg.encode_words), "request: sampling_params::bad_words (\"",
+  check(params.bad_words.empty() || bad_words_encoded || static_cast<bool>(cfg.encode_words),
+        "request: sampling_params::bad_words (\"",
         params.bad_words.empty() ? std::string() : params.bad_words.front(), "\") need text encoded, and this "
         "engine has no encoder: set engine_config::encode_words (the tokenizer's encode without special tokens)");
   check(params.stop.empty() || static_cast<bool>(cfg.make_detokenizer),
