@@ -401,7 +401,6 @@ TEST_CASE("percentages: x% is x and x/100") {
   CHECK_FALSE(math_answers_equal("25\\%", "0.26"));
   CHECK_FALSE(math_answers_equal("1\\%", "0.1"));
   CHECK_FALSE(math_answers_equal("x\\%", "0.01x"));       // the percentage rule is for numbers
-  CHECK_FALSE(math_answers_equal("9 \\text{ percent}", "0.09"));  // the word is a unit: 9
 }
 
 TEST_CASE("tuples, intervals and lists compare element by element") {
@@ -623,4 +622,28 @@ TEST_CASE("sets, unions and bare lists compare as sets: any order, repetition as
   CHECK_FALSE(math_answers_equal(up, down));
   CHECK_FALSE(math_answers_equal(up, up + ",0"));  // equal as sets, but past the cap: in order, and longer
   CHECK(math_answers_equal("\\{" + up + "\\}", "\\{" + up + "\\}"));
+}
+
+TEST_CASE("the word percent after a number is a percent sign") {
+  // "50 percent" dropped the word as a unit and was 50 only: wrong against 0.5, which "50\\%" equals.
+  CHECK(math_answers_equal("50 percent", "0.5"));
+  CHECK(math_answers_equal("50 per cent", "0.5"));
+  CHECK(math_answers_equal("50 Per  Cent", "\\frac12"));
+  CHECK(math_answers_equal("9 \\text{ percent}", "0.09"));
+  CHECK(math_answers_equal("\\text{50 percent}", "0.5"));
+  CHECK(math_answers_equal("50~\\mbox{per cent}", "0.5"));
+  CHECK(math_answers_equal("50percent", "0.5"));
+  CHECK(math_answers_equal("12.5 percent", "\\frac18"));
+  CHECK(math_answers_equal("\\frac{25}{2} percent", "0.125"));
+  CHECK(math_answers_equal("25 percent of the students", "0.25"));
+  CHECK(math_answers_equal("10 percent, 20 percent", "0.2, 0.1"));
+  // As "%": the number itself too, no other factor; a longer word or no number before it is no sign.
+  CHECK(math_answers_equal("50 percent", "50"));
+  CHECK(math_answers_equal("50 percent", "50\\%"));
+  CHECK(normalize_math_answer("50 percent") == "50");
+  CHECK_FALSE(math_answers_equal("50 percent", "5000"));
+  CHECK_FALSE(math_answers_equal("50 percent", "0.05"));
+  CHECK_FALSE(math_answers_equal("50 percentage points", "0.5"));  // a unit: 50
+  CHECK_FALSE(math_answers_equal("50 percentile", "0.5"));
+  CHECK(normalize_math_answer("a percent") == "apercent");
 }

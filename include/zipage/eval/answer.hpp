@@ -6,21 +6,20 @@
 //  * extract_boxed: the content of the LAST \boxed{...} (or \fbox{...}) with balanced nested braces, or
 //    the token after "\boxed " when no brace follows.
 //  * extract_math_answer: \boxed{} first, else "####".
-//  * normalize_math_answer / math_answers_equal: the usual math-benchmark normalisation — no "$",
-//    \left/\right, \! and other spacing, spaces, \text{...} units (a \text{} group, with its ^2, that ends the
-//    answer after a value; any other \text{X} is X) and trailing unit words, ^\circ, "%",
-//    trailing "."; \dfrac/\tfrac are \frac, \frac12 is \frac{1}{2}, \sqrt2 is \sqrt{2}; "x = 5" and "x_1 = 5" are 5;
-//    thousands separators dropped; a mixed number (3\frac12, 3 1/2) is one fraction, \frac{7}{2}; then numbers
-//    (integers, decimals, a/b, \frac{a}{b}, 1.5e3, 1.5\times10^{3}) compare as numbers, so 0.5 == \frac12 == 1/2,
-//    5.0 == 5 and 1.5e3 == 1500: two whole numbers exactly, any other pair within numeric_relative_tolerance
-//    (0.3333 == 1/3). Closed forms of numbers (\frac, \sqrt, ^, \pi, |x|, + - * /, parentheses) compare by value
-//    (\frac{\sqrt2}{2} == \frac{1}{\sqrt2}); expressions with variables by value at fixed non-whole points
-//    (\frac{x}{7}+\frac{2}{7} == \frac{x+2}{7}, x^2 != |x|); equations as one relation up to a constant factor
-//    (y = 2x + 1 == 2x - y + 1 = 0); a percentage x% is x or x/100 (25% == 0.25); a whole answer in number
-//    words is its number (twenty-one == 21); tuples, intervals and matrices compare element by element, in order, with
-//    the same brackets ([0, \frac12) == [0, 0.5), != (0, 0.5)); sets, unions and bare lists as sets, in any order
-//    (\{1, 2\} == \{2, 1\}, "1, 2" == "2, 1"). A choice "(A) 5" equals 5, A and (A). Anything else compares as
-//    normalised strings.
+//  * normalize_math_answer / math_answers_equal: the usual math-benchmark normalisation — no "$", \left/\right, \! and
+//    other spacing, spaces, \text{...} units (a \text{} group, with its ^2, that ends the answer after a value; any
+//    other \text{X} is X) and trailing unit words, ^\circ, "%", trailing "."; \dfrac/\tfrac are \frac, \frac12 is
+//    \frac{1}{2}, \sqrt2 is \sqrt{2}; "x = 5" and "x_1 = 5" are 5; thousands separators dropped; a mixed number
+//    (3\frac12, 3 1/2) is one fraction, \frac{7}{2}; then numbers (integers, decimals, a/b, \frac{a}{b}, 1.5e3,
+//    1.5\times10^{3}) compare as numbers, so 0.5 == \frac12 == 1/2, 5.0 == 5 and 1.5e3 == 1500: two whole numbers
+//    exactly, any other pair within numeric_relative_tolerance (0.3333 == 1/3). Closed forms of numbers (\frac, \sqrt,
+//    ^, \pi, |x|, + - * /, parentheses) compare by value (\frac{\sqrt2}{2} == \frac{1}{\sqrt2}); expressions with
+//    variables by value at fixed non-whole points (\frac{x}{7}+\frac{2}{7} == \frac{x+2}{7}, x^2 != |x|); equations as
+//    one relation up to a constant factor (y = 2x + 1 == 2x - y + 1 = 0); a percentage x% or "x percent" is x or x/100
+//    (25% == 0.25); a whole answer in number words is its number (twenty-one == 21); tuples, intervals and matrices
+//    compare element by element, in order, with the same brackets ([0, \frac12) == [0, 0.5), != (0, 0.5)); sets, unions
+//    and bare lists as sets, in any order (\{1, 2\} == \{2, 1\}, "1, 2" == "2, 1"). A choice "(A) 5" equals 5, A and
+//    (A). Anything else compares as normalised strings.
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -323,6 +322,58 @@ inline std::size_t skip_exponent(std::string_view s, std::size_t i) {
     return end;
   }
   return i;
+}
+
+// The length of the word "percent" or "per cent" (any case, spaces between "per" and "cent") at `i`, 0 when none
+// starts there or it is part of a longer word ("percentage", "percentile").
+inline std::size_t percent_word_at(std::string_view s, std::size_t i) {
+  auto letter = [&](std::size_t k) { return k < s.size() && std::isalpha(static_cast<unsigned char>(s[k])) != 0; };
+  auto word = [&](std::size_t k, std::string_view w) {
+    if (k + w.size() > s.size()) return false;
+    for (std::size_t j = 0; j < w.size(); ++j)
+      if (std::tolower(static_cast<unsigned char>(s[k + j])) != w[j]) return false;
+    return true;
+  };
+  if ((i > 0 && letter(i - 1)) || !word(i, "per")) return 0;
+  std::size_t end = i + 3;
+  if (word(end, "cent")) {
+    end += 4;
+  } else {
+    while (end < s.size() && s[end] == ' ') ++end;
+    if (end == i + 3 || !word(end, "cent")) return 0;
+    end += 4;
+  }
+  return letter(end) ? 0 : end - i;
+}
+
+// "50 percent", "50 per cent", "50\text{ percent}" -> "50%": the word after a number is the sign, so that it reads as
+// 50 or 0.5 as "50\%" does (it was a unit word that went, leaving 50 only). A number is a digit or a closing brace
+// ("\frac{1}{2} percent") before the spaces; elsewhere the word stays ("a percent").
+inline std::string percent_words(std::string s) {
+  std::size_t name = 0;
+  for (std::size_t i = s.find('\\'); i != std::string::npos; i = s.find('\\', i + 1)) {
+    const std::size_t end = text_group_end(s, i, name);  // a group that holds the word alone: the word
+    if (end == std::string::npos) continue;
+    const std::string_view content = trim(std::string_view(s).substr(i + name + 1, end - i - name - 2));
+    if (!content.empty() && percent_word_at(content, 0) == content.size()) {
+      std::string word(1, ' ');
+      s.replace(i, end - i, word.append(content));
+    }
+  }
+  std::string out;
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t length = percent_word_at(s, i);
+    std::size_t kept = out.size();
+    while (kept > 0 && is_space(out[kept - 1])) --kept;
+    if (length > 0 && kept > 0 && (std::isdigit(static_cast<unsigned char>(out[kept - 1])) || out[kept - 1] == '}')) {
+      out.resize(kept);
+      out += '%';
+      i += length;
+      continue;
+    }
+    out += s[i++];
+  }
+  return out;
 }
 
 // \text{...} (or \textrm, \mbox): the whole answer is its content ("\text{Evelyn}"); a group that ends the answer
@@ -1217,6 +1268,7 @@ inline std::string normalize_keeping_percent(std::string_view answer, bool drop_
   detail::replace_all(s, "\\dfrac", "\\frac");
   detail::replace_all(s, "\\tfrac", "\\frac");
   s = detail::replace_spacing(s);
+  s = detail::percent_words(std::move(s));
   s = detail::resolve_text_groups(s);  // units: "5\text{ cm}" -> "5"; "\text{Evelyn}" -> "Evelyn"
   s = std::string(detail::trim(s));
   s = detail::drop_unit_words(s);
