@@ -129,54 +129,36 @@ const variant variants[] = {
 
 }  // namespace
 
+// With processors: vLLM's logits processors on every request, which a device sampler applies (sample_row::rules), so
+// their steps stay on it and in graphs, with the plain engine's tokens (the host sampler's processors).
 TEST_CASE("padded decode-graph steps give the plain engine's tokens (full KV and compressed, greedy and sampled)") {
   for (const auto& v : variants) {
     for (const bool sampled : {false, true}) {
-      CAPTURE(v.name);
-      CAPTURE(sampled);
-      const padding_backend pb;
-      engine_stats st;
-      std::vector<std::vector<token_id>> want, got;
-      if (v.compressed) {
-        want = run<zipage_policy, cpu_backend>(v.cfg, sampled);
-        got = run<zipage_policy, padding_backend>(v.cfg, sampled, pb, &st);
-        CHECK(st.compressions > 0);
-      } else {
-        want = run<full_kv, cpu_backend>(v.cfg, sampled);
-        got = run<full_kv, padding_backend>(v.cfg, sampled, pb, &st);
+      for (const bool processors : {false, true}) {
+        CAPTURE(v.name);
+        CAPTURE(sampled);
+        CAPTURE(processors);
+        const padding_backend pb;
+        engine_stats st;
+        std::vector<std::vector<token_id>> want, got, plain;
+        if (v.compressed) {
+          want = run<zipage_policy, cpu_backend>(v.cfg, sampled, {}, nullptr, processors);
+          got = run<zipage_policy, padding_backend>(v.cfg, sampled, pb, &st, processors);
+          if (processors) plain = run<zipage_policy, cpu_backend>(v.cfg, sampled);
+          CHECK(st.compressions > 0);
+        } else {
+          want = run<full_kv, cpu_backend>(v.cfg, sampled, {}, nullptr, processors);
+          got = run<full_kv, padding_backend>(v.cfg, sampled, pb, &st, processors);
+          if (processors) plain = run<full_kv, cpu_backend>(v.cfg, sampled);
+        }
+        CHECK(got == want);
+        if (processors) CHECK(want != plain);  // the processors acted
+        CHECK(st.graph_steps > 0);
+        CHECK(st.graph_steps == pb.seen->graph_calls);
+        CHECK(st.graph_padding_rows > 0);  // 11 requests finishing at different steps: never a multiple of 4 throughout
+        CHECK(pb.seen->wrong_logits_rows == 0);
+        if (v.cfg.num_blocks == 40) CHECK(st.preemptions > 0);
       }
-      CHECK(got == want);
-      CHECK(st.graph_steps > 0);
-      CHECK(st.graph_steps == pb.seen->graph_calls);
-      CHECK(st.graph_padding_rows > 0);  // 11 requests finishing at different steps: never a multiple of 4 throughout
-      CHECK(pb.seen->wrong_logits_rows == 0);
-      if (v.cfg.num_blocks == 40) CHECK(st.preemptions > 0);
-    }
-  }
-}
-
-// A device sampler applies vLLM's logits processors (sample_row::rules): steps with such requests stay on it and
-// in graphs, with the plain engine's tokens (the host sampler's processors).
-TEST_CASE("logits processors go to the device sampler: graph steps, the plain engine's tokens") {
-  for (const auto& v : variants) {
-    for (const bool sampled : {false, true}) {
-      CAPTURE(v.name);
-      CAPTURE(sampled);
-      const padding_backend pb;
-      engine_stats st;
-      std::vector<std::vector<token_id>> want, got;
-      if (v.compressed) {
-        want = run<zipage_policy, cpu_backend>(v.cfg, sampled, {}, nullptr, true);
-        got = run<zipage_policy, padding_backend>(v.cfg, sampled, pb, &st, true);
-      } else {
-        want = run<full_kv, cpu_backend>(v.cfg, sampled, {}, nullptr, true);
-        got = run<full_kv, padding_backend>(v.cfg, sampled, pb, &st, true);
-      }
-      CHECK(got == want);
-      CHECK(want != (v.compressed ? run<zipage_policy, cpu_backend>(v.cfg, sampled)
-                                  : run<full_kv, cpu_backend>(v.cfg, sampled)));  // the processors acted
-      CHECK(st.graph_steps > 0);
-      CHECK(st.graph_steps == pb.seen->graph_calls);
     }
   }
 }
