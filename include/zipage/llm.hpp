@@ -297,17 +297,13 @@ template <class Policy, class Backend>
 llm_parts load_llm(const std::filesystem::path& path, const engine_config& options, Policy policy, Backend backend,
                    const char* name) {
   loaded_model<Backend> loaded = load_model<Backend>(path, backend);
+  // Wired before the tokenizers move into parts: the functions refer to the tokenizer objects, which stay put.
+  engine_config cfg = loaded.engine_settings(options);
   llm_parts parts;
   parts.generation = std::move(loaded.generation);
   parts.stop_token_ids = std::move(loaded.stop_token_ids);
   parts.spm = std::move(loaded.spm);
   parts.bpe = std::move(loaded.bpe);
-  engine_config cfg = options;
-  if (!parts.stop_token_ids.empty()) cfg.tokenizer_eos = parts.stop_token_ids.front();  // its EOS: no stop_reason
-  cfg.make_detokenizer = parts.bpe ? decltype(cfg.make_detokenizer)(detokenizer_factory(*parts.bpe))
-                                   : decltype(cfg.make_detokenizer)(detokenizer_factory(*parts.spm));
-  cfg.encode_words = parts.bpe ? decltype(cfg.encode_words)(words_encoder(*parts.bpe))
-                               : decltype(cfg.encode_words)(words_encoder(*parts.spm));
   if constexpr (requires { backend.memory_info(); }) {
     if (cfg.num_blocks == 0 && cfg.gpu_memory_utilization == 0.0) {
       cfg.gpu_memory_utilization = 0.9;

@@ -352,6 +352,39 @@ TEST_CASE("llm: ignore_eos also ignores the tokenizer's end of turn that llm add
   CHECK(named.stop_reason == stopped_by(token_id{151645}));  // named by the caller under ignore_eos: its id
 }
 
+TEST_CASE("load_model: engine_settings() gives an engine of your own the tokenizer's end of turn, which min_tokens "
+          "masks under ignore_eos too (vLLM's all_stop_token_ids)") {
+  // The base checkpoint of the case above: config eos <|endoftext|>, the tokenizer's <|im_end|> (151645), which the
+  // model always emits. Built by hand as the README says, with the end of turn added per request (with_end_of_turn),
+  // an engine masked it before min_tokens only without ignore_eos: with it, with_end_of_turn leaves it out and the
+  // engine did not know it (engine_config::tokenizer_eos unset), so the first token was <|im_end|>.
+  zipage::testing::temp_dir dir("zipage_load_model_end_of_turn");
+  write_qwen3_checkpoint(dir.path, 151643, 151645);
+  auto m = load_model(dir.path);
+  REQUIRE(m.stop_token_ids == std::vector<token_id>{151645});
+  const engine_config cfg = m.engine_settings({.block_size = 16, .num_blocks = 160});
+  CHECK(cfg.tokenizer_eos == 151645);
+  engine<llama_model<cpu_backend>> eng(std::move(m.model), cfg);
+  const auto prompt = m.encode("Hello");
+  sampling_params p{.temperature = 0.0f, .max_tokens = 5, .ignore_eos = true, .min_tokens = 2};
+  auto out = eng.generate({prompt}, with_end_of_turn(p, m.stop_token_ids))[0];
+  CHECK(out.reason == finish_reason::length);
+  REQUIRE(out.output.size() == 5);
+  CHECK(out.output[0] != 151645);
+  CHECK(out.output[1] != 151645);
+  CHECK(std::count(out.output.begin(), out.output.end(), 151645) == 3);
+  // Without ignore_eos the same two tokens, then it ends the request, with no stop_reason (vLLM's eos_token_id).
+  p.ignore_eos = false;
+  const auto stops = eng.generate({prompt}, with_end_of_turn(p, m.stop_token_ids))[0];
+  CHECK(stops.reason == finish_reason::stop_token);
+  CHECK(stops.output == std::vector<token_id>{out.output[0], out.output[1], 151645});
+  CHECK(stops.stop_reason == stopped_by{});
+  // And the rest of the wiring: text and bad words.
+  CHECK(!stops.text.empty());
+  p.bad_words = {"Hello"};
+  CHECK(eng.generate({prompt}, with_end_of_turn(p, m.stop_token_ids))[0].output == stops.output);
+}
+
 TEST_CASE("llm: a request whose compression fails ends the stream with an error instead of hanging") {
   basic_llm<failing_policy> l(zipage::testing::stories_model_path(),
                               llm_options{.device = llm_device::cpu, .engine = {.block_size = 16, .budget_tokens = 32, .window = 8}});

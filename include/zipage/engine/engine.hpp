@@ -256,7 +256,8 @@ class engine {
   // The request's logits processors in token form: its bad words encoded (each id checked against the model's
   // vocabulary; `encoded` when the caller did that already), and with min_tokens the EOS ids it masks: the model's
   // eos and extra end-of-turn ids and the tokenizer's EOS (vLLM's all_stop_token_ids, which hold them with or
-  // without ignore_eos).
+  // without ignore_eos). The tokenizer's EOS reaches a request's stop ids only through with_end_of_turn, which
+  // leaves it out under ignore_eos, so engine_config::tokenizer_eos is what keeps it masked then.
   [[nodiscard]] token_rules token_rules_of(const sampling_params& p, const encoded_bad_words* encoded) const {
     token_rules rules;
     if (encoded != nullptr) {

@@ -2,7 +2,7 @@
 // zipage::load_model: a model and its tokenizer by path — a Llama-architecture GGUF file, or a Hugging Face
 // checkpoint directory (Qwen3, Qwen2, Llama: config.json, *.safetensors, tokenizer.json) — with the sampling
 // defaults of its generation_config.json or GGUF general.sampling.* keys. What zipage::llm starts from; a tool that builds its own engine
-// can start from it too (the detokenizer for engine_config::make_detokenizer, the extra stop ids).
+// can start from it too (engine_settings() for its engine_config, the extra stop ids for with_end_of_turn).
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "zipage/core/error.hpp"
+#include "zipage/engine/engine_config.hpp"
 #include "zipage/gguf/gguf.hpp"
 #include "zipage/models/gguf_generation.hpp"
 #include "zipage/models/hf_config.hpp"
@@ -50,6 +51,17 @@ struct loaded_model {
   [[nodiscard]] std::function<std::vector<token_id>(const std::string&)> words_encoder() const {
     if (bpe) return zipage::words_encoder(*bpe);
     return zipage::words_encoder(*spm);
+  }
+  // `cfg` wired to this model's tokenizer as zipage::llm wires its engine: the detokenizer, the bad-words encoder,
+  // and engine_config::tokenizer_eos = the tokenizer's end of turn (stop_token_ids). Requests get that id as a
+  // stop id through with_end_of_turn, which leaves it out under ignore_eos; only the engine's own copy keeps
+  // min_tokens masking it then, as vLLM masks its tokenizer's eos with or without ignore_eos (and ending on it
+  // reports no stop_reason, as on vLLM's). Valid while this loaded_model's tokenizer lives.
+  [[nodiscard]] engine_config engine_settings(engine_config cfg = {}) const {
+    cfg.make_detokenizer = detokenizer();
+    cfg.encode_words = words_encoder();
+    if (!stop_token_ids.empty()) cfg.tokenizer_eos = stop_token_ids.front();
+    return cfg;
   }
 };
 
