@@ -929,12 +929,17 @@ json chat_delta(std::size_t i, json delta, json lp) {
       {{{"index", i}, {"delta", std::move(delta)}, {"logprobs", std::move(lp)}, {"finish_reason", nullptr}}});
 }
 
+// A streamed chat choice made the one that finishes: finish_reason and, only here, stop_reason.
+void finish_choice(json& choice, const std::string& finish_reason, const zipage::stopped_by& stop_reason) {
+  choice["finish_reason"] = finish_reason;
+  choice["stop_reason"] = stop_reason_json(stop_reason);
+}
+
+// The finishing chunk when no delta is left to carry it.
 json chat_finish(std::size_t i, const std::string& finish_reason, const zipage::stopped_by& stop_reason) {
-  return json::array({{{"index", i},
-                       {"delta", json::object()},
-                       {"logprobs", nullptr},
-                       {"finish_reason", finish_reason},
-                       {"stop_reason", stop_reason_json(stop_reason)}}});
+  json list = chat_delta(i, json::object(), nullptr);
+  finish_choice(list[0], finish_reason, stop_reason);
+  return list;
 }
 
 // A token's own text (its bytes; possibly part of a UTF-8 character), for the alternatives.
@@ -1074,6 +1079,10 @@ struct generation {
           emit(chunk(chat_delta(i, {{"role", "assistant"}, {"content", ""}}, nullptr)));
           c.role_sent = true;
         }
+        // This drain's deltas, held so that the last one carries finish_reason, as vLLM sends the last delta
+        // (text, tool calls) with it; a chunk of its own with an empty delta only when nothing is left to send.
+        std::vector<json> deltas;
+        const auto send = [&](json choice_list) { deltas.push_back(std::move(choice_list)); };
         if (req.split_reasoning) {
           // reasoning_content and content deltas, a <think> tag split across deltas held back until it is whole
           if (!c.reasoning) c.reasoning.emplace(req.reasoning_opened);
@@ -1084,7 +1093,7 @@ struct generation {
             d.content += rest.content;
           }
           auto part = [&](const char* key, const std::string& text) {
-            emit(chunk(chat_delta(i, {{key, text}}, lp)));
+            send(chat_delta(i, {{key, text}}, lp));
             lp = nullptr;  // the step's logprobs go with the first part
           };
           if (!d.reasoning.empty()) part("reasoning_content", d.reasoning);
@@ -1092,14 +1101,14 @@ struct generation {
         } else if (!delta.empty() || !lp.is_null() || (c.finished && req.parse_tool_calls)) {
           const std::string content = tool_content(c, delta);
           if (!content.empty() || !lp.is_null())
-            emit(chunk(chat_delta(i, {{"content", content}}, lp)));
+            send(chat_delta(i, {{"content", content}}, lp));
         }
         std::string finish_reason = c.finish_reason;
         if (c.finished && req.parse_tool_calls) {
           // The answer's end: held text that turned out not to be calls goes out as content, calls as one delta.
           auto end = c.tool_calls ? c.tool_calls->finish() : zipage::tool_call_stream::ending{};
           if (!end.content.empty())
-            emit(chunk(chat_delta(i, {{"content", end.content}}, nullptr)));
+            send(chat_delta(i, {{"content", end.content}}, nullptr));
           if (!end.calls.empty()) {
             json calls = json::array();
             for (std::size_t k = 0; k < end.calls.size(); ++k) {
@@ -1107,12 +1116,13 @@ struct generation {
               call["index"] = k;
               calls.push_back(std::move(call));
             }
-            emit(chunk(chat_delta(i, {{"tool_calls", std::move(calls)}}, nullptr)));
+            send(chat_delta(i, {{"tool_calls", std::move(calls)}}, nullptr));
             if (finish_reason == "stop") finish_reason = "tool_calls";
           }
         }
-        if (c.finished)
-          emit(chunk(chat_finish(i, finish_reason, c.stop_reason)));
+        if (c.finished && deltas.empty()) deltas.push_back(chat_finish(i, finish_reason, c.stop_reason));
+        else if (c.finished) finish_choice(deltas.back()[0], finish_reason, c.stop_reason);
+        for (json& d : deltas) emit(chunk(std::move(d)));
       } else if (!delta.empty() || !lp.is_null() || c.finished) {
         emit(chunk(json::array({{{"index", i},
                                  {"text", delta},

@@ -540,7 +540,8 @@ await run('serve_http_stop_reason', async (servers) => {
   // vLLM's stop_reason on every choice, completions and chat: the stop string or the stop token id that ended it,
   // null for length (and for the model's EOS: serve_http_ignore_eos). The field was missing. Streamed, as vLLM
   // writes its chunks: completions (every field written) have it null in every chunk but the one with the
-  // finish_reason; chat (exclude_unset) has no stop_reason key before that chunk (it had a null one).
+  // finish_reason; chat (exclude_unset) has no stop_reason key before that chunk (it had a null one), and that
+  // chunk carries the last delta.
   const server = await startServer(['--chat-template', 'plain']);
   servers.push(server);
   const base = server.base;
@@ -583,6 +584,11 @@ await run('serve_http_stop_reason', async (servers) => {
       } else {
         assert.ok(earlier.length > 0, seen);
         assert.ok(earlier.every((c) => !('stop_reason' in c)), seen);
+        // The last token's text comes with finish_reason, as vLLM sends it (not in a chunk of its own followed by
+        // an empty delta), and the streamed text is the whole answer's.
+        if (finish === 'length') assert.ok(last[0].delta.content?.length > 0, seen);
+        const streamed = choices.map((c) => c.delta.content ?? '').join('');
+        assert.equal(streamed, choice.message.content, seen);
       }
     }
   }
