@@ -57,10 +57,24 @@ double as_written(float x) {
 // load, an exception in a cell) leaves no file, or the file that was there untouched, instead of an empty or half file.
 std::string json_tmp_path(const std::string& path) { return path + ".tmp"; }
 
+// The file --json-out names, through its symbolic links (a dangling one included): the rename replaces that file,
+// not a link to it (a link to a results file kept elsewhere stays a link).
+std::string json_out_file(const std::string& path) {
+  std::filesystem::path p = path;
+  std::error_code ec;
+  for (int hops = 0; hops < 40 && std::filesystem::is_symlink(p, ec); ++hops) {
+    const std::filesystem::path to = std::filesystem::read_symlink(p, ec);
+    if (ec) break;
+    p = to.is_absolute() ? to : p.parent_path() / to;
+  }
+  return p.string();
+}
+
 // Before hours of cells run, not after: PATH.tmp can be created (it is removed again) and a PATH already there can be
 // read (its lines are kept ahead of this run's). Creates nothing.
-void check_json_out(const std::string& path) {
+void check_json_out(const std::string& named) {
   std::error_code ec;
+  const std::string path = json_out_file(named);
   const std::string tmp = json_tmp_path(path);
   zipage::check(!std::filesystem::is_directory(path, ec), "--json-out: '", path, "' is a directory");
   if (std::filesystem::exists(path, ec))
@@ -71,7 +85,8 @@ void check_json_out(const std::string& path) {
 }
 
 // PATH's lines, then `lines`, written to PATH.tmp and renamed over PATH (so --json-out still appends).
-void write_json_out(const std::string& path, const std::string& lines) {
+void write_json_out(const std::string& named, const std::string& lines) {
+  const std::string path = json_out_file(named);
   const std::string tmp = json_tmp_path(path);
   std::error_code ec;
   std::string kept;
