@@ -24,6 +24,7 @@
 #include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/backend/cuda/sampling.hpp"
 #include "zipage/cuda/device.hpp"
+#include "zipage/sampling/logits_processors.hpp"
 
 namespace {
 
@@ -97,19 +98,23 @@ void bm_sample(benchmark::State& state, const std::string& name, int batch, bool
   }
   dbuf<float> d_temp(temp), d_top_p(top_p), d_min_p(min_p), d_pen(pen);
   dbuf<std::int32_t> d_top_k(top_k), d_indptr(indptr), d_ids(ids), d_out(batch);
-  std::vector<std::int32_t> e_indptr{0}, e_ids, e_banned;
-  std::vector<float> e_adds;
+  zipage::logit_edit_csr csr;
+  zipage::logit_edits e;
   for (int r = 0; r < batch; ++r) {
-    const bool edited = cfg.edit_ids > 0 && (!cfg.one_row || r == 0);
-    for (int j = 0; edited && j < cfg.edit_ids; ++j) {  // ascending ids, as make_logit_edits gives
-      e_ids.push_back(static_cast<std::int32_t>((j * 30011u + r * 13u) % 30011u + j * 30011u));
-      e_adds.push_back(cfg.others_banned ? 0.0f : 2.5f);
+    if (cfg.edit_ids <= 0 || (cfg.one_row && r != 0)) {
+      csr.append_none();
+      continue;
     }
-    e_indptr.push_back(static_cast<std::int32_t>(e_ids.size()));
-    e_banned.push_back(edited && cfg.others_banned ? 1 : 0);
+    e.clear();
+    e.others_banned = cfg.others_banned;
+    for (int j = 0; j < cfg.edit_ids; ++j) {  // ascending ids, as make_logit_edits gives
+      e.ids.push_back(static_cast<std::int32_t>((j * 30011u + r * 13u) % 30011u + j * 30011u));
+      e.adds.push_back(cfg.others_banned ? 0.0f : 2.5f);
+    }
+    csr.append(e);
   }
-  dbuf<std::int32_t> d_e_indptr(e_indptr), d_e_ids(e_ids), d_e_banned(e_banned);
-  dbuf<float> d_e_adds(e_adds);
+  dbuf<std::int32_t> d_e_indptr(csr.indptr), d_e_ids(csr.ids), d_e_banned(csr.others_banned);
+  dbuf<float> d_e_adds(csr.adds);
   dbuf<std::uint64_t> d_seed(seed), d_step(step);
   zc::sampling_batch p;
   p.logits = bf16 ? static_cast<const void*>(L.b16) : static_cast<const void*>(L.f32);

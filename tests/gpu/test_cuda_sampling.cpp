@@ -244,24 +244,23 @@ std::vector<std::int32_t> run_gpu(const batch_case& c, const std::vector<int>& o
     indptr.push_back(static_cast<std::int32_t>(ids.size()));
   }
   // Logits processors, as cuda_backend sends them: each row's zipage::logit_edits.
-  std::vector<std::int32_t> e_indptr{0}, e_ids, e_banned;
-  std::vector<float> e_adds;
+  zipage::logit_edit_csr csr;
   bool edits = false;
   for (const request& q : c.reqs) edits = edits || q.p.processes_logits(q.step);
   if (edits) {
     zipage::logit_edits e;
     for (int j = 0; j < B; ++j) {
       const request& q = c.reqs[std::size_t(order[std::size_t(j)])];
-      e.clear();
-      if (q.p.processes_logits(q.step)) zipage::make_logit_edits(e, q.p, q.context, q.step, q.rules, V);
-      e_ids.insert(e_ids.end(), e.ids.begin(), e.ids.end());
-      e_adds.insert(e_adds.end(), e.adds.begin(), e.adds.end());
-      e_indptr.push_back(static_cast<std::int32_t>(e_ids.size()));
-      e_banned.push_back(e.others_banned ? 1 : 0);
+      if (q.p.processes_logits(q.step)) {
+        zipage::make_logit_edits(e, q.p, q.context, q.step, q.rules, V);
+        csr.append(e);
+      } else {
+        csr.append_none();
+      }
     }
   }
-  dbuf<std::int32_t> d_e_indptr(e_indptr), d_e_ids(e_ids), d_e_banned(e_banned);
-  dbuf<float> d_e_adds(e_adds);
+  dbuf<std::int32_t> d_e_indptr(csr.indptr), d_e_ids(csr.ids), d_e_banned(csr.others_banned);
+  dbuf<float> d_e_adds(csr.adds);
   dbuf<float> d_lf(lf);
   dbuf<std::uint16_t> d_lb(lb);
   dbuf<float> d_temp(temp), d_top_p(top_p), d_min_p(min_p), d_pen(pen), d_freq(freq), d_pres(pres);

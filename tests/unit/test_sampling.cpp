@@ -906,4 +906,66 @@ TEST_CASE("logit edits: sorted, merged, and the same row as the processors appli
   }
 }
 
+TEST_CASE("logit edits as CSR: rows appended in order, empty rows and others_banned; each slice applies as its row") {
+  constexpr float ban = -std::numeric_limits<float>::infinity();
+  constexpr int vocab = 12;
+  token_rules rules;
+  rules.eos_ids = {11};
+  std::vector<sampling_params> ps(6);
+  ps[1].allowed_token_ids = std::vector<token_id>{7, 2};
+  ps[1].logit_bias = {{2, 0.5f}, {4, 1.0f}};
+  ps[3].logit_bias = {{9, -2.0f}, {3, 1.5f}};
+  ps[4].min_tokens = 1;  // reached at step 1: processes nothing, an empty edit appended as such
+  ps[5].min_tokens = 4;
+  ps[5].stop_token_ids = {0};
+  const std::uint64_t steps[] = {0, 0, 0, 0, 1, 2};
+  // Rows 0 and 2 are unedited (append_none), row 4 appends an empty edit: all three are empty ranges.
+  std::vector<zipage::logit_edits> want(ps.size());
+  zipage::logit_edit_csr csr;
+  csr.append_none();  // what clear() must come back to, after a first use
+  csr.clear();
+  CHECK(csr.indptr == std::vector<std::int32_t>{0});
+  CHECK(csr.rows() == 0);
+  for (std::size_t r = 0; r < ps.size(); ++r) {
+    if (r == 0 || r == 2) {
+      csr.append_none();
+      continue;
+    }
+    zipage::make_logit_edits(want[r], ps[r], {}, steps[r], rules, vocab);
+    csr.append(want[r]);
+  }
+  CHECK(want[4].empty());
+  CHECK(csr.rows() == 6);
+  CHECK(csr.indptr == std::vector<std::int32_t>{0, 0, 3, 3, 5, 5, 7});
+  CHECK(csr.ids == std::vector<token_id>{2, 4, 7, 3, 9, 0, 11});
+  CHECK(csr.adds == std::vector<float>{0.5f, ban, 0.0f, 1.5f, -2.0f, ban, ban});
+  CHECK(csr.others_banned == std::vector<std::int32_t>{0, 1, 0, 0, 0, 0});
+
+  std::vector<float> raw(vocab);
+  for (int i = 0; i < vocab; ++i) raw[static_cast<std::size_t>(i)] = 0.25f * static_cast<float>(i) - 1.0f;
+  raw[3] = std::numeric_limits<float>::quiet_NaN();
+  raw[9] = std::numeric_limits<float>::infinity();
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (std::isnan(a[i]) ? !std::isnan(b[i]) : a[i] != b[i]) return false;
+    return a.size() == b.size();
+  };
+  std::vector<float> expected(vocab), got(vocab), via_row(vocab);
+  for (std::size_t r = 0; r < ps.size(); ++r) {
+    INFO("row ", r);
+    zipage::apply_logit_edits(raw, want[r], expected);
+    // As the kernel reads the CSR: the row's flag, then its range of ids and adds.
+    got = raw;
+    if (csr.others_banned[r] != 0) std::fill(got.begin(), got.end(), ban);
+    for (auto k = static_cast<std::size_t>(csr.indptr[r]); k < static_cast<std::size_t>(csr.indptr[r + 1]); ++k) {
+      const auto t = static_cast<std::size_t>(csr.ids[k]);
+      got[t] = zipage::logit_edited(raw[t], csr.adds[k]);
+    }
+    CHECK(same(got, expected));
+    zipage::apply_logit_edits(raw, csr.row(r), via_row);
+    CHECK(same(via_row, expected));
+  }
+  CHECK_THROWS_WITH((void)csr.row(6), doctest::Contains("row 6 of 6"));
+}
+
 }  // TEST_SUITE

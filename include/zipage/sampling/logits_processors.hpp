@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -117,5 +118,51 @@ inline void apply_logit_edits(std::span<const float> raw, const logit_edits& e, 
     processed[t] = logit_edited(raw[t], e.adds[i]);
   }
 }
+
+// A batch's edits as the CSR the CUDA sampler takes (cuda::sampling_batch's edit_* arrays, in the same element
+// types): row r's ids are ids[indptr[r] .. indptr[r + 1]) with their adds beside them, and others_banned[r] is 1
+// under allowed_token_ids, 0 otherwise. Rows are appended in batch order; a row without logits processors is an
+// empty range (append_none). Host only; its vectors are kept between batches (clear) to reuse their memory.
+struct logit_edit_csr {
+  std::vector<std::int32_t> indptr{0};      // [rows + 1]
+  std::vector<std::int32_t> ids;            // token ids, ascending and unique within a row
+  std::vector<float> adds;                  // beside ids: a bias, 0, or -inf (a ban)
+  std::vector<std::int32_t> others_banned;  // [rows]
+
+  void clear() {
+    indptr.assign(1, 0);
+    ids.clear();
+    adds.clear();
+    others_banned.clear();
+  }
+  [[nodiscard]] std::size_t rows() const { return others_banned.size(); }
+  // The next row's edit: e's ids (in [0, vocab), sorted and unique: make_logit_edits makes them so) and adds.
+  void append(const logit_edits& e) {
+    static_assert(std::is_same_v<token_id, std::int32_t>, "the CSR's ids are the kernel's int32 token ids");
+    check(e.ids.size() == e.adds.size(), "logit_edit_csr: ", e.ids.size(), " ids and ", e.adds.size(), " adds");
+    ids.insert(ids.end(), e.ids.begin(), e.ids.end());
+    adds.insert(adds.end(), e.adds.begin(), e.adds.end());
+    end_row(e.others_banned);
+  }
+  // The next row, unedited.
+  void append_none() { end_row(false); }
+  // Row r's edit back as a logit_edits (for checks: applying it equals applying the one appended).
+  [[nodiscard]] logit_edits row(std::size_t r) const {
+    check(r < rows(), "logit_edit_csr: row ", r, " of ", rows());
+    const auto b = static_cast<std::ptrdiff_t>(indptr[r]), e = static_cast<std::ptrdiff_t>(indptr[r + 1]);
+    logit_edits out;
+    out.others_banned = others_banned[r] != 0;
+    out.ids.assign(ids.begin() + b, ids.begin() + e);
+    out.adds.assign(adds.begin() + b, adds.begin() + e);
+    return out;
+  }
+
+ private:
+  void end_row(bool banned) {
+    check(ids.size() < 0x7fffffffu, "logit_edit_csr: logits processors' edits too large");
+    indptr.push_back(static_cast<std::int32_t>(ids.size()));
+    others_banned.push_back(banned ? 1 : 0);
+  }
+};
 
 }  // namespace zipage

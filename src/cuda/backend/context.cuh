@@ -172,9 +172,8 @@ struct context {
   std::vector<float> s_temp, s_top_p, s_min_p, s_penalty, s_frequency, s_presence;
   std::vector<std::int32_t> s_top_k, s_indptr, s_ids, s_rows, s_top;
   std::vector<std::uint64_t> s_seed, s_step;
-  std::vector<std::int32_t> s_edit_indptr, s_edit_ids, s_edit_banned;  // logits processors, as CSR
-  std::vector<float> s_edit_adds;
-  logit_edits s_edit;    // one row's, reused
+  logit_edit_csr s_edits;  // logits processors, as the kernel's CSR
+  logit_edits s_edit;      // one row's, reused
   sampler host_sampler;  // device_sampling = false
 
   mutable std::mutex counters_mu;

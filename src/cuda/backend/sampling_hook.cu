@@ -59,16 +59,28 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
 
   // Per-row parameters. All greedy: no temperature array (no workspace, the greedy kernel).
   bool all_greedy = true, penalty = false, output_penalty = false, identity = true, logprobs = false, tops = false;
+  // Logits processors: each row's edit into the CSR (an empty range for the rows without them), built from the
+  // first row that has them (with empty rows before it); none built when no row has them.
   bool edits = false;
+  c.s_edits.clear();
   for (int i = 0; i < n; ++i) {
     const sample_row& r = rows[static_cast<std::size_t>(i)];
+    if (r.params->processes_logits(r.step)) {
+      if (!edits) {
+        for (int j = 0; j < i; ++j) c.s_edits.append_none();  // the rows before the first edited one
+        edits = true;
+      }
+      make_logit_edits(c.s_edit, *r.params, r.context, r.step, r.rules ? *r.rules : token_rules{}, vocab);
+      c.s_edits.append(c.s_edit);
+    } else if (edits) {
+      c.s_edits.append_none();
+    }
     logprobs = logprobs || r.logprobs != nullptr || r.top_logprobs != nullptr;
     tops = tops || (r.top_logprobs != nullptr && r.params->top_logprobs > 0);
     all_greedy = all_greedy && r.params->greedy();
     penalty = penalty || r.params->repetition_penalty != 1.0f;
     output_penalty = output_penalty || (r.params->output_penalties() && r.step > 0);
     identity = identity && r.logits_row == i;
-    edits = edits || r.params->processes_logits(r.step);
   }
   const auto un = static_cast<std::size_t>(n);
   c.s_temp.resize(un);
@@ -121,25 +133,6 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
     }
     if (c.s_ids.empty()) c.s_indptr.clear();  // nothing to penalise
   }
-  c.s_edit_indptr.clear();
-  c.s_edit_ids.clear();
-  c.s_edit_adds.clear();
-  c.s_edit_banned.clear();
-  if (edits) {  // each row's logits processors as an edit (an empty range for the rows without them)
-    c.s_edit_indptr.push_back(0);
-    for (const sample_row& r : rows) {
-      bool banned = false;
-      if (r.params->processes_logits(r.step)) {
-        make_logit_edits(c.s_edit, *r.params, r.context, r.step, r.rules ? *r.rules : token_rules{}, vocab);
-        c.s_edit_ids.insert(c.s_edit_ids.end(), c.s_edit.ids.begin(), c.s_edit.ids.end());
-        c.s_edit_adds.insert(c.s_edit_adds.end(), c.s_edit.adds.begin(), c.s_edit.adds.end());
-        banned = c.s_edit.others_banned;
-      }
-      check(c.s_edit_ids.size() < 0x7fffffffu, "sample: logits processors' edits too large");
-      c.s_edit_indptr.push_back(static_cast<std::int32_t>(c.s_edit_ids.size()));
-      c.s_edit_banned.push_back(banned ? 1 : 0);
-    }
-  }
   if (!identity)
     for (const sample_row& r : rows) c.s_rows.push_back(r.logits_row);
   c.s_top.clear();
@@ -159,8 +152,8 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
                           sec_if(true, c.s_ids),          sec_if(true, c.s_rows),
                           sec_if(output_penalty, c.s_frequency), sec_if(output_penalty, c.s_presence),
                           sec_if(tops, c.s_top),
-                          sec_if(edits, c.s_edit_indptr),    sec_if(edits, c.s_edit_ids),
-                          sec_if(edits, c.s_edit_adds),      sec_if(edits, c.s_edit_banned)};
+                          sec_if(edits, c.s_edits.indptr), sec_if(edits, c.s_edits.ids),
+                          sec_if(edits, c.s_edits.adds),   sec_if(edits, c.s_edits.others_banned)};
   c.sample_up.put(secs, c.stream);
 
   const void* src = logits.data();
