@@ -16,6 +16,15 @@
 
 namespace zipage {
 
+namespace {
+// A row's token-form rules, or none, by reference: `r.rules ? *r.rules : token_rules{}` would copy the request's
+// bad words every step (the conditional's result is a prvalue).
+const token_rules& rules_of(const sample_row& r) {
+  static const token_rules none{};
+  return r.rules != nullptr ? *r.rules : none;
+}
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------------
 // sampling (engine thread, main stream)
 
@@ -43,7 +52,7 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
     for (int i = 0; i < n; ++i) {
       const sample_row& r = rows[static_cast<std::size_t>(i)];
       const std::span<const float> row{host.data() + static_cast<std::size_t>(r.logits_row) * v, v};
-      const token_id tok = c.host_sampler.sample(row, *r.params, r.context, r.step, r.rules ? *r.rules : token_rules{});
+      const token_id tok = c.host_sampler.sample(row, *r.params, r.context, r.step, rules_of(r));
       out[static_cast<std::size_t>(i)] = tok;
       if (r.logprobs) r.logprobs->push_back(token_logprob_of(row, tok));
       if (r.top_logprobs) r.top_logprobs->push_back(top_logprobs(row, r.params->top_logprobs));
@@ -70,7 +79,7 @@ std::vector<token_id> cuda_backend::sample(const cuda_tensor& logits, std::span<
         for (int j = 0; j < i; ++j) c.s_edits.append_none();  // the rows before the first edited one
         edits = true;
       }
-      make_logit_edits(c.s_edit, *r.params, r.context, r.step, r.rules ? *r.rules : token_rules{}, vocab);
+      make_logit_edits(c.s_edit, *r.params, r.context, r.step, rules_of(r), vocab);
       c.s_edits.append(c.s_edit);
     } else if (edits) {
       c.s_edits.append_none();
