@@ -6,7 +6,10 @@
 // groups of up to 8 heads, one split, bf16 output and, when wanted, its FP8 copy. The engine runs it by
 // cuda_backend_options::fp8_decode_kernel (automatic: resolve_fp8_decode_kernel's rule); bench_decode_attention's
 // decode_fp8_swapped cases measure it, test_cuda_kernels checks it against the CPU reference.
+#include <cuda.h>  // CUtensorMap
+
 #include "zipage/backend/cuda/decode_kernel.cuh"
+#include "zipage/backend/cuda/wgmma.cuh"  // mbarriers
 
 namespace zipage::cuda::detail {
 
@@ -293,6 +296,147 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
   cp_async_wait<0>();
   __syncthreads();
   swapped_epilogue(a, acc, smem, cta);
+}
+
+// ---- The TMA-fed variant (paged_decode_attention_swapped_tma): the same tile math, with each 64-token tile of a
+// KV head's codes moved by two bulk tensor copies (K and V) that one thread issues, instead of 16-byte cp.async
+// copies by every thread with their address arithmetic (docs/benchmarks.md: that staged pipeline is ~75-100 mJ of
+// a ~520 mJ pass at the compressed steady state). Blocks of >= 64 tokens, so that a tile is one box of one page.
+
+// The cache's codes as TMA reads them: [slots][kv_heads][128] bytes, boxes of 64 tokens x 1 head x 128 bytes,
+// 128-byte swizzle (chunk c of row r at chunk c ^ (r % 8)). Passed as __grid_constant__ kernel parameters.
+struct swapped_tma_maps {
+  CUtensorMap k;
+  CUtensorMap v;
+};
+
+// Shared memory: STAGES x (K codes [64][128], V codes [64][128]), 1,024-byte aligned (the swizzle's unit);
+// STAGES x (K scales [64], V scales [64]); Q's bf16 tile; one mbarrier per stage. The base is rounded up to
+// 1,024 bytes in the kernel, hence the slack.
+template <int STAGES>
+struct swapped_tma_layout {
+  static constexpr int kCodeBytes = kKvTile * 128;
+  static constexpr int kStageBytes = 2 * kCodeBytes;
+  static constexpr int kScaleOffset = STAGES * kStageBytes;
+  static constexpr int kScaleStageBytes = 2 * kKvTile * 4;
+  static constexpr int kQOffset = kScaleOffset + STAGES * kScaleStageBytes;
+  static constexpr int kBarOffset = kQOffset + kSwappedQBytes;
+  static constexpr int kSmemBytes = kBarOffset + STAGES * 8 + 1024;
+};
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled [64][128] tile.
+__device__ __forceinline__ std::uint32_t sw128_off(int row, int chunk) {
+  return static_cast<std::uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ void tma_load_3d(std::uint32_t dst, const CUtensorMap& map, int c0, int c1, int c2,
+                                            std::uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+// grid (1, kv_heads, num_seqs), 128 threads: as paged_decode_swapped_kernel, with the codes of tile n landing in
+// stage n % STAGES by TMA (thread 0 issues both boxes and the barrier's byte count) and the scales by 4-byte
+// cp.async (zero past the end). Codes past the end of the last tile are whatever the page holds: the scores of
+// those tokens are -inf (swapped_tile) and their V codes are zeroed in registers, since 0 x NaN would not be 0.
+template <int STAGES>
+__global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>)
+    paged_decode_swapped_tma_kernel(const decode_args a, const __grid_constant__ swapped_tma_maps maps) {
+#if ZIPAGE_WGMMA_DEVICE  // the sm_90a pass (wgmma.cuh), where the mbarrier helpers are defined
+  using L = swapped_tma_layout<STAGES>;
+  constexpr int D = 128;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  const swapped_cta cta = swapped_cta_of(a);
+  const auto& [kvh, seq, end, qhead0, pages, warp, lane, g, t] = cta;
+  const int tid = static_cast<int>(threadIdx.x);
+  const std::uint32_t base = smem_addr(smem);
+  const std::uint32_t bars = base + L::kBarOffset;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) wgmma::mbar_init(bars + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&maps.k)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&maps.v)) : "memory");
+  }
+  __syncthreads();
+
+  const int ntiles = (end + kKvTile - 1) / kKvTile;
+  const int in_block = (1 << a.bs_shift) - 1;
+  auto page_of = [&](int n) { return n < ntiles ? __ldg(pages + ((n * kKvTile) >> a.bs_shift)) : 0; };
+  // Tile n into stage n % STAGES: the codes by TMA, this thread's scale (threads 0-63: K, 64-127: V) by cp.async.
+  auto issue = [&](int n, std::int32_t page) {
+    const int s = n % STAGES;
+    const int slot0 = (page << a.bs_shift) | ((n * kKvTile) & in_block);
+    if (tid == 0) {
+      const std::uint32_t bar = bars + 8 * s, dst = base + s * L::kStageBytes;
+      wgmma::fence_proxy_async();  // the generic reads of this stage's last tile before the async writes
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(L::kStageBytes)
+                   : "memory");
+      tma_load_3d(dst, maps.k, 0, kvh, slot0, bar);
+      tma_load_3d(dst + L::kCodeBytes, maps.v, 0, kvh, slot0, bar);
+    }
+    const int row = tid & (kKvTile - 1);
+    const bool valid = n * kKvTile + row < end;
+    const float* src = (tid < kKvTile ? a.k_scale : a.v_scale) + (std::int64_t{slot0} + row) * a.num_kv_heads + kvh;
+    const std::uint32_t dst = base + L::kScaleOffset + s * L::kScaleStageBytes + static_cast<std::uint32_t>(tid) * 4;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(valid ? src : a.k_scale),
+                 "r"(valid ? 4 : 0)
+                 : "memory");
+  };
+
+  swapped_load_q(a, base + L::kQOffset, cta);
+  std::int32_t next_page = 0;
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < ntiles) issue(st, page_of(st));
+    cp_async_commit();
+  }
+  next_page = page_of(STAGES - 1);
+
+  swapped_acc acc;
+  std::uint32_t qb[8][2];
+  float q_mul = a.scale_log2;
+  for (int it = 0; it < ntiles; ++it) {
+    const int nxt = it + STAGES - 1;
+    if (nxt < ntiles) {
+      issue(nxt, next_page);
+      next_page = page_of(nxt + 1);
+    }
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();
+    const int s = it % STAGES;
+    wgmma::mbar_wait(bars + 8 * s, static_cast<std::uint32_t>((it / STAGES) & 1));
+    __syncthreads();
+    if (it == 0) q_mul *= load_qT_fragments_fp8(qb, smem + L::kQOffset, lane);
+    const int tile_start = it * kKvTile;
+    if (tile_start + warp * 16 < end) {
+      const unsigned char* kc = smem + s * L::kStageBytes;
+      const unsigned char* vc = kc + L::kCodeBytes;
+      const float* scales = reinterpret_cast<const float*>(smem + L::kScaleOffset + s * L::kScaleStageBytes) + warp * 16;
+      const bool partial = tile_start + kKvTile > end;
+      swapped_tile(
+          acc, qb, q_mul,
+          [&](int half, int c) { return *reinterpret_cast<const uint4*>(kc + sw128_off(warp * 16 + g + 8 * half, 2 * t + c)); },
+          [&](int k) {
+            const int row = warp * 16 + 2 * t + (k & 1) + 8 * (k >> 1);
+            const uint4 x = *reinterpret_cast<const uint4*>(vc + sw128_off(row, g));
+            return partial && tile_start + row >= end ? make_uint4(0, 0, 0, 0) : x;
+          },
+          scales[g], scales[g + 8], scales[kKvTile + g], scales[kKvTile + g + 8], tile_start + warp * 16 + g, end, g,
+          t);
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  static_assert(4 * 8 * D * 4 <= L::kScaleOffset, "the epilogue's partial outputs reuse the code stages");
+  swapped_epilogue(a, acc, smem, cta);
+#else
+  __trap();
+#endif
 }
 
 }  // namespace zipage::cuda::detail
