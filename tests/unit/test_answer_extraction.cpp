@@ -497,7 +497,7 @@ TEST_CASE("closed-form numbers compare by value") {
   CHECK_FALSE(math_answers_equal("2^{10}", "1025"));
   CHECK_FALSE(math_answers_equal("10^6", "1000001"));      // whole values: exactly
   CHECK_FALSE(math_answers_equal("\\sqrt{x^2}", "x"));      // variables: see "expressions with variables"
-  CHECK_FALSE(math_answers_equal("\\sin(\\pi)", "0"));      // functions are not evaluated
+  CHECK(math_answers_equal("\\sin(\\pi)", "0"));            // functions: see "functions, binomials, factorials"
   CHECK_FALSE(math_answers_equal("\\sqrt{-4}", "2"));
   CHECK_FALSE(math_answers_equal("\\frac{1}{0}", "\\frac{2}{0}"));
   CHECK_FALSE(math_answers_equal("2^10", "1024"));          // 2^10 is 2^1 then 0: ambiguous, left as a string
@@ -550,7 +550,7 @@ TEST_CASE("expressions with variables compare by value at fixed points") {
   CHECK_FALSE(math_answers_equal("xy", "yx"));                   // two letters alone read as a word
   CHECK_FALSE(math_answers_equal("5 and 6", "6 and 5"));
   CHECK_FALSE(math_answers_equal("x2", "2x"));                   // a digit after a letter does not parse
-  CHECK_FALSE(math_answers_equal("\\sin x", "\\sin(x)"));        // nor do functions
+  CHECK(math_answers_equal("\\sin x", "\\sin(x)"));              // functions: see "functions, binomials, ..."
   CHECK_FALSE(math_answers_equal("x\\%", "0.01x"));
   CHECK(normalize_math_answer("2 \\cdot x") == "2\\cdot x");  // the space keeps \cdot apart from x
   CHECK(normalize_math_answer("2 \\cdot 3") == "2\\cdot3");
@@ -610,8 +610,19 @@ TEST_CASE("sets, unions and bare lists compare as sets: any order, repetition as
   CHECK_FALSE(math_answers_equal("\\{(1, 2), (3, 4)\\}", "\\{(2, 1), (4, 3)\\}"));
   CHECK_FALSE(math_answers_equal("(0, 1) \\cup (2, 3)", "(0, 1) \\cup [2, 3)"));
   CHECK_FALSE(math_answers_equal("x = 1, y = 2", "y = 1, x = 2"));
-  CHECK_FALSE(math_answers_equal("\\{1, 2\\}", "1, 2"));                // a set and a bare list are other kinds
+  // A set in braces and a bare list are both sets (they were other kinds: \{1, 2\} != 1, 2); tuples are neither.
+  CHECK(math_answers_equal("\\{1, 2\\}", "1, 2"));
+  CHECK(math_answers_equal("\\{1, 2\\}", "2, 1"));
+  CHECK(math_answers_equal("-2, \\frac{1}{2}", "\\left\\{ 0.5, -2 \\right\\}"));
+  CHECK(math_answers_equal("\\{(1, 2), (3, 4)\\}", "(3, 4), (1, 2)"));
+  CHECK_FALSE(math_answers_equal("\\{1, 2\\}", "1, 3"));
+  CHECK_FALSE(math_answers_equal("\\{1, 2\\}", "1, 2, 3"));
+  CHECK_FALSE(math_answers_equal("\\{(1, 2), (3, 4)\\}", "(2, 1), (3, 4)"));
+  CHECK_FALSE(math_answers_equal("\\{1, 2\\}", "(1, 2)"));
   CHECK_FALSE(math_answers_equal("\\{1, 2\\}", "(2, 1)"));
+  CHECK_FALSE(math_answers_equal("1, 2", "(1, 2)"));
+  CHECK_FALSE(math_answers_equal("\\{1, 2\\}", "[1, 2]"));
+  CHECK_FALSE(math_answers_equal("\\{0, 1\\}", "(0, 1) \\cup (1, 2)"));
   // A looping model's list of thousands of entries is compared in order only (max_set_pairs), and quickly.
   std::string up, down;
   for (int i = 0; i < 3000; ++i) {
@@ -646,4 +657,147 @@ TEST_CASE("the word percent after a number is a percent sign") {
   CHECK_FALSE(math_answers_equal("50 percentage points", "0.5"));  // a unit: 50
   CHECK_FALSE(math_answers_equal("50 percentile", "0.5"));
   CHECK(normalize_math_answer("a percent") == "apercent");
+}
+
+TEST_CASE("functions, binomials and factorials evaluate") {
+  // Functions, \binom, \choose and n! did not parse: every answer with one compared as a normalised string, so
+  // \sin(\pi) != 0, \log_2 8 != 3, \binom{5}{2} != 10, 5! != 120 and 2\sin x\cos x != \sin(2x).
+  CHECK(math_answers_equal("\\sin(\\pi)", "0"));                 // sin(pi) is ~1e-19: zero, not a small number
+  CHECK(math_answers_equal("\\cos(\\pi)", "-1"));
+  CHECK(math_answers_equal("\\sin\\frac{\\pi}{6}", "\\frac12"));
+  CHECK(math_answers_equal("\\cos \\frac{\\pi}{3}", "0.5"));
+  CHECK(math_answers_equal("\\tan\\frac{\\pi}{4}", "1"));
+  CHECK(math_answers_equal("\\cot\\frac{\\pi}{4}", "1"));
+  CHECK(math_answers_equal("\\sec\\frac{\\pi}{3}", "2"));
+  CHECK(math_answers_equal("\\csc\\frac{\\pi}{6}", "2"));
+  CHECK(math_answers_equal("\\arcsin 1", "\\frac{\\pi}{2}"));
+  CHECK(math_answers_equal("\\arccos(0)", "\\frac{\\pi}{2}"));
+  CHECK(math_answers_equal("4\\arctan 1", "\\pi"));
+  CHECK(math_answers_equal("\\sin^{-1} x", "\\arcsin x"));
+  CHECK(math_answers_equal("\\tan^{-1}(x)", "\\arctan{x}"));
+  CHECK(math_answers_equal("\\cosh^2 x - \\sinh^2 x", "1"));
+  CHECK(math_answers_equal("\\tanh x", "\\frac{\\sinh x}{\\cosh x}"));
+  CHECK(math_answers_equal("\\log_2 8", "3"));
+  CHECK(math_answers_equal("\\log_{10} 1000", "3"));
+  CHECK(math_answers_equal("\\log_{2}(32)", "5"));
+  CHECK(math_answers_equal("\\log x", "\\ln x"));                // no base: natural, as SymPy reads \log
+  CHECK(math_answers_equal("\\ln(x^2)", "2\\ln|x|"));
+  CHECK(math_answers_equal("\\log_{10} x", "\\frac{\\ln x}{\\ln 10}"));
+  CHECK(math_answers_equal("\\exp(x)", "e^x"));                 // e is Euler's number
+  CHECK(math_answers_equal("e^{\\ln 5}", "5"));
+  CHECK(math_answers_equal("\\ln(e^2)", "2"));
+  CHECK(math_answers_equal("e", "2.7183"));
+  CHECK(math_answers_equal("\\frac{1}{e}", "e^{-1}"));
+  CHECK(math_answers_equal("2\\sin x\\cos x", "\\sin(2x)"));
+  CHECK(math_answers_equal("\\sin(2x) - 2\\sin x \\cos x", "0"));  // equal terms cancel to zero, not to 1e-19
+  CHECK(math_answers_equal("\\sin^2 x + \\cos^2 x", "1"));
+  CHECK(math_answers_equal("\\sin^2 x", "(\\sin x)^2"));
+  CHECK(math_answers_equal("\\sin^{2}(x)", "\\sin(x)^2"));
+  CHECK(math_answers_equal("\\sin{x}", "\\sin x"));
+  CHECK(math_answers_equal("\\sin 2x", "\\sin(2x)"));           // factors side by side are the argument
+  CHECK(math_answers_equal("\\sin x^2", "\\sin(x^2)"));
+  CHECK(math_answers_equal("\\sin x + 1", "1 + \\sin(x)"));
+  CHECK(math_answers_equal("\\sin x \\cdot y", "y\\sin(x)"));
+  CHECK(math_answers_equal("\\operatorname{sin} x", "\\sin x"));
+  CHECK(math_answers_equal("\\operatorname{arcsin}(x)", "\\sin^{-1}x"));
+  CHECK(math_answers_equal("\\mathrm{ln}(3)", "\\ln 3"));
+  CHECK(math_answers_equal("(\\sin x, \\cos x)", "(\\sin(x), \\cos(x))"));
+  CHECK(math_answers_equal("y = \\sin x", "\\sin(x) - y = 0"));
+  // Near misses: other functions, arguments, bases and powers.
+  CHECK_FALSE(math_answers_equal("\\sin x", "\\cos x"));
+  CHECK_FALSE(math_answers_equal("\\sin x", "x"));
+  CHECK_FALSE(math_answers_equal("\\sin(2x)", "2\\sin x"));
+  CHECK_FALSE(math_answers_equal("\\sin x\\cos x", "\\sin(2x)"));
+  CHECK_FALSE(math_answers_equal("\\sin^2 x", "\\sin x^2"));       // (sin x)^2 against sin(x^2)
+  CHECK_FALSE(math_answers_equal("\\sin^{-1} x", "\\frac{1}{\\sin x}"));
+  CHECK_FALSE(math_answers_equal("\\tan x", "\\cot x"));
+  CHECK_FALSE(math_answers_equal("\\sinh x", "\\sin x"));
+  CHECK_FALSE(math_answers_equal("\\log_2 8", "4"));
+  CHECK_FALSE(math_answers_equal("\\log_2 8", "\\log_3 8"));
+  CHECK_FALSE(math_answers_equal("\\log 100", "2"));              // natural: 4.605, not log base 10
+  CHECK_FALSE(math_answers_equal("\\log x", "\\log_{10} x"));
+  CHECK(math_answers_equal("\\ln(x^2)", "2\\ln x"));  // where both are defined (x > 0), as \sqrt{x}\sqrt{x} = x
+  CHECK_FALSE(math_answers_equal("\\sin(\\pi)", "0.0001"));       // zero is no small number
+  CHECK_FALSE(math_answers_equal("\\sin 1", "0.84"));             // 0.841471: within 1e-4 only
+  CHECK(math_answers_equal("\\sin 1", "0.8415"));
+  CHECK_FALSE(math_answers_equal("e^2", "7.39"));
+  CHECK(math_answers_equal("e^2", "7.3891"));
+  CHECK_FALSE(math_answers_equal("e^{\\ln 5}", "6"));
+  CHECK_FALSE(math_answers_equal("e^x", "x^e"));
+  CHECK_FALSE(math_answers_equal("e_1", "e"));                    // with a subscript, e is a variable
+  CHECK(math_answers_equal("6 - 5i", "-5i + 6"));                 // i is still a letter like any other
+  CHECK_FALSE(math_answers_equal("i^2", "-1"));
+  // Outside a function's domain: no value (a string when a number; a point left out when with variables).
+  CHECK_FALSE(math_answers_equal("\\ln(-1)", "\\ln(-2)"));
+  CHECK_FALSE(math_answers_equal("\\arcsin 2", "\\arcsin 3"));
+  CHECK_FALSE(math_answers_equal("\\log_1 5", "\\log_1 6"));
+  CHECK_FALSE(math_answers_equal("\\csc(\\pi)", "\\csc(2\\pi)"));  // 1/sin: a division by zero
+  CHECK_FALSE(math_answers_equal("\\tan\\frac{\\pi}{2}", "\\tan\\frac{\\pi}{2} + 1"));  // no value, not 1e19
+  CHECK_FALSE(math_answers_equal("\\sin 30^\\circ", "\\frac12"));  // the degree sign goes: sin of 30 radians
+  CHECK_FALSE(math_answers_equal("\\cot^{-1} x", "\\arctan\\frac{1}{x}"));  // not read: strings
+  CHECK_FALSE(math_answers_equal("\\ln^{-1} x", "e^x"));
+}
+
+TEST_CASE("binomials and factorials") {
+  CHECK(math_answers_equal("\\binom{5}{2}", "10"));
+  CHECK(math_answers_equal("\\dbinom{5}{2}", "10"));
+  CHECK(math_answers_equal("\\tbinom52", "10"));
+  CHECK(math_answers_equal("{5 \\choose 2}", "10"));
+  CHECK(math_answers_equal("\\binom{5}{2}", "\\binom{5}{3}"));   // equal by value
+  CHECK(math_answers_equal("\\binom{52}{5}", "2598960"));
+  CHECK(math_answers_equal("\\binom{5}{7}", "0"));
+  CHECK(math_answers_equal("\\frac{\\binom{4}{2}}{\\binom{6}{3}}", "\\frac{3}{10}"));
+  CHECK(math_answers_equal("5!", "120"));
+  CHECK(math_answers_equal("0!", "1"));
+  CHECK(math_answers_equal("\\frac{6!}{2!4!}", "15"));
+  CHECK(math_answers_equal("\\frac{6!}{2! \\cdot 4!}", "\\binom{6}{2}"));
+  CHECK(math_answers_equal("(2 + 1)!", "6"));
+  CHECK(math_answers_equal("-3!", "-6"));
+  CHECK(math_answers_equal("3!^2", "36"));
+  CHECK(math_answers_equal("20!", "2432902008176640000"));
+  CHECK(math_answers_equal("\\frac{10!}{8!}", "90"));
+  CHECK(math_answers_equal("2 \\cdot 5!", "240"));
+  CHECK_FALSE(math_answers_equal("\\binom{5}{2}", "\\binom{5}{1}"));
+  CHECK_FALSE(math_answers_equal("\\binom{6}{2}", "\\binom{5}{2}"));
+  CHECK_FALSE(math_answers_equal("\\binom{5}{2}", "11"));
+  CHECK_FALSE(math_answers_equal("{5 \\choose 2}", "\\frac{5}{2}"));
+  CHECK_FALSE(math_answers_equal("5!", "24"));
+  CHECK_FALSE(math_answers_equal("5!", "5"));
+  CHECK_FALSE(math_answers_equal("\\frac{6!}{2!4!}", "\\frac{6!}{2!3!}"));
+  CHECK_FALSE(math_answers_equal("(-1)!", "(-2)!"));             // no value: strings
+  CHECK_FALSE(math_answers_equal("2.5!", "3.323"));               // the gamma function is not assumed
+  CHECK_FALSE(math_answers_equal("171!", "172!"));                // overflows: not a number
+  CHECK_FALSE(math_answers_equal("\\binom{-1}{2}", "1"));
+  CHECK_FALSE(math_answers_equal("\\binom{2.5}{1}", "2.5"));
+  CHECK_FALSE(math_answers_equal("n!", "(n + 1)!"));             // undefined at the points: strings
+  CHECK(math_answers_equal("n!", "n!"));
+}
+
+TEST_CASE("malformed functions, binomials and factorials fall back to strings") {
+  for (const char* s : {"\\sin", "\\sin^", "\\sin^{}", "\\sin()", "\\sin{}", "\\log_", "\\log_{}8", "\\log_2",
+                        "\\binom{5}", "\\binom{}{}", "\\binom", "{5\\choose}", "{\\choose 2}", "5!!", "!5", "!",
+                        "\\sin^{-1}", "\\sin^2(x)^2", "\\sin\\sin\\sin", "\\exp^{-1}x", "\\sin 3\\frac{1}{2}",
+                        "\\operatorname{sin}", "\\ln|", "\\sin(x", "\\binom{5}{2", "e^", "\\tan^{-1}", "x!!"}) {
+    CAPTURE(s);
+    CHECK(math_answers_equal(s, s));
+    CHECK_FALSE(math_answers_equal(s, "0"));
+    CHECK_FALSE(math_answers_equal(s, "1"));
+  }
+  CHECK_FALSE(math_answers_equal("5!!", "15"));                  // a double factorial: not read
+  CHECK_FALSE(math_answers_equal("5!!", "120"));
+  CHECK_FALSE(math_answers_equal("\\binom{5}", "5"));
+  // Every prefix of a well-formed answer is graded without a crash (ASan: scripts/fuzz.sh has no grader harness).
+  for (const std::string s : {"\\frac{6!}{2!4!}", "\\log_{10}(x^2+1)", "\\sin^{-1}\\frac{\\sqrt{3}}{2}",
+                              "{n \\choose k}+\\dbinom{n}{k}", "e^{\\ln 5}\\cos^2 x", "\\operatorname{tanh}{2x}!"}) {
+    for (std::size_t n = 0; n <= s.size(); ++n) {
+      CAPTURE(s.substr(0, n));
+      CHECK(math_answers_equal(s.substr(0, n), s.substr(0, n)) == (n > 0));
+      (void)math_answers_equal(s.substr(0, n), s);
+      (void)math_answers_equal(s.substr(0, n), "1, 2");
+    }
+  }
+  // A deep chain of functions is cut at the nesting limit, not on the stack.
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += "\\sin";
+  CHECK_FALSE(math_answers_equal(deep + " x", "\\sin x"));
 }

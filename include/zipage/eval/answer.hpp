@@ -13,13 +13,14 @@
 //    (3\frac12, 3 1/2) is one fraction, \frac{7}{2}; then numbers (integers, decimals, a/b, \frac{a}{b}, 1.5e3,
 //    1.5\times10^{3}) compare as numbers, so 0.5 == \frac12 == 1/2, 5.0 == 5 and 1.5e3 == 1500: two whole numbers
 //    exactly, any other pair within numeric_relative_tolerance (0.3333 == 1/3). Closed forms of numbers (\frac, \sqrt,
-//    ^, \pi, |x|, + - * /, parentheses) compare by value (\frac{\sqrt2}{2} == \frac{1}{\sqrt2}); expressions with
+//    ^, \pi, e, |x|, + - * /, parentheses, \sin and the other functions, \log_2 8, \binom{5}{2}, 5!) compare by value
+//    (\frac{\sqrt2}{2} == \frac{1}{\sqrt2}, \sin(\pi) == 0, \frac{6!}{2!4!} == 15); expressions with
 //    variables by value at fixed non-whole points (\frac{x}{7}+\frac{2}{7} == \frac{x+2}{7}, x^2 != |x|); equations as
 //    one relation up to a constant factor (y = 2x + 1 == 2x - y + 1 = 0); a percentage x% or "x percent" is x or x/100
 //    (25% == 0.25); a whole answer in number words is its number (twenty-one == 21); tuples, intervals and matrices
 //    compare element by element, in order, with the same brackets ([0, \frac12) == [0, 0.5), != (0, 0.5)); sets, unions
-//    and bare lists as sets, in any order (\{1, 2\} == \{2, 1\}, "1, 2" == "2, 1"). A choice "(A) 5" equals 5, A and
-//    (A). Anything else compares as normalised strings.
+//    and bare lists as sets, in any order, a set as a bare list of its elements (\{1, 2\} == \{2, 1\} == "2, 1", "1, 2"
+//    == "2, 1"). A choice "(A) 5" equals 5, A and (A). Anything else compares as normalised strings.
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -112,21 +113,23 @@ inline std::optional<std::string> latex_argument(const std::string& s, std::size
   return std::string(1, s[i++]);
 }
 
-// \frac12 -> \frac{1}{2}, \frac1{x} -> \frac{1}{x}, \sqrt2 -> \sqrt{2}, \sqrt[3]8 -> \sqrt[3]{8} (the index was read
-// as the argument: \sqrt{[}3]8). Arguments nested deeper than max_brace_depth are left as written: a model's output
-// may nest \frac thousands deep, which would overflow the stack here and take time quadratic in the depth.
+// \frac12 -> \frac{1}{2}, \frac1{x} -> \frac{1}{x}, \binom52 -> \binom{5}{2}, \sqrt2 -> \sqrt{2}, \sqrt[3]8 ->
+// \sqrt[3]{8} (the index was read as the argument: \sqrt{[}3]8). Arguments nested deeper than max_brace_depth are
+// left as written: a model's output may nest \frac thousands deep, which would overflow the stack here and take time
+// quadratic in the depth.
 inline constexpr int max_brace_depth = 64;
 inline std::string brace_arguments(const std::string& s, int depth = 0) {
   if (depth >= max_brace_depth) return s;
   std::string out;
   for (std::size_t i = 0; i < s.size();) {
-    const bool frac = command_at(s, i, "\\frac"), sqrt = command_at(s, i, "\\sqrt");
+    const bool binom = command_at(s, i, "\\binom");
+    const bool frac = binom || command_at(s, i, "\\frac"), sqrt = command_at(s, i, "\\sqrt");
     if (!frac && !sqrt) {
       out += s[i++];
       continue;
     }
     const std::size_t start = i;
-    i += 5;  // \frac and \sqrt are both five characters
+    i += binom ? 6 : 5;  // \frac and \sqrt are five characters, \binom six
     std::size_t j = i;
     std::string index;  // \sqrt[3]{x}'s "[3]", kept as written
     if (sqrt && j < s.size() && s[j] == '[') {
@@ -145,7 +148,8 @@ inline std::string brace_arguments(const std::string& s, int depth = 0) {
       out.append(s, start, i - start);
       continue;
     }
-    out += frac ? "\\frac{" + brace_arguments(*a, depth + 1) + "}{" + brace_arguments(*b, depth + 1) + "}"
+    out += frac ? (binom ? "\\binom{" : "\\frac{") + brace_arguments(*a, depth + 1) + "}{" +
+                      brace_arguments(*b, depth + 1) + "}"
                 : "\\sqrt" + index + "{" + brace_arguments(*a, depth + 1) + "}";
     i = j;
   }
@@ -424,6 +428,19 @@ inline std::string resolve_text_groups(const std::string& s) {
   return head + content(last) + s.substr(last.end);
 }
 
+// \operatorname{sin} (or \operatorname*{sin}, \mathrm{sin}) -> "\sin ", for every function closed_form evaluates;
+// the space keeps the name apart from a letter after it ("\operatorname{sin}x" is \sin x, not \sinx).
+inline std::string function_commands(std::string s) {
+  static constexpr std::string_view names[] = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos",
+                                               "arctan", "sinh", "cosh", "tanh", "ln", "log", "exp"};
+  for (std::string_view wrapper : {"\\operatorname{", "\\operatorname*{", "\\mathrm{"}) {
+    if (s.find(wrapper) == std::string::npos) continue;
+    for (std::string_view name : names)
+      replace_all(s, std::string(wrapper).append(name).append("}"), std::string("\\").append(name).append(" "));
+  }
+  return s;
+}
+
 // Whether `s` ends with a command's name ("2\cdot", "\pi"): letters after a backslash.
 inline bool command_name_ends(std::string_view s) {
   std::size_t i = s.size();
@@ -546,10 +563,11 @@ inline long double variable_value(std::string_view name, int point) {
 // products written side by side when the right factor is a command, a parenthesis or a bar (2\sqrt{2}, 2\pi,
 // \frac{1}{2}\pi, 3(4), 2|x|). With a point, also variables: a letter, with a subscript of letters and digits or not
 // (x, a_1, a_{n}, written side by side: 2xy, x^2y, x(x+1)), whose value is variable_value; an exponent may be one
-// letter (2^n). Not parsed: a function (\sin), \infty, "2^10" (2^1 then 0 in TeX), a number right before \frac{a}{b} of
-// numbers ("3\frac{4}{2}": a mixed number or a product?), a factor after a closing command ("\sqrt{2}3", "x2"), nesting
-// deeper than max_brace_depth; without a point, any letter. i and e are variables like any other letter, so that equal
-// sides are equal whatever they are.
+// letter (2^n). Functions (\sin x, \sin(2x), \sin^2 x, \sin^{-1} x, \log_2 8, \ln x, \exp x: see function()),
+// \binom{n}{k}, {n \choose k} and n! (whole arguments only). e without a subscript is Euler's number (as Qwen's grader
+// reads it), with a point or not; i is a variable like any other letter. Not parsed: \infty, "2^10" (2^1 then 0 in
+// TeX), a number right before \frac{a}{b} of numbers ("3\frac{4}{2}": a mixed number or a product?), a factor after a
+// closing command ("\sqrt{2}3", "x2"), "5!!", nesting deeper than max_brace_depth; without a point, any letter but e.
 class closed_form {
  public:
   // point < 0: numbers only.
@@ -575,6 +593,127 @@ class closed_form {
   static constexpr long double undefined = std::numeric_limits<long double>::quiet_NaN();
   // Not finite as a double: undefined. NaN in, NaN out also where the C library would not (pow(NaN, 0) is 1).
   static long double finite(long double v) { return std::isfinite(static_cast<double>(v)) ? v : undefined; }
+  static constexpr long double pi = 3.141592653589793238462643383279502884L;
+  static constexpr long double euler = 2.718281828459045235360287471352662498L;
+  // A sum this small next to its terms is zero (rounding; see sum()); so is \sin(\pi), which is about 1e-19.
+  static constexpr long double cancellation = 1e-15L;
+  static long double snap(long double v, long double argument) {
+    return std::fabs(v) <= cancellation * std::fmax(1, std::fabs(argument)) ? 0 : v;
+  }
+  // n! of a whole 0 <= n <= 170 (171! overflows a double); undefined for anything else (a negative or fractional n:
+  // the gamma function is not assumed).
+  static long double factorial(long double n) {
+    if (std::isnan(n) || n < 0 || n != std::floor(n) || n > 170) return undefined;
+    long double v = 1;
+    for (int i = 2; i <= static_cast<int>(n); ++i) v *= i;
+    return finite(v);
+  }
+  // C(n, k) of whole numbers, n >= 0: 0 when k < 0 or k > n (as SymPy's binomial); undefined for a negative or
+  // fractional n or k, or a value that overflows. Exact while it stays below 2^64: each step is a binomial itself.
+  static long double binomial(long double n, long double k) {
+    if (std::isnan(n) || std::isnan(k) || n < 0 || n != std::floor(n) || k != std::floor(k)) return undefined;
+    if (k < 0 || k > n) return 0;
+    k = std::fmin(k, n - k);
+    long double v = 1;
+    for (long double i = 1; i <= k && std::isfinite(static_cast<double>(v)); ++i) v = v * (n - k + i) / i;
+    return finite(v);
+  }
+  // The functions, as \name (the operatorname forms were rewritten to these by the normalisation).
+  static constexpr std::array<std::string_view, 15> function_names = {
+      "\\sin", "\\cos", "\\tan", "\\cot", "\\sec", "\\csc", "\\arcsin", "\\arccos", "\\arctan",
+      "\\sinh", "\\cosh", "\\tanh", "\\ln", "\\log", "\\exp"};
+  enum function_id { f_sin, f_cos, f_tan, f_cot, f_sec, f_csc, f_arcsin, f_arccos, f_arctan, f_sinh, f_cosh, f_tanh,
+                     f_ln, f_log, f_exp };
+  int function_at() const {
+    if (pos_ >= s_.size() || s_[pos_] != '\\') return -1;
+    for (std::size_t f = 0; f < function_names.size(); ++f)
+      if (command_at(s_, pos_, function_names[f])) return static_cast<int>(f);
+    return -1;
+  }
+  static long double apply(int f, long double x) {
+    switch (f) {
+      case f_sin: return snap(std::sin(x), x);
+      case f_cos: return snap(std::cos(x), x);
+      case f_tan: {  // undefined where cos is 0 (\tan\frac{\pi}{2} would be about 1e19, not two equal values)
+        const long double c = snap(std::cos(x), x);
+        return c == 0 ? undefined : snap(std::sin(x), x) / c;
+      }
+      case f_cot: {
+        const long double t = snap(std::sin(x), x);
+        return t == 0 ? undefined : snap(std::cos(x), x) / t;
+      }
+      case f_sec: {
+        const long double c = snap(std::cos(x), x);
+        return c == 0 ? undefined : 1 / c;
+      }
+      case f_csc: {
+        const long double t = snap(std::sin(x), x);
+        return t == 0 ? undefined : 1 / t;
+      }
+      case f_arcsin: return std::asin(x);  // NaN outside [-1, 1]: undefined
+      case f_arccos: return std::acos(x);
+      case f_arctan: return std::atan(x);
+      case f_sinh: return std::sinh(x);
+      case f_cosh: return std::cosh(x);
+      case f_tanh: return std::tanh(x);
+      case f_exp: return std::exp(x);
+      default: return x > 0 ? std::log(x) : undefined;  // \ln, and \log without a base (natural, as SymPy's)
+    }
+  }
+  // A sub- or superscript: "{...}", one digit, or one letter (with a point).
+  std::optional<long double> script() {
+    if (pos_ < s_.size() && s_[pos_] == '{') return group();
+    if (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) return s_[pos_++] - '0';
+    if (letter_next()) return variable();
+    return std::nullopt;
+  }
+  // A function at pos_: \name, for \log a base "_b" or "_{...}", a power "^2" or "^{...}" of the value ("\sin^2 x" is
+  // (\sin x)^2; "^{-1}" of a trigonometric or hyperbolic one is its inverse, \sin^{-1} x = \arcsin x, and of \ln, \log
+  // or \exp does not parse), then the argument: a group in parentheses or braces (\sin(2x), \sin{x}), or factors
+  // side by side up to the next operator or function (\sin 2x, \sin x^2 = \sin(x^2), \sin x\cos x).
+  std::optional<long double> function(int f) {
+    if (++depth_ > max_brace_depth) return std::nullopt;
+    struct leave {
+      int& depth;
+      ~leave() { --depth; }
+    } guard{depth_};
+    eat(function_names[static_cast<std::size_t>(f)]);
+    std::optional<long double> base, exponent;
+    if (f == f_log && eat("_") && !(base = script())) return std::nullopt;
+    bool inverse = false;
+    if (eat("^")) {
+      inverse = s_.substr(pos_, 4) == "{-1}";
+      // Only sin, cos, tan and the hyperbolic ones have an inverse here (not \cot^{-1}, \arcsin^{-1}, \ln^{-1}).
+      if (inverse && !(f <= f_tan || (f >= f_sinh && f <= f_tanh))) return std::nullopt;
+      if (inverse) pos_ += 4;
+      else if (!(exponent = script())) return std::nullopt;
+    }
+    std::optional<long double> x;
+    if (pos_ < s_.size() && (s_[pos_] == '(' || s_[pos_] == '{')) {
+      x = s_[pos_] == '(' ? group('(', ')') : group();
+    } else {
+      x = signed_factor();
+      while (x && factor_next(false)) {
+        if (literal_ && plain_fraction_next()) return std::nullopt;
+        const auto r = power();
+        if (!r) return std::nullopt;
+        x = finite(*x * *r);
+      }
+    }
+    literal_ = factorial_ = false;
+    if (!x || ((exponent || inverse) && pos_ < s_.size() && s_[pos_] == '^')) return std::nullopt;
+    if (std::isnan(*x) || (base && std::isnan(*base))) return undefined;
+    long double v;
+    if (inverse && f == f_sinh) v = std::asinh(*x);
+    else if (inverse && f == f_cosh) v = std::acosh(*x);  // NaN below 1: undefined
+    else if (inverse && f == f_tanh) v = std::atanh(*x);
+    else if (base) v = *base > 0 && *base != 1 && *x > 0 ? std::log(*x) / std::log(*base) : undefined;
+    else v = apply(inverse ? f + (f_arcsin - f_sin) : f, *x);  // \sin^{-1} is \arcsin (checked above: sin, cos, tan)
+    v = finite(v);
+    if (!exponent || std::isnan(v)) return v;
+    if (std::isnan(*exponent) || (v == 0 && *exponent <= 0)) return undefined;
+    return finite(std::pow(v, *exponent));
+  }
   bool eat(std::string_view token) {
     const bool command = token.size() > 1 && token[0] == '\\';
     if (command ? !command_at(s_, pos_, token) : s_.substr(pos_, token.size()) != token) return false;
@@ -582,8 +721,10 @@ class closed_form {
     if (command && pos_ < s_.size() && s_[pos_] == ' ') ++pos_;  // the space normalisation keeps: "\cdot x"
     return true;
   }
+  // A letter (with a point), or Euler's e without a subscript (a number, so also without one).
   bool letter_next() const {
-    return point_ >= 0 && pos_ < s_.size() && std::isalpha(static_cast<unsigned char>(s_[pos_]));
+    if (pos_ >= s_.size() || !std::isalpha(static_cast<unsigned char>(s_[pos_]))) return false;
+    return point_ >= 0 || (s_[pos_] == 'e' && (pos_ + 1 >= s_.size() || s_[pos_ + 1] != '_'));
   }
   // "{" expr "}" (or the given brackets).
   std::optional<long double> group(char open = '{', char close = '}') {
@@ -598,7 +739,10 @@ class closed_form {
       const bool minus = s_[pos_++] == '-';
       const auto r = product();
       if (!r) return std::nullopt;
-      v = finite(minus ? *v - *r : *v + *r);
+      const long double total = finite(minus ? *v - *r : *v + *r);
+      // Equal terms that came by other roundings cancel to zero (\sin(2x) - 2\sin x\cos x): what is left is far
+      // below any written difference, and a relative tolerance could never take it for 0.
+      v = std::fabs(total) <= cancellation * std::fmax(std::fabs(*v), std::fabs(*r)) ? 0 : total;
     }
     return v;
   }
@@ -612,6 +756,16 @@ class closed_form {
     return b_end != std::string_view::npos && parse_decimal(s_.substr(a + 1, a_end - a - 2)) &&
            parse_decimal(s_.substr(a_end + 1, b_end - a_end - 2));
   }
+  // Whether a factor written side by side starts at pos_: a parenthesis, \pi, \frac, \sqrt, \binom, a letter, a bar
+  // (inside |...| a bar closes: "|x|y" is |x| times y, "|x|y|" does not parse), a function (unless `functions` is
+  // false: \sin x\cos x is \sin x times \cos x), or a number right after a factorial (2!4!).
+  bool factor_next(bool functions) const {
+    if (pos_ >= s_.size()) return false;
+    return s_[pos_] == '(' || command_at(s_, pos_, "\\pi") || command_at(s_, pos_, "\\frac") ||
+           command_at(s_, pos_, "\\sqrt") || command_at(s_, pos_, "\\binom") || letter_next() ||
+           (s_[pos_] == '|' && bars_ == 0) || (functions && function_at() >= 0) ||
+           (factorial_ && std::isdigit(static_cast<unsigned char>(s_[pos_])));
+  }
   std::optional<long double> product() {
     auto v = signed_factor();
     while (v && pos_ < s_.size()) {
@@ -624,9 +778,7 @@ class closed_form {
         const auto r = signed_factor();
         if (!r) return std::nullopt;
         v = *r == 0 ? undefined : finite(*v / *r);
-      } else if (s_[pos_] == '(' || command_at(s_, pos_, "\\pi") || command_at(s_, pos_, "\\frac") ||
-                 command_at(s_, pos_, "\\sqrt") || letter_next() || (s_[pos_] == '|' && bars_ == 0)) {
-        // Inside |...| a bar closes: "|x|y" is |x| times y, "|x|y|" does not parse.
+      } else if (factor_next(true)) {
         if (after_literal && plain_fraction_next()) return std::nullopt;
         const auto r = power();
         if (!r) return std::nullopt;
@@ -651,8 +803,16 @@ class closed_form {
     return v;
   }
   std::optional<long double> power() {
-    const auto base = primary();
+    factorial_ = false;
+    auto base = primary();
+    if (base && pos_ < s_.size() && s_[pos_] == '!') {
+      if (++pos_ < s_.size() && s_[pos_] == '!') return std::nullopt;  // 5!!: a double factorial, or a typo
+      base = factorial(*base);
+      literal_ = false;
+      factorial_ = true;
+    }
     if (!base || !eat("^")) return base;
+    factorial_ = false;
     std::optional<long double> e;
     if (pos_ < s_.size() && s_[pos_] == '{') {
       e = group();
@@ -692,13 +852,21 @@ class closed_form {
       name.append("_").append(sub);
       pos_ = end;
     }
+    if (name == "e") return euler;  // Euler's number, as Qwen's grader (latex2sympy) reads it; e_1 is a variable
     variables_ = true;
     return variable_value(name, point_);
   }
   std::optional<long double> compound() {
     if (pos_ >= s_.size()) return std::nullopt;
     const char c = s_[pos_];
-    if (eat("\\pi")) return 3.141592653589793238462643383279502884L;
+    if (const int f = function_at(); f >= 0) return function(f);
+    if (eat("\\pi")) return pi;
+    if (eat("\\binom")) {
+      const auto n = group();
+      const auto k = n ? group() : std::nullopt;
+      if (!k) return std::nullopt;
+      return binomial(*n, *k);
+    }
     if (eat("\\frac")) {
       const auto a = group();
       const auto b = a ? group() : std::nullopt;
@@ -716,7 +884,15 @@ class closed_form {
       return finite(std::pow(*x, 1 / *index));
     }
     if (c == '(') return group('(', ')');
-    if (c == '{') return group();
+    if (c == '{') {  // a group, or {n \choose k}
+      ++pos_;
+      const auto n = sum();
+      if (!n) return std::nullopt;
+      std::optional<long double> k;
+      if (eat("\\choose") && !(k = sum())) return std::nullopt;
+      if (!eat("}")) return std::nullopt;
+      return k ? binomial(*n, *k) : n;
+    }
     if (c == '|') {
       ++bars_;
       const auto v = group('|', '|');
@@ -733,6 +909,7 @@ class closed_form {
   int depth_ = 0;
   int bars_ = 0;  // |...| open around pos_
   bool literal_ = false;  // the last primary was a number written out
+  bool factorial_ = false;  // the last factor ended with "!"
   bool variables_ = false;
 };
 
@@ -1116,6 +1293,7 @@ inline std::optional<structure> split_structure(std::string_view s) {
 // A set "\{1, 2\}", a union "(0,1)\cup(2,3)" and a bare list "1, 2" (MATH's "enter all the solutions, separated by
 // commas") say nothing by their order; tuples, intervals, vectors and matrices do.
 inline bool unordered_kind(std::string_view kind) { return kind == "\\{\\}" || kind == "," || kind == "\\cup"; }
+inline bool set_or_list(std::string_view kind) { return kind == "\\{\\}" || kind == ","; }
 
 // Pairs of elements compared at most when two sets are matched: a model that loops may write a list of thousands of
 // entries, and every pair of two such lists would take seconds.
@@ -1154,7 +1332,9 @@ inline bool answers_equal(std::string_view a, std::string_view b, int depth = 0)
   if (depth < max_brace_depth) {
     const auto sa = split_structure(a), sb = split_structure(b);
     if (sa && sb) {
-      if (sa->kind != sb->kind || sa->row_sizes != sb->row_sizes) return false;
+      // A set in braces and a bare list (MATH's "all the solutions") are both sets: \{1, 2\} == 2, 1.
+      const bool sets = set_or_list(sa->kind) && set_or_list(sb->kind);
+      if ((sa->kind != sb->kind && !sets) || sa->row_sizes != sb->row_sizes) return false;
       if (unordered_kind(sa->kind)) return same_set(sa->items, sb->items, depth + 1);
       if (sa->items.size() != sb->items.size()) return false;
       for (std::size_t i = 0; i < sa->items.size(); ++i)
@@ -1257,6 +1437,7 @@ namespace detail {
 // 25% as 25 or 0.25; with drop_name false, "x = 5" stays an equation.
 inline std::string normalize_keeping_percent(std::string_view answer, bool drop_name = true) {
   std::string s(detail::trim(answer));
+  s = detail::function_commands(std::move(s));  // \operatorname{sin} -> \sin
   // Wrappers whose content is the answer (\text{...} below, once the spacing is gone).
   for (std::string_view cmd : {"\\boxed", "\\textbf", "\\mathrm", "\\mathbf"}) detail::unwrap_command(s, cmd, true);
   for (std::string_view junk : {"\\left", "\\right", "\\!", "\\displaystyle", "\\$", "$"})
@@ -1267,6 +1448,8 @@ inline std::string normalize_keeping_percent(std::string_view answer, bool drop_
   detail::replace_all(s, "\\%", "%");
   detail::replace_all(s, "\\dfrac", "\\frac");
   detail::replace_all(s, "\\tfrac", "\\frac");
+  detail::replace_all(s, "\\dbinom", "\\binom");
+  detail::replace_all(s, "\\tbinom", "\\binom");
   s = detail::replace_spacing(s);
   s = detail::percent_words(std::move(s));
   s = detail::resolve_text_groups(s);  // units: "5\text{ cm}" -> "5"; "\text{Evelyn}" -> "Evelyn"
