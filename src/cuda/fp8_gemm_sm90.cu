@@ -1,9 +1,11 @@
 // The block-scaled FP8 GEMM on Hopper wgmma (fp8_gemm_sm90.cuh; fp8_gemm.hpp says what it takes). A translation
-// unit of its own: the kernel's 1,024-byte-aligned shared memory stays here (tensor_map.hpp finds the TMA encoder).
+// unit of its own: the kernel's 1,024-byte-aligned shared memory and the driver's tensor-map encoder stay here.
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
 #include <cstdint>
 
 #include "launch_checks.hpp"
-#include "tensor_map.hpp"
 #include "zipage/backend/cuda/fp8_gemm.hpp"
 #include "zipage/backend/cuda/fp8_gemm_sm90.cuh"
 #include "zipage/cuda/device.hpp"
@@ -12,7 +14,18 @@ namespace zipage::cuda::fp8 {
 
 namespace {
 
-using detail::tensor_map_encoder;
+// cuTensorMapEncodeTiled from the driver, found at run time (nothing links against libcuda); null without it.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      return PFN_cuTensorMapEncodeTiled_v12000{nullptr};
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
 
 // Codes [rows][k] bytes as TMA reads them: boxes of `box_rows` rows x 128 bytes, 128-byte swizzle, rows past
 // `rows` read as zeros.

@@ -59,9 +59,6 @@ decode_params as_decode_params(const attention_params& p) {
 fp8_decode_kernel decode_kernel_for(const decode_params& p, fp8_decode_kernel requested, const decode_plan& plan) {
   if (p.kv.k_scale == nullptr) return fp8_decode_kernel::split_kv;  // bf16 K/V: the only kernel
   const bool fits = decode_swapped_supported(p);
-  // The TMA-fed kernel where it runs, else the cp.async one (blocks under 64 tokens, no sm_90a, no encoder).
-  if (requested == fp8_decode_kernel::swapped_tma && !decode_swapped_tma_supported(p))
-    requested = fp8_decode_kernel::swapped;
   // The waves matter only to automatic on a split plan (an occupancy query the first time, cached after).
   const bool ask_waves = fits && requested == fp8_decode_kernel::automatic && plan.num_splits > 1;
   return resolve_fp8_decode_kernel(requested, fits, plan.num_splits, ask_waves ? decode_swapped_waves(p) : 0.0);
@@ -80,7 +77,6 @@ void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, 
       const decode_params d = as_decode_params(p);
       switch (decode_kernel_for(d, p.fp8_decode, ws.plan)) {
         case fp8_decode_kernel::swapped: return paged_decode_attention_swapped(d, stream);
-        case fp8_decode_kernel::swapped_tma: return paged_decode_attention_swapped_tma(d, stream);
         default: return paged_decode_attention(d, ws.plan, ws.data, ws.bytes, stream);
       }
     }

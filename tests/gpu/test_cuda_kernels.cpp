@@ -222,14 +222,13 @@ std::size_t byte_mismatches(const dbuf<T>& a, const dbuf<T>& b) {
 // same as without it, and the codes and scales are byte for byte what fp8::quantize_activations makes of that
 // output, padding rows zero (the copy's buffers start poisoned). p: a decode of any KV cache (bf16 or FP8).
 // kernel: which decode kernel (the split-KV one, or the swapped-operand one).
-enum class decode_under_test { split_kv, swapped, swapped_tma };
+enum class decode_under_test { split_kv, swapped };
 void check_decode_fp8_copy(zc::decode_params p, const std::string& name,
                            decode_under_test kernel = decode_under_test::split_kv) {
   const zc::decode_plan plan = zc::plan_decode(p, 1);
   auto run = [&] {
     switch (kernel) {
       case decode_under_test::swapped: return zc::paged_decode_attention_swapped(p, nullptr);
-      case decode_under_test::swapped_tma: return zc::paged_decode_attention_swapped_tma(p, nullptr);
       case decode_under_test::split_kv: return zc::paged_decode_attention(p, plan, nullptr, 0, nullptr);
     }
   };
@@ -580,22 +579,6 @@ void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, s
       report(name, compare(setup.out.get(), ref), 1e-2);
     }
     check_decode_fp8_copy(p, shape + " swapped-operand kernel", decode_under_test::swapped);
-  }
-  // The TMA-fed variant (blocks of >= 64 tokens): the same reference, the page's slots past each sequence's end
-  // poisoned (NaN codes) as make_cache leaves them, which its register masking of V must keep out of the output.
-  p.kv.num_blocks = c.num_blocks;
-  if (zc::decode_swapped_tma_supported(p)) {
-    for (const int stages : {4, 3}) {
-      setup.out.poison();
-      zc::paged_decode_attention_swapped_tma(p, nullptr, stages);
-      char name[160];
-      std::snprintf(name, sizeof name, "%s seqs=%d max_len=%d swapped-operand kernel, TMA-fed, %d stages",
-                    shape.c_str(), seqs, p.max_kv_len, stages);
-      report(name, compare(setup.out.get(), ref), 1e-2);
-    }
-    check_decode_fp8_copy(p, shape + " swapped-operand kernel, TMA-fed", decode_under_test::swapped_tma);
-  } else if (zc::decode_swapped_supported(p) && bs >= 64) {
-    std::printf("SKIPPED %s: the TMA-fed swapped kernel (no sm_90a device or no tensor-map encoder)\n", shape.c_str());
   }
   if (d == 128) check_decode_fp8_copy(p, shape);
 }

@@ -237,8 +237,6 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
                     vsc, nano, ap.out_fp8.codes, swapped);
   cuda_detail::fp8_copy_written(c, out, ap.out_fp8);
   if (swapped) c.count([](cuda_backend_counters& t) { ++t.swapped_decodes; });
-  if (decode_kernel == cuda::fp8_decode_kernel::swapped_tma)
-    c.count([](cuda_backend_counters& t) { ++t.swapped_tma_decodes; });
   if (skip) return;
   if (nano >= 0) {
     const auto i = static_cast<std::size_t>(nano);

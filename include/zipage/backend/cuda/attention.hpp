@@ -88,12 +88,6 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
 // cuda_backend_options::fp8_decode_kernel (fp8_decode_kernel::automatic: resolve_fp8_decode_kernel's rule).
 [[nodiscard]] bool decode_swapped_supported(const decode_params& p);
 void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages = 0);
-// The same kernel with each tile's codes moved by TMA (bulk tensor copies issued by one thread) instead of every
-// thread's cp.async copies: an experiment on the staged pipeline's energy (docs/benchmarks.md), not yet chosen by
-// the engine. Where decode_swapped_tma_supported holds: decode_swapped_supported, blocks of at least 64 tokens,
-// kv.num_blocks set (the tensor maps' extent), 16-byte aligned caches, an sm_90a device and a driver with TMA.
-[[nodiscard]] bool decode_swapped_tma_supported(const decode_params& p);
-void paged_decode_attention_swapped_tma(const decode_params& p, cuda_stream stream, int stages = 0);
 // How many full waves of the current device the swapped kernel's grid (one CTA per sequence and KV head, at its
 // default depth) makes: its CTAs over the CTAs all multiprocessors hold at once.
 [[nodiscard]] double decode_swapped_waves(const decode_params& p);

@@ -336,7 +336,6 @@ struct cuda_backend_counters {
   std::int64_t fp8_linears = 0;           // linear() calls with an FP8 weight (eager, and graph record passes)
   std::int64_t fp8_inputs_prequantized = 0;  // of which found their input's codes already written (fuse_fp8_quantize)
   std::int64_t swapped_decodes = 0;       // layers' decode attention run by a swapped kernel (fp8_decode_kernel)
-  std::int64_t swapped_tma_decodes = 0;   // ... of them by the TMA-fed one (fp8_decode_kernel::swapped_tma)
   std::int64_t sm90_fp8_gemms = 0;         // FP8 linears run by fp8::gemm_sm90 (fp8_gemm_kernel; eager and record passes)
 };
 

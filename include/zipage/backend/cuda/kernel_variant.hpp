@@ -65,9 +65,6 @@ enum class fp8_decode_kernel : std::uint8_t {
   swapped,    // paged_decode_attention_swapped: K/V as the MMAs' A operand (half the MMAs at up to 8 query heads
               // per KV head), one CTA per sequence and KV head. Where it fits (decode_swapped_supported: head_dim
               // 128, at most 8 query heads per KV head, power-of-two blocks), else split_kv
-  swapped_tma,  // paged_decode_attention_swapped_tma: the swapped kernel with its tiles moved by TMA (an A/B of the
-                // staged pipeline's energy, docs/benchmarks.md). Where decode_swapped_tma_supported holds (also
-                // blocks of >= 64 tokens and an sm_90a device), else as swapped
 };
 
 [[nodiscard]] constexpr const char* to_string(fp8_decode_kernel k) {
@@ -75,20 +72,16 @@ enum class fp8_decode_kernel : std::uint8_t {
     case fp8_decode_kernel::automatic: return "automatic";
     case fp8_decode_kernel::split_kv: return "split_kv";
     case fp8_decode_kernel::swapped: return "swapped";
-    case fp8_decode_kernel::swapped_tma: return "swapped_tma";
   }
   return "?";
 }
 
 // Every fp8_decode_kernel, in declaration order: what the tools parse and list.
 inline constexpr fp8_decode_kernel all_fp8_decode_kernels[] = {
-    fp8_decode_kernel::automatic, fp8_decode_kernel::split_kv, fp8_decode_kernel::swapped,
-    fp8_decode_kernel::swapped_tma};
+    fp8_decode_kernel::automatic, fp8_decode_kernel::split_kv, fp8_decode_kernel::swapped};
 
-// The ones that run a swapped-operand kernel (what the swapped_decodes counter counts).
-[[nodiscard]] constexpr bool is_swapped(fp8_decode_kernel k) {
-  return k == fp8_decode_kernel::swapped || k == fp8_decode_kernel::swapped_tma;
-}
+// The one that runs paged_decode_attention_swapped (what the swapped_decodes counter counts).
+[[nodiscard]] constexpr bool is_swapped(fp8_decode_kernel k) { return k == fp8_decode_kernel::swapped; }
 
 [[nodiscard]] constexpr bool is_fp8_decode_kernel(fp8_decode_kernel k) {
   for (const fp8_decode_kernel x : all_fp8_decode_kernels)
@@ -115,8 +108,7 @@ inline constexpr double kSwappedDecodeMinWaves = 2.0;
     case fp8_decode_kernel::automatic:
       return swapped_fits && (plan_splits == 1 || swapped_waves >= kSwappedDecodeMinWaves) ? fp8_decode_kernel::swapped
                                                                                            : fp8_decode_kernel::split_kv;
-    case fp8_decode_kernel::swapped:
-    case fp8_decode_kernel::swapped_tma: return swapped_fits ? requested : fp8_decode_kernel::split_kv;
+    case fp8_decode_kernel::swapped: return swapped_fits ? requested : fp8_decode_kernel::split_kv;
     case fp8_decode_kernel::split_kv: return fp8_decode_kernel::split_kv;
   }
   check(false, "fp8 decode kernel: not a cuda::fp8_decode_kernel (", static_cast<int>(requested), ")");
