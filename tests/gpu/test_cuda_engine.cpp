@@ -689,10 +689,10 @@ TEST_CASE("device sampling, fp32: frequency / presence penalties and (top) log-p
   MESSAGE("penalties and log-probabilities on the device: worst |logprob - CPU| ", worst);
 }
 
-// vLLM's logits processors (logit_bias, allowed_token_ids, bad_words, min_tokens) run in the host sampler only: a
-// step with such a row copies its logits to the host and samples every row there, eagerly. In a batch mixed with
-// plain requests that must give the CPU engine's tokens (fp32, fixed-order GEMMs), and the steps after min_tokens is
-// reached, or after the processor requests end, go back to the device sampler.
+// vLLM's logits processors (logit_bias, allowed_token_ids, bad_words, min_tokens) are one sparse edit per row that
+// the device sampler applies (sampling/logits_processors.hpp): a step with such a row keeps its logits on the GPU
+// and its CUDA graph. In a batch mixed with plain requests that must give the CPU engine's tokens (fp32, fixed-order
+// GEMMs), with every row drawn on the device, before and after min_tokens is reached.
 TEST_CASE("logits processors on the GPU: a mixed batch gives the CPU engine's tokens, every row drawn on the device") {
   const auto prompts = story_prompts(8);
   engine_config cfg{.block_size = 16, .num_blocks = 512};
