@@ -14,7 +14,7 @@ shift || true
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${FUZZ_BUILD_DIR:-$root/build-fuzz}"
 work="${FUZZ_WORK:-$build/fuzz-work}"
-all=(fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer_json fuzz_chat_template fuzz_encoders)
+all=(fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer_json fuzz_chat_template fuzz_encoders fuzz_answer)
 harnesses=("$@")
 [ ${#harnesses[@]} -eq 0 ] && harnesses=("${all[@]}")
 
@@ -32,8 +32,12 @@ status=0
 for h in "${harnesses[@]}"; do
   mkdir -p "$work/$h"
   dict=()  # the harnesses whose input is (or holds) JSON get its syntax and zipage's member names to mutate with
-  case "$h" in fuzz_hf_config|fuzz_tokenizer_json|fuzz_safetensors) dict=(-dict="$root/tests/fuzz/json.dict") ;; esac
-  echo "== $h: ${seconds} s on tests/fuzz/corpus/$h${dict:+ with tests/fuzz/json.dict}"
+  # (tests/fuzz/json.dict), the grader's the LaTeX commands and words that answer.hpp reads (answer.dict)
+  case "$h" in
+    fuzz_hf_config|fuzz_tokenizer_json|fuzz_safetensors) dict=(-dict="$root/tests/fuzz/json.dict") ;;
+    fuzz_answer) dict=(-dict="$root/tests/fuzz/answer.dict") ;;
+  esac
+  echo "== $h: ${seconds} s on tests/fuzz/corpus/$h${dict:+ with ${dict[0]#-dict=$root/}}"
   # New inputs go to $work/$h (first directory); the committed corpus is read only.
   if ! (cd "$work/$h" && "$build/tests/fuzz/$h" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
         -malloc_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/$h/" "${dict[@]}" ${FUZZ_FLAGS:-} \

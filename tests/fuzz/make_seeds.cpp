@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -250,5 +252,43 @@ int main(int argc, char** argv) {
   put(out / "fuzz_encoders" / "unicode", std::string("caf\xC3\xA9 e\xCC\x81 \xE4\xBD\xA0\xE5\xA5\xBD \xF0\x9F\x98\x80 \xD0\x9F\xD1\x80\xD0\xB8 \xE2\x80\xAF\r\n"));
   put(out / "fuzz_encoders" / "specials", std::string("<|im_start|>user\nhi<|im_end|>\n<think>\n\n</think>x <s></s>"));
   put(out / "fuzz_encoders" / "invalid_utf8", std::string("ok\xFF\xC3(\xE2\x82 \xF0\x9F\x98 \xED\xA0\x80 end", 22));
+
+  // fuzz_answer: a model's output (its final answer boxed or after ####), NUL, the reference answer.
+  const std::pair<const char*, std::pair<std::string_view, std::string_view>> answers[] = {
+      {"boxed_frac", {"So $x = \\frac{1}{2}$, and the answer is $\\boxed{\\dfrac12}$.", "0.5"}},
+      {"hash", {"She pays 3 * 6 = 18 dollars.\n#### 18", "18.0"}},
+      {"nested_boxed",
+       {"\\boxed{\\frac{\\sqrt{2}}{2}} or rather \\boxed {\\frac{1}{\\sqrt2}}", "\\frac{\\sqrt{2}}{2}"}},
+      {"boxed_space", {"The answer is \\boxed 5$.", "five"}},
+      {"fbox", {"\\fbox{3\\frac{1}{2}}", "7/2"}},
+      {"sqrt_index", {"\\boxed{\\sqrt[3]{8}+2\\sqrt2}", "2+2\\sqrt{2}"}},
+      {"trig", {"\\boxed{\\sin^2 x+\\cos^2x}", "1"}},
+      {"functions", {"\\boxed{\\log_2 8 + \\ln e + \\operatorname{tan}(\\pi/4)}", "5"}},
+      {"binom", {"\\boxed{\\binom{5}{2}}", "{5 \\choose 2}"}},
+      {"factorial", {"\\boxed{\\frac{6!}{2!4!}}", "15"}},
+      {"set", {"\\boxed{\\{1, 2\\}}", "2, 1"}},
+      {"tuple", {"\\boxed{(1, -\\frac{3}{4})}", "(1,-0.75)"}},
+      {"interval", {"\\boxed{[0, \\frac12) \\cup (2, \\infty)}", "[0,0.5)\\cup(2,\\infty)"}},
+      {"equation", {"\\boxed{y = 2x + 1}", "2x - y + 1 = 0"}},
+      {"named_value", {"\\boxed{x_1 = -3}", "-3"}},
+      {"percent", {"\\boxed{25\\%}", "0.25"}},
+      {"percent_word", {"That is 12\\frac{1}{2} percent of them.\n#### 12\\frac12 percent", "12.5"}},
+      {"number_words", {"\\boxed{\\text{Twenty-one}}", "21"}},
+      {"units", {"\\boxed{15\\mbox{ cm}^2}", "15 square centimeters"}},
+      {"degrees", {"\\boxed{90^\\circ}", "90"}},
+      {"scientific", {"\\boxed{1.5\\times10^{3}}", "1{,}500"}},
+      {"matrix", {"\\boxed{\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}}",
+                  "\\begin{bmatrix}1&2\\\\3&4\\end{bmatrix}"}},
+      {"vector", {"\\boxed{\\left\\langle 1, 2 \\right\\rangle}", "\\langle1,2\\rangle"}},
+      {"expression", {"\\boxed{\\frac{x}{7}+\\frac{2}{7}}", "\\frac{x+2}{7}"}},
+      {"abs_power", {"\\boxed{|x|^{2} - e^{x}}", "x^2-\\exp x"}},
+      {"choice", {"The correct option is \\boxed{\\textbf{(C) } 12}", "C"}},
+      {"text_answer", {"\\boxed{\\text{Evelyn}}", "\\text{Evelyn}"}},
+      {"pi", {"\\boxed{\\frac{2\\pi}{3}}", "2.0944"}},
+      {"unclosed", {"\\boxed{\\frac{1}{2}", "\\frac{1}{2"}},
+      {"minus_sign", {"\\boxed{\xE2\x88\x92 4}", "-4"}},
+  };
+  for (const auto& [name, pair] : answers)
+    put(out / "fuzz_answer" / name, std::string(pair.first) + std::string(1, '\0') + std::string(pair.second));
   return 0;
 }

@@ -589,6 +589,22 @@ TEST_CASE("equations: one relation up to a constant factor; x = value against a 
   CHECK_FALSE(math_answers_equal("x = 1, y = 2", "x = 2, y = 1"));
 }
 
+TEST_CASE("math_answers_equal is symmetric: equations whose lhs - rhs is about constant on one side only") {
+  // Found by reading for tests/fuzz/fuzz_answer.cpp's symmetry check: the lines x = -10^6 and x = -1000 / 0.027.
+  // The first one's lhs - rhs (-1000 - 0.001x) is constant within the tolerance at every point, so "cannot be told";
+  // but only the second argument's was looked at, so one order took the two as one relation (their ratio is
+  // constant within the tolerance too) and the other did not.
+  const char* a = "2y = 2y + 1000 + 0.001x";
+  const char* b = "y = y + 1000 + 0.027x";
+  CHECK_FALSE(math_answers_equal(a, b));
+  CHECK_FALSE(math_answers_equal(b, a));
+  CHECK(math_answers_equal(a, b) == math_answers_equal(b, a));
+  CHECK(math_answers_equal(a, a));
+  CHECK(math_answers_equal(b, b));
+  CHECK(math_answers_equal(b, "2y = 2y + 2000 + 0.054x"));  // a factor of 2: one relation, either way
+  CHECK(math_answers_equal("2y = 2y + 2000 + 0.054x", b));
+}
+
 TEST_CASE("sets, unions and bare lists compare as sets: any order, repetition aside") {
   // Every structure compared in order, so a set or a list of all solutions written in another order than the
   // reference's was wrong: \{2, 1\} against \{1, 2\}, "-2, 1" against "1, -2".
@@ -786,7 +802,7 @@ TEST_CASE("malformed functions, binomials and factorials fall back to strings") 
   CHECK_FALSE(math_answers_equal("5!!", "15"));                  // a double factorial: not read
   CHECK_FALSE(math_answers_equal("5!!", "120"));
   CHECK_FALSE(math_answers_equal("\\binom{5}", "5"));
-  // Every prefix of a well-formed answer is graded without a crash (ASan: scripts/fuzz.sh has no grader harness).
+  // Every prefix of a well-formed answer is graded without a crash (ASan; tests/fuzz/fuzz_answer.cpp fuzzes more).
   for (const std::string s : {"\\frac{6!}{2!4!}", "\\log_{10}(x^2+1)", "\\sin^{-1}\\frac{\\sqrt{3}}{2}",
                               "{n \\choose k}+\\dbinom{n}{k}", "e^{\\ln 5}\\cos^2 x", "\\operatorname{tanh}{2x}!"}) {
     for (std::size_t n = 0; n <= s.size(); ++n) {

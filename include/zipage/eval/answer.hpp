@@ -1139,7 +1139,8 @@ inline bool names_a_value(const equation& e) {
 // 2x - y + 1 = 0 and 2y = 4x + 2 are one line; Qwen's grader takes a factor of -1 only). The factor is the ratio at a
 // point, the same (values_equal) at every point where both are defined and not both zero; zero on one side only is a
 // difference. nullopt when that cannot be told: a side that does not parse, an equation without a variable or whose
-// lhs - rhs is a constant ("x = x + 1"), fewer than min_expression_points such points.
+// lhs - rhs is a constant ("x = x + 1"; either equation's, within the tolerance, so that the verdict does not depend
+// on the order), fewer than min_expression_points such points.
 inline std::optional<bool> equations_proportional(const equation& a, const equation& b) {
   const auto al = sample_expression(a.lhs), ar = sample_expression(a.rhs);
   const auto bl = sample_expression(b.lhs), br = sample_expression(b.rhs);
@@ -1147,21 +1148,23 @@ inline std::optional<bool> equations_proportional(const equation& a, const equat
     return std::nullopt;
   const long double tolerance = std::max(expression_tolerance(a.lhs, a.rhs), expression_tolerance(b.lhs, b.rhs));
   int points = 0;
-  long double factor = 0, first = 0;
-  bool varies = false;
+  long double factor = 0, first_a = 0, first_b = 0;
+  bool a_varies = false, b_varies = false;
   for (int k = 0; k < expression_points; ++k) {
     const long double da = al->at[k] - ar->at[k], db = bl->at[k] - br->at[k];
     if (!std::isfinite(da) || !std::isfinite(db) || (da == 0 && db == 0)) continue;
     if (da == 0 || db == 0) return false;
     if (points++ == 0) {
       factor = da / db;
-      first = db;
+      first_a = da;
+      first_b = db;
       continue;
     }
     if (!values_equal(da / db, factor, tolerance)) return false;
-    varies = varies || !values_equal(db, first, tolerance);
+    a_varies = a_varies || !values_equal(da, first_a, tolerance);
+    b_varies = b_varies || !values_equal(db, first_b, tolerance);
   }
-  if (points < min_expression_points || !varies) return std::nullopt;
+  if (points < min_expression_points || !a_varies || !b_varies) return std::nullopt;
   return true;
 }
 
