@@ -471,6 +471,7 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
     }
     o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
     o.engine.encode_words = zipage::words_encoder(tokenizer);
+    o.engine.guide_vocab = zipage::guide_vocabulary_of(tokenizer);
     return build_engine(o, std::move(model), backend, model_text{.bpe = &tokenizer}, f);
   }
   const auto file = zipage::gguf::file::open(o.model);
@@ -485,6 +486,7 @@ int load_and_run(engine_options& o, const Backend& backend, F& f) {
     print_linear_weights(o, backend);
     o.engine.make_detokenizer = zipage::detokenizer_factory(tokenizer);
     o.engine.encode_words = zipage::words_encoder(tokenizer);
+    o.engine.guide_vocab = zipage::guide_vocabulary_of(tokenizer);
     return build_engine(o, std::move(model), backend, text, f);
   };
   if (zipage::gguf_has_bpe_vocab(file)) {

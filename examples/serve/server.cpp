@@ -35,6 +35,7 @@
 
 #include "hangup_watch.hpp"
 #include "zipage/core/json.hpp"
+#include "zipage/sampling/guided.hpp"
 #include "zipage/tokenizer/jinja_value.hpp"
 #include "zipage/tokenizer/reasoning_parser.hpp"
 #include "zipage/tokenizer/tool_call_parser.hpp"
@@ -276,6 +277,7 @@ class api {
     zipage_cli::add_end_of_turn(p, eo_);  // the tokenizer's end of turn, unless the request ignores EOS
     reject_unsupported(body, chat);
     const auto bad_words = logits_processors(body, p);
+    guided(body, p);
 
     // logprobs: each sampled token's log-probability, and the top_logprobs most likely tokens of its step.
     r.text = model_.text;
@@ -304,7 +306,9 @@ class api {
 
     chat_prompt_info info;
     r.prompts = chat ? std::vector<std::vector<zipage::token_id>>{chat_prompt(body, &info)} : completion_prompts(body);
-    r.split_reasoning = chat && !so_.reasoning_parser.empty();
+    // A guided output is the content as a whole, from the first generated token (as vLLM without a reasoning
+    // parser): the reasoning parser is not applied to it.
+    r.split_reasoning = chat && !so_.reasoning_parser.empty() && !p.guided.active();
     r.reasoning_opened = info.opens_reasoning;
     r.parse_tool_calls = info.auto_tools;
     r.tool_format = tool_format_;
@@ -413,8 +417,8 @@ class api {
     };
     if (non_empty("functions")) unsupported("functions", "(non-empty)");
     if (!chat && non_empty("tools")) unsupported("tools", "(non-empty) in a completion request");
-    for (const char* key : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                            "prompt_logprobs", "truncate_prompt_tokens"})
+    // guided_choice, guided_regex and structured_outputs' choice / regex are served (guided() below).
+    for (const char* key : {"guided_json", "guided_grammar", "prompt_logprobs", "truncate_prompt_tokens"})
       if (field(body, key) != nullptr) unsupported(key, "");
     if (boolean(body, "use_beam_search").value_or(false)) unsupported("use_beam_search", "true");
     if (!boolean(body, "skip_special_tokens").value_or(true)) unsupported("skip_special_tokens", "false");
@@ -495,6 +499,70 @@ class api {
     }
     if (auto v = integer(body, "min_tokens", 0, std::numeric_limits<int>::max())) p.min_tokens = static_cast<int>(*v);
     return encoded;
+  }
+
+  // Structured outputs: vLLM's guided_choice / guided_regex, or structured_outputs {"choice": [...]} /
+  // {"regex": "..."} (vLLM's newer spelling). The constraint is compiled here so that a bad one is a 400 naming
+  // its field before any streaming header is out; what zipage-serve does not implement (json, grammar,
+  // structural_tag, json_object) is a 400 naming it.
+  static void guided(const json& body, zipage::sampling_params& p) {
+    const char* source = nullptr;  // the field the constraint came from
+    auto take_choice = [&](const json& v, const char* name) {
+      if (!v.is_array() || v.empty())
+        bad_param(name, std::string("'") + name + "' must be a non-empty list of strings, got " + got(v));
+      for (const auto& c : v) {
+        if (!c.is_string() || c.get_ref<const std::string&>().empty())
+          bad_param(name, std::string("'") + name + "' must hold non-empty strings, got " + got(c));
+        p.guided.choice.push_back(c.get<std::string>());
+      }
+      source = name;
+    };
+    auto take_regex = [&](const json& v, const char* name) {
+      if (!v.is_string()) bad_param(name, std::string("'") + name + "' must be a string, got " + got(v));
+      p.guided.regex = v.get<std::string>();
+      source = name;
+    };
+    auto one = [&](const char* name) {
+      if (source != nullptr)
+        bad_param(name, std::string("'") + name + "' and '" + source + "' are both set: give one constraint");
+    };
+    if (const json* v = field(body, "guided_choice")) take_choice(*v, "guided_choice");
+    if (const json* v = field(body, "guided_regex")) {
+      one("guided_regex");
+      take_regex(*v, "guided_regex");
+    }
+    if (const json* so = field(body, "structured_outputs")) {
+      if (!so->is_object()) bad_param("structured_outputs", "'structured_outputs' must be an object, got " + got(*so));
+      for (const auto& [key, value] : so->items()) {
+        if (value.is_null()) continue;
+        if (key == "choice") {
+          one("structured_outputs.choice");
+          take_choice(value, "structured_outputs.choice");
+        } else if (key == "regex") {
+          one("structured_outputs.regex");
+          take_regex(value, "structured_outputs.regex");
+        } else if (key == "json" || key == "grammar" || key == "structural_tag" ||
+                   (key == "json_object" && !(value.is_boolean() && !value.get<bool>()))) {
+          const std::string name = "structured_outputs." + key;
+          bad_param(name.c_str(), "'" + name + "' is not supported by zipage-serve (choice and regex are)");
+        } else if (key == "disable_fallback" || key == "disable_any_whitespace" ||
+                   key == "disable_additional_properties" || key == "whitespace_pattern" || key == "json_object") {
+          continue;  // options of the backends or of json: nothing to do for choice and regex
+        } else {
+          const std::string name = "structured_outputs." + key;
+          bad_param(name.c_str(), "'" + name + "' is not a structured_outputs field");
+        }
+      }
+    }
+    if (source == nullptr) return;
+    if (p.allowed_token_ids)
+      bad_param(source, std::string("'") + source + "' cannot be combined with allowed_token_ids");
+    if (p.min_tokens > 0) bad_param(source, std::string("'") + source + "' cannot be combined with min_tokens > 0");
+    try {
+      (void)zipage::compile_guided(p.guided);
+    } catch (const zipage::error& e) {
+      bad_param(source, std::string("'") + source + "': " + e.what());
+    }
   }
 
   std::vector<zipage::token_id> check_tokens(const json& list, const char* param) const {

@@ -85,6 +85,25 @@ await run('serve_bad_input', async (servers) => {
     [{ prompt: 'x', use_beam_search: true }, 'use_beam_search'],
     [{ prompt: 'x', include_stop_str_in_output: 'yes' }, 'include_stop_str_in_output'],  // (true is served)
     [{ prompt: 'x', guided_json: { type: 'object' } }, 'guided_json'],
+    [{ prompt: 'x', guided_grammar: 'root ::= "a"' }, 'guided_grammar'],
+    // Structured outputs: guided_choice and guided_regex are served; bad ones, and what is not, name the field.
+    [{ prompt: 'x', guided_choice: [] }, 'guided_choice'],
+    [{ prompt: 'x', guided_choice: 'yes' }, 'guided_choice'],
+    [{ prompt: 'x', guided_choice: ['yes', 5] }, 'guided_choice'],
+    [{ prompt: 'x', guided_choice: ['yes', ''] }, 'guided_choice'],
+    [{ prompt: 'x', guided_regex: 7 }, 'guided_regex'],
+    [{ prompt: 'x', guided_regex: '(a)\\1' }, 'guided_regex'],  // a backreference
+    [{ prompt: 'x', guided_regex: 'a(?=b)' }, 'guided_regex'],  // lookahead
+    [{ prompt: 'x', guided_regex: '(ab' }, 'guided_regex'],
+    [{ prompt: 'x', guided_choice: ['a'], guided_regex: 'a' }, 'guided_regex'],
+    [{ prompt: 'x', guided_choice: ['a'], allowed_token_ids: [5] }, 'guided_choice'],
+    [{ prompt: 'x', structured_outputs: 'a' }, 'structured_outputs'],
+    [{ prompt: 'x', structured_outputs: { json: { type: 'object' } } }, 'structured_outputs.json'],
+    [{ prompt: 'x', structured_outputs: { grammar: 'root ::= "a"' } }, 'structured_outputs.grammar'],
+    [{ prompt: 'x', structured_outputs: { regex: '\\bword' } }, 'structured_outputs.regex'],
+    [{ prompt: 'x', structured_outputs: { choice: [] } }, 'structured_outputs.choice'],
+    [{ prompt: 'x', structured_outputs: { colour: 'red' } }, 'structured_outputs.colour'],
+    [{ prompt: 'x', structured_outputs: { choice: ['a'] }, guided_choice: ['b'] }, 'structured_outputs.choice'],
     [{ prompt: 'x', allowed_token_ids: [] }, 'allowed_token_ids'],
     [{ prompt: 'x', bad_words: [''] }, 'bad_words'],
     [{ prompt: 'x', prompt_logprobs: 1 }, 'prompt_logprobs'],
@@ -104,6 +123,9 @@ await run('serve_bad_input', async (servers) => {
     [{ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f' } }] }, 'tool_choice'],
     [{ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function' }], tool_choice: 'none' }, 'tools'],
     [{ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema' } }, 'response_format'],
+    [{ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' } }, 'response_format'],
+    [{ messages: [{ role: 'user', content: 'x' }], guided_json: { type: 'object' } }, 'guided_json'],
+    [{ messages: [{ role: 'user', content: 'x' }], guided_regex: '(?<=a)b' }, 'guided_regex'],
   ];
   for (const [body, param] of chatCases) isErrorObject(await post(base, '/v1/chat/completions', { model: MODEL, ...body }, KEY), 400, param);
   // No chat template and no --chat-template plain: a clear 400.

@@ -481,3 +481,34 @@ TEST_CASE("the README's designated initialisers compile without warnings") {
   CHECK(p.max_tokens == 64);
   CHECK(o.engine.block_size == 16);
 }
+
+TEST_CASE("llm: structured output (sampling_params::guided) on a SentencePiece and a byte-level BPE vocabulary") {
+  // zipage::llm wires each token's bytes (engine_config::guide_vocab) itself: the caller only sets the spec.
+  zipage::testing::temp_dir dir("zipage_llm_guided");
+  write_qwen3_checkpoint(dir.path);
+  llm qwen(dir.path, llm_options{.device = llm_device::cpu, .engine = {.block_size = 16, .num_blocks = 160}});
+  const std::vector<std::string> choices = {"red", "green", "blue sky", "日本"};
+  for (llm* l : {&stories_llm(), &qwen}) {
+    for (std::uint64_t seed = 0; seed < 3; ++seed) {
+      sampling_params p;
+      p.temperature = 1.0f;
+      p.seed = seed;
+      p.max_tokens = 32;
+      p.guided.choice = choices;
+      const auto out = l->generate({"Once upon a time"}, p)[0];
+      CAPTURE(out.text);
+      CHECK(std::find(choices.begin(), choices.end(), out.text) != choices.end());
+      p.guided = {};
+      p.guided.regex = "[0-9]{3}-[a-z]{2}";
+      const auto re = l->generate({"Once upon a time"}, p)[0];
+      CAPTURE(re.text);
+      CHECK(re.text.size() == 6);
+      CHECK(compile_guided_regex("[0-9]{3}-[a-z]{2}").matches(re.text));
+    }
+  }
+  sampling_params bad;
+  bad.guided.regex = "a(?!b)";
+  const std::string msg = error_of([&] { (void)stories_llm().generate({"Once"}, bad); });
+  CHECK(contains(msg, "guided_regex"));
+  CHECK(contains(msg, "lookaround"));
+}

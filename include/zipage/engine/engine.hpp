@@ -256,8 +256,9 @@ class engine {
   // The request's logits processors in token form: its bad words encoded (each id checked against the model's
   // vocabulary; `encoded` when the caller did that already), and with min_tokens the EOS ids it masks: the model's
   // eos and extra end-of-turn ids and the tokenizer's EOS (vLLM's all_stop_token_ids, which hold them with or
-  // without ignore_eos). The tokenizer's EOS reaches a request's stop ids only through with_end_of_turn, which
-  // leaves it out under ignore_eos, so engine_config::tokenizer_eos is what keeps it masked then.
+  // without ignore_eos); a guided request gets them too (the ids its guide allows at a match) and its compiled guide.
+  // The tokenizer's EOS reaches a request's stop ids only through with_end_of_turn, which leaves it out under
+  // ignore_eos, so engine_config::tokenizer_eos is what keeps it masked then.
   [[nodiscard]] token_rules token_rules_of(const sampling_params& p, const encoded_bad_words* encoded) const {
     token_rules rules;
     if (encoded != nullptr) {
@@ -278,7 +279,14 @@ class engine {
     } else if (!p.bad_words.empty()) {
       rules.bad_words = encode_checked_bad_words(p.bad_words, cfg_.encode_words, config().vocab_size).ids();
     }
-    if (p.min_tokens > 0) {
+    if (p.guided.active()) {
+      try {
+        rules.guided = make_guide(p.guided, cfg_.guide_vocab);
+      } catch (const error& e) {
+        fail("request: sampling_params::guided: ", e.what());
+      }
+    }
+    if (p.min_tokens > 0 || rules.guided) {  // (a guide allows them at a match)
       auto add = [&](token_id t) {
         if (t >= 0 && t < config().vocab_size &&
             std::find(rules.eos_ids.begin(), rules.eos_ids.end(), t) == rules.eos_ids.end())

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "zipage/model/model_config.hpp"
 #include "zipage/policy/score_context.hpp"
 #include "zipage/request/sequence.hpp"
+#include "zipage/sampling/guided.hpp"
 #include "zipage/scheduler/step_plan.hpp"
 
 namespace zipage {
@@ -70,6 +72,9 @@ struct engine_config {
   // Encodes text without special tokens (no BOS), for sampling_params::bad_words; without it a request with bad
   // words is refused. zipage::llm and the tools set it from the tokenizer (which must outlive the engine).
   std::function<std::vector<token_id>(const std::string& text)> encode_words{};
+  // Each token's bytes, for sampling_params::guided (structured output); without it a guided request is refused.
+  // zipage::llm and the tools set it from the tokenizer (zipage::guide_vocabulary_of, tokenizer/detokenizer.hpp).
+  std::shared_ptr<const guide_vocabulary> guide_vocab{};
 
   // The three geometry fields as one value (not checked).
   [[nodiscard]] cache_geometry geometry() const { return {block_size, budget_tokens, window}; }
@@ -192,6 +197,12 @@ inline void check_request(const std::vector<token_id>& prompt, const sampling_pa
         "request: sampling_params::bad_words (\"",
         params.bad_words.empty() ? std::string() : params.bad_words.front(), "\") need text encoded, and this "
         "engine has no encoder: set engine_config::encode_words (the tokenizer's encode without special tokens)");
+  check(!params.guided.active() || cfg.guide_vocab != nullptr, "request: sampling_params::guided (",
+        params.guided.field(), ") needs each token's bytes, and this engine has none: set engine_config::guide_vocab "
+        "(zipage::guide_vocabulary_of(tokenizer))");
+  check(!params.guided.active() || cfg.guide_vocab == nullptr || cfg.guide_vocab->size() <= model.vocab_size,
+        "request: engine_config::guide_vocab holds ", cfg.guide_vocab ? cfg.guide_vocab->size() : 0,
+        " tokens, more than the model's vocabulary of ", model.vocab_size);
   check(params.stop.empty() || static_cast<bool>(cfg.make_detokenizer),
         "request: sampling_params::stop (\"", params.stop.empty() ? std::string() : params.stop.front(),
         "\") needs text, and this engine has no detokenizer: set engine_config::make_detokenizer "

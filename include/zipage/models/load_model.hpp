@@ -53,6 +53,7 @@ struct loaded_model {
     return zipage::words_encoder(*spm);
   }
   // `cfg` wired to this model's tokenizer as zipage::llm wires its engine: the detokenizer, the bad-words encoder,
+  // each token's bytes for structured output (engine_config::guide_vocab),
   // and engine_config::tokenizer_eos = the tokenizer's end of turn (stop_token_ids). Requests get that id as a
   // stop id through with_end_of_turn, which leaves it out under ignore_eos; only the engine's own copy keeps
   // min_tokens masking it then, as vLLM masks its tokenizer's eos with or without ignore_eos (and ending on it
@@ -60,6 +61,7 @@ struct loaded_model {
   [[nodiscard]] engine_config engine_settings(engine_config cfg = {}) const {
     cfg.make_detokenizer = detokenizer();
     cfg.encode_words = words_encoder();
+    if (!cfg.guide_vocab) cfg.guide_vocab = bpe ? guide_vocabulary_of(*bpe) : guide_vocabulary_of(*spm);
     if (!stop_token_ids.empty()) cfg.tokenizer_eos = stop_token_ids.front();
     return cfg;
   }

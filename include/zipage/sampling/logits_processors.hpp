@@ -8,8 +8,9 @@
 //                = -inf             where it does not and others_banned (allowed_token_ids)
 //                = raw(i)           otherwise
 //
-// In vLLM's order the processors give exactly this: allowed_token_ids keeps its ids' raw logits and bans the
-// rest, bad_words and min_tokens ban (and a ban then stays -inf whatever bias is added), logit_bias adds.
+// In vLLM's order the processors give exactly this: allowed_token_ids (or a structured-output guide,
+// token_rules::guided) keeps its ids' raw logits and bans the rest, bad_words and min_tokens ban (and a ban then
+// stays -inf whatever bias is added), logit_bias adds.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +22,7 @@
 
 #include "zipage/core/error.hpp"
 #include "zipage/core/types.hpp"
+#include "zipage/sampling/guided.hpp"
 #include "zipage/sampling/sampling_params.hpp"
 
 namespace zipage {
@@ -62,6 +64,19 @@ inline void make_logit_edits(logit_edits& out, const sampling_params& p, std::sp
     for (const token_id t : *p.allowed_token_ids) add(t, 0.0f, "allowed_token_ids");
   }
   const auto generated = context.last(std::min<std::size_t>(static_cast<std::size_t>(step), context.size()));
+  if (rules.guided) {  // structured output: the tokens that keep the text a prefix of a match; EOS at a match
+    out.others_banned = true;
+    const guide& g = *rules.guided;
+    const std::int32_t state = g.state_after(generated);
+    if (state >= 0) {
+      const auto ids = g.allowed(state);
+      for (const token_id t : *ids) add(t, 0.0f, "guided");
+    }
+    // At a match EOS may end the text; where nothing else could come (a bad token slipped through), only EOS.
+    if (g.accepts(state) || out.ids.empty())
+      for (const token_id t : rules.eos_ids) add(t, 0.0f, "EOS");
+  }
+  const std::size_t allowed = out.ids.size();  // the allowed ids come first
   for (const std::vector<token_id>& word : rules.bad_words) {
     if (word.empty() || word.size() - 1 > generated.size()) continue;
     const std::span<const token_id> prefix(word.data(), word.size() - 1);
@@ -76,7 +91,7 @@ inline void make_logit_edits(logit_edits& out, const sampling_params& p, std::sp
   // Sort by id and merge: a ban wins, biases of one id add up (logit_bias is a map, so there is at most one), an
   // allowed id listed twice is one entry. Under allowed_token_ids an id that only a bias or a ban names stays
   // -inf (its first `allowed` entries are the allowed ids).
-  const std::size_t n = out.ids.size(), allowed = p.allowed_token_ids ? p.allowed_token_ids->size() : 0;
+  const std::size_t n = out.ids.size();
   if (n < 2 && !out.others_banned) return;
   using edit_entry = logit_edits::edit_entry;
   std::vector<edit_entry>& entries = out.scratch;

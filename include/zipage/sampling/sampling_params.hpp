@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -27,6 +28,19 @@
 #endif
 
 namespace zipage {
+
+// A request's structured output (vLLM's guided_choice / guided_regex; zipage/sampling/guided.hpp compiles it): at
+// most one of choice and regex. The constraint applies from the first generated token.
+struct guided_decoding {
+  std::vector<std::string> choice{};  // guided_choice: the output is exactly one of these (non-empty strings)
+  std::optional<std::string> regex{};  // guided_regex: the whole output matches it
+
+  [[nodiscard]] bool active() const { return !choice.empty() || regex.has_value(); }
+  // The request field a constraint's error names.
+  [[nodiscard]] const char* field() const { return regex ? "guided_regex" : "guided_choice"; }
+};
+
+class guide;  // zipage/sampling/guided.hpp
 
 struct sampling_params {
   float temperature = 1.0f;         // 0 => greedy
@@ -64,6 +78,13 @@ struct sampling_params {
   // Before this many tokens are generated no EOS id (the model's and its end-of-turn ids) and no stop_token_ids
   // id can be sampled (their logits are -inf), and no stop string is looked for, as vLLM. At most max_tokens.
   int min_tokens = 0;
+  // Structured output: the generated text must be one of guided.choice, or match guided.regex as a whole. Each
+  // step allows only the tokens whose bytes keep the text a prefix of a match (special tokens never), and EOS
+  // only once the text is a whole match; at a match no longer choice or regex text extends, EOS is all that is
+  // allowed. Needs an engine that knows its tokens' bytes (engine_config::guide_vocab; zipage::llm sets it).
+  // Not with allowed_token_ids or min_tokens. An unsupported regex is an error naming guided_regex
+  // (zipage/sampling/guided.hpp).
+  guided_decoding guided{};
 
   // Throws zipage::error naming the first bad field and its value. Checks are written as "in range"
   // so that NaN, which fails every comparison, is rejected too.
@@ -101,6 +122,12 @@ struct sampling_params {
     for (std::size_t i = 0; i < bad_words.size(); ++i)
       check(bad_words[i].find_first_not_of(" \t\n\r\f\v") != std::string::npos, "sampling: bad_words[", i,
             "] must hold more than whitespace");
+    for (std::size_t i = 0; i < guided.choice.size(); ++i)
+      check(!guided.choice[i].empty(), "sampling: guided_choice[", i, "] must not be empty");
+    check(guided.choice.empty() || !guided.regex, "sampling: guided_choice and guided_regex are both set (give one)");
+    check(!guided.active() || !allowed_token_ids, "sampling: ", guided.field(),
+          " cannot be combined with allowed_token_ids");
+    check(!guided.active() || min_tokens == 0, "sampling: ", guided.field(), " cannot be combined with min_tokens");
     check(min_tokens >= 0 && min_tokens <= max_tokens, "sampling: min_tokens must be in [0, max_tokens = ", max_tokens,
           "], got ", min_tokens);
   }
@@ -109,7 +136,7 @@ struct sampling_params {
   [[nodiscard]] bool output_penalties() const { return frequency_penalty != 0.0f || presence_penalty != 0.0f; }
   // Whether a logits processor changes the logits of step `step` (min_tokens only before min_tokens tokens).
   [[nodiscard]] bool processes_logits(std::uint64_t step) const {
-    return !logit_bias.empty() || allowed_token_ids.has_value() || !bad_words.empty() ||
+    return !logit_bias.empty() || allowed_token_ids.has_value() || !bad_words.empty() || guided.active() ||
            step < static_cast<std::uint64_t>(std::max(min_tokens, 0));
   }
 
@@ -130,9 +157,11 @@ inline sampling_params with_end_of_turn(sampling_params p, std::span<const token
 // A request's logits processors in token form, which the engine makes when it queues the request: the encoded
 // sampling_params::bad_words (vLLM's _bad_words_token_ids) and the EOS ids that min_tokens masks besides the
 // request's stop_token_ids (the model's eos, its extra end-of-turn ids, the tokenizer's EOS).
+// With sampling_params::guided, its compiled guide, and eos_ids are the ids allowed once the text is a match.
 struct token_rules {
   std::vector<std::vector<token_id>> bad_words{};
   std::vector<token_id> eos_ids{};
+  std::shared_ptr<const guide> guided{};
 };
 
 // vLLM's encoding of bad words (SamplingParams.update_from_tokenizer): each word, leading whitespace stripped, is

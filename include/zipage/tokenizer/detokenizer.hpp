@@ -7,6 +7,7 @@
 
 #include "zipage/concepts.hpp"
 #include "zipage/request/sequence.hpp"
+#include "zipage/sampling/guided.hpp"
 #include "zipage/tokenizer/bpe_tokenizer.hpp"
 #include "zipage/tokenizer/spm_tokenizer.hpp"
 
@@ -51,5 +52,26 @@ inline auto words_encoder(const bpe_tokenizer& tokenizer) {
 }
 auto words_encoder(const spm_tokenizer&& tokenizer) = delete;
 auto words_encoder(const bpe_tokenizer&& tokenizer) = delete;
+
+// For engine_config::guide_vocab (sampling_params::guided): the bytes each token adds to a request's output text, as
+// the detokenizer writes it after the prompt. Special, control and unknown tokens have none (a guide never allows
+// them). A SentencePiece piece's leading "\u2581" is a space here: the detokenizer drops it only for the first
+// piece of a text, which a generated token is not unless the prompt shows no text (BOS alone). Holds no reference.
+inline std::shared_ptr<const guide_vocabulary> guide_vocabulary_of(const spm_tokenizer& tokenizer) {
+  return guide_vocabulary::make(tokenizer.vocab_size(), [&](token_id id) {
+    std::string out;
+    if (tokenizer.is_control(id) || tokenizer.type(id) == spm_token_type::unknown) return out;
+    bool at_start = false;
+    tokenizer.append_token_text(out, id, at_start);
+    return out;
+  });
+}
+inline std::shared_ptr<const guide_vocabulary> guide_vocabulary_of(const bpe_tokenizer& tokenizer) {
+  return guide_vocabulary::make(tokenizer.vocab_size(), [&](token_id id) {
+    std::string out;
+    tokenizer.append_token_bytes(out, id, true);
+    return out;
+  });
+}
 
 }  // namespace zipage

@@ -1,0 +1,787 @@
+#pragma once
+// Structured outputs (vLLM's guided_choice and guided_regex): the whole generated text must be one of a list of
+// strings, or must match a regular expression. Both compile to a DFA over bytes; at each step the tokens that may
+// come next are those whose bytes keep the DFA alive (some accepting state stays reachable), found by a walk of
+// the vocabulary's byte trie that prunes dead states, and EOS may come only at an accepting state. The allowed
+// set of a DFA state is computed once per guide (memoised, thread-safe): the state depends only on the bytes
+// generated so far. make_logit_edits (logits_processors.hpp) turns it into an allowed-ids edit, which both the CPU
+// and the CUDA samplers apply.
+//
+// Regex subset (whole-output match, as vLLM/outlines: ^ and $ are implicit, and allowed only at the ends):
+// literals (UTF-8 characters whole), escapes \d \w \s \D \W \S \n \t \r \f \v \xHH \uHHHH and escaped
+// punctuation, classes [a-z0-9_] and [^...] (ASCII members; a negated class also matches every non-ASCII
+// character), `.` (any character but \n), groups (...), (?:...), (?P<name>...), (?<name>...), alternation |,
+// quantifiers * + ? {m} {m,} {m,n} (lazy forms allowed: the language is the same). Backreferences, lookaround,
+// word boundaries, inline flags and possessive quantifiers are errors naming them.
+#include <algorithm>
+#include <array>
+#include <bitset>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "zipage/core/error.hpp"
+#include "zipage/core/types.hpp"
+#include "zipage/sampling/sampling_params.hpp"
+
+namespace zipage {
+
+// Each token id's bytes, sorted so that a walk over them is a walk over the vocabulary's byte trie. A token
+// with no bytes (special, control, unknown) is never allowed by a guide. Built once per tokenizer; immutable.
+class guide_vocabulary {
+ public:
+  explicit guide_vocabulary(std::vector<std::string> bytes) : bytes_(std::move(bytes)) {
+    for (std::size_t i = 0; i < bytes_.size(); ++i)
+      if (!bytes_[i].empty()) order_.push_back(static_cast<token_id>(i));
+    std::sort(order_.begin(), order_.end(), [&](token_id a, token_id b) { return bytes_of(a) < bytes_of(b); });
+    lcp_.resize(order_.size(), 0);
+    for (std::size_t i = 1; i < order_.size(); ++i) {
+      const std::string &a = bytes_of(order_[i - 1]), &b = bytes_of(order_[i]);
+      std::size_t n = 0;
+      while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+      lcp_[i] = static_cast<std::uint32_t>(n);
+    }
+  }
+  // From a tokenizer: `bytes_of(id)` gives the bytes a token adds to the output text ("" = none).
+  template <class BytesOf>
+  [[nodiscard]] static std::shared_ptr<const guide_vocabulary> make(std::int32_t vocab, BytesOf&& bytes_of) {
+    std::vector<std::string> bytes(static_cast<std::size_t>(std::max(vocab, 0)));
+    for (std::int32_t i = 0; i < vocab; ++i) bytes[static_cast<std::size_t>(i)] = bytes_of(static_cast<token_id>(i));
+    return std::make_shared<const guide_vocabulary>(std::move(bytes));
+  }
+
+  [[nodiscard]] std::int32_t size() const { return static_cast<std::int32_t>(bytes_.size()); }
+  // The token's bytes; "" for a token a guide never allows or an id outside the vocabulary.
+  [[nodiscard]] const std::string& bytes_of(token_id id) const {
+    static const std::string none;
+    return id >= 0 && static_cast<std::size_t>(id) < bytes_.size() ? bytes_[static_cast<std::size_t>(id)] : none;
+  }
+  // Tokens with bytes, in byte order, and each one's common prefix length with the one before.
+  [[nodiscard]] const std::vector<token_id>& sorted() const { return order_; }
+  [[nodiscard]] const std::vector<std::uint32_t>& lcp() const { return lcp_; }
+
+ private:
+  std::vector<std::string> bytes_;
+  std::vector<token_id> order_;
+  std::vector<std::uint32_t> lcp_;
+};
+
+// A DFA over bytes whose every state can still reach an accepting one (transitions into dead states are -1).
+struct byte_dfa {
+  struct range {
+    std::uint8_t lo, hi;
+    std::int32_t to;
+  };
+  std::vector<std::vector<range>> edges;  // per state, sorted disjoint byte ranges
+  std::vector<std::uint8_t> accepting;
+  static constexpr std::int32_t start = 0;
+
+  [[nodiscard]] std::int32_t size() const { return static_cast<std::int32_t>(edges.size()); }
+  [[nodiscard]] std::int32_t next(std::int32_t s, unsigned char b) const {
+    for (const range& r : edges[static_cast<std::size_t>(s)])
+      if (b >= r.lo && b <= r.hi) return r.to;
+    return -1;
+  }
+  [[nodiscard]] bool accepts(std::int32_t s) const { return accepting[static_cast<std::size_t>(s)] != 0; }
+  // The state after `text` from `s` (-1 = dead).
+  [[nodiscard]] std::int32_t walk(std::int32_t s, std::string_view text) const {
+    for (const char c : text) {
+      if (s < 0) return -1;
+      s = next(s, static_cast<unsigned char>(c));
+    }
+    return s;
+  }
+  [[nodiscard]] bool matches(std::string_view text) const {
+    const std::int32_t s = walk(start, text);
+    return s >= 0 && accepts(s);
+  }
+};
+
+namespace guided_detail {
+
+using byte_set = std::bitset<256>;
+
+// The regex's syntax tree.
+struct node {
+  enum kind_t { set, concat, alt, repeat } kind = concat;  // an empty concat is the empty string
+  byte_set bytes{};
+  std::vector<node> kids{};
+  int min = 0, max = 0;  // repeat: max -1 = unbounded
+};
+
+inline node literal(std::string_view s) {
+  node n{node::concat};
+  for (const char c : s) {
+    node b{node::set};
+    b.bytes.set(static_cast<unsigned char>(c));
+    n.kids.push_back(std::move(b));
+  }
+  return n;
+}
+inline node byte_range(int lo, int hi) {
+  node n{node::set};
+  for (int b = lo; b <= hi; ++b) n.bytes.set(static_cast<std::size_t>(b));
+  return n;
+}
+inline node seq(std::vector<node> kids) { return node{node::concat, {}, std::move(kids)}; }
+// Any well-formed UTF-8 character of 2 to 4 bytes (lead byte, then continuation bytes).
+inline node non_ascii_char() {
+  node alt{node::alt};
+  alt.kids.push_back(seq({byte_range(0xC2, 0xDF), byte_range(0x80, 0xBF)}));
+  alt.kids.push_back(seq({byte_range(0xE0, 0xEF), byte_range(0x80, 0xBF), byte_range(0x80, 0xBF)}));
+  alt.kids.push_back(
+      seq({byte_range(0xF0, 0xF4), byte_range(0x80, 0xBF), byte_range(0x80, 0xBF), byte_range(0x80, 0xBF)}));
+  return alt;
+}
+// A character class: its ASCII members, and whether every non-ASCII character belongs too.
+inline node char_class(const byte_set& ascii, bool non_ascii) {
+  node s{node::set, ascii};
+  if (!non_ascii) return s;
+  node alt{node::alt};
+  alt.kids.push_back(std::move(s));
+  alt.kids.push_back(non_ascii_char());
+  return alt;
+}
+
+inline void utf8_append(std::string& out, std::uint32_t cp) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+class regex_parser {
+ public:
+  static constexpr int max_repeat = 1000;
+  static constexpr int max_depth = 200;  // groups nested deeper are refused (the parser recurses)
+
+  explicit regex_parser(std::string_view re) : re_(re) {}
+
+  node parse() {
+    if (at('^')) ++i_;
+    node n = alternation();
+    if (i_ < re_.size()) {
+      if (re_[i_] == ')') error("unbalanced ')'");
+      error("unexpected '", re_[i_], "'");
+    }
+    return n;
+  }
+
+ private:
+  std::string_view re_;
+  std::size_t i_ = 0;
+  int depth_ = 0;
+
+  template <class... A>
+  [[noreturn]] void error(const A&... what) const {
+    fail(what..., " at offset ", i_, " of \"", re_, "\"");
+  }
+  [[nodiscard]] bool at(char c) const { return i_ < re_.size() && re_[i_] == c; }
+  [[nodiscard]] bool at_end_anchor() const { return at('$') && i_ + 1 == re_.size(); }
+
+  node alternation() {
+    node first = concatenation();
+    if (!at('|')) return first;
+    node alt{node::alt};
+    alt.kids.push_back(std::move(first));
+    while (at('|')) {
+      ++i_;
+      alt.kids.push_back(concatenation());
+    }
+    return alt;
+  }
+
+  node concatenation() {
+    node n{node::concat};
+    while (i_ < re_.size() && !at('|') && !at(')')) {
+      if (at_end_anchor()) {
+        ++i_;
+        break;
+      }
+      if (at('^') || at('$')) error("anchor '", re_[i_], "' inside the regex (only at its ends)");
+      node a = atom();
+      n.kids.push_back(quantified(std::move(a)));
+    }
+    return n;
+  }
+
+  // At most one quantifier per atom (a second is "nothing to repeat", as Python's "multiple repeat").
+  node quantified(node a) {
+    {
+      int lo = 0, hi = 0;
+      if (at('*')) {
+        lo = 0, hi = -1, ++i_;
+      } else if (at('+')) {
+        lo = 1, hi = -1, ++i_;
+      } else if (at('?')) {
+        lo = 0, hi = 1, ++i_;
+      } else if (at('{')) {
+        const std::size_t save = i_;
+        if (!counted(lo, hi)) {
+          i_ = save;  // not a quantifier: a literal '{' (as Python's re)
+          return a;
+        }
+      } else {
+        return a;
+      }
+      if (at('?')) ++i_;  // lazy: the same language
+      else if (at('+')) error("possessive quantifiers are not supported");
+      node r{node::repeat};
+      r.kids.push_back(std::move(a));
+      r.min = lo;
+      r.max = hi;
+      return r;
+    }
+  }
+
+  std::optional<int> number() {
+    const std::size_t b = i_;
+    long v = 0;
+    while (i_ < re_.size() && re_[i_] >= '0' && re_[i_] <= '9') {
+      v = v * 10 + (re_[i_] - '0');
+      if (v > max_repeat) error("repetition count above ", max_repeat);
+      ++i_;
+    }
+    if (i_ == b) return std::nullopt;
+    return static_cast<int>(v);
+  }
+
+  bool counted(int& lo, int& hi) {
+    ++i_;  // '{'
+    const auto m = number();
+    if (!m) return false;
+    lo = *m;
+    hi = *m;
+    if (at(',')) {
+      ++i_;
+      const auto n = number();
+      hi = n ? *n : -1;
+    }
+    if (!at('}')) return false;
+    ++i_;
+    if (hi >= 0 && hi < lo) error("repetition {", lo, ",", hi, "} has its maximum below its minimum");
+    return true;
+  }
+
+  node atom() {
+    const char c = re_[i_];
+    if (c == '(') return group();
+    if (c == '[') return bracket();
+    if (c == '.') {
+      ++i_;
+      byte_set s;
+      for (int b = 0; b < 0x80; ++b) s.set(static_cast<std::size_t>(b));
+      s.reset('\n');
+      return char_class(s, true);
+    }
+    if (c == '\\') return escape_atom();
+    if (c == '*' || c == '+' || c == '?') error("nothing to repeat before '", c, "'");
+    return utf8_literal();
+  }
+
+  node utf8_literal() {
+    const auto lead = static_cast<unsigned char>(re_[i_]);
+    std::size_t n = lead < 0x80 ? 1 : lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    n = std::min(n, re_.size() - i_);
+    node lit = literal(re_.substr(i_, n));
+    i_ += n;
+    return lit;
+  }
+
+  node group() {
+    if (++depth_ > max_depth) error("groups nested more than ", max_depth, " deep");
+    ++i_;  // '('
+    if (at('?')) {
+      ++i_;
+      if (at(':')) {
+        ++i_;
+      } else if (at('P') && i_ + 1 < re_.size() && re_[i_ + 1] == '<') {
+        i_ += 2;
+        skip_name();
+      } else if (at('<') && i_ + 1 < re_.size() && re_[i_ + 1] != '=' && re_[i_ + 1] != '!') {
+        ++i_;
+        skip_name();
+      } else if (at('=') || at('!') || at('<')) {
+        error("lookaround assertions are not supported");
+      } else if (at('P')) {
+        error("named backreferences are not supported");
+      } else {
+        error("inline flags and other (?...) groups are not supported");
+      }
+    }
+    node inner = alternation();
+    if (!at(')')) error("missing ')'");
+    ++i_;
+    --depth_;
+    return inner;
+  }
+
+  void skip_name() {
+    while (i_ < re_.size() && re_[i_] != '>') ++i_;
+    if (!at('>')) error("unterminated group name");
+    ++i_;
+  }
+
+  // An escape's class (\d \w \s and negations), if it is one.
+  static std::optional<std::pair<byte_set, bool>> class_escape(char c) {
+    byte_set s;
+    auto span = [&](char a, char b) {
+      for (int x = a; x <= b; ++x) s.set(static_cast<std::size_t>(x));
+    };
+    switch (c) {
+      case 'd': case 'D': span('0', '9'); break;
+      case 'w': case 'W': span('a', 'z'); span('A', 'Z'); span('0', '9'); s.set('_'); break;
+      case 's': case 'S':
+        for (char x : {' ', '\t', '\n', '\r', '\f', '\v'}) s.set(static_cast<unsigned char>(x));
+        break;
+      default: return std::nullopt;
+    }
+    if (c == 'D' || c == 'W' || c == 'S') {
+      byte_set ascii;
+      for (int b = 0; b < 0x80; ++b) ascii.set(static_cast<std::size_t>(b));
+      return std::pair{ascii & ~s, true};
+    }
+    return std::pair{s, false};
+  }
+
+  std::uint32_t hex(int digits) {
+    std::uint32_t v = 0;
+    for (int k = 0; k < digits; ++k, ++i_) {
+      if (i_ >= re_.size()) error("truncated \\x or \\u escape");
+      const char h = re_[i_];
+      const int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F'
+                                                                                     ? h - 'A' + 10 : -1;
+      if (d < 0) error("bad hex digit '", h, "'");
+      v = v * 16 + static_cast<std::uint32_t>(d);
+    }
+    return v;
+  }
+
+  // After a backslash: a literal character's text, or a class (returned through cls).
+  std::string escape(std::optional<std::pair<byte_set, bool>>& cls) {
+    ++i_;  // '\'
+    if (i_ >= re_.size()) error("trailing backslash");
+    const char c = re_[i_];
+    if ((cls = class_escape(c))) {
+      ++i_;
+      return {};
+    }
+    ++i_;
+    switch (c) {
+      case 'n': return "\n";
+      case 't': return "\t";
+      case 'r': return "\r";
+      case 'f': return "\f";
+      case 'v': return "\v";
+      case 'x': {
+        std::string s;
+        utf8_append(s, hex(2));
+        return s;
+      }
+      case 'u': {
+        std::string s;
+        utf8_append(s, hex(4));
+        return s;
+      }
+      case 'b': case 'B': --i_; error("word boundaries (\\", c, ") are not supported");
+      case 'A': case 'Z': case 'z': --i_; error("anchors (\\", c, ") are not supported");
+      default: break;
+    }
+    if (c >= '0' && c <= '9') {
+      --i_;
+      error("backreferences (\\", c, ") are not supported");
+    }
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
+      --i_;
+      error("unknown escape \\", c);
+    }
+    return std::string(1, c);
+  }
+
+  node escape_atom() {
+    std::optional<std::pair<byte_set, bool>> cls;
+    const std::string text = escape(cls);
+    if (cls) return char_class(cls->first, cls->second);
+    return literal(text);
+  }
+
+  node bracket() {
+    ++i_;  // '['
+    bool negated = false;
+    if (at('^')) {
+      negated = true;
+      ++i_;
+    }
+    byte_set s;
+    bool non_ascii = false, first = true;
+    while (i_ < re_.size() && (!at(']') || first)) {
+      first = false;
+      int lo = -1;
+      if (at('\\')) {
+        std::optional<std::pair<byte_set, bool>> cls;
+        const std::string t = escape(cls);
+        if (cls) {
+          s |= cls->first;
+          non_ascii = non_ascii || cls->second;
+          continue;
+        }
+        if (t.size() != 1 || static_cast<unsigned char>(t[0]) >= 0x80)
+          error("non-ASCII characters in a character class are not supported");
+        lo = static_cast<unsigned char>(t[0]);
+      } else {
+        if (static_cast<unsigned char>(re_[i_]) >= 0x80)
+          error("non-ASCII characters in a character class are not supported");
+        if (at('[') && i_ + 1 < re_.size() && re_[i_ + 1] == ':') error("POSIX classes [:...:] are not supported");
+        lo = static_cast<unsigned char>(re_[i_++]);
+      }
+      int hi = lo;
+      if (at('-') && i_ + 1 < re_.size() && re_[i_ + 1] != ']') {
+        ++i_;
+        if (at('\\')) {
+          std::optional<std::pair<byte_set, bool>> cls;
+          const std::string t = escape(cls);
+          if (cls || t.size() != 1 || static_cast<unsigned char>(t[0]) >= 0x80) error("bad range end in a class");
+          hi = static_cast<unsigned char>(t[0]);
+        } else {
+          if (static_cast<unsigned char>(re_[i_]) >= 0x80)
+            error("non-ASCII characters in a character class are not supported");
+          hi = static_cast<unsigned char>(re_[i_++]);
+        }
+        if (hi < lo) error("class range out of order");
+      }
+      for (int b = lo; b <= hi; ++b) s.set(static_cast<std::size_t>(b));
+    }
+    if (!at(']')) error("missing ']'");
+    ++i_;
+    if (!negated) return char_class(s, non_ascii);
+    byte_set ascii;
+    for (int b = 0; b < 0x80; ++b) ascii.set(static_cast<std::size_t>(b));
+    return char_class(ascii & ~s, !non_ascii);
+  }
+};
+
+// Thompson NFA: each state has epsilon moves and at most one byte-set move.
+class nfa {
+ public:
+  static constexpr std::size_t max_states = 200000;
+
+  struct state {
+    byte_set bytes{};
+    std::int32_t to = -1;
+    std::vector<std::int32_t> eps{};
+  };
+  std::vector<state> states;
+
+  std::int32_t add() {
+    check(states.size() < max_states, "the regex is too large (more than ", max_states, " NFA states); simplify it");
+    states.emplace_back();
+    return static_cast<std::int32_t>(states.size() - 1);
+  }
+  // A fragment from a fresh start state to a fresh end state.
+  std::pair<std::int32_t, std::int32_t> build(const node& n) {
+    const std::int32_t s = add(), e = add();
+    switch (n.kind) {
+      case node::set:
+        states[static_cast<std::size_t>(s)].bytes = n.bytes;
+        states[static_cast<std::size_t>(s)].to = e;
+        break;
+      case node::concat: {
+        std::int32_t cur = s;
+        for (const node& k : n.kids) {
+          const auto [ks, ke] = build(k);
+          states[static_cast<std::size_t>(cur)].eps.push_back(ks);
+          cur = ke;
+        }
+        states[static_cast<std::size_t>(cur)].eps.push_back(e);
+        break;
+      }
+      case node::alt:
+        for (const node& k : n.kids) {
+          const auto [ks, ke] = build(k);
+          states[static_cast<std::size_t>(s)].eps.push_back(ks);
+          states[static_cast<std::size_t>(ke)].eps.push_back(e);
+        }
+        break;
+      case node::repeat: {
+        std::int32_t cur = s;
+        for (int k = 0; k < n.min; ++k) {
+          const auto [ks, ke] = build(n.kids[0]);
+          states[static_cast<std::size_t>(cur)].eps.push_back(ks);
+          cur = ke;
+        }
+        if (n.max < 0) {  // then any number more
+          const auto [ks, ke] = build(n.kids[0]);
+          states[static_cast<std::size_t>(cur)].eps.push_back(ks);
+          states[static_cast<std::size_t>(ke)].eps.push_back(ks);
+          states[static_cast<std::size_t>(ke)].eps.push_back(e);
+        } else {  // then up to max - min more, each optional
+          for (int k = n.min; k < n.max; ++k) {
+            const auto [ks, ke] = build(n.kids[0]);
+            states[static_cast<std::size_t>(cur)].eps.push_back(ks);
+            states[static_cast<std::size_t>(cur)].eps.push_back(e);
+            cur = ke;
+          }
+        }
+        states[static_cast<std::size_t>(cur)].eps.push_back(e);
+        break;
+      }
+    }
+    return {s, e};
+  }
+
+  // The states reachable from `set` by epsilon moves (sorted); returns the work done.
+  std::size_t closure(std::vector<std::int32_t>& set) {
+    if (seen_.size() != states.size()) seen_.assign(states.size(), 0);
+    if (++stamp_ == 0) {
+      std::fill(seen_.begin(), seen_.end(), 0);
+      stamp_ = 1;
+    }
+    std::vector<std::int32_t> stack(set);
+    set.clear();
+    std::size_t work = 0;
+    while (!stack.empty()) {
+      const std::int32_t q = stack.back();
+      stack.pop_back();
+      ++work;
+      if (seen_[static_cast<std::size_t>(q)] == stamp_) continue;
+      seen_[static_cast<std::size_t>(q)] = stamp_;
+      set.push_back(q);
+      for (const std::int32_t r : states[static_cast<std::size_t>(q)].eps)
+        if (seen_[static_cast<std::size_t>(r)] != stamp_) stack.push_back(r);
+    }
+    std::sort(set.begin(), set.end());
+    return work + set.size();
+  }
+
+ private:
+  std::vector<std::uint32_t> seen_;
+  std::uint32_t stamp_ = 0;
+};
+
+// Subset construction, then dead states pruned. `what` names the constraint in errors.
+inline byte_dfa determinize(const node& root, std::size_t max_dfa_states, const std::string& what) {
+  nfa a;
+  const auto [start, accept] = a.build(root);
+  std::map<std::vector<std::int32_t>, std::int32_t> index;
+  std::vector<std::vector<std::int32_t>> sets;
+  std::vector<std::array<std::int32_t, 256>> next;
+  std::vector<std::uint8_t> accepting;
+  constexpr std::size_t max_work = 100'000'000;
+  std::size_t work = 0;
+  auto intern = [&](std::vector<std::int32_t> set) {
+    work += a.closure(set);
+    if (set.empty()) return std::int32_t{-1};
+    if (auto it = index.find(set); it != index.end()) return it->second;
+    check(sets.size() < max_dfa_states, what, " needs more than ", max_dfa_states, " DFA states; simplify it");
+    const auto id = static_cast<std::int32_t>(sets.size());
+    accepting.push_back(std::binary_search(set.begin(), set.end(), accept) ? 1 : 0);
+    index.emplace(set, id);
+    sets.push_back(std::move(set));
+    next.emplace_back();
+    return id;
+  };
+  intern({start});
+  // The construction's work is bounded, so that no regex takes long to compile (a server compiles requests').
+  std::vector<std::int32_t> to, prev_to;
+  for (std::size_t d = 0; d < sets.size(); ++d) {
+    work += 256 * sets[d].size();
+    check(work <= max_work, what, " is too complex to compile (its automaton's construction passed ", max_work,
+          " steps); simplify it");
+    std::int32_t prev = -1;
+    prev_to.clear();
+    for (int b = 0; b < 256; ++b) {
+      to.clear();
+      for (const std::int32_t q : sets[d]) {
+        const nfa::state& st = a.states[static_cast<std::size_t>(q)];
+        if (st.to >= 0 && st.bytes.test(static_cast<std::size_t>(b))) to.push_back(st.to);
+      }
+      // Neighbouring bytes mostly lead to the same states: reuse the last byte's result then.
+      const std::int32_t t = to.empty() ? -1 : (to == prev_to && b > 0) ? prev : intern(to);
+      prev = t;
+      prev_to = to;
+      next[d][static_cast<std::size_t>(b)] = t;
+    }
+  }
+  // Live states: those from which an accepting state is reachable.
+  const std::size_t n = sets.size();
+  std::vector<std::uint8_t> live(accepting);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (std::size_t d = 0; d < n; ++d) {
+      if (live[d]) continue;
+      for (const std::int32_t t : next[d])
+        if (t >= 0 && live[static_cast<std::size_t>(t)]) {
+          live[d] = 1;
+          changed = true;
+          break;
+        }
+    }
+  }
+  check(live[0] != 0, what, " matches no text");
+  // Renumber the live states (the start stays 0) and keep their transitions as byte ranges.
+  std::vector<std::int32_t> renum(n, -1);
+  std::int32_t count = 0;
+  for (std::size_t d = 0; d < n; ++d)
+    if (live[d]) renum[d] = count++;
+  byte_dfa out;
+  out.edges.resize(static_cast<std::size_t>(count));
+  out.accepting.resize(static_cast<std::size_t>(count));
+  for (std::size_t d = 0; d < n; ++d) {
+    if (!live[d]) continue;
+    const auto id = static_cast<std::size_t>(renum[d]);
+    out.accepting[id] = accepting[d];
+    for (int b = 0; b < 256; ++b) {
+      const std::int32_t t = next[d][static_cast<std::size_t>(b)];
+      const std::int32_t to = t >= 0 ? renum[static_cast<std::size_t>(t)] : -1;
+      if (to < 0) continue;
+      auto& e = out.edges[id];
+      if (!e.empty() && e.back().to == to && e.back().hi + 1 == b)
+        e.back().hi = static_cast<std::uint8_t>(b);
+      else
+        e.push_back({static_cast<std::uint8_t>(b), static_cast<std::uint8_t>(b), to});
+    }
+  }
+  return out;
+}
+
+}  // namespace guided_detail
+
+// Bounds on a compiled constraint (errors name them).
+inline constexpr std::size_t guided_max_dfa_states = 4096;
+inline constexpr std::size_t guided_max_choice_bytes = 16384;
+
+// The regex's DFA (the whole text must match). Throws zipage::error "guided_regex: ..." for unsupported syntax
+// (naming it), a regex that matches nothing, or one whose DFA would exceed guided_max_dfa_states.
+[[nodiscard]] inline byte_dfa compile_guided_regex(std::string_view re) {
+  try {
+    return guided_detail::determinize(guided_detail::regex_parser(re).parse(), guided_max_dfa_states, "the regex");
+  } catch (const error& e) {
+    fail("guided_regex: ", e.what());
+  }
+}
+
+// The DFA of "exactly one of these strings". Throws zipage::error "guided_choice: ..." for an empty list or
+// choice, or choices of more than guided_max_choice_bytes bytes in all.
+[[nodiscard]] inline byte_dfa compile_guided_choice(const std::vector<std::string>& choices) {
+  check(!choices.empty(), "guided_choice: the list of choices is empty");
+  guided_detail::node alt{guided_detail::node::alt};
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    check(!choices[i].empty(), "guided_choice: choice [", i, "] is empty");
+    total += choices[i].size();
+    alt.kids.push_back(guided_detail::literal(choices[i]));
+  }
+  check(total <= guided_max_choice_bytes, "guided_choice: the choices hold ", total, " bytes, more than ",
+        guided_max_choice_bytes);
+  return guided_detail::determinize(alt, guided_max_choice_bytes + 1, "guided_choice");
+}
+
+// The DFA of a constraint (see the two above); errors start with the field's name.
+[[nodiscard]] inline byte_dfa compile_guided(const guided_decoding& spec) {
+  check(spec.active(), "guided decoding: no constraint given");
+  check(spec.choice.empty() || !spec.regex, "guided decoding: guided_choice and guided_regex are both set "
+        "(give one)");
+  return spec.regex ? compile_guided_regex(*spec.regex) : compile_guided_choice(spec.choice);
+}
+
+// A compiled constraint over one vocabulary: which tokens may follow a generated text.
+class guide {
+ public:
+  guide(byte_dfa dfa, std::shared_ptr<const guide_vocabulary> vocab)
+      : dfa_(std::move(dfa)), vocab_(std::move(vocab)), memo_(static_cast<std::size_t>(dfa_.size())) {
+    check(vocab_ != nullptr, "guide: no vocabulary");
+  }
+
+  [[nodiscard]] const byte_dfa& dfa() const { return dfa_; }
+  [[nodiscard]] const guide_vocabulary& vocabulary() const { return *vocab_; }
+
+  // The DFA state after the generated tokens (-1: a token left the language or has no bytes).
+  [[nodiscard]] std::int32_t state_after(std::span<const token_id> generated) const {
+    std::int32_t s = byte_dfa::start;
+    for (const token_id t : generated) {
+      const std::string& b = vocab_->bytes_of(t);
+      if (b.empty()) return -1;
+      s = dfa_.walk(s, b);
+      if (s < 0) return -1;
+    }
+    return s;
+  }
+  [[nodiscard]] bool accepts(std::int32_t state) const { return state >= 0 && dfa_.accepts(state); }
+
+  // The tokens whose bytes keep the DFA alive from `state`, ascending by id (computed once per state).
+  [[nodiscard]] std::shared_ptr<const std::vector<token_id>> allowed(std::int32_t state) const {
+    check(state >= 0 && state < dfa_.size(), "guide: state ", state, " of ", dfa_.size());
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (auto& m = memo_[static_cast<std::size_t>(state)]) return m;
+    }
+    auto ids = std::make_shared<std::vector<token_id>>(walk_trie(state));
+    const std::lock_guard<std::mutex> lock(mutex_);
+    auto& m = memo_[static_cast<std::size_t>(state)];
+    if (!m) m = std::move(ids);
+    return m;
+  }
+
+ private:
+  // A depth-first walk of the vocabulary's byte trie (its tokens in byte order, each sharing lcp bytes with the
+  // one before), skipping every token below a prefix that leads to a dead state.
+  [[nodiscard]] std::vector<token_id> walk_trie(std::int32_t state) const {
+    const auto& order = vocab_->sorted();
+    const auto& lcp = vocab_->lcp();
+    std::vector<token_id> out;
+    std::vector<std::int32_t> st{state};  // st[d]: the state after the current token's first d bytes
+    std::size_t dead_at = 0;              // > 0: the previous walk died after dead_at bytes
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const std::size_t l = lcp[i];
+      if (dead_at > 0 && l >= dead_at) continue;  // shares the dead prefix
+      dead_at = 0;
+      const std::string& b = vocab_->bytes_of(order[i]);
+      st.resize(l + 1);
+      bool alive = true;
+      for (std::size_t d = l; d < b.size(); ++d) {
+        const std::int32_t nx = dfa_.next(st[d], static_cast<unsigned char>(b[d]));
+        if (nx < 0) {
+          dead_at = d + 1;
+          alive = false;
+          break;
+        }
+        st.push_back(nx);
+      }
+      if (alive) out.push_back(order[i]);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  byte_dfa dfa_;
+  std::shared_ptr<const guide_vocabulary> vocab_;
+  mutable std::mutex mutex_;
+  mutable std::vector<std::shared_ptr<const std::vector<token_id>>> memo_;
+};
+
+// A request's guide, compiled for `vocab`. Errors start with the field's name (guided_choice, guided_regex).
+[[nodiscard]] inline std::shared_ptr<const guide> make_guide(const guided_decoding& spec,
+                                                             std::shared_ptr<const guide_vocabulary> vocab) {
+  return std::make_shared<const guide>(compile_guided(spec), std::move(vocab));
+}
+
+}  // namespace zipage

@@ -1,0 +1,98 @@
+// zipage-serve's structured outputs: guided_choice and guided_regex (and vLLM's newer spelling,
+// structured_outputs {choice} / {regex}) on /v1/completions (stories260K) and /v1/chat/completions (the random
+// Qwen3 checkpoint, Qwen3's chat template, with and without a reasoning parser): every choice's text is one of
+// the choices / matches the regex as a whole, and ends with finish_reason "stop". The 400s for what is not served
+// are in bad_input.test.mjs.
+import assert from 'node:assert/strict';
+import { deadline, post, run, startServer } from './common.mjs';
+
+deadline(240);
+
+const CHOICES = ['happy', 'sad', 'a big red ball', 'Lily'];
+const REGEXES = [['(cat|dog)s? [0-9]{1,3}', /^(cat|dog)s? [0-9]{1,3}$/],
+                 ['[a-z]{2,6}( [a-z]{2,6}){0,2}\\.', /^[a-z]{2,6}( [a-z]{2,6}){0,2}\.$/],
+                 ['"[^"]{1,12}"', /^"[^"]{1,12}"$/]];
+
+function streamed(text) {
+  let out = '';
+  let finish = null;
+  for (const line of text.split('\n')) {
+    if (!line.startsWith('data: ') || line === 'data: [DONE]') continue;
+    const c = JSON.parse(line.slice(6)).choices[0];
+    if (!c) continue;
+    out += c.text ?? c.delta?.content ?? '';
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+  return { out, finish };
+}
+
+await run('serve_guided', async (servers) => {
+  const server = await startServer([]);
+  servers.push(server);
+  const complete = async (body) => {
+    const r = await post(server.base, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 48, ...body });
+    assert.equal(r.status, 200, r.text);
+    return r.json.choices;
+  };
+  const seen = new Set();
+  for (const temperature of [0, 0.8, 1.5]) {
+    for (const seed of [1, 2]) {
+      for (const spelling of [{ guided_choice: CHOICES }, { structured_outputs: { choice: CHOICES } }]) {
+        const choices = await complete({ temperature, seed, n: 2, ...spelling });
+        for (const c of choices) {
+          assert.ok(CHOICES.includes(c.text), `${JSON.stringify(c.text)} is not a choice`);
+          assert.equal(c.finish_reason, 'stop', JSON.stringify(c));
+          seen.add(c.text);
+        }
+      }
+      for (const [re, check] of REGEXES) {
+        for (const spelling of [{ guided_regex: re }, { structured_outputs: { regex: re } }]) {
+          const [c] = await complete({ temperature, seed, ...spelling });
+          assert.ok(check.test(c.text), `${JSON.stringify(c.text)} does not match ${re}`);
+          assert.equal(c.finish_reason, 'stop', JSON.stringify(c));
+          seen.add(c.text);
+        }
+      }
+    }
+  }
+  assert.ok(seen.size > 4, [...seen].join(' | '));
+  // Streamed: the pieces add up to a whole choice.
+  const s = await post(server.base, '/v1/completions',
+                       { prompt: 'Once upon a time', max_tokens: 48, temperature: 1, seed: 3, stream: true,
+                         guided_choice: CHOICES });
+  assert.equal(s.status, 200, s.text);
+  const { out, finish } = streamed(s.text);
+  assert.ok(CHOICES.includes(out), out);
+  assert.equal(finish, 'stop');
+  // A guided request beside unguided ones leaves theirs as they were.
+  const plain = { prompt: 'Once upon a time', max_tokens: 12, temperature: 0 };
+  const [alone] = await complete(plain);
+  const [mixed, guided] = await Promise.all([complete(plain), complete({ ...plain, guided_choice: ['yes', 'no'] })]);
+  assert.equal(mixed[0].text, alone.text);
+  assert.ok(['yes', 'no'].includes(guided[0].text), guided[0].text);
+});
+
+await run('serve_guided_chat', async (servers) => {
+  const model = process.env.ZIPAGE_SERVE_CHAT_MODEL;
+  assert.ok(model, 'ZIPAGE_SERVE_CHAT_MODEL is not set');
+  const plain = await startServer(['--model', model]);
+  servers.push(plain);
+  const parsed = await startServer(['--model', model, '--reasoning-parser', 'qwen3']);
+  servers.push(parsed);
+  const messages = [{ role: 'user', content: 'Is the sky blue?' }];
+  for (const server of [plain, parsed]) {
+    for (const seed of [0, 1, 2]) {
+      const r = await post(server.base, '/v1/chat/completions',
+                           { messages, max_tokens: 24, temperature: 1, seed, guided_choice: ['yes', 'no', 'maybe'] });
+      assert.equal(r.status, 200, r.text);
+      const m = r.json.choices[0].message;
+      assert.ok(['yes', 'no', 'maybe'].includes(m.content), r.text);
+      assert.ok(!m.reasoning_content, r.text);  // the guided output is the content, never reasoning
+      assert.equal(r.json.choices[0].finish_reason, 'stop', r.text);
+      const g = await post(server.base, '/v1/chat/completions', { messages, max_tokens: 24, temperature: 1, seed,
+                                                                  structured_outputs: { regex: '[0-9]{2}' } });
+      assert.equal(g.status, 200, g.text);
+      assert.match(g.json.choices[0].message.content, /^[0-9]{2}$/, g.text);
+    }
+  }
+});
