@@ -755,6 +755,52 @@ TEST_CASE("logits processors on the GPU: a mixed batch gives the CPU engine's to
   CHECK(b.counters().to_host_bytes == 0);
 }
 
+TEST_CASE("structured outputs on the GPU: guided rows give the CPU engine's tokens, drawn on the device") {
+  // A guide's allowed ids are one more logit edit (sampling/guided.hpp): the device sampler applies it as it
+  // applies allowed_token_ids. Mixed with a plain request; every guided output is a choice / matches its regex.
+  const auto prompts = story_prompts(6);
+  engine_config cfg{.block_size = 16, .num_blocks = 512};
+  cfg.make_detokenizer = detokenizer_factory(stories().tokenizer);
+  cfg.guide_vocab = guide_vocabulary_of(stories().tokenizer);
+  const std::vector<std::string> choices = {"happy", "sad", "a big red ball", "Lily"};
+  const std::string re = "(cat|dog)s? [0-9]{1,3}";
+  auto params = [&](std::size_t i) {
+    sampling_params p;
+    p.temperature = i % 2 ? 1.0f : 0.0f;
+    p.seed = 500 + i;
+    p.max_tokens = 40;
+    if (i % 3 == 0) p.guided.choice = choices;
+    if (i % 3 == 1) p.guided.regex = re;
+    return p;
+  };
+  auto run = [&](auto& eng) {
+    std::vector<request_id> ids;
+    for (std::size_t i = 0; i < prompts.size(); ++i) ids.push_back(eng.add_request(prompts[i], params(i)));
+    eng.run_to_completion();
+    std::vector<request_output> out;
+    for (const request_id id : ids) out.push_back(eng.take_output(id));
+    return out;
+  };
+  auto cpu = make_cpu(cfg);
+  const auto ref = run(cpu);
+  const auto b = fp32_backend(true);
+  auto gpu = make_gpu(b, cfg);
+  b.reset_counters();
+  const auto out = run(gpu);
+  std::int64_t all = 0;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    CAPTURE(i);
+    CAPTURE(out[i].text);
+    CHECK(out[i].output == ref[i].output);
+    all += static_cast<std::int64_t>(out[i].output.size());
+    if (i % 3 == 0) CHECK(std::find(choices.begin(), choices.end(), out[i].text) != choices.end());
+    if (i % 3 == 1) CHECK(compile_guided_regex(re).matches(out[i].text));
+    if (i % 3 != 2) CHECK(out[i].reason == finish_reason::eos);
+  }
+  CHECK(b.counters().device_sampled_rows == all);
+  CHECK(b.counters().to_host_bytes == 0);
+}
+
 // The backend's streams do not wait for the legacy default stream, so nothing a step reads may be copied there. A
 // plain cudaMemcpy from pageable memory returns once the values are staged, and its DMA then waits for the copy
 // engine: with that engine busy (here with host-to-device copies on a stream of our own; on a shared GPU, with other
