@@ -42,7 +42,7 @@ std::shared_ptr<const guide_vocabulary> vocab() {
 std::vector<token_id> ids_of(const guide& g, const std::string& text) {
   const std::int32_t s = g.dfa().walk(byte_dfa::start, text);
   REQUIRE(s >= 0);
-  return *g.allowed(s);
+  return g.allowed_ids(s);
 }
 
 // Every token allowed by brute force: its bytes appended keep the text a prefix of some accepted string.
@@ -78,7 +78,7 @@ TEST_CASE("choice guide: tokens along a choice, EOS only at a whole choice") {
   CHECK(!g.accepts(g.dfa().walk(0, "ye")));
   const std::int32_t at_yes = g.state_after(std::vector<token_id>{7, 8});
   CHECK(g.accepts(at_yes));
-  CHECK(g.allowed(at_yes)->empty());  // no longer choice: only EOS
+  CHECK(g.allowed_ids(at_yes).empty());  // no longer choice: only EOS
   CHECK(g.state_after(std::vector<token_id>{6, 8}) == -1);    // yess left the language
   CHECK(g.state_after(std::vector<token_id>{kEos}) == -1);    // a token without bytes
   for (const std::string t : {"", "y", "ye", "n", "no", "yes"}) CHECK(ids_of(g, t) == brute(g.dfa(), t));
@@ -89,7 +89,7 @@ TEST_CASE("choice guide: a choice that extends another; a token spanning two cho
   CHECK(ids_of(g, "") == std::vector<token_id>{6, 7, 10, 13});
   const std::int32_t at_yes = g.dfa().walk(0, "yes");
   CHECK(g.accepts(at_yes));
-  CHECK(*g.allowed(at_yes) == std::vector<token_id>{9, 11});  // no, n (EOS too: the caller adds it)
+  CHECK(g.allowed_ids(at_yes) == std::vector<token_id>{9, 11});  // no, n (EOS too: the caller adds it)
   const guide e(compile_guided_choice({"é", "ab"}), vocab());
   CHECK(ids_of(e, "") == std::vector<token_id>{1, 3, 14, 15});
   CHECK(ids_of(e, "\xC3") == std::vector<token_id>{16});
@@ -123,6 +123,37 @@ TEST_CASE("guide's logit edit: the allowed ids and EOS at a match, everything el
   CHECK(sampler{}.sample(logits, q, prompt_and_yes, 2, rules) == kEos);
   logits[9] = 1.0f;
   CHECK(sampler{}.sample(logits, q, prompt_and_yes, 2, rules) == 9);
+}
+
+TEST_CASE("guide's logit edit when most tokens are allowed: the others banned, EOS only at a match") {
+  sampling_params p;
+  p.guided.regex = "[^x]*";
+  token_rules rules;
+  rules.eos_ids = {kEos};
+  rules.guided = std::make_shared<const guide>(compile_guided(p.guided), vocab());
+  const auto next = rules.guided->next_tokens(byte_dfa::start);
+  CHECK(next->complement);
+  // Banned: "\xA9" (a continuation byte cannot start a character), "x", the special token 22, and the ids past the
+  // guide's vocabulary (the model's is larger: 26). EOS (0) is not: the empty text matches.
+  logit_edits e;
+  const std::vector<token_id> prompt = {5, 5};
+  make_logit_edits(e, p, prompt, 0, rules, 26);
+  CHECK(!e.others_banned);
+  CHECK(e.ids == std::vector<token_id>{16, 20, 22, 24, 25});
+  for (const float add : e.adds) CHECK(add == -std::numeric_limits<float>::infinity());
+  // Inside "é" (after "\xC3") only its second byte may come: an allowed list again, without EOS.
+  const std::vector<token_id> half = {5, 5, 15};
+  make_logit_edits(e, p, half, 1, rules, 26);
+  CHECK(e.others_banned);
+  CHECK(e.ids == std::vector<token_id>{16});
+  // The sampler draws from what is left.
+  std::vector<float> logits(26, 0.0f);
+  logits[20] = 100.0f;
+  logits[25] = 90.0f;
+  logits[3] = 5.0f;
+  sampling_params q = p;
+  q.temperature = 0.0f;
+  CHECK(sampler{}.sample(logits, q, prompt, 0, rules) == 3);
 }
 
 TEST_CASE("regex compiler: accepts and rejects whole texts") {
@@ -199,7 +230,7 @@ TEST_CASE("regex guide: allowed tokens equal the brute-force set at every reacha
       CAPTURE(t);
       const std::int32_t s = g.dfa().walk(0, t);
       if (s < 0) continue;
-      CHECK(*g.allowed(s) == brute(g.dfa(), t));
+      CHECK(g.allowed_ids(s) == brute(g.dfa(), t));
     }
   }
 }

@@ -4,8 +4,9 @@
 // come next are those whose bytes keep the DFA alive (some accepting state stays reachable), found by a walk of
 // the vocabulary's byte trie that prunes dead states, and EOS may come only at an accepting state. The allowed
 // set of a DFA state is computed once per guide (memoised, thread-safe): the state depends only on the bytes
-// generated so far. make_logit_edits (logits_processors.hpp) turns it into an allowed-ids edit, which both the CPU
-// and the CUDA samplers apply.
+// generated so far, and kept as the shorter list (guide_tokens): the allowed ids, or the others when most are
+// allowed. make_logit_edits (logits_processors.hpp) turns it into an allowed-ids edit, or a ban of the others,
+// which both the CPU and the CUDA samplers apply.
 //
 // Regex subset (whole-output match, as vLLM/outlines: ^ and $ are implicit, and allowed only at the ends):
 // literals (UTF-8 characters whole), escapes \d \w \s \D \W \S \n \t \r \f \v \xHH \uHHHH and escaped
@@ -703,6 +704,17 @@ inline constexpr std::size_t guided_max_choice_bytes = 16384;
   return spec.regex ? compile_guided_regex(*spec.regex) : compile_guided_choice(spec.choice);
 }
 
+// The tokens that may follow at a DFA state, as the shorter list: the allowed ids, or (complement) the ids of
+// [0, vocabulary size) that are not allowed, when most are (a permissive regex over a large vocabulary). Ascending.
+struct guide_tokens {
+  bool complement = false;
+  std::vector<token_id> ids;
+
+  [[nodiscard]] bool allows(token_id t) const {
+    return std::binary_search(ids.begin(), ids.end(), t) != complement;
+  }
+};
+
 // A compiled constraint over one vocabulary: which tokens may follow a generated text.
 class guide {
  public:
@@ -727,18 +739,39 @@ class guide {
   }
   [[nodiscard]] bool accepts(std::int32_t state) const { return state >= 0 && dfa_.accepts(state); }
 
-  // The tokens whose bytes keep the DFA alive from `state`, ascending by id (computed once per state).
-  [[nodiscard]] std::shared_ptr<const std::vector<token_id>> allowed(std::int32_t state) const {
+  // The tokens whose bytes keep the DFA alive from `state` (computed once per state), as the shorter list.
+  [[nodiscard]] std::shared_ptr<const guide_tokens> next_tokens(std::int32_t state) const {
     check(state >= 0 && state < dfa_.size(), "guide: state ", state, " of ", dfa_.size());
     {
       const std::lock_guard<std::mutex> lock(mutex_);
       if (auto& m = memo_[static_cast<std::size_t>(state)]) return m;
     }
-    auto ids = std::make_shared<std::vector<token_id>>(walk_trie(state));
+    auto next = std::make_shared<guide_tokens>();
+    next->ids = walk_trie(state);
+    if (next->ids.size() * 2 > static_cast<std::size_t>(vocab_->size())) {  // most are allowed: list the others
+      std::vector<token_id> others;
+      others.reserve(static_cast<std::size_t>(vocab_->size()) - next->ids.size());
+      std::size_t k = 0;
+      for (token_id t = 0; t < vocab_->size(); ++t) {
+        if (k < next->ids.size() && next->ids[k] == t) ++k;
+        else others.push_back(t);
+      }
+      next->ids = std::move(others);
+      next->complement = true;
+    }
     const std::lock_guard<std::mutex> lock(mutex_);
     auto& m = memo_[static_cast<std::size_t>(state)];
-    if (!m) m = std::move(ids);
+    if (!m) m = std::move(next);
     return m;
+  }
+  // The allowed ids at `state`, ascending (the explicit list, whichever form next_tokens keeps).
+  [[nodiscard]] std::vector<token_id> allowed_ids(std::int32_t state) const {
+    const auto next = next_tokens(state);
+    if (!next->complement) return next->ids;
+    std::vector<token_id> out;
+    for (token_id t = 0; t < vocab_->size(); ++t)
+      if (next->allows(t)) out.push_back(t);
+    return out;
   }
 
  private:
@@ -775,7 +808,7 @@ class guide {
   byte_dfa dfa_;
   std::shared_ptr<const guide_vocabulary> vocab_;
   mutable std::mutex mutex_;
-  mutable std::vector<std::shared_ptr<const std::vector<token_id>>> memo_;
+  mutable std::vector<std::shared_ptr<const guide_tokens>> memo_;
 };
 
 // A request's guide, compiled for `vocab`. Errors start with the field's name (guided_choice, guided_regex).

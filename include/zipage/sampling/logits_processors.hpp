@@ -65,18 +65,28 @@ inline void make_logit_edits(logit_edits& out, const sampling_params& p, std::sp
   }
   const auto generated = context.last(std::min<std::size_t>(static_cast<std::size_t>(step), context.size()));
   if (rules.guided) {  // structured output: the tokens that keep the text a prefix of a match; EOS at a match
-    out.others_banned = true;
     const guide& g = *rules.guided;
     const std::int32_t state = g.state_after(generated);
-    if (state >= 0) {
-      const auto ids = g.allowed(state);
-      for (const token_id t : *ids) add(t, 0.0f, "guided");
+    const bool at_match = g.accepts(state);
+    const auto next = state >= 0 ? g.next_tokens(state) : nullptr;
+    if (next && next->complement) {  // most tokens allowed: ban the others, and every id past the guide's vocabulary
+      const auto eos = [&](token_id t) {
+        return at_match && std::find(rules.eos_ids.begin(), rules.eos_ids.end(), t) != rules.eos_ids.end();
+      };
+      for (const token_id t : next->ids)
+        if (!eos(t)) add(t, ban, "guided");
+      for (auto t = static_cast<token_id>(g.vocabulary().size()); t < vocab; ++t)
+        if (!eos(t)) add(t, ban, "guided");
+    } else {
+      out.others_banned = true;
+      if (next)
+        for (const token_id t : next->ids) add(t, 0.0f, "guided");
+      // At a match EOS may end the text; where nothing else could come (a bad token slipped through), only EOS.
+      if (at_match || out.ids.empty())
+        for (const token_id t : rules.eos_ids) add(t, 0.0f, "EOS");
     }
-    // At a match EOS may end the text; where nothing else could come (a bad token slipped through), only EOS.
-    if (g.accepts(state) || out.ids.empty())
-      for (const token_id t : rules.eos_ids) add(t, 0.0f, "EOS");
   }
-  const std::size_t allowed = out.ids.size();  // the allowed ids come first
+  const std::size_t allowed = out.others_banned ? out.ids.size() : 0;  // the allowed ids come first
   for (const std::vector<token_id>& word : rules.bad_words) {
     if (word.empty() || word.size() - 1 > generated.size()) continue;
     const std::span<const token_id> prefix(word.data(), word.size() - 1);
