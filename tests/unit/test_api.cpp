@@ -504,6 +504,13 @@ TEST_CASE("llm: structured output (sampling_params::guided) on a SentencePiece a
       CAPTURE(re.text);
       CHECK(re.text.size() == 6);
       CHECK(compile_guided_regex("[0-9]{3}-[a-z]{2}").matches(re.text));
+      // Most tokens allowed at each step (the guide bans the others): on Qwen3's vocabulary any line of 1 to 12
+      // characters, whole UTF-8 characters only.
+      p.guided.regex = "[^\\n]{1,12}";
+      const auto line = l->generate({"Once upon a time"}, p)[0];
+      CAPTURE(line.text);
+      CHECK(compile_guided_regex("[^\\n]{1,12}").matches(line.text));
+      CHECK(line.reason == finish_reason::eos);
     }
   }
   sampling_params bad;

@@ -133,13 +133,18 @@ inline node byte_range(int lo, int hi) {
   return n;
 }
 inline node seq(std::vector<node> kids) { return node{node::concat, {}, std::move(kids)}; }
-// Any well-formed UTF-8 character of 2 to 4 bytes (lead byte, then continuation bytes).
+// Any well-formed UTF-8 character of 2 to 4 bytes (no overlong forms, no surrogates, nothing past U+10FFFF).
 inline node non_ascii_char() {
+  const auto cont = [] { return byte_range(0x80, 0xBF); };
   node alt{node::alt};
-  alt.kids.push_back(seq({byte_range(0xC2, 0xDF), byte_range(0x80, 0xBF)}));
-  alt.kids.push_back(seq({byte_range(0xE0, 0xEF), byte_range(0x80, 0xBF), byte_range(0x80, 0xBF)}));
-  alt.kids.push_back(
-      seq({byte_range(0xF0, 0xF4), byte_range(0x80, 0xBF), byte_range(0x80, 0xBF), byte_range(0x80, 0xBF)}));
+  alt.kids.push_back(seq({byte_range(0xC2, 0xDF), cont()}));
+  alt.kids.push_back(seq({byte_range(0xE0, 0xE0), byte_range(0xA0, 0xBF), cont()}));
+  alt.kids.push_back(seq({byte_range(0xE1, 0xEC), cont(), cont()}));
+  alt.kids.push_back(seq({byte_range(0xED, 0xED), byte_range(0x80, 0x9F), cont()}));
+  alt.kids.push_back(seq({byte_range(0xEE, 0xEF), cont(), cont()}));
+  alt.kids.push_back(seq({byte_range(0xF0, 0xF0), byte_range(0x90, 0xBF), cont(), cont()}));
+  alt.kids.push_back(seq({byte_range(0xF1, 0xF3), cont(), cont(), cont()}));
+  alt.kids.push_back(seq({byte_range(0xF4, 0xF4), byte_range(0x80, 0x8F), cont(), cont()}));
   return alt;
 }
 // A character class: its ASCII members, and whether every non-ASCII character belongs too.
