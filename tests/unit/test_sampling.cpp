@@ -856,6 +856,22 @@ TEST_CASE("logit edits: sorted, merged, and the same row as the processors appli
     CHECK_THROWS_WITH(zipage::make_logit_edits(e, p, {}, 3, rules, 10),
                       doctest::Contains("logit_bias token 10 is outside the vocabulary of 10"));
   }
+  SUBCASE("ids already ascending and unique (no sort): an id outside the allowed ones is banned, others kept") {
+    sampling_params p;
+    p.allowed_token_ids = std::vector<token_id>{1, 4};
+    p.logit_bias = {{6, 2.0f}, {9, -1.0f}};
+    zipage::logit_edits e;
+    zipage::make_logit_edits(e, p, {}, 0, token_rules{}, 10);
+    constexpr float ban = -std::numeric_limits<float>::infinity();
+    CHECK(e.others_banned);
+    CHECK(e.ids == std::vector<token_id>{1, 4, 6, 9});
+    CHECK(e.adds == std::vector<float>{0.0f, 0.0f, ban, ban});
+    p.allowed_token_ids.reset();  // biases alone, ascending: kept as they are
+    zipage::make_logit_edits(e, p, {}, 0, token_rules{}, 10);
+    CHECK_FALSE(e.others_banned);
+    CHECK(e.ids == std::vector<token_id>{6, 9});
+    CHECK(e.adds == std::vector<float>{2.0f, -1.0f});
+  }
   SUBCASE("random requests: every value equal to the one-by-one processors' (NaN and infinities included)") {
     std::uint64_t state = 12345;
     auto next = [&state](std::uint64_t n) {

@@ -103,6 +103,13 @@ inline void make_logit_edits(logit_edits& out, const sampling_params& p, std::sp
   // -inf (its first `allowed` entries are the allowed ids).
   const std::size_t n = out.ids.size();
   if (n < 2 && !out.others_banned) return;
+  // Already ascending and unique (a guide's list, tens of thousands of ids, alone): nothing to merge or sort, and
+  // under others_banned an id outside the allowed ones stays -inf.
+  if (std::adjacent_find(out.ids.begin(), out.ids.end(), [](token_id a, token_id b) { return a >= b; }) ==
+      out.ids.end()) {
+    if (out.others_banned) std::fill(out.adds.begin() + static_cast<std::ptrdiff_t>(allowed), out.adds.end(), ban);
+    return;
+  }
   using edit_entry = logit_edits::edit_entry;
   std::vector<edit_entry>& entries = out.scratch;
   entries.clear();
