@@ -32,6 +32,7 @@
 #include "zipage/core/error.hpp"
 #include "zipage/core/types.hpp"
 #include "zipage/sampling/sampling_params.hpp"
+#include "zipage/tokenizer/utf8.hpp"
 
 namespace zipage {
 
@@ -155,24 +156,6 @@ inline node char_class(const byte_set& ascii, bool non_ascii) {
   alt.kids.push_back(std::move(s));
   alt.kids.push_back(non_ascii_char());
   return alt;
-}
-
-inline void utf8_append(std::string& out, std::uint32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 class regex_parser {
@@ -400,12 +383,12 @@ class regex_parser {
       case 'v': return "\v";
       case 'x': {
         std::string s;
-        utf8_append(s, hex(2));
+        utf8::append(s, static_cast<char32_t>(hex(2)));
         return s;
       }
       case 'u': {
         std::string s;
-        utf8_append(s, hex(4));
+        utf8::append(s, static_cast<char32_t>(hex(4)));
         return s;
       }
       case 'b': case 'B': --i_; error("word boundaries (\\", c, ") are not supported");
