@@ -428,15 +428,20 @@ inline std::string resolve_text_groups(const std::string& s) {
   return head + content(last) + s.substr(last.end);
 }
 
+// The functions closed_form evaluates, as TeX commands (closed_form's function_id numbers them in this order).
+inline constexpr std::array<std::string_view, 15> math_function_commands = {
+    "\\sin", "\\cos", "\\tan", "\\cot", "\\sec", "\\csc", "\\arcsin", "\\arccos", "\\arctan",
+    "\\sinh", "\\cosh", "\\tanh", "\\ln", "\\log", "\\exp"};
+
 // \operatorname{sin} (or \operatorname*{sin}, \mathrm{sin}) -> "\sin ", for every function closed_form evaluates;
 // the space keeps the name apart from a letter after it ("\operatorname{sin}x" is \sin x, not \sinx).
 inline std::string function_commands(std::string s) {
-  static constexpr std::string_view names[] = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos",
-                                               "arctan", "sinh", "cosh", "tanh", "ln", "log", "exp"};
   for (std::string_view wrapper : {"\\operatorname{", "\\operatorname*{", "\\mathrm{"}) {
     if (s.find(wrapper) == std::string::npos) continue;
-    for (std::string_view name : names)
+    for (std::string_view command : math_function_commands) {
+      const std::string_view name = command.substr(1);
       replace_all(s, std::string(wrapper).append(name).append("}"), std::string("\\").append(name).append(" "));
+    }
   }
   return s;
 }
@@ -619,9 +624,7 @@ class closed_form {
     return finite(v);
   }
   // The functions, as \name (the operatorname forms were rewritten to these by the normalisation).
-  static constexpr std::array<std::string_view, 15> function_names = {
-      "\\sin", "\\cos", "\\tan", "\\cot", "\\sec", "\\csc", "\\arcsin", "\\arccos", "\\arctan",
-      "\\sinh", "\\cosh", "\\tanh", "\\ln", "\\log", "\\exp"};
+  static constexpr const auto& function_names = math_function_commands;
   enum function_id { f_sin, f_cos, f_tan, f_cot, f_sec, f_csc, f_arcsin, f_arccos, f_arctan, f_sinh, f_cosh, f_tanh,
                      f_ln, f_log, f_exp };
   int function_at() const {
