@@ -741,15 +741,15 @@ TEST_CASE("functions, binomials and factorials evaluate") {
   CHECK_FALSE(math_answers_equal("e^{\\ln 5}", "6"));
   CHECK_FALSE(math_answers_equal("e^x", "x^e"));
   CHECK_FALSE(math_answers_equal("e_1", "e"));                    // with a subscript, e is a variable
-  CHECK(math_answers_equal("6 - 5i", "-5i + 6"));                 // i is still a letter like any other
-  CHECK_FALSE(math_answers_equal("i^2", "-1"));
+  CHECK(math_answers_equal("6 - 5i", "-5i + 6"));
+  CHECK(math_answers_equal("i^2", "-1"));  // i is the imaginary unit where no other letter is (complex numbers below)
   // Outside a function's domain: no value (a string when a number; a point left out when with variables).
   CHECK_FALSE(math_answers_equal("\\ln(-1)", "\\ln(-2)"));
   CHECK_FALSE(math_answers_equal("\\arcsin 2", "\\arcsin 3"));
   CHECK_FALSE(math_answers_equal("\\log_1 5", "\\log_1 6"));
   CHECK_FALSE(math_answers_equal("\\csc(\\pi)", "\\csc(2\\pi)"));  // 1/sin: a division by zero
   CHECK_FALSE(math_answers_equal("\\tan\\frac{\\pi}{2}", "\\tan\\frac{\\pi}{2} + 1"));  // no value, not 1e19
-  CHECK_FALSE(math_answers_equal("\\sin 30^\\circ", "\\frac12"));  // the degree sign goes: sin of 30 radians
+  CHECK(math_answers_equal("\\sin 30^\\circ", "\\frac12"));  // degrees inside a function (see "degrees" below)
   CHECK_FALSE(math_answers_equal("\\cot^{-1} x", "\\arctan\\frac{1}{x}"));  // not read: strings
   CHECK_FALSE(math_answers_equal("\\ln^{-1} x", "e^x"));
 }
@@ -816,4 +816,137 @@ TEST_CASE("malformed functions, binomials and factorials fall back to strings") 
   std::string deep;
   for (int i = 0; i < 100000; ++i) deep += "\\sin";
   CHECK_FALSE(math_answers_equal(deep + " x", "\\sin x"));
+}
+
+TEST_CASE("gcd and lcm of whole numbers, floor and ceiling evaluate") {
+  CHECK(math_answers_equal("\\gcd(12, 18)", "6"));
+  CHECK(math_answers_equal("6", "\\gcd(12,18)"));
+  CHECK_FALSE(math_answers_equal("\\gcd(12, 18)", "3"));
+  CHECK(math_answers_equal("\\operatorname{gcd}(-4, 6)", "2"));  // signs go
+  CHECK(math_answers_equal("\\gcd(0, 5)", "5"));
+  CHECK(math_answers_equal("\\operatorname{lcm}(4, 6)", "12"));
+  CHECK(math_answers_equal("\\text{lcm}(4,6)", "12"));
+  CHECK(math_answers_equal("\\mathrm{lcm}(4, 6)", "\\operatorname{lcm}(6, 4)"));
+  CHECK(math_answers_equal("\\operatorname{lcm}(2, 3, 4)", "12"));  // more than two arguments
+  CHECK_FALSE(math_answers_equal("\\operatorname{lcm}(4, 6)", "24"));
+  CHECK(math_answers_equal("2\\gcd(4, 6) + 1", "5"));  // inside an expression
+  CHECK(math_answers_equal("\\gcd(2^{10}, 96)", "32"));
+  // Arguments that are not whole numbers: not evaluated, compared as written.
+  CHECK_FALSE(math_answers_equal("\\gcd(1.5, 3)", "1.5"));
+  CHECK_FALSE(math_answers_equal("\\gcd(x, y)", "\\gcd(y, x)"));
+  CHECK(math_answers_equal("\\gcd(a,b)", "\\gcd(a, b)"));
+  CHECK_FALSE(math_answers_equal("\\gcd(4)", "4"));
+
+  CHECK(math_answers_equal("\\lfloor 3.7 \\rfloor", "3"));
+  CHECK(math_answers_equal("\\left\\lfloor \\frac{7}{2} \\right\\rfloor", "3"));
+  CHECK(math_answers_equal("\\lceil 3.2 \\rceil", "4"));
+  CHECK(math_answers_equal("\\left\\lceil \\frac{7}{2} \\right\\rceil", "4"));
+  CHECK(math_answers_equal("\\lfloor -3.5 \\rfloor", "-4"));
+  CHECK(math_answers_equal("\\lceil -3.5 \\rceil", "-3"));
+  CHECK_FALSE(math_answers_equal("\\lfloor 3.7 \\rfloor", "4"));
+  CHECK_FALSE(math_answers_equal("\\lceil 3.2 \\rceil", "3"));
+  CHECK(math_answers_equal("\\lfloor \\log_2 8 \\rfloor", "3"));  // 2.999... of rounding is 3
+  CHECK(math_answers_equal("\\lceil \\sqrt{16} \\rceil", "4"));
+  CHECK(math_answers_equal("\\lfloor \\sqrt{17} \\rfloor + \\lceil \\sqrt{17} \\rceil", "9"));
+  CHECK(math_answers_equal("2\\lfloor x \\rfloor", "\\lfloor x\\rfloor + \\lfloor x\\rfloor"));  // with a variable
+  CHECK_FALSE(math_answers_equal("\\lfloor x \\rfloor", "\\lceil x \\rceil"));
+  CHECK_FALSE(math_answers_equal("\\lfloor 3.7", "3"));  // never closed
+}
+
+TEST_CASE("degrees: dropped from an answer, converted inside a trigonometric function") {
+  for (const char* degrees : {"30^\\circ", "30^{\\circ}", "30\xC2\xB0", "30 degrees", "30\\degree"}) {
+    CAPTURE(degrees);
+    CHECK(math_answers_equal(degrees, "30"));
+    CHECK(math_answers_equal("30", degrees));
+    CHECK_FALSE(math_answers_equal(degrees, "31"));
+  }
+  CHECK(math_answers_equal("\\sin 30^\\circ", "\\frac{1}{2}"));
+  CHECK(math_answers_equal("\\frac{1}{2}", "\\sin 30^\\circ"));
+  CHECK(math_answers_equal("\\cos(60^{\\circ})", "\\frac12"));
+  CHECK(math_answers_equal("\\sin 30\xC2\xB0", "0.5"));
+  CHECK(math_answers_equal("\\tan 45^\\circ + 1", "2"));
+  CHECK(math_answers_equal("\\sin^2 30^\\circ", "\\frac14"));
+  CHECK(math_answers_equal("\\cos 60^\\circ", "\\cos\\frac{\\pi}{3}"));
+  CHECK(math_answers_equal("2\\sin 15^\\circ\\cos 15^\\circ", "\\frac{1}{2}"));
+  CHECK_FALSE(math_answers_equal("\\sin 30^\\circ", "\\sin 30"));  // 30 radians
+  CHECK_FALSE(math_answers_equal("\\sin 30", "\\frac12"));
+  CHECK_FALSE(math_answers_equal("\\cos 60^\\circ", "\\frac{\\sqrt3}{2}"));
+  CHECK_FALSE(math_answers_equal("\\sin 30^{\\circ}^2", "\\frac14"));  // a double superscript
+  CHECK(normalize_math_answer("\\sin 30^\\circ") == "\\sin30^{\\circ}");
+  CHECK(normalize_math_answer("30^\\circ") == "30");
+  CHECK(normalize_math_answer("\\arctan 1 + 45^\\circ") == "\\arctan1+45");  // an inverse takes no angle: dropped
+}
+
+TEST_CASE("complex numbers: i is the imaginary unit where no other letter is") {
+  CHECK(math_answers_equal("3+4i", "4i+3"));
+  CHECK(math_answers_equal("2 - i", "2-i"));
+  CHECK(math_answers_equal("-i", "\\frac{1}{i}"));
+  CHECK(math_answers_equal("\\frac{1}{2}+\\frac{\\sqrt{3}}{2}i", "0.5+0.866i"));  // each part within the tolerance
+  CHECK(math_answers_equal("0.5+0.866i", "\\frac{1}{2}+\\frac{\\sqrt{3}}{2}i"));
+  CHECK(math_answers_equal("i\\sqrt{2}", "\\sqrt{2}i"));
+  CHECK(math_answers_equal("i\\sqrt{2}", "\\sqrt{-2}"));  // the principal root
+  CHECK(math_answers_equal("-\\sqrt{-4}", "-2i"));
+  CHECK(math_answers_equal("(1+i)^2", "2i"));
+  CHECK(math_answers_equal("i^3", "-i"));
+  CHECK(math_answers_equal("i^{-1}", "-i"));
+  CHECK(math_answers_equal("\\frac{5}{1-2i}", "1+2i"));
+  CHECK(math_answers_equal("\\frac{3}{5}+\\frac{4}{5}i", "0.6+0.8i"));
+  CHECK(math_answers_equal("e^{i\\pi}", "-1"));
+  CHECK(math_answers_equal("e^{i\\pi/3}", "\\cos\\frac{\\pi}{3}+i\\sin\\frac{\\pi}{3}"));
+  CHECK(math_answers_equal("\\cos 60^\\circ + i\\sin 60^\\circ", "\\frac{1+i\\sqrt3}{2}"));
+  CHECK(math_answers_equal("3 i", "3i"));  // "i" is no unit word
+  CHECK(math_answers_equal("3", "3+0i"));
+  CHECK(math_answers_equal("0^2 + i", "i"));
+  CHECK_FALSE(math_answers_equal("0^0 + i", "1 + i"));  // no value: strings
+  CHECK(math_answers_equal("1+i, 1-i", "1-i, 1+i"));  // entries of a list
+  CHECK_FALSE(math_answers_equal("3+4i", "3-4i"));
+  CHECK_FALSE(math_answers_equal("3+4i", "3+4.01i"));
+  CHECK_FALSE(math_answers_equal("3+4i", "4+4i"));
+  CHECK_FALSE(math_answers_equal("3+4i", "3"));
+  CHECK_FALSE(math_answers_equal("3i", "3"));
+  CHECK_FALSE(math_answers_equal("i", "1"));
+  CHECK_FALSE(math_answers_equal("i", "-1"));
+  CHECK_FALSE(math_answers_equal("3+4i", "3+4j"));  // j is a variable
+  CHECK_FALSE(math_answers_equal("3+4i", "5"));     // not the modulus
+  CHECK_FALSE(math_answers_equal("\\frac{1}{0i}", "\\frac{1}{0i}+1"));  // no value: strings
+  // With another letter, or in an equation, i is a variable as before.
+  CHECK(math_answers_equal("x+i", "i+x"));
+  CHECK_FALSE(math_answers_equal("x i^2", "-x"));
+  CHECK(math_answers_equal("i = 3", "3"));  // "i = 3" names the value 3
+  CHECK_FALSE(math_answers_equal("\\text{Evelyn}", "\\text{Evlyen}"));
+}
+
+TEST_CASE("a set of one element is a set like the others") {
+  CHECK(math_answers_equal("\\{5\\}", "5"));
+  CHECK(math_answers_equal("5", "\\{5\\}"));
+  CHECK(math_answers_equal("\\{5\\}", "\\{5.0\\}"));
+  CHECK(math_answers_equal("\\{ \\frac12 \\}", "0.5"));
+  CHECK(math_answers_equal("\\{5\\}", "5, 5"));  // as \{5, 5\} == \{5\}
+  CHECK(math_answers_equal("\\left\\{ 5 \\right\\}", "x = 5"));
+  CHECK_FALSE(math_answers_equal("\\{5\\}", "6"));
+  CHECK_FALSE(math_answers_equal("\\{5\\}", "1, 5"));
+  CHECK_FALSE(math_answers_equal("\\{5\\}", "\\{1, 5\\}"));
+  CHECK_FALSE(math_answers_equal("\\{5\\}", "(5, 5)"));  // a tuple is no set
+  CHECK_FALSE(math_answers_equal("\\{1\\} \\cup \\{2\\}", "1"));
+}
+
+TEST_CASE("x \\in S, \\pm and one-character subscripts") {
+  CHECK(math_answers_equal("x \\in [-2,7]", "[-2, 7]"));
+  CHECK(math_answers_equal("[-2, 7]", "x \\in [-2,7]"));
+  CHECK(math_answers_equal("x \\in (2, \\infty)", "(2,\\infty)"));
+  CHECK_FALSE(math_answers_equal("x \\in [-2,7]", "[-2, 8]"));
+  CHECK_FALSE(math_answers_equal("x \\in [-2,7]", "(-2, 7)"));
+  CHECK(math_answers_equal("1 \\pm \\sqrt{19}", "1-\\sqrt{19}, 1+\\sqrt{19}"));
+  CHECK(math_answers_equal("3 \\pm 2 \\sqrt{2}", "3+2\\sqrt2, 3-2\\sqrt2"));
+  CHECK(math_answers_equal("\\frac{-1\\pm\\sqrt5}{2}", "\\frac{-1-\\sqrt5}{2}, \\frac{-1+\\sqrt5}{2}"));
+  CHECK(math_answers_equal("\\{1\\pm\\sqrt{5},-2\\}", "-2, 1-\\sqrt5, 1+\\sqrt5"));
+  CHECK(math_answers_equal("x = \\pm 3", "3, -3"));
+  CHECK(math_answers_equal("\\pm i", "i, -i"));
+  CHECK_FALSE(math_answers_equal("1 \\pm \\sqrt{19}", "1+\\sqrt{19}"));  // one root of two
+  CHECK_FALSE(math_answers_equal("\\pm 3", "3"));
+  CHECK_FALSE(math_answers_equal("1 \\pm 2 \\pm 3", "1+2+3, 1-2-3"));  // which signs go together: not guessed
+  CHECK(normalize_math_answer("1 \\pm \\sqrt{19}") == "1+\\sqrt{19},1-\\sqrt{19}");
+  CHECK(math_answers_equal("4210_{5}", "4210_5"));
+  CHECK(math_answers_equal("a_{n}+1", "1+a_n"));
+  CHECK_FALSE(math_answers_equal("52_8", "52_9"));
 }

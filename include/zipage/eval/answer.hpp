@@ -20,11 +20,20 @@
 //    (25% == 0.25); a whole answer in number words is its number (twenty-one == 21); tuples, intervals and matrices
 //    compare element by element, in order, with the same brackets ([0, \frac12) == [0, 0.5), != (0, 0.5)); sets, unions
 //    and bare lists as sets, in any order, a set as a bare list of its elements (\{1, 2\} == \{2, 1\} == "2, 1", "1, 2"
-//    == "2, 1"). A choice "(A) 5" equals 5, A and (A). Anything else compares as normalised strings.
+//    == "2, 1"), a set of one as its element (\{5\} == 5). A choice "(A) 5" equals 5, A and (A). Anything else
+//    compares as normalised strings.
+//  * Also evaluated: \gcd(a, b) and \operatorname{lcm}(a, b) (\text{lcm}, \mathrm{lcm}) of whole numbers,
+//    \lfloor x \rfloor and \lceil x \rceil; in an answer with \sin ... \csc, x^\circ is x\pi/180 (\sin 30^\circ ==
+//    \frac12; elsewhere 30^\circ == 30). "x \in [a, b]" is [a, b]; one \pm in an entry is both answers (1 \pm \sqrt{2}
+//    == "1+\sqrt{2}, 1-\sqrt{2}"); a one-character subscript in braces is that character (52_{8} == 52_8).
+//  * Complex numbers (complex_equal): i is the imaginary unit only when both answers parse as numbers and i alone (no
+//    other letter, no "=", no "%") and one at least has i: 3+4i == 4i+3, i^2 == -1, \frac{1}{2}+\frac{\sqrt3}{2}i ==
+//    0.5+0.866i (real and imaginary parts each within numeric_relative_tolerance). With other letters i is a variable.
 #include <algorithm>
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -433,17 +442,36 @@ inline constexpr std::array<std::string_view, 15> math_function_commands = {
     "\\sin", "\\cos", "\\tan", "\\cot", "\\sec", "\\csc", "\\arcsin", "\\arccos", "\\arctan",
     "\\sinh", "\\cosh", "\\tanh", "\\ln", "\\log", "\\exp"};
 
-// \operatorname{sin} (or \operatorname*{sin}, \mathrm{sin}) -> "\sin ", for every function closed_form evaluates;
-// the space keeps the name apart from a letter after it ("\operatorname{sin}x" is \sin x, not \sinx).
+// The functions of whole numbers closed_form evaluates, written \gcd(a, b) and \lcm(a, b) (LaTeX has no \lcm: it is
+// what \operatorname{lcm}, \text{lcm} and \mathrm{lcm} become).
+inline constexpr std::array<std::string_view, 2> whole_function_commands = {"\\gcd", "\\lcm"};
+
+// \operatorname{sin} (or \operatorname*{sin}, \mathrm{sin}, \text{sin}) -> "\sin ", for every function closed_form
+// evaluates; the space keeps the name apart from a letter after it ("\operatorname{sin}x" is \sin x, not \sinx).
 inline std::string function_commands(std::string s) {
-  for (std::string_view wrapper : {"\\operatorname{", "\\operatorname*{", "\\mathrm{"}) {
+  for (std::string_view wrapper : {"\\operatorname{", "\\operatorname*{", "\\mathrm{", "\\text{"}) {
     if (s.find(wrapper) == std::string::npos) continue;
-    for (std::string_view command : math_function_commands) {
+    auto rewrite = [&](std::string_view command) {
       const std::string_view name = command.substr(1);
       replace_all(s, std::string(wrapper).append(name).append("}"), std::string("\\").append(name).append(" "));
-    }
+    };
+    std::for_each(math_function_commands.begin(), math_function_commands.end(), rewrite);
+    std::for_each(whole_function_commands.begin(), whole_function_commands.end(), rewrite);
   }
   return s;
+}
+
+// Degrees in an answer with a trigonometric function, as normalisation writes them: closed_form reads x^{\circ} as
+// x\pi/180.
+inline constexpr std::string_view degree_mark = "^{\\circ}";
+
+// Whether a normalised answer holds a trigonometric function (\sin ... \csc), whose argument in degrees
+// ("\sin 30^\circ") is an angle to convert rather than a unit to drop.
+inline bool has_trigonometric_function(std::string_view s) {
+  for (std::size_t i = s.find('\\'); i != std::string_view::npos; i = s.find('\\', i + 1))
+    for (std::size_t f = 0; f < 6; ++f)  // \sin \cos \tan \cot \sec \csc, the first six
+      if (command_at(s, i, math_function_commands[f])) return true;
+  return false;
 }
 
 // Whether `s` ends with a command's name ("2\cdot", "\pi"): letters after a backslash.
@@ -518,7 +546,7 @@ inline std::string drop_unit_words(const std::string& s) {
   bool words = false;
   while (i > 0) {
     const std::size_t j = unit_word_start(s, i);
-    if (j == i || j == 0 || s[j - 1] != ' ') break;
+    if (j == i || j == 0 || s[j - 1] != ' ' || s.compare(j, i - j, "i") == 0) break;  // "3 i" is 3i, not 3
     words = true;
     i = j;
     while (i > 0 && s[i - 1] == ' ') --i;
@@ -570,9 +598,12 @@ inline long double variable_value(std::string_view name, int point) {
 // (x, a_1, a_{n}, written side by side: 2xy, x^2y, x(x+1)), whose value is variable_value; an exponent may be one
 // letter (2^n). Functions (\sin x, \sin(2x), \sin^2 x, \sin^{-1} x, \log_2 8, \ln x, \exp x: see function()),
 // \binom{n}{k}, {n \choose k} and n! (whole arguments only). e without a subscript is Euler's number (as Qwen's grader
-// reads it), with a point or not; i is a variable like any other letter. Not parsed: \infty, "2^10" (2^1 then 0 in
-// TeX), a number right before \frac{a}{b} of numbers ("3\frac{4}{2}": a mixed number or a product?), a factor after a
-// closing command ("\sqrt{2}3", "x2"), "5!!", nesting deeper than max_brace_depth; without a point, any letter but e.
+// reads it), with a point or not; i is a variable like any other letter (as the imaginary unit: complex_form). Not
+// parsed: \infty, "2^10" (2^1 then 0 in TeX), a number right before \frac{a}{b} of numbers ("3\frac{4}{2}": a mixed
+// number or a product?), a factor after a closing command ("\sqrt{2}3", "x2"), "5!!", nesting deeper than
+// max_brace_depth; without a point, any letter but e. Also \gcd(a, b, ...) and \lcm(a, b, ...) of whole numbers,
+// \lfloor x \rfloor, \lceil x \rceil, and x^{\circ} (degrees, as normalisation writes them beside a trigonometric
+// function) as x\pi/180.
 class closed_form {
  public:
   // point < 0: numbers only.
@@ -622,6 +653,44 @@ class closed_form {
     long double v = 1;
     for (long double i = 1; i <= k && std::isfinite(static_cast<double>(v)); ++i) v = v * (n - k + i) / i;
     return finite(v);
+  }
+  // gcd or lcm of whole numbers a, b with |a|, |b| <= max_whole_argument (beyond, a long double is no longer exact):
+  // Euclid's algorithm; gcd(0, 0) = 0 and lcm(a, 0) = 0, as SymPy's. Signs go: gcd(-4, 6) = 2.
+  static constexpr long double max_whole_argument = 1e18L;
+  static long double gcd_or_lcm(long double a, long double b, bool lcm) {
+    a = std::fabs(a);
+    b = std::fabs(b);
+    long double x = a, y = b;
+    while (y != 0) {
+      const long double remainder = std::fmod(x, y);
+      x = y;
+      y = remainder;
+    }
+    if (!lcm) return x;
+    return x == 0 ? 0 : finite(a / x * b);
+  }
+  // The arguments of \gcd or \lcm (already eaten): "(" two or more sums separated by "," ")", all whole numbers;
+  // nullopt for anything else (a variable's value is never whole), which then compares as written.
+  std::optional<long double> whole_function(bool lcm) {
+    if (!eat("(")) return std::nullopt;
+    std::optional<long double> v;
+    int count = 0;
+    do {
+      const auto x = sum();
+      if (!x || std::isnan(*x) || *x != std::floor(*x) || std::fabs(*x) > max_whole_argument) return std::nullopt;
+      v = count++ == 0 ? std::fabs(*x) : gcd_or_lcm(*v, *x, lcm);
+    } while (eat(","));
+    if (count < 2 || !eat(")")) return std::nullopt;
+    return v;
+  }
+  // \lfloor x \rfloor or \lceil x \rceil (the opening command eaten), up to `close`. A value within rounding of a
+  // whole number is that number first: \lfloor\log_2 8\rfloor is 3 though the logarithm comes out as 2.99...
+  std::optional<long double> rounded(std::string_view close, bool up) {
+    const auto x = sum();
+    if (!x || !eat(close)) return std::nullopt;
+    const long double nearest = std::round(*x);
+    if (std::fabs(*x - nearest) <= cancellation * std::fmax(1, std::fabs(*x))) return nearest;
+    return up ? std::ceil(*x) : std::floor(*x);
   }
   // The functions, as \name (the operatorname forms were rewritten to these by the normalisation).
   static constexpr const auto& function_names = math_function_commands;
@@ -764,8 +833,9 @@ class closed_form {
   // false: \sin x\cos x is \sin x times \cos x), or a number right after a factorial (2!4!).
   bool factor_next(bool functions) const {
     if (pos_ >= s_.size()) return false;
-    return s_[pos_] == '(' || command_at(s_, pos_, "\\pi") || command_at(s_, pos_, "\\frac") ||
-           command_at(s_, pos_, "\\sqrt") || command_at(s_, pos_, "\\binom") || letter_next() ||
+    auto command = [&](std::string_view name) { return command_at(s_, pos_, name); };
+    return s_[pos_] == '(' || command("\\pi") || command("\\frac") || command("\\sqrt") || command("\\binom") ||
+           command("\\gcd") || command("\\lcm") || command("\\lfloor") || command("\\lceil") || letter_next() ||
            (s_[pos_] == '|' && bars_ == 0) || (functions && function_at() >= 0) ||
            (factorial_ && std::isdigit(static_cast<unsigned char>(s_[pos_])));
   }
@@ -813,6 +883,11 @@ class closed_form {
       base = factorial(*base);
       literal_ = false;
       factorial_ = true;
+    }
+    if (base && eat(degree_mark)) {  // an angle in degrees: 30^{\circ} is \frac{\pi}{6}
+      literal_ = factorial_ = false;
+      if (pos_ < s_.size() && s_[pos_] == '^') return std::nullopt;
+      return finite(*base * pi / 180);
     }
     if (!base || !eat("^")) return base;
     factorial_ = false;
@@ -864,6 +939,10 @@ class closed_form {
     const char c = s_[pos_];
     if (const int f = function_at(); f >= 0) return function(f);
     if (eat("\\pi")) return pi;
+    if (eat("\\gcd")) return whole_function(false);
+    if (eat("\\lcm")) return whole_function(true);
+    if (eat("\\lfloor")) return rounded("\\rfloor", false);
+    if (eat("\\lceil")) return rounded("\\rceil", true);
     if (eat("\\binom")) {
       const auto n = group();
       const auto k = n ? group() : std::nullopt;
@@ -1171,6 +1250,208 @@ inline std::optional<bool> equations_proportional(const equation& a, const equat
   return true;
 }
 
+// A normalised answer as a complex number, i being the imaginary unit: numbers, i, \pi, Euler's e, + - * / \cdot
+// \times \div, products side by side (3i, 2\sqrt{3}i, i\sqrt{2}), \frac{a}{b}, \sqrt{x} (the principal root:
+// \sqrt{-4} is 2i), a^{b} or a^d, parentheses and braces, x^{\circ} (degrees), and \sin \cos \tan \exp \ln of a group
+// in parentheses or braces or of one factor (\cos\frac{\pi}{3}; "\sin\frac{\pi}{3}i" is neither sin(\pi/3) i nor
+// sin(\pi i/3) and does not parse). Any other letter or command does not parse: conservative, so that an answer with
+// variables is never read as complex (see complex_equal).
+class complex_form {
+ public:
+  using number = std::complex<long double>;
+  explicit complex_form(std::string_view s) : s_(s) {}
+  // The value when the whole text parses and is finite; nullopt otherwise (also for a division by zero).
+  std::optional<number> value() {
+    const auto v = sum();
+    if (!v || pos_ != s_.size() || !finite(*v)) return std::nullopt;
+    return v;
+  }
+  // Whether the text (as far as it was read) has the imaginary unit.
+  bool has_unit() const { return unit_; }
+
+ private:
+  static bool finite(const number& z) {
+    return std::isfinite(static_cast<double>(z.real())) && std::isfinite(static_cast<double>(z.imag()));
+  }
+  bool eat(std::string_view token) {
+    const bool command = token.size() > 1 && token[0] == '\\';
+    if (command ? !command_at(s_, pos_, token) : s_.substr(pos_, token.size()) != token) return false;
+    pos_ += token.size();
+    if (command && pos_ < s_.size() && s_[pos_] == ' ') ++pos_;  // the space normalisation keeps: "\cdot i"
+    return true;
+  }
+  std::optional<number> group(char open = '{', char close = '}') {
+    if (!eat(std::string_view(&open, 1))) return std::nullopt;
+    const auto v = sum();
+    if (!v || !eat(std::string_view(&close, 1))) return std::nullopt;
+    return v;
+  }
+  // Counts the nesting while it lives: groups and signs nested past max_brace_depth do not parse (no stack overflow).
+  struct nesting {
+    int& depth;
+    explicit nesting(int& d) : depth(++d) {}
+    ~nesting() { --depth; }
+    bool too_deep() const { return depth > max_brace_depth; }
+  };
+  std::optional<number> sum() {
+    const nesting level(depth_);
+    if (level.too_deep()) return std::nullopt;
+    auto v = product();
+    while (v && pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) {
+      const bool minus = s_[pos_++] == '-';
+      const auto r = product();
+      if (!r) return std::nullopt;
+      v = minus ? *v - *r : *v + *r;
+    }
+    return v;
+  }
+  // Whether a factor written side by side starts at pos_ (after a number: 3i, 2\pi, 2(1+i); after i: i\sqrt{2}).
+  bool factor_next() const {
+    if (pos_ >= s_.size()) return false;
+    const char c = s_[pos_];
+    return c == '(' || c == 'i' || c == 'e' || (c == '\\' && !command_at(s_, pos_, "\\cdot") &&
+                                                !command_at(s_, pos_, "\\times") && !command_at(s_, pos_, "\\div"));
+  }
+  std::optional<number> product() {
+    auto v = signed_factor();
+    while (v && pos_ < s_.size()) {
+      std::optional<number> r;
+      if (eat("*") || eat("\\cdot") || eat("\\times")) {
+        if (!(r = signed_factor())) return std::nullopt;
+        v = *v * *r;
+      } else if (eat("/") || eat("\\div")) {
+        if (!(r = signed_factor()) || *r == number(0)) return std::nullopt;
+        v = *v / *r;
+      } else if (factor_next()) {
+        if (!(r = power())) return std::nullopt;
+        v = *v * *r;
+      } else {
+        break;
+      }
+    }
+    return v;
+  }
+  std::optional<number> signed_factor() {
+    const nesting level(depth_);
+    if (level.too_deep()) return std::nullopt;
+    if (eat("-")) {
+      const auto v = signed_factor();
+      return v ? std::optional<number>(-*v) : std::nullopt;
+    }
+    if (eat("+")) return signed_factor();
+    return power();
+  }
+  // A whole exponent of at most max_repeated_power by repeated products, which stay exact ((1+i)^2 is 2i, not 2i
+  // plus a rounding error in the real part, as std::pow through polar form would give); any other by std::pow.
+  static constexpr int max_repeated_power = 64;
+  static number raise(const number& base, const number& exponent) {
+    const long double n = exponent.real();
+    const bool repeated = exponent.imag() == 0 && n == std::floor(n) && std::fabs(n) <= max_repeated_power;
+    if (!repeated) return std::pow(base, exponent);
+    number v = 1;
+    for (int k = 0; k < static_cast<int>(std::fabs(n)); ++k) v *= base;
+    return n < 0 ? number(1) / v : v;
+  }
+  std::optional<number> power() {
+    auto base = primary();
+    if (base && eat(degree_mark)) return *base * (pi / 180);
+    if (!base || !eat("^")) return base;
+    std::optional<number> e;
+    if (pos_ < s_.size() && s_[pos_] == '{') e = group();
+    else if (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) e = number(s_[pos_++] - '0');
+    else if (pos_ < s_.size() && s_[pos_] == 'i') e = primary();
+    if (!e || (pos_ < s_.size() && (s_[pos_] == '^' || std::isdigit(static_cast<unsigned char>(s_[pos_])))))
+      return std::nullopt;  // a double superscript, or "2^10" (TeX's 2^1 0)
+    if (*base == number(0))  // 0^b: 0 for a real b > 0, else no value (0^0, 0^{-1}, 0^i)
+      return e->imag() == 0 && e->real() > 0 ? std::optional<number>(0) : std::nullopt;
+    return raise(*base, *e);
+  }
+  std::optional<number> primary() {
+    if (pos_ >= s_.size()) return std::nullopt;
+    const char c = s_[pos_];
+    if (std::isdigit(static_cast<unsigned char>(c)) || c == '.') {
+      const std::size_t start = pos_;
+      while (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '.')) ++pos_;
+      const auto d = parse_decimal(s_.substr(start, pos_ - start));
+      return d ? std::optional<number>(*d) : std::nullopt;
+    }
+    if (c == 'i' || c == 'e') {
+      ++pos_;
+      unit_ = unit_ || c == 'i';
+      return c == 'i' ? number(0, 1) : number(euler);
+    }
+    if (c == '(') return group('(', ')');
+    if (c == '{') return group();
+    if (eat("\\pi")) return number(pi);
+    if (eat("\\frac")) {
+      const auto a = group();
+      const auto b = a ? group() : std::nullopt;
+      if (!b || *b == number(0)) return std::nullopt;
+      return *a / *b;
+    }
+    if (eat("\\sqrt")) {
+      auto x = group();
+      if (!x) return std::nullopt;
+      // A real radicand's root: √-4 is 2i whatever the sign of the zero imaginary part (-(4) leaves -0).
+      if (x->imag() == 0) x = number(x->real(), 0);
+      return std::sqrt(*x);
+    }
+    return function();
+  }
+  // \sin \cos \tan \exp \ln of a group or of one factor that nothing multiplies side by side.
+  std::optional<number> function() {
+    static constexpr std::array<std::string_view, 5> names = {"\\sin", "\\cos", "\\tan", "\\exp", "\\ln"};
+    std::size_t f = 0;
+    while (f < names.size() && !eat(names[f])) ++f;
+    const nesting level(depth_);
+    if (f == names.size() || level.too_deep()) return std::nullopt;
+    std::optional<number> x;
+    if (pos_ < s_.size() && (s_[pos_] == '(' || s_[pos_] == '{')) {
+      x = s_[pos_] == '(' ? group('(', ')') : group();
+    } else if ((x = power()) && factor_next()) {
+      return std::nullopt;
+    }
+    if (!x) return std::nullopt;
+    switch (f) {
+      case 0: return std::sin(*x);
+      case 1: return std::cos(*x);
+      case 2: return std::cos(*x) == number(0) ? std::nullopt : std::optional<number>(std::tan(*x));
+      case 3: return std::exp(*x);
+      default: return *x == number(0) ? std::nullopt : std::optional<number>(std::log(*x));
+    }
+  }
+  static constexpr long double pi = 3.141592653589793238462643383279502884L;
+  static constexpr long double euler = 2.718281828459045235360287471352662498L;
+
+  std::string_view s_;
+  std::size_t pos_ = 0;
+  int depth_ = 0;
+  bool unit_ = false;
+};
+
+// A complex number's part, zero when it is rounding next to the number's magnitude (\cos\frac{\pi}{2} + i is i, the
+// cosine being about 1e-19).
+inline long double complex_part(long double part, long double magnitude) {
+  return std::fabs(part) <= 1e-15L * magnitude ? 0 : part;
+}
+
+// Two normalised answers as complex numbers, when the imaginary unit i is clearly meant: both parse as complex_form
+// (numbers, i and functions of them; no other letter, no "=", no "%": equations were split before, and "i = 3" names
+// a variable), and one at least has i. Then the real parts and the imaginary parts compare as numbers (values_equal):
+// 3+4i == 4i+3, \frac{1}{2}+\frac{\sqrt{3}}{2}i == 0.5+0.866i, i^2 == -1, \frac{1}{i} == -i. nullopt otherwise, and
+// the answers compare as before (i a variable like any letter).
+inline std::optional<bool> complex_equal(std::string_view a, std::string_view b) {
+  if (a.find('i') == std::string_view::npos && b.find('i') == std::string_view::npos) return std::nullopt;
+  complex_form fa(a), fb(b);
+  const auto x = fa.value();
+  if (!x) return std::nullopt;
+  const auto y = fb.value();
+  if (!y || !(fa.has_unit() || fb.has_unit())) return std::nullopt;
+  const long double mx = std::abs(*x), my = std::abs(*y);
+  return values_equal(complex_part(x->real(), mx), complex_part(y->real(), my)) &&
+         values_equal(complex_part(x->imag(), mx), complex_part(y->imag(), my));
+}
+
 // One answer that is no tuple or list: equal strings, equal numbers or closed forms, or a percentage x% against
 // x / 100 (25% == 0.25; the sign dropped, 25% == 25 as before). Never x * 100, nor a factor of 100 between two plain
 // numbers (Qwen's grader takes 500 for 5 and 0.05 for 5, which a GSM8K count would get right by mistake). Then
@@ -1187,6 +1468,8 @@ inline bool atom_equal(std::string_view a, std::string_view b) {
   const auto ea = split_equation(a), eb = split_equation(b);
   if (ea && eb) return equations_equal(*ea, *eb);
   if (ea || eb) return answer_name((ea ? ea : eb)->lhs) && atom_equal((ea ? ea : eb)->rhs, ea ? b : a);
+  if (!pa.percentage && !pb.percentage)
+    if (const auto complex = complex_equal(pa.text, pb.text)) return *complex;
   return expressions_equal(pa.text, pb.text);
 }
 
@@ -1330,6 +1613,22 @@ inline bool same_set(const std::vector<std::string_view>& a, const std::vector<s
   return std::all_of(b_matched.begin(), b_matched.end(), [](char m) { return m != 0; });
 }
 
+// The element of a set of one, "\{5\}" -> "5" (split_structure's sets have two or more); nullopt for anything else.
+inline std::optional<std::string_view> single_set_element(std::string_view s) {
+  if (s.size() < 4 || s.substr(0, 2) != "\\{" || s.substr(s.size() - 2) != "\\}") return std::nullopt;
+  int depth = 0, delta = 0;
+  std::size_t i = 0;
+  for (std::size_t step = 0; i < s.size(); i += step) {
+    step = bracket_at(s, i, delta);
+    depth += delta;
+    if (depth == 0) break;
+  }
+  if (i + 2 != s.size()) return std::nullopt;  // the first brace closes before the end: "\{1\}\cup\{2\}"
+  const std::string_view inner = trim(s.substr(2, s.size() - 4));
+  if (inner.empty() || split_top(inner, ",").size() != 1) return std::nullopt;
+  return inner;
+}
+
 // Two normalised answers: equal strings; else, when both are made of parts of the same kind and shape, part by part:
 // sets, unions and bare lists as sets (same_set), the others in order (as Qwen's compare_lists, but with the
 // brackets checked); else as one answer (atom_equal).
@@ -1347,6 +1646,11 @@ inline bool answers_equal(std::string_view a, std::string_view b, int depth = 0)
         if (!answers_equal(sa->items[i], sb->items[i], depth + 1)) return false;
       return true;
     }
+    // A set of one is a set as the others are: \{5\} == 5 (a bare list of one), == \{5.0\}, == "5, 5".
+    const auto ea = single_set_element(a), eb = single_set_element(b);
+    if ((ea && sb && set_or_list(sb->kind)) || (eb && sa && set_or_list(sa->kind)))
+      return same_set({ea ? *ea : *eb}, ea ? sb->items : sa->items, depth + 1);
+    if ((ea || eb) && !sa && !sb) return answers_equal(ea ? *ea : a, eb ? *eb : b, depth + 1);
   }
   return atom_equal(a, b);
 }
@@ -1439,6 +1743,49 @@ inline std::optional<std::string> extract_math_answer(std::string_view text) {
 
 namespace detail {
 
+// One "\\pm" in a normalised answer -> both answers it stands for, as a list: "1\\pm\\sqrt{19}" ->
+// "1+\\sqrt{19},1-\\sqrt{19}", so that it equals the two roots written out in any order. Each entry of a list or of a
+// set "\\{...\\}" with one "\\pm" (wherever in the entry: "\\frac{-1\\pm\\sqrt{5}}{2}") becomes two; an entry with more
+// than one, or with "\\mp", stays as written (which signs go together is not for the grader to guess).
+inline std::string expand_plus_minus(const std::string& s) {
+  if (s.find("\\pm") == std::string::npos) return s;
+  const bool set = s.size() >= 4 && s.compare(0, 2, "\\{") == 0 && s.compare(s.size() - 2, 2, "\\}") == 0;
+  const std::string_view inside = set ? std::string_view(s).substr(2, s.size() - 4) : std::string_view(s);
+  std::string out;
+  for (const std::string_view entry : split_top(inside, ",")) {
+    if (!out.empty()) out += ',';
+    const std::size_t at = entry.find("\\pm");
+    const bool one = at != std::string_view::npos && command_at(entry, at, "\\pm") &&
+                     entry.find("\\pm", at + 1) == std::string_view::npos &&
+                     entry.find("\\mp") == std::string_view::npos;
+    if (!one) {
+      out += entry;
+      continue;
+    }
+    for (const char sign : {'+', '-'}) {
+      out.append(entry.substr(0, at)).append(1, sign);
+      std::size_t rest = at + 3;
+      if (rest < entry.size() && entry[rest] == ' ') ++rest;  // the space kept after a command before a letter
+      out.append(entry.substr(rest)).append(sign == '+' ? "," : "");
+    }
+  }
+  return set ? "\\{" + out + "\\}" : out;
+}
+
+// A subscript of one character in braces is that character: "4210_{5}" is 4210_5, "a_{n}" is a_n.
+inline std::string short_subscripts(const std::string& s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    out += s[i];
+    if (s[i] == '_' && i + 3 < s.size() && s[i + 1] == '{' && std::isalnum(static_cast<unsigned char>(s[i + 2])) &&
+        s[i + 3] == '}') {
+      out += s[i + 2];
+      i += 3;
+    }
+  }
+  return out;
+}
+
 // normalize_math_answer's work, but a percent sign ("\%" or "%") is kept as "%", for math_answers_equal to read
 // 25% as 25 or 0.25; with drop_name false, "x = 5" stays an equation.
 inline std::string normalize_keeping_percent(std::string_view answer, bool drop_name = true) {
@@ -1450,7 +1797,12 @@ inline std::string normalize_keeping_percent(std::string_view answer, bool drop_
     detail::replace_all(s, junk, "");
   detail::replace_all(s, "{,}", ",");  // LaTeX's thousands separator: "1{,}000"
   detail::replace_all(s, "\xE2\x88\x92", "-");  // U+2212 MINUS SIGN, as models and web text write it
-  for (std::string_view degrees : {"^{\\circ}", "^\\circ", "\\circ", "\xC2\xB0", "\\degree"}) detail::replace_all(s, degrees, "");
+  // Degrees are dropped (30^\circ is 30), but kept as one mark, ^{\circ}, where a trigonometric function may take them
+  // as its argument's unit (\sin 30^\circ is \frac{1}{2}: closed_form reads x^{\circ} as x\pi/180).
+  const bool angles = detail::has_trigonometric_function(s);
+  for (std::string_view degrees : {"^{\\circ}", "^\\circ", "\xC2\xB0", "\\degree"})
+    detail::replace_all(s, degrees, angles ? detail::degree_mark : "");
+  if (!angles) detail::replace_all(s, "\\circ", "");
   detail::replace_all(s, "\\%", "%");
   detail::replace_all(s, "\\dfrac", "\\frac");
   detail::replace_all(s, "\\tfrac", "\\frac");
@@ -1466,6 +1818,11 @@ inline std::string normalize_keeping_percent(std::string_view answer, bool drop_
   if (drop_name && eq != std::string::npos && s.find('=', eq + 1) == std::string::npos &&
       detail::answer_name(std::string_view(s).substr(0, eq)))
     s = std::string(detail::trim(std::string_view(s).substr(eq + 1)));
+  // "x \in [-2, 7]" -> "[-2, 7]", as "x = 5" is 5.
+  const std::size_t in = s.find("\\in");
+  if (drop_name && in != std::string::npos && detail::command_at(s, in, "\\in") &&
+      detail::answer_name(std::string_view(s).substr(0, in)))
+    s = std::string(detail::trim(std::string_view(s).substr(in + 3)));
   std::string_view words = detail::trim(s);  // "Twenty-one." -> "21"
   while (!words.empty() && words.back() == '.') words.remove_suffix(1);
   if (const auto n = detail::number_words(words)) s = std::to_string(*n);
@@ -1488,7 +1845,7 @@ inline std::string normalize_keeping_percent(std::string_view answer, bool drop_
       if (c != ',') plain += c;
     compact = plain;
   }
-  return compact;
+  return detail::expand_plus_minus(detail::short_subscripts(compact));
 }
 
 }  // namespace detail
