@@ -928,6 +928,11 @@ TEST_CASE("a set of one element is a set like the others") {
   CHECK_FALSE(math_answers_equal("\\{5\\}", "\\{1, 5\\}"));
   CHECK_FALSE(math_answers_equal("\\{5\\}", "(5, 5)"));  // a tuple is no set
   CHECK_FALSE(math_answers_equal("\\{1\\} \\cup \\{2\\}", "1"));
+  CHECK_FALSE(math_answers_equal("\\{\\{5\\}\\}", "5"));  // a set of a set
+  CHECK(math_answers_equal("\\{\\{5\\}\\}", "\\{\\{5.0\\}\\}"));
+  CHECK(math_answers_equal("\\{\\}", "\\emptyset"));  // the empty set, however written
+  CHECK(math_answers_equal("\\varnothing", "\\{ \\}"));
+  CHECK_FALSE(math_answers_equal("\\emptyset", "\\{0\\}"));
 }
 
 TEST_CASE("x \\in S, \\pm and one-character subscripts") {

@@ -20,8 +20,8 @@
 //    (25% == 0.25); a whole answer in number words is its number (twenty-one == 21); tuples, intervals and matrices
 //    compare element by element, in order, with the same brackets ([0, \frac12) == [0, 0.5), != (0, 0.5)); sets, unions
 //    and bare lists as sets, in any order, a set as a bare list of its elements (\{1, 2\} == \{2, 1\} == "2, 1", "1, 2"
-//    == "2, 1"), a set of one as its element (\{5\} == 5). A choice "(A) 5" equals 5, A and (A). Anything else
-//    compares as normalised strings.
+//    == "2, 1"), a set of one as its element (\{5\} == 5; \{\} == \emptyset == \varnothing). A choice "(A) 5" equals
+//    5, A and (A). Anything else compares as normalised strings.
 //  * Also evaluated: \gcd(a, b) and \operatorname{lcm}(a, b) (\text{lcm}, \mathrm{lcm}) of whole numbers,
 //    \lfloor x \rfloor and \lceil x \rceil; in an answer with \sin ... \csc, x^\circ is x\pi/180 (\sin 30^\circ ==
 //    \frac12; elsewhere 30^\circ == 30). "x \in [a, b]" is [a, b]; one \pm in an entry is both answers (1 \pm \sqrt{2}
@@ -1650,7 +1650,9 @@ inline bool answers_equal(std::string_view a, std::string_view b, int depth = 0)
     const auto ea = single_set_element(a), eb = single_set_element(b);
     if ((ea && sb && set_or_list(sb->kind)) || (eb && sa && set_or_list(sa->kind)))
       return same_set({ea ? *ea : *eb}, ea ? sb->items : sa->items, depth + 1);
-    if ((ea || eb) && !sa && !sb) return answers_equal(ea ? *ea : a, eb ? *eb : b, depth + 1);
+    // A set's element that is a set itself stays one: \{\{5\}\} != 5 (but == \{5\}, both sides unwrapped).
+    const bool nested = (ea && !eb && ea->substr(0, 2) == "\\{") || (eb && !ea && eb->substr(0, 2) == "\\{");
+    if ((ea || eb) && !sa && !sb && !nested) return answers_equal(ea ? *ea : a, eb ? *eb : b, depth + 1);
   }
   return atom_equal(a, b);
 }
@@ -1845,6 +1847,8 @@ inline std::string normalize_keeping_percent(std::string_view answer, bool drop_
       if (c != ',') plain += c;
     compact = plain;
   }
+  for (std::string_view empty : {"\\{\\}", "\\varnothing", "\\O"})  // the empty set, one way: \emptyset
+    if (compact == empty) compact = "\\emptyset";
   return detail::expand_plus_minus(detail::short_subscripts(compact));
 }
 
