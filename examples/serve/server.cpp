@@ -417,15 +417,17 @@ class api {
     };
     if (non_empty("functions")) unsupported("functions", "(non-empty)");
     if (!chat && non_empty("tools")) unsupported("tools", "(non-empty) in a completion request");
-    // guided_choice, guided_regex and structured_outputs' choice / regex are served (guided() below).
-    for (const char* key : {"guided_json", "guided_grammar", "prompt_logprobs", "truncate_prompt_tokens"})
+    // guided_choice, guided_regex, guided_json, response_format json_schema / json_object and structured_outputs'
+    // choice / regex / json / json_object are served (guided() below).
+    for (const char* key : {"guided_grammar", "prompt_logprobs", "truncate_prompt_tokens"})
       if (field(body, key) != nullptr) unsupported(key, "");
     if (boolean(body, "use_beam_search").value_or(false)) unsupported("use_beam_search", "true");
     if (!boolean(body, "skip_special_tokens").value_or(true)) unsupported("skip_special_tokens", "false");
     if (const json* rf = field(body, "response_format")) {
       const json* type = rf->is_object() ? field(*rf, "type") : nullptr;
-      if (type == nullptr || !type->is_string() || type->get<std::string>() != "text")
-        unsupported("response_format", "other than {\"type\": \"text\"}");
+      if (type == nullptr || !type->is_string() ||
+          (*type != "text" && *type != "json_schema" && *type != "json_object"))
+        unsupported("response_format", "other than {\"type\": \"text\" | \"json_schema\" | \"json_object\"}");
     }
     if (!chat && non_empty("suffix")) unsupported("suffix", "(non-empty)");
     if (chat && boolean(body, "echo").value_or(false)) unsupported("echo", "true");
@@ -501,13 +503,21 @@ class api {
     return encoded;
   }
 
-  // Structured outputs: vLLM's guided_choice / guided_regex, or structured_outputs {"choice": [...]} /
-  // {"regex": "..."} (vLLM's newer spelling). The constraint is compiled here so that a bad one is a 400 naming
-  // its field before any streaming header is out; what zipage-serve does not implement (json, grammar,
-  // structural_tag, json_object) is a 400 naming it.
+  // Structured outputs: vLLM's guided_choice / guided_regex / guided_json, structured_outputs {"choice": [...]} /
+  // {"regex": "..."} / {"json": schema} / {"json_object": true} (vLLM's newer spelling), or OpenAI's response_format
+  // json_schema / json_object. A JSON schema may be given as an object or as a string holding its JSON text;
+  // json_object is the schema {"type": "object"}. The constraint is compiled here so that a bad one is a 400 naming
+  // its field before any streaming header is out; what zipage-serve does not implement (grammar, structural_tag)
+  // is a 400 naming it.
   static void guided(const json& body, zipage::sampling_params& p) {
     const char* source = nullptr;  // the field the constraint came from
+    auto one = [&](const char* name) {
+      if (source != nullptr)
+        bad_param(name, std::string("'") + name + "' and '" + source + "' are both set: give one constraint");
+      source = name;
+    };
     auto take_choice = [&](const json& v, const char* name) {
+      one(name);
       if (!v.is_array() || v.empty())
         bad_param(name, std::string("'") + name + "' must be a non-empty list of strings, got " + got(v));
       for (const auto& c : v) {
@@ -515,39 +525,68 @@ class api {
           bad_param(name, std::string("'") + name + "' must hold non-empty strings, got " + got(c));
         p.guided.choice.push_back(c.get<std::string>());
       }
-      source = name;
     };
     auto take_regex = [&](const json& v, const char* name) {
+      one(name);
       if (!v.is_string()) bad_param(name, std::string("'") + name + "' must be a string, got " + got(v));
       p.guided.regex = v.get<std::string>();
-      source = name;
     };
-    auto one = [&](const char* name) {
-      if (source != nullptr)
-        bad_param(name, std::string("'") + name + "' and '" + source + "' are both set: give one constraint");
+    // The schema's JSON text, as given (a string) or written from the object (ordered_json keeps the properties'
+    // order, which the output follows).
+    auto take_json = [&](const json& v, const char* name) {
+      one(name);
+      if (!v.is_object() && !v.is_boolean() && !v.is_string())
+        bad_param(name, std::string("'") + name + "' must be a JSON schema (an object, or a string holding one), got " +
+                            got(v));
+      p.guided.json_schema = v.is_string() ? v.get<std::string>() : v.dump();
     };
+    const json any_object = {{"type", "object"}};
+    std::optional<std::string> whitespace;
     if (const json* v = field(body, "guided_choice")) take_choice(*v, "guided_choice");
-    if (const json* v = field(body, "guided_regex")) {
-      one("guided_regex");
-      take_regex(*v, "guided_regex");
+    if (const json* v = field(body, "guided_regex")) take_regex(*v, "guided_regex");
+    if (const json* v = field(body, "guided_json")) take_json(*v, "guided_json");
+    if (const json* v = field(body, "guided_whitespace_pattern")) {
+      if (!v->is_string()) bad_param("guided_whitespace_pattern", "'guided_whitespace_pattern' must be a string");
+      whitespace = v->get<std::string>();
+    }
+    if (const json* rf = field(body, "response_format"); rf && rf->is_object()) {
+      const json* type = field(*rf, "type");  // (reject_unsupported checked it: text, json_schema or json_object)
+      if (type && *type == "json_object") take_json(any_object, "response_format");
+      if (type && *type == "json_schema") {
+        const json* spec = field(*rf, "json_schema");
+        const json* schema = spec && spec->is_object() ? field(*spec, "schema") : nullptr;
+        if (schema == nullptr)
+          bad_param("response_format", "'response_format' of type json_schema needs json_schema.schema");
+        take_json(*schema, "response_format");
+      }
     }
     if (const json* so = field(body, "structured_outputs")) {
       if (!so->is_object()) bad_param("structured_outputs", "'structured_outputs' must be an object, got " + got(*so));
       for (const auto& [key, value] : so->items()) {
         if (value.is_null()) continue;
         if (key == "choice") {
-          one("structured_outputs.choice");
           take_choice(value, "structured_outputs.choice");
         } else if (key == "regex") {
-          one("structured_outputs.regex");
           take_regex(value, "structured_outputs.regex");
-        } else if (key == "json" || key == "grammar" || key == "structural_tag" ||
-                   (key == "json_object" && !(value.is_boolean() && !value.get<bool>()))) {
+        } else if (key == "json") {
+          take_json(value, "structured_outputs.json");
+        } else if (key == "json_object") {
+          if (!value.is_boolean())
+            bad_param("structured_outputs.json_object", "'structured_outputs.json_object' must be a boolean");
+          if (value.get<bool>()) take_json(any_object, "structured_outputs.json_object");
+        } else if (key == "grammar" || key == "structural_tag") {
           const std::string name = "structured_outputs." + key;
-          bad_param(name.c_str(), "'" + name + "' is not supported by zipage-serve (choice and regex are)");
-        } else if (key == "disable_fallback" || key == "disable_any_whitespace" ||
-                   key == "disable_additional_properties" || key == "whitespace_pattern" || key == "json_object") {
-          continue;  // options of the backends or of json: nothing to do for choice and regex
+          bad_param(name.c_str(), "'" + name + "' is not supported by zipage-serve (choice, regex, json and "
+                    "json_object are)");
+        } else if (key == "whitespace_pattern") {
+          if (!value.is_string())
+            bad_param("structured_outputs.whitespace_pattern", "'structured_outputs.whitespace_pattern' must be a "
+                      "string");
+          whitespace = value.get<std::string>();
+        } else if (key == "disable_any_whitespace") {
+          if (value.is_boolean() && value.get<bool>() && !whitespace) whitespace = "";
+        } else if (key == "disable_fallback" || key == "disable_additional_properties") {
+          continue;  // options of vLLM's backends: no keys but the listed properties are generated anyway
         } else {
           const std::string name = "structured_outputs." + key;
           bad_param(name.c_str(), "'" + name + "' is not a structured_outputs field");
@@ -555,6 +594,7 @@ class api {
       }
     }
     if (source == nullptr) return;
+    if (p.guided.json_schema) p.guided.whitespace_pattern = whitespace;  // (only JSON has whitespace to choose)
     if (p.allowed_token_ids)
       bad_param(source, std::string("'") + source + "' cannot be combined with allowed_token_ids");
     if (p.min_tokens > 0) bad_param(source, std::string("'") + source + "' cannot be combined with min_tokens > 0");

@@ -81,11 +81,21 @@ await run('serve_bad_input', async (servers) => {
     [{ prompt: 'x', logit_bias: { 5: 'x' } }, 'logit_bias'],  // (served since 2026-12-06: bad values refused)
     [{ prompt: 'x', min_tokens: 17 }, 'min_tokens'],  // above the default max_tokens
     [{ prompt: 'x', suffix: ' end' }, 'suffix'],
-    [{ prompt: 'x', response_format: { type: 'json_object' } }, 'response_format'],
+    [{ prompt: 'x', response_format: { type: 'json' } }, 'response_format'],  // (json_object, json_schema are served)
     [{ prompt: 'x', use_beam_search: true }, 'use_beam_search'],
     [{ prompt: 'x', include_stop_str_in_output: 'yes' }, 'include_stop_str_in_output'],  // (true is served)
-    [{ prompt: 'x', guided_json: { type: 'object' } }, 'guided_json'],
     [{ prompt: 'x', guided_grammar: 'root ::= "a"' }, 'guided_grammar'],
+    // JSON schemas are served (since 2026-12-06); bad or unsupported ones name the field.
+    [{ prompt: 'x', guided_json: { type: 'object', patternProperties: { a: {} } } }, 'guided_json'],
+    [{ prompt: 'x', guided_json: '{"type": "object",' }, 'guided_json'],  // a string that is not JSON
+    [{ prompt: 'x', guided_json: 5 }, 'guided_json'],
+    [{ prompt: 'x', guided_json: { $defs: { n: { properties: { n: { $ref: '#/$defs/n' } } } }, $ref: '#/$defs/n' } },
+     'guided_json'],  // recursive
+    [{ prompt: 'x', guided_json: { type: 'object' }, guided_regex: 'a' }, 'guided_json'],
+    [{ prompt: 'x', guided_json: { type: 'string' }, guided_whitespace_pattern: '(a' }, 'guided_json'],
+    [{ prompt: 'x', structured_outputs: { json: { type: 'array', items: { not: {} } } } }, 'structured_outputs.json'],
+    [{ prompt: 'x', structured_outputs: { json_object: 'yes' } }, 'structured_outputs.json_object'],
+    [{ prompt: 'x', structured_outputs: { structural_tag: '{}' } }, 'structured_outputs.structural_tag'],
     // Structured outputs: guided_choice and guided_regex are served; bad ones, and what is not, name the field.
     [{ prompt: 'x', guided_choice: [] }, 'guided_choice'],
     [{ prompt: 'x', guided_choice: 'yes' }, 'guided_choice'],
@@ -98,7 +108,6 @@ await run('serve_bad_input', async (servers) => {
     [{ prompt: 'x', guided_choice: ['a'], guided_regex: 'a' }, 'guided_regex'],
     [{ prompt: 'x', guided_choice: ['a'], allowed_token_ids: [5] }, 'guided_choice'],
     [{ prompt: 'x', structured_outputs: 'a' }, 'structured_outputs'],
-    [{ prompt: 'x', structured_outputs: { json: { type: 'object' } } }, 'structured_outputs.json'],
     [{ prompt: 'x', structured_outputs: { grammar: 'root ::= "a"' } }, 'structured_outputs.grammar'],
     [{ prompt: 'x', structured_outputs: { regex: '\\bword' } }, 'structured_outputs.regex'],
     [{ prompt: 'x', structured_outputs: { choice: [] } }, 'structured_outputs.choice'],
@@ -123,8 +132,14 @@ await run('serve_bad_input', async (servers) => {
     [{ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f' } }] }, 'tool_choice'],
     [{ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function' }], tool_choice: 'none' }, 'tools'],
     [{ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema' } }, 'response_format'],
-    [{ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' } }, 'response_format'],
-    [{ messages: [{ role: 'user', content: 'x' }], guided_json: { type: 'object' } }, 'guided_json'],
+    [{ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'yaml' } }, 'response_format'],
+    [{ messages: [{ role: 'user', content: 'x' }],
+       response_format: { type: 'json_schema',
+                          json_schema: { name: 'n', schema: { type: 'string', format: 'email' } } } },
+     'response_format'],
+    [{ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' }, guided_choice: ['a'] },
+     'response_format'],
+    [{ messages: [{ role: 'user', content: 'x' }], guided_json: { type: 'object', if: {} } }, 'guided_json'],
     [{ messages: [{ role: 'user', content: 'x' }], guided_regex: '(?<=a)b' }, 'guided_regex'],
   ];
   for (const [body, param] of chatCases) isErrorObject(await post(base, '/v1/chat/completions', { model: MODEL, ...body }, KEY), 400, param);

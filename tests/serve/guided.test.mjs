@@ -1,8 +1,9 @@
-// zipage-serve's structured outputs: guided_choice and guided_regex (and vLLM's newer spelling,
-// structured_outputs {choice} / {regex}) on /v1/completions (stories260K) and /v1/chat/completions (the random
-// Qwen3 checkpoint, Qwen3's chat template, with and without a reasoning parser): every choice's text is one of
-// the choices / matches the regex as a whole, and ends with finish_reason "stop". The 400s for what is not served
-// are in bad_input.test.mjs.
+// zipage-serve's structured outputs: guided_choice, guided_regex and guided_json (and vLLM's newer spelling,
+// structured_outputs {choice} / {regex} / {json} / {json_object}, and OpenAI's response_format json_schema /
+// json_object) on /v1/completions (stories260K) and /v1/chat/completions (the random Qwen3 checkpoint, Qwen3's
+// chat template, with and without a reasoning parser): every choice's text is one of the choices / matches the
+// regex as a whole / parses as JSON that the schema describes, and ends with finish_reason "stop". The 400s for
+// what is not served are in bad_input.test.mjs.
 import assert from 'node:assert/strict';
 import { deadline, post, run, startServer } from './common.mjs';
 
@@ -56,6 +57,41 @@ await run('serve_guided', async (servers) => {
     }
   }
   assert.ok(seen.size > 4, [...seen].join(' | '));
+  // JSON schemas, in each spelling: every output parses and has what the schema says (a bounded schema, so that
+  // every output ends within max_tokens).
+  const schema = { type: 'object', properties: { name: { type: 'string', minLength: 1, maxLength: 8 },
+                                                 mood: { enum: ['happy', 'sad'] },
+                                                 pets: { type: 'array', items: { type: 'boolean' }, maxItems: 2 } },
+                   required: ['name', 'mood'] };
+  const jsonSpellings = [{ guided_json: schema }, { guided_json: JSON.stringify(schema) },
+                         { structured_outputs: { json: schema, whitespace_pattern: '' } },
+                         { response_format: { type: 'json_schema',
+                                              json_schema: { name: 'x', schema, strict: true } } }];
+  const jsonSeen = new Set();
+  for (const [i, spelling] of jsonSpellings.entries()) {
+    for (const temperature of [0, 1.2]) {
+      const [c] = await complete({ temperature, seed: i, max_tokens: 96, ...spelling });
+      assert.equal(c.finish_reason, 'stop', JSON.stringify(c));
+      const v = JSON.parse(c.text);
+      assert.deepEqual(Object.keys(v).filter((k) => k !== 'pets'), ['name', 'mood'], c.text);  // in declared order
+      if (spelling.structured_outputs) assert.ok(c.text.startsWith('{"name":"'), c.text);  // no whitespace at all
+      assert.ok(typeof v.name === 'string' && v.name.length >= 1 && [...v.name].length <= 8, c.text);
+      assert.ok(['happy', 'sad'].includes(v.mood), c.text);
+      if ('pets' in v) assert.ok(v.pets.length <= 2 && v.pets.every((p) => typeof p === 'boolean'), c.text);
+      jsonSeen.add(c.text);
+    }
+  }
+  assert.ok(jsonSeen.size > 1, [...jsonSeen].join(' | '));
+  // json_object: any JSON object (stories260K answers {} in a few tokens).
+  for (const spelling of [{ response_format: { type: 'json_object' } },
+                          { structured_outputs: { json_object: true } }]) {
+    for (const seed of [0, 1]) {
+      const [c] = await complete({ temperature: 1, seed, max_tokens: 64, ...spelling });
+      assert.equal(c.finish_reason, 'stop', JSON.stringify(c));
+      const v = JSON.parse(c.text);
+      assert.ok(typeof v === 'object' && v !== null && !Array.isArray(v), c.text);
+    }
+  }
   // Streamed: the pieces add up to a whole choice.
   const s = await post(server.base, '/v1/completions',
                        { prompt: 'Once upon a time', max_tokens: 48, temperature: 1, seed: 3, stream: true,

@@ -511,6 +511,20 @@ TEST_CASE("llm: structured output (sampling_params::guided) on a SentencePiece a
       CAPTURE(line.text);
       CHECK(compile_guided_regex("[^\\n]{1,12}").matches(line.text));
       CHECK(line.reason == finish_reason::eos);
+      // A JSON schema (bounded, so that the output ends within max_tokens): the text parses and has its keys.
+      p.guided = {};
+      p.max_tokens = 80;
+      p.guided.json_schema = R"({"type":"object","properties":{"word":{"type":"string","maxLength":4},
+                                 "n":{"enum":[1,2,3]},"ok":{"type":"boolean"}},"required":["word","n"]})";
+      const auto js = l->generate({"Once upon a time"}, p)[0];
+      CAPTURE(js.text);
+      CHECK(js.reason == finish_reason::eos);
+      nlohmann::json v;
+      REQUIRE_NOTHROW(v = nlohmann::json::parse(js.text));
+      CHECK(v.at("word").is_string());
+      CHECK((v.at("n") == 1 || v.at("n") == 2 || v.at("n") == 3));
+      CHECK((!v.contains("ok") || v["ok"].is_boolean()));
+      CHECK(v.size() == (v.contains("ok") ? 3u : 2u));
     }
   }
   sampling_params bad;
@@ -518,4 +532,9 @@ TEST_CASE("llm: structured output (sampling_params::guided) on a SentencePiece a
   const std::string msg = error_of([&] { (void)stories_llm().generate({"Once"}, bad); });
   CHECK(contains(msg, "guided_regex"));
   CHECK(contains(msg, "lookaround"));
+  bad.guided = {};
+  bad.guided.json_schema = R"({"type":"object","properties":{"a":{"not":{}}}})";
+  const std::string json_msg = error_of([&] { (void)stories_llm().generate({"Once"}, bad); });
+  CHECK(contains(json_msg, "guided_json"));
+  CHECK(contains(json_msg, "'not' at /properties/a"));
 }

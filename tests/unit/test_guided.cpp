@@ -1,12 +1,15 @@
-// Structured outputs (sampling/guided.hpp): the vocabulary trie walk, choice and regex guides on a hand-made
-// vocabulary, the regex compiler's accept/reject tables, the logit edit a guide makes, and guided generation
-// end to end on stories260K (CPU backend).
+// Structured outputs (sampling/guided.hpp, sampling/json_schema.hpp): the vocabulary trie walk, choice and regex
+// guides on a hand-made vocabulary, the regex compiler's accept/reject tables, the logit edit a guide makes, JSON
+// schemas (accept/reject tables, random walks whose every output parses and satisfies the schema, errors), and
+// guided generation end to end on stories260K (CPU backend).
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -15,6 +18,7 @@
 #include "zipage/gguf/gguf.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/sampling/guided.hpp"
+#include "zipage/sampling/json_schema.hpp"
 #include "zipage/sampling/logits_processors.hpp"
 #include "zipage/sampling/sampler.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
@@ -243,8 +247,17 @@ TEST_CASE("sampling_params::guided is validated: one constraint, no empty choice
   CHECK(contains(error_of([&] { p.validate(); }), "guided_choice[1] must not be empty"));
   p.guided.choice = {"a"};
   p.guided.regex = "b";
-  CHECK(contains(error_of([&] { p.validate(); }), "both set"));
+  CHECK(contains(error_of([&] { p.validate(); }), "more than one of guided_choice, guided_regex and guided_json"));
+  p.guided.regex.reset();
+  p.guided.json_schema = "{}";
+  CHECK(contains(error_of([&] { p.validate(); }), "more than one"));
   p.guided.choice.clear();
+  p.validate();
+  p.guided.json_schema.reset();
+  p.guided.whitespace_pattern = " ?";
+  CHECK(contains(error_of([&] { p.validate(); }), "whitespace_pattern is set without guided_json"));
+  p.guided.whitespace_pattern.reset();
+  p.guided.regex = "b";
   p.allowed_token_ids = std::vector<token_id>{1};
   CHECK(contains(error_of([&] { p.validate(); }), "guided_regex cannot be combined with allowed_token_ids"));
   p.allowed_token_ids.reset();
@@ -253,6 +266,255 @@ TEST_CASE("sampling_params::guided is validated: one constraint, no empty choice
   p.min_tokens = 0;
   p.validate();
   CHECK(!sampling_params{}.processes_logits(0));
+}
+
+// ---- JSON schemas (json_schema.hpp) ----
+
+namespace {
+
+std::size_t code_points(const std::string& s) {
+  return static_cast<std::size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
+// A validator of the keywords the random walks' schemas use: what the guide promises, checked on the parsed value.
+bool conforms(const nlohmann::json& v, const nlohmann::json& s, const nlohmann::json& root) {
+  if (s.contains("$ref")) {
+    const nlohmann::json::json_pointer target(s["$ref"].get<std::string>().substr(1));
+    return conforms(v, root.at(target), root);
+  }
+  if (s.contains("const")) return v == s["const"];
+  if (s.contains("enum")) return std::find(s["enum"].begin(), s["enum"].end(), v) != s["enum"].end();
+  if (s.contains("anyOf"))
+    return std::any_of(s["anyOf"].begin(), s["anyOf"].end(), [&](const auto& sub) { return conforms(v, sub, root); });
+  if (!s.contains("type")) return true;
+  if (s["type"].is_array()) {
+    return std::any_of(s["type"].begin(), s["type"].end(), [&](const auto& t) {
+      nlohmann::json one = s;
+      one["type"] = t;
+      return conforms(v, one, root);
+    });
+  }
+  const std::string type = s["type"];
+  if (type == "integer") return v.is_number_integer();
+  if (type == "number") return v.is_number();
+  if (type == "boolean") return v.is_boolean();
+  if (type == "null") return v.is_null();
+  if (type == "string") {
+    if (!v.is_string()) return false;
+    const std::size_t n = code_points(v.get<std::string>());
+    return n >= s.value("minLength", 0u) && n <= s.value("maxLength", 1000u);
+  }
+  if (type == "array") {
+    if (!v.is_array() || v.size() < s.value("minItems", 0u) || v.size() > s.value("maxItems", 1000u)) return false;
+    return !s.contains("items") ||
+           std::all_of(v.begin(), v.end(), [&](const auto& item) { return conforms(item, s["items"], root); });
+  }
+  if (!v.is_object()) return false;
+  if (!s.contains("properties")) return true;
+  for (const auto& k : s.value("required", nlohmann::json::array()))
+    if (!v.contains(k.get<std::string>())) return false;
+  for (const auto& [k, item] : v.items())
+    if (!s["properties"].contains(k) || !conforms(item, s["properties"][k], root)) return false;
+  return true;
+}
+
+// Every printable ASCII character, and a few longer tokens; id 0 is EOS (no bytes).
+std::shared_ptr<const guide_vocabulary> json_vocab() {
+  static const auto v = [] {
+    std::vector<std::string> bytes = {""};
+    for (char c = ' '; c <= '~'; ++c) bytes.emplace_back(1, c);
+    for (const char* t : {"true", "false", "null", "\"name\"", "\": ", ", ", "12", "\xC3\xA9", "\\u00e9", "[]", "{}"})
+      bytes.emplace_back(t);
+    return std::make_shared<const guide_vocabulary>(std::move(bytes));
+  }();
+  return v;
+}
+
+// Each DFA state's distance (in bytes) to an accepting one.
+std::vector<int> distance_to_accept(const byte_dfa& d) {
+  std::vector<int> dist(static_cast<std::size_t>(d.size()), 1 << 20);
+  for (std::int32_t s = 0; s < d.size(); ++s)
+    if (d.accepts(s)) dist[static_cast<std::size_t>(s)] = 0;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (std::int32_t s = 0; s < d.size(); ++s)
+      for (const auto& r : d.edges[static_cast<std::size_t>(s)])
+        if (dist[static_cast<std::size_t>(r.to)] + 1 < dist[static_cast<std::size_t>(s)]) {
+          dist[static_cast<std::size_t>(s)] = dist[static_cast<std::size_t>(r.to)] + 1;
+          changed = true;
+        }
+  }
+  return dist;
+}
+
+// A random text the guide allows: uniform picks among the allowed tokens for `budget` steps (stopping at a match
+// now and then), then the tokens that come closest to a match, so that every walk ends.
+std::string random_walk(const guide& g, const std::vector<int>& dist, std::mt19937& rng, int budget) {
+  std::string text;
+  std::int32_t s = byte_dfa::start;
+  for (int step = 0;; ++step) {
+    if (g.accepts(s) && (step >= budget || rng() % 4 == 0)) return text;
+    const std::vector<token_id> ids = g.allowed_ids(s);
+    if (ids.empty() && g.accepts(s)) return text;  // nothing longer matches: only EOS
+    CAPTURE(text);
+    REQUIRE(!ids.empty());
+    token_id pick = ids[rng() % ids.size()];
+    if (step >= budget)
+      pick = *std::min_element(ids.begin(), ids.end(), [&](token_id a, token_id b) {
+        return dist[static_cast<std::size_t>(g.dfa().walk(s, g.vocabulary().bytes_of(a)))] <
+               dist[static_cast<std::size_t>(g.dfa().walk(s, g.vocabulary().bytes_of(b)))];
+      });
+    text += g.vocabulary().bytes_of(pick);
+    s = g.dfa().walk(s, g.vocabulary().bytes_of(pick));
+    REQUIRE(s >= 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("json schema compiler: accepts and rejects whole texts, keyword by keyword") {
+  struct row {
+    const char* schema;
+    std::vector<std::string> yes, no;
+  };
+  const std::vector<row> table = {
+      {R"({"type":"integer"})", {"0", "-12", "340"}, {"01", "1.5", "+1", "", "\"1\""}},
+      {R"({"type":"number"})", {"0", "-1.25", "3e10", "2.5E-3"}, {"1.", ".5", "1e", "NaN", "1e400"}},
+      {R"({"type":"boolean"})", {"true", "false"}, {"True", "1"}},
+      {R"({"type":"null"})", {"null"}, {"", "None"}},
+      {R"({"type":"string"})", {R"("")", R"("a b")", R"("é\"\\\/\n\u00E9")"},
+       {R"("a)", "\"a\nb\"", R"("\x")", R"("\u12")"}},
+      {R"({"type":"string","minLength":2,"maxLength":3})", {R"("ab")", R"("éé")", R"("a\nb")"},
+       {R"("a")", R"("abcd")"}},
+      {R"({"type":"string","pattern":"^[a-z]+-[0-9]$"})", {R"("ab-1")"}, {R"("ab1")", "ab-1"}},
+      {R"({"type":"string","format":"date"})", {R"("2024-02-29")"}, {R"("2024-13-01")", R"("24-01-01")"}},
+      {R"({"type":"string","format":"time"})", {R"("23:59:59")", R"("12:00:00Z")"}, {R"("24:00:00")"}},
+      {R"({"format":"date-time"})", {R"("2024-01-02T03:04:05.6+01:00")"}, {R"("2024-01-02 03:04:05")"}},
+      {R"({"type":"string","format":"uuid"})", {R"("123e4567-e89b-12d3-a456-426614174000")"}, {R"("123e4567")"}},
+      {R"({"enum":["a",1,null,[true],{"k":"v"}]})", {R"("a")", "1", "null", "[true]", R"({"k":"v"})"}, {"2", R"("b")"}},
+      {R"({"const":"x.y"})", {R"("x.y")"}, {R"("xzy")"}},
+      {R"({"type":["string","null"]})", {"null", R"("s")"}, {"1"}},
+      {R"({"anyOf":[{"type":"integer"},{"type":"boolean"}]})", {"1", "true"}, {"null"}},
+      {R"({"oneOf":[{"const":1},{"const":2}]})", {"1", "2"}, {"3"}},
+      {R"({"type":"array","items":{"type":"integer"},"minItems":1,"maxItems":2})", {"[1]", "[1, 2]", "[ 1,2 ]"},
+       {"[]", "[1,2,3]", "[1,]", "[\"a\"]"}},
+      {R"({"type":"array","items":{"type":"null"}})", {"[]", "[null,null,null]"}, {"[null"}},
+      {R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"boolean"}},"required":["a","b"]})",
+       {R"({"a":1,"b":true})", R"({ "a": 1, "b": false })"},
+       {R"({"b":true,"a":1})", R"({"a":1})", R"({"a":1,"b":true,"c":1})"}},
+      // Optional properties may be left out, in order, commas only between those written.
+      {R"({"properties":{"a":{"const":1},"b":{"const":2},"c":{"const":3}},"required":["b"]})",
+       {R"({"b":2})", R"({"a":1,"b":2})", R"({"b":2,"c":3})", R"({"a":1,"b":2,"c":3})"},
+       {"{}", R"({"a":1})", R"({,"b":2})", R"({"b":2,})", R"({"a":1"b":2})", R"({"c":3,"b":2})"}},
+      {R"({"properties":{"a":{"const":1},"b":{"const":2}}})", {"{}", R"({"a":1})", R"({"b":2})", R"({"a":1,"b":2})"},
+       {R"({"b":2,"a":1})", R"({,})"}},
+      {R"({"$defs":{"p":{"type":"integer"}},"properties":{"x":{"$ref":"#/$defs/p"}},"required":["x"]})",
+       {R"({"x":5})"}, {R"({"x":"5"})"}},
+      {R"({"definitions":{"p":{"type":"null"}},"type":"array","items":{"$ref":"#/definitions/p"}})", {"[null]"},
+       {"[1]"}},
+      {R"({"title":"T","description":"d","examples":[1],"default":1,"$schema":"x","type":"integer"})", {"7"}, {"x"}},
+      {R"({"allOf":[{"type":"boolean"}]})", {"true"}, {"1"}},
+      {"true", {"1", R"({"a":[1,{"b":null}]})", R"("s")"}, {"{", "[1,]"}},
+      {"{}", {"null", "[[[1]]]"}, {"[[[[1]]]]"}},  // containers nest at most json_any_depth (3) deep
+      {R"({"type":"object"})", {"{}", R"({"a": {"b": [1]}})"}, {"[]", R"({"a":{"b":{"c":[1]}}})"}},
+  };
+  for (const row& r : table) {
+    const std::string schema = r.schema;
+    CAPTURE(schema);
+    const byte_dfa d = compile_guided_json(schema);
+    for (const std::string& t : r.yes) {
+      CAPTURE(t);
+      CHECK(d.matches(t));
+    }
+    for (const std::string& t : r.no) {
+      CAPTURE(t);
+      CHECK(!d.matches(t));
+    }
+  }
+}
+
+TEST_CASE("json schema compiler: the whitespace pattern; the regex it makes") {
+  const std::string schema = R"({"type":"object","properties":{"a":{"type":"array","items":{"const":1}}}})";
+  CHECK(compile_guided_json(schema).matches(R"({ "a": [ 1, 1 ] })"));
+  CHECK(!compile_guided_json(schema).matches("{\n\"a\":[1]}"));
+  CHECK(!compile_guided_json(schema, "").matches(R"({"a": [1]})"));
+  CHECK(compile_guided_json(schema, "").matches(R"({"a":[1,1]})"));
+  CHECK(compile_guided_json(schema, "[ \\n]*").matches("{\n  \"a\": [\n    1\n  ]\n}"));
+  CHECK(contains(error_of([&] { (void)compile_guided_json(schema, "(a"); }), "whitespace_pattern"));
+  // The regex is in guided.hpp's subset, and the properties come in declared order (not sorted by name).
+  const std::string re =
+      json_schema_regex(R"({"properties":{"z":{"type":"null"},"a":{"type":"null"}},"required":["z","a"]})");
+  CHECK(re.find("\"z\"") < re.find("\"a\""));
+  CHECK(compile_guided_regex(re).matches(R"({"z":null,"a":null})"));
+  // json_object's schema fits the DFA cap with room to spare (the size json_any_depth was chosen by).
+  CHECK(compile_guided_json(R"({"type":"object"})").size() < 1000);
+}
+
+TEST_CASE("json schema guide: random walks over a vocabulary parse as JSON and satisfy the schema") {
+  const std::vector<std::string> schemas = {
+      R"({"type":"object","properties":{"id":{"type":"integer"},"name":{"type":"string","minLength":1,"maxLength":6},
+          "tags":{"type":"array","items":{"enum":["a","b",1,null]},"minItems":1,"maxItems":3},
+          "ok":{"type":["boolean","null"]},"score":{"type":"number"},"kind":{"const":"x"},
+          "at":{"$ref":"#/$defs/point"}},
+          "required":["name","tags"],
+          "$defs":{"point":{"type":"object","properties":{"x":{"type":"number"},
+                   "y":{"anyOf":[{"type":"integer"},{"type":"string","maxLength":2}]}},"required":["x"]}}})",
+      R"({"type":"array","items":{"type":"object"},"maxItems":2})",
+      "{}",
+  };
+  std::mt19937 rng(7);
+  for (const std::string& schema : schemas) {
+    CAPTURE(schema);
+    const guide g(compile_guided_json(schema), json_vocab());
+    const std::vector<int> dist = distance_to_accept(g.dfa());
+    const nlohmann::json s = nlohmann::json::parse(schema);
+    std::set<std::string> seen;
+    for (int walk = 0; walk < 40; ++walk) {
+      const std::string text = random_walk(g, dist, rng, 40);
+      CAPTURE(text);
+      nlohmann::json v;
+      REQUIRE_NOTHROW(v = nlohmann::json::parse(text));
+      CHECK(conforms(v, s, s));
+      seen.insert(text);
+    }
+    CHECK(seen.size() > 10);  // the walks differ: the checks saw varied values
+  }
+}
+
+TEST_CASE("json schema compiler: unsupported keywords and bad schemas are errors naming guided_json and the place") {
+  const std::vector<std::pair<const char*, std::vector<const char*>>> table = {
+      {R"({"type":"object","patternProperties":{"a":{}}})", {"'patternProperties' at / (the root)"}},
+      {R"({"properties":{"x":{"not":{"type":"null"}}}})", {"'not' at /properties/x"}},
+      {R"({"type":"array","items":{"if":{},"then":{}}})", {"'if' at /items"}},
+      {R"({"properties":{"a":{"type":"object","additionalProperties":{"type":"integer"}}}})",
+       {"'additionalProperties' as a schema at /properties/a"}},
+      {R"({"anyOf":[{"type":"null"},{"dependentSchemas":{}}]})", {"'dependentSchemas' at /anyOf/1"}},
+      {R"({"type":"array","uniqueItems":true})", {"'uniqueItems'"}},
+      {R"({"$defs":{"node":{"type":"object","properties":{"next":{"$ref":"#/$defs/node"}}}},"$ref":"#/$defs/node"})",
+       {"recursive '$ref' \"#/$defs/node\"", "/$defs/node/properties/next"}},
+      {R"({"properties":{"a":{"$ref":"#/$defs/missing"}}})", {"names nothing", "/properties/a"}},
+      {R"({"$ref":"other.json#/a"})", {"'$ref' \"other.json#/a\""}},
+      {R"({"type":"string","format":"email"})", {"'format' \"email\""}},
+      {R"({"type":"integr"})", {"'type' \"integr\""}},
+      {R"({"type":"array","minItems":3,"maxItems":2})", {"'minItems' (3) is above 'maxItems' (2)"}},
+      {R"({"type":"string","maxLength":-1})", {"'maxLength' at / (the root) must be an integer"}},
+      {R"({"properties":{"a":{}},"required":["b"]})", {"'required'", "\"b\""}},
+      {R"({"allOf":[{"type":"integer"},{"minimum":1}]})", {"'allOf'"}},
+      {R"({"properties":{"a":false}})", {"/properties/a is false"}},
+      {R"({"enum":[]})", {"'enum'"}},
+      {R"({"type":"object",)", {"not JSON"}},
+      {R"({"type":"string","maxLength":1000})", {"simplify it"}},
+  };
+  for (const auto& [schema, parts] : table) {
+    CAPTURE(schema);
+    const std::string msg = error_of([&] { (void)compile_guided_json(schema); });
+    CAPTURE(msg);
+    CHECK(contains(msg, "guided_json: "));
+    for (const char* part : parts) CHECK(contains(msg, part));
+  }
+  sampling_params p;
+  p.guided.json_schema = R"({"not":{}})";
+  CHECK(contains(error_of([&] { (void)make_guide(p.guided, json_vocab()); }), "guided_json: 'not'"));
 }
 
 // ---- end to end on stories260K ----
@@ -307,6 +569,38 @@ TEST_CASE("guided generation on stories260K: every output is one of the choices 
     }
   }
   CHECK(seen.size() > 4);  // sampling still chooses: not one fixed answer
+}
+
+TEST_CASE("guided generation on stories260K: every JSON output parses and satisfies the schema") {
+  auto eng = make_engine();
+  const auto prompt = stories().tokenizer.encode("Once upon a time", true);
+  // Bounded (short strings, a pattern for the number, few items), so that every output ends within max_tokens.
+  const std::string schema = R"({"type":"object","properties":{
+      "name":{"type":"string","minLength":1,"maxLength":8},"age":{"type":"string","pattern":"[1-9][0-9]?"},
+      "mood":{"enum":["happy","sad"]},"pets":{"type":"array","items":{"type":"boolean"},"maxItems":3},
+      "toy":{"type":["null","string"],"maxLength":5}},"required":["name","mood"]})";
+  const nlohmann::json s = nlohmann::json::parse(schema);
+  std::set<std::string> seen;
+  for (const float temperature : {0.0f, 0.8f, 1.5f}) {
+    for (std::uint64_t seed = 0; seed < 3; ++seed) {
+      CAPTURE(temperature);
+      CAPTURE(seed);
+      sampling_params p;
+      p.temperature = temperature;
+      p.seed = seed;
+      p.max_tokens = 160;
+      p.guided.json_schema = schema;
+      const auto out = eng.generate({prompt}, p)[0];
+      CAPTURE(out.text);
+      CHECK(out.reason == finish_reason::eos);
+      nlohmann::json v;
+      REQUIRE_NOTHROW(v = nlohmann::json::parse(out.text));
+      CHECK(conforms(v, s, s));
+      CHECK((v["mood"] == "happy" || v["mood"] == "sad"));
+      seen.insert(out.text);
+    }
+  }
+  CHECK(seen.size() > 3);
 }
 
 TEST_CASE("guided generation in a batch beside unguided requests; the unguided output is unchanged") {

@@ -1,12 +1,13 @@
 #pragma once
-// Structured outputs (vLLM's guided_choice and guided_regex): the whole generated text must be one of a list of
-// strings, or must match a regular expression. Both compile to a DFA over bytes; at each step the tokens that may
-// come next are those whose bytes keep the DFA alive (some accepting state stays reachable), found by a walk of
-// the vocabulary's byte trie that prunes dead states, and EOS may come only at an accepting state. The allowed
-// set of a DFA state is computed once per guide (memoised, thread-safe): the state depends only on the bytes
-// generated so far, and kept as the shorter list (guide_tokens): the allowed ids, or the others when most are
-// allowed. make_logit_edits (logits_processors.hpp) turns it into an allowed-ids edit, or a ban of the others,
-// which both the CPU and the CUDA samplers apply.
+// Structured outputs (vLLM's guided_choice, guided_regex and guided_json): the whole generated text must be one of
+// a list of strings, match a regular expression, or be JSON that a JSON Schema describes (json_schema.hpp compiles
+// the schema to a regex). All compile to a DFA over bytes, equivalent states merged, of at most
+// guided_max_dfa_states states. At each step the tokens that may come next are those whose bytes keep the DFA
+// alive (some accepting state stays reachable), found by a walk of the vocabulary's byte trie that prunes dead
+// states, and EOS may come only at an accepting state. The allowed set of a DFA state is computed once per guide
+// (memoised, thread-safe): the state depends only on the bytes generated so far, and kept as the shorter list
+// (guide_tokens): the allowed ids, or the others when most are allowed. make_logit_edits (logits_processors.hpp)
+// turns it into an allowed-ids edit, or a ban of the others, which both the CPU and the CUDA samplers apply.
 //
 // Regex subset (whole-output match, as vLLM/outlines: ^ and $ are implicit, and allowed only at the ends):
 // literals (UTF-8 characters whole), escapes \d \w \s \D \W \S \n \t \r \f \v \xHH \uHHHH and escaped
@@ -26,6 +27,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -33,6 +35,9 @@
 #include "zipage/core/types.hpp"
 #include "zipage/sampling/sampling_params.hpp"
 #include "zipage/tokenizer/utf8.hpp"
+#if !defined(__CUDACC__)
+#include "zipage/sampling/json_schema.hpp"
+#endif
 
 namespace zipage {
 
@@ -566,6 +571,57 @@ class nfa {
   std::uint32_t stamp_ = 0;
 };
 
+// One byte for each group of bytes that every state treats alike (the alphabet the DFA really has).
+inline std::vector<int> byte_representatives(const std::vector<std::array<std::int32_t, 256>>& next) {
+  std::map<std::vector<std::int32_t>, int> columns;
+  std::vector<std::int32_t> column(next.size());
+  std::vector<int> out;
+  for (int b = 0; b < 256; ++b) {
+    for (std::size_t d = 0; d < next.size(); ++d) column[d] = next[d][static_cast<std::size_t>(b)];
+    if (columns.emplace(column, b).second) out.push_back(b);
+  }
+  return out;
+}
+
+// Moore's partition refinement: the live states' classes of equivalence (states no text tells apart), numbered
+// in order of first appearance (the start, state 0, gets 0); -1 for dead states. Each round's steps count into
+// `work`, which may not pass `max_work` (a long chain of states takes as many rounds).
+inline std::vector<std::int32_t> equivalence_classes(const std::vector<std::array<std::int32_t, 256>>& next,
+                                                     const std::vector<std::uint8_t>& live,
+                                                     const std::vector<std::uint8_t>& accepting,
+                                                     std::size_t& work, std::size_t max_work,
+                                                     const std::string& what) {
+  const std::size_t n = next.size();
+  const std::vector<int> bytes = byte_representatives(next);
+  std::vector<std::int32_t> cls(n, -1);
+  for (std::size_t d = 0; d < n; ++d)
+    if (live[d]) cls[d] = accepting[d];
+  std::size_t classes = 0;
+  std::string sig;
+  for (;;) {
+    work += n * (bytes.size() + 1);
+    check(work <= max_work, what, " is too complex to compile (its automaton's construction passed ", max_work,
+          " steps); simplify it");
+    // A state's signature: its class and its transitions' target classes, as bytes (a hash map's key).
+    std::unordered_map<std::string, std::int32_t> ids;
+    std::vector<std::int32_t> refined(n, -1);
+    for (std::size_t d = 0; d < n; ++d) {
+      if (!live[d]) continue;
+      sig.assign(reinterpret_cast<const char*>(&cls[d]), sizeof(std::int32_t));
+      for (const int b : bytes) {
+        const std::int32_t t = next[d][static_cast<std::size_t>(b)];
+        const std::int32_t c = t >= 0 ? cls[static_cast<std::size_t>(t)] : -1;
+        sig.append(reinterpret_cast<const char*>(&c), sizeof c);
+      }
+      refined[d] = ids.emplace(sig, static_cast<std::int32_t>(ids.size())).first->second;
+    }
+    cls.swap(refined);
+    // Refinement only splits classes: an unchanged count means a stable partition.
+    if (ids.size() == classes) return cls;
+    classes = ids.size();
+  }
+}
+
 // Subset construction, then dead states pruned. `what` names the constraint in errors.
 inline byte_dfa determinize(const node& root, std::size_t max_dfa_states, const std::string& what) {
   nfa a;
@@ -580,7 +636,8 @@ inline byte_dfa determinize(const node& root, std::size_t max_dfa_states, const 
     work += a.closure(set);
     if (set.empty()) return std::int32_t{-1};
     if (auto it = index.find(set); it != index.end()) return it->second;
-    check(sets.size() < max_dfa_states, what, " needs more than ", max_dfa_states, " DFA states; simplify it");
+    // Before merging equivalent states a DFA may hold more (see the check after equivalence_classes).
+    check(sets.size() < max_dfa_states * 4, what, " needs more than ", max_dfa_states, " DFA states; simplify it");
     const auto id = static_cast<std::int32_t>(sets.size());
     accepting.push_back(std::binary_search(set.begin(), set.end(), accept) ? 1 : 0);
     index.emplace(set, id);
@@ -626,17 +683,20 @@ inline byte_dfa determinize(const node& root, std::size_t max_dfa_states, const 
     }
   }
   check(live[0] != 0, what, " matches no text");
-  // Renumber the live states (the start stays 0) and keep their transitions as byte ranges.
-  std::vector<std::int32_t> renum(n, -1);
-  std::int32_t count = 0;
-  for (std::size_t d = 0; d < n; ++d)
-    if (live[d]) renum[d] = count++;
+  // Equivalent states merged (a schema's regex repeats sub-patterns, each copy its own states), numbered so that
+  // the start stays 0; the transitions kept as byte ranges.
+  const std::vector<std::int32_t> renum = equivalence_classes(next, live, accepting, work, max_work, what);
+  const std::int32_t count = n == 0 ? 0 : *std::max_element(renum.begin(), renum.end()) + 1;
+  check(static_cast<std::size_t>(count) <= max_dfa_states, what, " needs more than ", max_dfa_states,
+        " DFA states; simplify it");
   byte_dfa out;
   out.edges.resize(static_cast<std::size_t>(count));
   out.accepting.resize(static_cast<std::size_t>(count));
+  std::vector<std::uint8_t> done(static_cast<std::size_t>(count), 0);
   for (std::size_t d = 0; d < n; ++d) {
-    if (!live[d]) continue;
+    if (!live[d] || done[static_cast<std::size_t>(renum[d])]) continue;
     const auto id = static_cast<std::size_t>(renum[d]);
+    done[id] = 1;
     out.accepting[id] = accepting[d];
     for (int b = 0; b < 256; ++b) {
       const std::int32_t t = next[d][static_cast<std::size_t>(b)];
@@ -682,14 +742,6 @@ inline constexpr std::size_t guided_max_choice_bytes = 16384;
   check(total <= guided_max_choice_bytes, "guided_choice: the choices hold ", total, " bytes, more than ",
         guided_max_choice_bytes);
   return guided_detail::determinize(alt, guided_max_choice_bytes + 1, "guided_choice");
-}
-
-// The DFA of a constraint (see the two above); errors start with the field's name.
-[[nodiscard]] inline byte_dfa compile_guided(const guided_decoding& spec) {
-  check(spec.active(), "guided decoding: no constraint given");
-  check(spec.choice.empty() || !spec.regex, "guided decoding: guided_choice and guided_regex are both set "
-        "(give one)");
-  return spec.regex ? compile_guided_regex(*spec.regex) : compile_guided_choice(spec.choice);
 }
 
 // The tokens that may follow at a DFA state, as the shorter list: the allowed ids, or (complement) the ids of
@@ -799,10 +851,44 @@ class guide {
   mutable std::vector<std::shared_ptr<const guide_tokens>> memo_;
 };
 
-// A request's guide, compiled for `vocab`. Errors start with the field's name (guided_choice, guided_regex).
+// Compiling a JSON schema needs nlohmann-json (json_schema.hpp). CUDA translation units include this header only
+// to apply guides, never to compile one, so nvcc is spared it and the functions below.
+#if !defined(__CUDACC__)
+
+// The DFA of JSON text that the schema describes (json_schema_regex, then as a regex). Throws zipage::error
+// "guided_json: ..." naming what it cannot compile (an unsupported keyword and its JSON pointer, a recursive $ref,
+// a bad whitespace pattern, a schema whose DFA would exceed guided_max_dfa_states).
+[[nodiscard]] inline byte_dfa compile_guided_json(std::string_view schema,
+                                                  const std::optional<std::string>& whitespace_pattern = {}) {
+  try {
+    if (whitespace_pattern) (void)guided_detail::regex_parser(*whitespace_pattern).parse();
+  } catch (const error& e) {
+    fail("guided_json: its whitespace_pattern: ", e.what());
+  }
+  try {
+    const std::string re = json_schema_regex(schema, whitespace_pattern.value_or("[ ]?"));
+    return guided_detail::determinize(guided_detail::regex_parser(re).parse(), guided_max_dfa_states, "the schema");
+  } catch (const error& e) {
+    fail("guided_json: ", e.what());
+  }
+}
+
+// The DFA of a constraint (see the three above); errors start with the field's name.
+[[nodiscard]] inline byte_dfa compile_guided(const guided_decoding& spec) {
+  check(spec.active(), "guided decoding: no constraint given");
+  check(spec.count() == 1, "guided decoding: more than one of guided_choice, guided_regex and guided_json is set "
+        "(give one)");
+  if (spec.json_schema) return compile_guided_json(*spec.json_schema, spec.whitespace_pattern);
+  return spec.regex ? compile_guided_regex(*spec.regex) : compile_guided_choice(spec.choice);
+}
+
+// A request's guide, compiled for `vocab`. Errors start with the field's name (guided_choice, guided_regex,
+// guided_json).
 [[nodiscard]] inline std::shared_ptr<const guide> make_guide(const guided_decoding& spec,
                                                              std::shared_ptr<const guide_vocabulary> vocab) {
   return std::make_shared<const guide>(compile_guided(spec), std::move(vocab));
 }
+
+#endif  // !defined(__CUDACC__)
 
 }  // namespace zipage

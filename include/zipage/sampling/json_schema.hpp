@@ -1,0 +1,341 @@
+#pragma once
+// JSON structured outputs (vLLM's guided_json / response_format json_schema, and json_object): a JSON Schema
+// compiled to a regex in the subset zipage/sampling/guided.hpp accepts, which guided.hpp then compiles to a DFA
+// like any guided_regex. The output is compact JSON with optional whitespace between tokens (`[ ]?` unless a
+// whitespace pattern is given, as outlines), object keys in the schema's declared order.
+//
+// Supported, as outlines' build_regex_from_schema:
+//   type: object (properties in order; those not in `required` may be left out; no other keys are generated, as
+//         if additionalProperties were false; an object schema without `properties` is any JSON object), array
+//         (items, minItems, maxItems), string (minLength, maxLength, pattern, format date / time / date-time /
+//         uuid), integer, number, boolean, null, and lists of types;
+//   enum and const of any JSON value (written compactly), anyOf and oneOf (oneOf's exclusivity is not enforced),
+//   allOf of one schema, $ref to a JSON pointer into the schema (#/$defs/..., #/definitions/...; a recursive
+//   $ref is an error naming it), and {} or true: any JSON value, containers nested at most json_any_depth deep.
+// Not enforced (the language is a superset): minimum, maximum, exclusiveMinimum, exclusiveMaximum, multipleOf.
+// A number's exponent has at most two digits (so that every number fits a double).
+// A `pattern` is a whole-string match (anchors stripped) whose characters are written into the JSON string raw:
+// a pattern that allows '"', '\' or control characters can make the output invalid JSON.
+// Keywords that would change the language otherwise (patternProperties, additionalProperties as a schema, not,
+// if / then / else, dependentSchemas, uniqueItems, prefixItems, ...) are errors naming the keyword and the JSON
+// pointer of the schema holding it; annotations (title, description, examples, default, $schema, $id, ...) and
+// unknown keywords are ignored.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "zipage/core/error.hpp"
+
+namespace zipage {
+
+// How deep containers nest in a value the schema leaves free ({}, true, json_object, an array without items):
+// the DFA grows with it (see test_guided's json_object case for the state count).
+inline constexpr int json_any_depth = 3;
+inline constexpr int json_schema_max_depth = 64;  // schemas nested deeper are refused (the compiler recurses)
+
+namespace json_schema_detail {
+
+using schema = nlohmann::ordered_json;
+
+// Regex text that matches `text` literally.
+inline std::string quote(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    if (std::string_view(".^$|?*+()[]{}\\/-").find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// One character of a JSON string: any character but '"', '\' and control characters, or an escape.
+inline const std::string string_char =
+    R"((?:[^"\\\x00-\x1F]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4}))";
+inline const std::string integer = R"(-?(?:0|[1-9][0-9]*))";
+// Exponents of at most two digits: every number the guide allows fits a double (parsers such as nlohmann-json
+// refuse 1e400).
+inline const std::string number = integer + R"((?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,2})?)";
+
+inline std::string format_regex(const std::string& format) {
+  const std::string date = R"([0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01]))";
+  const std::string hour = "(?:[01][0-9]|2[0-3])";
+  const std::string time = hour + R"(:[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-])" + hour + ":[0-5][0-9])?";
+  if (format == "date") return date;
+  if (format == "time") return time;
+  if (format == "date-time") return date + "T" + time;
+  if (format == "uuid") return "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
+  return {};
+}
+
+// A pattern's anchors dropped: the guide matches the whole string anyway.
+inline std::string strip_anchors(std::string p) {
+  if (!p.empty() && p.front() == '^') p.erase(0, 1);
+  std::size_t backslashes = 0;
+  for (std::size_t i = p.size() - std::min<std::size_t>(p.size(), 1); i > 0 && p[i - 1] == '\\'; --i) ++backslashes;
+  if (!p.empty() && p.back() == '$' && backslashes % 2 == 0) p.pop_back();
+  return p;
+}
+
+inline bool is_annotation(const std::string& key) {
+  static const std::set<std::string, std::less<>> keys = {
+      "title", "description", "examples", "default", "$schema", "$id", "$comment", "$defs", "definitions",
+      "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding", "$anchor", "strict"};
+  return keys.contains(key);
+}
+inline bool is_unsupported(const std::string& key) {
+  static const std::set<std::string, std::less<>> keys = {
+      "patternProperties", "not", "if", "then", "else", "dependentSchemas", "dependentRequired", "dependencies",
+      "propertyNames", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
+      "prefixItems", "additionalItems", "uniqueItems", "minProperties", "maxProperties", "$dynamicRef",
+      "$recursiveRef"};
+  return keys.contains(key);
+}
+
+class compiler {
+ public:
+  compiler(const schema& root, std::string ws) : root_(root), ws_(std::move(ws)) {}
+
+  std::string value(const schema& s, const std::string& path, int depth = 0) {
+    check(depth <= json_schema_max_depth, "the schema nests more than ", json_schema_max_depth, " deep at ",
+          at(path));
+    if (s.is_boolean()) {
+      check(s.get<bool>(), "the schema at ", at(path), " is false (no value matches it)");
+      return any(json_any_depth);
+    }
+    check(s.is_object(), "the schema at ", at(path), " must be an object or a boolean, got ", s.dump());
+    check_keywords(s, path);
+    if (const auto it = s.find("$ref"); it != s.end()) return ref(*it, path, depth);
+    if (const auto it = s.find("const"); it != s.end()) return literal_value(*it);
+    if (const auto it = s.find("enum"); it != s.end()) return enumeration(*it, path);
+    for (const char* key : {"anyOf", "oneOf"})
+      if (const auto it = s.find(key); it != s.end()) return any_of(*it, path + "/" + key, depth);
+    if (const auto it = s.find("allOf"); it != s.end()) {
+      check(it->is_array() && it->size() == 1, "'allOf' at ", at(path), " must hold exactly one schema (merging ",
+            "several is not supported)");
+      return value((*it)[0], path + "/allOf/0", depth + 1);
+    }
+    const auto type = s.find("type");
+    if (type == s.end()) return untyped(s, path, depth);
+    if (type->is_array()) {
+      check(!type->empty(), "'type' at ", at(path), " is an empty list");
+      std::vector<std::string> alts;
+      for (const auto& t : *type) alts.push_back(typed(s, type_name(t, path), path, depth));
+      return alternation(alts);
+    }
+    return typed(s, type_name(*type, path), path, depth);
+  }
+
+ private:
+  const schema& root_;
+  std::string ws_;
+  std::vector<std::string> refs_;  // the $refs being expanded (a repeat is recursion)
+
+  static std::string at(const std::string& path) { return path.empty() ? "/ (the root)" : path; }
+
+  static void check_keywords(const schema& s, const std::string& path) {
+    for (const auto& [key, v] : s.items()) {
+      check(!is_unsupported(key), "'", key, "' at ", at(path), " is not supported");
+      if (key == "additionalProperties")
+        check(v.is_boolean(), "'additionalProperties' as a schema at ", at(path), " is not supported (only "
+              "true or false; no keys but the listed properties are generated)");
+    }
+  }
+
+  static std::string type_name(const schema& t, const std::string& path) {
+    check(t.is_string(), "'type' at ", at(path), " must be a string or a list of strings, got ", t.dump());
+    return t.get<std::string>();
+  }
+
+  static std::string alternation(const std::vector<std::string>& alts) {
+    std::string out = "(?:";
+    for (std::size_t i = 0; i < alts.size(); ++i) out += (i ? "|" : "") + alts[i];
+    return out + ")";
+  }
+
+  std::string ref(const schema& r, const std::string& path, int depth) {
+    check(r.is_string(), "'$ref' at ", at(path), " must be a string");
+    const std::string target = r.get<std::string>();
+    check(target.starts_with("#"), "'$ref' \"", target, "\" at ", at(path), " is not supported (only references "
+          "into the schema itself, such as #/$defs/name)");
+    check(std::find(refs_.begin(), refs_.end(), target) == refs_.end(), "recursive '$ref' \"", target, "\" at ",
+          at(path), " is not supported (its values would nest without bound)");
+    const schema* resolved = nullptr;
+    try {
+      resolved = &root_.at(nlohmann::ordered_json::json_pointer(target.substr(1)));
+    } catch (const nlohmann::json::exception&) {
+      fail("'$ref' \"", target, "\" at ", at(path), " names nothing in the schema");
+    }
+    refs_.push_back(target);
+    std::string out = value(*resolved, target.substr(1), depth + 1);
+    refs_.pop_back();
+    return out;
+  }
+
+  // A JSON value as written compactly, as a regex.
+  static std::string literal_value(const schema& v) { return quote(v.dump()); }
+
+  static std::string enumeration(const schema& e, const std::string& path) {
+    check(e.is_array() && !e.empty(), "'enum' at ", at(path), " must be a non-empty list");
+    std::vector<std::string> alts;
+    for (const auto& v : e) alts.push_back(literal_value(v));
+    return alternation(alts);
+  }
+
+  std::string any_of(const schema& list, const std::string& path, int depth) {
+    check(list.is_array() && !list.empty(), "'", path.substr(path.rfind('/') + 1), "' at ", at(path),
+          " must be a non-empty list of schemas");
+    std::vector<std::string> alts;
+    for (std::size_t i = 0; i < list.size(); ++i)
+      alts.push_back(value(list[i], path + "/" + std::to_string(i), depth + 1));
+    return alternation(alts);
+  }
+
+  // A schema without a type: its keywords say which type it means (outlines' reading), else any value.
+  std::string untyped(const schema& s, const std::string& path, int depth) {
+    if (s.contains("properties") || s.contains("required")) return typed(s, "object", path, depth);
+    if (s.contains("items") || s.contains("minItems") || s.contains("maxItems"))
+      return typed(s, "array", path, depth);
+    if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength"))
+      return typed(s, "string", path, depth);
+    return any(json_any_depth);
+  }
+
+  std::string typed(const schema& s, const std::string& type, const std::string& path, int depth) {
+    if (type == "object") return object(s, path, depth);
+    if (type == "array") return array(s, path, depth);
+    if (type == "string") return string(s, path);
+    if (type == "integer") return integer;
+    if (type == "number") return number;
+    if (type == "boolean") return "(?:true|false)";
+    if (type == "null") return "null";
+    fail("'type' \"", type, "\" at ", at(path), " is not a JSON Schema type");
+  }
+
+  std::string object(const schema& s, const std::string& path, int depth) {
+    const auto props = s.find("properties");
+    if (props == s.end()) return any_object(json_any_depth);
+    check(props->is_object(), "'properties' at ", at(path), " must be an object");
+    std::set<std::string, std::less<>> required;
+    if (const auto r = s.find("required"); r != s.end()) {
+      check(r->is_array(), "'required' at ", at(path), " must be a list of property names");
+      for (const auto& k : *r) {
+        check(k.is_string() && props->contains(k.get<std::string>()), "'required' at ", at(path), " names ",
+              k.dump(), ", which is not among its properties");
+        required.insert(k.get<std::string>());
+      }
+    }
+    std::vector<std::string> items;
+    std::vector<bool> needed;
+    for (const auto& [key, sub] : props->items()) {
+      items.push_back(quote(schema(key).dump()) + ws_ + ":" + ws_ +
+                      value(sub, path + "/properties/" + key, depth + 1));
+      needed.push_back(required.contains(key));
+    }
+    return "\\{" + ws_ + members(items, needed) + ws_ + "\\}";
+  }
+
+  // The properties written in order, each optional one possibly left out, commas between those written. Which
+  // property comes first decides whether the next has a comma before it, so the regex is an alternation over the
+  // first one written (up to the first required one), each followed by the rest with their commas.
+  std::string members(const std::vector<std::string>& items, const std::vector<bool>& needed) const {
+    const std::string comma = ws_ + "," + ws_;
+    std::vector<std::string> rest(items.size() + 1);  // rest[i]: properties i.. after one already written
+    for (std::size_t i = items.size(); i-- > 0;)
+      rest[i] = (needed[i] ? comma + items[i] : "(?:" + comma + items[i] + ")?") + rest[i + 1];
+    std::vector<std::string> firsts;
+    bool any_required = false;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      firsts.push_back(items[i] + rest[i + 1]);
+      if (needed[i]) {
+        any_required = true;
+        break;
+      }
+    }
+    if (firsts.empty()) return "";
+    return alternation(firsts) + (any_required ? "" : "?");
+  }
+
+  std::string array(const schema& s, const std::string& path, int depth) {
+    const auto items = s.find("items");
+    const std::string item =
+        items == s.end() ? any(json_any_depth - 1) : value(*items, path + "/items", depth + 1);
+    const long min = bound(s, "minItems", 0, path), max = bound(s, "maxItems", -1, path);
+    check(max < 0 || min <= max, "'minItems' (", min, ") is above 'maxItems' (", max, ") at ", at(path));
+    const std::string comma = ws_ + "," + ws_;
+    const std::string more = "(?:" + comma + item + ")" + repeat(std::max(min - 1, 0L), max < 0 ? -1 : max - 1);
+    std::string body = item + more;
+    if (max == 0) body.clear();
+    else if (min == 0) body = "(?:" + body + ")?";
+    return "\\[" + ws_ + body + ws_ + "\\]";
+  }
+
+  std::string string(const schema& s, const std::string& path) {
+    if (const auto p = s.find("pattern"); p != s.end()) {
+      check(p->is_string(), "'pattern' at ", at(path), " must be a string");
+      return "\"(?:" + strip_anchors(p->get<std::string>()) + ")\"";
+    }
+    if (const auto f = s.find("format"); f != s.end()) {
+      check(f->is_string(), "'format' at ", at(path), " must be a string");
+      const std::string re = format_regex(f->get<std::string>());
+      check(!re.empty(), "'format' \"", f->get<std::string>(), "\" at ", at(path), " is not supported (date, time, "
+            "date-time and uuid are)");
+      return "\"" + re + "\"";
+    }
+    const long min = bound(s, "minLength", 0, path), max = bound(s, "maxLength", -1, path);
+    check(max < 0 || min <= max, "'minLength' (", min, ") is above 'maxLength' (", max, ") at ", at(path));
+    return "\"" + string_char + repeat(min, max) + "\"";
+  }
+
+  static long bound(const schema& s, const char* key, long none, const std::string& path) {
+    const auto it = s.find(key);
+    if (it == s.end()) return none;
+    check(it->is_number_integer() && it->get<long>() >= 0 && it->get<long>() <= 1000, "'", key, "' at ", at(path),
+          " must be an integer in [0, 1000], got ", it->dump());
+    return it->get<long>();
+  }
+
+  static std::string repeat(long min, long max) {
+    if (max < 0) return min == 0 ? "*" : "{" + std::to_string(min) + ",}";
+    return "{" + std::to_string(min) + "," + std::to_string(max) + "}";
+  }
+
+  // Any JSON value whose containers nest at most `depth` deep (0: scalars only).
+  std::string any(int depth) const {
+    const std::string scalar = "(?:\"" + string_char + "*\"|" + number + "|true|false|null)";
+    if (depth <= 0) return scalar;
+    return "(?:" + scalar + "|" + any_object(depth) + "|" + any_array(depth) + ")";
+  }
+  std::string any_object(int depth) const {
+    const std::string member = "\"" + string_char + "*\"" + ws_ + ":" + ws_ + any(depth - 1);
+    return "\\{" + ws_ + "(?:" + member + "(?:" + ws_ + "," + ws_ + member + ")*)?" + ws_ + "\\}";
+  }
+  std::string any_array(int depth) const {
+    const std::string item = any(depth - 1);
+    return "\\[" + ws_ + "(?:" + item + "(?:" + ws_ + "," + ws_ + item + ")*)?" + ws_ + "\\]";
+  }
+};
+
+}  // namespace json_schema_detail
+
+// The regex of JSON text that `schema_text` (a JSON Schema, as JSON text) describes; `whitespace` is the regex of
+// the whitespace allowed between tokens. Throws zipage::error for text that is not JSON, an unsupported keyword
+// (naming it and its JSON pointer), a recursive $ref, or a malformed keyword.
+[[nodiscard]] inline std::string json_schema_regex(std::string_view schema_text,
+                                                  const std::string& whitespace = "[ ]?") {
+  json_schema_detail::schema root;
+  try {
+    root = json_schema_detail::schema::parse(schema_text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("the schema is not JSON (", e.what(), ")");
+  }
+  json_schema_detail::compiler c(root, "(?:" + whitespace + ")");
+  return c.value(root, "");
+}
+
+}  // namespace zipage
