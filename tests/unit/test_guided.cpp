@@ -485,6 +485,7 @@ TEST_CASE("json schema compiler: unsupported keywords and bad schemas are errors
   const std::vector<std::pair<const char*, std::vector<const char*>>> table = {
       {R"({"type":"object","patternProperties":{"a":{}}})", {"'patternProperties' at / (the root)"}},
       {R"({"properties":{"x":{"not":{"type":"null"}}}})", {"'not' at /properties/x"}},
+      {R"({"properties":{"a/b~":{"not":{}}}})", {"'not' at /properties/a~1b~0"}},
       {R"({"type":"array","items":{"if":{},"then":{}}})", {"'if' at /items"}},
       {R"({"properties":{"a":{"type":"object","additionalProperties":{"type":"integer"}}}})",
        {"'additionalProperties' as a schema at /properties/a"}},
@@ -512,6 +513,14 @@ TEST_CASE("json schema compiler: unsupported keywords and bad schemas are errors
     CHECK(contains(msg, "guided_json: "));
     for (const char* part : parts) CHECK(contains(msg, part));
   }
+  // $refs used four times at each of 12 levels: refused as the regex grows, not after 4^12 copies.
+  nlohmann::json doubling = {{"$ref", "#/$defs/d0"}};
+  for (int i = 0; i < 12; ++i) {
+    const nlohmann::json next = {{"$ref", "#/$defs/d" + std::to_string(i + 1)}};
+    doubling["$defs"]["d" + std::to_string(i)] = {{"anyOf", {next, next, next, next}}};
+  }
+  doubling["$defs"]["d12"] = {{"type", "null"}};
+  CHECK(contains(error_of([&] { (void)compile_guided_json(doubling.dump()); }), "bytes at /$defs/d"));
   sampling_params p;
   p.guided.json_schema = R"({"not":{}})";
   CHECK(contains(error_of([&] { (void)make_guide(p.guided, json_vocab()); }), "guided_json: 'not'"));

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -39,6 +40,7 @@ namespace zipage {
 // the DFA grows with it (see test_guided's json_object case for the state count).
 inline constexpr int json_any_depth = 3;
 inline constexpr int json_schema_max_depth = 64;  // schemas nested deeper are refused (the compiler recurses)
+inline constexpr std::size_t json_schema_max_regex_bytes = 512 * 1024;  // far more than the DFA's cap admits
 
 namespace json_schema_detail {
 
@@ -73,6 +75,13 @@ inline std::string format_regex(const std::string& format) {
   return {};
 }
 
+// A property name as a JSON pointer's token ('~' and '/' escaped), for the paths errors name.
+inline std::string pointer_token(const std::string& name) {
+  std::string out;
+  for (const char c : name) out += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+  return out;
+}
+
 // A pattern's anchors dropped: the guide matches the whole string anyway.
 inline std::string strip_anchors(std::string p) {
   if (!p.empty() && p.front() == '^') p.erase(0, 1);
@@ -101,7 +110,22 @@ class compiler {
  public:
   compiler(const schema& root, std::string ws) : root_(root), ws_(std::move(ws)) {}
 
+  // The value's regex. Its size is bounded as it grows: $refs used twice at each of many levels would otherwise
+  // double it level after level.
   std::string value(const schema& s, const std::string& path, int depth = 0) {
+    std::string re = value_of(s, path, depth);
+    check(re.size() <= json_schema_max_regex_bytes, "the schema's regex passes ", json_schema_max_regex_bytes,
+          " bytes at ", at(path), "; simplify it");
+    return re;
+  }
+
+ private:
+  const schema& root_;
+  std::string ws_;
+  std::vector<std::string> refs_;  // the $refs being expanded (a repeat is recursion)
+  std::map<std::string, std::string, std::less<>> expanded_;  // each $ref's regex, made once
+
+  std::string value_of(const schema& s, const std::string& path, int depth) {
     check(depth <= json_schema_max_depth, "the schema nests more than ", json_schema_max_depth, " deep at ",
           at(path));
     if (s.is_boolean()) {
@@ -130,11 +154,6 @@ class compiler {
     }
     return typed(s, type_name(*type, path), path, depth);
   }
-
- private:
-  const schema& root_;
-  std::string ws_;
-  std::vector<std::string> refs_;  // the $refs being expanded (a repeat is recursion)
 
   static std::string at(const std::string& path) { return path.empty() ? "/ (the root)" : path; }
 
@@ -171,9 +190,11 @@ class compiler {
     } catch (const nlohmann::json::exception&) {
       fail("'$ref' \"", target, "\" at ", at(path), " names nothing in the schema");
     }
+    if (const auto it = expanded_.find(target); it != expanded_.end()) return it->second;
     refs_.push_back(target);
     std::string out = value(*resolved, target.substr(1), depth + 1);
     refs_.pop_back();
+    expanded_.emplace(target, out);
     return out;
   }
 
@@ -234,7 +255,7 @@ class compiler {
     std::vector<bool> needed;
     for (const auto& [key, sub] : props->items()) {
       items.push_back(quote(schema(key).dump()) + ws_ + ":" + ws_ +
-                      value(sub, path + "/properties/" + key, depth + 1));
+                      value(sub, path + "/properties/" + pointer_token(key), depth + 1));
       needed.push_back(required.contains(key));
     }
     return "\\{" + ws_ + members(items, needed) + ws_ + "\\}";
