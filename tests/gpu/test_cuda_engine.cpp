@@ -502,16 +502,59 @@ sampling_params sampling_variant(int kind, std::size_t i, int max_tokens) {
   return p;
 }
 
+// Adds prompts[i] with params(i) for every i, runs them as one batch and hands each request's output over, in the
+// order of the prompts.
+template <class Engine, class Params>
+std::vector<request_output> run_batch(Engine& eng, const std::vector<std::vector<token_id>>& prompts,
+                                      const Params& params) {
+  std::vector<request_id> ids;
+  for (std::size_t i = 0; i < prompts.size(); ++i) ids.push_back(eng.add_request(prompts[i], params(i)));
+  eng.run_to_completion();
+  std::vector<request_output> out;
+  for (const request_id id : ids) out.push_back(eng.take_output(id));
+  return out;
+}
+
+std::int64_t total_tokens(const std::vector<request_output>& outputs) {
+  std::int64_t n = 0;
+  for (const request_output& o : outputs) n += static_cast<std::int64_t>(o.output.size());
+  return n;
+}
+
 template <class Engine>
 std::vector<std::vector<token_id>> run_variant(Engine& eng, const std::vector<std::vector<token_id>>& prompts, int kind,
                                                int max_tokens) {
-  std::vector<request_id> ids;
-  for (std::size_t i = 0; i < prompts.size(); ++i) ids.push_back(eng.add_request(prompts[i], sampling_variant(kind, i, max_tokens)));
-  eng.run_to_completion();
+  const auto variant = [&](std::size_t i) { return sampling_variant(kind, i, max_tokens); };
   std::vector<std::vector<token_id>> out;
-  for (const request_id id : ids) out.push_back(eng.take_output(id).output);
+  for (request_output& o : run_batch(eng, prompts, variant)) out.push_back(std::move(o.output));
   return out;
 }
+
+struct cpu_and_gpu_outputs {
+  std::vector<request_output> cpu, gpu;
+};
+
+// The CPU engine and the GPU engine built on one engine_config, for the cases that run one batch on both and
+// compare it row by row. The GPU runs fp32 with fixed-order GEMMs: its rows do not depend on the batch, so the
+// CPU engine's tokens are expected exactly.
+struct cpu_and_gpu_engines {
+  explicit cpu_and_gpu_engines(const engine_config& cfg) : cpu(make_cpu(cfg)), gpu(make_gpu(backend, cfg)) {}
+
+  // The batch on the CPU engine (the reference), then on the GPU engine. The backend's counters are reset in
+  // between, so that afterwards they count the GPU run alone.
+  template <class Params>
+  cpu_and_gpu_outputs run_on_both(const std::vector<std::vector<token_id>>& prompts, const Params& params) {
+    cpu_and_gpu_outputs r;
+    r.cpu = run_batch(cpu, prompts, params);
+    backend.reset_counters();
+    r.gpu = run_batch(gpu, prompts, params);
+    return r;
+  }
+
+  cpu_engine<> cpu;  // members in this order: the GPU engine is built on the backend
+  const cuda_backend backend = fp32_backend(true);
+  gpu_engine<> gpu;
+};
 
 const char* variant_name(int kind) { return kind == 0 ? "greedy" : kind == 1 ? "sampled" : "mixed"; }
 
@@ -630,54 +673,35 @@ TEST_CASE("device sampling, fp32: frequency / presence penalties and (top) log-p
     p.top_logprobs = p.logprobs ? static_cast<int>(i % 5) * 5 : 0;  // 0 .. 20
     return p;
   };
-  struct result {
-    std::vector<token_id> out;
-    std::vector<float> lp;
-    std::vector<std::vector<token_logprob>> top;
-  };
-  auto run = [&](auto& eng) {
-    std::vector<request_id> ids;
-    for (std::size_t i = 0; i < prompts.size(); ++i) ids.push_back(eng.add_request(prompts[i], params(i)));
-    eng.run_to_completion();
-    std::vector<result> r;
-    for (const request_id id : ids) {
-      const sequence& s = eng.request(id);
-      r.push_back({{s.tokens.begin() + s.prompt_len, s.tokens.end()}, s.logprobs, s.top_logprobs});
-      (void)eng.take_output(id);
-    }
-    return r;
-  };
-  auto cpu = make_cpu(cfg);
-  const auto ref = run(cpu);
-  const auto b = fp32_backend(true);
-  auto gpu = make_gpu(b, cfg);
-  b.reset_counters();
-  const auto out = run(gpu);
-  const auto k = b.counters();
+  cpu_and_gpu_engines engines(cfg);
+  const cpu_and_gpu_outputs outputs = engines.run_on_both(prompts, params);
+  const std::vector<request_output>& ref = outputs.cpu;
+  const std::vector<request_output>& out = outputs.gpu;
+  const auto k = engines.backend.counters();
   std::int64_t generated = 0;
   double worst = 0.0;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     CAPTURE(i);
     const sampling_params p = params(i);
-    generated += static_cast<std::int64_t>(out[i].out.size());
-    CHECK(out[i].out == ref[i].out);
-    REQUIRE(out[i].lp.size() == (p.logprobs ? out[i].out.size() : 0));
-    REQUIRE(ref[i].lp.size() == out[i].lp.size());
-    for (std::size_t t = 0; t < out[i].lp.size(); ++t) {
-      worst = std::max(worst, std::abs(double(out[i].lp[t]) - double(ref[i].lp[t])));
-      CHECK(std::abs(out[i].lp[t] - ref[i].lp[t]) < 1e-3f);
+    generated += static_cast<std::int64_t>(out[i].output.size());
+    CHECK(out[i].output == ref[i].output);
+    REQUIRE(out[i].logprobs.size() == (p.logprobs ? out[i].output.size() : 0));
+    REQUIRE(ref[i].logprobs.size() == out[i].logprobs.size());
+    for (std::size_t t = 0; t < out[i].logprobs.size(); ++t) {
+      worst = std::max(worst, std::abs(double(out[i].logprobs[t]) - double(ref[i].logprobs[t])));
+      CHECK(std::abs(out[i].logprobs[t] - ref[i].logprobs[t]) < 1e-3f);
     }
-    REQUIRE(out[i].top.size() == (p.top_logprobs > 0 ? out[i].out.size() : 0));
-    REQUIRE(ref[i].top.size() == out[i].top.size());
-    for (std::size_t t = 0; t < out[i].top.size(); ++t) {
-      REQUIRE(out[i].top[t].size() == static_cast<std::size_t>(p.top_logprobs));
-      REQUIRE(ref[i].top[t].size() == out[i].top[t].size());
-      for (std::size_t j = 0; j < out[i].top[t].size(); ++j) {
-        const auto& g = out[i].top[t][j];
-        const auto& h = ref[i].top[t][j];
+    REQUIRE(out[i].top_logprobs.size() == (p.top_logprobs > 0 ? out[i].output.size() : 0));
+    REQUIRE(ref[i].top_logprobs.size() == out[i].top_logprobs.size());
+    for (std::size_t t = 0; t < out[i].top_logprobs.size(); ++t) {
+      REQUIRE(out[i].top_logprobs[t].size() == static_cast<std::size_t>(p.top_logprobs));
+      REQUIRE(ref[i].top_logprobs[t].size() == out[i].top_logprobs[t].size());
+      for (std::size_t j = 0; j < out[i].top_logprobs[t].size(); ++j) {
+        const auto& g = out[i].top_logprobs[t][j];
+        const auto& h = ref[i].top_logprobs[t][j];
         CHECK(std::abs(g.logprob - h.logprob) < 1e-3f);  // rank by rank
         if (g.id != h.id) {  // ids may swap only in a near tie of the CPU's neighbouring ranks
-          const auto& row = ref[i].top[t];
+          const auto& row = ref[i].top_logprobs[t];
           const bool near_tie = (j > 0 && std::abs(row[j - 1].logprob - h.logprob) < 1e-3f) ||
                                 (j + 1 < row.size() && std::abs(row[j + 1].logprob - h.logprob) < 1e-3f);
           CHECK(near_tie);
@@ -697,8 +721,8 @@ TEST_CASE("logits processors on the GPU: a mixed batch gives the CPU engine's to
   const auto prompts = story_prompts(8);
   engine_config cfg{.block_size = 16, .num_blocks = 512};
   cfg.encode_words = words_encoder(stories().tokenizer);
-  auto cpu = make_cpu(cfg);
-  const token_id eos = cpu.config().eos;
+  cpu_and_gpu_engines engines(cfg);
+  const token_id eos = engines.cpu.config().eos;
   auto params = [&](std::size_t i) {
     sampling_params p;
     p.temperature = i % 2 ? 0.9f : 0.0f;
@@ -716,51 +740,37 @@ TEST_CASE("logits processors on the GPU: a mixed batch gives the CPU engine's to
     }
     return p;
   };
-  auto run = [&](auto& eng) {
-    std::vector<request_id> ids;
-    for (std::size_t i = 0; i < prompts.size(); ++i) ids.push_back(eng.add_request(prompts[i], params(i)));
-    eng.run_to_completion();
-    std::vector<std::vector<token_id>> out;
-    for (const request_id id : ids) out.push_back(eng.take_output(id).output);
-    return out;
-  };
-  const auto ref = run(cpu);
-  const auto b = fp32_backend(true);
-  auto gpu = make_gpu(b, cfg);
-  b.reset_counters();
-  const auto out = run(gpu);
-  const auto k = b.counters();
+  const cpu_and_gpu_outputs outputs = engines.run_on_both(prompts, params);
+  const auto k = engines.backend.counters();
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     CAPTURE(i);
-    CHECK(out[i] == ref[i]);
+    const std::vector<token_id>& out = outputs.gpu[i].output;
+    CHECK(out == outputs.cpu[i].output);
     if (i % 4 == 3) {
-      CHECK(out[i].size() == 7);  // six tokens held from EOS, then EOS
-      CHECK(out[i].back() == eos);
+      CHECK(out.size() == 7);  // six tokens held from EOS, then EOS
+      CHECK(out.back() == eos);
     }
   }
   // Every row, processors or not, drawn by the device sampler from the processors' edits: no logits copied.
-  std::int64_t all = 0;
-  for (const auto& o : out) all += static_cast<std::int64_t>(o.size());
-  CHECK(k.device_sampled_rows == all);
+  CHECK(k.device_sampled_rows == total_tokens(outputs.gpu));
   CHECK(k.to_host_bytes == 0);
 
   // Plain requests alone again: the same.
-  b.reset_counters();
+  engines.backend.reset_counters();
   std::vector<request_id> ids;
-  for (std::size_t i = 2; i < prompts.size(); i += 4) ids.push_back(gpu.add_request(prompts[i], params(i)));
-  gpu.run_to_completion();
+  for (std::size_t i = 2; i < prompts.size(); i += 4) ids.push_back(engines.gpu.add_request(prompts[i], params(i)));
+  engines.gpu.run_to_completion();
   std::int64_t generated = 0;
-  for (const request_id id : ids) generated += static_cast<std::int64_t>(gpu.take_output(id).output.size());
-  CHECK(b.counters().device_sampled_rows == generated);
-  CHECK(b.counters().to_host_bytes == 0);
+  for (const request_id id : ids) generated += static_cast<std::int64_t>(engines.gpu.take_output(id).output.size());
+  CHECK(engines.backend.counters().device_sampled_rows == generated);
+  CHECK(engines.backend.counters().to_host_bytes == 0);
 }
 
 TEST_CASE("structured outputs on the GPU: guided rows give the CPU engine's tokens, drawn on the device") {
   // A guide's allowed ids are one more logit edit (sampling/guided.hpp): the device sampler applies it as it
   // applies allowed_token_ids. Mixed with a plain request; every guided output is a choice / matches its regex.
   const auto prompts = story_prompts(6);
-  engine_config cfg{.block_size = 16, .num_blocks = 512};
-  cfg.make_detokenizer = detokenizer_factory(stories().tokenizer);
+  engine_config cfg{.block_size = 16, .num_blocks = 512};  // make_cpu / make_gpu add the detokenizer
   cfg.guide_vocab = guide_vocabulary_of(stories().tokenizer);
   const std::vector<std::string> choices = {"happy", "sad", "a big red ball", "Lily"};
   const std::string re = "(cat|dog)s? [0-9]{1,3}";
@@ -773,32 +783,19 @@ TEST_CASE("structured outputs on the GPU: guided rows give the CPU engine's toke
     if (i % 3 == 1) p.guided.regex = re;
     return p;
   };
-  auto run = [&](auto& eng) {
-    std::vector<request_id> ids;
-    for (std::size_t i = 0; i < prompts.size(); ++i) ids.push_back(eng.add_request(prompts[i], params(i)));
-    eng.run_to_completion();
-    std::vector<request_output> out;
-    for (const request_id id : ids) out.push_back(eng.take_output(id));
-    return out;
-  };
-  auto cpu = make_cpu(cfg);
-  const auto ref = run(cpu);
-  const auto b = fp32_backend(true);
-  auto gpu = make_gpu(b, cfg);
-  b.reset_counters();
-  const auto out = run(gpu);
-  std::int64_t all = 0;
+  cpu_and_gpu_engines engines(cfg);
+  const cpu_and_gpu_outputs outputs = engines.run_on_both(prompts, params);
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     CAPTURE(i);
-    CAPTURE(out[i].text);
-    CHECK(out[i].output == ref[i].output);
-    all += static_cast<std::int64_t>(out[i].output.size());
-    if (i % 3 == 0) CHECK(std::find(choices.begin(), choices.end(), out[i].text) != choices.end());
-    if (i % 3 == 1) CHECK(compile_guided_regex(re).matches(out[i].text));
-    if (i % 3 != 2) CHECK(out[i].reason == finish_reason::eos);
+    const request_output& out = outputs.gpu[i];
+    CAPTURE(out.text);
+    CHECK(out.output == outputs.cpu[i].output);
+    if (i % 3 == 0) CHECK(std::find(choices.begin(), choices.end(), out.text) != choices.end());
+    if (i % 3 == 1) CHECK(compile_guided_regex(re).matches(out.text));
+    if (i % 3 != 2) CHECK(out.reason == finish_reason::eos);
   }
-  CHECK(b.counters().device_sampled_rows == all);
-  CHECK(b.counters().to_host_bytes == 0);
+  CHECK(engines.backend.counters().device_sampled_rows == total_tokens(outputs.gpu));
+  CHECK(engines.backend.counters().to_host_bytes == 0);
 }
 
 // The backend's streams do not wait for the legacy default stream, so nothing a step reads may be copied there. A
