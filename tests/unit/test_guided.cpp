@@ -441,6 +441,7 @@ TEST_CASE("json schema compiler: the whitespace pattern; the regex it makes") {
   CHECK(compile_guided_json(schema, "").matches(R"({"a":[1,1]})"));
   CHECK(compile_guided_json(schema, "[ \\n]*").matches("{\n  \"a\": [\n    1\n  ]\n}"));
   CHECK(contains(error_of([&] { (void)compile_guided_json(schema, "(a"); }), "whitespace_pattern"));
+  CHECK(contains(error_of([&] { (void)compile_guided_json(schema, "^ ?"); }), "whitespace_pattern: anchor"));
   // The regex is in guided.hpp's subset, and the properties come in declared order (not sorted by name).
   const std::string re =
       json_schema_regex(R"({"properties":{"z":{"type":"null"},"a":{"type":"null"}},"required":["z","a"]})");
@@ -496,6 +497,9 @@ TEST_CASE("json schema compiler: unsupported keywords and bad schemas are errors
       {R"({"properties":{"a":{"$ref":"#/$defs/missing"}}})", {"names nothing", "/properties/a"}},
       {R"({"$ref":"other.json#/a"})", {"'$ref' \"other.json#/a\""}},
       {R"({"type":"string","format":"email"})", {"'format' \"email\""}},
+      {R"({"properties":{"id":{"type":"string","pattern":"^(?!x)[a-z]+$"}}})",
+       {"'pattern' at /properties/id: lookaround", "(?!x)[a-z]+"}},
+      {R"({"type":"string","pattern":"a|^b"})", {"'pattern' at / (the root): anchor"}},
       {R"({"type":"integr"})", {"'type' \"integr\""}},
       {R"({"type":"array","minItems":3,"maxItems":2})", {"'minItems' (3) is above 'maxItems' (2)"}},
       {R"({"type":"string","maxLength":-1})", {"'maxLength' at / (the root) must be an integer"}},

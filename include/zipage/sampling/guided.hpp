@@ -861,12 +861,14 @@ class guide {
 [[nodiscard]] inline byte_dfa compile_guided_json(std::string_view schema,
                                                   const std::optional<std::string>& whitespace_pattern = {}) {
   try {
-    if (whitespace_pattern) (void)guided_detail::regex_parser(*whitespace_pattern).parse();
+    // Parsed as it will be embedded (between tokens), where anchors are errors.
+    if (whitespace_pattern) (void)guided_detail::regex_parser("{(?:" + *whitespace_pattern + ")}").parse();
   } catch (const error& e) {
     fail("guided_json: its whitespace_pattern: ", e.what());
   }
   try {
-    const std::string re = json_schema_regex(schema, whitespace_pattern.value_or("[ ]?"));
+    const auto check_pattern = [](const std::string& p) { (void)guided_detail::regex_parser("(?:" + p + ")").parse(); };
+    const std::string re = json_schema_regex(schema, whitespace_pattern.value_or("[ ]?"), check_pattern);
     return guided_detail::determinize(guided_detail::regex_parser(re).parse(), guided_max_dfa_states, "the schema");
   } catch (const error& e) {
     fail("guided_json: ", e.what());

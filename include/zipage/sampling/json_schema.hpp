@@ -108,7 +108,9 @@ inline bool is_unsupported(const std::string& key) {
 
 class compiler {
  public:
-  compiler(const schema& root, std::string ws) : root_(root), ws_(std::move(ws)) {}
+  // `check_pattern` throws zipage::error for a `pattern` the regex compiler would refuse.
+  compiler(const schema& root, std::string ws, std::function<void(const std::string&)> check_pattern)
+      : root_(root), ws_(std::move(ws)), check_pattern_(std::move(check_pattern)) {}
 
   // The value's regex. Its size is bounded as it grows: $refs used twice at each of many levels would otherwise
   // double it level after level.
@@ -122,6 +124,7 @@ class compiler {
  private:
   const schema& root_;
   std::string ws_;
+  std::function<void(const std::string&)> check_pattern_;
   std::vector<std::string> refs_;  // the $refs being expanded (a repeat is recursion)
   std::map<std::string, std::string, std::less<>> expanded_;  // each $ref's regex, made once
 
@@ -299,7 +302,14 @@ class compiler {
   std::string string(const schema& s, const std::string& path) {
     if (const auto p = s.find("pattern"); p != s.end()) {
       check(p->is_string(), "'pattern' at ", at(path), " must be a string");
-      return "\"(?:" + strip_anchors(p->get<std::string>()) + ")\"";
+      const std::string pattern = strip_anchors(p->get<std::string>());
+      // Checked alone, so that an error names the pattern and its place rather than the whole schema's regex.
+      try {
+        if (check_pattern_) check_pattern_(pattern);
+      } catch (const error& e) {
+        fail("'pattern' at ", at(path), ": ", e.what());
+      }
+      return "\"(?:" + pattern + ")\"";
     }
     if (const auto f = s.find("format"); f != s.end()) {
       check(f->is_string(), "'format' at ", at(path), " must be a string");
@@ -345,17 +355,18 @@ class compiler {
 }  // namespace json_schema_detail
 
 // The regex of JSON text that `schema_text` (a JSON Schema, as JSON text) describes; `whitespace` is the regex of
-// the whitespace allowed between tokens. Throws zipage::error for text that is not JSON, an unsupported keyword
-// (naming it and its JSON pointer), a recursive $ref, or a malformed keyword.
-[[nodiscard]] inline std::string json_schema_regex(std::string_view schema_text,
-                                                  const std::string& whitespace = "[ ]?") {
+// the whitespace allowed between tokens; `check_pattern` (optional) throws zipage::error for a `pattern` the regex
+// compiler refuses. Throws zipage::error for text that is not JSON, an unsupported keyword (naming it and its JSON
+// pointer), a recursive $ref, a malformed keyword, or a regex past json_schema_max_regex_bytes.
+[[nodiscard]] inline std::string json_schema_regex(std::string_view schema_text, const std::string& whitespace = "[ ]?",
+                                                  std::function<void(const std::string&)> check_pattern = {}) {
   json_schema_detail::schema root;
   try {
     root = json_schema_detail::schema::parse(schema_text);
   } catch (const nlohmann::json::exception& e) {
     fail("the schema is not JSON (", e.what(), ")");
   }
-  json_schema_detail::compiler c(root, "(?:" + whitespace + ")");
+  json_schema_detail::compiler c(root, "(?:" + whitespace + ")", std::move(check_pattern));
   return c.value(root, "");
 }
 
