@@ -117,9 +117,9 @@ class channel {
 struct job {
   std::vector<zipage::token_id> prompt;
   zipage::sampling_params params;
-  // params.bad_words as the server encoded and checked them (shared by the request's choices), so the engine
-  // does not encode them again; null without bad words.
-  std::shared_ptr<const zipage::encoded_bad_words> bad_words;
+  // params.bad_words encoded and params.guided compiled, as the server did to check them (shared by the request's
+  // choices), so the engine does not do it again on its thread; each part null when the request has none.
+  zipage::prepared_request prepared;
   int choice = 0;
 };
 
@@ -128,7 +128,7 @@ class engine_driver {
  public:
   virtual ~engine_driver() = default;
   virtual zipage::request_id add(std::vector<zipage::token_id> prompt, const zipage::sampling_params& p,
-                                 const zipage::encoded_bad_words* bad_words) = 0;
+                                 const zipage::prepared_request& prepared) = 0;
   virtual bool cancel(zipage::request_id id) = 0;
   virtual std::vector<zipage::step_event> step() = 0;
   virtual bool has_unfinished() const = 0;
@@ -143,8 +143,8 @@ class driver_for final : public engine_driver {
  public:
   explicit driver_for(Engine& eng) : eng_(eng) {}
   zipage::request_id add(std::vector<zipage::token_id> prompt, const zipage::sampling_params& p,
-                         const zipage::encoded_bad_words* bad_words) override {
-    return bad_words ? eng_.add_request(std::move(prompt), p, *bad_words) : eng_.add_request(std::move(prompt), p);
+                         const zipage::prepared_request& prepared) override {
+    return eng_.add_request(std::move(prompt), p, prepared);
   }
   bool cancel(zipage::request_id id) override { return eng_.cancel(id); }
   std::vector<zipage::step_event> step() override { return eng_.step(); }
@@ -336,7 +336,7 @@ class engine_service {
       for (auto& j : s.jobs) {
         const bool lp = j.params.logprobs;
         const int top = j.params.top_logprobs;
-        const zipage::request_id id = driver_.add(std::move(j.prompt), j.params, j.bad_words.get());
+        const zipage::request_id id = driver_.add(std::move(j.prompt), j.params, j.prepared);
         added.push_back(id);
         live_.emplace(id, running{s.ch, j.choice, lp, top, s.arrival, s.arrival, false});
       }

@@ -35,6 +35,7 @@
 
 #include "hangup_watch.hpp"
 #include "zipage/core/json.hpp"
+#include "zipage/engine/prepared_request.hpp"
 #include "zipage/sampling/guided.hpp"
 #include "zipage/tokenizer/jinja_value.hpp"
 #include "zipage/tokenizer/reasoning_parser.hpp"
@@ -276,8 +277,9 @@ class api {
     if (auto v = boolean(body, "include_stop_str_in_output")) p.include_stop_str_in_output = *v;
     zipage_cli::add_end_of_turn(p, eo_);  // the tokenizer's end of turn, unless the request ignores EOS
     reject_unsupported(body, chat);
-    const auto bad_words = logits_processors(body, p);
-    guided(body, p);
+    zipage::prepared_request prepared;  // what the checks below work out, for the engine to take as it is
+    prepared.bad_words = logits_processors(body, p);
+    prepared.guided = guided(body, p);
 
     // logprobs: each sampled token's log-probability, and the top_logprobs most likely tokens of its step.
     r.text = model_.text;
@@ -350,7 +352,7 @@ class api {
         job jb;
         jb.prompt = prompt;
         jb.params = p;
-        jb.bad_words = bad_words;
+        jb.prepared = prepared;
         jb.params.max_tokens = mt;
         jb.params.seed = seed ? static_cast<std::uint64_t>(*seed) + static_cast<std::uint64_t>(j) : random_seed();
         jb.choice = static_cast<int>(i) * r.n + j;
@@ -507,9 +509,11 @@ class api {
   // {"regex": "..."} / {"json": schema} / {"json_object": true} (vLLM's newer spelling), or OpenAI's response_format
   // json_schema / json_object. A JSON schema may be given as an object or as a string holding its JSON text;
   // json_object is the schema {"type": "object"}. The constraint is compiled here so that a bad one is a 400 naming
-  // its field before any streaming header is out; what zipage-serve does not implement (grammar, structural_tag)
-  // is a 400 naming it.
-  static void guided(const json& body, zipage::sampling_params& p) {
+  // its field before any streaming header is out, and the engine takes the compiled guide as it is (it would
+  // otherwise compile it again on its own thread, between steps); requests repeating a constraint share one
+  // compilation (guides_). What zipage-serve does not implement (grammar, structural_tag) is a 400 naming it.
+  // Returns the compiled guide, or null without a constraint.
+  std::shared_ptr<const zipage::compiled_guide> guided(const json& body, zipage::sampling_params& p) {
     const char* source = nullptr;  // the field the constraint came from
     auto one = [&](const char* name) {
       if (source != nullptr)
@@ -593,13 +597,13 @@ class api {
         }
       }
     }
-    if (source == nullptr) return;
+    if (source == nullptr) return nullptr;
     if (p.guided.json_schema) p.guided.whitespace_pattern = whitespace;  // (only JSON has whitespace to choose)
     if (p.allowed_token_ids)
       bad_param(source, std::string("'") + source + "' cannot be combined with allowed_token_ids");
     if (p.min_tokens > 0) bad_param(source, std::string("'") + source + "' cannot be combined with min_tokens > 0");
     try {
-      (void)zipage::compile_guided(p.guided);
+      return guides_.get(p.guided, model_.guide_vocab);
     } catch (const zipage::error& e) {
       bad_param(source, std::string("'") + source + "': " + e.what());
     }
@@ -782,6 +786,7 @@ class api {
   std::mutex rng_mutex_;
   std::mt19937_64 rng_;
   zipage::tool_call_format tool_format_;
+  zipage::guide_cache guides_;  // compiled structured-output constraints, shared by the handler threads
 
   // zipage-serve's flag check refuses unknown names before the model loads; this one guards other callers.
   static zipage::tool_call_format tool_format_of(const std::string& name) {

@@ -2,6 +2,7 @@
 // zipage-serve's HTTP side: the OpenAI-compatible routes over an engine_service (examples/serve/server.cpp,
 // compiled once whatever the policy).
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -44,6 +45,9 @@ struct served_model {
   int model_context = 0;  // the model's trained context, reported as max_model_len; 0 = unknown
   int vocab_size = 0;     // the model's vocabulary (logit_bias / allowed_token_ids ids must be below it); 0 = unknown
   int max_num_seqs = 0;
+  // Each token's bytes, for structured outputs (the engine's engine_config::guide_vocab: the server compiles a
+  // request's guide for it, and the engine takes that guide as it is); null: guided requests get 400.
+  std::shared_ptr<const zipage::guide_vocabulary> guide_vocab;
   std::string memory_line;  // the memory plan and policy, printed at start
 };
 

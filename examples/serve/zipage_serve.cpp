@@ -115,6 +115,7 @@ int run(options& o) {
       m.max_context = o.server.max_model_len;
     }
     m.max_num_seqs = eng.settings().max_num_seqs;
+    m.guide_vocab = eng.settings().guide_vocab;
     m.memory_line = eng.memory().describe() + "; policy " + std::string(eng.policy().name());
     // vLLM refuses to start when one sequence of the model's length does not fit the KV cache; zipage serves
     // what fits and says so: a longer prompt (with full KV, prompt + output) is refused per request with a 400.

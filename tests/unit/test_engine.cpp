@@ -362,8 +362,12 @@ TEST_CASE("bad_words encoded by the caller (zipage-serve) are used as they are: 
   p.bad_words = {" there"};
   REQUIRE(tok.encode("there", false) == std::vector<token_id>{golden[5]});
 
-  const encoded_bad_words words = encode_checked_bad_words(p.bad_words, words_encoder(tok), vocab);
-  CHECK(words.words() == p.bad_words);
+  const auto prepared_words = [](encoded_bad_words w) {
+    return prepared_request{std::make_shared<const encoded_bad_words>(std::move(w)), nullptr};
+  };
+  const encoded_bad_words encoded = encode_checked_bad_words(p.bad_words, words_encoder(tok), vocab);
+  CHECK(encoded.words() == p.bad_words);
+  const prepared_request words = prepared_words(encoded);
   const request_id id = eng.add_request(prompt, p, words);
   CHECK(engine_encodes == 0);
   eng.run_to_completion();
@@ -387,7 +391,7 @@ TEST_CASE("bad_words encoded by the caller (zipage-serve) are used as they are: 
                        "request: the encoded bad words were made from other words than sampling_params::bad_words: "
                        "at [1] the request has \"girl\", the encoding no word",
                        zipage::error);
-  const auto smaller = encode_checked_bad_words(p.bad_words, words_encoder(tok), vocab - 1);
+  const auto smaller = prepared_words(encode_checked_bad_words(p.bad_words, words_encoder(tok), vocab - 1));
   CHECK_THROWS_WITH_AS(eng.add_request(prompt, p, smaller),
                        ("request: the bad words were encoded for a vocabulary of " + std::to_string(vocab - 1) +
                         ", this model's is " + std::to_string(vocab)).c_str(),
@@ -400,6 +404,66 @@ TEST_CASE("bad_words encoded by the caller (zipage-serve) are used as they are: 
   bare.run_to_completion();
   CHECK(bare.take_output(bare_id).output == out);
   CHECK_THROWS_AS(bare.add_request(prompt, p), zipage::error);
+}
+
+TEST_CASE("a guide compiled by the caller (zipage-serve) is used as it is: the engine does not compile it again") {
+  const auto& tok = stories().tokenizer;
+  engine_config cfg;
+  cfg.guide_vocab = guide_vocabulary_of(tok);
+  llama_engine eng(load_llama_gguf<cpu_backend>(stories().file), cfg);
+  const auto prompt = tok.encode("Once upon a time", true);
+  sampling_params p;
+  p.temperature = 0.8f;
+  p.seed = 7;
+  p.max_tokens = 16;
+  p.guided.regex = "(yes|no|maybe)[0-9]";
+  const prepared_request prepared{nullptr, std::make_shared<const compiled_guide>(
+                                               compile_checked_guide(p.guided, cfg.guide_vocab))};
+  const request_id id = eng.add_request(prompt, p, prepared);
+  CHECK(eng.request(id).rules.guided == prepared.guided->get());  // the very guide, not a second compilation
+  eng.run_to_completion();
+  const auto out = eng.take_output(id).output;
+  // The same request with only the constraint: compiled by the engine, the same tokens.
+  const auto own = eng.generate({prompt}, p)[0].output;
+  CHECK(own == out);
+  std::string text;
+  for (const token_id t : out) text += cfg.guide_vocab->bytes_of(t);
+  CHECK(compile_guided_regex(*p.guided.regex).matches(text));
+
+  // Given only the constraint, the engine compiles it once and its requests share that guide.
+  const request_id a = eng.add_request(prompt, p), b = eng.add_request(prompt, p);
+  CHECK(eng.request(a).rules.guided != nullptr);
+  CHECK(eng.request(a).rules.guided == eng.request(b).rules.guided);
+  CHECK(eng.request(a).rules.guided != prepared.guided->get());
+  eng.run_to_completion();
+  CHECK(eng.take_output(a).output == out);  // (the same seed)
+
+  // A guide of another constraint, of none, or for another vocabulary does not stand for the request's.
+  auto other = p;
+  other.guided.regex = "(yes|no)[0-9]";
+  CHECK_THROWS_WITH_AS(eng.add_request(prompt, other, prepared),
+                       "request: the compiled guide was made from another constraint than sampling_params::guided "
+                       "(guided_regex)",
+                       zipage::error);
+  other.guided = {};
+  CHECK_THROWS_AS(eng.add_request(prompt, other, prepared), zipage::error);
+  const prepared_request foreign{nullptr, std::make_shared<const compiled_guide>(
+                                              compile_checked_guide(p.guided, guide_vocabulary_of(tok)))};
+  CHECK_THROWS_WITH_AS(eng.add_request(prompt, p, foreign),
+                       "request: the compiled guide was made for another vocabulary than engine_config::guide_vocab",
+                       zipage::error);
+  CHECK(!eng.has_unfinished());  // nothing refused was queued
+  // compile_checked_guide names the field of a constraint it cannot compile, and a missing vocabulary.
+  guided_decoding bad;
+  bad.regex = "(a";
+  CHECK_THROWS_AS((void)compile_checked_guide(bad, cfg.guide_vocab), zipage::error);
+  try {
+    (void)compile_checked_guide(bad, cfg.guide_vocab);
+  } catch (const zipage::error& e) {
+    CHECK(std::string(e.what()).rfind("guided_regex: ", 0) == 0);
+  }
+  CHECK_THROWS_WITH_AS((void)compile_checked_guide(p.guided, nullptr),
+                       "guided_regex: compiling a guide needs the tokens' bytes (a guide_vocabulary)", zipage::error);
 }
 
 TEST_CASE("encode_checked_bad_words: an error names the field and the word") {
@@ -516,4 +580,38 @@ TEST_CASE("batch_layout: each query-window row is named once per batch, by the l
           }
         CHECK(named == in_order);
       }
+}
+
+TEST_CASE("guide_cache: one compilation per constraint and vocabulary, least recently used out, errors not kept") {
+  const auto vocab = guide_vocabulary_of(stories().tokenizer);
+  const auto other_vocab = guide_vocabulary_of(stories().tokenizer);
+  guide_cache cache(2);
+  guided_decoding yes_no, digits, letters;
+  yes_no.choice = {"yes", "no"};
+  digits.regex = "[0-9]{1,3}";
+  letters.regex = "[a-z]+";
+  const auto first = cache.get(yes_no, vocab);
+  CHECK(cache.get(yes_no, vocab) == first);
+  CHECK(cache.hits() == 1);
+  CHECK(cache.get(yes_no, other_vocab) != first);  // another vocabulary: another guide
+  CHECK(cache.size() == 2);
+  CHECK(cache.get(yes_no, vocab) == first);  // used again: now the most recent
+  CHECK(cache.hits() == 2);
+  const auto d = cache.get(digits, vocab);  // the least recently used (yes_no for other_vocab) goes
+  CHECK(cache.size() == 2);
+  CHECK(cache.get(yes_no, vocab) == first);
+  CHECK(cache.get(digits, vocab) == d);
+  CHECK(cache.hits() == 4);
+  (void)cache.get(letters, vocab);  // digits was used after yes_no, so yes_no goes
+  CHECK(cache.get(digits, vocab) == d);
+  CHECK(cache.get(yes_no, vocab) != first);  // compiled again
+  CHECK(cache.get(yes_no, vocab)->spec() == yes_no);
+  // A constraint that does not compile throws, and is not kept.
+  guided_decoding bad;
+  bad.regex = "(";
+  CHECK_THROWS_AS((void)cache.get(bad, vocab), zipage::error);
+  CHECK(cache.size() == 2);
+  guide_cache none(0);  // capacity 0: compiles every time, keeps nothing
+  CHECK(none.get(digits, vocab) != none.get(digits, vocab));
+  CHECK(none.size() == 0);
 }

@@ -1,7 +1,7 @@
 #pragma once
 // sampling_params::bad_words in token form, encoded and checked in one place for everything that needs them: the
 // engine, when it queues a request that gives only the words, and a front end (zipage-serve) that must refuse a bad
-// word before it answers and then hands the same ids to the engine (engine::add_request's third argument), so a
+// word before it answers and then hands the same ids to the engine (prepared_request.hpp), so a
 // request's words are encoded once.
 #include <algorithm>
 #include <cstddef>

@@ -29,6 +29,7 @@
 #include "zipage/engine/memory_plan.hpp"
 #include "zipage/engine/memory_profile.hpp"
 #include "zipage/engine/output_processor.hpp"
+#include "zipage/engine/prepared_request.hpp"
 #include "zipage/engine/step_executor.hpp"
 #include "zipage/model/concepts.hpp"
 #include "zipage/policy/eviction_policy.hpp"
@@ -80,12 +81,13 @@ class engine {
     return enqueue(make_sequence(std::move(prompt), std::move(params)));
   }
 
-  // The same, with params.bad_words already encoded (encode_checked_bad_words against this model's vocabulary):
-  // a front end that had to check the words before accepting the request hands its ids over instead of having
-  // them encoded again; no engine_config::encode_words is needed. Words or a vocabulary other than the
-  // request's and this model's are an error.
-  request_id add_request(std::vector<token_id> prompt, sampling_params params, const encoded_bad_words& bad_words) {
-    return enqueue(make_sequence(std::move(prompt), std::move(params), &bad_words));
+  // The same, with parts of the request already worked out (prepared_request.hpp): params.bad_words encoded
+  // (encode_checked_bad_words against this model's vocabulary; no engine_config::encode_words is then needed) and
+  // params.guided compiled (compile_checked_guide for engine_config::guide_vocab). A front end that had to do this
+  // to check the request before accepting it hands the results over instead of having them redone here, on the
+  // thread that runs the steps. Parts made from other words, another constraint or another vocabulary are an error.
+  request_id add_request(std::vector<token_id> prompt, sampling_params params, const prepared_request& prepared) {
+    return enqueue(make_sequence(std::move(prompt), std::move(params), &prepared));
   }
 
   // Queues several requests, all or none: every prompt is checked before any is queued, so a bad one
@@ -235,8 +237,8 @@ class engine {
   // A checked request, not yet queued: the prompt, the sampling parameters, what the pool, a step and the
   // model's context can hold, and text for stop strings. Throws zipage::error naming what is wrong.
   std::unique_ptr<sequence> make_sequence(std::vector<token_id> prompt, sampling_params params,
-                                          const encoded_bad_words* bad_words = nullptr) const {
-    check_request(prompt, params, config(), cfg_, bad_words != nullptr);
+                                          const prepared_request* prepared = nullptr) const {
+    check_request(prompt, params, config(), cfg_, prepared);
     auto s = std::make_unique<sequence>();
     s->prompt_len = static_cast<int>(prompt.size());
     s->tokens = std::move(prompt);
@@ -249,18 +251,38 @@ class engine {
            "though the pool's ", pool_.num_blocks(), " blocks hold it");
     }
     if (cfg_.make_detokenizer) s->detokenizer = cfg_.make_detokenizer(s->tokens);
-    s->rules = token_rules_of(s->params, bad_words);
+    s->rules = token_rules_of(s->params, prepared ? *prepared : prepared_request{});
     return s;
   }
 
   // The request's logits processors in token form: its bad words encoded (each id checked against the model's
-  // vocabulary; `encoded` when the caller did that already), and with min_tokens the EOS ids it masks: the model's
-  // eos and extra end-of-turn ids and the tokenizer's EOS (vLLM's all_stop_token_ids, which hold them with or
-  // without ignore_eos); a guided request gets them too (the ids its guide allows at a match) and its compiled guide.
-  // The tokenizer's EOS reaches a request's stop ids only through with_end_of_turn, which leaves it out under
-  // ignore_eos, so engine_config::tokenizer_eos is what keeps it masked then.
-  [[nodiscard]] token_rules token_rules_of(const sampling_params& p, const encoded_bad_words* encoded) const {
+  // vocabulary; `prepared.bad_words` when the caller did that already), and with min_tokens the EOS ids it masks:
+  // the model's eos and extra end-of-turn ids and the tokenizer's EOS (vLLM's all_stop_token_ids, which hold them
+  // with or without ignore_eos); a guided request gets them too (the ids its guide allows at a match) and its
+  // compiled guide (`prepared.guided`, or compiled here). The tokenizer's EOS reaches a request's stop ids only
+  // through with_end_of_turn, which leaves it out under ignore_eos, so engine_config::tokenizer_eos is what keeps
+  // it masked then.
+  [[nodiscard]] token_rules token_rules_of(const sampling_params& p, const prepared_request& prepared) const {
     token_rules rules;
+    rules.bad_words = bad_word_ids_of(p, prepared.bad_words.get());
+    if (p.guided.active() || prepared.guided) rules.guided = guide_of(p.guided, prepared.guided.get());
+    if (p.min_tokens > 0 || rules.guided) {  // (a guide allows them at a match)
+      auto add = [&](token_id t) {
+        if (t >= 0 && t < config().vocab_size &&
+            std::find(rules.eos_ids.begin(), rules.eos_ids.end(), t) == rules.eos_ids.end())
+          rules.eos_ids.push_back(t);
+      };
+      add(stop_.eos);
+      for (token_id t : stop_.extra_eos) add(t);
+      add(stop_.default_eos);
+    }
+    return rules;
+  }
+
+  // The request's bad words in token form: `encoded` (checked to be made from them, for this vocabulary) or
+  // encoded here.
+  [[nodiscard]] std::vector<std::vector<token_id>> bad_word_ids_of(const sampling_params& p,
+                                                                   const encoded_bad_words* encoded) const {
     if (encoded != nullptr) {
       // The ids stand for the request's words only if they were made from them, for this vocabulary.
       const auto& made = encoded->words();
@@ -275,28 +297,28 @@ class engine {
       }
       check(encoded->vocab_size() == config().vocab_size, "request: the bad words were encoded for a vocabulary "
             "of ", encoded->vocab_size(), ", this model's is ", config().vocab_size);
-      rules.bad_words = encoded->ids();
-    } else if (!p.bad_words.empty()) {
-      rules.bad_words = encode_checked_bad_words(p.bad_words, cfg_.encode_words, config().vocab_size).ids();
+      return encoded->ids();
     }
-    if (p.guided.active()) {
-      try {
-        rules.guided = make_guide(p.guided, cfg_.guide_vocab);
-      } catch (const error& e) {
-        fail("request: sampling_params::guided: ", e.what());
-      }
+    if (p.bad_words.empty()) return {};
+    return encode_checked_bad_words(p.bad_words, cfg_.encode_words, config().vocab_size).ids();
+  }
+
+  // The request's compiled guide: `compiled` (checked to be made from its constraint, for engine_config::guide_vocab)
+  // or this engine's for that constraint (guide_cache: requests with one constraint share it).
+  [[nodiscard]] std::shared_ptr<const guide> guide_of(const guided_decoding& spec,
+                                                      const compiled_guide* compiled) const {
+    if (compiled != nullptr) {
+      check(compiled->spec() == spec, "request: the compiled guide was made from another constraint than "
+            "sampling_params::guided (", spec.field(), ")");
+      check(compiled->vocabulary() == cfg_.guide_vocab.get(), "request: the compiled guide was made for another "
+            "vocabulary than engine_config::guide_vocab");
+      return compiled->get();
     }
-    if (p.min_tokens > 0 || rules.guided) {  // (a guide allows them at a match)
-      auto add = [&](token_id t) {
-        if (t >= 0 && t < config().vocab_size &&
-            std::find(rules.eos_ids.begin(), rules.eos_ids.end(), t) == rules.eos_ids.end())
-          rules.eos_ids.push_back(t);
-      };
-      add(stop_.eos);
-      for (token_id t : stop_.extra_eos) add(t);
-      add(stop_.default_eos);
+    try {
+      return guides_->get(spec, cfg_.guide_vocab)->get();
+    } catch (const error& e) {
+      fail("request: sampling_params::guided: ", e.what());
     }
-    return rules;
   }
 
   request_id enqueue(std::unique_ptr<sequence> s) {
@@ -365,6 +387,8 @@ class engine {
   Scheduler scheduler_;
   typename Backend::kv_storage kv_;
   std::unordered_map<request_id, std::unique_ptr<sequence>> requests_;
+  // Compiled guides by constraint (a pointer: the engine stays movable, and make_sequence, const, may add to it).
+  std::unique_ptr<guide_cache> guides_ = std::make_unique<guide_cache>();
   std::vector<step_event> failed_events_;  // compressions that failed while cancel() waited, reported by the next step()
   request_id next_id_ = 0;
   engine_stats stats_;  // step and token counts; the rest is read from the scheduler, the pool and the executor

@@ -13,6 +13,7 @@
 #include "zipage/core/error.hpp"
 #include "zipage/core/cache_geometry.hpp"
 #include "zipage/engine/memory_plan.hpp"
+#include "zipage/engine/prepared_request.hpp"
 #include "zipage/kv/paged_kv.hpp"
 #include "zipage/model/model_config.hpp"
 #include "zipage/policy/score_context.hpp"
@@ -171,9 +172,10 @@ struct engine_stats {
 // A request's prompt and sampling parameters, checked before it is queued: a prompt that is empty, holds
 // ids outside the vocabulary or does not fit the model's context (unless allow_beyond_context), stop, logit bias
 // or allowed ids outside it, stop strings without a detokenizer, bad words without an encoder (unless the caller
-// encoded them: bad_words_encoded), and a priority that fcfs order would ignore are errors naming what to change.
+// encoded them: prepared->bad_words), and a priority that fcfs order would ignore are errors naming what to change.
 inline void check_request(const std::vector<token_id>& prompt, const sampling_params& params, const model_config& model,
-                          const engine_config& cfg, bool bad_words_encoded = false) {
+                          const engine_config& cfg, const prepared_request* prepared = nullptr) {
+  const bool bad_words_encoded = prepared != nullptr && prepared->bad_words != nullptr;
   params.validate();
   check(!prompt.empty(), "request: the prompt is empty (add BOS at least)");
   for (token_id t : prompt)
