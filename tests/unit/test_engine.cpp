@@ -611,6 +611,16 @@ TEST_CASE("guide_cache: one compilation per constraint and vocabulary, least rec
   bad.regex = "(";
   CHECK_THROWS_AS((void)cache.get(bad, vocab), zipage::error);
   CHECK(cache.size() == 2);
+  // Beyond max_bytes of token lists the least recently used go, down to one guide.
+  guide_cache small(8, 1);
+  const auto walked = small.get(digits, vocab);
+  CHECK(walked->get()->memo_bytes() == 0);
+  (void)walked->get()->next_tokens(byte_dfa::start);  // a request's first step
+  CHECK(walked->get()->memo_bytes() > 0);
+  CHECK(small.get(digits, vocab) == walked);  // alone, it stays
+  (void)small.get(letters, vocab);
+  CHECK(small.size() == 1);  // digits' lists were over the bound
+  CHECK(small.get(digits, vocab) != walked);
   guide_cache none(0);  // capacity 0: compiles every time, keeps nothing
   CHECK(none.get(digits, vocab) != none.get(digits, vocab));
   CHECK(none.size() == 0);

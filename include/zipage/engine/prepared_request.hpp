@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "zipage/core/error.hpp"
 #include "zipage/engine/bad_words.hpp"
@@ -45,15 +46,17 @@ class compiled_guide {
   return {spec, make_guide(spec, std::move(vocab)), v};
 }
 
-// Compiled guides by constraint, for one vocabulary, so that requests with the same constraint (a batch sharing its
+// Compiled guides by constraint and vocabulary, so that requests with the same constraint (a batch sharing its
 // sampling_params, or clients repeating one schema or choice list) share one compilation and one guide, whose
-// per-state token lists (guide::next_tokens) each request then finds already walked. Least recently used out
-// beyond `capacity` (a guide holds up to guided_max_dfa_states x 1 KB of transitions, and the lists it walked);
-// a request still running keeps its guide alive. Thread-safe.
+// per-state token lists (guide::next_tokens) each request then finds already walked. The least recently used go
+// beyond `capacity` guides or, since those lists grow as requests visit states (up to half the vocabulary's ids
+// each), beyond `max_bytes` of lists; a request still running keeps its guide alive. Thread-safe.
 class guide_cache {
  public:
   static constexpr std::size_t default_capacity = 32;
-  explicit guide_cache(std::size_t capacity = default_capacity) : capacity_(capacity) {}
+  static constexpr std::size_t default_max_bytes = std::size_t{256} << 20;
+  explicit guide_cache(std::size_t capacity = default_capacity, std::size_t max_bytes = default_max_bytes)
+      : capacity_(capacity), max_bytes_(max_bytes) {}
 
   // The guide of `spec` for `vocab`: cached, or compiled (compile_checked_guide, whose errors it throws) and cached.
   [[nodiscard]] std::shared_ptr<const compiled_guide> get(const guided_decoding& spec,
@@ -64,6 +67,7 @@ class guide_cache {
         if ((*it)->spec() != spec || (*it)->vocabulary() != vocab.get()) continue;
         entries_.splice(entries_.begin(), entries_, it);  // most recently used first
         ++hits_;
+        trim();
         return entries_.front();
       }
     }
@@ -73,7 +77,7 @@ class guide_cache {
     const std::lock_guard<std::mutex> lock(mutex_);
     if (capacity_ == 0) return compiled;
     entries_.push_front(compiled);
-    if (entries_.size() > capacity_) entries_.pop_back();
+    trim();
     return compiled;
   }
 
@@ -87,7 +91,21 @@ class guide_cache {
   }
 
  private:
-  std::size_t capacity_;
+  // Under mutex_: the least recently used out while more than capacity_ guides, or more than max_bytes_ of token
+  // lists in more than one guide, are kept.
+  void trim() {
+    while (entries_.size() > capacity_) entries_.pop_back();
+    std::vector<std::size_t> bytes;  // each guide's, read once (running requests may add lists meanwhile)
+    std::size_t total = 0;
+    for (const auto& e : entries_) total += bytes.emplace_back(e->get()->memo_bytes());
+    while (entries_.size() > 1 && total > max_bytes_) {
+      total -= bytes.back();
+      bytes.pop_back();
+      entries_.pop_back();
+    }
+  }
+
+  std::size_t capacity_, max_bytes_;
   mutable std::mutex mutex_;
   std::list<std::shared_ptr<const compiled_guide>> entries_;
   std::size_t hits_ = 0;

@@ -804,6 +804,14 @@ class guide {
     if (!m) m = std::move(next);
     return m;
   }
+  // The bytes the token lists found so far hold (the DFA's own, byte ranges per state, are small beside them).
+  [[nodiscard]] std::size_t memo_bytes() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::size_t n = 0;
+    for (const auto& m : memo_)
+      if (m) n += m->ids.capacity() * sizeof(token_id);
+    return n;
+  }
   // The allowed ids at `state`, ascending (the explicit list, whichever form next_tokens keeps).
   [[nodiscard]] std::vector<token_id> allowed_ids(std::int32_t state) const {
     const auto next = next_tokens(state);
