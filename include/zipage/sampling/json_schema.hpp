@@ -20,6 +20,10 @@
 // if / then / else, dependentSchemas, uniqueItems, prefixItems, ...) are errors naming the keyword and the JSON
 // pointer of the schema holding it; annotations (title, description, examples, default, $schema, $id, ...) and
 // unknown keywords are ignored.
+// The DFA is capped as a regex's is (guided.hpp: guided_max_dfa_states, bounded construction work): bounded
+// strings of a few hundred characters in all, or many free-form values ({}), pass it and are refused as
+// "guided_json: the schema needs more than ... / is too complex to compile". A free-form value's regex is large
+// (~16 KB for {}), so such a schema takes ~0.1 s to compile.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -135,7 +139,7 @@ class compiler {
       check(s.get<bool>(), "the schema at ", at(path), " is false (no value matches it)");
       return any(json_any_depth);
     }
-    check(s.is_object(), "the schema at ", at(path), " must be an object or a boolean, got ", s.dump());
+    check(s.is_object(), "the schema at ", at(path), " must be an object or a boolean, got ", brief(s));
     check_keywords(s, path);
     if (const auto it = s.find("$ref"); it != s.end()) return ref(*it, path, depth);
     if (const auto it = s.find("const"); it != s.end()) return literal_value(*it);
@@ -159,6 +163,11 @@ class compiler {
   }
 
   static std::string at(const std::string& path) { return path.empty() ? "/ (the root)" : path; }
+  // A value as errors quote it: its JSON, cut short.
+  static std::string brief(const schema& v) {
+    const std::string text = v.dump();
+    return text.size() > 60 ? text.substr(0, 60) + "..." : text;
+  }
 
   static void check_keywords(const schema& s, const std::string& path) {
     for (const auto& [key, v] : s.items()) {
@@ -170,7 +179,7 @@ class compiler {
   }
 
   static std::string type_name(const schema& t, const std::string& path) {
-    check(t.is_string(), "'type' at ", at(path), " must be a string or a list of strings, got ", t.dump());
+    check(t.is_string(), "'type' at ", at(path), " must be a string or a list of strings, got ", brief(t));
     return t.get<std::string>();
   }
 
@@ -250,7 +259,7 @@ class compiler {
       check(r->is_array(), "'required' at ", at(path), " must be a list of property names");
       for (const auto& k : *r) {
         check(k.is_string() && props->contains(k.get<std::string>()), "'required' at ", at(path), " names ",
-              k.dump(), ", which is not among its properties");
+              brief(k), ", which is not among its properties");
         required.insert(k.get<std::string>());
       }
     }
@@ -327,7 +336,7 @@ class compiler {
     const auto it = s.find(key);
     if (it == s.end()) return none;
     check(it->is_number_integer() && it->get<long>() >= 0 && it->get<long>() <= 1000, "'", key, "' at ", at(path),
-          " must be an integer in [0, 1000], got ", it->dump());
+          " must be an integer in [0, 1000], got ", brief(*it));
     return it->get<long>();
   }
 
