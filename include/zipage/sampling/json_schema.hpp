@@ -8,7 +8,8 @@
 //   type: object (properties in order; those not in `required` may be left out; no other keys are generated, as
 //         if additionalProperties were false; an object schema without `properties` is any JSON object), array
 //         (items, minItems, maxItems), string (minLength, maxLength, pattern, format date / time / date-time /
-//         uuid), integer, number, boolean, null, and lists of types;
+//         duration / uuid / email / hostname / ipv4; another format is what JSON Schema makes it by default, an
+//         annotation: the string is free), integer, number, boolean, null, and lists of types;
 //   enum and const of any JSON value (written compactly), anyOf and oneOf (oneOf's exclusivity is not enforced),
 //   allOf of one schema, $ref to a JSON pointer into the schema (#/$defs/..., #/definitions/...; a recursive
 //   $ref is an error naming it), and {} or true: any JSON value, containers nested at most json_any_depth deep.
@@ -76,7 +77,14 @@ inline std::string format_regex(const std::string& format) {
   if (format == "time") return time;
   if (format == "date-time") return date + "T" + time;
   if (format == "uuid") return "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
-  return {};
+  const std::string label = "[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?";
+  if (format == "hostname") return label + R"((?:\.)" + label + ")*";
+  if (format == "email") return R"([A-Za-z0-9._%+-]+@)" + label + R"((?:\.)" + label + ")+";
+  const std::string octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
+  if (format == "ipv4") return "(?:" + octet + R"(\.){3})" + octet;
+  if (format == "duration")
+    return R"(P(?:[0-9]+Y)?(?:[0-9]+M)?(?:[0-9]+W)?(?:[0-9]+D)?(?:T(?:[0-9]+H)?(?:[0-9]+M)?(?:[0-9]+(?:\.[0-9]+)?S)?)?)";
+  return {};  // another format: an annotation only (JSON Schema's default), the string is free
 }
 
 // A property name as a JSON pointer's token ('~' and '/' escaped), for the paths errors name.
@@ -322,10 +330,7 @@ class compiler {
     }
     if (const auto f = s.find("format"); f != s.end()) {
       check(f->is_string(), "'format' at ", at(path), " must be a string");
-      const std::string re = format_regex(f->get<std::string>());
-      check(!re.empty(), "'format' \"", f->get<std::string>(), "\" at ", at(path), " is not supported (date, time, "
-            "date-time and uuid are)");
-      return "\"" + re + "\"";
+      if (const std::string re = format_regex(f->get<std::string>()); !re.empty()) return "\"" + re + "\"";
     }
     const long min = bound(s, "minLength", 0, path), max = bound(s, "maxLength", -1, path);
     check(max < 0 || min <= max, "'minLength' (", min, ") is above 'maxLength' (", max, ") at ", at(path));
