@@ -38,6 +38,18 @@ const std::vector<std::string> kBytes = {"",   "a",  "b",     "ab",       "abc",
                                          "\xA9", " ", "1",    "12",       "x",      "ss",   "",    "yess"};
 constexpr token_id kEos = 0, kOtherSpecial = 22;
 
+// The DFA matches each text of `yes` as a whole, and none of `no`.
+void check_language(const byte_dfa& d, const std::vector<std::string>& yes, const std::vector<std::string>& no) {
+  for (const std::string& t : yes) {
+    CAPTURE(t);
+    CHECK(d.matches(t));
+  }
+  for (const std::string& t : no) {
+    CAPTURE(t);
+    CHECK(!d.matches(t));
+  }
+}
+
 std::shared_ptr<const guide_vocabulary> vocab() {
   static const auto v = std::make_shared<const guide_vocabulary>(kBytes);
   return v;
@@ -192,15 +204,7 @@ TEST_CASE("regex compiler: accepts and rejects whole texts") {
   for (const row& r : table) {
     const std::string re = r.re;
     CAPTURE(re);
-    const byte_dfa d = compile_guided_regex(r.re);
-    for (const std::string& t : r.yes) {
-      CAPTURE(t);
-      CHECK(d.matches(t));
-    }
-    for (const std::string& t : r.no) {
-      CAPTURE(t);
-      CHECK(!d.matches(t));
-    }
+    check_language(compile_guided_regex(r.re), r.yes, r.no);
   }
 }
 
@@ -427,15 +431,7 @@ TEST_CASE("json schema compiler: accepts and rejects whole texts, keyword by key
   for (const row& r : table) {
     const std::string schema = r.schema;
     CAPTURE(schema);
-    const byte_dfa d = compile_guided_json(schema);
-    for (const std::string& t : r.yes) {
-      CAPTURE(t);
-      CHECK(d.matches(t));
-    }
-    for (const std::string& t : r.no) {
-      CAPTURE(t);
-      CHECK(!d.matches(t));
-    }
+    check_language(compile_guided_json(schema), r.yes, r.no);
   }
 }
 
