@@ -135,7 +135,7 @@ await run('serve_bad_input', async (servers) => {
     [{ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'yaml' } }, 'response_format'],
     [{ messages: [{ role: 'user', content: 'x' }],
        response_format: { type: 'json_schema',
-                          json_schema: { name: 'n', schema: { type: 'string', format: 'email' } } } },
+                          json_schema: { name: 'n', schema: { type: 'array', uniqueItems: true } } } },
      'response_format'],
     [{ messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' }, guided_choice: ['a'] },
      'response_format'],
