@@ -127,6 +127,21 @@ inline std::optional<std::string> latex_argument(const std::string& s, std::size
 // left as written: a model's output may nest \frac thousands deep, which would overflow the stack here and take time
 // quadratic in the depth.
 inline constexpr int max_brace_depth = 64;
+
+// The constants the answer parsers (closed_form, complex_form) evaluate \pi and Euler's e to.
+inline constexpr long double pi = 3.141592653589793238462643383279502884L;
+inline constexpr long double euler = 2.718281828459045235360287471352662498L;
+
+// A parser's recursion depth, counted while the guard lives: past max_brace_depth a group, sign or function does not
+// parse (a model's output may nest thousands deep: no stack overflow).
+struct nesting {
+  int& depth;
+  explicit nesting(int& d) : depth(++d) {}
+  ~nesting() { --depth; }
+  nesting(const nesting&) = delete;
+  nesting& operator=(const nesting&) = delete;
+  [[nodiscard]] bool too_deep() const { return depth > max_brace_depth; }
+};
 inline std::string brace_arguments(const std::string& s, int depth = 0) {
   if (depth >= max_brace_depth) return s;
   std::string out;
@@ -629,8 +644,6 @@ class closed_form {
   static constexpr long double undefined = std::numeric_limits<long double>::quiet_NaN();
   // Not finite as a double: undefined. NaN in, NaN out also where the C library would not (pow(NaN, 0) is 1).
   static long double finite(long double v) { return std::isfinite(static_cast<double>(v)) ? v : undefined; }
-  static constexpr long double pi = 3.141592653589793238462643383279502884L;
-  static constexpr long double euler = 2.718281828459045235360287471352662498L;
   // A sum this small next to its terms is zero (rounding; see sum()); so is \sin(\pi), which is about 1e-19.
   static constexpr long double cancellation = 1e-15L;
   static long double snap(long double v, long double argument) {
@@ -744,11 +757,8 @@ class closed_form {
   // or \exp does not parse), then the argument: a group in parentheses or braces (\sin(2x), \sin{x}), or factors
   // side by side up to the next operator or function (\sin 2x, \sin x^2 = \sin(x^2), \sin x\cos x).
   std::optional<long double> function(int f) {
-    if (++depth_ > max_brace_depth) return std::nullopt;
-    struct leave {
-      int& depth;
-      ~leave() { --depth; }
-    } guard{depth_};
+    const nesting level(depth_);
+    if (level.too_deep()) return std::nullopt;
     eat(function_names[static_cast<std::size_t>(f)]);
     std::optional<long double> base, exponent;
     if (f == f_log && eat("_") && !(base = script())) return std::nullopt;
@@ -1286,13 +1296,6 @@ class complex_form {
     if (!v || !eat(std::string_view(&close, 1))) return std::nullopt;
     return v;
   }
-  // Counts the nesting while it lives: groups and signs nested past max_brace_depth do not parse (no stack overflow).
-  struct nesting {
-    int& depth;
-    explicit nesting(int& d) : depth(++d) {}
-    ~nesting() { --depth; }
-    bool too_deep() const { return depth > max_brace_depth; }
-  };
   std::optional<number> sum() {
     const nesting level(depth_);
     if (level.too_deep()) return std::nullopt;
@@ -1420,8 +1423,6 @@ class complex_form {
       default: return *x == number(0) ? std::nullopt : std::optional<number>(std::log(*x));
     }
   }
-  static constexpr long double pi = 3.141592653589793238462643383279502884L;
-  static constexpr long double euler = 2.718281828459045235360287471352662498L;
 
   std::string_view s_;
   std::size_t pos_ = 0;
