@@ -209,6 +209,8 @@ void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void
   switch (ablate) {
     case kSwappedKernel: return zc::paged_decode_attention_swapped(p, stream);  // its default depth, 3 stages
     case kSwappedKernel | 4: return zc::paged_decode_attention_swapped(p, stream, 4);
+    case kSwappedKernel | d::kVariantE4m3Qk:
+      return zc::paged_decode_attention_swapped(p, stream, 0, zc::fp8_decode_kernel::swapped_e4m3_qk);
     case kSwappedAblation | d::kAblateQkMma | d::kAblatePvMma:
       return launch_swapped_ablation<d::kAblateQkMma | d::kAblatePvMma>(p, stream);
     case kSwappedAblation | d::kAblateQkMma | d::kAblatePvMma | d::kAblateConvert:
@@ -597,6 +599,14 @@ int main(int argc, char** argv) {
         std::snprintf(key, sizeof key, "a%05d", order++);
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
           bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, stages == 4 ? kSwappedKernel | 4 : kSwappedKernel);
+        })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
+      }
+      // fp8_decode_kernel::swapped_e4m3_qk (3 stages): the QK product as FP8 MMAs, against stages3 above.
+      if (fp8) {
+        std::snprintf(name, sizeof name, "decode_fp8_swapped/batch%d/steady2048-2304/e4m3_qk", batch);
+        std::snprintf(key, sizeof key, "a%05d", order++);
+        benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
+          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, kSwappedKernel | d::kVariantE4m3Qk);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
       // The swapped kernel over the same bytes with fewer KV heads per token row (kv8 x 662 sequences, kv2 x 2,648,

@@ -734,7 +734,8 @@ int main(int argc, char** argv) {
                "q/k/v and gate/up as separate GEMMs, as before fuse_projections (for A/B runs)");
   app.add_option("--fp8-decode-kernel", o.fp8_decode_kernel,
                  "FP8 KV: decode attention kernel: automatic (swapped where it fits and the batch fills the GPU "
-                 "without splits), split_kv or swapped (cuda_backend_options::fp8_decode_kernel, for A/B runs)")
+                 "without splits), split_kv, swapped or swapped_e4m3_qk (cuda_backend_options::fp8_decode_kernel, for "
+                 "A/B runs)")
       ->check(CLI::IsMember(names_of(cuda::all_fp8_decode_kernels)));
   app.add_option("--fp8-gemm-kernel", o.fp8_gemm_kernel,
                  "FP8 weights: the GEMM: automatic, cublaslt or sm90 (our wgmma kernel with 64-token tiles; "

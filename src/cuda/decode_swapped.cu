@@ -17,23 +17,27 @@ bool decode_swapped_supported(const decode_params& p) {
          p.num_seqs >= 0 && p.num_seqs <= 65535 && kvh <= 65535;
 }
 
-void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages) {
+void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages, fp8_decode_kernel kernel) {
   check(decode_swapped_supported(p), "paged_decode_attention_swapped: needs FP8 K/V (k_scale and v_scale), head_dim "
         "128 (got ", p.kv.head_dim, "), at most 8 query heads per KV head (got ", p.num_q_heads, " / ",
         p.kv.num_kv_heads, ") and a power-of-two block size (got ", p.kv.block_size, ")");
   check(stages == 0 || stages == 3 || stages == 4, "paged_decode_attention_swapped: stages ", stages,
         " (3, 4, or 0 for the default 3)");
+  check(is_swapped(kernel), "paged_decode_attention_swapped: kernel ", to_string(kernel),
+        " (swapped or swapped_e4m3_qk)");
   if (p.out_fp8.wanted()) detail::check_fp8_copy("paged_decode_attention_swapped", p.out_fp8, p.num_seqs);
   if (p.num_seqs == 0) return;
   namespace d = detail;
   const d::decode_args a = d::make_decode_args(p, 1, 0);  // head_chunks is unused: grid.y is the KV head
   const dim3 grid(1, static_cast<unsigned>(p.kv.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  auto run = [&]<int S>() {
-    d::opt_in_smem<d::paged_decode_swapped_kernel<S>>(d::kSwappedSmemBytes<S>);
-    d::paged_decode_swapped_kernel<S><<<grid, 128, d::kSwappedSmemBytes<S>, stream>>>(a);
+  auto run = [&]<int S, int VARIANT>() {
+    d::opt_in_smem<d::paged_decode_swapped_kernel<S, VARIANT>>(d::kSwappedSmemBytes<S>);
+    d::paged_decode_swapped_kernel<S, VARIANT><<<grid, 128, d::kSwappedSmemBytes<S>, stream>>>(a);
   };
-  if (stages == 4) run.template operator()<4>();
-  else run.template operator()<d::kSwappedStages>();
+  const bool e4m3_qk = kernel == fp8_decode_kernel::swapped_e4m3_qk;
+  if (stages == 4) e4m3_qk ? run.template operator()<4, d::kVariantE4m3Qk>() : run.template operator()<4, 0>();
+  else if (e4m3_qk) run.template operator()<d::kSwappedStages, d::kVariantE4m3Qk>();
+  else run.template operator()<d::kSwappedStages, 0>();
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

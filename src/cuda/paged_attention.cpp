@@ -77,6 +77,8 @@ void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, 
       const decode_params d = as_decode_params(p);
       switch (decode_kernel_for(d, p.fp8_decode, ws.plan)) {
         case fp8_decode_kernel::swapped: return paged_decode_attention_swapped(d, stream);
+        case fp8_decode_kernel::swapped_e4m3_qk:
+          return paged_decode_attention_swapped(d, stream, 0, fp8_decode_kernel::swapped_e4m3_qk);
         default: return paged_decode_attention(d, ws.plan, ws.data, ws.bytes, stream);
       }
     }

@@ -427,38 +427,43 @@ TEST_CASE("fp8 kv engine: random-initialised Qwen3 (tuned kernels, head_dim 128)
 
 // The swapped-operand decode kernel (cuda_backend_options::fp8_decode_kernel swapped) in the engine: the same FP8
 // cache and math as the split-KV kernel, summed in another order, so teacher-forced logits stay close to its.
+// swapped_e4m3_qk (Q rounded to E4M3 for FP8 QK MMAs) is held to the same bounds.
 TEST_CASE("fp8 kv engine: fp8_decode_kernel swapped runs the swapped kernel, close to split-KV") {
   cuda_backend_options o;
   o.kv_dtype = kv_cache_dtype::fp8_e4m3;
   o.cuda_graphs = false;
   o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::split_kv;
   const cuda_backend split(o);
-  o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::swapped;
-  const cuda_backend swapped(o);
-  for (const bool compress : {false, true}) {
-    const engine_config cfg = compress ? engine_config{.block_size = 16, .num_blocks = 512, .budget_tokens = 128,
-                                                       .window = 16, .async_compression = false}
-                                       : engine_config{.block_size = 16, .num_blocks = 512};
-    agreement a;
-    for (const auto& prompt : qwen3_prompts()) {
-      auto run = [&](const cuda_backend& b, const std::vector<token_id>* force) {
-        return compress ? run_greedy<zipage_policy>(b, random_qwen3, prompt, 200, cfg, force)
-                        : run_greedy<full_kv>(b, random_qwen3, prompt, 200, cfg, force);
-      };
-      const auto ref = run(split, nullptr);
-      const auto free = run(swapped, nullptr);
-      const auto forced = run(swapped, &ref.tokens);
-      REQUIRE(forced.tokens == ref.tokens);
-      add_request(a, ref, free, forced);
+  for (const auto kernel : {zipage::cuda::fp8_decode_kernel::swapped, zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk}) {
+    CAPTURE(std::string(zipage::cuda::to_string(kernel)));
+    o.fp8_decode_kernel = kernel;
+    const cuda_backend swapped(o);
+    for (const bool compress : {false, true}) {
+      const engine_config cfg = compress ? engine_config{.block_size = 16, .num_blocks = 512, .budget_tokens = 128,
+                                                         .window = 16, .async_compression = false}
+                                         : engine_config{.block_size = 16, .num_blocks = 512};
+      agreement a;
+      for (const auto& prompt : qwen3_prompts()) {
+        auto run = [&](const cuda_backend& b, const std::vector<token_id>* force) {
+          return compress ? run_greedy<zipage_policy>(b, random_qwen3, prompt, 200, cfg, force)
+                          : run_greedy<full_kv>(b, random_qwen3, prompt, 200, cfg, force);
+        };
+        const auto ref = run(split, nullptr);
+        const auto free = run(swapped, nullptr);
+        const auto forced = run(swapped, &ref.tokens);
+        REQUIRE(forced.tokens == ref.tokens);
+        add_request(a, ref, free, forced);
+      }
+      MESSAGE(std::string(compress ? "zipage_policy" : "full_kv"), ": ", zipage::cuda::to_string(kernel),
+              " against split-KV decode, ", a.tokens, " tokens: teacher-forced top-1 ", 100.0 * a.forced_top1 / a.tokens,
+              "%, max |logit drift| ", a.max_drift, " (max |logit| ", a.max_logit, "); free-running same position ",
+              100.0 * a.same_position / a.tokens, "%");
+      CHECK(std::isfinite(a.max_drift));
+      CHECK(a.max_drift < 0.05 * a.max_logit);
+      CHECK(a.forced_top1 * 10 >= a.tokens * 9);
     }
-    MESSAGE(std::string(compress ? "zipage_policy" : "full_kv"), ": swapped against split-KV decode, ", a.tokens,
-            " tokens: teacher-forced top-1 ", 100.0 * a.forced_top1 / a.tokens, "%, max |logit drift| ", a.max_drift, " (max |logit| ", a.max_logit,
-            "); free-running same position ", 100.0 * a.same_position / a.tokens, "%");
-    CHECK(std::isfinite(a.max_drift));
-    CHECK(a.max_drift < 0.05 * a.max_logit);
-    CHECK(a.forced_top1 * 10 >= a.tokens * 9);
+    CHECK(swapped.counters().swapped_decodes > 0);
   }
-  CHECK(swapped.counters().swapped_decodes > 0);
   CHECK(split.counters().swapped_decodes == 0);
 }
 

@@ -180,11 +180,15 @@ TEST_CASE("resolve_fp8_decode_kernel: swapped where it fits and the batch fills 
     CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, true, splits, few) == fp8_decode_kernel::split_kv);
     CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, true, splits, many) == fp8_decode_kernel::swapped);
     CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::swapped, true, splits, few) == fp8_decode_kernel::swapped);
+    CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::swapped_e4m3_qk, true, splits, few) ==
+          fp8_decode_kernel::swapped_e4m3_qk);
   }
   for (const int splits : {1, 2})
     for (const double waves : {few, many}) {
       CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::automatic, false, splits, waves) == fp8_decode_kernel::split_kv);
       CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::swapped, false, splits, waves) == fp8_decode_kernel::split_kv);
+      CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::swapped_e4m3_qk, false, splits, waves) ==
+            fp8_decode_kernel::split_kv);
       for (const bool fits : {false, true})
         CHECK(resolve_fp8_decode_kernel(fp8_decode_kernel::split_kv, fits, splits, waves) == fp8_decode_kernel::split_kv);
     }
@@ -196,8 +200,9 @@ TEST_CASE("resolve_fp8_decode_kernel: swapped where it fits and the batch fills 
     names.insert(zipage::cuda::to_string(k));
   }
   CHECK(names.size() == std::size(zipage::cuda::all_fp8_decode_kernels));
-  CHECK_FALSE(zipage::cuda::is_fp8_decode_kernel(static_cast<fp8_decode_kernel>(3)));
+  CHECK_FALSE(zipage::cuda::is_fp8_decode_kernel(static_cast<fp8_decode_kernel>(4)));
   CHECK(zipage::cuda::is_swapped(fp8_decode_kernel::swapped));
+  CHECK(zipage::cuda::is_swapped(fp8_decode_kernel::swapped_e4m3_qk));
   CHECK_FALSE(zipage::cuda::is_swapped(fp8_decode_kernel::split_kv));
   CHECK_FALSE(zipage::cuda::is_swapped(fp8_decode_kernel::automatic));
 }

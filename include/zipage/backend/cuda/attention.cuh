@@ -354,6 +354,9 @@ __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&m)[2], f
 // A skipped MMA folds its B operand into the accumulator's bits (one logic op, so the conversions stay live); a
 // skipped conversion passes the codes' bytes as fp16 bits; kAblateTile skips a warp's whole tile (the copies remain).
 enum : int { kAblateNone = 0, kAblateQkMma = 1, kAblatePvMma = 2, kAblateConvert = 4, kAblateTile = 8 };
+// ... and, in the same parameter, an experimental variant with correct outputs (the swapped kernel only): the QK
+// product as FP8 m16n8k32 MMAs, K's codes straight from shared memory and Q rounded to E4M3 under a scale per head.
+inline constexpr int kVariantE4m3Qk = 16;
 
 __device__ __forceinline__ void fold_bits(float& acc, std::uint32_t b0, std::uint32_t b1) {
   acc = __uint_as_float(__float_as_uint(acc) ^ b0 ^ b1);
@@ -361,6 +364,16 @@ __device__ __forceinline__ void fold_bits(float& acc, std::uint32_t b0, std::uin
 
 __device__ __forceinline__ void mma_f16(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += A B with E4M3 operands (m16n8k32, fp32 accumulators): a0 / a2 row g, k = 4t + {0..3} / 16 + 4t + {0..3};
+// a1 / a3 the same for row g + 8; b0 / b1 column g at k = 4t + {0..3} / 16 + 4t + {0..3} (low byte first).
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                         std::uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

@@ -87,7 +87,9 @@ void paged_decode_attention(const decode_params& p, const decode_plan& plan, voi
 // default; 4 CTAs per multiprocessor) or 4 (3 CTAs per multiprocessor). The engine picks it by
 // cuda_backend_options::fp8_decode_kernel (fp8_decode_kernel::automatic: resolve_fp8_decode_kernel's rule).
 [[nodiscard]] bool decode_swapped_supported(const decode_params& p);
-void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages = 0);
+// `kernel`: swapped or swapped_e4m3_qk (fp8_decode_kernel's two swapped kernels).
+void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages = 0,
+                                    fp8_decode_kernel kernel = fp8_decode_kernel::swapped);
 // How many full waves of the current device the swapped kernel's grid (one CTA per sequence and KV head, at its
 // default depth) makes: its CTAs over the CTAs all multiprocessors hold at once.
 [[nodiscard]] double decode_swapped_waves(const decode_params& p);

@@ -49,6 +49,47 @@ __device__ __forceinline__ float load_qT_fragments_fp8(std::uint32_t (&qb)[8][2]
   return q.inverse();
 }
 
+// kVariantE4m3Qk's B fragments (mma_e4m3): head g (= lane / 4) rounded to E4M3 under its own scale (its largest
+// magnitude to 448), qb[4c + p] = d 32t + 16c + 8p + {0..3} (b0) and + {4..7} (b1), the K words' order in
+// swapped_tile. Returns the inverse scales of the thread's score columns, heads 2t and 2t + 1.
+__device__ __forceinline__ float2 load_qT_fragments_e4m3(std::uint32_t (&qb)[8][2], const unsigned char* q_tile,
+                                                         int lane) {
+  constexpr int D = 128;
+  const int g = lane >> 2, t = lane & 3;
+  std::uint32_t w[16];  // bf16 pairs of row g: elements [32t, 32t + 32)
+  float amax = 0.0f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const uint4 x = *reinterpret_cast<const uint4*>(q_tile + swz<D>(g, 4 * t + c));
+    const std::uint32_t xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[4 * c + i] = xs[i];
+      amax = fmaxf(amax, bf16x2_amax(xs[i]));
+    }
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  const float f = amax > 0.0f && amax <= 3.0e38f ? kFp8E4m3Max / amax : 1.0f;
+  auto codes = [f](std::uint32_t lo, std::uint32_t hi) {  // two bf16 pairs -> four E4M3 codes, low first
+    const auto a = __nv_cvt_float2_to_fp8x2(make_float2(__uint_as_float(lo << 16) * f, __uint_as_float(lo & 0xffff0000u) * f),
+                                            __NV_SATFINITE, __NV_E4M3);
+    const auto b = __nv_cvt_float2_to_fp8x2(make_float2(__uint_as_float(hi << 16) * f, __uint_as_float(hi & 0xffff0000u) * f),
+                                            __NV_SATFINITE, __NV_E4M3);
+    return static_cast<std::uint32_t>(a) | static_cast<std::uint32_t>(b) << 16;
+  };
+#pragma unroll
+  for (int c = 0; c < 2; ++c)
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const int m = 8 * c + 4 * p;
+      qb[4 * c + p][0] = codes(w[m], w[m + 1]);
+      qb[4 * c + p][1] = codes(w[m + 2], w[m + 3]);
+    }
+  const float inv = 1.0f / f;
+  return make_float2(__shfl_sync(0xffffffffu, inv, 8 * t), __shfl_sync(0xffffffffu, inv, 8 * t + 4));
+}
+
 // The swapped kernel's CTA, one (sequence, KV head), and its thread: what the kernel and its helpers derive from
 // blockIdx, threadIdx and the sequence's page-table row.
 struct swapped_cta {
@@ -78,11 +119,27 @@ struct swapped_acc {
 // holding them in registers indexes no local memory). ks0/ks1, vs0/vs1: rows g and g + 8's scales (0 past the end).
 // tok0: row g's token. ABLATE: attention.cuh's kAblate* bits (bench_decode_attention's energy ablations only).
 template <int ABLATE = kAblateNone, class KChunk, class VChunk>
-__device__ __forceinline__ void swapped_tile(swapped_acc& acc, const std::uint32_t (&qb)[8][2], float q_mul,
+__device__ __forceinline__ void swapped_tile(swapped_acc& acc, const std::uint32_t (&qb)[8][2], float2 q_mul,
                                              KChunk&& k_chunk, VChunk&& v_chunk, float ks0, float ks1, float vs0,
                                              float vs1, int tok0, int end, int g, int t) {
   // S^T = K Q^T: rows tokens g, g + 8 of the warp's 16; A = their codes at d = 32t + 16c + 4i + {0..3}.
   float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if constexpr ((ABLATE & kVariantE4m3Qk) != 0) {
+    // The codes are the A fragments as they are: k = 4t + {0..3} is d = 32t + 16c + 8p + {0..3}, 16 + 4t + ... is
+    // d + 4 (load_qT_fragments_e4m3's order).
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const uint4 x0 = k_chunk(0, c);
+      const uint4 x1 = k_chunk(1, c);
+      const std::uint32_t fa0[4] = {x0.x, x1.x, x0.y, x1.y}, fa1[4] = {x0.z, x1.z, x0.w, x1.w};
+      mma_e4m3(s, fa0, qb[4 * c][0], qb[4 * c][1]);
+      mma_e4m3(s, fa1, qb[4 * c + 1][0], qb[4 * c + 1][1]);
+    }
+    s[0] = tok0 < end ? s[0] * (ks0 * q_mul.x) : -INFINITY;
+    s[1] = tok0 < end ? s[1] * (ks0 * q_mul.y) : -INFINITY;
+    s[2] = tok0 + 8 < end ? s[2] * (ks1 * q_mul.x) : -INFINITY;
+    s[3] = tok0 + 8 < end ? s[3] * (ks1 * q_mul.y) : -INFINITY;
+  } else {
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
     const uint4 x0 = k_chunk(0, c);
@@ -101,11 +158,12 @@ __device__ __forceinline__ void swapped_tile(swapped_acc& acc, const std::uint32
       else mma_f16(s, fa, qb[4 * c + i][0], qb[4 * c + i][1]);
     }
   }
-  ks0 *= q_mul, ks1 *= q_mul;
+  ks0 *= q_mul.x, ks1 *= q_mul.x;
   s[0] = tok0 < end ? s[0] * ks0 : -INFINITY;
   s[1] = tok0 < end ? s[1] * ks0 : -INFINITY;
   s[2] = tok0 + 8 < end ? s[2] * ks1 : -INFINITY;
   s[3] = tok0 + 8 < end ? s[3] * ks1 : -INFINITY;
+  }
 
   // Online softmax per head column: the maximum over the warp's 16 tokens (lanes of equal t).
   float corr[2];
@@ -266,11 +324,18 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
 
   swapped_acc acc;
   std::uint32_t qb[8][2];
-  float q_mul = a.scale_log2;
+  float2 q_mul = make_float2(a.scale_log2, a.scale_log2);  // .y: kVariantE4m3Qk's second score column only
 
   for (int it = 0; it < ntiles; ++it) {
     kv_pipeline_wait<STAGES>(loader, skv, it, 0, end, ntiles);
-    if (it == 0) q_mul *= load_qT_fragments_fp8(qb, smem, lane);
+    if (it == 0) {
+      if constexpr ((ABLATE & kVariantE4m3Qk) != 0) {
+        const float2 inv = load_qT_fragments_e4m3(qb, smem, lane);
+        q_mul.x *= inv.x, q_mul.y *= inv.y;
+      } else {
+        q_mul.x *= load_qT_fragments_fp8(qb, smem, lane);
+      }
+    }
     const int tile_start = it * kKvTile;
     const unsigned char* stage = smem + kQBytes + (it % STAGES) * loader_t::kStageBytes;
     if ((ABLATE & kAblateTile) == 0 && tile_start + warp * 16 < end) {

@@ -65,6 +65,9 @@ enum class fp8_decode_kernel : std::uint8_t {
   swapped,    // paged_decode_attention_swapped: K/V as the MMAs' A operand (half the MMAs at up to 8 query heads
               // per KV head), one CTA per sequence and KV head. Where it fits (decode_swapped_supported: head_dim
               // 128, at most 8 query heads per KV head, power-of-two blocks), else split_kv
+  swapped_e4m3_qk,  // swapped with the QK product as FP8 MMAs (m16n8k32): K's codes as they are, Q rounded to
+                    // E4M3 under one scale per head (FlashAttention-3's FP8 rounding of Q). Half the QK MMAs and no K
+                    // conversions, at Q's 3-bit mantissa; an A/B option (docs/benchmarks.md, 2026-12-06 15:00)
 };
 
 [[nodiscard]] constexpr const char* to_string(fp8_decode_kernel k) {
@@ -72,16 +75,20 @@ enum class fp8_decode_kernel : std::uint8_t {
     case fp8_decode_kernel::automatic: return "automatic";
     case fp8_decode_kernel::split_kv: return "split_kv";
     case fp8_decode_kernel::swapped: return "swapped";
+    case fp8_decode_kernel::swapped_e4m3_qk: return "swapped_e4m3_qk";
   }
   return "?";
 }
 
 // Every fp8_decode_kernel, in declaration order: what the tools parse and list.
 inline constexpr fp8_decode_kernel all_fp8_decode_kernels[] = {
-    fp8_decode_kernel::automatic, fp8_decode_kernel::split_kv, fp8_decode_kernel::swapped};
+    fp8_decode_kernel::automatic, fp8_decode_kernel::split_kv, fp8_decode_kernel::swapped,
+    fp8_decode_kernel::swapped_e4m3_qk};
 
-// The one that runs paged_decode_attention_swapped (what the swapped_decodes counter counts).
-[[nodiscard]] constexpr bool is_swapped(fp8_decode_kernel k) { return k == fp8_decode_kernel::swapped; }
+// The ones that run paged_decode_attention_swapped (what the swapped_decodes counter counts).
+[[nodiscard]] constexpr bool is_swapped(fp8_decode_kernel k) {
+  return k == fp8_decode_kernel::swapped || k == fp8_decode_kernel::swapped_e4m3_qk;
+}
 
 [[nodiscard]] constexpr bool is_fp8_decode_kernel(fp8_decode_kernel k) {
   for (const fp8_decode_kernel x : all_fp8_decode_kernels)
@@ -108,7 +115,8 @@ inline constexpr double kSwappedDecodeMinWaves = 2.0;
     case fp8_decode_kernel::automatic:
       return swapped_fits && (plan_splits == 1 || swapped_waves >= kSwappedDecodeMinWaves) ? fp8_decode_kernel::swapped
                                                                                            : fp8_decode_kernel::split_kv;
-    case fp8_decode_kernel::swapped: return swapped_fits ? requested : fp8_decode_kernel::split_kv;
+    case fp8_decode_kernel::swapped:
+    case fp8_decode_kernel::swapped_e4m3_qk: return swapped_fits ? requested : fp8_decode_kernel::split_kv;
     case fp8_decode_kernel::split_kv: return fp8_decode_kernel::split_kv;
   }
   check(false, "fp8 decode kernel: not a cuda::fp8_decode_kernel (", static_cast<int>(requested), ")");
