@@ -191,6 +191,8 @@ void launch_fp8_ablation(const zc::decode_params& p, cudaStream_t stream) {
 constexpr int kSwappedKernel = 1 << 8;
 // ... and for the swapped kernel (3 stages) with the tile work that the low bits name skipped (kAblate*).
 constexpr int kSwappedAblation = 1 << 9;
+// ... and for fp8_decode_kernel::swapped_e4m3_qk (the wgmma QK product).
+constexpr int kSwappedE4m3Qk = 1 << 10;
 
 template <int ABLATE>
 void launch_swapped_ablation(const zc::decode_params& p, cudaStream_t stream) {
@@ -209,7 +211,7 @@ void launch_decode(const zc::decode_params& p, const zc::decode_plan& plan, void
   switch (ablate) {
     case kSwappedKernel: return zc::paged_decode_attention_swapped(p, stream);  // its default depth, 3 stages
     case kSwappedKernel | 4: return zc::paged_decode_attention_swapped(p, stream, 4);
-    case kSwappedKernel | d::kVariantE4m3Qk:
+    case kSwappedE4m3Qk:
       return zc::paged_decode_attention_swapped(p, stream, 0, zc::fp8_decode_kernel::swapped_e4m3_qk);
     case kSwappedAblation | d::kAblateQkMma | d::kAblatePvMma:
       return launch_swapped_ablation<d::kAblateQkMma | d::kAblatePvMma>(p, stream);
@@ -606,7 +608,7 @@ int main(int argc, char** argv) {
         std::snprintf(name, sizeof name, "decode_fp8_swapped/batch%d/steady2048-2304/e4m3_qk", batch);
         std::snprintf(key, sizeof key, "a%05d", order++);
         benchmark::RegisterBenchmark(name, [=](benchmark::State& st) {
-          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, kSwappedKernel | d::kVariantE4m3Qk);
+          bm_decode(st, lens, 32, 8, 256, key, kSteadyCtx, 4, 1, true, kSwappedE4m3Qk);
         })->UseManualTime()->Iterations(5)->Unit(benchmark::kMicrosecond);
       }
       // The swapped kernel over the same bytes with fewer KV heads per token row (kv8 x 662 sequences, kv2 x 2,648,

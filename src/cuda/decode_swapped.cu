@@ -6,6 +6,7 @@
 #include "launch_checks.hpp"
 #include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/decode_swapped.cuh"
+#include "zipage/cuda/device.hpp"
 
 namespace zipage::cuda {
 
@@ -30,14 +31,23 @@ void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, 
   namespace d = detail;
   const d::decode_args a = d::make_decode_args(p, 1, 0);  // head_chunks is unused: grid.y is the KV head
   const dim3 grid(1, static_cast<unsigned>(p.kv.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  auto run = [&]<int S, int VARIANT>() {
-    d::opt_in_smem<d::paged_decode_swapped_kernel<S, VARIANT>>(d::kSwappedSmemBytes<S>);
-    d::paged_decode_swapped_kernel<S, VARIANT><<<grid, 128, d::kSwappedSmemBytes<S>, stream>>>(a);
+  if (kernel == fp8_decode_kernel::swapped_e4m3_qk) {
+    check(stages == 0 || stages == d::kSwappedWgmmaStages, "paged_decode_attention_swapped: swapped_e4m3_qk runs ",
+          d::kSwappedWgmmaStages, " stages (got ", stages, ")");
+    check(current_device_runs_sm90a(), "paged_decode_attention_swapped: swapped_e4m3_qk needs wgmma (an sm_90a build "
+          "on a compute-capability-9.0 device)");
+    constexpr int S = d::kSwappedWgmmaStages;
+    d::opt_in_smem<d::paged_decode_swapped_wgmma_kernel<S>>(d::kSwappedWgmmaSmemBytes);
+    d::paged_decode_swapped_wgmma_kernel<S><<<grid, 128, d::kSwappedWgmmaSmemBytes, stream>>>(a);
+    ZIPAGE_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  auto run = [&]<int S>() {
+    d::opt_in_smem<d::paged_decode_swapped_kernel<S>>(d::kSwappedSmemBytes<S>);
+    d::paged_decode_swapped_kernel<S><<<grid, 128, d::kSwappedSmemBytes<S>, stream>>>(a);
   };
-  const bool e4m3_qk = kernel == fp8_decode_kernel::swapped_e4m3_qk;
-  if (stages == 4) e4m3_qk ? run.template operator()<4, d::kVariantE4m3Qk>() : run.template operator()<4, 0>();
-  else if (e4m3_qk) run.template operator()<d::kSwappedStages, d::kVariantE4m3Qk>();
-  else run.template operator()<d::kSwappedStages, 0>();
+  if (stages == 4) run.template operator()<4>();
+  else run.template operator()<d::kSwappedStages>();
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

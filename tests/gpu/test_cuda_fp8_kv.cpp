@@ -435,7 +435,12 @@ TEST_CASE("fp8 kv engine: fp8_decode_kernel swapped runs the swapped kernel, clo
   o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::split_kv;
   const cuda_backend split(o);
   for (const auto kernel : {zipage::cuda::fp8_decode_kernel::swapped, zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk}) {
-    CAPTURE(std::string(zipage::cuda::to_string(kernel)));
+    const std::string kernel_name = zipage::cuda::to_string(kernel);
+    CAPTURE(kernel_name);
+    if (kernel == zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk && !zipage::cuda::current_device_runs_sm90a()) {
+      MESSAGE("SKIPPED: swapped_e4m3_qk needs an sm_90a build on a compute-capability-9.0 device");
+      continue;
+    }
     o.fp8_decode_kernel = kernel;
     const cuda_backend swapped(o);
     for (const bool compress : {false, true}) {
@@ -454,9 +459,8 @@ TEST_CASE("fp8 kv engine: fp8_decode_kernel swapped runs the swapped kernel, clo
         REQUIRE(forced.tokens == ref.tokens);
         add_request(a, ref, free, forced);
       }
-      MESSAGE(std::string(compress ? "zipage_policy" : "full_kv"), ": ", zipage::cuda::to_string(kernel),
-              " against split-KV decode, ", a.tokens, " tokens: teacher-forced top-1 ", 100.0 * a.forced_top1 / a.tokens,
-              "%, max |logit drift| ", a.max_drift, " (max |logit| ", a.max_logit, "); free-running same position ",
+      MESSAGE(std::string(compress ? "zipage_policy" : "full_kv"), ": ", kernel_name, " against split-KV decode, ",
+              a.tokens, " tokens: teacher-forced top-1 ", 100.0 * a.forced_top1 / a.tokens, "%, max |logit drift| ", a.max_drift, " (max |logit| ", a.max_logit, "); free-running same position ",
               100.0 * a.same_position / a.tokens, "%");
       CHECK(std::isfinite(a.max_drift));
       CHECK(a.max_drift < 0.05 * a.max_logit);
@@ -479,8 +483,14 @@ TEST_CASE("fp8 kv engine: greedy generation repeats bit for bit, with and withou
   };
   const variant variants[] = {{"bf16 KV", kv_cache_dtype::auto_, zipage::cuda::fp8_decode_kernel::split_kv},
                               {"fp8 KV, split_kv", kv_cache_dtype::fp8_e4m3, zipage::cuda::fp8_decode_kernel::split_kv},
-                              {"fp8 KV, swapped", kv_cache_dtype::fp8_e4m3, zipage::cuda::fp8_decode_kernel::swapped}};
+                              {"fp8 KV, swapped", kv_cache_dtype::fp8_e4m3, zipage::cuda::fp8_decode_kernel::swapped},
+                              {"fp8 KV, swapped_e4m3_qk", kv_cache_dtype::fp8_e4m3,
+                               zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk}};
   for (const variant& v : variants) {
+    if (v.kernel == zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk && !zipage::cuda::current_device_runs_sm90a()) {
+      MESSAGE("SKIPPED: ", v.name, " needs an sm_90a build on a compute-capability-9.0 device");
+      continue;
+    }
     cuda_backend_options o;
     o.kv_dtype = v.kv;
     o.cuda_graphs = false;

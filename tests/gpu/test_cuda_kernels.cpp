@@ -577,12 +577,15 @@ void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, s
       std::snprintf(name, sizeof name, "%s seqs=%d max_len=%d swapped-operand kernel, %d stages", shape.c_str(),
                     seqs, p.max_kv_len, stages);
       report(name, compare(setup.out.get(), ref), 1e-2);
-      // The variant with Q rounded to E4M3 (3 mantissa bits, one scale per head) in FP8 QK MMAs: its scores carry
-      // Q's rounding, ~2^-4 of each element, so its bound is looser than the fp16-Q kernel's.
+    }
+    // swapped_e4m3_qk (wgmma QK over Q rounded to E4M3, 3 mantissa bits, one scale per head): its scores carry Q's
+    // rounding, ~2^-4 of each element, so its bound is looser than the fp16-Q kernel's.
+    if (zc::wgmma_prefill_available()) {
       setup.out.poison();
-      zc::paged_decode_attention_swapped(p, nullptr, stages, zc::fp8_decode_kernel::swapped_e4m3_qk);
-      std::snprintf(name, sizeof name, "%s seqs=%d max_len=%d swapped, E4M3 QK, %d stages", shape.c_str(), seqs,
-                    p.max_kv_len, stages);
+      zc::paged_decode_attention_swapped(p, nullptr, 0, zc::fp8_decode_kernel::swapped_e4m3_qk);
+      char name[160];
+      std::snprintf(name, sizeof name, "%s seqs=%d max_len=%d swapped_e4m3_qk (wgmma)", shape.c_str(), seqs,
+                    p.max_kv_len);
       report(name, compare(setup.out.get(), ref), 5e-2);
     }
     check_decode_fp8_copy(p, shape + " swapped-operand kernel", decode_under_test::swapped);

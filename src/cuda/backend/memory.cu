@@ -75,6 +75,12 @@ cuda_backend::cuda_backend(const cuda_backend_options& options)
           " needs an sm_90a build of zipage (CMAKE_CUDA_ARCHITECTURES=90a) and a compute-capability-9.0 device; ",
           "this is ", cuda::describe_device(options.device));
   }
+  if (options.fp8_decode_kernel == cuda::fp8_decode_kernel::swapped_e4m3_qk) {
+    ctx_->activate();
+    check(cuda::wgmma_prefill_available(), "cuda_backend_options::fp8_decode_kernel swapped_e4m3_qk (wgmma) needs an ",
+          "sm_90a build of zipage (CMAKE_CUDA_ARCHITECTURES=90a) and a compute-capability-9.0 device; this is ",
+          cuda::describe_device(options.device));
+  }
   if (options.fp8_gemm_kernel == cuda::fp8_gemm_kernel::sm90) {
     ctx_->activate();
     check(cuda::fp8::gemm_sm90_available(), "cuda_backend_options::fp8_gemm_kernel sm90 needs an sm_90a build of zipage ",

@@ -117,11 +117,19 @@ __device__ __forceinline__ std::uint32_t v8_off(int row, int chunk) {
   return static_cast<std::uint32_t>(row * D + ((chunk ^ (D == 128 ? x << 1 : x)) << 4));
 }
 
-// The FP8 counterpart of kv_tile_loader: a stage holds the tile's K codes [64][D] (k8_off), V codes [64][D]
-// (v8_off) and K, V scales [64] each (16-byte copies of codes, 4-byte copies of scales, zero-filled past
-// the end). The MMAs read the codes from the stage directly (qk_tile_fp8, pv_tile_fp8): no second tile.
-template <int D, int THREADS>
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 128-byte rows in wgmma's 128-byte swizzle
+// (wgmma.cuh): what the swapped kernel's wgmma QK variant reads K codes from.
+__device__ __forceinline__ std::uint32_t sw128_off(int row, int chunk) {
+  return static_cast<std::uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+// The FP8 counterpart of kv_tile_loader: a stage holds the tile's K codes [64][D] (k8_off; SW128_K: sw128_off,
+// head_dim 128, each stage 1024-byte aligned for wgmma), V codes [64][D] (v8_off) and K, V scales [64] each
+// (16-byte copies of codes, 4-byte copies of scales, zero-filled past the end). The MMAs read the codes from the
+// stage directly (qk_tile_fp8, pv_tile_fp8): no second tile.
+template <int D, int THREADS, bool SW128_K = false>
 struct fp8_kv_tile_loader {
+  static_assert(!SW128_K || D == 128, "the 128-byte swizzle holds one 128-byte row of codes");
   static constexpr int kChunks = D / 16;  // 16-byte chunks of codes per row
   static constexpr int kRowsPerPass = THREADS / kChunks;
   static constexpr int kPasses = kKvTile / kRowsPerPass;
@@ -130,7 +138,8 @@ struct fp8_kv_tile_loader {
   static constexpr int kKOffset = 0;                   // K codes
   static constexpr int kVOffset = kCodeBytes;          // V codes
   static constexpr int kScaleOffset = 2 * kCodeBytes;  // K scales [64], then V scales [64]
-  static constexpr int kStageBytes = 2 * kCodeBytes + 2 * kKvTile * 4;
+  static constexpr int kStageBytes = (2 * kCodeBytes + 2 * kKvTile * 4 + (SW128_K ? 1023 : 0)) / (SW128_K ? 1024 : 1) *
+                                     (SW128_K ? 1024 : 1);
 
   const std::uint8_t* k;
   const std::uint8_t* v;
@@ -179,7 +188,8 @@ struct fp8_kv_tile_loader {
       const bool valid = tok < end;
       const std::int32_t page = __shfl_sync(0xffffffffu, next_page, ((tok >> bs_shift) - first) & 31);
       const std::int64_t off = ((static_cast<std::int64_t>(page) << bs_shift) | (tok & mask)) * token_stride + part * 16;
-      cp_async_16(stage + kKOffset + k8_off<D>(row, part), valid ? k + off : k, valid);
+      cp_async_16(stage + kKOffset + (SW128_K ? sw128_off(row, part) : k8_off<D>(row, part)), valid ? k + off : k,
+                  valid);
       cp_async_16(stage + kVOffset + v8_off<D>(row, part), valid ? v + off : v, valid);
     }
     // Scales: thread t < 64 copies token t's K scale, 64 <= t < 128 token t - 64's V scale.
@@ -216,7 +226,9 @@ __device__ __forceinline__ void kv_pipeline_start(Loader& loader, std::uint32_t 
   }
 }
 
-template <int STAGES, class Loader>
+// ASYNC_PROXY: the landed tile is then read by wgmma (the async proxy): each thread fences its copies into it
+// before the barrier that publishes them.
+template <int STAGES, bool ASYNC_PROXY = false, class Loader>
 __device__ __forceinline__ void kv_pipeline_wait(Loader& loader, std::uint32_t skv, int it, int start, int end,
                                                  int ntiles) {
   const int nxt = it + STAGES - 1;
@@ -227,6 +239,7 @@ __device__ __forceinline__ void kv_pipeline_wait(Loader& loader, std::uint32_t s
   }
   cp_async_commit();
   cp_async_wait<STAGES - 1>();
+  if constexpr (ASYNC_PROXY) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
 }
 
@@ -354,9 +367,6 @@ __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float (&m)[2], f
 // A skipped MMA folds its B operand into the accumulator's bits (one logic op, so the conversions stay live); a
 // skipped conversion passes the codes' bytes as fp16 bits; kAblateTile skips a warp's whole tile (the copies remain).
 enum : int { kAblateNone = 0, kAblateQkMma = 1, kAblatePvMma = 2, kAblateConvert = 4, kAblateTile = 8 };
-// ... and, in the same parameter, an experimental variant with correct outputs (the swapped kernel only): the QK
-// product as FP8 m16n8k32 MMAs, K's codes straight from shared memory and Q rounded to E4M3 under a scale per head.
-inline constexpr int kVariantE4m3Qk = 16;
 
 __device__ __forceinline__ void fold_bits(float& acc, std::uint32_t b0, std::uint32_t b1) {
   acc = __uint_as_float(__float_as_uint(acc) ^ b0 ^ b1);
@@ -364,16 +374,6 @@ __device__ __forceinline__ void fold_bits(float& acc, std::uint32_t b0, std::uin
 
 __device__ __forceinline__ void mma_f16(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// c += A B with E4M3 operands (m16n8k32, fp32 accumulators): a0 / a2 row g, k = 4t + {0..3} / 16 + 4t + {0..3};
-// a1 / a3 the same for row g + 8; b0 / b1 column g at k = 4t + {0..3} / 16 + 4t + {0..3} (low byte first).
-__device__ __forceinline__ void mma_e4m3(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                         std::uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

@@ -7,6 +7,7 @@
 // cuda_backend_options::fp8_decode_kernel (automatic: resolve_fp8_decode_kernel's rule); bench_decode_attention's
 // decode_fp8_swapped cases measure it, test_cuda_kernels checks it against the CPU reference.
 #include "zipage/backend/cuda/decode_kernel.cuh"
+#include "zipage/backend/cuda/wgmma.cuh"
 
 namespace zipage::cuda::detail {
 
@@ -49,47 +50,6 @@ __device__ __forceinline__ float load_qT_fragments_fp8(std::uint32_t (&qb)[8][2]
   return q.inverse();
 }
 
-// kVariantE4m3Qk's B fragments (mma_e4m3): head g (= lane / 4) rounded to E4M3 under its own scale (its largest
-// magnitude to 448), qb[4c + p] = d 32t + 16c + 8p + {0..3} (b0) and + {4..7} (b1), the K words' order in
-// swapped_tile. Returns the inverse scales of the thread's score columns, heads 2t and 2t + 1.
-__device__ __forceinline__ float2 load_qT_fragments_e4m3(std::uint32_t (&qb)[8][2], const unsigned char* q_tile,
-                                                         int lane) {
-  constexpr int D = 128;
-  const int g = lane >> 2, t = lane & 3;
-  std::uint32_t w[16];  // bf16 pairs of row g: elements [32t, 32t + 32)
-  float amax = 0.0f;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const uint4 x = *reinterpret_cast<const uint4*>(q_tile + swz<D>(g, 4 * t + c));
-    const std::uint32_t xs[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      w[4 * c + i] = xs[i];
-      amax = fmaxf(amax, bf16x2_amax(xs[i]));
-    }
-  }
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-  const float f = amax > 0.0f && amax <= 3.0e38f ? kFp8E4m3Max / amax : 1.0f;
-  auto codes = [f](std::uint32_t lo, std::uint32_t hi) {  // two bf16 pairs -> four E4M3 codes, low first
-    const auto a = __nv_cvt_float2_to_fp8x2(make_float2(__uint_as_float(lo << 16) * f, __uint_as_float(lo & 0xffff0000u) * f),
-                                            __NV_SATFINITE, __NV_E4M3);
-    const auto b = __nv_cvt_float2_to_fp8x2(make_float2(__uint_as_float(hi << 16) * f, __uint_as_float(hi & 0xffff0000u) * f),
-                                            __NV_SATFINITE, __NV_E4M3);
-    return static_cast<std::uint32_t>(a) | static_cast<std::uint32_t>(b) << 16;
-  };
-#pragma unroll
-  for (int c = 0; c < 2; ++c)
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const int m = 8 * c + 4 * p;
-      qb[4 * c + p][0] = codes(w[m], w[m + 1]);
-      qb[4 * c + p][1] = codes(w[m + 2], w[m + 3]);
-    }
-  const float inv = 1.0f / f;
-  return make_float2(__shfl_sync(0xffffffffu, inv, 8 * t), __shfl_sync(0xffffffffu, inv, 8 * t + 4));
-}
-
 // The swapped kernel's CTA, one (sequence, KV head), and its thread: what the kernel and its helpers derive from
 // blockIdx, threadIdx and the sequence's page-table row.
 struct swapped_cta {
@@ -113,33 +73,21 @@ struct swapped_acc {
   int v_exp = 127;
 };
 
+template <int ABLATE, class VChunk>
+__device__ __forceinline__ void swapped_softmax_pv(swapped_acc& acc, float (&s)[4], VChunk&& v_chunk, float vs0,
+                                                   float vs1, int g, int t);
+
 // One warp's 16 tokens, the kernel's tile body: S^T = K Q^T, the online softmax, O^T += V^T P'^T. k_chunk(half, c):
 // the 16 code bytes of chunk 2t + c of the warp's K row g + 8 * half; v_chunk(k): chunk g of its V row
 // 2t + (k & 1) + 8 * (k >> 1); zero codes past the end (half, c and k are constants after unrolling, so a kernel
 // holding them in registers indexes no local memory). ks0/ks1, vs0/vs1: rows g and g + 8's scales (0 past the end).
 // tok0: row g's token. ABLATE: attention.cuh's kAblate* bits (bench_decode_attention's energy ablations only).
 template <int ABLATE = kAblateNone, class KChunk, class VChunk>
-__device__ __forceinline__ void swapped_tile(swapped_acc& acc, const std::uint32_t (&qb)[8][2], float2 q_mul,
+__device__ __forceinline__ void swapped_tile(swapped_acc& acc, const std::uint32_t (&qb)[8][2], float q_mul,
                                              KChunk&& k_chunk, VChunk&& v_chunk, float ks0, float ks1, float vs0,
                                              float vs1, int tok0, int end, int g, int t) {
   // S^T = K Q^T: rows tokens g, g + 8 of the warp's 16; A = their codes at d = 32t + 16c + 4i + {0..3}.
   float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if constexpr ((ABLATE & kVariantE4m3Qk) != 0) {
-    // The codes are the A fragments as they are: k = 4t + {0..3} is d = 32t + 16c + 8p + {0..3}, 16 + 4t + ... is
-    // d + 4 (load_qT_fragments_e4m3's order).
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const uint4 x0 = k_chunk(0, c);
-      const uint4 x1 = k_chunk(1, c);
-      const std::uint32_t fa0[4] = {x0.x, x1.x, x0.y, x1.y}, fa1[4] = {x0.z, x1.z, x0.w, x1.w};
-      mma_e4m3(s, fa0, qb[4 * c][0], qb[4 * c][1]);
-      mma_e4m3(s, fa1, qb[4 * c + 1][0], qb[4 * c + 1][1]);
-    }
-    s[0] = tok0 < end ? s[0] * (ks0 * q_mul.x) : -INFINITY;
-    s[1] = tok0 < end ? s[1] * (ks0 * q_mul.y) : -INFINITY;
-    s[2] = tok0 + 8 < end ? s[2] * (ks1 * q_mul.x) : -INFINITY;
-    s[3] = tok0 + 8 < end ? s[3] * (ks1 * q_mul.y) : -INFINITY;
-  } else {
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
     const uint4 x0 = k_chunk(0, c);
@@ -158,13 +106,19 @@ __device__ __forceinline__ void swapped_tile(swapped_acc& acc, const std::uint32
       else mma_f16(s, fa, qb[4 * c + i][0], qb[4 * c + i][1]);
     }
   }
-  ks0 *= q_mul.x, ks1 *= q_mul.x;
+  ks0 *= q_mul, ks1 *= q_mul;
   s[0] = tok0 < end ? s[0] * ks0 : -INFINITY;
   s[1] = tok0 < end ? s[1] * ks0 : -INFINITY;
   s[2] = tok0 + 8 < end ? s[2] * ks1 : -INFINITY;
   s[3] = tok0 + 8 < end ? s[3] * ks1 : -INFINITY;
-  }
+  swapped_softmax_pv<ABLATE>(acc, s, v_chunk, vs0, vs1, g, t);
+}
 
+// The rest of a warp's tile after S^T: s (scaled to log2 units, -inf past the end; rows tokens g, g + 8, columns
+// heads 2t, 2t + 1) into the online softmax, then O^T += V^T P'^T (swapped_tile's v_chunk, vs0, vs1).
+template <int ABLATE, class VChunk>
+__device__ __forceinline__ void swapped_softmax_pv(swapped_acc& acc, float (&s)[4], VChunk&& v_chunk, float vs0,
+                                                   float vs1, int g, int t) {
   // Online softmax per head column: the maximum over the warp's 16 tokens (lanes of equal t).
   float corr[2];
 #pragma unroll
@@ -324,18 +278,11 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
 
   swapped_acc acc;
   std::uint32_t qb[8][2];
-  float2 q_mul = make_float2(a.scale_log2, a.scale_log2);  // .y: kVariantE4m3Qk's second score column only
+  float q_mul = a.scale_log2;
 
   for (int it = 0; it < ntiles; ++it) {
     kv_pipeline_wait<STAGES>(loader, skv, it, 0, end, ntiles);
-    if (it == 0) {
-      if constexpr ((ABLATE & kVariantE4m3Qk) != 0) {
-        const float2 inv = load_qT_fragments_e4m3(qb, smem, lane);
-        q_mul.x *= inv.x, q_mul.y *= inv.y;
-      } else {
-        q_mul.x *= load_qT_fragments_fp8(qb, smem, lane);
-      }
-    }
+    if (it == 0) q_mul *= load_qT_fragments_fp8(qb, smem, lane);
     const int tile_start = it * kKvTile;
     const unsigned char* stage = smem + kQBytes + (it % STAGES) * loader_t::kStageBytes;
     if ((ABLATE & kAblateTile) == 0 && tile_start + warp * 16 < end) {
@@ -358,6 +305,117 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
   cp_async_wait<0>();
   __syncthreads();
   swapped_epilogue(a, acc, smem, cta);
+}
+
+// ---- fp8_decode_kernel::swapped_e4m3_qk: S^T = K Q^T as FP8 wgmma ----
+// Hopper runs mma.sync on E4M3 operands as fp16 MMAs after converting both (F2FP unpacks in the SASS), so an FP8
+// product that spares the conversions and half the MMAs must be a wgmma. The 4 warps are one warpgroup and a tile's
+// 64 tokens its M: wgmma.m64n8k32 reads the K codes straight from the stage (stored in the 128-byte swizzle) and Q
+// from a [8][128] tile of E4M3 codes (one scale per head, its largest magnitude to 448), and leaves warp w the
+// scores of tokens 16w + g, 16w + g + 8 for heads 2t, 2t + 1: the mma.sync kernel's s. The online softmax and
+// the PV product (fp16 mma.sync over V's codes from registers) are the other kernel's.
+inline constexpr int kSwappedWgmmaStages = 3;
+using swapped_wgmma_loader = fp8_kv_tile_loader<128, 128, true>;
+// [bf16 Q: kSwappedQBytes][pad to 1024][E4M3 Q: 8 x 128][stages x swapped_wgmma_loader::kStageBytes]
+inline constexpr int kSwappedWgmmaSmemBytes =
+    kSwappedQBytes + 1024 + 1024 + kSwappedWgmmaStages * swapped_wgmma_loader::kStageBytes;
+
+// Q's rows (the bf16 tile at q_tile) as E4M3 codes into the 128-byte-swizzled tile at generic pointer qe, one scale
+// per head; q_inv[h]: the inverse of head h's scale. Thread tid: row tid / 16, its 8 values of chunk tid % 16.
+__device__ __forceinline__ void make_q_e4m3(const unsigned char* q_tile, unsigned char* qe, float* q_inv) {
+  constexpr int D = 128;
+  const int r = threadIdx.x >> 4, ch = threadIdx.x & 15;
+  const uint4 x = *reinterpret_cast<const uint4*>(q_tile + swz<D>(r, ch));
+  const std::uint32_t xs[4] = {x.x, x.y, x.z, x.w};
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) amax = fmaxf(amax, bf16x2_amax(xs[i]));
+#pragma unroll
+  for (int o = 1; o < 16; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  // A zero row (a padding head) or a non-finite one: unit scale (saturated codes; the reference's inf / NaN do not
+  // survive E4M3 rounding of Q).
+  const float f = amax > 0.0f && amax <= 3.0e38f ? kFp8E4m3Max / amax : 1.0f;
+  std::uint32_t codes[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const auto lo = __nv_cvt_float2_to_fp8x2(
+        make_float2(__uint_as_float(xs[2 * i] << 16) * f, __uint_as_float(xs[2 * i] & 0xffff0000u) * f),
+        __NV_SATFINITE, __NV_E4M3);
+    const auto hi = __nv_cvt_float2_to_fp8x2(
+        make_float2(__uint_as_float(xs[2 * i + 1] << 16) * f, __uint_as_float(xs[2 * i + 1] & 0xffff0000u) * f),
+        __NV_SATFINITE, __NV_E4M3);
+    codes[i] = static_cast<std::uint32_t>(lo) | static_cast<std::uint32_t>(hi) << 16;
+  }
+  *reinterpret_cast<uint2*>(qe + sw128_off(r, ch >> 1) + (ch & 1) * 8) = make_uint2(codes[0], codes[1]);
+  if (ch == 0) q_inv[r] = 1.0f / f;
+}
+
+// grid (1, kv_heads, num_seqs), 128 threads: paged_decode_swapped_kernel's CTA, with its QK product as wgmma.
+template <int STAGES>
+__global__ void __launch_bounds__(128, 4) paged_decode_swapped_wgmma_kernel(const decode_args a) {
+#if ZIPAGE_WGMMA_DEVICE
+  constexpr int D = 128;
+  using loader_t = swapped_wgmma_loader;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float s_qinv[8];
+  const swapped_cta cta = swapped_cta_of(a);
+  const auto& [kvh, seq, end, qhead0, pages, warp, lane, g, t] = cta;
+
+  const std::uint32_t sq = smem_addr(smem);
+  const std::uint32_t sqe = (sq + kSwappedQBytes + 1023) & ~1023u;
+  const std::uint32_t skv = sqe + 1024;
+  loader_t loader(a.k8, a.v8, a.k_scale, a.v_scale, pages, a.num_kv_heads, kvh, a.bs_shift, threadIdx.x);
+  loader.prefetch(0, end);
+  swapped_load_q(a, sq, cta);
+  const int ntiles = (end + kKvTile - 1) / kKvTile;
+  kv_pipeline_start<STAGES>(loader, skv, 0, end, ntiles);
+
+  swapped_acc acc;
+  float q_mul[2] = {a.scale_log2, a.scale_log2};
+  for (int it = 0; it < ntiles; ++it) {
+    kv_pipeline_wait<STAGES, true>(loader, skv, it, 0, end, ntiles);
+    if (it == 0) {  // Q has landed with the first tile
+      make_q_e4m3(smem, smem + (sqe - sq), s_qinv);
+      wgmma::fence_proxy_async();
+      __syncthreads();
+      q_mul[0] *= s_qinv[2 * t], q_mul[1] *= s_qinv[2 * t + 1];
+    }
+    const int tile_start = it * kKvTile;
+    const std::uint32_t stage = skv + (it % STAGES) * loader_t::kStageBytes;
+    float s[1][4] = {};
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk)
+      wgmma::mma_m64n8k32_e4m3_ss(s[0], wgmma::desc_sw128(stage + loader_t::kKOffset + 32 * kk, 16, 1024),
+                                  wgmma::desc_sw128(sqe + 32 * kk, 16, 1024), kk > 0);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(s);
+    if (tile_start + warp * 16 < end) {
+      const unsigned char* st = smem + (stage - sq);
+      const unsigned char* vc = st + loader_t::kVOffset;
+      const float* scales = reinterpret_cast<const float*>(st + loader_t::kScaleOffset) + warp * 16;
+      const int tok0 = tile_start + warp * 16 + g;
+      const float ks0 = scales[g], ks1 = scales[g + 8];
+      float sc[4] = {tok0 < end ? s[0][0] * (ks0 * q_mul[0]) : -INFINITY,
+                     tok0 < end ? s[0][1] * (ks0 * q_mul[1]) : -INFINITY,
+                     tok0 + 8 < end ? s[0][2] * (ks1 * q_mul[0]) : -INFINITY,
+                     tok0 + 8 < end ? s[0][3] * (ks1 * q_mul[1]) : -INFINITY};
+      swapped_softmax_pv<kAblateNone>(
+          acc, sc,
+          [&](int k) {
+            return *reinterpret_cast<const uint4*>(vc + v8_off<D>(warp * 16 + 2 * t + (k & 1) + 8 * (k >> 1), g));
+          },
+          scales[kKvTile + g], scales[kKvTile + g + 8], g, t);
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  swapped_epilogue(a, acc, smem, cta);
+#else
+  __trap();  // never launched off sm_90a (decode_swapped_wgmma_available)
+#endif
 }
 
 }  // namespace zipage::cuda::detail

@@ -1,6 +1,6 @@
 #pragma once
 // Hopper warpgroup MMAs (wgmma.mma_async, sm_90a): the instructions, their shared-memory matrix descriptors
-// and the fences around them. Used by prefill_wgmma.cuh.
+// and the fences around them. Used by prefill_wgmma.cuh, fp8_gemm_sm90.cuh and decode_swapped.cuh.
 //
 // A warpgroup (4 consecutive warps, 128 threads) issues an MMA together. Operands in shared memory are named
 // by 64-bit descriptors (PTX ISA, "Matrix Descriptor Format"); this file only builds 128-byte-swizzled ones:
@@ -165,6 +165,17 @@ __device__ __forceinline__ void mma_m64n128k32_e4m3_ss(float (&d)[16][4], std::u
         "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
         "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
         "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// d[4] (+)= A[64x32] . B[32x8] in e4m3 (both K-major, 128-byte swizzled, in shared memory): the swapped FP8 decode
+// kernel's S^T = K Q^T step (decode_swapped.cuh), d in the layout above with one column tile.
+__device__ __forceinline__ void mma_m64n8k32_e4m3_ss(float (&d)[4], std::uint64_t desc_a, std::uint64_t desc_b,
+                                                     int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
