@@ -1,5 +1,6 @@
 // The swapped-operand FP8 decode kernel's launcher (decode_swapped.cuh; attention.hpp says what it takes).
 #include <algorithm>
+#include <cstdint>
 #include <array>
 #include <mutex>
 
@@ -27,6 +28,14 @@ void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, 
   check(is_swapped(kernel), "paged_decode_attention_swapped: kernel ", to_string(kernel),
         " (swapped or swapped_e4m3_qk)");
   if (p.out_fp8.wanted()) detail::check_fp8_copy("paged_decode_attention_swapped", p.out_fp8, p.num_seqs);
+  if (p.append.wanted())
+    check(p.append.v != nullptr && p.append.slots != nullptr && p.append.k_stride % 8 == 0 &&
+              p.append.v_stride % 8 == 0 && p.append.k_stride >= std::int64_t{p.kv.num_kv_heads} * 128 &&
+              p.append.v_stride >= std::int64_t{p.kv.num_kv_heads} * 128 &&
+              reinterpret_cast<std::uintptr_t>(p.append.k) % 16 == 0 &&
+              reinterpret_cast<std::uintptr_t>(p.append.v) % 16 == 0,
+          "paged_decode_attention_swapped: append needs k, v and slots, strides of whole 8-element vectors covering "
+          "the KV heads (got ", p.append.k_stride, " / ", p.append.v_stride, ") and 16-byte aligned k / v");
   if (p.num_seqs == 0) return;
   namespace d = detail;
   const d::decode_args a = d::make_decode_args(p, 1, 0);  // head_chunks is unused: grid.y is the KV head

@@ -129,6 +129,10 @@ void add(cuda_dtype t, const void* a, const void* b, void* out, std::int64_t n, 
     reference::add(t, a, b, out, n, stream);
 }
 
+bool append_kv_runs_tuned_fp8(cuda_dtype t, const append_kv_params& p, kernel_variant v) {
+  return p.kv.fp8() && tuned_bf16(t, v) && tuned::append_kv_fp8_supported(p);
+}
+
 void append_kv(cuda_dtype t, const append_kv_params& p, kernel_variant v, cuda_stream stream) {
   check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "append_kv: an FP8 cache needs both kv.k_scale and "
         "kv.v_scale");

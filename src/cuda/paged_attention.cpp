@@ -53,6 +53,7 @@ decode_params as_decode_params(const attention_params& p) {
   d.max_kv_len = p.max_kv_len;
   d.scale = p.scale;
   d.out_fp8 = p.out_fp8;
+  d.append = p.append;
   return d;
 }
 
@@ -70,12 +71,17 @@ void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, 
   check(!p.out_fp8.wanted() || kernel == attention_kernel::tuned_decode,
         "paged_attention: out_fp8 is written by the tuned decode kernel only (bf16, head_dim 128, one query token per "
         "sequence)");
+  check(!p.append.wanted() || kernel == attention_kernel::tuned_decode,
+        "paged_attention: append is done by the tuned decode kernel only (the swapped kernels)");
   switch (kernel) {
     case attention_kernel::tuned_decode: {
       check(p.num_tokens == p.num_seqs, "paged_attention: one_token_per_seq, but ", p.num_tokens, " tokens for ",
             p.num_seqs, " sequences");
       const decode_params d = as_decode_params(p);
-      switch (decode_kernel_for(d, p.fp8_decode, ws.plan)) {
+      const fp8_decode_kernel k = decode_kernel_for(d, p.fp8_decode, ws.plan);
+      check(!p.append.wanted() || is_swapped(k), "paged_attention: append is done by the swapped decode kernels only "
+            "(this launch runs ", to_string(k), ")");
+      switch (k) {
         case fp8_decode_kernel::swapped: return paged_decode_attention_swapped(d, stream);
         case fp8_decode_kernel::swapped_e4m3_qk:
           return paged_decode_attention_swapped(d, stream, 0, fp8_decode_kernel::swapped_e4m3_qk);

@@ -541,6 +541,56 @@ fp8_cache quantise_cache(paged_cache& c, const std::string& name) {
   return std::move(out[0]);
 }
 
+// decode_params::append: a swapped kernel writes each sequence's new (last) token itself before reading the cache.
+// From a copy of f (made by append_kv) with those tokens' codes and scales poisoned, it must restore append_kv's
+// bytes exactly and give the output of the same kernel over f; sequences without tokens get slot -1 (no write).
+void check_swapped_append(const paged_cache& c, const fp8_cache& f, decode_setup& setup, const std::string& shape) {
+  const std::size_t row = std::size_t(c.kv_heads) * c.head_dim;
+  const std::size_t seqs = c.kv_len.size();
+  std::vector<std::int64_t> slots(seqs, -1);
+  std::vector<std::uint16_t> k(seqs * row), v(seqs * row);
+  std::vector<std::uint8_t> kc = f.k.get(), vc = f.v.get();
+  std::vector<float> ks = f.k_scale.get(), vs = f.v_scale.get();
+  for (std::size_t s = 0; s < seqs; ++s) {
+    if (c.kv_len[s] == 0) continue;
+    const int t = c.kv_len[s] - 1;
+    const std::int64_t slot =
+        std::int64_t{c.page_indices[std::size_t(c.page_indptr[s] + t / c.block_size)]} * c.block_size + t % c.block_size;
+    slots[s] = slot;
+    std::copy_n(c.k.begin() + slot * std::int64_t(row), row, k.begin() + std::int64_t(s * row));
+    std::copy_n(c.v.begin() + slot * std::int64_t(row), row, v.begin() + std::int64_t(s * row));
+    std::fill_n(kc.begin() + slot * std::int64_t(row), row, std::uint8_t{0xa5});
+    std::fill_n(vc.begin() + slot * std::int64_t(row), row, std::uint8_t{0x5a});
+    std::fill_n(ks.begin() + slot * c.kv_heads, c.kv_heads, std::nanf(""));
+    std::fill_n(vs.begin() + slot * c.kv_heads, c.kv_heads, -1.0f);
+  }
+  const dbuf<std::uint16_t> dk(k), dv(v);
+  const dbuf<std::int64_t> dslots(slots);
+  std::vector<zc::fp8_decode_kernel> kernels{zc::fp8_decode_kernel::swapped};
+  if (zc::wgmma_prefill_available()) kernels.push_back(zc::fp8_decode_kernel::swapped_e4m3_qk);
+  zc::decode_params& p = setup.p;
+  for (const zc::fp8_decode_kernel kernel : kernels) {
+    const std::string name = shape + " " + zc::to_string(kernel) + " appending the new tokens itself";
+    p.kv.k_cache = f.k.p, p.kv.v_cache = f.v.p, p.kv.k_scale = f.k_scale.p, p.kv.v_scale = f.v_scale.p;
+    p.append = {};
+    setup.out.poison();
+    zc::paged_decode_attention_swapped(p, nullptr, 0, kernel);
+    const std::vector<std::uint16_t> want = setup.out.get();
+    fp8_cache g{dbuf<std::uint8_t>(kc), dbuf<std::uint8_t>(vc), dbuf<float>(ks), dbuf<float>(vs)};
+    p.kv.k_cache = g.k.p, p.kv.v_cache = g.v.p, p.kv.k_scale = g.k_scale.p, p.kv.v_scale = g.v_scale.p;
+    p.append = {dk.p, dv.p, dslots.p, std::int64_t(row), std::int64_t(row)};
+    setup.out.poison();
+    zc::paged_decode_attention_swapped(p, nullptr, 0, kernel);
+    const std::vector<std::uint16_t> got = setup.out.get();
+    p.append = {};
+    std::size_t differ = got.size() != want.size();
+    for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) differ += got[i] != want[i];
+    report_exact(name + ": cache == append_kv's", g.mismatches(f));
+    report_exact(name + ": output == after append_kv", differ);
+  }
+  p.kv.k_cache = f.k.p, p.kv.v_cache = f.v.p, p.kv.k_scale = f.k_scale.p, p.kv.v_scale = f.v_scale.p;
+}
+
 // Decode over an FP8 cache (the kernel's FP8 path: scales applied to scores and probabilities) against the CPU
 // reference on the dequantised cache; then its FP8 copy of the output (the strided epilogue) where head_dim is 128.
 void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, std::vector<int> forced_splits) {
@@ -589,6 +639,7 @@ void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, s
       report(name, compare(setup.out.get(), ref), 5e-2);
     }
     check_decode_fp8_copy(p, shape + " swapped-operand kernel", decode_under_test::swapped);
+    check_swapped_append(c, f, setup, shape);
   }
   if (d == 128) check_decode_fp8_copy(p, shape);
 }
@@ -1145,6 +1196,14 @@ int main() {
     expect_throw("the swapped-operand decode rejects a bf16 cache", [] {
       zc::decode_params p;
       p.kv.head_dim = 128, p.num_q_heads = 32, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
+      zc::paged_decode_attention_swapped(p, nullptr);
+    });
+    expect_throw("the swapped-operand decode rejects an append stride that is not whole 8-element vectors", [] {
+      zc::decode_params p;
+      p.kv.head_dim = 128, p.num_q_heads = 32, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
+      p.kv.k_scale = p.kv.v_scale = reinterpret_cast<float*>(16);
+      p.append = {reinterpret_cast<void*>(256), reinterpret_cast<void*>(256),
+                  reinterpret_cast<std::int64_t*>(256), 1028, 1024};
       zc::paged_decode_attention_swapped(p, nullptr);
     });
     expect_throw("the swapped-operand decode rejects 2 stages", [] {

@@ -223,6 +223,17 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
   // that asks the device's occupancy, once per layer).
   ap.fp8_decode = decode_kernel;
   const bool swapped = cuda::is_swapped(decode_kernel);
+  cuda::append_kv_params append;
+  append.kv = view;
+  append.k = k.data();
+  append.v = v.data();
+  append.slots = st.slots;
+  append.num_tokens = tokens;
+  // A swapped decode writes the new K/V itself where the tuned FP8 append would run (the same bytes): one launch
+  // fewer per layer. (Token i is sequence i in a decode step.)
+  const bool fuse_append =
+      swapped && c.opts.fuse_decode_append && cuda::append_kv_runs_tuned_fp8(kv.dtype, append, variant);
+  if (fuse_append) ap.append = {append.k, append.v, append.slots, append.k_stride(), append.v_stride()};
   // The FP8 o projection's input, written by the decode kernel's epilogue instead of a quantisation launch. Not for
   // a nano-batch: the two nano-batches' outputs would take turns in the one activation workspace.
   if (nano < 0 && tuned_decode) {
@@ -244,17 +255,11 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
     ZIPAGE_CUDA_CHECK(cudaStreamWaitEvent(c.attention_stream, c.attention_launched[i], 0));
   }
 
-  cuda::append_kv_params append;
-  append.kv = view;
-  append.k = k.data();
-  append.v = v.data();
-  append.slots = st.slots;
-  append.num_tokens = tokens;
   // Timed (op_timing) on the main stream only: a nano-batch's attention runs on a stream of its own.
   auto timed_on_main = [&](const char* name) {
     return nano < 0 ? time_op(c, name) : cuda_detail::op_scope{};
   };
-  {
+  if (!fuse_append) {
     const auto timed = timed_on_main("append_kv");
     cuda::append_kv(kv.dtype, append, variant, stream);  // FP8 (scales set): the quantising kernel
   }

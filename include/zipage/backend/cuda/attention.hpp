@@ -35,6 +35,18 @@ namespace zipage::cuda {
 // (up to 16 at a time), so K/V are read once per group; long contexts are split over several CTAs
 // (split-KV) and merged by a second pass (log-sum-exp). head_dim: 64 or 128. block_size: a power of
 // two >= 2. q_heads / kv_heads: any integer ratio.
+// Each sequence's new token, appended by the decode kernel itself before it reads the cache (the swapped kernels,
+// FP8 cache, head_dim 128): what append_kv would write for row s of k / v at slots[s], byte for byte, without
+// the append launch before every layer's decode.
+struct decode_append {
+  const void* k = nullptr;              // bf16 [num_seqs][k_stride], 16-byte aligned rows
+  const void* v = nullptr;              // bf16 [num_seqs][v_stride]
+  const std::int64_t* slots = nullptr;  // [num_seqs]; < 0: no token (nothing written)
+  std::int64_t k_stride = 0;            // elements; multiples of 8
+  std::int64_t v_stride = 0;
+  [[nodiscard]] bool wanted() const { return k != nullptr; }
+};
+
 struct decode_params {
   const void* q = nullptr;  // bf16 [num_seqs][num_q_heads][head_dim]
   void* out = nullptr;      // bf16 [num_seqs][num_q_heads][head_dim]
@@ -51,6 +63,8 @@ struct decode_params {
   // per head), written by the kernel's epilogue so that an FP8 o projection needs no quantisation launch of its
   // own. Only where decode_writes_fp8_copy(*this, plan) holds.
   fp8_copy out_fp8{};
+  // When wanted, the new tokens' K/V are written first (decode_append): paged_decode_attention_swapped only.
+  decode_append append{};
 };
 
 // How the KV range of each sequence is split: split i covers tokens [i*chunk_tokens, (i+1)*chunk_tokens).
@@ -155,6 +169,9 @@ struct attention_params {
   // (decode_kernel_for says which one a launch under a plan runs; with the swapped ones the plan and workspace are
   // unused).
   fp8_decode_kernel fp8_decode = fp8_decode_kernel::automatic;
+  // When wanted, the decode kernel appends each sequence's new K/V itself (decode_params::append): only where the
+  // tuned decode runs a swapped kernel (fp8_decode); anything else is an error.
+  decode_append append{};
 };
 
 enum class attention_kernel : std::uint8_t { tuned_decode, tuned_prefill, reference };

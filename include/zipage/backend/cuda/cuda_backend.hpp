@@ -130,6 +130,10 @@ struct cuda_backend_options {
   // on the same input as the one before it (unfused q, k, v) reuses that one's. The same bytes either way; false: for
   // an A/B (zipage-bench --no-fused-quantize).
   bool fuse_fp8_quantize = true;
+  // With an FP8 KV cache, where a decode step's attention runs a swapped kernel: that kernel writes each sequence's
+  // new K/V into the cache itself (cuda::decode_append) instead of an append_kv launch before it. The same bytes
+  // either way; false: for an A/B (zipage-bench --no-fused-append).
+  bool fuse_decode_append = true;
   // With an FP8 KV cache: which decode attention kernel (cuda::fp8_decode_kernel; zipage-bench --fp8-decode-kernel).
   // automatic: the swapped-operand kernel (half the MMAs, 5-6% more tokens per second and per joule at the
   // compressed steady state, where steps are power-capped) where it fits and the batch fills the GPU without

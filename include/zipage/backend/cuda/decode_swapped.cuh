@@ -6,6 +6,7 @@
 // groups of up to 8 heads, one split, bf16 output and, when wanted, its FP8 copy. The engine runs it by
 // cuda_backend_options::fp8_decode_kernel (automatic: resolve_fp8_decode_kernel's rule); bench_decode_attention's
 // decode_fp8_swapped cases measure it, test_cuda_kernels checks it against the CPU reference.
+#include "zipage/backend/cuda/append_fp8.cuh"
 #include "zipage/backend/cuda/decode_kernel.cuh"
 #include "zipage/backend/cuda/wgmma.cuh"
 
@@ -244,6 +245,21 @@ __device__ __forceinline__ void swapped_epilogue(const decode_args& a, swapped_a
   }
 }
 
+// decode_params::append: warp 0 writes the CTA's (sequence, KV head) of the sequence's new token into the cache
+// (append_head_fp8, append_kv's bytes), and the CTA waits for it before any copy reads the cache. The cache is the
+// kernel's own to write here: no other CTA reads this head of this sequence's slots.
+__device__ __forceinline__ void swapped_append(const decode_args& a, const swapped_cta& cta) {
+  if (a.new_k == nullptr) return;
+  if (cta.warp == 0) {
+    const std::int64_t slot = a.new_slots[cta.seq];
+    if (slot >= 0)
+      append_head_fp8(const_cast<std::uint8_t*>(a.k8), const_cast<std::uint8_t*>(a.v8), const_cast<float*>(a.k_scale),
+                      const_cast<float*>(a.v_scale), a.new_k + cta.seq * a.new_k_stride + cta.kvh * 128,
+                      a.new_v + cta.seq * a.new_v_stride + cta.kvh * 128, slot, a.num_kv_heads, cta.kvh, cta.lane);
+  }
+  __syncthreads();
+}
+
 // Q's bf16 rows of the CTA's (sequence, KV head) into the swizzled tile at `sq` (rows past the group: any valid row).
 __device__ __forceinline__ void swapped_load_q(const decode_args& a, std::uint32_t sq, const swapped_cta& cta) {
   constexpr int D = 128;
@@ -270,6 +286,7 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
 
   const std::uint32_t sq = smem_addr(smem);
   const std::uint32_t skv = sq + kQBytes;
+  swapped_append(a, cta);
   loader_t loader(a.k8, a.v8, a.k_scale, a.v_scale, pages, a.num_kv_heads, kvh, a.bs_shift, threadIdx.x);
   loader.prefetch(0, end);
   swapped_load_q(a, sq, cta);
@@ -364,6 +381,7 @@ __global__ void __launch_bounds__(128, 4) paged_decode_swapped_wgmma_kernel(cons
   const std::uint32_t sq = smem_addr(smem);
   const std::uint32_t sqe = (sq + kSwappedQBytes + 1023) & ~1023u;
   const std::uint32_t skv = sqe + 1024;
+  swapped_append(a, cta);
   loader_t loader(a.k8, a.v8, a.k_scale, a.v_scale, pages, a.num_kv_heads, kvh, a.bs_shift, threadIdx.x);
   loader.prefetch(0, end);
   swapped_load_q(a, sq, cta);

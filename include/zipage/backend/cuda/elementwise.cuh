@@ -2,6 +2,7 @@
 // Elementwise / row-wise kernels on bf16 data with fp32 arithmetic: KV append by slot, RMSNorm (rows or
 // heads), RoPE (interleaved and half-split), SwiGLU silu_mul, row gather (embedding), add. Memory-bound:
 // 16-byte vector accesses where the shapes allow (widths multiple of 8 elements).
+#include "zipage/backend/cuda/append_fp8.cuh"
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/fp8_copy.cuh"
 #include "zipage/backend/cuda/ops.hpp"  // qkv_epilogue_params
@@ -27,10 +28,7 @@ __global__ void append_kv_kernel(bf16* __restrict__ kc, bf16* __restrict__ vc, c
   }
 }
 
-// ---- append_kv into an FP8 cache (head_dim 128): one warp per (token, KV head), lanes 0-15 quantise its K
-// head and lanes 16-31 its V head, 8 values each (one 16-byte load, one 8-byte store). The reference kernel's
-// arithmetic (reference_ops.cu: NaN propagates into the scale, scale = amax / 448 with IEEE division, codes by
-// e4m3_code), so the same bytes; it only spreads the head over a half-warp instead of looping a warp over it.
+// ---- append_kv into an FP8 cache (head_dim 128): one warp per (token, KV head) (append_head_fp8).
 __global__ void __launch_bounds__(256) append_kv_fp8_kernel(std::uint8_t* __restrict__ kc, std::uint8_t* __restrict__ vc,
                                                             float* __restrict__ ks, float* __restrict__ vs,
                                                             const bf16* __restrict__ k, const bf16* __restrict__ v,
@@ -43,34 +41,8 @@ __global__ void __launch_bounds__(256) append_kv_fp8_kernel(std::uint8_t* __rest
   const int h = static_cast<int>(item % heads);
   const std::int64_t slot = slots[t];
   if (slot < 0) return;
-  const int lane = threadIdx.x & 31;
-  const bool is_v = lane >= 16;
-  const int c = (lane & 15) * 8;
-  const bf16* x = is_v ? v + t * v_stride + h * D : k + t * k_stride + h * D;
-  float f[8];
-  bf16x8_to_float(*reinterpret_cast<const uint4*>(x + c), f);
-  float amax = 0.0f;
-  bool nan = false;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const float a = fabsf(f[e]);
-    nan |= isnan(a);
-    amax = fmaxf(amax, a);
-  }
-  const unsigned half_warp = 0xffffu << (lane & 16);
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  nan = (__ballot_sync(0xffffffffu, nan) & half_warp) != 0;
-  const float scale = nan ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, kFp8E4m3Max);
-  std::uint32_t lo = 0, hi = 0;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    lo |= std::uint32_t{e4m3_code(f[e], scale)} << (8 * e);
-    hi |= std::uint32_t{e4m3_code(f[e + 4], scale)} << (8 * e);
-  }
-  const std::int64_t dst = (slot * heads + h) * D;
-  *reinterpret_cast<uint2*>((is_v ? vc : kc) + dst + c) = make_uint2(lo, hi);
-  if ((lane & 15) == 0) (is_v ? vs : ks)[slot * heads + h] = scale;
+  append_head_fp8(kc, vc, ks, vs, k + t * k_stride + h * D, v + t * v_stride + h * D, slot, heads, h,
+                  static_cast<int>(threadIdx.x & 31));
 }
 
 // ---- RMSNorm

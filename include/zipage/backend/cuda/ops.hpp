@@ -165,6 +165,9 @@ struct append_kv_params {
 // A bf16 / fp32 cache: tuned when t == bf16, num_kv_heads * head_dim and both row strides multiples of 8, and
 // kv.k_cache, kv.v_cache, k, v 16-byte aligned; else the reference kernel. Both copy bits.
 void append_kv(cuda_dtype t, const append_kv_params& p, kernel_variant v, cuda_stream stream);
+// Whether append_kv(t, p, v) runs the tuned FP8 kernel (an FP8 cache, bf16 K/V, head_dim 128, ...): the bytes a
+// swapped decode kernel writes itself under decode_params::append.
+[[nodiscard]] bool append_kv_runs_tuned_fp8(cuda_dtype t, const append_kv_params& p, kernel_variant v);
 
 // Copies q row i into query-window row token_row[i] (rows of `width` elements of dtype t) when
 // token_row[i] >= 0. One kernel.
