@@ -195,7 +195,7 @@ struct options {
   bool unfused_projections = false;  // q/k/v and gate/up as separate GEMMs (the loaders fuse them)
   bool op_timing = false;            // per-op GPU time of the decode steps (implies --no-graphs)
   bool unfused_quantize = false;     // FP8 weights: every linear quantises its own input (A/B of fuse_fp8_quantize)
-  bool unfused_append = false;       // FP8 KV: append_kv before each swapped decode (A/B of fuse_decode_append)
+  bool fused_append = false;         // FP8 KV: the swapped decode kernels append (cuda_backend_options::fuse_decode_append)
   std::string fp8_decode_kernel = "automatic";  // cuda::fp8_decode_kernel by name
   std::string prefill_kernel = "automatic";  // cuda::prefill_kernel by name
   std::string fp8_gemm_kernel = "automatic";  // cuda::fp8_gemm_kernel by name
@@ -745,9 +745,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-fused-quantize", o.unfused_quantize,
                "FP8 weights: each linear quantises its input itself, instead of the norm or SwiGLU before it writing the "
                "FP8 copy (cuda_backend_options::fuse_fp8_quantize = false, for A/B runs)");
-  app.add_flag("--no-fused-append", o.unfused_append,
-               "FP8 KV: an append_kv launch before each swapped decode, instead of the decode kernel writing the new "
-               "K/V itself (cuda_backend_options::fuse_decode_append = false, for A/B runs)");
+  app.add_flag("--fused-append", o.fused_append,
+               "FP8 KV: the swapped decode kernels write the new K/V themselves instead of an append_kv launch before "
+               "each (cuda_backend_options::fuse_decode_append, for A/B runs)");
   app.add_option("--prefill-kernel", o.prefill_kernel,
                  "prefill attention: automatic (wgmma where it runs, else mma_sync) or a kernel by name "
                  "(cuda_backend_options::prefill_kernel; the wgmma ones need bf16 K/V and an sm_90a build on an "
@@ -803,7 +803,7 @@ int main(int argc, char** argv) {
     bo.cuda_graphs = !o.no_graphs;
     bo.op_timing = o.op_timing;
     bo.fuse_fp8_quantize = !o.unfused_quantize;
-    bo.fuse_decode_append = !o.unfused_append;
+    bo.fuse_decode_append = o.fused_append;
     bo.fp8_decode_kernel = named(cuda::all_fp8_decode_kernels, o.fp8_decode_kernel);
     bo.prefill_kernel = named(cuda::all_prefill_kernels, o.prefill_kernel);
     bo.fp8_gemm_kernel = named(cuda::all_fp8_gemm_kernels, o.fp8_gemm_kernel);
@@ -858,8 +858,8 @@ int main(int argc, char** argv) {
                                                                bo.kv_dtype == kv_cache_dtype::fp8_e4m3)),
                 bo.kv_dtype == kv_cache_dtype::fp8_e4m3 ? o.fp8_decode_kernel.c_str() : "split_kv",
                 bo.kv_dtype != kv_cache_dtype::fp8_e4m3 ? ""
-                : o.unfused_append                      ? ", append_kv launched before it (--no-fused-append)"
-                                                        : ", the swapped kernels append the new K/V themselves");
+                : o.fused_append                        ? ", the swapped kernels append the new K/V (--fused-append)"
+                                                        : ", append_kv launched before it");
     std::printf("shape %s: %d layers, hidden %d, q/kv heads %d/%d, head_dim %d, ffn %d, vocab %d; weights read per "
                 "step %.2f GB (%.2f B params incl. vocabulary projection)\n",
                 o.shape.c_str(), c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.ffn_size,

@@ -531,6 +531,46 @@ TEST_CASE("fp8 kv engine: greedy generation repeats bit for bit, with and withou
   }
 }
 
+// cuda_backend_options::fuse_decode_append: the swapped kernels write each step's new K/V themselves, the same bytes
+// append_kv writes, so greedy generation is bit for bit the separate append's (tokens and every step's logits), with
+// and without compression, both swapped kernels.
+TEST_CASE("fp8 kv engine: the swapped kernels' own append matches append_kv bit for bit") {
+  for (const auto kernel : {zipage::cuda::fp8_decode_kernel::swapped, zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk}) {
+    const std::string kernel_name = zipage::cuda::to_string(kernel);
+    CAPTURE(kernel_name);
+    if (kernel == zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk && !zipage::cuda::current_device_runs_sm90a()) {
+      MESSAGE("SKIPPED: swapped_e4m3_qk needs an sm_90a build on a compute-capability-9.0 device");
+      continue;
+    }
+    cuda_backend_options o;
+    o.kv_dtype = kv_cache_dtype::fp8_e4m3;
+    o.cuda_graphs = false;
+    o.fp8_decode_kernel = kernel;
+    const cuda_backend separate(o);
+    o.fuse_decode_append = true;
+    const cuda_backend fused(o);
+    for (const bool compress : {false, true}) {
+      const engine_config cfg = compress ? engine_config{.block_size = 16, .num_blocks = 512, .budget_tokens = 128,
+                                                         .window = 16, .async_compression = false}
+                                         : engine_config{.block_size = 16, .num_blocks = 512};
+      int differing = 0;
+      for (const auto& prompt : qwen3_prompts()) {
+        auto run = [&](const cuda_backend& b) {
+          return compress ? run_greedy<zipage_policy>(b, random_qwen3, prompt, 200, cfg)
+                          : run_greedy<full_kv>(b, random_qwen3, prompt, 200, cfg);
+        };
+        const greedy_run a = run(separate);
+        const greedy_run b = run(fused);
+        differing += a.tokens != b.tokens || a.logits != b.logits;
+      }
+      MESSAGE(kernel_name, compress ? ", zipage_policy" : ", full_kv", ": ", differing,
+              " of 4 prompts differ between the fused and the separate append");
+      CHECK(differing == 0);
+    }
+    CHECK(fused.counters().swapped_decodes > 0);
+  }
+}
+
 // fp8_decode_kernel automatic in the engine: 160 requests of 8 KV heads with short contexts fill the GPU, so the
 // split-KV plan has one split and the swapped kernel runs (CUDA graphs on, as users run it); under split_kv the same
 // requests run none. The kernels sum in different orders, so tokens are compared loosely: the first decoded token
