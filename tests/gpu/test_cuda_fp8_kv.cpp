@@ -425,6 +425,15 @@ TEST_CASE("fp8 kv engine: random-initialised Qwen3 (tuned kernels, head_dim 128)
   check_sane(z);
 }
 
+// Whether this device runs `kernel` (swapped_e4m3_qk: wgmma, an sm_90a build on a compute-capability-9.0 device); a
+// kernel it cannot run is reported as skipped.
+bool device_runs(zipage::cuda::fp8_decode_kernel kernel) {
+  if (kernel != zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk || zipage::cuda::current_device_runs_sm90a()) return true;
+  MESSAGE("SKIPPED: ", std::string(zipage::cuda::to_string(kernel)),
+          " needs an sm_90a build on a compute-capability-9.0 device");
+  return false;
+}
+
 // The swapped-operand decode kernel (cuda_backend_options::fp8_decode_kernel swapped) in the engine: the same FP8
 // cache and math as the split-KV kernel, summed in another order, so teacher-forced logits stay close to its.
 // swapped_e4m3_qk (Q rounded to E4M3 for FP8 QK MMAs) is held to the same bounds.
@@ -437,10 +446,7 @@ TEST_CASE("fp8 kv engine: fp8_decode_kernel swapped runs the swapped kernel, clo
   for (const auto kernel : {zipage::cuda::fp8_decode_kernel::swapped, zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk}) {
     const std::string kernel_name = zipage::cuda::to_string(kernel);
     CAPTURE(kernel_name);
-    if (kernel == zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk && !zipage::cuda::current_device_runs_sm90a()) {
-      MESSAGE("SKIPPED: swapped_e4m3_qk needs an sm_90a build on a compute-capability-9.0 device");
-      continue;
-    }
+    if (!device_runs(kernel)) continue;
     o.fp8_decode_kernel = kernel;
     const cuda_backend swapped(o);
     for (const bool compress : {false, true}) {
@@ -487,10 +493,7 @@ TEST_CASE("fp8 kv engine: greedy generation repeats bit for bit, with and withou
                               {"fp8 KV, swapped_e4m3_qk", kv_cache_dtype::fp8_e4m3,
                                zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk}};
   for (const variant& v : variants) {
-    if (v.kernel == zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk && !zipage::cuda::current_device_runs_sm90a()) {
-      MESSAGE("SKIPPED: ", v.name, " needs an sm_90a build on a compute-capability-9.0 device");
-      continue;
-    }
+    if (!device_runs(v.kernel)) continue;
     cuda_backend_options o;
     o.kv_dtype = v.kv;
     o.cuda_graphs = false;
@@ -538,10 +541,7 @@ TEST_CASE("fp8 kv engine: the swapped kernels' own append matches append_kv bit 
   for (const auto kernel : {zipage::cuda::fp8_decode_kernel::swapped, zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk}) {
     const std::string kernel_name = zipage::cuda::to_string(kernel);
     CAPTURE(kernel_name);
-    if (kernel == zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk && !zipage::cuda::current_device_runs_sm90a()) {
-      MESSAGE("SKIPPED: swapped_e4m3_qk needs an sm_90a build on a compute-capability-9.0 device");
-      continue;
-    }
+    if (!device_runs(kernel)) continue;
     cuda_backend_options o;
     o.kv_dtype = kv_cache_dtype::fp8_e4m3;
     o.cuda_graphs = false;

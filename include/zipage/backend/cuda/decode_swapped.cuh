@@ -270,6 +270,19 @@ __device__ __forceinline__ void swapped_load_q(const decode_args& a, std::uint32
   }
 }
 
+// Both swapped kernels' start: the new token appended (when wanted), Q's copy to the bf16 tile at sq (it lands with
+// the first tile) and the first STAGES - 1 of the ntiles tiles in flight to the stages at skv.
+template <int STAGES, class Loader>
+__device__ __forceinline__ Loader swapped_start(const decode_args& a, const swapped_cta& cta, std::uint32_t sq,
+                                                std::uint32_t skv, int ntiles) {
+  swapped_append(a, cta);
+  Loader loader(a.k8, a.v8, a.k_scale, a.v_scale, cta.pages, a.num_kv_heads, cta.kvh, a.bs_shift, threadIdx.x);
+  loader.prefetch(0, cta.end);
+  swapped_load_q(a, sq, cta);
+  kv_pipeline_start<STAGES>(loader, skv, 0, cta.end, ntiles);
+  return loader;
+}
+
 // grid (1, kv_heads, num_seqs); CTA: one (sequence, KV head), its whole cache, up to 8 query heads. Each of the
 // 4 warps takes 16 tokens of every 64-token tile, staged in shared memory by a cp.async pipeline of STAGES tiles.
 // Thread (g, t): S^T rows (tokens) g and g + 8, columns (heads) 2t and 2t + 1; O^T rows d = 16g + i and
@@ -286,12 +299,8 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
 
   const std::uint32_t sq = smem_addr(smem);
   const std::uint32_t skv = sq + kQBytes;
-  swapped_append(a, cta);
-  loader_t loader(a.k8, a.v8, a.k_scale, a.v_scale, pages, a.num_kv_heads, kvh, a.bs_shift, threadIdx.x);
-  loader.prefetch(0, end);
-  swapped_load_q(a, sq, cta);
   const int ntiles = (end + kKvTile - 1) / kKvTile;
-  kv_pipeline_start<STAGES>(loader, skv, 0, end, ntiles);
+  loader_t loader = swapped_start<STAGES, loader_t>(a, cta, sq, skv, ntiles);
 
   swapped_acc acc;
   std::uint32_t qb[8][2];
@@ -381,12 +390,8 @@ __global__ void __launch_bounds__(128, 4) paged_decode_swapped_wgmma_kernel(cons
   const std::uint32_t sq = smem_addr(smem);
   const std::uint32_t sqe = (sq + kSwappedQBytes + 1023) & ~1023u;
   const std::uint32_t skv = sqe + 1024;
-  swapped_append(a, cta);
-  loader_t loader(a.k8, a.v8, a.k_scale, a.v_scale, pages, a.num_kv_heads, kvh, a.bs_shift, threadIdx.x);
-  loader.prefetch(0, end);
-  swapped_load_q(a, sq, cta);
   const int ntiles = (end + kKvTile - 1) / kKvTile;
-  kv_pipeline_start<STAGES>(loader, skv, 0, end, ntiles);
+  loader_t loader = swapped_start<STAGES, loader_t>(a, cta, sq, skv, ntiles);
 
   swapped_acc acc;
   float q_mul[2] = {a.scale_log2, a.scale_log2};
