@@ -1,7 +1,7 @@
 // The swapped-operand FP8 decode kernel's launcher (decode_swapped.cuh; attention.hpp says what it takes).
 #include <algorithm>
-#include <cstdint>
 #include <array>
+#include <cstdint>
 #include <mutex>
 
 #include "launch_checks.hpp"

@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(128, 4) paged_decode_swapped_wgmma_kernel(cons
   __syncthreads();
   swapped_epilogue(a, acc, smem, cta);
 #else
-  __trap();  // never launched off sm_90a (decode_swapped_wgmma_available)
+  __trap();  // never launched off sm_90a (paged_decode_attention_swapped checks current_device_runs_sm90a)
 #endif
 }
 
