@@ -247,7 +247,9 @@ __device__ __forceinline__ void swapped_epilogue(const decode_args& a, swapped_a
 
 // decode_params::append: warp 0 writes the CTA's (sequence, KV head) of the sequence's new token into the cache
 // (append_head_fp8, append_kv's bytes), and the CTA waits for it before any copy reads the cache. The cache is the
-// kernel's own to write here: no other CTA reads this head of this sequence's slots.
+// kernel's own to write here: no other CTA reads this head of this sequence's slots. The copies that read the
+// token back are cp.async.cg (from L2, past the L1 the stores went through), so the writer fences at device scope
+// before the barrier rather than relying on the barrier's CTA-scope ordering alone.
 __device__ __forceinline__ void swapped_append(const decode_args& a, const swapped_cta& cta) {
   if (a.new_k == nullptr) return;
   if (cta.warp == 0) {
@@ -256,6 +258,7 @@ __device__ __forceinline__ void swapped_append(const decode_args& a, const swapp
       append_head_fp8(const_cast<std::uint8_t*>(a.k8), const_cast<std::uint8_t*>(a.v8), const_cast<float*>(a.k_scale),
                       const_cast<float*>(a.v_scale), a.new_k + cta.seq * a.new_k_stride + cta.kvh * 128,
                       a.new_v + cta.seq * a.new_v_stride + cta.kvh * 128, slot, a.num_kv_heads, cta.kvh, cta.lane);
+    __threadfence();
   }
   __syncthreads();
 }
