@@ -195,7 +195,7 @@ struct options {
   bool unfused_projections = false;  // q/k/v and gate/up as separate GEMMs (the loaders fuse them)
   bool op_timing = false;            // per-op GPU time of the decode steps (implies --no-graphs)
   bool unfused_quantize = false;     // FP8 weights: every linear quantises its own input (A/B of fuse_fp8_quantize)
-  bool fused_append = false;         // FP8 KV: the swapped decode kernels append (cuda_backend_options::fuse_decode_append)
+  bool fused_append = false;         // FP8 KV: the swapped decode kernels append (fuse_decode_append)
   std::string fp8_decode_kernel = "automatic";  // cuda::fp8_decode_kernel by name
   std::string prefill_kernel = "automatic";  // cuda::prefill_kernel by name
   std::string fp8_gemm_kernel = "automatic";  // cuda::fp8_gemm_kernel by name

@@ -428,7 +428,8 @@ TEST_CASE("fp8 kv engine: random-initialised Qwen3 (tuned kernels, head_dim 128)
 // Whether this device runs `kernel` (swapped_e4m3_qk: wgmma, an sm_90a build on a compute-capability-9.0 device); a
 // kernel it cannot run is reported as skipped.
 bool device_runs(zipage::cuda::fp8_decode_kernel kernel) {
-  if (kernel != zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk || zipage::cuda::current_device_runs_sm90a()) return true;
+  if (kernel != zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk || zipage::cuda::current_device_runs_sm90a())
+    return true;
   MESSAGE("SKIPPED: ", std::string(zipage::cuda::to_string(kernel)),
           " needs an sm_90a build on a compute-capability-9.0 device");
   return false;
@@ -443,7 +444,8 @@ TEST_CASE("fp8 kv engine: fp8_decode_kernel swapped runs the swapped kernel, clo
   o.cuda_graphs = false;
   o.fp8_decode_kernel = zipage::cuda::fp8_decode_kernel::split_kv;
   const cuda_backend split(o);
-  for (const auto kernel : {zipage::cuda::fp8_decode_kernel::swapped, zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk}) {
+  using zipage::cuda::fp8_decode_kernel;
+  for (const auto kernel : {fp8_decode_kernel::swapped, fp8_decode_kernel::swapped_e4m3_qk}) {
     const std::string kernel_name = zipage::cuda::to_string(kernel);
     CAPTURE(kernel_name);
     if (!device_runs(kernel)) continue;
@@ -466,7 +468,8 @@ TEST_CASE("fp8 kv engine: fp8_decode_kernel swapped runs the swapped kernel, clo
         add_request(a, ref, free, forced);
       }
       MESSAGE(std::string(compress ? "zipage_policy" : "full_kv"), ": ", kernel_name, " against split-KV decode, ",
-              a.tokens, " tokens: teacher-forced top-1 ", 100.0 * a.forced_top1 / a.tokens, "%, max |logit drift| ", a.max_drift, " (max |logit| ", a.max_logit, "); free-running same position ",
+              a.tokens, " tokens: teacher-forced top-1 ", 100.0 * a.forced_top1 / a.tokens,
+              "%, max |logit drift| ", a.max_drift, " (max |logit| ", a.max_logit, "); free-running same position ",
               100.0 * a.same_position / a.tokens, "%");
       CHECK(std::isfinite(a.max_drift));
       CHECK(a.max_drift < 0.05 * a.max_logit);
@@ -538,7 +541,8 @@ TEST_CASE("fp8 kv engine: greedy generation repeats bit for bit, with and withou
 // append_kv writes, so greedy generation is bit for bit the separate append's (tokens and every step's logits), with
 // and without compression, both swapped kernels.
 TEST_CASE("fp8 kv engine: the swapped kernels' own append matches append_kv bit for bit") {
-  for (const auto kernel : {zipage::cuda::fp8_decode_kernel::swapped, zipage::cuda::fp8_decode_kernel::swapped_e4m3_qk}) {
+  using zipage::cuda::fp8_decode_kernel;
+  for (const auto kernel : {fp8_decode_kernel::swapped, fp8_decode_kernel::swapped_e4m3_qk}) {
     const std::string kernel_name = zipage::cuda::to_string(kernel);
     CAPTURE(kernel_name);
     if (!device_runs(kernel)) continue;

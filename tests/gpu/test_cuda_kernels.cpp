@@ -554,8 +554,8 @@ void check_swapped_append(const paged_cache& c, const fp8_cache& f, decode_setup
   for (std::size_t s = 0; s < seqs; ++s) {
     if (c.kv_len[s] == 0) continue;
     const int t = c.kv_len[s] - 1;
-    const std::int64_t slot =
-        std::int64_t{c.page_indices[std::size_t(c.page_indptr[s] + t / c.block_size)]} * c.block_size + t % c.block_size;
+    const std::int64_t page = c.page_indices[std::size_t(c.page_indptr[s] + t / c.block_size)];
+    const std::int64_t slot = page * c.block_size + t % c.block_size;
     slots[s] = slot;
     std::copy_n(c.k.begin() + slot * std::int64_t(row), row, k.begin() + std::int64_t(s * row));
     std::copy_n(c.v.begin() + slot * std::int64_t(row), row, v.begin() + std::int64_t(s * row));
