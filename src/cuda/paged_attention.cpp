@@ -82,9 +82,8 @@ void paged_attention(cuda_dtype t, const attention_params& p, kernel_variant v, 
       check(!p.append.wanted() || is_swapped(k), "paged_attention: append is done by the swapped decode kernels only "
             "(this launch runs ", to_string(k), ")");
       switch (k) {
-        case fp8_decode_kernel::swapped: return paged_decode_attention_swapped(d, stream);
-        case fp8_decode_kernel::swapped_e4m3_qk:
-          return paged_decode_attention_swapped(d, stream, 0, fp8_decode_kernel::swapped_e4m3_qk);
+        case fp8_decode_kernel::swapped:
+        case fp8_decode_kernel::swapped_e4m3_qk: return paged_decode_attention_swapped(d, stream, 0, k);
         default: return paged_decode_attention(d, ws.plan, ws.data, ws.bytes, stream);
       }
     }

@@ -425,6 +425,14 @@ TEST_CASE("fp8 kv engine: random-initialised Qwen3 (tuned kernels, head_dim 128)
   check_sane(z);
 }
 
+// The engine of the kernel comparisons below: full KV, or zipage compression at a budget of 128 tokens (synchronous,
+// so runs repeat step for step).
+engine_config comparison_config(bool compress) {
+  return compress ? engine_config{.block_size = 16, .num_blocks = 512, .budget_tokens = 128, .window = 16,
+                                  .async_compression = false}
+                  : engine_config{.block_size = 16, .num_blocks = 512};
+}
+
 // Whether this device runs `kernel` (swapped_e4m3_qk: wgmma, an sm_90a build on a compute-capability-9.0 device); a
 // kernel it cannot run is reported as skipped.
 bool device_runs(zipage::cuda::fp8_decode_kernel kernel) {
@@ -452,9 +460,7 @@ TEST_CASE("fp8 kv engine: fp8_decode_kernel swapped runs the swapped kernel, clo
     o.fp8_decode_kernel = kernel;
     const cuda_backend swapped(o);
     for (const bool compress : {false, true}) {
-      const engine_config cfg = compress ? engine_config{.block_size = 16, .num_blocks = 512, .budget_tokens = 128,
-                                                         .window = 16, .async_compression = false}
-                                         : engine_config{.block_size = 16, .num_blocks = 512};
+      const engine_config cfg = comparison_config(compress);
       agreement a;
       for (const auto& prompt : qwen3_prompts()) {
         auto run = [&](const cuda_backend& b, const std::vector<token_id>* force) {
@@ -503,9 +509,7 @@ TEST_CASE("fp8 kv engine: greedy generation repeats bit for bit, with and withou
     o.fp8_decode_kernel = v.kernel;
     const cuda_backend b(o);
     for (const bool compress : {false, true}) {
-      const engine_config cfg = compress ? engine_config{.block_size = 16, .num_blocks = 512, .budget_tokens = 128,
-                                                         .window = 16, .async_compression = false}
-                                         : engine_config{.block_size = 16, .num_blocks = 512};
+      const engine_config cfg = comparison_config(compress);
       int differing = 0;
       std::string where;
       for (const auto& prompt : qwen3_prompts()) {
@@ -554,9 +558,7 @@ TEST_CASE("fp8 kv engine: the swapped kernels' own append matches append_kv bit 
     o.fuse_decode_append = true;
     const cuda_backend fused(o);
     for (const bool compress : {false, true}) {
-      const engine_config cfg = compress ? engine_config{.block_size = 16, .num_blocks = 512, .budget_tokens = 128,
-                                                         .window = 16, .async_compression = false}
-                                         : engine_config{.block_size = 16, .num_blocks = 512};
+      const engine_config cfg = comparison_config(compress);
       int differing = 0;
       for (const auto& prompt : qwen3_prompts()) {
         auto run = [&](const cuda_backend& b) {

@@ -567,17 +567,20 @@ void check_swapped_append(const paged_cache& c, const fp8_cache& f, decode_setup
   const dbuf<std::uint16_t> dk(k), dv(v);
   const dbuf<std::int64_t> dslots(slots);
   std::vector<zc::fp8_decode_kernel> kernels{zc::fp8_decode_kernel::swapped};
-  if (zc::wgmma_prefill_available()) kernels.push_back(zc::fp8_decode_kernel::swapped_e4m3_qk);
+  if (zc::current_device_runs_sm90a()) kernels.push_back(zc::fp8_decode_kernel::swapped_e4m3_qk);
   zc::decode_params& p = setup.p;
+  auto read_from = [&p](const fp8_cache& cache) {
+    p.kv.k_cache = cache.k.p, p.kv.v_cache = cache.v.p, p.kv.k_scale = cache.k_scale.p, p.kv.v_scale = cache.v_scale.p;
+  };
   for (const zc::fp8_decode_kernel kernel : kernels) {
     const std::string name = shape + " " + zc::to_string(kernel) + " appending the new tokens itself";
-    p.kv.k_cache = f.k.p, p.kv.v_cache = f.v.p, p.kv.k_scale = f.k_scale.p, p.kv.v_scale = f.v_scale.p;
+    read_from(f);
     p.append = {};
     setup.out.poison();
     zc::paged_decode_attention_swapped(p, nullptr, 0, kernel);
     const std::vector<std::uint16_t> want = setup.out.get();
     fp8_cache g{dbuf<std::uint8_t>(kc), dbuf<std::uint8_t>(vc), dbuf<float>(ks), dbuf<float>(vs)};
-    p.kv.k_cache = g.k.p, p.kv.v_cache = g.v.p, p.kv.k_scale = g.k_scale.p, p.kv.v_scale = g.v_scale.p;
+    read_from(g);
     p.append = {dk.p, dv.p, dslots.p, std::int64_t(row), std::int64_t(row)};
     setup.out.poison();
     zc::paged_decode_attention_swapped(p, nullptr, 0, kernel);
@@ -588,7 +591,7 @@ void check_swapped_append(const paged_cache& c, const fp8_cache& f, decode_setup
     report_exact(name + ": cache == append_kv's", g.mismatches(f));
     report_exact(name + ": output == after append_kv", differ);
   }
-  p.kv.k_cache = f.k.p, p.kv.v_cache = f.v.p, p.kv.k_scale = f.k_scale.p, p.kv.v_scale = f.v_scale.p;
+  read_from(f);
 }
 
 // Decode over an FP8 cache (the kernel's FP8 path: scales applied to scores and probabilities) against the CPU
@@ -630,7 +633,7 @@ void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, s
     }
     // swapped_e4m3_qk (wgmma QK over Q rounded to E4M3, 3 mantissa bits, one scale per head): its scores carry Q's
     // rounding, ~2^-4 of each element, so its bound is looser than the fp16-Q kernel's.
-    if (zc::wgmma_prefill_available()) {
+    if (zc::current_device_runs_sm90a()) {
       setup.out.poison();
       zc::paged_decode_attention_swapped(p, nullptr, 0, zc::fp8_decode_kernel::swapped_e4m3_qk);
       char name[160];

@@ -142,6 +142,7 @@ struct nesting {
   nesting& operator=(const nesting&) = delete;
   [[nodiscard]] bool too_deep() const { return depth > max_brace_depth; }
 };
+
 inline std::string brace_arguments(const std::string& s, int depth = 0) {
   if (depth >= max_brace_depth) return s;
   std::string out;

@@ -77,7 +77,7 @@ cuda_backend::cuda_backend(const cuda_backend_options& options)
   }
   if (options.fp8_decode_kernel == cuda::fp8_decode_kernel::swapped_e4m3_qk) {
     ctx_->activate();
-    check(cuda::wgmma_prefill_available(), "cuda_backend_options::fp8_decode_kernel swapped_e4m3_qk (wgmma) needs an ",
+    check(cuda::current_device_runs_sm90a(), "cuda_backend_options::fp8_decode_kernel swapped_e4m3_qk (wgmma) needs an ",
           "sm_90a build of zipage (CMAKE_CUDA_ARCHITECTURES=90a) and a compute-capability-9.0 device; this is ",
           cuda::describe_device(options.device));
   }

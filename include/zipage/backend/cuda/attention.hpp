@@ -44,7 +44,7 @@ struct decode_append {
   const std::int64_t* slots = nullptr;  // [num_seqs]; < 0: no token (nothing written)
   std::int64_t k_stride = 0;            // elements; multiples of 8
   std::int64_t v_stride = 0;
-  [[nodiscard]] bool wanted() const { return k != nullptr; }
+  [[nodiscard]] constexpr bool wanted() const { return k != nullptr; }
 };
 
 struct decode_params {

@@ -34,12 +34,7 @@ struct decode_args {
   float scale_log2;
   fp8_copy out_fp8;  // when wanted (head_dim 128, one split): out's FP8 copy too (decode_params::out_fp8)
   int num_seqs;      // rows of out (out_fp8's padding rows follow them)
-  // decode_params::append (the swapped kernels): new_k null when not wanted.
-  const bf16* new_k;
-  const bf16* new_v;
-  const std::int64_t* new_slots;
-  std::int64_t new_k_stride;
-  std::int64_t new_v_stride;
+  decode_append append;  // the swapped kernels: each sequence's new K/V, written first when wanted
 };
 
 // A decode's kernel arguments (FP8 codes and scales when the cache has scales) for a plan of `num_splits` splits of
@@ -68,11 +63,7 @@ inline decode_args make_decode_args(const decode_params& p, int num_splits, int 
   a.scale_log2 = p.scale * kLog2e;
   a.out_fp8 = p.out_fp8;
   a.num_seqs = p.num_seqs;
-  a.new_k = static_cast<const bf16*>(p.append.k);
-  a.new_v = static_cast<const bf16*>(p.append.v);
-  a.new_slots = p.append.slots;
-  a.new_k_stride = p.append.k_stride;
-  a.new_v_stride = p.append.v_stride;
+  a.append = p.append;
   return a;
 }
 

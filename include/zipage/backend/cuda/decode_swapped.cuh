@@ -251,13 +251,15 @@ __device__ __forceinline__ void swapped_epilogue(const decode_args& a, swapped_a
 // token back are cp.async.cg (from L2, past the L1 the stores went through), so the writer fences at device scope
 // before the barrier rather than relying on the barrier's CTA-scope ordering alone.
 __device__ __forceinline__ void swapped_append(const decode_args& a, const swapped_cta& cta) {
-  if (a.new_k == nullptr) return;
+  const decode_append& n = a.append;
+  if (!n.wanted()) return;
   if (cta.warp == 0) {
-    const std::int64_t slot = a.new_slots[cta.seq];
+    const std::int64_t slot = n.slots[cta.seq];
+    const bf16* k_row = static_cast<const bf16*>(n.k) + cta.seq * n.k_stride + cta.kvh * 128;
+    const bf16* v_row = static_cast<const bf16*>(n.v) + cta.seq * n.v_stride + cta.kvh * 128;
     if (slot >= 0)
       append_head_fp8(const_cast<std::uint8_t*>(a.k8), const_cast<std::uint8_t*>(a.v8), const_cast<float*>(a.k_scale),
-                      const_cast<float*>(a.v_scale), a.new_k + cta.seq * a.new_k_stride + cta.kvh * 128,
-                      a.new_v + cta.seq * a.new_v_stride + cta.kvh * 128, slot, a.num_kv_heads, cta.kvh, cta.lane);
+                      const_cast<float*>(a.v_scale), k_row, v_row, slot, a.num_kv_heads, cta.kvh, cta.lane);
     __threadfence();
   }
   __syncthreads();

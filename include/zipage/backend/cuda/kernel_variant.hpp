@@ -65,9 +65,10 @@ enum class fp8_decode_kernel : std::uint8_t {
   swapped,    // paged_decode_attention_swapped: K/V as the MMAs' A operand (half the MMAs at up to 8 query heads
               // per KV head), one CTA per sequence and KV head. Where it fits (decode_swapped_supported: head_dim
               // 128, at most 8 query heads per KV head, power-of-two blocks), else split_kv
-  swapped_e4m3_qk,  // swapped with the QK product as FP8 MMAs (m16n8k32): K's codes as they are, Q rounded to
-                    // E4M3 under one scale per head (FlashAttention-3's FP8 rounding of Q). Half the QK MMAs and no K
-                    // conversions, at Q's 3-bit mantissa; an A/B option (docs/benchmarks.md, 2026-12-06 15:00)
+  swapped_e4m3_qk,  // swapped with the QK product as FP8 wgmma (m64n8k32, sm_90a): K's codes read from shared
+                    // memory as they are, Q rounded to E4M3 under one scale per head (FlashAttention-3's FP8 rounding
+                    // of Q). No K conversions, at Q's 3-bit mantissa; opt-in (docs/architecture.md, "FP8 operands for
+                    // the MMAs")
 };
 
 [[nodiscard]] constexpr const char* to_string(fp8_decode_kernel k) {
