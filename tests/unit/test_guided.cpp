@@ -435,6 +435,104 @@ TEST_CASE("json schema compiler: accepts and rejects whole texts, keyword by key
   }
 }
 
+TEST_CASE("json schema compiler: minimum, maximum, exclusiveMinimum and exclusiveMaximum") {
+  struct row {
+    const char* schema;
+    std::vector<std::string> yes, no;
+  };
+  const std::vector<row> table = {
+      {R"({"type":"integer","minimum":1,"maximum":10})", {"1", "5", "10"}, {"0", "11", "-1", "100", "01", "5.0"}},
+      {R"({"type":"integer","minimum":-5})", {"-5", "-1", "0", "7", "123456789012"}, {"-6", "-10", "-0"}},
+      {R"({"type":"integer","exclusiveMinimum":0})", {"1", "99"}, {"0", "-1"}},
+      {R"({"type":"integer","maximum":-10})", {"-10", "-11", "-99999"}, {"-9", "0", "10"}},
+      {R"({"type":"integer","minimum":1.5,"exclusiveMaximum":4})", {"2", "3"}, {"1", "4"}},
+      {R"({"type":"integer","minimum":99,"maximum":1001})", {"99", "100", "999", "1000", "1001"}, {"98", "1002"}},
+      {R"({"type":"number","minimum":0,"maximum":1})", {"0", "0.5", "1", "1.0", "0.999"}, {"-0.1", "1.01", "2", "1e-1"}},
+      {R"({"type":"number","exclusiveMinimum":0})", {"0.001", "3", "12.5"}, {"0", "0.0", "-1", "-0.5"}},
+      {R"({"type":"number","minimum":-1.25,"exclusiveMaximum":2.5})", {"-1.25", "-1.2", "-0.3", "0", "2.49"},
+       {"-1.26", "-2", "2.5", "2.50", "3"}},
+      {R"({"type":"number","minimum":0.1,"maximum":0.25})", {"0.1", "0.15", "0.25", "0.2499"}, {"0.09", "0.251", "0"}},
+      {R"({"type":"number","minimum":5,"exclusiveMinimum":true})", {"5.01", "6"}, {"5", "4.99"}},  // draft 4
+      {R"({"minimum":0,"exclusiveMaximum":10})", {"0", "9.5"}, {"10", "null", "\"a\""}},  // untyped: a number
+      {R"({"type":["integer","null"],"maximum":3})", {"3", "null", "-4"}, {"4"}},
+      {R"({"type":"number","minimum":1,"exclusiveMinimum":1})", {"1.5"}, {"1"}},  // the tighter bound
+      // 18 digits each side of the point (the limits), still a small DFA; integers in the schema are exact.
+      {R"({"type":"number","minimum":-123456789012345678,"maximum":0.000000000000000001})",
+       {"-123456789012345678", "0.000000000000000001", "-7.25", "0"}, {"-123456789012345679", "0.00000000000000001"}},
+  };
+  for (const row& r : table) {
+    const std::string schema = r.schema;
+    CAPTURE(schema);
+    check_language(compile_guided_json(schema), r.yes, r.no);
+  }
+}
+
+TEST_CASE("json schema compiler: random ranges against exact arithmetic") {
+  // Bounds and candidates with at most 3 fraction digits, compared as integers of thousandths (independent of the
+  // compiler's digit-by-digit comparison). A bounded number's spellings: no exponent, no sign on zero.
+  std::mt19937 rng(1234);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto spell = [](long long thousandths, int digits) {  // digits: fraction digits written (0..3, padded)
+    const bool neg = thousandths < 0;
+    const long long m = neg ? -thousandths : thousandths;
+    std::string out = (neg ? "-" : "") + std::to_string(m / 1000);
+    if (digits > 0) {
+      std::string f = std::to_string(1000 + m % 1000).substr(1, static_cast<std::size_t>(digits));
+      out += "." + f;
+    }
+    return out;
+  };
+  auto random_value = [&](bool integer) {
+    const long long whole = pick(0, 3) == 0 ? pick(-2000, 2000) : pick(-30, 30);
+    return whole * 1000 + (integer ? 0 : pick(0, 3) == 0 ? 0 : pick(-999, 999));
+  };
+  int checked = 0;
+  for (int round = 0; round < 120; ++round) {
+    const bool integer = round % 3 == 0;
+    const bool has_lo = pick(0, 4) != 0, has_hi = pick(0, 4) != 0;
+    const long long lo = random_value(pick(0, 1) == 0), hi = lo + (pick(0, 1) ? random_value(false) : pick(0, 3000));
+    const bool lo_ex = pick(0, 1) == 1, hi_ex = pick(0, 1) == 1;
+    nlohmann::json s = {{"type", integer ? "integer" : "number"}};
+    auto as_json = [&](long long t) { return nlohmann::json::parse(spell(t, t % 1000 == 0 ? 0 : 3)); };
+    if (has_lo) s[lo_ex ? "exclusiveMinimum" : "minimum"] = as_json(lo);
+    if (has_hi) s[hi_ex ? "exclusiveMaximum" : "maximum"] = as_json(hi);
+    auto inside = [&](long long t) {
+      if (integer && t % 1000 != 0) return false;
+      if (has_lo && (lo_ex ? t <= lo : t < lo)) return false;
+      if (has_hi && (hi_ex ? t >= hi : t > hi)) return false;
+      return true;
+    };
+    const std::string schema = s.dump();
+    CAPTURE(schema);
+    std::optional<byte_dfa> g;
+    try {
+      g.emplace(compile_guided_json(schema));
+    } catch (const error& e) {
+      // Only an empty range is refused.
+      bool any = false;
+      for (long long t = (has_lo ? lo : hi) - 3000; t <= (has_lo ? lo : hi) + 3000 && !any; ++t) any = inside(t);
+      CHECK_MESSAGE(!any, e.what());
+      continue;
+    }
+    std::vector<long long> probes = {0, lo, hi, lo - 1, lo + 1, hi - 1, hi + 1, lo - 1000, hi + 1000};
+    for (int i = 0; i < 60; ++i) probes.push_back(random_value(pick(0, 1) == 0));
+    for (int i = 0; i < 30; ++i) probes.push_back(lo + pick(-1500, 1500));
+    for (const long long t : probes) {
+      for (int digits = 0; digits <= 4; ++digits) {
+        const long long cut = digits == 0 ? 1000 : digits == 1 ? 100 : digits == 2 ? 10 : 1;
+        if (t % cut != 0) continue;  // fewer digits would spell another value
+        const std::string text = digits == 4 ? spell(t, 3) + "0" : spell(t, digits);
+        const bool ok = inside(t) && !(integer && digits > 0) && !(t == 0 && text[0] == '-');
+        CAPTURE(text);
+        CHECK(g->matches(text) == ok);
+        ++checked;
+      }
+    }
+    if (has_lo || has_hi) CHECK((!g->matches("-0") && !g->matches("1e1")));
+  }
+  MESSAGE(checked, " number spellings checked against exact arithmetic");
+}
+
 TEST_CASE("json schema compiler: the whitespace pattern; the regex it makes") {
   const std::string schema = R"({"type":"object","properties":{"a":{"type":"array","items":{"const":1}}}})";
   CHECK(compile_guided_json(schema).matches(R"({ "a": [ 1, 1 ] })"));
@@ -504,6 +602,11 @@ TEST_CASE("json schema compiler: unsupported keywords and bad schemas are errors
       {R"({"type":"integr"})", {"'type' \"integr\""}},
       {R"({"type":"array","minItems":3,"maxItems":2})", {"'minItems' (3) is above 'maxItems' (2)"}},
       {R"({"type":"string","maxLength":-1})", {"'maxLength' at / (the root) must be an integer"}},
+      {R"({"type":"integer","minimum":3,"maximum":2})", {"at / (the root) holds no integer"}},
+      {R"({"properties":{"a":{"type":"integer","minimum":1.5,"maximum":1.9}}})", {"/properties/a holds no integer"}},
+      {R"({"type":"number","exclusiveMinimum":1,"maximum":1})", {"holds no number"}},
+      {R"({"type":"number","minimum":"1"})", {"'minimum' at / (the root) must be a number"}},
+      {R"({"type":"number","maximum":1e300})", {"'maximum'", "at most 18 digits"}},
       {R"({"properties":{"a":{}},"required":["b"]})", {"'required'", "\"b\""}},
       {R"({"allOf":[{"type":"integer"},{"minimum":1}]})", {"'allOf'"}},
       {R"({"properties":{"a":false}})", {"/properties/a is false"}},

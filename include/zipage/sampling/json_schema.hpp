@@ -13,8 +13,11 @@
 //   enum and const of any JSON value (written compactly), anyOf and oneOf (oneOf's exclusivity is not enforced),
 //   allOf of one schema, $ref to a JSON pointer into the schema (#/$defs/..., #/definitions/...; a recursive
 //   $ref is an error naming it), and {} or true: any JSON value, containers nested at most json_any_depth deep.
-// Not enforced (the language is a superset): minimum, maximum, exclusiveMinimum, exclusiveMaximum, multipleOf.
-// A number's exponent has at most two digits (so that every number fits a double).
+// minimum, maximum, exclusiveMinimum and exclusiveMaximum (numbers, or draft 4's booleans) on integer and number
+// (json_number_range.hpp: exact decimal bounds; a bounded number is written without an exponent); a schema
+// without a type that has one of them is a number. A range no value fits is an error naming it.
+// Not enforced (the language is a superset): multipleOf.
+// An unbounded number's exponent has at most two digits (so that every number fits a double).
 // A `pattern` is a whole-string match (anchors stripped) whose characters are written into the JSON string raw:
 // a pattern that allows '"', '\' or control characters can make the output invalid JSON.
 // Keywords that would change the language otherwise (patternProperties, additionalProperties as a schema, not,
@@ -31,6 +34,7 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -38,6 +42,7 @@
 #include <vector>
 
 #include "zipage/core/error.hpp"
+#include "zipage/sampling/json_number_range.hpp"
 
 namespace zipage {
 
@@ -244,6 +249,8 @@ class compiler {
       return typed(s, "array", path, depth);
     if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength"))
       return typed(s, "string", path, depth);
+    for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+      if (s.contains(key)) return typed(s, "number", path, depth);
     return any(json_any_depth);
   }
 
@@ -251,8 +258,7 @@ class compiler {
     if (type == "object") return object(s, path, depth);
     if (type == "array") return array(s, path, depth);
     if (type == "string") return string(s, path);
-    if (type == "integer") return integer;
-    if (type == "number") return number;
+    if (type == "integer" || type == "number") return numeric(s, type == "integer", path);
     if (type == "boolean") return "(?:true|false)";
     if (type == "null") return "null";
     fail("'type' \"", type, "\" at ", at(path), " is not a JSON Schema type");
@@ -335,6 +341,41 @@ class compiler {
     const long min = bound(s, "minLength", 0, path), max = bound(s, "maxLength", -1, path);
     check(max < 0 || min <= max, "'minLength' (", min, ") is above 'maxLength' (", max, ") at ", at(path));
     return "\"" + string_char + repeat(min, max) + "\"";
+  }
+
+  // An integer or a number, within the schema's minimum / maximum / exclusiveMinimum / exclusiveMaximum.
+  static std::string numeric(const schema& s, bool integer_only, const std::string& path) {
+    namespace nr = json_number_range;
+    std::optional<nr::bound> lo, hi;
+    // The tighter of two lower (upper) bounds: the larger (smaller) value, the exclusive one at a tie.
+    auto tighten = [](std::optional<nr::bound>& b, const nr::bound& n, int sign) {
+      if (!b) return void(b = n);
+      const int c = nr::compare(n.value, b->value) * sign;
+      if (c > 0 || (c == 0 && n.exclusive)) b = n;
+    };
+    auto read = [&](const char* key) -> std::optional<nr::decimal> {
+      const auto it = s.find(key);
+      if (it == s.end() || it->is_boolean()) return std::nullopt;
+      std::optional<nr::decimal> d;
+      if (it->is_number()) d = nr::parse_decimal(it->dump());
+      check(d.has_value(), "'", key, "' at ", at(path), " must be a number with at most ", nr::max_integer_digits,
+            " digits before the point and ", nr::max_fraction_digits, " after it, got ", brief(*it));
+      return d;
+    };
+    // Draft 4 spells an exclusive bound as minimum with exclusiveMinimum: true.
+    auto draft4_exclusive = [&](const char* key) {
+      const auto it = s.find(key);
+      return it != s.end() && it->is_boolean() && it->get<bool>();
+    };
+    if (const auto d = read("minimum")) tighten(lo, {*d, draft4_exclusive("exclusiveMinimum")}, 1);
+    if (const auto d = read("exclusiveMinimum")) tighten(lo, {*d, true}, 1);
+    if (const auto d = read("maximum")) tighten(hi, {*d, draft4_exclusive("exclusiveMaximum")}, -1);
+    if (const auto d = read("exclusiveMaximum")) tighten(hi, {*d, true}, -1);
+    if (!lo && !hi) return integer_only ? integer : number;
+    const auto re = nr::number_range(lo, hi, integer_only);
+    check(re.has_value(), "the range of minimum / maximum / exclusiveMinimum / exclusiveMaximum at ", at(path),
+          " holds no ", integer_only ? "integer" : "number");
+    return *re;
   }
 
   static long bound(const schema& s, const char* key, long none, const std::string& path) {
