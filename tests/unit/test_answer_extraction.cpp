@@ -935,6 +935,26 @@ TEST_CASE("a set of one element is a set like the others") {
   CHECK_FALSE(math_answers_equal("\\emptyset", "\\{0\\}"));
 }
 
+TEST_CASE("inequalities in one variable are the intervals of their solutions") {
+  CHECK(math_answers_equal("x < 3", "(-\\infty, 3)"));
+  CHECK(math_answers_equal("x \\le 3", "(-\\infty,3]"));
+  CHECK(math_answers_equal("x \\geq -\\frac{1}{2}", "[-\\frac12, \\infty)"));
+  CHECK(math_answers_equal("x>2", "x \\in (2, \\infty)"));
+  CHECK(math_answers_equal("3 > x", "x < 3"));
+  CHECK(math_answers_equal("-1 < x \\le 4", "(-1, 4]"));
+  CHECK(math_answers_equal("4 \\ge x > -1", "(-1,4]"));
+  CHECK(math_answers_equal("x \\leqslant 0.5", "(-\\infty, \\frac{1}{2}]"));
+  CHECK(math_answers_equal("t \\gt 1", "(1,\\infty)"));
+  CHECK(math_answers_equal("x \xE2\x89\xA5 2", "[2,\\infty)"));
+  CHECK(math_answers_equal("x <= 7", "(-\\infty, 7]"));
+  CHECK_FALSE(math_answers_equal("x < 3", "(-\\infty, 3]"));     // open against closed
+  CHECK_FALSE(math_answers_equal("x > 3", "(-\\infty, 3)"));     // the other side
+  CHECK_FALSE(math_answers_equal("-1 < x > 4", "(-1, 4)"));      // a chain pointing both ways is no interval
+  CHECK_FALSE(math_answers_equal("x < y", "(-\\infty, y)"));    // two names: no variable to solve for
+  CHECK(normalize_math_answer("2 < x < 5") == "(2,5)");
+  CHECK(normalize_math_answer("a < b") == "a<b");
+}
+
 TEST_CASE("x \\in S, \\pm and one-character subscripts") {
   CHECK(math_answers_equal("x \\in [-2,7]", "[-2, 7]"));
   CHECK(math_answers_equal("[-2, 7]", "x \\in [-2,7]"));

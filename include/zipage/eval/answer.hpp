@@ -25,7 +25,8 @@
 //  * Also evaluated: \gcd(a, b) and \operatorname{lcm}(a, b) (\text{lcm}, \mathrm{lcm}) of whole numbers,
 //    \lfloor x \rfloor and \lceil x \rceil; in an answer with \sin ... \csc, x^\circ is x\pi/180 (\sin 30^\circ ==
 //    \frac12; elsewhere 30^\circ == 30). "x \in [a, b]" is [a, b]; one \pm in an entry is both answers (1 \pm \sqrt{2}
-//    == "1+\sqrt{2}, 1-\sqrt{2}"); a one-character subscript in braces is that character (52_{8} == 52_8).
+//    == "1+\sqrt{2}, 1-\sqrt{2}"); a one-character subscript in braces is that character (52_{8} == 52_8); an
+//    inequality in one variable is its interval ("x \le 3" == "(-\infty, 3]", "-1 < x \le 4" == "(-1, 4]").
 //  * Complex numbers (complex_equal): i is the imaginary unit only when both answers parse as numbers and i alone (no
 //    other letter, no "=", no "%") and one at least has i: 3+4i == 4i+3, i^2 == -1, \frac{1}{2}+\frac{\sqrt3}{2}i ==
 //    0.5+0.866i (real and imaginary parts each within numeric_relative_tolerance). With other letters i is a variable.
@@ -40,6 +41,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 namespace zipage::eval {
@@ -1221,6 +1223,82 @@ inline bool answer_name(std::string_view lhs) {
          std::all_of(sub.begin(), sub.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; });
 }
 
+// An inequality in one named variable as the interval of its solutions: "x < 3" -> "(-\infty,3)", "x \ge -1" ->
+// "[-1,\infty)", "2 < x \le 5" -> "(2,5]", "5 \ge x > 2" -> "(2,5]" (relations: < > <= >= \lt \gt \le \leq
+// \leqslant \ge \geq \geqslant, U+2264 and U+2265; a chain of two only when both point the same way). nullopt for
+// anything else, a relation between two names included.
+struct relation_token {
+  std::size_t pos, size;
+  bool less, strict;
+};
+inline std::vector<relation_token> top_level_relations(std::string_view s) {
+  std::vector<relation_token> out;
+  int depth = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '{' || c == '(' || c == '[') ++depth;
+    if (c == '}' || c == ')' || c == ']') --depth;
+    if (depth != 0) continue;
+    if (c == '<' || c == '>') {
+      const bool eq = i + 1 < s.size() && s[i + 1] == '=';
+      out.push_back({i, eq ? 2u : 1u, c == '<', !eq});
+      i += eq;
+      continue;
+    }
+    if (s.substr(i, 3) == "\xE2\x89\xA4" || s.substr(i, 3) == "\xE2\x89\xA5") {
+      out.push_back({i, 3, s[i + 2] == '\xA4', false});
+      i += 2;
+      continue;
+    }
+    if (c != '\\') continue;
+    using t = std::tuple<const char*, bool, bool>;  // the command, less, strict (longest names first)
+    for (const auto& [name, less, strict] : {t{"\\leqslant", true, false}, t{"\\geqslant", false, false},
+                                             t{"\\leq", true, false}, t{"\\geq", false, false}, t{"\\le", true, false},
+                                             t{"\\ge", false, false}, t{"\\lt", true, true}, t{"\\gt", false, true}}) {
+      if (!command_at(s, i, name)) continue;
+      const std::size_t n = std::string_view(name).size();
+      out.push_back({i, n, less, strict});
+      i += n - 1;
+      break;
+    }
+  }
+  return out;
+}
+inline bool inequality_variable(std::string_view side) {
+  side = trim(side);
+  return answer_name(side) && side.substr(0, 6) != "\\infty" && side.find('-') == std::string_view::npos;
+}
+inline std::optional<std::string> inequality_interval(std::string_view s) {
+  const auto rel = top_level_relations(s);
+  if (rel.empty() || rel.size() > 2) return std::nullopt;
+  std::vector<std::string_view> sides;
+  std::size_t start = 0;
+  for (const auto& r : rel) {
+    sides.push_back(trim(s.substr(start, r.pos - start)));
+    start = r.pos + r.size;
+  }
+  sides.push_back(trim(s.substr(start)));
+  if (std::any_of(sides.begin(), sides.end(), [](std::string_view x) { return x.empty(); })) return std::nullopt;
+  auto interval = [](std::string_view lo, bool lo_open, std::string_view hi, bool hi_open) {
+    std::string out(1, lo_open ? '(' : '[');  // appended piece by piece: GCC 12 warns on rvalue string +
+    out.append(lo).append(",").append(hi) += hi_open ? ')' : ']';
+    return out;
+  };
+  if (rel.size() == 1) {
+    const bool left = inequality_variable(sides[0]), right = inequality_variable(sides[1]);
+    if (left == right) return std::nullopt;
+    // "x < b" and "b > x" both bound x from above.
+    const bool upper = rel[0].less == left;
+    const std::string_view bound = left ? sides[1] : sides[0];
+    return upper ? interval("-\\infty", true, bound, rel[0].strict) : interval(bound, rel[0].strict, "\\infty", true);
+  }
+  if (rel[0].less != rel[1].less || !inequality_variable(sides[1]) || inequality_variable(sides[0]) ||
+      inequality_variable(sides[2]))
+    return std::nullopt;
+  if (rel[0].less) return interval(sides[0], rel[0].strict, sides[2], rel[1].strict);
+  return interval(sides[2], rel[1].strict, sides[0], rel[0].strict);
+}
+
 // "x = 5": a name and a value without variables (or one that does not parse: "x = 1,2").
 inline bool names_a_value(const equation& e) {
   if (!answer_name(e.lhs)) return false;
@@ -1827,6 +1905,9 @@ inline std::string normalize_keeping_percent(std::string_view answer, bool drop_
   if (drop_name && in != std::string::npos && detail::command_at(s, in, "\\in") &&
       detail::answer_name(std::string_view(s).substr(0, in)))
     s = std::string(detail::trim(std::string_view(s).substr(in + 3)));
+  // "x \le 3" -> "(-\infty,3]", as "x \in (-\infty, 3]".
+  if (drop_name)
+    if (auto interval = detail::inequality_interval(s)) s = std::move(*interval);
   std::string_view words = detail::trim(s);  // "Twenty-one." -> "21"
   while (!words.empty() && words.back() == '.') words.remove_suffix(1);
   if (const auto n = detail::number_words(words)) s = std::to_string(*n);
