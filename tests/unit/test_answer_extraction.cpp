@@ -969,6 +969,9 @@ TEST_CASE("x \\in S, \\pm and one-character subscripts") {
   CHECK(math_answers_equal("\\pm i", "i, -i"));
   CHECK_FALSE(math_answers_equal("1 \\pm \\sqrt{19}", "1+\\sqrt{19}"));  // one root of two
   CHECK_FALSE(math_answers_equal("\\pm 3", "3"));
+  CHECK(math_answers_equal("2 \\mp \\sqrt{3}", "2+\\sqrt3, 2-\\sqrt3"));  // \mp: the same two answers
+  CHECK(math_answers_equal("\\mp 5", "\\pm 5"));
+  CHECK_FALSE(math_answers_equal("1 \\pm 2 \\mp 3", "1+2-3, 1-2+3"));  // paired signs: not guessed
   CHECK_FALSE(math_answers_equal("1 \\pm 2 \\pm 3", "1+2+3, 1-2-3"));  // which signs go together: not guessed
   CHECK(normalize_math_answer("1 \\pm \\sqrt{19}") == "1+\\sqrt{19},1-\\sqrt{19}");
   CHECK(math_answers_equal("4210_{5}", "4210_5"));

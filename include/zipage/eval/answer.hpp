@@ -1830,16 +1830,19 @@ namespace detail {
 // set "\\{...\\}" with one "\\pm" (wherever in the entry: "\\frac{-1\\pm\\sqrt{5}}{2}") becomes two; an entry with more
 // than one, or with "\\mp", stays as written (which signs go together is not for the grader to guess).
 inline std::string expand_plus_minus(const std::string& s) {
-  if (s.find("\\pm") == std::string::npos) return s;
+  if (s.find("\\pm") == std::string::npos && s.find("\\mp") == std::string::npos) return s;
   const bool set = s.size() >= 4 && s.compare(0, 2, "\\{") == 0 && s.compare(s.size() - 2, 2, "\\}") == 0;
   const std::string_view inside = set ? std::string_view(s).substr(2, s.size() - 4) : std::string_view(s);
   std::string out;
   for (const std::string_view entry : split_top(inside, ",")) {
     if (!out.empty()) out += ',';
-    const std::size_t at = entry.find("\\pm");
-    const bool one = at != std::string_view::npos && command_at(entry, at, "\\pm") &&
+    // One \pm or \mp in the entry (\mp's two answers are \pm's, in the other order).
+    const std::size_t pm = entry.find("\\pm"), mp = entry.find("\\mp");
+    const std::size_t at = std::min(pm, mp);
+    const std::string_view sign_command = at == pm ? "\\pm" : "\\mp";
+    const bool one = at != std::string_view::npos && command_at(entry, at, sign_command) &&
                      entry.find("\\pm", at + 1) == std::string_view::npos &&
-                     entry.find("\\mp") == std::string_view::npos;
+                     entry.find("\\mp", at + 1) == std::string_view::npos;
     if (!one) {
       out += entry;
       continue;
