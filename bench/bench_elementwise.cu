@@ -69,7 +69,8 @@ struct result_row {
 std::vector<result_row> g_results;
 
 // Captures `calls` x launch(set) (set = i % kSets) into a graph and times it; reports one call.
-void time_case(benchmark::State& state, const char* name, double bytes, const std::function<void(int, cudaStream_t)>& launch) {
+void time_case(benchmark::State& state, const char* name, double bytes,
+               const std::function<void(int, cudaStream_t)>& launch) {
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int calls = 8 * kSets;

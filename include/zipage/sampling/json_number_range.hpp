@@ -115,7 +115,9 @@ inline std::string alternation(const std::vector<std::string>& alts) {
   for (std::size_t i = 0; i < alts.size(); ++i) out += (i ? "|" : "") + alts[i];
   return out + ")";
 }
-inline std::string any_digits(std::size_t n) { return n == 0 ? "" : n == 1 ? "[0-9]" : "[0-9]{" + std::to_string(n) + "}"; }
+inline std::string any_digits(std::size_t n) {
+  return n == 0 ? "" : n == 1 ? "[0-9]" : "[0-9]{" + std::to_string(n) + "}";
+}
 
 // Digit strings of one length from lo to hi (lo <= hi, the same length).
 inline std::string same_length(const std::string& lo, const std::string& hi) {
@@ -126,7 +128,8 @@ inline std::string same_length(const std::string& lo, const std::string& hi) {
   const bool hi_full = hi.find_first_not_of('9', 1) == std::string::npos;
   std::vector<std::string> alts;
   if (!lo_full) alts.push_back(lo[0] + same_length(lo.substr(1), std::string(n, '9')));
-  const char first = static_cast<char>(lo_full ? lo[0] : lo[0] + 1), last = static_cast<char>(hi_full ? hi[0] : hi[0] - 1);
+  const char first = static_cast<char>(lo_full ? lo[0] : lo[0] + 1);
+  const char last = static_cast<char>(hi_full ? hi[0] : hi[0] - 1);
   if (first <= last) alts.push_back(digit_class(first, last) + any_digits(n));
   if (!hi_full) alts.push_back(hi[0] + same_length(std::string(n, '0'), hi.substr(1)));
   return alternation(alts);
