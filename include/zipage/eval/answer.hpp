@@ -25,8 +25,8 @@
 //  * Also evaluated: \gcd(a, b) and \operatorname{lcm}(a, b) (\text{lcm}, \mathrm{lcm}) of whole numbers,
 //    \lfloor x \rfloor and \lceil x \rceil; in an answer with \sin ... \csc, x^\circ is x\pi/180 (\sin 30^\circ ==
 //    \frac12; elsewhere 30^\circ == 30). "x \in [a, b]" is [a, b]; one \pm (or \mp) in an entry is both answers
-//    (1 \pm \sqrt{2} == "1+\sqrt{2}, 1-\sqrt{2}"); a one-character subscript in braces is that character (52_{8} == 52_8); an
-//    inequality in one variable is its interval ("x \le 3" == "(-\infty, 3]", "-1 < x \le 4" == "(-1, 4]").
+//    (1 \pm \sqrt{2} == "1+\sqrt{2}, 1-\sqrt{2}"); a one-character subscript in braces is that character (52_{8} ==
+//    52_8); an inequality in one variable is its interval ("x \le 3" == "(-\infty, 3]", "-1 < x \le 4" == "(-1, 4]").
 //  * Complex numbers (complex_equal): i is the imaginary unit only when both answers parse as numbers and i alone (no
 //    other letter, no "=", no "%") and one at least has i: 3+4i == 4i+3, i^2 == -1, \frac{1}{2}+\frac{\sqrt3}{2}i ==
 //    0.5+0.866i (real and imaginary parts each within numeric_relative_tolerance). With other letters i is a variable.
