@@ -132,8 +132,9 @@ struct cuda_backend_options {
   bool fuse_fp8_quantize = true;
   // With an FP8 KV cache, where a decode step's attention runs a swapped kernel: that kernel writes each sequence's
   // new K/V into the cache itself (cuda::decode_append) instead of an append_kv launch before it. The same bytes
-  // either way (zipage-bench --fused-append). Off until it has run on a GPU: written 2026-12-06 when no device
-  // was left to the session (docs/architecture.md, "The swapped kernels append the new token themselves").
+  // either way (zipage-bench --fused-append). Off: on the H100 (2026-12-06 evening) its tests pass and the engine's
+  // steady state did not move (+0.15% tok/s, the same mJ per token in two interleaved pairs: a power-capped step
+  // does not gain from one launch fewer per layer); docs/architecture.md, "The swapped kernels append ...".
   bool fuse_decode_append = false;
   // With an FP8 KV cache: which decode attention kernel (cuda::fp8_decode_kernel; zipage-bench --fp8-decode-kernel).
   // automatic: the swapped-operand kernel (half the MMAs, 5-6% more tokens per second and per joule at the
