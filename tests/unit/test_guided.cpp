@@ -428,6 +428,12 @@ TEST_CASE("json schema compiler: accepts and rejects whole texts, keyword by key
       {"{}", {"null", "[[[1]]]"}, {"[[[[1]]]]"}},  // containers nest at most json_any_depth (3) deep
       {R"({"type":"object"})", {"{}", R"({"a": {"b": [1]}})"}, {"[]", R"({"a":{"b":{"c":[1]}}})"}},
   };
+  // `required` names without a schema in `properties`: present, any value, after the declared ones.
+  check_language(compile_guided_json(R"({"properties":{"a":{"type":"integer"}},"required":["b"]})"),
+                 {R"({"b":1})", R"({"a":2,"b":"x"})", R"({"a":2,"b":{"c":[null]}})"},
+                 {"{}", R"({"a":2})", R"({"b":1,"a":2})"});
+  check_language(compile_guided_json(R"({"type":"object","required":["id","id"]})"), {R"({"id":true})"},
+                 {"{}", R"({"x":1})"});
   for (const row& r : table) {
     const std::string schema = r.schema;
     CAPTURE(schema);
@@ -608,7 +614,7 @@ TEST_CASE("json schema compiler: unsupported keywords and bad schemas are errors
       {R"({"type":"number","exclusiveMinimum":1,"maximum":1})", {"holds no number"}},
       {R"({"type":"number","minimum":"1"})", {"'minimum' at / (the root) must be a number"}},
       {R"({"type":"number","maximum":1e300})", {"'maximum'", "at most 18 digits"}},
-      {R"({"properties":{"a":{}},"required":["b"]})", {"'required'", "\"b\""}},
+      {R"({"properties":{"a":{}},"required":[1]})", {"'required' at / (the root) holds 1"}},
       {R"({"allOf":[{"type":"integer"},{"minimum":1}]})", {"'allOf'"}},
       {R"({"properties":{"a":false}})", {"/properties/a is false"}},
       {R"({"enum":[]})", {"'enum'"}},

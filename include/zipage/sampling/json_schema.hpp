@@ -5,11 +5,12 @@
 // whitespace pattern is given, as outlines), object keys in the schema's declared order.
 //
 // Supported, as outlines' build_regex_from_schema:
-//   type: object (properties in order; those not in `required` may be left out; no other keys are generated, as
-//         if additionalProperties were false; an object schema without `properties` is any JSON object), array
-//         (items, minItems, maxItems), string (minLength, maxLength, pattern, format date / time / date-time /
-//         duration / uuid / email / hostname / ipv4; another format is what JSON Schema makes it by default, an
-//         annotation: the string is free), integer, number, boolean, null, and lists of types;
+//   type: object (properties in order; those not in `required` may be left out; a name in `required` that
+//         `properties` does not describe comes after them with any value; no other keys are generated, as if
+//         additionalProperties were false; an object schema without `properties` or `required` is any JSON
+//         object), array (items, minItems, maxItems), string (minLength, maxLength, pattern, format date / time /
+//         date-time / duration / uuid / email / hostname / ipv4; another format is what JSON Schema makes it by
+//         default, an annotation: the string is free), integer, number, boolean, null, and lists of types;
 //   enum and const of any JSON value (written compactly), anyOf and oneOf (oneOf's exclusivity is not enforced),
 //   allOf of one schema, $ref to a JSON pointer into the schema (#/$defs/..., #/definitions/...; a recursive
 //   $ref is an error naming it), and {} or true: any JSON value, containers nested at most json_any_depth deep.
@@ -266,24 +267,32 @@ class compiler {
 
   std::string object(const schema& s, const std::string& path, int depth) {
     const auto props = s.find("properties");
-    if (props == s.end()) return any_object(json_any_depth);
-    check(props->is_object(), "'properties' at ", at(path), " must be an object");
+    const auto req = s.find("required");
+    if (props == s.end() && req == s.end()) return any_object(json_any_depth);
+    const schema no_properties = schema::object();
+    const schema& declared = props == s.end() ? no_properties : *props;
+    check(declared.is_object(), "'properties' at ", at(path), " must be an object");
     std::set<std::string, std::less<>> required;
-    if (const auto r = s.find("required"); r != s.end()) {
-      check(r->is_array(), "'required' at ", at(path), " must be a list of property names");
-      for (const auto& k : *r) {
-        check(k.is_string() && props->contains(k.get<std::string>()), "'required' at ", at(path), " names ",
-              brief(k), ", which is not among its properties");
-        required.insert(k.get<std::string>());
+    std::vector<std::string> undeclared;  // required names without a schema of their own, in `required` order
+    if (req != s.end()) {
+      check(req->is_array(), "'required' at ", at(path), " must be a list of property names");
+      for (const auto& k : *req) {
+        check(k.is_string(), "'required' at ", at(path), " holds ", brief(k), ", which is not a property name");
+        const std::string name = k.get<std::string>();
+        if (required.insert(name).second && !declared.contains(name)) undeclared.push_back(name);
       }
     }
     std::vector<std::string> items;
     std::vector<bool> needed;
-    for (const auto& [key, sub] : props->items()) {
-      items.push_back(quote(schema(key).dump()) + ws_ + ":" + ws_ +
-                      value(sub, path + "/properties/" + pointer_token(key), depth + 1));
+    auto member = [&](const std::string& key, const std::string& value_re) {
+      items.push_back(quote(schema(key).dump()) + ws_ + ":" + ws_ + value_re);
       needed.push_back(required.contains(key));
-    }
+    };
+    for (const auto& [key, sub] : declared.items())
+      member(key, value(sub, path + "/properties/" + pointer_token(key), depth + 1));
+    // JSON Schema lets `required` name a key that `properties` does not describe: it must be there, with any value
+    // (written after the declared ones).
+    for (const std::string& key : undeclared) member(key, any(json_any_depth - 1));
     return "\\{" + ws_ + members(items, needed) + ws_ + "\\}";
   }
 
