@@ -950,9 +950,28 @@ TEST_CASE("inequalities in one variable are the intervals of their solutions") {
   CHECK_FALSE(math_answers_equal("x < 3", "(-\\infty, 3]"));     // open against closed
   CHECK_FALSE(math_answers_equal("x > 3", "(-\\infty, 3)"));     // the other side
   CHECK_FALSE(math_answers_equal("-1 < x > 4", "(-1, 4)"));      // a chain pointing both ways is no interval
-  CHECK_FALSE(math_answers_equal("x < y", "(-\\infty, y)"));    // two names: no variable to solve for
+  CHECK_FALSE(math_answers_equal("x < y", "(-\\infty, y)"));
+  CHECK_FALSE(math_answers_equal("|x| < 3", "(-\\infty, 3)"));   // an absolute value is no variable    // two names: no variable to solve for
+  CHECK(math_answers_equal("x < -1 \\text{ or } x > 2", "(-\\infty, -1) \\cup (2, \\infty)"));
+  CHECK(math_answers_equal("x \\le 0 \\lor x \\ge 1", "(-\\infty,0]\\cup[1,\\infty)"));
+  CHECK_FALSE(math_answers_equal("x < -1 \\text{ or } x > 2", "(-\\infty, -1) \\cup [2, \\infty)"));
+  CHECK_FALSE(math_answers_equal("x < -1 \\text{ or } y > 2", "(-\\infty, -1) \\cup (2, \\infty)"));  // two names
   CHECK(normalize_math_answer("2 < x < 5") == "(2,5)");
   CHECK(normalize_math_answer("a < b") == "a<b");
+}
+
+TEST_CASE("a numeral with its base as a subscript is the numeral without it; |z| = 5 names the value 5") {
+  CHECK(math_answers_equal("52_8", "52"));
+  CHECK(math_answers_equal("52", "52_{8}"));
+  CHECK(math_answers_equal("1A_{16}", "1A"));
+  CHECK(math_answers_equal("10110_2", "10110"));
+  CHECK_FALSE(math_answers_equal("52_8", "42"));    // the digits were asked for, not the value
+  CHECK_FALSE(math_answers_equal("19_8", "19"));    // 9 is no base-8 digit
+  CHECK_FALSE(math_answers_equal("52_8", "52_9"));
+  CHECK_FALSE(math_answers_equal("a_2", "a"));       // a subscripted name, not a numeral
+  CHECK(math_answers_equal("|z| = 5", "5"));
+  CHECK(math_answers_equal("|x|=5", "|x| = 5"));
+  CHECK_FALSE(math_answers_equal("|z| = 5", "6"));
 }
 
 TEST_CASE("x \\in S, \\pm and one-character subscripts") {

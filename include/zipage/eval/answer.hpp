@@ -26,7 +26,8 @@
 //    \lfloor x \rfloor and \lceil x \rceil; in an answer with \sin ... \csc, x^\circ is x\pi/180 (\sin 30^\circ ==
 //    \frac12; elsewhere 30^\circ == 30). "x \in [a, b]" is [a, b]; one \pm (or \mp) in an entry is both answers
 //    (1 \pm \sqrt{2} == "1+\sqrt{2}, 1-\sqrt{2}"); a one-character subscript in braces is that character (52_{8} ==
-//    52_8); an inequality in one variable is its interval ("x \le 3" == "(-\infty, 3]", "-1 < x \le 4" == "(-1, 4]").
+//    52_8); an inequality in one variable is its interval ("x \le 3" == "(-\infty, 3]", "-1 < x \le 4" == "(-1, 4]"),
+//    several joined by "or" their union; "|z| = 5" is 5; "52_8" equals "52" (the digits, not the value 42).
 //  * Complex numbers (complex_equal): i is the imaginary unit only when both answers parse as numbers and i alone (no
 //    other letter, no "=", no "%") and one at least has i: 3+4i == 4i+3, i^2 == -1, \frac{1}{2}+\frac{\sqrt3}{2}i ==
 //    0.5+0.866i (real and imaginary parts each within numeric_relative_tolerance). With other letters i is a variable.
@@ -1209,9 +1210,11 @@ inline std::optional<equation> split_equation(std::string_view s) {
 }
 
 // The left side of "x = 5" when it names the answer rather than being half of an equation: one or two characters
-// starting with a letter ("x", "AB"), a command ("\theta"), or a letter with a subscript ("x_1", "a_{n}").
+// starting with a letter ("x", "AB"), a command ("\theta"), or a letter with a subscript ("x_1", "a_{n}"), or the
+// absolute value of one ("|z|").
 inline bool answer_name(std::string_view lhs) {
   lhs = trim(lhs);
+  if (lhs.size() >= 3 && lhs.front() == '|' && lhs.back() == '|') lhs = trim(lhs.substr(1, lhs.size() - 2));  // |z|
   if (lhs.empty()) return false;
   const bool command = lhs[0] == '\\';
   if (!std::isalpha(static_cast<unsigned char>(command && lhs.size() > 1 ? lhs[1] : lhs[0]))) return false;
@@ -1266,9 +1269,11 @@ inline std::vector<relation_token> top_level_relations(std::string_view s) {
 }
 inline bool inequality_variable(std::string_view side) {
   side = trim(side);
-  return answer_name(side) && side.substr(0, 6) != "\\infty" && side.find('-') == std::string_view::npos;
+  // Not |x|: |x| < 3 is (-3, 3) of x, not an interval of |x| to compare.
+  return answer_name(side) && side.substr(0, 6) != "\\infty" && side.find_first_of("-|") == std::string_view::npos;
 }
-inline std::optional<std::string> inequality_interval(std::string_view s) {
+// `variable`, when set: the name the inequality bounds.
+inline std::optional<std::string> inequality_interval(std::string_view s, std::string_view* variable = nullptr) {
   const auto rel = top_level_relations(s);
   if (rel.empty() || rel.size() > 2) return std::nullopt;
   std::vector<std::string_view> sides;
@@ -1290,13 +1295,48 @@ inline std::optional<std::string> inequality_interval(std::string_view s) {
     // "x < b" and "b > x" both bound x from above.
     const bool upper = rel[0].less == left;
     const std::string_view bound = left ? sides[1] : sides[0];
+    if (variable != nullptr) *variable = left ? sides[0] : sides[1];
     return upper ? interval("-\\infty", true, bound, rel[0].strict) : interval(bound, rel[0].strict, "\\infty", true);
   }
   if (rel[0].less != rel[1].less || !inequality_variable(sides[1]) || inequality_variable(sides[0]) ||
       inequality_variable(sides[2]))
     return std::nullopt;
+  if (variable != nullptr) *variable = sides[1];
   if (rel[0].less) return interval(sides[0], rel[0].strict, sides[2], rel[1].strict);
   return interval(sides[2], rel[1].strict, sides[0], rel[0].strict);
+}
+
+// Inequalities joined by "or" (a word, \lor or \vee) as the union of their intervals: "x < -1 \text{ or } x > 2" ->
+// "(-\infty,-1)\cup(2,\infty)"; one inequality as its interval. nullopt unless every part is an inequality of the
+// same variable.
+inline std::optional<std::string> inequalities_as_intervals(std::string_view s) {
+  std::vector<std::string_view> parts;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    std::size_t skip = 0;
+    const bool word_before = i > 0 && std::isalnum(static_cast<unsigned char>(s[i - 1]));
+    if (s.substr(i, 2) == "or" && !word_before &&
+        (i + 2 >= s.size() || !std::isalnum(static_cast<unsigned char>(s[i + 2]))))
+      skip = 2;
+    for (std::string_view cmd : {"\\lor", "\\vee"})
+      if (command_at(s, i, cmd)) skip = cmd.size();
+    if (skip == 0) continue;
+    parts.push_back(s.substr(start, i - start));
+    start = i + skip;
+    i += skip - 1;
+  }
+  parts.push_back(s.substr(start));
+  std::string out;
+  std::string_view first_name;
+  for (const std::string_view part : parts) {
+    std::string_view name;
+    const auto interval = inequality_interval(part, &name);
+    if (!interval || (!first_name.empty() && name != first_name)) return std::nullopt;  // one variable throughout
+    first_name = name;
+    if (!out.empty()) out += "\\cup";
+    out += *interval;
+  }
+  return out;
 }
 
 // "x = 5": a name and a value without variables (or one that does not parse: "x = 1,2").
@@ -1670,6 +1710,32 @@ inline constexpr std::size_t max_set_pairs = 4096;
 
 inline bool answers_equal(std::string_view a, std::string_view b, int depth);
 
+// "52_8" against "52": a numeral with its base as a subscript (2 to 36; digits and capital letters) is the same
+// numeral written without it (MATH's "express in base 8", answered without the subscript). Not against its decimal
+// value (52_8 != 42): the question asked for the digits.
+inline bool same_numeral_but_base(std::string_view a, std::string_view b) {
+  auto digits = [](std::string_view x) -> std::optional<std::string_view> {
+    const std::size_t u = x.rfind('_');
+    if (u == std::string_view::npos || u == 0) return std::nullopt;
+    std::string_view base = x.substr(u + 1);
+    if (base.size() >= 2 && base.front() == '{' && base.back() == '}') base = base.substr(1, base.size() - 2);
+    const auto decimal = [](char c) { return c >= '0' && c <= '9'; };
+    if (base.empty() || base.size() > 2 || !std::all_of(base.begin(), base.end(), decimal)) return std::nullopt;
+    const int radix = std::stoi(std::string(base));
+    const std::string_view numeral = x.substr(0, u);
+    const bool ok = radix >= 2 && radix <= 36 && !numeral.empty() &&
+                    std::all_of(numeral.begin(), numeral.end(), [&](char c) {
+                      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'Z' ? c - 'A' + 10 : 99;
+                      return d < radix;
+                    });
+    return ok ? std::optional<std::string_view>(numeral) : std::nullopt;
+  };
+  const auto da = digits(a), db = digits(b);
+  if (da && !db) return *da == b;
+  if (db && !da) return *db == a;
+  return false;
+}
+
 // Two sets of normalised elements as sets: every element of each equals some element of the other, so neither order
 // nor repetition counts ({1, 2} == {2, 1, 1}). Equality within the tolerance is not transitive, so this is not a
 // matching of one to one: {1, 1.00001} == {1}, as 1 == 1.00001. Past max_set_pairs, only in order.
@@ -1908,9 +1974,9 @@ inline std::string normalize_keeping_percent(std::string_view answer, bool drop_
   if (drop_name && in != std::string::npos && detail::command_at(s, in, "\\in") &&
       detail::answer_name(std::string_view(s).substr(0, in)))
     s = std::string(detail::trim(std::string_view(s).substr(in + 3)));
-  // "x \le 3" -> "(-\infty,3]", as "x \in (-\infty, 3]".
+  // "x \le 3" -> "(-\infty,3]", as "x \in (-\infty, 3]"; "x < 0 or x > 1" -> "(-\infty,0)\cup(1,\infty)".
   if (drop_name)
-    if (auto interval = detail::inequality_interval(s)) s = std::move(*interval);
+    if (auto intervals = detail::inequalities_as_intervals(s)) s = std::move(*intervals);
   std::string_view words = detail::trim(s);  // "Twenty-one." -> "21"
   while (!words.empty() && words.back() == '.') words.remove_suffix(1);
   if (const auto n = detail::number_words(words)) s = std::to_string(*n);
@@ -1967,7 +2033,7 @@ inline bool math_answers_equal(std::string_view a, std::string_view b) {
     if (qa && qb && !(detail::names_a_value(*qa) && detail::names_a_value(*qb)))
       if (const auto same = detail::equations_proportional(*qa, *qb)) return *same;
   }
-  return detail::answers_equal(na, nb) || detail::choices_equal(na, nb);
+  return detail::answers_equal(na, nb) || detail::choices_equal(na, nb) || detail::same_numeral_but_base(na, nb);
 }
 
 }  // namespace zipage::eval
