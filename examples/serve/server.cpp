@@ -419,9 +419,9 @@ class api {
     };
     if (non_empty("functions")) unsupported("functions", "(non-empty)");
     if (!chat && non_empty("tools")) unsupported("tools", "(non-empty) in a completion request");
-    // guided_choice, guided_regex, guided_json, response_format json_schema / json_object and structured_outputs'
-    // choice / regex / json / json_object are served (guided() below).
-    for (const char* key : {"guided_grammar", "prompt_logprobs", "truncate_prompt_tokens"})
+    // guided_choice, guided_regex, guided_json, guided_grammar, response_format json_schema / json_object and
+    // structured_outputs' choice / regex / json / json_object / grammar are served (guided() below).
+    for (const char* key : {"prompt_logprobs", "truncate_prompt_tokens"})
       if (field(body, key) != nullptr) unsupported(key, "");
     if (boolean(body, "use_beam_search").value_or(false)) unsupported("use_beam_search", "true");
     if (!boolean(body, "skip_special_tokens").value_or(true)) unsupported("skip_special_tokens", "false");
@@ -505,13 +505,13 @@ class api {
     return encoded;
   }
 
-  // Structured outputs: vLLM's guided_choice / guided_regex / guided_json, structured_outputs {"choice": [...]} /
-  // {"regex": "..."} / {"json": schema} / {"json_object": true} (vLLM's newer spelling), or OpenAI's response_format
-  // json_schema / json_object. A JSON schema may be given as an object or as a string holding its JSON text;
-  // json_object is the schema {"type": "object"}. The constraint is compiled here so that a bad one is a 400 naming
+  // Structured outputs: vLLM's guided_choice / guided_regex / guided_json / guided_grammar (GBNF), structured_outputs
+  // {"choice": [...]} / {"regex": "..."} / {"json": schema} / {"json_object": true} / {"grammar": "..."} (vLLM's newer
+  // spelling), or OpenAI's response_format json_schema / json_object. A JSON schema may be given as an object or as
+  // a string holding its JSON text; json_object is the schema {"type": "object"}. The constraint is compiled here so that a bad one is a 400 naming
   // its field before any streaming header is out, and the engine takes the compiled guide as it is (it would
   // otherwise compile it again on its own thread, between steps); requests repeating a constraint share one
-  // compilation (guides_). What zipage-serve does not implement (grammar, structural_tag) is a 400 naming it.
+  // compilation (guides_). What zipage-serve does not implement (structural_tag) is a 400 naming it.
   // Returns the compiled guide, or null without a constraint.
   std::shared_ptr<const zipage::compiled_guide> guided(const json& body, zipage::sampling_params& p) {
     const char* source = nullptr;  // the field the constraint came from
@@ -535,6 +535,11 @@ class api {
       if (!v.is_string()) bad_param(name, std::string("'") + name + "' must be a string, got " + got(v));
       p.guided.regex = v.get<std::string>();
     };
+    auto take_grammar = [&](const json& v, const char* name) {
+      one(name);
+      if (!v.is_string()) bad_param(name, std::string("'") + name + "' must be a GBNF grammar string, got " + got(v));
+      p.guided.grammar = v.get<std::string>();
+    };
     // The schema's JSON text, as given (a string) or written from the object (ordered_json keeps the properties'
     // order, which the output follows).
     auto take_json = [&](const json& v, const char* name) {
@@ -549,6 +554,7 @@ class api {
     if (const json* v = field(body, "guided_choice")) take_choice(*v, "guided_choice");
     if (const json* v = field(body, "guided_regex")) take_regex(*v, "guided_regex");
     if (const json* v = field(body, "guided_json")) take_json(*v, "guided_json");
+    if (const json* v = field(body, "guided_grammar")) take_grammar(*v, "guided_grammar");
     if (const json* v = field(body, "guided_whitespace_pattern")) {
       if (!v->is_string()) bad_param("guided_whitespace_pattern", "'guided_whitespace_pattern' must be a string");
       whitespace = v->get<std::string>();
@@ -578,10 +584,11 @@ class api {
           if (!value.is_boolean())
             bad_param("structured_outputs.json_object", "'structured_outputs.json_object' must be a boolean");
           if (value.get<bool>()) take_json(any_object, "structured_outputs.json_object");
-        } else if (key == "grammar" || key == "structural_tag") {
-          const std::string name = "structured_outputs." + key;
-          bad_param(name.c_str(), "'" + name + "' is not supported by zipage-serve (choice, regex, json and "
-                    "json_object are)");
+        } else if (key == "grammar") {
+          take_grammar(value, "structured_outputs.grammar");
+        } else if (key == "structural_tag") {
+          bad_param("structured_outputs.structural_tag", "'structured_outputs.structural_tag' is not supported by "
+                    "zipage-serve (choice, regex, json, json_object and grammar are)");
         } else if (key == "whitespace_pattern") {
           if (!value.is_string())
             bad_param("structured_outputs.whitespace_pattern", "'structured_outputs.whitespace_pattern' must be a "

@@ -84,7 +84,11 @@ await run('serve_bad_input', async (servers) => {
     [{ prompt: 'x', response_format: { type: 'json' } }, 'response_format'],  // (json_object, json_schema are served)
     [{ prompt: 'x', use_beam_search: true }, 'use_beam_search'],
     [{ prompt: 'x', include_stop_str_in_output: 'yes' }, 'include_stop_str_in_output'],  // (true is served)
-    [{ prompt: 'x', guided_grammar: 'root ::= "a"' }, 'guided_grammar'],
+    // GBNF grammars are served (since 2026-12-06 evening); bad ones name the field.
+    [{ prompt: 'x', guided_grammar: 'start ::= "a"' }, 'guided_grammar'],  // no root rule
+    [{ prompt: 'x', guided_grammar: 'root ::= "a" b' }, 'guided_grammar'],  // an undefined rule
+    [{ prompt: 'x', guided_grammar: 5 }, 'guided_grammar'],
+    [{ prompt: 'x', guided_grammar: 'root ::= "a"', guided_regex: 'a' }, 'guided_grammar'],
     // JSON schemas are served (since 2026-12-06); bad or unsupported ones name the field.
     [{ prompt: 'x', guided_json: { type: 'object', patternProperties: { a: {} } } }, 'guided_json'],
     [{ prompt: 'x', guided_json: '{"type": "object",' }, 'guided_json'],  // a string that is not JSON
@@ -108,7 +112,7 @@ await run('serve_bad_input', async (servers) => {
     [{ prompt: 'x', guided_choice: ['a'], guided_regex: 'a' }, 'guided_regex'],
     [{ prompt: 'x', guided_choice: ['a'], allowed_token_ids: [5] }, 'guided_choice'],
     [{ prompt: 'x', structured_outputs: 'a' }, 'structured_outputs'],
-    [{ prompt: 'x', structured_outputs: { grammar: 'root ::= "a"' } }, 'structured_outputs.grammar'],
+    [{ prompt: 'x', structured_outputs: { grammar: 'root ::= [' } }, 'structured_outputs.grammar'],
     [{ prompt: 'x', structured_outputs: { regex: '\\bword' } }, 'structured_outputs.regex'],
     [{ prompt: 'x', structured_outputs: { choice: [] } }, 'structured_outputs.choice'],
     [{ prompt: 'x', structured_outputs: { colour: 'red' } }, 'structured_outputs.colour'],

@@ -1,6 +1,6 @@
-// zipage-serve's structured outputs: guided_choice, guided_regex and guided_json (and vLLM's newer spelling,
-// structured_outputs {choice} / {regex} / {json} / {json_object}, and OpenAI's response_format json_schema /
-// json_object) on /v1/completions (stories260K) and /v1/chat/completions (the random Qwen3 checkpoint, Qwen3's
+// zipage-serve's structured outputs: guided_choice, guided_regex, guided_json and guided_grammar (and vLLM's newer
+// spelling, structured_outputs {choice} / {regex} / {json} / {json_object} / {grammar}, and OpenAI's response_format
+// json_schema / json_object) on /v1/completions (stories260K) and /v1/chat/completions (the random Qwen3 checkpoint, Qwen3's
 // chat template, with and without a reasoning parser): every choice's text is one of the choices / matches the
 // regex as a whole / parses as JSON that the schema describes, and ends with finish_reason "stop". The 400s for
 // what is not served are in bad_input.test.mjs.
@@ -57,6 +57,17 @@ await run('serve_guided', async (servers) => {
     }
   }
   assert.ok(seen.size > 4, [...seen].join(' | '));
+  // GBNF grammars (guided_grammar, structured_outputs.grammar): every output is a sentence the grammar derives.
+  const GRAMMAR = 'root ::= "The " animal " was " mood ("." | " and " mood ".")\n' +
+                  'animal ::= "cat" | "dog" | "little " animal\nmood ::= [a-z]{3,8}';
+  const sentence = /^The (little ){0,5}(cat|dog) was [a-z]{3,8}(\.| and [a-z]{3,8}\.)$/;
+  for (const temperature of [0, 1.0]) {
+    for (const spelling of [{ guided_grammar: GRAMMAR }, { structured_outputs: { grammar: GRAMMAR } }]) {
+      const [c] = await complete({ temperature, seed: 3, ...spelling });
+      assert.ok(sentence.test(c.text), `${JSON.stringify(c.text)} is not a sentence of the grammar`);
+      assert.equal(c.finish_reason, 'stop', JSON.stringify(c));
+    }
+  }
   // JSON schemas, in each spelling: every output parses and has what the schema says (a bounded schema, so that
   // every output ends within max_tokens).
   const schema = { type: 'object', properties: { name: { type: 'string', minLength: 1, maxLength: 8 },

@@ -251,7 +251,8 @@ TEST_CASE("sampling_params::guided is validated: one constraint, no empty choice
   CHECK(contains(error_of([&] { p.validate(); }), "guided_choice[1] must not be empty"));
   p.guided.choice = {"a"};
   p.guided.regex = "b";
-  CHECK(contains(error_of([&] { p.validate(); }), "more than one of guided_choice, guided_regex and guided_json"));
+  CHECK(contains(error_of([&] { p.validate(); }), "more than one of guided_choice, guided_regex, guided_json and "
+                                                  "guided_grammar"));
   p.guided.regex.reset();
   p.guided.json_schema = "{}";
   CHECK(contains(error_of([&] { p.validate(); }), "more than one"));
@@ -657,6 +658,112 @@ llama_engine make_engine(bool with_vocab = true) {
 }
 
 }  // namespace
+
+TEST_CASE("grammar compiler: GBNF rules, literals, classes, groups, quantifiers, comments") {
+  struct row {
+    const char* grammar;
+    std::vector<std::string> yes, no;
+  };
+  const std::vector<row> table = {
+      {R"(root ::= "yes" | "no")", {"yes", "no"}, {"", "yesno", "Yes"}},
+      {"root ::= greeting \" \" name  # a comment\ngreeting ::= \"hi\" | \"hello\"\nname ::= [A-Z] [a-z]*",
+       {"hi Bob", "hello X"}, {"hi bob", "hey Bob", "hi  Bob"}},
+      {R"(root ::= [0-9]+ ("." [0-9]{1,2})?)", {"7", "12.5", "0.25"}, {"1.", "1.234", ".5"}},
+      {R"(root ::= "a"{2,3} "b"{2} "c"{1,})", {"aabbc", "aaabbccc"}, {"abbc", "aabc", "aabb"}},
+      {R"(root ::= [^"\n]* "!")", {"!", "ok!", "é!"}, {"\"!", "a\n!"}},
+      {R"(root ::= "\x41\u00e9\t" [\x30-\x39] "\"" "\\")", {"A\xC3\xA9\t5\"\\"}, {"A\xC3\xA9 5\"\\"}},
+      {R"(root ::= . . .)", {"abc", "a\nb", "\xC3\xA9xy"}, {"ab", "abcd"}},
+      {"root ::=\n  item\n  (\",\" item)*\nitem ::= \"x\" |\n  \"y\"", {"x", "x,y,x"}, {"", "x,", ",x"}},
+      {R"(root ::= [a-c-] [\]\-\\])", {"a]", "--", "c\\"}, {"d]", "a["}},
+      {R"g(root ::= "(" root ")" | "x")g", {"x", "(x)", "((((x))))"}, {"(((((x)))))", "(x", ""}},  // 4 nested
+      {R"g(root ::= expr
+          expr ::= term (("+" | "-") term)*
+          term ::= [0-9]+ | "(" expr ")")g",
+       {"1+2", "(1+2)-3", "((1))"}, {"1+", "(1+2", "+1"}},
+      {R"(root ::= root "a" | "b")", {"b", "ba", "baaaa"}, {"baaaaa", "a"}},  // left recursion, unrolled too
+  };
+  for (const row& r : table) {
+    const std::string grammar = r.grammar;
+    CAPTURE(grammar);
+    check_language(compile_guided_grammar(grammar), r.yes, r.no);
+  }
+  // A JSON grammar with whitespace everywhere is too large for the DFA at 4 nested values: compile_guided_grammar
+  // steps the recursion down until it fits (here 2: three levels of containers).
+  const std::string json_gbnf = R"g(root ::= obj
+val ::= obj | arr | str | num | "true" | "false" | "null"
+obj ::= "{" sp ( str sp ":" sp val sp ( "," sp str sp ":" sp val sp )* )? "}"
+arr ::= "[" sp ( val sp ( "," sp val sp )* )? "]"
+str ::= "\"" ( [^"\\\x00-\x1F] | "\\" ["\\/bfnrt] )* "\""
+num ::= "-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]+ )?
+sp ::= | " " | "\n" [ \t]{0,16})g";
+  check_language(compile_guided_grammar(json_gbnf), {R"({"a": [1, {"b": null}], "c": "x\n"})", "{}", R"({"a":[[]]})"},
+                 {R"({"a": })", R"({"a":[[[[]]]]})", "[]"});
+  // Recursion is unrolled grammar_max_recursion times; with a larger limit, deeper nesting.
+  const std::string nested = R"(root ::= "[" root* "]")";
+  CHECK(compile_guided_regex(grammar_regex(nested, 1)).matches("[[]]"));
+  CHECK(!compile_guided_regex(grammar_regex(nested, 1)).matches("[[[]]]"));
+  CHECK(compile_guided_regex(grammar_regex(nested, 2)).matches("[[[]][]]"));
+}
+
+TEST_CASE("grammar compiler: bad grammars are errors naming guided_grammar and the place") {
+  const std::vector<std::pair<std::string, std::vector<const char*>>> table = {
+      {R"(start ::= "a")", {"no 'root' rule"}},
+      {R"(root ::= "a" other)", {"uses 'other'", "not defined"}},
+      {"root ::= \"a\"\nroot ::= \"b\"", {"'root' is defined twice"}},
+      {R"(root ::= "abc)", {"literal", "not closed"}},
+      {R"(root ::= [a-z)", {"class", "not closed"}},
+      {R"(root ::= ("a" | "b")", {"'(' at line 1", "not closed"}},
+      {R"(root ::= [é])", {"non-ASCII member (U+E9)"}},
+      {R"(root ::= "a"{3,2})", {"reversed"}},
+      {R"(root ::= "\q")", {"unknown escape '\\q'"}},
+      {"root ::= \"a\"\n  ::= \"b\"", {"line 2"}},
+      {R"(root ::= root "a")", {"derives no finite string"}},  // recursion that never ends
+      {R"(root ::= "a" @)", {"unexpected '@'"}},
+  };
+  for (const auto& [grammar, parts] : table) {
+    CAPTURE(grammar);
+    const std::string msg = error_of([&] { (void)compile_guided_grammar(grammar); });
+    CAPTURE(msg);
+    CHECK(contains(msg, "guided_grammar: grammar: "));
+    for (const char* part : parts) CHECK(contains(msg, part));
+  }
+  sampling_params p;
+  p.guided.grammar = R"(root ::= "a")";
+  p.guided.regex = "a";
+  CHECK(contains(error_of([&] { p.validate(); }), "more than one of"));
+  p.guided.regex.reset();
+  p.validate();
+  CHECK(std::string(p.guided.field()) == "guided_grammar");
+}
+
+TEST_CASE("guided generation on stories260K: every output is a sentence of the grammar") {
+  auto eng = make_engine();
+  const auto prompt = stories().tokenizer.encode("Once upon a time", true);
+  const std::string grammar = R"(root ::= "The " animal " was " mood ( " and " mood )? "."
+animal ::= "cat" | "dog" | "little bird"
+mood ::= "happy" | "sad" | "very " mood)";
+  const byte_dfa check = compile_guided_grammar(grammar);
+  std::set<std::string> seen;
+  for (const float temperature : {0.0f, 1.0f, 1.5f}) {
+    for (std::uint64_t seed = 0; seed < 3; ++seed) {
+      CAPTURE(temperature);
+      CAPTURE(seed);
+      sampling_params p;
+      p.temperature = temperature;
+      p.seed = seed;
+      p.max_tokens = 60;
+      p.guided.grammar = grammar;
+      const auto out = eng.generate({prompt}, p)[0];
+      CAPTURE(out.text);
+      CHECK(out.reason == finish_reason::eos);
+      CHECK(out.text.starts_with("The "));
+      CHECK(out.text.ends_with("."));
+      CHECK(check.matches(out.text));
+      seen.insert(out.text);
+    }
+  }
+  CHECK(seen.size() > 2);
+}
 
 TEST_CASE("guided generation on stories260K: every output is one of the choices / matches the regex") {
   auto eng = make_engine();

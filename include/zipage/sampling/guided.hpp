@@ -1,7 +1,8 @@
 #pragma once
-// Structured outputs (vLLM's guided_choice, guided_regex and guided_json): the whole generated text must be one of
-// a list of strings, match a regular expression, or be JSON that a JSON Schema describes (json_schema.hpp compiles
-// the schema to a regex). All compile to a DFA over bytes, equivalent states merged, of at most
+// Structured outputs (vLLM's guided_choice, guided_regex, guided_json and guided_grammar): the whole generated text
+// must be one of a list of strings, match a regular expression, be JSON that a JSON Schema describes
+// (json_schema.hpp compiles the schema to a regex) or a string a GBNF grammar derives (grammar.hpp, recursion
+// unrolled). All compile to a DFA over bytes, equivalent states merged, of at most
 // guided_max_dfa_states states. At each step the tokens that may come next are those whose bytes keep the DFA
 // alive (some accepting state stays reachable), found by a walk of the vocabulary's byte trie that prunes dead
 // states, and EOS may come only at an accepting state. The allowed set of a DFA state is computed once per guide
@@ -36,6 +37,7 @@
 #include "zipage/sampling/sampling_params.hpp"
 #include "zipage/tokenizer/utf8.hpp"
 #if !defined(__CUDACC__)
+#include "zipage/sampling/grammar.hpp"
 #include "zipage/sampling/json_schema.hpp"
 #endif
 
@@ -883,12 +885,33 @@ class guide {
   }
 }
 
-// The DFA of a constraint (see the three above); errors start with the field's name.
+// The DFA of the strings a GBNF grammar derives (grammar_regex, then as a regex), its recursion unrolled as deep as
+// fits guided_max_dfa_states and the regex compiler's limits, from grammar_max_recursion down to 0 (llama.cpp's
+// json.gbnf fits with 2: containers nested 3 deep). Throws zipage::error "guided_grammar: ..." naming what it cannot
+// compile (a syntax error and its place, an undefined rule, a grammar too large even without recursion).
+[[nodiscard]] inline byte_dfa compile_guided_grammar(std::string_view gbnf) {
+  try {
+    for (int depth = grammar_max_recursion;; --depth) {
+      const std::string re = grammar_regex(gbnf, depth);  // a bad grammar throws at any depth
+      try {
+        return guided_detail::determinize(guided_detail::regex_parser(re).parse(), guided_max_dfa_states,
+                                          "the grammar");
+      } catch (const error&) {
+        if (depth == 0) throw;  // too large even with no recursion
+      }
+    }
+  } catch (const error& e) {
+    fail("guided_grammar: ", e.what());
+  }
+}
+
+// The DFA of a constraint (see the four above); errors start with the field's name.
 [[nodiscard]] inline byte_dfa compile_guided(const guided_decoding& spec) {
   check(spec.active(), "guided decoding: no constraint given");
-  check(spec.count() == 1, "guided decoding: more than one of guided_choice, guided_regex and guided_json is set "
-        "(give one)");
+  check(spec.count() == 1, "guided decoding: more than one of guided_choice, guided_regex, guided_json and "
+        "guided_grammar is set (give one)");
   if (spec.json_schema) return compile_guided_json(*spec.json_schema, spec.whitespace_pattern);
+  if (spec.grammar) return compile_guided_grammar(*spec.grammar);
   return spec.regex ? compile_guided_regex(*spec.regex) : compile_guided_choice(spec.choice);
 }
 

@@ -40,16 +40,19 @@ struct guided_decoding {
   // With json_schema: the regex of the whitespace allowed between JSON tokens (vLLM's whitespace_pattern);
   // unset: "[ ]?", as outlines.
   std::optional<std::string> whitespace_pattern{};
+  // guided_grammar: the output is a string that this GBNF grammar derives from its root rule
+  // (zipage/sampling/grammar.hpp: recursion unrolled to a bounded depth).
+  std::optional<std::string> grammar{};
 
-  [[nodiscard]] bool active() const { return !choice.empty() || regex.has_value() || json_schema.has_value(); }
+  [[nodiscard]] bool active() const { return count() > 0; }
   // The request field a constraint's error names.
   [[nodiscard]] const char* field() const {
-    return regex ? "guided_regex" : json_schema ? "guided_json" : "guided_choice";
+    return regex ? "guided_regex" : json_schema ? "guided_json" : grammar ? "guided_grammar" : "guided_choice";
   }
-  // How many of the three constraints are set (more than one is an error).
+  // How many of the four constraints are set (more than one is an error).
   [[nodiscard]] int count() const {
     return static_cast<int>(!choice.empty()) + static_cast<int>(regex.has_value()) +
-           static_cast<int>(json_schema.has_value());
+           static_cast<int>(json_schema.has_value()) + static_cast<int>(grammar.has_value());
   }
   friend bool operator==(const guided_decoding&, const guided_decoding&) = default;
 };
@@ -92,13 +95,13 @@ struct sampling_params {
   // Before this many tokens are generated no EOS id (the model's and its end-of-turn ids) and no stop_token_ids
   // id can be sampled (their logits are -inf), and no stop string is looked for, as vLLM. At most max_tokens.
   int min_tokens = 0;
-  // Structured output: the generated text must be one of guided.choice, match guided.regex as a whole, or be JSON
-  // that guided.json_schema describes (compiled to a regex). Each
+  // Structured output: the generated text must be one of guided.choice, match guided.regex as a whole, be JSON
+  // that guided.json_schema describes, or a string guided.grammar derives (both compiled to a regex). Each
   // step allows only the tokens whose bytes keep the text a prefix of a match (special tokens never), and EOS
   // only once the text is a whole match; at a match no longer choice or regex text extends, EOS is all that is
   // allowed. Needs an engine that knows its tokens' bytes (engine_config::guide_vocab; zipage::llm sets it).
-  // Not with allowed_token_ids or min_tokens. An unsupported regex or schema is an error naming guided_regex or
-  // guided_json (zipage/sampling/guided.hpp).
+  // Not with allowed_token_ids or min_tokens. An unsupported regex, schema or grammar is an error naming
+  // guided_regex, guided_json or guided_grammar (zipage/sampling/guided.hpp).
   guided_decoding guided{};
 
   // Throws zipage::error naming the first bad field and its value. Checks are written as "in range"
@@ -139,8 +142,8 @@ struct sampling_params {
             "] must hold more than whitespace");
     for (std::size_t i = 0; i < guided.choice.size(); ++i)
       check(!guided.choice[i].empty(), "sampling: guided_choice[", i, "] must not be empty");
-    check(guided.count() <= 1, "sampling: more than one of guided_choice, guided_regex and guided_json is set "
-          "(give one)");
+    check(guided.count() <= 1, "sampling: more than one of guided_choice, guided_regex, guided_json and "
+          "guided_grammar is set (give one)");
     check(!guided.whitespace_pattern || guided.json_schema, "sampling: guided whitespace_pattern is set without "
           "guided_json");
     check(!guided.active() || !allowed_token_ids, "sampling: ", guided.field(),
