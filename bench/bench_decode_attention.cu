@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "cuda_buffers.hpp"
+#include "copy_bandwidth.cuh"
 #include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/cuda_backend.hpp"  // measure_gemm_tflops
 #include "zipage/backend/cuda/ops.hpp"  // fill_uniform
@@ -80,18 +81,7 @@ using dbuf = zipage::testing::device_buffer<T>;
 using zipage::testing::median;
 
 // Device-to-device copy bandwidth: 2 GiB, bytes read + written, median of 15.
-double measure_copy_bandwidth() {
-  const std::size_t bytes = std::size_t(2) << 30;
-  dbuf<std::uint8_t> a(bytes), b(bytes);
-  fill_random(a.p, bytes / 2, 7);
-  zc::event_timer timer;
-  std::vector<double> times;
-  for (int i = 0; i < 18; ++i) {
-    const double s = timer.time(nullptr, [&] { CK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice)); });
-    if (i >= 3) times.push_back(s);
-  }
-  return 2.0 * bytes / median(times);
-}
+using zipage::testing::measure_copy_bandwidth;
 
 // Read-only bandwidth over `bytes` of the pool: median of 15.
 double measure_read_bandwidth(const void* src, std::size_t bytes) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cuda_buffers.hpp"
+#include "copy_bandwidth.cuh"
 #include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/backend/cuda/fp8_gemm.hpp"  // padded_rows
 #include "zipage/backend/cuda/ops.hpp"
@@ -49,18 +50,7 @@ void fill(void* p, std::size_t elements, std::uint32_t seed) {
   zc::fill_uniform(cuda_dtype::bf16, p, static_cast<std::int64_t>(elements), 1.0f, seed, nullptr);
 }
 
-double measure_copy_bandwidth() {
-  const std::size_t bytes = std::size_t(2) << 30;
-  dbuf<std::uint8_t> a(bytes), b(bytes);
-  fill(a.p, bytes / 2, 7);
-  zc::event_timer timer;
-  std::vector<double> times;
-  for (int i = 0; i < 18; ++i) {
-    const double s = timer.time(nullptr, [&] { CK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice)); });
-    if (i >= 3) times.push_back(s);
-  }
-  return 2.0 * bytes / median(times);
-}
+using zipage::testing::measure_copy_bandwidth;
 
 struct result_row {
   std::string name;

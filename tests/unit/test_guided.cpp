@@ -657,6 +657,29 @@ llama_engine make_engine(bool with_vocab = true) {
   return llama_engine(load_llama_gguf<cpu_backend>(m.file), cfg);
 }
 
+// The story prompt generated under `guided` for each temperature and seeds 0-2 (max_tokens tokens at most); each
+// output goes to `check` with the temperature and seed captured for its CHECKs.
+template <class Check>
+void each_guided_output(llama_engine& eng, const guided_decoding& guided, std::initializer_list<float> temperatures,
+                        int max_tokens, Check&& check) {
+  const auto prompt = stories().tokenizer.encode("Once upon a time", true);
+  for (const float temperature : temperatures) {
+    for (std::uint64_t seed = 0; seed < 3; ++seed) {
+      CAPTURE(temperature);
+      CAPTURE(seed);
+      sampling_params p;
+      p.temperature = temperature;
+      p.seed = seed;
+      p.max_tokens = max_tokens;
+      p.guided = guided;
+      const auto out = eng.generate({prompt}, p)[0];
+      CAPTURE(out.text);
+      CHECK(out.reason == finish_reason::eos);
+      check(out);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("grammar compiler: GBNF rules, literals, classes, groups, quantifiers, comments") {
@@ -738,30 +761,17 @@ TEST_CASE("grammar compiler: bad grammars are errors naming guided_grammar and t
 
 TEST_CASE("guided generation on stories260K: every output is a sentence of the grammar") {
   auto eng = make_engine();
-  const auto prompt = stories().tokenizer.encode("Once upon a time", true);
-  const std::string grammar = R"(root ::= "The " animal " was " mood ( " and " mood )? "."
+  guided_decoding g;
+  g.grammar = R"(root ::= "The " animal " was " mood ( " and " mood )? "."
 animal ::= "cat" | "dog" | "little bird"
 mood ::= "happy" | "sad" | "very " mood)";
-  const byte_dfa check = compile_guided_grammar(grammar);
+  const byte_dfa sentence = compile_guided_grammar(*g.grammar);
   std::set<std::string> seen;
-  for (const float temperature : {0.0f, 1.0f, 1.5f}) {
-    for (std::uint64_t seed = 0; seed < 3; ++seed) {
-      CAPTURE(temperature);
-      CAPTURE(seed);
-      sampling_params p;
-      p.temperature = temperature;
-      p.seed = seed;
-      p.max_tokens = 60;
-      p.guided.grammar = grammar;
-      const auto out = eng.generate({prompt}, p)[0];
-      CAPTURE(out.text);
-      CHECK(out.reason == finish_reason::eos);
-      CHECK(out.text.starts_with("The "));
-      CHECK(out.text.ends_with("."));
-      CHECK(check.matches(out.text));
-      seen.insert(out.text);
-    }
-  }
+  each_guided_output(eng, g, {0.0f, 1.0f, 1.5f}, 60, [&](const auto& out) {
+    CHECK(out.text.starts_with("The "));
+    CHECK(sentence.matches(out.text));
+    seen.insert(out.text);
+  });
   CHECK(seen.size() > 2);
 }
 
@@ -804,33 +814,21 @@ TEST_CASE("guided generation on stories260K: every output is one of the choices 
 
 TEST_CASE("guided generation on stories260K: every JSON output parses and satisfies the schema") {
   auto eng = make_engine();
-  const auto prompt = stories().tokenizer.encode("Once upon a time", true);
   // Bounded (short strings, a pattern for the number, few items), so that every output ends within max_tokens.
-  const std::string schema = R"({"type":"object","properties":{
+  guided_decoding g;
+  g.json_schema = R"({"type":"object","properties":{
       "name":{"type":"string","minLength":1,"maxLength":8},"age":{"type":"string","pattern":"[1-9][0-9]?"},
       "mood":{"enum":["happy","sad"]},"pets":{"type":"array","items":{"type":"boolean"},"maxItems":3},
       "toy":{"type":["null","string"],"maxLength":5}},"required":["name","mood"]})";
-  const nlohmann::json s = nlohmann::json::parse(schema);
+  const nlohmann::json s = nlohmann::json::parse(*g.json_schema);
   std::set<std::string> seen;
-  for (const float temperature : {0.0f, 0.8f, 1.5f}) {
-    for (std::uint64_t seed = 0; seed < 3; ++seed) {
-      CAPTURE(temperature);
-      CAPTURE(seed);
-      sampling_params p;
-      p.temperature = temperature;
-      p.seed = seed;
-      p.max_tokens = 160;
-      p.guided.json_schema = schema;
-      const auto out = eng.generate({prompt}, p)[0];
-      CAPTURE(out.text);
-      CHECK(out.reason == finish_reason::eos);
-      nlohmann::json v;
-      REQUIRE_NOTHROW(v = nlohmann::json::parse(out.text));
-      CHECK(conforms(v, s, s));
-      CHECK((v["mood"] == "happy" || v["mood"] == "sad"));
-      seen.insert(out.text);
-    }
-  }
+  each_guided_output(eng, g, {0.0f, 0.8f, 1.5f}, 160, [&](const auto& out) {
+    nlohmann::json v;
+    REQUIRE_NOTHROW(v = nlohmann::json::parse(out.text));
+    CHECK(conforms(v, s, s));
+    CHECK((v["mood"] == "happy" || v["mood"] == "sad"));
+    seen.insert(out.text);
+  });
   CHECK(seen.size() > 3);
 }
 
