@@ -657,14 +657,14 @@ llama_engine make_engine(bool with_vocab = true) {
   return llama_engine(load_llama_gguf<cpu_backend>(m.file), cfg);
 }
 
-// The story prompt generated under `guided` for each temperature and seeds 0-2 (max_tokens tokens at most); each
-// output goes to `check` with the temperature and seed captured for its CHECKs.
+// The story prompt generated under `guided` for each temperature and seeds 0 .. seeds-1 (max_tokens tokens at
+// most); each output must end at EOS and goes to `check` with the temperature and seed captured for its CHECKs.
 template <class Check>
 void each_guided_output(llama_engine& eng, const guided_decoding& guided, std::initializer_list<float> temperatures,
-                        int max_tokens, Check&& check) {
+                        int max_tokens, Check&& check, std::uint64_t seeds = 3) {
   const auto prompt = stories().tokenizer.encode("Once upon a time", true);
   for (const float temperature : temperatures) {
-    for (std::uint64_t seed = 0; seed < 3; ++seed) {
+    for (std::uint64_t seed = 0; seed < seeds; ++seed) {
       CAPTURE(temperature);
       CAPTURE(seed);
       sampling_params p;
@@ -777,37 +777,25 @@ mood ::= "happy" | "sad" | "very " mood)";
 
 TEST_CASE("guided generation on stories260K: every output is one of the choices / matches the regex") {
   auto eng = make_engine();
-  const auto& tok = stories().tokenizer;
-  const auto prompt = tok.encode("Once upon a time", true);
   const std::vector<std::string> choices = {"happy", "sad", "a big red ball", "Lily"};
   const std::vector<std::string> regexes = {"[a-z]{2,6}( [a-z]{2,6}){0,2}\\.", "(cat|dog)s? [0-9]{1,3}", "Tim|Tom",
                                             "\"[^\"]{1,12}\""};
+  const std::initializer_list<float> temperatures = {0.0f, 0.7f, 1.0f, 1.5f};
   std::set<std::string> seen;
-  for (const float temperature : {0.0f, 0.7f, 1.0f, 1.5f}) {
-    for (std::uint64_t seed = 0; seed < 4; ++seed) {
-      CAPTURE(temperature);
-      CAPTURE(seed);
-      sampling_params p;
-      p.temperature = temperature;
-      p.seed = seed;
-      p.max_tokens = 64;
-      p.guided.choice = choices;
-      const auto out = eng.generate({prompt}, p)[0];
-      CAPTURE(out.text);
-      CHECK(std::find(choices.begin(), choices.end(), out.text) != choices.end());
-      CHECK(out.reason == finish_reason::eos);
+  guided_decoding g;
+  g.choice = choices;
+  each_guided_output(eng, g, temperatures, 64, [&](const auto& out) {
+    CHECK(std::find(choices.begin(), choices.end(), out.text) != choices.end());
+    seen.insert(out.text);
+  }, 4);
+  for (const std::string& re : regexes) {
+    CAPTURE(re);
+    const guided_decoding r{.regex = re};
+    const byte_dfa matcher = compile_guided_regex(re);
+    each_guided_output(eng, r, temperatures, 64, [&](const auto& out) {
+      CHECK(matcher.matches(out.text));
       seen.insert(out.text);
-      p.guided = {};
-      for (const std::string& re : regexes) {
-        CAPTURE(re);
-        p.guided.regex = re;
-        const auto r = eng.generate({prompt}, p)[0];
-        CAPTURE(r.text);
-        CHECK(compile_guided_regex(re).matches(r.text));
-        CHECK(r.reason == finish_reason::eos);
-        seen.insert(r.text);
-      }
-    }
+    }, 4);
   }
   CHECK(seen.size() > 4);  // sampling still chooses: not one fixed answer
 }
