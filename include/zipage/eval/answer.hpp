@@ -1226,119 +1226,6 @@ inline bool answer_name(std::string_view lhs) {
          std::all_of(sub.begin(), sub.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; });
 }
 
-// An inequality in one named variable as the interval of its solutions: "x < 3" -> "(-\infty,3)", "x \ge -1" ->
-// "[-1,\infty)", "2 < x \le 5" -> "(2,5]", "5 \ge x > 2" -> "(2,5]" (relations: < > <= >= \lt \gt \le \leq
-// \leqslant \ge \geq \geqslant, U+2264 and U+2265; a chain of two only when both point the same way). nullopt for
-// anything else, a relation between two names included.
-struct relation_token {
-  std::size_t pos, size;
-  bool less, strict;
-};
-inline std::vector<relation_token> top_level_relations(std::string_view s) {
-  std::vector<relation_token> out;
-  int depth = 0;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (c == '{' || c == '(' || c == '[') ++depth;
-    if (c == '}' || c == ')' || c == ']') --depth;
-    if (depth != 0) continue;
-    if (c == '<' || c == '>') {
-      const bool eq = i + 1 < s.size() && s[i + 1] == '=';
-      out.push_back({i, eq ? 2u : 1u, c == '<', !eq});
-      i += eq;
-      continue;
-    }
-    if (s.substr(i, 3) == "\xE2\x89\xA4" || s.substr(i, 3) == "\xE2\x89\xA5") {
-      out.push_back({i, 3, s[i + 2] == '\xA4', false});
-      i += 2;
-      continue;
-    }
-    if (c != '\\') continue;
-    using t = std::tuple<const char*, bool, bool>;  // the command, less, strict (longest names first)
-    for (const auto& [name, less, strict] : {t{"\\leqslant", true, false}, t{"\\geqslant", false, false},
-                                             t{"\\leq", true, false}, t{"\\geq", false, false}, t{"\\le", true, false},
-                                             t{"\\ge", false, false}, t{"\\lt", true, true}, t{"\\gt", false, true}}) {
-      if (!command_at(s, i, name)) continue;
-      const std::size_t n = std::string_view(name).size();
-      out.push_back({i, n, less, strict});
-      i += n - 1;
-      break;
-    }
-  }
-  return out;
-}
-inline bool inequality_variable(std::string_view side) {
-  side = trim(side);
-  // Not |x|: |x| < 3 is (-3, 3) of x, not an interval of |x| to compare.
-  return answer_name(side) && side.substr(0, 6) != "\\infty" && side.find_first_of("-|") == std::string_view::npos;
-}
-// `variable`, when set: the name the inequality bounds.
-inline std::optional<std::string> inequality_interval(std::string_view s, std::string_view* variable = nullptr) {
-  const auto rel = top_level_relations(s);
-  if (rel.empty() || rel.size() > 2) return std::nullopt;
-  std::vector<std::string_view> sides;
-  std::size_t start = 0;
-  for (const auto& r : rel) {
-    sides.push_back(trim(s.substr(start, r.pos - start)));
-    start = r.pos + r.size;
-  }
-  sides.push_back(trim(s.substr(start)));
-  if (std::any_of(sides.begin(), sides.end(), [](std::string_view x) { return x.empty(); })) return std::nullopt;
-  auto interval = [](std::string_view lo, bool lo_open, std::string_view hi, bool hi_open) {
-    std::string out(1, lo_open ? '(' : '[');  // appended piece by piece: GCC 12 warns on rvalue string +
-    out.append(lo).append(",").append(hi) += hi_open ? ')' : ']';
-    return out;
-  };
-  if (rel.size() == 1) {
-    const bool left = inequality_variable(sides[0]), right = inequality_variable(sides[1]);
-    if (left == right) return std::nullopt;
-    // "x < b" and "b > x" both bound x from above.
-    const bool upper = rel[0].less == left;
-    const std::string_view bound = left ? sides[1] : sides[0];
-    if (variable != nullptr) *variable = left ? sides[0] : sides[1];
-    return upper ? interval("-\\infty", true, bound, rel[0].strict) : interval(bound, rel[0].strict, "\\infty", true);
-  }
-  if (rel[0].less != rel[1].less || !inequality_variable(sides[1]) || inequality_variable(sides[0]) ||
-      inequality_variable(sides[2]))
-    return std::nullopt;
-  if (variable != nullptr) *variable = sides[1];
-  if (rel[0].less) return interval(sides[0], rel[0].strict, sides[2], rel[1].strict);
-  return interval(sides[2], rel[1].strict, sides[0], rel[0].strict);
-}
-
-// Inequalities joined by "or" (a word, \lor or \vee) as the union of their intervals: "x < -1 \text{ or } x > 2" ->
-// "(-\infty,-1)\cup(2,\infty)"; one inequality as its interval. nullopt unless every part is an inequality of the
-// same variable.
-inline std::optional<std::string> inequalities_as_intervals(std::string_view s) {
-  std::vector<std::string_view> parts;
-  std::size_t start = 0;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    std::size_t skip = 0;
-    const bool word_before = i > 0 && std::isalnum(static_cast<unsigned char>(s[i - 1]));
-    if (s.substr(i, 2) == "or" && !word_before &&
-        (i + 2 >= s.size() || !std::isalnum(static_cast<unsigned char>(s[i + 2]))))
-      skip = 2;
-    for (std::string_view cmd : {"\\lor", "\\vee"})
-      if (command_at(s, i, cmd)) skip = cmd.size();
-    if (skip == 0) continue;
-    parts.push_back(s.substr(start, i - start));
-    start = i + skip;
-    i += skip - 1;
-  }
-  parts.push_back(s.substr(start));
-  std::string out;
-  std::string_view first_name;
-  for (const std::string_view part : parts) {
-    std::string_view name;
-    const auto interval = inequality_interval(part, &name);
-    if (!interval || (!first_name.empty() && name != first_name)) return std::nullopt;  // one variable throughout
-    first_name = name;
-    if (!out.empty()) out += "\\cup";
-    out += *interval;
-  }
-  return out;
-}
-
 // "x = 5": a name and a value without variables (or one that does not parse: "x = 1,2").
 inline bool names_a_value(const equation& e) {
   if (!answer_name(e.lhs)) return false;
@@ -1642,6 +1529,117 @@ inline std::vector<std::string_view> split_top(std::string_view s, std::string_v
   }
   parts.push_back(trim(s.substr(start)));
   return parts;
+}
+
+// An inequality in one named variable as the interval of its solutions: "x < 3" -> "(-\infty,3)", "x \ge -1" ->
+// "[-1,\infty)", "2 < x \le 5" -> "(2,5]", "5 \ge x > 2" -> "(2,5]" (relations: < > <= >= \lt \gt \le \leq
+// \leqslant \ge \geq \geqslant, U+2264 and U+2265; a chain of two only when both point the same way). nullopt for
+// anything else, a relation between two names included.
+struct relation_token {
+  std::size_t pos, size;
+  bool less, strict;
+};
+// The relation at s[i], if one starts there.
+inline std::optional<relation_token> relation_at(std::string_view s, std::size_t i) {
+  if (s[i] == '<' || s[i] == '>') {
+    const bool eq = i + 1 < s.size() && s[i + 1] == '=';
+    return relation_token{i, eq ? 2u : 1u, s[i] == '<', !eq};
+  }
+  if (s.substr(i, 3) == "\xE2\x89\xA4" || s.substr(i, 3) == "\xE2\x89\xA5")
+    return relation_token{i, 3, s[i + 2] == '\xA4', false};
+  using t = std::tuple<const char*, bool, bool>;  // the command, less, strict (longest names first)
+  for (const auto& [name, less, strict] : {t{"\\leqslant", true, false}, t{"\\geqslant", false, false},
+                                           t{"\\leq", true, false}, t{"\\geq", false, false}, t{"\\le", true, false},
+                                           t{"\\ge", false, false}, t{"\\lt", true, true}, t{"\\gt", false, true}})
+    if (command_at(s, i, name)) return relation_token{i, std::string_view(name).size(), less, strict};
+  return std::nullopt;
+}
+// The relations outside all brackets (bracket_at's: commands, \{ and \langle count, and are skipped whole).
+inline std::vector<relation_token> top_level_relations(std::string_view s) {
+  std::vector<relation_token> out;
+  int depth = 0;
+  for (std::size_t i = 0; i < s.size();) {
+    if (const auto r = depth == 0 ? relation_at(s, i) : std::nullopt) {
+      out.push_back(*r);
+      i += r->size;
+      continue;
+    }
+    int delta = 0;
+    i += bracket_at(s, i, delta);
+    depth += delta;
+  }
+  return out;
+}
+inline bool inequality_variable(std::string_view side) {
+  side = trim(side);
+  // Not |x|: |x| < 3 is (-3, 3) of x, not an interval of |x| to compare.
+  return answer_name(side) && side.substr(0, 6) != "\\infty" && side.find_first_of("-|") == std::string_view::npos;
+}
+// `variable`, when set: the name the inequality bounds.
+inline std::optional<std::string> inequality_interval(std::string_view s, std::string_view* variable = nullptr) {
+  const auto rel = top_level_relations(s);
+  if (rel.empty() || rel.size() > 2) return std::nullopt;
+  std::vector<std::string_view> sides;
+  std::size_t start = 0;
+  for (const auto& r : rel) {
+    sides.push_back(trim(s.substr(start, r.pos - start)));
+    start = r.pos + r.size;
+  }
+  sides.push_back(trim(s.substr(start)));
+  if (std::any_of(sides.begin(), sides.end(), [](std::string_view x) { return x.empty(); })) return std::nullopt;
+  auto interval = [](std::string_view lo, bool lo_open, std::string_view hi, bool hi_open) {
+    std::string out(1, lo_open ? '(' : '[');  // appended piece by piece: GCC 12 warns on rvalue string +
+    out.append(lo).append(",").append(hi) += hi_open ? ')' : ']';
+    return out;
+  };
+  if (rel.size() == 1) {
+    const bool left = inequality_variable(sides[0]), right = inequality_variable(sides[1]);
+    if (left == right) return std::nullopt;
+    // "x < b" and "b > x" both bound x from above.
+    const bool upper = rel[0].less == left;
+    const std::string_view bound = left ? sides[1] : sides[0];
+    if (variable != nullptr) *variable = left ? sides[0] : sides[1];
+    return upper ? interval("-\\infty", true, bound, rel[0].strict) : interval(bound, rel[0].strict, "\\infty", true);
+  }
+  if (rel[0].less != rel[1].less || !inequality_variable(sides[1]) || inequality_variable(sides[0]) ||
+      inequality_variable(sides[2]))
+    return std::nullopt;
+  if (variable != nullptr) *variable = sides[1];
+  if (rel[0].less) return interval(sides[0], rel[0].strict, sides[2], rel[1].strict);
+  return interval(sides[2], rel[1].strict, sides[0], rel[0].strict);
+}
+
+// Inequalities joined by "or" (a word, \lor or \vee) as the union of their intervals: "x < -1 \text{ or } x > 2" ->
+// "(-\infty,-1)\cup(2,\infty)"; one inequality as its interval. nullopt unless every part is an inequality of the
+// same variable.
+inline std::optional<std::string> inequalities_as_intervals(std::string_view s) {
+  std::vector<std::string_view> parts;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    std::size_t skip = 0;
+    const bool word_before = i > 0 && std::isalnum(static_cast<unsigned char>(s[i - 1]));
+    if (s.substr(i, 2) == "or" && !word_before &&
+        (i + 2 >= s.size() || !std::isalnum(static_cast<unsigned char>(s[i + 2]))))
+      skip = 2;
+    for (std::string_view cmd : {"\\lor", "\\vee"})
+      if (command_at(s, i, cmd)) skip = cmd.size();
+    if (skip == 0) continue;
+    parts.push_back(s.substr(start, i - start));
+    start = i + skip;
+    i += skip - 1;
+  }
+  parts.push_back(s.substr(start));
+  std::string out;
+  std::string_view first_name;
+  for (const std::string_view part : parts) {
+    std::string_view name;
+    const auto interval = inequality_interval(part, &name);
+    if (!interval || (!first_name.empty() && name != first_name)) return std::nullopt;  // one variable throughout
+    first_name = name;
+    if (!out.empty()) out += "\\cup";
+    out += *interval;
+  }
+  return out;
 }
 
 // A normalised answer made of parts: a matrix (\begin{pmatrix} or {bmatrix}, rows by "\\", cells by "&"), a tuple,

@@ -29,6 +29,8 @@
 #include <vector>
 
 #include "zipage/core/error.hpp"
+#include "zipage/sampling/regex_text.hpp"
+#include "zipage/tokenizer/utf8.hpp"
 
 namespace zipage {
 
@@ -45,24 +47,6 @@ struct node {
   std::size_t at = 0;                        // where it starts in the grammar text (for errors)
 };
 using node_ptr = std::unique_ptr<node>;
-
-inline void append_utf8(std::string& out, std::uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 class parser {
  public:
@@ -234,17 +218,11 @@ class parser {
     const std::size_t at = i_;
     check(i_ < s_.size(), "grammar: the text ends inside a literal or class");
     auto c = static_cast<unsigned char>(s_[i_]);
-    if (c != '\\') {
-      // A UTF-8 character whole.
-      const int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-      check(len > 0 && i_ + static_cast<std::size_t>(len) <= s_.size(), "grammar: invalid UTF-8 at ", where(at));
-      std::uint32_t cp = len == 1 ? c : c & (0x7F >> len);
-      for (int k = 1; k < len; ++k) {
-        const auto b = static_cast<unsigned char>(s_[i_ + static_cast<std::size_t>(k)]);
-        check((b & 0xC0) == 0x80, "grammar: invalid UTF-8 at ", where(at));
-        cp = (cp << 6) | (b & 0x3F);
-      }
-      i_ += static_cast<std::size_t>(len);
+    if (c != '\\') {  // a UTF-8 character whole
+      const auto r = utf8::scan(s_.substr(i_));
+      check(r.state == utf8::status::valid, "grammar: invalid UTF-8 at ", where(at));
+      const char32_t cp = utf8::decode_valid(s_.substr(i_), r.length);
+      i_ += r.length;
       return cp;
     }
     check(i_ + 1 < s_.size(), "grammar: the text ends after '\\' at ", where(at));
@@ -279,7 +257,7 @@ class parser {
     while (true) {
       check(i_ < s_.size() && s_[i_] != '\n', "grammar: the literal at ", where(lit->at), " is not closed");
       if (s_[i_] == '"') break;
-      append_utf8(lit->text, read_char());
+      utf8::append(lit->text, read_char());
     }
     ++i_;
     return lit;
@@ -299,8 +277,7 @@ class parser {
              "); only ASCII members are supported");
       }
       if (cp < 0x20 || cp == 0x7F) {
-        static const char* hex = "0123456789ABCDEF";
-        members += std::string("\\x") + hex[cp >> 4] + hex[cp & 15];
+        members += regex_text::hex_escape(static_cast<unsigned char>(cp));
       } else {
         if (cp == ']' || cp == '\\' || cp == '^' || cp == '-' || cp == '[') members += '\\';
         members += static_cast<char>(cp);
@@ -346,7 +323,7 @@ class emitter {
 
   std::optional<std::string> emit(const node& n) {
     switch (n.k) {
-      case node::kind::literal: return quote(n.text);
+      case node::kind::literal: return regex_text::quote(n.text);
       case node::kind::char_class: return n.text;
       case node::kind::any: return std::string("(?:.|\\n)");
       case node::kind::ref: return reference(n.text);
@@ -361,18 +338,11 @@ class emitter {
         return out;
       }
       case node::kind::alternation: {
-        std::vector<std::string> alts;
-        bool empty = false;
-        for (const auto& p : n.parts) {
-          auto r = emit(*p);
-          if (!r) continue;
-          if (r->empty()) empty = true;
-          else alts.push_back(std::move(*r));
-        }
-        if (alts.empty()) return empty ? std::optional<std::string>("") : std::nullopt;
-        std::string out = "(?:";
-        for (std::size_t i = 0; i < alts.size(); ++i) out += (i ? "|" : "") + alts[i];
-        out += empty ? ")?" : ")";
+        std::vector<std::string> alts;  // those that derive something within the recursion limit
+        for (const auto& p : n.parts)
+          if (auto r = emit(*p)) alts.push_back(std::move(*r));
+        if (alts.empty()) return std::nullopt;
+        std::string out = regex_text::alternation(std::move(alts));
         grow(out.size());
         return out;
       }
@@ -410,21 +380,6 @@ class emitter {
   static void grow(std::size_t bytes) {
     check(bytes <= grammar_max_regex_bytes, "grammar: its expansion passes ", grammar_max_regex_bytes,
           " bytes of regex; lower the recursion or simplify the grammar");
-  }
-  // Regex text matching `bytes` literally (UTF-8 characters whole, punctuation escaped, control bytes as \xHH).
-  static std::string quote(const std::string& bytes) {
-    std::string out;
-    for (const char c : bytes) {
-      const auto u = static_cast<unsigned char>(c);
-      if (u < 0x20 || u == 0x7F) {
-        static const char* hex = "0123456789ABCDEF";
-        out += std::string("\\x") + hex[u >> 4] + hex[u & 15];
-      } else {
-        if (std::string_view(".^$|?*+()[]{}\\/-").find(c) != std::string_view::npos) out += '\\';
-        out += c;
-      }
-    }
-    return out;
   }
 };
 

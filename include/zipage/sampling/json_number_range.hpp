@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "zipage/core/error.hpp"
+#include "zipage/sampling/regex_text.hpp"
 
 namespace zipage::json_number_range {
 
@@ -109,12 +110,7 @@ inline std::string digit_class(char lo, char hi) {
   if (lo == hi) return std::string(1, lo);
   return std::string("[") + lo + "-" + hi + "]";
 }
-inline std::string alternation(const std::vector<std::string>& alts) {
-  if (alts.size() == 1) return alts[0];
-  std::string out = "(?:";
-  for (std::size_t i = 0; i < alts.size(); ++i) out += (i ? "|" : "") + alts[i];
-  return out + ")";
-}
+using regex_text::alternation;
 inline std::string any_digits(std::size_t n) {
   return n == 0 ? "" : n == 1 ? "[0-9]" : "[0-9]{" + std::to_string(n) + "}";
 }
@@ -200,7 +196,7 @@ struct fraction_range {
     if (empty_ok && end_lo_ok) alts.push_back("");
     const char l = tight_lo ? (past_lo ? '0' : lo[i]) : '0';
     const char h = tight_hi ? (past_hi ? '0' : hi[i]) : '9';
-    if (l > h) return alts.empty() ? std::nullopt : std::optional<std::string>(alternation(alts));
+    if (l > h) return alts.empty() ? std::nullopt : std::optional<std::string>(alternation(alts));  // ""
     // The first digit: equal to lo's (stays tight below), equal to hi's (stays tight above), or strictly between.
     if (l == h) {
       if (auto rest = from(i + 1, tight_lo, tight_hi, true)) alts.push_back(std::string(1, l) + *rest);
@@ -215,12 +211,7 @@ struct fraction_range {
       }
     }
     if (alts.empty()) return std::nullopt;
-    if (alts.size() == 1 && alts[0].empty()) return std::string();
-    // An empty alternative is spelled as an optional group.
-    const bool has_empty = std::find(alts.begin(), alts.end(), "") != alts.end();
-    alts.erase(std::remove(alts.begin(), alts.end(), ""), alts.end());
-    const std::string body = alternation(alts);
-    return has_empty ? "(?:" + body + ")?" : body;
+    return alternation(alts);  // an empty alternative (ending here) makes the group optional
   }
 };
 

@@ -44,6 +44,7 @@
 
 #include "zipage/core/error.hpp"
 #include "zipage/sampling/json_number_range.hpp"
+#include "zipage/sampling/regex_text.hpp"
 
 namespace zipage {
 
@@ -57,15 +58,7 @@ namespace json_schema_detail {
 
 using schema = nlohmann::ordered_json;
 
-// Regex text that matches `text` literally.
-inline std::string quote(std::string_view text) {
-  std::string out;
-  for (const char c : text) {
-    if (std::string_view(".^$|?*+()[]{}\\/-").find(c) != std::string_view::npos) out += '\\';
-    out += c;
-  }
-  return out;
-}
+using regex_text::quote;
 
 // One character of a JSON string: any character but '"', '\' and control characters, or an escape.
 inline const std::string string_char =
@@ -197,11 +190,7 @@ class compiler {
     return t.get<std::string>();
   }
 
-  static std::string alternation(const std::vector<std::string>& alts) {
-    std::string out = "(?:";
-    for (std::size_t i = 0; i < alts.size(); ++i) out += (i ? "|" : "") + alts[i];
-    return out + ")";
-  }
+  static std::string alternation(const std::vector<std::string>& alts) { return regex_text::alternation(alts); }
 
   std::string ref(const schema& r, const std::string& path, int depth) {
     check(r.is_string(), "'$ref' at ", at(path), " must be a string");
