@@ -419,8 +419,9 @@ class api {
     };
     if (non_empty("functions")) unsupported("functions", "(non-empty)");
     if (!chat && non_empty("tools")) unsupported("tools", "(non-empty) in a completion request");
-    // guided_choice, guided_regex, guided_json, guided_grammar, response_format json_schema / json_object and
-    // structured_outputs' choice / regex / json / json_object / grammar are served (guided() below).
+    // guided_choice, guided_regex, guided_json, guided_grammar, response_format json_schema / json_object /
+    // structural_tag and structured_outputs' choice / regex / json / json_object / grammar / structural_tag are
+    // served (guided() below).
     for (const char* key : {"prompt_logprobs", "truncate_prompt_tokens"})
       if (field(body, key) != nullptr) unsupported(key, "");
     if (boolean(body, "use_beam_search").value_or(false)) unsupported("use_beam_search", "true");
@@ -428,8 +429,9 @@ class api {
     if (const json* rf = field(body, "response_format")) {
       const json* type = rf->is_object() ? field(*rf, "type") : nullptr;
       if (type == nullptr || !type->is_string() ||
-          (*type != "text" && *type != "json_schema" && *type != "json_object"))
-        unsupported("response_format", "other than {\"type\": \"text\" | \"json_schema\" | \"json_object\"}");
+          (*type != "text" && *type != "json_schema" && *type != "json_object" && *type != "structural_tag"))
+        unsupported("response_format", "other than {\"type\": \"text\" | \"json_schema\" | \"json_object\" | "
+                    "\"structural_tag\"}");
     }
     if (!chat && non_empty("suffix")) unsupported("suffix", "(non-empty)");
     if (chat && boolean(body, "echo").value_or(false)) unsupported("echo", "true");
@@ -506,12 +508,15 @@ class api {
   }
 
   // Structured outputs: vLLM's guided_choice / guided_regex / guided_json / guided_grammar (GBNF), structured_outputs
-  // {"choice": [...]} / {"regex": "..."} / {"json": schema} / {"json_object": true} / {"grammar": "..."} (vLLM's newer
-  // spelling), or OpenAI's response_format json_schema / json_object. A JSON schema may be given as an object or as
-  // a string holding its JSON text; json_object is the schema {"type": "object"}. The constraint is compiled here so that a bad one is a 400 naming
-  // its field before any streaming header is out, and the engine takes the compiled guide as it is (it would
-  // otherwise compile it again on its own thread, between steps); requests repeating a constraint share one
-  // compilation (guides_). What zipage-serve does not implement (structural_tag) is a 400 naming it.
+  // {"choice": [...]} / {"regex": "..."} / {"json": schema} / {"json_object": true} / {"grammar": "..."} /
+  // {"structural_tag": "..."} (vLLM's newer spelling), or OpenAI's response_format json_schema / json_object /
+  // structural_tag (the response_format object is the structural tag, as vLLM passes it on: legacy
+  // {"structures", "triggers"} or {"format"}). A JSON schema or a structural tag may be given as an object or as a
+  // string holding its JSON text; json_object is the schema {"type": "object"}. The constraint is compiled here so
+  // that a bad one is a 400 naming its field before any streaming header is out, and the engine takes the compiled
+  // guide as it is (it would otherwise compile it again on its own thread, between steps); requests repeating a
+  // constraint share one compilation (guides_). What a structural tag holds that zipage-serve does not implement
+  // (token-level formats, ...; zipage/sampling/structural_tag.hpp) is a 400 naming the field and the format.
   // Returns the compiled guide, or null without a constraint.
   std::shared_ptr<const zipage::compiled_guide> guided(const json& body, zipage::sampling_params& p) {
     const char* source = nullptr;  // the field the constraint came from
@@ -549,6 +554,14 @@ class api {
                             got(v));
       p.guided.json_schema = v.is_string() ? v.get<std::string>() : v.dump();
     };
+    // The structural tag's JSON text, as given or written from the object (in its order: a schema's properties).
+    auto take_structural_tag = [&](const json& v, const char* name) {
+      one(name);
+      if (!v.is_object() && !v.is_string())
+        bad_param(name, std::string("'") + name + "' must be a structural tag (an object, or a string holding one), "
+                  "got " + got(v));
+      p.guided.structural_tag = v.is_string() ? v.get<std::string>() : v.dump();
+    };
     const json any_object = {{"type", "object"}};
     std::optional<std::string> whitespace;
     if (const json* v = field(body, "guided_choice")) take_choice(*v, "guided_choice");
@@ -560,8 +573,10 @@ class api {
       whitespace = v->get<std::string>();
     }
     if (const json* rf = field(body, "response_format"); rf && rf->is_object()) {
-      const json* type = field(*rf, "type");  // (reject_unsupported checked it: text, json_schema or json_object)
+      // (reject_unsupported checked the type: text, json_schema, json_object or structural_tag)
+      const json* type = field(*rf, "type");
       if (type && *type == "json_object") take_json(any_object, "response_format");
+      if (type && *type == "structural_tag") take_structural_tag(*rf, "response_format");
       if (type && *type == "json_schema") {
         const json* spec = field(*rf, "json_schema");
         const json* schema = spec && spec->is_object() ? field(*spec, "schema") : nullptr;
@@ -587,8 +602,7 @@ class api {
         } else if (key == "grammar") {
           take_grammar(value, "structured_outputs.grammar");
         } else if (key == "structural_tag") {
-          bad_param("structured_outputs.structural_tag", "'structured_outputs.structural_tag' is not supported by "
-                    "zipage-serve (choice, regex, json, json_object and grammar are)");
+          take_structural_tag(value, "structured_outputs.structural_tag");
         } else if (key == "whitespace_pattern") {
           if (!value.is_string())
             bad_param("structured_outputs.whitespace_pattern", "'structured_outputs.whitespace_pattern' must be a "

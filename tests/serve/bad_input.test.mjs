@@ -99,7 +99,25 @@ await run('serve_bad_input', async (servers) => {
     [{ prompt: 'x', guided_json: { type: 'string' }, guided_whitespace_pattern: '(a' }, 'guided_json'],
     [{ prompt: 'x', structured_outputs: { json: { type: 'array', items: { not: {} } } } }, 'structured_outputs.json'],
     [{ prompt: 'x', structured_outputs: { json_object: 'yes' } }, 'structured_outputs.json_object'],
-    [{ prompt: 'x', structured_outputs: { structural_tag: '{}' } }, 'structured_outputs.structural_tag'],
+    // Structural tags are served (since 2026-12-06 night); malformed or unsupported ones name the field.
+    [{ prompt: 'x', structured_outputs: { structural_tag: '{}' } }, 'structured_outputs.structural_tag'],  // no format
+    [{ prompt: 'x', structured_outputs: { structural_tag: '{"structures": [' } }, 'structured_outputs.structural_tag'],
+    [{ prompt: 'x', structured_outputs: { structural_tag: 5 } }, 'structured_outputs.structural_tag'],
+    [{ prompt: 'x', structured_outputs: { structural_tag: { structures: [{ begin: '<a>', schema: {}, end: '</a>' }],
+                                                           triggers: ['['] } } },
+     'structured_outputs.structural_tag'],  // a begin that starts with no trigger
+    [{ prompt: 'x', structured_outputs: { structural_tag: { structures: [{ begin: '<a>', end: '</a>' }],
+                                                           triggers: ['<'] } } },
+     'structured_outputs.structural_tag'],  // no schema
+    [{ prompt: 'x', structured_outputs: { structural_tag: { format: { type: 'nope' } } } },
+     'structured_outputs.structural_tag'],
+    [{ prompt: 'x', structured_outputs: { structural_tag: { format: { type: 'token', token: 1 } } } },
+     'structured_outputs.structural_tag'],  // token-level
+    [{ prompt: 'x', structured_outputs: { structural_tag: '{"format": {"type": "const_string", "value": "a"}}' },
+       guided_regex: 'a' }, 'structured_outputs.structural_tag'],
+    [{ prompt: 'x', response_format: { type: 'structural_tag' } }, 'response_format'],  // neither format nor structures
+    [{ prompt: 'x', response_format: { type: 'structural_tag', format: { type: 'sequence', elements: [] } } },
+     'response_format'],
     // Structured outputs: guided_choice and guided_regex are served; bad ones, and what is not, name the field.
     [{ prompt: 'x', guided_choice: [] }, 'guided_choice'],
     [{ prompt: 'x', guided_choice: 'yes' }, 'guided_choice'],
@@ -122,6 +140,16 @@ await run('serve_bad_input', async (servers) => {
     [{ prompt: 'x', prompt_logprobs: 1 }, 'prompt_logprobs'],
   ];
   for (const [body, param] of cases) isErrorObject(await post(base, '/v1/completions', { model: MODEL, ...body }, KEY), 400, param);
+  // A structural tag's error says what and where.
+  for (const [tag, what] of [[{ format: { type: 'token', token: 1 } }, /format: format type "token" is token-level/],
+                             [{ structures: [{ begin: '<a>', schema: {}, end: '>' }], triggers: ['['] },
+                              /structures\[0\]\.begin "<a>" starts with none of the triggers/],
+                             [{ format: { type: 'sequence', elements: [{ type: 'nope' }] } },
+                              /format\.elements\[0\]: unknown format type "nope"/]]) {
+    const r = await post(base, '/v1/completions',
+                         { model: MODEL, prompt: 'x', structured_outputs: { structural_tag: tag } }, KEY);
+    assert.match(isErrorObject(r, 400, 'structured_outputs.structural_tag').message, what);
+  }
   const chatCases = [
     [{ messages: 'hi' }, 'messages'],
     [{ messages: [] }, 'messages'],

@@ -1,9 +1,10 @@
 // zipage-serve's structured outputs: guided_choice, guided_regex, guided_json and guided_grammar (and vLLM's newer
-// spelling, structured_outputs {choice} / {regex} / {json} / {json_object} / {grammar}, and OpenAI's response_format
-// json_schema / json_object) on /v1/completions (stories260K) and /v1/chat/completions (the random Qwen3 checkpoint, Qwen3's
-// chat template, with and without a reasoning parser): every choice's text is one of the choices / matches the
-// regex as a whole / parses as JSON that the schema describes, and ends with finish_reason "stop". The 400s for
-// what is not served are in bad_input.test.mjs.
+// spelling, structured_outputs {choice} / {regex} / {json} / {json_object} / {grammar} / {structural_tag}, and
+// OpenAI's response_format json_schema / json_object / structural_tag) on /v1/completions (stories260K) and
+// /v1/chat/completions (the random Qwen3 checkpoint, Qwen3's chat template, with and without a reasoning parser):
+// every choice's text is one of the choices / matches the regex as a whole / parses as JSON that the schema
+// describes / has a structure wherever a trigger occurs, and ends with finish_reason "stop". The 400s for what is
+// not served are in bad_input.test.mjs.
 import assert from 'node:assert/strict';
 import { deadline, post, run, startServer } from './common.mjs';
 
@@ -103,6 +104,53 @@ await run('serve_guided', async (servers) => {
       assert.ok(typeof v === 'object' && v !== null && !Array.isArray(v), c.text);
     }
   }
+  // Structural tags, the legacy form (vLLM's structured_outputs.structural_tag as JSON text or as an object, and
+  // response_format): free text, but wherever " was" occurs (stories260K writes it often), ` was "happy"!` or
+  // ` was "sad"!` follows; an output ends (EOS) only outside a structure, or max_tokens cuts it.
+  const legacy = { triggers: [' was'], structures: [{ begin: ' was ', schema: { enum: ['happy', 'sad'] }, end: '!' }] };
+  const legacySpellings = [{ structured_outputs: { structural_tag: JSON.stringify(legacy) } },
+                           { structured_outputs: { structural_tag: legacy } },
+                           { response_format: { type: 'structural_tag', ...legacy } }];
+  let structures = 0;
+  for (const [i, spelling] of legacySpellings.entries()) {
+    for (const temperature of [0, 1.0]) {
+      const [c] = await complete({ temperature, seed: i, max_tokens: 40, ...spelling });
+      assert.ok(['stop', 'length'].includes(c.finish_reason), JSON.stringify(c));
+      for (let at = c.text.indexOf(' was'); at >= 0; at = c.text.indexOf(' was', at + 1)) {
+        const rest = c.text.slice(at);
+        const whole = rest.startsWith(' was "happy"!') || rest.startsWith(' was "sad"!');
+        assert.ok(whole || (c.finish_reason === 'length' && rest.length < 13), `${JSON.stringify(c.text)}: ${rest}`);
+        if (whole) structures += 1;
+      }
+    }
+  }
+  assert.ok(structures > 2, `only ${structures} structures`);
+  // The format form (xgrammar's structural tag): exactly one tag between two fixed strings.
+  const format = { type: 'sequence', elements: [
+    { type: 'const_string', value: 'The ' },
+    { type: 'triggered_tags', triggers: ['<'], at_least_one: true, stop_after_first: true, tags: [
+      { type: 'tag', begin: '<mood>', content: { type: 'json_schema', json_schema: { enum: ['happy', 'sad'] } },
+        end: '</mood>' },
+      { type: 'tag', begin: '<name>', end: '</name>',
+        content: { type: 'json_schema', json_schema: { type: 'string', minLength: 1, maxLength: 6 } } }] },
+    { type: 'const_string', value: '.' }] };
+  const oneTag = (text) => {
+    const m = /^The <(mood|name)>(.*)<\/\1>\.$/s.exec(text);
+    assert.ok(m, `${JSON.stringify(text)} is not one tag`);
+    const v = JSON.parse(m[2]);
+    if (m[1] === 'mood') assert.ok(['happy', 'sad'].includes(v), text);
+    else assert.ok(typeof v === 'string' && [...v].length >= 1 && [...v].length <= 6, text);
+  };
+  const formatSpellings = [
+    { structured_outputs: { structural_tag: JSON.stringify({ type: 'structural_tag', format }) } },
+    { response_format: { type: 'structural_tag', format } }];
+  for (const [i, spelling] of formatSpellings.entries()) {
+    for (const temperature of [0, 1.5]) {
+      const [c] = await complete({ temperature, seed: i, max_tokens: 64, ...spelling });
+      assert.equal(c.finish_reason, 'stop', JSON.stringify(c));
+      oneTag(c.text);
+    }
+  }
   // Streamed: the pieces add up to a whole choice.
   const s = await post(server.base, '/v1/completions',
                        { prompt: 'Once upon a time', max_tokens: 48, temperature: 1, seed: 3, stream: true,
@@ -141,5 +189,14 @@ await run('serve_guided_chat', async (servers) => {
       assert.equal(g.status, 200, g.text);
       assert.match(g.json.choices[0].message.content, /^[0-9]{2}$/, g.text);
     }
+    // A structural tag as the response_format: the content is the whole tag, never reasoning.
+    const t = await post(server.base, '/v1/chat/completions', {
+      messages, max_tokens: 40, temperature: 1, seed: 0,
+      response_format: { type: 'structural_tag', format: { type: 'tag', begin: '<answer>', end: '</answer>',
+                                                           content: { type: 'regex', pattern: '(yes|no)' } } } });
+    assert.equal(t.status, 200, t.text);
+    assert.match(t.json.choices[0].message.content, /^<answer>(yes|no)<\/answer>$/, t.text);
+    assert.ok(!t.json.choices[0].message.reasoning_content, t.text);
+    assert.equal(t.json.choices[0].finish_reason, 'stop', t.text);
   }
 });

@@ -1,7 +1,8 @@
-// Structured outputs (sampling/guided.hpp, sampling/json_schema.hpp): the vocabulary trie walk, choice and regex
-// guides on a hand-made vocabulary, the regex compiler's accept/reject tables, the logit edit a guide makes, JSON
-// schemas (accept/reject tables, random walks whose every output parses and satisfies the schema, errors), and
-// guided generation end to end on stories260K (CPU backend).
+// Structured outputs (sampling/guided.hpp, sampling/json_schema.hpp, sampling/grammar.hpp,
+// sampling/structural_tag.hpp): the vocabulary trie walk, choice and regex guides on a hand-made vocabulary, the regex
+// compiler's accept/reject tables, the logit edit a guide makes, JSON schemas (accept/reject tables, random walks
+// whose every output parses and satisfies the schema, errors), GBNF grammars, structural tags (accept/reject tables
+// for the legacy and the format form, errors), and guided generation end to end on stories260K (CPU backend).
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
@@ -21,6 +22,7 @@
 #include "zipage/sampling/json_schema.hpp"
 #include "zipage/sampling/logits_processors.hpp"
 #include "zipage/sampling/sampler.hpp"
+#include "zipage/sampling/structural_tag.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
 #include "stories_model.hpp"
 #include "test_support.hpp"
@@ -251,8 +253,8 @@ TEST_CASE("sampling_params::guided is validated: one constraint, no empty choice
   CHECK(contains(error_of([&] { p.validate(); }), "guided_choice[1] must not be empty"));
   p.guided.choice = {"a"};
   p.guided.regex = "b";
-  CHECK(contains(error_of([&] { p.validate(); }), "more than one of guided_choice, guided_regex, guided_json and "
-                                                  "guided_grammar"));
+  CHECK(contains(error_of([&] { p.validate(); }), "more than one of guided_choice, guided_regex, guided_json, "
+                                                  "guided_grammar and structural_tag"));
   p.guided.regex.reset();
   p.guided.json_schema = "{}";
   CHECK(contains(error_of([&] { p.validate(); }), "more than one"));
@@ -759,6 +761,228 @@ TEST_CASE("grammar compiler: bad grammars are errors naming guided_grammar and t
   CHECK(std::string(p.guided.field()) == "guided_grammar");
 }
 
+// ---- structural tags (structural_tag.hpp) ----
+
+TEST_CASE("structural tag, legacy form: free text, triggers force structures, JSON inside, EOS only outside") {
+  struct row {
+    const char* tag;
+    std::vector<std::string> yes, no;
+  };
+  const std::vector<row> table = {
+      // Two structures under one trigger; the JSON inside is validated; text around and between them.
+      {R"({"type": "structural_tag", "triggers": ["<f="], "structures": [
+          {"begin": "<f=get>", "schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                                          "required": ["city"]}, "end": "</f>"},
+          {"begin": "<f=time>", "schema": {"type": "object", "properties": {"tz": {"enum": ["utc", "cet"]}},
+                                           "required": ["tz"]}, "end": "</f>"}]})",
+       {"", "hello world", "call <f=get>{\"city\": \"Oslo\"}</f> done",
+        "<f=get>{\"city\":\"A\"}</f><f=time>{\"tz\":\"utc\"}</f>",
+        "a <f=time>{\"tz\": \"cet\"}</f>\nb <f=get>{\"city\":\"B\"}</f>", "<f", "text <f", "\xC3\xA9 <", "</f> f=",
+        "<<f=get>{\"city\":\"\"}</f>"},
+       {"<f=", "<f=other>{}</f>", "<f=get>{\"city\": 5}</f>", "<f=get>{\"city\":\"Oslo\"}",
+        "<f=get>{\"city\":\"Oslo\"}</f", "<f=time>{\"tz\":\"pst\"}</f>", "<f=get>{\"city\":\"Oslo\"}</g>", "x<f=get>",
+        "<f=get>{\"city\":\"Oslo\"}</f><f=", "<f=get>{\"city\":\"123456789\"}</f>", "\xC3", "a\xC3(b"}},
+      // Several triggers, each with its structure.
+      {R"({"triggers": ["<a>", "[b]"], "structures": [{"begin": "<a>", "schema": {"type": "integer"}, "end": "</a>"},
+                                                     {"begin": "[b]", "schema": {"type": "boolean"}, "end": "[/b]"}]})",
+       {"x<a>12</a>y[b]true[/b]", "<a>-3</a>", "[b]false[/b]<a>0</a>", "a] b< [c] <b>"},
+       {"<a>true</a>", "[b]1[/b]", "<a>1[/b]", "[b]true</a>", "<a>", "[b]"}},
+      // A trigger that is a prefix of another: the shorter one always occurs first and takes both structures.
+      {R"({"triggers": ["<t", "<tool>"], "structures": [
+          {"begin": "<tool>", "schema": {"type": "integer"}, "end": "</tool>"},
+          {"begin": "<tx>", "schema": {"enum": ["y"]}, "end": "</tx>"}]})",
+       {"ok", "<tool>1</tool>", "a <tx>\"y\"</tx> b <tool>7</tool>", "< t", "<T"},
+       {"<t", "<tea>", "<tool>x</tool>", "<tx>\"n\"</tx>", "<tool>1</tx>"}},
+      // Where a trigger first occurs is where its structure begins (as an Aho-Corasick scan finds it): in "ababa!"
+      // "aba" occurs at 0, so the structure would have to start there.
+      {R"({"triggers": ["aba"], "structures": [{"begin": "aba!", "schema": {"type": "null"}, "end": "."}]})",
+       {"xaba!null.", "ab aba!null. ab", "abba"},
+       {"ababa!null.", "aba", "aba!nul."}},
+  };
+  for (const row& r : table) {
+    const std::string tag = r.tag;
+    CAPTURE(tag);
+    check_language(compile_guided_structural_tag(tag), r.yes, r.no);
+  }
+  // The same tag as an object's JSON text or as the OpenAI response_format (whose type is "structural_tag").
+  const std::string plain = R"({"structures": [{"begin": "<n>", "schema": {"type": "integer"}, "end": "</n>"}],
+                                "triggers": ["<n>"]})";
+  const std::string typed = R"({"type": "structural_tag", "triggers": ["<n>"],
+                                "structures": [{"begin": "<n>", "schema": {"type": "integer"}, "end": "</n>"}]})";
+  for (const std::string& t : {plain, typed})
+    check_language(compile_guided_structural_tag(t), {"a <n>1</n> b"}, {"a <n>x</n>"});
+}
+
+TEST_CASE("structural tag, format form: every supported format type") {
+  struct row {
+    const char* format;
+    std::vector<std::string> yes, no;
+  };
+  const std::string fn = R"({"type": "tag", "begin": "<fn=a>", "content": {"type": "json_schema",
+                                                                          "json_schema": {"type": "integer"}},
+                            "end": "</fn>"})";
+  const std::string item = R"({"begin": "<i>", "content": {"type": "json_schema", "json_schema": {"type": "integer"}},
+                               "end": "</i>"})";  // (a tag in `tags` may leave out its type)
+  const auto triggered = [&](const char* flags) {
+    return std::string(R"({"type": "triggered_tags", "triggers": ["<fn="], "tags": [)") + fn + "]" + flags + "}";
+  };
+  const auto separated = [&](const char* flags) {
+    return std::string(R"({"type": "tags_with_separator", "separator": ",", "tags": [)") + item + "]" + flags + "}";
+  };
+  const std::vector<std::pair<std::string, std::pair<std::vector<std::string>, std::vector<std::string>>>> table = {
+      {R"({"type": "const_string", "value": "Hi!"})", {{"Hi!"}, {"Hi", "Hi!!", ""}}},
+      {R"({"type": "json_schema", "json_schema": {"type": "array", "items": {"type": "integer"}, "maxItems": 2}})",
+       {{"[1, 2]", "[]", "[3]"}, {"[1,2,3]", "[a]"}}},
+      // Properties in their declared order (the tag's JSON is read in order).
+      {R"({"type": "json_schema", "json_schema": {"type": "object", "properties": {"b": {"type": "integer"},
+          "a": {"type": "integer"}}, "required": ["b", "a"]}, "max_whitespace_cnt": 0})",
+       {{R"({"b":1,"a":2})"}, {R"({"a":2,"b":1})", R"({"b": 1,"a":2})"}}},
+      {R"({"type": "regex", "pattern": "[A-Z]{3}-[0-9]{2}"})", {{"ABC-12"}, {"AB-12", "ABC-123"}}},
+      {R"({"type": "grammar", "grammar": "root ::= \"yes\" | \"no\" | \"(\" root \")\""})",
+       {{"yes", "(no)", "((yes))"}, {"maybe", "(yes"}}},
+      // any_text in a tag stops at the tag's end.
+      {R"({"type": "tag", "begin": "<think>", "content": {"type": "any_text"}, "end": "</think>"})",
+       {{"<think></think>", "<think>a < b </thin </think>", "<think>\xC3\xA9\n</think>"},
+        {"<think>a</think>b", "<think>a</think></think>", "<think>x", "<think>\xC3</think>"}}},
+      {R"({"type": "any_text", "excludes": ["bad"]})", {{"", "good", "ba d"}, {"so bad", "badly"}}},
+      {R"({"type": "tag", "begin": "[", "content": {"type": "any_text"}, "end": ["]", "}"]})",
+       {{"[ab]", "[ab}", "[]"}, {"[a]b]", "[a}]", "[a"}}},
+      {R"({"type": "sequence", "elements": [
+          {"type": "tag", "begin": "<think>", "content": {"type": "any_text"}, "end": "</think>"},
+          {"type": "const_string", "value": "Answer: "}, {"type": "regex", "pattern": "[0-9]+"}]})",
+       {{"<think>hm</think>Answer: 42"}, {"<think>hm</think>Answer: ", "Answer: 1"}}},
+      {R"({"type": "or", "elements": [{"type": "const_string", "value": "yes"},
+                                      {"type": "const_string", "value": "no"}]})",
+       {{"yes", "no"}, {"yesno", ""}}},
+      {R"({"type": "optional", "content": {"type": "const_string", "value": "x"}})", {{"", "x"}, {"xx"}}},
+      {R"({"type": "plus", "content": {"type": "const_string", "value": "x"}})", {{"x", "xxx"}, {""}}},
+      {R"({"type": "star", "content": {"type": "const_string", "value": "x"}})", {{"", "xx"}, {"y"}}},
+      {R"({"type": "repeat", "min": 2, "max": 3, "content": {"type": "const_string", "value": "ab"}})",
+       {{"abab", "ababab"}, {"ab", "abababab"}}},
+      {R"({"type": "repeat", "min": 1, "max": -1, "content": {"type": "const_string", "value": "ab"}})",
+       {{"ab", "ababababab"}, {""}}},
+      {triggered(""), {{"", "text", "t <fn=a>1</fn> u <fn=a>2</fn>", "<fn"}, {"<fn=b>1</fn>", "<fn=a>x</fn>", "<fn="}}},
+      {triggered(R"(, "at_least_one": true)"),
+       {{"<fn=a>1</fn>", "<fn=a>1</fn> then text <fn=a>2</fn>"}, {"", "text <fn=a>1</fn>"}}},
+      {triggered(R"(, "stop_after_first": true)"),
+       {{"text <fn=a>1</fn>", "text", ""}, {"<fn=a>1</fn> more", "<fn=a>1</fn><fn=a>2</fn>"}}},
+      {triggered(R"(, "at_least_one": true, "stop_after_first": true)"),
+       {{"<fn=a>1</fn>"}, {"x<fn=a>1</fn>", "<fn=a>1</fn>x", ""}}},
+      {triggered(R"(, "excludes": ["STOP"])"), {{"go <fn=a>1</fn>", "ST OP"}, {"STOP", "a <fn=a>1</fn> STOP"}}},
+      // Inside a tag, the free text between triggered tags stops at the tag's end.
+      {std::string(R"({"type": "tag", "begin": "<r>", "end": "</r>", "content": )") + triggered("") + "}",
+       {{"<r></r>", "<r>hi <fn=a>1</fn> ok</r>"}, {"<r>hi</r>x", "<r>hi <fn=a>1</fn> ok", "<r><fn=a></r>"}}},
+      {separated(""), {{"", "<i>1</i>", "<i>1</i>,<i>2</i>,<i>3</i>"}, {"<i>1</i><i>2</i>", "<i>1</i>,", ",<i>1</i>"}}},
+      {separated(R"(, "at_least_one": true)"), {{"<i>1</i>", "<i>1</i>,<i>2</i>"}, {""}}},
+      {separated(R"(, "stop_after_first": true)"), {{"", "<i>1</i>"}, {"<i>1</i>,<i>2</i>"}}},
+      {R"({"type": "dispatch", "rules": [["<<", {"type": "regex", "pattern": "[0-9]+>>"}]]})",
+       {{"a <<12>> b <<3>>", "x", "<"}, {"a << 12>>", "a << b", "<<"}}},
+      {R"({"type": "dispatch", "loop": false, "excludes": ["!"],
+           "rules": [["<<", {"type": "regex", "pattern": "[0-9]+>>"}]]})",
+       {{"a <<1>>", "a"}, {"<<1>><<2>>", "<<1>> b", "a!"}}},
+  };
+  for (const auto& [format, texts] : table) {
+    const std::string tag = R"({"type": "structural_tag", "format": )" + format + "}";
+    CAPTURE(tag);
+    check_language(compile_guided_structural_tag(tag), texts.first, texts.second);
+  }
+}
+
+TEST_CASE("structural tag guide: allowed tokens equal brute force; EOS only outside a structure") {
+  const std::string tag = R"({"triggers": ["ab"], "structures": [{"begin": "abc", "schema": {"enum": ["yes", "no"]},
+                                                                  "end": "c"}]})";
+  const guide g(compile_guided_structural_tag(tag), vocab());
+  for (const std::string t : {"", "a", "x", "ab", "abc", "abc\"", "abc\"ye", "abc\"yes\"", "abc\"yes\"c", "yes ab"}) {
+    CAPTURE(t);
+    const std::int32_t s = g.dfa().walk(0, t);
+    REQUIRE(s >= 0);
+    CHECK(g.allowed_ids(s) == brute(g.dfa(), t));
+    const bool in_structure = t.find("ab") != std::string::npos && !t.ends_with("\"c");
+    CHECK(g.accepts(s) == !in_structure);
+  }
+}
+
+TEST_CASE("structural tag compiler: bad or unsupported tags are errors naming structural_tag and the place") {
+  const std::string st = R"({"type": "structural_tag", "format": )";
+  const std::vector<std::pair<std::string, std::vector<const char*>>> table = {
+      {R"({"structures": [)", {"not JSON"}},
+      {"[]", {"must be a JSON object"}},
+      {R"({"type": "json_schema", "format": {"type": "any_text"}})", {"'type' must be \"structural_tag\""}},
+      {"{}", {"needs 'format'"}},
+      {R"({"structures": [], "triggers": ["<"]})", {"structures is empty"}},
+      {R"({"structures": [{"begin": "<a>", "schema": {}}], "triggers": ["<"]})", {"structures[0].end is missing"}},
+      {R"({"structures": [{"begin": "<a>", "schema": {}, "end": "x"}]})", {"triggers is missing"}},
+      {R"({"structures": [{"begin": "<a>", "end": "x"}], "triggers": ["<"]})", {"structures[0].schema is missing"}},
+      {R"({"structures": [{"begin": "<a>", "schema": 5, "end": "x"}], "triggers": ["<"]})",
+       {"structures[0].schema must be a JSON schema"}},
+      {R"({"structures": [{"begin": 1, "schema": {}, "end": "x"}], "triggers": ["<"]})",
+       {"structures[0].begin must be a string"}},
+      {R"({"structures": [{"begin": "<a>", "schema": {}, "end": "x"}, {"begin": "[b]", "schema": {}, "end": "x"}],
+           "triggers": ["<"]})",
+       {"structures[1].begin \"[b]\" starts with none of the triggers"}},
+      {R"({"structures": [{"begin": "<a>", "schema": {"not": {}}, "end": "x"}], "triggers": ["<"]})",
+       {"structures[0].schema", "'not'"}},
+      {R"({"structures": [{"begin": "<a>", "schema": {}, "end": "x"}], "triggers": [""]})", {"triggers[0] is empty"}},
+      {R"({"structures": [{"begin": "<a>", "schema": {}, "end": "x"}], "triggers": "<"})",
+       {"triggers must be a list of strings"}},
+      {st + R"({"type": "nope"}})", {"format: unknown format type \"nope\""}},
+      {st + R"({"value": "x"}})", {"format: a format needs a 'type'"}},
+      {st + R"("x"})", {"format must be a format object"}},
+      {st + R"({"type": "sequence", "elements": []}})", {"format.elements is empty"}},
+      {st + R"({"type": "sequence", "elements": [{"type": "optional", "content": {"type": "nope"}}]}})",
+       {"format.elements[0].content: unknown format type \"nope\""}},
+      {st + R"({"type": "const_string"}})", {"format.value is missing"}},
+      {st + R"({"type": "regex", "pattern": "(a)\\1"}})", {"format.pattern", "backreferences"}},
+      {st + R"({"type": "grammar", "grammar": "start ::= \"a\""}})", {"format.grammar", "no 'root' rule"}},
+      {st + R"({"type": "token", "token": "<|tool|>"}})", {"format: format type \"token\" is token-level"}},
+      {st + R"({"type": "any_tokens"}})", {"\"any_tokens\" is token-level"}},
+      {st + R"({"type": "tag", "begin": {"type": "token", "token": 5}, "content": {"type": "any_text"}, "end": "x"}})",
+       {"format.begin: a token"}},
+      {st + R"({"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": []}})",
+       {"format.end is an empty list"}},
+      {st + R"({"type": "tag", "begin": "<a>", "end": "</a>"}})", {"format.content is missing"}},
+      {st + R"({"type": "triggered_tags", "triggers": ["<f"], "tags": [{"begin": "[x]", "end": "",
+                                                                         "content": {"type": "any_text"}}]}})",
+       {"format.tags[0].begin \"[x]\" starts with none of the triggers"}},
+      {st + R"({"type": "triggered_tags", "triggers": [], "tags": []}})", {"format.triggers is empty"}},
+      {st + R"({"type": "triggered_tags", "triggers": ["<"], "tags": [{"type": "or", "begin": "<"}]}})",
+       {"format.tags[0]: a tag must have \"type\": \"tag\""}},
+      {st + R"({"type": "tags_with_separator",
+                "tags": [{"begin": "<", "end": ">", "content": {"type": "any_text"}}]}})",
+       {"format.separator is missing"}},
+      {st + R"({"type": "triggered_tags", "triggers": ["<"], "at_least_one": "yes",
+                "tags": [{"begin": "<", "end": ">", "content": {"type": "any_text"}}]}})",
+       {"format.at_least_one must be a boolean"}},
+      {st + R"({"type": "any_text", "max_tokens": 5}})", {"format.max_tokens is not supported in an any_text format"}},
+      {st + R"({"type": "json_schema", "json_schema": {}, "style": "qwen_xml"}})", {"format.style \"qwen_xml\""}},
+      {st + R"({"type": "json_schema", "json_schema": {}, "any_order": true}})", {"format.any_order true"}},
+      {st + R"({"type": "repeat", "min": 2, "max": 1, "content": {"type": "any_text"}}})", {"format.max 1 is below"}},
+      {st + R"({"type": "dispatch", "rules": [["<", {"type": "any_text"}, 3]]}})",
+       {"format.rules[0] must be a pair [pattern, format]"}},
+      {st + R"({"type": "regex", "pattern": "[a-z]{0,40}[0-9]{0,40}[a-f]{0,40}x[0-9a-z]{30}"}})",
+       {"the structural tag needs more than 4096 DFA states"}},
+      {st + R"({"type": "any_text", "excludes": [")" + std::string(3000, 'x') + R"("]}})", {"more than 2048"}},
+  };
+  for (const auto& [tag, parts] : table) {
+    CAPTURE(tag);
+    const std::string msg = error_of([&] { (void)compile_guided_structural_tag(tag); });
+    CAPTURE(msg);
+    CHECK(msg.starts_with("structural_tag: "));
+    for (const char* part : parts) CHECK(contains(msg, part));
+  }
+  // One constraint at a time; the field errors name.
+  sampling_params p;
+  p.guided.structural_tag = R"({"format": {"type": "const_string", "value": "a"}})";
+  p.validate();
+  CHECK(std::string(p.guided.field()) == "structural_tag");
+  CHECK(compile_guided(p.guided).matches("a"));
+  p.guided.regex = "a";
+  CHECK(contains(error_of([&] { p.validate(); }), "more than one of"));
+  p.guided.regex.reset();
+  p.guided.structural_tag = R"({"format": {"type": "nope"}})";
+  CHECK(contains(error_of([&] { (void)make_guide(p.guided, vocab()); }), "structural_tag: format: unknown"));
+}
+
 TEST_CASE("guided generation on stories260K: every output is a sentence of the grammar") {
   auto eng = make_engine();
   guided_decoding g;
@@ -818,6 +1042,59 @@ TEST_CASE("guided generation on stories260K: every JSON output parses and satisf
     seen.insert(out.text);
   });
   CHECK(seen.size() > 3);
+}
+
+TEST_CASE("guided generation on stories260K: structural tags, the format form and free text with triggers") {
+  auto eng = make_engine();
+  // Exactly one tag between two fixed strings (bounded, so that every output ends within max_tokens).
+  guided_decoding g;
+  g.structural_tag = R"({"type": "structural_tag", "format": {"type": "sequence", "elements": [
+      {"type": "const_string", "value": "The "},
+      {"type": "triggered_tags", "triggers": ["<"], "at_least_one": true, "stop_after_first": true, "tags": [
+        {"type": "tag", "begin": "<mood>", "end": "</mood>",
+         "content": {"type": "json_schema", "json_schema": {"enum": ["happy", "sad"]}}},
+        {"type": "tag", "begin": "<name>", "end": "</name>",
+         "content": {"type": "json_schema", "json_schema": {"type": "string", "minLength": 1, "maxLength": 6}}}]},
+      {"type": "const_string", "value": "."}]}})";
+  const byte_dfa one_tag = compile_guided_structural_tag(*g.structural_tag);
+  std::set<std::string> seen;
+  each_guided_output(eng, g, {0.0f, 1.0f, 1.5f}, 60, [&](const auto& out) {
+    CHECK(one_tag.matches(out.text));
+    CHECK((out.text.starts_with("The <mood>") || out.text.starts_with("The <name>")));
+    seen.insert(out.text);
+  });
+  CHECK(seen.size() > 2);
+  // The legacy form: a story, free text, but wherever " was" occurs, ` was "happy"!` or ` was "sad"!` follows. The
+  // model writes " was" often; an output may end (EOS) only outside a structure, or be cut off by max_tokens.
+  guided_decoding legacy;
+  legacy.structural_tag = R"({"triggers": [" was"],
+                              "structures": [{"begin": " was ", "schema": {"enum": ["happy", "sad"]}, "end": "!"}]})";
+  const byte_dfa tagged = compile_guided_structural_tag(*legacy.structural_tag);
+  const auto prompt = stories().tokenizer.encode("Once upon a time", true);
+  int structures = 0;
+  for (const float temperature : {0.0f, 0.8f, 1.2f}) {
+    for (std::uint64_t seed = 0; seed < 3; ++seed) {
+      CAPTURE(temperature);
+      CAPTURE(seed);
+      sampling_params p;
+      p.temperature = temperature;
+      p.seed = seed;
+      p.max_tokens = 48;
+      p.guided = legacy;
+      const auto out = eng.generate({prompt}, p)[0];
+      CAPTURE(out.text);
+      CHECK(tagged.walk(byte_dfa::start, out.text) >= 0);
+      CHECK((out.reason == finish_reason::eos || out.reason == finish_reason::length));
+      if (out.reason == finish_reason::eos) CHECK(tagged.matches(out.text));
+      for (std::size_t at = out.text.find(" was"); at != std::string::npos; at = out.text.find(" was", at + 1)) {
+        const std::string rest = out.text.substr(at);
+        const bool whole = rest.starts_with(" was \"happy\"!") || rest.starts_with(" was \"sad\"!");
+        CHECK((whole || (out.reason == finish_reason::length && rest.size() < 13)));
+        structures += whole ? 1 : 0;
+      }
+    }
+  }
+  CHECK(structures > 3);
 }
 
 TEST_CASE("guided generation in a batch beside unguided requests; the unguided output is unchanged") {

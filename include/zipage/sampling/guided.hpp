@@ -1,8 +1,9 @@
 #pragma once
-// Structured outputs (vLLM's guided_choice, guided_regex, guided_json and guided_grammar): the whole generated text
-// must be one of a list of strings, match a regular expression, be JSON that a JSON Schema describes
-// (json_schema.hpp compiles the schema to a regex) or a string a GBNF grammar derives (grammar.hpp, recursion
-// unrolled). All compile to a DFA over bytes, equivalent states merged, of at most
+// Structured outputs (vLLM's guided_choice, guided_regex, guided_json, guided_grammar and structural_tag): the whole
+// generated text must be one of a list of strings, match a regular expression, be JSON that a JSON Schema describes
+// (json_schema.hpp compiles the schema to a regex), a string a GBNF grammar derives (grammar.hpp, recursion
+// unrolled) or text with structures where triggers occur (structural_tag.hpp, which embeds small automata in the
+// syntax tree). All compile to a DFA over bytes, equivalent states merged, of at most
 // guided_max_dfa_states states. At each step the tokens that may come next are those whose bytes keep the DFA
 // alive (some accepting state stays reachable), found by a walk of the vocabulary's byte trie that prunes dead
 // states, and EOS may come only at an accepting state. The allowed set of a DFA state is computed once per guide
@@ -118,12 +119,22 @@ namespace guided_detail {
 
 using byte_set = std::bitset<256>;
 
-// The regex's syntax tree.
+// A small automaton over bytes that a syntax tree embeds whole (structural_tag.hpp's free text: text in which none
+// of some strings occurs, built as an Aho-Corasick automaton rather than as regex text). State 0 is the start; a
+// state may be unable to reach an accepting one (determinize prunes it).
+struct byte_automaton {
+  std::vector<std::vector<byte_dfa::range>> edges;  // per state, sorted disjoint byte ranges
+  std::vector<std::uint8_t> accepting;
+};
+
+// The regex's syntax tree (and the trees the other compilers build).
 struct node {
-  enum kind_t { set, concat, alt, repeat } kind = concat;  // an empty concat is the empty string
+  // automaton: the language of `machine`, embedded as it is.
+  enum kind_t { set, concat, alt, repeat, automaton } kind = concat;  // an empty concat is the empty string
   byte_set bytes{};
   std::vector<node> kids{};
   int min = 0, max = 0;  // repeat: max -1 = unbounded
+  std::shared_ptr<const byte_automaton> machine{};
 };
 
 inline node literal(std::string_view s) {
@@ -540,8 +551,33 @@ class nfa {
         states[static_cast<std::size_t>(cur)].eps.push_back(e);
         break;
       }
+      case node::automaton:
+        embed(*n.machine, s, e);
+        break;
     }
     return {s, e};
+  }
+
+  // The automaton between `s` and `e`: a hub state per automaton state (an epsilon move to `e` where it accepts),
+  // and from each hub one byte-set move per target (the bytes that lead there).
+  void embed(const byte_automaton& m, std::int32_t s, std::int32_t e) {
+    const std::size_t n = m.edges.size();
+    if (n == 0) return;  // matches nothing
+    std::vector<std::int32_t> hub(n);
+    for (std::size_t k = 0; k < n; ++k) hub[k] = add();
+    states[static_cast<std::size_t>(s)].eps.push_back(hub[0]);
+    for (std::size_t k = 0; k < n; ++k) {
+      if (m.accepting[k]) states[static_cast<std::size_t>(hub[k])].eps.push_back(e);
+      std::map<std::int32_t, byte_set> by_target;
+      for (const byte_dfa::range& r : m.edges[k])
+        for (int b = r.lo; b <= r.hi; ++b) by_target[r.to].set(static_cast<std::size_t>(b));
+      for (const auto& [to, bytes] : by_target) {
+        const std::int32_t q = add();
+        states[static_cast<std::size_t>(q)].bytes = bytes;
+        states[static_cast<std::size_t>(q)].to = hub[static_cast<std::size_t>(to)];
+        states[static_cast<std::size_t>(hub[k])].eps.push_back(q);
+      }
+    }
   }
 
   // The states reachable from `set` by epsilon moves (sorted); returns the work done.
@@ -905,18 +941,22 @@ class guide {
   }
 }
 
-// The DFA of a constraint (see the four above); errors start with the field's name.
+// The DFA of a structural tag (structural_tag.hpp, included at the end of this header, defines it).
+[[nodiscard]] inline byte_dfa compile_guided_structural_tag(std::string_view structural_tag);
+
+// The DFA of a constraint (see the five above); errors start with the field's name.
 [[nodiscard]] inline byte_dfa compile_guided(const guided_decoding& spec) {
   check(spec.active(), "guided decoding: no constraint given");
-  check(spec.count() == 1, "guided decoding: more than one of guided_choice, guided_regex, guided_json and "
-        "guided_grammar is set (give one)");
+  check(spec.count() == 1, "guided decoding: more than one of guided_choice, guided_regex, guided_json, "
+        "guided_grammar and structural_tag is set (give one)");
   if (spec.json_schema) return compile_guided_json(*spec.json_schema, spec.whitespace_pattern);
   if (spec.grammar) return compile_guided_grammar(*spec.grammar);
+  if (spec.structural_tag) return compile_guided_structural_tag(*spec.structural_tag);
   return spec.regex ? compile_guided_regex(*spec.regex) : compile_guided_choice(spec.choice);
 }
 
 // A request's guide, compiled for `vocab`. Errors start with the field's name (guided_choice, guided_regex,
-// guided_json).
+// guided_json, guided_grammar, structural_tag).
 [[nodiscard]] inline std::shared_ptr<const guide> make_guide(const guided_decoding& spec,
                                                              std::shared_ptr<const guide_vocabulary> vocab) {
   return std::make_shared<const guide>(compile_guided(spec), std::move(vocab));
@@ -925,3 +965,8 @@ class guide {
 #endif  // !defined(__CUDACC__)
 
 }  // namespace zipage
+
+#if !defined(__CUDACC__)
+// After the definitions above, which it builds on (it includes this header first when it is included first).
+#include "zipage/sampling/structural_tag.hpp"
+#endif

@@ -29,8 +29,9 @@
 
 namespace zipage {
 
-// A request's structured output (vLLM's guided_choice / guided_regex / guided_json; zipage/sampling/guided.hpp
-// compiles it): at most one of choice, regex and json_schema. The constraint applies from the first generated token.
+// A request's structured output (vLLM's guided_choice / guided_regex / guided_json / guided_grammar /
+// structural_tag; zipage/sampling/guided.hpp compiles it): at most one of choice, regex, json_schema, grammar and
+// structural_tag. The constraint applies from the first generated token.
 struct guided_decoding {
   std::vector<std::string> choice{};  // guided_choice: the output is exactly one of these (non-empty strings)
   std::optional<std::string> regex{};  // guided_regex: the whole output matches it
@@ -43,16 +44,22 @@ struct guided_decoding {
   // guided_grammar: the output is a string that this GBNF grammar derives from its root rule
   // (zipage/sampling/grammar.hpp: recursion unrolled to a bounded depth).
   std::optional<std::string> grammar{};
+  // structured_outputs.structural_tag: this structural tag (JSON text: vLLM's legacy {"structures", "triggers"} or
+  // xgrammar's {"format"}; zipage/sampling/structural_tag.hpp lists what is supported): free text in which each
+  // trigger starts a structure, or the format's text.
+  std::optional<std::string> structural_tag{};
 
   [[nodiscard]] bool active() const { return count() > 0; }
   // The request field a constraint's error names.
   [[nodiscard]] const char* field() const {
-    return regex ? "guided_regex" : json_schema ? "guided_json" : grammar ? "guided_grammar" : "guided_choice";
+    return regex ? "guided_regex" : json_schema ? "guided_json" : grammar ? "guided_grammar"
+         : structural_tag ? "structural_tag" : "guided_choice";
   }
-  // How many of the four constraints are set (more than one is an error).
+  // How many of the five constraints are set (more than one is an error).
   [[nodiscard]] int count() const {
     return static_cast<int>(!choice.empty()) + static_cast<int>(regex.has_value()) +
-           static_cast<int>(json_schema.has_value()) + static_cast<int>(grammar.has_value());
+           static_cast<int>(json_schema.has_value()) + static_cast<int>(grammar.has_value()) +
+           static_cast<int>(structural_tag.has_value());
   }
   friend bool operator==(const guided_decoding&, const guided_decoding&) = default;
 };
@@ -96,12 +103,13 @@ struct sampling_params {
   // id can be sampled (their logits are -inf), and no stop string is looked for, as vLLM. At most max_tokens.
   int min_tokens = 0;
   // Structured output: the generated text must be one of guided.choice, match guided.regex as a whole, be JSON
-  // that guided.json_schema describes, or a string guided.grammar derives (both compiled to a regex). Each
+  // that guided.json_schema describes, a string guided.grammar derives (both compiled to a regex), or text of
+  // guided.structural_tag (free text with structures where triggers occur, or a tree of formats). Each
   // step allows only the tokens whose bytes keep the text a prefix of a match (special tokens never), and EOS
   // only once the text is a whole match; at a match no longer choice or regex text extends, EOS is all that is
   // allowed. Needs an engine that knows its tokens' bytes (engine_config::guide_vocab; zipage::llm sets it).
-  // Not with allowed_token_ids or min_tokens. An unsupported regex, schema or grammar is an error naming
-  // guided_regex, guided_json or guided_grammar (zipage/sampling/guided.hpp).
+  // Not with allowed_token_ids or min_tokens. An unsupported regex, schema, grammar or structural tag is an error
+  // naming guided_regex, guided_json, guided_grammar or structural_tag (zipage/sampling/guided.hpp).
   guided_decoding guided{};
 
   // Throws zipage::error naming the first bad field and its value. Checks are written as "in range"
@@ -142,8 +150,8 @@ struct sampling_params {
             "] must hold more than whitespace");
     for (std::size_t i = 0; i < guided.choice.size(); ++i)
       check(!guided.choice[i].empty(), "sampling: guided_choice[", i, "] must not be empty");
-    check(guided.count() <= 1, "sampling: more than one of guided_choice, guided_regex, guided_json and "
-          "guided_grammar is set (give one)");
+    check(guided.count() <= 1, "sampling: more than one of guided_choice, guided_regex, guided_json, "
+          "guided_grammar and structural_tag is set (give one)");
     check(!guided.whitespace_pattern || guided.json_schema, "sampling: guided whitespace_pattern is set without "
           "guided_json");
     check(!guided.active() || !allowed_token_ids, "sampling: ", guided.field(),
