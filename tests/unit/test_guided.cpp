@@ -302,7 +302,13 @@ bool conforms(const nlohmann::json& v, const nlohmann::json& s, const nlohmann::
     });
   }
   const std::string type = s["type"];
-  if (type == "integer") return v.is_number_integer();
+  if (type == "integer") {
+    if (!v.is_number_integer()) return false;
+    const auto n = v.get<long long>();
+    return (!s.contains("multipleOf") || n % s["multipleOf"].get<long long>() == 0) &&
+           n >= s.value("minimum", std::numeric_limits<long long>::min()) &&
+           n <= s.value("maximum", std::numeric_limits<long long>::max());
+  }
   if (type == "number") return v.is_number();
   if (type == "boolean") return v.is_boolean();
   if (type == "null") return v.is_null();
@@ -543,6 +549,161 @@ TEST_CASE("json schema compiler: random ranges against exact arithmetic") {
   MESSAGE(checked, " number spellings checked against exact arithmetic");
 }
 
+TEST_CASE("json schema compiler: multipleOf, integer and decimal, with and without bounds") {
+  struct row {
+    const char* schema;
+    std::vector<std::string> yes, no;
+  };
+  const std::vector<row> table = {
+      {R"({"type":"integer","multipleOf":3})", {"0", "3", "-3", "99", "123456789012", "-0"},
+       {"1", "-4", "100", "3.0", "3e0", "03"}},
+      {R"({"type":"integer","multipleOf":7,"minimum":10,"maximum":50})", {"14", "21", "49"},
+       {"7", "56", "15", "0", "-14"}},
+      {R"({"type":"integer","multipleOf":5,"exclusiveMinimum":-20,"exclusiveMaximum":20})", {"-15", "0", "15"},
+       {"-20", "20", "12", "-0"}},
+      // Divisors with many factors 2 and 5 keep a small automaton (the remainder's class, not the remainder).
+      {R"({"type":"integer","multipleOf":1000000})", {"0", "3000000", "-1000000", "123000000000"},
+       {"100000", "1000001", "1000000.0", "1e6"}},
+      {R"({"type":"integer","multipleOf":1024,"minimum":-5000,"maximum":5000})", {"-4096", "0", "1024", "4096"},
+       {"512", "5120", "-5120", "2000"}},
+      // 18 significant digits (the limit), within bounds that leave one multiple.
+      {R"({"type":"integer","multipleOf":999999999999999999,"minimum":0,"maximum":1000})", {"0"}, {"1", "999"}},
+      // A decimal divisor of an integer: every integer is a multiple of 0.5; those of 2.5 are the multiples of 5.
+      {R"({"type":"integer","multipleOf":0.5})", {"0", "1", "-7", "12345"}, {"1.5", "0.5", "1.0"}},
+      {R"({"type":"integer","multipleOf":2.5})", {"0", "5", "-10", "25", "1000"}, {"2", "3", "7", "12", "2.5"}},
+      // Numbers: the digits past the divisor's are zeros; the value counts, not the spelling.
+      {R"({"type":"number","multipleOf":0.01})", {"0", "1", "1.5", "1.25", "-3.14", "2.50", "2.500", "0.00"},
+       {"1.255", "0.001", "1e2", "1.2500001", "-0.005"}},
+      {R"({"type":"number","multipleOf":0.5})", {"0", "1.5", "-2", "3.50", "100.0"}, {"1.25", "0.1", "-0.3"}},
+      {R"({"type":"number","multipleOf":3})", {"0", "9", "-12", "9.0", "9.000"}, {"9.5", "9.01", "10", "9e0"}},
+      {R"({"type":"number","multipleOf":2.5,"minimum":0,"maximum":10})", {"0", "2.5", "5", "7.50", "10", "10.0"},
+       {"-2.5", "12.5", "3", "2.25", "10.5"}},
+      {R"({"type":"number","multipleOf":0.3,"exclusiveMinimum":0.3,"maximum":1.2})", {"0.6", "0.9", "1.2", "1.20"},
+       {"0.3", "1.5", "0.5", "0", "0.60001"}},
+      {R"({"type":"number","multipleOf":1e-18})", {"0.000000000000000001", "1", "-0.5"},
+       {"0.0000000000000000001", "1e-18"}},
+      {R"({"multipleOf":4})", {"8", "8.0", "-4"}, {"6", "null", "\"8\""}},  // untyped: a number
+      {R"({"type":["integer","null"],"multipleOf":6})", {"null", "12", "-6"}, {"8", "12.0"}},
+      {R"({"type":["integer","number"],"multipleOf":6})", {"12", "12.0"}, {"8", "12.5"}},
+      {R"({"type":"array","items":{"type":"integer","multipleOf":4},"maxItems":3})", {"[]", "[4, 8,-12]", "[0]"},
+       {"[4,6]", "[1]"}},
+      {R"({"$defs":{"even":{"type":"integer","multipleOf":2}},"properties":{"a":{"$ref":"#/$defs/even"},
+          "b":{"$ref":"#/$defs/even"},"c":{"type":"integer","multipleOf":2}},"required":["a","b","c"]})",
+       {R"({"a":2,"b":-4,"c":0})"}, {R"({"a":2,"b":3,"c":0})", R"({"a":1,"b":2,"c":0})", R"({"a":2,"b":2,"c":1})"}},
+  };
+  for (const row& r : table) {
+    const std::string schema = r.schema;
+    CAPTURE(schema);
+    check_language(compile_guided_json(schema), r.yes, r.no);
+  }
+  // (?%N) is the schema compiler's own syntax: in a regex or a schema's pattern it is an unsupported group.
+  CHECK(contains(error_of([] { (void)compile_guided_regex("(?%0)"); }), "guided_regex: inline flags"));
+  CHECK(contains(error_of([] { (void)compile_guided_json(R"j({"type":"string","pattern":"(?%0)"})j"); }),
+                 "'pattern' at / (the root): inline flags"));
+  // The regex text refers to the multipleOf constraints, each once.
+  const json_schema_compiled c = json_schema_regex(
+      R"({"type":"array","items":{"anyOf":[{"type":"integer","multipleOf":3},{"type":"integer","multipleOf":3},
+          {"type":"number","multipleOf":0.25,"maximum":2}]}})");
+  REQUIRE(c.multiples.size() == 2);
+  CHECK(c.regex.find("(?%0)") != std::string::npos);
+  CHECK(c.regex.find("(?%1)") != std::string::npos);
+  CHECK(c.multiples[1].divisor.p == 25);
+  CHECK(c.multiples[1].divisor.q == 2);
+  CHECK(c.multiples[1].place == "/items/anyOf/2");
+}
+
+TEST_CASE("json schema compiler: random multipleOf against exact arithmetic") {
+  // Integers: a divisor k in [1, 60] (sometimes k / 10, a decimal one), random bounds; every integer in a window
+  // checked. Numbers: a divisor p / 10^q (p in [1, 60], q in [0, 3]), random bounds; spellings of a sample of
+  // values with up to 4 fraction digits checked, all values counted in thousandths.
+  std::mt19937 rng(2468);
+  auto pick = [&](long long lo, long long hi) { return std::uniform_int_distribution<long long>(lo, hi)(rng); };
+  auto spell = [](long long thousandths, int digits) {  // as in the random ranges' test
+    const bool neg = thousandths < 0;
+    const long long m = neg ? -thousandths : thousandths;
+    std::string out = (neg ? "-" : "") + std::to_string(m / 1000);
+    if (digits > 0) out += "." + std::to_string(1000 + m % 1000).substr(1, static_cast<std::size_t>(digits));
+    return out;
+  };
+  int checked = 0, refused = 0;
+  for (int round = 0; round < 160; ++round) {
+    const bool integer = round % 2 == 0;
+    const bool has_lo = pick(0, 3) != 0, has_hi = pick(0, 3) != 0;
+    const bool lo_ex = pick(0, 1) == 1, hi_ex = pick(0, 1) == 1;
+    // Divisor p / 10^q; in thousandths, value t is a multiple iff t * 10^q is divisible by p * 1000.
+    const long long p = pick(1, 60);
+    const int q = integer ? (pick(0, 3) == 0 ? 1 : 0) : static_cast<int>(pick(0, 3));
+    long long lo = 0, hi = 0;  // thousandths
+    nlohmann::json s = {{"type", integer ? "integer" : "number"}};
+    const long long unit = q == 1 ? 100 : q == 2 ? 10 : 1;  // thousandths per last digit of p / 10^q
+    s["multipleOf"] = nlohmann::json::parse(q == 0 ? std::to_string(p) : spell(p * unit, q));
+    if (integer) {
+      lo = pick(-700, 700) * 1000;
+      hi = lo + pick(0, 900) * 1000;
+    } else {
+      lo = pick(-30000, 30000);
+      hi = lo + pick(0, 40000);
+    }
+    auto as_json = [&](long long t) { return nlohmann::json::parse(spell(t, t % 1000 == 0 ? 0 : 3)); };
+    if (has_lo) s[lo_ex ? "exclusiveMinimum" : "minimum"] = as_json(lo);
+    if (has_hi) s[hi_ex ? "exclusiveMaximum" : "maximum"] = as_json(hi);
+    long long ten_q = 1;
+    for (int i = 0; i < q; ++i) ten_q *= 10;
+    auto multiple = [&](long long t) { return (t * ten_q) % (p * 1000) == 0; };
+    auto inside = [&](long long t) {
+      if (integer && t % 1000 != 0) return false;
+      if (has_lo && (lo_ex ? t <= lo : t < lo)) return false;
+      if (has_hi && (hi_ex ? t >= hi : t > hi)) return false;
+      return multiple(t);
+    };
+    const std::string schema = s.dump();
+    CAPTURE(schema);
+    std::optional<byte_dfa> g;
+    try {
+      g.emplace(compile_guided_json(schema));
+    } catch (const error& e) {
+      // Only bounds that hold no multiple are refused.
+      bool any = false;
+      for (long long t = lo - 1000; t <= hi + 1000 && !any; ++t) any = inside(t);
+      CHECK_MESSAGE(!any, e.what());
+      CHECK(contains(e.what(), "is a multiple of 'multipleOf'"));
+      ++refused;
+      continue;
+    }
+    if (integer) {
+      for (long long x = -1000; x <= 1000; ++x) {
+        const std::string text = std::to_string(x);
+        CAPTURE(text);
+        CHECK(g->matches(text) == inside(x * 1000));
+        ++checked;
+      }
+      CHECK(!g->matches("0.0"));
+      continue;
+    }
+    std::vector<long long> probes = {0, lo, hi, lo - 1, hi + 1, lo + p, hi - p};
+    for (int i = 0; i < 150; ++i) probes.push_back(pick(lo - 2000, hi + 2000));
+    for (int i = 0; i < 50; ++i) probes.push_back(pick(-40, 40) * p * 1000 / ten_q);  // multiples, mostly
+    for (const long long t : probes) {
+      for (int digits = 0; digits <= 4; ++digits) {
+        const long long cut = digits == 0 ? 1000 : digits == 1 ? 100 : digits == 2 ? 10 : 1;
+        if (t % cut != 0) continue;  // fewer digits would spell another value
+        const std::string text = digits == 4 ? spell(t, 3) + "0" : spell(t, digits);
+        if (t == 0 && text[0] == '-') continue;
+        CAPTURE(text);
+        CHECK(g->matches(text) == inside(t));
+        ++checked;
+      }
+      // A non-zero digit past the third after the point: never a multiple of a divisor with at most 3.
+      const std::string past = spell(t, 3) + "5";
+      CAPTURE(past);
+      CHECK(!g->matches(past));
+      ++checked;
+    }
+  }
+  CHECK(refused < 40);
+  MESSAGE(checked, " spellings checked against exact arithmetic; ", refused, " schemas without a multiple refused");
+}
+
 TEST_CASE("json schema compiler: the whitespace pattern; the regex it makes") {
   const std::string schema = R"({"type":"object","properties":{"a":{"type":"array","items":{"const":1}}}})";
   CHECK(compile_guided_json(schema).matches(R"({ "a": [ 1, 1 ] })"));
@@ -554,7 +715,7 @@ TEST_CASE("json schema compiler: the whitespace pattern; the regex it makes") {
   CHECK(contains(error_of([&] { (void)compile_guided_json(schema, "^ ?"); }), "whitespace_pattern: anchor"));
   // The regex is in guided.hpp's subset, and the properties come in declared order (not sorted by name).
   const std::string re =
-      json_schema_regex(R"({"properties":{"z":{"type":"null"},"a":{"type":"null"}},"required":["z","a"]})");
+      json_schema_regex(R"({"properties":{"z":{"type":"null"},"a":{"type":"null"}},"required":["z","a"]})").regex;
   CHECK(re.find("\"z\"") < re.find("\"a\""));
   CHECK(compile_guided_regex(re).matches(R"({"z":null,"a":null})"));
   // json_object's schema fits the DFA cap with room to spare (the size json_any_depth was chosen by).
@@ -572,6 +733,9 @@ TEST_CASE("json schema guide: random walks over a vocabulary parse as JSON and s
                    "y":{"anyOf":[{"type":"integer"},{"type":"string","maxLength":2}]}},"required":["x"]}}})",
       R"({"type":"array","items":{"type":"object"},"maxItems":2})",
       "{}",
+      R"({"type":"object","properties":{"n":{"type":"integer","multipleOf":7,"minimum":-999999999999999,
+          "maximum":999999999999999},"m":{"type":"integer","minimum":-50,"maximum":500,"multipleOf":12}},
+          "required":["n","m"]})",
   };
   std::mt19937 rng(7);
   for (const std::string& schema : schemas) {
@@ -617,6 +781,21 @@ TEST_CASE("json schema compiler: unsupported keywords and bad schemas are errors
       {R"({"type":"number","exclusiveMinimum":1,"maximum":1})", {"holds no number"}},
       {R"({"type":"number","minimum":"1"})", {"'minimum' at / (the root) must be a number"}},
       {R"({"type":"number","maximum":1e300})", {"'maximum'", "at most 18 digits"}},
+      {R"({"type":"integer","multipleOf":0})", {"'multipleOf' at / (the root) must be above 0, got 0"}},
+      {R"({"properties":{"a":{"type":"number","multipleOf":-2.5}}})",
+       {"'multipleOf' at /properties/a must be above 0"}},
+      {R"({"type":"number","multipleOf":"2"})", {"'multipleOf' at / (the root) must be a number, got \"2\""}},
+      {R"({"multipleOf":true})", {"'multipleOf' at / (the root) must be a number"}},
+      {R"({"type":"number","multipleOf":1e-19})", {"'multipleOf' at / (the root)", "at most 18 significant digits"}},
+      {R"({"type":"integer","multipleOf":1234567890123456789})", {"'multipleOf'", "at most 18 significant digits"}},
+      {R"({"type":"number","multipleOf":1e300})", {"'multipleOf'", "at most 18 significant digits"}},
+      {R"({"type":"integer","minimum":1,"maximum":4,"multipleOf":5})",
+       {"no integer within the bounds at / (the root) is a multiple of 'multipleOf' (5)"}},
+      {R"({"items":{"type":"number","exclusiveMinimum":0,"exclusiveMaximum":0.5,"multipleOf":0.5}})",
+       {"no number within the bounds at /items is a multiple of 'multipleOf' (0.5)"}},
+      // A divisor prime to 10 keeps every remainder: 1000003 of them pass the DFA cap (bounds may save it).
+      {R"({"properties":{"n":{"type":"integer","multipleOf":1000003}}})",
+       {"'multipleOf' (1000003) at /properties/n needs more than 4096 DFA states"}},
       {R"({"properties":{"a":{}},"required":[1]})", {"'required' at / (the root) holds 1"}},
       {R"({"allOf":[{"type":"integer"},{"minimum":1}]})", {"'allOf'"}},
       {R"({"properties":{"a":false}})", {"/properties/a is false"}},
@@ -837,6 +1016,8 @@ TEST_CASE("structural tag, format form: every supported format type") {
       {R"({"type": "json_schema", "json_schema": {"type": "object", "properties": {"b": {"type": "integer"},
           "a": {"type": "integer"}}, "required": ["b", "a"]}, "max_whitespace_cnt": 0})",
        {{R"({"b":1,"a":2})"}, {R"({"a":2,"b":1})", R"({"b": 1,"a":2})"}}},
+      {R"({"type": "json_schema", "json_schema": {"type": "integer", "multipleOf": 4}})",
+       {{"8", "-12", "0"}, {"6", "8.0"}}},
       {R"({"type": "regex", "pattern": "[A-Z]{3}-[0-9]{2}"})", {{"ABC-12"}, {"AB-12", "ABC-123"}}},
       {R"({"type": "grammar", "grammar": "root ::= \"yes\" | \"no\" | \"(\" root \")\""})",
        {{"yes", "(no)", "((yes))"}, {"maybe", "(yes"}}},

@@ -16,12 +16,15 @@
 // punctuation, classes [a-z0-9_] and [^...] (ASCII members; a negated class also matches every non-ASCII
 // character), `.` (any character but \n), groups (...), (?:...), (?P<name>...), (?<name>...), alternation |,
 // quantifiers * + ? {m} {m,} {m,n} (lazy forms allowed: the language is the same). Backreferences, lookaround,
-// word boundaries, inline flags and possessive quantifiers are errors naming them.
+// word boundaries, inline flags and possessive quantifiers are errors naming them. (?%N) is a syntax tree the
+// caller builds beside the text (a JSON schema's multipleOf automaton, json_schema_node); where the caller gives
+// none (guided_regex, a schema's pattern) it is an error as any other (?...) group.
 #include <algorithm>
 #include <array>
 #include <bitset>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -181,7 +184,9 @@ class regex_parser {
   static constexpr int max_repeat = 1000;
   static constexpr int max_depth = 200;  // groups nested deeper are refused (the parser recurses)
 
-  explicit regex_parser(std::string_view re) : re_(re) {}
+  // `embedded` (optional) gives the syntax tree (?%N) stands for.
+  explicit regex_parser(std::string_view re, std::function<node(std::size_t)> embedded = {})
+      : re_(re), embedded_(std::move(embedded)) {}
 
   node parse() {
     if (at('^')) ++i_;
@@ -195,6 +200,7 @@ class regex_parser {
 
  private:
   std::string_view re_;
+  std::function<node(std::size_t)> embedded_;
   std::size_t i_ = 0;
   int depth_ = 0;
 
@@ -319,6 +325,17 @@ class regex_parser {
     ++i_;  // '('
     if (at('?')) {
       ++i_;
+      if (at('%') && embedded_) {
+        ++i_;
+        std::size_t index = 0;
+        const std::size_t digits = i_;
+        for (; i_ < re_.size() && re_[i_] >= '0' && re_[i_] <= '9' && i_ - digits < 9; ++i_)
+          index = index * 10 + static_cast<std::size_t>(re_[i_] - '0');
+        if (i_ == digits || !at(')')) error("bad (?%N) group");
+        ++i_;
+        --depth_;
+        return embedded_(index);
+      }
       if (at(':')) {
         ++i_;
       } else if (at('P') && i_ + 1 < re_.size() && re_[i_ + 1] == '<') {
@@ -901,9 +918,82 @@ class guide {
 // to apply guides, never to compile one, so nvcc is spared it and the functions below.
 #if !defined(__CUDACC__)
 
-// The DFA of JSON text that the schema describes (json_schema_regex, then as a regex). Throws zipage::error
-// "guided_json: ..." naming what it cannot compile (an unsupported keyword and its JSON pointer, a recursive $ref,
-// a bad whitespace pattern, a schema whose DFA would exceed guided_max_dfa_states).
+namespace guided_detail {
+
+// multipleOf's automaton: the spellings of m.spelling (the number's bounds) whose value is a multiple of m.divisor.
+// The DFA of the spellings is run in step with json_multiple_of::tracker, each reachable pair of states a state
+// (at most 4 x guided_max_dfa_states of them, as determinize allows before merging), then equivalent states merged.
+// Errors name multipleOf and its place: no multiple within the bounds, or an automaton past the cap.
+inline node multiple_of_node(const json_schema_multiple& m) {
+  const std::string what = "'multipleOf' (" + m.value + ") at " + m.place;
+  const byte_dfa spellings = determinize(regex_parser(m.spelling).parse(), guided_max_dfa_states, what);
+  json_multiple_of::tracker tracker(m.divisor);
+  using key = std::pair<std::int32_t, json_multiple_of::tracker::state>;
+  std::map<key, std::int32_t> ids;
+  std::vector<key> pairs;
+  auto product = std::make_shared<byte_automaton>();
+  auto id_of = [&](const key& p) {
+    const auto [it, added] = ids.emplace(p, static_cast<std::int32_t>(pairs.size()));
+    if (added) {
+      check(pairs.size() < 4 * guided_max_dfa_states, what, " needs more than ", guided_max_dfa_states,
+            " DFA states; simplify it");
+      pairs.push_back(p);
+    }
+    return it->second;
+  };
+  id_of({byte_dfa::start, tracker.start()});
+  bool any = false;
+  for (std::size_t k = 0; k < pairs.size(); ++k) {
+    const auto [d, t] = pairs[k];  // a copy: id_of grows `pairs`
+    const bool accepting = spellings.accepts(d) && tracker.multiple(t);
+    any = any || accepting;
+    std::vector<byte_dfa::range> edges;
+    for (const byte_dfa::range& r : spellings.edges[static_cast<std::size_t>(d)]) {
+      for (int b = r.lo; b <= r.hi; ++b) {
+        const auto next = tracker.step(t, static_cast<unsigned char>(b));
+        if (!next) continue;
+        const std::int32_t to = id_of({r.to, *next});
+        if (!edges.empty() && edges.back().to == to && edges.back().hi + 1 == b)
+          edges.back().hi = static_cast<std::uint8_t>(b);
+        else
+          edges.push_back({static_cast<std::uint8_t>(b), static_cast<std::uint8_t>(b), to});
+      }
+    }
+    product->edges.push_back(std::move(edges));
+    product->accepting.push_back(accepting ? 1 : 0);
+  }
+  check(any, "no ", m.integer_only ? "integer" : "number", " within the bounds at ", m.place, " is a multiple of ",
+        "'multipleOf' (", m.value, ")");
+  node whole{node::automaton};
+  whole.machine = std::move(product);
+  byte_dfa merged = determinize(whole, guided_max_dfa_states, what);
+  auto machine = std::make_shared<byte_automaton>();
+  machine->edges = std::move(merged.edges);
+  machine->accepting = std::move(merged.accepting);
+  node n{node::automaton};
+  n.machine = std::move(machine);
+  return n;
+}
+
+// The syntax tree of JSON text the schema describes: json_schema_regex's regex, with its multipleOf automata
+// (each built once). Errors as json_schema_regex's and multiple_of_node's, and the regex compiler's for a pattern.
+inline node json_schema_node(std::string_view schema, const std::string& whitespace) {
+  const auto check_pattern = [](const std::string& p) { (void)regex_parser("(?:" + p + ")").parse(); };
+  const json_schema_compiled compiled = json_schema_regex(schema, whitespace, check_pattern);
+  std::vector<std::optional<node>> built(compiled.multiples.size());
+  const auto embedded = [&](std::size_t i) {
+    check(i < built.size(), "(?%", i, ") names no multipleOf");
+    if (!built[i]) built[i] = multiple_of_node(compiled.multiples[i]);
+    return *built[i];
+  };
+  return regex_parser(compiled.regex, embedded).parse();
+}
+
+}  // namespace guided_detail
+
+// The DFA of JSON text that the schema describes (json_schema_regex, then as a regex, multipleOf's automata
+// embedded). Throws zipage::error "guided_json: ..." naming what it cannot compile (an unsupported keyword and its
+// JSON pointer, a recursive $ref, a bad whitespace pattern, a schema whose DFA would exceed guided_max_dfa_states).
 [[nodiscard]] inline byte_dfa compile_guided_json(std::string_view schema,
                                                   const std::optional<std::string>& whitespace_pattern = {}) {
   try {
@@ -913,9 +1003,8 @@ class guide {
     fail("guided_json: its whitespace_pattern: ", e.what());
   }
   try {
-    const auto check_pattern = [](const std::string& p) { (void)guided_detail::regex_parser("(?:" + p + ")").parse(); };
-    const std::string re = json_schema_regex(schema, whitespace_pattern.value_or("[ ]?"), check_pattern);
-    return guided_detail::determinize(guided_detail::regex_parser(re).parse(), guided_max_dfa_states, "the schema");
+    return guided_detail::determinize(guided_detail::json_schema_node(schema, whitespace_pattern.value_or("[ ]?")),
+                                      guided_max_dfa_states, "the schema");
   } catch (const error& e) {
     fail("guided_json: ", e.what());
   }

@@ -1,8 +1,9 @@
 #pragma once
 // JSON structured outputs (vLLM's guided_json / response_format json_schema, and json_object): a JSON Schema
 // compiled to a regex in the subset zipage/sampling/guided.hpp accepts, which guided.hpp then compiles to a DFA
-// like any guided_regex. The output is compact JSON with optional whitespace between tokens (`[ ]?` unless a
-// whitespace pattern is given, as outlines), object keys in the schema's declared order.
+// like any guided_regex (with multipleOf's automata embedded: json_schema_compiled). The output is compact JSON
+// with optional whitespace between tokens (`[ ]?` unless a whitespace pattern is given, as outlines), object keys in
+// the schema's declared order.
 //
 // Supported, as outlines' build_regex_from_schema:
 //   type: object (properties in order; those not in `required` may be left out; a name in `required` that
@@ -15,9 +16,12 @@
 //   allOf of one schema, $ref to a JSON pointer into the schema (#/$defs/..., #/definitions/...; a recursive
 //   $ref is an error naming it), and {} or true: any JSON value, containers nested at most json_any_depth deep.
 // minimum, maximum, exclusiveMinimum and exclusiveMaximum (numbers, or draft 4's booleans) on integer and number
-// (json_number_range.hpp: exact decimal bounds; a bounded number is written without an exponent); a schema
-// without a type that has one of them is a number. A range no value fits is an error naming it.
-// Not enforced (the language is a superset): multipleOf.
+// (json_number_range.hpp: exact decimal bounds), and multipleOf on integer and number (json_multiple_of.hpp: exact
+// for a decimal divisor, such as 7, 0.01 or 2.5; with the bounds, an automaton guided.hpp builds, of at most
+// guided_max_dfa_states states like the whole schema's DFA, else an error naming it); a bounded number or one with
+// multipleOf is written without an exponent. A schema without a type that has one of them is a number. A range no
+// value fits, or no multiple, is an error naming it; so is a multipleOf that is not a number above 0 of at most 18
+// significant digits (json_multiple_of::max_digits; within json_number_range's limits).
 // An unbounded number's exponent has at most two digits (so that every number fits a double).
 // A `pattern` is a whole-string match (anchors stripped) whose characters are written into the JSON string raw:
 // a pattern that allows '"', '\' or control characters can make the output invalid JSON.
@@ -33,16 +37,19 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "zipage/core/error.hpp"
+#include "zipage/sampling/json_multiple_of.hpp"
 #include "zipage/sampling/json_number_range.hpp"
 #include "zipage/sampling/regex_text.hpp"
 
@@ -53,6 +60,23 @@ namespace zipage {
 inline constexpr int json_any_depth = 3;
 inline constexpr int json_schema_max_depth = 64;  // schemas nested deeper are refused (the compiler recurses)
 inline constexpr std::size_t json_schema_max_regex_bytes = 512 * 1024;  // far more than the DFA's cap admits
+
+// A number that must be a multiple of multipleOf. The regex text writes it as (?%N), N its index in
+// json_schema_compiled::multiples (guided.hpp's parser reads that syntax only where the caller supplies the
+// automata, as guided.hpp does for a schema, never in a user's regex or pattern).
+struct json_schema_multiple {
+  std::string spelling;  // regex of the number's spellings within its bounds, without an exponent
+  json_multiple_of::divisor divisor;
+  bool integer_only = false;
+  std::string value;  // multipleOf as the schema writes it, and where: the JSON pointer of its schema (for errors)
+  std::string place;
+};
+
+// A schema's regex, and the multipleOf constraints it refers to.
+struct json_schema_compiled {
+  std::string regex;
+  std::vector<json_schema_multiple> multiples;
+};
 
 namespace json_schema_detail {
 
@@ -132,12 +156,17 @@ class compiler {
     return re;
   }
 
+  // The multipleOf constraints the regexes made so far refer to, each once.
+  [[nodiscard]] std::vector<json_schema_multiple> multiples() const { return multiples_; }
+
  private:
   const schema& root_;
   std::string ws_;
   std::function<void(const std::string&)> check_pattern_;
   std::vector<std::string> refs_;  // the $refs being expanded (a repeat is recursion)
   std::map<std::string, std::string, std::less<>> expanded_;  // each $ref's regex, made once
+  std::vector<json_schema_multiple> multiples_;
+  std::map<std::tuple<std::string, std::uint64_t, int>, std::size_t> multiple_index_;  // the same one, once
 
   std::string value_of(const schema& s, const std::string& path, int depth) {
     check(depth <= json_schema_max_depth, "the schema nests more than ", json_schema_max_depth, " deep at ",
@@ -239,7 +268,7 @@ class compiler {
       return typed(s, "array", path, depth);
     if (s.contains("pattern") || s.contains("format") || s.contains("minLength") || s.contains("maxLength"))
       return typed(s, "string", path, depth);
-    for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+    for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
       if (s.contains(key)) return typed(s, "number", path, depth);
     return any(json_any_depth);
   }
@@ -341,8 +370,9 @@ class compiler {
     return "\"" + string_char + repeat(min, max) + "\"";
   }
 
-  // An integer or a number, within the schema's minimum / maximum / exclusiveMinimum / exclusiveMaximum.
-  static std::string numeric(const schema& s, bool integer_only, const std::string& path) {
+  // An integer or a number, within the schema's minimum / maximum / exclusiveMinimum / exclusiveMaximum, a multiple
+  // of its multipleOf.
+  std::string numeric(const schema& s, bool integer_only, const std::string& path) {
     namespace nr = json_number_range;
     std::optional<nr::bound> lo, hi;
     // The tighter of two lower (upper) bounds: the larger (smaller) value, the exclusive one at a tie.
@@ -369,11 +399,32 @@ class compiler {
     if (const auto d = read("exclusiveMinimum")) tighten(lo, {*d, true}, 1);
     if (const auto d = read("maximum")) tighten(hi, {*d, draft4_exclusive("exclusiveMaximum")}, -1);
     if (const auto d = read("exclusiveMaximum")) tighten(hi, {*d, true}, -1);
-    if (!lo && !hi) return integer_only ? integer : number;
-    const auto re = nr::number_range(lo, hi, integer_only);
-    check(re.has_value(), "the range of minimum / maximum / exclusiveMinimum / exclusiveMaximum at ", at(path),
-          " holds no ", integer_only ? "integer" : "number");
-    return *re;
+    const auto multiple_of = s.find("multipleOf");
+    std::string spelling;
+    if (!lo && !hi) {
+      if (multiple_of == s.end()) return integer_only ? integer : number;
+      spelling = integer_only ? integer : integer + R"((?:\.[0-9]+)?)";  // no exponent, as a bounded number
+    } else {
+      const auto re = nr::number_range(lo, hi, integer_only);
+      check(re.has_value(), "the range of minimum / maximum / exclusiveMinimum / exclusiveMaximum at ", at(path),
+            " holds no ", integer_only ? "integer" : "number");
+      if (multiple_of == s.end()) return *re;
+      spelling = *re;
+    }
+    return multiple(spelling, *multiple_of, integer_only, path);
+  }
+
+  // The reference, (?%N), to a number spelled as `spelling` that is a multiple of `m` (multipleOf).
+  std::string multiple(const std::string& spelling, const schema& m, bool integer_only, const std::string& path) {
+    check(m.is_number(), "'multipleOf' at ", at(path), " must be a number, got ", brief(m));
+    check(m.get<double>() > 0, "'multipleOf' at ", at(path), " must be above 0, got ", brief(m));
+    const auto d = json_multiple_of::parse(m.dump());
+    check(d.has_value(), "'multipleOf' at ", at(path), " must have at most ", json_multiple_of::max_digits,
+          " significant digits and at most ", json_number_range::max_integer_digits, " before the point or ",
+          json_number_range::max_fraction_digits, " after it, got ", brief(m));
+    const auto [it, added] = multiple_index_.emplace(std::tuple{spelling, d->p, d->q}, multiples_.size());
+    if (added) multiples_.push_back({spelling, *d, integer_only, m.dump(), at(path)});
+    return "(?%" + std::to_string(it->second) + ")";
   }
 
   static long bound(const schema& s, const char* key, long none, const std::string& path) {
@@ -407,12 +458,15 @@ class compiler {
 
 }  // namespace json_schema_detail
 
-// The regex of JSON text that `schema_text` (a JSON Schema, as JSON text) describes; `whitespace` is the regex of
-// the whitespace allowed between tokens; `check_pattern` (optional) throws zipage::error for a `pattern` the regex
-// compiler refuses. Throws zipage::error for text that is not JSON, an unsupported keyword (naming it and its JSON
-// pointer), a recursive $ref, a malformed keyword, or a regex past json_schema_max_regex_bytes.
-[[nodiscard]] inline std::string json_schema_regex(std::string_view schema_text, const std::string& whitespace = "[ ]?",
-                                                  std::function<void(const std::string&)> check_pattern = {}) {
+// The regex of JSON text that `schema_text` (a JSON Schema, as JSON text) describes, and the multipleOf
+// constraints it refers to (guided.hpp's json_schema_node builds their automata: the regex alone is no guided_regex
+// when there are any); `whitespace` is the regex of the whitespace allowed between tokens; `check_pattern`
+// (optional) throws zipage::error for a `pattern` the regex compiler refuses. Throws zipage::error for text that is
+// not JSON, an unsupported keyword (naming it and its JSON pointer), a recursive $ref, a malformed keyword, or a
+// regex past json_schema_max_regex_bytes.
+[[nodiscard]] inline json_schema_compiled json_schema_regex(
+    std::string_view schema_text, const std::string& whitespace = "[ ]?",
+    std::function<void(const std::string&)> check_pattern = {}) {
   json_schema_detail::schema root;
   try {
     root = json_schema_detail::schema::parse(schema_text);
@@ -420,7 +474,8 @@ class compiler {
     fail("the schema is not JSON (", e.what(), ")");
   }
   json_schema_detail::compiler c(root, "(?:" + whitespace + ")", std::move(check_pattern));
-  return c.value(root, "");
+  std::string regex = c.value(root, "");
+  return {std::move(regex), c.multiples()};
 }
 
 }  // namespace zipage

@@ -359,10 +359,7 @@ class compiler {
     check(schema.is_object() || schema.is_boolean(), path, " must be a JSON schema (an object or a boolean), got ",
           type_name(schema));
     try {
-      const auto check_pattern = [](const std::string& p) {
-        (void)guided_detail::regex_parser("(?:" + p + ")").parse();
-      };
-      return guided_detail::regex_parser(json_schema_regex(schema.dump(), whitespace, check_pattern)).parse();
+      return guided_detail::json_schema_node(schema.dump(), whitespace);
     } catch (const error& e) {
       fail(path, ": ", e.what());
     }
