@@ -483,21 +483,42 @@ TEST_CASE("json schema compiler: minimum, maximum, exclusiveMinimum and exclusiv
   }
 }
 
+namespace {
+
+// A value counted in thousandths, written with `digits` fraction digits (0..3, padded): the random range and
+// multipleOf tests compare values as integers, independent of the compilers' digit-by-digit work.
+std::string spell_thousandths(long long thousandths, int digits) {
+  const bool neg = thousandths < 0;
+  const long long m = neg ? -thousandths : thousandths;
+  std::string out = (neg ? "-" : "") + std::to_string(m / 1000);
+  if (digits > 0) out += "." + std::to_string(1000 + m % 1000).substr(1, static_cast<std::size_t>(digits));
+  return out;
+}
+
+// Random bounds of a schema, in thousandths: what they admit, and the keywords that say it.
+struct thousandths_bounds {
+  bool integer = false, has_lo = false, has_hi = false, lo_ex = false, hi_ex = false;
+  long long lo = 0, hi = 0;
+  bool admits(long long t) const {
+    if (integer && t % 1000 != 0) return false;
+    if (has_lo && (lo_ex ? t <= lo : t < lo)) return false;
+    return !(has_hi && (hi_ex ? t >= hi : t > hi));
+  }
+  void put(nlohmann::json& schema) const {
+    auto as_json = [](long long t) { return nlohmann::json::parse(spell_thousandths(t, t % 1000 == 0 ? 0 : 3)); };
+    if (has_lo) schema[lo_ex ? "exclusiveMinimum" : "minimum"] = as_json(lo);
+    if (has_hi) schema[hi_ex ? "exclusiveMaximum" : "maximum"] = as_json(hi);
+  }
+};
+
+}  // namespace
+
 TEST_CASE("json schema compiler: random ranges against exact arithmetic") {
   // Bounds and candidates with at most 3 fraction digits, compared as integers of thousandths (independent of the
   // compiler's digit-by-digit comparison). A bounded number's spellings: no exponent, no sign on zero.
   std::mt19937 rng(1234);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  auto spell = [](long long thousandths, int digits) {  // digits: fraction digits written (0..3, padded)
-    const bool neg = thousandths < 0;
-    const long long m = neg ? -thousandths : thousandths;
-    std::string out = (neg ? "-" : "") + std::to_string(m / 1000);
-    if (digits > 0) {
-      std::string f = std::to_string(1000 + m % 1000).substr(1, static_cast<std::size_t>(digits));
-      out += "." + f;
-    }
-    return out;
-  };
+  const auto spell = spell_thousandths;
   auto random_value = [&](bool integer) {
     const long long whole = pick(0, 3) == 0 ? pick(-2000, 2000) : pick(-30, 30);
     return whole * 1000 + (integer ? 0 : pick(0, 3) == 0 ? 0 : pick(-999, 999));
@@ -509,15 +530,9 @@ TEST_CASE("json schema compiler: random ranges against exact arithmetic") {
     const long long lo = random_value(pick(0, 1) == 0), hi = lo + (pick(0, 1) ? random_value(false) : pick(0, 3000));
     const bool lo_ex = pick(0, 1) == 1, hi_ex = pick(0, 1) == 1;
     nlohmann::json s = {{"type", integer ? "integer" : "number"}};
-    auto as_json = [&](long long t) { return nlohmann::json::parse(spell(t, t % 1000 == 0 ? 0 : 3)); };
-    if (has_lo) s[lo_ex ? "exclusiveMinimum" : "minimum"] = as_json(lo);
-    if (has_hi) s[hi_ex ? "exclusiveMaximum" : "maximum"] = as_json(hi);
-    auto inside = [&](long long t) {
-      if (integer && t % 1000 != 0) return false;
-      if (has_lo && (lo_ex ? t <= lo : t < lo)) return false;
-      if (has_hi && (hi_ex ? t >= hi : t > hi)) return false;
-      return true;
-    };
+    const thousandths_bounds bounds{integer, has_lo, has_hi, lo_ex, hi_ex, lo, hi};
+    bounds.put(s);
+    auto inside = [&](long long t) { return bounds.admits(t); };
     const std::string schema = s.dump();
     CAPTURE(schema);
     std::optional<byte_dfa> g;
@@ -618,13 +633,7 @@ TEST_CASE("json schema compiler: random multipleOf against exact arithmetic") {
   // values with up to 4 fraction digits checked, all values counted in thousandths.
   std::mt19937 rng(2468);
   auto pick = [&](long long lo, long long hi) { return std::uniform_int_distribution<long long>(lo, hi)(rng); };
-  auto spell = [](long long thousandths, int digits) {  // as in the random ranges' test
-    const bool neg = thousandths < 0;
-    const long long m = neg ? -thousandths : thousandths;
-    std::string out = (neg ? "-" : "") + std::to_string(m / 1000);
-    if (digits > 0) out += "." + std::to_string(1000 + m % 1000).substr(1, static_cast<std::size_t>(digits));
-    return out;
-  };
+  const auto spell = spell_thousandths;
   int checked = 0, refused = 0;
   for (int round = 0; round < 160; ++round) {
     const bool integer = round % 2 == 0;
@@ -644,18 +653,12 @@ TEST_CASE("json schema compiler: random multipleOf against exact arithmetic") {
       lo = pick(-30000, 30000);
       hi = lo + pick(0, 40000);
     }
-    auto as_json = [&](long long t) { return nlohmann::json::parse(spell(t, t % 1000 == 0 ? 0 : 3)); };
-    if (has_lo) s[lo_ex ? "exclusiveMinimum" : "minimum"] = as_json(lo);
-    if (has_hi) s[hi_ex ? "exclusiveMaximum" : "maximum"] = as_json(hi);
+    const thousandths_bounds bounds{integer, has_lo, has_hi, lo_ex, hi_ex, lo, hi};
+    bounds.put(s);
     long long ten_q = 1;
     for (int i = 0; i < q; ++i) ten_q *= 10;
     auto multiple = [&](long long t) { return (t * ten_q) % (p * 1000) == 0; };
-    auto inside = [&](long long t) {
-      if (integer && t % 1000 != 0) return false;
-      if (has_lo && (lo_ex ? t <= lo : t < lo)) return false;
-      if (has_hi && (hi_ex ? t >= hi : t > hi)) return false;
-      return multiple(t);
-    };
+    auto inside = [&](long long t) { return bounds.admits(t) && multiple(t); };
     const std::string schema = s.dump();
     CAPTURE(schema);
     std::optional<byte_dfa> g;
