@@ -7,7 +7,7 @@
 // from L2. Counters: KV bytes read per second (K and V of every attended token, read once) and its
 // fraction of the device-to-device copy bandwidth (cudaMemcpy of 2 GiB, bytes read + written),
 // measured first in the same program, and of a read-only streaming kernel's bandwidth (8 GiB). Prefill cases report TFLOP/s (causal: 4 * q_heads * head_dim
-// flops per (query, key) pair attended). decode_fp8 cases read an FP8 KV cache (E4M3 codes + one fp32 scale
+// flops per (query, key) pair attended). decode_fp8 cases read an FP8 KV cache (E4M3 codes + one bf16 scale
 // per token and KV head, docs/fp8.md); their KV bytes count codes and scales, and the summary gives the
 // speed-up over the same bf16 case.
 // Energy (NVML, when the driver has it): the read-only stream's pJ per byte is printed at the start; the
@@ -65,8 +65,8 @@ struct kv_pool {
   void* k = nullptr;
   void* v = nullptr;
   std::size_t bytes_per_side = 0;
-  float* k_scale = nullptr;  // FP8 cases: one scale per (token, KV head) of the pool read as E4M3 codes
-  float* v_scale = nullptr;
+  std::uint16_t* k_scale = nullptr;  // FP8 cases: one bf16 scale per (token, KV head) of the pool read as codes
+  std::uint16_t* v_scale = nullptr;
 } g_pool;
 
 
@@ -231,7 +231,7 @@ void bm_decode(benchmark::State& state, std::vector<int> lens, int qh, int kvh, 
   for (int l : lens) indptr.push_back(indptr.back() + (l + bs - 1) / bs);
   const std::size_t case_blocks = static_cast<std::size_t>(indptr.back());
   double kv_bytes = 0;
-  for (int l : lens) kv_bytes += 2.0 * l * (token_bytes + (fp8 ? std::size_t(kvh) * 4 : 0));
+  for (int l : lens) kv_bytes += 2.0 * l * (token_bytes + (fp8 ? std::size_t(kvh) * 2 : 0));  // (+ bf16 scales)
   const std::size_t pool_blocks = g_pool.bytes_per_side / (token_bytes * bs);
   if (case_blocks > pool_blocks) {
     state.SkipWithError("KV does not fit the pool");
@@ -401,7 +401,7 @@ void print_summary() {
       std::printf("| %d | %s | %d/%d | %d | %d | %.1f | %.0f | %.1f%% | %.1f%% |\n", r.batch, ctx_name(r.ctx).c_str(), r.qh, r.kvh, r.bs, r.splits, r.seconds * 1e6,
                   r.bytes / r.seconds / 1e9, 100.0 * r.bytes / r.seconds / g_copy_bytes_per_s,
                   100.0 * r.bytes / r.seconds / g_read_bytes_per_s);
-  std::printf("\n## decode, FP8 KV (E4M3 codes + per token-head fp32 scales; KV bytes count both)\n\n");
+  std::printf("\n## decode, FP8 KV (E4M3 codes + per token-head bf16 scales; KV bytes count both)\n\n");
   std::printf("| batch | context | q/kv heads | block | splits | time (us) | KV GB/s | of copy bw | bf16 time (us) | speed-up |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& [key, r] : g_rows) {
@@ -486,10 +486,10 @@ int main(int argc, char** argv) {
     // FP8 cases read the pool's bytes as E4M3 codes (random bits; NaN codes do not change the timing) with
     // one scale per (token, KV head): bytes_per_side / head_dim scales cover every token of the pool.
     {
-      const std::size_t scale_bytes = g_pool.bytes_per_side / kHeadDim * sizeof(float);
+      const std::size_t scale_bytes = g_pool.bytes_per_side / kHeadDim * 2;  // a bf16 each
       CK(cudaMalloc(&g_pool.k_scale, scale_bytes));
       CK(cudaMalloc(&g_pool.v_scale, scale_bytes));
-      CK(cudaMemset(g_pool.k_scale, 0x3c, scale_bytes));  // 0x3c3c3c3c ~ 0.0115
+      CK(cudaMemset(g_pool.k_scale, 0x3c, scale_bytes));  // bf16 0x3c3c ~ 0.0115
       CK(cudaMemset(g_pool.v_scale, 0x3c, scale_bytes));
     }
     std::printf("read-only stream: %.1f GB/s (8 GiB, 16-byte loads, median of 15)\n", g_read_bytes_per_s / 1e9);

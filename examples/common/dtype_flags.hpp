@@ -24,7 +24,7 @@ inline CLI::Option* add_kv_cache_dtype_flag(CLI::App& app, std::string& value, c
   return app
       .add_option("--kv-cache-dtype", value,
                   prefix + "KV cache storage: auto (" + auto_means +
-                      ") or fp8 / fp8_e4m3 (E4M3 codes with per token-head fp32 scales; docs/fp8.md)")
+                      ") or fp8 / fp8_e4m3 (E4M3 codes with per token-head bf16 scales; docs/fp8.md)")
       ->check(CLI::IsMember(flag_values(zipage::kv_cache_dtype_names)));
 }
 

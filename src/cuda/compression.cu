@@ -91,6 +91,8 @@ compress_args make_args(const compress_params& p, void* workspace, std::size_t w
   a.k = static_cast<detail::bf16*>(p.kv.k_cache);
   a.v = static_cast<detail::bf16*>(p.kv.v_cache);
   check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "compress: FP8 needs both k_scale and v_scale");
+  check(!p.kv.fp8() || p.kv.fp8_scale_words(), "compress: FP8 scales need block_size x num_kv_heads even and "
+        "4-byte aligned scale arrays (got block_size ", p.kv.block_size, ", ", p.kv.num_kv_heads, " KV heads)");
   if (p.kv.k_scale != nullptr) {
     a.k8 = static_cast<std::uint8_t*>(p.kv.k_cache);
     a.v8 = static_cast<std::uint8_t*>(p.kv.v_cache);

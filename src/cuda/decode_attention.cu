@@ -31,6 +31,9 @@ void validate(const decode_params& p) {
   check(p.num_seqs >= 0 && p.num_seqs <= 65535, "paged_decode_attention: ", p.num_seqs, " sequences (at most 65535)");
   check(p.max_kv_len >= 0, "paged_decode_attention: negative max_kv_len");
   check((p.kv.k_scale == nullptr) == (p.kv.v_scale == nullptr), "paged_decode_attention: FP8 needs both k_scale and v_scale");
+  check(!p.kv.fp8() || p.kv.fp8_scale_words(), "paged_decode_attention: FP8 scales need block_size x num_kv_heads "
+        "even and 4-byte aligned scale arrays (got block_size ", p.kv.block_size, ", ", p.kv.num_kv_heads,
+        " KV heads)");
 }
 
 void validate_fp8_copy(const decode_params& p, const decode_plan& plan) {

@@ -14,15 +14,17 @@ namespace zipage::cuda {
 bool decode_swapped_supported(const decode_params& p) {
   const int kvh = p.kv.num_kv_heads;
   const int bs = p.kv.block_size;
-  return p.kv.k_scale != nullptr && p.kv.v_scale != nullptr && p.kv.head_dim == 128 && kvh > 0 && p.num_q_heads > 0 &&
+  return p.kv.k_scale != nullptr && p.kv.v_scale != nullptr && p.kv.fp8_scale_words() && p.kv.head_dim == 128 &&
+         kvh > 0 && p.num_q_heads > 0 &&
          p.num_q_heads % kvh == 0 && p.num_q_heads / kvh <= 8 && bs >= 2 && (bs & (bs - 1)) == 0 &&
          p.num_seqs >= 0 && p.num_seqs <= 65535 && kvh <= 65535;
 }
 
 void paged_decode_attention_swapped(const decode_params& p, cuda_stream stream, int stages, fp8_decode_kernel kernel) {
-  check(decode_swapped_supported(p), "paged_decode_attention_swapped: needs FP8 K/V (k_scale and v_scale), head_dim "
-        "128 (got ", p.kv.head_dim, "), at most 8 query heads per KV head (got ", p.num_q_heads, " / ",
-        p.kv.num_kv_heads, ") and a power-of-two block size (got ", p.kv.block_size, ")");
+  check(decode_swapped_supported(p), "paged_decode_attention_swapped: needs FP8 K/V (k_scale and v_scale, "
+        "paged_kv_view::fp8_scale_words), head_dim 128 (got ", p.kv.head_dim, "), at most 8 query heads per KV head "
+        "(got ", p.num_q_heads, " / ", p.kv.num_kv_heads, ") and a power-of-two block size (got ", p.kv.block_size,
+        ")");
   check(stages == 0 || stages == 3 || stages == 4, "paged_decode_attention_swapped: stages ", stages,
         " (3, 4, or 0 for the default 3)");
   check(is_swapped(kernel), "paged_decode_attention_swapped: kernel ", to_string(kernel),

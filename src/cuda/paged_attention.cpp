@@ -34,8 +34,11 @@ prefill_params as_prefill_params(const attention_params& p) {
 
 attention_kernel select_attention_kernel(cuda_dtype t, const attention_params& p, kernel_variant v) {
   const int d = p.kv.head_dim;
+  // (FP8: the tuned kernels gather the 2-byte scales as 4-byte words, paged_kv_view::fp8_scale_words; cuda_backend's
+  // pools always allow it, a hand-made view may not.)
   const bool tuned = v == kernel_variant::tuned && t == cuda_dtype::bf16 && (d == 64 || d == 128) &&
-                     p.kv.block_size >= 2 && power_of_two(p.kv.block_size) && aligned16(p.q) && aligned16(p.out);
+                     p.kv.block_size >= 2 && power_of_two(p.kv.block_size) && aligned16(p.q) && aligned16(p.out) &&
+                     (!p.kv.fp8() || p.kv.fp8_scale_words());
   if (!tuned || p.kv.num_kv_heads <= 0) return attention_kernel::reference;
   if (p.one_token_per_seq && p.num_seqs <= 65535) return attention_kernel::tuned_decode;
   if (p.num_q_heads / p.kv.num_kv_heads <= 64) return attention_kernel::tuned_prefill;

@@ -52,6 +52,8 @@ void paged_prefill_attention(const prefill_params& p, cuda_stream stream) {
   a.v = static_cast<const detail::bf16*>(p.kv.v_cache);
   const bool fp8 = p.kv.k_scale != nullptr;
   check(fp8 == (p.kv.v_scale != nullptr), "paged_prefill_attention: FP8 needs both k_scale and v_scale");
+  check(!fp8 || p.kv.fp8_scale_words(), "paged_prefill_attention: FP8 scales need block_size x num_kv_heads even "
+        "and 4-byte aligned scale arrays (got block_size ", p.kv.block_size, ", ", p.kv.num_kv_heads, " KV heads)");
   a.k8 = static_cast<const std::uint8_t*>(p.kv.k_cache);
   a.v8 = static_cast<const std::uint8_t*>(p.kv.v_cache);
   a.k_scale = p.kv.k_scale;

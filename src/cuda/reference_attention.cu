@@ -19,11 +19,11 @@ constexpr int kAttnChunk = 64;
 constexpr int kAttnMaxDim = 512;
 
 // K/V element i of the head at `row` (= slot * kv_heads + head): bf16/fp32 as stored, or FP8
-// float(code) * scale.
+// float(code) * scale (the bf16 scale as an fp32, kv_scale_to_f32).
 template <class T, bool FP8>
-__device__ __forceinline__ float kv_at(const void* cache, const float* scales, std::int64_t row, int d, int i) {
+__device__ __forceinline__ float kv_at(const void* cache, const std::uint16_t* scales, std::int64_t row, int d, int i) {
   if constexpr (FP8)
-    return detail::e4m3_to_f32(static_cast<const std::uint8_t*>(cache)[row * d + i]) * scales[row];
+    return detail::e4m3_to_f32(static_cast<const std::uint8_t*>(cache)[row * d + i]) * kv_scale_to_f32(scales[row]);
   else
     return load_f(static_cast<const T*>(cache), row * d + i);
 }

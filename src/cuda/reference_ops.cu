@@ -169,12 +169,14 @@ __global__ void append_kv_kernel(T* kc, T* vc, const T* __restrict__ k, const T*
   }
 }
 
-// One warp per (token, KV head): amax over the head (NaN propagates, as cpu::fp8::head_scale), scale =
-// amax / 448, codes = e4m3(x / scale) (IEEE division), or zeros for scale 0.
+// One warp per (token, KV head): amax over the head (NaN propagates, as cpu::fp8::head_scale), the bf16 scale
+// kv_scale_from_amax(amax) = bf16_rne(amax / 448) (IEEE division; the NaN scale for a NaN), codes = e4m3(x / scale)
+// (IEEE division), or zeros for scale 0.
 template <class T>
-__global__ void append_kv_fp8_kernel(std::uint8_t* kc, std::uint8_t* vc, float* ks, float* vs, const T* __restrict__ k,
-                                     const T* __restrict__ v, const std::int64_t* __restrict__ slots, int num_tokens,
-                                     int heads, int d, std::int64_t k_stride, std::int64_t v_stride) {
+__global__ void append_kv_fp8_kernel(std::uint8_t* kc, std::uint8_t* vc, std::uint16_t* ks, std::uint16_t* vs,
+                                     const T* __restrict__ k, const T* __restrict__ v,
+                                     const std::int64_t* __restrict__ slots, int num_tokens, int heads, int d,
+                                     std::int64_t k_stride, std::int64_t v_stride) {
   const std::int64_t warp = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (warp >= std::int64_t{num_tokens} * heads) return;
@@ -195,11 +197,12 @@ __global__ void append_kv_fp8_kernel(std::uint8_t* kc, std::uint8_t* vc, float* 
     }
     amax = detail::warp_max(amax);
     nan = __any_sync(0xffffffffu, nan);
-    const float scale = nan ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, detail::kFp8E4m3Max);
+    const std::uint16_t sbits = nan ? kv_scale_nan : kv_scale_from_amax(amax);
+    const float scale = kv_scale_to_f32(sbits);
     std::uint8_t* codes = (side == 0 ? kc : vc) + dst;
     for (int i = lane; i < d; i += 32)
       codes[i] = detail::e4m3_code(load_f(x, i), scale);
-    if (lane == 0) (side == 0 ? ks : vs)[slot * heads + h] = scale;
+    if (lane == 0) (side == 0 ? ks : vs)[slot * heads + h] = sbits;
   }
 }
 
@@ -229,7 +232,7 @@ __global__ void gather_keys_kernel(const T* __restrict__ k, const std::int32_t* 
   }
 }
 
-__global__ void gather_keys_fp8_kernel(const std::uint8_t* __restrict__ k, const float* __restrict__ ks,
+__global__ void gather_keys_fp8_kernel(const std::uint8_t* __restrict__ k, const std::uint16_t* __restrict__ ks,
                                        const std::int32_t* __restrict__ pages, int block_size, int heads, int d,
                                        int kv_len, float* __restrict__ out) {
   const std::int64_t total = std::int64_t{heads} * kv_len * d;
@@ -239,7 +242,7 @@ __global__ void gather_keys_fp8_kernel(const std::uint8_t* __restrict__ k, const
     const int j = static_cast<int>(hj % kv_len);
     const int h = static_cast<int>(hj / kv_len);
     const std::int64_t slot = std::int64_t{pages[j / block_size]} * block_size + j % block_size;
-    out[i] = detail::e4m3_to_f32(k[(slot * heads + h) * d + c]) * ks[slot * heads + h];
+    out[i] = detail::e4m3_to_f32(k[(slot * heads + h) * d + c]) * kv_scale_to_f32(ks[slot * heads + h]);
   }
 }
 
@@ -265,17 +268,19 @@ __global__ void from_f32_kernel(const float* in, T* out, std::int64_t n) {
 }
 
 // ---- compaction: one CTA per (head, layer); kept tokens move front to back in chunks, every read of
-// a chunk before any write of it (a kept token's source slot is never before its destination).
+// a chunk before any write of it (a kept token's source slot is never before its destination). Rows move as
+// `Unit`s: 4-byte words, or 2-byte units for 2-byte rows (an FP8 cache's bf16 scales).
 constexpr int kCompactThreads = 256;
 constexpr int kCompactRegs = 8;
 
+template <class Unit>
 __global__ void __launch_bounds__(kCompactThreads) compaction_kernel(compaction_params p, int row_words) {
   const int h = blockIdx.x;
   const int l = blockIdx.y;
   const std::int64_t eb = p.element_bytes > 0 ? p.element_bytes : static_cast<std::int64_t>(dtype_bytes(p.dtype));
-  const std::int64_t layer_words = p.layer_elements * eb / 4;
-  auto* k = static_cast<std::uint32_t*>(p.kv.k_cache) + l * layer_words;
-  auto* v = static_cast<std::uint32_t*>(p.kv.v_cache) + l * layer_words;
+  const std::int64_t layer_words = p.layer_elements * eb / static_cast<std::int64_t>(sizeof(Unit));
+  auto* k = static_cast<Unit*>(p.kv.k_cache) + l * layer_words;
+  auto* v = static_cast<Unit*>(p.kv.v_cache) + l * layer_words;
   const std::int32_t* kept = p.keep + (std::int64_t{l} * p.kv.num_kv_heads + h) * p.new_len;
   auto slot_of = [&](int j) {
     return std::int64_t{p.kv.page_indices[j / p.kv.block_size]} * p.kv.block_size + j % p.kv.block_size;
@@ -284,7 +289,7 @@ __global__ void __launch_bounds__(kCompactThreads) compaction_kernel(compaction_
   for (int c0 = 0; c0 < p.new_len; c0 += chunk) {
     const int n = min(chunk, p.new_len - c0);
     const int items = n * row_words;
-    std::uint32_t kr[kCompactRegs], vr[kCompactRegs];
+    Unit kr[kCompactRegs], vr[kCompactRegs];
 #pragma unroll
     for (int r = 0; r < kCompactRegs; ++r) {
       const int item = threadIdx.x + r * kCompactThreads;
@@ -516,7 +521,7 @@ void record_queries(cuda_dtype t, void* rows, const std::int32_t* token_row, con
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 
-void gather_keys(cuda_dtype t, const void* k_layer, const float* k_scale_layer, const std::int32_t* pages,
+void gather_keys(cuda_dtype t, const void* k_layer, const std::uint16_t* k_scale_layer, const std::int32_t* pages,
                  int block_size, int num_kv_heads, int head_dim, int kv_len, float* out, cuda_stream stream) {
   const std::int64_t total = std::int64_t{num_kv_heads} * kv_len * head_dim;
   if (total <= 0) return;
@@ -561,12 +566,16 @@ void apply_compaction(const compaction_params& p, cuda_stream stream) {
   if (p.new_len <= 0 || p.num_layers <= 0 || p.kv.num_kv_heads <= 0) return;
   const std::int64_t row_bytes =
       std::int64_t{p.kv.head_dim} * (p.element_bytes > 0 ? p.element_bytes : static_cast<std::int64_t>(dtype_bytes(p.dtype)));
-  check(row_bytes % 4 == 0, "apply_compaction: a head row of ", row_bytes, " bytes is not a multiple of 4");
-  const int row_words = static_cast<int>(row_bytes / 4);
+  // Rows of 2 bytes (FP8 scales: one bf16) move as one 2-byte unit; others as 4-byte words.
+  const bool halves = row_bytes == 2;
+  check(halves || row_bytes % 4 == 0, "apply_compaction: a head row of ", row_bytes,
+        " bytes is neither 2 nor a multiple of 4");
+  const int row_words = static_cast<int>(halves ? 1 : row_bytes / 4);
   check(row_words <= kCompactThreads * kCompactRegs, "apply_compaction: head_dim ", p.kv.head_dim, " is too large");
   check(p.num_layers < 65536, "apply_compaction: too many layers");
   const dim3 grid(static_cast<unsigned>(p.kv.num_kv_heads), static_cast<unsigned>(p.num_layers));
-  compaction_kernel<<<grid, kCompactThreads, 0, stream>>>(p, row_words);
+  if (halves) compaction_kernel<std::uint16_t><<<grid, kCompactThreads, 0, stream>>>(p, row_words);
+  else compaction_kernel<std::uint32_t><<<grid, kCompactThreads, 0, stream>>>(p, row_words);
   ZIPAGE_CUDA_CHECK_LAUNCH();
 }
 

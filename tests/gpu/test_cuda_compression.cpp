@@ -51,6 +51,7 @@
 #include "zipage/backend/cuda/compression.hpp"
 #include "zipage/compression/compressor.hpp"
 #include "zipage/core/fp8.hpp"
+#include "zipage/core/kv_scale.hpp"
 #include "zipage/cuda/device.hpp"
 #include "zipage/policy/policies.hpp"
 
@@ -79,9 +80,6 @@ template <class T>
 using dbuf = zipage::testing::device_buffer<T>;
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
-bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 void check(bool ok, const std::string& what) {
   ++g_checks;
@@ -220,18 +218,19 @@ void run_case(const case_spec& c) {
   // its bf16 copy replaced by the dequantised bf16(float(code) * scale), which is what the kernels score: the
   // bf16 reference below then holds for the FP8 run as is. Empty slots: E4M3 NaN codes, NaN scales.
   std::vector<std::uint8_t> k8, v8;
-  std::vector<float> ks, vs;
+  std::vector<std::uint16_t> ks, vs;  // bf16 scales
   if (c.fp8) {
     k8.assign(kv_elems, 0x7f);
     v8.assign(kv_elems, 0x7f);
-    ks.assign(kv_elems / static_cast<std::size_t>(c.d), kNaN);  // per (layer, slot, head), as the score cache
-    vs.assign(kv_elems / static_cast<std::size_t>(c.d), kNaN);  // (which recipes without history lack)
+    ks.assign(kv_elems / static_cast<std::size_t>(c.d), zipage::kv_scale_nan);  // per (layer, slot, head), as the
+    vs.assign(kv_elems / static_cast<std::size_t>(c.d), zipage::kv_scale_nan);  // score cache (which some recipes lack)
     std::vector<float> x(static_cast<std::size_t>(c.d));
-    auto quantise = [&](std::vector<std::uint16_t>& bf, std::vector<std::uint8_t>& codes, std::vector<float>& scales,
-                        std::size_t at, std::size_t scale_at) {
+    auto quantise = [&](std::vector<std::uint16_t>& bf, std::vector<std::uint8_t>& codes,
+                        std::vector<std::uint16_t>& scales, std::size_t at, std::size_t scale_at) {
       for (int i = 0; i < c.d; ++i) x[static_cast<std::size_t>(i)] = from_bf16(bf[at + i]);
-      const float scale = zipage::cpu::fp8::quantize_head(x.data(), c.d, codes.data() + at);
-      scales[scale_at] = scale;
+      const std::uint16_t b = zipage::cpu::fp8::quantize_head(x.data(), c.d, codes.data() + at);
+      scales[scale_at] = b;
+      const float scale = zipage::kv_scale_to_f32(b);
       for (int i = 0; i < c.d; ++i) bf[at + i] = to_bf16(zipage::fp8_e4m3_to_f32(codes[at + i]) * scale);
     };
     for (int l = 0; l < c.layers; ++l)
@@ -294,7 +293,8 @@ void run_case(const case_spec& c) {
   // ---- GPU.
   dbuf<std::uint16_t> dk(kb), dv(vb), dq(qb);
   dbuf<std::uint8_t> dk8(k8), dv8(v8);
-  dbuf<float> dsc(sc), dks(ks), dvs(vs);
+  dbuf<float> dsc(sc);
+  dbuf<std::uint16_t> dks(ks), dvs(vs);
   dbuf<std::int32_t> dindptr(indptr), dindices(indices), dlen(lens), dslot(slots);
   dbuf<std::uint8_t> dfirst(first);
   zc::compress_params p;
@@ -464,13 +464,14 @@ void run_case(const case_spec& c) {
   }
   std::size_t diff_k = 0, diff_v = 0, diff_s = 0;
   const std::vector<std::uint8_t> k8_after = dk8.get(), v8_after = dv8.get();
-  const std::vector<float> ks_after = dks.get(), vs_after = dvs.get();
+  const std::vector<std::uint16_t> ks_after = dks.get(), vs_after = dvs.get();
   for (std::size_t i = 0; i < kv_elems; ++i) {
     if (c.fp8) {
       // Codes and scales moved together: each element dequantises to the compacted reference (NaN in both
       // for slots never written).
-      auto deq = [&](const std::vector<std::uint8_t>& codes, const std::vector<float>& scales) {
-        return to_bf16(zipage::fp8_e4m3_to_f32(codes[i]) * scales[i / static_cast<std::size_t>(c.d)]);
+      auto deq = [&](const std::vector<std::uint8_t>& codes, const std::vector<std::uint16_t>& scales) {
+        const std::uint16_t b = scales[i / static_cast<std::size_t>(c.d)];
+        return to_bf16(zipage::fp8_e4m3_to_f32(codes[i]) * zipage::kv_scale_to_f32(b));
       };
       if (deq(k8_after, ks_after) != to_bf16(host.k[i])) ++diff_k;
       if (deq(v8_after, vs_after) != to_bf16(host.v[i])) ++diff_v;
@@ -496,7 +497,7 @@ void run_case(const case_spec& c) {
   CUDA_OK(cudaMemset(ws.p, 0xff, ws_bytes));
   zc::compress(p, ws.p, ws_bytes, nullptr);
   const bool same = dk.get() == k_after && dv.get() == v_after && dk8.get() == k8_after && dv8.get() == v8_after &&
-                    same_floats(dks.get(), ks_after) && same_floats(dvs.get(), vs_after);
+                    dks.get() == ks_after && dvs.get() == vs_after;
   const std::vector<float> s_again = dsc.get();
   const bool same_s = std::memcmp(s_again.data(), s_after.data(), sc_elems * 4) == 0;
   check(same && same_s, name + ": compress() = staged run, bitwise");

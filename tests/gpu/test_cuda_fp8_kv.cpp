@@ -112,8 +112,8 @@ void check_codes(const cuda_backend& b, const cuda_kv_storage& g, const cpu_fp8_
   for (const bool values : {false, true}) {
     CAPTURE(what);
     CAPTURE(values);
-    std::vector<std::uint8_t> codes;
-    std::vector<float> scales;
+    std::vector<std::uint8_t> codes;    // E4M3 codes
+    std::vector<std::uint16_t> scales;  // bf16 scales
     b.kv_fp8_to_host(g, values, codes, scales);
     const auto& want_codes = values ? c.v : c.k;
     const auto& want_scales = values ? c.v_scale : c.k_scale;
@@ -121,8 +121,7 @@ void check_codes(const cuda_backend& b, const cuda_kv_storage& g, const cpu_fp8_
     REQUIRE(scales.size() == want_scales.size());
     std::size_t bad_codes = 0, bad_scales = 0;
     for (std::size_t i = 0; i < codes.size(); ++i) bad_codes += codes[i] != want_codes[i];
-    for (std::size_t i = 0; i < scales.size(); ++i)
-      bad_scales += std::memcmp(&scales[i], &want_scales[i], sizeof(float)) != 0;
+    for (std::size_t i = 0; i < scales.size(); ++i) bad_scales += scales[i] != want_scales[i];
     CHECK(bad_codes == 0);
     CHECK(bad_scales == 0);
   }
@@ -635,9 +634,10 @@ TEST_CASE("fp8 kv engine: decode steps run through CUDA graphs (agreement with e
     MESSAGE("graphs ", graphs, ": ", k.graph_replays, " replays, ", k.graph_captures, " captures; ", eng.memory().describe());
     if (graphs) CHECK(k.graph_replays > 0);
     const auto& c = eng.config();
-    // Block bytes: codes (1 B) + 2 scales of 4 B per KV head and layer, + the fp32 score.
+    // Block bytes: codes (1 B) + 2 scales of 2 B per KV head and layer, + the fp32 score.
     CHECK(eng.memory().block_bytes ==
-          static_cast<std::size_t>(cfg.block_size) * (2 * c.num_layers * c.num_kv_heads * (c.head_dim + 4) + c.num_layers * c.num_kv_heads * 4));
+          static_cast<std::size_t>(cfg.block_size) *
+              (2 * c.num_layers * c.num_kv_heads * (c.head_dim + 2) + c.num_layers * c.num_kv_heads * 4));
   }
   std::size_t same = 0, prefix = 0;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
@@ -697,6 +697,21 @@ TEST_CASE("fp8 kv: head_dim not a multiple of 4 is refused with a clear error") 
   const auto b = fp8_backend();
   CHECK_THROWS_WITH_AS(b.allocate_kv(kv_cache_shape{.num_layers = 1, .num_blocks = 4, .block_size = 16, .num_kv_heads = 1, .head_dim = 6}),
                        doctest::Contains("head_dim % 4"), zipage::error);
+}
+
+TEST_CASE("fp8 kv: a block of scales that is not whole 4-byte words is refused with a clear error") {
+  const auto b = fp8_backend();
+  // 1 token x 1 KV head, 3 x 3: 2 or 18 scale bytes per block side (the kernels gather and move scales as 4-byte
+  // words). Any even product is taken, so every power-of-two block size >= 2 with any number of KV heads.
+  for (const int bs : {1, 3}) {
+    CAPTURE(bs);
+    const kv_cache_shape odd{.num_layers = 1, .num_blocks = 4, .block_size = bs, .num_kv_heads = bs, .head_dim = 128};
+    CHECK_THROWS_WITH_AS(b.allocate_kv(odd), doctest::Contains("block_size x num_kv_heads even"), zipage::error);
+  }
+  CHECK_NOTHROW((void)b.allocate_kv(kv_cache_shape{.num_layers = 1, .num_blocks = 4, .block_size = 2, .num_kv_heads = 1,
+                                                   .head_dim = 128}));
+  CHECK_NOTHROW((void)b.allocate_kv(kv_cache_shape{.num_layers = 1, .num_blocks = 3, .block_size = 1, .num_kv_heads = 2,
+                                                   .head_dim = 128}));
 }
 
 TEST_CASE("fp8 kv: a forced swapped decode kernel refuses a model it does not fit, naming the field") {

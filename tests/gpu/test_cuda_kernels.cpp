@@ -21,10 +21,12 @@
 
 #include "cuda_buffers.hpp"
 #include "zipage/backend/cpu/cpu_backend.hpp"
+#include "zipage/backend/cpu/fp8_kv.hpp"
 #include "zipage/backend/cuda/attention.hpp"
 #include "zipage/backend/cuda/fp8_gemm.hpp"
 #include "zipage/backend/cuda/ops.hpp"
 #include "zipage/core/fp8.hpp"
+#include "zipage/core/kv_scale.hpp"
 #include "zipage/cuda/device.hpp"
 
 namespace {
@@ -481,7 +483,7 @@ void test_append_kv(int kvh, int d, int bs, int tokens, std::int64_t k_stride_pa
 // the FP8 kernels compute with.
 struct fp8_cache {
   dbuf<std::uint8_t> k, v;
-  dbuf<float> k_scale, v_scale;
+  dbuf<std::uint16_t> k_scale, v_scale;  // bf16 scales (core/kv_scale.hpp)
   // Bytes that differ from another cache's, codes and scales.
   [[nodiscard]] std::size_t mismatches(const fp8_cache& o) const {
     return byte_mismatches(k, o.k) + byte_mismatches(v, o.v) + byte_mismatches(k_scale, o.k_scale) +
@@ -493,8 +495,8 @@ struct fp8_cache {
 fp8_cache append_fp8(std::size_t slots, int kvh, int d, const void* k, const void* v, std::int64_t k_stride,
                      const std::int64_t* slot_of, int tokens, zc::kernel_variant variant) {
   const std::size_t width = std::size_t(kvh) * d;
-  fp8_cache f{dbuf<std::uint8_t>(slots * width), dbuf<std::uint8_t>(slots * width), dbuf<float>(slots * kvh),
-              dbuf<float>(slots * kvh)};
+  fp8_cache f{dbuf<std::uint8_t>(slots * width), dbuf<std::uint8_t>(slots * width), dbuf<std::uint16_t>(slots * kvh),
+              dbuf<std::uint16_t>(slots * kvh)};
   f.k.poison(), f.v.poison(), f.k_scale.poison(), f.v_scale.poison();
   zc::append_kv_params p;
   p.kv.k_cache = f.k.p;
@@ -531,12 +533,12 @@ fp8_cache quantise_cache(paged_cache& c, const std::string& name) {
                       append_fp8(slots_n, c.kv_heads, c.head_dim, dk.p, dv.p, 0, dslots.p, tokens, kReference)};
   report_exact(name + " append_kv fp8 tuned == reference", out[0].mismatches(out[1]));
   const std::vector<std::uint8_t> kc = out[0].k.get(), vc = out[0].v.get();
-  const std::vector<float> ks = out[0].k_scale.get(), vs = out[0].v_scale.get();
+  const std::vector<std::uint16_t> ks = out[0].k_scale.get(), vs = out[0].v_scale.get();
   for (const std::int64_t slot : slots)
     for (std::size_t i = 0; i < row; ++i) {
       const std::size_t e = std::size_t(slot) * row + i, h = std::size_t(slot) * c.kv_heads + i / c.head_dim;
-      c.kf[e] = zipage::fp8_e4m3_to_f32(kc[e]) * ks[h];
-      c.vf[e] = zipage::fp8_e4m3_to_f32(vc[e]) * vs[h];
+      c.kf[e] = zipage::fp8_e4m3_to_f32(kc[e]) * zipage::kv_scale_to_f32(ks[h]);
+      c.vf[e] = zipage::fp8_e4m3_to_f32(vc[e]) * zipage::kv_scale_to_f32(vs[h]);
     }
   return std::move(out[0]);
 }
@@ -550,7 +552,7 @@ void check_swapped_append(const paged_cache& c, const fp8_cache& f, decode_setup
   std::vector<std::int64_t> slots(seqs, -1);
   std::vector<std::uint16_t> k(seqs * row), v(seqs * row);
   std::vector<std::uint8_t> kc = f.k.get(), vc = f.v.get();
-  std::vector<float> ks = f.k_scale.get(), vs = f.v_scale.get();
+  std::vector<std::uint16_t> ks = f.k_scale.get(), vs = f.v_scale.get();
   for (std::size_t s = 0; s < seqs; ++s) {
     if (c.kv_len[s] == 0) continue;
     const int t = c.kv_len[s] - 1;
@@ -561,8 +563,8 @@ void check_swapped_append(const paged_cache& c, const fp8_cache& f, decode_setup
     std::copy_n(c.v.begin() + slot * std::int64_t(row), row, v.begin() + std::int64_t(s * row));
     std::fill_n(kc.begin() + slot * std::int64_t(row), row, std::uint8_t{0xa5});
     std::fill_n(vc.begin() + slot * std::int64_t(row), row, std::uint8_t{0x5a});
-    std::fill_n(ks.begin() + slot * c.kv_heads, c.kv_heads, std::nanf(""));
-    std::fill_n(vs.begin() + slot * c.kv_heads, c.kv_heads, -1.0f);
+    std::fill_n(ks.begin() + slot * c.kv_heads, c.kv_heads, zipage::kv_scale_nan);
+    std::fill_n(vs.begin() + slot * c.kv_heads, c.kv_heads, std::uint16_t{0xbf80});  // -1
   }
   const dbuf<std::uint16_t> dk(k), dv(v);
   const dbuf<std::int64_t> dslots(slots);
@@ -579,7 +581,7 @@ void check_swapped_append(const paged_cache& c, const fp8_cache& f, decode_setup
     setup.out.poison();
     zc::paged_decode_attention_swapped(p, nullptr, 0, kernel);
     const std::vector<std::uint16_t> want = setup.out.get();
-    fp8_cache g{dbuf<std::uint8_t>(kc), dbuf<std::uint8_t>(vc), dbuf<float>(ks), dbuf<float>(vs)};
+    fp8_cache g{dbuf<std::uint8_t>(kc), dbuf<std::uint8_t>(vc), dbuf<std::uint16_t>(ks), dbuf<std::uint16_t>(vs)};
     read_from(g);
     p.append = {dk.p, dv.p, dslots.p, std::int64_t(row), std::int64_t(row)};
     setup.out.poison();
@@ -648,7 +650,9 @@ void test_decode_fp8_kv(int d, int qh, int kvh, int bs, std::vector<int> lens, s
 }
 
 // append_kv into an FP8 cache: the tuned kernel (bf16, head_dim 128) writes the reference kernel's bytes, including
-// heads that are all zero, hold a NaN or an infinity, saturate, or are subnormal in e4m3; padding tokens skipped.
+// heads that are all zero, hold a NaN or an infinity, have huge values, or are subnormal in e4m3; padding tokens
+// skipped, and heads whose bf16 scale rounds below amax / 448 (the largest value's quotient, above 448, saturates to
+// 448). Both write cpu::fp8::quantize_head's codes and bf16 scales (the CPU reference) bit for bit.
 void test_append_kv_fp8(int kvh, int tokens, std::int64_t k_stride_pad) {
   constexpr int d = 128;
   const int width = kvh * d, bs = 16;
@@ -663,12 +667,16 @@ void test_append_kv_fp8(int kvh, int tokens, std::int64_t k_stride_pad) {
   for (int t = 0; t < tokens; t += 5) {  // a special head per five tokens, K and V in turn
     const int h = t % kvh;
     std::uint16_t* x = (t / 5) % 2 ? head(v, width, t, h) : head(k, ks, t, h);
-    switch ((t / 10) % 5) {
+    switch ((t / 10) % 6) {
       case 0: std::fill_n(x, d, std::uint16_t{0}); break;                          // all zero: scale 0, codes 0
-      case 1: x[(t * 7) % d] = kBf16NaN; break;                                       // NaN: NaN scale
-      case 2: x[(t * 3) % d] = to_bf16(INFINITY); break;                              // inf: inf scale
+      case 1: x[(t * 7) % d] = kBf16NaN; break;                                       // NaN: NaN scale and codes
+      case 2: x[(t * 3) % d] = to_bf16(INFINITY); break;                              // inf: inf scale, codes 0 / NaN
       case 3: for (int i = 0; i < d; ++i) x[i] = to_bf16((i % 2 ? -1e30f : 1e30f) * (1 + i)); break;  // huge
-      case 4: for (int i = 0; i < d; ++i) x[i] = to_bf16(1e-38f * float(i % 9)); break;  // tiny, some zero
+      case 4: for (int i = 0; i < d; ++i) x[i] = to_bf16(1e-38f * float(i % 9)); break;  // tiny (subnormal scale)
+      case 5:  // amax 1: scale bf16(1 / 448) = 0x3b12 < 1 / 448, so 1 / scale = 448.9 saturates to 448
+        for (int i = 0; i < d; ++i) x[i] = to_bf16(float(i % 7) / 8.0f - 0.375f);
+        x[(t * 5) % d] = to_bf16(-1.0f);
+        break;
     }
   }
   std::vector<std::int64_t> all(slots_n);
@@ -684,6 +692,28 @@ void test_append_kv_fp8(int kvh, int tokens, std::int64_t k_stride_pad) {
   std::snprintf(name, sizeof name, "append_kv fp8 kv=%d D=%d tokens=%d k_stride=%lld: tuned == reference", kvh, d,
                 tokens, static_cast<long long>(ks));
   report_exact(name, tuned.mismatches(reference));
+  // The CPU reference on the same (bf16) values: codes and scales.
+  const std::vector<std::uint8_t> kc = tuned.k.get(), vc = tuned.v.get();
+  const std::vector<std::uint16_t> kb = tuned.k_scale.get(), vb = tuned.v_scale.get();
+  std::size_t cpu_mismatches = 0;
+  std::vector<float> x(d);
+  std::vector<std::uint8_t> codes(d);
+  for (int t = 0; t < tokens; ++t) {
+    const std::int64_t slot = slots[std::size_t(t)];
+    if (slot < 0) continue;
+    for (int h = 0; h < kvh; ++h)
+      for (int side = 0; side < 2; ++side) {
+        const std::uint16_t* src = side == 0 ? head(k, ks, t, h) : head(v, width, t, h);
+        for (int i = 0; i < d; ++i) x[std::size_t(i)] = from_bf16(src[i]);
+        const std::uint16_t b = zipage::cpu::fp8::quantize_head(x.data(), d, codes.data());
+        const std::size_t at = std::size_t(slot) * kvh + std::size_t(h);
+        cpu_mismatches += (side == 0 ? kb : vb)[at] != b;
+        const auto& cache = side == 0 ? kc : vc;
+        cpu_mismatches += !std::equal(codes.begin(), codes.end(), cache.begin() + std::ptrdiff_t(at * d));
+      }
+  }
+  std::snprintf(name, sizeof name, "append_kv fp8 kv=%d D=%d tokens=%d: == cpu::fp8::quantize_head", kvh, d, tokens);
+  report_exact(name, cpu_mismatches);
 }
 
 // x and out start `offset` elements into their buffers, the weight `w_offset` elements into its own:
@@ -1204,21 +1234,56 @@ int main() {
     expect_throw("the swapped-operand decode rejects an append stride that is not whole 8-element vectors", [] {
       zc::decode_params p;
       p.kv.head_dim = 128, p.num_q_heads = 32, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
-      p.kv.k_scale = p.kv.v_scale = reinterpret_cast<float*>(16);
+      p.kv.k_scale = p.kv.v_scale = reinterpret_cast<std::uint16_t*>(16);
       p.append = {reinterpret_cast<void*>(256), reinterpret_cast<void*>(256),
                   reinterpret_cast<std::int64_t*>(256), 1028, 1024};
       zc::paged_decode_attention_swapped(p, nullptr);
     });
+    // 2-byte scales are gathered as the 4-byte words holding them (paged_kv_view::fp8_scale_words: block_size x
+    // num_kv_heads even, 4-byte aligned arrays). Every power-of-two block size >= 2 gives an even product, so a
+    // block of 2 tokens with 1 KV head is taken; a scale array 2 bytes off 4-byte alignment (as a bf16 array may be)
+    // goes to the reference kernel, and the tuned kernels refuse it when called directly.
+    {
+      zc::decode_params p;
+      p.kv.head_dim = 128, p.num_q_heads = 8, p.kv.num_kv_heads = 1, p.kv.block_size = 2, p.num_seqs = 1;
+      p.kv.k_scale = p.kv.v_scale = reinterpret_cast<std::uint16_t*>(16);
+      expect("FP8 scales of block 2 x 1 KV head are whole words", p.kv.fp8_scale_words());
+      expect("... so the swapped decode takes them", zc::decode_swapped_supported(p));
+      zc::attention_params ap;
+      ap.kv = p.kv;
+      ap.num_q_heads = 8, ap.num_seqs = 1, ap.num_tokens = 1, ap.one_token_per_seq = true;
+      ap.q = ap.out = reinterpret_cast<void*>(256);
+      expect("... and paged_attention runs the tuned decode",
+             zc::select_attention_kernel(cuda_dtype::bf16, ap, kTuned) == zc::attention_kernel::tuned_decode);
+      zc::paged_kv_view odd = p.kv;
+      odd.block_size = 1;
+      expect("block 1 x 1 KV head: not whole words", !odd.fp8_scale_words());
+      p.kv.v_scale = reinterpret_cast<std::uint16_t*>(18);
+      expect("a scale array 2 bytes off 4-byte alignment: not whole words", !p.kv.fp8_scale_words());
+      expect("... so the swapped decode does not take it", !zc::decode_swapped_supported(p));
+      ap.kv = p.kv;
+      expect("... and paged_attention runs the reference kernel",
+             zc::select_attention_kernel(cuda_dtype::bf16, ap, kTuned) == zc::attention_kernel::reference);
+      expect_throw("decode rejects a scale array off 4-byte alignment", [p] {
+        zc::paged_decode_attention(p, zc::plan_decode(p, 1), nullptr, 0, nullptr);
+      });
+      expect_throw("prefill rejects a scale array off 4-byte alignment", [&p] {
+        zc::prefill_params q;
+        q.kv = p.kv;
+        q.num_q_heads = 8, q.num_seqs = 1, q.num_tokens = 1, q.scale = 0.125f;  // (reaching the scales' check)
+        zc::paged_prefill_attention(q, nullptr);
+      });
+    }
     expect_throw("the swapped-operand decode rejects 2 stages", [] {
       zc::decode_params p;
       p.kv.head_dim = 128, p.num_q_heads = 32, p.kv.num_kv_heads = 8, p.kv.block_size = 16, p.num_seqs = 1;
-      p.kv.k_scale = p.kv.v_scale = reinterpret_cast<float*>(16);
+      p.kv.k_scale = p.kv.v_scale = reinterpret_cast<std::uint16_t*>(16);
       zc::paged_decode_attention_swapped(p, nullptr, 2);
     });
     expect_throw("the swapped-operand decode rejects a group of 16 heads", [] {
       zc::decode_params p;
       p.kv.head_dim = 128, p.num_q_heads = 16, p.kv.num_kv_heads = 1, p.kv.block_size = 16, p.num_seqs = 1;
-      p.kv.k_scale = p.kv.v_scale = reinterpret_cast<float*>(16);
+      p.kv.k_scale = p.kv.v_scale = reinterpret_cast<std::uint16_t*>(16);
       zc::paged_decode_attention_swapped(p, nullptr);
     });
     // The automatic FP8 decode kernel on this device's plan and occupancy: the compressed steady state of Qwen3-8B
@@ -1230,7 +1295,7 @@ int main() {
         zc::decode_params p;
         p.kv.head_dim = 128, p.num_q_heads = qh, p.kv.num_kv_heads = kvh, p.kv.block_size = 256, p.num_seqs = seqs;
         p.max_kv_len = len;
-        if (fp8) p.kv.k_scale = p.kv.v_scale = reinterpret_cast<float*>(16);
+        if (fp8) p.kv.k_scale = p.kv.v_scale = reinterpret_cast<std::uint16_t*>(16);
         return p;
       };
       auto runs_swapped = [&](int seqs, int len, int qh, int kvh, bool fp8) {
@@ -1280,7 +1345,7 @@ int main() {
       zc::prefill_params p;
       p.kv.head_dim = 128, p.num_q_heads = 8, p.kv.num_kv_heads = 2, p.kv.block_size = 16, p.num_seqs = 1;
       p.num_tokens = 1;
-      p.kv.k_scale = p.kv.v_scale = reinterpret_cast<float*>(16);
+      p.kv.k_scale = p.kv.v_scale = reinterpret_cast<std::uint16_t*>(16);
       p.kernel = zc::prefill_kernel::wgmma;
       zc::paged_prefill_attention(p, nullptr);
     });
@@ -1294,7 +1359,7 @@ int main() {
     });
     expect_throw("append_kv rejects an FP8 cache with one scale array", [] {
       zc::append_kv_params p;
-      p.kv.num_kv_heads = 1, p.kv.head_dim = 64, p.kv.k_scale = reinterpret_cast<float*>(16);
+      p.kv.num_kv_heads = 1, p.kv.head_dim = 64, p.kv.k_scale = reinterpret_cast<std::uint16_t*>(16);
       zc::append_kv(cuda_dtype::bf16, p, kTuned, nullptr);
     });
     CUDA_OK(cudaDeviceSynchronize());

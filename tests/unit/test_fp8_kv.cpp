@@ -5,8 +5,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <span>
@@ -91,42 +93,188 @@ float max_abs_diff(const cpu::matrix& a, const cpu::matrix& b) { return (a - b).
 
 }  // namespace
 
-TEST_CASE("fp8 kv: a head vector is quantised per (token, head) with scale amax / 448") {
-  std::mt19937 rng(3);
-  for (const int d : {8, 64, 128}) {
-    const cpu::matrix x = random_matrix(rng, 1, d, 3.0f);
-    std::vector<std::uint8_t> codes(static_cast<std::size_t>(d));
-    const float scale = cpu::fp8::quantize_head(x.data(), d, codes.data());
-    CHECK(scale == x.cwiseAbs().maxCoeff() / 448.0f);
-    std::vector<float> back(static_cast<std::size_t>(d));
-    cpu::fp8::dequantize_head(codes.data(), scale, d, back.data());
-    bool hits_max = false;
-    for (int i = 0; i < d; ++i) {
-      const float xi = x(0, i), yi = back[static_cast<std::size_t>(i)];
-      CHECK(codes[static_cast<std::size_t>(i)] == f32_to_fp8_e4m3(xi / scale));
-      hits_max |= (codes[static_cast<std::size_t>(i)] & 0x7f) == 0x7e;
-      // E4M3 keeps 3 mantissa bits: half an ulp is at most 1/16 of the value in the normal range, and at
-      // most 2^-10 x scale among the subnormals (|x| / scale < 2^-6).
-      CHECK(std::abs(yi - xi) <= std::max(std::abs(xi) / 16.0f, scale * 0x1p-10f) * 1.0001f);
-    }
-    CHECK(hits_max);  // the largest magnitude maps to +-448
+namespace {
+
+// bf16_rne(r) computed independently of kv_scale_round's bit trick: the two bf16 neighbours of r (its top half, and
+// the next bf16 away from zero), the nearer one in exact (double) arithmetic, ties to the even bit pattern.
+std::uint16_t bf16_nearest(float r) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(r);
+  const auto lo = static_cast<std::uint16_t>(bits >> 16);
+  const auto hi = static_cast<std::uint16_t>(lo + 1);
+  const double dl = std::abs(double(r) - double(kv_scale_to_f32(lo)));
+  const double dh = std::abs(double(kv_scale_to_f32(hi)) - double(r));
+  if (dl != dh) return dl < dh ? lo : hi;
+  return (lo & 1u) == 0 ? lo : hi;
+}
+
+}  // namespace
+
+TEST_CASE("fp8 kv: the scale is a bf16, bf16_rne(amax / 448), decoded exactly") {
+  // Decoding: every bit pattern is the fp32 with those bits on top (NaN patterns stay NaN).
+  for (std::uint32_t b = 0; b <= 0xffffu; ++b) {
+    const auto s = static_cast<std::uint16_t>(b);
+    const float f = kv_scale_to_f32(s);
+    if ((b & 0x7fffu) > 0x7f80u) CHECK(std::isnan(f));
+    else if (std::bit_cast<std::uint32_t>(f) != b << 16) FAIL_CHECK("bf16 ", b, " decodes to ", f);
   }
-  // An all-zero head has scale 0 and zero codes; a NaN stays visible after dequantisation.
+  CHECK(kv_scale_to_f32(kv_scale_zero) == 0.0f);
+  CHECK(!std::signbit(kv_scale_to_f32(kv_scale_zero)));
+  CHECK(std::isnan(kv_scale_to_f32(kv_scale_nan)));
+  CHECK(kv_scale_to_f32(kv_scale_inf) == std::numeric_limits<float>::infinity());
+
+  // Specials, as the fp32 scale amax / 448 was: zero (either sign) -> 0, inf -> inf, any NaN -> the quiet NaN.
+  CHECK(kv_scale_from_amax(0.0f) == kv_scale_zero);
+  CHECK(kv_scale_from_amax(-0.0f) == kv_scale_zero);
+  CHECK(kv_scale_from_amax(std::numeric_limits<float>::infinity()) == kv_scale_inf);
+  CHECK(kv_scale_from_amax(std::numeric_limits<float>::quiet_NaN()) == kv_scale_nan);
+  CHECK(kv_scale_from_amax(std::bit_cast<float>(0x7f800001u)) == kv_scale_nan);  // a signalling NaN pattern
+  CHECK(kv_scale_from_amax(std::bit_cast<float>(0xffc00000u)) == kv_scale_nan);  // a negative NaN
+  // Finite amax: exactly bf16_rne(amax / 448) of the IEEE quotient, for every binade (subnormals included) and
+  // random bit patterns; a normal scale is within 2^-8 relative of the quotient.
+  std::vector<float> amaxes;
+  for (int k = -149; k <= 127; ++k) {
+    const float p = std::ldexp(1.0f, k);  // powers of two, subnormal ones included
+    amaxes.insert(amaxes.end(), {p, std::nextafter(p, 0.0f), std::nextafter(p, INFINITY)});
+    if (k <= 119) {  // 448 x 2^k (an exact bf16 scale 2^k) and its neighbours
+      const float b = 448.0f * p;
+      amaxes.insert(amaxes.end(), {b, std::nextafter(b, 0.0f), std::nextafter(b, INFINITY)});
+    }
+  }
+  amaxes.insert(amaxes.end(), {std::numeric_limits<float>::max(), std::numeric_limits<float>::min(),
+                               std::numeric_limits<float>::denorm_min(), 1e-30f, 1e-40f, 3.0f, 447.9f, 448.1f, 1e30f});
+  std::mt19937 rng(42);
+  for (int i = 0; i < 200000; ++i) {  // random finite positive bit patterns: every binade and mantissa
+    const float a = std::bit_cast<float>(std::uniform_int_distribution<std::uint32_t>(1u, 0x7f7fffffu)(rng));
+    amaxes.push_back(a);
+  }
+  int wrong = 0, below = 0, above = 0;
+  for (const float a : amaxes) {
+    if (!(a > 0.0f) || !std::isfinite(a)) continue;
+    const float r = a / 448.0f;
+    const std::uint16_t s = kv_scale_from_amax(a);
+    wrong += s != bf16_nearest(r);
+    wrong += kv_scale_from_amax(-a) != s;  // the sign is ignored
+    const float f = kv_scale_to_f32(s);
+    if (r >= std::numeric_limits<float>::min()) {  // a normal quotient: a normal bf16, 8 significant bits
+      wrong += !(std::abs(double(f) - double(r)) <= double(r) * 0x1p-8);
+      below += f < r;
+      above += f > r;
+    }
+  }
+  CHECK(wrong == 0);
+  CHECK(below > 1000);  // both roundings occur: a scale below amax / 448 saturates the largest value's quotient
+  CHECK(above > 1000);
+  CHECK(kv_scale_from_amax(448.0f) == 0x3f80);  // scale 1
+  CHECK(kv_scale_from_amax(1.0f) == 0x3b12);    // 1.140625 x 2^-9, 0.2% below 1 / 448
+  CHECK(kv_scale_from_amax(std::numeric_limits<float>::max()) == 0x7b12);  // finite
+  // Underflow: the smallest bf16 subnormal is 2^-133; a quotient at or below half of it rounds to 0 (a tie goes to
+  // the even 0), above it to 2^-133.
+  CHECK(kv_scale_from_amax(448.0f * 0x1p-133f) == 0x0001);
+  CHECK(kv_scale_from_amax(448.0f * 0x1p-134f) == kv_scale_zero);
+  CHECK(kv_scale_from_amax(448.0f * 0x1p-134f * 1.001f) == 0x0001);
+  CHECK(kv_scale_from_amax(std::numeric_limits<float>::denorm_min()) == kv_scale_zero);
+  CHECK(kv_scale_from_amax(1e-40f) == kv_scale_zero);
+}
+
+TEST_CASE("fp8 kv: a head vector is quantised per (token, head) with scale bf16_rne(amax / 448)") {
+  std::mt19937 rng(3);
+  int saturated = 0;
+  for (const int d : {8, 64, 128})
+    for (const float sigma : {3.0f, 1e-3f, 1e-30f, 1e20f})
+      for (int rep = 0; rep < 8; ++rep) {
+        CAPTURE(d);
+        CAPTURE(sigma);
+        const cpu::matrix x = random_matrix(rng, 1, d, sigma);
+        std::vector<std::uint8_t> codes(static_cast<std::size_t>(d));
+        const std::uint16_t s = cpu::fp8::quantize_head(x.data(), d, codes.data());
+        const float amax = x.cwiseAbs().maxCoeff();
+        CHECK(s == kv_scale_from_amax(amax));
+        const float scale = kv_scale_to_f32(s);
+        CHECK(std::abs(scale - amax / 448.0f) <= amax / 448.0f * 0x1p-8f);
+        std::vector<float> back(static_cast<std::size_t>(d));
+        cpu::fp8::dequantize_head(codes.data(), s, d, back.data());
+        float top = 0.0f;
+        for (int i = 0; i < d; ++i) {
+          const float xi = x(0, i), yi = back[static_cast<std::size_t>(i)];
+          // The codes are those of x / s (IEEE division), the dequantised value x' = code * s.
+          CHECK(codes[static_cast<std::size_t>(i)] == f32_to_fp8_e4m3(xi / scale));
+          CHECK(yi == fp8_e4m3_to_f32(codes[static_cast<std::size_t>(i)]) * scale);
+          top = std::max(top, std::abs(fp8_e4m3_to_f32(codes[static_cast<std::size_t>(i)])));
+          // E4M3 keeps 3 mantissa bits: half an ulp is at most 1/16 of the value in the normal range, and at
+          // most 2^-10 x scale among the subnormals (|x| / scale < 2^-6); a saturated value loses at most 2^-8.
+          CHECK(std::abs(yi - xi) <= std::max(std::abs(xi) / 16.0f, scale * 0x1p-10f));
+        }
+        // The largest magnitude always gets code 448: amax / s is within [446.2, 449.8], and above 448 (then
+        // clamped by the saturating conversion) when s was rounded below amax / 448.
+        CHECK(top == 448.0f);
+        saturated += amax / scale > 448.0f;
+      }
+  CHECK(saturated > 0);
+  MESSAGE("heads whose largest value saturates (bf16 scale below amax / 448): ", saturated, " of 96");
+  // amax 1: s = 0x3b12 < 1 / 448, 1 / s = 448.88 is clamped to 448 (code 0x7e); 448 s = 0.99911 reads back.
+  std::vector<float> one{1.0f, -0.5f, 0.25f, 0.0f};
+  std::vector<std::uint8_t> codes(4);
+  CHECK(cpu::fp8::quantize_head(one.data(), 4, codes.data()) == 0x3b12);
+  CHECK(1.0f / kv_scale_to_f32(0x3b12) > 448.0f);
+  CHECK(codes[0] == 0x7e);
+  CHECK(codes[1] == (0x80 | f32_to_fp8_e4m3(0.5f / kv_scale_to_f32(0x3b12))));
+  // A head at 448 x 2^k maps its largest magnitude to 448 exactly, with scale 2^k.
+  std::vector<float> exact{448.0f * 0x1p-5f, -3.0f, 0.5f, 0.0f};
+  CHECK(cpu::fp8::quantize_head(exact.data(), 4, codes.data()) == 0x3d00);  // 2^-5
+  CHECK(codes[0] == 0x7e);
+  // An all-zero head has scale 0 and zero codes.
   std::vector<float> zeros(8, 0.0f);
-  std::vector<std::uint8_t> codes(8, 0x55);
-  CHECK(cpu::fp8::quantize_head(zeros.data(), 8, codes.data()) == 0.0f);
+  codes.assign(8, 0x55);
+  CHECK(cpu::fp8::quantize_head(zeros.data(), 8, codes.data()) == kv_scale_zero);
   CHECK(std::all_of(codes.begin(), codes.end(), [](std::uint8_t c) { return c == 0; }));
-  zeros[3] = NAN;
-  std::vector<float> back(8);
-  const float s = cpu::fp8::quantize_head(zeros.data(), 8, codes.data());
-  cpu::fp8::dequantize_head(codes.data(), s, 8, back.data());
-  CHECK(std::isnan(back[3]));
+  std::vector<float> back(8, 1.0f);
+  cpu::fp8::dequantize_head(codes.data(), kv_scale_zero, 8, back.data());
+  CHECK(std::all_of(back.begin(), back.end(), [](float y) { return y == 0.0f; }));
+  // A NaN: the NaN scale and NaN codes (0x7f); an infinity: the infinite scale, signed-zero codes for the finite
+  // values and a NaN code for the infinite one. Every dequantised value is NaN either way (0 x inf, code NaN), as
+  // the fp32 cache carried them into attention.
+  for (const float bad : {NAN, -NAN, INFINITY, -INFINITY}) {
+    CAPTURE(bad);
+    std::vector<float> x{1.0f, -2.0f, 0.0f, bad, 0.25f, 3.0f, -0.5f, 7.0f};
+    codes.assign(8, 0x55);
+    const std::uint16_t s = cpu::fp8::quantize_head(x.data(), 8, codes.data());
+    CHECK(s == (std::isnan(bad) ? kv_scale_nan : kv_scale_inf));
+    for (std::size_t i = 0; i < 8; ++i) {
+      if (std::isnan(bad) || i == 3) CHECK(codes[i] == fp8_e4m3_nan);
+      else CHECK(codes[i] == (std::signbit(x[i]) ? 0x80 : 0x00));
+    }
+    cpu::fp8::dequantize_head(codes.data(), s, 8, back.data());
+    CHECK(std::all_of(back.begin(), back.end(), [](float y) { return std::isnan(y); }));
+  }
+  // A head whose scale underflows: amax / 448 at most half the smallest bf16 (2^-133), i.e. amax below ~2.6e-38
+  // (here 1e-40, an fp32 subnormal): scale 0 and zero codes, as an fp32 scale that underflowed.
+  std::vector<float> tiny{1e-40f, -0x1p-149f, 0.0f, 5e-41f};
+  codes.assign(4, 0x55);
+  CHECK(cpu::fp8::quantize_head(tiny.data(), 4, codes.data()) == kv_scale_zero);
+  CHECK(std::all_of(codes.begin(), codes.end(), [](std::uint8_t c) { return c == 0; }));
+  // A head whose scale is a bf16 subnormal (amax 2^-122: amax / 448 = 4.57 x 2^-133, the bf16 subnormal grid's
+  // step, rounded to 5 x 2^-133): fewer significant bits, so a larger error (the largest value reads back 1.6%
+  // high), but the codes are still x / s and read back as code x s.
+  std::vector<float> sub{0x1p-122f, -0x1p-123f, 0x1p-135f, 0.0f};
+  codes.assign(4, 0x55);
+  const std::uint16_t ss = cpu::fp8::quantize_head(sub.data(), 4, codes.data());
+  CHECK(ss == 0x0005);
+  CHECK(ss == bf16_nearest(0x1p-122f / 448.0f));
+  back.assign(4, 1.0f);
+  cpu::fp8::dequantize_head(codes.data(), ss, 4, back.data());
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(codes[i] == f32_to_fp8_e4m3(sub[i] / kv_scale_to_f32(ss)));
+    CHECK(back[i] == fp8_e4m3_to_f32(codes[i]) * kv_scale_to_f32(ss));
+  }
+  CHECK(back[0] == 416.0f * 5.0f * 0x1p-133f);
 }
 
 TEST_CASE("fp8 kv: attention on the FP8 cache is attention on its dequantised values, within tolerance of fp32") {
   // Stated tolerance, for N(0, 1) queries, keys and values (head_dim 64 and 128, one prefill of 17 tokens
-  // over two sequences): max |out_fp8 - out_fp32| <= 0.2 and the relative RMS error <= 4.5%, i.e. 1.5x the
-  // measured max 0.110 / 0.118 and relative RMS 2.96% / 3.01% (E4M3's 3 mantissa bits: ~2.5% RMS per value).
+  // over two sequences): max |out_fp8 - out_fp32| <= 0.2 and the relative RMS error <= 4.5%, i.e. ~1.5x the
+  // measured max 0.101 / 0.107 and relative RMS 2.96% / 2.98% with bf16 scales (0.110 / 0.118 and 2.96% / 3.01%
+  // with the fp32 scales before them, 0.120 / 0.131 and 3.10% / 3.13% with the rejected E8M0 scales; E4M3's 3
+  // mantissa bits: ~2.5% RMS per value).
   for (const int d : {64, 128}) {
     CAPTURE(d);
     std::mt19937 rng(static_cast<unsigned>(d));
@@ -285,8 +433,8 @@ TEST_CASE("fp8 kv: copy-on-write and swap out / in are exact on codes, scales, s
   CHECK(blob.k_scale.size() == 2 * 3 * block_heads);
   std::fill(kv.k.begin(), kv.k.end(), std::uint8_t{0x11});
   std::fill(kv.v.begin(), kv.v.end(), std::uint8_t{0x22});
-  std::fill(kv.k_scale.begin(), kv.k_scale.end(), -1.0f);
-  std::fill(kv.v_scale.begin(), kv.v_scale.end(), -2.0f);
+  std::fill(kv.k_scale.begin(), kv.k_scale.end(), std::uint16_t{0x3333});
+  std::fill(kv.v_scale.begin(), kv.v_scale.end(), std::uint16_t{0x4444});
   std::fill(kv.scores.begin(), kv.scores.end(), -3.0f);
   std::fill(kv.queries.begin(), kv.queries.end(), -4.0f);
   fp8.swap_in(kv, in_pages, 2, blob);
@@ -316,7 +464,7 @@ TEST_CASE("fp8 kv: copy-on-write and swap out / in are exact on codes, scales, s
   CHECK(kv.k[static_cast<std::size_t>(3) * block_bytes] == 0x11);
 }
 
-TEST_CASE("fp8 kv: memory per token is 2 x kv_heads x head_dim + 2 x kv_heads x 4 bytes per layer (+ scores)") {
+TEST_CASE("fp8 kv: memory per token is 2 x kv_heads x head_dim + 2 x kv_heads bytes per layer (+ scores)") {
   model_config c;
   c.num_layers = 3;
   c.num_kv_heads = 2;
@@ -326,20 +474,20 @@ TEST_CASE("fp8 kv: memory per token is 2 x kv_heads x head_dim + 2 x kv_heads x 
     const kv_cache_shape shape{.num_layers = 3, .num_blocks = 10, .block_size = 16, .num_kv_heads = 2, .head_dim = 64, .score_cache = scores};
     const cpu_fp8_kv_storage kv(shape);
     const std::size_t per_token = fp8_kv_bytes_per_token(c, scores);
-    CHECK(per_token == 3 * (2 * 2 * 64 + 2 * 2 * 4 + (scores ? 2 * 4 : 0)));
+    CHECK(per_token == 3 * (2 * 2 * 64 + 2 * 2 * 2 + (scores ? 2 * 4 : 0)));
     CHECK(kv.bytes() == per_token * 10 * 16);
     CHECK(cpu_fp8kv_backend::kv_bytes_per_token(c, scores) == per_token);
     // Against the fp32 and bf16 caches of the same shape (memory_plan.hpp's count).
     MESSAGE("bytes per token, score cache ", scores, ": fp8 ", per_token, ", bf16 ", kv_bytes_per_token(c, 2, scores), ", fp32 ",
             kv_bytes_per_token(c, 4, scores));
   }
-  // At the Qwen3-8B shape (36 layers, 8 KV heads, head_dim 128) FP8 + scales is 51.6% of bf16.
+  // At the Qwen3-8B shape (36 layers, 8 KV heads, head_dim 128) FP8 + scales is 50.8% of bf16.
   model_config q;
   q.num_layers = 36;
   q.num_kv_heads = 8;
   q.num_q_heads = 32;
   q.head_dim = 128;
-  CHECK(fp8_kv_bytes_per_token(q, false) == 36u * (2 * 8 * 128 + 2 * 8 * 4));
+  CHECK(fp8_kv_bytes_per_token(q, false) == 36u * (2 * 8 * 128 + 2 * 8 * 2));
   MESSAGE("Qwen3-8B shape: fp8 ", fp8_kv_bytes_per_token(q, true), " vs bf16 ", kv_bytes_per_token(q, 2, true),
           " bytes per token with a score cache");
 }
@@ -350,8 +498,9 @@ TEST_CASE("fp8 kv: the memory plan counts the scales and sizes the query slot by
   q.num_kv_heads = 8;
   q.num_q_heads = 32;
   q.head_dim = 128;
-  // kv_bytes_per_token with 1-byte codes and 4-byte scales is the FP8 cache's count.
-  for (const bool scores : {false, true}) CHECK(kv_bytes_per_token(q, 1, scores, 4) == fp8_kv_bytes_per_token(q, scores));
+  // kv_bytes_per_token with 1-byte codes and 2-byte scales is the FP8 cache's count.
+  for (const bool scores : {false, true})
+    CHECK(kv_bytes_per_token(q, 1, scores, 2) == fp8_kv_bytes_per_token(q, scores));
   CHECK(kv_bytes_per_token(q, 2, true, 0) == kv_bytes_per_token(q, 2, true));
   // Qwen3-8B shape on a 100 GiB pool, block 16, budget 2048 tokens, W 16, score cache (zipage), bf16 query slots.
   memory_request r;
@@ -363,11 +512,11 @@ TEST_CASE("fp8 kv: the memory plan counts the scales and sizes the query slot by
   r.element_bytes = 2;
   const memory_plan bf16 = plan_memory(q, r);
   r.element_bytes = 1;
-  r.kv_scale_bytes = 4;
+  r.kv_scale_bytes = 2;
   r.query_element_bytes = 2;
   const memory_plan fp8 = plan_memory(q, r);
   CHECK(bf16.block_bytes == 16u * 148608u);
-  CHECK(fp8.block_bytes == 16u * 77184u);  // docs/fp8.md's table
+  CHECK(fp8.block_bytes == 16u * 76032u);  // docs/fp8.md's table
   CHECK(fp8.query_slot_bytes == bf16.query_slot_bytes);
   CHECK(fp8.query_slot_bytes == 36u * 16 * 32 * 128 * 2);  // 4.5 MiB, not shrunk by FP8
   const double ratio = double(fp8.max_concurrency) / bf16.max_concurrency;
@@ -576,8 +725,9 @@ struct capturing_backend : cpu_backend {
 };
 
 // x' for every (token, head) vector of x [tokens][heads * d], scales per (token, head) or per
-// (block of `block` tokens, head) = amax over the block's vectors / 448.
-std::vector<float> fake_quantize(const std::vector<float>& x, int heads, int d, int block) {
+// (block of `block` tokens, head) = amax over the block's vectors / 448 (fp32), or with `cache_scale` the cache's
+// bf16 scale, that rounded to bf16 (kv_scale_from_amax).
+std::vector<float> fake_quantize(const std::vector<float>& x, int heads, int d, int block, bool cache_scale = false) {
   const int tokens = static_cast<int>(x.size()) / (heads * d);
   std::vector<float> out(x.size());
   for (int t0 = 0; t0 < tokens; t0 += std::max(block, 1))
@@ -586,7 +736,7 @@ std::vector<float> fake_quantize(const std::vector<float>& x, int heads, int d, 
       float amax = 0.0f;
       for (int t = t0; t < t1; ++t)
         for (int i = 0; i < d; ++i) amax = std::max(amax, std::abs(x[(static_cast<std::size_t>(t) * heads + h) * d + i]));
-      const float scale = amax / fp8_e4m3_max;
+      const float scale = cache_scale ? kv_scale_to_f32(kv_scale_from_amax(amax)) : amax / fp8_e4m3_max;
       for (int t = t0; t < t1; ++t)
         for (int i = 0; i < d; ++i) {
           const std::size_t at = (static_cast<std::size_t>(t) * heads + h) * d + i;
@@ -654,7 +804,7 @@ TEST_CASE("fp8 kv: per token-head vs per block-head scales on stories260K's real
   const model_config cfg = load_llama_gguf(stories().file).config();
   const int d = cfg.head_dim, kvh = cfg.num_kv_heads, qh = cfg.num_q_heads;
   REQUIRE(static_cast<int>(layers.size()) == cfg.num_layers);
-  double worst_token = 0.0, worst_block = 0.0, worst_bf16 = 0.0;
+  double worst_token = 0.0, worst_block = 0.0, worst_bf16 = 0.0, worst_cache = 0.0;
   for (std::size_t l = 0; l < layers.size(); ++l) {
     const auto& L = layers[l];
     const int tokens = static_cast<int>(L.k.size()) / (kvh * d);
@@ -669,7 +819,13 @@ TEST_CASE("fp8 kv: per token-head vs per block-head scales on stories260K's real
         }
     const auto kt = fake_quantize(L.k, kvh, d, 1), kb = fake_quantize(L.k, kvh, d, 16), k16 = fake_quantize(L.k, kvh, d, 0);
     const auto vt = fake_quantize(L.v, kvh, d, 1), vb = fake_quantize(L.v, kvh, d, 16), v16 = fake_quantize(L.v, kvh, d, 0);
+    // The cache's own format: per token-head, bf16 scales.
+    const auto ke = fake_quantize(L.k, kvh, d, 1, true), ve = fake_quantize(L.v, kvh, d, 1, true);
     const auto exact = dense_attention(L.q, L.k, L.v, qh, kvh, d);
+    const double ae = rel_rms(dense_attention(L.q, ke, ve, qh, kvh, d), exact);
+    MESSAGE("layer ", l, " token-head scales rounded to bf16 (the cache's): K rel RMS ", rel_rms(ke, L.k), ", V ",
+            rel_rms(ve, L.v), ", attention out rel RMS ", ae);
+    worst_cache = std::max(worst_cache, ae);
     const auto per_token = dense_attention(L.q, kt, vt, qh, kvh, d);
     const auto per_block = dense_attention(L.q, kb, vb, qh, kvh, d);
     const auto bf16 = dense_attention(L.q, k16, v16, qh, kvh, d);
@@ -683,7 +839,7 @@ TEST_CASE("fp8 kv: per token-head vs per block-head scales on stories260K's real
     worst_bf16 = std::max(worst_bf16, a16);
   }
   MESSAGE("worst layer's attention rel RMS error: per token-head ", worst_token, ", per block-head (16 tokens) ", worst_block,
-          ", bf16 ", worst_bf16);
+          ", bf16 ", worst_bf16, "; per token-head with bf16 scales (the cache's) ", worst_cache);
   CHECK(std::isfinite(worst_token));
   CHECK(worst_token < 0.5);
 }

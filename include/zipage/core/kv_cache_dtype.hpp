@@ -1,8 +1,8 @@
 #pragma once
 // The KV cache's storage type, chosen at run time (vLLM's --kv-cache-dtype): `auto_` keeps K/V in the
-// model's compute dtype (bf16 or fp32); `fp8_e4m3` stores OCP E4M3 codes with one fp32 scale per
-// (token, KV head) and side (docs/fp8.md). A backend that has no FP8 path refuses fp8_e4m3 at
-// construction with an error naming it.
+// model's compute dtype (bf16 or fp32); `fp8_e4m3` stores OCP E4M3 codes with one bf16 scale (core/kv_scale.hpp)
+// per (token, KV head) and side (docs/fp8.md). A backend that has no FP8 path refuses fp8_e4m3 at construction
+// with an error naming it.
 #include <array>
 #include <cstdint>
 #include <string>

@@ -52,8 +52,8 @@ struct memory_plan {
 
 // K + V of one cached token over all layers, plus its fp32 score per KV head when a score cache is kept,
 // plus `scale_bytes` per KV head and side when K/V are quantised with per-(token, head) scales (the FP8
-// cache: element_bytes 1, scale_bytes 4). Computed in 64 bits and checked: a config whose sizes overflow
-// is an error, never a wrapped size.
+// cache: element_bytes 1, scale_bytes 2, a bf16). Computed in 64 bits and checked: a config whose sizes
+// overflow is an error, never a wrapped size.
 [[nodiscard]] inline std::size_t kv_bytes_per_token(const model_config& c, std::size_t element_bytes, bool score_cache,
                                                     std::size_t scale_bytes = 0) {
   const std::int64_t kv_row = checked_mul(2 * std::int64_t{c.num_layers}, c.kv_size(), "KV cache: 2 x num_layers x kv_size");
@@ -91,7 +91,7 @@ struct memory_request {
   bool compress = false;          // false: no eviction (full KV: no query slots, no bound per request)
   bool score_cache = false;
   std::size_t element_bytes = sizeof(float);  // one K or V element
-  std::size_t kv_scale_bytes = 0;             // per (token, KV head, side) scale of a quantised cache (FP8: 4)
+  std::size_t kv_scale_bytes = 0;             // per (token, KV head, side) scale of a quantised cache (FP8: 2)
   std::size_t query_element_bytes = 0;        // one query-window element; 0 = element_bytes
 };
 

@@ -171,8 +171,9 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
   void* vc = static_cast<char*>(kv.v.data()) + layer_off;
   // FP8: this layer's per-(slot, KV head) scales.
   const bool fp8 = kv.fp8();
-  float* ksc = fp8 ? static_cast<float*>(kv.k_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
-  float* vsc = fp8 ? static_cast<float*>(kv.v_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
+  const std::int64_t scale_off = kv.scale_layer_elements() * layer;
+  std::uint16_t* ksc = fp8 ? static_cast<std::uint16_t*>(kv.k_scale.data()) + scale_off : nullptr;
+  std::uint16_t* vsc = fp8 ? static_cast<std::uint16_t*>(kv.v_scale.data()) + scale_off : nullptr;
   const cudaStream_t launch_stream = nano < 0 ? c.stream : c.attention_stream;
   const cuda::cuda_stream stream = as_stream(launch_stream);
   const cuda::kernel_variant variant = c.opts.fast_kernels ? cuda::kernel_variant::tuned : cuda::kernel_variant::reference;

@@ -48,8 +48,8 @@ void cuda_backend::gather_keys(cuda_kv_storage& kv, int layer, std::span<const b
       static_cast<const char*>(kv.k.data()) + static_cast<std::size_t>(s.layer_stride() * layer) * kv.element_bytes();
   const std::size_t n = static_cast<std::size_t>(s.num_kv_heads) * static_cast<std::size_t>(kv_len) * s.head_dim;
   side_gather(c, n, out, [&](float* dev) {
-    const float* k_scale =
-        kv.fp8() ? static_cast<const float*>(kv.k_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
+    const std::uint16_t* k_scale =
+        kv.fp8() ? static_cast<const std::uint16_t*>(kv.k_scale.data()) + kv.scale_layer_elements() * layer : nullptr;
     cuda::gather_keys(kv.dtype, k_layer, k_scale, c.side_up.device<std::int32_t>(0), s.block_size, s.num_kv_heads,
                       s.head_dim, kv_len, dev, as_stream(c.side));
   });
@@ -154,7 +154,7 @@ void cuda_backend::apply_compaction(cuda_kv_storage& kv, const compaction_plan& 
   p.new_len = plan.new_len;
   p.dtype = kv.dtype;
   if (kv.fp8()) {
-    // Codes (1 byte each) with the scores, then the scales as rows of one fp32 (head_dim 1): a kept
+    // Codes (1 byte each) with the scores, then the scales as rows of one bf16 (head_dim 1, 2 bytes): a kept
     // token's codes and scale move together, bit for bit.
     p.element_bytes = 1;
     cuda::apply_compaction(p, as_stream(c.side));
@@ -165,7 +165,7 @@ void cuda_backend::apply_compaction(cuda_kv_storage& kv, const compaction_plan& 
     ps.kept_scores = nullptr;
     ps.layer_elements = kv.scale_layer_elements();
     ps.kv.head_dim = 1;
-    ps.element_bytes = 4;
+    ps.element_bytes = 2;
     cuda::apply_compaction(ps, as_stream(c.side));
   } else {
     cuda::apply_compaction(p, as_stream(c.side));
@@ -274,8 +274,8 @@ bool cuda_backend::compress_on_device(cuda_kv_storage& kv, std::span<const devic
     if (p.score_cache != nullptr)
       q.score_cache = p.score_cache + static_cast<std::size_t>(sh.num_blocks) * sh.block_size * sh.num_kv_heads * l0;
     if (kv.fp8()) {
-      q.kv.k_scale = static_cast<float*>(kv.k_scale.data()) + kv.scale_layer_elements() * l0;
-      q.kv.v_scale = static_cast<float*>(kv.v_scale.data()) + kv.scale_layer_elements() * l0;
+      q.kv.k_scale = static_cast<std::uint16_t*>(kv.k_scale.data()) + kv.scale_layer_elements() * l0;
+      q.kv.v_scale = static_cast<std::uint16_t*>(kv.v_scale.data()) + kv.scale_layer_elements() * l0;
     }
     if (kv.queries.data() != nullptr)
       q.query_cache = static_cast<const char*>(kv.queries.data()) +

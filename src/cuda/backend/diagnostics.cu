@@ -12,6 +12,7 @@
 #include "zipage/backend/cuda/event_timer.cuh"
 #include "zipage/backend/cuda/ops.hpp"
 #include "zipage/core/fp8.hpp"
+#include "zipage/core/kv_scale.hpp"
 
 namespace zipage {
 
@@ -25,7 +26,7 @@ void cuda_backend::read_stream(const tensor& t, int passes) const {
 }
 
 void cuda_backend::kv_fp8_to_host(const cuda_kv_storage& kv, bool values, std::vector<std::uint8_t>& codes,
-                                  std::vector<float>& scales) const {
+                                  std::vector<std::uint16_t>& scales) const {
   context& c = use(ctx_);
   c.activate();
   check(kv.fp8(), "kv_fp8_to_host: the KV cache is not FP8");
@@ -36,17 +37,17 @@ void cuda_backend::kv_fp8_to_host(const cuda_kv_storage& kv, bool values, std::v
   ZIPAGE_CUDA_CHECK(cudaMemcpy(codes.data(), values ? kv.v.data() : kv.k.data(), codes.size(), cudaMemcpyDeviceToHost));
   // legacy stream: as above
   ZIPAGE_CUDA_CHECK(cudaMemcpy(scales.data(), values ? kv.v_scale.data() : kv.k_scale.data(),
-                               scales.size() * sizeof(float), cudaMemcpyDeviceToHost));
+                               scales.size() * sizeof(std::uint16_t), cudaMemcpyDeviceToHost));
 }
 
 std::vector<float> cuda_backend::kv_to_host(const cuda_kv_storage& kv, bool values) const {
   if (kv.fp8()) {
     std::vector<std::uint8_t> codes;
-    std::vector<float> scales;
+    std::vector<std::uint16_t> scales;
     kv_fp8_to_host(kv, values, codes, scales);
     std::vector<float> out(codes.size());
     const std::size_t d = static_cast<std::size_t>(kv.shape.head_dim);
-    for (std::size_t i = 0; i < codes.size(); ++i) out[i] = fp8_e4m3_to_f32(codes[i]) * scales[i / d];
+    for (std::size_t i = 0; i < codes.size(); ++i) out[i] = fp8_e4m3_to_f32(codes[i]) * kv_scale_to_f32(scales[i / d]);
     return out;
   }
   context& c = use(ctx_);

@@ -38,7 +38,8 @@ kv_geometry geometry(const cuda_kv_storage& kv) {
   g.layer_bytes = static_cast<std::size_t>(s.layer_stride()) * eb;
   g.score_layer_bytes = static_cast<std::size_t>(s.num_blocks) * g.score_bytes;
   g.query_layer_bytes = static_cast<std::size_t>(s.query_layer_stride()) * kv.query_element_bytes();
-  g.scale_bytes = kv.fp8() ? static_cast<std::size_t>(s.block_size) * s.num_kv_heads * sizeof(float) : 0;
+  // (one bf16 per token and KV head; allocate_kv makes it a multiple of 4, as batched_copy moves 4-byte words)
+  g.scale_bytes = kv.fp8() ? static_cast<std::size_t>(s.block_size) * s.num_kv_heads * sizeof(std::uint16_t) : 0;
   g.scale_layer_bytes = static_cast<std::size_t>(s.num_blocks) * g.scale_bytes;
   return g;
 }

@@ -165,6 +165,11 @@ cuda_kv_storage cuda_backend::allocate_kv(const kv_cache_shape& shape) const {
   kv.kv_dtype = ctx_->opts.kv_dtype;
   check(!kv.fp8() || shape.head_dim % 4 == 0, "cuda_backend: an FP8 KV cache needs head_dim % 4 == 0 (got ",
         shape.head_dim, ")");
+  // A block's scales (a bf16 per token and KV head) are whole 4-byte words: the tuned kernels gather each token's
+  // scale as the aligned word that holds it (paged_kv_view::fp8_scale_words), copies and swaps move words.
+  check(!kv.fp8() || (std::int64_t{shape.block_size} * shape.num_kv_heads) % 2 == 0,
+        "cuda_backend: an FP8 KV cache needs block_size x num_kv_heads even (2-byte scales moved as 4-byte words; "
+        "got block_size ", shape.block_size, ", ", shape.num_kv_heads, " KV heads)");
   check(!ctx_->opts.wgmma_prefill() || shape.head_dim == 128, "cuda_backend_options::prefill_kernel ",
         cuda::to_string(ctx_->opts.prefill_kernel), " needs head_dim 128; this model has ", shape.head_dim);
   // (A shape without its query heads, num_q_heads 0, is one a caller built by hand: the engine's always has them.)
@@ -179,7 +184,7 @@ cuda_kv_storage cuda_backend::allocate_kv(const kv_cache_shape& shape) const {
   access::reserve(ctx_, kv.v, side, false);
   if (shape.score_cache) access::reserve(ctx_, kv.scores, static_cast<std::size_t>(shape.score_elements()) * 4, false);
   if (kv.fp8()) {
-    const auto sbytes = static_cast<std::size_t>(kv.scale_layer_elements() * shape.num_layers) * sizeof(float);
+    const auto sbytes = static_cast<std::size_t>(kv.scale_layer_elements() * shape.num_layers) * sizeof(std::uint16_t);
     access::reserve(ctx_, kv.k_scale, sbytes, false);
     access::reserve(ctx_, kv.v_scale, sbytes, false);
     ZIPAGE_CUDA_CHECK(cudaMemsetAsync(kv.k_scale.data(), 0, sbytes, ctx_->stream));

@@ -1,18 +1,21 @@
 #pragma once
 // The CPU reference of the FP8 KV cache (issue 14, part 1): K and V stored as OCP E4M3 codes
-// (core/fp8.hpp) with one fp32 scale per (token, KV head) and side, scale = amax / 448 of that head's
-// head_dim values, so the largest magnitude of every head vector maps to +-448 and nothing saturates.
+// (core/fp8.hpp) with one 2-byte scale per (token, KV head) and side: a bf16 (core/kv_scale.hpp),
+// s = bf16_rne(amax / 448) of that head's head_dim values, so the largest magnitude of every head vector
+// maps to +-448 (x / s may exceed 448 by up to 0.4%: the saturating conversion clamps it).
 // The score cache and the query-window cache stay fp32.
 //
-//   written  at append:   code[i] = e4m3(x[i] / scale)          (IEEE division, round to nearest even)
-//   read     everywhere:  x'[i]   = float(code[i]) * scale       (attention, key gathering, nothing else)
+//   written  at append:   code[i] = e4m3(x[i] / s)               (IEEE division, round to nearest even, saturating)
+//   read     everywhere:  x'[i]   = float(code[i]) * float(s)    (attention, key gathering, nothing else)
 //   moved    as is:       compaction, copy-on-write and swap move codes and scales together, bit for bit.
 //
-// A head whose vector is all zeros (or whose scale underflows to 0) gets scale 0 and zero codes.
+// A head whose vector is all zeros (or whose scale rounds to 0) gets scale 0 and zero codes; one holding a NaN
+// gets the NaN scale (NaN codes), one holding an infinity the infinite scale: every value read back from either is
+// NaN, as the fp32 cache would carry them into attention.
 // cpu_fp8kv_backend is cpu_backend with only its KV-touching members replaced, so the engine accepts
 // it wherever it accepts cpu_backend: engine<llama_model<cpu_fp8kv_backend>, Policy>.
 //
-// Bytes per cached token per layer: 2 · kv_heads · head_dim (codes) + 2 · kv_heads · 4 (scales),
+// Bytes per cached token per layer: 2 · kv_heads · head_dim (codes) + 2 · kv_heads · 2 (scales),
 // plus kv_heads · 4 with a score cache (fp8_kv_bytes_per_token). The query-window cache stays fp32.
 #include <algorithm>
 #include <cmath>
@@ -28,6 +31,7 @@
 #include "zipage/core/checked.hpp"
 #include "zipage/core/error.hpp"
 #include "zipage/core/fp8.hpp"
+#include "zipage/core/kv_scale.hpp"
 #include "zipage/core/types.hpp"
 #include "zipage/kv/paged_kv.hpp"
 #include "zipage/model/model_config.hpp"
@@ -56,7 +60,7 @@ struct paged_fp8_kv_layer {
 struct cpu_fp8_kv_storage {
   kv_cache_shape shape;
   std::vector<std::uint8_t> k, v;        // [layers][blocks][block_size][kv_heads][head_dim]
-  std::vector<float> k_scale, v_scale;   // [layers][blocks][block_size][kv_heads]
+  std::vector<std::uint16_t> k_scale, v_scale;  // [layers][blocks][block_size][kv_heads], bf16 (core/kv_scale.hpp)
   std::vector<float> scores;             // [layers][blocks][block_size][kv_heads], when the policy keeps one
   std::vector<float> queries;            // [layers][slots][W][q_heads][head_dim]
 
@@ -64,8 +68,8 @@ struct cpu_fp8_kv_storage {
       : shape(s),
         k(static_cast<std::size_t>(s.elements_per_side()), 0),
         v(static_cast<std::size_t>(s.elements_per_side()), 0),
-        k_scale(static_cast<std::size_t>(scale_elements_per_side(s)), 0.0f),
-        v_scale(static_cast<std::size_t>(scale_elements_per_side(s)), 0.0f),
+        k_scale(static_cast<std::size_t>(scale_elements_per_side(s)), kv_scale_zero),
+        v_scale(static_cast<std::size_t>(scale_elements_per_side(s)), kv_scale_zero),
         scores(static_cast<std::size_t>(s.score_elements()), 0.0f),
         queries(static_cast<std::size_t>(s.query_layer_stride() * s.num_layers), 0.0f) {}
 
@@ -76,13 +80,13 @@ struct cpu_fp8_kv_storage {
     return std::int64_t{shape.num_blocks} * shape.block_size * shape.num_kv_heads;
   }
 
-  [[nodiscard]] paged_fp8_kv_layer<std::uint8_t, float> layer(int l) {
+  [[nodiscard]] paged_fp8_kv_layer<std::uint8_t, std::uint16_t> layer(int l) {
     const auto off = static_cast<std::size_t>(shape.layer_stride() * l);
     const auto soff = static_cast<std::size_t>(scale_layer_stride() * l);
     return {k.data() + off, v.data() + off, k_scale.data() + soff, v_scale.data() + soff,
             shape.block_size, shape.num_kv_heads, shape.head_dim};
   }
-  [[nodiscard]] paged_fp8_kv_layer<const std::uint8_t, const float> layer(int l) const {
+  [[nodiscard]] paged_fp8_kv_layer<const std::uint8_t, const std::uint16_t> layer(int l) const {
     const auto off = static_cast<std::size_t>(shape.layer_stride() * l);
     const auto soff = static_cast<std::size_t>(scale_layer_stride() * l);
     return {k.data() + off, v.data() + off, k_scale.data() + soff, v_scale.data() + soff,
@@ -90,7 +94,8 @@ struct cpu_fp8_kv_storage {
   }
   // Bytes held: K/V codes, their scales, the score cache, the query-window cache.
   [[nodiscard]] std::size_t bytes() const {
-    return k.size() + v.size() + (k_scale.size() + v_scale.size() + scores.size() + queries.size()) * sizeof(float);
+    return k.size() + v.size() + (k_scale.size() + v_scale.size()) * sizeof(std::uint16_t) +
+           (scores.size() + queries.size()) * sizeof(float);
   }
   [[nodiscard]] float* query_rows(int l) {
     return queries.data() + static_cast<std::size_t>(shape.query_layer_stride() * l);
@@ -101,11 +106,13 @@ struct cpu_fp8_kv_storage {
 };
 
 // What the memory plan should count per cached token over all layers for the FP8 cache: E4M3 K and V
-// (1 byte each), an fp32 scale per KV head per side, and the fp32 score per KV head with a score cache.
+// (1 byte each), a 2-byte (bf16) scale per KV head per side, and the fp32 score per KV head with a score cache.
 [[nodiscard]] inline std::size_t fp8_kv_bytes_per_token(const model_config& c, bool score_cache) {
   const std::int64_t per_layer_heads = checked_mul(std::int64_t{c.num_layers}, c.num_kv_heads, "FP8 KV cache: num_layers x kv_heads");
   const std::int64_t codes = checked_mul(2 * per_layer_heads, c.head_dim, "FP8 KV cache: code bytes per token");
-  std::int64_t bytes = checked_add(codes, checked_mul(2 * per_layer_heads, sizeof(float), "FP8 KV cache: scale bytes per token"),
+  // One bf16 per (KV head, side).
+  std::int64_t bytes = checked_add(codes, checked_mul(2 * per_layer_heads, sizeof(std::uint16_t),
+                                                      "FP8 KV cache: scale bytes per token"),
                                    "FP8 KV cache: bytes per token");
   if (score_cache)
     bytes = checked_add(bytes, checked_mul(per_layer_heads, sizeof(float), "FP8 KV cache: score bytes per token"),
@@ -115,38 +122,46 @@ struct cpu_fp8_kv_storage {
 
 namespace cpu::fp8 {
 
-// The per-(token, head) scale of a head vector: amax / 448 (0 for an all-zero vector; NaN when a value is NaN).
-inline float head_scale(const float* x, int n) {
+// The per-(token, head) scale of a head vector (core/kv_scale.hpp): bf16_rne(amax / 448) with amax = max |x|;
+// 0 for an all-zero vector, the NaN scale when a value is NaN, the infinite one for an infinite value.
+inline std::uint16_t head_scale(const float* x, int n) {
   float amax = 0.0f;
   for (int i = 0; i < n; ++i) {
     const float a = std::abs(x[i]);
-    if (std::isnan(a)) return a;
+    if (std::isnan(a)) return kv_scale_nan;
     amax = std::max(amax, a);
   }
-  return amax / fp8_e4m3_max;
+  return kv_scale_from_amax(amax);
 }
 
-// Quantises one head vector: returns its scale and writes code[i] = e4m3(x[i] / scale). A zero scale
-// gives zero codes; a non-finite one (a NaN or infinite input) gives non-finite dequantised values, as the
-// fp32 cache would carry them.
-inline float quantize_head(const float* x, int n, std::uint8_t* codes) {
-  const float scale = head_scale(x, n);
-  if (scale == 0.0f) {
+// Quantises one head vector: returns its scale and writes code[i] = e4m3(x[i] / s) (IEEE division by the bf16 scale
+// as an fp32, then E4M3's saturating rounding). A zero scale gives zero codes; a non-finite one (a NaN or infinite
+// input) gives non-finite dequantised values, as the fp32 cache would carry them. A NaN quotient (every value under
+// the NaN scale, an infinite one under the infinite scale) gets code 0x7f, whatever its sign, as the GPU's conversion
+// of its canonical NaN gives: the CUDA append kernels write these bytes bit for bit.
+inline std::uint16_t quantize_head(const float* x, int n, std::uint8_t* codes) {
+  const std::uint16_t scale = head_scale(x, n);
+  const float s = kv_scale_to_f32(scale);
+  if (s == 0.0f) {
     std::fill_n(codes, n, std::uint8_t{0});
-    return 0.0f;
+    return scale;
   }
-  for (int i = 0; i < n; ++i) codes[i] = f32_to_fp8_e4m3(x[i] / scale);
+  for (int i = 0; i < n; ++i) {
+    const float q = x[i] / s;
+    codes[i] = std::isnan(q) ? fp8_e4m3_nan : f32_to_fp8_e4m3(q);
+  }
   return scale;
 }
 
-// out[i] = float(code[i]) * scale
-inline void dequantize_head(const std::uint8_t* codes, float scale, int n, float* out) {
-  for (int i = 0; i < n; ++i) out[i] = fp8_e4m3_to_f32(codes[i]) * scale;
+// out[i] = float(code[i]) * float(scale)
+inline void dequantize_head(const std::uint8_t* codes, std::uint16_t scale, int n, float* out) {
+  const float s = kv_scale_to_f32(scale);
+  for (int i = 0; i < n; ++i) out[i] = fp8_e4m3_to_f32(codes[i]) * s;
 }
 
 // Writes each new token's K/V into its slot, quantised per KV head. k, v: [num_tokens][kv_heads * head_dim].
-inline void append_kv(paged_fp8_kv_layer<std::uint8_t, float> kv, std::span<const std::int64_t> slots, const matrix& k,
-                      const matrix& v) {
+inline void append_kv(paged_fp8_kv_layer<std::uint8_t, std::uint16_t> kv, std::span<const std::int64_t> slots,
+                      const matrix& k, const matrix& v) {
   const int d = kv.head_dim;
   for (std::size_t t = 0; t < slots.size(); ++t) {
     if (slots[t] < 0) continue;  // a padding row writes nowhere
@@ -161,14 +176,14 @@ inline void append_kv(paged_fp8_kv_layer<std::uint8_t, float> kv, std::span<cons
 // The FP8 cache's row reader: a cached key or value head dequantised (x' = float(code) * scale) into a
 // scratch row, which the shared loops read as they read the fp32 cache's own rows.
 struct dequantized_rows {
-  paged_fp8_kv_layer<const std::uint8_t, const float> kv;
+  paged_fp8_kv_layer<const std::uint8_t, const std::uint16_t> kv;
   std::vector<float> row = std::vector<float>(static_cast<std::size_t>(kv.head_dim));
 
   [[nodiscard]] const float* key(std::int64_t slot, int head) { return read(kv.k, kv.k_scale, slot, head); }
   [[nodiscard]] const float* value(std::int64_t slot, int head) { return read(kv.v, kv.v_scale, slot, head); }
 
  private:
-  const float* read(const std::uint8_t* codes, const float* scales, std::int64_t slot, int head) {
+  const float* read(const std::uint8_t* codes, const std::uint16_t* scales, std::int64_t slot, int head) {
     dequantize_head(codes + kv.offset(slot, head), scales[kv.scale_offset(slot, head)], kv.head_dim, row.data());
     return row.data();
   }
@@ -179,7 +194,8 @@ struct dequantized_rows {
 struct swap_blob {
   std::size_t num_pages = 0;
   std::vector<std::uint8_t> k, v;
-  std::vector<float> k_scale, v_scale, scores, queries;
+  std::vector<std::uint16_t> k_scale, v_scale;
+  std::vector<float> scores, queries;
 };
 
 // The FP8 cache's layout for the shared compaction, copy and swap loops (cpu::detail): a kept token's
@@ -197,7 +213,8 @@ struct fp8_layout {
     f(view.k_scale, head_elems, &blob::k_scale);
     f(view.v_scale, head_elems, &blob::v_scale);
   }
-  static void move_head(const paged_fp8_kv_layer<std::uint8_t, float>& view, std::int64_t from, std::int64_t to, int h) {
+  static void move_head(const paged_fp8_kv_layer<std::uint8_t, std::uint16_t>& view, std::int64_t from, std::int64_t to,
+                        int h) {
     cpu::detail::move_kv_head(view, from, to, h);
     view.k_scale[view.scale_offset(to, h)] = view.k_scale[view.scale_offset(from, h)];
     view.v_scale[view.scale_offset(to, h)] = view.v_scale[view.scale_offset(from, h)];
@@ -206,8 +223,9 @@ struct fp8_layout {
 
 // cpu::paged_attention with each key and value row dequantised (x' = float(code) * scale) before use;
 // the loop is cpu::paged_attention's, so it equals cpu::paged_attention run on the dequantised cache bit for bit.
-inline void paged_attention(paged_fp8_kv_layer<const std::uint8_t, const float> kv, const attention_metadata& meta,
-                            const matrix& q, int num_q_heads, float scale, matrix& out) {
+inline void paged_attention(paged_fp8_kv_layer<const std::uint8_t, const std::uint16_t> kv,
+                            const attention_metadata& meta, const matrix& q, int num_q_heads, float scale,
+                            matrix& out) {
   dequantized_rows rows{kv};
   cpu::detail::paged_attention(rows, meta, q, num_q_heads, scale, out);
 }
@@ -255,10 +273,10 @@ struct cpu_fp8kv_backend : cpu_backend {
   [[nodiscard]] static std::size_t kv_bytes_per_token(const model_config& c, bool score_cache) {
     return fp8_kv_bytes_per_token(c, score_cache);
   }
-  // The engine's memory-plan hooks: 1-byte codes, a 4-byte scale per (token, KV head, side), fp32
+  // The engine's memory-plan hooks: 1-byte codes, a 2-byte (bf16) scale per (token, KV head, side), fp32
   // query-window rows (so plan_memory's count equals kv_bytes_per_token above and bytes()).
   [[nodiscard]] static constexpr std::size_t kv_element_bytes() { return 1; }
-  [[nodiscard]] static constexpr std::size_t kv_scale_bytes() { return sizeof(float); }
+  [[nodiscard]] static constexpr std::size_t kv_scale_bytes() { return sizeof(std::uint16_t); }
   [[nodiscard]] static constexpr std::size_t query_element_bytes() { return sizeof(float); }
 
   void gather_keys(kv_storage& kv, int layer, std::span<const block_id> pages, int kv_len, std::vector<float>& out) const {

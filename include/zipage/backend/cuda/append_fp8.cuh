@@ -1,19 +1,20 @@
 #pragma once
 // One (token, KV head) of append_kv into an FP8 cache (head_dim 128), by one warp: lanes 0-15 quantise the K head,
 // lanes 16-31 the V head, 8 values each (one 16-byte load, one 8-byte store). The reference kernel's arithmetic
-// (reference_ops.cu: NaN propagates into the scale, scale = amax / 448 with IEEE division, codes by e4m3_code), so
-// the same bytes. append_kv's tuned kernel runs it per warp; the swapped decode kernels run it for their own
-// (sequence, KV head) before reading the cache (decode_params::append).
+// (reference_ops.cu: a NaN gives the NaN scale, else kv_scale_from_amax(amax) = bf16_rne(amax / 448) with IEEE
+// division; codes e4m3_code(x, float(scale)), IEEE division and the SATFINITE conversion), so the same bytes.
+// append_kv's tuned kernel runs it per warp; the swapped decode kernels run it for their own (sequence, KV head)
+// before reading the cache (decode_params::append).
 #include "zipage/backend/cuda/common.cuh"
 #include "zipage/backend/cuda/fp8.cuh"
 
 namespace zipage::cuda::detail {
 
 // k_row / v_row: the token's head (128 bf16 each); the slot's codes at (slot * heads + h) * 128 of kc / vc and its
-// scales at slot * heads + h of ks / vs. Every lane of the warp calls it.
-__device__ __forceinline__ void append_head_fp8(std::uint8_t* kc, std::uint8_t* vc, float* ks, float* vs,
-                                                const bf16* k_row, const bf16* v_row, std::int64_t slot, int heads,
-                                                int h, int lane) {
+// bf16 scales at slot * heads + h of ks / vs. Every lane of the warp calls it.
+__device__ __forceinline__ void append_head_fp8(std::uint8_t* kc, std::uint8_t* vc, std::uint16_t* ks,
+                                                std::uint16_t* vs, const bf16* k_row, const bf16* v_row,
+                                                std::int64_t slot, int heads, int h, int lane) {
   constexpr int D = 128;
   const bool is_v = lane >= 16;
   const int c = (lane & 15) * 8;
@@ -31,7 +32,8 @@ __device__ __forceinline__ void append_head_fp8(std::uint8_t* kc, std::uint8_t* 
 #pragma unroll
   for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   nan = (__ballot_sync(0xffffffffu, nan) & half_warp) != 0;
-  const float scale = nan ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, kFp8E4m3Max);
+  const std::uint16_t sbits = nan ? kv_scale_nan : kv_scale_from_amax(amax);
+  const float scale = kv_scale_to_f32(sbits);
   std::uint32_t lo = 0, hi = 0;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
@@ -40,7 +42,7 @@ __device__ __forceinline__ void append_head_fp8(std::uint8_t* kc, std::uint8_t* 
   }
   const std::int64_t dst = (slot * heads + h) * D;
   *reinterpret_cast<uint2*>((is_v ? vc : kc) + dst + c) = make_uint2(lo, hi);
-  if ((lane & 15) == 0) (is_v ? vs : ks)[slot * heads + h] = scale;
+  if ((lane & 15) == 0) (is_v ? vs : ks)[slot * heads + h] = sbits;
 }
 
 }  // namespace zipage::cuda::detail

@@ -12,7 +12,7 @@
 // The query rows of one MMA tile are the query heads of one KV group (decode) or tokens x heads of
 // one KV group (prefill), so each K/V byte is read once per group (GQA).
 //
-// FP8 K/V (E4M3 codes + one fp32 scale per token and KV head, docs/fp8.md): the same pipeline carries
+// FP8 K/V (E4M3 codes + one bf16 scale per token and KV head, docs/fp8.md): the same pipeline carries
 // the codes and scales of each 64-token tile into shared memory (half the bytes of bf16); each warp converts
 // the codes it needs exactly to fp16 straight into its MMA fragments (fp16 MMAs, Q converted once per CTA),
 // and the scales are applied in fp32 to the scores (K) and to the probabilities (V): "FP8 K/V" below.
@@ -124,9 +124,13 @@ __device__ __forceinline__ std::uint32_t sw128_off(int row, int chunk) {
 }
 
 // The FP8 counterpart of kv_tile_loader: a stage holds the tile's K codes [64][D] (k8_off; SW128_K: sw128_off,
-// head_dim 128, each stage 1024-byte aligned for wgmma), V codes [64][D] (v8_off) and K, V scales [64] each
+// head_dim 128, each stage 1024-byte aligned for wgmma), V codes [64][D] (v8_off) and K, V scale words [64] each
 // (16-byte copies of codes, 4-byte copies of scales, zero-filled past the end). The MMAs read the codes from the
-// stage directly (qk_tile_fp8, pv_tile_fp8): no second tile.
+// stage directly (qk_tile_fp8, pv_tile_fp8): no second tile. A token's scale is two bytes, strided by num_kv_heads
+// in the cache, and cp.async copies no fewer than 4 aligned bytes: each token's scale arrives as the aligned 4-byte
+// word that holds it (scale_word), and scale() finds its half from the token's row (scale_shift; the cache must
+// satisfy paged_kv_view::fp8_scale_words). So a stage's scales take 512 bytes as fp32 scales did, while the bytes
+// read from memory are half: the words of neighbouring slots and heads are the same 32-byte sectors.
 template <int D, int THREADS, bool SW128_K = false>
 struct fp8_kv_tile_loader {
   static_assert(!SW128_K || D == 128, "the 128-byte swizzle holds one 128-byte row of codes");
@@ -137,14 +141,14 @@ struct fp8_kv_tile_loader {
   static constexpr int kCodeBytes = kKvTile * D;
   static constexpr int kKOffset = 0;                   // K codes
   static constexpr int kVOffset = kCodeBytes;          // V codes
-  static constexpr int kScaleOffset = 2 * kCodeBytes;  // K scales [64], then V scales [64]
+  static constexpr int kScaleOffset = 2 * kCodeBytes;  // K scale words [64], then V scale words [64]
   static constexpr int kStageBytes = (2 * kCodeBytes + 2 * kKvTile * 4 + (SW128_K ? 1023 : 0)) / (SW128_K ? 1024 : 1) *
                                      (SW128_K ? 1024 : 1);
 
   const std::uint8_t* k;
   const std::uint8_t* v;
-  const float* ks;
-  const float* vs;
+  const std::uint16_t* ks;
+  const std::uint16_t* vs;
   const std::int32_t* pages;
   std::int64_t token_stride;
   int num_kv_heads;
@@ -155,8 +159,8 @@ struct fp8_kv_tile_loader {
   int tid;
   std::int32_t next_page = 0;
 
-  __device__ fp8_kv_tile_loader(const std::uint8_t* k_cache, const std::uint8_t* v_cache, const float* k_scale,
-                                const float* v_scale, const std::int32_t* seq_pages, int kv_heads, int kv_head,
+  __device__ fp8_kv_tile_loader(const std::uint8_t* k_cache, const std::uint8_t* v_cache, const std::uint16_t* k_scale,
+                                const std::uint16_t* v_scale, const std::int32_t* seq_pages, int kv_heads, int kv_head,
                                 int block_shift, int tid_)
       : k(k_cache + kv_head * D),
         v(v_cache + kv_head * D),
@@ -192,20 +196,26 @@ struct fp8_kv_tile_loader {
                   valid);
       cp_async_16(stage + kVOffset + v8_off<D>(row, part), valid ? v + off : v, valid);
     }
-    // Scales: thread t < 64 copies token t's K scale, 64 <= t < 128 token t - 64's V scale.
+    // Scales: thread t < 64 copies token t's K scale word, 64 <= t < 128 token t - 64's V scale word.
     if (tid < 2 * kKvTile) {
       const int row = tid & (kKvTile - 1);
       const int tok = tile_start + row;
       const bool valid = tok < end;
       const std::int32_t page = __shfl_sync(0xffffffffu, next_page, ((tok >> bs_shift) - first) & 31);
       const std::int64_t slot = (static_cast<std::int64_t>(page) << bs_shift) | (tok & mask);
-      const float* src = tid < kKvTile ? ks : vs;
+      const std::uint16_t* src = tid < kKvTile ? ks : vs;
       const std::uint32_t dst =
           stage + kScaleOffset + static_cast<std::uint32_t>((tid >= kKvTile ? kKvTile : 0) + row) * 4;
-      const void* from = valid ? static_cast<const void*>(src + slot * num_kv_heads) : static_cast<const void*>(src);
+      const void* from = scale_word(valid ? src + slot * num_kv_heads : src);
       asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(from), "r"(valid ? 4 : 0)
                    : "memory");
     }
+  }
+
+  // The scale of token row `row` of a landed stage (generic pointer), K (side 0) or V (side 1): its word's half at
+  // bit `shift` = scale_shift(row, num_kv_heads, kv_head). 0 past the end (zero-filled words).
+  __device__ static __forceinline__ float scale(const unsigned char* stage, int side, int row, int shift) {
+    return scale_in_word(reinterpret_cast<const std::uint32_t*>(stage + kScaleOffset)[side * kKvTile + row], shift);
   }
 };
 

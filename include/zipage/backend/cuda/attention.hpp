@@ -52,8 +52,8 @@ struct decode_params {
   void* out = nullptr;      // bf16 [num_seqs][num_q_heads][head_dim]
   // One layer's cache (bf16 [num_blocks][block_size][num_kv_heads][head_dim]), the page tables of the
   // num_seqs sequences and their lengths kv.kv_len [num_seqs], each in [0, max_kv_len]. FP8 KV cache
-  // (docs/fp8.md): with kv.k_scale / kv.v_scale set, tiles are dequantised in registers to
-  // bf16(float(code) * scale) before the bf16 MMAs.
+  // (docs/fp8.md): with kv.k_scale / kv.v_scale set (bf16 scales; paged_kv_view::fp8_scale_words must hold),
+  // the codes go to fp16 MMAs and the scales multiply the scores and probabilities (attention.cuh).
   paged_kv_view kv;
   int num_seqs = 0;
   int num_q_heads = 0;
@@ -176,9 +176,11 @@ struct attention_params {
 
 enum class attention_kernel : std::uint8_t { tuned_decode, tuned_prefill, reference };
 
-// The rule. Tuned kernels need v == tuned, t == bf16, head_dim 64 or 128, a power-of-two block size >= 2
-// and 16-byte aligned q and out; then the decode kernel when one_token_per_seq and num_seqs <= 65535,
-// else the prefill kernel when num_q_heads / num_kv_heads <= 64. Anything else: the reference kernel.
+// The rule. Tuned kernels need v == tuned, t == bf16, head_dim 64 or 128, a power-of-two block size >= 2,
+// 16-byte aligned q and out and, for an FP8 cache, scales they can gather as words (paged_kv_view::fp8_scale_words:
+// block_size x num_kv_heads even, 4-byte aligned); then the decode kernel when one_token_per_seq and
+// num_seqs <= 65535, else the prefill kernel when num_q_heads / num_kv_heads <= 64. Anything else: the reference
+// kernel.
 [[nodiscard]] attention_kernel select_attention_kernel(cuda_dtype t, const attention_params& p, kernel_variant v);
 
 // The decode kernel's view of `p` (kv.kv_len = token_kv_len: token i is sequence i), for plan_decode()

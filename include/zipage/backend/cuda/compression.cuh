@@ -57,13 +57,13 @@ inline constexpr int kCompactTileBytes = 16 * 1024;  // K bytes per compaction t
 struct compress_args {
   bf16* k;
   bf16* v;
-  // FP8 KV cache: E4M3 codes (same layout, 1 byte per element) and per-(slot, KV head) fp32 scales laid
+  // FP8 KV cache: E4M3 codes (same layout, 1 byte per element) and per-(slot, KV head) bf16 scales laid
   // out as the score cache (score_layer_stride); null for a bf16 cache. Keys are read as
   // bf16(float(code) * scale) into the same swizzled tiles; compaction moves codes and scales.
   std::uint8_t* k8;
   std::uint8_t* v8;
-  float* k_scale;
-  float* v_scale;
+  std::uint16_t* k_scale;
+  std::uint16_t* v_scale;
   float* scores;
   const bf16* q;
   std::int64_t kv_layer_stride;     // elements
@@ -169,7 +169,7 @@ __device__ __forceinline__ void load_keys(const compress_args& a, const segment&
     return;
   }
   const std::uint8_t* kb = a.k8 + sg.layer * a.kv_layer_stride + sg.head * D;
-  const float* sb = a.k_scale + sg.layer * a.score_layer_stride + sg.head;
+  const std::uint16_t* sb = a.k_scale + sg.layer * a.score_layer_stride + sg.head;
   constexpr int kChunks = D / 8;
   // kBatch items' loads are issued before any of them is converted and stored: the shared-memory stores
   // (asm with a memory clobber) would otherwise hold every load back to the previous item's latency.
@@ -187,7 +187,7 @@ __device__ __forceinline__ void load_keys(const compress_args& a, const segment&
       if (c < items && tok < len) {
         const std::int64_t slot = token_slot(pages, a.bs_shift, tok);
         codes[i] = *reinterpret_cast<const uint2*>(kb + slot * token_stride + (c % kChunks) * 8);
-        sc[i] = sb[slot * a.num_kv_heads];
+        sc[i] = kv_scale_to_f32(sb[slot * a.num_kv_heads]);
       }
     }
 #pragma unroll

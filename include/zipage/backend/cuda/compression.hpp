@@ -48,9 +48,9 @@ struct compress_params {
   // of layers or all layers work:
   //   kv.k_cache, kv.v_cache  bf16 [layers][kv.num_blocks][block_size][kv_heads][head_dim]
   //   kv.k_scale, kv.v_scale  FP8 KV cache (docs/fp8.md): when both are set, k_cache / v_cache hold E4M3
-  //                           codes and these the fp32 scales [layers][num_blocks][block_size][kv_heads]
-  //                           (the score cache's layout); keys are scored as bf16(float(code) * scale)
-  //                           and compaction moves codes and scales together
+  //                           codes and these the bf16 scales [layers][num_blocks][block_size][kv_heads]
+  //                           (the score cache's layout; paged_kv_view::fp8_scale_words must hold); keys are
+  //                           scored as bf16(float(code) * scale) and compaction moves codes and scales together
   //   kv.num_blocks           blocks per layer of the pool (layer stride of K/V/scores)
   //   kv.page_indptr          [num_reqs + 1]; kv.page_indices: block ids of each request, in order
   //   kv.kv_len               [num_reqs] physical tokens, each in [window, max_kv_len]

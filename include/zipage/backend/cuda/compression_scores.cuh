@@ -13,7 +13,7 @@ namespace zipage::cuda::detail {
 template <int D>
 struct attn_config {
   static constexpr int kKBytes = kAttnChunk * D * 2;    // one bf16 key tile
-  static constexpr int kRawBytes = kAttnChunk * (D + 4);  // one FP8 stage: codes [chunk][D] | scales [chunk]
+  static constexpr int kRawBytes = kAttnChunk * (D + 4);  // one FP8 stage: codes [chunk][D] | scale words [chunk]
   static constexpr int kCgs = kAttnChunk / 16;           // 16-token column groups per chunk
   static constexpr int kCgsPerWarp = (kCgs + kAttnThreads / 32 - 1) / (kAttnThreads / 32);
   // Two key stages (the chunk being read, the next one arriving): bf16 tiles, or FP8 stages and the one
@@ -84,7 +84,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_stats_kernel(const compre
 }
 
 // Issues the copies of chunk `chunk`'s keys into key stage `stage`: bf16 straight into a swizzled tile,
-// FP8 codes and scales as stored (dequantise_stage turns them into the tile once they have arrived).
+// FP8 codes as stored and each token's scale as the aligned 4-byte word that holds it (scale_word: cp.async
+// copies at least 4 aligned bytes; dequantise_stage turns them into the tile once they have arrived).
 template <int D>
 __device__ __forceinline__ void issue_key_chunk(const compress_args& a, const segment& sg, std::uint32_t skeys,
                                                 const std::int32_t* pages, int chunk, int stage, int len, int tid) {
@@ -105,22 +106,25 @@ __device__ __forceinline__ void issue_key_chunk(const compress_args& a, const se
     const std::uint8_t* src = valid ? kb + token_slot(pages, a.bs_shift, start + r) * token_stride + piece * 16 : kb;
     cp_async_16(raw + r * D + piece * 16, src, valid);
   }
-  const float* sb = a.k_scale + sg.layer * a.score_layer_stride + sg.head;
+  const std::uint16_t* sb = a.k_scale + sg.layer * a.score_layer_stride + sg.head;
   for (int r = tid; r < kAttnChunk; r += kAttnThreads) {
     const bool valid = start + r < len;
-    const float* src = valid ? sb + token_slot(pages, a.bs_shift, start + r) * a.num_kv_heads : sb;
-    cp_async_4(raw + kAttnChunk * D + r * 4, src, valid);
+    const std::uint16_t* src = valid ? sb + token_slot(pages, a.bs_shift, start + r) * a.num_kv_heads : sb;
+    cp_async_4(raw + kAttnChunk * D + r * 4, scale_word(src), valid);
   }
 }
 
-// FP8 stage -> the bf16 key tile (tokens past the end were zero-filled: code 0 times scale 0).
+// FP8 stage -> the bf16 key tile (tokens past the end were zero-filled: code 0 times scale 0). Row r's scale is at
+// scale_shift(r, ...) of its word (chunks start at even tokens; compress checks fp8_scale_words).
 template <int D>
-__device__ __forceinline__ void dequantise_stage(const unsigned char* raw, std::uint32_t sk, int tid) {
+__device__ __forceinline__ void dequantise_stage(const unsigned char* raw, std::uint32_t sk, int num_kv_heads,
+                                                 int kv_head, int tid) {
   constexpr int kChunks = D / 8;
-  const float* scales = reinterpret_cast<const float*>(raw + kAttnChunk * D);
+  const std::uint32_t* words = reinterpret_cast<const std::uint32_t*>(raw + kAttnChunk * D);
   for (int c = tid; c < kAttnChunk * kChunks; c += kAttnThreads) {
     const int r = c / kChunks, ch = c % kChunks;
-    store_dequantised(sk + swz<D>(r, ch), *reinterpret_cast<const uint2*>(raw + r * D + ch * 8), scales[r]);
+    const float scale = scale_in_word(words[r], scale_shift(r, num_kv_heads, kv_head));
+    store_dequantised(sk + swz<D>(r, ch), *reinterpret_cast<const uint2*>(raw + r * D + ch * 8), scale);
   }
 }
 
@@ -186,7 +190,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) window_attention_kernel(const
     std::uint32_t sk = skeys + stage * cfg::kKBytes;
     if (fp8) {
       sk = skeys + 2 * cfg::kRawBytes;
-      dequantise_stage<D>(smem + stage * cfg::kRawBytes, sk, tid);
+      dequantise_stage<D>(smem + stage * cfg::kRawBytes, sk, a.num_kv_heads, sg.head, tid);
       __syncthreads();
     }
     const int start = chunk * kAttnChunk;

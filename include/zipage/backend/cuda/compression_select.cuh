@@ -164,8 +164,9 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(const compress
         }
       }
     }
-    // The token's per-(slot, head) floats: score-cache entry, FP8 scales.
-    float sv = 0.0f, ks = 0.0f, vs = 0.0f;
+    // The token's per-(slot, head) entries: score-cache entry (fp32), FP8 scales (bf16).
+    float sv = 0.0f;
+    std::uint16_t ks = 0, vs = 0;
     std::int64_t s_dst = -1;
     if ((kFp8 || sb != nullptr) && tid < kCompactTile) {
       const int dst = t0 + tid;

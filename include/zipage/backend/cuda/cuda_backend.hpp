@@ -24,9 +24,9 @@
 //    vLLM's logits processors (logit_bias, allowed_token_ids, bad_words, min_tokens) go up as each row's
 //    zipage::logit_edits (CSR). The engine uses it whenever no row of the step has forced tokens.
 //  * FP8 KV cache (cuda_backend_options::kv_dtype = fp8_e4m3, docs/fp8.md): E4M3 codes + per (token, KV head)
-//    fp32 scales, written by append_kv_fp8, read by the same decode / prefill / generic kernels (tiles
-//    dequantised in registers), by gather_keys and by device compression; compaction, copy and swap move
-//    the scales with the codes; the engine's memory plan counts them (kv_scale_bytes()).
+//    bf16 scales (core/kv_scale.hpp), written by append_kv_fp8, read by the same decode / prefill /
+//    generic kernels (tiles dequantised in registers), by gather_keys and by device compression; compaction,
+//    copy and swap move the scales with the codes; the engine's memory plan counts them (kv_scale_bytes()).
 //  * Compression: for a recipe-scored policy (every built-in, and a user's recipe_policy) on a bf16 cache
 //    (bf16 compute; K/V bf16 or FP8),
 //    compress_on_device() runs the whole step for a batch of requests on the device (cuda::compress:
@@ -84,10 +84,10 @@ namespace zipage {
 
 struct cuda_backend_options {
   cuda_dtype dtype = cuda_dtype::bf16;  // weights, activations, KV cache and query-window cache
-  // The K/V storage (vLLM's --kv-cache-dtype): auto = `dtype`; fp8_e4m3 = E4M3 codes with one fp32 scale
+  // The K/V storage (vLLM's --kv-cache-dtype): auto = `dtype`; fp8_e4m3 = E4M3 codes with one bf16 scale
   // per (token, KV head) and side, written by the append kernel and dequantised by attention and key
   // gathering (docs/fp8.md; the CPU reference is cpu_fp8kv_backend). The query-window cache stays in `dtype`,
-  // the score cache fp32. FP8 needs head_dim % 4 == 0 (checked by allocate_kv).
+  // the score cache fp32. FP8 needs head_dim % 4 == 0 and block_size x kv_heads even (checked by allocate_kv).
   kv_cache_dtype kv_dtype = kv_cache_dtype::auto_;
   // The transformer blocks' linear weights (vLLM's --quantization; docs/fp8.md "FP8 weights"): auto_ = the
   // compute dtype except for an FP8 checkpoint, compute = always `dtype`, fp8_e4m3 = E4M3 codes + 128x128
@@ -272,7 +272,9 @@ class cuda_tensor {
 // The paged KV cache on the device: K and V [layers][blocks][block_size][kv_heads][head_dim] each; when
 // compressing, the score cache [layers][blocks][block_size][kv_heads] (fp32) and the query-window cache
 // [layers][slots][W][q_heads][head_dim] (in the compute dtype). With an FP8 cache K and V hold E4M3
-// codes (1 byte each) and k_scale / v_scale the fp32 scales [layers][blocks][block_size][kv_heads].
+// codes (1 byte each) and k_scale / v_scale the scales [layers][blocks][block_size][kv_heads], one bf16 each
+// (core/kv_scale.hpp; allocate_kv requires block_size x kv_heads even, so a block's scales are whole 4-byte words,
+// as the kernels gather and move them).
 struct cuda_kv_storage {
   kv_cache_shape shape;
   cuda_dtype dtype = cuda_dtype::bf16;  // compute dtype: K/V when not FP8, and the query-window cache
@@ -285,7 +287,7 @@ struct cuda_kv_storage {
   [[nodiscard]] std::size_t element_bytes() const { return fp8() ? 1 : dtype_bytes(dtype); }
   // Bytes of one query-window element.
   [[nodiscard]] std::size_t query_element_bytes() const { return dtype_bytes(dtype); }
-  // Scale elements per layer and side (FP8), = score elements per layer.
+  // Scale elements (bf16, 2 bytes each) per layer and side (FP8), = score elements per layer.
   [[nodiscard]] std::int64_t scale_layer_elements() const {
     return std::int64_t{shape.num_blocks} * shape.block_size * shape.num_kv_heads;
   }
@@ -293,12 +295,13 @@ struct cuda_kv_storage {
     return static_cast<std::size_t>(2 * shape.elements_per_side()) * element_bytes() +
            static_cast<std::size_t>(shape.query_layer_stride() * shape.num_layers) * query_element_bytes() +
            static_cast<std::size_t>(shape.score_elements()) * sizeof(float) +
-           (fp8() ? static_cast<std::size_t>(2 * scale_layer_elements() * shape.num_layers) * sizeof(float) : 0);
+           (fp8() ? static_cast<std::size_t>(2 * scale_layer_elements() * shape.num_layers) * sizeof(std::uint16_t)
+                  : 0);
   }
   // Bytes of K + V (+ their scales) per cached token, all layers.
   [[nodiscard]] std::size_t kv_bytes_per_token() const {
     return static_cast<std::size_t>(2 * shape.token_stride() * shape.num_layers) * element_bytes() +
-           (fp8() ? static_cast<std::size_t>(2 * shape.num_kv_heads * shape.num_layers) * sizeof(float) : 0);
+           (fp8() ? static_cast<std::size_t>(2 * shape.num_kv_heads * shape.num_layers) * sizeof(std::uint16_t) : 0);
   }
 };
 
@@ -367,11 +370,11 @@ class cuda_backend {
   [[nodiscard]] cuda_dtype dtype() const { return options().dtype; }
   [[nodiscard]] kv_cache_dtype kv_dtype() const { return options().kv_dtype; }
   // The engine's memory-plan hooks: bytes of one K or V element in the pool (1 with an FP8 cache), of
-  // one per-(token, KV head, side) scale (4 with FP8, else 0), and of one query-window element.
+  // one per-(token, KV head, side) scale (2 with FP8, a bf16; else 0), and of one query-window element.
   [[nodiscard]] std::size_t kv_element_bytes() const {
     return kv_dtype() == kv_cache_dtype::fp8_e4m3 ? 1 : dtype_bytes(dtype());
   }
-  [[nodiscard]] std::size_t kv_scale_bytes() const { return kv_dtype() == kv_cache_dtype::fp8_e4m3 ? 4 : 0; }
+  [[nodiscard]] std::size_t kv_scale_bytes() const { return kv_dtype() == kv_cache_dtype::fp8_e4m3 ? 2 : 0; }
   [[nodiscard]] std::size_t query_element_bytes() const { return dtype_bytes(dtype()); }
 
   // ---- the zipage::backend concept (see cpu_backend)
@@ -484,9 +487,9 @@ class cuda_backend {
   // With an FP8 cache: the dequantised values (float(code) * scale).
   [[nodiscard]] std::vector<float> kv_to_host(const kv_storage& kv, bool values) const;
   // FP8 cache (tests): the raw E4M3 codes [layers][blocks][block_size][kv_heads][head_dim] and scales
-  // [layers][blocks][block_size][kv_heads] of K (values = false) or V.
+  // [layers][blocks][block_size][kv_heads] (bf16 bits, core/kv_scale.hpp) of K (values = false) or V.
   void kv_fp8_to_host(const kv_storage& kv, bool values, std::vector<std::uint8_t>& codes,
-                      std::vector<float>& scales) const;
+                      std::vector<std::uint16_t>& scales) const;
   void synchronize() const;
   [[nodiscard]] cuda_backend_counters counters() const;
   void reset_counters() const;

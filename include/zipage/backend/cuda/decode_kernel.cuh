@@ -15,10 +15,10 @@ struct decode_args {
   bf16* out;
   const bf16* k;
   const bf16* v;
-  const std::uint8_t* k8;  // FP8 kernels: E4M3 codes and per-(token, KV head) scales instead of k / v
+  const std::uint8_t* k8;  // FP8 kernels: E4M3 codes and per-(token, KV head) bf16 scales instead of k / v
   const std::uint8_t* v8;
-  const float* k_scale;
-  const float* v_scale;
+  const std::uint16_t* k_scale;
+  const std::uint16_t* v_scale;
   const std::int32_t* page_indptr;
   const std::int32_t* page_indices;
   const std::int32_t* kv_len;
@@ -191,15 +191,19 @@ __global__ void __launch_bounds__(decode_config<D, STAGES, FP8>::kThreads, decod
       if ((ABLATE & kAblateTile) == 0 && tile_start + warp * 16 < end) {
         float s[2][4] = {};
         qk_tile_fp8<D, 2, ABLATE>(s, qf, stage + cfg::loader::kKOffset, warp * 16, lane);
-        // This thread's tokens: warp*16 + 8n + 2t + {0, 1}.
-        const float* scales = reinterpret_cast<const float*>(stage + cfg::loader::kScaleOffset) + warp * 16 + 2 * (lane & 3);
+        // This thread's tokens: warp*16 + 8n + 2t + {0, 1}; their scales are at the same places of their words
+        // for every n (scale_shift depends on the row modulo 2).
+        const std::uint32_t* words =
+            reinterpret_cast<const std::uint32_t*>(stage + cfg::loader::kScaleOffset) + warp * 16 + 2 * (lane & 3);
+        const int sh0 = scale_shift(2 * (lane & 3), a.num_kv_heads, kvh);
+        const int sh1 = scale_shift(2 * (lane & 3) + 1, a.num_kv_heads, kvh);
         float ks[2][2], vs[2][2];
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
-          const float2 k2 = *reinterpret_cast<const float2*>(scales + 8 * n);
-          const float2 v2 = *reinterpret_cast<const float2*>(scales + kKvTile + 8 * n);
-          ks[n][0] = k2.x * q_mul, ks[n][1] = k2.y * q_mul;
-          vs[n][0] = v2.x, vs[n][1] = v2.y;
+          const uint2 k2 = *reinterpret_cast<const uint2*>(words + 8 * n);
+          const uint2 v2 = *reinterpret_cast<const uint2*>(words + kKvTile + 8 * n);
+          ks[n][0] = scale_in_word(k2.x, sh0) * q_mul, ks[n][1] = scale_in_word(k2.y, sh1) * q_mul;
+          vs[n][0] = scale_in_word(v2.x, sh0), vs[n][1] = scale_in_word(v2.y, sh1);
         }
 #pragma unroll
         for (int n = 0; n < 2; ++n)

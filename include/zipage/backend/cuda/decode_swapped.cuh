@@ -258,8 +258,9 @@ __device__ __forceinline__ void swapped_append(const decode_args& a, const swapp
     const bf16* k_row = static_cast<const bf16*>(n.k) + cta.seq * n.k_stride + cta.kvh * 128;
     const bf16* v_row = static_cast<const bf16*>(n.v) + cta.seq * n.v_stride + cta.kvh * 128;
     if (slot >= 0)
-      append_head_fp8(const_cast<std::uint8_t*>(a.k8), const_cast<std::uint8_t*>(a.v8), const_cast<float*>(a.k_scale),
-                      const_cast<float*>(a.v_scale), k_row, v_row, slot, a.num_kv_heads, cta.kvh, cta.lane);
+      append_head_fp8(const_cast<std::uint8_t*>(a.k8), const_cast<std::uint8_t*>(a.v8),
+                      const_cast<std::uint16_t*>(a.k_scale), const_cast<std::uint16_t*>(a.v_scale), k_row, v_row, slot,
+                      a.num_kv_heads, cta.kvh, cta.lane);
     __threadfence();
   }
   __syncthreads();
@@ -319,7 +320,9 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
     if ((ABLATE & kAblateTile) == 0 && tile_start + warp * 16 < end) {
       const unsigned char* kc = stage + loader_t::kKOffset;
       const unsigned char* vc = stage + loader_t::kVOffset;
-      const float* scales = reinterpret_cast<const float*>(stage + loader_t::kScaleOffset) + warp * 16;
+      // Rows warp * 16 + g and + 8: their scales at the same place of their words (scale_shift, row mod 2).
+      const int sh = scale_shift(g, a.num_kv_heads, kvh);
+      const int r0 = warp * 16 + g;
       swapped_tile<ABLATE>(
           acc, qb, q_mul,
           [&](int half, int c) {
@@ -328,8 +331,8 @@ __global__ void __launch_bounds__(128, kSwappedMinBlocks<STAGES>) paged_decode_s
           [&](int k) {
             return *reinterpret_cast<const uint4*>(vc + v8_off<D>(warp * 16 + 2 * t + (k & 1) + 8 * (k >> 1), g));
           },
-          scales[g],
-          scales[g + 8], scales[kKvTile + g], scales[kKvTile + g + 8], tile_start + warp * 16 + g, end, g, t);
+          loader_t::scale(stage, 0, r0, sh), loader_t::scale(stage, 0, r0 + 8, sh), loader_t::scale(stage, 1, r0, sh),
+          loader_t::scale(stage, 1, r0 + 8, sh), tile_start + r0, end, g, t);
     }
     __syncthreads();
   }
@@ -422,9 +425,10 @@ __global__ void __launch_bounds__(128, 4) paged_decode_swapped_wgmma_kernel(cons
     if (tile_start + warp * 16 < end) {
       const unsigned char* st = smem + (stage - sq);
       const unsigned char* vc = st + loader_t::kVOffset;
-      const float* scales = reinterpret_cast<const float*>(st + loader_t::kScaleOffset) + warp * 16;
-      const int tok0 = tile_start + warp * 16 + g;
-      const float ks0 = scales[g], ks1 = scales[g + 8];
+      const int sh = scale_shift(g, a.num_kv_heads, kvh);  // rows warp * 16 + g and + 8 (row mod 2)
+      const int r0 = warp * 16 + g;
+      const int tok0 = tile_start + r0;
+      const float ks0 = loader_t::scale(st, 0, r0, sh), ks1 = loader_t::scale(st, 0, r0 + 8, sh);
       float sc[4] = {tok0 < end ? s[0][0] * (ks0 * q_mul[0]) : -INFINITY,
                      tok0 < end ? s[0][1] * (ks0 * q_mul[1]) : -INFINITY,
                      tok0 + 8 < end ? s[0][2] * (ks1 * q_mul[0]) : -INFINITY,
@@ -434,7 +438,7 @@ __global__ void __launch_bounds__(128, 4) paged_decode_swapped_wgmma_kernel(cons
           [&](int k) {
             return *reinterpret_cast<const uint4*>(vc + v8_off<D>(warp * 16 + 2 * t + (k & 1) + 8 * (k >> 1), g));
           },
-          scales[kKvTile + g], scales[kKvTile + g + 8], g, t);
+          loader_t::scale(st, 1, r0, sh), loader_t::scale(st, 1, r0 + 8, sh), g, t);
     }
     __syncthreads();
   }

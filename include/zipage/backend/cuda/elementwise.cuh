@@ -30,7 +30,8 @@ __global__ void append_kv_kernel(bf16* __restrict__ kc, bf16* __restrict__ vc, c
 
 // ---- append_kv into an FP8 cache (head_dim 128): one warp per (token, KV head) (append_head_fp8).
 __global__ void __launch_bounds__(256) append_kv_fp8_kernel(std::uint8_t* __restrict__ kc, std::uint8_t* __restrict__ vc,
-                                                            float* __restrict__ ks, float* __restrict__ vs,
+                                                            std::uint16_t* __restrict__ ks,
+                                                            std::uint16_t* __restrict__ vs,
                                                             const bf16* __restrict__ k, const bf16* __restrict__ v,
                                                             const std::int64_t* __restrict__ slots, int num_tokens,
                                                             int heads, std::int64_t k_stride, std::int64_t v_stride) {

@@ -157,9 +157,10 @@ struct append_kv_params {
   [[nodiscard]] std::int64_t v_stride() const { return v_row_stride != 0 ? v_row_stride : packed_row(); }
   [[nodiscard]] std::int64_t packed_row() const { return std::int64_t{kv.num_kv_heads} * kv.head_dim; }
 };
-// FP8 cache (kv.k_scale and kv.v_scale set; docs/fp8.md): a quantising kernel — per (token, KV head)
-// scale = amax / 448 (0 for an all-zero head, then zero codes), code = e4m3(x / scale) with IEEE division and the
-// SATFINITE conversion, bit-exact with cpu::fp8::append_kv. Tuned (a half-warp per head and side): t == bf16,
+// FP8 cache (kv.k_scale and kv.v_scale set; docs/fp8.md): a quantising kernel — per (token, KV head) a bf16 scale
+// from the head's amax (kv_scale_from_amax: bf16_rne(amax / 448), IEEE division; 0 for an all-zero head, then zero
+// codes; NaN / inf for a head with a NaN / an infinity), code = e4m3(x / scale) with IEEE division and the SATFINITE
+// conversion, bit-exact with cpu::fp8::append_kv. Tuned (a half-warp per head and side): t == bf16,
 // head_dim 128, both row strides multiples of 8, k and v 16-byte and the caches 8-byte aligned; else the
 // reference kernel (a warp per head and side). Both write the same bytes.
 // A bf16 / fp32 cache: tuned when t == bf16, num_kv_heads * head_dim and both row strides multiples of 8, and
@@ -176,9 +177,9 @@ void record_queries(cuda_dtype t, void* rows, const std::int32_t* token_row, con
 
 // Keys of one layer's cache for the pages of one request, as fp32 [num_kv_heads][kv_len][head_dim]
 // (the compressor's layout). k_layer: [blocks][block_size][num_kv_heads][head_dim] of dtype t, or, when
-// k_scale_layer ([blocks][block_size][num_kv_heads]) is set, FP8 codes read as float(code) * scale
+// k_scale_layer ([blocks][block_size][num_kv_heads] bf16) is set, FP8 codes read as float(code) * scale
 // (bit-exact with cpu::fp8::gather_keys). One kernel per cache kind.
-void gather_keys(cuda_dtype t, const void* k_layer, const float* k_scale_layer, const std::int32_t* pages,
+void gather_keys(cuda_dtype t, const void* k_layer, const std::uint16_t* k_scale_layer, const std::int32_t* pages,
                  int block_size, int num_kv_heads, int head_dim, int kv_len, float* out, cuda_stream stream);
 
 // The score cache of one layer ([blocks][block_size][num_kv_heads]) for the pages of one request, as
@@ -192,7 +193,7 @@ void gather_scores(const float* scores_layer, const std::int32_t* pages, int blo
 struct compaction_params {
   // The whole cache from layer 0 (kv.k_cache / kv.v_cache: [layers][blocks][block_size][kv_heads][head_dim],
   // layer l at + l * layer_elements) and the request's pages (kv.page_indices, in order; no indptr,
-  // lengths or scales: FP8 scales are compacted by a second call, as rows of head_dim 1).
+  // lengths or scales: FP8 scales are compacted by a second call, as 2-byte rows of head_dim 1).
   paged_kv_view kv;
   float* scores = nullptr;              // [layers][blocks][block_size][kv_heads] or null
   const std::int32_t* keep = nullptr;   // [layers][kv_heads][new_len]
@@ -202,7 +203,7 @@ struct compaction_params {
   int num_layers = 0;
   int new_len = 0;
   cuda_dtype dtype = cuda_dtype::bf16;
-  int element_bytes = 0;  // bytes of one K/V element; 0 = dtype's (FP8 codes: 1; their scales: 4 with head_dim 1)
+  int element_bytes = 0;  // bytes of one K/V element; 0 = dtype's (FP8 codes: 1; their scales: 2 with head_dim 1)
 };
 void apply_compaction(const compaction_params& p, cuda_stream stream);
 

@@ -10,7 +10,8 @@
 //
 // Layouts (row-major, elements):
 //   K, V          [num_blocks][block_size][num_kv_heads][head_dim]  one layer; bf16 / fp32, or E4M3 codes
-//   k/v_scale     [num_blocks][block_size][num_kv_heads]            fp32, FP8 caches only (docs/fp8.md)
+//   k/v_scale     [num_blocks][block_size][num_kv_heads]            FP8 caches only: a bf16 each, as its 16 bits
+//                                                                   (core/kv_scale.hpp, docs/fp8.md)
 //   block table   CSR: sequence s owns page_indices[page_indptr[s] .. page_indptr[s + 1]) (block ids, in
 //                 order); token j of the sequence is in slot pages[j / block_size] * block_size + j % block_size
 //   kv_len        [num_seqs] physical tokens of each sequence (slots [0, kv_len[s]))
@@ -25,9 +26,10 @@ struct paged_kv_view {
   void* k_cache = nullptr;  // [num_blocks][block_size][num_kv_heads][head_dim]
   void* v_cache = nullptr;  // same layout
   // FP8 KV cache: when both are set, k_cache / v_cache hold E4M3 codes (1 byte each, same layout) and
-  // these the fp32 scales [num_blocks][block_size][num_kv_heads]; the kernels read float(code) * scale.
-  float* k_scale = nullptr;
-  float* v_scale = nullptr;
+  // these the bf16 scales [num_blocks][block_size][num_kv_heads] (their bits; core/kv_scale.hpp); the kernels
+  // read float(code) * kv_scale_to_f32(s).
+  std::uint16_t* k_scale = nullptr;
+  std::uint16_t* v_scale = nullptr;
 
   // ---- The block table (device memory). Kernels over one request (compaction) use page_indices alone.
   const std::int32_t* page_indptr = nullptr;   // [num_seqs + 1]
@@ -51,6 +53,16 @@ struct paged_kv_view {
     return std::int64_t{num_blocks} * block_size * num_kv_heads;
   }
   [[nodiscard]] constexpr bool fp8() const { return k_scale != nullptr && v_scale != nullptr; }
+  // What the tuned FP8 kernels' tile loaders need of the scales (scale_word in backend/cuda/fp8.cuh): cp.async
+  // moves 4, 8 or 16 aligned bytes, and a tile's 2-byte scales are strided by num_kv_heads, so each token's scale
+  // comes as the aligned 4-byte word that holds it, and its half is found from the token's position: slot *
+  // num_kv_heads and position * num_kv_heads are equal modulo 2 when block_size * num_kv_heads is even, and the
+  // arrays are 4-byte aligned. (Any power-of-two block size >= 2 makes the product even; cuda_backend's FP8 pools
+  // always satisfy it: allocate_kv requires it.)
+  [[nodiscard]] bool fp8_scale_words() const {
+    const auto a = reinterpret_cast<std::uintptr_t>(k_scale) | reinterpret_cast<std::uintptr_t>(v_scale);
+    return (std::int64_t{block_size} * num_kv_heads) % 2 == 0 && a % 4 == 0;
+  }
 };
 
 }  // namespace zipage::cuda

@@ -17,8 +17,8 @@ struct prefill_args {
   const bf16* v;
   const std::uint8_t* k8;  // FP8 kernels (as decode_args)
   const std::uint8_t* v8;
-  const float* k_scale;
-  const float* v_scale;
+  const std::uint16_t* k_scale;
+  const std::uint16_t* v_scale;
   const std::int32_t* q_indptr;
   const std::int32_t* token_kv_len;
   const std::int32_t* page_indptr;
@@ -184,13 +184,15 @@ __global__ void __launch_bounds__(prefill_config<D, FP8>::kThreads) paged_prefil
         constexpr int NT = kKvTile / 8;
         float s[NT][4] = {};
         qk_tile_fp8<D, NT>(s, qf, stage + cfg::loader::kKOffset, 0, lane);
-        // This thread's tokens: 8n + 2t + {0, 1}.
-        const float* scales = reinterpret_cast<const float*>(stage + cfg::loader::kScaleOffset) + 2 * t;
+        // This thread's tokens: 8n + 2t + {0, 1}, their scales at the same places of their words for every n
+        // (scale_shift depends on the row modulo 2).
+        const std::uint32_t* words = reinterpret_cast<const std::uint32_t*>(stage + cfg::loader::kScaleOffset) + 2 * t;
+        const int sh0 = scale_shift(2 * t, a.num_kv_heads, kvh), sh1 = scale_shift(2 * t + 1, a.num_kv_heads, kvh);
         const bool mask = tile_start + kKvTile > kv_min;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const float2 k2 = *reinterpret_cast<const float2*>(scales + 8 * nt);
-          const float km[2] = {k2.x * q_mul, k2.y * q_mul};
+          const uint2 k2 = *reinterpret_cast<const uint2*>(words + 8 * nt);
+          const float km[2] = {scale_in_word(k2.x, sh0) * q_mul, scale_in_word(k2.y, sh1) * q_mul};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int col = tile_start + nt * 8 + 2 * t + (e & 1);
@@ -200,8 +202,8 @@ __global__ void __launch_bounds__(prefill_config<D, FP8>::kThreads) paged_prefil
         float vs[NT][2];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const float2 v2 = *reinterpret_cast<const float2*>(scales + kKvTile + 8 * nt);
-          vs[nt][0] = v2.x, vs[nt][1] = v2.y;
+          const uint2 v2 = *reinterpret_cast<const uint2*>(words + kKvTile + 8 * nt);
+          vs[nt][0] = scale_in_word(v2.x, sh0), vs[nt][1] = scale_in_word(v2.y, sh1);
         }
         const float o_rescale = normalise_v_scales<NT>(vs, v_exp);
         softmax_step<D, NT>(s, m, l, o, o_rescale);
