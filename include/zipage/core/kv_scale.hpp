@@ -24,14 +24,7 @@
 #include <cstdint>
 #include <type_traits>
 
-// Lets a CUDA translation unit call these in a kernel without this header including CUDA (as sampling_params.hpp).
-#ifndef ZIPAGE_HOST_DEVICE
-#if defined(__CUDACC__)
-#define ZIPAGE_HOST_DEVICE __host__ __device__
-#else
-#define ZIPAGE_HOST_DEVICE
-#endif
-#endif
+#include "zipage/core/host_device.hpp"
 
 namespace zipage {
 

@@ -16,16 +16,8 @@
 #include <vector>
 
 #include "zipage/core/error.hpp"
+#include "zipage/core/host_device.hpp"
 #include "zipage/core/types.hpp"
-
-// Lets a CUDA translation unit call sampling_uniform() in a kernel without this header including CUDA.
-#ifndef ZIPAGE_HOST_DEVICE
-#if defined(__CUDACC__)
-#define ZIPAGE_HOST_DEVICE __host__ __device__
-#else
-#define ZIPAGE_HOST_DEVICE
-#endif
-#endif
 
 namespace zipage {
 
