@@ -45,6 +45,7 @@
 #include "zipage/sampling/grammar.hpp"
 #include "zipage/sampling/guided.hpp"
 #include "zipage/sampling/json_schema.hpp"
+#include "zipage/tokenizer/utf8.hpp"
 
 namespace zipage {
 
@@ -59,28 +60,22 @@ using guided_detail::byte_automaton;
 using guided_detail::node;
 
 // A byte's next state in a UTF-8 decoder (0: between characters; 1-3: that many continuation bytes due; 4-7: the
-// second byte of E0, ED, F0 and F4 sequences, whose range is narrower), -1 for a byte that makes the text
-// ill-formed. The same characters as guided_detail::non_ascii_char.
+// second byte of an E0, ED, F0 or F4 sequence, whose range is narrower), -1 for a byte that makes the text
+// ill-formed. The lead bytes and ranges are utf8::detail::classify_lead's (the same characters as
+// guided_detail::non_ascii_char).
+inline constexpr std::array<unsigned char, 4> utf8_narrow_leads = {0xE0, 0xED, 0xF0, 0xF4};
 inline int utf8_next(int state, unsigned b) {
-  const auto in = [b](unsigned lo, unsigned hi) { return b >= lo && b <= hi; };
-  switch (state) {
-    case 0:
-      if (b < 0x80) return 0;
-      if (in(0xC2, 0xDF)) return 1;
-      if (b == 0xE0) return 4;
-      if (in(0xE1, 0xEC) || in(0xEE, 0xEF)) return 2;
-      if (b == 0xED) return 5;
-      if (b == 0xF0) return 6;
-      if (in(0xF1, 0xF3)) return 3;
-      if (b == 0xF4) return 7;
-      return -1;
-    case 1: case 2: case 3: return in(0x80, 0xBF) ? state - 1 : -1;
-    case 4: return in(0xA0, 0xBF) ? 1 : -1;
-    case 5: return in(0x80, 0x9F) ? 1 : -1;
-    case 6: return in(0x90, 0xBF) ? 2 : -1;
-    case 7: return in(0x80, 0x8F) ? 2 : -1;
-    default: return -1;
+  if (state == 0) {
+    const auto lead = utf8::detail::classify_lead(static_cast<unsigned char>(b));
+    if (lead.length <= 1) return lead.length == 1 ? 0 : -1;
+    const auto* narrow = std::find(utf8_narrow_leads.begin(), utf8_narrow_leads.end(), b);
+    if (narrow == utf8_narrow_leads.end()) return static_cast<int>(lead.length) - 1;
+    return 4 + static_cast<int>(narrow - utf8_narrow_leads.begin());
   }
+  if (state >= 1 && state <= 3) return b >= 0x80 && b <= 0xBF ? state - 1 : -1;
+  if (state < 4 || state > 7) return -1;
+  const auto lead = utf8::detail::classify_lead(utf8_narrow_leads[static_cast<std::size_t>(state - 4)]);
+  return b >= lead.second_lo && b <= lead.second_hi ? static_cast<int>(lead.length) - 2 : -1;
 }
 inline constexpr int utf8_states = 8;
 
