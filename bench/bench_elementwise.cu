@@ -180,7 +180,7 @@ void bm_append_kv_fp8(benchmark::State& state) {
   const int block = 256, blocks_per_seq = 9, blocks = rows * blocks_per_seq;
   const std::size_t slots = std::size_t(blocks) * block;
   dbuf<std::uint8_t> kc(slots * kv_width), vc(slots * kv_width);
-  dbuf<float> ks(slots * kKvHeads), vs(slots * kKvHeads);
+  dbuf<std::uint16_t> ks(slots * kKvHeads), vs(slots * kKvHeads);  // a bf16 scale per (slot, KV head)
   bf16_sets k(std::size_t(rows) * kv_width, 41), v(std::size_t(rows) * kv_width, 42);
   std::vector<int> order(blocks);
   std::iota(order.begin(), order.end(), 0);
@@ -193,8 +193,8 @@ void bm_append_kv_fp8(benchmark::State& state) {
       sl[r] = std::int64_t{order[r * blocks_per_seq + 8]} * block + (s * 7 + r) % block;
     slot_sets.emplace_back(sl);
   }
-  // k, v read (bf16); codes and scales written.
-  const double bytes = 2.0 * rows * kv_width * 2 + 2.0 * rows * (kv_width + 4.0 * kKvHeads);
+  // k, v read (bf16); codes and bf16 scales written.
+  const double bytes = 2.0 * rows * kv_width * 2 + 2.0 * rows * (kv_width + 2.0 * kKvHeads);
   time_case(state, "append_kv_fp8", bytes, [&](int s, cudaStream_t st) {
     zc::append_kv_params p;
     p.kv.k_cache = kc.p, p.kv.v_cache = vc.p, p.kv.k_scale = ks.p, p.kv.v_scale = vs.p;
