@@ -40,8 +40,8 @@ const std::vector<std::string> kBytes = {"",   "a",  "b",     "ab",       "abc",
                                          "\xA9", " ", "1",    "12",       "x",      "ss",   "",    "yess"};
 constexpr token_id kEos = 0, kOtherSpecial = 22;
 
-// The DFA matches each text of `yes` as a whole, and none of `no`.
-void check_language(const byte_dfa& d, const std::vector<std::string>& yes, const std::vector<std::string>& no) {
+// The automaton matches each text of `yes` as a whole, and none of `no`.
+void check_language(const guided_machine& d, const std::vector<std::string>& yes, const std::vector<std::string>& no) {
   for (const std::string& t : yes) {
     CAPTURE(t);
     CHECK(d.matches(t));
@@ -344,42 +344,87 @@ std::shared_ptr<const guide_vocabulary> json_vocab() {
 }
 
 // Each DFA state's distance (in bytes) to an accepting one.
-std::vector<int> distance_to_accept(const byte_dfa& d) {
-  std::vector<int> dist(static_cast<std::size_t>(d.size()), 1 << 20);
-  for (std::int32_t s = 0; s < d.size(); ++s)
-    if (d.accepts(s)) dist[static_cast<std::size_t>(s)] = 0;
+// Per rule (a DFA's: one rule), the fewest bytes from each state to its accepting states, a call costing its rule's
+// shortest text.
+std::vector<std::vector<int>> distance_to_accept(const std::vector<const byte_dfa*>& rules) {
+  constexpr int far = 1 << 20;
+  std::vector<std::vector<int>> dist(rules.size());
+  for (std::size_t r = 0; r < rules.size(); ++r) dist[r].assign(static_cast<std::size_t>(rules[r]->size()), far);
   for (bool changed = true; changed;) {
     changed = false;
-    for (std::int32_t s = 0; s < d.size(); ++s)
-      for (const auto& r : d.edges[static_cast<std::size_t>(s)])
-        if (dist[static_cast<std::size_t>(r.to)] + 1 < dist[static_cast<std::size_t>(s)]) {
-          dist[static_cast<std::size_t>(s)] = dist[static_cast<std::size_t>(r.to)] + 1;
+    for (std::size_t r = 0; r < rules.size(); ++r) {
+      const byte_dfa& d = *rules[r];
+      auto& dr = dist[r];
+      auto lower = [&](std::int32_t s, int v) {
+        if (v < dr[static_cast<std::size_t>(s)]) {
+          dr[static_cast<std::size_t>(s)] = v;
           changed = true;
         }
+      };
+      for (std::int32_t s = 0; s < d.size(); ++s) {
+        if (d.accepts(s)) lower(s, 0);
+        for (const auto& e : d.edges[static_cast<std::size_t>(s)]) lower(s, dr[static_cast<std::size_t>(e.to)] + 1);
+        for (const auto& c : d.calls_of(s))
+          lower(s, dist[static_cast<std::size_t>(c.rule)][0] + dr[static_cast<std::size_t>(c.to)]);
+      }
+    }
   }
   return dist;
 }
 
+// The fewest bytes that complete `text` to a match of the guide's automaton (a pushdown one's: the cheapest stack,
+// each frame finishing its rule), or a large number where `text` is no prefix of one.
+struct completion_cost {
+  explicit completion_cost(const guide& g) : g_(g) {
+    std::vector<const byte_dfa*> rules;
+    if (g.is_pushdown())
+      for (const byte_dfa& r : g.pda().rules) rules.push_back(&r);
+    else
+      rules.push_back(&g.dfa());
+    dist_ = distance_to_accept(rules);
+  }
+  int operator()(const std::string& text) const {
+    constexpr int far = 1 << 20;
+    if (!g_.is_pushdown()) {
+      const std::int32_t s = g_.dfa().walk(byte_dfa::start, text);
+      return s < 0 ? far : dist_[0][static_cast<std::size_t>(s)];
+    }
+    const auto c = pushdown_after(g_.pda(), text);
+    int best = c.bottom_returned ? 0 : far;
+    for (const auto& st : c.stacks) {
+      int cost = 0;
+      for (const auto& f : st) cost += dist_[static_cast<std::size_t>(f.rule)][static_cast<std::size_t>(f.state)];
+      best = std::min(best, cost);
+    }
+    return best;
+  }
+
+ private:
+  const guide& g_;
+  std::vector<std::vector<int>> dist_;
+};
+
 // A random text the guide allows: uniform picks among the allowed tokens for `budget` steps (stopping at a match
 // now and then), then the tokens that come closest to a match, so that every walk ends.
-std::string random_walk(const guide& g, const std::vector<int>& dist, std::mt19937& rng, int budget) {
+std::string random_walk(const guide& g, const completion_cost& cost, std::mt19937& rng, int budget) {
   std::string text;
-  std::int32_t s = byte_dfa::start;
+  std::vector<token_id> tokens;
   for (int step = 0;; ++step) {
-    if (g.accepts(s) && (step >= budget || rng() % 4 == 0)) return text;
-    const std::vector<token_id> ids = g.allowed_ids(s);
-    if (ids.empty() && g.accepts(s)) return text;  // nothing longer matches: only EOS
+    const guide_lookahead ahead = g.lookahead(tokens);
     CAPTURE(text);
+    REQUIRE(ahead.alive);
+    if (ahead.at_match && (step >= budget || rng() % 4 == 0)) return text;
+    const std::vector<token_id> ids = g.allowed_after(tokens);
+    if (ids.empty() && ahead.at_match) return text;  // nothing longer matches: only EOS
     REQUIRE(!ids.empty());
     token_id pick = ids[rng() % ids.size()];
     if (step >= budget)
       pick = *std::min_element(ids.begin(), ids.end(), [&](token_id a, token_id b) {
-        return dist[static_cast<std::size_t>(g.dfa().walk(s, g.vocabulary().bytes_of(a)))] <
-               dist[static_cast<std::size_t>(g.dfa().walk(s, g.vocabulary().bytes_of(b)))];
+        return cost(text + g.vocabulary().bytes_of(a)) < cost(text + g.vocabulary().bytes_of(b));
       });
     text += g.vocabulary().bytes_of(pick);
-    s = g.dfa().walk(s, g.vocabulary().bytes_of(pick));
-    REQUIRE(s >= 0);
+    tokens.push_back(pick);
+    REQUIRE(cost(text) < (1 << 20));
   }
 }
 
@@ -434,8 +479,16 @@ TEST_CASE("json schema compiler: accepts and rejects whole texts, keyword by key
       {R"({"title":"T","description":"d","examples":[1],"default":1,"$schema":"x","type":"integer"})", {"7"}, {"x"}},
       {R"({"allOf":[{"type":"boolean"}]})", {"true"}, {"1"}},
       {"true", {"1", R"({"a":[1,{"b":null}]})", R"("s")"}, {"{", "[1,]"}},
-      {"{}", {"null", "[[[1]]]"}, {"[[[[1]]]]"}},  // containers nest at most json_any_depth (3) deep
-      {R"({"type":"object"})", {"{}", R"({"a": {"b": [1]}})"}, {"[]", R"({"a":{"b":{"c":[1]}}})"}},
+      {"{}", {"null", "[[[1]]]", "[[[[[[[[1]]]]]]]]", R"({"a":[{"b":{}}]})"}, {"[[[[1]]]", "[1,]", "{1:2}"}},
+      {R"({"type":"object"})", {"{}", R"({"a": {"b": [1]}})", R"({"a":{"b":{"c":[1]}}})"}, {"[]", R"({"a":{"b":})"}},
+      {R"({"$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},"next":{"anyOf":[
+          {"$ref":"#/$defs/node"},{"type":"null"}]}},"required":["v","next"]}},"$ref":"#/$defs/node"})",
+       {R"({"v":1,"next":null})", R"({"v":1,"next":{"v":2,"next":{"v":3,"next":{"v":4,"next":null}}}})"},
+       {R"({"v":1,"next":{"v":2}})", R"({"v":1})", "null"}},  // a recursive $ref: a linked list of any length
+      {R"({"type":"object","properties":{"name":{"type":"string"},"children":{"type":"array","items":{"$ref":"#"}}},
+          "required":["name"]})",
+       {R"({"name":"a"})", R"({"name":"a","children":[{"name":"b","children":[{"name":"c","children":[]}]}]})"},
+       {R"({"name":"a","children":[{}]})", R"({"children":[]})"}},  // "#": the root itself, a tree
   };
   // `required` names without a schema in `properties`: present, any value, after the declared ones.
   check_language(compile_guided_json(R"({"properties":{"a":{"type":"integer"}},"required":["b"]})"),
@@ -535,7 +588,7 @@ TEST_CASE("json schema compiler: random ranges against exact arithmetic") {
     auto inside = [&](long long t) { return bounds.admits(t); };
     const std::string schema = s.dump();
     CAPTURE(schema);
-    std::optional<byte_dfa> g;
+    std::optional<guided_machine> g;
     try {
       g.emplace(compile_guided_json(schema));
     } catch (const error& e) {
@@ -661,7 +714,7 @@ TEST_CASE("json schema compiler: random multipleOf against exact arithmetic") {
     auto inside = [&](long long t) { return bounds.admits(t) && multiple(t); };
     const std::string schema = s.dump();
     CAPTURE(schema);
-    std::optional<byte_dfa> g;
+    std::optional<guided_machine> g;
     try {
       g.emplace(compile_guided_json(schema));
     } catch (const error& e) {
@@ -721,8 +774,12 @@ TEST_CASE("json schema compiler: the whitespace pattern; the regex it makes") {
       json_schema_regex(R"({"properties":{"z":{"type":"null"},"a":{"type":"null"}},"required":["z","a"]})").regex;
   CHECK(re.find("\"z\"") < re.find("\"a\""));
   CHECK(compile_guided_regex(re).matches(R"({"z":null,"a":null})"));
-  // json_object's schema fits the DFA cap with room to spare (the size json_any_depth was chosen by).
-  CHECK(compile_guided_json(R"({"type":"object"})").size() < 1000);
+  // json_object's schema: any object at any depth, a pushdown grammar of two small rules.
+  const guided_machine object = compile_guided_json(R"({"type":"object"})");
+  CHECK(object.is_pushdown());
+  CHECK(object.size() < 200);
+  // Unrolled (for a plain DFA, as structural tags embed schemas), it fits the DFA cap with room to spare.
+  CHECK(compile_guided_regex(json_schema_regex(R"({"type":"object"})").regex).size() < 1000);
 }
 
 TEST_CASE("json schema guide: random walks over a vocabulary parse as JSON and satisfy the schema") {
@@ -744,11 +801,11 @@ TEST_CASE("json schema guide: random walks over a vocabulary parse as JSON and s
   for (const std::string& schema : schemas) {
     CAPTURE(schema);
     const guide g(compile_guided_json(schema), json_vocab());
-    const std::vector<int> dist = distance_to_accept(g.dfa());
+    const completion_cost cost(g);
     const nlohmann::json s = nlohmann::json::parse(schema);
     std::set<std::string> seen;
     for (int walk = 0; walk < 40; ++walk) {
-      const std::string text = random_walk(g, dist, rng, 40);
+      const std::string text = random_walk(g, cost, rng, 40);
       CAPTURE(text);
       nlohmann::json v;
       REQUIRE_NOTHROW(v = nlohmann::json::parse(text));
@@ -757,6 +814,112 @@ TEST_CASE("json schema guide: random walks over a vocabulary parse as JSON and s
     }
     CHECK(seen.size() > 10);  // the walks differ: the checks saw varied values
   }
+}
+
+namespace {
+
+// json_vocab's tokens and some that cross the end of a rule (a closing bracket and what follows it).
+std::shared_ptr<const guide_vocabulary> crossing_vocab() {
+  static const auto v = [] {
+    std::vector<std::string> bytes;
+    for (token_id t = 0; t < json_vocab()->size(); ++t) bytes.push_back(json_vocab()->bytes_of(t));
+    for (const char* t : {"\"}", "}]", "]}", "\"},", "}}", "))", ")+", "((", "\"]", "\":[", "},{", "x)", "1)", "]]]",
+                          "a,", "a)", ")]", "1,", "null}", "y\"", "xx", "xy", "zy", "\":{\"", "1}],", "[["})
+      bytes.emplace_back(t);
+    return std::make_shared<const guide_vocabulary>(std::move(bytes));
+  }();
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("pushdown guide: the allowed tokens are brute force's at every step of random walks; EOS at matches") {
+  const std::vector<std::string> grammars = {
+      R"g(root ::= "(" root ")" | "x")g",
+      R"g(root ::= expr
+expr ::= term (("+" | "-") term)*
+term ::= [0-9]+ | "(" expr ")")g",
+      R"g(root ::= s
+s ::= "x" s "y" | "x" s | "z")g",  // ambiguous: "xxzy" has two parses (several stacks at once)
+      R"g(root ::= "[" items "]"
+items ::= (item ("," item)*)?
+item ::= "(" items ")" | "a" | "[" items "]")g",  // a nullable rule between calls
+      R"g(root ::= val
+val ::= obj | arr | """ [a-z]* """ | [0-9]+ | "null"
+obj ::= "{" (str ":" val ("," str ":" val)*)? "}"
+arr ::= "[" (val ("," val)*)? "]"
+str ::= """ [a-z]* """)g",
+  };
+  const std::vector<std::string> schemas = {
+      "{}",
+      R"({"$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},"next":{"anyOf":[
+          {"$ref":"#/$defs/node"},{"type":"null"}]}},"required":["v","next"]}},"$ref":"#/$defs/node"})",
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":3},"kids":{"type":"array",
+          "items":{"$ref":"#"},"maxItems":2}},"required":["name"]})",
+  };
+  std::vector<guided_machine> machines;
+  for (const std::string& g : grammars) machines.push_back(compile_guided_grammar(g));
+  for (const std::string& s : schemas) machines.push_back(compile_guided_json(s));
+  const auto v = crossing_vocab();
+  std::mt19937 rng(11);
+  std::size_t checked = 0;
+  for (std::size_t m = 0; m < machines.size(); ++m) {
+    CAPTURE(m);
+    REQUIRE(machines[m].is_pushdown());
+    const guide g(machines[m], v);
+    const completion_cost cost(g);
+    const byte_pda& pda = g.pda();
+    for (int walk = 0; walk < 12; ++walk) {
+      std::vector<token_id> tokens;
+      std::string text;
+      for (int step = 0; step < 40; ++step) {
+        CAPTURE(text);
+        const auto here = pushdown_after(pda, text);
+        REQUIRE(!here.empty());
+        const guide_lookahead ahead = g.lookahead(tokens);
+        CHECK(ahead.alive);
+        CHECK(ahead.at_match == here.bottom_returned);
+        std::vector<token_id> brute;
+        for (token_id t = 0; t < v->size(); ++t) {
+          const std::string& b = v->bytes_of(t);
+          if (b.empty()) continue;
+          auto c = here;
+          for (const char ch : b) {
+            if (c.stacks.empty()) {
+              c = {};
+              break;
+            }
+            c = pushdown_detail::step(pda, c, static_cast<unsigned char>(ch));
+          }
+          if (!c.empty()) brute.push_back(t);
+        }
+        const std::vector<token_id> allowed = g.allowed_after(tokens);
+        CHECK(allowed == brute);
+        ++checked;
+        if (step % 7 == 3) {  // a guide that has kept nothing agrees (the whole text read at once)
+          const guide fresh(machines[m], v);
+          CHECK(fresh.allowed_after(tokens) == brute);
+        }
+        if (allowed.empty()) break;
+        token_id pick = allowed[rng() % allowed.size()];
+        if (step >= 25)  // then towards a match
+          pick = *std::min_element(allowed.begin(), allowed.end(), [&](token_id a, token_id b) {
+            return cost(text + v->bytes_of(a)) < cost(text + v->bytes_of(b));
+          });
+        tokens.push_back(pick);
+        text += v->bytes_of(pick);
+      }
+    }
+  }
+  MESSAGE(checked, " steps checked against brute force");
+  // A token that leaves the language: nothing allowed after it, not alive.
+  const guide parens(compile_guided_grammar(R"g(root ::= "(" root ")" | "x")g"), v);
+  const token_id close = 10;  // ')'
+  REQUIRE(v->bytes_of(close) == ")");
+  CHECK(!parens.lookahead(std::vector<token_id>{close}).alive);
+  CHECK(parens.allowed_after(std::vector<token_id>{close}).empty());
+  CHECK(parens.lookahead(std::vector<token_id>{}).alive);
+  CHECK(parens.memo_bytes() > 0);
 }
 
 TEST_CASE("json schema compiler: unsupported keywords and bad schemas are errors naming guided_json and the place") {
@@ -769,8 +932,6 @@ TEST_CASE("json schema compiler: unsupported keywords and bad schemas are errors
        {"'additionalProperties' as a schema at /properties/a"}},
       {R"({"anyOf":[{"type":"null"},{"dependentSchemas":{}}]})", {"'dependentSchemas' at /anyOf/1"}},
       {R"({"type":"array","uniqueItems":true})", {"'uniqueItems'"}},
-      {R"({"$defs":{"node":{"type":"object","properties":{"next":{"$ref":"#/$defs/node"}}}},"$ref":"#/$defs/node"})",
-       {"recursive '$ref' \"#/$defs/node\"", "/$defs/node/properties/next"}},
       {R"({"properties":{"a":{"$ref":"#/$defs/missing"}}})", {"names nothing", "/properties/a"}},
       {R"({"$ref":"other.json#/a"})", {"'$ref' \"other.json#/a\""}},
       {R"({"properties":{"id":{"type":"string","pattern":"^(?!x)[a-z]+$"}}})",
@@ -882,20 +1043,18 @@ TEST_CASE("grammar compiler: GBNF rules, literals, classes, groups, quantifiers,
       {R"(root ::= . . .)", {"abc", "a\nb", "\xC3\xA9xy"}, {"ab", "abcd"}},
       {"root ::=\n  item\n  (\",\" item)*\nitem ::= \"x\" |\n  \"y\"", {"x", "x,y,x"}, {"", "x,", ",x"}},
       {R"(root ::= [a-c-] [\]\-\\])", {"a]", "--", "c\\"}, {"d]", "a["}},
-      {R"g(root ::= "(" root ")" | "x")g", {"x", "(x)", "((((x))))"}, {"(((((x)))))", "(x", ""}},  // 4 nested
+      {R"g(root ::= "(" root ")" | "x")g", {"x", "(x)", "((((x))))", "(((((((((((x)))))))))))"}, {"(x", "", "(x))"}},
       {R"g(root ::= expr
           expr ::= term (("+" | "-") term)*
           term ::= [0-9]+ | "(" expr ")")g",
        {"1+2", "(1+2)-3", "((1))"}, {"1+", "(1+2", "+1"}},
-      {R"(root ::= root "a" | "b")", {"b", "ba", "baaaa"}, {"baaaaa", "a"}},  // left recursion, unrolled too
   };
   for (const row& r : table) {
     const std::string grammar = r.grammar;
     CAPTURE(grammar);
     check_language(compile_guided_grammar(grammar), r.yes, r.no);
   }
-  // A JSON grammar with whitespace everywhere is too large for the DFA at 4 nested values: compile_guided_grammar
-  // steps the recursion down until it fits (here 2: three levels of containers).
+  // A JSON grammar with whitespace everywhere: a pushdown grammar, containers nested at any depth.
   const std::string json_gbnf = R"g(root ::= obj
 val ::= obj | arr | str | num | "true" | "false" | "null"
 obj ::= "{" sp ( str sp ":" sp val sp ( "," sp str sp ":" sp val sp )* )? "}"
@@ -904,7 +1063,9 @@ str ::= "\"" ( [^"\\\x00-\x1F] | "\\" ["\\/bfnrt] )* "\""
 num ::= "-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]+ )?
 sp ::= | " " | "\n" [ \t]{0,16})g";
   check_language(compile_guided_grammar(json_gbnf), {R"({"a": [1, {"b": null}], "c": "x\n"})", "{}", R"({"a":[[]]})"},
-                 {R"({"a": })", R"({"a":[[[[]]]]})", "[]"});
+                 {R"({"a": })", R"({"a":[[[[]]]])", "[]"});
+  CHECK(compile_guided_grammar(json_gbnf).is_pushdown());
+  CHECK(compile_guided_grammar(json_gbnf).matches(R"({"a":[[[[[[[[[[{"b":[{}]}]]]]]]]]]]})"));
   // Recursion is unrolled grammar_max_recursion times; with a larger limit, deeper nesting.
   const std::string nested = R"(root ::= "[" root* "]")";
   CHECK(compile_guided_regex(grammar_regex(nested, 1)).matches("[[]]"));
@@ -924,14 +1085,16 @@ TEST_CASE("grammar compiler: bad grammars are errors naming guided_grammar and t
       {R"(root ::= "a"{3,2})", {"reversed"}},
       {R"(root ::= "\q")", {"unknown escape '\\q'"}},
       {"root ::= \"a\"\n  ::= \"b\"", {"line 2"}},
-      {R"(root ::= root "a")", {"derives no finite string"}},  // recursion that never ends
+      {R"(root ::= root "a")", {"'root' derives no finite text"}},  // recursion that never ends
+      {R"(root ::= root "a" | "b")", {"left recursion", "'root'", "x ::= item x?"}},
+      {"root ::= x \"a\"\nx ::= y? \"b\" | root\ny ::= \"c\"", {"left recursion"}},  // through another rule
       {R"(root ::= "a" @)", {"unexpected '@'"}},
   };
   for (const auto& [grammar, parts] : table) {
     CAPTURE(grammar);
     const std::string msg = error_of([&] { (void)compile_guided_grammar(grammar); });
     CAPTURE(msg);
-    CHECK(contains(msg, "guided_grammar: grammar: "));
+    CHECK(contains(msg, "guided_grammar: "));
     for (const char* part : parts) CHECK(contains(msg, part));
   }
   sampling_params p;
@@ -1072,6 +1235,30 @@ TEST_CASE("structural tag, format form: every supported format type") {
   }
 }
 
+TEST_CASE("structural tag: recursive grammars and schemas inside are exact at any depth (a pushdown grammar)") {
+  const std::string legacy = R"({"structures": [{"begin": "<j>", "schema": {}, "end": "</j>"}], "triggers": ["<j>"]})";
+  const std::string format = R"({"format": {"type": "sequence", "elements": [
+      {"type": "tag", "begin": "<p>", "content": {"type": "grammar", "grammar": "root ::= \"(\" root \")\" | \"x\""},
+       "end": "</p>"},
+      {"type": "tag", "begin": "<t>", "content": {"type": "json_schema", "json_schema": {"type": "object",
+       "properties": {"n": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#"}}},
+       "required": ["n"]}}, "end": "</t>"}]}})";
+  const guided_machine a = compile_guided_structural_tag(legacy), b = compile_guided_structural_tag(format);
+  CHECK(a.is_pushdown());
+  CHECK(b.is_pushdown());
+  check_language(a, {"hi <j>[[[[[[1]]]]]]</j> and <j>{\"a\":{\"b\":{\"c\":{\"d\":[]}}}}</j>", "no tag"},
+                 {"<j>[[1]</j>", "<j>[1]]</j>", "<j>"});
+  check_language(b, {"<p>x</p><t>{\"n\":1}</t>", "<p>((((((x))))))</p><t>{\"n\":1,\"kids\":[{\"n\":2,\"kids\":"
+                     "[{\"n\":3,\"kids\":[{\"n\":4}]}]}]}</t>"},
+                 {"<p>((x)</p><t>{\"n\":1}</t>", "<p>x</p><t>{\"n\":1,\"kids\":[{}]}</t>"});
+  // Left recursion in a tag's grammar: refused naming the place.
+  const std::string left = R"({"format": {"type": "grammar", "grammar": "root ::= root \"a\" | \"b\""}})";
+  const std::string msg = error_of([&] { (void)compile_guided_structural_tag(left); });
+  CAPTURE(msg);
+  CHECK(contains(msg, "structural_tag: "));
+  CHECK(contains(msg, "left recursion"));
+}
+
 TEST_CASE("structural tag guide: allowed tokens equal brute force; EOS only outside a structure") {
   const std::string tag = R"({"triggers": ["ab"], "structures": [{"begin": "abc", "schema": {"enum": ["yes", "no"]},
                                                                   "end": "c"}]})";
@@ -1173,7 +1360,7 @@ TEST_CASE("guided generation on stories260K: every output is a sentence of the g
   g.grammar = R"(root ::= "The " animal " was " mood ( " and " mood )? "."
 animal ::= "cat" | "dog" | "little bird"
 mood ::= "happy" | "sad" | "very " mood)";
-  const byte_dfa sentence = compile_guided_grammar(*g.grammar);
+  const guided_machine sentence = compile_guided_grammar(*g.grammar);
   std::set<std::string> seen;
   each_guided_output(eng, g, {0.0f, 1.0f, 1.5f}, 60, [&](const auto& out) {
     CHECK(out.text.starts_with("The "));
@@ -1181,6 +1368,45 @@ mood ::= "happy" | "sad" | "very " mood)";
     seen.insert(out.text);
   });
   CHECK(seen.size() > 2);
+}
+
+TEST_CASE("guided generation on stories260K: a recursive grammar and free-form JSON, through the pushdown guide") {
+  auto eng = make_engine();
+  const auto prompt = stories().tokenizer.encode("Once upon a time", true);
+  guided_decoding nested, any_json;
+  nested.grammar = R"g(root ::= "The " thing " was happy."
+thing ::= "cat" | "dog" | "(" thing " and " thing ")")g";
+  any_json.json_schema = R"({"type":"array","items":{},"minItems":2,"maxItems":3})";  // free-form values
+  int finished = 0;
+  std::set<std::string> seen;
+  for (const guided_decoding* guided : {&nested, &any_json}) {
+    const guided_machine machine = compile_guided(*guided);
+    REQUIRE(machine.is_pushdown());
+    for (const float temperature : {0.0f, 0.8f, 1.2f}) {
+      for (std::uint64_t seed = 0; seed < 4; ++seed) {
+        sampling_params p;
+        p.temperature = temperature;
+        p.seed = seed;
+        p.max_tokens = 48;
+        p.guided = *guided;
+        const auto out = eng.generate({prompt}, p)[0];
+        CAPTURE(temperature);
+        CAPTURE(seed);
+        CAPTURE(out.text);
+        if (out.reason == finish_reason::eos) {  // a whole sentence of the grammar
+          CHECK(machine.matches(out.text));
+          if (guided == &any_json) CHECK_NOTHROW((void)nlohmann::json::parse(out.text));
+          ++finished;
+        } else {  // cut at max_tokens: still a prefix of one
+          CHECK(out.reason == finish_reason::length);
+          CHECK(machine.prefix(out.text));
+        }
+        seen.insert(out.text);
+      }
+    }
+  }
+  CHECK(finished >= 6);
+  CHECK(seen.size() > 4);
 }
 
 TEST_CASE("guided generation on stories260K: every output is one of the choices / matches the regex") {
@@ -1240,7 +1466,7 @@ TEST_CASE("guided generation on stories260K: structural tags, the format form an
         {"type": "tag", "begin": "<name>", "end": "</name>",
          "content": {"type": "json_schema", "json_schema": {"type": "string", "minLength": 1, "maxLength": 6}}}]},
       {"type": "const_string", "value": "."}]}})";
-  const byte_dfa one_tag = compile_guided_structural_tag(*g.structural_tag);
+  const guided_machine one_tag = compile_guided_structural_tag(*g.structural_tag);
   std::set<std::string> seen;
   each_guided_output(eng, g, {0.0f, 1.0f, 1.5f}, 60, [&](const auto& out) {
     CHECK(one_tag.matches(out.text));
@@ -1253,7 +1479,7 @@ TEST_CASE("guided generation on stories260K: structural tags, the format form an
   guided_decoding legacy;
   legacy.structural_tag = R"({"triggers": [" was"],
                               "structures": [{"begin": " was ", "schema": {"enum": ["happy", "sad"]}, "end": "!"}]})";
-  const byte_dfa tagged = compile_guided_structural_tag(*legacy.structural_tag);
+  const guided_machine tagged = compile_guided_structural_tag(*legacy.structural_tag);
   const auto prompt = stories().tokenizer.encode("Once upon a time", true);
   int structures = 0;
   for (const float temperature : {0.0f, 0.8f, 1.2f}) {
@@ -1267,7 +1493,7 @@ TEST_CASE("guided generation on stories260K: structural tags, the format form an
       p.guided = legacy;
       const auto out = eng.generate({prompt}, p)[0];
       CAPTURE(out.text);
-      CHECK(tagged.walk(byte_dfa::start, out.text) >= 0);
+      CHECK(tagged.prefix(out.text));
       CHECK((out.reason == finish_reason::eos || out.reason == finish_reason::length));
       if (out.reason == finish_reason::eos) CHECK(tagged.matches(out.text));
       for (std::size_t at = out.text.find(" was"); at != std::string::npos; at = out.text.find(" was", at + 1)) {

@@ -12,12 +12,15 @@
 // \UHHHHHHHH, character classes [...] and [^...] with ranges and the same escapes (ASCII members: a negated class
 // also matches every non-ASCII character), `.` (any character), quantifiers * + ? {m} {m,} {m,n}, comments #.
 //
-// A DFA has no stack, so recursion is unrolled: a rule may appear inside its own expansion at most
-// `grammar_max_recursion` times (parentheses nested 4 deep with the default), fewer where the DFA would pass its
-// cap (compile_guided_grammar steps down until it fits: llama.cpp's json.gbnf gets 2); alternatives that would need
-// more are not generated. A grammar without recursion is exact. Errors name the rule or the position: an undefined or
-// missing `root` rule, a syntax error, a non-ASCII class member, a grammar whose root derives nothing within the
-// recursion limit, an expansion past json_schema_max_regex_bytes-like limits (grammar_max_regex_bytes).
+// Recursion, two ways. grammar_rules keeps it exact: a rule referenced inside its own expansion becomes a call,
+// (?&N), of a rule of its own, which guided.hpp compiles to a pushdown grammar (pushdown.hpp; what
+// compile_guided_grammar does for a recursive grammar); every other reference is expanded in place. grammar_regex,
+// for a plain DFA (structural tags' grammars), unrolls it: a rule may appear inside its own expansion at most
+// `grammar_max_recursion` times (parentheses nested 4 deep with the default), alternatives that would need more are
+// not generated. A grammar without recursion is one regex either way, exact. Errors name the rule or the position:
+// an undefined or missing `root` rule, a syntax error, a non-ASCII class member, a grammar whose root derives nothing
+// (within the recursion limit), an expansion past grammar_max_regex_bytes.
+#include <algorithm>
 #include <cctype>
 #include <cstddef>
 #include <cstdint>
@@ -316,8 +319,11 @@ class parser {
 // The regex of a node, nullopt when it derives no string within the recursion limit.
 class emitter {
  public:
-  emitter(const std::map<std::string, node_ptr, std::less<>>& rules, int max_recursion)
-      : rules_(rules), max_recursion_(max_recursion) {}
+  // `called` (optional): recursion becomes a call; the names of the rules called, by (?&N)'s N, grow into it (the
+  // caller puts the rule being emitted, at its own index, first).
+  emitter(const std::map<std::string, node_ptr, std::less<>>& rules, int max_recursion,
+          std::vector<std::string>* called = nullptr)
+      : rules_(rules), max_recursion_(max_recursion), called_(called) {}
 
   std::optional<std::string> emit_rule(const std::string& name) { return reference(name); }
 
@@ -365,12 +371,18 @@ class emitter {
  private:
   const std::map<std::string, node_ptr, std::less<>>& rules_;
   int max_recursion_;
+  std::vector<std::string>* called_;
   std::map<std::string, int, std::less<>> open_;  // how many times each rule is being expanded
 
   // A rule's expansion, unless it is already open max_recursion + 1 times (its outermost expansion and
-  // max_recursion nested inside it).
+  // max_recursion nested inside it); with calls, a call where it is open at all.
   std::optional<std::string> reference(const std::string& name) {
     int& open = open_[name];  // (std::map: the reference stays valid while the recursion inserts)
+    if (called_ && open > 0) {
+      auto it = std::find(called_->begin(), called_->end(), name);
+      if (it == called_->end()) it = called_->insert(called_->end(), name);
+      return "(?&" + std::to_string(it - called_->begin()) + ")";
+    }
     if (open > max_recursion_) return std::nullopt;
     ++open;
     auto r = emit(*rules_.find(name)->second);
@@ -396,6 +408,27 @@ class emitter {
   check(re.has_value(), "grammar: 'root' derives no finite string within ", max_recursion,
         " nested expansions of a rule inside itself");
   return *re;
+}
+
+// The rules of `gbnf` as regexes with calls: rules[0] is root's, and (?&N) in any of them calls rules[N] (a rule
+// the grammar references inside its own expansion; names[N] its name). A grammar without recursion gives root's
+// regex alone. Throws zipage::error "grammar: ..." naming what is wrong.
+struct grammar_compiled {
+  std::vector<std::string> rules;
+  std::vector<std::string> names;
+};
+[[nodiscard]] inline grammar_compiled grammar_rules(std::string_view gbnf) {
+  const auto rules = grammar_detail::parser(gbnf).parse();
+  grammar_compiled out;
+  out.names.push_back("root");
+  for (std::size_t k = 0; k < out.names.size(); ++k) {  // the called rules, each once, as calls name them
+    const std::string name = out.names[k];  // a copy: emitting grows `names`
+    grammar_detail::emitter e(rules, 0, &out.names);
+    auto re = e.emit_rule(name);
+    check(re.has_value(), "grammar: '", name, "' derives nothing");
+    out.rules.push_back(std::move(*re));
+  }
+  return out;
 }
 
 }  // namespace zipage

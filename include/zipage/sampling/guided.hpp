@@ -1,15 +1,17 @@
 #pragma once
 // Structured outputs (vLLM's guided_choice, guided_regex, guided_json, guided_grammar and structural_tag): the whole
 // generated text must be one of a list of strings, match a regular expression, be JSON that a JSON Schema describes
-// (json_schema.hpp compiles the schema to a regex), a string a GBNF grammar derives (grammar.hpp, recursion
-// unrolled) or text with structures where triggers occur (structural_tag.hpp, which embeds small automata in the
-// syntax tree). All compile to a DFA over bytes, equivalent states merged, of at most
-// guided_max_dfa_states states. At each step the tokens that may come next are those whose bytes keep the DFA
-// alive (some accepting state stays reachable), found by a walk of the vocabulary's byte trie that prunes dead
-// states, and EOS may come only at an accepting state. The allowed set of a DFA state is computed once per guide
-// (memoised, thread-safe): the state depends only on the bytes generated so far, and kept as the shorter list
-// (guide_tokens): the allowed ids, or the others when most are allowed. make_logit_edits (logits_processors.hpp)
-// turns it into an allowed-ids edit, or a ban of the others, which both the CPU and the CUDA samplers apply.
+// (json_schema.hpp compiles the schema to regexes), a string a GBNF grammar derives (grammar.hpp) or text with
+// structures where triggers occur (structural_tag.hpp, which embeds small automata in the syntax tree). Each
+// compiles to a DFA over bytes, equivalent states merged, of at most guided_max_dfa_states states; a grammar or
+// schema that recurses compiles to a pushdown grammar instead (pushdown.hpp: rules, each such a DFA whose states may
+// call rules), exact at any depth. At each step the tokens that may come next are those whose bytes keep the text a
+// prefix of a match, found by a walk of the vocabulary's byte trie that prunes dead prefixes, and EOS may come only
+// at a whole match. A DFA state's allowed set is computed once per guide (memoised, thread-safe: the state depends
+// only on the bytes generated so far); a pushdown guide keeps each top frame's part (pushdown.hpp). Either is kept
+// as the shorter list (guide_tokens): the allowed ids, or the others when most are allowed. make_logit_edits
+// (logits_processors.hpp) turns it into an allowed-ids edit, or a ban of the others, which both the CPU and the CUDA
+// samplers apply.
 //
 // Regex subset (whole-output match, as vLLM/outlines: ^ and $ are implicit, and allowed only at the ends):
 // literals (UTF-8 characters whole), escapes \d \w \s \D \W \S \n \t \r \f \v \xHH \uHHHH and escaped
@@ -18,7 +20,8 @@
 // quantifiers * + ? {m} {m,} {m,n} (lazy forms allowed: the language is the same). Backreferences, lookaround,
 // word boundaries, inline flags and possessive quantifiers are errors naming them. (?%N) is a syntax tree the
 // caller builds beside the text (a JSON schema's multipleOf automaton, json_schema_node); where the caller gives
-// none (guided_regex, a schema's pattern) it is an error as any other (?...) group.
+// none (guided_regex, a schema's pattern) it is an error as any other (?...) group; (?&N), likewise, a call of rule
+// N of a pushdown grammar (grammar.hpp's and json_schema.hpp's rules).
 #include <algorithm>
 #include <array>
 #include <bitset>
@@ -38,6 +41,8 @@
 
 #include "zipage/core/error.hpp"
 #include "zipage/core/types.hpp"
+#include "zipage/sampling/byte_dfa.hpp"
+#include "zipage/sampling/pushdown.hpp"
 #include "zipage/sampling/sampling_params.hpp"
 #include "zipage/tokenizer/utf8.hpp"
 #if !defined(__CUDACC__)
@@ -46,77 +51,6 @@
 #endif
 
 namespace zipage {
-
-// Each token id's bytes, sorted so that a walk over them is a walk over the vocabulary's byte trie. A token
-// with no bytes (special, control, unknown) is never allowed by a guide. Built once per tokenizer; immutable.
-class guide_vocabulary {
- public:
-  explicit guide_vocabulary(std::vector<std::string> bytes) : bytes_(std::move(bytes)) {
-    for (std::size_t i = 0; i < bytes_.size(); ++i)
-      if (!bytes_[i].empty()) order_.push_back(static_cast<token_id>(i));
-    std::sort(order_.begin(), order_.end(), [&](token_id a, token_id b) { return bytes_of(a) < bytes_of(b); });
-    lcp_.resize(order_.size(), 0);
-    for (std::size_t i = 1; i < order_.size(); ++i) {
-      const std::string &a = bytes_of(order_[i - 1]), &b = bytes_of(order_[i]);
-      std::size_t n = 0;
-      while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-      lcp_[i] = static_cast<std::uint32_t>(n);
-    }
-  }
-  // From a tokenizer: `bytes_of(id)` gives the bytes a token adds to the output text ("" = none).
-  template <class BytesOf>
-  [[nodiscard]] static std::shared_ptr<const guide_vocabulary> make(std::int32_t vocab, BytesOf&& bytes_of) {
-    std::vector<std::string> bytes(static_cast<std::size_t>(std::max(vocab, 0)));
-    for (std::int32_t i = 0; i < vocab; ++i) bytes[static_cast<std::size_t>(i)] = bytes_of(static_cast<token_id>(i));
-    return std::make_shared<const guide_vocabulary>(std::move(bytes));
-  }
-
-  [[nodiscard]] std::int32_t size() const { return static_cast<std::int32_t>(bytes_.size()); }
-  // The token's bytes; "" for a token a guide never allows or an id outside the vocabulary.
-  [[nodiscard]] const std::string& bytes_of(token_id id) const {
-    static const std::string none;
-    return id >= 0 && static_cast<std::size_t>(id) < bytes_.size() ? bytes_[static_cast<std::size_t>(id)] : none;
-  }
-  // Tokens with bytes, in byte order, and each one's common prefix length with the one before.
-  [[nodiscard]] const std::vector<token_id>& sorted() const { return order_; }
-  [[nodiscard]] const std::vector<std::uint32_t>& lcp() const { return lcp_; }
-
- private:
-  std::vector<std::string> bytes_;
-  std::vector<token_id> order_;
-  std::vector<std::uint32_t> lcp_;
-};
-
-// A DFA over bytes whose every state can still reach an accepting one (transitions into dead states are -1).
-struct byte_dfa {
-  struct range {
-    std::uint8_t lo, hi;
-    std::int32_t to;
-  };
-  std::vector<std::vector<range>> edges;  // per state, sorted disjoint byte ranges
-  std::vector<std::uint8_t> accepting;
-  static constexpr std::int32_t start = 0;
-
-  [[nodiscard]] std::int32_t size() const { return static_cast<std::int32_t>(edges.size()); }
-  [[nodiscard]] std::int32_t next(std::int32_t s, unsigned char b) const {
-    for (const range& r : edges[static_cast<std::size_t>(s)])
-      if (b >= r.lo && b <= r.hi) return r.to;
-    return -1;
-  }
-  [[nodiscard]] bool accepts(std::int32_t s) const { return accepting[static_cast<std::size_t>(s)] != 0; }
-  // The state after `text` from `s` (-1 = dead).
-  [[nodiscard]] std::int32_t walk(std::int32_t s, std::string_view text) const {
-    for (const char c : text) {
-      if (s < 0) return -1;
-      s = next(s, static_cast<unsigned char>(c));
-    }
-    return s;
-  }
-  [[nodiscard]] bool matches(std::string_view text) const {
-    const std::int32_t s = walk(start, text);
-    return s >= 0 && accepts(s);
-  }
-};
 
 namespace guided_detail {
 
@@ -132,12 +66,14 @@ struct byte_automaton {
 
 // The regex's syntax tree (and the trees the other compilers build).
 struct node {
-  // automaton: the language of `machine`, embedded as it is.
-  enum kind_t { set, concat, alt, repeat, automaton } kind = concat;  // an empty concat is the empty string
+  // automaton: the language of `machine`, embedded as it is. call: the text of the pushdown grammar's rule `rule`
+  // (a call edge of the DFA, which a pushdown guide follows with its stack; pushdown.hpp).
+  enum kind_t { set, concat, alt, repeat, automaton, call } kind = concat;  // an empty concat is the empty string
   byte_set bytes{};
   std::vector<node> kids{};
   int min = 0, max = 0;  // repeat: max -1 = unbounded
   std::shared_ptr<const byte_automaton> machine{};
+  std::int32_t rule = -1;  // call
 };
 
 inline node literal(std::string_view s) {
@@ -184,9 +120,10 @@ class regex_parser {
   static constexpr int max_repeat = 1000;
   static constexpr int max_depth = 200;  // groups nested deeper are refused (the parser recurses)
 
-  // `embedded` (optional) gives the syntax tree (?%N) stands for.
-  explicit regex_parser(std::string_view re, std::function<node(std::size_t)> embedded = {})
-      : re_(re), embedded_(std::move(embedded)) {}
+  // `embedded` (optional) gives the syntax tree (?%N) stands for. `calls` (optional: a grammar's rules, none for a
+  // user's regex) is how many rules (?&N) may call, N < calls.
+  explicit regex_parser(std::string_view re, std::function<node(std::size_t)> embedded = {}, std::size_t calls = 0)
+      : re_(re), embedded_(std::move(embedded)), calls_(calls) {}
 
   node parse() {
     if (at('^')) ++i_;
@@ -201,6 +138,7 @@ class regex_parser {
  private:
   std::string_view re_;
   std::function<node(std::size_t)> embedded_;
+  std::size_t calls_ = 0;
   std::size_t i_ = 0;
   int depth_ = 0;
 
@@ -325,16 +263,20 @@ class regex_parser {
     ++i_;  // '('
     if (at('?')) {
       ++i_;
-      if (at('%') && embedded_) {
-        ++i_;
+      if ((at('%') && embedded_) || (at('&') && calls_ > 0)) {
+        const char kind = re_[i_++];
         std::size_t index = 0;
         const std::size_t digits = i_;
         for (; i_ < re_.size() && re_[i_] >= '0' && re_[i_] <= '9' && i_ - digits < 9; ++i_)
           index = index * 10 + static_cast<std::size_t>(re_[i_] - '0');
-        if (i_ == digits || !at(')')) error("bad (?%N) group");
+        if (i_ == digits || !at(')')) error("bad (?", kind, "N) group");
         ++i_;
         --depth_;
-        return embedded_(index);
+        if (kind == '%') return embedded_(index);
+        if (index >= calls_) error("(?&", index, ") calls no rule (", calls_, " rules)");
+        node n{node::call};
+        n.rule = static_cast<std::int32_t>(index);
+        return n;
       }
       if (at(':')) {
         ++i_;
@@ -511,6 +453,7 @@ class nfa {
   struct state {
     byte_set bytes{};
     std::int32_t to = -1;
+    std::int32_t call = -1;  // >= 0: the move to `to` is a call of this rule (no bytes)
     std::vector<std::int32_t> eps{};
   };
   std::vector<state> states;
@@ -570,6 +513,10 @@ class nfa {
       }
       case node::automaton:
         embed(*n.machine, s, e);
+        break;
+      case node::call:
+        states[static_cast<std::size_t>(s)].call = n.rule;
+        states[static_cast<std::size_t>(s)].to = e;
         break;
     }
     return {s, e};
@@ -642,6 +589,7 @@ inline std::vector<int> byte_representatives(const std::vector<std::array<std::i
 // in order of first appearance (the start, state 0, gets 0); -1 for dead states. Each round's steps count into
 // `work`, which may not pass `max_work` (a long chain of states takes as many rounds).
 inline std::vector<std::int32_t> equivalence_classes(const std::vector<std::array<std::int32_t, 256>>& next,
+                                                     const std::vector<std::vector<byte_dfa::call_edge>>& calls,
                                                      const std::vector<std::uint8_t>& live,
                                                      const std::vector<std::uint8_t>& accepting,
                                                      std::size_t& work, std::size_t max_work,
@@ -668,6 +616,10 @@ inline std::vector<std::int32_t> equivalence_classes(const std::vector<std::arra
         const std::int32_t c = t >= 0 ? cls[static_cast<std::size_t>(t)] : -1;
         sig.append(reinterpret_cast<const char*>(&c), sizeof c);
       }
+      for (const byte_dfa::call_edge& e : calls[d]) {  // a grammar rule's calls, by rule
+        const std::int32_t c[2] = {e.rule, cls[static_cast<std::size_t>(e.to)]};
+        sig.append(reinterpret_cast<const char*>(c), sizeof c);
+      }
       refined[d] = ids.emplace(sig, static_cast<std::int32_t>(ids.size())).first->second;
     }
     cls.swap(refined);
@@ -684,6 +636,8 @@ inline byte_dfa determinize(const node& root, std::size_t max_dfa_states, const 
   std::map<std::vector<std::int32_t>, std::int32_t> index;
   std::vector<std::vector<std::int32_t>> sets;
   std::vector<std::array<std::int32_t, 256>> next;
+  std::vector<std::vector<byte_dfa::call_edge>> calls;  // per state: (?&N)'s moves, by rule
+  bool any_call = false;
   std::vector<std::uint8_t> accepting;
   constexpr std::size_t max_work = 100'000'000;
   std::size_t work = 0;
@@ -698,6 +652,7 @@ inline byte_dfa determinize(const node& root, std::size_t max_dfa_states, const 
     index.emplace(set, id);
     sets.push_back(std::move(set));
     next.emplace_back();
+    calls.emplace_back();
     return id;
   };
   intern({start});
@@ -721,6 +676,14 @@ inline byte_dfa determinize(const node& root, std::size_t max_dfa_states, const 
       prev_to = to;
       next[d][static_cast<std::size_t>(b)] = t;
     }
+    std::map<std::int32_t, std::vector<std::int32_t>> called;  // rule -> the NFA states after its call
+    for (const std::int32_t q : sets[d])
+      if (const nfa::state& st = a.states[static_cast<std::size_t>(q)]; st.call >= 0) called[st.call].push_back(st.to);
+    for (auto& [rule, targets] : called) {
+      const std::int32_t t = intern(std::move(targets));  // (grows `sets`: after the loop over sets[d])
+      calls[d].push_back({rule, t});
+      any_call = true;
+    }
   }
   // Live states: those from which an accepting state is reachable.
   const std::size_t n = sets.size();
@@ -732,21 +695,25 @@ inline byte_dfa determinize(const node& root, std::size_t max_dfa_states, const 
       for (const std::int32_t t : next[d])
         if (t >= 0 && live[static_cast<std::size_t>(t)]) {
           live[d] = 1;
-          changed = true;
           break;
         }
+      // A call passes (pushdown.hpp checks that every rule derives some text).
+      for (const byte_dfa::call_edge& e : calls[d])
+        if (live[static_cast<std::size_t>(e.to)]) live[d] = 1;
+      changed = changed || live[d];
     }
   }
   check(live[0] != 0, what, " matches no text");
   // Equivalent states merged (a schema's regex repeats sub-patterns, each copy its own states), numbered so that
   // the start stays 0; the transitions kept as byte ranges.
-  const std::vector<std::int32_t> renum = equivalence_classes(next, live, accepting, work, max_work, what);
+  const std::vector<std::int32_t> renum = equivalence_classes(next, calls, live, accepting, work, max_work, what);
   const std::int32_t count = n == 0 ? 0 : *std::max_element(renum.begin(), renum.end()) + 1;
   check(static_cast<std::size_t>(count) <= max_dfa_states, what, " needs more than ", max_dfa_states,
         " DFA states; simplify it");
   byte_dfa out;
   out.edges.resize(static_cast<std::size_t>(count));
   out.accepting.resize(static_cast<std::size_t>(count));
+  if (any_call) out.calls.resize(static_cast<std::size_t>(count));
   std::vector<std::uint8_t> done(static_cast<std::size_t>(count), 0);
   for (std::size_t d = 0; d < n; ++d) {
     if (!live[d] || done[static_cast<std::size_t>(renum[d])]) continue;
@@ -763,6 +730,9 @@ inline byte_dfa determinize(const node& root, std::size_t max_dfa_states, const 
       else
         e.push_back({static_cast<std::uint8_t>(b), static_cast<std::uint8_t>(b), to});
     }
+    for (const byte_dfa::call_edge& e : calls[d])
+      if (live[static_cast<std::size_t>(e.to)])
+        out.calls[id].push_back({e.rule, renum[static_cast<std::size_t>(e.to)]});
   }
   return out;
 }
@@ -799,30 +769,99 @@ inline constexpr std::size_t guided_max_choice_bytes = 16384;
   return guided_detail::determinize(alt, guided_max_choice_bytes + 1, "guided_choice");
 }
 
-// The tokens that may follow at a DFA state, as the shorter list: the allowed ids, or (complement) the ids of
-// [0, vocabulary size) that are not allowed, when most are (a permissive regex over a large vocabulary). Ascending.
-struct guide_tokens {
-  bool complement = false;
-  std::vector<token_id> ids;
-
-  [[nodiscard]] bool allows(token_id t) const {
-    return std::binary_search(ids.begin(), ids.end(), t) != complement;
+// A compiled constraint: a DFA, or a pushdown grammar (pushdown.hpp) where recursion needs a stack.
+class guided_machine {
+ public:
+  guided_machine(byte_dfa dfa) : dfa_(std::move(dfa)) {}  // NOLINT(google-explicit-constructor): a DFA is one
+  // `what` names the constraint in check_pushdown's errors.
+  explicit guided_machine(byte_pda pda, const std::string& what = "the grammar") : pda_(std::move(pda)) {
+    check_pushdown(*pda_, what);
   }
+
+  [[nodiscard]] bool is_pushdown() const { return pda_.has_value(); }
+  [[nodiscard]] const byte_dfa& dfa() const {
+    check(!pda_, "guided_machine: a pushdown grammar has no single DFA");
+    return dfa_;
+  }
+  [[nodiscard]] const byte_pda& pda() const {
+    check(pda_.has_value(), "guided_machine: a DFA, not a pushdown grammar");
+    return *pda_;
+  }
+  // States in all (a pushdown grammar's: its rules' together).
+  [[nodiscard]] std::int32_t size() const {
+    if (!pda_) return dfa_.size();
+    std::int32_t n = 0;
+    for (const byte_dfa& r : pda_->rules) n += r.size();
+    return n;
+  }
+  // Whether the constraint matches `text` whole.
+  [[nodiscard]] bool matches(std::string_view text) const {
+    return pda_ ? pushdown_matches(*pda_, text) : dfa_.matches(text);
+  }
+  // Whether `text` begins some text the constraint matches.
+  [[nodiscard]] bool prefix(std::string_view text) const {
+    return pda_ ? !pushdown_after(*pda_, text).empty() : dfa_.walk(byte_dfa::start, text) >= 0;
+  }
+  [[nodiscard]] byte_dfa take_dfa() && {
+    check(!pda_, "guided_machine: a pushdown grammar has no single DFA");
+    return std::move(dfa_);
+  }
+  [[nodiscard]] byte_pda take_pda() && { return std::move(*pda_); }
+
+ private:
+  byte_dfa dfa_;
+  std::optional<byte_pda> pda_;
 };
 
 // A compiled constraint over one vocabulary: which tokens may follow a generated text.
 class guide {
  public:
-  guide(byte_dfa dfa, std::shared_ptr<const guide_vocabulary> vocab)
-      : dfa_(std::move(dfa)), vocab_(std::move(vocab)), memo_(static_cast<std::size_t>(dfa_.size())) {
+  guide(guided_machine machine, std::shared_ptr<const guide_vocabulary> vocab) : vocab_(std::move(vocab)) {
     check(vocab_ != nullptr, "guide: no vocabulary");
+    if (machine.is_pushdown()) {
+      pda_ = std::make_unique<const pushdown_guide>(std::move(machine).take_pda(), vocab_);
+    } else {
+      dfa_ = std::move(machine).take_dfa();
+      memo_.resize(static_cast<std::size_t>(dfa_.size()));
+    }
   }
 
-  [[nodiscard]] const byte_dfa& dfa() const { return dfa_; }
+  // Whether the constraint needs a stack (a pushdown grammar); the DFA functions below are for the others.
+  [[nodiscard]] bool is_pushdown() const { return pda_ != nullptr; }
+  [[nodiscard]] const byte_dfa& dfa() const {
+    check(!pda_, "guide: a pushdown grammar has no single DFA");
+    return dfa_;
+  }
+  [[nodiscard]] const byte_pda& pda() const {
+    check(pda_ != nullptr, "guide: a DFA, not a pushdown grammar");
+    return pda_->grammar();
+  }
   [[nodiscard]] const guide_vocabulary& vocabulary() const { return *vocab_; }
+
+  // What may follow the generated tokens: whether the text is still a prefix of a match, whether it is one, and
+  // the tokens that keep it a prefix. Either kind of constraint.
+  [[nodiscard]] guide_lookahead lookahead(std::span<const token_id> generated) const {
+    if (pda_) return pda_->lookahead(generated);
+    guide_lookahead out;
+    const std::int32_t s = state_after(generated);
+    out.alive = s >= 0;
+    out.at_match = accepts(s);
+    if (out.alive) out.next = next_tokens(s);
+    return out;
+  }
+  // The ids allowed after the generated tokens, ascending (none where the text left the language).
+  [[nodiscard]] std::vector<token_id> allowed_after(std::span<const token_id> generated) const {
+    const guide_lookahead l = lookahead(generated);
+    std::vector<token_id> out;
+    if (!l.next) return out;
+    for (token_id t = 0; t < vocab_->size(); ++t)
+      if (l.next->allows(t)) out.push_back(t);
+    return out;
+  }
 
   // The DFA state after the generated tokens (-1: a token left the language or has no bytes).
   [[nodiscard]] std::int32_t state_after(std::span<const token_id> generated) const {
+    check(!pda_, "guide: state_after of a pushdown grammar (use lookahead)");
     std::int32_t s = byte_dfa::start;
     for (const token_id t : generated) {
       const std::string& b = vocab_->bytes_of(t);
@@ -836,6 +875,7 @@ class guide {
 
   // The tokens whose bytes keep the DFA alive from `state` (computed once per state), as the shorter list.
   [[nodiscard]] std::shared_ptr<const guide_tokens> next_tokens(std::int32_t state) const {
+    check(!pda_, "guide: next_tokens of a pushdown grammar (use lookahead)");
     check(state >= 0 && state < dfa_.size(), "guide: state ", state, " of ", dfa_.size());
     {
       const std::lock_guard<std::mutex> lock(mutex_);
@@ -861,6 +901,7 @@ class guide {
   }
   // The bytes the token lists found so far hold (the DFA's own, byte ranges per state, are small beside them).
   [[nodiscard]] std::size_t memo_bytes() const {
+    if (pda_) return pda_->memo_bytes();
     const std::lock_guard<std::mutex> lock(mutex_);
     std::size_t n = 0;
     for (const auto& m : memo_)
@@ -909,6 +950,7 @@ class guide {
   }
 
   byte_dfa dfa_;
+  std::unique_ptr<const pushdown_guide> pda_;
   std::shared_ptr<const guide_vocabulary> vocab_;
   mutable std::mutex mutex_;
   mutable std::vector<std::shared_ptr<const guide_tokens>> memo_;
@@ -977,24 +1019,61 @@ inline node multiple_of_node(const json_schema_multiple& m) {
 
 // The syntax tree of JSON text the schema describes: json_schema_regex's regex, with its multipleOf automata
 // (each built once). Errors as json_schema_regex's and multiple_of_node's, and the regex compiler's for a pattern.
+// A schema's regexes (json_schema_regex with `nesting`), and the multipleOf automata its (?%N) name, built once.
+class json_schema_parts {
+ public:
+  json_schema_parts(std::string_view schema, const std::string& whitespace, json_schema_nesting nesting)
+      : compiled_(json_schema_regex(
+            schema, whitespace, [](const std::string& p) { (void)regex_parser("(?:" + p + ")").parse(); }, nesting)),
+        built_(compiled_.multiples.size()) {}
+
+  [[nodiscard]] const json_schema_compiled& compiled() const { return compiled_; }
+  // The syntax tree of rule k (0: the root schema), its (?&N) calls kept as calls.
+  [[nodiscard]] node rule(std::size_t k) {
+    const std::string& re = k == 0 ? compiled_.regex : compiled_.rules.at(k - 1);
+    const auto embedded = [this](std::size_t i) {
+      check(i < built_.size(), "(?%", i, ") names no multipleOf");
+      if (!built_[i]) built_[i] = multiple_of_node(compiled_.multiples[i]);
+      return *built_[i];
+    };
+    return regex_parser(re, embedded, compiled_.rules.size() + 1).parse();
+  }
+
+ private:
+  json_schema_compiled compiled_;
+  std::vector<std::optional<node>> built_;
+};
+
+// The syntax tree of JSON text the schema describes, recursion unrolled (json_schema_nesting::unrolled): its
+// regex, with its multipleOf automata. Errors as json_schema_regex's and multiple_of_node's, and the regex
+// compiler's for a pattern.
 inline node json_schema_node(std::string_view schema, const std::string& whitespace) {
-  const auto check_pattern = [](const std::string& p) { (void)regex_parser("(?:" + p + ")").parse(); };
-  const json_schema_compiled compiled = json_schema_regex(schema, whitespace, check_pattern);
-  std::vector<std::optional<node>> built(compiled.multiples.size());
-  const auto embedded = [&](std::size_t i) {
-    check(i < built.size(), "(?%", i, ") names no multipleOf");
-    if (!built[i]) built[i] = multiple_of_node(compiled.multiples[i]);
-    return *built[i];
-  };
-  return regex_parser(compiled.regex, embedded).parse();
+  return json_schema_parts(schema, whitespace, json_schema_nesting::unrolled).rule(0);
+}
+
+// Rules (regexes with (?&N) calls, 0 the root) as a guided_machine: the root's DFA alone where nothing calls,
+// else a pushdown grammar of the rules' DFAs. `rule(k)` gives rule k's syntax tree.
+template <class Rule>
+[[nodiscard]] guided_machine rules_machine(std::size_t count, Rule&& rule, const std::vector<std::string>& names,
+                                           const std::string& what) {
+  byte_pda g;
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::string where = count == 1 ? what : what + " (its rule '" + names[k] + "')";
+    g.rules.push_back(determinize(rule(k), guided_max_dfa_states, where));
+    g.names.push_back(names[k]);
+  }
+  if (count == 1 && !g.rules[0].has_calls()) return std::move(g.rules[0]);
+  return guided_machine(std::move(g), what);
 }
 
 }  // namespace guided_detail
 
-// The DFA of JSON text that the schema describes (json_schema_regex, then as a regex, multipleOf's automata
-// embedded). Throws zipage::error "guided_json: ..." naming what it cannot compile (an unsupported keyword and its
-// JSON pointer, a recursive $ref, a bad whitespace pattern, a schema whose DFA would exceed guided_max_dfa_states).
-[[nodiscard]] inline byte_dfa compile_guided_json(std::string_view schema,
+// The automaton of JSON text that the schema describes (json_schema_regex with calls, then as regexes, multipleOf's
+// automata embedded): a DFA, or where the schema recurses (a recursive $ref) or holds free-form values ({}, an
+// object without properties) a pushdown grammar, exact at any depth. Throws zipage::error "guided_json: ..."
+// naming what it cannot compile (an unsupported keyword and its JSON pointer, a bad whitespace pattern, a rule
+// whose DFA would exceed guided_max_dfa_states).
+[[nodiscard]] inline guided_machine compile_guided_json(std::string_view schema,
                                                   const std::optional<std::string>& whitespace_pattern = {}) {
   try {
     // Parsed as it will be embedded (between tokens), where anchors are errors.
@@ -1003,38 +1082,37 @@ inline node json_schema_node(std::string_view schema, const std::string& whitesp
     fail("guided_json: its whitespace_pattern: ", e.what());
   }
   try {
-    return guided_detail::determinize(guided_detail::json_schema_node(schema, whitespace_pattern.value_or("[ ]?")),
-                                      guided_max_dfa_states, "the schema");
+    guided_detail::json_schema_parts parts(schema, whitespace_pattern.value_or("[ ]?"), json_schema_nesting::calls);
+    std::vector<std::string> names{"#"};
+    for (const std::string& n : parts.compiled().rule_names) names.push_back(n == "{}" ? "any JSON value" : n);
+    return guided_detail::rules_machine(
+        names.size(), [&](std::size_t k) { return parts.rule(k); }, names, "the schema");
   } catch (const error& e) {
     fail("guided_json: ", e.what());
   }
 }
 
-// The DFA of the strings a GBNF grammar derives (grammar_regex, then as a regex), its recursion unrolled as deep as
-// fits guided_max_dfa_states and the regex compiler's limits, from grammar_max_recursion down to 0 (llama.cpp's
-// json.gbnf fits with 2: containers nested 3 deep). Throws zipage::error "guided_grammar: ..." naming what it cannot
-// compile (a syntax error and its place, an undefined rule, a grammar too large even without recursion).
-[[nodiscard]] inline byte_dfa compile_guided_grammar(std::string_view gbnf) {
+// The automaton of the strings a GBNF grammar derives (grammar_rules, then as regexes): a DFA for a grammar
+// without recursion, else a pushdown grammar, exact at any depth. Throws zipage::error "guided_grammar: ..." naming
+// what it cannot compile (a syntax error and its place, an undefined rule, a rule that derives no finite text, left
+// recursion, a rule whose DFA would exceed guided_max_dfa_states).
+[[nodiscard]] inline guided_machine compile_guided_grammar(std::string_view gbnf) {
   try {
-    for (int depth = grammar_max_recursion;; --depth) {
-      const std::string re = grammar_regex(gbnf, depth);  // a bad grammar throws at any depth
-      try {
-        return guided_detail::determinize(guided_detail::regex_parser(re).parse(), guided_max_dfa_states,
-                                          "the grammar");
-      } catch (const error&) {
-        if (depth == 0) throw;  // too large even with no recursion
-      }
-    }
+    const grammar_compiled g = grammar_rules(gbnf);
+    return guided_detail::rules_machine(
+        g.rules.size(),
+        [&](std::size_t k) { return guided_detail::regex_parser(g.rules[k], {}, g.rules.size()).parse(); }, g.names,
+        "the grammar");
   } catch (const error& e) {
     fail("guided_grammar: ", e.what());
   }
 }
 
-// The DFA of a structural tag (structural_tag.hpp, included at the end of this header, defines it).
-[[nodiscard]] inline byte_dfa compile_guided_structural_tag(std::string_view structural_tag);
+// The automaton of a structural tag (structural_tag.hpp, included at the end of this header, defines it).
+[[nodiscard]] inline guided_machine compile_guided_structural_tag(std::string_view structural_tag);
 
-// The DFA of a constraint (see the five above); errors start with the field's name.
-[[nodiscard]] inline byte_dfa compile_guided(const guided_decoding& spec) {
+// The automaton of a constraint (see the five above); errors start with the field's name.
+[[nodiscard]] inline guided_machine compile_guided(const guided_decoding& spec) {
   check(spec.active(), "guided decoding: no constraint given");
   check(spec.count() == 1, "guided decoding: more than one of guided_choice, guided_regex, guided_json, "
         "guided_grammar and structural_tag is set (give one)");

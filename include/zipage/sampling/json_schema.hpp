@@ -13,8 +13,12 @@
 //         date-time / duration / uuid / email / hostname / ipv4; another format is what JSON Schema makes it by
 //         default, an annotation: the string is free), integer, number, boolean, null, and lists of types;
 //   enum and const of any JSON value (written compactly), anyOf and oneOf (oneOf's exclusivity is not enforced),
-//   allOf of one schema, $ref to a JSON pointer into the schema (#/$defs/..., #/definitions/...; a recursive
-//   $ref is an error naming it), and {} or true: any JSON value, containers nested at most json_any_depth deep.
+//   allOf of one schema, $ref to a JSON pointer into the schema (#, #/$defs/..., #/definitions/...), and {} or
+//   true: any JSON value. Recursion (a $ref inside its own target; any value's containers) two ways, as the caller
+//   asks (json_schema_nesting): `calls`, exact: a recursive $ref, and every free-form value, is a call (?&N) of a
+//   rule of its own, which guided.hpp compiles to a pushdown grammar (pushdown.hpp; what compile_guided_json does);
+//   `unrolled`, for a plain DFA: a recursive $ref is an error naming it, free-form containers nest at most
+//   json_any_depth deep.
 // minimum, maximum, exclusiveMinimum and exclusiveMaximum (numbers, or draft 4's booleans) on integer and number
 // (json_number_range.hpp: exact decimal bounds), and multipleOf on integer and number (json_multiple_of.hpp: exact
 // for a decimal divisor, such as 7, 0.01 or 2.5; with the bounds, an automaton guided.hpp builds, of at most
@@ -72,10 +76,17 @@ struct json_schema_multiple {
   std::string place;
 };
 
-// A schema's regex, and the multipleOf constraints it refers to.
+// How a schema's recursion is compiled (see the top of this file).
+enum class json_schema_nesting { unrolled, calls };
+
+// A schema's regex, the multipleOf constraints it refers to, and (json_schema_nesting::calls) the rules its calls
+// name: (?&N) calls rule N, rule 0 being `regex` itself (the root schema) and rule N >= 1 rules[N - 1], named
+// rule_names[N - 1] (a $ref's target, or "{}" for any JSON value).
 struct json_schema_compiled {
   std::string regex;
   std::vector<json_schema_multiple> multiples;
+  std::vector<std::string> rules{};
+  std::vector<std::string> rule_names{};
 };
 
 namespace json_schema_detail {
@@ -144,8 +155,29 @@ inline bool is_unsupported(const std::string& key) {
 class compiler {
  public:
   // `check_pattern` throws zipage::error for a `pattern` the regex compiler would refuse.
-  compiler(const schema& root, std::string ws, std::function<void(const std::string&)> check_pattern)
-      : root_(root), ws_(std::move(ws)), check_pattern_(std::move(check_pattern)) {}
+  compiler(const schema& root, std::string ws, std::function<void(const std::string&)> check_pattern,
+           json_schema_nesting nesting = json_schema_nesting::unrolled)
+      : root_(root), ws_(std::move(ws)), check_pattern_(std::move(check_pattern)),
+        calls_(nesting == json_schema_nesting::calls) {}
+
+  // The whole schema: the root's regex, and with calls the rules they name (each compiled once, in the order first
+  // called, a rule's own calls appended as it is compiled).
+  json_schema_compiled compile() {
+    json_schema_compiled out;
+    if (calls_) {
+      called_ = {"#"};  // a $ref to "#" while the root is compiled calls rule 0
+      refs_ = {"#"};
+    }
+    out.regex = value(root_, "");
+    for (std::size_t k = 1; k < called_.size(); ++k) {
+      const std::string target = called_[k];  // a copy: compiling grows called_
+      refs_ = {target};
+      out.rules.push_back(target == any_rule ? any_value() : value(*resolve(target, target), target.substr(1), 1));
+      out.rule_names.push_back(target);
+    }
+    out.multiples = multiples_;
+    return out;
+  }
 
   // The value's regex. Its size is bounded as it grows: $refs used twice at each of many levels would otherwise
   // double it level after level.
@@ -163,6 +195,9 @@ class compiler {
   const schema& root_;
   std::string ws_;
   std::function<void(const std::string&)> check_pattern_;
+  bool calls_ = false;
+  std::vector<std::string> called_;  // calls_: the rules calls name, by index ("#": the root, any_rule: {})
+  static constexpr const char* any_rule = "{}";
   std::vector<std::string> refs_;  // the $refs being expanded (a repeat is recursion)
   std::map<std::string, std::string, std::less<>> expanded_;  // each $ref's regex, made once
   std::vector<json_schema_multiple> multiples_;
@@ -226,13 +261,13 @@ class compiler {
     const std::string target = r.get<std::string>();
     check(target.starts_with("#"), "'$ref' \"", target, "\" at ", at(path), " is not supported (only references "
           "into the schema itself, such as #/$defs/name)");
-    check(std::find(refs_.begin(), refs_.end(), target) == refs_.end(), "recursive '$ref' \"", target, "\" at ",
-          at(path), " is not supported (its values would nest without bound)");
-    const schema* resolved = nullptr;
-    try {
-      resolved = &root_.at(nlohmann::ordered_json::json_pointer(target.substr(1)));
-    } catch (const nlohmann::json::exception&) {
-      fail("'$ref' \"", target, "\" at ", at(path), " names nothing in the schema");
+    const schema* resolved = resolve(target, path);
+    // With calls, a target that is a rule already is called rather than expanded again.
+    if (calls_ && std::find(called_.begin(), called_.end(), target) != called_.end()) return call(target);
+    if (std::find(refs_.begin(), refs_.end(), target) != refs_.end()) {
+      check(calls_, "recursive '$ref' \"", target, "\" at ", at(path), " is not supported (its values would nest ",
+            "without bound)");
+      return call(target);
     }
     if (const auto it = expanded_.find(target); it != expanded_.end()) return it->second;
     refs_.push_back(target);
@@ -240,6 +275,20 @@ class compiler {
     refs_.pop_back();
     expanded_.emplace(target, out);
     return out;
+  }
+
+  const schema* resolve(const std::string& target, const std::string& path) const {
+    try {
+      return &root_.at(nlohmann::ordered_json::json_pointer(target.substr(1)));
+    } catch (const nlohmann::json::exception&) {
+      fail("'$ref' \"", target, "\" at ", at(path), " names nothing in the schema");
+    }
+  }
+  // A call of the rule `name` (a $ref's target, or any_rule), numbered on first use.
+  std::string call(const std::string& name) {
+    auto it = std::find(called_.begin(), called_.end(), name);
+    if (it == called_.end()) it = called_.insert(called_.end(), name);
+    return "(?&" + std::to_string(it - called_.begin()) + ")";
   }
 
   // A JSON value as written compactly, as a regex.
@@ -441,19 +490,23 @@ class compiler {
   }
 
   // Any JSON value whose containers nest at most `depth` deep (0: scalars only).
-  std::string any(int depth) const {
-    const std::string scalar = "(?:\"" + string_char + "*\"|" + number + "|true|false|null)";
-    if (depth <= 0) return scalar;
-    return "(?:" + scalar + "|" + any_object(depth) + "|" + any_array(depth) + ")";
+  // Any JSON value (with calls: a call of the rule any_value() is; unrolled: containers `depth` deep at most).
+  std::string any(int depth) {
+    if (calls_) return call(any_rule);
+    if (depth <= 0) return scalar();
+    return "(?:" + scalar() + "|" + any_object(depth) + "|" + any_array(depth) + ")";
   }
-  std::string any_object(int depth) const {
+  static std::string scalar() { return "(?:\"" + string_char + "*\"|" + number + "|true|false|null)"; }
+  std::string any_object(int depth) {
     const std::string member = "\"" + string_char + "*\"" + ws_ + ":" + ws_ + any(depth - 1);
     return "\\{" + ws_ + "(?:" + member + "(?:" + ws_ + "," + ws_ + member + ")*)?" + ws_ + "\\}";
   }
-  std::string any_array(int depth) const {
+  std::string any_array(int depth) {
     const std::string item = any(depth - 1);
     return "\\[" + ws_ + "(?:" + item + "(?:" + ws_ + "," + ws_ + item + ")*)?" + ws_ + "\\]";
   }
+  // calls_: the rule of any JSON value, its containers' members calls of itself.
+  std::string any_value() { return "(?:" + scalar() + "|" + any_object(1) + "|" + any_array(1) + ")"; }
 };
 
 }  // namespace json_schema_detail
@@ -466,16 +519,16 @@ class compiler {
 // regex past json_schema_max_regex_bytes.
 [[nodiscard]] inline json_schema_compiled json_schema_regex(
     std::string_view schema_text, const std::string& whitespace = "[ ]?",
-    std::function<void(const std::string&)> check_pattern = {}) {
+    std::function<void(const std::string&)> check_pattern = {},
+    json_schema_nesting nesting = json_schema_nesting::unrolled) {
   json_schema_detail::schema root;
   try {
     root = json_schema_detail::schema::parse(schema_text);
   } catch (const nlohmann::json::exception& e) {
     fail("the schema is not JSON (", e.what(), ")");
   }
-  json_schema_detail::compiler c(root, "(?:" + whitespace + ")", std::move(check_pattern));
-  std::string regex = c.value(root, "");
-  return {std::move(regex), c.multiples()};
+  json_schema_detail::compiler c(root, "(?:" + whitespace + ")", std::move(check_pattern), nesting);
+  return c.compile();
 }
 
 }  // namespace zipage

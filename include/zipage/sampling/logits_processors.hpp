@@ -66,9 +66,9 @@ inline void make_logit_edits(logit_edits& out, const sampling_params& p, std::sp
   const auto generated = context.last(std::min<std::size_t>(static_cast<std::size_t>(step), context.size()));
   if (rules.guided) {  // structured output: the tokens that keep the text a prefix of a match; EOS at a match
     const guide& g = *rules.guided;
-    const std::int32_t state = g.state_after(generated);
-    const bool at_match = g.accepts(state);
-    const auto next = state >= 0 ? g.next_tokens(state) : nullptr;
+    const guide_lookahead ahead = g.lookahead(generated);
+    const bool at_match = ahead.at_match;
+    const auto& next = ahead.next;
     if (next && next->complement) {  // most tokens allowed: ban the others, and every id past the guide's vocabulary
       const auto eos = [&](token_id t) {
         return at_match && std::find(rules.eos_ids.begin(), rules.eos_ids.end(), t) != rules.eos_ids.end();

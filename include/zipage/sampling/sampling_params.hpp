@@ -34,7 +34,7 @@ struct guided_decoding {
   // unset: "[ ]?", as outlines.
   std::optional<std::string> whitespace_pattern{};
   // guided_grammar: the output is a string that this GBNF grammar derives from its root rule
-  // (zipage/sampling/grammar.hpp: recursion unrolled to a bounded depth).
+  // (zipage/sampling/grammar.hpp; recursion exact at any depth through a pushdown guide, pushdown.hpp).
   std::optional<std::string> grammar{};
   // structured_outputs.structural_tag: this structural tag (JSON text: vLLM's legacy {"structures", "triggers"} or
   // xgrammar's {"format"}; zipage/sampling/structural_tag.hpp lists what is supported): free text in which each

@@ -1,6 +1,7 @@
 #pragma once
 // Structural tags (vLLM's structured_outputs.structural_tag and response_format {"type": "structural_tag"}, as its
-// xgrammar backend reads them), compiled to the guide's DFA over bytes (guided.hpp) like any other constraint.
+// xgrammar backend reads them), compiled to the guide's DFA over bytes (guided.hpp) like any other constraint, or,
+// where a grammar or JSON schema in it recurses, to a pushdown grammar (pushdown.hpp): their rules join the tag's.
 //
 // Two forms, both JSON text:
 //   legacy  {"type": "structural_tag", "structures": [{"begin": s, "schema": JSONSchema, "end": s}, ...],
@@ -12,7 +13,7 @@
 //   format  {"type": "structural_tag", "format": F} (xgrammar's structural tag), F one of
 //     const_string {value}; json_schema {json_schema, style "json" only, any_order false only,
 //       max_whitespace_cnt 0 = no whitespace}; regex {pattern} (guided.hpp's subset); grammar {grammar} (GBNF,
-//       grammar.hpp, recursion unrolled); any_text {excludes}; sequence {elements}; or {elements};
+//       grammar.hpp, recursion exact); any_text {excludes}; sequence {elements}; or {elements};
 //     optional / plus / star {content}; repeat {min, max (-1 = unbounded), content};
 //     tag {begin, content, end (a string or a list of strings)};
 //     triggered_tags {triggers, tags, excludes, at_least_one, stop_after_first};
@@ -268,12 +269,13 @@ inline node dispatch(const std::vector<dispatch_rule>& rules, const std::vector<
 
 inline const char* type_name(const json& v) { return v.type_name(); }
 
-// The compiler of one structural tag. Grammars inside it are unrolled to `grammar_depth` nested expansions.
+// The compiler of one structural tag. The rules that grammars and schemas in it call (their recursion) are gathered
+// as the tag's own, numbered from 1 (rule 0 is the tag's tree, which root() returns).
 class compiler {
  public:
-  explicit compiler(int grammar_depth) : grammar_depth_(grammar_depth) {}
-
-  [[nodiscard]] bool uses_grammar() const { return uses_grammar_; }
+  // The rules gathered (rules()[k] is rule k + 1), and their names for errors.
+  [[nodiscard]] std::vector<node>& rules() { return rules_; }
+  [[nodiscard]] const std::vector<std::string>& rule_names() const { return rule_names_; }
 
   [[nodiscard]] node root(const json& st) {
     check(st.is_object(), "the structural tag must be a JSON object, got ", type_name(st));
@@ -286,8 +288,34 @@ class compiler {
   }
 
  private:
-  int grammar_depth_;
-  bool uses_grammar_ = false;
+  std::vector<node> rules_;
+  std::vector<std::string> rule_names_;
+
+  // Calls of rule N in `n` made calls of rule N + offset.
+  static void shift_calls(node& n, std::int32_t offset) {
+    if (n.kind == node::call) n.rule += offset;
+    for (node& k : n.kids) shift_calls(k, offset);
+  }
+  // A grammar's or schema's rules (count of them, rule(k) the tree of rule k, 0 its root) joined to the tag's; the
+  // root's tree returned, to be used in place. Without calls the root alone.
+  template <class Rule>
+  node join_rules(std::size_t count, Rule&& rule, const std::string& path) {
+    node root = rule(0);
+    if (count == 1 && !has_calls(root)) return root;
+    const auto offset = static_cast<std::int32_t>(rules_.size() + 1);
+    for (std::size_t k = 0; k < count; ++k) {
+      node r = k == 0 ? root : rule(k);
+      shift_calls(r, offset);
+      rules_.push_back(std::move(r));
+      rule_names_.push_back(path + (k == 0 ? "" : " rule " + std::to_string(k)));
+    }
+    shift_calls(root, offset);
+    return root;
+  }
+  static bool has_calls(const node& n) {
+    if (n.kind == node::call) return true;
+    return std::any_of(n.kids.begin(), n.kids.end(), [](const node& k) { return has_calls(k); });
+  }
 
   struct tag_parts {
     std::string begin;
@@ -354,7 +382,8 @@ class compiler {
     check(schema.is_object() || schema.is_boolean(), path, " must be a JSON schema (an object or a boolean), got ",
           type_name(schema));
     try {
-      return guided_detail::json_schema_node(schema.dump(), whitespace);
+      guided_detail::json_schema_parts parts(schema.dump(), whitespace, json_schema_nesting::calls);
+      return join_rules(parts.compiled().rules.size() + 1, [&](std::size_t k) { return parts.rule(k); }, path);
     } catch (const error& e) {
       fail(path, ": ", e.what());
     }
@@ -453,14 +482,15 @@ class compiler {
     if (type == "grammar") {
       const std::string g = need_string(f, "grammar", at);
       check(!g.empty(), at, ".grammar is empty");
-      uses_grammar_ = true;
-      std::string re;
       try {
-        re = grammar_regex(g, grammar_depth_);
+        const grammar_compiled rules = grammar_rules(g);
+        return join_rules(
+            rules.rules.size(),
+            [&](std::size_t k) { return guided_detail::regex_parser(rules.rules[k], {}, rules.rules.size()).parse(); },
+            at + ".grammar");
       } catch (const error& e) {
         fail(at, ".grammar: ", e.what());
       }
-      return regex_node(re, at + ".grammar");
     }
     if (type == "any_text") {
       for (const char* budget : {"max_tokens", "max_chars"})
@@ -556,11 +586,11 @@ class compiler {
 
 }  // namespace structural_tag_detail
 
-// The DFA of a structural tag's text (JSON text; see the top of this header), grammars in it unrolled as deep as fits
-// guided_max_dfa_states (as compile_guided_grammar). Throws zipage::error "structural_tag: ..." naming the place and
-// what is wrong: malformed JSON, a missing or mistyped field, a begin that starts with no trigger, an unknown or
-// unsupported format type, a structure whose DFA would pass guided_max_dfa_states.
-[[nodiscard]] inline byte_dfa compile_guided_structural_tag(std::string_view structural_tag) {
+// The automaton of a structural tag's text (JSON text; see the top of this header): a DFA, or a pushdown grammar
+// where a grammar or schema in it recurses. Throws zipage::error "structural_tag: ..." naming the place and what is
+// wrong: malformed JSON, a missing or mistyped field, a begin that starts with no trigger, an unknown or
+// unsupported format type, a structure whose DFA would pass guided_max_dfa_states, a grammar's left recursion.
+[[nodiscard]] inline guided_machine compile_guided_structural_tag(std::string_view structural_tag) {
   try {
     structural_tag_detail::json root;
     try {
@@ -568,15 +598,12 @@ class compiler {
     } catch (const nlohmann::json::exception& e) {
       fail("not JSON (", e.what(), ")");
     }
-    for (int depth = grammar_max_recursion;; --depth) {
-      structural_tag_detail::compiler c(depth);
-      const guided_detail::node tree = c.root(root);  // a bad structural tag throws at any depth
-      try {
-        return guided_detail::determinize(tree, guided_max_dfa_states, "the structural tag");
-      } catch (const error&) {
-        if (!c.uses_grammar() || depth == 0) throw;  // too large even with grammars not recursing
-      }
-    }
+    structural_tag_detail::compiler c;
+    const guided_detail::node tree = c.root(root);
+    std::vector<std::string> names{"the structural tag"};
+    for (const std::string& n : c.rule_names()) names.push_back(n);
+    return guided_detail::rules_machine(
+        names.size(), [&](std::size_t k) { return k == 0 ? tree : c.rules()[k - 1]; }, names, "the structural tag");
   } catch (const error& e) {
     fail("structural_tag: ", e.what());
   }

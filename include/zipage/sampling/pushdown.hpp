@@ -1,0 +1,509 @@
+#pragma once
+// A pushdown guide: structured output for grammars with recursion (a GBNF grammar whose rules nest, a JSON schema
+// with a recursive $ref, free-form JSON values at any depth), which no DFA can hold exactly.
+//
+// The grammar (byte_pda) is a set of rules, each a byte_dfa whose states may also call rules (byte_dfa::calls):
+// rule 0 is the root. A parse is a stack of frames (rule, state), bottom first; the text so far leaves a set of
+// them (the grammar may be ambiguous). Without reading a byte a stack may call (push the called rule at its start,
+// the caller's frame moved to the state after the call) or, at an accepting state, return (pop); the root's return
+// is the end of a whole match. A byte moves each stack's top frame along its rule's byte edges.
+//
+// Which tokens may follow: the part that depends only on the top frame is computed once per (rule, state) and kept
+// (xgrammar's adaptive token mask cache, re-derived): a walk of the vocabulary's byte trie from that frame alone
+// sorts each token into accepted (its bytes read within the frame and the calls it makes), rejected, or uncertain
+// (some path returns from the frame before the token's last byte, so what follows depends on the frames below).
+// At a step only the uncertain tokens are walked with the real stacks. The sets of stacks after a request's last
+// tokens are kept (keyed by the tokens' hash) so that the next step reads one token, not the whole text.
+//
+// Bounds: a rule that derives no text, or left recursion (a rule that can call itself before reading a byte:
+// rewrite it right-recursively, as llama.cpp requires too), is refused when the grammar is compiled. A stack deeper
+// than pushdown_max_depth frames, or more than pushdown_max_stacks stacks at once (a grammar that ambiguous), is
+// not followed: text nested deeper is not generated.
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "zipage/core/error.hpp"
+#include "zipage/core/types.hpp"
+#include "zipage/sampling/byte_dfa.hpp"
+
+namespace zipage {
+
+inline constexpr std::size_t pushdown_max_depth = 4096;
+inline constexpr std::size_t pushdown_max_stacks = 4096;
+
+// A grammar with calls: rules[0] is the root, names[r] names rule r in errors.
+struct byte_pda {
+  std::vector<byte_dfa> rules;
+  std::vector<std::string> names;
+};
+
+namespace pushdown_detail {
+
+struct frame {
+  std::int32_t rule, state;
+  friend auto operator<=>(const frame&, const frame&) = default;
+};
+using stack = std::vector<frame>;  // bottom first
+
+// The stacks after some text, each with a byte edge at its top (stacks that can only call or return are expanded
+// away), and whether the bottom frame returned on the way (at the root: the text so far is a whole match).
+struct config {
+  std::vector<stack> stacks;  // sorted, unique
+  bool bottom_returned = false;
+  [[nodiscard]] bool empty() const { return stacks.empty() && !bottom_returned; }
+};
+
+// For each rule, whether it derives the empty text (calls of such rules read no byte either).
+inline std::vector<std::uint8_t> nullable_rules(const byte_pda& g) {
+  std::vector<std::uint8_t> nullable(g.rules.size(), 0);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (std::size_t r = 0; r < g.rules.size(); ++r) {
+      if (nullable[r]) continue;
+      const byte_dfa& d = g.rules[r];
+      std::vector<std::uint8_t> seen(static_cast<std::size_t>(d.size()), 0);
+      std::vector<std::int32_t> todo{byte_dfa::start};
+      seen[0] = 1;
+      while (!todo.empty() && !nullable[r]) {
+        const std::int32_t s = todo.back();
+        todo.pop_back();
+        if (d.accepts(s)) nullable[r] = 1;
+        for (const byte_dfa::call_edge& e : d.calls_of(s))
+          if (nullable[static_cast<std::size_t>(e.rule)] && !seen[static_cast<std::size_t>(e.to)]) {
+            seen[static_cast<std::size_t>(e.to)] = 1;
+            todo.push_back(e.to);
+          }
+      }
+      changed = changed || nullable[r];
+    }
+  }
+  return nullable;
+}
+
+// For each rule, whether it derives some finite text (its calls through rules that do).
+inline std::vector<std::uint8_t> productive_rules(const byte_pda& g) {
+  std::vector<std::uint8_t> productive(g.rules.size(), 0);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (std::size_t r = 0; r < g.rules.size(); ++r) {
+      if (productive[r]) continue;
+      const byte_dfa& d = g.rules[r];
+      std::vector<std::uint8_t> seen(static_cast<std::size_t>(d.size()), 0);
+      std::vector<std::int32_t> todo{byte_dfa::start};
+      seen[0] = 1;
+      auto visit = [&](std::int32_t t) {
+        if (!seen[static_cast<std::size_t>(t)]) {
+          seen[static_cast<std::size_t>(t)] = 1;
+          todo.push_back(t);
+        }
+      };
+      while (!todo.empty() && !productive[r]) {
+        const std::int32_t s = todo.back();
+        todo.pop_back();
+        if (d.accepts(s)) productive[r] = 1;
+        for (const byte_dfa::range& e : d.edges[static_cast<std::size_t>(s)]) visit(e.to);
+        for (const byte_dfa::call_edge& e : d.calls_of(s))
+          if (productive[static_cast<std::size_t>(e.rule)]) visit(e.to);
+      }
+      changed = changed || productive[r];
+    }
+  }
+  return productive;
+}
+
+// The rules each rule may call before reading a byte (through calls of nullable rules).
+inline std::vector<std::vector<std::int32_t>> left_calls(const byte_pda& g, const std::vector<std::uint8_t>& nullable) {
+  std::vector<std::vector<std::int32_t>> out(g.rules.size());
+  for (std::size_t r = 0; r < g.rules.size(); ++r) {
+    const byte_dfa& d = g.rules[r];
+    std::vector<std::uint8_t> seen(static_cast<std::size_t>(d.size()), 0);
+    std::vector<std::int32_t> todo{byte_dfa::start};
+    seen[0] = 1;
+    while (!todo.empty()) {
+      const std::int32_t s = todo.back();
+      todo.pop_back();
+      for (const byte_dfa::call_edge& e : d.calls_of(s)) {
+        out[r].push_back(e.rule);
+        if (nullable[static_cast<std::size_t>(e.rule)] && !seen[static_cast<std::size_t>(e.to)]) {
+          seen[static_cast<std::size_t>(e.to)] = 1;
+          todo.push_back(e.to);
+        }
+      }
+    }
+    std::sort(out[r].begin(), out[r].end());
+    out[r].erase(std::unique(out[r].begin(), out[r].end()), out[r].end());
+  }
+  return out;
+}
+
+// Every stack reachable from `seeds` by calls and returns, those with a byte edge at the top kept; a return of the
+// bottom frame is noted. Deeper than pushdown_max_depth or more than pushdown_max_stacks: not followed.
+[[nodiscard]] inline config expanded(const byte_pda& g, std::vector<stack> seeds) {
+  config out;
+  std::set<stack> seen;
+  std::vector<stack> todo = std::move(seeds);
+  while (!todo.empty()) {
+    stack s = std::move(todo.back());
+    todo.pop_back();
+    if (seen.size() >= pushdown_max_stacks * 4 || !seen.insert(s).second) continue;
+    const frame top = s.back();
+    const byte_dfa& d = g.rules[static_cast<std::size_t>(top.rule)];
+    if (!d.edges[static_cast<std::size_t>(top.state)].empty() && out.stacks.size() < pushdown_max_stacks)
+      out.stacks.push_back(s);
+    for (const byte_dfa::call_edge& e : d.calls_of(top.state)) {
+      if (s.size() >= pushdown_max_depth) break;
+      stack t = s;
+      t.back().state = e.to;
+      t.push_back({e.rule, byte_dfa::start});
+      todo.push_back(std::move(t));
+    }
+    if (d.accepts(top.state)) {
+      if (s.size() == 1) {
+        out.bottom_returned = true;
+      } else {
+        s.pop_back();
+        todo.push_back(std::move(s));
+      }
+    }
+  }
+  std::sort(out.stacks.begin(), out.stacks.end());
+  return out;
+}
+
+// The stacks after one more byte (a return of the bottom before it ends the text: nothing follows it).
+[[nodiscard]] inline config step(const byte_pda& g, const config& c, unsigned char b) {
+  std::vector<stack> seeds;
+  for (const stack& s : c.stacks) {
+    const frame top = s.back();
+    const std::int32_t t = g.rules[static_cast<std::size_t>(top.rule)].next(top.state, b);
+    if (t < 0) continue;
+    seeds.push_back(s);
+    seeds.back().back().state = t;
+  }
+  if (seeds.empty()) return {};
+  return expanded(g, std::move(seeds));
+}
+}  // namespace pushdown_detail
+
+// Throws zipage::error naming `what` and the rule for a grammar a pushdown guide cannot follow: no rules, a call of
+// no rule, a rule that derives no text, or left recursion.
+inline void check_pushdown(const byte_pda& g, const std::string& what) {
+  check(!g.rules.empty() && g.names.size() == g.rules.size(), what, ": a pushdown grammar needs rules, each named");
+  for (std::size_t r = 0; r < g.rules.size(); ++r) {
+    const byte_dfa& d = g.rules[r];
+    check(d.size() > 0, what, ": the rule '", g.names[r], "' matches no text");
+    check(d.calls.empty() || d.calls.size() == d.edges.size(), what, ": the rule '", g.names[r], "' is malformed");
+    for (std::int32_t s = 0; s < d.size(); ++s)
+      for (const byte_dfa::call_edge& e : d.calls_of(s))
+        check(e.rule >= 0 && static_cast<std::size_t>(e.rule) < g.rules.size() && e.to >= 0 && e.to < d.size(),
+              what, ": the rule '", g.names[r], "' calls a rule or state that does not exist");
+  }
+  const auto productive = pushdown_detail::productive_rules(g);
+  for (std::size_t r = 0; r < g.rules.size(); ++r)
+    check(productive[r] != 0, what, ": the rule '", g.names[r], "' derives no finite text (it only recurses)");
+  // Left recursion: a cycle among the rules' calls made before any byte is read (a depth-first search).
+  const auto left = pushdown_detail::left_calls(g, pushdown_detail::nullable_rules(g));
+  std::vector<std::uint8_t> mark(g.rules.size(), 0);  // 1: on the search's path, 2: done
+  const auto visit = [&](const auto& self, std::size_t r) -> void {
+    mark[r] = 1;
+    for (const std::int32_t c : left[r]) {
+      const auto k = static_cast<std::size_t>(c);
+      check(mark[k] != 1, what, ": left recursion: the rule '", g.names[k], "' can call itself before reading ",
+            "any text (write the recursion on the right, e.g. x ::= item x?, as llama.cpp requires)");
+      if (mark[k] == 0) self(self, k);
+    }
+    mark[r] = 2;
+  };
+  for (std::size_t r = 0; r < g.rules.size(); ++r)
+    if (mark[r] == 0) visit(visit, r);
+}
+
+// The stacks after `text` from the start of `g` (a checked grammar): empty where the text left the language;
+// bottom_returned where it is a whole match.
+[[nodiscard]] inline pushdown_detail::config pushdown_after(const byte_pda& g, std::string_view text) {
+  using pushdown_detail::stack;
+  pushdown_detail::config c = pushdown_detail::expanded(g, {stack{{0, byte_dfa::start}}});
+  for (const char b : text) {
+    if (c.stacks.empty()) return {};
+    c = pushdown_detail::step(g, c, static_cast<unsigned char>(b));
+  }
+  return c;
+}
+// Whether `g` (a checked grammar) derives `text` whole.
+[[nodiscard]] inline bool pushdown_matches(const byte_pda& g, std::string_view text) {
+  return pushdown_after(g, text).bottom_returned;
+}
+
+// A guide over a pushdown grammar for one vocabulary (see the top of this file). Thread-safe.
+class pushdown_guide {
+ public:
+  using stack = pushdown_detail::stack;
+  using config = pushdown_detail::config;
+  static constexpr std::size_t max_cursors = 1024;  // the sets of stacks kept for the next steps
+
+  // What may follow a text: alive (a prefix of some derivation), at_match (a whole one), the tokens allowed next.
+  using lookahead_result = guide_lookahead;
+
+  pushdown_guide(byte_pda g, std::shared_ptr<const guide_vocabulary> vocab, const std::string& what = "the grammar")
+      : g_(std::move(g)), vocab_(std::move(vocab)) {
+    check(vocab_ != nullptr, "guide: no vocabulary");
+    check_pushdown(g_, what);
+    words_ = (static_cast<std::size_t>(vocab_->size()) + 63) / 64;
+    const auto& order = vocab_->sorted();
+    rank_.assign(static_cast<std::size_t>(vocab_->size()), -1);
+    for (std::size_t i = 0; i < order.size(); ++i) rank_[static_cast<std::size_t>(order[i])] = static_cast<int>(i);
+    start_ = expanded({stack{{0, byte_dfa::start}}});
+  }
+
+  [[nodiscard]] const byte_pda& grammar() const { return g_; }
+  [[nodiscard]] const guide_vocabulary& vocabulary() const { return *vocab_; }
+
+
+  // After the generated tokens: whether the text is still a prefix of a match, whether it is one, and the tokens
+  // that keep it a prefix (none where it is not). The previous step's result is found by the tokens' hash, so a
+  // request's step reads one token.
+  [[nodiscard]] lookahead_result lookahead(std::span<const token_id> generated) const {
+    std::uint64_t h = hash_seed, h_prev = hash_seed;
+    for (const token_id t : generated) {
+      h_prev = h;
+      h = mix(h, t);
+    }
+    const key k{generated.size(), h};
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (auto c = find(k)) return c->result;
+    }
+    std::shared_ptr<const cursor> prev;
+    if (!generated.empty()) {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      prev = find({generated.size() - 1, h_prev});
+    }
+    auto cur = std::make_shared<cursor>();
+    if (prev) {
+      cur->cfg = prev->result.alive ? after_token(prev->cfg, generated.back()) : config{};
+    } else {
+      cur->cfg = start_;
+      for (const token_id t : generated) {
+        cur->cfg = after_token(cur->cfg, t);
+        if (cur->cfg.empty()) break;
+      }
+    }
+    cur->result.alive = !cur->cfg.empty();
+    cur->result.at_match = cur->cfg.bottom_returned;
+    if (cur->result.alive) cur->result.next = allowed(cur->cfg);
+    const std::lock_guard<std::mutex> lock(mutex_);
+    insert(k, cur);
+    return cur->result;
+  }
+
+  // The bytes the per-frame token sets and kept steps hold.
+  [[nodiscard]] std::size_t memo_bytes() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::size_t n = 0;
+    for (const auto& [f, m] : frame_memo_) n += (m.accepted.capacity() * 8) + m.uncertain.capacity() * sizeof(token_id);
+    for (const auto& [k, c] : cursors_)
+      if (c->result.next) n += c->result.next->ids.capacity() * sizeof(token_id);
+    return n;
+  }
+
+ private:
+  using frame = pushdown_detail::frame;
+  struct key {
+    std::size_t length;
+    std::uint64_t hash;
+    friend bool operator==(const key&, const key&) = default;
+  };
+  struct key_hash {
+    std::size_t operator()(const key& k) const { return static_cast<std::size_t>(k.hash ^ (k.length * 0x9e37u)); }
+  };
+  struct cursor {
+    config cfg;
+    lookahead_result result;
+  };
+  // The tokens a frame alone decides: accepted (a bit per id), and those that depend on the frames below (trie order).
+  struct frame_tokens {
+    std::vector<std::uint64_t> accepted;
+    std::vector<token_id> uncertain;
+  };
+  static constexpr std::uint64_t hash_seed = 0x243f6a8885a308d3ull;
+  static std::uint64_t mix(std::uint64_t h, token_id t) {
+    std::uint64_t x = h ^ (static_cast<std::uint64_t>(static_cast<std::uint32_t>(t)) + 0x9e3779b97f4a7c15ull);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  }
+
+  [[nodiscard]] config expanded(std::vector<stack> seeds) const {
+    return pushdown_detail::expanded(g_, std::move(seeds));
+  }
+  [[nodiscard]] config step(const config& c, unsigned char b) const { return pushdown_detail::step(g_, c, b); }
+  [[nodiscard]] config after_token(const config& c, token_id t) const {
+    const std::string& b = vocab_->bytes_of(t);
+    if (b.empty()) return {};
+    config out = c;
+    for (const char ch : b) {
+      if (out.stacks.empty()) return {};  // (the root's return ends the text: no byte may follow it)
+      out = step(out, static_cast<unsigned char>(ch));
+    }
+    return out;
+  }
+
+  // Walks `tokens` (ids in trie order) from `start`, reading each token's bytes after the shared prefix with the one
+  // before, and calls `visit(token)` for every token whose bytes all leave something alive (a stack, or the bottom's
+  // return right after the last byte). A dead prefix skips the tokens that share it.
+  template <class Visit>
+  void walk(std::span<const token_id> tokens, const config& start, Visit&& visit) const {
+    std::vector<config> st{start};
+    std::string_view prev;
+    std::size_t dead_at = 0;  // > 0: the walk died after dead_at bytes of the previous token
+    for (const token_id id : tokens) {
+      const std::string& b = vocab_->bytes_of(id);
+      std::size_t l = 0;
+      while (l < prev.size() && l < b.size() && prev[l] == b[l]) ++l;
+      prev = b;
+      if (dead_at > 0 && l >= dead_at) continue;
+      dead_at = 0;
+      l = std::min(l, st.size() - 1);
+      st.resize(l + 1);
+      bool alive = true;
+      for (std::size_t d = l; d < b.size(); ++d) {
+        config n = step(st[d], static_cast<unsigned char>(b[d]));
+        if (n.empty()) {
+          dead_at = d + 1;
+          alive = false;
+          break;
+        }
+        st.push_back(std::move(n));
+      }
+      if (alive) visit(id);
+    }
+  }
+
+  // The tokens frame `f` decides alone (memoised): read from a stack of that frame only, whose return is noted.
+  const frame_tokens& tokens_of(frame f) const {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (auto it = frame_memo_.find(f); it != frame_memo_.end()) return it->second;
+    }
+    frame_tokens m;
+    m.accepted.assign(words_, 0);
+    const config start = expanded({stack{f}});
+    // Accepted: read whole on a path inside the frame (or returning from it right after the last byte: the frames
+    // below go on from a live state whatever they are).
+    walk(vocab_->sorted(), start, [&](token_id id) { set_bit(m.accepted, id); });
+    collect_uncertain(start, m);
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return frame_memo_.try_emplace(f, std::move(m)).first->second;  // (std::map: references stay valid)
+  }
+
+  // Tokens one of whose proper prefixes (the empty one included) leaves a state where the bottom frame returned.
+  void collect_uncertain(const config& start, frame_tokens& m) const {
+    const auto& order = vocab_->sorted();
+    const auto& lcp = vocab_->lcp();
+    std::vector<config> st{start};
+    std::size_t dead_at = 0, returned_at = 0;  // returned_at > 0: after returned_at - 1 bytes the frame returned
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const std::size_t l = lcp[i];
+      const std::string& b = vocab_->bytes_of(order[i]);
+      if (returned_at > 0 && l >= returned_at) {  // shares the prefix after which the frame returned
+        if (b.size() >= returned_at && !test_bit(m.accepted, order[i])) m.uncertain.push_back(order[i]);
+        continue;
+      }
+      returned_at = 0;
+      if (dead_at > 0 && l >= dead_at) continue;
+      dead_at = 0;
+      st.resize(std::min(l, st.size() - 1) + 1);
+      for (std::size_t d = st.size() - 1;; ++d) {
+        if (d < b.size() && st[d].bottom_returned) {  // more bytes follow a return: the frames below decide
+          returned_at = d + 1;
+          if (!test_bit(m.accepted, order[i])) m.uncertain.push_back(order[i]);
+          break;
+        }
+        if (d >= b.size()) break;
+        config n = step(st[d], static_cast<unsigned char>(b[d]));
+        if (n.empty()) {
+          dead_at = d + 1;
+          break;
+        }
+        st.push_back(std::move(n));
+      }
+    }
+  }
+
+  // The tokens allowed after `c`: what its top frames accept alone, and their uncertain tokens walked with the
+  // real stacks.
+  [[nodiscard]] std::shared_ptr<const guide_tokens> allowed(const config& c) const {
+    std::vector<std::uint64_t> bits(words_, 0);
+    std::vector<token_id> uncertain;
+    frame last{-1, -1};
+    for (const stack& s : c.stacks) {  // sorted: equal tops need not be adjacent, but repeats are cheap
+      if (s.back() == last) continue;
+      last = s.back();
+      const frame_tokens& m = tokens_of(last);
+      for (std::size_t w = 0; w < words_; ++w) bits[w] |= m.accepted[w];
+      uncertain.insert(uncertain.end(), m.uncertain.begin(), m.uncertain.end());
+    }
+    std::sort(uncertain.begin(), uncertain.end(), [&](token_id a, token_id b) { return rank(a) < rank(b); });
+    uncertain.erase(std::unique(uncertain.begin(), uncertain.end()), uncertain.end());
+    std::erase_if(uncertain, [&](token_id t) { return test_bit(bits, t); });
+    walk(uncertain, c, [&](token_id id) { set_bit(bits, id); });
+    auto out = std::make_shared<guide_tokens>();
+    std::size_t count = 0;
+    for (const std::uint64_t w : bits) count += static_cast<std::size_t>(std::popcount(w));
+    out->complement = count * 2 > static_cast<std::size_t>(vocab_->size());
+    for (token_id t = 0; t < vocab_->size(); ++t)
+      if (test_bit(bits, t) != out->complement) out->ids.push_back(t);
+    return out;
+  }
+
+  [[nodiscard]] int rank(token_id t) const { return rank_[static_cast<std::size_t>(t)]; }
+  static void set_bit(std::vector<std::uint64_t>& bits, token_id t) {
+    bits[static_cast<std::size_t>(t) / 64] |= std::uint64_t{1} << (static_cast<unsigned>(t) % 64);
+  }
+  static bool test_bit(const std::vector<std::uint64_t>& bits, token_id t) {
+    return (bits[static_cast<std::size_t>(t) / 64] >> (static_cast<unsigned>(t) % 64)) & 1u;
+  }
+
+  // Under mutex_: the kept step of `k`, most recently used first.
+  std::shared_ptr<const cursor> find(const key& k) const {
+    const auto it = index_.find(k);
+    if (it == index_.end()) return nullptr;
+    cursors_.splice(cursors_.begin(), cursors_, it->second);
+    return it->second->second;
+  }
+  void insert(const key& k, std::shared_ptr<const cursor> c) const {
+    if (index_.contains(k)) return;
+    cursors_.emplace_front(k, std::move(c));
+    index_.emplace(k, cursors_.begin());
+    while (cursors_.size() > max_cursors) {
+      index_.erase(cursors_.back().first);
+      cursors_.pop_back();
+    }
+  }
+
+  byte_pda g_;
+  std::shared_ptr<const guide_vocabulary> vocab_;
+  std::size_t words_ = 0;
+  std::vector<int> rank_;  // a token's place in the vocabulary's trie order (-1: no bytes)
+  config start_;
+  mutable std::mutex mutex_;
+  mutable std::map<frame, frame_tokens> frame_memo_;
+  using entry = std::pair<key, std::shared_ptr<const cursor>>;
+  mutable std::list<entry> cursors_;
+  mutable std::unordered_map<key, std::list<entry>::iterator, key_hash> index_;
+};
+
+}  // namespace zipage
