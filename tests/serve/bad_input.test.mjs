@@ -88,13 +88,15 @@ await run('serve_bad_input', async (servers) => {
     [{ prompt: 'x', guided_grammar: 'start ::= "a"' }, 'guided_grammar'],  // no root rule
     [{ prompt: 'x', guided_grammar: 'root ::= "a" b' }, 'guided_grammar'],  // an undefined rule
     [{ prompt: 'x', guided_grammar: 5 }, 'guided_grammar'],
+    [{ prompt: 'x', guided_grammar: 'root ::= root "a" | "b"' }, 'guided_grammar'],  // left recursion
     [{ prompt: 'x', guided_grammar: 'root ::= "a"', guided_regex: 'a' }, 'guided_grammar'],
     // JSON schemas are served (since 2026-12-06); bad or unsupported ones name the field.
     [{ prompt: 'x', guided_json: { type: 'object', patternProperties: { a: {} } } }, 'guided_json'],
     [{ prompt: 'x', guided_json: '{"type": "object",' }, 'guided_json'],  // a string that is not JSON
     [{ prompt: 'x', guided_json: 5 }, 'guided_json'],
-    [{ prompt: 'x', guided_json: { $defs: { n: { properties: { n: { $ref: '#/$defs/n' } } } }, $ref: '#/$defs/n' } },
-     'guided_json'],  // recursive
+    [{ prompt: 'x', guided_json: { $defs: { n: { properties: { n: { $ref: '#/$defs/n' } }, required: ['n'] } },
+                                  $ref: '#/$defs/n' } },
+     'guided_json'],  // a recursion that never ends (an optional one is served since 2026-12-07)
     [{ prompt: 'x', guided_json: { type: 'object' }, guided_regex: 'a' }, 'guided_json'],
     [{ prompt: 'x', guided_json: { type: 'string' }, guided_whitespace_pattern: '(a' }, 'guided_json'],
     [{ prompt: 'x', structured_outputs: { json: { type: 'array', items: { not: {} } } } }, 'structured_outputs.json'],

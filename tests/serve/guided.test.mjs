@@ -94,6 +94,30 @@ await run('serve_guided', async (servers) => {
     }
   }
   assert.ok(jsonSeen.size > 1, [...jsonSeen].join(' | '));
+  // Recursion (a pushdown guide since 2026-12-07): a grammar whose rule nests, and a recursive $ref (a list of any
+  // length); every finished output is a sentence, every cut one a prefix of one.
+  const NESTED = 'root ::= "The " thing " was happy."\nthing ::= "cat" | "dog" | "(" thing " and " thing ")"';
+  const nestedPrefix = /^The [(catdogn )]*/;
+  for (const seed of [0, 1, 2]) {
+    const [c] = await complete({ temperature: 1, seed, max_tokens: 48, guided_grammar: NESTED });
+    if (c.finish_reason === 'stop') {
+      assert.ok(/^The [(catdogn )]+ was happy\.$/.test(c.text), JSON.stringify(c.text));
+      let depth = 0;
+      for (const ch of c.text) depth += ch === '(' ? 1 : ch === ')' ? -1 : 0;
+      assert.equal(depth, 0, c.text);
+    } else {
+      assert.ok(nestedPrefix.test(c.text), JSON.stringify(c));
+    }
+  }
+  const list = { $defs: { node: { type: 'object', properties: { v: { type: 'integer' },
+                                                                next: { anyOf: [{ $ref: '#/$defs/node' },
+                                                                                { type: 'null' }] } },
+                                  required: ['v', 'next'] } }, $ref: '#/$defs/node' };
+  for (const seed of [0, 1]) {
+    const [c] = await complete({ temperature: 1, seed, max_tokens: 96, guided_json: list });
+    if (c.finish_reason !== 'stop') continue;  // a long list: cut by max_tokens
+    for (let v = JSON.parse(c.text); v !== null; v = v.next) assert.ok(Number.isInteger(v.v), c.text);
+  }
   // json_object: any JSON object (stories260K answers {} in a few tokens).
   for (const spelling of [{ response_format: { type: 'json_object' } },
                           { structured_outputs: { json_object: true } }]) {

@@ -54,6 +54,7 @@ namespace pushdown_detail {
 
 struct frame {
   std::int32_t rule, state;
+  friend bool operator==(const frame&, const frame&) = default;  // (spelt out: nvcc's front end wants it)
   friend auto operator<=>(const frame&, const frame&) = default;
 };
 using stack = std::vector<frame>;  // bottom first
@@ -194,6 +195,11 @@ inline std::vector<std::vector<std::int32_t>> left_calls(const byte_pda& g, cons
     seeds.back().back().state = t;
   }
   if (seeds.empty()) return {};
+  if (seeds.size() == 1) {  // the common case, a byte within a rule: nothing to call or return, nothing to expand
+    const frame top = seeds[0].back();
+    const byte_dfa& d = g.rules[static_cast<std::size_t>(top.rule)];
+    if (d.calls_of(top.state).empty() && !d.accepts(top.state)) return config{std::move(seeds), false};
+  }
   return expanded(g, std::move(seeds));
 }
 }  // namespace pushdown_detail
@@ -252,7 +258,10 @@ class pushdown_guide {
  public:
   using stack = pushdown_detail::stack;
   using config = pushdown_detail::config;
-  static constexpr std::size_t max_cursors = 1024;  // the sets of stacks kept for the next steps
+  // The sets of stacks kept for the next steps (a request's last; each ~ a KB): more requests than this at once on
+  // one guide read their whole text again at a step.
+  static constexpr std::size_t max_cursors = 4096;
+  static constexpr std::size_t max_masks = 256;  // the allowed sets kept, by the stacks they follow
 
   // What may follow a text: alive (a prefix of some derivation), at_match (a whole one), the tokens allowed next.
   using lookahead_result = guide_lookahead;
@@ -282,40 +291,42 @@ class pushdown_guide {
       h = mix(h, t);
     }
     const key k{generated.size(), h};
+    std::shared_ptr<const cursor> cur, prev;
     {
       const std::lock_guard<std::mutex> lock(mutex_);
-      if (auto c = find(k)) return c->result;
+      cur = find(k);
+      if (!cur && !generated.empty()) prev = find({generated.size() - 1, h_prev});
     }
-    std::shared_ptr<const cursor> prev;
-    if (!generated.empty()) {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      prev = find({generated.size() - 1, h_prev});
-    }
-    auto cur = std::make_shared<cursor>();
-    if (prev) {
-      cur->cfg = prev->result.alive ? after_token(prev->cfg, generated.back()) : config{};
-    } else {
-      cur->cfg = start_;
-      for (const token_id t : generated) {
-        cur->cfg = after_token(cur->cfg, t);
-        if (cur->cfg.empty()) break;
+    if (!cur) {
+      auto made = std::make_shared<cursor>();
+      if (prev) {
+        made->cfg = after_token(prev->cfg, generated.back());
+      } else {
+        made->cfg = start_;
+        for (const token_id t : generated) {
+          made->cfg = after_token(made->cfg, t);
+          if (made->cfg.empty()) break;
+        }
       }
+      const std::lock_guard<std::mutex> lock(mutex_);
+      insert(k, made);
+      cur = std::move(made);
     }
-    cur->result.alive = !cur->cfg.empty();
-    cur->result.at_match = cur->cfg.bottom_returned;
-    if (cur->result.alive) cur->result.next = allowed(cur->cfg);
-    const std::lock_guard<std::mutex> lock(mutex_);
-    insert(k, cur);
-    return cur->result;
+    lookahead_result out;
+    out.alive = !cur->cfg.empty();
+    out.at_match = cur->cfg.bottom_returned;
+    if (out.alive) out.next = allowed_cached(cur->cfg);
+    return out;
   }
 
-  // The bytes the per-frame token sets and kept steps hold.
+  // The bytes the per-frame token sets and the kept stacks hold.
   [[nodiscard]] std::size_t memo_bytes() const {
     const std::lock_guard<std::mutex> lock(mutex_);
     std::size_t n = 0;
     for (const auto& [f, m] : frame_memo_) n += (m.accepted.capacity() * 8) + m.uncertain.capacity() * sizeof(token_id);
     for (const auto& [k, c] : cursors_)
-      if (c->result.next) n += c->result.next->ids.capacity() * sizeof(token_id);
+      for (const stack& st : c->cfg.stacks) n += st.capacity() * sizeof(frame);
+    for (const auto& [c, m] : masks_) n += m->ids.capacity() * sizeof(token_id);
     return n;
   }
 
@@ -331,7 +342,6 @@ class pushdown_guide {
   };
   struct cursor {
     config cfg;
-    lookahead_result result;
   };
   // The tokens a frame alone decides: accepted (a bit per id), and those that depend on the frames below (trie order).
   struct frame_tokens {
@@ -400,47 +410,77 @@ class pushdown_guide {
     }
     frame_tokens m;
     m.accepted.assign(words_, 0);
-    const config start = expanded({stack{f}});
-    // Accepted: read whole on a path inside the frame (or returning from it right after the last byte: the frames
-    // below go on from a live state whatever they are).
-    walk(vocab_->sorted(), start, [&](token_id id) { set_bit(m.accepted, id); });
-    collect_uncertain(start, m);
+    sort_tokens(expanded({stack{f}}), m);
     const std::lock_guard<std::mutex> lock(mutex_);
     return frame_memo_.try_emplace(f, std::move(m)).first->second;  // (std::map: references stay valid)
   }
 
-  // Tokens one of whose proper prefixes (the empty one included) leaves a state where the bottom frame returned.
-  void collect_uncertain(const config& start, frame_tokens& m) const {
+  // One walk of the vocabulary's trie from a frame alone (`start`). Accepted: read whole on a path inside the frame,
+  // or returning from it right after the last byte (the frames below go on from a live state, whatever they are).
+  // Uncertain: not accepted, but the frame may return before the last byte (the empty prefix included): the frames
+  // below decide. Rejected: the rest.
+  void sort_tokens(const config& start, frame_tokens& m) const {
     const auto& order = vocab_->sorted();
     const auto& lcp = vocab_->lcp();
-    std::vector<config> st{start};
-    std::size_t dead_at = 0, returned_at = 0;  // returned_at > 0: after returned_at - 1 bytes the frame returned
+    std::vector<config> st{start};                     // st[d]: after the current token's first d bytes
+    std::vector<std::uint8_t> ret{start.bottom_returned};  // ret[d]: the frame returned after at most d bytes
+    std::size_t dead_at = 0;  // > 0: the previous token's walk died after dead_at bytes
     for (std::size_t i = 0; i < order.size(); ++i) {
+      const token_id id = order[i];
       const std::size_t l = lcp[i];
-      const std::string& b = vocab_->bytes_of(order[i]);
-      if (returned_at > 0 && l >= returned_at) {  // shares the prefix after which the frame returned
-        if (b.size() >= returned_at && !test_bit(m.accepted, order[i])) m.uncertain.push_back(order[i]);
+      if (dead_at > 0 && l >= dead_at) {  // shares the dead prefix: as the token before
+        if (ret[dead_at - 1]) m.uncertain.push_back(id);
         continue;
       }
-      returned_at = 0;
-      if (dead_at > 0 && l >= dead_at) continue;
       dead_at = 0;
-      st.resize(std::min(l, st.size() - 1) + 1);
-      for (std::size_t d = st.size() - 1;; ++d) {
-        if (d < b.size() && st[d].bottom_returned) {  // more bytes follow a return: the frames below decide
-          returned_at = d + 1;
-          if (!test_bit(m.accepted, order[i])) m.uncertain.push_back(order[i]);
-          break;
-        }
-        if (d >= b.size()) break;
+      const std::string& b = vocab_->bytes_of(id);
+      st.resize(l + 1);
+      ret.resize(l + 1);
+      for (std::size_t d = l; d < b.size(); ++d) {
         config n = step(st[d], static_cast<unsigned char>(b[d]));
         if (n.empty()) {
           dead_at = d + 1;
           break;
         }
+        ret.push_back(ret[d] || n.bottom_returned);
         st.push_back(std::move(n));
       }
+      if (dead_at == 0) set_bit(m.accepted, id);
+      else if (ret[dead_at - 1]) m.uncertain.push_back(id);
     }
+  }
+
+  // allowed(c), kept for the last max_masks sets of stacks met (a text's stacks repeat: inside a string, between
+  // the members of an object, along a number's digits).
+  [[nodiscard]] std::shared_ptr<const guide_tokens> allowed_cached(const config& c) const {
+    const std::uint64_t h = mask_hash(c);
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (const auto it = mask_index_.find(h); it != mask_index_.end() && it->second->first.stacks == c.stacks &&
+                                               it->second->first.bottom_returned == c.bottom_returned) {
+        masks_.splice(masks_.begin(), masks_, it->second);
+        return it->second->second;
+      }
+    }
+    auto mask = allowed(c);
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (!mask_index_.contains(h)) {
+      masks_.emplace_front(c, mask);
+      mask_index_.emplace(h, masks_.begin());
+      while (masks_.size() > max_masks) {
+        mask_index_.erase(mask_hash(masks_.back().first));
+        masks_.pop_back();
+      }
+    }
+    return mask;
+  }
+  static std::uint64_t mask_hash(const config& c) {
+    std::uint64_t h = c.bottom_returned ? 1 : 0;
+    for (const stack& s : c.stacks) {
+      h = mix(h, static_cast<token_id>(s.size()));
+      for (const frame& f : s) h = mix(h, (f.rule << 16) ^ f.state);
+    }
+    return h;
   }
 
   // The tokens allowed after `c`: what its top frames accept alone, and their uncertain tokens walked with the
@@ -449,15 +489,19 @@ class pushdown_guide {
     std::vector<std::uint64_t> bits(words_, 0);
     std::vector<token_id> uncertain;
     frame last{-1, -1};
+    int tops = 0;
     for (const stack& s : c.stacks) {  // sorted: equal tops need not be adjacent, but repeats are cheap
       if (s.back() == last) continue;
       last = s.back();
+      ++tops;
       const frame_tokens& m = tokens_of(last);
       for (std::size_t w = 0; w < words_; ++w) bits[w] |= m.accepted[w];
       uncertain.insert(uncertain.end(), m.uncertain.begin(), m.uncertain.end());
     }
-    std::sort(uncertain.begin(), uncertain.end(), [&](token_id a, token_id b) { return rank(a) < rank(b); });
-    uncertain.erase(std::unique(uncertain.begin(), uncertain.end()), uncertain.end());
+    if (tops > 1) {  // each frame's list is in trie order already
+      std::sort(uncertain.begin(), uncertain.end(), [&](token_id a, token_id b) { return rank(a) < rank(b); });
+      uncertain.erase(std::unique(uncertain.begin(), uncertain.end()), uncertain.end());
+    }
     std::erase_if(uncertain, [&](token_id t) { return test_bit(bits, t); });
     walk(uncertain, c, [&](token_id id) { set_bit(bits, id); });
     auto out = std::make_shared<guide_tokens>();
@@ -504,6 +548,9 @@ class pushdown_guide {
   using entry = std::pair<key, std::shared_ptr<const cursor>>;
   mutable std::list<entry> cursors_;
   mutable std::unordered_map<key, std::list<entry>::iterator, key_hash> index_;
+  using mask_entry = std::pair<config, std::shared_ptr<const guide_tokens>>;
+  mutable std::list<mask_entry> masks_;  // most recently used first
+  mutable std::unordered_map<std::uint64_t, std::list<mask_entry>::iterator> mask_index_;
 };
 
 }  // namespace zipage
