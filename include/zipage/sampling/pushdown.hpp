@@ -67,63 +67,41 @@ struct config {
   [[nodiscard]] bool empty() const { return stacks.empty() && !bottom_returned; }
 };
 
-// For each rule, whether it derives the empty text (calls of such rules read no byte either).
-inline std::vector<std::uint8_t> nullable_rules(const byte_pda& g) {
-  std::vector<std::uint8_t> nullable(g.rules.size(), 0);
+// For each rule, whether it derives some text through `passable` moves: its byte edges where `bytes`, and calls of
+// the rules found so far (a least fixpoint). bytes = false: the rules that derive the empty text (nullable);
+// true: those that derive some finite text (productive).
+inline std::vector<std::uint8_t> rules_deriving(const byte_pda& g, bool bytes) {
+  std::vector<std::uint8_t> found(g.rules.size(), 0);
   for (bool changed = true; changed;) {
     changed = false;
     for (std::size_t r = 0; r < g.rules.size(); ++r) {
-      if (nullable[r]) continue;
+      if (found[r]) continue;
       const byte_dfa& d = g.rules[r];
       std::vector<std::uint8_t> seen(static_cast<std::size_t>(d.size()), 0);
       std::vector<std::int32_t> todo{byte_dfa::start};
       seen[0] = 1;
-      while (!todo.empty() && !nullable[r]) {
-        const std::int32_t s = todo.back();
-        todo.pop_back();
-        if (d.accepts(s)) nullable[r] = 1;
-        for (const byte_dfa::call_edge& e : d.calls_of(s))
-          if (nullable[static_cast<std::size_t>(e.rule)] && !seen[static_cast<std::size_t>(e.to)]) {
-            seen[static_cast<std::size_t>(e.to)] = 1;
-            todo.push_back(e.to);
-          }
-      }
-      changed = changed || nullable[r];
-    }
-  }
-  return nullable;
-}
-
-// For each rule, whether it derives some finite text (its calls through rules that do).
-inline std::vector<std::uint8_t> productive_rules(const byte_pda& g) {
-  std::vector<std::uint8_t> productive(g.rules.size(), 0);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (std::size_t r = 0; r < g.rules.size(); ++r) {
-      if (productive[r]) continue;
-      const byte_dfa& d = g.rules[r];
-      std::vector<std::uint8_t> seen(static_cast<std::size_t>(d.size()), 0);
-      std::vector<std::int32_t> todo{byte_dfa::start};
-      seen[0] = 1;
-      auto visit = [&](std::int32_t t) {
+      const auto visit = [&](std::int32_t t) {
         if (!seen[static_cast<std::size_t>(t)]) {
           seen[static_cast<std::size_t>(t)] = 1;
           todo.push_back(t);
         }
       };
-      while (!todo.empty() && !productive[r]) {
+      while (!todo.empty() && !found[r]) {
         const std::int32_t s = todo.back();
         todo.pop_back();
-        if (d.accepts(s)) productive[r] = 1;
-        for (const byte_dfa::range& e : d.edges[static_cast<std::size_t>(s)]) visit(e.to);
+        if (d.accepts(s)) found[r] = 1;
+        if (bytes)
+          for (const byte_dfa::range& e : d.edges[static_cast<std::size_t>(s)]) visit(e.to);
         for (const byte_dfa::call_edge& e : d.calls_of(s))
-          if (productive[static_cast<std::size_t>(e.rule)]) visit(e.to);
+          if (found[static_cast<std::size_t>(e.rule)]) visit(e.to);
       }
-      changed = changed || productive[r];
+      changed = changed || found[r];
     }
   }
-  return productive;
+  return found;
 }
+inline std::vector<std::uint8_t> nullable_rules(const byte_pda& g) { return rules_deriving(g, false); }
+inline std::vector<std::uint8_t> productive_rules(const byte_pda& g) { return rules_deriving(g, true); }
 
 // The rules each rule may call before reading a byte (through calls of nullable rules).
 inline std::vector<std::vector<std::int32_t>> left_calls(const byte_pda& g, const std::vector<std::uint8_t>& nullable) {
