@@ -13,7 +13,8 @@
 // sorts each token into accepted (its bytes read within the frame and the calls it makes), rejected, or uncertain
 // (some path returns from the frame before the token's last byte, so what follows depends on the frames below).
 // At a step only the uncertain tokens are walked with the real stacks. The sets of stacks after a request's last
-// tokens are kept (keyed by the tokens' hash) so that the next step reads one token, not the whole text.
+// tokens are kept (keyed by the tokens' hash) so that the next step reads one token, not the whole text, and the
+// allowed sets of the last sets of stacks met (which repeat: along a string, between an object's members).
 //
 // Bounds: a rule that derives no text, or left recursion (a rule that can call itself before reading a byte:
 // rewrite it right-recursively, as llama.cpp requires too), is refused when the grammar is compiled. A stack deeper
@@ -258,7 +259,6 @@ class pushdown_guide {
   [[nodiscard]] const byte_pda& grammar() const { return g_; }
   [[nodiscard]] const guide_vocabulary& vocabulary() const { return *vocab_; }
 
-
   // After the generated tokens: whether the text is still a prefix of a match, whether it is one, and the tokens
   // that keep it a prefix (none where it is not). The previous step's result is found by the tokens' hash, so a
   // request's step reads one token.
@@ -301,7 +301,8 @@ class pushdown_guide {
   [[nodiscard]] std::size_t memo_bytes() const {
     const std::lock_guard<std::mutex> lock(mutex_);
     std::size_t n = 0;
-    for (const auto& [f, m] : frame_memo_) n += (m.accepted.capacity() * 8) + m.uncertain.capacity() * sizeof(token_id);
+    for (const auto& [f, m] : frame_memo_)
+      n += m.accepted.capacity() * sizeof(std::uint64_t) + m.uncertain.capacity() * sizeof(token_id);
     for (const auto& [k, c] : cursors_)
       for (const stack& st : c->cfg.stacks) n += st.capacity() * sizeof(frame);
     for (const auto& [c, m] : masks_) n += m->ids.capacity() * sizeof(token_id);
