@@ -1395,7 +1395,8 @@ thing ::= "cat" | "dog" | "(" thing " and " thing ")")g";
         CAPTURE(out.text);
         if (out.reason == finish_reason::eos) {  // a whole sentence of the grammar
           CHECK(machine.matches(out.text));
-          if (guided == &any_json) CHECK_NOTHROW((void)nlohmann::json::parse(out.text));
+          nlohmann::json v;
+          if (guided == &any_json) CHECK_NOTHROW(v = nlohmann::json::parse(out.text));
           ++finished;
         } else {  // cut at max_tokens: still a prefix of one
           CHECK(out.reason == finish_reason::length);

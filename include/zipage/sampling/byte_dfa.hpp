@@ -110,6 +110,14 @@ struct guide_tokens {
   [[nodiscard]] bool allows(token_id t) const {
     return std::binary_search(ids.begin(), ids.end(), t) != complement;
   }
+  // The allowed ids of [0, vocab_size), ascending, whichever form the list has.
+  [[nodiscard]] std::vector<token_id> allowed_ids(std::int32_t vocab_size) const {
+    if (!complement) return ids;
+    std::vector<token_id> out;
+    for (token_id t = 0; t < vocab_size; ++t)
+      if (allows(t)) out.push_back(t);
+    return out;
+  }
 };
 
 // What may follow a generated text: whether it is still a prefix of a match (alive), whether it is a whole one

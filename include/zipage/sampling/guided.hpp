@@ -852,11 +852,7 @@ class guide {
   // The ids allowed after the generated tokens, ascending (none where the text left the language).
   [[nodiscard]] std::vector<token_id> allowed_after(std::span<const token_id> generated) const {
     const guide_lookahead l = lookahead(generated);
-    std::vector<token_id> out;
-    if (!l.next) return out;
-    for (token_id t = 0; t < vocab_->size(); ++t)
-      if (l.next->allows(t)) out.push_back(t);
-    return out;
+    return l.next ? l.next->allowed_ids(vocab_->size()) : std::vector<token_id>{};
   }
 
   // The DFA state after the generated tokens (-1: a token left the language or has no bytes).
@@ -910,12 +906,7 @@ class guide {
   }
   // The allowed ids at `state`, ascending (the explicit list, whichever form next_tokens keeps).
   [[nodiscard]] std::vector<token_id> allowed_ids(std::int32_t state) const {
-    const auto next = next_tokens(state);
-    if (!next->complement) return next->ids;
-    std::vector<token_id> out;
-    for (token_id t = 0; t < vocab_->size(); ++t)
-      if (next->allows(t)) out.push_back(t);
-    return out;
+    return next_tokens(state)->allowed_ids(vocab_->size());
   }
 
  private:

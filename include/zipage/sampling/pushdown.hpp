@@ -66,6 +66,59 @@ struct config {
   std::vector<stack> stacks;  // sorted, unique
   bool bottom_returned = false;
   [[nodiscard]] bool empty() const { return stacks.empty() && !bottom_returned; }
+  friend bool operator==(const config&, const config&) = default;
+};
+
+// splitmix64's finaliser over h and v: the hashes of token sequences and of sets of stacks.
+inline std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  std::uint64_t x = h ^ (v + 0x9e3779b97f4a7c15ull);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+struct config_hash {
+  std::size_t operator()(const config& c) const {
+    std::uint64_t h = c.bottom_returned ? 1 : 0;
+    for (const stack& s : c.stacks) {
+      h = mix(h, s.size());
+      for (const frame& f : s)
+        h = mix(h, (static_cast<std::uint64_t>(f.rule) << 32) | static_cast<std::uint32_t>(f.state));
+    }
+    return static_cast<std::size_t>(h);
+  }
+};
+
+// A map that keeps its `capacity` most recently used entries. Not thread-safe (the guide locks around it).
+template <class Key, class Value, class Hash>
+class lru_map {
+ public:
+  explicit lru_map(std::size_t capacity) : capacity_(capacity) {}
+  // The value of `k` (made the most recently used), or null.
+  const Value* find(const Key& k) {
+    const auto it = index_.find(k);
+    if (it == index_.end()) return nullptr;
+    order_.splice(order_.begin(), order_, it->second);
+    return &it->second->second;
+  }
+  // Keeps `v` for `k` unless `k` is kept already; the least recently used go beyond the capacity.
+  void insert(const Key& k, Value v) {
+    if (index_.contains(k)) return;
+    order_.emplace_front(k, std::move(v));
+    index_.emplace(k, order_.begin());
+    while (order_.size() > capacity_) {
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+  }
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& [k, v] : order_) f(k, v);
+  }
+
+ private:
+  std::size_t capacity_;
+  std::list<std::pair<Key, Value>> order_;  // most recently used first
+  std::unordered_map<Key, typename std::list<std::pair<Key, Value>>::iterator, Hash> index_;
 };
 
 // For each rule, whether it derives some text through `passable` moves: its byte edges where `bytes`, and calls of
@@ -181,6 +234,19 @@ inline std::vector<std::vector<std::int32_t>> left_calls(const byte_pda& g, cons
   }
   return expanded(g, std::move(seeds));
 }
+// The stacks at the start of `g`: its root rule's frame, expanded.
+[[nodiscard]] inline config start(const byte_pda& g) { return expanded(g, {stack{{0, byte_dfa::start}}}); }
+
+// The stacks after `bytes` from `c`: empty where they leave the language (the root's return ends the text: no
+// byte may follow it).
+[[nodiscard]] inline config read(const byte_pda& g, config c, std::string_view bytes) {
+  for (const char b : bytes) {
+    if (c.stacks.empty()) return {};
+    c = step(g, c, static_cast<unsigned char>(b));
+  }
+  return c;
+}
+
 }  // namespace pushdown_detail
 
 // Throws zipage::error naming `what` and the rule for a grammar a pushdown guide cannot follow: no rules, a call of
@@ -219,13 +285,7 @@ inline void check_pushdown(const byte_pda& g, const std::string& what) {
 // The stacks after `text` from the start of `g` (a checked grammar): empty where the text left the language;
 // bottom_returned where it is a whole match.
 [[nodiscard]] inline pushdown_detail::config pushdown_after(const byte_pda& g, std::string_view text) {
-  using pushdown_detail::stack;
-  pushdown_detail::config c = pushdown_detail::expanded(g, {stack{{0, byte_dfa::start}}});
-  for (const char b : text) {
-    if (c.stacks.empty()) return {};
-    c = pushdown_detail::step(g, c, static_cast<unsigned char>(b));
-  }
-  return c;
+  return pushdown_detail::read(g, pushdown_detail::start(g), text);
 }
 // Whether `g` (a checked grammar) derives `text` whole.
 [[nodiscard]] inline bool pushdown_matches(const byte_pda& g, std::string_view text) {
@@ -253,7 +313,7 @@ class pushdown_guide {
     const auto& order = vocab_->sorted();
     rank_.assign(static_cast<std::size_t>(vocab_->size()), -1);
     for (std::size_t i = 0; i < order.size(); ++i) rank_[static_cast<std::size_t>(order[i])] = static_cast<int>(i);
-    start_ = expanded({stack{{0, byte_dfa::start}}});
+    start_ = pushdown_detail::start(g_);
   }
 
   [[nodiscard]] const byte_pda& grammar() const { return g_; }
@@ -266,34 +326,35 @@ class pushdown_guide {
     std::uint64_t h = hash_seed, h_prev = hash_seed;
     for (const token_id t : generated) {
       h_prev = h;
-      h = mix(h, t);
+      h = pushdown_detail::mix(h, static_cast<std::uint32_t>(t));
     }
     const key k{generated.size(), h};
-    std::shared_ptr<const cursor> cur, prev;
+    std::shared_ptr<const config> cur, prev;
     {
       const std::lock_guard<std::mutex> lock(mutex_);
-      cur = find(k);
-      if (!cur && !generated.empty()) prev = find({generated.size() - 1, h_prev});
+      if (const auto* c = cursors_.find(k)) cur = *c;
+      else if (!generated.empty())
+        if (const auto* p = cursors_.find({generated.size() - 1, h_prev})) prev = *p;
     }
     if (!cur) {
-      auto made = std::make_shared<cursor>();
+      config made;
       if (prev) {
-        made->cfg = after_token(prev->cfg, generated.back());
+        made = after_token(*prev, generated.back());
       } else {
-        made->cfg = start_;
+        made = start_;
         for (const token_id t : generated) {
-          made->cfg = after_token(made->cfg, t);
-          if (made->cfg.empty()) break;
+          made = after_token(made, t);
+          if (made.empty()) break;
         }
       }
+      cur = std::make_shared<const config>(std::move(made));
       const std::lock_guard<std::mutex> lock(mutex_);
-      insert(k, made);
-      cur = std::move(made);
+      cursors_.insert(k, cur);
     }
     lookahead_result out;
-    out.alive = !cur->cfg.empty();
-    out.at_match = cur->cfg.bottom_returned;
-    if (out.alive) out.next = allowed_cached(cur->cfg);
+    out.alive = !cur->empty();
+    out.at_match = cur->bottom_returned;
+    if (out.alive) out.next = allowed_cached(*cur);
     return out;
   }
 
@@ -303,9 +364,12 @@ class pushdown_guide {
     std::size_t n = 0;
     for (const auto& [f, m] : frame_memo_)
       n += m.accepted.capacity() * sizeof(std::uint64_t) + m.uncertain.capacity() * sizeof(token_id);
-    for (const auto& [k, c] : cursors_)
-      for (const stack& st : c->cfg.stacks) n += st.capacity() * sizeof(frame);
-    for (const auto& [c, m] : masks_) n += m->ids.capacity() * sizeof(token_id);
+    cursors_.for_each([&](const key&, const std::shared_ptr<const config>& c) {
+      for (const stack& st : c->stacks) n += st.capacity() * sizeof(frame);
+    });
+    masks_.for_each([&](const config&, const std::shared_ptr<const guide_tokens>& m) {
+      n += m->ids.capacity() * sizeof(token_id);
+    });
     return n;
   }
 
@@ -319,21 +383,12 @@ class pushdown_guide {
   struct key_hash {
     std::size_t operator()(const key& k) const { return static_cast<std::size_t>(k.hash ^ (k.length * 0x9e37u)); }
   };
-  struct cursor {
-    config cfg;
-  };
   // The tokens a frame alone decides: accepted (a bit per id), and those that depend on the frames below (trie order).
   struct frame_tokens {
     std::vector<std::uint64_t> accepted;
     std::vector<token_id> uncertain;
   };
   static constexpr std::uint64_t hash_seed = 0x243f6a8885a308d3ull;
-  static std::uint64_t mix(std::uint64_t h, token_id t) {
-    std::uint64_t x = h ^ (static_cast<std::uint64_t>(static_cast<std::uint32_t>(t)) + 0x9e3779b97f4a7c15ull);
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-  }
 
   [[nodiscard]] config expanded(std::vector<stack> seeds) const {
     return pushdown_detail::expanded(g_, std::move(seeds));
@@ -341,13 +396,7 @@ class pushdown_guide {
   [[nodiscard]] config step(const config& c, unsigned char b) const { return pushdown_detail::step(g_, c, b); }
   [[nodiscard]] config after_token(const config& c, token_id t) const {
     const std::string& b = vocab_->bytes_of(t);
-    if (b.empty()) return {};
-    config out = c;
-    for (const char ch : b) {
-      if (out.stacks.empty()) return {};  // (the root's return ends the text: no byte may follow it)
-      out = step(out, static_cast<unsigned char>(ch));
-    }
-    return out;
+    return b.empty() ? config{} : pushdown_detail::read(g_, c, b);
   }
 
   // Walks `tokens` (ids in trie order) from `start`, reading each token's bytes after the shared prefix with the one
@@ -432,34 +481,14 @@ class pushdown_guide {
   // allowed(c), kept for the last max_masks sets of stacks met (a text's stacks repeat: inside a string, between
   // the members of an object, along a number's digits).
   [[nodiscard]] std::shared_ptr<const guide_tokens> allowed_cached(const config& c) const {
-    const std::uint64_t h = mask_hash(c);
     {
       const std::lock_guard<std::mutex> lock(mutex_);
-      if (const auto it = mask_index_.find(h); it != mask_index_.end() && it->second->first.stacks == c.stacks &&
-                                               it->second->first.bottom_returned == c.bottom_returned) {
-        masks_.splice(masks_.begin(), masks_, it->second);
-        return it->second->second;
-      }
+      if (const auto* m = masks_.find(c)) return *m;
     }
     auto mask = allowed(c);
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (!mask_index_.contains(h)) {
-      masks_.emplace_front(c, mask);
-      mask_index_.emplace(h, masks_.begin());
-      while (masks_.size() > max_masks) {
-        mask_index_.erase(mask_hash(masks_.back().first));
-        masks_.pop_back();
-      }
-    }
+    masks_.insert(c, mask);
     return mask;
-  }
-  static std::uint64_t mask_hash(const config& c) {
-    std::uint64_t h = c.bottom_returned ? 1 : 0;
-    for (const stack& s : c.stacks) {
-      h = mix(h, static_cast<token_id>(s.size()));
-      for (const frame& f : s) h = mix(h, (f.rule << 16) ^ f.state);
-    }
-    return h;
   }
 
   // The tokens allowed after `c`: what its top frames accept alone, and their uncertain tokens walked with the
@@ -500,23 +529,6 @@ class pushdown_guide {
     return (bits[static_cast<std::size_t>(t) / 64] >> (static_cast<unsigned>(t) % 64)) & 1u;
   }
 
-  // Under mutex_: the kept step of `k`, most recently used first.
-  std::shared_ptr<const cursor> find(const key& k) const {
-    const auto it = index_.find(k);
-    if (it == index_.end()) return nullptr;
-    cursors_.splice(cursors_.begin(), cursors_, it->second);
-    return it->second->second;
-  }
-  void insert(const key& k, std::shared_ptr<const cursor> c) const {
-    if (index_.contains(k)) return;
-    cursors_.emplace_front(k, std::move(c));
-    index_.emplace(k, cursors_.begin());
-    while (cursors_.size() > max_cursors) {
-      index_.erase(cursors_.back().first);
-      cursors_.pop_back();
-    }
-  }
-
   byte_pda g_;
   std::shared_ptr<const guide_vocabulary> vocab_;
   std::size_t words_ = 0;
@@ -524,12 +536,10 @@ class pushdown_guide {
   config start_;
   mutable std::mutex mutex_;
   mutable std::map<frame, frame_tokens> frame_memo_;
-  using entry = std::pair<key, std::shared_ptr<const cursor>>;
-  mutable std::list<entry> cursors_;
-  mutable std::unordered_map<key, std::list<entry>::iterator, key_hash> index_;
-  using mask_entry = std::pair<config, std::shared_ptr<const guide_tokens>>;
-  mutable std::list<mask_entry> masks_;  // most recently used first
-  mutable std::unordered_map<std::uint64_t, std::list<mask_entry>::iterator> mask_index_;
+  // A request's stacks after its tokens (by their count and hash), and the allowed sets by the stacks they follow.
+  mutable pushdown_detail::lru_map<key, std::shared_ptr<const config>, key_hash> cursors_{max_cursors};
+  mutable pushdown_detail::lru_map<config, std::shared_ptr<const guide_tokens>, pushdown_detail::config_hash> masks_{
+      max_masks};
 };
 
 }  // namespace zipage
