@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses of tests/fuzz with clang and runs each one on its seed corpus.
-#   scripts/fuzz.sh                    # every harness, 30 s each (the CI smoke)
+#   scripts/fuzz.sh                    # every harness, 30 s each (.ci/run smokes 15 s each)
 #   scripts/fuzz.sh 600 fuzz_gguf      # one harness for 10 minutes
 # clang is installed from Debian's packages when missing (as scripts/setup.sh does).
 # Environment: FUZZ_BUILD_DIR (build-fuzz), FUZZ_JOBS (build parallelism, 2), FUZZ_WORK (where new inputs
