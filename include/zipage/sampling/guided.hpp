@@ -632,7 +632,9 @@ inline std::vector<std::int32_t> equivalence_classes(const std::vector<std::arra
 // Subset construction, then dead states pruned. `what` names the constraint in errors.
 inline byte_dfa determinize(const node& root, std::size_t max_dfa_states, const std::string& what) {
   nfa a;
-  const auto [start, accept] = a.build(root);
+  // Not a structured binding: `accept` is captured by the lambda below, which clang before 16 does not allow.
+  const std::pair<std::int32_t, std::int32_t> ends = a.build(root);
+  const std::int32_t start = ends.first, accept = ends.second;
   std::map<std::vector<std::int32_t>, std::int32_t> index;
   std::vector<std::vector<std::int32_t>> sets;
   std::vector<std::array<std::int32_t, 256>> next;
