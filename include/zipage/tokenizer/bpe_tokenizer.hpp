@@ -260,8 +260,13 @@ class bpe_tokenizer {
       out += e.text;
       return;
     }
-    for (const unicode::unit& u : unicode::decode_units(e.text))
-      out.push_back(static_cast<char>(detail::unicode_to_byte()[u.cp]));
+    const auto& to_byte = detail::unicode_to_byte();
+    for (const unicode::unit& u : unicode::decode_units(e.text)) {
+      // A character outside the byte-level alphabet (a malformed vocabulary, invalid UTF-8) is kept as it is.
+      const std::int16_t b = u.cp < to_byte.size() ? to_byte[u.cp] : std::int16_t{-1};
+      if (b >= 0) out.push_back(static_cast<char>(b));
+      else out.append(e.text, u.begin, u.size);
+    }
   }
 
   // The pieces the pre-tokenizer splits (already normalized) text into.
