@@ -260,13 +260,8 @@ class bpe_tokenizer {
       out += e.text;
       return;
     }
-    const auto& to_byte = detail::unicode_to_byte();
-    for (const unicode::unit& u : unicode::decode_units(e.text)) {
-      // A character outside the byte-level alphabet (a malformed vocabulary, invalid UTF-8) is kept as it is.
-      const std::int16_t b = u.cp < to_byte.size() ? to_byte[u.cp] : std::int16_t{-1};
-      if (b >= 0) out.push_back(static_cast<char>(b));
-      else out.append(e.text, u.begin, u.size);
-    }
+    for (const unicode::unit& u : unicode::decode_units(e.text))
+      out.push_back(static_cast<char>(detail::unicode_to_byte()[u.cp]));
   }
 
   // The pieces the pre-tokenizer splits (already normalized) text into.
@@ -507,24 +502,12 @@ class bpe_tokenizer {
           " is not supported (zipage implements the Split + ByteLevel sequences of Qwen2/Qwen3 and Llama 3)");
   }
 
-  // True when every character of `s` is one of the byte map's 256 (all below U+0144).
-  static bool in_byte_map(std::string_view s) noexcept {
+  // True when every character of `s` is one of the byte map's 256 (all below U+0144). Read with the decoder that
+  // append_token_bytes uses, so invalid UTF-8 (unicode::invalid, a malformed vocabulary) makes a token raw.
+  static bool in_byte_map(std::string_view s) {
     const auto& to_byte = detail::unicode_to_byte();
-    for (std::size_t i = 0; i < s.size();) {
-      const auto b0 = static_cast<unsigned char>(s[i]);
-      char32_t cp;
-      if (b0 < 0x80) {
-        cp = b0;
-        i += 1;
-      } else if ((b0 & 0xE0) == 0xC0 && i + 1 < s.size()) {
-        cp = (char32_t{b0} & 0x1F) << 6 | (static_cast<unsigned char>(s[i + 1]) & 0x3F);
-        i += 2;
-      } else {
-        return false;  // three bytes or more: above U+07FF
-      }
-      if (cp >= to_byte.size() || to_byte[cp] < 0) return false;
-    }
-    return true;
+    return std::ranges::all_of(unicode::decode_units(s),
+                               [&](const unicode::unit& u) { return u.cp < to_byte.size() && to_byte[u.cp] >= 0; });
   }
 
   void define(token_id id, std::string text, const std::string& src) {
