@@ -27,19 +27,21 @@ case "${1:-}" in
     cp /usr/local/cuda/include/nccl.h "$SRC/.nccl/"
     echo "packed $(git -C "$root" rev-parse --short HEAD) into $SRC ($(du -sh "$SRC" | cut -f1))" ;;
   prebuilt)
-    BIN="$root/.carry-bin" BD="$root/${BUILD:-build-ops}"
+    # DEST: where the set goes (default .carry-bin; e.g. .carry-old-bin for an older commit's build, BUILD naming its
+    # build folder and COMMIT what it was built from: `git rev-parse HEAD` here otherwise).
+    BIN="${DEST:-$root/.carry-bin}" BD="$root/${BUILD:-build-ops}"
     # shellcheck disable=SC2086
     cmake --build "$BD" -j "${JOBS:-2}" --target ${TARGETS:?TARGETS names the binaries to build and carry} > /dev/null
     rm -rf "$BIN" && mkdir -p "$BIN/lib"
     for t in $TARGETS; do find "$BD" -maxdepth 3 -type f -perm -u+x -name "$t" -exec cp {} "$BIN"/ \;; done
     for lib in $(ldd "$BIN"/* 2>/dev/null | awk '/libbenchmark/ { print $3 }' | sort -u); do cp -L "$lib" "$BIN/lib/"; done
     echo "$root" > "$BIN/ROOT"
-    git -C "$root" rev-parse --short HEAD > "$BIN/COMMIT"
+    echo "${COMMIT:-$(git -C "$root" rev-parse --short HEAD)}" > "$BIN/COMMIT"
     n=$(find "$BIN" -maxdepth 1 -type f -perm -u+x | wc -l)
     # Stripped and xz-compressed (20 MB of fat binaries become ~2.3 MB): the tree a call carries is at most 64 MiB.
     find "$BIN" -maxdepth 1 -type f -perm -u+x -exec strip {} \;
-    tar -C "$BIN" -cJf "$root/.carry-bin.tar.xz" . && rm -rf "$BIN" && mkdir -p "$BIN" && mv "$root/.carry-bin.tar.xz" "$BIN/bin.tar.xz"
-    echo "prebuilt $(git -C "$root" rev-parse --short HEAD) ($n binaries, $(du -sh "$BIN" | cut -f1)) in $BIN" ;;
+    tar -C "$BIN" -cJf "$BIN.tar.xz" . && rm -rf "$BIN" && mkdir -p "$BIN" && mv "$BIN.tar.xz" "$BIN/bin.tar.xz"
+    echo "prebuilt $(tar -xJOf "$BIN/bin.tar.xz" ./COMMIT) ($n binaries, $(du -sh "$BIN" | cut -f1)) in $BIN" ;;
   unpack)
     # Out of the working tree (each device call copies the tree anew, which would remove an untracked folder while a
     # detached driver still runs), and this checkout's path as the binaries know it linked to the device's copy.

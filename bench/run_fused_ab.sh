@@ -13,6 +13,11 @@
 #     compressed / full KV measured in one session), else the one cell GRID_MODE compressed|full, GRID_KV
 #     fp8|bf16, GRID_WEIGHTS fp8|bf16, GRID_BOX s (900). GRID_BOX=0 or GRID_CELLS=none: no grid.
 # PREBUILT=.carry-bin: run binaries built here instead of building on the device (bench/device_build.sh prebuilt).
+# AB_OLD=.carry-old-bin (with PREBUILT): step 4 compares two builds instead of a flag: the zipage-bench of an older
+# commit (`DEST=.carry-old-bin BUILD=... COMMIT=... bench/device_build.sh prebuilt`) against PREBUILT's, FP8 KV and
+# weights, AB_REPS pairs alternated (old new, new old, ...), each box AB_BOX s with AB_FLAGS.
+# With ELEMENTWISE_BENCH=1, after the tests: bench_elementwise (the decode step's small kernels against the copy
+# bandwidth) into elementwise.txt.
 # SERIAL_TESTS / CONCURRENT_TESTS: the GPU tests to build and run (default: all; e.g. SERIAL_TESTS="" and
 # CONCURRENT_TESTS="test_cuda_wgmma test_cuda_kernels" for a short build when only the kernels changed).
 # With FP8_GEMM_CONFIGS=1, after the tests: bench_fp8_gemm_configs (every cuBLASLt configuration of the block-scaled
@@ -74,13 +79,16 @@ case "${1:-}" in
       # Binaries built on the development machine (bench/device_build.sh prebuilt), their library beside them.
       st "$(B="$B" PREBUILT="$PREBUILT" bench/device_build.sh unpack)"
       export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      [ -z "${AB_OLD:-}" ] || st "$(B=/tmp/dev-old PREBUILT="$AB_OLD" bench/device_build.sh unpack)"
     else
       TARGETS="$SERIAL $CONC zipage-bench bench_decode_attention bench_fp8_gemm_configs" \
         JOBS=16 OUT="$D" bench/device_build.sh build > "$D/build_status.txt" 2>&1
       st "build rc=$?"
       find /tmp/bd -maxdepth 3 -type f -perm -u+x \( -name 'test_*' -o -name zipage-bench -o -name 'bench_*' \) -exec ln -sfn {} "$B"/ \;
     fi
-    OUT="$D" DEADLINE_S=260 BIN="$B" TESTS="$SERIAL" CONCURRENT="$CONC" bench/run_gpu_tests.sh > /dev/null 2>&1
+    # TESTS_DEADLINE_S: all the tests together (2026-12-07: 260 s cut test_cuda_fp8_kv, which ran concurrently
+    # after a serial test_cuda_fp8_gemm of 148 s).
+    OUT="$D" DEADLINE_S="${TESTS_DEADLINE_S:-360}" BIN="$B" TESTS="$SERIAL" CONCURRENT="$CONC" bench/run_gpu_tests.sh > /dev/null 2>&1
     cp /tmp/test_cuda_engine.log /tmp/test_cuda_fp8_gemm.log /tmp/test_cuda_kernels.log /tmp/test_cuda_wgmma.log /tmp/test_cuda_fp8_kv.log "$D/" 2>/dev/null
     st "tests done: test_cuda_kernels $(tail -1 "$D/test_cuda_kernels.log" 2>/dev/null); $(grep -c '^\[FAIL\]' "$D/test_cuda_kernels.log" 2>/dev/null) [FAIL] lines"
     st "test_cuda_wgmma: $(grep -E 'test cases:|SKIPPED' "$D/test_cuda_wgmma.log" 2>/dev/null | tr -s ' ' | tr '\n' ' ')"
@@ -89,6 +97,10 @@ case "${1:-}" in
       timeout "${ATTN_BENCH_TIMEOUT:-240}" "$B"/bench_decode_attention --benchmark_filter="${ATTN_BENCH_FILTER:-prefill}" > "$D/prefill_bench.txt" 2>&1
       st "prefill bench rc=$?"
       clocks_stop prefill_bench
+    fi
+    if [ "${ELEMENTWISE_BENCH:-0}" = 1 ]; then
+      timeout 150 "$B"/bench_elementwise > "$D/elementwise.txt" 2>&1
+      st "elementwise bench rc=$?"
     fi
     if [ "${FP8_GEMM_CONFIGS:-0}" = 1 ]; then
       timeout 150 "$B"/bench_fp8_gemm_configs > "$D/fp8_gemm_configs.txt" 2>&1
@@ -114,7 +126,7 @@ case "${1:-}" in
       local name=$1 box=$2 kv=$3 quant=$4 rc
       shift 4
       clocks_start "$name"
-      timeout $(( box + 150 )) "$B"/zipage-bench --shape qwen3-8b --workload long --mode compressed --num-requests 1024 \
+      timeout $(( box + 150 )) "${ZB:-$B/zipage-bench}" --shape qwen3-8b --workload long --mode compressed --num-requests 1024 \
         --output-len 16384 --max-num-seqs 1024 --seconds "$box" --kv-cache-dtype "$kv" --quantization "$quant" "$@" \
         > "$D/$name.txt" 2>&1
       rc=$?
@@ -134,7 +146,17 @@ case "${1:-}" in
     fi
     # shellcheck disable=SC2086
     ab() { long_run "ab_kv$1_w$2${3:+_$tag}" "${AB_BOX:-100}" "$1" "$2" --json "$D/ab.jsonl" ${AB_FLAGS:-} ${3:+"$3"}; }
-    if [ "${AB_BOX:-100}" -gt 0 ]; then
+    if [ "${AB_BOX:-100}" -gt 0 ] && [ -n "${AB_OLD:-}" ]; then
+      # Pairs in alternating order, so that a drift of the machine's clocks or temperature falls on both builds.
+      for rep in $(seq 1 "${AB_REPS:-2}"); do
+        order="old new"; [ $(( rep % 2 )) = 0 ] && order="new old"
+        for v in $order; do
+          zb=$B/zipage-bench; [ "$v" = old ] && zb=/tmp/dev-old/zipage-bench
+          # shellcheck disable=SC2086
+          ZB=$zb long_run "ab_${v}_$rep" "${AB_BOX:-100}" fp8 fp8 --json "$D/ab.jsonl" ${AB_FLAGS:-}
+        done
+      done
+    elif [ "${AB_BOX:-100}" -gt 0 ]; then
       ab fp8 fp8 ""
       [ "$flag" = none ] || ab fp8 fp8 "$flag"
       if [ "${AB_BF16:-0}" = 1 ]; then ab auto none ""; [ "$flag" = none ] || ab auto none "$flag"; fi
