@@ -3,6 +3,7 @@
 //
 //   zipage-bench --shape qwen3-8b --workload nano --mode full
 //   zipage-bench --shape qwen3-0.6b --workload long --mode both --num-requests 64 --seconds 60
+//   zipage-bench --shape path/to/Qwen3-14B/config.json --workload long --kv-cache-dtype fp8   # any config's geometry
 //
 // Workloads:
 //   nano  nano-vllm's benchmark: 256 requests (seed 0), prompt and output lengths uniform in [100, 1024],
@@ -34,6 +35,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -49,6 +51,7 @@
 #include "zipage/cuda/device.hpp"
 #include "zipage/cuda/energy.hpp"
 #include "zipage/engine/engine.hpp"
+#include "zipage/models/hf_config.hpp"
 #include "zipage/models/llama.hpp"
 #include "zipage/policy/policies.hpp"
 
@@ -59,29 +62,53 @@ using clock_type = std::chrono::steady_clock;
 
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
+// The preset shapes: Qwen3's dense checkpoints (their config.json's sizes; Qwen3-1.7B, 4B and 0.6B tie the vocabulary
+// projection to the embedding) and a tiny one.
+struct shape_preset {
+  const char* name;
+  int vocab, hidden, layers, q_heads, kv_heads, head_dim, ffn;
+  bool tied;
+};
+constexpr shape_preset shape_presets[] = {
+    {"qwen3-0.6b", 151936, 1024, 28, 16, 8, 128, 3072, true},   {"qwen3-1.7b", 151936, 2048, 28, 16, 8, 128, 6144, true},
+    {"qwen3-4b", 151936, 2560, 36, 32, 8, 128, 9728, true},     {"qwen3-8b", 151936, 4096, 36, 32, 8, 128, 12288, false},
+    {"qwen3-14b", 151936, 5120, 40, 40, 8, 128, 17408, false},  {"qwen3-32b", 151936, 5120, 64, 64, 8, 128, 25600, false},
+    {"tiny", 4096, 512, 4, 8, 4, 64, 1024, true},
+};
+
+std::string preset_names() {
+  std::string names;
+  for (const shape_preset& p : shape_presets) names += (names.empty() ? "" : ", ") + std::string(p.name);
+  return names;
+}
+
+// --shape: a preset, or a Hugging Face config.json (or a checkpoint directory holding one), whose model is built with
+// random weights (vLLM's --load-format dummy): any Llama / Qwen2 / Qwen3 geometry that zipage loads.
 model_config shape_config(const std::string& shape) {
-  model_config c;
-  c.rope = rope_style::half;
-  c.rope_theta = 1e6f;
-  c.rms_eps = 1e-6f;
-  c.qk_norm = true;
-  c.bos = 0;
-  if (shape == "qwen3-0.6b") {
-    c.vocab_size = 151936, c.hidden_size = 1024, c.num_layers = 28, c.num_q_heads = 16, c.num_kv_heads = 8;
-    c.head_dim = 128, c.ffn_size = 3072, c.tied_embeddings = true;
-  } else if (shape == "qwen3-8b") {
-    c.vocab_size = 151936, c.hidden_size = 4096, c.num_layers = 36, c.num_q_heads = 32, c.num_kv_heads = 8;
-    c.head_dim = 128, c.ffn_size = 12288, c.tied_embeddings = false;
-  } else if (shape == "tiny") {
-    c.vocab_size = 4096, c.hidden_size = 512, c.num_layers = 4, c.num_q_heads = 8, c.num_kv_heads = 4;
-    c.head_dim = 64, c.ffn_size = 1024, c.tied_embeddings = true;
-  } else {
-    fail("--shape: unknown shape '", shape, "' (qwen3-0.6b, qwen3-8b, tiny)");
+  for (const shape_preset& p : shape_presets) {
+    if (shape != p.name) continue;
+    model_config c;
+    c.rope = rope_style::half;
+    c.rope_theta = 1e6f;
+    c.rms_eps = 1e-6f;
+    c.qk_norm = true;
+    c.bos = 0;
+    c.vocab_size = p.vocab, c.hidden_size = p.hidden, c.num_layers = p.layers, c.num_q_heads = p.q_heads;
+    c.num_kv_heads = p.kv_heads, c.head_dim = p.head_dim, c.ffn_size = p.ffn, c.tied_embeddings = p.tied;
+    c.eos = c.vocab_size - 1;
+    c.max_context = 40960;  // Qwen3's max_position_embeddings
+    c.architecture = "qwen3";
+    return c;
   }
-  c.eos = c.vocab_size - 1;
-  c.max_context = 40960;
-  c.architecture = "qwen3";
-  return c;
+  std::error_code ec;
+  if (!std::filesystem::exists(shape, ec))
+    fail("--shape: '", shape, "' is neither a preset (", preset_names(),
+         ") nor a Hugging Face config.json or checkpoint directory");
+  try {
+    return load_hf_config(shape);
+  } catch (const std::exception& e) {
+    fail("--shape ", shape, ": ", e.what());
+  }
 }
 
 // Host time spent in the model's forward pass, shared between the wrapper model (owned by the engine)
@@ -142,6 +169,12 @@ timed_model build_model(const cuda_backend& b, const model_config& c, std::uint6
     lw.wk = uniform(c.kv_size(), c.hidden_size, s_in);
     lw.wv = uniform(c.kv_size(), c.hidden_size, s_in);
     lw.wo = uniform(c.hidden_size, c.q_size(), 1.0f / std::sqrt(static_cast<float>(c.q_size())));
+    if (c.qkv_bias) {  // Qwen2 (a config.json shape)
+      lw.bq = uniform(1, c.q_size(), 0.02f);
+      lw.bk = uniform(1, c.kv_size(), 0.02f);
+      lw.bv = uniform(1, c.kv_size(), 0.02f);
+      for (const cuda_tensor* t : {&*lw.bq, &*lw.bk, &*lw.bv}) ws.bytes_per_step += static_cast<double>(t->bytes());
+    }
     if (c.qk_norm) {
       lw.q_norm = ones(c.head_dim);
       lw.k_norm = ones(c.head_dim);
@@ -208,6 +241,20 @@ struct options {
   int overlap_min_batch = cuda_backend_options{}.overlap_min_batch;  // nano-batch overlap from this batch (0: off)
   int overlap_gemm_sms = cuda_backend_options{}.overlap_gemm_sms;    // SMs of a GEMM beside attention (0: all)
 };
+
+// The longest request the workload makes must fit the model's context (the engine would stop it there, finish_reason
+// length, and the run would measure a shorter workload than asked for).
+void check_workload_fits(const options& o, const model_config& c) {
+  if (c.max_context <= 0) return;
+  if (o.workload != "nano") {
+    const long long longest = static_cast<long long>(o.prompt_len) + o.output_len;
+    check(longest <= c.max_context, "--prompt-len ", o.prompt_len, " + --output-len ", o.output_len, " = ", longest,
+          " tokens exceeds the model's context of ", c.max_context, " tokens (--shape ", o.shape, ")");
+  }
+  if (o.workload != "long")
+    check(2048 <= c.max_context, "--workload nano makes requests of up to 2,048 tokens, past the model's context of ",
+          c.max_context, " tokens (--shape ", o.shape, ")");
+}
 
 // A flag naming one value of a kernel enum (cuda::all_prefill_kernels, cuda::all_fp8_decode_kernels): the names it
 // accepts, and the value a name it accepted stands for.
@@ -703,7 +750,10 @@ int main(int argc, char** argv) {
   options o;
   CLI::App app{"zipage-bench: engine throughput on the GPU with a random-weight model"};
   // (Checked here: an unknown workload or mode would otherwise run as long / compressed.)
-  app.add_option("--shape", o.shape, "qwen3-0.6b | qwen3-8b | tiny")->check(CLI::IsMember({"qwen3-0.6b", "qwen3-8b", "tiny"}));
+  app.add_option("--shape", o.shape,
+                 "a preset (" + preset_names() + ") or a Hugging Face config.json / checkpoint directory: its "
+                 "geometry with random weights (vLLM's --load-format dummy)")
+      ->capture_default_str();
   app.add_option("--workload", o.workload, "nano | long | both")->check(CLI::IsMember({"nano", "long", "both"}));
   app.add_option("--mode", o.mode, "full | compressed | both")->check(CLI::IsMember({"full", "compressed", "both"}));
   app.add_option("--policy", o.policy,
@@ -781,6 +831,9 @@ int main(int argc, char** argv) {
   }
 
   try {
+    // The shape first: a bad preset or config.json is named on a machine without a GPU too.
+    const model_config c = shape_config(o.shape);
+    check_workload_fits(o, c);
     if (cuda::device_count() == 0) {
       std::printf("zipage-bench: no CUDA device (%s)\n", cuda::describe_device().c_str());
       return 77;
@@ -797,7 +850,6 @@ int main(int argc, char** argv) {
       for (const auto name : builtin_policy_names()) known = known || (name != "full_kv" && name == o.policy);
       if (!known) throw error("--policy: unknown policy '" + o.policy + "' (streaming_llm, h2o, snapkv, rkv, gkv, zipage or all)");
     }
-    const model_config c = shape_config(o.shape);
     cuda_backend_options bo;
     if (o.op_timing) o.no_graphs = true;  // a graph's ops are not timed one by one
     bo.cuda_graphs = !o.no_graphs;
