@@ -2,7 +2,9 @@
 // of random types and ranges (null, booleans, numbers out of range or not finite, strings, lists, objects) or
 // removed, some streamed. Every answer must be a 200 with a well-formed body (n choices, a known finish reason,
 // usage adding up; for a stream, data lines ending in [DONE]) or a 4xx with OpenAI's error object naming a
-// parameter; never a 5xx or a dropped connection, and the server serves a plain request afterwards.
+// parameter; never a 5xx or a dropped connection, and the server serves a plain request afterwards. About a third
+// of the requests carry a structured-output field (guided_*, structured_outputs, response_format; served and refused
+// forms): a served one that finished by itself satisfies its constraint.
 // ZIPAGE_SERVE_FUZZ_SEED and ZIPAGE_SERVE_FUZZ_REQUESTS (default 1 and 600) pick other or more requests.
 import assert from 'node:assert/strict';
 import { deadline, post, run, startServer } from './common.mjs';
@@ -20,7 +22,54 @@ const FIELDS = ['model', 'prompt', 'messages', 'max_tokens', 'max_completion_tok
   'min_p', 'repetition_penalty', 'frequency_penalty', 'presence_penalty', 'logprobs', 'top_logprobs', 'seed', 'stop',
   'stop_token_ids', 'n', 'ignore_eos', 'stream', 'stream_options', 'priority', 'chat_template_kwargs', 'echo',
   'best_of', 'user', 'logit_bias', 'suffix', 'add_generation_prompt', 'continue_final_message', 'tool_choice',
-  'skip_special_tokens', 'allowed_token_ids', 'bad_words', 'min_tokens'];
+  'skip_special_tokens', 'allowed_token_ids', 'bad_words', 'min_tokens', 'guided_json', 'guided_regex', 'guided_choice',
+  'guided_grammar', 'structured_outputs', 'response_format'];
+// Structured outputs: [field, value, check] with values the server serves and values it must refuse (check null).
+// A served request whose text ended by itself (finish_reason "stop") and carried nothing else that shapes the text
+// (STRUCTURE_NEUTRAL fields only) must satisfy check(text).
+const json = (f) => (t) => { try { return f(JSON.parse(t)); } catch { return false; } };
+const matches = (re) => (t) => re.test(t);
+const STRUCTURED = [
+  ['guided_regex', '[a-c]{1,3}', matches(/^[a-c]{1,3}$/)],
+  ['guided_regex', '(ab|cd)+', matches(/^(ab|cd)+$/)],
+  ['guided_regex', '\\d{2}', matches(/^[0-9]{2}$/)],
+  ['guided_regex', '(', null], ['guided_regex', 'a{100000}', null], ['guided_regex', '(?=a)b', null],
+  ['guided_choice', ['yes', 'no'], (t) => t === 'yes' || t === 'no'],
+  ['guided_choice', ['日本', 'x'], (t) => t === '日本' || t === 'x'],
+  ['guided_choice', [], null], ['guided_choice', ['a', 1], null],
+  ['guided_json', { type: 'string', maxLength: 3 }, json((v) => typeof v === 'string' && [...v].length <= 3)],
+  ['guided_json', '{"type": "integer", "minimum": 3, "maximum": 7}', json((v) => Number.isInteger(v) && v >= 3 && v <= 7)],
+  ['guided_json', { type: 'object', properties: { a: { type: 'integer' } }, required: ['a'] },
+    json((v) => v !== null && typeof v === 'object' && Number.isInteger(v.a))],
+  ['guided_json', { type: 'array', items: { type: 'boolean' }, maxItems: 2 },
+    json((v) => Array.isArray(v) && v.length <= 2 && v.every((x) => typeof x === 'boolean'))],
+  ['guided_json', { enum: ['x', 1, null] }, json((v) => v === 'x' || v === 1 || v === null)],
+  ['guided_json', { type: 'number', multipleOf: 0.5, minimum: 0, maximum: 2 },
+    json((v) => typeof v === 'number' && Number.isInteger(v * 2) && v >= 0 && v <= 2)],
+  ['guided_json', { $ref: '#/nope' }, null], ['guided_json', { type: 'object', additionalProperties: { type: 'string' } }, null],
+  ['guided_json', '{"type": ', null], ['guided_json', { type: 'integer', minimum: 5, maximum: 1 }, null],
+  ['guided_grammar', 'root ::= "a" | "b" root', matches(/^b*a$/)],
+  ['guided_grammar', 'root ::= [0-9] [0-9]?', matches(/^[0-9]{1,2}$/)],
+  ['guided_grammar', 'root ::= ', null], ['guided_grammar', 'x ::= "y"', null],
+  ['structured_outputs', { regex: '[ab]+' }, matches(/^[ab]+$/)],
+  ['structured_outputs', { choice: ['x', 'y'] }, (t) => t === 'x' || t === 'y'],
+  ['structured_outputs', { json: { type: 'boolean' } }, json((v) => typeof v === 'boolean')],
+  ['structured_outputs', { grammar: 'root ::= "z"' }, (t) => t === 'z'],
+  ['structured_outputs', { structural_tag: { type: 'structural_tag', format: { type: 'const_string', value: 'hi' } } },
+    (t) => t === 'hi'],
+  ['structured_outputs', { structural_tag: '{"structures": [{"begin": "<a>", "schema": {"type": "integer"}, "end": "</a>"}], "triggers": ["<a>"]}' },
+    (t) => { const m = t.match(/<a>(.*?)<\/a>/gs) || []; return m.every((x) => /^<a>\s*-?[0-9]+\s*<\/a>$/s.test(x)); }],
+  ['structured_outputs', { regex: '[ab]+', choice: ['a'] }, null], ['structured_outputs', { regex: '(' }, null],
+  ['structured_outputs', { json: { type: 'string', format: 'date' } }, json((v) => typeof v === 'string')],
+  ['response_format', { type: 'json_object' }, json((v) => v !== null && typeof v === 'object' && !Array.isArray(v))],
+  ['response_format', { type: 'json_schema', json_schema: { name: 'n', schema: { type: 'integer' } } }, json(Number.isInteger)],
+  ['response_format', { type: 'structural_tag', format: { type: 'regex', pattern: '[xy]{2}' } }, matches(/^[xy]{2}$/)],
+  ['response_format', { type: 'text' }, null], ['response_format', { type: 'json_schema' }, null],
+  ['response_format', { type: 'foo' }, null],
+];
+const STRUCTURE_NEUTRAL = new Set(['model', 'prompt', 'messages', 'max_tokens', 'max_completion_tokens', 'temperature',
+  'top_p', 'top_k', 'min_p', 'seed', 'n', 'repetition_penalty', 'frequency_penalty', 'presence_penalty', 'priority',
+  'user', 'logprobs', 'top_logprobs', 'stream_options']);
 // ZIPAGE_SERVE_FUZZ_MODEL: another model to serve (e.g. a checkpoint with a chat template, so that chat requests
 // reach the template); its served name is the directory's or file's name.
 const MODEL_PATH = process.env.ZIPAGE_SERVE_FUZZ_MODEL || '';
@@ -38,7 +87,14 @@ function request(chat) {
     else b[f] = pick(VALUES);
   }
   if (chat && random() < 0.3) b.messages = [{ role: pick(['user', 'system', 'assistant', 'tool', 1, null]), content: pick(VALUES) }];
-  return b;
+  let check = null;
+  if (random() < 0.35) {
+    const [field, value, conforms] = pick(STRUCTURED);
+    b[field] = value;
+    if (b.max_tokens === 8) b.max_tokens = 32;  // room to finish a structure
+    check = conforms && Object.keys(b).every((k) => k === field || STRUCTURE_NEUTRAL.has(k)) ? conforms : null;
+  }
+  return { b, check };
 }
 
 function checkBody(b, json, chat) {
@@ -70,7 +126,7 @@ await run('serve_request_fuzz', async (servers) => {
   const counts = {};
   for (let i = 0; i < Number(process.env.ZIPAGE_SERVE_FUZZ_REQUESTS || 600); ++i) {
     const chat = random() < 0.5;
-    const b = request(chat);
+    const { b, check } = request(chat);
     const r = await post(server.base, chat ? '/v1/chat/completions' : '/v1/completions', JSON.stringify(b));
     counts[r.status] = (counts[r.status] || 0) + 1;
     const what = `${r.status} for ${JSON.stringify(b)}: ${r.text.slice(0, 300)}`;
@@ -81,6 +137,14 @@ await run('serve_request_fuzz', async (servers) => {
     }
     if (b.stream === true) checkStream(r.text);
     else checkBody(b, r.json, chat);
+    if (check && b.stream !== true) {
+      for (const c of r.json.choices) {
+        if (c.finish_reason !== 'stop') continue;
+        const text = chat ? c.message.content : c.text;
+        assert.ok(check(text), `structured output broken: ${JSON.stringify(text)} for ${JSON.stringify(b)}`);
+        counts.conforming = (counts.conforming || 0) + 1;
+      }
+    }
   }
   assert.ok((counts[200] || 0) > 0 && (counts[400] || 0) > 0, JSON.stringify(counts));
   const ok = await post(server.base, '/v1/completions', { model: MODEL, prompt: 'Once upon a time', max_tokens: 5 });
