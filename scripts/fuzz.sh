@@ -14,7 +14,8 @@ shift || true
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${FUZZ_BUILD_DIR:-$root/build-fuzz}"
 work="${FUZZ_WORK:-$build/fuzz-work}"
-all=(fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer_json fuzz_chat_template fuzz_encoders fuzz_answer)
+all=(fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer_json fuzz_chat_template fuzz_encoders fuzz_answer
+  fuzz_guided)
 harnesses=("$@")
 [ ${#harnesses[@]} -eq 0 ] && harnesses=("${all[@]}")
 
@@ -39,7 +40,7 @@ for h in "${harnesses[@]}"; do
   dict=()  # the harnesses whose input is (or holds) JSON get its syntax and zipage's member names to mutate with
   # (tests/fuzz/json.dict), the grader's the LaTeX commands and words that answer.hpp reads (answer.dict)
   case "$h" in
-    fuzz_hf_config|fuzz_tokenizer_json|fuzz_safetensors) dict=(-dict="$root/tests/fuzz/json.dict") ;;
+    fuzz_hf_config|fuzz_tokenizer_json|fuzz_safetensors|fuzz_guided) dict=(-dict="$root/tests/fuzz/json.dict") ;;
     fuzz_answer) dict=(-dict="$root/tests/fuzz/answer.dict") ;;
   esac
   echo "== $h: ${seconds} s on tests/fuzz/corpus/$h${dict:+ with ${dict[0]#-dict=$root/}}"

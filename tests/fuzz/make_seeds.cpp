@@ -290,5 +290,48 @@ int main(int argc, char** argv) {
   };
   for (const auto& [name, pair] : answers)
     put(out / "fuzz_answer" / name, std::string(pair.first) + std::string(1, '\0') + std::string(pair.second));
+
+  // fuzz_guided: the compiler's byte (0 regex, 1 JSON schema, 2 GBNF, 3 structural tag, 4 choices at line breaks),
+  // the constraint, NUL, the bytes that steer the walk; refused constraints alone. (sv literals: a regex's byte is
+  // a NUL.)
+  using namespace std::string_view_literals;
+  const std::pair<const char*, std::pair<std::string_view, std::string_view>> guided[] = {
+      {"regex-class", {"\x00[a-c]{1,3}(x|yz)*"sv, "\x02\x05\x01\x07"sv}},
+      {"regex-utf8", {"\x00(\u65e5\u672c|\u00e9)+[^a]\\d?"sv, "\x03\x03\x02\x02"sv}},
+      {"regex-anchors", {"\x00^a.b$"sv, "\x01"sv}},
+      {"json-object",
+       {"\x01{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":-3,\"maximum\":40},"
+        "\"b\":{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"maxItems\":2}},\"required\":[\"a\"]}"sv,
+        "\x04\x09\x02\x11\x03\x05\x06\x07"sv}},
+      {"json-recursive",
+       {"\x01{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"c\":{\"$ref\":\"#/$defs/n\"}}}},"
+        "\"$ref\":\"#/$defs/n\"}"sv,
+        "\x02\x04\x06\x08\x0a"sv}},
+      {"json-any", {"\x01{\"type\":\"object\"}"sv, "\x02\x04\x06\x08"sv}},
+      {"json-multiple", {"\x01{\"type\":\"number\",\"multipleOf\":0.25,\"minimum\":-1,\"maximum\":3}"sv, "\x03\x05\x07"sv}},
+      {"json-string", {"\x01{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":5}"sv, "\x01\x02"sv}},
+      {"grammar-recursive", {"\x02root ::= \"(\" root \")\" | \"x\""sv, "\x02\x02\x04"sv}},
+      {"grammar-json",
+       {"\x02root ::= value\nvalue ::= \"[\" (value (\",\" value)*)? \"]\" | [0-9]+"sv, "\x02\x04\x08\x10"sv}},
+      {"tag-legacy",
+       {"\x03{\"structures\":[{\"begin\":\"<a>\",\"schema\":{\"type\":\"integer\"},\"end\":\"</a>\"}],"
+        "\"triggers\":[\"<a>\"]}"sv,
+        "\x02\x04\x06\x08\x0a\x0c"sv}},
+      {"tag-format",
+       {"\x03{\"type\":\"structural_tag\",\"format\":{\"type\":\"sequence\",\"elements\":[{\"type\":"
+        "\"const_string\",\"value\":\"hi\"},{\"type\":\"regex\",\"pattern\":\"[xy]{2}\"}]}}"sv,
+        "\x02\x02"sv}},
+      {"tag-triggered",
+       {"\x03{\"type\":\"structural_tag\",\"format\":{\"type\":\"triggered_tags\",\"triggers\":[\"<a\"],"
+        "\"tags\":[{\"begin\":\"<a>\",\"content\":{\"type\":\"json_schema\",\"json_schema\":{\"type\":"
+        "\"boolean\"}},\"end\":\"</a>\"}],\"at_least_one\":true}}"sv,
+        "\x02\x04\x06"sv}},
+      {"choice", {"\x04yes\nno\n\u65e5\u672c\nnot"sv, "\x01\x02\x03"sv}},
+  };
+  for (const auto& [name, pair] : guided)
+    put(out / "fuzz_guided" / name, std::string(pair.first) + std::string(1, '\0') + std::string(pair.second));
+  const std::pair<const char*, std::string_view> refused[] = {
+      {"regex-bad", "\x00(?=a)b"sv}, {"grammar-bad", "\x02root ::= \"a\" | "sv}, {"choice-empty", "\x04" "a\n\nb"sv}};
+  for (const auto& [name, spec] : refused) put(out / "fuzz_guided" / name, std::string(spec));
   return 0;
 }
