@@ -40,7 +40,8 @@ for h in "${harnesses[@]}"; do
   dict=()  # the harnesses whose input is (or holds) JSON get its syntax and zipage's member names to mutate with
   # (tests/fuzz/json.dict), the grader's the LaTeX commands and words that answer.hpp reads (answer.dict)
   case "$h" in
-    fuzz_hf_config|fuzz_tokenizer_json|fuzz_safetensors|fuzz_guided) dict=(-dict="$root/tests/fuzz/json.dict") ;;
+    fuzz_hf_config|fuzz_tokenizer_json|fuzz_safetensors) dict=(-dict="$root/tests/fuzz/json.dict") ;;
+    fuzz_guided) dict=(-dict="$root/tests/fuzz/guided.dict") ;;
     fuzz_answer) dict=(-dict="$root/tests/fuzz/answer.dict") ;;
   esac
   echo "== $h: ${seconds} s on tests/fuzz/corpus/$h${dict:+ with ${dict[0]#-dict=$root/}}"
