@@ -84,15 +84,19 @@ void walk(const guided_machine& machine, const zipage::guide& g, std::string_vie
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  if (size == 0 || size > 4096) return 0;  // constraints are short; longer ones only slow the search down
+  if (size == 0) return 0;
   const std::string_view input = zipage_fuzz::text(data + 1, size - 1);
   const std::size_t nul = input.find('\0');
   const std::string_view spec = input.substr(0, nul);
+  // Compiling is bounded (4,096 DFA states, 10^8 construction steps: ~1.4 s at -O2 for the worst regexes), but
+  // under ASan and coverage ~50x slower: a 150-byte regex of '.' already takes ~5 s here. Longer constraints only
+  // slow the search down (the step bound is what stops them, and the unit tests check it).
+  if (spec.size() > 160) return 0;
   const std::string_view steer = nul == std::string_view::npos ? std::string_view{} : input.substr(nul + 1);
   zipage_fuzz::expect_only_zipage_errors([&] {
-    // Compiled twice: the guide takes its machine, the other one answers the checks.
+    // The guide takes a copy of the machine; the machine answers the checks.
     const guided_machine reference = compile(data[0], spec);
-    const zipage::guide g(compile(data[0], spec), vocabulary());
+    const zipage::guide g(guided_machine(reference), vocabulary());
     walk(reference, g, steer);
   });
   return 0;
