@@ -149,7 +149,8 @@ struct gen_request {
 
 // What rendering a chat prompt found out for the answer's parsers.
 struct chat_prompt_info {
-  bool opens_reasoning = false;  // the prompt ends inside a <think> block
+  bool opens_reasoning = false;   // the prompt ends inside a <think> block
+  bool closes_reasoning = false;  // the prompt ends with a closed <think> block (thinking turned off)
   bool auto_tools = false;       // tools the model may call (tool_choice "auto"): parse its tool calls
 };
 
@@ -308,9 +309,20 @@ class api {
 
     chat_prompt_info info;
     r.prompts = chat ? std::vector<std::vector<zipage::token_id>>{chat_prompt(body, &info)} : completion_prompts(body);
-    // A guided output is the content as a whole, from the first generated token (as vLLM without a reasoning
-    // parser): the reasoning parser is not applied to it.
-    r.split_reasoning = chat && !so_.reasoning_parser.empty() && !p.guided.active();
+    // With a reasoning parser a guided chat answer may think first, and the guide constrains its content (vLLM's
+    // structured outputs with --reasoning-parser): the guide starts after </think>, or at once where the prompt
+    // closed the block (thinking turned off). Where the tokenizer has no single-token tags the guided output is the
+    // content as a whole, from the first generated token, and the reasoning parser is not applied to it.
+    const bool reasoning = chat && !so_.reasoning_parser.empty();
+    bool guided_reasoning = false;
+    if (reasoning && p.guided.active() && !info.closes_reasoning) {
+      if (auto tags = think_tags()) {
+        tags->opened = info.opens_reasoning;
+        p.guided_after_reasoning = tags;
+        guided_reasoning = true;
+      }
+    }
+    r.split_reasoning = reasoning && (!p.guided.active() || guided_reasoning || info.closes_reasoning);
     r.reasoning_opened = info.opens_reasoning;
     r.parse_tool_calls = info.auto_tools;
     r.tool_format = tool_format_;
@@ -394,6 +406,20 @@ class api {
 
   // One token id: an integer that fits a token_id (whether the vocabulary has it is the engine's check, which
   // names the vocabulary's size).
+  // <think> and </think> as single tokens (Qwen3's and DeepSeek-R1's tokenizers have them); none where the
+  // tokenizer splits either.
+  [[nodiscard]] std::optional<zipage::reasoning_tags> think_tags() const {
+    const auto one = [&](std::string_view tag) -> zipage::token_id {
+      const std::vector<zipage::token_id> ids = model_.text->encode_templated(std::string(tag));
+      return ids.size() == 1 ? ids.front() : -1;
+    };
+    zipage::reasoning_tags tags;
+    tags.open = one(zipage::think_open);
+    tags.close = one(zipage::think_close);
+    if (tags.open < 0 || tags.close < 0 || tags.open == tags.close) return std::nullopt;
+    return tags;
+  }
+
   static zipage::token_id token_of(const json& t, const char* param) {
     if (!t.is_number_integer()) bad_param(param, std::string("'") + param + "' must hold integer token ids, got " + got(t));
     constexpr auto max_id = std::numeric_limits<zipage::token_id>::max();
@@ -794,7 +820,10 @@ class api {
         bad_param("continue_final_message", "the chat template does not write the final message's text verbatim");
       rendered.resize(at + last_content.size());
     }
-    if (info) info->opens_reasoning = zipage::prompt_opens_reasoning(rendered);
+    if (info) {
+      info->opens_reasoning = zipage::prompt_opens_reasoning(rendered);
+      info->closes_reasoning = zipage::prompt_closes_reasoning(rendered);
+    }
     return text.encode_templated(rendered);
   }
 

@@ -1,7 +1,8 @@
 // zipage-serve's structured outputs: guided_choice, guided_regex, guided_json and guided_grammar (and vLLM's newer
 // spelling, structured_outputs {choice} / {regex} / {json} / {json_object} / {grammar} / {structural_tag}, and
 // OpenAI's response_format json_schema / json_object / structural_tag) on /v1/completions (stories260K) and
-// /v1/chat/completions (the random Qwen3 checkpoint, Qwen3's chat template, with and without a reasoning parser):
+// /v1/chat/completions (the random Qwen3 checkpoint, Qwen3's chat template, with and without a reasoning parser;
+// with one and thinking on, the guide starts after </think>):
 // every choice's text is one of the choices / matches the regex as a whole / parses as JSON that the schema
 // describes / has a structure wherever a trigger occurs, and ends with finish_reason "stop". The 400s for what is
 // not served are in bad_input.test.mjs.
@@ -199,23 +200,28 @@ await run('serve_guided_chat', async (servers) => {
   const parsed = await startServer(['--model', model, '--reasoning-parser', 'qwen3']);
   servers.push(parsed);
   const messages = [{ role: 'user', content: 'Is the sky blue?' }];
+  // The parsed server's requests turn thinking off: the prompt closes the <think> block, so the guide starts at the
+  // first token there too (with thinking on it starts after </think>: serve_guided_reasoning below).
+  const off = { chat_template_kwargs: { enable_thinking: false } };
   for (const server of [plain, parsed]) {
+    const extra = server === parsed ? off : {};
     for (const seed of [0, 1, 2]) {
       const r = await post(server.base, '/v1/chat/completions',
-                           { messages, max_tokens: 24, temperature: 1, seed, guided_choice: ['yes', 'no', 'maybe'] });
+                           { messages, max_tokens: 24, temperature: 1, seed, guided_choice: ['yes', 'no', 'maybe'],
+                             ...extra });
       assert.equal(r.status, 200, r.text);
       const m = r.json.choices[0].message;
       assert.ok(['yes', 'no', 'maybe'].includes(m.content), r.text);
       assert.ok(!m.reasoning_content, r.text);  // the guided output is the content, never reasoning
       assert.equal(r.json.choices[0].finish_reason, 'stop', r.text);
       const g = await post(server.base, '/v1/chat/completions', { messages, max_tokens: 24, temperature: 1, seed,
-                                                                  structured_outputs: { regex: '[0-9]{2}' } });
+                                                                  structured_outputs: { regex: '[0-9]{2}' }, ...extra });
       assert.equal(g.status, 200, g.text);
       assert.match(g.json.choices[0].message.content, /^[0-9]{2}$/, g.text);
     }
     // A structural tag as the response_format: the content is the whole tag, never reasoning.
     const t = await post(server.base, '/v1/chat/completions', {
-      messages, max_tokens: 40, temperature: 1, seed: 0,
+      messages, max_tokens: 40, temperature: 1, seed: 0, ...extra,
       response_format: { type: 'structural_tag', format: { type: 'tag', begin: '<answer>', end: '</answer>',
                                                            content: { type: 'regex', pattern: '(yes|no)' } } } });
     assert.equal(t.status, 200, t.text);
@@ -223,4 +229,45 @@ await run('serve_guided_chat', async (servers) => {
     assert.ok(!t.json.choices[0].message.reasoning_content, t.text);
     assert.equal(t.json.choices[0].finish_reason, 'stop', t.text);
   }
+});
+
+// With --reasoning-parser and thinking on, a guided answer may think first (vLLM: structured output constrains the
+// content): the first token may be <think> besides the guide's, the block is free, the guide reads what follows
+// </think>. The random model is steered with logit_bias: <think> (151667) first, then </think> (151668) at once
+// (inside the block every token may come); after it the bias is void (the guide allows no </think>).
+await run('serve_guided_reasoning', async (servers) => {
+  const model = process.env.ZIPAGE_SERVE_CHAT_MODEL;
+  const parsed = await startServer(['--model', model, '--reasoning-parser', 'qwen3']);
+  servers.push(parsed);
+  const messages = [{ role: 'user', content: 'Is the sky blue?' }];
+  const bias = { 151667: 50, 151668: 100 };
+  for (const seed of [0, 1]) {
+    const r = await post(parsed.base, '/v1/chat/completions', { messages, max_tokens: 24, temperature: 1, seed,
+                                                                 logit_bias: bias, guided_choice: ['yes', 'no'] });
+    assert.equal(r.status, 200, r.text);
+    const m = r.json.choices[0].message;
+    assert.equal(m.reasoning_content, '', r.text);  // <think></think>: opened and closed, then the guided content
+    assert.ok(['yes', 'no'].includes(m.content), r.text);
+    assert.equal(r.json.choices[0].finish_reason, 'stop', r.text);
+    // Streamed: the same split.
+    const s = await post(parsed.base, '/v1/chat/completions', { messages, max_tokens: 24, temperature: 1, seed,
+                                                                 logit_bias: bias, stream: true,
+                                                                 structured_outputs: { regex: '[0-9]{2}' } });
+    assert.equal(s.status, 200, s.text);
+    let content = '';
+    for (const line of s.text.split('\n').filter((l) => l.startsWith('data: {'))) {
+      const d = JSON.parse(line.slice(6)).choices[0]?.delta ?? {};
+      content += d.content ?? '';
+    }
+    assert.match(content, /^[0-9]{2}$/, s.text);
+  }
+  // Without the bias toward </think> the block stays open to max_tokens: all reasoning, no content, cut by length;
+  // the guide never saw a token.
+  const open = await post(parsed.base, '/v1/chat/completions', { messages, max_tokens: 8, temperature: 1, seed: 0,
+                                                                  logit_bias: { 151667: 100 },
+                                                                  guided_choice: ['yes', 'no'] });
+  assert.equal(open.status, 200, open.text);
+  assert.equal(open.json.choices[0].finish_reason, 'length', open.text);
+  assert.equal(open.json.choices[0].message.content, null, open.text);
+  assert.ok(open.json.choices[0].message.reasoning_content.length > 0, open.text);
 });

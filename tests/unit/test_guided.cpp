@@ -174,6 +174,83 @@ TEST_CASE("guide's logit edit when most tokens are allowed: the others banned, E
   CHECK(sampler{}.sample(logits, q, prompt, 0, rules) == 3);
 }
 
+TEST_CASE("guide after reasoning: the block is free, the guide reads the tokens after its closing tag") {
+  // Model vocabulary 26: 24 and 25 (past the guide's vocabulary, no bytes) are <think> and </think>.
+  constexpr token_id kOpen = 24, kClose = 25;
+  sampling_params p;
+  p.guided.choice = {"yes", "yesno"};
+  token_rules rules;
+  rules.eos_ids = {kEos};
+  rules.guided = std::make_shared<const guide>(compile_guided(p.guided), vocab());
+  logit_edits e;
+  const auto edit = [&](std::vector<token_id> generated) {
+    std::vector<token_id> context = {5, 5};  // the prompt "cc"
+    context.insert(context.end(), generated.begin(), generated.end());
+    make_logit_edits(e, p, context, generated.size(), rules, 26);
+    return e.ids;
+  };
+  const std::vector<token_id> at_start = {6, 7, 10, 13}, after_ye = {8}, at_yes = {kEos, 9, 11};
+
+  SUBCASE("the prompt opened the block") {
+    p.guided_after_reasoning = reasoning_tags{-1, kClose, true};
+    p.validate();
+    CHECK(edit({}).empty());  // thinking: no edit at all
+    CHECK(e.empty());
+    CHECK(edit({5, 1, 20}).empty());  // "x" is no choice's byte, but the block is free
+    CHECK(edit({5, kClose}) == at_start);
+    CHECK(e.others_banned);
+    CHECK(edit({5, kClose, 7}) == after_ye);
+    CHECK(edit({5, kClose, 7, 8}) == at_yes);
+    // A second </think> is guided text, and no text of the guide's (no bytes): only EOS is left.
+    CHECK(edit({kClose, 7, kClose}) == std::vector<token_id>{kEos});
+  }
+  SUBCASE("the answer may open the block as its first token") {
+    p.guided_after_reasoning = reasoning_tags{kOpen, kClose, false};
+    p.validate();
+    std::vector<token_id> first = at_start;
+    first.push_back(kOpen);
+    CHECK(edit({}) == first);
+    CHECK(e.others_banned);
+    CHECK(edit({kOpen, 1, 20}).empty());
+    CHECK(edit({kOpen, 1, kClose}) == at_start);
+    CHECK(edit({kOpen, kClose, 7, 8}) == at_yes);
+    CHECK(edit({7}) == after_ye);  // another first token: the guided text started at once
+    CHECK(edit({7, 8}) == at_yes);
+    // The sampler: free inside the block (the favourite "x" is drawn), the guide's tokens after it.
+    std::vector<float> logits(26, 0.0f);
+    logits[20] = 100.0f;
+    sampling_params q = p;
+    q.temperature = 0.0f;
+    CHECK(sampler{}.sample(logits, q, std::vector<token_id>{5, kOpen}, 1, rules) == 20);
+    logits[6] = 1.0f;
+    CHECK(sampler{}.sample(logits, q, std::vector<token_id>{5, kOpen, kClose}, 2, rules) == 6);
+    CHECK(sampler{}.sample(logits, q, std::vector<token_id>{5}, 0, rules) == 6);
+    logits[kOpen] = 2.0f;
+    CHECK(sampler{}.sample(logits, q, std::vector<token_id>{5}, 0, rules) == kOpen);
+  }
+  SUBCASE("most tokens allowed: the opening tag is not among the banned") {
+    p.guided = {};
+    p.guided.regex = "[^x]*";
+    rules.guided = std::make_shared<const guide>(compile_guided(p.guided), vocab());
+    p.guided_after_reasoning = reasoning_tags{kOpen, kClose, false};
+    CHECK(edit({}) == std::vector<token_id>{16, 20, 22, 25});  // 24 (<think>) kept
+    CHECK(!e.others_banned);
+    CHECK(edit({kOpen, 20}).empty());
+    CHECK(edit({kOpen, 20, kClose}) == std::vector<token_id>{16, 20, 22, 24, 25});  // after it, the guide alone
+  }
+  SUBCASE("bad tags are named") {
+    p.guided_after_reasoning = reasoning_tags{-1, kClose, false};
+    CHECK(contains(error_of([&] { p.validate(); }), "guided_after_reasoning.open must be a token id >= 0"));
+    p.guided_after_reasoning = reasoning_tags{kOpen, -1, false};
+    CHECK(contains(error_of([&] { p.validate(); }), "guided_after_reasoning.close must be a token id >= 0"));
+    p.guided_after_reasoning = reasoning_tags{kOpen, kOpen, false};
+    CHECK(contains(error_of([&] { p.validate(); }), "open and close tags are one token"));
+    p.guided = {};
+    p.guided_after_reasoning = reasoning_tags{kOpen, kClose, false};
+    CHECK(contains(error_of([&] { p.validate(); }), "guided_after_reasoning is set without a guided constraint"));
+  }
+}
+
 TEST_CASE("regex compiler: accepts and rejects whole texts") {
   struct row {
     const char* re;

@@ -17,6 +17,14 @@ TEST_CASE("reasoning parser: where the prompt leaves the reasoning") {
   CHECK_FALSE(zipage::prompt_opens_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));  // thinking off
   CHECK_FALSE(zipage::prompt_opens_reasoning("a <think>x</think> b"));
   CHECK(zipage::prompt_opens_reasoning("<think>x</think> <think>"));
+  // Closed at the end (thinking turned off: a guide starts at once), not merely closed somewhere before.
+  CHECK(zipage::prompt_closes_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  CHECK(zipage::prompt_closes_reasoning("<think></think>"));
+  CHECK_FALSE(zipage::prompt_closes_reasoning("<|im_start|>assistant\n"));
+  CHECK_FALSE(zipage::prompt_closes_reasoning("<|im_start|>assistant\n<think>\n"));
+  CHECK_FALSE(zipage::prompt_closes_reasoning("<think>x</think> b<|im_start|>assistant\n"));  // an earlier turn's
+  CHECK_FALSE(zipage::prompt_closes_reasoning("</think>\n"));  // no block opened
+  CHECK_FALSE(zipage::prompt_closes_reasoning("<think>x</think> <think>"));
 }
 
 TEST_CASE("reasoning parser: a finished answer") {

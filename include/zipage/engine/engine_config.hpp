@@ -199,6 +199,10 @@ inline void check_request(const std::vector<token_id>& prompt, const sampling_pa
         "request: sampling_params::bad_words (\"",
         params.bad_words.empty() ? std::string() : params.bad_words.front(), "\") need text encoded, and this "
         "engine has no encoder: set engine_config::encode_words (the tokenizer's encode without special tokens)");
+  if (params.guided_after_reasoning)  // (validate() checked close >= 0, and open unless opened)
+    for (const token_id t : {params.guided_after_reasoning->open, params.guided_after_reasoning->close})
+      check(t < model.vocab_size, "request: sampling_params::guided_after_reasoning names token id ", t,
+            ", outside the vocabulary of ", model.vocab_size);
   check(!params.guided.active() || cfg.guide_vocab != nullptr, "request: sampling_params::guided (",
         params.guided.field(), ") needs each token's bytes, and this engine has none: set engine_config::guide_vocab "
         "(zipage::guide_vocabulary_of(tokenizer))");

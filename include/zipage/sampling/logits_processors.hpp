@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -47,6 +48,27 @@ struct logit_edits {
   [[nodiscard]] bool empty() const { return !others_banned && ids.empty(); }
 };
 
+// The generated tokens a guide reads (sampling_params::guided_after_reasoning): all of them, or those after the
+// reasoning block's closing tag; none (nullopt) while the block is open. `may_open`: the first token may also open
+// the block.
+struct guided_text {
+  std::optional<std::span<const token_id>> tokens;
+  bool may_open = false;
+};
+inline guided_text guided_tokens(const sampling_params& p, std::span<const token_id> generated) {
+  if (!p.guided_after_reasoning) return {generated};
+  const reasoning_tags& r = *p.guided_after_reasoning;
+  std::size_t from = 0;  // where the block's text starts
+  if (!r.opened) {
+    if (generated.empty()) return {generated, true};
+    if (generated.front() != r.open) return {generated};
+    from = 1;
+  }
+  const auto close = std::find(generated.begin() + static_cast<std::ptrdiff_t>(from), generated.end(), r.close);
+  if (close == generated.end()) return {std::nullopt};
+  return {generated.subspan(static_cast<std::size_t>(close - generated.begin()) + 1)};
+}
+
 // The edit of step `step` (number of tokens generated so far) for a request with parameters `p`, context
 // (prompt + generated tokens; bad words match its last `step`) and token-form rules, into `out` (reused: no
 // allocation once its vectors have grown). Ids outside [0, vocab) throw zipage::error naming the processor.
@@ -64,19 +86,24 @@ inline void make_logit_edits(logit_edits& out, const sampling_params& p, std::sp
     for (const token_id t : *p.allowed_token_ids) add(t, 0.0f, "allowed_token_ids");
   }
   const auto generated = context.last(std::min<std::size_t>(static_cast<std::size_t>(step), context.size()));
-  if (rules.guided) {  // structured output: the tokens that keep the text a prefix of a match; EOS at a match
+  // Structured output: the tokens that keep the text a prefix of a match; EOS at a match. Nothing inside a
+  // reasoning block the guide leaves free, and its opening tag beside the guide's tokens where it may start.
+  const guided_text text = rules.guided ? guided_tokens(p, generated) : guided_text{};
+  if (text.tokens) {
     const guide& g = *rules.guided;
-    const guide_lookahead ahead = g.lookahead(generated);
+    const guide_lookahead ahead = g.lookahead(*text.tokens);
     const bool at_match = ahead.at_match;
     const auto& next = ahead.next;
+    const token_id opening = text.may_open ? p.guided_after_reasoning->open : -1;
     if (next && next->complement) {  // most tokens allowed: ban the others, and every id past the guide's vocabulary
-      const auto eos = [&](token_id t) {
-        return at_match && std::find(rules.eos_ids.begin(), rules.eos_ids.end(), t) != rules.eos_ids.end();
+      const auto kept = [&](token_id t) {
+        return t == opening ||
+               (at_match && std::find(rules.eos_ids.begin(), rules.eos_ids.end(), t) != rules.eos_ids.end());
       };
       for (const token_id t : next->ids)
-        if (!eos(t)) add(t, ban, "guided");
+        if (!kept(t)) add(t, ban, "guided");
       for (auto t = static_cast<token_id>(g.vocabulary().size()); t < vocab; ++t)
-        if (!eos(t)) add(t, ban, "guided");
+        if (!kept(t)) add(t, ban, "guided");
     } else {
       out.others_banned = true;
       if (next)
@@ -84,6 +111,7 @@ inline void make_logit_edits(logit_edits& out, const sampling_params& p, std::sp
       // At a match EOS may end the text; where nothing else could come (a bad token slipped through), only EOS.
       if (at_match || out.ids.empty())
         for (const token_id t : rules.eos_ids) add(t, 0.0f, "EOS");
+      if (opening >= 0) add(opening, 0.0f, "guided_after_reasoning.open");
     }
   }
   const std::size_t allowed = out.others_banned ? out.ids.size() : 0;  // the allowed ids come first

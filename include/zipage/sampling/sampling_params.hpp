@@ -56,6 +56,16 @@ struct guided_decoding {
   friend bool operator==(const guided_decoding&, const guided_decoding&) = default;
 };
 
+// A reasoning model's thinking block in token form, for a guided answer that may reason first
+// (sampling_params::guided_after_reasoning): the ids of its opening and closing tags (Qwen3's and DeepSeek-R1's
+// <think> and </think>), and whether the prompt opened the block already (DeepSeek-R1's template does).
+struct reasoning_tags {
+  token_id open = -1;   // may start the answer (as its first token) unless `opened`; -1: only with `opened`
+  token_id close = -1;  // ends the block; the guide applies to the tokens after it
+  bool opened = false;  // the answer starts inside the block
+  friend bool operator==(const reasoning_tags&, const reasoning_tags&) = default;
+};
+
 class guide;  // zipage/sampling/guided.hpp
 
 struct sampling_params {
@@ -103,6 +113,12 @@ struct sampling_params {
   // Not with allowed_token_ids or min_tokens. An unsupported regex, schema, grammar or structural tag is an error
   // naming guided_regex, guided_json, guided_grammar or structural_tag (zipage/sampling/guided.hpp).
   guided_decoding guided{};
+  // With `guided`: the answer may start with a reasoning block, left free, and the guide applies to the tokens
+  // after the block's closing tag (vLLM with a reasoning parser: structured output constrains the content, not
+  // the thinking). Unless the tags say the prompt opened the block, the first token may be its opening tag as well
+  // as what the guide allows; any other first token starts the guided text at once. Unset: the guide applies
+  // from the first generated token. zipage-serve sets it for chat with --reasoning-parser.
+  std::optional<reasoning_tags> guided_after_reasoning{};
 
   // Throws zipage::error naming the first bad field and its value. Checks are written as "in range"
   // so that NaN, which fails every comparison, is rejected too.
@@ -149,6 +165,14 @@ struct sampling_params {
     check(!guided.active() || !allowed_token_ids, "sampling: ", guided.field(),
           " cannot be combined with allowed_token_ids");
     check(!guided.active() || min_tokens == 0, "sampling: ", guided.field(), " cannot be combined with min_tokens");
+    if (guided_after_reasoning) {
+      const reasoning_tags& r = *guided_after_reasoning;
+      check(guided.active(), "sampling: guided_after_reasoning is set without a guided constraint");
+      check(r.close >= 0, "sampling: guided_after_reasoning.close must be a token id >= 0, got ", r.close);
+      check(r.opened || r.open >= 0, "sampling: guided_after_reasoning.open must be a token id >= 0 unless the "
+            "prompt opened the block (opened), got ", r.open);
+      check(r.open != r.close, "sampling: guided_after_reasoning's open and close tags are one token (", r.close, ")");
+    }
     check(min_tokens >= 0 && min_tokens <= max_tokens, "sampling: min_tokens must be in [0, max_tokens = ", max_tokens,
           "], got ", min_tokens);
   }

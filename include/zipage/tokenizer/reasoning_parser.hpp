@@ -24,6 +24,16 @@ inline bool prompt_opens_reasoning(std::string_view prompt) {
   return open != std::string_view::npos && prompt.find(think_close, open) == std::string_view::npos;
 }
 
+// Whether the rendered prompt ends with a closed <think> block and nothing but whitespace after it (Qwen3's template
+// with thinking turned off writes "<think>\n\n</think>\n\n"): the answer starts after the reasoning.
+inline bool prompt_closes_reasoning(std::string_view prompt) {
+  const std::size_t close = prompt.rfind(think_close);
+  if (close == std::string_view::npos) return false;
+  const std::size_t open = prompt.rfind(think_open);
+  return open != std::string_view::npos && open < close &&
+         prompt.find_first_not_of(" \t\r\n", close + think_close.size()) == std::string_view::npos;
+}
+
 struct reasoning_split {
   std::optional<std::string> reasoning;  // null: the answer has no reasoning
   std::optional<std::string> content;    // null: nothing after the reasoning (vLLM's content: null)
