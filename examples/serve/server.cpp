@@ -151,7 +151,7 @@ struct gen_request {
 struct chat_prompt_info {
   bool opens_reasoning = false;   // the prompt ends inside a <think> block
   bool closes_reasoning = false;  // the prompt ends with a closed <think> block (thinking turned off)
-  bool auto_tools = false;       // tools the model may call (tool_choice "auto"): parse its tool calls
+  bool auto_tools = false;        // tools the model may call (tool_choice "auto"): parse its tool calls
 };
 
 class api {
@@ -404,8 +404,6 @@ class api {
     return body;
   }
 
-  // One token id: an integer that fits a token_id (whether the vocabulary has it is the engine's check, which
-  // names the vocabulary's size).
   // <think> and </think> as single tokens (Qwen3's and DeepSeek-R1's tokenizers have them); none where the
   // tokenizer splits either.
   [[nodiscard]] std::optional<zipage::reasoning_tags> think_tags() const {
@@ -420,6 +418,8 @@ class api {
     return tags;
   }
 
+  // One token id: an integer that fits a token_id (whether the vocabulary has it is the engine's check, which
+  // names the vocabulary's size).
   static zipage::token_id token_of(const json& t, const char* param) {
     if (!t.is_number_integer()) bad_param(param, std::string("'") + param + "' must hold integer token ids, got " + got(t));
     constexpr auto max_id = std::numeric_limits<zipage::token_id>::max();
