@@ -159,7 +159,8 @@ class api {
   api(const server_options& so, const zipage_cli::engine_options& eo, const served_model& m, engine_service& service,
       server_metrics& metrics)
       : so_(so), eo_(eo), model_(m), service_(service), metrics_(metrics), created_(std::time(nullptr)),
-        rng_(so.seed ? *so.seed : std::random_device{}()), tool_format_(tool_format_of(so.tool_call_parser)) {}
+        rng_(so.seed ? *so.seed : std::random_device{}()), tool_format_(tool_format_of(so.tool_call_parser)),
+        think_tags_(think_tags_of(*m.text)) {}
 
   const std::string& name() const { return so_.served_model_name; }
   std::atomic<bool> draining{false};
@@ -316,7 +317,7 @@ class api {
     const bool reasoning = chat && !so_.reasoning_parser.empty();
     bool guided_reasoning = false;
     if (reasoning && p.guided.active() && !info.closes_reasoning) {
-      if (auto tags = think_tags()) {
+      if (auto tags = think_tags_) {
         tags->opened = info.opens_reasoning;
         p.guided_after_reasoning = tags;
         guided_reasoning = true;
@@ -402,20 +403,6 @@ class api {
                         "model", "invalid_request_error", "model_not_found");
     }
     return body;
-  }
-
-  // <think> and </think> as single tokens (Qwen3's and DeepSeek-R1's tokenizers have them); none where the
-  // tokenizer splits either.
-  [[nodiscard]] std::optional<zipage::reasoning_tags> think_tags() const {
-    const auto one = [&](std::string_view tag) -> zipage::token_id {
-      const std::vector<zipage::token_id> ids = model_.text->encode_templated(std::string(tag));
-      return ids.size() == 1 ? ids.front() : -1;
-    };
-    zipage::reasoning_tags tags;
-    tags.open = one(zipage::think_open);
-    tags.close = one(zipage::think_close);
-    if (tags.open < 0 || tags.close < 0 || tags.open == tags.close) return std::nullopt;
-    return tags;
   }
 
   // One token id: an integer that fits a token_id (whether the vocabulary has it is the engine's check, which
@@ -836,7 +823,22 @@ class api {
   std::mutex rng_mutex_;
   std::mt19937_64 rng_;
   zipage::tool_call_format tool_format_;
+  const std::optional<zipage::reasoning_tags> think_tags_;  // <think> / </think> as token ids (think_tags_of)
   zipage::guide_cache guides_;  // compiled structured-output constraints, shared by the handler threads
+
+  // <think> and </think> as single tokens (Qwen3's and DeepSeek-R1's tokenizers have them), for guided chat answers
+  // that may think first; none where the tokenizer splits either.
+  static std::optional<zipage::reasoning_tags> think_tags_of(const zipage_cli::model_text& text) {
+    const auto one = [&](std::string_view tag) -> zipage::token_id {
+      const std::vector<zipage::token_id> ids = text.encode_templated(std::string(tag));
+      return ids.size() == 1 ? ids.front() : -1;
+    };
+    zipage::reasoning_tags tags;
+    tags.open = one(zipage::think_open);
+    tags.close = one(zipage::think_close);
+    if (tags.open < 0 || tags.close < 0 || tags.open == tags.close) return std::nullopt;
+    return tags;
+  }
 
   // zipage-serve's flag check refuses unknown names before the model loads; this one guards other callers.
   static zipage::tool_call_format tool_format_of(const std::string& name) {
