@@ -2,6 +2,8 @@
 // request and step) over Qwen3's 151,669-token vocabulary, along one JSON document of ~300 tokens, for
 //   dfa       a schema without recursion that describes the document (one DFA, each state's tokens memoised),
 //   pushdown  the same document under {"type": "object"} (free-form values at any depth: a pushdown guide),
+//   ambiguous a text of parentheses under a grammar with exponentially many parses of each prefix (a pushdown
+//             guide's graph-structured stack; cold only, its stacks differ at every step),
 // warm (the guide has seen the document once: its per-state token sets are kept, as in a server where requests
 // share a schema) and cold (a new guide: each state's first walk of the vocabulary included). The peer in the
 // same run is the DFA guide: the counter s_per_step is the time of one step (docs/benchmarks.md gives the ratio).
@@ -10,6 +12,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -42,16 +45,36 @@ const char* const kSchema = R"({"type": "object", "properties": {
     "required": ["date", "tokens_per_s", "ok"]}}},
   "required": ["name", "version", "tags", "owner", "limits", "notes", "history"]})";
 
+// A highly ambiguous grammar (the ways to parse a prefix grow exponentially with its length) and a text of ~400
+// bytes it derives (a fixed random derivation tree).
+const char* const kAmbiguous = R"g(root ::= "(" root "(" root ")" | "(" root ")" root | "")g";
+std::string ambiguous_text() {
+  std::mt19937 rng(5);
+  std::string text;
+  const auto derive = [&](const auto& self, int budget) -> void {
+    if (budget <= 0) return;
+    const bool first = rng() % 2 == 0;
+    text += "(";
+    self(self, budget / 2 - 1);
+    text += first ? "(" : ")";
+    self(self, budget / 2 - 1);
+    if (first) text += ")";
+  };
+  while (text.size() < 400) derive(derive, 400 - static_cast<int>(text.size()));
+  return text;
+}
+
 struct fixture {
   std::shared_ptr<const guide_vocabulary> vocab;
   std::vector<token_id> tokens;
+  std::vector<token_id> ambiguous;
 };
 
 const fixture& data() {
   static const fixture f = [] {
     const std::string dir = ZIPAGE_BENCH_QWEN3_DIR;
     const auto tok = bpe_tokenizer::from_files(dir + "/tokenizer.json", dir + "/tokenizer_config.json");
-    fixture out{guide_vocabulary_of(tok), tok.encode(kDocument, false)};
+    fixture out{guide_vocabulary_of(tok), tok.encode(kDocument, false), tok.encode(ambiguous_text(), false)};
     return out;
   }();
   return f;
@@ -75,32 +98,40 @@ void walk(const guide& g, const std::vector<token_id>& tokens) {
   }
 }
 
-void bm_step(benchmark::State& state, bool pushdown, bool warm) {
+// `which`: the DFA guide, the pushdown guide on the document, or the pushdown guide on the ambiguous grammar.
+enum class constraint { dfa, pushdown, ambiguous };
+
+void bm_step(benchmark::State& state, constraint which, bool warm) {
   const fixture& f = data();
-  const guided_machine m = machine(pushdown);
+  const bool pushdown = which != constraint::dfa;
+  const guided_machine m = which == constraint::ambiguous ? compile_guided_grammar(kAmbiguous) : machine(pushdown);
+  const std::vector<token_id>& tokens = which == constraint::ambiguous ? f.ambiguous : f.tokens;
   auto g = std::make_shared<const guide>(m, f.vocab);
-  if (warm) walk(*g, f.tokens);
+  if (warm) walk(*g, tokens);
   for (auto _ : state) {
     if (!warm) {
       state.PauseTiming();
       g = std::make_shared<const guide>(m, f.vocab);
       state.ResumeTiming();
     }
-    walk(*g, f.tokens);
+    walk(*g, tokens);
   }
-  const double steps = static_cast<double>(f.tokens.size() + 1);
+  const double steps = static_cast<double>(tokens.size() + 1);
   state.counters["s_per_step"] =  // seconds (printed with an SI prefix: 150u is 150 microseconds)
       benchmark::Counter(steps * static_cast<double>(state.iterations()),
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert, benchmark::Counter::OneK::kIs1000);
   state.counters["steps"] = steps;
-  state.SetLabel(pushdown ? "pushdown guide, {\"type\": \"object\"}" : "DFA guide, the document's schema");
+  state.SetLabel(which == constraint::ambiguous ? "pushdown guide, an ambiguous grammar"
+                 : pushdown                     ? "pushdown guide, {\"type\": \"object\"}"
+                                                : "DFA guide, the document's schema");
 }
 
 }  // namespace
 
-BENCHMARK_CAPTURE(bm_step, dfa_warm, false, true)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(bm_step, pushdown_warm, true, true)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(bm_step, dfa_cold, false, false)->Unit(benchmark::kMillisecond)->Iterations(3);
-BENCHMARK_CAPTURE(bm_step, pushdown_cold, true, false)->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(bm_step, dfa_warm, constraint::dfa, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(bm_step, pushdown_warm, constraint::pushdown, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(bm_step, dfa_cold, constraint::dfa, false)->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(bm_step, pushdown_cold, constraint::pushdown, false)->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(bm_step, ambiguous_cold, constraint::ambiguous, false)->Unit(benchmark::kMillisecond)->Iterations(3);
 
 BENCHMARK_MAIN();

@@ -5,17 +5,21 @@
 // characters and JSON / tag syntax, and a token with no bytes), checking at each step what the guide promises:
 //   - it allows exactly the tokens whose bytes keep the text a prefix of a match (compared with the machine's own
 //     prefix test, token by token; the byte trie walk and the pushdown guide's stacks are what is checked);
+//   - a pushdown grammar's graph-structured stack has the top frames, the liveness and the whole-match answer of
+//     the plain parse with every stack kept apart (tests/support/pushdown_reference.hpp), where that stays small;
 //   - a token with no bytes is never allowed;
 //   - "at a match" is the machine's whole-text match, and a text that is alive is a prefix;
 //   - a walk never dead-ends: where the text is no match, some token is allowed.
 // Any other exception, a crash, a sanitizer report or a hang is a finding.
 #include "fuzz_common.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "../support/pushdown_reference.hpp"
 #include "zipage/sampling/guided.hpp"
 
 namespace {
@@ -66,6 +70,21 @@ void walk(const guided_machine& machine, const zipage::guide& g, std::string_vie
     zipage_fuzz::require(machine.prefix(text));
     zipage_fuzz::require(l.at_match == machine.matches(text));
     zipage_fuzz::require(l.next != nullptr);
+    if (machine.is_pushdown()) {  // the graph-structured stack against every stack kept apart, where those are few
+      const auto plain = zipage_test::reference_after(machine.pda(), text);
+      if (plain.exact) {
+        const auto here = zipage::pushdown_after(machine.pda(), text);
+        zipage_fuzz::require(here.empty() == plain.empty() && here.bottom_returned == plain.bottom_returned);
+        std::vector<zipage::pushdown_detail::frame> tops, plain_tops;
+        for (const auto& h : here.heads) tops.push_back(h.top);
+        for (const auto& st : plain.stacks) plain_tops.push_back(st.back());
+        for (auto* v : {&tops, &plain_tops}) {
+          std::sort(v->begin(), v->end());
+          v->erase(std::unique(v->begin(), v->end()), v->end());
+        }
+        zipage_fuzz::require(tops == plain_tops);
+      }
+    }
     std::vector<token_id> allowed;
     for (token_id t = 0; t < vocab.size(); ++t) {
       const std::string& b = vocab.bytes_of(t);

@@ -24,6 +24,7 @@
 #include "zipage/sampling/sampler.hpp"
 #include "zipage/sampling/structural_tag.hpp"
 #include "zipage/tokenizer/detokenizer.hpp"
+#include "pushdown_reference.hpp"
 #include "stories_model.hpp"
 #include "test_support.hpp"
 
@@ -466,7 +467,7 @@ struct completion_cost {
       const std::int32_t s = g_.dfa().walk(byte_dfa::start, text);
       return s < 0 ? far : dist_[0][static_cast<std::size_t>(s)];
     }
-    const auto c = pushdown_after(g_.pda(), text);
+    const auto c = zipage_test::reference_after(g_.pda(), text);
     int best = c.bottom_returned ? 0 : far;
     for (const auto& st : c.stacks) {
       int cost = 0;
@@ -953,6 +954,8 @@ str ::= """ [a-z]* """)g",
         CAPTURE(text);
         const auto here = pushdown_after(pda, text);
         REQUIRE(!here.empty());
+        const auto plain = zipage_test::reference_after(pda, text);  // every stack apart: the same parse
+        if (plain.exact) CHECK(here.bottom_returned == plain.bottom_returned);
         const guide_lookahead ahead = g.lookahead(tokens);
         CHECK(ahead.alive);
         CHECK(ahead.at_match == here.bottom_returned);
@@ -962,7 +965,7 @@ str ::= """ [a-z]* """)g",
           if (b.empty()) continue;
           auto c = here;
           for (const char ch : b) {
-            if (c.stacks.empty()) {
+            if (c.heads.empty()) {
               c = {};
               break;
             }
@@ -997,6 +1000,155 @@ str ::= """ [a-z]* """)g",
   CHECK(parens.allowed_after(std::vector<token_id>{close}).empty());
   CHECK(parens.lookahead(std::vector<token_id>{}).alive);
   CHECK(parens.memo_bytes() > 0);
+}
+
+namespace {
+
+// The stacks a pushdown guide's heads hold, each bottom first, read off the graph (false past `limit` of them).
+bool stacks_of(const pushdown_detail::config& c, std::set<std::vector<pushdown_detail::frame>>& out,
+               std::size_t limit) {
+  std::vector<pushdown_detail::frame> above;  // top first
+  const auto down = [&](const auto& self, const pushdown_detail::gss_node& n) -> bool {
+    if (n.bottom()) {
+      out.emplace(above.rbegin(), above.rend());
+      return out.size() <= limit;
+    }
+    above.push_back(n.resume);
+    for (const auto& b : n.below)
+      if (!self(self, *b)) return false;
+    above.pop_back();
+    return true;
+  };
+  for (const auto& h : c.heads) {
+    above.assign(1, h.top);
+    if (!down(down, *h.node)) return false;
+  }
+  return true;
+}
+
+const std::vector<std::string>& ambiguous_grammars() {
+  static const std::vector<std::string> g = {
+      R"g(root ::= "(" root "(" root ")" | "(" root ")" root | "")g",
+      R"g(root ::= s
+s ::= "[" s "]" s | "[" s s "]" | "a" | "")g",
+      R"g(root ::= x x x
+x ::= "a" x | "a" | "ab" x | "b" | "a" x x)g",
+      R"g(root ::= "x" root "1" | "x" v "2" | n
+v ::= root n root
+n ::= "y" n | "")g",  // a nullable rule called from two places: a node returned from gets a caller later
+      R"g(root ::= s "b" s "c" s | s s "d"
+s ::= "a" s | "" | "a" s s)g",
+      R"g(root ::= s
+s ::= "x" s "y" | "x" s | "z")g",
+      R"g(root ::= e
+e ::= t | t "+" e | e2
+e2 ::= t "+" e2 | t
+t ::= "1" | "(" e ")")g",
+  };
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("pushdown guide: the graph-structured stack holds exactly the stacks kept apart, byte by byte") {
+  std::mt19937 rng(20261207);
+  const std::string alphabet = "()[]abcdxyz12+";
+  std::size_t compared = 0, past_reference = 0;
+  for (const std::string& src : ambiguous_grammars()) {
+    CAPTURE(src);
+    const guided_machine m = compile_guided_grammar(src);
+    REQUIRE(m.is_pushdown());
+    const byte_pda& pda = m.pda();
+    for (int walk = 0; walk < 25; ++walk) {
+      std::string text;
+      auto here = pushdown_after(pda, text);
+      auto plain = zipage_test::reference_after(pda, text);
+      for (int step = 0; step < 48; ++step) {
+        CAPTURE(text);
+        REQUIRE(here.empty() == plain.empty());
+        if (!plain.exact) {
+          ++past_reference;
+          break;
+        }
+        CHECK(here.bottom_returned == plain.bottom_returned);
+        std::set<std::vector<pushdown_detail::frame>> held;
+        REQUIRE(stacks_of(here, held, 1 << 16));
+        const std::set<std::vector<pushdown_detail::frame>> want(plain.stacks.begin(), plain.stacks.end());
+        CHECK(held == want);
+        ++compared;
+        // Next: a random byte of the alphabet that keeps the text alive, if one does.
+        std::string order = alphabet;
+        std::shuffle(order.begin(), order.end(), rng);
+        bool moved = false;
+        for (const char ch : order) {
+          auto next = pushdown_detail::step(pda, here, static_cast<unsigned char>(ch));
+          auto next_plain = zipage_test::reference_step(pda, plain, static_cast<unsigned char>(ch));
+          CHECK(next.empty() == next_plain.empty());
+          if (next.empty()) continue;
+          here = std::move(next);
+          plain = std::move(next_plain);
+          text += ch;
+          moved = true;
+          break;
+        }
+        if (!moved) break;
+      }
+    }
+  }
+  MESSAGE(compared, " texts compared; ", past_reference, " walks left where the plain stacks passed their bound");
+  CHECK(compared > 3000);
+}
+
+TEST_CASE("pushdown guide: a highly ambiguous grammar is followed exactly far past thousands of parses") {
+  // "(" root "(" root ")" | "(" root ")" root | "": the ways to parse a prefix grow exponentially with its length;
+  // kept apart they passed any fixed bound (4,096 stacks, the old guide's) within ~20 bytes, and text beyond was
+  // not generated. The graph holds them all in polynomial space.
+  const guided_machine m = compile_guided_grammar(ambiguous_grammars()[0]);
+  const auto v = crossing_vocab();
+  const guide g(m, v);
+  std::mt19937 rng(5);
+  // A derivation of 600 bytes, built from the grammar's own alternatives (a random tree).
+  std::string text;
+  const auto derive = [&](const auto& self, int budget) -> void {
+    if (budget <= 0) return;
+    if (rng() % 2 == 0) {
+      text += "(";
+      self(self, budget / 2 - 1);
+      text += "(";
+      self(self, budget / 2 - 1);
+      text += ")";
+    } else {
+      text += "(";
+      self(self, budget / 2 - 1);
+      text += ")";
+      self(self, budget / 2 - 1);
+    }
+  };
+  while (text.size() < 600) derive(derive, 600 - static_cast<int>(text.size()));
+  CAPTURE(text);
+  CHECK(m.matches(text));
+  CHECK(!m.prefix(")" + text));
+  CHECK(!m.matches(text + "x"));
+  CHECK(zipage_test::reference_after(m.pda(), text.substr(0, 60)).exact == false);  // the old way gave up here
+  // Token by token through the guide: each next byte allowed, at a match at the end, and a prefix cut after any
+  // unmatched "(" is no match.
+  std::vector<token_id> tokens;
+  token_id open_id = -1, close_id = -1;
+  for (token_id t = 0; t < v->size(); ++t) {
+    if (v->bytes_of(t) == "(") open_id = t;
+    if (v->bytes_of(t) == ")") close_id = t;
+  }
+  REQUIRE(open_id >= 0);
+  REQUIRE(close_id >= 0);
+  for (const char ch : text) {
+    const guide_lookahead ahead = g.lookahead(tokens);
+    REQUIRE(ahead.alive);
+    const token_id want = ch == '(' ? open_id : close_id;
+    REQUIRE(ahead.next->allows(want));
+    tokens.push_back(want);
+  }
+  CHECK(g.lookahead(tokens).at_match);
+  CHECK(g.lookahead(std::vector<token_id>(tokens.begin(), tokens.end() - 1)).alive);
 }
 
 TEST_CASE("json schema compiler: unsupported keywords and bad schemas are errors naming guided_json and the place") {

@@ -8,22 +8,29 @@
 // the caller's frame moved to the state after the call) or, at an accepting state, return (pop); the root's return
 // is the end of a whole match. A byte moves each stack's top frame along its rule's byte edges.
 //
+// The set of stacks is kept as a graph-structured stack (GLL's: Scott and Johnstone), not one vector per stack: a
+// node is a frame that a return resumes, over the nodes below it, and a head is a top frame over a node. An
+// ambiguous grammar's stacks share their parts, so k ways to reach a call cost k edges, not k copies of each stack
+// above it, and the ways to parse a text (exponentially many for `root ::= "(" root ")" root | "(" root root ")" |
+// ""`) stay polynomially many heads and nodes (at most a head per frame and node, a node per frame and position).
+//
 // Which tokens may follow: the part that depends only on the top frame is computed once per (rule, state) and kept
 // (xgrammar's adaptive token mask cache, re-derived): a walk of the vocabulary's byte trie from that frame alone
 // sorts each token into accepted (its bytes read within the frame and the calls it makes), rejected, or uncertain
 // (some path returns from the frame before the token's last byte, so what follows depends on the frames below).
-// At a step only the uncertain tokens are walked with the real stacks. The sets of stacks after a request's last
-// tokens are kept (keyed by the tokens' hash) so that the next step reads one token, not the whole text, and the
-// allowed sets of the last sets of stacks met (which repeat: along a string, between an object's members).
+// At a step only the uncertain tokens are walked with the real stacks. The stacks after a request's last tokens are
+// kept (keyed by the tokens' hash) so that the next step reads one token, not the whole text, and the allowed sets
+// of the last sets of stacks met (which repeat: along a string, between an object's members; compared by structure).
 //
 // Bounds: a rule that derives no text, or left recursion (a rule that can call itself before reading a byte:
 // rewrite it right-recursively, as llama.cpp requires too), is refused when the grammar is compiled. A stack deeper
-// than pushdown_max_depth frames, or more than pushdown_max_stacks stacks at once (a grammar that ambiguous), is
-// not followed: text nested deeper is not generated.
+// than pushdown_max_depth frames, or more than pushdown_max_heads ways to parse at one position, is not followed:
+// text nested deeper is not generated.
 #include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -42,8 +49,8 @@
 
 namespace zipage {
 
-inline constexpr std::size_t pushdown_max_depth = 4096;
-inline constexpr std::size_t pushdown_max_stacks = 4096;
+inline constexpr std::uint32_t pushdown_max_depth = 4096;
+inline constexpr std::size_t pushdown_max_heads = 65536;
 
 // A grammar with calls: rules[0] is the root, names[r] names rule r in errors.
 struct byte_pda {
@@ -58,16 +65,6 @@ struct frame {
   friend bool operator==(const frame&, const frame&) = default;  // (spelt out: nvcc's front end wants it)
   friend auto operator<=>(const frame&, const frame&) = default;
 };
-using stack = std::vector<frame>;  // bottom first
-
-// The stacks after some text, each with a byte edge at its top (stacks that can only call or return are expanded
-// away), and whether the bottom frame returned on the way (at the root: the text so far is a whole match).
-struct config {
-  std::vector<stack> stacks;  // sorted, unique
-  bool bottom_returned = false;
-  [[nodiscard]] bool empty() const { return stacks.empty() && !bottom_returned; }
-  friend bool operator==(const config&, const config&) = default;
-};
 
 // splitmix64's finaliser over h and v: the hashes of token sequences and of sets of stacks.
 inline std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
@@ -76,14 +73,92 @@ inline std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
+inline std::uint64_t frame_key(frame f) {
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(f.rule)) << 32) | static_cast<std::uint32_t>(f.state);
+}
+
+// A node of the graph-structured stack (GLL's, Scott and Johnstone): the frame a return resumes (the caller's rule at
+// the state after its call) over every way the caller was reached (`below`, each node standing for the stacks it
+// holds). The bottom (resume.rule < 0) is the empty stack. Sharing is what keeps an ambiguous grammar polynomial: N
+// ways to reach a call are one node with N edges below it, not N copies of every stack above. Nodes are made while
+// one position's stacks are expanded and are not changed after it.
+struct gss_node {
+  frame resume{-1, -1};
+  std::vector<std::shared_ptr<const gss_node>> below;  // sorted by (hash, address) once complete
+  std::uint64_t hash = 0;                              // of the stacks it holds: equal stacks, equal hashes
+  std::uint32_t depth = 0;                             // frames on its deepest stack
+  [[nodiscard]] bool bottom() const { return resume.rule < 0; }
+
+  gss_node() = default;
+  gss_node(const gss_node&) = delete;
+  gss_node& operator=(const gss_node&) = delete;
+  // A chain thousands of frames deep is released in a loop: the default would recurse once per frame.
+  ~gss_node() {
+    std::vector<std::shared_ptr<const gss_node>> drop = std::move(below);
+    while (!drop.empty()) {
+      std::shared_ptr<const gss_node> n = std::move(drop.back());
+      drop.pop_back();
+      if (n.use_count() == 1) {  // the last owner: take its edges before it goes (made non-const: make_shared)
+        auto& edges = const_cast<gss_node&>(*n).below;
+        for (auto& e : edges) drop.push_back(std::move(e));
+        edges.clear();
+      }
+    }
+  }
+};
+using node_ptr = std::shared_ptr<const gss_node>;
+
+// The empty stack (one for all guides: it holds nothing).
+inline const node_ptr& bottom_node() {
+  static const node_ptr b = [] {
+    auto n = std::make_shared<gss_node>();
+    n->hash = 0x452821e638d01377ull;
+    return n;
+  }();
+  return b;
+}
+
+// One way to parse the text so far: `top`, a rule's frame, over the stacks of `node`.
+struct head {
+  frame top;
+  node_ptr node;
+};
+
+// Whether two nodes hold the same stacks (by structure, so nodes made at different places compare equal). Sound:
+// true only when they do; two equal nodes whose edges tie on hash may read as different (a cache miss, no more).
+inline bool same_stacks(const gss_node* a, const gss_node* b) {
+  std::vector<std::pair<const gss_node*, const gss_node*>> todo{{a, b}};
+  std::set<std::pair<const gss_node*, const gss_node*>> done;
+  while (!todo.empty()) {
+    const auto [x, y] = todo.back();
+    todo.pop_back();
+    if (x == y) continue;
+    if (x->hash != y->hash || x->resume != y->resume || x->below.size() != y->below.size()) return false;
+    if (!done.emplace(x, y).second) continue;
+    for (std::size_t i = 0; i < x->below.size(); ++i) todo.emplace_back(x->below[i].get(), y->below[i].get());
+  }
+  return true;
+}
+
+// The ways to parse some text, each with a byte edge at its top frame (heads that can only call or return are
+// expanded away), and whether the bottom frame returned on the way (at the root: the text so far is a whole match).
+struct config {
+  std::vector<head> heads;  // sorted by (top, node hash, node address); no two hold the same stacks
+  bool bottom_returned = false;
+  [[nodiscard]] bool empty() const { return heads.empty() && !bottom_returned; }
+  friend bool operator==(const config& a, const config& b) {
+    if (a.bottom_returned != b.bottom_returned || a.heads.size() != b.heads.size()) return false;
+    for (std::size_t i = 0; i < a.heads.size(); ++i)
+      if (a.heads[i].top != b.heads[i].top || !same_stacks(a.heads[i].node.get(), b.heads[i].node.get()))
+        return false;
+    return true;
+  }
+};
+
 struct config_hash {
   std::size_t operator()(const config& c) const {
     std::uint64_t h = c.bottom_returned ? 1 : 0;
-    for (const stack& s : c.stacks) {
-      h = mix(h, s.size());
-      for (const frame& f : s)
-        h = mix(h, (static_cast<std::uint64_t>(f.rule) << 32) | static_cast<std::uint32_t>(f.state));
-    }
+    for (const head& x : c.heads) h = mix(mix(h, frame_key(x.top)), x.node->hash);
     return static_cast<std::size_t>(h);
   }
 };
@@ -182,66 +257,114 @@ inline std::vector<std::vector<std::int32_t>> left_calls(const byte_pda& g, cons
   return out;
 }
 
-// Every stack reachable from `seeds` by calls and returns, those with a byte edge at the top kept; a return of the
-// bottom frame is noted. Deeper than pushdown_max_depth or more than pushdown_max_stacks: not followed.
-[[nodiscard]] inline config expanded(const byte_pda& g, std::vector<stack> seeds) {
+// Every head reachable from `seeds` by calls and returns (GLL's loop over descriptors), those with a byte edge at the
+// top kept; a return of the bottom frame is noted. The nodes made here (one per frame a return resumes) collect their
+// edges below as the callers come; a node whose callee has returned already also resumes every caller that comes
+// later (a nullable rule called again). A node deeper than pushdown_max_depth frames, or heads past
+// pushdown_max_heads in one expansion: not followed.
+[[nodiscard]] inline config expanded(const byte_pda& g, std::vector<head> seeds) {
+  struct made_node {
+    std::shared_ptr<gss_node> node;
+    bool returned = false;  // its callee returned at this position
+    bool done = false;      // hash, depth and order below computed
+  };
+  std::map<frame, made_node> made;                             // this position's nodes, by the frame they resume
+  std::unordered_map<const gss_node*, made_node*> made_here;   // the same, by address
+  std::set<std::pair<const gss_node*, const gss_node*>> edges;  // (node made here, node below)
+  std::set<std::pair<frame, const gss_node*>> seen;
   config out;
-  std::set<stack> seen;
-  std::vector<stack> todo = std::move(seeds);
+  std::vector<head> todo = std::move(seeds);
   while (!todo.empty()) {
-    stack s = std::move(todo.back());
+    head h = std::move(todo.back());
     todo.pop_back();
-    if (seen.size() >= pushdown_max_stacks * 4 || !seen.insert(s).second) continue;
-    const frame top = s.back();
-    const byte_dfa& d = g.rules[static_cast<std::size_t>(top.rule)];
-    if (!d.edges[static_cast<std::size_t>(top.state)].empty() && out.stacks.size() < pushdown_max_stacks)
-      out.stacks.push_back(s);
-    for (const byte_dfa::call_edge& e : d.calls_of(top.state)) {
-      if (s.size() >= pushdown_max_depth) break;
-      stack t = s;
-      t.back().state = e.to;
-      t.push_back({e.rule, byte_dfa::start});
-      todo.push_back(std::move(t));
+    if (seen.size() >= pushdown_max_heads || !seen.emplace(h.top, h.node.get()).second) continue;
+    const byte_dfa& d = g.rules[static_cast<std::size_t>(h.top.rule)];
+    if (!d.edges[static_cast<std::size_t>(h.top.state)].empty()) out.heads.push_back(h);
+    if (h.node->depth < pushdown_max_depth) {
+      for (const byte_dfa::call_edge& e : d.calls_of(h.top.state)) {
+        const frame resume{h.top.rule, e.to};
+        auto [it, fresh] = made.try_emplace(resume);
+        made_node& m = it->second;
+        if (fresh) {
+          m.node = std::make_shared<gss_node>();
+          m.node->resume = resume;
+          made_here.emplace(m.node.get(), &m);
+        }
+        if (edges.emplace(m.node.get(), h.node.get()).second) {
+          m.node->below.push_back(h.node);
+          m.node->depth = std::max(m.node->depth, h.node->depth + 1);
+          if (m.returned) todo.push_back({resume, h.node});
+        }
+        todo.push_back({{e.rule, byte_dfa::start}, m.node});  // (a node may resume after calls of several rules)
+      }
     }
-    if (d.accepts(top.state)) {
-      if (s.size() == 1) {
+    if (d.accepts(h.top.state)) {
+      if (h.node->bottom()) {
         out.bottom_returned = true;
       } else {
-        s.pop_back();
-        todo.push_back(std::move(s));
+        if (const auto it = made_here.find(h.node.get()); it != made_here.end()) it->second->returned = true;
+        for (const node_ptr& u : h.node->below) todo.push_back({h.node->resume, u});
       }
     }
   }
-  std::sort(out.stacks.begin(), out.stacks.end());
+  // Complete this position's nodes: hash and depth from the nodes below (those made here first: a node made here
+  // stands over others made here only through calls made before any byte was read, which check_pushdown bounds by
+  // the rules' count, so the recursion is shallow).
+  const auto complete = [&](const auto& self, made_node& m) -> void {
+    if (m.done) return;
+    m.done = true;
+    gss_node& n = *m.node;
+    for (const node_ptr& u : n.below)
+      if (const auto it = made_here.find(u.get()); it != made_here.end()) self(self, *it->second);
+    std::uint64_t sum = 0;
+    for (const node_ptr& u : n.below) {
+      sum += mix(0x13198a2e03707344ull, u->hash);  // order-free: equal sets of edges, equal sums
+      n.depth = std::max(n.depth, u->depth + 1);
+    }
+    n.hash = mix(mix(frame_key(n.resume), sum), n.below.size());
+    std::sort(n.below.begin(), n.below.end(), [](const node_ptr& a, const node_ptr& b) {
+      return a->hash != b->hash ? a->hash < b->hash : std::less<const gss_node*>{}(a.get(), b.get());
+    });
+  };
+  for (auto& [f, m] : made) complete(complete, m);
+  std::sort(out.heads.begin(), out.heads.end(), [](const head& a, const head& b) {
+    if (a.top != b.top) return a.top < b.top;
+    if (a.node->hash != b.node->hash) return a.node->hash < b.node->hash;
+    return std::less<const gss_node*>{}(a.node.get(), b.node.get());
+  });
+  out.heads.erase(std::unique(out.heads.begin(), out.heads.end(),
+                              [](const head& a, const head& b) {
+                                return a.top == b.top && same_stacks(a.node.get(), b.node.get());
+                              }),
+                  out.heads.end());
   return out;
 }
 
-// The stacks after one more byte (a return of the bottom before it ends the text: nothing follows it).
+// The heads after one more byte (a return of the bottom before it ends the text: nothing follows it).
 [[nodiscard]] inline config step(const byte_pda& g, const config& c, unsigned char b) {
-  std::vector<stack> seeds;
-  for (const stack& s : c.stacks) {
-    const frame top = s.back();
-    const std::int32_t t = g.rules[static_cast<std::size_t>(top.rule)].next(top.state, b);
-    if (t < 0) continue;
-    seeds.push_back(s);
-    seeds.back().back().state = t;
+  std::vector<head> seeds;
+  for (const head& h : c.heads) {
+    const std::int32_t t = g.rules[static_cast<std::size_t>(h.top.rule)].next(h.top.state, b);
+    if (t >= 0) seeds.push_back({{h.top.rule, t}, h.node});
   }
   if (seeds.empty()) return {};
   if (seeds.size() == 1) {  // the common case, a byte within a rule: nothing to call or return, nothing to expand
-    const frame top = seeds[0].back();
+    const frame top = seeds[0].top;
     const byte_dfa& d = g.rules[static_cast<std::size_t>(top.rule)];
     if (d.calls_of(top.state).empty() && !d.accepts(top.state)) return config{std::move(seeds), false};
   }
   return expanded(g, std::move(seeds));
 }
-// The stacks at the start of `g`: its root rule's frame, expanded.
-[[nodiscard]] inline config start(const byte_pda& g) { return expanded(g, {stack{{0, byte_dfa::start}}}); }
+// The heads at the start of `g`: its root rule's frame over the empty stack, expanded.
+[[nodiscard]] inline config start(const byte_pda& g) {
+  return expanded(g, {head{{0, byte_dfa::start}, bottom_node()}});
+}
 
 // The stacks after `bytes` from `c`: empty where they leave the language (the root's return ends the text: no
 // byte may follow it).
 [[nodiscard]] inline config read(const byte_pda& g, config c, std::string_view bytes) {
   for (const char b : bytes) {
-    if (c.stacks.empty()) return {};
+    if (c.heads.empty()) return {};
     c = step(g, c, static_cast<unsigned char>(b));
   }
   return c;
@@ -295,7 +418,6 @@ inline void check_pushdown(const byte_pda& g, const std::string& what) {
 // A guide over a pushdown grammar for one vocabulary (see the top of this file). Thread-safe.
 class pushdown_guide {
  public:
-  using stack = pushdown_detail::stack;
   using config = pushdown_detail::config;
   // The sets of stacks kept for the next steps (a request's last; each ~ a KB): more requests than this at once on
   // one guide read their whole text again at a step.
@@ -310,9 +432,6 @@ class pushdown_guide {
     check(vocab_ != nullptr, "guide: no vocabulary");
     check_pushdown(g_, what);
     words_ = (static_cast<std::size_t>(vocab_->size()) + 63) / 64;
-    const auto& order = vocab_->sorted();
-    rank_.assign(static_cast<std::size_t>(vocab_->size()), -1);
-    for (std::size_t i = 0; i < order.size(); ++i) rank_[static_cast<std::size_t>(order[i])] = static_cast<int>(i);
     start_ = pushdown_detail::start(g_);
   }
 
@@ -364,8 +483,8 @@ class pushdown_guide {
     std::size_t n = 0;
     for (const auto& [f, m] : frame_memo_)
       n += m.accepted.capacity() * sizeof(std::uint64_t) + m.uncertain.capacity() * sizeof(token_id);
-    cursors_.for_each([&](const key&, const std::shared_ptr<const config>& c) {
-      for (const stack& st : c->stacks) n += st.capacity() * sizeof(frame);
+    cursors_.for_each([&](const key&, const std::shared_ptr<const config>& c) {  // (not the shared nodes below)
+      n += c->heads.capacity() * sizeof(pushdown_detail::head);
     });
     masks_.for_each([&](const config&, const std::shared_ptr<const guide_tokens>& m) {
       n += m->ids.capacity() * sizeof(token_id);
@@ -390,7 +509,7 @@ class pushdown_guide {
   };
   static constexpr std::uint64_t hash_seed = 0x243f6a8885a308d3ull;
 
-  [[nodiscard]] config expanded(std::vector<stack> seeds) const {
+  [[nodiscard]] config expanded(std::vector<pushdown_detail::head> seeds) const {
     return pushdown_detail::expanded(g_, std::move(seeds));
   }
   [[nodiscard]] config step(const config& c, unsigned char b) const { return pushdown_detail::step(g_, c, b); }
@@ -406,27 +525,35 @@ class pushdown_guide {
   void walk(std::span<const token_id> tokens, const config& start, Visit&& visit) const {
     std::vector<config> st{start};
     std::string_view prev;
-    std::size_t dead_at = 0;  // > 0: the walk died after dead_at bytes of the previous token
-    for (const token_id id : tokens) {
-      const std::string& b = vocab_->bytes_of(id);
+    for (std::size_t i = 0; i < tokens.size();) {
+      const std::string& b = vocab_->bytes_of(tokens[i]);
       std::size_t l = 0;
       while (l < prev.size() && l < b.size() && prev[l] == b[l]) ++l;
       prev = b;
-      if (dead_at > 0 && l >= dead_at) continue;
-      dead_at = 0;
       l = std::min(l, st.size() - 1);
       st.resize(l + 1);
-      bool alive = true;
+      std::size_t dead_at = 0;  // > 0: died after that many bytes
       for (std::size_t d = l; d < b.size(); ++d) {
         config n = step(st[d], static_cast<unsigned char>(b[d]));
         if (n.empty()) {
           dead_at = d + 1;
-          alive = false;
           break;
         }
         st.push_back(std::move(n));
       }
-      if (alive) visit(id);
+      if (dead_at == 0) {
+        visit(tokens[i++]);
+        continue;
+      }
+      // The tokens after it that share the dead prefix are next to it (byte order): skipped by a binary search (a
+      // dead first byte skips thousands of a large vocabulary's tokens at once).
+      const std::string_view dead = std::string_view(b).substr(0, dead_at);
+      const auto shares = [&](token_id t) { return std::string_view(vocab_->bytes_of(t)).starts_with(dead); };
+      ++i;
+      if (i < tokens.size() && shares(tokens[i]))
+        i = static_cast<std::size_t>(std::partition_point(tokens.begin() + static_cast<std::ptrdiff_t>(i),
+                                                          tokens.end(), shares) -
+                                     tokens.begin());
     }
   }
 
@@ -438,7 +565,7 @@ class pushdown_guide {
     }
     frame_tokens m;
     m.accepted.assign(words_, 0);
-    sort_tokens(expanded({stack{f}}), m);
+    sort_tokens(expanded({{f, pushdown_detail::bottom_node()}}), m);
     const std::lock_guard<std::mutex> lock(mutex_);
     return frame_memo_.try_emplace(f, std::move(m)).first->second;  // (std::map: references stay valid)
   }
@@ -495,20 +622,27 @@ class pushdown_guide {
   // real stacks.
   [[nodiscard]] std::shared_ptr<const guide_tokens> allowed(const config& c) const {
     std::vector<std::uint64_t> bits(words_, 0);
-    std::vector<token_id> uncertain;
+    std::vector<const frame_tokens*> tops;
     frame last{-1, -1};
-    int tops = 0;
-    for (const stack& s : c.stacks) {  // sorted: equal tops need not be adjacent, but repeats are cheap
-      if (s.back() == last) continue;
-      last = s.back();
-      ++tops;
-      const frame_tokens& m = tokens_of(last);
-      for (std::size_t w = 0; w < words_; ++w) bits[w] |= m.accepted[w];
-      uncertain.insert(uncertain.end(), m.uncertain.begin(), m.uncertain.end());
+    for (const pushdown_detail::head& h : c.heads) {  // sorted by top: equal tops adjacent
+      if (h.top == last) continue;
+      last = h.top;
+      tops.push_back(&tokens_of(last));
+      for (std::size_t w = 0; w < words_; ++w) bits[w] |= tops.back()->accepted[w];
     }
-    if (tops > 1) {  // each frame's list is in trie order already
-      std::sort(uncertain.begin(), uncertain.end(), [&](token_id a, token_id b) { return rank(a) < rank(b); });
-      uncertain.erase(std::unique(uncertain.begin(), uncertain.end()), uncertain.end());
+    std::vector<token_id> uncertain;
+    if (tops.size() == 1) {  // in trie order already
+      uncertain = tops[0]->uncertain;
+    } else {  // several frames' lists merged into trie order: by a bit per token, not a sort of them all
+      std::vector<std::uint64_t> any(words_, 0);
+      std::size_t n = 0;
+      for (const frame_tokens* m : tops) {
+        for (const token_id t : m->uncertain) set_bit(any, t);
+        n = std::max(n, m->uncertain.size());
+      }
+      uncertain.reserve(n);
+      for (const token_id t : vocab_->sorted())
+        if (test_bit(any, t)) uncertain.push_back(t);
     }
     std::erase_if(uncertain, [&](token_id t) { return test_bit(bits, t); });
     walk(uncertain, c, [&](token_id id) { set_bit(bits, id); });
@@ -521,7 +655,6 @@ class pushdown_guide {
     return out;
   }
 
-  [[nodiscard]] int rank(token_id t) const { return rank_[static_cast<std::size_t>(t)]; }
   static void set_bit(std::vector<std::uint64_t>& bits, token_id t) {
     bits[static_cast<std::size_t>(t) / 64] |= std::uint64_t{1} << (static_cast<unsigned>(t) % 64);
   }
@@ -532,7 +665,6 @@ class pushdown_guide {
   byte_pda g_;
   std::shared_ptr<const guide_vocabulary> vocab_;
   std::size_t words_ = 0;
-  std::vector<int> rank_;  // a token's place in the vocabulary's trie order (-1: no bytes)
   config start_;
   mutable std::mutex mutex_;
   mutable std::map<frame, frame_tokens> frame_memo_;
