@@ -50,7 +50,8 @@
 namespace zipage {
 
 inline constexpr std::uint32_t pushdown_max_depth = 4096;
-inline constexpr std::size_t pushdown_max_heads = 65536;
+inline constexpr std::size_t pushdown_max_heads = 16384;  // ways to parse followed at one position
+inline constexpr std::size_t pushdown_max_work = 65536;   // and offered there (returns through shared nodes)
 
 // A grammar with calls: rules[0] is the root, names[r] names rule r in errors.
 struct byte_pda {
@@ -261,7 +262,9 @@ inline std::vector<std::vector<std::int32_t>> left_calls(const byte_pda& g, cons
 // top kept; a return of the bottom frame is noted. The nodes made here (one per frame a return resumes) collect their
 // edges below as the callers come; a node whose callee has returned already also resumes every caller that comes
 // later (a nullable rule called again). A node deeper than pushdown_max_depth frames, or heads past
-// pushdown_max_heads in one expansion: not followed.
+// pushdown_max_heads (or offered past pushdown_max_work) in one expansion: not followed. The bounds matter only for
+// grammars ambiguous without limit (`a ::= "x" a | "x" a a | ""`: every earlier position's call may return at each
+// "x", so an exact expansion grows with the text, as Earley's parser's does); they keep a step's cost bounded.
 [[nodiscard]] inline config expanded(const byte_pda& g, std::vector<head> seeds) {
   struct made_node {
     std::shared_ptr<gss_node> node;
@@ -274,10 +277,16 @@ inline std::vector<std::vector<std::int32_t>> left_calls(const byte_pda& g, cons
   std::set<std::pair<frame, const gss_node*>> seen;
   config out;
   std::vector<head> todo = std::move(seeds);
-  while (!todo.empty()) {
+  std::size_t work = todo.size();  // heads offered: at most pushdown_max_work, then the rest is not followed
+  const auto queue = [&](frame f, const node_ptr& n) {
+    if (work >= pushdown_max_work) return;
+    ++work;
+    if (!seen.contains({f, n.get()})) todo.push_back({f, n});
+  };
+  while (!todo.empty() && seen.size() < pushdown_max_heads) {
     head h = std::move(todo.back());
     todo.pop_back();
-    if (seen.size() >= pushdown_max_heads || !seen.emplace(h.top, h.node.get()).second) continue;
+    if (!seen.emplace(h.top, h.node.get()).second) continue;
     const byte_dfa& d = g.rules[static_cast<std::size_t>(h.top.rule)];
     if (!d.edges[static_cast<std::size_t>(h.top.state)].empty()) out.heads.push_back(h);
     if (h.node->depth < pushdown_max_depth) {
@@ -293,9 +302,9 @@ inline std::vector<std::vector<std::int32_t>> left_calls(const byte_pda& g, cons
         if (edges.emplace(m.node.get(), h.node.get()).second) {
           m.node->below.push_back(h.node);
           m.node->depth = std::max(m.node->depth, h.node->depth + 1);
-          if (m.returned) todo.push_back({resume, h.node});
+          if (m.returned) queue(resume, h.node);
         }
-        todo.push_back({{e.rule, byte_dfa::start}, m.node});  // (a node may resume after calls of several rules)
+        queue({e.rule, byte_dfa::start}, m.node);  // (a node may resume after calls of several rules)
       }
     }
     if (d.accepts(h.top.state)) {
@@ -303,7 +312,7 @@ inline std::vector<std::vector<std::int32_t>> left_calls(const byte_pda& g, cons
         out.bottom_returned = true;
       } else {
         if (const auto it = made_here.find(h.node.get()); it != made_here.end()) it->second->returned = true;
-        for (const node_ptr& u : h.node->below) todo.push_back({h.node->resume, u});
+        for (const node_ptr& u : h.node->below) queue(h.node->resume, u);
       }
     }
   }
