@@ -11,8 +11,8 @@
 // The set of stacks is kept as a graph-structured stack (GLL's: Scott and Johnstone), not one vector per stack: a
 // node is a frame that a return resumes, over the nodes below it, and a head is a top frame over a node. An
 // ambiguous grammar's stacks share their parts, so k ways to reach a call cost k edges, not k copies of each stack
-// above it, and the ways to parse a text (exponentially many for `root ::= "(" root ")" root | "(" root root ")" |
-// ""`) stay polynomially many heads and nodes (at most a head per frame and node, a node per frame and position).
+// above it, and the ways to parse a text (exponentially many for `root ::= "(" root "(" root ")" | "(" root ")" root
+// | ""`) stay polynomially many heads and nodes (at most a head per frame and node, a node per frame and position).
 //
 // Which tokens may follow: the part that depends only on the top frame is computed once per (rule, state) and kept
 // (xgrammar's adaptive token mask cache, re-derived): a walk of the vocabulary's byte trie from that frame alone
@@ -24,8 +24,8 @@
 //
 // Bounds: a rule that derives no text, or left recursion (a rule that can call itself before reading a byte:
 // rewrite it right-recursively, as llama.cpp requires too), is refused when the grammar is compiled. A stack deeper
-// than pushdown_max_depth frames, or more than pushdown_max_heads ways to parse at one position, is not followed:
-// text nested deeper is not generated.
+// than pushdown_max_depth frames, or past pushdown_max_heads ways to parse (pushdown_max_work offered) at one
+// position, is not followed: text nested deeper, or parses past the bound, are not generated.
 #include <algorithm>
 #include <bit>
 #include <cstddef>
