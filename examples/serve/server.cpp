@@ -40,6 +40,7 @@
 #include "zipage/tokenizer/jinja_value.hpp"
 #include "zipage/tokenizer/reasoning_parser.hpp"
 #include "zipage/tokenizer/tool_call_parser.hpp"
+#include "zipage/tokenizer/utf8.hpp"
 
 namespace zipage_serve {
 namespace {
@@ -69,9 +70,14 @@ json error_json(const std::string& message, const std::string& type, const std::
             {"code", code.empty() ? json(nullptr) : json(code)}}}};
 }
 
+// A response body. Messages may quote the request's bytes (a JSON parse error quotes the byte it stopped at, a
+// value is cut at 40 bytes, maybe inside a character): bytes that are not UTF-8 go out as U+FFFD, where a strict
+// dump would throw and turn a client's 400 into a 500.
+std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 void send_error(httplib::Response& res, const api_error& e) {
   res.status = e.status;
-  res.set_content(error_json(e.what(), e.type, e.param, e.code).dump(), "application/json");
+  res.set_content(dump_json(error_json(e.what(), e.type, e.param, e.code)), "application/json");
 }
 
 [[noreturn]] void bad_param(const std::string& param, const std::string& message) {
@@ -134,7 +140,9 @@ struct gen_request {
   bool chat = false;
   bool stream = false;
   bool include_usage = false;
+  bool continuous_usage = false;  // stream_options.continuous_usage_stats: usage in every chunk (vLLM's)
   bool logprobs = false;
+  bool tokens_as_ids = false;     // return_tokens_as_token_ids: logprobs name tokens "token_id:N" (vLLM's)
   int top_logprobs = 0;  // alternatives per token: chat top_logprobs, completions logprobs
   const zipage_cli::model_text* text = nullptr;  // to spell the alternatives
   int n = 1;
@@ -142,6 +150,7 @@ struct gen_request {
   std::vector<job> jobs;  // prompts.size() * n choices; choice index = prompt * n + j
   std::size_t max_stop_len = 0;
   bool split_reasoning = false;   // --reasoning-parser, chat requests
+  bool include_reasoning = true;  // vLLM's include_reasoning: false drops reasoning_content from the answer
   bool reasoning_opened = false;  // the prompt ends inside a <think> block
   bool parse_tool_calls = false;  // --enable-auto-tool-choice: tools with tool_choice "auto"
   zipage::tool_call_format tool_format = zipage::tool_call_format::hermes;  // --tool-call-parser
@@ -240,6 +249,9 @@ class api {
       if (!so->is_object()) bad_param("stream_options", "'stream_options' must be an object, got " + got(*so));
       if (!r.stream) bad_param("stream_options", "'stream_options' is only allowed with 'stream': true");
       r.include_usage = boolean(*so, "include_usage").value_or(false);
+      r.continuous_usage = boolean(*so, "continuous_usage_stats").value_or(false);
+      if (r.continuous_usage && !r.include_usage)
+        bad_param("stream_options", "'continuous_usage_stats' needs 'include_usage': true");
     }
     r.n = static_cast<int>(integer(body, "n", 1, 128).value_or(1));
 
@@ -279,6 +291,7 @@ class api {
     if (auto v = boolean(body, "include_stop_str_in_output")) p.include_stop_str_in_output = *v;
     zipage_cli::add_end_of_turn(p, eo_);  // the tokenizer's end of turn, unless the request ignores EOS
     reject_unsupported(body, chat);
+    if (chat) r.include_reasoning = boolean(body, "include_reasoning").value_or(true);
     zipage::prepared_request prepared;  // what the checks below work out, for the engine to take as it is
     prepared.bad_words = logits_processors(body, p);
     prepared.guided = guided(body, p);
@@ -302,6 +315,7 @@ class api {
     }
     p.logprobs = r.logprobs;
     p.top_logprobs = r.top_logprobs;
+    r.tokens_as_ids = boolean(body, "return_tokens_as_token_ids").value_or(false);
 
     constexpr long long kMaxTokens = std::numeric_limits<int>::max();
     std::optional<long long> max_tokens = integer(body, "max_tokens", 1, kMaxTokens);
@@ -437,6 +451,10 @@ class api {
     // served (guided() below).
     for (const char* key : {"prompt_logprobs", "truncate_prompt_tokens"})
       if (field(body, key) != nullptr) unsupported(key, "");
+    // A template sent with the request: vLLM refuses it unless started with --trust-request-chat-template; here the
+    // server's template is the one (--chat-template FILE).
+    if (chat && field(body, "chat_template") != nullptr)
+      unsupported("chat_template", "(a template in the request; start the server with --chat-template FILE)");
     if (boolean(body, "use_beam_search").value_or(false)) unsupported("use_beam_search", "true");
     if (!boolean(body, "skip_special_tokens").value_or(true)) unsupported("skip_special_tokens", "false");
     if (const json* rf = field(body, "response_format")) {
@@ -650,16 +668,20 @@ class api {
     return out;
   }
 
-  std::vector<zipage::token_id> encode(const std::string& text) const {
-    auto ids = model_.text->encode(text);
+  // add_special: the model's BOS first where its tokenizer adds one (vLLM's add_special_tokens).
+  std::vector<zipage::token_id> encode(const std::string& text, bool add_special = true) const {
+    auto ids = add_special ? model_.text->encode(text) : model_.text->encode_templated(text);
     if (ids.empty()) bad_param("prompt", "the prompt encodes to no tokens");
     return ids;
   }
 
-  // prompt: a string, a list of strings, a list of token ids, or a list of token-id lists.
+  // prompt: a string, a list of strings, a list of token ids, or a list of token-id lists; strings encoded with
+  // the special tokens unless add_special_tokens is false (vLLM's completion field, default true).
   std::vector<std::vector<zipage::token_id>> completion_prompts(const json& body) const {
     const json* p = field(body, "prompt");
     if (!p) bad_param("prompt", "'prompt' is required");
+    const bool special = boolean(body, "add_special_tokens").value_or(true);
+    const auto encode = [&](const std::string& text) { return this->encode(text, special); };
     std::vector<std::vector<zipage::token_id>> out;
     if (p->is_string()) {
       out.push_back(encode(p->get<std::string>()));
@@ -782,7 +804,7 @@ class api {
       std::string joined;
       for (const auto& m : messages)
         joined += (joined.empty() ? "" : "\n") + (m.contains("content") && m["content"].is_string() ? m["content"].get<std::string>() : "");
-      return encode(joined);
+      return encode(joined, boolean(body, "add_special_tokens").value_or(true));  // no template: as a completion
     }
     if (!text.has_chat_template())
       throw api_error(400, "model '" + name() + "' has no chat template; use /v1/completions, or start zipage-serve "
@@ -811,7 +833,9 @@ class api {
       info->opens_reasoning = zipage::prompt_opens_reasoning(rendered);
       info->closes_reasoning = zipage::prompt_closes_reasoning(rendered);
     }
-    return text.encode_templated(rendered);
+    // The template writes the special tokens it wants; add_special_tokens (vLLM's chat field, default false) adds
+    // the tokenizer's own on top.
+    return boolean(body, "add_special_tokens").value_or(false) ? text.encode(rendered) : text.encode_templated(rendered);
   }
 
   const server_options& so_;
@@ -1053,7 +1077,8 @@ struct choice_state {
   bool reported = false;  // its end has been sent (streaming)
   std::string finish_reason, error;
   zipage::stopped_by stop_reason;  // the engine's (vLLM's stop_reason), once finished
-  int completion_tokens = 0;
+  int completion_tokens = 0;  // once finished
+  int generated = 0;          // tokens so far (continuous usage stats)
   std::vector<logprob_entry> logprobs;  // not yet sent
   std::optional<zipage::reasoning_stream> reasoning;  // --reasoning-parser, streaming
   std::optional<zipage::tool_call_stream> tool_calls;  // --tool-call-parser, streaming
@@ -1062,13 +1087,15 @@ struct choice_state {
 // A parsed call as OpenAI's message.tool_calls item; arguments re-serialised as Python's json.dumps writes
 // them (vLLM's), ids derived from the response's id (for Mistral, 9 letters and digits, as its tokenizers
 // require them).
-json tool_call_json(const std::string& response_id, std::size_t k, const zipage::parsed_tool_call& call,
-                    zipage::tool_call_format format) {
+json tool_call_json(const std::string& response_id, std::size_t choice, std::size_t k,
+                    const zipage::parsed_tool_call& call, zipage::tool_call_format format) {
   std::string arguments = call.arguments;
   if (const auto j = json::parse(arguments, nullptr, false); j.is_object())
     arguments = zipage::jinja::to_json(zipage::jinja::value::from_json(j));
-  std::string id = format == zipage::tool_call_format::mistral ? zipage::mistral_tool_call_id(response_id, k)
-                                                               : "call-" + response_id + "-" + std::to_string(k);
+  // Unique over the response's choices too: a client keys the tool results by id.
+  const std::string of_choice = choice == 0 ? response_id : response_id + "-" + std::to_string(choice);
+  std::string id = format == zipage::tool_call_format::mistral ? zipage::mistral_tool_call_id(of_choice, k)
+                                                               : "call-" + of_choice + "-" + std::to_string(k);
   return {{"id", std::move(id)},
           {"type", "function"},
           {"function", {{"name", call.name}, {"arguments", std::move(arguments)}}}};
@@ -1130,31 +1157,49 @@ json byte_list(const std::string& s) {
   return bytes;
 }
 
+// How logprobs name a token: its own bytes (possibly part of a UTF-8 character; OpenAI's chat "bytes"), and its
+// text, the same for the sampled token and the alternatives (a lone byte of a character reads U+FFFD, as vLLM's
+// per-token decode gives it), or "token_id:N" with return_tokens_as_token_ids (vLLM's).
+struct token_name {
+  std::string text, bytes;
+};
+token_name name_of(const gen_request& req, zipage::token_id id) {
+  std::string bytes = token_piece(req.text, id);
+  if (req.tokens_as_ids) {
+    std::string text = "token_id:" + std::to_string(id);
+    return {text, text};
+  }
+  return {zipage::utf8::sanitize(bytes), std::move(bytes)};
+}
+
 // OpenAI's shapes: chat {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]};
 // completions {tokens, token_logprobs, top_logprobs: [{text: logprob}: the k best, most likely first, and the
-// sampled token (alone when logprobs is 0), as vLLM], text_offset}.
+// sampled token (alone when logprobs is 0), as vLLM; alternatives whose texts coincide (lone bytes of UTF-8
+// characters) keep the likeliest, as a JSON object must have distinct keys], text_offset}.
 json logprobs_json(const gen_request& req, const std::vector<logprob_entry>& entries, std::size_t text_offset) {
   if (req.chat) {
     json content = json::array();
     for (const auto& e : entries) {
       json top = json::array();
       for (const auto& t : e.top) {
-        const std::string piece = token_piece(req.text, t.id);
-        top.push_back({{"token", piece}, {"logprob", json_logprob(t.logprob)}, {"bytes", byte_list(piece)}});
+        const token_name n = name_of(req, t.id);
+        top.push_back({{"token", n.text}, {"logprob", json_logprob(t.logprob)}, {"bytes", byte_list(n.bytes)}});
       }
-      content.push_back({{"token", e.text}, {"logprob", json_logprob(e.logprob)}, {"bytes", byte_list(e.text)}, {"top_logprobs", top}});
+      const token_name n = name_of(req, e.token);
+      content.push_back(
+          {{"token", n.text}, {"logprob", json_logprob(e.logprob)}, {"bytes", byte_list(n.bytes)}, {"top_logprobs", top}});
     }
     return {{"content", content}};
   }
   json tokens = json::array(), lps = json::array(), offsets = json::array(), tops = json::array();
   for (const auto& e : entries) {
-    tokens.push_back(e.text);
+    const std::string sampled = name_of(req, e.token).text;
+    tokens.push_back(sampled);
     lps.push_back(json_logprob(e.logprob));
-    offsets.push_back(text_offset);
+    offsets.push_back(text_offset);  // where the token's text starts in the choice's text
     json top = json::object();
-    for (const auto& t : e.top) top[token_piece(req.text, t.id)] = json_logprob(t.logprob);
-    const std::string sampled = token_piece(req.text, e.token);
-    if (!top.contains(sampled)) top[sampled] = json_logprob(e.logprob);
+    for (const auto& t : e.top) top.emplace(name_of(req, t.id).text, json_logprob(t.logprob));  // first = likeliest
+    top.emplace(sampled, json_logprob(e.logprob));
     tops.push_back(std::move(top));
     text_offset += e.text.size();
   }
@@ -1178,6 +1223,7 @@ struct generation {
     auto& c = choices[static_cast<std::size_t>(e.choice)];
     if (!e.finished || e.finish_reason == "stop" || e.finish_reason == "length") {
       c.text += e.text;
+      if (e.token >= 0) ++c.generated;
       if (req.logprobs && e.logprob)
         c.logprobs.push_back({e.token_text, e.token, *e.logprob, std::move(e.top_logprobs)});
     }
@@ -1194,7 +1240,7 @@ struct generation {
 
   json usage() const {
     int completion = 0;
-    for (const auto& c : choices) completion += c.completion_tokens;
+    for (const auto& c : choices) completion += c.finished ? c.completion_tokens : c.generated;
     return {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion}, {"total_tokens", prompt_tokens + completion}};
   }
 
@@ -1204,7 +1250,7 @@ struct generation {
               {"created", created},
               {"model", model},
               {"choices", std::move(choice_list)}};
-    if (req.include_usage) j["usage"] = nullptr;
+    if (req.include_usage) j["usage"] = req.continuous_usage ? usage() : json(nullptr);
     return j;
   }
 
@@ -1218,7 +1264,7 @@ struct generation {
   // SSE events for what the client has not seen yet.
   std::string drain_sse() {
     std::string out;
-    auto emit = [&](const json& j) { out += "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; };
+    auto emit = [&](const json& j) { out += "data: " + dump_json(j) + "\n\n"; };
     for (std::size_t i = 0; i < choices.size(); ++i) {
       auto& c = choices[i];
       if (c.reported) continue;
@@ -1261,8 +1307,10 @@ struct generation {
             send(chat_delta(i, {{key, text}}, lp));
             lp = nullptr;  // the step's logprobs go with the first part
           };
-          if (!d.reasoning.empty()) part("reasoning_content", d.reasoning);
-          if (!d.content.empty() || !lp.is_null()) part("content", tool_content(c, d.content));
+          if (!d.reasoning.empty() && req.include_reasoning) part("reasoning_content", d.reasoning);
+          // Text a tool call may start with is held back (tool_content): nothing to send unless logprobs are due.
+          const std::string content = d.content.empty() ? d.content : tool_content(c, d.content);
+          if (!content.empty() || !lp.is_null()) part("content", content);
         } else if (!delta.empty() || !lp.is_null() || (c.finished && req.parse_tool_calls)) {
           const std::string content = tool_content(c, delta);
           if (!content.empty() || !lp.is_null())
@@ -1277,7 +1325,7 @@ struct generation {
           if (!end.calls.empty()) {
             json calls = json::array();
             for (std::size_t k = 0; k < end.calls.size(); ++k) {
-              json call = tool_call_json(id, k, end.calls[k], req.tool_format);
+              json call = tool_call_json(id, i, k, end.calls[k], req.tool_format);
               call["index"] = k;
               calls.push_back(std::move(call));
             }
@@ -1321,7 +1369,7 @@ struct generation {
         if (req.split_reasoning) {
           const auto s = zipage::split_reasoning(c.text, req.reasoning_opened);
           message["content"] = s.content ? json(*s.content) : json(nullptr);
-          message["reasoning_content"] = s.reasoning ? json(*s.reasoning) : json(nullptr);
+          message["reasoning_content"] = s.reasoning && req.include_reasoning ? json(*s.reasoning) : json(nullptr);
         }
         std::string finish_reason = c.finish_reason;
         if (req.parse_tool_calls && message["content"].is_string()) {
@@ -1329,7 +1377,7 @@ struct generation {
           if (!s.calls.empty()) {
             message["content"] = s.content ? json(*s.content) : json(nullptr);
             json calls = json::array();
-            for (std::size_t k = 0; k < s.calls.size(); ++k) calls.push_back(tool_call_json(id, k, s.calls[k], req.tool_format));
+            for (std::size_t k = 0; k < s.calls.size(); ++k) calls.push_back(tool_call_json(id, i, k, s.calls[k], req.tool_format));
             message["tool_calls"] = std::move(calls);
             if (finish_reason == "stop") finish_reason = "tool_calls";
           }
@@ -1459,10 +1507,9 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
         !(req.method == "HEAD" && route->second == "GET")) {
       res.status = 405;
       res.set_header("Allow", route->second);
-      res.set_content(error_json("method " + zipage::json::printable(req.method) + " is not allowed on " + req.path +
-                                     "; use " + route->second,
-                                 "invalid_request_error", {}, "method_not_allowed")
-                          .dump(),
+      res.set_content(dump_json(error_json("method " + zipage::json::printable(req.method) + " is not allowed on " +
+                                               req.path + "; use " + route->second,
+                                           "invalid_request_error", {}, "method_not_allowed")),
                       "application/json");
       return httplib::Server::HandlerResponse::Handled;
     }
@@ -1472,8 +1519,8 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
       return httplib::Server::HandlerResponse::Unhandled;
     res.status = route == route_method.end() ? 404 : 411;
     res.set_content(route == route_method.end()
-                        ? error_json("no route " + req.method + " " + zipage::json::printable(req.path),
-                                     "invalid_request_error", {}, "not_found").dump()
+                        ? dump_json(error_json("no route " + req.method + " " + zipage::json::printable(req.path),
+                                               "invalid_request_error", {}, "not_found"))
                         : error_json("a request body needs a Content-Length header (or chunked transfer encoding)",
                                      "invalid_request_error", {}, "length_required").dump(),
                     "application/json");
@@ -1500,7 +1547,7 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
     if (res.status == 404) msg = "no route " + req.method + " " + zipage::json::printable(req.path), code = "not_found";
     else if (res.status == 413) msg = "request body too large", code = "payload_too_large";
     else if (res.status == 400) msg = "malformed HTTP request";
-    res.set_content(error_json(msg, res.status >= 500 ? "server_error" : "invalid_request_error", {}, code).dump(),
+    res.set_content(dump_json(error_json(msg, res.status >= 500 ? "server_error" : "invalid_request_error", {}, code)),
                     "application/json");
     return httplib::Server::HandlerResponse::Handled;
   }));
@@ -1513,7 +1560,7 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
     } catch (...) {
     }
     res.status = 500;
-    res.set_content(error_json(msg, "server_error", {}, {}).dump(), "application/json");
+    res.set_content(dump_json(error_json(msg, "server_error", {}, {})), "application/json");
   });
 
   svr.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
@@ -1634,7 +1681,7 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
           return send_error(res, api_error(503, "the request was cancelled: the server is shutting down", {},
                                            "service_unavailable", "shutting_down"));
       }
-      res.set_content(g->body().dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+      res.set_content(dump_json(g->body()), "application/json");
       return;
     }
 
@@ -1662,7 +1709,7 @@ int serve(const server_options& so_in, const zipage_cli::engine_options& eo, con
     try {
       a.check_auth(req);
       const json out = forward ? a.tokenize(req.body) : a.detokenize(req.body);
-      res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+      res.set_content(dump_json(out), "application/json");
     } catch (const api_error& e) {
       send_error(res, e);
     }

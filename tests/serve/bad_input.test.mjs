@@ -37,6 +37,17 @@ await run('serve_bad_input', async (servers) => {
   isErrorObject(await post(base, '/v1/completions', '[1, 2]', KEY), 400);
   isErrorObject(await post(base, '/v1/completions', '', KEY), 400);
   isErrorObject(await post(base, '/v1/chat/completions', '{"messages": [}', KEY), 400);
+  // Bytes that are not UTF-8 (in the prompt, in a field zipage-serve does not read) and a message that quotes a
+  // value cut inside a character: a 400 as for any malformed JSON (the parser's message quoted the byte, and writing
+  // that message threw: a 500).
+  for (const raw of ['{"prompt": "hi\xff", "max_tokens": 2}', '{"prompt": "hi", "user": "\xc3"}']) {
+    const res = await fetch(`${base}/v1/completions`, { method: 'POST', body: Buffer.from(raw, 'latin1'),
+                                                        headers: { 'Content-Type': 'application/json', ...KEY } });
+    const text = await res.text();
+    isErrorObject({ status: res.status, text, json: JSON.parse(text) }, 400);
+  }
+  isErrorObject(await post(base, '/v1/completions', { prompt: 'x', temperature: '\u00e9'.repeat(30) }, KEY), 400,
+                'temperature');
   await ok();
 
   // Wrong types and out-of-range values, each naming its field.
@@ -58,6 +69,9 @@ await run('serve_bad_input', async (servers) => {
     [{ prompt: 'x', stop: ['ok', ''] }, 'stop'],
     [{ prompt: 'x', stream: 'yes' }, 'stream'],
     [{ prompt: 'x', stream_options: { include_usage: true } }, 'stream_options'],
+    [{ prompt: 'x', stream: true, stream_options: { continuous_usage_stats: true } }, 'stream_options'],
+    [{ prompt: 'x', add_special_tokens: 'no' }, 'add_special_tokens'],
+    [{ prompt: 'x', return_tokens_as_token_ids: 1 }, 'return_tokens_as_token_ids'],
     [{ prompt: 'x', frequency_penalty: 2.5 }, 'frequency_penalty'],
     [{ prompt: 'x', frequency_penalty: 'high' }, 'frequency_penalty'],
     [{ prompt: 'x', presence_penalty: 3 }, 'presence_penalty'],
@@ -175,6 +189,9 @@ await run('serve_bad_input', async (servers) => {
      'response_format'],
     [{ messages: [{ role: 'user', content: 'x' }], guided_json: { type: 'object', if: {} } }, 'guided_json'],
     [{ messages: [{ role: 'user', content: 'x' }], guided_regex: '(?<=a)b' }, 'guided_regex'],
+    // vLLM too refuses a template sent with the request unless started with --trust-request-chat-template
+    [{ messages: [{ role: 'user', content: 'x' }], chat_template: '{{ messages }}' }, 'chat_template'],
+    [{ messages: [{ role: 'user', content: 'x' }], include_reasoning: 'no' }, 'include_reasoning'],
   ];
   for (const [body, param] of chatCases) isErrorObject(await post(base, '/v1/chat/completions', { model: MODEL, ...body }, KEY), 400, param);
   // No chat template and no --chat-template plain: a clear 400.

@@ -327,6 +327,10 @@ await run('serve_http_tokenize', async (servers) => {
   assert.equal(c.json.usage.prompt_tokens, a.json.count);
   const plain = await tok({ prompt: 'Once upon a time', add_special_tokens: false });
   assert.deepEqual(plain.json.tokens, a.json.tokens.slice(1));
+  // The completions route honours add_special_tokens as /tokenize does (it was read by /tokenize only).
+  const noBos = await post(server.base, '/v1/completions', { prompt: 'Once upon a time', max_tokens: 1,
+                                                             add_special_tokens: false });
+  assert.equal(noBos.json.usage.prompt_tokens, plain.json.count, noBos.text);
   assert.ok(a.json.max_model_len > 0);
   const strs = await tok({ prompt: 'Once upon a time', return_token_strs: true });
   assert.equal(strs.json.token_strs.length, strs.json.count);
@@ -385,6 +389,12 @@ await run('serve_http_reasoning_parser', async (servers) => {
   }
   assert.equal(reasoning, m.reasoning_content);
   assert.equal(content, m.content ?? '');
+  // include_reasoning false (vLLM's): the same content, no reasoning_content, streamed or not.
+  const hidden = (await chat(parsed, { ...body, include_reasoning: false })).json.choices[0].message;
+  assert.equal(hidden.reasoning_content, null);
+  assert.equal(hidden.content, m.content);
+  const hs = await chat(parsed, { ...body, include_reasoning: false, stream: true });
+  assert.doesNotMatch(hs.text, /reasoning_content/);
   // A prompt whose template closed the block (Qwen3 with thinking off): the answer is content, as without the parser.
   const off = { messages: [{ role: 'user', content: 'Hi' }], chat_template_kwargs: { enable_thinking: false } };
   const want = (await chat(plain, off)).json.choices[0].message.content;
@@ -439,6 +449,26 @@ await run('serve_http_tool_calls', async (servers) => {
     }
     await server.stop();
   }
+  // A call forced by a guide (the random model writes none), n = 2, with the reasoning parser too and thinking off:
+  // every call id is distinct across the choices (a client keys tool results by id), and the stream sends no
+  // empty content deltas while the call's text is held back.
+  const both = await startServer(['--model', model, '--enable-auto-tool-choice', '--tool-call-parser', 'hermes',
+                                  '--reasoning-parser', 'qwen3']);
+  servers.push(both);
+  const forced = { ...body, n: 2, max_tokens: 40, chat_template_kwargs: { enable_thinking: false },
+                   guided_regex: '<tool_call>\\{"name": "get_weather", "arguments": \\{\\}\\}</tool_call>' };
+  const fr = await post(both.base, '/v1/chat/completions', forced);
+  assert.equal(fr.status, 200, fr.text);
+  const ids = fr.json.choices.flatMap((c) => (c.message.tool_calls ?? []).map((t) => t.id));
+  assert.equal(ids.length, 2, fr.text);
+  assert.equal(new Set(ids).size, 2, fr.text);
+  const fs2 = await post(both.base, '/v1/chat/completions', { ...forced, stream: true });
+  const deltas = fs2.text.split('\n').filter((l) => l.startsWith('data: {'))
+    .flatMap((l) => JSON.parse(l.slice(6)).choices).map((c) => c.delta);
+  const streamedIds = deltas.flatMap((d) => (d.tool_calls ?? []).map((t) => t.id));
+  assert.equal(new Set(streamedIds).size, 2, fs2.text);
+  assert.equal(deltas.filter((d) => !d.role && !d.tool_calls && d.content === '').length, 0, fs2.text);
+  await both.stop();
   // Without the flags, "auto" with tools is refused with a message naming the flags and the parsers.
   const plain = await startServer(['--model', model]);
   servers.push(plain);
@@ -457,6 +487,53 @@ await run('serve_http_tool_calls', async (servers) => {
   assert.notEqual(unknown.code, 0);
   assert.match(unknown.err, /--tool-call-parser.*unknown tool-call parser 'llama3'; supported: hermes, llama3_json, llama4_json, mistral, pythonic/);
   assert.doesNotMatch(unknown.err, /nonexistent/);
+});
+
+// How logprobs name tokens. A guide makes stories260K write characters it has no piece for, so they come out as
+// byte tokens (<0xF0> ...): the sampled token's text (a lone byte reads U+FFFD) is among its step's alternatives, and
+// no object repeats a key (a repeated key loses an alternative in every JSON parser); chat's bytes are each token's
+// own. return_tokens_as_token_ids names them "token_id:N"; continuous_usage_stats puts usage in every chunk.
+await run('serve_http_logprobs_names', async (servers) => {
+  const server = await startServer([]);
+  servers.push(server);
+  const body = { prompt: 'x', max_tokens: 16, temperature: 0, guided_regex: 'a\u00e9\u{1F600}\u65e5', logprobs: 20 };
+  const r = await post(server.base, '/v1/completions', body);
+  assert.equal(r.status, 200, r.text);
+  const lp = r.json.choices[0].logprobs;
+  lp.tokens.forEach((t, i) => assert.ok(t in lp.top_logprobs[i], `${t} not among ${JSON.stringify(lp.top_logprobs[i])}`));
+  assert.ok(lp.tokens.includes('\ufffd'), r.text);  // byte tokens were sampled
+  const rawTops = r.text.slice(r.text.indexOf('"top_logprobs":[') + 16, r.text.indexOf('],"text_offset"'));
+  for (const obj of rawTops.split('},{')) {
+    const keys = [...obj.matchAll(/"((?:[^"\\]|\\.)*)":-?[0-9]/g)].map((m) => m[1]);
+    assert.equal(new Set(keys).size, keys.length, obj);
+  }
+  const asIds = await post(server.base, '/v1/completions', { ...body, return_tokens_as_token_ids: true });
+  const ids = asIds.json.choices[0].logprobs;
+  assert.ok(ids.tokens.every((t) => /^token_id:[0-9]+$/.test(t)), asIds.text);
+  assert.ok(ids.top_logprobs.every((top) => Object.keys(top).every((t) => /^token_id:[0-9]+$/.test(t))), asIds.text);
+  assert.equal(ids.tokens.length, lp.tokens.length);
+  // Chat: each entry's bytes are its token's own (none empty but the closing EOS's), and they add up to the answer's
+  // UTF-8.
+  const plain = await startServer(['--chat-template', 'plain']);
+  servers.push(plain);
+  const { prompt, logprobs, ...rest } = body;
+  const c = await post(plain.base, '/v1/chat/completions', { ...rest, messages: [{ role: 'user', content: prompt }],
+                                                             logprobs: true, top_logprobs: 3 });
+  assert.equal(c.status, 200, c.text);
+  const content = c.json.choices[0].logprobs.content;
+  assert.equal(c.json.choices[0].finish_reason, 'stop', c.text);
+  assert.ok(content.slice(0, -1).every((e) => e.bytes.length > 0), c.text);
+  assert.ok(content.some((e) => e.token === '\ufffd' && e.bytes.length === 1), c.text);
+  assert.deepEqual(Buffer.from(content.flatMap((e) => e.bytes)), Buffer.from(c.json.choices[0].message.content), c.text);
+  // continuous_usage_stats: every chunk carries the usage so far, growing to the final count.
+  const s = await post(server.base, '/v1/completions', { prompt: 'Once', max_tokens: 6, temperature: 0, stream: true,
+                                                        stream_options: { include_usage: true, continuous_usage_stats: true } });
+  const chunks = s.text.split('\n').filter((l) => l.startsWith('data: {')).map((l) => JSON.parse(l.slice(6)));
+  assert.ok(chunks.length >= 2, s.text);
+  const counts = chunks.map((c) => c.usage?.completion_tokens);
+  assert.ok(counts.every((n, i) => Number.isInteger(n) && n >= 1 && (i === 0 || n >= counts[i - 1])), s.text);
+  assert.equal(counts.at(-1), 6, s.text);
+  assert.ok(chunks.every((c) => c.usage.prompt_tokens === chunks[0].usage.prompt_tokens), s.text);
 });
 
 await run('serve_http_ignore_eos', async (servers) => {
