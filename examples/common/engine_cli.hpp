@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "dtype_flags.hpp"
+#include "flag_terms.hpp"
 #include "number_flags.hpp"
 #include "zipage/core/kv_cache_dtype.hpp"
 #include "zipage/core/weight_dtype.hpp"
@@ -103,28 +104,6 @@ inline int parse_cli(CLI::App& app, int argc, char** argv, const char* tool) {
   return -1;
 }
 
-// A library error in the tools' terms: the engine_config fields that a flag sets are named by their flag
-// ("engine_config::num_blocks" reads "--num-blocks"), so a command-line user sees what to change.
-inline std::string in_flag_terms(std::string message) {
-  static const std::pair<const char*, const char*> names[] = {
-      {"engine_config::allow_beyond_context", "--allow-beyond-context"},
-      {"engine_config::max_batched_tokens", "--max-batched-tokens"},
-      {"engine_config::num_query_slots", "--query-slots"},
-      {"engine_config::budget_tokens", "--budget"},
-      {"engine_config::max_num_seqs", "--max-num-seqs"},
-      {"engine_config::block_size", "--block-size"},
-      {"engine_config::num_blocks", "--num-blocks"},
-      {"engine_config::window", "--window"},
-      {"engine_config::kv_cache_bytes", "--kv-cache-mib"}};
-  for (const auto& [field, flag] : names)
-    for (std::size_t at = message.find(field); at != std::string::npos; at = message.find(field, at))
-      message.replace(at, std::strlen(field), flag);
-  // "set --allow-beyond-context to run past it": a switch is added, not set.
-  constexpr std::string_view set_switch = "set --allow-beyond-context";
-  if (const std::size_t at = message.find(set_switch); at != std::string::npos) message.replace(at, 3, "add");
-  return message;
-}
-
 // Runs f() and turns what it throws into one line on stderr and exit status 1 (running out of memory
 // included, with what to change).
 template <class F>
@@ -163,23 +142,23 @@ inline void add_engine_flags(CLI::App& app, engine_options& o) {
   // does not set keeps vLLM's (sampling_params: temperature 1, filters off).
   o.flags["--temperature"] = app.add_option("--temperature,-t", s.temperature,
                                             "0 = greedy (default: the checkpoint's, else 1 as vLLM)")
-                                 ->check(non_negative());
+                                 ->check(float_value(non_negative()));
   o.flags["--top-k"] = app.add_option("--top-k", s.top_k,
                                       "keep the k most likely tokens (0 or -1 = off, as vLLM; default: the "
                                       "checkpoint's)")
                            ->check(top_k_check());
   o.flags["--top-p"] = app.add_option("--top-p", s.top_p, "nucleus sampling mass (1 = off; default: the checkpoint's)")
-                           ->check(in_half_open(0.0, 1.0));
+                           ->check(float_value(in_half_open(0.0, 1.0)));
   o.flags["--min-p"] = app.add_option("--min-p", s.min_p, "drop tokens below min-p times the top probability (default: the checkpoint's)")
-                           ->check(in_range(0.0, 1.0));
+                           ->check(float_value(in_range(0.0, 1.0)));
   o.flags["--repetition-penalty"] = app.add_option("--repetition-penalty", s.repetition_penalty, "1 = off (default: the checkpoint's)")
-                                        ->check(positive());
+                                        ->check(float_value(positive()));
   o.flags["--frequency-penalty"] = app.add_option("--frequency-penalty", s.frequency_penalty,
                                        "OpenAI's: minus this times a token's count in the output so far, in [-2, 2] (default 0 = off)")
-                                       ->check(in_range(-2.0, 2.0));
+                                       ->check(float_value(in_range(-2.0, 2.0)));
   o.flags["--presence-penalty"] = app.add_option("--presence-penalty", s.presence_penalty,
                                       "OpenAI's: minus this once for a token already in the output, in [-2, 2] (default 0 = off)")
-                                      ->check(in_range(-2.0, 2.0));
+                                      ->check(float_value(in_range(-2.0, 2.0)));
   app.add_option("--chat-template", o.chat_template,
                  "the chat template (vLLM's flag): auto = the checkpoint's own (Jinja, rendered as transformers does); "
                  "FILE = a Jinja template file; chatml|qwen2|qwen2_5|qwen3|qwq|llama3|llama3_1|deepseek_r1 = zipage's "
@@ -401,8 +380,10 @@ int build_engine(engine_options& o, zipage::llama_model<Backend> model, const Ba
   o.sampling.validate();
   resolve_budget(o);
   o.engine.scheduling = o.scheduling == "priority" ? zipage::scheduling_order::priority : zipage::scheduling_order::fcfs;
-  zipage::check(std::isfinite(o.kv_cache_mib) && o.kv_cache_mib > 0 && o.kv_cache_mib <= max_kv_cache_mib,
-                "--kv-cache-mib ", o.kv_cache_mib, " is out of range: it must be in (0, ", max_kv_cache_mib, "]");
+  zipage::check(std::isfinite(o.kv_cache_mib) && o.kv_cache_mib >= min_kv_cache_mib &&
+                    o.kv_cache_mib <= max_kv_cache_mib,
+                "--kv-cache-mib ", o.kv_cache_mib, " is out of range: it must be in [2^-20 (one byte), ",
+                max_kv_cache_mib, "]");
   if (o.engine.gpu_memory_utilization <= 0.0) check_host_kv_cache_mib(o.kv_cache_mib, o.engine.num_blocks);
   o.engine.kv_cache_bytes = static_cast<std::size_t>(o.kv_cache_mib * 1024.0 * 1024.0);
   if (o.engine.gpu_memory_utilization > 0.0) size_gpu_pool(o, model.config(), backend);

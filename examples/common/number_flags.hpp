@@ -13,6 +13,7 @@
 #include <string>
 #include <system_error>
 
+#include "zipage/core/checked.hpp"
 #include "zipage/core/error.hpp"
 #include "zipage/core/host_memory.hpp"
 
@@ -33,6 +34,20 @@ inline CLI::Validator number_check(const std::string& range, std::function<bool(
         return {};
       },
       range);
+}
+// A flag held in a float (the sampling flags): `range`'s check, then the value as typed must survive narrowing to
+// float. The range is checked on the double, so without this 1e308 passed as an inf temperature and --top-p 1e-50
+// became 0 (the library then named the wrong value or field).
+inline CLI::Validator float_value(CLI::Validator range) {
+  const std::string description = range.get_description();
+  return CLI::Validator(
+      [range](std::string& input) mutable -> std::string {
+        if (std::string problem = range(input); !problem.empty()) return problem;
+        if (const char* problem = zipage::float_narrowing_problem(std::strtod(input.c_str(), nullptr)))
+          return input + " " + problem;
+        return {};
+      },
+      description);
 }
 inline CLI::Validator positive() { return number_check("> 0", [](double v) { return v > 0; }); }
 inline CLI::Validator non_negative() { return number_check(">= 0", [](double v) { return v >= 0; }); }
@@ -74,9 +89,12 @@ inline CLI::Validator seed_check() {
 }
 
 // --kv-cache-mib: at most 2^30 MiB (1 PiB) on the flag; on the CPU also at most the machine's available memory.
+// Its lower end is one byte: a smaller positive size (1e-300) was accepted here and became a pool of 0 bytes.
 inline constexpr double max_kv_cache_mib = 1073741824.0;
+inline constexpr double min_kv_cache_mib = 1.0 / 1048576.0;
 inline CLI::Validator kv_cache_mib_check() {
-  return number_check("in (0, 1073741824] (1 PiB)", [](double v) { return v > 0 && v <= max_kv_cache_mib; });
+  return number_check("in [2^-20 (one byte), 1073741824 (1 PiB)]",
+                      [](double v) { return v >= min_kv_cache_mib && v <= max_kv_cache_mib; });
 }
 
 // A CPU pool of `kv_cache_mib` lives in host memory: more than the machine has available (MemAvailable +

@@ -44,6 +44,7 @@ std::vector<problem> read_accuracy_set(const std::string& path, const std::vecto
   std::set<std::string> ids, seen_levels;
   for_each_row(path, [&](const json::value& v, const std::string& src) {
     problem p;
+    p.source = src;
     p.id = json::as_string(json::require(v, "id", src), src, "id");
     p.level = json::as_string(json::require(v, "level", src), src, "level");
     p.prompt = json::as_string(json::require(v, "prompt", src), src, "prompt");
@@ -83,6 +84,7 @@ std::vector<problem> read_math_set(const std::string& path, int limit) {
   const std::string stem = std::filesystem::path(path).stem().string();
   for_each_row(path, [&](const json::value& v, const std::string& src) {
     problem p;
+    p.source = src;
     p.level = stem;
     p.id = stem + "-" + std::to_string(out.size());
     if (const json::value* q = json::find(v, "question")) {

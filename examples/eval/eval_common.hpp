@@ -18,6 +18,7 @@ struct problem {
   std::string level;   // accuracy: the row's level; math: the data file's name
   std::string prompt;  // raw text (accuracy) or the user message (math, chat template)
   std::string answer;  // the reference answer
+  std::string source;  // "file:line" of its row, for errors
 };
 
 struct grid_options {

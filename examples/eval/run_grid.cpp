@@ -529,6 +529,12 @@ int run_backend(run_context& ctx, const Backend& backend) {
   for (const auto& p : *ctx.problems) {
     ctx.prompts.push_back(io.encode(p.prompt));
     longest = std::max(longest, static_cast<int>(ctx.prompts.back().size()));
+    // The engine would refuse it mid-grid in its own terms (engine_config::allow_beyond_context, no row): the row
+    // is named here, before any cell runs (a prompt must leave room for one generated token).
+    zipage::check(config.max_context <= 0 || static_cast<long long>(ctx.prompts.back().size()) < config.max_context,
+                  p.source, " (id '", zipage::json::printable(p.id), "'): the prompt is ", ctx.prompts.back().size(),
+                  " tokens", o.chat ? " with the chat template" : "", ", too long for the model's context of ",
+                  config.max_context, " tokens");
   }
   if (!o.quiet && longest + o.max_tokens > config.max_context)
     std::fprintf(stderr, "zipage-eval: note: the longest prompt (%d tokens) + --max-tokens %d exceeds the model's context %d\n",
@@ -615,12 +621,14 @@ void add_grid_flags(CLI::App& app, grid_options& o) {
       ->check(zipage_cli::positive_count());
   app.add_option("--seed", o.seed, "sample j of problem i uses seed + i * n + j")->check(zipage_cli::seed_check());
   app.add_option("--temperature,-t", o.temperature, "default: generation_config.json, else 0.6")
-      ->check(zipage_cli::number_check("in [0, 1000000]", [](double v) { return v >= 0 && v <= 1e6; }));
+      ->check(zipage_cli::float_value(
+          zipage_cli::number_check("in [0, 1000000]", [](double v) { return v >= 0 && v <= 1e6; })));
   app.add_option("--top-p", o.top_p, "default: generation_config.json, else off")
-      ->check(zipage_cli::in_half_open(0.0, 1.0));
+      ->check(zipage_cli::float_value(zipage_cli::in_half_open(0.0, 1.0)));
   app.add_option("--top-k", o.top_k, "0 or -1 = off, as vLLM (default: generation_config.json, else off)")
       ->check(zipage_cli::top_k_check());
-  app.add_option("--min-p", o.min_p, "default: generation_config.json, else off")->check(zipage_cli::in_range(0.0, 1.0));
+  app.add_option("--min-p", o.min_p, "default: generation_config.json, else off")
+      ->check(zipage_cli::float_value(zipage_cli::in_range(0.0, 1.0)));
   app.add_option("--device", o.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   o.dtype_flag = app.add_option("--dtype", o.dtype, "GPU: bf16 or fp32")->check(CLI::IsMember({"bf16", "fp32"}));

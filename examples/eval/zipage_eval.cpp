@@ -17,11 +17,13 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "../common/flag_terms.hpp"
 #include "../common/number_flags.hpp"
 #include "../common/text_lines.hpp"
 #include "eval_common.hpp"
@@ -41,6 +43,7 @@ struct options {
   std::string model;
   std::string prompts_file;
   int num_prompts = 16;
+  std::size_t longest_prompt = 0;  // in tokens, once the prompts are encoded (the pool is sized from it)
   int max_tokens = 480;
   int block_size = zipage::default_block_size;
   int window = 8;  // fidelity's own default (its budgets are 64-256 tokens of the 260K model), not the method's W
@@ -84,16 +87,41 @@ std::vector<std::string> builtin_prompts() {
   return {std::begin(starts), std::end(starts)};
 }
 
+constexpr int max_num_seqs = 64;
+
+// The pool for `requests` prompts at `budget` (0: full KV): every running request may hold its whole sequence
+// (prompt + -n, no more than the model's context, where generation stops) plus the write block, and an evicting
+// one at least its budget and the write block (B + 1, or the whole context when that is smaller, as the engine
+// asks). Computed in 64 bits; a pool past an int is an error naming the flags that size it.
+int pool_blocks(const options& o, const zipage::model_config& c, std::size_t requests, int budget) {
+  const long long bs = o.block_size;
+  long long tokens = static_cast<long long>(o.longest_prompt) + o.max_tokens;
+  if (c.max_context > 0) tokens = std::min<long long>(tokens, c.max_context);
+  long long per_request = (tokens + bs - 1) / bs + 1;
+  if (budget > 0) {
+    long long budget_blocks = budget / bs + 1;
+    if (c.max_context > 0) budget_blocks = std::min<long long>(budget_blocks, (c.max_context + bs - 1) / bs);
+    per_request = std::max(per_request, budget_blocks);
+  }
+  const long long running = std::min<long long>(static_cast<long long>(requests), max_num_seqs);
+  const long long blocks = per_request * running;
+  zipage::check(blocks <= std::numeric_limits<int>::max(), "--budgets ", budget, " with --num-prompts ", running,
+                " (running at once) and -n ", o.max_tokens, " needs ", blocks, " KV blocks of --block-size ", bs,
+                ", more than a pool can hold (2147483647)");
+  return static_cast<int>(blocks);
+}
+
 template <class Policy>
-zipage::engine<model_type, Policy> make_engine(const zipage::gguf::file& file, const options& o, int budget) {
+zipage::engine<model_type, Policy> make_engine(const zipage::gguf::file& file, const options& o, std::size_t requests,
+                                               int budget) {
+  auto model = zipage::load_llama_gguf(file);
   zipage::engine_config cfg;
   cfg.block_size = o.block_size;
   cfg.window = o.window;
   cfg.budget_tokens = budget;
-  cfg.num_blocks = static_cast<int>(o.prompts_file.empty() ? o.num_prompts : 64) *
-                   (zipage::blocks_for_tokens(o.max_tokens + 64, o.block_size) + 1);
-  cfg.max_num_seqs = 64;
-  return zipage::engine<model_type, Policy>(zipage::load_llama_gguf(file), cfg);
+  cfg.num_blocks = pool_blocks(o, model.config(), requests, Policy::evicts ? budget : 0);
+  cfg.max_num_seqs = max_num_seqs;
+  return zipage::engine<model_type, Policy>(std::move(model), cfg);
 }
 
 zipage::sampling_params greedy(int max_tokens, float temperature = 0.0f) {
@@ -125,7 +153,7 @@ std::vector<zipage::request_output> run_all(Engine& eng, const std::vector<token
 }
 
 reference full_kv_reference(const zipage::gguf::file& file, const options& o, std::vector<tokens> prompts) {
-  auto eng = make_engine<zipage::full_kv>(file, o, 64);
+  auto eng = make_engine<zipage::full_kv>(file, o, prompts.size(), 64);
   reference ref;
   ref.prompts = std::move(prompts);
   for (auto& out : run_all(eng, ref.prompts, nullptr, o.max_tokens)) {
@@ -142,7 +170,7 @@ reference full_kv_reference(const zipage::gguf::file& file, const options& o, st
 template <class Policy>
 fidelity measure(const zipage::gguf::file& file, const options& o, const reference& ref, int budget) {
   fidelity f;
-  auto eng = make_engine<Policy>(file, o, budget);
+  auto eng = make_engine<Policy>(file, o, ref.prompts.size(), budget);
   const auto own = run_all(eng, ref.prompts, nullptr, o.max_tokens);
   const auto forced = run_all(eng, ref.prompts, &ref.outputs, o.max_tokens);
   const auto forced_sampled = run_all(eng, ref.prompts, &ref.sampled, o.max_tokens);
@@ -178,7 +206,7 @@ void report(const zipage::gguf::file& file, const options& o, const reference& r
   }
 }
 
-int fidelity_command(const options& o) {
+int fidelity_command(options o) {
   const auto file = zipage::gguf::file::open(o.model);
   // The prompts' ids by the file's own vocabulary: SentencePiece (llama) or byte-level BPE (Qwen, Llama 3).
   std::function<std::vector<zipage::token_id>(const std::string&)> encode;
@@ -215,6 +243,10 @@ int fidelity_command(const options& o) {
   zipage::check(!texts.empty(), "no prompts");
   std::vector<tokens> prompts;
   for (const auto& t : texts) prompts.push_back(encode(t));
+  for (const auto& p : prompts) o.longest_prompt = std::max(o.longest_prompt, p.size());
+  // Every budget's pool is sized (and checked) before the reference runs, so a budget cannot fail halfway.
+  const zipage::model_config config = zipage::llama_config_from_gguf(file);
+  for (int b : o.budgets) (void)pool_blocks(o, config, prompts.size(), b);
 
   const auto start = std::chrono::steady_clock::now();
   const reference ref = full_kv_reference(file, o, prompts);
@@ -240,6 +272,37 @@ int fidelity_command(const options& o) {
 }
 
 }  // namespace
+
+// Library errors in zipage-eval's flags (zipage-generate's in_flag_terms, with this tool's table). The grid has no
+// --allow-beyond-context (prompts are checked against the context by row first), fidelity sizes its own pool.
+constexpr zipage_cli::flag_term grid_flag_terms[] = {
+    {"; set engine_config::allow_beyond_context to run past it", ""},
+    {"engine_config::max_batched_tokens", "--max-batched-tokens"},
+    {"engine_config::budget_tokens", "--budgets"},
+    {"engine_config::max_num_seqs", "--max-num-seqs"},
+    {"engine_config::block_size", "--block-size"},
+    {"engine_config::num_blocks", "--num-blocks"},
+    {"engine_config::window", "--window"},
+    {"engine_config::kv_cache_bytes", "--kv-cache-mib"}};
+constexpr zipage_cli::flag_term fidelity_flag_terms[] = {
+    {"; set engine_config::allow_beyond_context to run past it", ""},
+    {"lower engine_config::budget_tokens or give the pool more blocks", "lower --budgets"},
+    {"from engine_config::num_blocks", "sized from --num-prompts, -n and --budgets"},
+    {"engine_config::budget_tokens", "--budgets"},
+    {"engine_config::block_size", "--block-size"},
+    {"engine_config::window", "--window"}};
+
+// CLI11 reads an unknown first word as a missing subcommand ("A subcommand is required"): named instead.
+std::string unknown_subcommand(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return {};
+  const std::string word = argv[1];
+  std::string known;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (sub->get_name() == word) return {};
+    known += (known.empty() ? "" : ", ") + sub->get_name();
+  }
+  return "unknown subcommand '" + word + "' (subcommands: " + known + ")";
+}
 
 int main(int argc, char** argv) {
   CLI::App app{"zipage-eval: evaluation tools"};
@@ -270,6 +333,10 @@ int main(int argc, char** argv) {
   zipage_eval::add_grid_flags(*math_cmd, math);
   math_cmd->add_flag("!--raw", math.chat, "feed the problem as raw text instead of the chat template");
   math_cmd->add_flag("!--no-thinking", math.thinking, "Qwen3: thinking off (an empty <think></think> block)");
+  if (const std::string unknown = unknown_subcommand(app, argc, argv); !unknown.empty()) {
+    std::fprintf(stderr, "zipage-eval: %s (see --help)\n", unknown.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -290,7 +357,9 @@ int main(int argc, char** argv) {
     if (o.model.empty()) o.model = ZIPAGE_DEFAULT_MODEL;
     return fidelity_command(o);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "zipage-eval: error: %s\n", e.what());
+    const std::string message = *fid ? zipage_cli::in_flag_terms(e.what(), fidelity_flag_terms)
+                                     : zipage_cli::in_flag_terms(e.what(), grid_flag_terms);
+    std::fprintf(stderr, "zipage-eval: error: %s\n", message.c_str());
     return 1;
   }
 }

@@ -84,6 +84,8 @@ void add_flags(CLI::App& app, options& o) {
   auto* chat = app.get_option("--chat");
   app.add_flag("--no-thinking", o.no_thinking, "with --chat: the template's enable_thinking = false (Qwen3: no thinking)")->needs(chat);
   app.add_option("--system", o.system, "with --chat: a system message")->needs(chat);
+  // The template only shapes --chat's prompts: without --chat it would be silently unused (as --system would).
+  app.get_option("--chat-template")->needs(chat);
 }
 
 void progress(std::size_t done, std::size_t total, std::int64_t tokens, double seconds) {

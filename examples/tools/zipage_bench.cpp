@@ -803,7 +803,8 @@ int main(int argc, char** argv) {
                  "(cuda_backend_options::prefill_kernel; the wgmma ones need bf16 K/V and an sm_90a build on an "
                  "H100/H200)")
       ->check(CLI::IsMember(names_of(cuda::all_prefill_kernels)));
-  app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)")->check(zipage_cli::non_negative());
+  app.add_option("--temperature", o.temperature, "0 = greedy (cheapest host sampling)")
+      ->check(zipage_cli::float_value(zipage_cli::non_negative()));
   app.add_option("--json", o.json, "append results as JSON lines to this file");
   zipage_cli::add_kv_cache_dtype_flag(app, o.kv_cache_dtype, "", "bf16");
   zipage_cli::add_quantization_flag(app, o.quantization, "", "bf16: the random model is no FP8 checkpoint");

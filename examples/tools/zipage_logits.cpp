@@ -10,11 +10,18 @@
 //    "greedy": [...]}, ...]}
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
+#include <limits>
 #include <numeric>
-#include <sstream>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
+
+#include "../common/number_flags.hpp"
 
 #include "zipage/backend/cpu/prefill_logits.hpp"
 #include "zipage/engine/engine.hpp"
@@ -24,22 +31,52 @@ namespace {
 
 using model_type = zipage::llama_model<zipage::cpu_backend>;
 
+// Comma-separated ids, each a whole number written as one: an empty item is refused wherever it is ("1,,2" and
+// "1,2," alike; a reader that drops a trailing empty item would accept the second).
 std::vector<zipage::token_id> parse_ids(const std::string& text) {
+  zipage::check(!text.empty(), "--tokens: empty list");
   std::vector<zipage::token_id> ids;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    std::size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    zipage::check(used == item.size() && v >= 0 && v < (1LL << 31), "--tokens: '", item, "' is not a token id");
-    ids.push_back(static_cast<zipage::token_id>(v));
+  for (std::size_t start = 0;;) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string_view item = std::string_view(text).substr(start, comma - start);
+    zipage::check(!item.empty(), "--tokens '", text, "': item ", ids.size() + 1, " is empty");
+    zipage::token_id v = -1;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    zipage::check(ec == std::errc{} && end == item.data() + item.size() && v >= 0, "--tokens: '", item,
+                  "' is not a token id");
+    ids.push_back(v);
+    if (comma == text.size()) return ids;
+    start = comma + 1;
   }
-  zipage::check(!ids.empty(), "--tokens: empty list");
-  return ids;
+}
+
+// Every prompt must fit the model's context, with or without --steps: one that does not is refused by number
+// (a prefill past the context would give logits of positions the model was never trained on; with --steps the
+// engine refused it in terms of a library field). --steps needs room for one generated token.
+void check_context(const std::vector<std::vector<zipage::token_id>>& prompts, const zipage::model_config& c,
+                   int steps) {
+  if (c.max_context <= 0) return;  // unknown
+  const std::size_t limit = static_cast<std::size_t>(c.max_context) - (steps > 0 ? 1 : 0);
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    zipage::check(prompts[i].size() <= limit, "--tokens (prompt ", i, "): ", prompts[i].size(),
+                  " tokens are too long for the model's context of ", c.max_context, " tokens",
+                  steps > 0 ? " (with --steps, at most one less: room for a generated token)" : "");
+}
+
+// The pool for the greedy run: each prompt's tokens plus --steps, cut at the model's context where generation
+// stops, plus the write block; in 64 bits, since 17 prompts x 2^31 tokens wrapped an int to a negative pool.
+int greedy_pool_blocks(const std::vector<std::vector<zipage::token_id>>& prompts, const zipage::model_config& c,
+                       int steps, int block_size) {
+  long long blocks = 0;
+  for (const auto& p : prompts) {
+    long long tokens = static_cast<long long>(p.size()) + steps;
+    if (c.max_context > 0) tokens = std::min<long long>(tokens, c.max_context);
+    blocks += (tokens + block_size - 1) / block_size + 1;
+  }
+  zipage::check(blocks <= std::numeric_limits<int>::max(), "--steps ", steps, " for ", prompts.size(),
+                " prompts needs ", blocks, " KV blocks of ", block_size, " tokens, more than a pool can hold "
+                "(2147483647): lower --steps or give fewer --tokens");
+  return static_cast<int>(blocks);
 }
 
 void print_floats(const float* p, std::size_t n) {
@@ -62,6 +99,7 @@ int run(const std::string& dir, const std::vector<std::string>& prompt_args, int
   for (const auto& p : prompts)
     for (zipage::token_id id : p)
       zipage::check(id < c.vocab_size, "--tokens: id ", id, " is outside the vocabulary of ", c.vocab_size);
+  check_context(prompts, c, steps);
 
   std::vector<std::vector<std::int32_t>> rows(prompts.size());
   std::vector<std::vector<float>> logits(prompts.size());
@@ -79,10 +117,14 @@ int run(const std::string& dir, const std::vector<std::string>& prompt_args, int
   std::vector<std::vector<zipage::token_id>> greedy(prompts.size());
   if (steps > 0) {
     zipage::engine_config ec;
-    std::size_t longest = 0;
-    for (const auto& p : prompts) longest = std::max(longest, p.size());
-    ec.num_blocks = static_cast<int>(prompts.size() * ((longest + static_cast<std::size_t>(steps)) / static_cast<std::size_t>(ec.block_size) + 2));
-    zipage::engine<model_type> eng(std::move(model), ec);
+    ec.num_blocks = greedy_pool_blocks(prompts, c, steps, ec.block_size);
+    std::optional<zipage::engine<model_type>> built;
+    try {
+      built.emplace(std::move(model), ec);
+    } catch (const zipage::error& e) {  // e.g. more than the machine's memory: the flag that sized the pool is named
+      zipage::fail("--steps ", steps, " (the greedy run's KV pool of ", ec.num_blocks, " blocks): ", e.what());
+    }
+    auto& eng = *built;
     zipage::sampling_params sp;
     sp.temperature = 0.0f;
     sp.ignore_eos = true;
@@ -125,7 +167,7 @@ int main(int argc, char** argv) {
   bool all_positions = false;
   app.add_option("--model,-m", dir, "checkpoint directory (config.json + safetensors)")->required();
   app.add_option("--tokens", prompts, "a prompt as comma-separated token ids (repeatable)")->required();
-  app.add_option("--steps,-n", steps, "greedy tokens to generate per prompt (0 = none)")->check(CLI::NonNegativeNumber);
+  app.add_option("--steps,-n", steps, "greedy tokens to generate per prompt (0 = none)")->check(zipage_cli::count());
   app.add_flag("--all-positions", all_positions, "print the logits of every prompt position, not only the last");
   try {
     app.parse(argc, argv);

@@ -417,11 +417,12 @@ TEST_CASE("hf config: errors name the field") {
   CHECK(contains(with("llama", R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0})"),
                  "config.json: rope_scaling: missing field 'low_freq_factor'"));
   CHECK(contains(with("llama", R"(, "rope_scaling": {"rope_type": "llama3", "factor": 0.5, "low_freq_factor": 1,
-      "high_freq_factor": 4, "original_max_position_embeddings": 8192})"), "rope scaling factor must be >= 1"));
+      "high_freq_factor": 4, "original_max_position_embeddings": 8192})"),
+                 "rope scaling factor must be finite and >= 1"));
   CHECK(contains(with("llama", R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4,
       "high_freq_factor": 4, "original_max_position_embeddings": 8192})"), "high_freq_factor (4) must exceed low_freq_factor (4)"));
   CHECK(contains(with("llama", R"(, "rope_scaling": "llama3")"), "field 'rope_scaling' must be an object, got string"));
-  CHECK(contains(with("llama", R"(, "rope_theta": -1)"), "rope_theta must be positive"));
+  CHECK(contains(with("llama", R"(, "rope_theta": -1)"), "rope_theta must be finite and positive"));
   CHECK(contains(with("llama", R"(, "rms_norm_eps": "small")"), "field 'rms_norm_eps' must be a number, got string"));
   CHECK(contains(with("llama", R"(, "tie_word_embeddings": 1)"), "field 'tie_word_embeddings' must be true or false"));
   CHECK(contains(with("qwen2", R"(, "use_sliding_window": true)"), "use_sliding_window = true is not supported"));

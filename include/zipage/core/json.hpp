@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "zipage/core/error.hpp"
+#include "zipage/core/printable.hpp"
 
 namespace zipage::json {
 
@@ -30,11 +31,9 @@ using value = nlohmann::json;
 inline constexpr int default_max_depth = 64;
 
 // Cuts an untrusted string to a readable length for error messages.
+// (Valid UTF-8 stays readable, other bytes read as \xNN: core/printable.hpp.)
 inline std::string printable(std::string_view s, std::size_t max_chars = 96) {
-  std::string out;
-  for (char c : s.substr(0, max_chars)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
-  if (s.size() > max_chars) out += "...";
-  return out;
+  return zipage::detail::printable_text(s, max_chars);
 }
 
 // Parses `text` into a Json (nlohmann::json, or nlohmann::ordered_json where the order of keys matters);

@@ -17,6 +17,7 @@
 #include "zipage/core/error.hpp"
 #include "zipage/core/half.hpp"
 #include "zipage/core/mapped_file.hpp"
+#include "zipage/core/printable.hpp"
 #include "zipage/gguf/quants.hpp"
 
 #include <array>
@@ -172,11 +173,9 @@ inline std::optional<double> load_float(value_type t, const std::byte* p) noexce
 }
 
 // Cuts an untrusted name to a readable length for error messages.
+// (Valid UTF-8 stays readable, other bytes read as \xNN: core/printable.hpp.)
 inline std::string printable(std::string_view s, std::size_t max_chars = 96) {
-  std::string out;
-  for (char c : s.substr(0, max_chars)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
-  if (s.size() > max_chars) out += "...";
-  return out;
+  return zipage::detail::printable_text(s, max_chars);
 }
 }  // namespace detail
 

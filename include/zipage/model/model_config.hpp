@@ -56,12 +56,13 @@ struct rope_scaling_config {
               " must be finite and positive, got ", freq_factors[i]);
       return;
     }
-    check(std::isfinite(factor) && factor >= 1.0f, "model config: rope scaling factor must be >= 1, got ", factor);
+    check(std::isfinite(factor) && factor >= 1.0f, "model config: rope scaling factor must be finite and >= 1, got ",
+          factor);
     check(std::isfinite(low_freq_factor) && low_freq_factor > 0.0f,
-          "model config: rope scaling low_freq_factor must be positive, got ", low_freq_factor);
+          "model config: rope scaling low_freq_factor must be finite and positive, got ", low_freq_factor);
     check(std::isfinite(high_freq_factor) && high_freq_factor > low_freq_factor,
           "model config: rope scaling high_freq_factor (", high_freq_factor, ") must exceed low_freq_factor (",
-          low_freq_factor, ")");
+          low_freq_factor, ") and be finite");
     check(original_max_position > 0, "model config: rope scaling original_max_position_embeddings must be positive, got ",
           original_max_position);
   }
@@ -118,8 +119,11 @@ struct model_config {
     (void)checked_mul(vocab_size, hidden_size, "model config: vocab_size x hidden_size");
     (void)checked_mul(checked_mul(2 * kv, num_layers, "model config: 2 x (num_kv_heads x head_dim) x num_layers"),
                       8, "model config: K/V bytes per token");
-    check(rope_theta > 0.0f, "model config: rope_theta must be positive, got ", rope_theta);
-    check(rms_eps > 0.0f, "model config: rms_eps must be positive, got ", rms_eps);
+    // Finite too: a value that overflowed float on the way in (1e300 in config.json, inf in a GGUF file) would
+    // otherwise run and produce garbage (x / inf = 0 norms, NaN rotations).
+    check(std::isfinite(rope_theta) && rope_theta > 0.0f, "model config: rope_theta must be finite and positive, got ",
+          rope_theta);
+    check(std::isfinite(rms_eps) && rms_eps > 0.0f, "model config: rms_eps must be finite and positive, got ", rms_eps);
     check(bos < vocab_size && eos < vocab_size, "model config: bos/eos (", bos, "/", eos,
           ") outside the vocabulary of ", vocab_size);
     for (token_id id : extra_eos)

@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 
+#include "zipage/core/checked.hpp"
 #include "zipage/core/error.hpp"
 #include "zipage/gguf/gguf.hpp"
 #include "zipage/models/hf_config.hpp"
@@ -34,14 +35,16 @@ inline generation_defaults generation_defaults_from_gguf(const gguf::file& f) {
     check(in_range(*x), f.name(), ": metadata ", key, " = ", *x, " must be ", range);
     return x;
   };
-  auto as_float = [](std::optional<double> x) -> std::optional<float> {
-    return x ? std::optional<float>(static_cast<float>(*x)) : std::nullopt;
+  // The sampler's fields are floats: checked after narrowing (a float64 1e300 would be an inf temperature).
+  auto float_of = [&](std::string_view key, auto in_range, std::string_view range) -> std::optional<float> {
+    const auto x = number(key, in_range, range);
+    return x ? std::optional<float>(checked_float(*x, detail::concat(f.name(), ": metadata ", key))) : std::nullopt;
   };
-  d.temperature = as_float(number("general.sampling.temp", [](double x) { return x >= 0.0; }, ">= 0 (0 = greedy)"));
-  d.top_p = as_float(number("general.sampling.top_p", [](double x) { return x > 0.0 && x <= 1.0; }, "in (0, 1]"));
-  d.min_p = as_float(number("general.sampling.min_p", [](double x) { return x >= 0.0 && x <= 1.0; }, "in [0, 1]"));
+  d.temperature = float_of("general.sampling.temp", [](double x) { return x >= 0.0; }, ">= 0 (0 = greedy)");
+  d.top_p = float_of("general.sampling.top_p", [](double x) { return x > 0.0 && x <= 1.0; }, "in (0, 1]");
+  d.min_p = float_of("general.sampling.min_p", [](double x) { return x >= 0.0 && x <= 1.0; }, "in [0, 1]");
   d.repetition_penalty =
-      as_float(number("general.sampling.penalty_repeat", [](double x) { return x > 0.0; }, "> 0 (1 = off)"));
+      float_of("general.sampling.penalty_repeat", [](double x) { return x > 0.0; }, "> 0 (1 = off)");
   if (const gguf::value* v = f.find("general.sampling.top_k")) {
     const auto k = v->as_int();
     check(k.has_value(), f.name(), ": metadata general.sampling.top_k must be an integer, got ", v->type_name());

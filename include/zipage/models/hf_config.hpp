@@ -16,6 +16,7 @@
 // quantization_config (FP8 checkpoints, models/hf_fp8.hpp) is validated here, with errors naming the field,
 // and read by the loader with hf_quantization_from_json / load_hf_quantization.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -25,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "zipage/core/checked.hpp"
 #include "zipage/core/error.hpp"
 #include "zipage/core/json.hpp"
 #include "zipage/model/model_config.hpp"
@@ -34,6 +36,12 @@
 namespace zipage {
 
 namespace detail {
+
+// A number field held as a float: one float cannot hold (past its range, or nonzero but rounding to 0) is an
+// error naming the field, not a silent inf or 0.
+inline float hf_float(const json::value& v, std::string_view src, std::string_view field) {
+  return checked_float(json::as_number(v, src, field), detail::concat(src, ": field '", field, "'"));
+}
 
 inline int hf_positive_int(const json::value& cfg, std::string_view key, std::string_view src) {
   return static_cast<int>(json::as_int(json::require(cfg, key, src), src, key, 1, (1LL << 31) - 1));
@@ -62,7 +70,7 @@ inline void hf_rope_scaling(const json::value& cfg, const std::string& src, mode
   if (params != nullptr) {
     check(params->is_object(), src, ": field 'rope_parameters' must be an object, got ", json::type_name(*params));
     if (json::find(*params, "rope_theta"))
-      c.rope_theta = static_cast<float>(json::as_number(params->at("rope_theta"), src, "rope_parameters.rope_theta"));
+      c.rope_theta = detail::hf_float(params->at("rope_theta"), src, "rope_parameters.rope_theta");
     if (scaling == nullptr) {
       scaling = params;
       field = "rope_parameters";
@@ -77,8 +85,7 @@ inline void hf_rope_scaling(const json::value& cfg, const std::string& src, mode
   check(kind == "llama3", src, ": ", field, ".rope_type '", json::printable(kind),
         "' is not supported (zipage implements 'default' and 'llama3')");
   auto number = [&](const char* key) {
-    return static_cast<float>(json::as_number(json::require(*scaling, key, src + std::string(": ") + field), src,
-                                              field + "." + key));
+    return detail::hf_float(json::require(*scaling, key, src + std::string(": ") + field), src, field + "." + key);
   };
   auto& s = c.rope_scaling;
   s.type = rope_scaling_type::llama3;
@@ -127,11 +134,15 @@ inline model_config hf_config_from_json(const json::value& cfg, std::string_view
           width, " is too large (a q/k/v row holds at most ", std::numeric_limits<int>::max(), " values)");
   }
   c.max_context = static_cast<int>(json::get_int(cfg, "max_position_embeddings", src, 0, 0, (1LL << 31) - 1));
-  c.rope_theta = static_cast<float>(json::get_number(cfg, "rope_theta", src, 10000.0));
+  // Checked after narrowing to float: 1e300 passes as a double and becomes inf in the model.
+  if (const json::value* v = json::find(cfg, "rope_theta")) c.rope_theta = detail::hf_float(*v, src, "rope_theta");
   detail::hf_rope_scaling(cfg, src, c);
-  check(c.rope_theta > 0.0f, src, ": rope_theta must be positive, got ", c.rope_theta);
-  c.rms_eps = static_cast<float>(json::get_number(cfg, "rms_norm_eps", src, 1e-6));
-  check(c.rms_eps > 0.0f, src, ": rms_norm_eps must be positive, got ", c.rms_eps);
+  check(std::isfinite(c.rope_theta) && c.rope_theta > 0.0f, src, ": rope_theta must be finite and positive, got ",
+        c.rope_theta);
+  c.rms_eps = 1e-6f;
+  if (const json::value* v = json::find(cfg, "rms_norm_eps")) c.rms_eps = detail::hf_float(*v, src, "rms_norm_eps");
+  check(std::isfinite(c.rms_eps) && c.rms_eps > 0.0f, src, ": rms_norm_eps must be finite and positive, got ",
+        c.rms_eps);
   c.tied_embeddings = json::get_bool(cfg, "tie_word_embeddings", src, false);
 
   if (const json::value* act = json::find(cfg, "hidden_act")) {
@@ -257,7 +268,7 @@ inline generation_defaults generation_defaults_from_json(const json::value& gen,
     if (v == nullptr) return std::nullopt;
     const double x = json::as_number(*v, source, key);
     check(in_range(x), source, ": field '", key, "' = ", x, " must be ", range);
-    return static_cast<float>(x);
+    return checked_float(x, detail::concat(source, ": field '", key, "'"));  // 1e300: an inf temperature
   };
   d.temperature = number("temperature", [](double x) { return x >= 0.0; }, ">= 0 (0 = greedy)");
   d.top_p = number("top_p", [](double x) { return x > 0.0 && x <= 1.0; }, "in (0, 1]");

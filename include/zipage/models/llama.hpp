@@ -4,7 +4,9 @@
 // RMSNorm as in Qwen3) so one implementation serves them all. Generic over the backend.
 #include <algorithm>
 #include <concepts>
+#include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <set>
 #include <span>
@@ -374,6 +376,31 @@ inline int gguf_int(const gguf::file& f, const std::string& key) {
   return static_cast<int>(v);
 }
 
+// An optional integer key in [lo, hi] (`fallback` when absent), checked before narrowing: a uint64 of 2^32 + 16
+// would otherwise wrap to 16, and 4294967295 to -1.
+inline int gguf_int_in(const gguf::file& f, const std::string& key, int fallback, int lo, int hi) {
+  if (!f.has(key)) return fallback;
+  const auto v = f.get_int(key);
+  check(v >= lo && v <= hi, f.name(), ": metadata ", key, " = ", v, " is out of range [", lo, ", ", hi, "]");
+  return static_cast<int>(v);
+}
+
+// An optional token id key: -1 or uint32 0xFFFFFFFF (as the tokenizers read them) is none, else an id that fits a
+// token_id (validate() then checks it against the vocabulary).
+inline token_id gguf_token_key(const gguf::file& f, const std::string& key, token_id fallback) {
+  if (!f.has(key)) return fallback;
+  const auto v = f.get_int(key);
+  if (v == -1 || v == 0xFFFFFFFFLL) return -1;
+  check(v >= 0 && v <= std::numeric_limits<token_id>::max(), f.name(), ": metadata ", key, " = ", v,
+        " is not a token id");
+  return static_cast<token_id>(v);
+}
+
+// An optional float key narrowed to the float the model holds: inf, NaN, or a double past float's range is an error.
+inline float gguf_float(const gguf::file& f, const std::string& key, double fallback) {
+  return checked_float(f.get_float(key, fallback), concat(f.name(), ": metadata ", key));
+}
+
 // A GGUF tensor as a row-major [rows][cols] backend tensor, checking its shape. GGUF lists dims
 // fastest first, so a [out][in] matrix has dims {in, out}.
 template <class Backend>
@@ -483,7 +510,7 @@ inline model_config llama_config_from_gguf(const gguf::file& f) {
   c.num_kv_heads = f.has(k + "attention.head_count_kv") ? detail::gguf_int(f, k + "attention.head_count_kv")
                                                          : c.num_q_heads;
   c.ffn_size = detail::gguf_int(f, k + "feed_forward_length");
-  c.max_context = static_cast<int>(f.get_int(k + "context_length", 0));
+  c.max_context = detail::gguf_int_in(f, k + "context_length", 0, 0, std::numeric_limits<int>::max());  // 0: unknown
   // The head size: embedding_length / head_count for llama and qwen2 (llama.cpp's shapes for them), Qwen3's own
   // attention.key_length (e.g. 128 at a hidden size of 1,024 in Qwen3-0.6B).
   if (arch == "qwen3" && f.has(k + "attention.key_length")) {
@@ -504,14 +531,16 @@ inline model_config llama_config_from_gguf(const gguf::file& f) {
     c.rope_scaling.type = rope_scaling_type::factors;
     c.rope_scaling.freq_factors = f.to_f32(*freqs);
   }
-  c.rope_theta = static_cast<float>(f.get_float(k + "rope.freq_base", 10000.0));
-  c.rms_eps = static_cast<float>(f.get_float(k + "attention.layer_norm_rms_epsilon", arch == "llama" ? 1e-5 : 1e-6));
+  c.rope_theta = detail::gguf_float(f, k + "rope.freq_base", 10000.0);
+  c.rms_eps = detail::gguf_float(f, k + "attention.layer_norm_rms_epsilon", arch == "llama" ? 1e-5 : 1e-6);
   const auto& embd = f.tensor("token_embd.weight");
   check(embd.dims.size() == 2, f.name(), ": token_embd.weight must be 2-D, has shape ", detail::shape_string(embd));
+  check(embd.dims[1] >= 1 && embd.dims[1] <= std::numeric_limits<int>::max(), f.name(),
+        ": token_embd.weight has ", embd.dims[1], " rows, which is out of range for a vocabulary");
   c.vocab_size = static_cast<int>(embd.dims[1]);
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
-  c.bos = static_cast<token_id>(f.get_int("tokenizer.ggml.bos_token_id", arch == "llama" ? 1 : -1));
-  c.eos = static_cast<token_id>(f.get_int("tokenizer.ggml.eos_token_id", arch == "llama" ? 2 : -1));
+  c.bos = detail::gguf_token_key(f, "tokenizer.ggml.bos_token_id", arch == "llama" ? 1 : -1);
+  c.eos = detail::gguf_token_key(f, "tokenizer.ggml.eos_token_id", arch == "llama" ? 2 : -1);
   if (gguf_has_bpe_vocab(f)) detail::add_gguf_end_of_generation(f, c);
   c.validate();
   return c;
