@@ -301,3 +301,131 @@ TEST_CASE("a non-zero priority under fcfs order is refused at add_request, namin
   p.priority = 3;
   CHECK(by_priority.generate({{1, 2}}, p)[0].output.size() == 4);
 }
+
+// --- Found by a probe of the library API (2026-12-07) ---
+
+namespace {
+
+// A counting_model whose forward misuses forward_context::attention as `how` says: a layer outside the model's
+// one, or q / k narrower than their heads.
+struct misusing_model : zipage::testing::counting_model {
+  enum class misuse { layer, narrow_q, narrow_k } how;
+  explicit misusing_model(misuse m) : how(m) {}
+  tensor forward(forward_context<backend_type>& ctx) {
+    tensor x, attn, last;
+    ctx.backend().embedding(tensor::Identity(8, 8), ctx.tokens(), x);
+    const tensor k = how == misuse::narrow_k ? tensor(x.leftCols(2)) : tensor(x.leftCols(4));
+    const tensor q = how == misuse::narrow_q ? tensor(x.leftCols(6)) : x;
+    ctx.attention(how == misuse::layer ? 3 : 0, q, k, x.leftCols(4), attn);
+    ctx.backend().gather_rows(x, ctx.logits_rows(), last);
+    return tensor::Zero(last.rows(), 8);
+  }
+};
+
+// A counting_model that returns its logits transposed ([vocab][rows]: as many numbers, the wrong shape).
+struct transposed_logits_model : zipage::testing::counting_model {
+  tensor forward(forward_context<backend_type>& ctx) {
+    tensor logits = counting_model::forward(ctx);
+    return logits.transpose();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a detokenizer that throws fails its own request; the others finish with the text of a clean run") {
+  // The exception left step() between running the plan and applying it: every later step ran the same plan
+  // again and threw again, so no request ever finished, and requests earlier in the batch had the step's text
+  // added twice. Now the request whose detokenizer threw ends with an error and the rest go on.
+  const auto detokenizer_of = [](bool throwing) {
+    return [throwing](std::span<const token_id> prompt) -> streaming_detokenizer {
+      const bool fails = throwing && prompt.size() == 5;  // the request with the 5-token prompt
+      return [fails, n = 0](token_id t) mutable -> std::string {
+        if (fails && ++n == 3) throw std::out_of_range("token id out of range");
+        return "<" + std::to_string(t) + ">";
+      };
+    };
+  };
+  const std::vector<std::vector<token_id>> prompts{{1, 2, 3}, {4, 5}, {1, 2, 3, 4, 5}, {6}};
+  for (bool async : {false, true}) {
+    CAPTURE(async);
+    engine_config clean_cfg = small(async), cfg = small(async);
+    clean_cfg.make_detokenizer = detokenizer_of(false);
+    cfg.make_detokenizer = detokenizer_of(true);
+    const auto clean = engine<llama_model<cpu_backend>>(tiny_llama(), clean_cfg).generate(prompts, greedy_ignoring_eos(10));
+    engine<llama_model<cpu_backend>> eng(tiny_llama(), cfg);
+    std::vector<request_id> ids;
+    for (const auto& p : prompts) ids.push_back(eng.add_request(p, greedy_ignoring_eos(10)));
+    int finished = 0;
+    for (int i = 0; i < 100 && eng.has_unfinished(); ++i)
+      for (const auto& e : eng.step()) finished += e.finished ? 1 : 0;
+    REQUIRE_FALSE(eng.has_unfinished());
+    CHECK(finished == 4);
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      CAPTURE(i);
+      const auto out = eng.take_output(ids[i]);
+      if (i == 2) {
+        CHECK(out.reason == finish_reason::error);
+        CHECK(contains(out.error_message, "the detokenizer failed on token "));
+        CHECK(contains(out.error_message, "token id out of range"));
+      } else {
+        CHECK(out.output == clean[i].output);
+        CHECK(out.text == clean[i].text);
+      }
+    }
+    CHECK(eng.stats().blocks_in_use == 0);
+  }
+}
+
+TEST_CASE("a custom model's attention call with a layer outside the cache or q / k of the wrong width is refused") {
+  // They wrote past the pool's layers or a token's heads: heap corruption (malloc aborts), or silent garbage.
+  using misuse = misusing_model::misuse;
+  for (const auto& [how, what] : {std::pair{misuse::layer, "attention: layer 3 is outside the KV cache's 1 layers"},
+                                  std::pair{misuse::narrow_q, "q has 6 columns, not 2 heads x head_dim 4 = 8"},
+                                  std::pair{misuse::narrow_k, "k has 2 columns, not 1 heads x head_dim 4 = 4"}}) {
+    CAPTURE(what);
+    engine<misusing_model> eng(misusing_model(how), small());
+    CHECK(contains(error_of([&] { (void)eng.generate({{0, 1, 2}}, greedy_ignoring_eos(4)); }), what));
+  }
+}
+
+TEST_CASE("logits of the wrong shape are refused even when their size is right") {
+  engine<transposed_logits_model> eng(transposed_logits_model{}, small());
+  // 8 rows x 8 columns would pass as 8 x 8; one request gives 8 x 1, transposed 1 x 8 -> 8 x 1.
+  CHECK(contains(error_of([&] { (void)eng.generate({{0, 1, 2}}, greedy_ignoring_eos(4)); }),
+                 "engine: the model returned logits of 8 x 1, not 1 rows"));
+}
+
+TEST_CASE("sinks and a window that add up to more than the tokens kept: the window stays, the sinks give way") {
+  // Both were forced with the same +inf and ties went to the older tokens: compression kept the sinks and evicted
+  // the newest tokens, whose queries had just scored the rest (streaming_llm{.sinks = 8} at budget 8, window 4 kept
+  // positions 0-7). The sinks are now cut to what the window leaves of keep_tokens().
+  const engine_config cfg = small();  // budget 16, window 8: room for 8 sinks
+  const llama_model<cpu_backend> model = tiny_llama();
+  const streaming_llm hundred{.sinks = 100}, three{.sinks = 3};  // (a compressor keeps a pointer to its policy)
+  CHECK(compressor<streaming_llm, cpu_backend>(hundred, cfg.geometry(), model.config()).recipe().sinks == 8);
+  CHECK(compressor<streaming_llm, cpu_backend>(three, cfg.geometry(), model.config()).recipe().sinks == 3);
+  const auto run = [&](int sinks) {
+    engine<llama_model<cpu_backend>, streaming_llm> eng(tiny_llama(), cfg, streaming_llm{.sinks = sinks});
+    return eng.generate({{1, 2, 3}, {4, 5, 6, 7, 8}}, greedy_ignoring_eos(60));
+  };
+  const auto at_most = run(8), beyond = run(100);
+  for (std::size_t i = 0; i < at_most.size(); ++i) CHECK(beyond[i].output == at_most[i].output);
+}
+
+TEST_CASE("allowed_token_ids of end ids only, with min_tokens, are refused: no token could be sampled") {
+  // A row with every logit -inf sampled token 0, outside the allowed set.
+  engine<zipage::testing::counting_model> eng(zipage::testing::counting_model{}, small());
+  sampling_params p;
+  p.temperature = 0.0f;
+  p.max_tokens = 4;
+  p.min_tokens = 3;
+  p.allowed_token_ids = std::vector<token_id>{7};  // the model's EOS
+  CHECK(contains(error_of([&] { (void)eng.add_request({0, 1}, p); }),
+                 "sampling_params::allowed_token_ids holds only end-of-sequence or stop ids"));
+  p.allowed_token_ids = std::vector<token_id>{7, 5};
+  p.stop_token_ids = {5};
+  CHECK(contains(error_of([&] { (void)eng.add_request({0, 1}, p); }), "min_tokens = 3"));
+  p.allowed_token_ids = std::vector<token_id>{7, 3};
+  const auto out = eng.generate({{0, 1}}, p)[0];
+  CHECK(std::all_of(out.output.begin(), out.output.end(), [](token_id t) { return t == 7 || t == 3; }));
+}

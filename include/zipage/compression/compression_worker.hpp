@@ -137,7 +137,7 @@ class compression_worker {
         const int keep = compressor_.keep_tokens();
         jobs_.clear();
         for (const auto& r : batch) jobs_.push_back(r.device_job());
-        if (backend_->compress_on_device(*kv_, jobs_, compressor_.policy().recipe(), compressor_.params(), keep)) {
+        if (backend_->compress_on_device(*kv_, jobs_, compressor_.recipe(), compressor_.params(), keep)) {
           for (const auto& r : batch) out.push_back({r.id, std::min(keep, r.kv_len), {}});
           return out;
         }

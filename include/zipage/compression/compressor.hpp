@@ -52,7 +52,20 @@ class compressor {
       r.validate();
       check(!r.uses_score_cache() || Policy::uses_score_cache, "policy ", policy.name(),
             ": its recipe merges scores with a history, so it must declare uses_score_cache = true");
+
     }
+  }
+
+  // The recipe compression runs (on the host and on a device): the policy's, its sinks cut to what the window
+  // leaves of keep_tokens(). Sinks and window are both kept whatever their scores; where they add up to more than
+  // is kept the window wins (its queries just scored the rest; the method keeps the newest W tokens always), where
+  // ties went to the older tokens and the newest were evicted.
+  [[nodiscard]] score_recipe recipe() const
+    requires recipe_scored<Policy>
+  {
+    score_recipe r = policy_->recipe();
+    r.sinks = std::min(r.sinks, std::max(0, policy_->keep_tokens(params_) - params_.window));
+    return r;
   }
 
   [[nodiscard]] const cache_geometry& params() const { return params_; }
@@ -120,7 +133,7 @@ class compressor {
   // A recipe-scored policy runs its recipe itself (the very recipe a device backend would run), so a
   // subclass that only changes recipe() is scored the same on every backend.
   void score(const score_context& ctx) {
-    if constexpr (recipe_scored<Policy>) scoring::run_recipe(policy_->recipe(), ctx, keep_score_, cache_out_);
+    if constexpr (recipe_scored<Policy>) scoring::run_recipe(recipe(), ctx, keep_score_, cache_out_);
     else policy_->score(ctx, keep_score_, cache_out_);
   }
 

@@ -276,7 +276,21 @@ class engine {
       for (token_id t : stop_.extra_eos) add(t);
       add(stop_.default_eos);
     }
+    check_some_allowed(p, rules);
     return rules;
+  }
+
+  // allowed_token_ids of end ids only, which min_tokens masks: no token could be drawn for the first steps (a row
+  // with every logit -inf samples token 0, outside the allowed set), so the request is an error at once.
+  static void check_some_allowed(const sampling_params& p, const token_rules& rules) {
+    if (p.min_tokens <= 0 || !p.allowed_token_ids || p.allowed_token_ids->empty()) return;
+    const auto masked = [&](token_id t) {
+      return std::find(rules.eos_ids.begin(), rules.eos_ids.end(), t) != rules.eos_ids.end() ||
+             std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), t) != p.stop_token_ids.end();
+    };
+    check(!std::all_of(p.allowed_token_ids->begin(), p.allowed_token_ids->end(), masked),
+          "request: sampling_params::allowed_token_ids holds only end-of-sequence or stop ids, which min_tokens = ",
+          p.min_tokens, " rules out: no token could be sampled before it");
   }
 
   // The request's bad words in token form: `encoded` (checked to be made from them, for this vocabulary) or

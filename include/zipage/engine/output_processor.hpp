@@ -6,6 +6,7 @@
 // request's output (its text); lengths, tokens and whether it finished are scheduler.update's, which
 // gets the stop-string verdicts from here (sampled_token::stop).
 #include <algorithm>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,6 +93,18 @@ inline std::string take_streamable(sequence& s, bool all) {
   return by_token != finish_reason::stop_token || p.include_stop_str_in_output;
 }
 
+// The token's text from the request's detokenizer into `text`; returns why it failed (empty: it did not).
+[[nodiscard]] inline std::string detokenize(sequence& s, token_id tok, std::string& text) {
+  try {
+    text = s.detokenizer(tok);
+    return {};
+  } catch (const std::exception& e) {
+    return std::string("the detokenizer failed on token ") + std::to_string(tok) + ": " + e.what();
+  } catch (...) {
+    return "the detokenizer failed on token " + std::to_string(tok) + ": an exception that is not a std::exception";
+  }
+}
+
 // The text of each token sampled this step (`sampled`: one per sampling batch entry, in batch order),
 // appended to its request's output; one event per token (appended to `events`; finished and reason are
 // filled by finish_events once scheduler.update has decided). Returns what update needs.
@@ -106,7 +119,16 @@ inline std::vector<sampled_token> process_sampled(const step_plan& plan, const s
     const token_id tok = sampled.at(row++);
     step_event ev{s.id, tok, {}, false, finish_reason::none};
     const std::size_t old_size = s.output_text.size();
-    if (s.detokenizer && !rules.is_eos(s.params, tok)) ev.token_text = s.detokenizer(tok);
+    if (s.detokenizer && !rules.is_eos(s.params, tok)) {
+      // A detokenizer that throws (e.g. a tokenizer with fewer ids than the model) fails its own request, in
+      // update(); escaping here it would leave the step half applied for every request, and repeat each step.
+      std::string error = detokenize(s, tok, ev.token_text);
+      if (!error.empty()) {
+        out.push_back({tok, {}, std::move(error)});
+        events.push_back(std::move(ev));
+        continue;
+      }
+    }
     // A stop token or EOS ends the request whatever its text, so no stop string is looked for after one; nor
     // before min_tokens tokens (this one included), as vLLM's detokenizer skips them (only text this token adds
     // can then match, so text of the first min_tokens tokens never ends the request).

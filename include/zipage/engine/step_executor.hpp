@@ -288,8 +288,13 @@ class step_executor {
     const std::size_t rows = layout_.num_sampled_rows();
     std::vector<token_id> out;
     out.reserve(rows);
-    const std::vector<float> host_logits = backend_->to_host(logits);
     const auto vocab = static_cast<std::size_t>(config().vocab_size);
+    // The shape, not only the size: logits written [vocab][rows] hold as many numbers and sample garbage.
+    if constexpr (requires { logits.rows(); logits.cols(); })
+      check(static_cast<std::size_t>(logits.rows()) == rows && static_cast<std::size_t>(logits.cols()) == vocab,
+            "engine: the model returned logits of ", logits.rows(), " x ", logits.cols(), ", not ", rows,
+            " rows (one per forward_context::logits_rows entry) x ", vocab, " (the vocabulary)");
+    const std::vector<float> host_logits = backend_->to_host(logits);
     check(host_logits.size() == vocab * rows, "engine: the model returned ", host_logits.size(), " logits for ", rows,
           " requests of vocabulary ", vocab);
     std::size_t row = 0;

@@ -100,6 +100,10 @@ class scheduler_base {
       check(row < out.sampled.size(), "scheduler: the step sampled ", out.sampled.size(), " tokens, fewer than the plan's");
       const sampled_token& t = out.sampled[row++];
       s.tokens.push_back(t.token);
+      if (!t.error.empty()) {  // its event (process_sampled's) reports it
+        fail(&s, t.error);
+        continue;
+      }
       if (const finish_reason reason = cfg_.stop.reason(s, t.token, t.stop_string()); reason != finish_reason::none) {
         s.reason = reason;
         s.stop_reason = cfg_.stop.stop_reason(s.params, t.token, reason, t.stop);

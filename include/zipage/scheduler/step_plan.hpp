@@ -151,6 +151,7 @@ struct step_plan {
 struct sampled_token {
   token_id token = 0;
   std::string stop{};  // the sampling_params::stop entry that matched; empty: none
+  std::string error{};  // why the token's text could not be made (its request ends with this error); empty: none
   [[nodiscard]] bool stop_string() const noexcept { return !stop.empty(); }
 };
 

@@ -154,6 +154,27 @@ inline void gather_rows(const matrix& x, std::span<const std::int32_t> rows, mat
   for (std::size_t i = 0; i < rows.size(); ++i) out.row(static_cast<Eigen::Index>(i)) = x.row(rows[i]);
 }
 
+// A model's forward_context::attention call, checked against the cache before anything is written: a layer
+// outside the cache, or q / k / v of the wrong width or with too few rows, wrote past the pool's layers or a
+// token's heads (heap corruption, not an error). q: [rows][q_heads * head_dim]; k, v: [rows][kv_heads * head_dim],
+// a row per token of the step at least.
+inline void check_attention_call(const kv_cache_shape& s, int layer, const attention_metadata& meta, const matrix& q,
+                                 const matrix& k, const matrix& v, int num_q_heads) {
+  check(layer >= 0 && layer < s.num_layers, "attention: layer ", layer, " is outside the KV cache's ", s.num_layers,
+        " layers (forward_context::attention's first argument; the model's config().num_layers)");
+  check(num_q_heads > 0 && num_q_heads % s.num_kv_heads == 0, "attention: ", num_q_heads,
+        " query heads are not a multiple of the cache's ", s.num_kv_heads, " KV heads");
+  const auto check_tensor = [&](const char* name, const matrix& x, std::int64_t width, int heads) {
+    check(x.cols() == width, "attention (layer ", layer, "): ", name, " has ", x.cols(), " columns, not ", heads,
+          " heads x head_dim ", s.head_dim, " = ", width);
+    check(x.rows() >= meta.num_tokens(), "attention (layer ", layer, "): ", name, " has ", x.rows(),
+          " rows, fewer than the step's ", meta.num_tokens(), " tokens");
+  };
+  check_tensor("q", q, std::int64_t{num_q_heads} * s.head_dim, num_q_heads);
+  check_tensor("k", k, s.token_stride(), s.num_kv_heads);
+  check_tensor("v", v, s.token_stride(), s.num_kv_heads);
+}
+
 // Writes each new token's K/V into its slot. k, v: [num_tokens][kv_heads * head_dim].
 inline void append_kv(paged_kv_layer<float> kv, std::span<const std::int64_t> slots, const matrix& k, const matrix& v) {
   const std::int64_t width = std::int64_t{kv.num_kv_heads} * kv.head_dim;
@@ -299,6 +320,7 @@ struct cpu_backend {
 
   void attention(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k,
                         const tensor& v, int num_q_heads, tensor& out) const {
+    cpu::check_attention_call(kv.shape, layer, meta, q, k, v, num_q_heads);
     auto view = kv.layer(layer);
     cpu::append_kv(view, meta.slot_mapping, k, v);
     if (!meta.token_window_row.empty()) cpu::record_queries(kv.query_rows(layer), meta.token_window_row, q);

@@ -301,6 +301,7 @@ struct cpu_fp8kv_backend : cpu_backend {
 
   void attention(kv_storage& kv, int layer, const attention_metadata& meta, const tensor& q, const tensor& k, const tensor& v,
                  int num_q_heads, tensor& out) const {
+    cpu::check_attention_call(kv.shape, layer, meta, q, k, v, num_q_heads);
     cpu::fp8::append_kv(kv.layer(layer), meta.slot_mapping, k, v);
     if (!meta.token_window_row.empty()) cpu::record_queries(kv.query_rows(layer), meta.token_window_row, q);
     const auto read = std::as_const(kv).layer(layer);
