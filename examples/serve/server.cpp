@@ -1164,11 +1164,11 @@ struct token_name {
   std::string text, bytes;
 };
 token_name name_of(const gen_request& req, zipage::token_id id) {
-  std::string bytes = token_piece(req.text, id);
   if (req.tokens_as_ids) {
     std::string text = "token_id:" + std::to_string(id);
     return {text, text};
   }
+  std::string bytes = token_piece(req.text, id);
   return {zipage::utf8::sanitize(bytes), std::move(bytes)};
 }
 

@@ -118,14 +118,7 @@ class compression_worker {
  private:
   // Why a compression failed, naming the policy (its score() or the plan around it).
   std::string failure_message(std::exception_ptr ep) const {
-    std::string why = "an exception that is not a std::exception";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      why = e.what();
-    } catch (...) {
-    }
-    return "policy " + std::string(compressor_.policy().name()) + ": " + why;
+    return "policy " + std::string(compressor_.policy().name()) + ": " + what_of(ep);
   }
 
   std::vector<finished_compression> compress(std::span<const compression_request> batch) {

@@ -1,6 +1,7 @@
 #pragma once
 // Errors: every bad input (file, flag, request) becomes a zipage::error with a message that names
 // what is wrong, so callers can report it and keep going.
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -30,6 +31,17 @@ template <class... Args>
 template <class... Args>
 void check(bool condition, Args&&... args) {
   if (!condition) fail(std::forward<Args>(args)...);
+}
+
+// What a caught exception says, for a request or job that fails with it (user code may throw anything).
+[[nodiscard]] inline std::string what_of(std::exception_ptr ep) {
+  try {
+    std::rethrow_exception(ep);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
 }
 
 }  // namespace zipage

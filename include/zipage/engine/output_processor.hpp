@@ -6,11 +6,11 @@
 // request's output (its text); lengths, tokens and whether it finished are scheduler.update's, which
 // gets the stop-string verdicts from here (sampled_token::stop).
 #include <algorithm>
-#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "zipage/core/error.hpp"
 #include "zipage/request/sequence.hpp"
 #include "zipage/scheduler/step_plan.hpp"
 
@@ -98,10 +98,8 @@ inline std::string take_streamable(sequence& s, bool all) {
   try {
     text = s.detokenizer(tok);
     return {};
-  } catch (const std::exception& e) {
-    return std::string("the detokenizer failed on token ") + std::to_string(tok) + ": " + e.what();
   } catch (...) {
-    return "the detokenizer failed on token " + std::to_string(tok) + ": an exception that is not a std::exception";
+    return "the detokenizer failed on token " + std::to_string(tok) + ": " + what_of(std::current_exception());
   }
 }
 

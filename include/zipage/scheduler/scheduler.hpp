@@ -152,10 +152,8 @@ class scheduler_base {
   bool compression_point(sequence& s) {
     try {
       return cfg_.compression_point(s.kv_len);
-    } catch (const std::exception& e) {
-      fail(&s, std::string("the eviction policy's should_compress() failed: ") + e.what());
     } catch (...) {
-      fail(&s, "the eviction policy's should_compress() failed: an exception that is not a std::exception");
+      fail(&s, "the eviction policy's should_compress() failed: " + what_of(std::current_exception()));
     }
     return false;
   }
