@@ -84,10 +84,11 @@ template <class P>
 concept policy_name = requires(const P& p) {
   { p.name() } -> std::convertible_to<std::string_view>;
 };
+// Constants the engine reads at compile time: a non-static member of the same name does not do.
 template <class P>
 concept policy_flags = requires {
-  { P::evicts } -> std::convertible_to<bool>;
-  { P::uses_score_cache } -> std::convertible_to<bool>;
+  typename std::bool_constant<static_cast<bool>(P::evicts)>;
+  typename std::bool_constant<static_cast<bool>(P::uses_score_cache)>;
 };
 template <class P>
 concept policy_score = requires(const P& p, const score_context& ctx, std::span<float> keep, std::span<float> out) {
@@ -132,6 +133,9 @@ struct engine_requirements {
   // One check per missing piece, each saying what to add (the concepts: zipage/concepts.hpp).
   static_assert(concept_parts::model_config_member<Model>,
                 "zipage::engine: the Model lacks `const zipage::model_config& config() const`");
+  static_assert(std::move_constructible<Model>,
+                "zipage::engine: the Model must be movable (the engine takes it by value and keeps it): give it a move "
+                "constructor, or hold what cannot move (a mutex, a device handle) through a std::unique_ptr");
   static_assert(concept_parts::model_forward<Model>,
                 "zipage::engine: the Model lacks `backend_type::tensor forward(zipage::forward_context<backend_type>& ctx)` "
                 "returning logits [ctx.logits_rows().size()][vocab] (or `const backend_type::tensor&` to logits it keeps); "
@@ -154,8 +158,9 @@ struct engine_requirements {
   static_assert(concept_parts::policy_name<EvictionPolicy>,
                 "zipage::engine: the EvictionPolicy lacks `std::string_view name() const`");
   static_assert(concept_parts::policy_flags<EvictionPolicy>,
-                "zipage::engine: the EvictionPolicy lacks `static constexpr bool evicts` and `uses_score_cache`: derive "
-                "from zipage::policy_base (evicts = true, no score cache)");
+                "zipage::engine: the EvictionPolicy lacks `static constexpr bool evicts` and `uses_score_cache` (both "
+                "static constexpr: the engine reads them at compile time): derive from zipage::policy_base (evicts = "
+                "true, no score cache)");
   static_assert(concept_parts::policy_score<EvictionPolicy>,
                 "zipage::engine: the EvictionPolicy lacks `void score(const zipage::score_context& ctx, std::span<float> "
                 "keep_score, std::span<float> cache_out) const` (or derive from zipage::recipe_policy<P> and define "

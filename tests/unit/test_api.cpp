@@ -385,6 +385,30 @@ TEST_CASE("load_model: engine_settings() gives an engine of your own the tokeniz
   CHECK(eng.generate({prompt}, with_end_of_turn(p, m.stop_token_ids))[0].output == stops.output);
 }
 
+TEST_CASE("load_model: engine_settings() keeps a detokenizer, words encoder and tokenizer_eos the caller set") {
+  auto m = load_model(zipage::testing::stories_model_path());
+  engine_config mine;
+  int detokenizers = 0;
+  const auto theirs = m.detokenizer();
+  mine.make_detokenizer = [&](std::span<const token_id> prompt) {
+    ++detokenizers;
+    return theirs(prompt);
+  };
+  mine.encode_words = [](const std::string&) { return std::vector<token_id>{7}; };
+  mine.tokenizer_eos = 5;
+  const engine_config cfg = m.engine_settings(mine);
+  (void)cfg.make_detokenizer(std::vector<token_id>{1});
+  CHECK(detokenizers == 1);
+  CHECK(cfg.encode_words("anything") == std::vector<token_id>{7});
+  CHECK(cfg.tokenizer_eos == 5);
+  CHECK(cfg.guide_vocab != nullptr);  // what the caller left unset is still wired
+  // Unset, each comes from the model's tokenizer.
+  const engine_config wired = m.engine_settings();
+  REQUIRE(m.spm != nullptr);
+  CHECK(wired.encode_words("Once") == m.spm->encode("Once", false));
+  CHECK(wired.make_detokenizer);
+}
+
 TEST_CASE("llm: a request whose compression fails ends the stream with an error instead of hanging") {
   basic_llm<failing_policy> l(zipage::testing::stories_model_path(),
                               llm_options{.device = llm_device::cpu, .engine = {.block_size = 16, .budget_tokens = 32, .window = 8}});

@@ -191,6 +191,7 @@ TEST_CASE("pool sizes: host memory bounds a CPU pool; gpu_memory_utilization on 
                  "more than this machine's available memory"));
   cfg = small();
   cfg.num_query_slots = 1 << 28;
+  cfg.max_num_seqs = 1 << 28;
   CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>, zipage_policy> eng(tiny_llama(), cfg); }),
                  "from engine_config::num_blocks and engine_config::num_query_slots), more than this machine's "
                  "available memory"));
@@ -198,6 +199,10 @@ TEST_CASE("pool sizes: host memory bounds a CPU pool; gpu_memory_utilization on 
   cfg.gpu_memory_utilization = 0.5;
   CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>> eng(tiny_llama(), cfg); }),
                  "engine_config::gpu_memory_utilization (0.5) sizes the pool on a backend that reports device memory"));
+  cfg = small();
+  cfg.max_kv_cache_bytes = std::size_t{1} << 20;
+  CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>, zipage_policy> eng(tiny_llama(), cfg); }),
+                 "engine_config::max_kv_cache_bytes (1048576) caps the pool that gpu_memory_utilization sizes"));
   cfg = small();
   cfg.num_blocks = 0;
   cfg.kv_cache_bytes = 1000;
@@ -428,4 +433,21 @@ TEST_CASE("allowed_token_ids of end ids only, with min_tokens, are refused: no t
   p.allowed_token_ids = std::vector<token_id>{7, 3};
   const auto out = eng.generate({{0, 1}}, p)[0];
   CHECK(std::all_of(out.output.begin(), out.output.end(), [](token_id t) { return t == 7 || t == 3; }));
+}
+
+TEST_CASE("query slots above max_num_seqs, or with a policy that never evicts, are refused, not left unused") {
+  engine_config cfg = small();
+  cfg.max_num_seqs = 4;
+  cfg.num_query_slots = 5;
+  CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>, zipage_policy> eng(tiny_llama(), cfg); }),
+                 "engine_config::num_query_slots (5) is more than engine_config::max_num_seqs (4)"));
+  cfg.num_query_slots = 4;  // one per running request: the plan holds exactly these
+  engine<llama_model<cpu_backend>, zipage_policy> eng(tiny_llama(), cfg);
+  CHECK(eng.memory().num_query_slots == 4);
+  CHECK(eng.generate({{1, 2, 3}}, greedy_ignoring_eos(40))[0].output.size() == 40);
+  CHECK(contains(error_of([&] { engine<llama_model<cpu_backend>, full_kv> full(tiny_llama(), cfg); }),
+                 "engine_config::num_query_slots (4) is for compression, and this engine's policy never evicts"));
+  cfg.num_query_slots = 0;
+  engine<llama_model<cpu_backend>, full_kv> full(tiny_llama(), cfg);
+  CHECK(full.memory().num_query_slots == 0);
 }

@@ -140,6 +140,13 @@ struct engine_stats {
         cfg.gpu_memory_utilization);
   check(cfg.max_batched_tokens > 0, "engine_config::max_batched_tokens must be positive, got ", cfg.max_batched_tokens);
   check(cfg.max_num_seqs > 0, "engine_config::max_num_seqs must be positive, got ", cfg.max_num_seqs);
+  // Query slots hold compressing requests' window queries: more than can run at once would be pool memory no
+  // request ever uses, and a policy that never evicts has none (it would ignore the field without a word).
+  check(cfg.num_query_slots <= cfg.max_num_seqs, "engine_config::num_query_slots (", cfg.num_query_slots,
+        ") is more than engine_config::max_num_seqs (", cfg.max_num_seqs, "): at most max_num_seqs requests run at "
+        "once, each with at most one slot; lower num_query_slots (0 = the memory plan's)");
+  check(evicts || cfg.num_query_slots == 0, "engine_config::num_query_slots (", cfg.num_query_slots,
+        ") is for compression, and this engine's policy never evicts (full KV keeps no window queries): leave it 0");
   return evicts ? cfg.compression() : cfg.geometry();
 }
 

@@ -159,6 +159,9 @@ template <bool Evicts, bool ScoreCache, bool SlotPerRunning, class Model, class 
     check(cfg.gpu_memory_utilization == 0.0, "engine_config::gpu_memory_utilization (", cfg.gpu_memory_utilization,
           ") sizes the pool on a backend that reports device memory; this backend keeps its pool in host memory, "
           "sized by engine_config::kv_cache_bytes or engine_config::num_blocks");
+    check(cfg.max_kv_cache_bytes == 0, "engine_config::max_kv_cache_bytes (", cfg.max_kv_cache_bytes,
+          ") caps the pool that gpu_memory_utilization sizes on a backend that reports device memory; this backend "
+          "keeps its pool in host memory, sized by engine_config::kv_cache_bytes or engine_config::num_blocks");
   }
   const Backend& b = backend;
   // A backend that stores K/V in a narrower type (bf16) says so; the CPU reference keeps fp32.

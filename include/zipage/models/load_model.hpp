@@ -57,12 +57,13 @@ struct loaded_model {
   // and engine_config::tokenizer_eos = the tokenizer's end of turn (stop_token_ids). Requests get that id as a
   // stop id through with_end_of_turn, which leaves it out under ignore_eos; only the engine's own copy keeps
   // min_tokens masking it then, as vLLM masks its tokenizer's eos with or without ignore_eos (and ending on it
-  // reports no stop_reason, as on vLLM's). Valid while this loaded_model's tokenizer lives.
+  // reports no stop_reason, as on vLLM's). Each is set only where `cfg` leaves it unset (an empty function,
+  // tokenizer_eos -1). Valid while this loaded_model's tokenizer lives.
   [[nodiscard]] engine_config engine_settings(engine_config cfg = {}) const {
-    cfg.make_detokenizer = detokenizer();
-    cfg.encode_words = words_encoder();
+    if (!cfg.make_detokenizer) cfg.make_detokenizer = detokenizer();
+    if (!cfg.encode_words) cfg.encode_words = words_encoder();
     if (!cfg.guide_vocab) cfg.guide_vocab = bpe ? guide_vocabulary_of(*bpe) : guide_vocabulary_of(*spm);
-    if (!stop_token_ids.empty()) cfg.tokenizer_eos = stop_token_ids.front();
+    if (cfg.tokenizer_eos < 0 && !stop_token_ids.empty()) cfg.tokenizer_eos = stop_token_ids.front();
     return cfg;
   }
 };

@@ -27,6 +27,9 @@ namespace zipage {
 template <class Derived>
 struct recipe_policy : policy_base {
   void score(const score_context& ctx, std::span<float> keep_score, std::span<float> cache_out) const {
+    static_assert(requires(const Derived& p) { { p.recipe() } -> std::same_as<score_recipe>; },
+                  "zipage::recipe_policy<P>: P must define `zipage::score_recipe recipe() const` (what to score; "
+                  "zipage/policy/score_recipe.hpp), or derive from zipage::policy_base and define score() instead");
     scoring::run_recipe(static_cast<const Derived&>(*this).recipe(), ctx, keep_score, cache_out);
   }
 };

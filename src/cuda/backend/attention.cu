@@ -147,12 +147,19 @@ void cuda_backend::attend(cuda_kv_storage& kv, int layer, const attention_metada
   check(q.dtype() == kv.dtype && k.dtype() == kv.dtype && v.dtype() == kv.dtype, "cuda_backend: the KV cache is ",
         to_string(kv.dtype), " but q/k/v are ", to_string(q.dtype()), " (build the model and the engine with the same "
         "cuda_backend: engine(model, config, policy, backend))");
-  check(layer >= 0 && layer < s.num_layers, "attention: layer ", layer, " of ", s.num_layers);
-  check(q.rows() == tokens && k.rows() == tokens && v.rows() == tokens, "attention: ", tokens, " tokens but q/k/v have ",
-        q.rows(), "/", k.rows(), "/", v.rows(), " rows");
-  check(q.cols() == num_q_heads * d && k.cols() == s.num_kv_heads * d && v.cols() == s.num_kv_heads * d,
-        "attention: q/k/v widths do not match the heads");
-  check(num_q_heads % s.num_kv_heads == 0, "attention: ", num_q_heads, " query heads for ", s.num_kv_heads, " KV heads");
+  check(layer >= 0 && layer < s.num_layers, "attention: layer ", layer, " is outside the KV cache's ", s.num_layers,
+        " layers (forward_context::attention's first argument; the model's config().num_layers)");
+  check(num_q_heads > 0 && num_q_heads % s.num_kv_heads == 0, "attention: ", num_q_heads,
+        " query heads are not a multiple of the cache's ", s.num_kv_heads, " KV heads");
+  check(q.rows() == tokens && k.rows() == tokens && v.rows() == tokens, "attention (layer ", layer, "): the step has ",
+        tokens, " tokens but q/k/v have ", q.rows(), "/", k.rows(), "/", v.rows(), " rows");
+  const auto check_width = [&](const char* name, const cuda_tensor& x, int heads) {
+    check(x.cols() == heads * d, "attention (layer ", layer, "): ", name, " has ", x.cols(), " columns, not ", heads,
+          " heads x head_dim ", d, " = ", heads * d);
+  };
+  check_width("q", q, num_q_heads);
+  check_width("k", k, s.num_kv_heads);
+  check_width("v", v, s.num_kv_heads);
   access::shape(ctx_, out, tokens, q.cols(), q.dtype());
   if (tokens == 0) return;
 

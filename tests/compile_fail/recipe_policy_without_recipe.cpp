@@ -1,0 +1,12 @@
+// A recipe_policy<P> whose P has no recipe(): recipe_policy says what to define.
+#include "common.hpp"
+#include "zipage/policy/policies.hpp"
+
+struct no_recipe_policy : zipage::recipe_policy<no_recipe_policy> {
+  std::string_view name() const { return "no_recipe"; }
+};
+
+void build() {
+  zipage::engine<cf::declared_model<zipage::cpu_backend>, no_recipe_policy> eng(cf::declared_model<zipage::cpu_backend>{});
+  (void)eng.step();
+}
