@@ -62,6 +62,7 @@ struct sweep_case {
     c.cfg.max_num_seqs = uniform(1, 24);
     c.cfg.num_query_slots = uniform(0, 3) == 0 ? 0 : uniform(1, c.cfg.max_num_seqs);  // 0: the memory plan's
     if (fcfs_scheduler) c.cfg.num_query_slots = c.cfg.max_num_seqs;  // it gives every running request a slot
+    if (full_kv) c.cfg.num_query_slots = 0;  // full KV has no query slots (refused: it would ignore them)
     c.cfg.hybrid = uniform(0, 3) != 0;
     c.cfg.prefix_caching = uniform(0, 1) != 0;
     c.cfg.async_compression = uniform(0, 1) != 0;
@@ -146,7 +147,7 @@ void run_sweep_case(const sweep_case& c, const std::string& description, long nu
   engine_config alone = c.cfg;  // the unconstrained reference: each request alone
   alone.num_blocks = 4000;
   alone.max_num_seqs = 4;
-  alone.num_query_slots = 4;
+  alone.num_query_slots = c.cfg.num_query_slots > 0 ? 4 : 0;  // 0 under full KV, which has none
   alone.hybrid = true;
   alone.prefix_caching = false;
   alone.async_compression = false;
