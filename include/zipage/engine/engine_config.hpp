@@ -36,7 +36,7 @@ struct engine_config {
   // activation peak: the engine first runs one profiling forward of max_batched_tokens tokens, as vLLM's
   // profile_run), as vLLM's gpu_memory_utilization; replaces kv_cache_bytes.
   double gpu_memory_utilization = 0.0;
-  // With gpu_memory_utilization: the KV cache takes at most this many bytes (0 = no cap), e.g. what
+  // With gpu_memory_utilization (a device backend): the KV cache takes at most this many bytes (0 = no cap), e.g. what
   // max_num_seqs requests could ever fill, so a small model does not get a pool it can never use.
   std::size_t max_kv_cache_bytes = 0;
   int max_num_seqs = 256;                    // running requests at most
@@ -46,6 +46,7 @@ struct engine_config {
   // window = W recent queries. The method's defaults: 2048 tokens, W = 16, whatever the block size.
   int budget_tokens = cache_geometry{}.budget_tokens;
   int window = cache_geometry{}.window;
+  // Requests that may record window queries at once (compressing policies only; at most max_num_seqs).
   int num_query_slots = 0;        // 0 = the memory plan's max concurrency, capped at max_num_seqs
   bool hybrid = true;             // requests without a query slot run with full KV until they need one
   bool prefix_caching = true;     // share full prompt blocks between requests (zipage_scheduler)
