@@ -411,7 +411,14 @@ void print_linear_weights(const engine_options& o, const Backend& backend) {
 // --chat-template: auto and plain keep the tokenizer's own template; a file replaces it (vLLM's); a built-in
 // format's name renders with zipage's copy of that family's template.
 inline void choose_chat_template(const engine_options& o, zipage::bpe_tokenizer& tokenizer) {
-  if (o.chat_template == "auto" || o.chat_template == "plain") return;
+  if (o.chat_template == "plain") return;
+  if (o.chat_template == "auto") {
+    // The tokenizer loads without it (completions need none); said once here, not only by each chat request.
+    if (!tokenizer.chat_template_error().empty() && !o.quiet)
+      std::fprintf(stderr, "warning: the checkpoint's chat template cannot be used (%s): chat requests will fail; "
+                   "--chat-template FILE gives another\n", tokenizer.chat_template_error().c_str());
+    return;
+  }
   std::error_code ec;
   if (std::filesystem::is_regular_file(o.chat_template, ec)) {
     tokenizer.set_chat_template(zipage::json::read_text_file(o.chat_template, "--chat-template file"),

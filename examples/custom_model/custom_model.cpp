@@ -7,6 +7,7 @@
 // This one is a single attention layer with random weights: small enough to read in a minute.
 #include <cstdio>
 #include <random>
+#include <string_view>
 
 #include "zipage/backend/cpu/cpu_backend.hpp"
 #include "zipage/engine/engine.hpp"
@@ -70,7 +71,14 @@ class tiny_attention_model {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // It builds its own model: nothing to pass (an argument given is a mistake, not a model to load).
+  if (argc > 1) {
+    const bool help = std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h";
+    std::fprintf(help ? stdout : stderr, "usage: zipage-example-custom-model  (no arguments: it runs a tiny model "
+                 "of its own, defined in examples/custom_model/custom_model.cpp)\n");
+    return help ? 0 : 2;
+  }
   // Defaults: full KV (no eviction), the Zipage scheduler (zipage_scheduler), the model's backend.
   zipage::engine<tiny_attention_model> engine(tiny_attention_model(42), {.block_size = 4, .num_blocks = 64});
 

@@ -11,8 +11,12 @@
 //
 // This policy mixes window attention (what the recent queries look at) with a key-norm prior (keys
 // with small norms tend to draw attention), built from the same scoring pieces the built-ins use.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <string_view>
+#include <vector>
 
 #include "zipage/engine/engine.hpp"
 #include "zipage/gguf/gguf.hpp"
@@ -59,9 +63,21 @@ struct snapkv_with_sinks : zipage::recipe_policy<snapkv_with_sinks> {
 };
 static_assert(zipage::recipe_scored<snapkv_with_sinks>);
 
+// Tokens of `ours` equal to `reference` at the same position (either may end sooner, at EOS).
+std::size_t same_tokens(const std::vector<zipage::token_id>& ours, const std::vector<zipage::token_id>& reference) {
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < std::min(ours.size(), reference.size()); ++i) same += ours[i] == reference[i];
+  return same;
+}
+
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
+  if (argc > 2 || (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h"))) {
+    std::fprintf(argc > 2 ? stderr : stdout, "usage: zipage-example-custom-policy [MODEL.gguf]  (a Llama-family GGUF "
+                 "file with a SentencePiece vocabulary; default: the bundled stories260K)\n");
+    return argc > 2 ? 2 : 0;
+  }
   const auto file = zipage::gguf::file::open(argc > 1 ? argv[1] : ZIPAGE_DEFAULT_MODEL);
   const auto tokenizer = zipage::spm_tokenizer::from_gguf(file);
   const zipage::engine_config cfg{.block_size = 16, .num_blocks = 256, .budget_tokens = 64, .window = 8};
@@ -77,20 +93,21 @@ int main(int argc, char** argv) {
   const auto ours = engine.generate({prompt}, greedy)[0];
   const auto reference = full.generate({prompt}, greedy)[0];
 
-  std::size_t same = 0;
-  for (std::size_t i = 0; i < ours.output.size(); ++i) same += ours.output[i] == reference.output[i];
+  const std::size_t same = same_tokens(ours.output, reference.output);
   std::printf("%s\n", tokenizer.decode(ours.output).c_str());
   std::printf("policy %s: %d compressions, cache bounded at %d tokens; %zu of %zu tokens equal to full KV\n",
               std::string(engine.policy().name()).c_str(), ours.num_compressions, cfg.budget_tokens,
               same, ours.output.size());
   zipage::engine<zipage::llama_model<>, snapkv_with_sinks> composed(zipage::load_llama_gguf(file), cfg);
   const auto mine = composed.generate({prompt}, greedy)[0];
-  std::size_t same_composed = 0;
-  for (std::size_t i = 0; i < mine.output.size(); ++i) same_composed += mine.output[i] == reference.output[i];
+  const std::size_t same_composed = same_tokens(mine.output, reference.output);
   std::printf("policy %s: %d compressions; %zu of %zu tokens equal to full KV\n",
               std::string(composed.policy().name()).c_str(), mine.num_compressions, same_composed, mine.output.size());
   const bool ok = ours.num_compressions > 0 && ours.output.size() == reference.output.size() &&
                   mine.num_compressions > 0 && mine.output.size() == reference.output.size();
   std::printf("custom policy: %s\n", ok ? "OK" : "FAILED");
   return ok ? 0 : 1;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "zipage-example-custom-policy: %s\n", e.what());
+  return 1;
 }

@@ -148,6 +148,10 @@ int run(options& o) {
       zipage::check(text.bpe != nullptr, "--chat needs a Hugging Face checkpoint directory as --model");
       zipage::check(text.has_chat_template(), "--chat: ", o.model,
                     " has no chat template (--chat-template FILE gives one)");
+      // A template that does not parse would fail every prompt alike: once, before any runs.
+      if (o.chat_template == "auto")
+        zipage::check(text.bpe->chat_template_error().empty(), "--chat: the chat template cannot be used: ",
+                      text.bpe->chat_template_error(), " (--chat-template FILE gives another)");
     }
     auto encode = [&](const std::string& prompt) {
       if (!o.chat) return text.encode(prompt);

@@ -233,10 +233,15 @@ class api {
     if (!tokens || !tokens->is_array()) bad_param("tokens", "'tokens' must be a list of token ids");
     std::vector<zipage::token_id> ids;
     for (const auto& t : *tokens) ids.push_back(token_of(t, "tokens"));
+    // The model's vocabulary, which may be larger than the tokenizer's (Qwen3 pads 151,669 tokens to 151,936):
+    // the completions route takes such ids in a prompt, and the model can generate them.
+    const int vocab = std::max(model_.vocab_size, model_.text->vocab_size());
     for (zipage::token_id id : ids)
-      if (id >= model_.text->vocab_size())
+      if (id >= vocab)
         bad_param("tokens", "'tokens' holds id " + std::to_string(id) + "; the vocabulary has " +
-                                std::to_string(model_.text->vocab_size()) + " tokens");
+                                std::to_string(vocab) + " tokens");
+    // An id the tokenizer does not define decodes to nothing, as when it is generated.
+    std::erase_if(ids, [&](zipage::token_id id) { return id >= model_.text->vocab_size(); });
     return {{"prompt", model_.text->decode(ids)}};
   }
 

@@ -8,10 +8,13 @@
 // produced by the engine (full KV, temperature 0, EOS ignored). Prints
 //   {"model": ..., "vocab_size": V, "prompts": [{"tokens": [...], "positions": [...], "logits": [[...], ...],
 //    "greedy": [...]}, ...]}
+// A non-finite logit (a checkpoint with NaN weights) is written as null, with a warning on stderr; a greedy run
+// cut short by the model's context has fewer than --steps tokens, also with a warning.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <numeric>
@@ -79,10 +82,21 @@ int greedy_pool_blocks(const std::vector<std::vector<zipage::token_id>>& prompts
   return static_cast<int>(blocks);
 }
 
-void print_floats(const float* p, std::size_t n) {
+// JSON has no NaN or infinity: a non-finite logit (a broken checkpoint) is written as null, and counted.
+std::size_t print_floats(const float* p, std::size_t n) {
+  std::size_t non_finite = 0;
   std::fputc('[', stdout);
-  for (std::size_t i = 0; i < n; ++i) std::printf(i ? ",%.9g" : "%.9g", static_cast<double>(p[i]));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i) std::fputc(',', stdout);
+    if (std::isfinite(p[i])) {
+      std::printf("%.9g", static_cast<double>(p[i]));
+    } else {
+      std::fputs("null", stdout);
+      ++non_finite;
+    }
+  }
   std::fputc(']', stdout);
+  return non_finite;
 }
 
 void print_ids(const std::vector<zipage::token_id>& ids) {
@@ -134,10 +148,14 @@ int run(const std::string& dir, const std::vector<std::string>& prompt_args, int
       zipage::check(outs[i].reason == zipage::finish_reason::length, "greedy generation of prompt ", i,
                     " failed: ", outs[i].error_message);
       greedy[i] = outs[i].output;
+      if (static_cast<int>(greedy[i].size()) < steps)  // the engine stops a request at the model's context
+        std::fprintf(stderr, "zipage-logits: warning: prompt %zu: the greedy run stopped at the model's context of %d "
+                     "tokens, after %zu of --steps %d tokens\n", i, c.max_context, greedy[i].size(), steps);
     }
   }
 
   const auto vocab = static_cast<std::size_t>(c.vocab_size);
+  std::vector<std::size_t> non_finite(prompts.size(), 0);
   std::printf("{\"model\":\"%s\",\"vocab_size\":%d,\"prompts\":[", c.architecture.c_str(), c.vocab_size);
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     std::printf(i ? ",{\"tokens\":" : "{\"tokens\":");
@@ -147,13 +165,17 @@ int run(const std::string& dir, const std::vector<std::string>& prompt_args, int
     std::printf(",\"logits\":[");
     for (std::size_t r = 0; r < rows[i].size(); ++r) {
       if (r) std::fputc(',', stdout);
-      print_floats(logits[i].data() + r * vocab, vocab);
+      non_finite[i] += print_floats(logits[i].data() + r * vocab, vocab);
     }
     std::printf("],\"greedy\":");
     print_ids(greedy[i]);
     std::fputc('}', stdout);
   }
   std::printf("]}\n");
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    if (non_finite[i] > 0)
+      std::fprintf(stderr, "zipage-logits: warning: prompt %zu: %zu logits are not finite (NaN or infinite; written "
+                   "as null): the checkpoint's weights hold such values\n", i, non_finite[i]);
   return 0;
 }
 

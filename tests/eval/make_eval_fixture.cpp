@@ -7,7 +7,9 @@
 // `end_of_turn` writes a Qwen3 base-style checkpoint (config and generation_config eos <|endoftext|>, the
 // tokenizer's <|im_end|>) whose greedy token is always <|im_end|>: its embedding row is 2s, the others 1s, every
 // layer matrix is zero (so the residual stream is the input's row, and the tied output scores <|im_end|> highest).
-//   make_eval_fixture OUT_DIR TOKENIZER_DIR [qwen2 | llama3 | end_of_turn]
+// `nan_weights` writes the Qwen3 checkpoint with a final norm of NaNs (every logit NaN: zipage-logits' JSON).
+//   make_eval_fixture OUT_DIR TOKENIZER_DIR [qwen2 | llama3 | end_of_turn | nan_weights]
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -26,16 +28,18 @@ namespace fs = std::filesystem;
 int main(int argc, char** argv) {
   const std::string variant = argc == 4 ? argv[3] : "qwen3";
   if (argc < 3 || argc > 4 ||
-      (variant != "qwen3" && variant != "qwen2" && variant != "llama3" && variant != "end_of_turn")) {
-    std::fprintf(stderr, "usage: make_eval_fixture OUT_DIR TOKENIZER_DIR [qwen2 | llama3 | end_of_turn]\n");
+      (variant != "qwen3" && variant != "qwen2" && variant != "llama3" && variant != "end_of_turn" &&
+       variant != "nan_weights")) {
+    std::fprintf(stderr, "usage: make_eval_fixture OUT_DIR TOKENIZER_DIR [qwen2 | llama3 | end_of_turn | nan_weights]\n");
     return 2;
   }
-  const bool qwen2 = variant == "qwen2", llama3 = variant == "llama3", end_of_turn = variant == "end_of_turn";
+  const bool qwen2 = variant == "qwen2", llama3 = variant == "llama3", end_of_turn = variant == "end_of_turn",
+             nan_weights = variant == "nan_weights";
   constexpr int im_end = 151645, endoftext = 151643;
   try {
     const fs::path out = argv[1], tok = argv[2];
     // Qwen2's and Llama's head size is hidden / heads (llama.cpp reads no other); Qwen3's is its own head_dim.
-    const int hidden = 16, layers = 2, heads = 2, kv_heads = 1, head_dim = variant == "qwen3" ? 16 : 8, ffn = 32,
+    const int hidden = 16, layers = 2, heads = 2, kv_heads = 1, head_dim = variant == "qwen3" || nan_weights ? 16 : 8, ffn = 32,
               vocab = 151936;
     fs::create_directories(out);
     nlohmann::json config = {
@@ -88,6 +92,7 @@ int main(int argc, char** argv) {
     auto vec = [&](const std::string& name, int n) {
       std::vector<float> v(static_cast<std::size_t>(n));
       for (float& x : v) x = 1.0f + 0.2f * u(rng);
+      if (nan_weights && name == "model.norm.weight") std::fill(v.begin(), v.end(), std::nanf(""));
       w.add(name, {n}, v, zipage::safetensors::dtype::bf16);
     };
     const float in_scale = 1.0f / std::sqrt(float(hidden));

@@ -310,6 +310,14 @@ await run('serve_http_chat_template', async (servers) => {
   assert.equal(t.json.token_strs.length, t.json.count);
   assert.equal((await post(server.base, '/detokenize', { tokens: t.json.tokens })).json.prompt,
                '<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n');
+  // Ids of the model's padded vocabulary (151,669 tokenizer ids of 151,936) decode to nothing, as when generated
+  // (they were refused, though a completion's prompt takes them); past the model's vocabulary: 400.
+  const padded = await post(server.base, '/detokenize', { tokens: [t.json.tokens[0], 151700] });
+  assert.equal(padded.status, 200, padded.text);
+  assert.equal(padded.json.prompt, '<|im_start|>');
+  const past = await post(server.base, '/detokenize', { tokens: [151936] });
+  assert.equal(past.status, 400, past.text);
+  assert.equal(past.json.error.param, 'tokens');
 });
 
 await run('serve_http_tokenize', async (servers) => {

@@ -164,7 +164,8 @@ llama_model<Backend> load_hf_model(const model_config& c, const safetensors::che
     r.skip("lm_head.weight_scale_inv");  // ... quantised, in an FP8 checkpoint
   } else {
     check(r.has("lm_head.weight"), ckpt.describe(),
-          ": no tensor 'lm_head.weight' but the config has tie_word_embeddings = false");
+          ": no tensor 'lm_head.weight', which an untied output needs: config.json's tie_word_embeddings is false "
+          "(or absent: false is transformers' default)");
     w.lm_head = r.matrix("lm_head.weight", c.vocab_size, c.hidden_size);
   }
   r.check_all_used();
