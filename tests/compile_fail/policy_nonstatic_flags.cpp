@@ -7,4 +7,5 @@ struct nonstatic_policy : zipage::policy_base {
   void score(const zipage::score_context&, std::span<float>, std::span<float>) const {}
 };
 
-[[maybe_unused]] constexpr auto size = sizeof(zipage::engine<cf::declared_model<zipage::cpu_backend>, nonstatic_policy>);
+using model = cf::declared_model<zipage::cpu_backend>;
+[[maybe_unused]] constexpr auto size = sizeof(zipage::engine<model, nonstatic_policy>);

@@ -7,6 +7,7 @@ struct no_recipe_policy : zipage::recipe_policy<no_recipe_policy> {
 };
 
 void build() {
-  zipage::engine<cf::declared_model<zipage::cpu_backend>, no_recipe_policy> eng(cf::declared_model<zipage::cpu_backend>{});
+  using model = cf::declared_model<zipage::cpu_backend>;
+  zipage::engine<model, no_recipe_policy> eng(model{});
   (void)eng.step();
 }

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
   if (argc < 3 || argc > 4 ||
       (variant != "qwen3" && variant != "qwen2" && variant != "llama3" && variant != "end_of_turn" &&
        variant != "nan_weights")) {
-    std::fprintf(stderr, "usage: make_eval_fixture OUT_DIR TOKENIZER_DIR [qwen2 | llama3 | end_of_turn | nan_weights]\n");
+    std::fprintf(stderr,
+                 "usage: make_eval_fixture OUT_DIR TOKENIZER_DIR [qwen2 | llama3 | end_of_turn | nan_weights]\n");
     return 2;
   }
   const bool qwen2 = variant == "qwen2", llama3 = variant == "llama3", end_of_turn = variant == "end_of_turn",
@@ -39,8 +40,8 @@ int main(int argc, char** argv) {
   try {
     const fs::path out = argv[1], tok = argv[2];
     // Qwen2's and Llama's head size is hidden / heads (llama.cpp reads no other); Qwen3's is its own head_dim.
-    const int hidden = 16, layers = 2, heads = 2, kv_heads = 1, head_dim = variant == "qwen3" || nan_weights ? 16 : 8, ffn = 32,
-              vocab = 151936;
+    const int hidden = 16, layers = 2, heads = 2, kv_heads = 1,
+              head_dim = variant == "qwen3" || nan_weights ? 16 : 8, ffn = 32, vocab = 151936;
     fs::create_directories(out);
     nlohmann::json config = {
         {"architectures", {qwen2 ? "Qwen2ForCausalLM" : llama3 ? "LlamaForCausalLM" : "Qwen3ForCausalLM"}},
